@@ -1,0 +1,188 @@
+//! [`ResponseFuture`]: waits for the limiter, then calls the inner service or answers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use http::{Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::layer::Config;
+use crate::policy::Verdict;
+use crate::response;
+use crate::Decision;
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, ReqBody, K>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+        config: Option<Arc<Config<K>>>,
+        grpc: bool,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        // Waiting for the limiter; holds the request and the ready inner service.
+        Checking {
+            check: BoxFuture<'static, Verdict>,
+            request: Option<Request<ReqBody>>,
+            inner: Option<S>,
+        },
+        // The inner service is answering; its response gets the headers for `decision`.
+        Calling {
+            #[pin]
+            future: S::Future,
+            decision: Option<Decision>,
+        },
+        // Answering without the inner service.
+        Rejecting { rejection: Option<Rejection> },
+    }
+}
+
+/// Why the layer answers itself.
+#[derive(Debug, Clone, Copy)]
+enum Rejection {
+    TooManyRequests(Decision),
+    Unavailable(Duration),
+    MissingKey(StatusCode),
+}
+
+impl<S, ReqBody, K> ResponseFuture<S, ReqBody, K>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn checking(
+        check: BoxFuture<'static, Verdict>,
+        request: Request<ReqBody>,
+        inner: S,
+        config: Arc<Config<K>>,
+        grpc: bool,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Checking {
+                check,
+                request: Some(request),
+                inner: Some(inner),
+            },
+            config: Some(config),
+            grpc,
+        }
+    }
+
+    pub(crate) fn pass_through(future: S::Future) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                decision: None,
+            },
+            config: None,
+            grpc: false,
+        }
+    }
+
+    pub(crate) fn missing_key(status: StatusCode, grpc: bool) -> Self {
+        ResponseFuture {
+            state: State::Rejecting {
+                rejection: Some(Rejection::MissingKey(status)),
+            },
+            config: None,
+            grpc,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody, K> Future for ResponseFuture<S, ReqBody, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Checking {
+                    check,
+                    request,
+                    inner,
+                } => {
+                    let verdict = ready!(check.as_mut().poll(cx));
+                    let (mut request, mut inner) = match (request.take(), inner.take()) {
+                        (Some(request), Some(inner)) => (request, inner),
+                        _ => panic!("ResponseFuture polled after completion"),
+                    };
+                    match verdict {
+                        Verdict::Decided(decision) if decision.allowed => {
+                            // Handlers can read what is left.
+                            request.extensions_mut().insert(decision);
+                            State::Calling {
+                                future: inner.call(request),
+                                decision: Some(decision),
+                            }
+                        }
+                        Verdict::Decided(decision) => State::Rejecting {
+                            rejection: Some(Rejection::TooManyRequests(decision)),
+                        },
+                        Verdict::FailedOpen => State::Calling {
+                            future: inner.call(request),
+                            decision: None,
+                        },
+                        Verdict::FailedClosed { retry_after } => State::Rejecting {
+                            rejection: Some(Rejection::Unavailable(retry_after)),
+                        },
+                    }
+                }
+                StateProj::Calling { future, decision } => {
+                    let response = ready!(future.poll(cx))?;
+                    let mut response = response.map(ResponseBody::inner);
+                    if let (Some(decision), Some(config)) = (decision, this.config.as_ref()) {
+                        config.headers.apply(response.headers_mut(), decision);
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Rejecting { rejection } => {
+                    let rejection = rejection
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(self::reject(
+                        rejection,
+                        this.config.as_deref(),
+                        *this.grpc,
+                    )));
+                }
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+fn reject<B, K>(
+    rejection: Rejection,
+    config: Option<&Config<K>>,
+    grpc: bool,
+) -> Response<ResponseBody<B>> {
+    match (rejection, config) {
+        (Rejection::TooManyRequests(decision), Some(config)) => {
+            response::too_many_requests(&decision, &config.headers, &config.quota, grpc)
+        }
+        (Rejection::Unavailable(retry_after), _) => response::unavailable(retry_after, grpc),
+        (Rejection::MissingKey(status), _) => response::missing_key(status, grpc),
+        (Rejection::TooManyRequests(_), None) => {
+            unreachable!("a checked request always carries its config")
+        }
+    }
+}

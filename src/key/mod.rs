@@ -1,0 +1,111 @@
+//! Which key a request counts against: the [`KeyExtractor`] trait and the extractors.
+//!
+//! | extractor | key | notes |
+//! |---|---|---|
+//! | [`GlobalKey`] | one fixed key | a fleet-wide quota, e.g. for an outbound API |
+//! | [`HeaderKey`] | a header's value | hashed (SHA-256) before it reaches Redis or logs |
+//! | [`PeerIp`] | the client address | peer address; forwarding headers only from trusted proxies; IPv6 by /64 |
+//! | [`FnKey`] | your closure | anything in the request head |
+//!
+//! An extractor returns `None` when a request has no key (no such header, no peer address). What
+//! happens then is never a silent bypass: see [`MissingKey`](crate::MissingKey).
+//!
+//! **Storage keys are bounded.** Whatever an extractor returns, the limiter stores it as
+//! `<prefix>:{<id>}`: `<id>` is the key itself when it is 1 to 200 bytes of printable ASCII
+//! without `{`, `}` and not starting with `#`; any other key (a 1 MB header, control bytes,
+//! braces) becomes `#` + its SHA-256 in hex, so a hostile client cannot bloat Redis or break the
+//! Cluster hash tag.
+//!
+//! ```
+//! use redlimit::key::{HeaderKey, KeyExtractor};
+//!
+//! let extractor = HeaderKey::named("x-api-key").unwrap();
+//! let request = http::Request::builder().header("x-api-key", "secret").body(()).unwrap();
+//! let (parts, _) = request.into_parts();
+//! let key = extractor.extract(&parts).unwrap();
+//! assert!(!key.contains("secret")); // hashed
+//! ```
+
+use std::borrow::Cow;
+
+use http::request::Parts;
+use sha2::{Digest, Sha256};
+
+mod func;
+mod global;
+mod header;
+mod peer;
+
+pub use self::func::FnKey;
+pub use self::global::GlobalKey;
+pub use self::header::HeaderKey;
+pub use self::peer::{Cidr, InvalidCidr, PeerIp};
+
+/// The longest key stored as it is; longer keys are stored as their hash.
+pub const MAX_LITERAL_KEY_LEN: usize = 200;
+
+/// Extracts the rate-limit key from a request head.
+///
+/// Implement it for custom keys, or use [`FnKey`] with a closure.
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key for this request, or `None` when it has none.
+    fn extract(&self, parts: &Parts) -> Option<String>;
+}
+
+/// The id a key is stored under: the key itself when it is short and plain, else its hash.
+pub(crate) fn storage_id(key: &str) -> Cow<'_, str> {
+    let plain = (1..=MAX_LITERAL_KEY_LEN).contains(&key.len())
+        && !key.starts_with('#')
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+    if plain {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(format!("#{}", sha256_hex(None, key.as_bytes())))
+    }
+}
+
+/// SHA-256 of `value` in lower-case hex, keyed with `secret` when given.
+pub(crate) fn sha256_hex(secret: Option<&[u8]>, value: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    if let Some(secret) = secret {
+        // Length-prefixed, so (secret, value) pairs cannot run into each other.
+        hasher.update((secret.len() as u64).to_be_bytes());
+        hasher.update(secret);
+    }
+    hasher.update(value);
+    let digest = hasher.finalize();
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        use std::fmt::Write;
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_keys_are_kept_and_others_hashed() {
+        assert_eq!(storage_id("tenant-42"), "tenant-42");
+        for hostile in ["", "a{b}", "#x", "tab\there", "é", &"x".repeat(201)] {
+            let id = storage_id(hostile);
+            assert!(id.starts_with('#') && id.len() == 65, "{hostile:?} -> {id}");
+        }
+        assert_ne!(storage_id("a{b}"), storage_id("a{c}"));
+        let huge = "k".repeat(1 << 20);
+        assert_eq!(storage_id(&huge).len(), 65);
+    }
+
+    #[test]
+    fn keyed_hash_differs_from_plain() {
+        assert_ne!(sha256_hex(Some(b"s"), b"v"), sha256_hex(None, b"v"));
+        assert_eq!(
+            sha256_hex(None, b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

@@ -1,0 +1,308 @@
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+
+use http::header::HeaderName;
+use http::request::Parts;
+
+use super::KeyExtractor;
+
+/// The client's IP address.
+///
+/// The address comes from the connection: axum's `ConnectInfo<SocketAddr>` (with the `axum`
+/// feature; serve with `into_make_service_with_connect_info::<SocketAddr>()`), or a plain
+/// `SocketAddr` request extension that hyper users insert themselves.
+///
+/// **Forwarding headers are not trusted by default**: anyone can send `X-Forwarded-For`. Name the
+/// proxies in front of you with [`PeerIp::trust_proxies`]; then, when the peer is one of them,
+/// the header is read from the right and the first address that is not a trusted proxy is the
+/// client ("rightmost untrusted").
+///
+/// IPv6 clients are grouped by /64 (configurable): one host usually owns a whole /64 and could
+/// rotate through it.
+///
+/// ```
+/// use redlimit::key::{KeyExtractor, PeerIp};
+/// use std::net::SocketAddr;
+///
+/// let extractor = PeerIp::new().trust_proxies(["10.0.0.0/8".parse()?]);
+/// let mut request = http::Request::builder()
+///     .header("x-forwarded-for", "203.0.113.7, 10.1.2.3")
+///     .body(())
+///     .unwrap();
+/// request.extensions_mut().insert("10.0.0.1:4000".parse::<SocketAddr>().unwrap());
+/// let (parts, _) = request.into_parts();
+/// assert_eq!(extractor.extract(&parts).as_deref(), Some("ip:203.0.113.7"));
+/// # Ok::<(), redlimit::key::InvalidCidr>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct PeerIp {
+    trusted: Vec<Cidr>,
+    forwarded_header: HeaderName,
+    ipv6_prefix: u8,
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PeerIp {
+    /// The peer address; no proxy trusted; IPv6 grouped by /64.
+    pub fn new() -> Self {
+        PeerIp {
+            trusted: Vec::new(),
+            forwarded_header: HeaderName::from_static("x-forwarded-for"),
+            ipv6_prefix: 64,
+        }
+    }
+
+    /// Trusts these proxies' forwarding headers.
+    pub fn trust_proxies(mut self, proxies: impl IntoIterator<Item = Cidr>) -> Self {
+        self.trusted.extend(proxies);
+        self
+    }
+
+    /// The forwarding header read from trusted proxies (`x-forwarded-for` by default), a
+    /// comma-separated list of addresses, the nearest hop last.
+    pub fn forwarded_header(mut self, name: HeaderName) -> Self {
+        self.forwarded_header = name;
+        self
+    }
+
+    /// How many leading bits of an IPv6 address form the key (64 by default, at most 128).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|cidr| cidr.contains(ip))
+    }
+
+    /// Walks the forwarding header from the right past trusted proxies.
+    fn client_behind(&self, peer: IpAddr, parts: &Parts) -> IpAddr {
+        let mut client = peer;
+        let hops = parts
+            .headers
+            .get_all(&self.forwarded_header)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .collect::<Vec<_>>();
+        for hop in hops.iter().rev() {
+            if !self.is_trusted(client) {
+                break;
+            }
+            match parse_hop(hop) {
+                Some(ip) => client = ip,
+                // Garbage from a client: the last trusted hop is the best we know.
+                None => break,
+            }
+        }
+        client
+    }
+
+    fn key_for(&self, ip: IpAddr) -> String {
+        match canonical(ip) {
+            IpAddr::V4(v4) => format!("ip:{v4}"),
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.ipv6_prefix))
+                    .unwrap_or(0);
+                format!("ip:{}/{}", Ipv6Addr::from(bits & mask), self.ipv6_prefix)
+            }
+        }
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    fn extract(&self, parts: &Parts) -> Option<String> {
+        let peer = peer_addr(parts)?.ip();
+        let client = if self.trusted.is_empty() {
+            peer
+        } else {
+            self.client_behind(peer, parts)
+        };
+        Some(self.key_for(client))
+    }
+}
+
+/// The connection's address from the request extensions.
+fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0);
+    }
+    parts.extensions.get::<SocketAddr>().copied()
+}
+
+/// One `X-Forwarded-For` entry: an address, possibly with a port (`1.2.3.4:80`, `[::1]:80`).
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    hop.parse::<IpAddr>()
+        .ok()
+        .or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))
+}
+
+/// IPv4-mapped IPv6 addresses count as the IPv4 address.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// A network in CIDR notation (`10.0.0.0/8`, `2001:db8::/32`) or a single address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+/// A string that is not a CIDR network or an IP address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid network {0:?}: expected an address or address/prefix, e.g. 10.0.0.0/8")]
+pub struct InvalidCidr(String);
+
+impl Cidr {
+    /// Whether `ip` is inside this network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.network, canonical(ip)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = InvalidCidr;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = || InvalidCidr(s.to_owned());
+        let (addr, prefix) = match s.split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (s, None),
+        };
+        let network = canonical(addr.trim().parse::<IpAddr>().map_err(|_| invalid())?);
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(invalid)?,
+            None => max,
+        };
+        Ok(Cidr { network, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(peer: &str, forwarded: &[&str]) -> Parts {
+        let mut builder = http::Request::builder();
+        for value in forwarded {
+            builder = builder.header("x-forwarded-for", *value);
+        }
+        let mut request = builder.body(()).unwrap();
+        request
+            .extensions_mut()
+            .insert(peer.parse::<SocketAddr>().unwrap());
+        request.into_parts().0
+    }
+
+    #[test]
+    fn forwarded_header_ignored_unless_peer_is_trusted() {
+        let p = parts("198.51.100.9:1000", &["203.0.113.7"]);
+        assert_eq!(
+            PeerIp::new().extract(&p).as_deref(),
+            Some("ip:198.51.100.9")
+        );
+        let trusting = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+        assert_eq!(trusting.extract(&p).as_deref(), Some("ip:198.51.100.9"));
+    }
+
+    #[test]
+    fn rightmost_untrusted_hop_is_the_client() {
+        let extractor = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+        // A client forging the leftmost entry cannot choose its key.
+        let p = parts("10.0.0.1:1", &["1.1.1.1, 203.0.113.7", "10.2.2.2"]);
+        assert_eq!(extractor.extract(&p).as_deref(), Some("ip:203.0.113.7"));
+        let garbage = parts("10.0.0.1:1", &["not-an-ip"]);
+        assert_eq!(extractor.extract(&garbage).as_deref(), Some("ip:10.0.0.1"));
+    }
+
+    #[test]
+    fn ipv6_grouped_by_prefix_and_mapped_v4_unwrapped() {
+        let p = parts("[2001:db8:1:2:aaaa::1]:1", &[]);
+        assert_eq!(
+            PeerIp::new().extract(&p).as_deref(),
+            Some("ip:2001:db8:1:2::/64")
+        );
+        let full = PeerIp::new().ipv6_prefix(128);
+        assert_eq!(
+            full.extract(&p).as_deref(),
+            Some("ip:2001:db8:1:2:aaaa::1/128")
+        );
+        let mapped = parts("[::ffff:192.0.2.1]:1", &[]);
+        assert_eq!(
+            PeerIp::new().extract(&mapped).as_deref(),
+            Some("ip:192.0.2.1")
+        );
+    }
+
+    #[test]
+    fn no_peer_address_means_no_key() {
+        let (p, _) = http::Request::new(()).into_parts();
+        assert_eq!(PeerIp::new().extract(&p), None);
+    }
+
+    #[test]
+    fn cidr_parsing() {
+        assert!("10.0.0.0/8"
+            .parse::<Cidr>()
+            .unwrap()
+            .contains("10.9.9.9".parse().unwrap()));
+        assert!(!"10.0.0.0/8"
+            .parse::<Cidr>()
+            .unwrap()
+            .contains("11.0.0.1".parse().unwrap()));
+        assert!("::/0"
+            .parse::<Cidr>()
+            .unwrap()
+            .contains("2001:db8::1".parse().unwrap()));
+        assert!("0.0.0.0/0"
+            .parse::<Cidr>()
+            .unwrap()
+            .contains("8.8.8.8".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "x", "1.2.3.4/", ""] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! [`RateLimitLayer`]: the tower layer, and its builder.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::StatusCode;
+use tower_layer::Layer;
+
+use crate::key::KeyExtractor;
+use crate::response::HeaderStyle;
+use crate::{ConfigError, Limiter, Quota, RateLimit};
+
+/// What happens to a request whose key cannot be extracted (no API-key header, no peer address).
+///
+/// Never a silent bypass: the rule is explicit, and the default counts all such requests
+/// against one shared key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Count them all against one shared key (the default, `unkeyed`): anonymous traffic gets one
+    /// quota between it.
+    Shared(String),
+    /// Answer with this status (e.g. 400 or 401) without calling the service.
+    Reject(StatusCode),
+    /// Let them through unlimited: an explicit, logged (at debug level) bypass.
+    Allow,
+}
+
+impl Default for MissingKey {
+    fn default() -> Self {
+        MissingKey::Shared("unkeyed".to_owned())
+    }
+}
+
+type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+type SkipFn = dyn Fn(&Parts) -> bool + Send + Sync;
+
+/// Everything a [`RateLimit`] service needs, shared by all its clones.
+pub(crate) struct Config<K> {
+    pub limiter: Limiter,
+    pub quota: Quota,
+    pub extractor: K,
+    pub missing_key: MissingKey,
+    pub headers: HeaderStyle,
+    pub cost: Option<Box<CostFn>>,
+    pub skip: Option<Box<SkipFn>>,
+}
+
+impl<K: fmt::Debug> fmt::Debug for Config<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("limiter", &self.limiter)
+            .field("quota", &self.quota)
+            .field("extractor", &self.extractor)
+            .field("missing_key", &self.missing_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Rate-limits requests per key across every instance sharing the limiter's store.
+///
+/// Each request: the extractor finds its key, the limiter decides (one Lua script in Redis), and
+/// the request either reaches the inner service, its response carrying the `RateLimit` headers,
+/// or is answered **429** with `Retry-After` (gRPC: `RESOURCE_EXHAUSTED`). See the
+/// [crate docs](crate) for a complete example.
+///
+/// ```
+/// use redlimit::{key::PeerIp, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::new(
+///     Limiter::new(MemoryStore::new()),
+///     Quota::per_minute(60).unwrap(),
+///     PeerIp::new(),
+/// );
+/// let app: axum::Router = axum::Router::new()
+///     .route("/", axum::routing::get(|| async { "ok" }))
+///     .layer(layer);
+/// ```
+pub struct RateLimitLayer<K> {
+    config: Arc<Config<K>>,
+}
+
+impl<K> Clone for RateLimitLayer<K> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for RateLimitLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<K: KeyExtractor> RateLimitLayer<K> {
+    /// A layer applying `quota` per key from `extractor`, with the defaults: policy name
+    /// `default`, cost 1, keyless requests share the key `unkeyed`.
+    pub fn new(limiter: Limiter, quota: Quota, extractor: K) -> Self {
+        Self::builder(limiter, quota, extractor)
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// Starts a builder for the options.
+    pub fn builder(limiter: Limiter, quota: Quota, extractor: K) -> RateLimitLayerBuilder<K> {
+        RateLimitLayerBuilder {
+            limiter,
+            quota,
+            extractor,
+            missing_key: MissingKey::default(),
+            policy_name: "default".to_owned(),
+            legacy_headers: false,
+            cost: None,
+            skip: None,
+        }
+    }
+}
+
+impl<S, K> Layer<S> for RateLimitLayer<K> {
+    type Service = RateLimit<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::from_config(inner, self.config.clone())
+    }
+}
+
+/// Builds a [`RateLimitLayer`]; see [`RateLimitLayer::builder`].
+///
+/// ```
+/// use http::StatusCode;
+/// use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder(
+///     Limiter::new(MemoryStore::new()),
+///     Quota::per_second(100).unwrap(),
+///     HeaderKey::named("x-api-key").unwrap(),
+/// )
+/// .policy_name("api")
+/// .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+/// .cost(|parts| if parts.uri.path().starts_with("/export") { 10 } else { 1 })
+/// .skip(|parts| parts.uri.path() == "/health")
+/// .legacy_headers(true)
+/// .build()
+/// .unwrap();
+/// ```
+pub struct RateLimitLayerBuilder<K> {
+    limiter: Limiter,
+    quota: Quota,
+    extractor: K,
+    missing_key: MissingKey,
+    policy_name: String,
+    legacy_headers: bool,
+    cost: Option<Box<CostFn>>,
+    skip: Option<Box<SkipFn>>,
+}
+
+impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("quota", &self.quota)
+            .field("extractor", &self.extractor)
+            .field("policy_name", &self.policy_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
+    /// The rule for requests without a key ([`MissingKey::Shared`]`("unkeyed")` by default).
+    pub fn on_missing_key(mut self, rule: MissingKey) -> Self {
+        self.missing_key = rule;
+        self
+    }
+
+    /// The policy name in the `RateLimit` headers (`default` by default): 1 to 64 characters of
+    /// `[A-Za-z0-9._-]`.
+    pub fn policy_name(mut self, name: impl Into<String>) -> Self {
+        self.policy_name = name.into();
+        self
+    }
+
+    /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
+    pub fn legacy_headers(mut self, enabled: bool) -> Self {
+        self.legacy_headers = enabled;
+        self
+    }
+
+    /// Weighs requests: the closure gives each request's cost (1 by default).
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Box::new(cost));
+        self
+    }
+
+    /// Exempts requests (health checks, say): those for which the closure is true pass unchecked.
+    pub fn skip(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.skip = Some(Box::new(skip));
+        self
+    }
+
+    /// Builds the layer, validating the policy name.
+    pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
+        let name_ok = (1..=64).contains(&self.policy_name.len())
+            && self
+                .policy_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !name_ok {
+            return Err(ConfigError::InvalidPolicyName);
+        }
+        let headers = HeaderStyle::new(&self.policy_name, &self.quota, self.legacy_headers);
+        Ok(RateLimitLayer {
+            config: Arc::new(Config {
+                limiter: self.limiter,
+                quota: self.quota,
+                extractor: self.extractor,
+                missing_key: self.missing_key,
+                headers,
+                cost: self.cost,
+                skip: self.skip,
+            }),
+        })
+    }
+}

@@ -1,0 +1,293 @@
+//! [`Limiter`]: a store, an algorithm, a key prefix, a clock and a failure policy — usable
+//! without tower.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::key::storage_id;
+use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
+use crate::store::{CheckRequest, Store, StoreError};
+use crate::{Algorithm, Clock, Decision, Quota};
+
+/// The default prefix of every Redis key.
+pub const DEFAULT_PREFIX: &str = "redlimit";
+
+/// Checks keys against quotas. Cheap to clone: clones share the store and counters.
+///
+/// ```
+/// use redlimit::{store::MemoryStore, Limiter, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let quota = Quota::per_second(10).unwrap();
+/// let verdict = limiter.check("tenant-42", &quota).await;
+/// assert!(verdict.is_allowed());
+/// assert_eq!(verdict.decision().unwrap().remaining, 9);
+/// // A heavy call costs 5 units.
+/// assert!(limiter.check_cost("tenant-42", &quota, 5).await.is_allowed());
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    algorithm: Algorithm,
+    prefix: String,
+    clock: Clock,
+    policy: Arc<dyn FailurePolicy>,
+    stats: Counters,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("store", &self.inner.store)
+            .field("algorithm", &self.inner.algorithm)
+            .field("prefix", &self.inner.prefix)
+            .field("clock", &self.inner.clock)
+            .field("policy", &self.inner.policy)
+            .finish()
+    }
+}
+
+impl Limiter {
+    /// A limiter with the defaults: token bucket, prefix `redlimit`, Redis server time, fail open.
+    pub fn new(store: impl Store) -> Self {
+        Self::builder(store)
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// Starts a builder.
+    pub fn builder(store: impl Store) -> LimiterBuilder {
+        LimiterBuilder {
+            store: Arc::new(store),
+            algorithm: Algorithm::default(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            clock: Clock::default(),
+            policy: Arc::new(FailOpen),
+        }
+    }
+
+    /// Checks one request of cost 1.
+    pub async fn check(&self, key: &str, quota: &Quota) -> Verdict {
+        self.check_cost(key, quota, 1).await
+    }
+
+    /// Checks one request of `cost` units (0 peeks: reports the state without consuming).
+    /// Store failures go through the failure policy.
+    pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
+        let storage_key = self.storage_key(key);
+        let request = self.request(&storage_key, quota, cost);
+        let stats = &self.inner.stats;
+        match self.inner.store.check(request).await {
+            Ok(decision) => {
+                stats.count_decision(&decision);
+                Verdict::Decided(decision)
+            }
+            Err(error) => {
+                stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                let verdict = self.inner.policy.on_store_error(&FailureContext {
+                    error: &error,
+                    request,
+                });
+                stats.count_failure(&verdict);
+                tracing::warn!(
+                    %error,
+                    algorithm = %self.inner.algorithm,
+                    policy = ?self.inner.policy,
+                    allowed = verdict.is_allowed(),
+                    "rate limit store failed; the failure policy decided"
+                );
+                verdict
+            }
+        }
+    }
+
+    /// Checks without the failure policy: the store's decision or its error.
+    pub async fn try_check(
+        &self,
+        key: &str,
+        quota: &Quota,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let storage_key = self.storage_key(key);
+        let decision = self
+            .inner
+            .store
+            .check(self.request(&storage_key, quota, cost))
+            .await?;
+        self.inner.stats.count_decision(&decision);
+        Ok(decision)
+    }
+
+    /// The Redis key for `key`: `<prefix>:{<id>}`, where the braces make a Redis Cluster hash tag
+    /// shared by every key of this limiter key, and `<id>` is the key itself when short and
+    /// printable, or its SHA-256 otherwise (see [`key`](crate::key)).
+    pub fn storage_key(&self, key: &str) -> String {
+        format!("{}:{{{}}}", self.inner.prefix, storage_id(key))
+    }
+
+    /// The algorithm that decides.
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.algorithm
+    }
+
+    /// Counts of what this limiter (and its clones) decided so far.
+    pub fn stats(&self) -> LimiterStats {
+        self.inner.stats.snapshot()
+    }
+
+    fn request<'a>(&self, storage_key: &'a str, quota: &'a Quota, cost: u64) -> CheckRequest<'a> {
+        CheckRequest {
+            key: storage_key,
+            algorithm: self.inner.algorithm,
+            quota,
+            cost,
+            now_micros: self.inner.clock.now_micros(),
+        }
+    }
+}
+
+/// Builds a [`Limiter`]; see [`Limiter::builder`].
+pub struct LimiterBuilder {
+    store: Arc<dyn Store>,
+    algorithm: Algorithm,
+    prefix: String,
+    clock: Clock,
+    policy: Arc<dyn FailurePolicy>,
+}
+
+impl fmt::Debug for LimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("algorithm", &self.algorithm)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LimiterBuilder {
+    /// The algorithm (token bucket by default).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The prefix of every Redis key (`redlimit` by default): 1 to 64 printable ASCII
+    /// characters, without `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Whose clock decides (Redis server time by default).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// What a store failure means ([`FailOpen`] by default).
+    pub fn failure_policy(mut self, policy: impl FailurePolicy) -> Self {
+        self.policy = Arc::new(policy);
+        self
+    }
+
+    /// Builds the limiter, validating the prefix.
+    pub fn build(self) -> Result<Limiter, ConfigError> {
+        let valid = (1..=64).contains(&self.prefix.len())
+            && self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+        if !valid {
+            return Err(ConfigError::InvalidPrefix);
+        }
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                algorithm: self.algorithm,
+                prefix: self.prefix,
+                clock: self.clock,
+                policy: self.policy,
+                stats: Counters::default(),
+            }),
+        })
+    }
+}
+
+/// A configuration the builders refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The key prefix is empty, longer than 64 bytes, not printable ASCII, or has `{` / `}`.
+    #[error("key prefix must be 1 to 64 printable ASCII characters without '{{' or '}}'")]
+    InvalidPrefix,
+    /// The policy name for the `RateLimit` headers is empty, longer than 64 bytes, or has
+    /// characters other than ASCII letters, digits, `-`, `_` and `.`.
+    #[error("policy name must be 1 to 64 characters of [A-Za-z0-9._-]")]
+    InvalidPolicyName,
+}
+
+/// What a limiter has decided since it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimiterStats {
+    /// Requests the store admitted.
+    pub allowed: u64,
+    /// Requests the store denied.
+    pub denied: u64,
+    /// Store calls that failed (each then went through the failure policy).
+    pub store_errors: u64,
+    /// Failures the policy admitted unchecked.
+    pub failed_open: u64,
+    /// Failures the policy rejected.
+    pub failed_closed: u64,
+    /// Failures the policy decided locally (e.g. [`LocalFallback`](crate::policy::LocalFallback)).
+    pub fallback_decisions: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    store_errors: AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    fallback_decisions: AtomicU64,
+}
+
+impl Counters {
+    fn count_decision(&self, decision: &Decision) {
+        let counter = if decision.allowed {
+            &self.allowed
+        } else {
+            &self.denied
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count_failure(&self, verdict: &Verdict) {
+        let counter = match verdict {
+            Verdict::Decided(_) => &self.fallback_decisions,
+            Verdict::FailedOpen => &self.failed_open,
+            Verdict::FailedClosed { .. } => &self.failed_closed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> LimiterStats {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LimiterStats {
+            allowed: load(&self.allowed),
+            denied: load(&self.denied),
+            store_errors: load(&self.store_errors),
+            failed_open: load(&self.failed_open),
+            failed_closed: load(&self.failed_closed),
+            fallback_decisions: load(&self.fallback_decisions),
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! [`Quota`]: how many requests a key may make, over which period, with which burst.
+
+use std::time::Duration;
+
+/// The largest `limit` or `burst` a quota accepts: 10^15.
+///
+/// Counts stay exact in Lua, whose numbers are doubles (exact integers up to 2^53).
+pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
+
+/// The longest `period` a quota accepts: 100 years.
+///
+/// Timestamps and periods are integer microseconds inside the scripts and must stay below 2^53.
+pub const MAX_PERIOD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Why a quota could not be built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    /// `limit` was 0: a quota must admit at least one request per period.
+    #[error("quota limit must be at least 1 request per period")]
+    ZeroLimit,
+    /// `period` was shorter than one microsecond.
+    #[error("quota period must be at least 1 microsecond")]
+    ZeroPeriod,
+    /// `burst` was 0: the bucket must hold at least one request.
+    #[error("quota burst must be at least 1 request")]
+    ZeroBurst,
+    /// `limit` or `burst` exceeded [`MAX_COUNT`].
+    #[error("quota limit and burst must be at most 10^15 requests")]
+    CountTooLarge,
+    /// `period` exceeded [`MAX_PERIOD`].
+    #[error("quota period must be at most 100 years")]
+    PeriodTooLong,
+}
+
+/// A rate: `limit` requests per `period`, with room for `burst` requests at once.
+///
+/// The burst (the bucket's capacity) defaults to the limit. Every constructor validates its input
+/// and returns a [`QuotaError`] instead of panicking.
+///
+/// ```
+/// use redlimit::Quota;
+/// use std::time::Duration;
+///
+/// let per_minute = Quota::per_minute(100)?;               // 100 requests a minute
+/// let bursty = Quota::per_second(10)?.with_burst(50)?;    // 10/s, up to 50 at once
+/// let custom = Quota::new(5, Duration::from_millis(500))?; // 5 requests per 500 ms
+/// assert_eq!(bursty.burst(), 50);
+/// assert_eq!(custom.period(), Duration::from_millis(500));
+/// assert!(Quota::per_second(0).is_err());
+/// # Ok::<(), redlimit::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    limit: u64,
+    period: Duration,
+    burst: u64,
+}
+
+impl Quota {
+    /// `limit` requests per `period`; the burst equals the limit.
+    pub fn new(limit: u64, period: Duration) -> Result<Self, QuotaError> {
+        if limit == 0 {
+            return Err(QuotaError::ZeroLimit);
+        }
+        if limit > MAX_COUNT {
+            return Err(QuotaError::CountTooLarge);
+        }
+        if period < Duration::from_micros(1) {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        if period > MAX_PERIOD {
+            return Err(QuotaError::PeriodTooLong);
+        }
+        Ok(Quota {
+            limit,
+            period,
+            burst: limit,
+        })
+    }
+
+    /// `requests` per second.
+    pub fn per_second(requests: u64) -> Result<Self, QuotaError> {
+        Self::new(requests, Duration::from_secs(1))
+    }
+
+    /// `requests` per minute.
+    pub fn per_minute(requests: u64) -> Result<Self, QuotaError> {
+        Self::new(requests, Duration::from_secs(60))
+    }
+
+    /// `requests` per hour.
+    pub fn per_hour(requests: u64) -> Result<Self, QuotaError> {
+        Self::new(requests, Duration::from_secs(3600))
+    }
+
+    /// `requests` per day.
+    pub fn per_day(requests: u64) -> Result<Self, QuotaError> {
+        Self::new(requests, Duration::from_secs(24 * 3600))
+    }
+
+    /// The same rate with a different burst: how many requests may pass at once after a quiet
+    /// spell. Window algorithms use it as the number of requests per window.
+    pub fn with_burst(self, burst: u64) -> Result<Self, QuotaError> {
+        if burst == 0 {
+            return Err(QuotaError::ZeroBurst);
+        }
+        if burst > MAX_COUNT {
+            return Err(QuotaError::CountTooLarge);
+        }
+        Ok(Quota { burst, ..self })
+    }
+
+    /// Requests admitted per [`period`](Self::period) in the long run.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period over which [`limit`](Self::limit) requests are admitted.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Requests that may pass at once (the bucket's capacity).
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The period in whole microseconds, the unit of every script.
+    pub(crate) fn period_micros(&self) -> u64 {
+        // MAX_PERIOD keeps this far below u64::MAX.
+        self.period.as_micros() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constructors_say_their_units() {
+        assert_eq!(
+            Quota::per_second(3).unwrap().period(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            Quota::per_minute(3).unwrap().period(),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            Quota::per_hour(3).unwrap().period(),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(
+            Quota::per_day(3).unwrap().period(),
+            Duration::from_secs(86400)
+        );
+        let q = Quota::per_minute(10).unwrap();
+        assert_eq!((q.limit(), q.burst()), (10, 10));
+    }
+
+    #[test]
+    fn invalid_quotas_are_typed_errors() {
+        assert_eq!(Quota::per_second(0), Err(QuotaError::ZeroLimit));
+        assert_eq!(Quota::new(1, Duration::ZERO), Err(QuotaError::ZeroPeriod));
+        assert_eq!(
+            Quota::new(1, Duration::from_nanos(999)),
+            Err(QuotaError::ZeroPeriod)
+        );
+        assert_eq!(
+            Quota::per_second(1).unwrap().with_burst(0),
+            Err(QuotaError::ZeroBurst)
+        );
+        assert_eq!(
+            Quota::per_second(MAX_COUNT + 1),
+            Err(QuotaError::CountTooLarge)
+        );
+        assert_eq!(
+            Quota::per_second(1).unwrap().with_burst(u64::MAX),
+            Err(QuotaError::CountTooLarge)
+        );
+        assert_eq!(
+            Quota::new(1, MAX_PERIOD + Duration::from_secs(1)),
+            Err(QuotaError::PeriodTooLong)
+        );
+        assert!(Quota::new(MAX_COUNT, MAX_PERIOD).is_ok());
+    }
+}

@@ -1,0 +1,197 @@
+//! The responses the layer builds, and the rate-limit headers.
+//!
+//! Headers follow draft-ietf-httpapi-ratelimit-headers-11:
+//! `RateLimit-Policy: "name";q=100;w=60` (the quota) and `RateLimit: "name";r=42;t=5` (what is
+//! left, and seconds until it resets), on allowed and rejected responses alike. A rejection adds
+//! `Retry-After` in delay-seconds (rounded up, at least 1). Optionally the legacy
+//! `X-RateLimit-Limit / -Remaining / -Reset` too.
+//!
+//! A request whose `content-type` starts with `application/grpc` is answered the gRPC way: HTTP
+//! 200, trailers-only, `grpc-status: 8` (RESOURCE_EXHAUSTED) or `14` (UNAVAILABLE) and a
+//! `grpc-message`, with the same hint headers.
+
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+
+use crate::body::ResponseBody;
+use crate::decision::secs_rounded_up;
+use crate::{Decision, Quota};
+
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
+/// gRPC status RESOURCE_EXHAUSTED.
+const GRPC_RESOURCE_EXHAUSTED: &str = "8";
+/// gRPC status UNAVAILABLE.
+const GRPC_UNAVAILABLE: &str = "14";
+
+/// How the layer writes its headers; built once per layer.
+#[derive(Debug, Clone)]
+pub(crate) struct HeaderStyle {
+    /// The quoted policy name, e.g. `"default"`.
+    quoted_name: String,
+    /// `RateLimit-Policy`, constant for a layer.
+    policy: HeaderValue,
+    /// Also send `X-RateLimit-*`.
+    pub legacy: bool,
+}
+
+impl HeaderStyle {
+    /// `name` must already be validated (`[A-Za-z0-9._-]`).
+    pub(crate) fn new(name: &str, quota: &Quota, legacy: bool) -> Self {
+        let quoted_name = format!("\"{name}\"");
+        let (q, w) = policy_window(quota);
+        let policy = HeaderValue::try_from(format!("{quoted_name};q={q};w={w}"))
+            .unwrap_or_else(|_| HeaderValue::from_static("\"default\""));
+        HeaderStyle {
+            quoted_name,
+            policy,
+            legacy,
+        }
+    }
+
+    /// Adds the rate-limit headers describing `decision`.
+    pub(crate) fn apply(&self, headers: &mut HeaderMap, decision: &Decision) {
+        let t = if decision.allowed {
+            decision.reset_after_secs()
+        } else {
+            decision.retry_after_secs()
+        };
+        let state = format!("{};r={};t={}", self.quoted_name, decision.remaining, t);
+        headers.insert(RATELIMIT_POLICY.clone(), self.policy.clone());
+        if let Ok(value) = HeaderValue::try_from(state) {
+            headers.insert(RATELIMIT.clone(), value);
+        }
+        if self.legacy {
+            headers.insert(X_LIMIT.clone(), decision.limit.into());
+            headers.insert(X_REMAINING.clone(), decision.remaining.into());
+            headers.insert(X_RESET.clone(), decision.reset_after_secs().into());
+        }
+    }
+}
+
+/// `q` and `w` of `RateLimit-Policy`: whole seconds; a sub-second quota is scaled to one second.
+fn policy_window(quota: &Quota) -> (u64, u64) {
+    let period = quota.period();
+    if period >= Duration::from_secs(1) {
+        (quota.limit(), secs_rounded_up(period))
+    } else {
+        let per_second = quota.limit() as u128 * 1_000_000 / period.as_micros().max(1);
+        (per_second.min(u64::MAX as u128) as u64, 1)
+    }
+}
+
+/// Whether the request speaks gRPC.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The answer to a denied request: 429 (or gRPC RESOURCE_EXHAUSTED) with `Retry-After`.
+pub(crate) fn too_many_requests<B>(
+    decision: &Decision,
+    style: &HeaderStyle,
+    quota: &Quota,
+    grpc: bool,
+) -> Response<ResponseBody<B>> {
+    // A cost the quota can never hold has no true retry time; the period is an honest hint.
+    let retry_secs = if decision.never_allowed() {
+        secs_rounded_up(quota.period()).max(1)
+    } else {
+        decision.retry_after_secs()
+    };
+    let mut response = if grpc {
+        grpc_response(GRPC_RESOURCE_EXHAUSTED, "rate limit exceeded")
+    } else {
+        text_response(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n")
+    };
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, retry_secs.into());
+    style.apply(headers, decision);
+    response
+}
+
+/// The answer when the store failed and the policy rejects: 503 (or gRPC UNAVAILABLE).
+pub(crate) fn unavailable<B>(retry_after: Duration, grpc: bool) -> Response<ResponseBody<B>> {
+    let mut response = if grpc {
+        grpc_response(GRPC_UNAVAILABLE, "rate limiter unavailable")
+    } else {
+        text_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "rate limiter unavailable\n",
+        )
+    };
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, secs_rounded_up(retry_after).max(1).into());
+    response
+}
+
+/// The answer when a request has no key and the rule says reject.
+pub(crate) fn missing_key<B>(status: StatusCode, grpc: bool) -> Response<ResponseBody<B>> {
+    if grpc {
+        // INVALID_ARGUMENT.
+        grpc_response("3", "no rate limit key in request")
+    } else {
+        text_response(status, "no rate limit key in request\n")
+    }
+}
+
+fn text_response<B>(status: StatusCode, text: &'static str) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::rejection(text));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn grpc_response<B>(status: &'static str, message: &'static str) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::rejection(""));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS.clone(), HeaderValue::from_static(status));
+    headers.insert(GRPC_MESSAGE.clone(), HeaderValue::from_static(message));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_window_in_whole_seconds() {
+        assert_eq!(policy_window(&Quota::per_minute(100).unwrap()), (100, 60));
+        let half_second = Quota::new(5, Duration::from_millis(500)).unwrap();
+        assert_eq!(policy_window(&half_second), (10, 1));
+        let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
+        assert_eq!(policy_window(&odd), (3, 2));
+    }
+
+    #[test]
+    fn headers_describe_the_decision() {
+        let quota = Quota::per_minute(10).unwrap();
+        let style = HeaderStyle::new("api", &quota, true);
+        let decision = Decision {
+            allowed: true,
+            limit: 10,
+            remaining: 7,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::from_millis(17_001),
+        };
+        let mut headers = HeaderMap::new();
+        style.apply(&mut headers, &decision);
+        assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=60");
+        assert_eq!(headers["ratelimit"], "\"api\";r=7;t=18");
+        assert_eq!(headers["x-ratelimit-remaining"], "7");
+    }
+}

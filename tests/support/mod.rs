@@ -1,0 +1,119 @@
+//! Real-Redis test harness shared by the integration tests.
+//!
+//! Every test gets its own private `redis-server` process (or a private
+//! three-master cluster) on a port of its own, in a temporary directory that
+//! is removed afterwards. The machine-wide Redis on 127.0.0.1:6379 is never
+//! used.
+//!
+//! ```ignore
+//! mod support;
+//! let redis = support::RedisServer::start();
+//! let mut conn = redis.conn();
+//! ```
+//!
+//! `redis-server` must be on `PATH`; without it every test that starts a
+//! server panics with an explanation instead of being skipped.
+#![allow(dead_code)]
+
+mod cluster;
+mod server;
+
+pub use cluster::RedisCluster;
+pub use server::RedisServer;
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::net::TcpListener;
+use std::process::Command;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What a test prints when there is no `redis-server` to run.
+pub const REDIS_MISSING: &str = "redis-server not found on PATH: the integration tests need a real \
+     Redis. Install it (`apt-get install redis-server`) or run `./scripts/test.sh`, which installs it.";
+
+/// First port handed out.
+const PORT_BASE: u16 = 20000;
+/// How many ports are handed out: 20000..22768. The cluster bus port is the
+/// port + 10000, i.e. 30000..32768, so both stay inside 20000..45000, below
+/// Linux's default ephemeral range (32768..), and a server port can never be
+/// another server's bus port.
+const PORT_COUNT: u16 = 2768;
+/// Redis Cluster listens for its bus on the client port plus this.
+pub const BUS_PORT_OFFSET: u16 = 10000;
+
+/// Where this process starts in the port range (random, so that test
+/// binaries running at the same time mostly pick different ports).
+static PORT_START: OnceLock<u16> = OnceLock::new();
+/// How many ports this process has handed out so far.
+static PORTS_HANDED_OUT: AtomicU16 = AtomicU16::new(0);
+
+/// Returns a port in 20000..22768 whose cluster bus port (+10000) is free
+/// too. Ports come from a process-wide counter, so two tests in one binary
+/// never get the same one; other processes are ruled out by binding both
+/// ports for a moment. A caller that then fails to start Redis on it should
+/// simply ask again.
+pub fn free_port() -> u16 {
+    for _ in 0..PORT_COUNT {
+        let port = next_candidate_port();
+        if is_bindable(port) && is_bindable(port + BUS_PORT_OFFSET) {
+            return port;
+        }
+    }
+    panic!(
+        "no free port pair (P, P+{BUS_PORT_OFFSET}) in {PORT_BASE}..{}",
+        PORT_BASE + PORT_COUNT
+    );
+}
+
+/// The next port from the process-wide rotation, free or not.
+fn next_candidate_port() -> u16 {
+    let start = *PORT_START.get_or_init(|| (random_u64() % u64::from(PORT_COUNT)) as u16);
+    let n = PORTS_HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+    let offset = (u32::from(start) + u32::from(n)) % u32::from(PORT_COUNT);
+    PORT_BASE + offset as u16
+}
+
+/// Whether a listener could be bound on 127.0.0.1:`port` right now.
+fn is_bindable(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A random number from the standard library's per-process hasher keys,
+/// the process id and the clock (no extra crates needed).
+fn random_u64() -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    hasher.write_u128(nanos);
+    hasher.finish()
+}
+
+/// The installed `redis-server` version, e.g. `"7.0.15"`.
+pub fn redis_server_version() -> String {
+    let output = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                panic!("{REDIS_MISSING}");
+            }
+            panic!("could not run `redis-server --version`: {e}");
+        });
+    let text = String::from_utf8_lossy(&output.stdout);
+    // "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=..."
+    text.split_whitespace()
+        .find_map(|word| word.strip_prefix("v="))
+        .unwrap_or_else(|| panic!("unexpected `redis-server --version` output: {text}"))
+        .to_string()
+}
+
+/// The value of `field` in an `INFO` reply (`field:value` lines).
+pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|line| line.trim_end().strip_prefix(field)?.strip_prefix(':'))
+}
