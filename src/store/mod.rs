@@ -6,9 +6,11 @@ use futures::future::BoxFuture;
 
 use crate::{Algorithm, Decision, Quota};
 
+mod breaker;
 mod memory;
 mod redis;
 
+pub use self::breaker::CircuitBreaker;
 pub use self::memory::MemoryStore;
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 

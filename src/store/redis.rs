@@ -1,13 +1,18 @@
-//! [`RedisStore`]: every decision is one Lua script run atomically in Redis.
+//! [`RedisStore`]: every decision is one Lua script run atomically in Redis (single node or
+//! Cluster).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{Client, IntoConnectionInfo, RedisError};
 use tokio::sync::OnceCell;
 
+use super::breaker::{Admission, BreakerState, CircuitBreaker};
 use super::{CheckRequest, Store, StoreError};
 use crate::algorithm::Reply;
 use crate::Decision;
@@ -15,51 +20,99 @@ use crate::Decision;
 /// The default time a store call may take before it counts as a failure.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// A [`Store`] on Redis: each decision is one `EVALSHA` of the algorithm's script (reloaded by
-/// itself after `NOSCRIPT`: a restart, a failover, `SCRIPT FLUSH`).
+/// How long one connection attempt may take (bounded by the call timeout anyway).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A [`Store`] on Redis: each decision is one `EVALSHA` of the algorithm's script, reloaded by
+/// itself after `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`).
 ///
-/// The store never waits for Redis to come up: it can be created while Redis is down, connects on
-/// first use, reconnects by itself after a failure, and bounds every call by a timeout (100 ms by
-/// default) so a hung Redis never hangs a request. Clones share the connection.
+/// **It never waits for Redis.** It can be created while Redis is down: it connects on first use
+/// and reconnects by itself after failures. Every call is bounded by a timeout (100 ms by
+/// default), so a hung Redis never hangs a request, and a [`CircuitBreaker`] skips Redis for a
+/// cool-down after repeated failures. Errors go to the limiter's failure policy.
+///
+/// **Cluster.** [`RedisStore::cluster`] runs on Redis Cluster: all Redis keys of one limiter key
+/// share a hash tag, so each script runs on the one node that owns the slot.
+///
+/// Clones share the connection and the breaker.
 ///
 /// ```no_run
 /// use redlimit::store::RedisStore;
 /// use std::time::Duration;
 ///
-/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+/// let single = RedisStore::builder("redis://127.0.0.1:6379")
 ///     .timeout(Duration::from_millis(50))
 ///     .build()?;
+/// let cluster = RedisStore::cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])?;
 /// # Ok::<(), redis::RedisError>(())
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    client: Client,
-    connection: std::sync::Arc<OnceCell<ConnectionManager>>,
+    backend: Arc<Backend>,
     timeout: Duration,
+    breaker: Option<Arc<BreakerState>>,
+}
+
+enum Backend {
+    Single {
+        client: Client,
+        connection: OnceCell<ConnectionManager>,
+    },
+    Cluster {
+        client: ClusterClient,
+        connection: OnceCell<ClusterConnection>,
+    },
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("addr", &self.client.get_connection_info().addr())
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
+        let mut s = f.debug_struct("RedisStore");
+        match &*self.backend {
+            Backend::Single { client, .. } => s.field("addr", client.get_connection_info().addr()),
+            Backend::Cluster { .. } => s.field("addr", &"cluster"),
+        };
+        s.field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .finish()
     }
 }
 
 impl RedisStore {
-    /// A store on the Redis at `url` with the default timeout. Fails only on a malformed URL;
-    /// Redis itself may be down.
+    /// A store on the Redis at `url` with the defaults. Fails only on a malformed URL; Redis
+    /// itself may be down.
     pub fn new<T: IntoConnectionInfo>(url: T) -> Result<Self, RedisError> {
         Self::builder(url).build()
     }
 
+    /// A store on the Redis Cluster reachable through `nodes` (any subset of its nodes).
+    pub fn cluster<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> Result<Self, RedisError> {
+        Self::cluster_builder(nodes).build()
+    }
+
     /// Starts a builder for a store on the Redis at `url`.
     pub fn builder<T: IntoConnectionInfo>(url: T) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            client: Client::open(url),
-            timeout: DEFAULT_TIMEOUT,
-        }
+        RedisStoreBuilder::new(Client::open(url).map(|client| Backend::Single {
+            client,
+            connection: OnceCell::new(),
+        }))
+    }
+
+    /// Starts a builder for a store on a Redis Cluster.
+    pub fn cluster_builder<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> RedisStoreBuilder {
+        let client = ClusterClient::builder(nodes)
+            .connection_timeout(CONNECT_TIMEOUT)
+            .retries(2)
+            .min_retry_wait(5)
+            .max_retry_wait(100)
+            .build();
+        RedisStoreBuilder::new(client.map(|client| Backend::Cluster {
+            client,
+            connection: OnceCell::new(),
+        }))
     }
 
     /// The time a call may take before it counts as a failure.
@@ -67,43 +120,64 @@ impl RedisStore {
         self.timeout
     }
 
-    /// The shared connection, created on first use (it needs a running Tokio runtime). Creating
-    /// it does not wait for Redis: the manager connects lazily and reconnects after failures.
-    async fn connection(&self) -> Result<ConnectionManager, RedisError> {
-        self.connection
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_number_of_retries(1)
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_millis(500))
-                    .set_connection_timeout(Some(Duration::from_secs(1)));
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
-            .await
-            .cloned()
+    /// Whether the circuit breaker is open (Redis is being skipped).
+    pub fn circuit_open(&self) -> bool {
+        self.breaker.as_ref().is_some_and(|b| b.is_open())
     }
 
     async fn run_script(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
-        let mut connection = self.connection().await?;
-        let quota = request.quota;
-        let mut invocation = request.algorithm.script().prepare_invoke();
-        for key in request.algorithm.redis_keys(request.key) {
-            invocation.key(key);
+        match &*self.backend {
+            Backend::Single { client, connection } => {
+                let mut connection = connection
+                    .get_or_try_init(|| async {
+                        // Lazy: does not wait for Redis; reconnects by itself after failures.
+                        let config = ConnectionManagerConfig::new()
+                            .set_number_of_retries(1)
+                            .set_min_delay(Duration::from_millis(10))
+                            .set_max_delay(Duration::from_millis(500))
+                            .set_connection_timeout(Some(CONNECT_TIMEOUT));
+                        ConnectionManager::new_lazy_with_config(client.clone(), config)
+                    })
+                    .await?
+                    .clone();
+                invoke(&mut connection, request).await
+            }
+            Backend::Cluster { client, connection } => {
+                // Until the first connection succeeds each call tries again (within its
+                // timeout); after that the cluster connection heals itself.
+                let mut connection = connection
+                    .get_or_try_init(|| client.get_async_connection())
+                    .await?
+                    .clone();
+                invoke(&mut connection, request).await
+            }
         }
-        match request.now_micros {
-            Some(now) => invocation.arg(now),
-            None => invocation.arg(""),
-        };
-        invocation
-            .arg(request.cost)
-            .arg(quota.limit())
-            .arg(quota.period_micros())
-            .arg(quota.burst());
-        let values: Vec<i64> = invocation.invoke_async(&mut connection).await?;
-        Reply::from_redis(&values)
-            .map(Reply::into_decision)
-            .ok_or_else(|| StoreError::BadReply(format!("{values:?}")))
     }
+}
+
+/// One EVALSHA of the algorithm's script (SCRIPT LOAD and retry on NOSCRIPT).
+async fn invoke(
+    connection: &mut impl ConnectionLike,
+    request: CheckRequest<'_>,
+) -> Result<Decision, StoreError> {
+    let quota = request.quota;
+    let mut invocation = request.algorithm.script().prepare_invoke();
+    for key in request.algorithm.redis_keys(request.key) {
+        invocation.key(key);
+    }
+    match request.now_micros {
+        Some(now) => invocation.arg(now),
+        None => invocation.arg(""),
+    };
+    invocation
+        .arg(request.cost)
+        .arg(quota.limit())
+        .arg(quota.period_micros())
+        .arg(quota.burst());
+    let values: Vec<i64> = invocation.invoke_async(connection).await?;
+    Reply::from_redis(&values)
+        .map(Reply::into_decision)
+        .ok_or_else(|| StoreError::BadReply(format!("{values:?}")))
 }
 
 impl Store for RedisStore {
@@ -112,34 +186,77 @@ impl Store for RedisStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
-            match tokio::time::timeout(self.timeout, self.run_script(request)).await {
+            let admission = match &self.breaker {
+                Some(breaker) => breaker.admit(),
+                None => Admission::Call,
+            };
+            if admission == Admission::Skip {
+                return Err(StoreError::Unavailable("circuit breaker open"));
+            }
+            let result = match tokio::time::timeout(self.timeout, self.run_script(request)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::Timeout(self.timeout)),
+            };
+            if let Some(breaker) = &self.breaker {
+                match &result {
+                    Ok(_) => breaker.on_success(admission),
+                    Err(_) => breaker.on_failure(admission),
+                }
             }
+            result
         })
     }
 }
 
-/// Builds a [`RedisStore`]; see [`RedisStore::builder`].
-#[derive(Debug)]
+/// Builds a [`RedisStore`]; see [`RedisStore::builder`] and [`RedisStore::cluster_builder`].
 pub struct RedisStoreBuilder {
-    client: Result<Client, RedisError>,
+    backend: Result<Backend, RedisError>,
     timeout: Duration,
+    breaker: Option<CircuitBreaker>,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisStoreBuilder {
-    /// The time one call (including a script reload) may take; 100 ms by default.
+    fn new(backend: Result<Backend, RedisError>) -> Self {
+        RedisStoreBuilder {
+            backend,
+            timeout: DEFAULT_TIMEOUT,
+            breaker: Some(CircuitBreaker::default()),
+        }
+    }
+
+    /// The time one call (a script reload included) may take; 100 ms by default.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// Builds the store. Fails only on a malformed URL.
+    /// The circuit breaker's settings (on by default with [`CircuitBreaker::default`]).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// Calls Redis even when it keeps failing (each call still has its timeout).
+    pub fn without_circuit_breaker(mut self) -> Self {
+        self.breaker = None;
+        self
+    }
+
+    /// Builds the store. Fails only on malformed URLs.
     pub fn build(self) -> Result<RedisStore, RedisError> {
         Ok(RedisStore {
-            client: self.client?,
-            connection: Default::default(),
+            backend: Arc::new(self.backend?),
             timeout: self.timeout,
+            breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
         })
     }
 }

@@ -1,0 +1,184 @@
+//! [`CircuitBreaker`]: after repeated failures, skip the store for a cool-down.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// When to stop calling a failing store, and for how long.
+///
+/// After `failure_threshold` consecutive failures the circuit **opens**: for `cool_down`, calls
+/// skip Redis and go straight to the failure policy (no waiting on a dead server). Then one call
+/// at a time is let through as a probe: success closes the circuit, failure opens it for
+/// another cool-down. Every state change is logged with `tracing`.
+///
+/// ```
+/// use redlimit::store::{CircuitBreaker, RedisStore};
+/// use std::time::Duration;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .circuit_breaker(CircuitBreaker { failure_threshold: 3, cool_down: Duration::from_secs(1) })
+///     .build()?;
+/// # Ok::<(), redis::RedisError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitBreaker {
+    /// Consecutive failures that open the circuit (5 by default; 0 counts as 1).
+    pub failure_threshold: u32,
+    /// How long the store is skipped once open (500 ms by default).
+    pub cool_down: Duration,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        CircuitBreaker {
+            failure_threshold: 5,
+            cool_down: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Whether a call may go to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// The circuit is closed: call.
+    Call,
+    /// The cool-down is over and this call is the one probe.
+    Probe,
+    /// The circuit is open: skip the store.
+    Skip,
+}
+
+/// The breaker's state, shared by all clones of a store. Lock-free: the hot path (a closed
+/// circuit) is one atomic load before and one store after the call.
+#[derive(Debug)]
+pub(crate) struct BreakerState {
+    config: CircuitBreaker,
+    epoch: Instant,
+    consecutive_failures: AtomicU32,
+    /// µs since `epoch` until which the circuit stays open; 0 while closed.
+    open_until: AtomicU64,
+    probing: AtomicBool,
+}
+
+impl BreakerState {
+    pub(crate) fn new(config: CircuitBreaker) -> Self {
+        BreakerState {
+            config,
+            epoch: Instant::now(),
+            consecutive_failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        // +1 keeps 0 free to mean "closed".
+        self.epoch.elapsed().as_micros() as u64 + 1
+    }
+
+    pub(crate) fn admit(&self) -> Admission {
+        let open_until = self.open_until.load(Ordering::Acquire);
+        if open_until == 0 {
+            return Admission::Call;
+        }
+        if self.now() < open_until {
+            return Admission::Skip;
+        }
+        match self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Admission::Probe,
+            Err(_) => Admission::Skip,
+        }
+    }
+
+    pub(crate) fn on_success(&self, admission: Admission) {
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        if admission == Admission::Probe {
+            self.open_until.store(0, Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+            tracing::info!("rate limit store recovered; circuit closed");
+        }
+    }
+
+    pub(crate) fn on_failure(&self, admission: Admission) {
+        match admission {
+            Admission::Probe => {
+                self.open_until
+                    .store(self.now() + self.cool_down_micros(), Ordering::Release);
+                self.probing.store(false, Ordering::Release);
+                tracing::warn!(cool_down = ?self.config.cool_down, "rate limit store probe failed; circuit stays open");
+            }
+            Admission::Call => {
+                let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                if failures >= self.config.failure_threshold.max(1)
+                    && self
+                        .open_until
+                        .compare_exchange(
+                            0,
+                            self.now() + self.cool_down_micros(),
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
+                        .is_ok()
+                {
+                    tracing::warn!(
+                        failures,
+                        cool_down = ?self.config.cool_down,
+                        "rate limit store keeps failing; circuit opened"
+                    );
+                }
+            }
+            Admission::Skip => {}
+        }
+    }
+
+    fn cool_down_micros(&self) -> u64 {
+        self.config.cool_down.as_micros().min(u64::MAX as u128 / 2) as u64
+    }
+
+    /// Whether calls are being skipped now.
+    pub(crate) fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_threshold_and_probes_once() {
+        let breaker = BreakerState::new(CircuitBreaker {
+            failure_threshold: 2,
+            cool_down: Duration::ZERO,
+        });
+        assert_eq!(breaker.admit(), Admission::Call);
+        breaker.on_failure(Admission::Call);
+        assert!(!breaker.is_open());
+        breaker.on_failure(Admission::Call);
+        assert!(breaker.is_open());
+        // Cool-down of zero: the next call probes, concurrent ones skip.
+        assert_eq!(breaker.admit(), Admission::Probe);
+        assert_eq!(breaker.admit(), Admission::Skip);
+        breaker.on_failure(Admission::Probe);
+        assert_eq!(breaker.admit(), Admission::Probe);
+        breaker.on_success(Admission::Probe);
+        assert!(!breaker.is_open());
+        assert_eq!(breaker.admit(), Admission::Call);
+    }
+
+    #[test]
+    fn skips_during_cool_down_and_success_resets_the_count() {
+        let breaker = BreakerState::new(CircuitBreaker {
+            failure_threshold: 2,
+            cool_down: Duration::from_secs(3600),
+        });
+        breaker.on_failure(Admission::Call);
+        breaker.on_success(Admission::Call);
+        breaker.on_failure(Admission::Call);
+        assert!(!breaker.is_open(), "failures must be consecutive");
+        breaker.on_failure(Admission::Call);
+        assert_eq!(breaker.admit(), Admission::Skip);
+    }
+}
