@@ -96,13 +96,20 @@ impl Limiter {
                     request,
                 });
                 stats.count_failure(&verdict);
-                tracing::warn!(
-                    %error,
-                    algorithm = %self.inner.algorithm,
-                    policy = ?self.inner.policy,
-                    allowed = verdict.is_allowed(),
-                    "rate limit store failed; the failure policy decided"
-                );
+                // The key is never logged: it may be a secret. While the circuit breaker is open
+                // every request lands here; the breaker itself logs its state changes, so those
+                // are debug-level to keep an outage from flooding the logs.
+                if matches!(error, StoreError::Unavailable(_)) {
+                    tracing::debug!(%error, allowed = verdict.is_allowed(), "rate limit store skipped; the failure policy decided");
+                } else {
+                    tracing::warn!(
+                        %error,
+                        algorithm = %self.inner.algorithm,
+                        policy = ?self.inner.policy,
+                        allowed = verdict.is_allowed(),
+                        "rate limit store failed; the failure policy decided"
+                    );
+                }
                 verdict
             }
         }

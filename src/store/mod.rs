@@ -11,8 +11,8 @@ mod memory;
 mod redis;
 
 pub use self::breaker::CircuitBreaker;
-pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS};
+pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_TIMEOUT};
 
 /// One decision to make: which key, under which algorithm and quota, at what cost.
 #[derive(Debug, Clone, Copy)]
