@@ -133,6 +133,16 @@ impl BreakerState {
         }
     }
 
+    /// A call whose caller went away before it finished (its future was dropped: a client
+    /// disconnect, an outer timeout). It tells nothing about the store, but a probe must hand
+    /// over: otherwise no call would ever probe again and the circuit would stay open for good.
+    pub(crate) fn on_abandoned(&self, admission: Admission) {
+        if admission == Admission::Probe {
+            self.probing.store(false, Ordering::Release);
+            tracing::debug!("rate limit store probe abandoned by its caller; the next call probes");
+        }
+    }
+
     fn cool_down_micros(&self) -> u64 {
         self.config.cool_down.as_micros().min(u64::MAX as u128 / 2) as u64
     }
@@ -165,6 +175,25 @@ mod tests {
         assert_eq!(breaker.admit(), Admission::Probe);
         breaker.on_success(Admission::Probe);
         assert!(!breaker.is_open());
+        assert_eq!(breaker.admit(), Admission::Call);
+    }
+
+    #[test]
+    fn an_abandoned_probe_hands_over_to_the_next_call() {
+        let breaker = BreakerState::new(CircuitBreaker {
+            failure_threshold: 1,
+            cool_down: Duration::ZERO,
+        });
+        breaker.on_failure(Admission::Call);
+        assert_eq!(breaker.admit(), Admission::Probe);
+        assert_eq!(breaker.admit(), Admission::Skip);
+        breaker.on_abandoned(Admission::Probe);
+        assert!(breaker.is_open(), "an abandoned probe proves nothing");
+        assert_eq!(breaker.admit(), Admission::Probe);
+        breaker.on_success(Admission::Probe);
+        assert!(!breaker.is_open());
+        // Abandoned calls of a closed circuit change nothing.
+        breaker.on_abandoned(Admission::Call);
         assert_eq!(breaker.admit(), Admission::Call);
     }
 

@@ -135,12 +135,23 @@ impl RedisStore {
                             .set_number_of_retries(1)
                             .set_min_delay(Duration::from_millis(10))
                             .set_max_delay(Duration::from_millis(500))
-                            .set_connection_timeout(Some(CONNECT_TIMEOUT));
+                            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                            // redis-rs would cut every reply at 500 ms by default, whatever
+                            // the store's timeout: the store's timeout is the one that applies.
+                            .set_response_timeout(Some(self.timeout));
                         ConnectionManager::new_lazy_with_config(client.clone(), config)
                     })
                     .await?
                     .clone();
-                invoke(&mut connection, request).await
+                match invoke(&mut connection, request).await {
+                    // The manager may still hold a connection attempt that failed while Redis
+                    // was down. Nothing was sent, so one retry is safe, and it reconnects now
+                    // instead of one cool-down later.
+                    Err(StoreError::Redis(error)) if error.is_connection_refusal() => {
+                        invoke(&mut connection, request).await
+                    }
+                    result => result,
+                }
             }
             Backend::Cluster { client, connection } => {
                 // Until the first connection succeeds each call tries again (within its
@@ -170,7 +181,8 @@ async fn invoke(
         None => invocation.arg(""),
     };
     invocation
-        .arg(request.cost)
+        // Any cost above the burst is never allowed: send burst + 1 so Lua stays below 2^53.
+        .arg(request.cost.min(quota.burst().saturating_add(1)))
         .arg(quota.limit())
         .arg(quota.period_micros())
         .arg(quota.burst());
@@ -193,10 +205,16 @@ impl Store for RedisStore {
             if admission == Admission::Skip {
                 return Err(StoreError::Unavailable("circuit breaker open"));
             }
+            // If this future is dropped before the call finishes, the breaker hears of it.
+            let mut unsettled = Unsettled {
+                breaker: self.breaker.as_deref(),
+                admission,
+            };
             let result = match tokio::time::timeout(self.timeout, self.run_script(request)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::Timeout(self.timeout)),
             };
+            unsettled.breaker = None;
             if let Some(breaker) = &self.breaker {
                 match &result {
                     Ok(_) => breaker.on_success(admission),
@@ -205,6 +223,22 @@ impl Store for RedisStore {
             }
             result
         })
+    }
+}
+
+/// A breaker admission whose call has not finished. Dropped while still holding the breaker
+/// (the caller went away mid-call: a client disconnect, an outer timeout), it tells the breaker,
+/// so that an abandoned probe does not keep the circuit open for good.
+struct Unsettled<'a> {
+    breaker: Option<&'a BreakerState>,
+    admission: Admission,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if let Some(breaker) = self.breaker {
+            breaker.on_abandoned(self.admission);
+        }
     }
 }
 
