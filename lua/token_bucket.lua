@@ -16,8 +16,11 @@ if tokens == nil or ts == nil then
 end
 
 -- 2. Cap to the current quota and clock, so a tightened quota or a clock stepped back never
---    locks a key out.
+--    locks a key out. A clock stepped back moves ts to now; that move is written even on a
+--    denial, or each call would move it again and the bucket would not refill until the clock
+--    caught up.
 tokens = math.min(math.floor(tokens), burst)
+local stepped_back = ts > now
 ts = math.min(ts, now)
 
 -- 3. Refill. Past full the clock stops: progress beyond capacity is discarded.
@@ -51,7 +54,7 @@ if tokens < burst then
 end
 
 -- 6. Write only what changed; the key expires when it would be full anyway.
-if allowed and cost > 0 then
+if cost > 0 and (allowed or stepped_back) then
   redis.call('HSET', key, 'tk', tokens, 'ts', ts)
   redis.call('PEXPIRE', key, math.max(1, ms_up(reset)))
 end

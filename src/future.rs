@@ -177,7 +177,7 @@ fn reject<B, K>(
 ) -> Response<ResponseBody<B>> {
     match (rejection, config) {
         (Rejection::TooManyRequests(decision), Some(config)) => {
-            response::too_many_requests(&decision, &config.headers, &config.quota, grpc)
+            response::too_many_requests(&decision, &config.headers, grpc)
         }
         (Rejection::Unavailable(retry_after), _) => response::unavailable(retry_after, grpc),
         (Rejection::MissingKey(status), _) => response::missing_key(status, grpc),

@@ -39,6 +39,9 @@ pub(crate) struct HeaderStyle {
     quoted_name: String,
     /// `RateLimit-Policy`, constant for a layer.
     policy: HeaderValue,
+    /// The quota's period in whole seconds (at least 1): the retry hint for a cost the quota
+    /// can never hold, which has no true retry time.
+    period_secs: u64,
     /// Also send `X-RateLimit-*`.
     pub legacy: bool,
 }
@@ -53,7 +56,17 @@ impl HeaderStyle {
         HeaderStyle {
             quoted_name,
             policy,
+            period_secs: secs_rounded_up(quota.period()).max(1),
             legacy,
+        }
+    }
+
+    /// `Retry-After` for a denied request, in whole seconds (at least 1).
+    pub(crate) fn retry_after_secs(&self, decision: &Decision) -> u64 {
+        if decision.never_allowed() {
+            self.period_secs
+        } else {
+            decision.retry_after_secs()
         }
     }
 
@@ -62,7 +75,7 @@ impl HeaderStyle {
         let t = if decision.allowed {
             decision.reset_after_secs()
         } else {
-            decision.retry_after_secs()
+            self.retry_after_secs(decision)
         };
         let state = format!("{};r={};t={}", self.quoted_name, decision.remaining, t);
         headers.insert(RATELIMIT_POLICY.clone(), self.policy.clone());
@@ -99,15 +112,9 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 pub(crate) fn too_many_requests<B>(
     decision: &Decision,
     style: &HeaderStyle,
-    quota: &Quota,
     grpc: bool,
 ) -> Response<ResponseBody<B>> {
-    // A cost the quota can never hold has no true retry time; the period is an honest hint.
-    let retry_secs = if decision.never_allowed() {
-        secs_rounded_up(quota.period()).max(1)
-    } else {
-        decision.retry_after_secs()
-    };
+    let retry_secs = style.retry_after_secs(decision);
     let mut response = if grpc {
         grpc_response(GRPC_RESOURCE_EXHAUSTED, "rate limit exceeded")
     } else {

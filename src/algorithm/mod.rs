@@ -13,12 +13,20 @@ use std::time::Duration;
 
 use crate::Decision;
 
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod sliding_log;
+pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
+
+#[cfg(test)]
+pub(crate) mod testing;
 
 /// Which rate-limiting algorithm decides.
 ///
 /// All share the same contract: `cost` (0 peeks without consuming), a denied request consumes
-/// nothing, and the same [`Decision`] fields. See the README for what each one guarantees.
+/// nothing, and the same [`Decision`] fields. A quota's `limit` per `period` is the rate and its
+/// `burst` (the limit by default) the capacity. See the README for what each one guarantees.
 ///
 /// ```
 /// use redlimit::Algorithm;
@@ -35,36 +43,76 @@ pub enum Algorithm {
     /// progress. Smooth, allows bursts after quiet spells.
     #[default]
     TokenBucket,
+    /// GCRA (generic cell rate algorithm): one request every `period / limit`, with up to
+    /// `burst` at once. The same admissions as a token bucket with continuous refill, in one
+    /// small hash (a time and a debt).
+    Gcra,
+    /// Fixed window: at most `burst` per window of `period`, windows aligned to the Unix epoch.
+    /// Cheapest and simplest to explain, but up to `2 * burst` can pass across a boundary.
+    FixedWindow,
+    /// Sliding window log: exactly at most `burst` in any `period`. Stores one sorted-set entry
+    /// per admitted unit, so memory and time are O(`burst`) per key (on Redis 7.0 about 36 bytes
+    /// a unit up to 128 units, 118 beyond; a request of cost k adds k entries): keep `burst`
+    /// small.
+    SlidingLog,
+    /// Sliding window counter: the current and the previous fixed window, the previous one
+    /// weighted by its overlap with the sliding `period` (Cloudflare's approximation). At most
+    /// `burst` per `period` in the estimate, in two small counters.
+    SlidingWindow,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order the README lists them.
-    pub const ALL: &'static [Algorithm] = &[Algorithm::TokenBucket];
+    pub const ALL: &'static [Algorithm] = &[
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ];
 
     /// The name used on command lines and in logs, e.g. `token-bucket`.
     pub fn name(&self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token-bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fixed-window",
+            Algorithm::SlidingLog => "sliding-log",
+            Algorithm::SlidingWindow => "sliding-window",
         }
     }
 
     /// The Lua script (shared preamble + algorithm), loaded once per process.
     pub(crate) fn script(&self) -> &'static redis::Script {
-        static TOKEN_BUCKET: LazyLock<redis::Script> = LazyLock::new(|| {
-            script(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/token_bucket.lua")
-            ))
-        });
+        macro_rules! script {
+            ($file:literal) => {{
+                static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| {
+                    script(concat!(
+                        include_str!("../../lua/common.lua"),
+                        include_str!(concat!("../../lua/", $file))
+                    ))
+                });
+                &SCRIPT
+            }};
+        }
         match self {
-            Algorithm::TokenBucket => &TOKEN_BUCKET,
+            Algorithm::TokenBucket => script!("token_bucket.lua"),
+            Algorithm::Gcra => script!("gcra.lua"),
+            Algorithm::FixedWindow => script!("fixed_window.lua"),
+            Algorithm::SlidingLog => script!("sliding_log.lua"),
+            Algorithm::SlidingWindow => script!("sliding_window.lua"),
         }
     }
 
-    /// The Redis keys one limiter key uses, all sharing the hash tag of `base`.
+    /// The Redis keys one limiter key uses, all sharing the hash tag of `base`: the key itself
+    /// and, for the sliding log, the sorted set `<base>:log` beside it.
     pub(crate) fn redis_keys(&self, base: &str) -> Vec<String> {
         match self {
-            Algorithm::TokenBucket => vec![base.to_owned()],
+            Algorithm::SlidingLog => vec![base.to_owned(), format!("{base}:log")],
+            Algorithm::TokenBucket
+            | Algorithm::Gcra
+            | Algorithm::FixedWindow
+            | Algorithm::SlidingWindow => vec![base.to_owned()],
         }
     }
 }
@@ -174,6 +222,12 @@ impl Reply {
     }
 }
 
+/// `a % b` as Lua 5.1 computes it, `a - floor(a / b) * b` (exact for the non-negative integers
+/// below 2^53 the scripts use).
+pub(crate) fn lua_mod(a: f64, b: f64) -> f64 {
+    a - (a / b).floor() * b
+}
+
 /// Microseconds to whole milliseconds, rounded up (`ms_up` in `lua/common.lua`).
 pub(crate) fn ms_up(us: f64) -> i64 {
     (us / 1000.0).ceil() as i64
@@ -193,4 +247,58 @@ pub(crate) enum Write<S> {
 pub(crate) struct Step<S> {
     pub reply: Reply,
     pub write: Write<S>,
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::testing::{self, expect, Seq, TokenBucket};
+    use super::Algorithm;
+
+    proptest! {
+        /// The shared invariants hold for the token bucket too.
+        #[test]
+        fn token_bucket_invariants((quota, steps) in testing::scenario(true)) {
+            testing::check_invariants::<TokenBucket>(quota, steps)?;
+        }
+    }
+
+    /// A clock stepped back moves the bucket's `ts` to now, and a denial writes that down:
+    /// otherwise every call would move it again and refill would wait until the clock caught
+    /// up with the old `ts` (60 s here), whatever `retry_after` said.
+    #[test]
+    fn token_bucket_clock_stepped_back_does_not_lock_the_key_out() {
+        const S: f64 = 1_000_000.0;
+        let mut s = Seq::<TokenBucket>::new();
+        expect(s.at(100.0 * S).cost(10.0), (true, 0, 0, 60_000));
+        expect(s.at(40.0 * S).cost(1.0), (false, 0, 6_000, 60_000));
+        expect(s.at(46.0 * S).cost(1.0), (true, 0, 0, 60_000));
+    }
+
+    #[test]
+    fn names_parse_back_and_every_algorithm_has_its_keys() {
+        for &algorithm in Algorithm::ALL {
+            assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));
+            let keys = algorithm.redis_keys("redlimit:{k}");
+            assert_eq!(keys[0], "redlimit:{k}");
+            assert!(keys.iter().all(|k| k.starts_with("redlimit:{k}")));
+        }
+        assert_eq!(
+            Algorithm::SlidingLog.redis_keys("redlimit:{k}"),
+            ["redlimit:{k}", "redlimit:{k}:log"]
+        );
+        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "token-bucket",
+                "gcra",
+                "fixed-window",
+                "sliding-log",
+                "sliding-window"
+            ]
+        );
+        assert!("leaky".parse::<Algorithm>().is_err());
+    }
 }

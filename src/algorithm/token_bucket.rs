@@ -24,8 +24,9 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
         ts: now,
     });
 
-    // 2. Cap to the current quota and clock.
+    // 2. Cap to the current quota and clock; a clock stepped back is written even on a denial.
     tokens = tokens.floor().min(burst);
+    let stepped_back = ts > now;
     ts = ts.min(now);
 
     // 3. Refill, keeping fractional progress; past full the clock stops.
@@ -60,7 +61,7 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
     };
 
     // 6. Write only what changed.
-    let write = if allowed && cost > 0.0 {
+    let write = if cost > 0.0 && (allowed || stepped_back) {
         Write::Put {
             state: State { tokens, ts },
             ttl_ms: ms_up(reset).max(1) as u64,

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::BoxFuture;
 
 use super::{CheckRequest, Store, StoreError};
-use crate::algorithm::{token_bucket, Args, Step, Write};
+use crate::algorithm::{
+    fixed_window, gcra, sliding_log, sliding_window, token_bucket, Args, Reply, Step, Write,
+};
 use crate::clock::system_now_micros;
 use crate::{Algorithm, Decision};
 
@@ -29,6 +31,8 @@ const SHARDS: usize = 64;
 /// `max_keys` keys are held (100 000 by default, spread evenly over the shards). When a shard is
 /// full of live keys, the key closest to expiry is evicted: it is the one nearest to a fresh
 /// state, so evicting it loses the least. A flood of distinct keys therefore cannot grow memory.
+/// Every algorithm keeps a few numbers per key, except the sliding log: one `f64` per admitted
+/// unit, up to `burst` per key.
 ///
 /// ```
 /// use redlimit::{store::MemoryStore, Limiter, Quota};
@@ -77,6 +81,11 @@ struct Stored {
 #[derive(Debug, Clone, PartialEq)]
 enum KeyState {
     TokenBucket(token_bucket::State),
+    Gcra(gcra::State),
+    FixedWindow(fixed_window::State),
+    /// O(burst): changed in place, never copied.
+    SlidingLog(sliding_log::Log),
+    SlidingWindow(sliding_window::State),
 }
 
 impl MemoryStore {
@@ -128,20 +137,41 @@ impl MemoryStore {
             .unwrap_or_else(PoisonError::into_inner);
         let live = shard
             .entries
-            .get(request.key)
-            .filter(|stored| stored.expires_at > now)
-            .map(|stored| &stored.state);
+            .get_mut(request.key)
+            .filter(|stored| stored.expires_at > now);
         let (reply, write) = match request.algorithm {
             Algorithm::TokenBucket => {
-                let stored = match live {
+                let stored = match live.map(|s| &s.state) {
                     Some(KeyState::TokenBucket(s)) => Some(*s),
                     _ => None,
                 };
                 split(token_bucket::step(stored, &args), KeyState::TokenBucket)
             }
+            Algorithm::Gcra => {
+                let stored = match live.map(|s| &s.state) {
+                    Some(KeyState::Gcra(s)) => Some(*s),
+                    _ => None,
+                };
+                split(gcra::step(stored, &args), KeyState::Gcra)
+            }
+            Algorithm::FixedWindow => {
+                let stored = match live.map(|s| &s.state) {
+                    Some(KeyState::FixedWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                split(fixed_window::step(stored, &args), KeyState::FixedWindow)
+            }
+            Algorithm::SlidingLog => sliding_log_step(live, &args, now),
+            Algorithm::SlidingWindow => {
+                let stored = match live.map(|s| &s.state) {
+                    Some(KeyState::SlidingWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                split(sliding_window::step(stored, &args), KeyState::SlidingWindow)
+            }
         };
         if let Write::Put { state, ttl_ms } = write {
-            let expires_at = now.saturating_add(ttl_ms.saturating_mul(1000));
+            let expires_at = expiry(now, ttl_ms);
             shard.put(
                 request.key,
                 Stored { state, expires_at },
@@ -159,7 +189,34 @@ impl MemoryStore {
     }
 }
 
-fn split<S>(step: Step<S>, wrap: fn(S) -> KeyState) -> (crate::algorithm::Reply, Write<KeyState>) {
+/// The µs time at which a key written at `now` with a TTL of `ttl_ms` expires.
+fn expiry(now: u64, ttl_ms: u64) -> u64 {
+    now.saturating_add(ttl_ms.saturating_mul(1000))
+}
+
+/// The sliding log changes a live log in place (only refreshing its expiry when the step
+/// writes), and stores a fresh one only when the step writes.
+fn sliding_log_step(live: Option<&mut Stored>, args: &Args, now: u64) -> (Reply, Write<KeyState>) {
+    match live {
+        Some(Stored {
+            state: KeyState::SlidingLog(log),
+            expires_at,
+        }) => {
+            let step = sliding_log::step(log, args);
+            if let Write::Put { ttl_ms, .. } = step.write {
+                *expires_at = expiry(now, ttl_ms);
+            }
+            (step.reply, Write::Keep)
+        }
+        _ => {
+            let mut log = sliding_log::Log::new();
+            let step = sliding_log::step(&mut log, args);
+            split(step, |()| KeyState::SlidingLog(log))
+        }
+    }
+}
+
+fn split<S>(step: Step<S>, wrap: impl FnOnce(S) -> KeyState) -> (Reply, Write<KeyState>) {
     let write = match step.write {
         Write::Keep => Write::Keep,
         Write::Put { state, ttl_ms } => Write::Put {

@@ -53,6 +53,8 @@ pub struct RedisStore {
     breaker: Option<Arc<BreakerState>>,
 }
 
+// Built once and kept behind an Arc: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Single {
         client: Client,

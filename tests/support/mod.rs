@@ -13,7 +13,7 @@
 //!
 //! `redis-server` must be on `PATH`; without it every test that starts a
 //! server panics with an explanation instead of being skipped.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 mod cluster;
 mod server;

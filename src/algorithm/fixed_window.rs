@@ -1,0 +1,154 @@
+//! Fixed window: the Rust mirror of `lua/fixed_window.lua`, step for step.
+
+use super::{lua_mod, ms_up, Args, Reply, Step, Write};
+
+/// The stored window: its µs start `w` and the units `n` admitted in it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct State {
+    pub w: f64,
+    pub n: f64,
+}
+
+pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
+    let Args {
+        now,
+        cost,
+        limit,
+        period,
+        burst,
+    } = *args;
+
+    // 1. The current window, aligned to the Unix epoch.
+    let start = now - lua_mod(now, period);
+    let stop = start + period;
+
+    // 2. A missing state, or one of another window, is an empty window.
+    let mut n = match stored {
+        Some(State { w, n }) if w == start => n,
+        _ => 0.0,
+    };
+
+    // 3. Cap to the current quota.
+    n = n.floor().min(burst);
+
+    // 4. Decide; a denied request consumes nothing.
+    let allowed = n + cost <= burst;
+    if allowed {
+        n += cost;
+    }
+
+    // 5. Times.
+    let retry = if allowed {
+        0.0
+    } else if cost > burst {
+        -1.0
+    } else {
+        stop - now
+    };
+    let reset = if n > 0.0 { stop - now } else { 0.0 };
+
+    // 6. Write only what changed; expire with the window.
+    let write = if allowed && cost > 0.0 {
+        Write::Put {
+            state: State { w: start, n },
+            ttl_ms: ms_up(reset).max(1) as u64,
+        }
+    } else {
+        Write::Keep
+    };
+    Step {
+        reply: Reply::new(allowed, limit, burst - n, retry, reset),
+        write,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::algorithm::testing::{self, expect, Mirror, Seq};
+
+    const S: f64 = 1_000_000.0;
+
+    struct FixedWindow;
+
+    impl Mirror for FixedWindow {
+        type State = State;
+        fn run(state: &mut Option<State>, args: &Args) -> (Reply, Option<u64>) {
+            testing::run_by_value(step, state, args)
+        }
+    }
+
+    fn seq() -> Seq<FixedWindow> {
+        Seq::new()
+    }
+
+    proptest! {
+        #[test]
+        fn invariants((quota, steps) in testing::scenario(true)) {
+            testing::check_invariants::<FixedWindow>(quota, steps)?;
+        }
+    }
+
+    #[test]
+    fn counts_per_window_and_rolls_over() {
+        // 10 a minute; the windows are [0, 60 s), [60 s, 120 s)...
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        // (allowed, remaining, retry_after_ms, reset_after_ms)
+        expect(s.at(10.0 * S).cost(1.0), (true, 9, 0, 50_000));
+        expect(s.cost(8.0), (true, 1, 0, 50_000));
+        expect(s.at(20.0 * S).cost(2.0), (false, 1, 40_000, 40_000));
+        expect(s.cost(0.0), (true, 1, 0, 40_000));
+        assert!(!s.wrote());
+        expect(s.cost(1.0), (true, 0, 0, 40_000));
+        assert_eq!(s.ttl_ms(), Some(40_000));
+        // 1 µs before the window ends: come back in 1 µs, rounded up to 1 ms.
+        expect(s.at(60.0 * S - 1.0).cost(1.0), (false, 0, 1, 1));
+        // A new window: the whole capacity at once.
+        expect(s.at(60.0 * S).cost(10.0), (true, 0, 0, 60_000));
+        expect(s.cost(11.0), (false, 0, -1, 60_000));
+        // Two windows later the key is fresh.
+        expect(s.at(130.0 * S).cost(0.0), (true, 10, 0, 0));
+    }
+
+    #[test]
+    fn windows_are_aligned_to_the_epoch() {
+        // 1_700_000_000 s is 20 s into a minute.
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(1_700_000_000.0 * S).cost(1.0), (true, 9, 0, 40_000));
+        expect(s.cost(9.0), (true, 0, 0, 40_000));
+        expect(s.at(1_700_000_039.5 * S).cost(1.0), (false, 0, 500, 500));
+        expect(s.at(1_700_000_040.0 * S).cost(1.0), (true, 9, 0, 60_000));
+    }
+
+    #[test]
+    fn the_capacity_is_the_burst_and_the_reply_shows_the_limit() {
+        let mut s = seq().quota(10.0, 60.0 * S, 3.0);
+        let r = s.at(0.0).cost(3.0);
+        expect(r, (true, 0, 0, 60_000));
+        assert_eq!(r.limit, 10);
+        expect(s.cost(1.0), (false, 0, 60_000, 60_000));
+        expect(s.cost(4.0), (false, 0, -1, 60_000));
+    }
+
+    #[test]
+    fn a_tightened_quota_caps_the_count() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(0.0).cost(10.0), (true, 0, 0, 60_000));
+        let mut s = s.quota(5.0, 60.0 * S, 5.0);
+        expect(s.at(1.0 * S).cost(1.0), (false, 0, 59_000, 59_000));
+        expect(s.at(60.0 * S).cost(1.0), (true, 4, 0, 60_000));
+    }
+
+    #[test]
+    fn a_clock_stepped_back_never_locks_the_key_out() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(70.0 * S).cost(10.0), (true, 0, 0, 50_000));
+        // Back within the window: the count stands, until the window ends.
+        expect(s.at(65.0 * S).cost(1.0), (false, 0, 55_000, 55_000));
+        // Back into an earlier window: the count of a later window does not apply.
+        expect(s.at(50.0 * S).cost(1.0), (true, 9, 0, 10_000));
+        expect(s.at(70.0 * S).cost(1.0), (true, 9, 0, 50_000));
+    }
+}

@@ -1,0 +1,229 @@
+//! GCRA: the Rust mirror of `lua/gcra.lua`, step for step.
+
+use super::{ms_up, Args, Reply, Step, Write};
+
+/// The cap on the reply's times: 2^62 ms, in µs (reached only by absurd quotas).
+const MAX_TIME: f64 = 4_611_686_018_427_387_904.0 * 1000.0;
+
+/// The cap on the TTL: 2^53 ms (285 000 years), an integer Lua writes without an exponent.
+const MAX_TTL_MS: i64 = 1 << 53;
+
+/// The stored state: the debt `d` (in emission intervals, i.e. requests) measured at the µs
+/// time `at`. The theoretical arrival time is `at + d * period / limit`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct State {
+    pub at: f64,
+    pub d: f64,
+}
+
+pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
+    let Args {
+        now,
+        cost,
+        limit,
+        period,
+        burst,
+    } = *args;
+
+    // 1. A missing state is a fresh key (no debt).
+    let State { mut at, mut d } = stored.unwrap_or(State { at: now, d: 0.0 });
+
+    // 2. Cap to the current quota and clock; a clock stepped back is written even on a denial.
+    d = d.min(burst);
+    let stepped_back = at > now;
+    at = at.min(now);
+
+    // 3. Drain the debt, the elapsed time capped at the time to pay it off.
+    let to_zero = (d * period / limit).ceil();
+    let debt;
+    if now - at >= to_zero {
+        at = now;
+        d = 0.0;
+        debt = 0.0;
+    } else {
+        debt = (d - (now - at) * limit / period).max(0.0);
+    }
+
+    // 4. Decide; a denied request consumes nothing.
+    let allowed = debt + cost <= burst;
+    let mut used = debt;
+    if allowed {
+        used = debt + cost;
+        if cost > 0.0 {
+            at = now;
+            d = used;
+        }
+    }
+
+    // 5. Times: retry never early (one µs later if rounding says so), reset when paid off.
+    let retry = if allowed {
+        0.0
+    } else if cost > burst {
+        -1.0
+    } else {
+        let mut e = ((d + cost - burst) * period / limit).ceil();
+        if e < to_zero && d - e * limit / period + cost > burst {
+            e += 1.0;
+        }
+        at + e - now
+    };
+    let reset = if d > 0.0 {
+        at + (d * period / limit).ceil() - now
+    } else {
+        0.0
+    };
+    // Capped for absurd quotas, so the reply's milliseconds fit an i64.
+    let retry = retry.min(MAX_TIME);
+    let reset = reset.min(MAX_TIME);
+
+    // 6. Write only what changed; expire when the debt is paid off (at most 2^53 ms).
+    let write = if cost > 0.0 && (allowed || stepped_back) {
+        Write::Put {
+            state: State { at, d },
+            ttl_ms: ms_up(reset).clamp(1, MAX_TTL_MS) as u64,
+        }
+    } else {
+        Write::Keep
+    };
+    Step {
+        reply: Reply::new(allowed, limit, (burst - used).floor(), retry, reset),
+        write,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::algorithm::testing::{self, expect, Mirror, Seq};
+
+    const S: f64 = 1_000_000.0;
+
+    struct Gcra;
+
+    impl Mirror for Gcra {
+        type State = State;
+        fn run(state: &mut Option<State>, args: &Args) -> (Reply, Option<u64>) {
+            testing::run_by_value(step, state, args)
+        }
+    }
+
+    fn seq() -> Seq<Gcra> {
+        Seq::new()
+    }
+
+    proptest! {
+        #[test]
+        fn invariants((quota, steps) in testing::scenario(true)) {
+            testing::check_invariants::<Gcra>(quota, steps)?;
+        }
+    }
+
+    #[test]
+    fn burst_drain_cost_and_peek() {
+        // 10 a minute: T = 6 s, tolerance 60 s.
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        // (allowed, remaining, retry_after_ms, reset_after_ms)
+        expect(s.at(0.0).cost(1.0), (true, 9, 0, 6_000));
+        expect(s.cost(9.0), (true, 0, 0, 60_000));
+        expect(s.cost(1.0), (false, 0, 6_000, 60_000));
+        // A peek: the debt is 9.83 after 1 s; nothing is written.
+        expect(s.at(1.0 * S).cost(0.0), (true, 0, 0, 59_000));
+        assert!(!s.wrote());
+        expect(s.at(6.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        expect(s.cost(2.0), (false, 0, 12_000, 60_000));
+        // Debt 9.5 at 9 s: a cost-1 request fits at 12 s.
+        expect(s.at(9.0 * S).cost(1.0), (false, 0, 3_000, 57_000));
+        // 60 s after the last write the debt is paid off: a fresh key.
+        expect(s.at(66.0 * S).cost(1.0), (true, 9, 0, 6_000));
+        // More than the tolerance can ever hold: never, and nothing consumed.
+        expect(s.cost(11.0), (false, 9, -1, 6_000));
+        expect(s.cost(9.0), (true, 0, 0, 60_000));
+    }
+
+    #[test]
+    fn keeps_a_fractional_debt() {
+        // 10 per 64 s: T = 6.4 s, and 1 s drains 0.15625 requests (exact in binary).
+        let mut s = seq().quota(10.0, 64.0 * S, 10.0);
+        expect(s.at(0.0).cost(5.0), (true, 5, 0, 32_000));
+        expect(s.at(1.0 * S).cost(1.0), (true, 4, 0, 37_400));
+        expect(s.cost(4.0), (true, 0, 0, 63_000));
+        // Debt 9.84375: room for 1 once 0.84375 has drained, 5.4 s later.
+        expect(s.cost(1.0), (false, 0, 5_400, 63_000));
+        expect(s.at(6.4 * S).cost(1.0), (true, 0, 0, 64_000));
+    }
+
+    #[test]
+    fn a_full_burst_passes_even_when_t_is_inexact() {
+        // 11 per second: T = 90909.09 µs. Summing T eleven times exceeds 11 * T in doubles; the
+        // debt counted in requests does not.
+        let mut s = seq().quota(11.0, S, 11.0);
+        let reset_ms = [91, 182, 273, 364, 455, 546, 637, 728, 819, 910, 1_000];
+        for (i, reset) in reset_ms.into_iter().enumerate() {
+            expect(s.at(0.0).cost(1.0), (true, 10 - i as u64, 0, reset));
+        }
+        expect(s.cost(1.0), (false, 0, 91, 1_000));
+    }
+
+    #[test]
+    fn a_billion_per_second_keeps_sub_microsecond_increments() {
+        // T = 0.001 µs: near 1.8e15 µs an absolute tat could not tell tat from tat + T.
+        let now = 1_800_000_000.0 * S;
+        let mut s = seq().quota(1e9, S, 1e9);
+        expect(s.at(now).cost(1.0), (true, 999_999_999, 0, 1));
+        expect(s.cost(1.0), (true, 999_999_998, 0, 1));
+        expect(s.cost(999_999_998.0), (true, 0, 0, 1_000));
+        expect(s.cost(1.0), (false, 0, 1, 1_000));
+        // 1 µs later 1000 requests have drained.
+        expect(s.at(now + 1.0).cost(1.0), (true, 999, 0, 1_000));
+    }
+
+    #[test]
+    fn a_tightened_quota_caps_the_debt() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(0.0).cost(10.0), (true, 0, 0, 60_000));
+        // Now 2 a minute: the debt of 10 counts as 2, paid off in 60 s, not 300 s.
+        let mut s = s.quota(2.0, 60.0 * S, 2.0);
+        expect(s.cost(1.0), (false, 0, 30_000, 60_000));
+        expect(s.at(30.0 * S).cost(1.0), (true, 0, 0, 60_000));
+    }
+
+    #[test]
+    fn a_clock_stepped_back_never_locks_the_key_out() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(100.0 * S).cost(10.0), (true, 0, 0, 60_000));
+        // The clock jumps back 60 s: the debt is kept but measured from now, and that is
+        // written even though the request is denied...
+        expect(s.at(40.0 * S).cost(1.0), (false, 0, 6_000, 60_000));
+        assert!(s.wrote());
+        // ...so it drains from there, not from 100 s.
+        expect(s.at(46.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        // A peek after another step back writes nothing.
+        expect(s.at(10.0 * S).cost(0.0), (true, 0, 0, 60_000));
+        assert!(!s.wrote());
+    }
+
+    #[test]
+    fn absurd_quotas_cap_times() {
+        // 10^13 at once, one a second: paid off in 10^16 ms, which the reply says exactly; the
+        // TTL stops at 2^53 ms (285 000 years).
+        let mut s = seq().quota(1.0, S, 1e13);
+        expect(s.at(0.0).cost(1e13), (true, 0, 0, 10_000_000_000_000_000));
+        assert_eq!(s.ttl_ms(), Some(1 << 53));
+        // 10^15 at once, one a century: 10^17 years, capped at 2^62 ms.
+        let century = 100.0 * 365.0 * 86_400.0 * S;
+        let mut s = seq().quota(1.0, century, 1e15);
+        let max = 1 << 62;
+        expect(s.at(0.0).cost(1e15), (true, 0, 0, max));
+        // One more fits after one emission interval: a century.
+        expect(s.cost(1.0), (false, 0, 3_153_600_000_000, max));
+    }
+
+    #[test]
+    fn the_key_expires_exactly_when_it_is_fresh_again() {
+        let mut s = seq().quota(3.0, S, 3.0);
+        expect(s.at(0.0).cost(2.0), (true, 1, 0, 667));
+        assert_eq!(s.ttl_ms(), Some(667));
+    }
+}

@@ -1,0 +1,198 @@
+//! Sliding window log: the Rust mirror of `lua/sliding_log.lua`, step for step.
+//!
+//! The log is O(burst): it is changed in place (as Redis changes its sorted set) instead of
+//! being copied on every step.
+
+use std::collections::VecDeque;
+
+use super::{ms_up, Args, Reply, Step, Write};
+
+/// The log: the µs time each admitted unit was admitted, oldest first (the sorted set's
+/// scores; its member names never affect a decision).
+pub(crate) type Log = VecDeque<f64>;
+
+/// Runs one step on `log`, changing it only when the step says [`Write::Put`] (after which the
+/// caller refreshes the expiry); a [`Write::Keep`] step leaves it as it was.
+pub(crate) fn step(log: &mut Log, args: &Args) -> Step<()> {
+    let Args {
+        now,
+        cost,
+        limit,
+        period,
+        burst,
+    } = *args;
+    let window = now - period; // scores strictly above it are in the window
+
+    // 1. The newest entry.
+    let mut newest = log.back().copied();
+
+    // 2. Cap to the clock: entries from the future count as admitted now; written down by a
+    //    request that costs something, even a denied one.
+    let stepped_back = newest.is_some_and(|t| t > now);
+    if stepped_back {
+        newest = Some(now);
+        if cost > 0.0 {
+            for t in log.iter_mut().rev() {
+                if *t <= now {
+                    break;
+                }
+                *t = now;
+            }
+        }
+    }
+
+    // 3. Count the units in the window.
+    let first = log.partition_point(|&t| t <= window);
+    let count = (log.len() - first) as f64;
+
+    // 4. Decide (a peek always passes); a denied request consumes nothing.
+    let allowed = cost == 0.0 || count + cost <= burst;
+    let used = if allowed { count + cost } else { count };
+
+    // 5. Times: retry when the (count + cost - burst)-th oldest unit leaves the window, reset
+    //    when the newest does.
+    let retry = if allowed {
+        0.0
+    } else if cost > burst {
+        -1.0
+    } else {
+        let oldest = log[first + (count + cost - burst - 1.0) as usize];
+        oldest.min(now) + period - now
+    };
+    let reset = if allowed && cost > 0.0 {
+        period
+    } else if count > 0.0 {
+        newest.unwrap_or(now) + period - now
+    } else {
+        0.0
+    };
+
+    // 6. Write: drop the units that left the window, add one entry per unit, expire when the
+    //    newest leaves the window.
+    if allowed && cost > 0.0 {
+        log.drain(..first);
+        log.extend(std::iter::repeat_n(now, cost as usize));
+    }
+    let write = if cost > 0.0 && (allowed || stepped_back) {
+        Write::Put {
+            state: (),
+            ttl_ms: ms_up(reset).max(1) as u64,
+        }
+    } else {
+        Write::Keep
+    };
+    Step {
+        reply: Reply::new(allowed, limit, (burst - used).max(0.0), retry, reset),
+        write,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::algorithm::testing::{self, expect, Mirror, Seq};
+
+    const S: f64 = 1_000_000.0;
+
+    struct SlidingLog;
+
+    impl Mirror for SlidingLog {
+        type State = Log;
+        fn run(state: &mut Option<Log>, args: &Args) -> (Reply, Option<u64>) {
+            // Like the memory store: an existing log changes in place, a fresh one is kept only
+            // when the step writes.
+            let existed = state.is_some();
+            let mut log = state.take().unwrap_or_default();
+            let Step { reply, write } = step(&mut log, args);
+            let ttl = match write {
+                Write::Put { ttl_ms, .. } => Some(ttl_ms),
+                Write::Keep => None,
+            };
+            if existed || ttl.is_some() {
+                *state = Some(log);
+            }
+            (reply, ttl)
+        }
+    }
+
+    fn seq() -> Seq<SlidingLog> {
+        Seq::new()
+    }
+
+    proptest! {
+        #[test]
+        fn invariants((quota, steps) in testing::scenario(true)) {
+            testing::check_invariants::<SlidingLog>(quota, steps)?;
+        }
+
+        /// Exact: in no window of one period do the admitted units exceed the burst.
+        #[test]
+        fn never_more_than_burst_in_any_window((quota, steps) in testing::scenario(false)) {
+            let (limit, period, burst) = quota;
+            let mut s = seq().quota(limit, period, burst);
+            let mut now = 0.0;
+            let mut admitted: Vec<(f64, f64)> = Vec::new();
+            for (dt, cost) in steps {
+                now += dt;
+                if s.at(now).cost(cost).allowed && cost > 0.0 {
+                    admitted.push((now, cost));
+                }
+                let in_window: f64 = admitted
+                    .iter()
+                    .filter(|(t, _)| *t > now - period)
+                    .map(|(_, c)| c)
+                    .sum();
+                prop_assert!(in_window <= burst);
+            }
+        }
+    }
+
+    #[test]
+    fn counts_every_unit_in_the_last_period() {
+        // 3 per 10 s.
+        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        // (allowed, remaining, retry_after_ms, reset_after_ms)
+        expect(s.at(0.0).cost(1.0), (true, 2, 0, 10_000));
+        expect(s.at(2.0 * S).cost(1.0), (true, 1, 0, 10_000));
+        expect(s.at(4.0 * S).cost(1.0), (true, 0, 0, 10_000));
+        // Full: one unit fits when the one of 0 s leaves, two when the one of 2 s does.
+        expect(s.at(5.0 * S).cost(1.0), (false, 0, 5_000, 9_000));
+        expect(s.cost(2.0), (false, 0, 7_000, 9_000));
+        assert!(!s.wrote());
+        expect(s.at(10.0 * S).cost(1.0), (true, 0, 0, 10_000));
+        expect(s.cost(0.0), (true, 0, 0, 10_000));
+        assert!(!s.wrote());
+        expect(s.cost(4.0), (false, 0, -1, 10_000));
+        // In the window at 13 s: the units of 4 s and 10 s.
+        expect(s.at(13.0 * S).cost(2.0), (false, 1, 1_000, 7_000));
+        expect(s.at(14.0 * S).cost(2.0), (true, 0, 0, 10_000));
+        // A unit of 14 s counts until 24 s, excluded.
+        expect(s.at(24.0 * S - 1.0).cost(0.0), (true, 1, 0, 1));
+        expect(s.at(24.0 * S).cost(0.0), (true, 3, 0, 0));
+    }
+
+    #[test]
+    fn a_tightened_quota_waits_at_most_one_period() {
+        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        expect(s.at(0.0).cost(3.0), (true, 0, 0, 10_000));
+        let mut s = s.quota(1.0, 10.0 * S, 1.0);
+        expect(s.at(1.0 * S).cost(1.0), (false, 0, 9_000, 9_000));
+        expect(s.at(10.0 * S).cost(1.0), (true, 0, 0, 10_000));
+    }
+
+    #[test]
+    fn a_clock_stepped_back_never_locks_the_key_out() {
+        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        expect(s.at(100.0 * S).cost(3.0), (true, 0, 0, 10_000));
+        // Back 60 s: a peek sees the units as admitted now and writes nothing...
+        expect(s.at(40.0 * S).cost(0.0), (true, 0, 0, 10_000));
+        assert!(!s.wrote());
+        // ...a denied request writes that down...
+        expect(s.cost(1.0), (false, 0, 10_000, 10_000));
+        assert_eq!(s.ttl_ms(), Some(10_000));
+        // ...so they leave the window 10 s later, not 70 s.
+        expect(s.at(50.0 * S).cost(1.0), (true, 2, 0, 10_000));
+    }
+}

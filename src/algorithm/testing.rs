@@ -1,0 +1,246 @@
+//! Test helpers shared by the mirrors' unit tests: a sequence runner with written-out
+//! expectations, and the invariants every algorithm must keep.
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+
+use proptest::prelude::*;
+
+use super::{token_bucket, Args, Reply, Step, Write};
+
+/// One algorithm's mirror, run on a state held by the caller, the way the store does.
+pub(crate) trait Mirror: 'static {
+    type State: Clone + Debug;
+    /// Runs one step; returns the reply and, when it wrote, the TTL in ms.
+    fn run(state: &mut Option<Self::State>, args: &Args) -> (Reply, Option<u64>);
+}
+
+/// `Mirror::run` for a step that takes the stored state by value.
+pub(crate) fn run_by_value<S: Clone>(
+    step: fn(Option<S>, &Args) -> Step<S>,
+    state: &mut Option<S>,
+    args: &Args,
+) -> (Reply, Option<u64>) {
+    let Step { reply, write } = step(state.clone(), args);
+    match write {
+        Write::Keep => (reply, None),
+        Write::Put { state: s, ttl_ms } => {
+            *state = Some(s);
+            (reply, Some(ttl_ms))
+        }
+    }
+}
+
+pub(crate) struct TokenBucket;
+
+impl Mirror for TokenBucket {
+    type State = token_bucket::State;
+    fn run(state: &mut Option<Self::State>, args: &Args) -> (Reply, Option<u64>) {
+        run_by_value(token_bucket::step, state, args)
+    }
+}
+
+/// A key driven through a sequence of steps. It runs every step twice: on a state that
+/// expires after the TTL the step wrote (like Redis and the memory store) and on one that
+/// never expires, and panics if they ever answer differently while the clock moves
+/// forward: expiry must never change a decision.
+pub(crate) struct Seq<M: Mirror> {
+    args: Args,
+    state: Option<M::State>,
+    expires_at: f64,
+    never_expires: Option<M::State>,
+    monotone: bool,
+    last_ttl: Option<u64>,
+    mirror: PhantomData<M>,
+}
+
+impl<M: Mirror> Clone for Seq<M> {
+    fn clone(&self) -> Self {
+        Seq {
+            args: self.args,
+            state: self.state.clone(),
+            expires_at: self.expires_at,
+            never_expires: self.never_expires.clone(),
+            monotone: self.monotone,
+            last_ttl: self.last_ttl,
+            mirror: PhantomData,
+        }
+    }
+}
+
+impl<M: Mirror> Seq<M> {
+    /// A fresh key at time 0 with the quota 10 per minute.
+    pub(crate) fn new() -> Self {
+        Seq {
+            args: Args {
+                now: 0.0,
+                cost: 1.0,
+                limit: 10.0,
+                period: 60_000_000.0,
+                burst: 10.0,
+            },
+            state: None,
+            expires_at: f64::INFINITY,
+            never_expires: None,
+            monotone: true,
+            last_ttl: None,
+            mirror: PhantomData,
+        }
+    }
+
+    /// Uses the quota `limit` per `period` µs with capacity `burst` from now on.
+    pub(crate) fn quota(mut self, limit: f64, period: f64, burst: f64) -> Self {
+        self.args.limit = limit;
+        self.args.period = period;
+        self.args.burst = burst;
+        self
+    }
+
+    /// Sets the clock (µs).
+    pub(crate) fn at(&mut self, now: f64) -> &mut Self {
+        if now < self.args.now {
+            self.monotone = false;
+        }
+        self.args.now = now;
+        self
+    }
+
+    /// Runs a request of `cost` at the current time.
+    pub(crate) fn cost(&mut self, cost: f64) -> Reply {
+        self.args.cost = cost;
+        if self.args.now >= self.expires_at {
+            self.state = None;
+            self.expires_at = f64::INFINITY;
+        }
+        let (reply, ttl) = M::run(&mut self.state, &self.args);
+        let (twin, _) = M::run(&mut self.never_expires, &self.args);
+        if self.monotone {
+            assert_eq!(
+                reply, twin,
+                "expiry changed a decision at {:?}: {:?} vs never expiring {:?}",
+                self.args, self.state, self.never_expires
+            );
+        }
+        if let Some(ttl) = ttl {
+            self.expires_at = self.args.now + ttl as f64 * 1000.0;
+        }
+        self.last_ttl = ttl;
+        reply
+    }
+
+    /// Whether the last step wrote.
+    pub(crate) fn wrote(&self) -> bool {
+        self.last_ttl.is_some()
+    }
+
+    /// The TTL (ms) the last step set, if it wrote.
+    pub(crate) fn ttl_ms(&self) -> Option<u64> {
+        self.last_ttl
+    }
+}
+
+/// Asserts `(allowed, remaining, retry_after_ms, reset_after_ms)`.
+#[track_caller]
+pub(crate) fn expect(reply: Reply, (allowed, remaining, retry, reset): (bool, u64, i64, i64)) {
+    assert_eq!(
+        (
+            reply.allowed,
+            reply.remaining,
+            reply.retry_after_ms,
+            reply.reset_after_ms
+        ),
+        (allowed, remaining, retry, reset),
+        "(allowed, remaining, retry_after_ms, reset_after_ms)"
+    );
+}
+
+/// A moderate quota (limit, period µs, burst) and steps (clock move in µs, cost); with
+/// `back`, about one step in nine moves the clock back.
+pub(crate) fn scenario(back: bool) -> impl Strategy<Value = ((f64, f64, f64), Vec<(f64, f64)>)> {
+    let quota = (
+        prop_oneof![1u32..=20, 1u32..=1_000],
+        prop_oneof![
+            Just(1_000_000u64),
+            Just(60_000_000),
+            1u64..=10_000,
+            1u64..=100_000_000_000
+        ],
+        prop_oneof![Just(0u32), 1u32..=20, 1u32..=200],
+    )
+        .prop_map(|(limit, period, burst)| {
+            let burst = if burst == 0 { limit } else { burst };
+            (limit as f64, period as f64, burst as f64)
+        });
+    let step = (
+        prop_oneof![
+            6 => Just(0i64),
+            6 => 0i64..=2_000_000,
+            3 => 0i64..=200_000_000,
+            2 => -100_000_000i64..0,
+        ],
+        prop_oneof![4 => Just(1u32), 1 => Just(0), 2 => 0u32..=25, 1 => 150u32..=250],
+    )
+        .prop_map(move |(dt, cost)| {
+            let dt = if back { dt } else { dt.abs() };
+            (dt as f64, cost as f64)
+        });
+    (quota, prop::collection::vec(step, 1..60))
+}
+
+/// The invariants every algorithm keeps, checked after each step of a scenario:
+/// - expiry never changes a decision (checked by [`Seq`]);
+/// - a peek and a denial never write, except to persist a clock stepped back;
+/// - a denied request with a retry time is allowed at exactly that time, never earlier
+///   than 1 ms before it;
+/// - `remaining` cost-1 requests pass right now, and not one more;
+/// - a cost above the capacity is never allowed, and nothing else is ever told "never".
+pub(crate) fn check_invariants<M: Mirror>(
+    (limit, period, burst): (f64, f64, f64),
+    steps: Vec<(f64, f64)>,
+) -> Result<(), TestCaseError> {
+    let mut seq = Seq::<M>::new().quota(limit, period, burst);
+    let mut now = 1_700_000_000_000_000.0;
+    let mut latest = now;
+    seq.at(now);
+    for (dt, cost) in steps {
+        now += dt;
+        // Stored state may lie in the future until the clock is back where it was.
+        let behind = now < latest;
+        latest = latest.max(now);
+        let reply = seq.at(now).cost(cost);
+        prop_assert_eq!(reply.limit, limit as u64);
+        prop_assert!(reply.reset_after_ms >= 0);
+        if cost == 0.0 {
+            prop_assert!(reply.allowed);
+        }
+        if (cost == 0.0 || !reply.allowed) && !behind {
+            prop_assert!(!seq.wrote(), "a peek or denial wrote");
+        }
+        if reply.allowed {
+            prop_assert_eq!(reply.retry_after_ms, 0);
+        } else if cost > burst {
+            prop_assert_eq!(reply.retry_after_ms, -1);
+        } else {
+            prop_assert!(reply.retry_after_ms >= 1, "denied with {:?}", reply);
+            let retry = reply.retry_after_ms as f64 * 1000.0;
+            let mut later = seq.clone();
+            prop_assert!(
+                later.at(now + retry).cost(cost).allowed,
+                "denied again after retry_after"
+            );
+            if retry >= 2000.0 {
+                let mut early = seq.clone();
+                prop_assert!(
+                    !early.at(now + retry - 1001.0).cost(cost).allowed,
+                    "retry_after more than 1 ms too late"
+                );
+            }
+        }
+        let mut rest = seq.clone();
+        for _ in 0..reply.remaining {
+            prop_assert!(rest.cost(1.0).allowed, "remaining overstated");
+        }
+        prop_assert!(!rest.cost(1.0).allowed, "remaining understated");
+    }
+    Ok(())
+}

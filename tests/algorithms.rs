@@ -1,0 +1,524 @@
+//! Every algorithm on a real Redis and on the memory store.
+//!
+//! - Written-out sequences (the numbers of the unit tests beside each Rust mirror in
+//!   `src/algorithm/`) run on a `RedisStore` and on a `MemoryStore`, both on a manual clock; each
+//!   step must give exactly the written decision on both.
+//! - A key of the wrong type, or garbage in its fields, heals: it decides like a fresh key.
+//! - `memory_per_key` measures the Redis memory one key takes (`MEMORY USAGE`) per algorithm.
+//!
+//! Every test starts its own `redis-server`.
+
+mod support;
+
+use std::time::Duration;
+
+use redis::Commands;
+use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use support::RedisServer;
+
+/// 2023-11-14T22:14:00Z: a whole minute, so minute windows start at T0.
+const T0: Duration = Duration::from_secs(1_700_000_040);
+
+/// One second, in µs.
+const S: u64 = 1_000_000;
+
+/// `(allowed, remaining, retry_after_ms, reset_after_ms)`, with -1 for a retry of "never".
+type Expect = (bool, u64, i64, i64);
+
+/// One step: `at` µs after T0, a request of `cost` under `quota`, and the decision it must get.
+type Step = (u64, Quota, u64, Expect);
+
+fn summary(decision: &Decision) -> Expect {
+    let retry = if decision.never_allowed() {
+        -1
+    } else {
+        decision.retry_after.as_millis() as i64
+    };
+    (
+        decision.allowed,
+        decision.remaining,
+        retry,
+        decision.reset_after.as_millis() as i64,
+    )
+}
+
+fn per(limit: u64, period_secs: u64) -> Quota {
+    Quota::new(limit, Duration::from_secs(period_secs)).unwrap()
+}
+
+fn redis_limiter(redis: &RedisServer, algorithm: Algorithm, clock: &ManualClock) -> Limiter {
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    Limiter::builder(store)
+        .algorithm(algorithm)
+        .clock(Clock::Manual(clock.clone()))
+        .build()
+        .unwrap()
+}
+
+fn memory_limiter(algorithm: Algorithm, clock: &ManualClock) -> Limiter {
+    Limiter::builder(MemoryStore::new())
+        .algorithm(algorithm)
+        .clock(Clock::Manual(clock.clone()))
+        .build()
+        .unwrap()
+}
+
+async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
+    limiter
+        .try_check(key, quota, cost)
+        .await
+        .unwrap_or_else(|e| panic!("store failed: {e}"))
+}
+
+/// Runs `steps` on the fresh key `key`, on Redis and in memory, asserting every decision.
+async fn run(redis: &RedisServer, algorithm: Algorithm, key: &str, steps: &[Step]) {
+    let clock = ManualClock::new(T0);
+    let on_redis = redis_limiter(redis, algorithm, &clock);
+    let in_memory = memory_limiter(algorithm, &clock);
+    for (i, (at, quota, cost, expect)) in steps.iter().enumerate() {
+        clock.set(T0 + Duration::from_micros(*at));
+        for (store, limiter) in [("redis", &on_redis), ("memory", &in_memory)] {
+            let got = summary(&check(limiter, key, quota, *cost).await);
+            assert_eq!(
+                got, *expect,
+                "{algorithm} {key} step {i} (at {at} µs, cost {cost}) on {store}: \
+                 (allowed, remaining, retry_after_ms, reset_after_ms)"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn token_bucket_sequences() {
+    let redis = RedisServer::start();
+    let (q10, q2) = (per(10, 60), per(2, 60));
+    let algorithm = Algorithm::TokenBucket;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "burst-refill-cost-peek", &[
+        (0, q10, 1, (true, 9, 0, 6_000)),
+        (0, q10, 9, (true, 0, 0, 60_000)),
+        (0, q10, 1, (false, 0, 6_000, 60_000)),
+        (S, q10, 0, (true, 0, 0, 59_000)),
+        (6 * S, q10, 1, (true, 0, 0, 60_000)),
+        (6 * S, q10, 2, (false, 0, 12_000, 60_000)),
+        (9 * S, q10, 1, (false, 0, 3_000, 57_000)),
+        (66 * S, q10, 1, (true, 9, 0, 6_000)),
+        (66 * S, q10, 11, (false, 9, -1, 6_000)),
+        (66 * S, q10, 9, (true, 0, 0, 60_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "tightened", &[
+        (0, q10, 10, (true, 0, 0, 60_000)),
+        (0, q2, 1, (false, 0, 30_000, 60_000)),
+        (30 * S, q2, 1, (true, 0, 0, 60_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "clock-stepped-back", &[
+        (100 * S, q10, 10, (true, 0, 0, 60_000)),
+        (40 * S, q10, 1, (false, 0, 6_000, 60_000)),
+        (46 * S, q10, 1, (true, 0, 0, 60_000)),
+    ]).await;
+}
+
+#[tokio::test]
+async fn gcra_sequences() {
+    let redis = RedisServer::start();
+    let (q10, q2) = (per(10, 60), per(2, 60));
+    let algorithm = Algorithm::Gcra;
+    // The same admissions as the token bucket.
+    #[rustfmt::skip]
+    run(&redis, algorithm, "burst-drain-cost-peek", &[
+        (0, q10, 1, (true, 9, 0, 6_000)),
+        (0, q10, 9, (true, 0, 0, 60_000)),
+        (0, q10, 1, (false, 0, 6_000, 60_000)),
+        (S, q10, 0, (true, 0, 0, 59_000)),
+        (6 * S, q10, 1, (true, 0, 0, 60_000)),
+        (6 * S, q10, 2, (false, 0, 12_000, 60_000)),
+        (9 * S, q10, 1, (false, 0, 3_000, 57_000)),
+        (66 * S, q10, 1, (true, 9, 0, 6_000)),
+        (66 * S, q10, 11, (false, 9, -1, 6_000)),
+        (66 * S, q10, 9, (true, 0, 0, 60_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "tightened", &[
+        (0, q10, 10, (true, 0, 0, 60_000)),
+        (0, q2, 1, (false, 0, 30_000, 60_000)),
+        (30 * S, q2, 1, (true, 0, 0, 60_000)),
+    ]).await;
+    // A fractional debt goes through Redis and back exactly: 10 per 64 s drains 0.15625 a second.
+    let q64 = per(10, 64);
+    #[rustfmt::skip]
+    run(&redis, algorithm, "fractional-debt", &[
+        (0, q64, 5, (true, 5, 0, 32_000)),
+        (S, q64, 1, (true, 4, 0, 37_400)),
+        (S, q64, 4, (true, 0, 0, 63_000)),
+        (S, q64, 1, (false, 0, 5_400, 63_000)),
+        (6_400_000, q64, 1, (true, 0, 0, 64_000)),
+    ]).await;
+    // 11 a minute: T = 5.45 s is inexact, yet the 11th request of a burst passes.
+    let q11 = per(11, 60);
+    let resets = [
+        5_455, 10_910, 16_364, 21_819, 27_273, 32_728, 38_182, 43_637, 49_091, 54_546, 60_000,
+    ];
+    let mut steps: Vec<Step> = (0..11)
+        .map(|i| (0, q11, 1, (true, 10 - i as u64, 0, resets[i])))
+        .collect();
+    steps.push((0, q11, 1, (false, 0, 5_455, 60_000)));
+    run(&redis, algorithm, "inexact-emission-interval", &steps).await;
+    // 10^9 a second (T = 0.001 µs) with a burst of 10^12, near 1.7e15 µs.
+    let billion = Quota::per_second(1_000_000_000)
+        .unwrap()
+        .with_burst(1_000_000_000_000)
+        .unwrap();
+    #[rustfmt::skip]
+    run(&redis, algorithm, "a-billion-a-second", &[
+        (0, billion, 999_999_999_999, (true, 1, 0, 1_000_000)),
+        (0, billion, 1, (true, 0, 0, 1_000_000)),
+        (0, billion, 1, (false, 0, 1, 1_000_000)),
+        (1, billion, 1, (true, 999, 0, 1_000_000)),
+    ]).await;
+    // 10^13 at once, one a second: paid off in 10^16 ms (said exactly); PEXPIRE stops at 2^53 ms.
+    let tiny_rate = Quota::per_second(1)
+        .unwrap()
+        .with_burst(10_000_000_000_000)
+        .unwrap();
+    #[rustfmt::skip]
+    run(&redis, algorithm, "burst-far-above-a-tiny-rate", &[
+        (0, tiny_rate, 10_000_000_000_000, (true, 0, 0, 10_000_000_000_000_000)),
+        (0, tiny_rate, 1, (false, 0, 1_000, 10_000_000_000_000_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "clock-stepped-back", &[
+        (100 * S, q10, 10, (true, 0, 0, 60_000)),
+        (40 * S, q10, 1, (false, 0, 6_000, 60_000)),
+        (46 * S, q10, 1, (true, 0, 0, 60_000)),
+        (10 * S, q10, 0, (true, 0, 0, 60_000)),
+    ]).await;
+}
+
+#[tokio::test]
+async fn fixed_window_sequences() {
+    let redis = RedisServer::start();
+    let (q10, q5) = (per(10, 60), per(10, 60).with_burst(5).unwrap());
+    let algorithm = Algorithm::FixedWindow;
+    // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...
+    #[rustfmt::skip]
+    run(&redis, algorithm, "windows", &[
+        (10 * S, q10, 1, (true, 9, 0, 50_000)),
+        (10 * S, q10, 8, (true, 1, 0, 50_000)),
+        (20 * S, q10, 2, (false, 1, 40_000, 40_000)),
+        (20 * S, q10, 0, (true, 1, 0, 40_000)),
+        (20 * S, q10, 1, (true, 0, 0, 40_000)),
+        (60 * S - 1, q10, 1, (false, 0, 1, 1)),
+        (60 * S, q10, 10, (true, 0, 0, 60_000)),
+        (60 * S, q10, 11, (false, 0, -1, 60_000)),
+        (130 * S, q10, 0, (true, 10, 0, 0)),
+    ]).await;
+    // The capacity is the burst; the reply shows the limit (checked below).
+    let q10b3 = per(10, 60).with_burst(3).unwrap();
+    #[rustfmt::skip]
+    run(&redis, algorithm, "burst-below-limit", &[
+        (0, q10b3, 3, (true, 0, 0, 60_000)),
+        (0, q10b3, 1, (false, 0, 60_000, 60_000)),
+        (0, q10b3, 4, (false, 0, -1, 60_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "tightened", &[
+        (0, q10, 10, (true, 0, 0, 60_000)),
+        (S, q5, 1, (false, 0, 59_000, 59_000)),
+        (60 * S, q5, 1, (true, 4, 0, 60_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "clock-stepped-back", &[
+        (70 * S, q10, 10, (true, 0, 0, 50_000)),
+        (65 * S, q10, 1, (false, 0, 55_000, 55_000)),
+        (50 * S, q10, 1, (true, 9, 0, 10_000)),
+        (70 * S, q10, 1, (true, 9, 0, 50_000)),
+    ]).await;
+
+    let clock = ManualClock::new(T0);
+    let limiter = redis_limiter(&redis, algorithm, &clock);
+    assert_eq!(check(&limiter, "limit", &q10b3, 1).await.limit, 10);
+}
+
+#[tokio::test]
+async fn sliding_log_sequences() {
+    let redis = RedisServer::start();
+    let (q3, q1) = (per(3, 10), per(1, 10));
+    let algorithm = Algorithm::SlidingLog;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "exact-window", &[
+        (0, q3, 1, (true, 2, 0, 10_000)),
+        (2 * S, q3, 1, (true, 1, 0, 10_000)),
+        (4 * S, q3, 1, (true, 0, 0, 10_000)),
+        (5 * S, q3, 1, (false, 0, 5_000, 9_000)),
+        (5 * S, q3, 2, (false, 0, 7_000, 9_000)),
+        (10 * S, q3, 1, (true, 0, 0, 10_000)),
+        (10 * S, q3, 0, (true, 0, 0, 10_000)),
+        (10 * S, q3, 4, (false, 0, -1, 10_000)),
+        (13 * S, q3, 2, (false, 1, 1_000, 7_000)),
+        (14 * S, q3, 2, (true, 0, 0, 10_000)),
+        (24 * S - 1, q3, 0, (true, 1, 0, 1)),
+        (24 * S, q3, 0, (true, 3, 0, 0)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "tightened", &[
+        (0, q3, 3, (true, 0, 0, 10_000)),
+        (S, q1, 1, (false, 0, 9_000, 9_000)),
+        (10 * S, q1, 1, (true, 0, 0, 10_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "clock-stepped-back", &[
+        (100 * S, q3, 3, (true, 0, 0, 10_000)),
+        (40 * S, q3, 0, (true, 0, 0, 10_000)),
+        (40 * S, q3, 1, (false, 0, 10_000, 10_000)),
+        (50 * S, q3, 1, (true, 2, 0, 10_000)),
+    ]).await;
+
+    // Member names "<now>:<n>" start after the units in the window. A period shortened at the
+    // same µs drops older units, so the next name is taken ("5 s:3"): ZADD NX tries one more.
+    let q3_2s = Quota::new(3, Duration::from_secs(2)).unwrap();
+    #[rustfmt::skip]
+    run(&redis, algorithm, "member-name-taken", &[
+        (0, q3, 2, (true, 1, 0, 10_000)),
+        (5 * S, q3, 1, (true, 0, 0, 10_000)),
+        (5 * S, q3_2s, 2, (true, 0, 0, 2_000)),
+        (5 * S, q3_2s, 1, (false, 0, 2_000, 2_000)),
+    ]).await;
+    // A cost of 2500 adds 2500 members, in batches.
+    let q2500 = per(2500, 10);
+    #[rustfmt::skip]
+    run(&redis, algorithm, "large-cost", &[
+        (0, q2500, 2500, (true, 0, 0, 10_000)),
+        (0, q2500, 1, (false, 0, 10_000, 10_000)),
+    ]).await;
+    let log = |key: &str| {
+        let base = memory_limiter(algorithm, &ManualClock::new(T0)).storage_key(key);
+        format!("{base}:log")
+    };
+    let mut conn = redis.conn();
+    assert_eq!(conn.zcard::<_, u64>(log("member-name-taken")).unwrap(), 3);
+    assert_eq!(conn.zcard::<_, u64>(log("large-cost")).unwrap(), 2500);
+
+    // One member per admitted unit, and only units still in the window are kept.
+    let log_key = format!(
+        "{}:log",
+        memory_limiter(algorithm, &ManualClock::new(T0)).storage_key("exact-window")
+    );
+    let members: Vec<String> = redis.conn().zrange(&log_key, 0, -1).unwrap();
+    assert_eq!(members.len(), 3, "{members:?}");
+}
+
+#[tokio::test]
+async fn sliding_window_sequences() {
+    let redis = RedisServer::start();
+    let (q10, q5) = (per(10, 60), per(5, 60));
+    let algorithm = Algorithm::SlidingWindow;
+    // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...
+    #[rustfmt::skip]
+    run(&redis, algorithm, "weighted-previous-window", &[
+        (0, q10, 5, (true, 5, 0, 120_000)),
+        (30 * S, q10, 5, (true, 0, 0, 90_000)),
+        (30 * S, q10, 1, (false, 0, 36_000, 90_000)),
+        (66 * S, q10, 1, (true, 0, 0, 114_000)),
+        (66 * S, q10, 1, (false, 0, 6_000, 114_000)),
+        (90 * S, q10, 0, (true, 4, 0, 90_000)),
+        (90 * S, q10, 4, (true, 0, 0, 90_000)),
+        (200 * S, q10, 0, (true, 10, 0, 0)),
+        (200 * S, q10, 11, (false, 10, -1, 0)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "retry-to-the-microsecond", &[
+        (0, q10, 10, (true, 0, 0, 120_000)),
+        (66 * S, q10, 1, (true, 0, 0, 114_000)),
+        (66 * S, q10, 1, (false, 0, 6_000, 114_000)),
+        (72 * S - 1, q10, 1, (false, 0, 1, 108_001)),
+        (72 * S, q10, 1, (true, 0, 0, 108_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "tightened", &[
+        (30 * S, q10, 10, (true, 0, 0, 90_000)),
+        (30 * S, q5, 1, (false, 0, 42_000, 90_000)),
+        (72 * S, q5, 1, (true, 0, 0, 108_000)),
+    ]).await;
+    #[rustfmt::skip]
+    run(&redis, algorithm, "clock-stepped-back", &[
+        (70 * S, q10, 10, (true, 0, 0, 110_000)),
+        (65 * S, q10, 1, (false, 0, 61_000, 115_000)),
+        (50 * S, q10, 1, (true, 9, 0, 70_000)),
+    ]).await;
+}
+
+/// The Redis key holding `algorithm`'s state for `key` (the sorted set for the sliding log).
+fn state_key(limiter: &Limiter, algorithm: Algorithm, key: &str) -> String {
+    let base = limiter.storage_key(key);
+    match algorithm {
+        Algorithm::SlidingLog => format!("{base}:log"),
+        _ => base,
+    }
+}
+
+/// Two cost-1 checks on the corrupt key in Redis decide like two on a fresh key in memory.
+async fn decides_like_a_fresh_key(redis: &RedisServer, algorithm: Algorithm, key: &str) {
+    let clock = ManualClock::new(T0 + Duration::from_millis(12_345));
+    let on_redis = redis_limiter(redis, algorithm, &clock);
+    let in_memory = memory_limiter(algorithm, &clock);
+    let quota = per(10, 60);
+    for _ in 0..2 {
+        let healed = check(&on_redis, key, &quota, 1).await;
+        let fresh = check(&in_memory, key, &quota, 1).await;
+        assert_eq!(healed, fresh, "{algorithm} {key}");
+        assert!(healed.allowed);
+    }
+}
+
+#[tokio::test]
+async fn a_key_of_the_wrong_type_heals() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    for &algorithm in Algorithm::ALL {
+        let limiter = memory_limiter(algorithm, &ManualClock::new(T0));
+        let state = state_key(&limiter, algorithm, "wrong-type");
+        let _: () = conn.del(&state).unwrap();
+        let _: () = conn.set(&state, "not a rate limit").unwrap();
+        // The sliding log does not use the base key: a string there changes nothing.
+        let base = limiter.storage_key("wrong-type");
+        let _: () = conn.set_nx(&base, "unused").unwrap();
+        decides_like_a_fresh_key(&redis, algorithm, "wrong-type").await;
+        let kind: String = redis::cmd("TYPE").arg(&state).query(&mut conn).unwrap();
+        let expected = if algorithm == Algorithm::SlidingLog {
+            "zset"
+        } else {
+            "hash"
+        };
+        assert_eq!(kind, expected, "{algorithm}");
+        let _: () = conn.del(&[&state, &base]).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn garbage_in_the_state_heals() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let garbage = [
+        "garbage",
+        "",
+        "-1",
+        "nan",
+        "inf",
+        "-inf",
+        "1e400",
+        "9007199254740993",
+    ];
+    let fields = ["tk", "ts", "at", "d", "w", "n", "c", "p"];
+    for &algorithm in Algorithm::ALL {
+        if algorithm == Algorithm::SlidingLog {
+            continue;
+        }
+        for value in garbage {
+            let key = format!("garbage-{value}");
+            let limiter = memory_limiter(algorithm, &ManualClock::new(T0));
+            let state = state_key(&limiter, algorithm, &key);
+            let pairs: Vec<(&str, &str)> = fields.iter().map(|f| (*f, value)).collect();
+            let _: () = conn.hset_multiple(&state, &pairs).unwrap();
+            decides_like_a_fresh_key(&redis, algorithm, &key).await;
+            let _: () = conn.del(&state).unwrap();
+        }
+    }
+    // The sliding log: entries scored long ago or at -inf, under any member name, are out of
+    // the window and dropped on the next write.
+    let algorithm = Algorithm::SlidingLog;
+    let limiter = memory_limiter(algorithm, &ManualClock::new(T0));
+    let state = state_key(&limiter, algorithm, "garbage");
+    let _: () = redis::cmd("ZADD")
+        .arg(&state)
+        .arg("-inf")
+        .arg("junk")
+        .arg(0)
+        .arg("epoch")
+        .arg(1_000_000)
+        .arg("1:1")
+        .query(&mut conn)
+        .unwrap();
+    decides_like_a_fresh_key(&redis, algorithm, "garbage").await;
+    let left: u64 = conn.zcard(&state).unwrap();
+    assert_eq!(left, 2, "only the two units just admitted remain");
+}
+
+/// `MEMORY USAGE <key> SAMPLES 0` (exact), 0 when the key does not exist.
+fn memory_usage(redis: &RedisServer, key: &str) -> u64 {
+    let bytes: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query(&mut redis.conn())
+        .unwrap();
+    bytes.unwrap_or(0)
+}
+
+/// The Redis memory of one limiter key (`redlimit:{tenant-000042}`, every Redis key it uses),
+/// after 1 and after `limit` admitted requests, for limits of 100 and 1000 a minute. Run with
+/// `--nocapture` to see the table.
+#[tokio::test]
+async fn memory_per_key() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let key = "tenant-000042";
+    println!(
+        "bytes per key (MEMORY USAGE, {}):",
+        support::redis_server_version()
+    );
+    println!(
+        "{:<16} {:>8} {:>10} {:>9} {:>11}",
+        "algorithm", "1 of 100", "100 of 100", "1 of 1000", "1000 of 1000"
+    );
+    for &algorithm in Algorithm::ALL {
+        let limiter = redis_limiter(&redis, algorithm, &clock);
+        let mut row = Vec::new();
+        for limit in [100, 1000] {
+            let quota = Quota::per_minute(limit).unwrap();
+            let _: () = redis::cmd("FLUSHALL").query(&mut redis.conn()).unwrap();
+            for admitted in 1..=limit {
+                assert!(check(&limiter, key, &quota, 1).await.allowed);
+                if admitted == 1 || admitted == limit {
+                    let bytes: u64 = [
+                        limiter.storage_key(key),
+                        format!("{}:log", limiter.storage_key(key)),
+                    ]
+                    .iter()
+                    .map(|k| memory_usage(&redis, k))
+                    .sum();
+                    row.push(bytes);
+                }
+            }
+        }
+        println!(
+            "{:<16} {:>8} {:>10} {:>9} {:>11}",
+            algorithm.name(),
+            row[0],
+            row[1],
+            row[2],
+            row[3]
+        );
+        if algorithm == Algorithm::SlidingLog {
+            // One sorted-set entry per unit: compact up to 128 entries, a skiplist beyond.
+            assert!(row[0] < 200, "{algorithm}: {row:?}");
+            assert!(
+                (100 * 10..100 * 40).contains(&row[1]),
+                "{algorithm}: {row:?}"
+            );
+            assert!(
+                (1000 * 40..1000 * 150).contains(&row[3]),
+                "{algorithm}: {row:?}"
+            );
+        } else {
+            // One small hash, whatever the limit and the count.
+            assert!(row.iter().all(|&b| b < 200), "{algorithm}: {row:?}");
+        }
+    }
+}

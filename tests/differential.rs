@@ -1,0 +1,232 @@
+//! Differential property test: `RedisStore` (the Lua scripts) and `MemoryStore` (their Rust
+//! mirrors) give identical decisions, for every algorithm in `Algorithm::ALL`.
+//!
+//! Each case is a random sequence of (advance the clock, cost) steps under one quota shape; both
+//! stores run it on the same simulated client clock (`Clock::Manual`) and must answer with the
+//! same `Decision` at every step. One Redis server serves all cases; each case uses fresh keys.
+//!
+//! **Simulated time and Redis expiry.** The scripts compute TTLs on the simulated clock, but
+//! Redis expires keys on its own real clock. A key whose TTL is shorter than the real time
+//! between two steps would vanish in Redis while the memory store, on simulated time, still holds
+//! it. So the quota shapes keep one emission interval (period / limit) at 1 s or more, and the
+//! clock never stops within 100 ms of the end of a period-aligned window (it jumps to the next
+//! window instead): every TTL the scripts write is then far longer than a case takes in real
+//! time. When the simulated clock runs ahead of real time (the usual case), the memory store
+//! forgets expired keys while Redis still has them; the scripts must then decide exactly as for a
+//! fresh key, and this test holds them to it.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{FileFailurePersistence, TestCaseError};
+use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use support::RedisServer;
+
+/// Quota shapes as (limit, period in seconds, burst): burst equal to, above and below the limit;
+/// emission intervals that are whole (6 s, 1 s) and inexact (10/3 s, 10/7 s).
+const SHAPES: &[(u64, u64, u64)] = &[
+    (10, 60, 10),
+    (3, 10, 8),
+    (7, 10, 1),
+    (1, 3_600, 1),
+    (100, 100, 250),
+    (2, 86_400, 40),
+];
+
+/// Simulated start: 2023-11-14T22:13:20Z plus up to a day.
+const EPOCH_US: u64 = 1_700_000_000_000_000;
+const DAY_US: u64 = 86_400_000_000;
+/// The clock never rests this close before the end of a period-aligned window.
+const EDGE_GUARD_US: u64 = 100_000;
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    shape: usize,
+    start_us: u64,
+    /// (advance in µs, cost)
+    steps: Vec<(u64, u64)>,
+}
+
+impl Scenario {
+    fn quota(&self) -> Quota {
+        let (limit, period_s, burst) = SHAPES[self.shape];
+        Quota::new(limit, Duration::from_secs(period_s))
+            .unwrap()
+            .with_burst(burst)
+            .unwrap()
+    }
+}
+
+fn advance(limit: u64, period_us: u64) -> impl Strategy<Value = u64> {
+    let interval = period_us / limit;
+    prop_oneof![
+        3 => Just(0u64),
+        2 => 1..=1_000u64,
+        // Whole emission intervals, give or take a microsecond: refill boundaries.
+        2 => (1..=4u64, 0..=2u64).prop_map(move |(k, d)| (k * interval + d).saturating_sub(1)),
+        4 => 1..=2 * period_us,
+        // An hour to more than a year.
+        1 => 3_600_000_000..=400 * DAY_US,
+    ]
+}
+
+fn cost(burst: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![3 => 0..=2u64, 2 => 0..=burst + 2]
+}
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    (0..SHAPES.len()).prop_flat_map(|shape| {
+        let (limit, period_s, burst) = SHAPES[shape];
+        let period_us = period_s * 1_000_000;
+        (
+            0..=DAY_US,
+            prop::collection::vec((advance(limit, period_us), cost(burst)), 1..=30),
+        )
+            .prop_map(move |(start_us, steps)| Scenario {
+                shape,
+                start_us: EPOCH_US + start_us,
+                steps,
+            })
+    })
+}
+
+/// Moves a time that rests within `EDGE_GUARD_US` before a window end to that window end.
+fn off_the_edge(now: u64, period_us: u64) -> u64 {
+    let to_end = period_us - now % period_us;
+    if to_end < EDGE_GUARD_US {
+        now + to_end
+    } else {
+        now
+    }
+}
+
+/// Runs `scenario` under `algorithm` on both stores, comparing every step.
+async fn run(
+    redis: &RedisStore,
+    algorithm: Algorithm,
+    key: &str,
+    scenario: &Scenario,
+    tally: &Tally,
+) -> Result<(), TestCaseError> {
+    let quota = scenario.quota();
+    let clock = ManualClock::new(Duration::from_micros(scenario.start_us));
+    let on_redis = Limiter::builder(redis.clone())
+        .algorithm(algorithm)
+        .clock(Clock::Manual(clock.clone()))
+        .build()
+        .unwrap();
+    let in_memory = Limiter::builder(MemoryStore::new())
+        .algorithm(algorithm)
+        .clock(Clock::Manual(clock.clone()))
+        .build()
+        .unwrap();
+
+    let period_us = quota.period().as_micros() as u64;
+    let mut now = scenario.start_us;
+    for (i, &(advance, cost)) in scenario.steps.iter().enumerate() {
+        now = off_the_edge(now + advance, period_us);
+        clock.set(Duration::from_micros(now));
+        let from_redis = on_redis
+            .try_check(key, &quota, cost)
+            .await
+            .map_err(|e| TestCaseError::fail(format!("{algorithm} step {i}: redis: {e}")))?;
+        let from_memory = in_memory.try_check(key, &quota, cost).await.unwrap();
+        prop_assert_eq!(
+            from_redis,
+            from_memory,
+            "{} step {} (t = start + {} µs, cost {}): redis vs memory",
+            algorithm,
+            i,
+            now - scenario.start_us,
+            cost
+        );
+        check_contract(&from_redis, &quota, cost)
+            .map_err(|e| TestCaseError::fail(format!("{algorithm} step {i}: {e}")))?;
+        tally.count(&from_redis);
+    }
+    Ok(())
+}
+
+/// How the compared decisions came out, to show the cases are not all alike.
+#[derive(Default)]
+struct Tally {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    never: AtomicU64,
+}
+
+impl Tally {
+    fn count(&self, d: &Decision) {
+        let counter = match (d.allowed, d.never_allowed()) {
+            (true, _) => &self.allowed,
+            (false, false) => &self.denied,
+            (false, true) => &self.never,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What every decision promises, whatever the algorithm.
+fn check_contract(d: &Decision, quota: &Quota, cost: u64) -> Result<(), String> {
+    let fail = |what: &str| Err(format!("{what}: {d:?} (cost {cost}, {quota:?})"));
+    if d.limit != quota.limit() {
+        return fail("limit is not the quota's");
+    }
+    if d.remaining > quota.burst() {
+        return fail("more remaining than the burst");
+    }
+    if d.allowed && d.retry_after != Duration::ZERO {
+        return fail("allowed with a retry time");
+    }
+    if cost > quota.burst() && (d.allowed || !d.never_allowed()) {
+        return fail("a cost above the burst must be never allowed");
+    }
+    if !d.allowed && cost <= quota.burst() && (d.retry_after == Duration::ZERO || d.never_allowed())
+    {
+        return fail("a denial must say when to retry");
+    }
+    Ok(())
+}
+
+#[test]
+fn redis_and_memory_stores_decide_identically() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // A generous timeout: a slow answer on a loaded machine must not look like a divergence.
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let cases = AtomicU64::new(0);
+    let tally = Tally::default();
+    let config = ProptestConfig {
+        cases: 64,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    };
+
+    proptest!(config, |(scenario in scenario())| {
+        let case = cases.fetch_add(1, Ordering::Relaxed);
+        for &algorithm in Algorithm::ALL {
+            let key = format!("case-{case}-{algorithm}");
+            runtime.block_on(run(&store, algorithm, &key, &scenario, &tally))?;
+        }
+    });
+
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    println!(
+        "differential: {} cases over {} algorithms; identical decisions: {} allowed, {} denied, {} never allowed",
+        load(&cases),
+        Algorithm::ALL.len(),
+        load(&tally.allowed),
+        load(&tally.denied),
+        load(&tally.never)
+    );
+}
