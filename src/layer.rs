@@ -100,10 +100,12 @@ impl<K: fmt::Debug> fmt::Debug for RateLimitLayer<K> {
 impl<K: KeyExtractor> RateLimitLayer<K> {
     /// A layer applying `quota` per key from `extractor`, with the defaults: policy name
     /// `default`, cost 1, keyless requests share the key `unkeyed`.
+    ///
+    /// It never fails: a quota the limiter's algorithm cannot serve (a sliding log with a burst
+    /// above 100 000) is refused by every check, logged and denied. Use
+    /// [`builder`](Self::builder)`(..).build()` to get that error at build time instead.
     pub fn new(limiter: Limiter, quota: Quota, extractor: K) -> Self {
-        Self::builder(limiter, quota, extractor)
-            .build()
-            .expect("the default configuration is valid")
+        Self::builder(limiter, quota, extractor).into_layer()
     }
 
     /// Starts a builder for the options.
@@ -201,7 +203,8 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
         self
     }
 
-    /// Builds the layer, validating the policy name.
+    /// Builds the layer, validating the policy name and that the limiter's algorithm can serve
+    /// the quota.
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
         let name_ok = (1..=64).contains(&self.policy_name.len())
             && self
@@ -211,8 +214,13 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
         if !name_ok {
             return Err(ConfigError::InvalidPolicyName);
         }
+        self.limiter.algorithm().supports(&self.quota)?;
+        Ok(self.into_layer())
+    }
+
+    fn into_layer(self) -> RateLimitLayer<K> {
         let headers = HeaderStyle::new(&self.policy_name, &self.quota, self.legacy_headers);
-        Ok(RateLimitLayer {
+        RateLimitLayer {
             config: Arc::new(Config {
                 limiter: self.limiter,
                 quota: self.quota,
@@ -222,6 +230,6 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
                 cost: self.cost,
                 skip: self.skip,
             }),
-        })
+        }
     }
 }

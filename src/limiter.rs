@@ -4,6 +4,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::key::storage_id;
 use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
@@ -80,7 +81,22 @@ impl Limiter {
 
     /// Checks one request of `cost` units (0 peeks: reports the state without consuming).
     /// Store failures go through the failure policy.
+    ///
+    /// A quota the algorithm cannot serve (see [`Algorithm::supports`]) is a programming error:
+    /// it is logged and the request denied as never allowed, never waved through.
     pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
+        if let Err(error) = self.inner.algorithm.supports(quota) {
+            tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
+            let decision = Decision {
+                allowed: false,
+                limit: quota.limit(),
+                remaining: 0,
+                retry_after: Decision::NEVER,
+                reset_after: Duration::ZERO,
+            };
+            self.inner.stats.count_decision(&decision);
+            return Verdict::Decided(decision);
+        }
         let storage_key = self.storage_key(key);
         let request = self.request(&storage_key, quota, cost);
         let stats = &self.inner.stats;
@@ -122,6 +138,7 @@ impl Limiter {
         quota: &Quota,
         cost: u64,
     ) -> Result<Decision, StoreError> {
+        self.inner.algorithm.supports(quota)?;
         let storage_key = self.storage_key(key);
         let decision = self
             .inner
@@ -238,6 +255,9 @@ pub enum ConfigError {
     /// characters other than ASCII letters, digits, `-`, `_` and `.`.
     #[error("policy name must be 1 to 64 characters of [A-Za-z0-9._-]")]
     InvalidPolicyName,
+    /// The limiter's algorithm cannot serve the layer's quota.
+    #[error(transparent)]
+    Quota(#[from] crate::QuotaError),
 }
 
 /// What a limiter has decided since it was built.
@@ -296,5 +316,53 @@ impl Counters {
             failed_closed: load(&self.failed_closed),
             fallback_decisions: load(&self.fallback_decisions),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::GlobalKey;
+    use crate::store::MemoryStore;
+    use crate::{QuotaError, RateLimitLayer};
+
+    fn sliding_log() -> Limiter {
+        Limiter::builder(MemoryStore::new())
+            .algorithm(Algorithm::SlidingLog)
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_quota_the_algorithm_cannot_serve_is_refused_not_waved_through() {
+        let huge = Quota::per_second(1_000_000).unwrap();
+        let limiter = sliding_log();
+        let verdict = limiter.check("k", &huge).await;
+        assert!(!verdict.is_allowed());
+        assert!(verdict.decision().unwrap().never_allowed());
+        assert!(matches!(
+            limiter.try_check("k", &huge, 1).await,
+            Err(StoreError::InvalidQuota(
+                QuotaError::BurstTooLargeForSlidingLog
+            ))
+        ));
+        let built = RateLimitLayer::builder(limiter, huge, GlobalKey::new("g")).build();
+        assert_eq!(
+            built.err(),
+            Some(ConfigError::Quota(QuotaError::BurstTooLargeForSlidingLog))
+        );
+    }
+
+    #[test]
+    fn prefixes_are_validated() {
+        for bad in ["", "a{b", "a}b", "with space", &"p".repeat(65)] {
+            let built = Limiter::builder(MemoryStore::new()).prefix(bad).build();
+            assert_eq!(built.err(), Some(ConfigError::InvalidPrefix), "{bad:?}");
+        }
+        let limiter = Limiter::builder(MemoryStore::new())
+            .prefix("app:rl")
+            .build()
+            .unwrap();
+        assert_eq!(limiter.storage_key("tenant-1"), "app:rl:{tenant-1}");
     }
 }

@@ -30,6 +30,10 @@ pub enum QuotaError {
     /// `period` exceeded [`MAX_PERIOD`].
     #[error("quota period must be at most 100 years")]
     PeriodTooLong,
+    /// The sliding log stores one entry per unit: its burst must be at most
+    /// [`MAX_SLIDING_LOG_BURST`](crate::algorithm::MAX_SLIDING_LOG_BURST).
+    #[error("the sliding log keeps one entry per request: its burst must be at most 100000; use sliding-window for larger quotas")]
+    BurstTooLargeForSlidingLog,
 }
 
 /// A rate: `limit` requests per `period`, with room for `burst` requests at once.

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::Decision;
+use crate::{Decision, Quota, QuotaError};
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -53,13 +53,17 @@ pub enum Algorithm {
     /// Sliding window log: exactly at most `burst` in any `period`. Stores one sorted-set entry
     /// per admitted unit, so memory and time are O(`burst`) per key (on Redis 7.0 about 36 bytes
     /// a unit up to 128 units, 118 beyond; a request of cost k adds k entries): keep `burst`
-    /// small.
+    /// small. Quotas with a burst above [`MAX_SLIDING_LOG_BURST`] are refused.
     SlidingLog,
     /// Sliding window counter: the current and the previous fixed window, the previous one
     /// weighted by its overlap with the sliding `period` (Cloudflare's approximation). At most
     /// `burst` per `period` in the estimate, in two small counters.
     SlidingWindow,
 }
+
+/// The largest burst the sliding log accepts: it keeps one entry per admitted unit (about
+/// 118 bytes each in Redis), so 100 000 units is already ~12 MB for one key.
+pub const MAX_SLIDING_LOG_BURST: u64 = 100_000;
 
 impl Algorithm {
     /// Every algorithm, in the order the README lists them.
@@ -101,6 +105,25 @@ impl Algorithm {
             Algorithm::FixedWindow => script!("fixed_window.lua"),
             Algorithm::SlidingLog => script!("sliding_log.lua"),
             Algorithm::SlidingWindow => script!("sliding_window.lua"),
+        }
+    }
+
+    /// Whether this algorithm can serve `quota`. Only the sliding log has a limit: its burst is
+    /// at most [`MAX_SLIDING_LOG_BURST`], because it stores (and scans) one entry per unit.
+    ///
+    /// ```
+    /// use redlimit::{Algorithm, Quota, QuotaError};
+    ///
+    /// let huge = Quota::per_second(1_000_000).unwrap();
+    /// assert!(Algorithm::TokenBucket.supports(&huge).is_ok());
+    /// assert_eq!(Algorithm::SlidingLog.supports(&huge), Err(QuotaError::BurstTooLargeForSlidingLog));
+    /// ```
+    pub fn supports(&self, quota: &Quota) -> Result<(), QuotaError> {
+        match self {
+            Algorithm::SlidingLog if quota.burst() > MAX_SLIDING_LOG_BURST => {
+                Err(QuotaError::BurstTooLargeForSlidingLog)
+            }
+            _ => Ok(()),
         }
     }
 

@@ -57,6 +57,9 @@ pub enum StoreError {
     /// The store answered something the crate does not understand.
     #[error("unexpected reply from the store: {0}")]
     BadReply(String),
+    /// The limiter's algorithm cannot serve this quota (e.g. a sliding log with a huge burst).
+    #[error("invalid quota for this algorithm: {0}")]
+    InvalidQuota(#[from] crate::QuotaError),
     /// The store is skipped for now (the circuit breaker is open after repeated failures).
     #[error("store unavailable: {0}")]
     Unavailable(&'static str),
