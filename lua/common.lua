@@ -63,11 +63,22 @@ local function ms_up(us)
   return math.ceil(us / 1000)
 end
 
+-- The longest time a reply carries: 2^62 ms keeps its integers inside an i64. Only absurd
+-- quotas (a burst taking 146 million years to refill) come near it.
+local MAX_REPLY_MS = 4611686018427387904
+
 -- The reply every algorithm sends.
 local function reply(allowed, limit, remaining, retry_us, reset_us)
   local retry_ms = -1
   if retry_us >= 0 then
-    retry_ms = ms_up(retry_us)
+    retry_ms = math.min(ms_up(retry_us), MAX_REPLY_MS)
   end
-  return { allowed and 1 or 0, limit, remaining, retry_ms, ms_up(reset_us), 0 }
+  return { allowed and 1 or 0, limit, remaining, retry_ms, math.min(ms_up(reset_us), MAX_REPLY_MS), 0 }
+end
+
+-- PEXPIRE `key` when its state is back to fresh, `reset_us` from now: at least 1 ms, at most
+-- 2^53 ms (285 000 years), because Lua writes numbers from 1e17 up as "1e+17", which PEXPIRE
+-- refuses.
+local function expire(key, reset_us)
+  redis.call('PEXPIRE', key, math.min(math.max(1, ms_up(reset_us)), MAX_EXACT))
 end

@@ -47,6 +47,6 @@ end
 -- 6. Write only what changed; the key expires with its window.
 if allowed and cost > 0 then
   redis.call('HSET', key, 'w', start, 'n', n)
-  redis.call('PEXPIRE', key, math.max(1, ms_up(reset)))
+  expire(key, reset)
 end
 return reply(allowed, limit, burst - n, retry, reset)

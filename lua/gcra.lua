@@ -68,16 +68,10 @@ local reset = 0
 if d > 0 then
   reset = at + math.ceil(d * period / limit) - now
 end
--- Only absurd quotas (a burst that takes over 146 million years to pay off) reach this cap,
--- which keeps the reply's milliseconds inside an i64.
-retry = math.min(retry, 2 ^ 62 * 1000)
-reset = math.min(reset, 2 ^ 62 * 1000)
 
--- 6. Write only what changed; the key expires when its debt is paid off (a fresh key), or after
---    2^53 ms (285 000 years) at most: Lua writes numbers from 1e17 up as "1e+17", which PEXPIRE
---    refuses.
+-- 6. Write only what changed; the key expires when its debt is paid off (a fresh key).
 if cost > 0 and (allowed or stepped_back) then
   redis.call('HSET', key, 'at', at, 'd', d)
-  redis.call('PEXPIRE', key, math.min(math.max(1, ms_up(reset)), MAX_EXACT))
+  expire(key, reset)
 end
 return reply(allowed, limit, math.floor(burst - used), retry, reset)

@@ -83,6 +83,6 @@ if allowed and cost > 0 then
   end
 end
 if cost > 0 and (allowed or stepped_back) then
-  redis.call('PEXPIRE', log, math.max(1, ms_up(reset)))
+  expire(log, reset)
 end
 return reply(allowed, limit, math.max(0, burst - used), retry, reset)

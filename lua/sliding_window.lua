@@ -74,6 +74,6 @@ end
 -- 6. Write only what changed; the key expires when both counts have faded out.
 if allowed and cost > 0 then
   redis.call('HSET', key, 'w', start, 'c', c, 'p', p)
-  redis.call('PEXPIRE', key, math.max(1, ms_up(reset)))
+  expire(key, reset)
 end
 return reply(allowed, limit, math.max(0, math.floor(room / period) - c), retry, reset)

@@ -28,7 +28,15 @@ local to_full = math.ceil((burst - tokens) * period / limit)
 if now - ts >= to_full then
   tokens, ts = burst, now
 else
-  local gained = math.floor((now - ts) * limit / period)
+  local elapsed = now - ts
+  local gained = math.floor(elapsed * limit / period)
+  -- Past 2^53 the division can land one token off. Settle on the count the retry times promise:
+  -- the most n whose arrival time, ceil(n * period / limit), has passed.
+  if math.ceil((gained + 1) * period / limit) <= elapsed then
+    gained = gained + 1
+  elseif gained > 0 and math.ceil(gained * period / limit) > elapsed then
+    gained = gained - 1
+  end
   tokens = tokens + gained
   ts = math.min(now, ts + math.ceil(gained * period / limit))
 end
@@ -56,6 +64,6 @@ end
 -- 6. Write only what changed; the key expires when it would be full anyway.
 if cost > 0 and (allowed or stepped_back) then
   redis.call('HSET', key, 'tk', tokens, 'ts', ts)
-  redis.call('PEXPIRE', key, math.max(1, ms_up(reset)))
+  expire(key, reset)
 end
 return reply(allowed, limit, tokens, retry, reset)

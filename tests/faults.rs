@@ -7,7 +7,6 @@
 //! worst figures are printed.
 
 mod load;
-#[allow(unused_imports)] // RedisCluster is for the cluster tests.
 mod support;
 
 use std::convert::Infallible;

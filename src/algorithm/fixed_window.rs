@@ -1,6 +1,6 @@
 //! Fixed window: the Rust mirror of `lua/fixed_window.lua`, step for step.
 
-use super::{lua_mod, ms_up, Args, Reply, Step, Write};
+use super::{lua_mod, ttl_ms, Args, Reply, Step, Write};
 
 /// The stored window: its µs start `w` and the units `n` admitted in it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,7 +51,7 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
     let write = if allowed && cost > 0.0 {
         Write::Put {
             state: State { w: start, n },
-            ttl_ms: ms_up(reset).max(1) as u64,
+            ttl_ms: ttl_ms(reset),
         }
     } else {
         Write::Keep

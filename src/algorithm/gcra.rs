@@ -1,12 +1,6 @@
 //! GCRA: the Rust mirror of `lua/gcra.lua`, step for step.
 
-use super::{ms_up, Args, Reply, Step, Write};
-
-/// The cap on the reply's times: 2^62 ms, in µs (reached only by absurd quotas).
-const MAX_TIME: f64 = 4_611_686_018_427_387_904.0 * 1000.0;
-
-/// The cap on the TTL: 2^53 ms (285 000 years), an integer Lua writes without an exponent.
-const MAX_TTL_MS: i64 = 1 << 53;
+use super::{ttl_ms, Args, Reply, Step, Write};
 
 /// The stored state: the debt `d` (in emission intervals, i.e. requests) measured at the µs
 /// time `at`. The theoretical arrival time is `at + d * period / limit`.
@@ -72,15 +66,12 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
     } else {
         0.0
     };
-    // Capped for absurd quotas, so the reply's milliseconds fit an i64.
-    let retry = retry.min(MAX_TIME);
-    let reset = reset.min(MAX_TIME);
 
-    // 6. Write only what changed; expire when the debt is paid off (at most 2^53 ms).
+    // 6. Write only what changed; expire when the debt is paid off.
     let write = if cost > 0.0 && (allowed || stepped_back) {
         Write::Put {
             state: State { at, d },
-            ttl_ms: ms_up(reset).clamp(1, MAX_TTL_MS) as u64,
+            ttl_ms: ttl_ms(reset),
         }
     } else {
         Write::Keep

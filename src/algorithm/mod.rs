@@ -211,8 +211,12 @@ impl Reply {
             allowed,
             limit: limit as u64,
             remaining: remaining as u64,
-            retry_after_ms: if retry_us >= 0.0 { ms_up(retry_us) } else { -1 },
-            reset_after_ms: ms_up(reset_us),
+            retry_after_ms: if retry_us >= 0.0 {
+                ms_up(retry_us).min(MAX_REPLY_MS)
+            } else {
+                -1
+            },
+            reset_after_ms: ms_up(reset_us).min(MAX_REPLY_MS),
         }
     }
 
@@ -254,6 +258,18 @@ pub(crate) fn lua_mod(a: f64, b: f64) -> f64 {
 /// Microseconds to whole milliseconds, rounded up (`ms_up` in `lua/common.lua`).
 pub(crate) fn ms_up(us: f64) -> i64 {
     (us / 1000.0).ceil() as i64
+}
+
+/// The longest time a reply carries (`MAX_REPLY_MS` in `lua/common.lua`): 2^62 ms.
+const MAX_REPLY_MS: i64 = 1 << 62;
+
+/// The longest expiry (`expire` in `lua/common.lua`): 2^53 ms, 285 000 years.
+const MAX_TTL_MS: i64 = 1 << 53;
+
+/// The TTL of a key whose state is fresh again `reset_us` from now (`expire` in
+/// `lua/common.lua`).
+pub(crate) fn ttl_ms(reset_us: f64) -> u64 {
+    ms_up(reset_us).clamp(1, MAX_TTL_MS) as u64
 }
 
 /// What one step of an algorithm writes back, mirroring the script's writes.

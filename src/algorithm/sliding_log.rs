@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::{ms_up, Args, Reply, Step, Write};
+use super::{ttl_ms, Args, Reply, Step, Write};
 
 /// The log: the µs time each admitted unit was admitted, oldest first (the sorted set's
 /// scores; its member names never affect a decision).
@@ -76,7 +76,7 @@ pub(crate) fn step(log: &mut Log, args: &Args) -> Step<()> {
     let write = if cost > 0.0 && (allowed || stepped_back) {
         Write::Put {
             state: (),
-            ttl_ms: ms_up(reset).max(1) as u64,
+            ttl_ms: ttl_ms(reset),
         }
     } else {
         Write::Keep

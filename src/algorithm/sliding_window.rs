@@ -1,6 +1,6 @@
 //! Sliding window counter: the Rust mirror of `lua/sliding_window.lua`, step for step.
 
-use super::{lua_mod, ms_up, Args, Reply, Step, Write};
+use super::{lua_mod, ttl_ms, Args, Reply, Step, Write};
 
 /// The stored counts: units `c` admitted in the window starting at µs `w`, and `p` in the one
 /// before it.
@@ -82,7 +82,7 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
     let write = if allowed && cost > 0.0 {
         Write::Put {
             state: State { w: start, c, p },
-            ttl_ms: ms_up(reset).max(1) as u64,
+            ttl_ms: ttl_ms(reset),
         }
     } else {
         Write::Keep

@@ -1,6 +1,6 @@
 //! Token bucket: the Rust mirror of `lua/token_bucket.lua`, step for step.
 
-use super::{ms_up, Args, Reply, Step, Write};
+use super::{ttl_ms, Args, Reply, Step, Write};
 
 /// The stored bucket: whole tokens, and the µs time up to which refill is accounted.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,7 +35,15 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
         tokens = burst;
         ts = now;
     } else {
-        let gained = ((now - ts) * limit / period).floor();
+        let elapsed = now - ts;
+        let mut gained = (elapsed * limit / period).floor();
+        // Past 2^53 the division can land one token off: settle on the count the retry times
+        // promise.
+        if ((gained + 1.0) * period / limit).ceil() <= elapsed {
+            gained += 1.0;
+        } else if gained > 0.0 && (gained * period / limit).ceil() > elapsed {
+            gained -= 1.0;
+        }
         tokens += gained;
         ts = now.min(ts + (gained * period / limit).ceil());
     }
@@ -64,7 +72,7 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
     let write = if cost > 0.0 && (allowed || stepped_back) {
         Write::Put {
             state: State { tokens, ts },
-            ttl_ms: ms_up(reset).max(1) as u64,
+            ttl_ms: ttl_ms(reset),
         }
     } else {
         Write::Keep
