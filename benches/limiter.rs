@@ -1,1 +1,247 @@
-fn main() {}
+//! Throughput and latency of `Limiter::check`, per algorithm:
+//!
+//! - `memory/<algorithm>`: the in-process [`MemoryStore`], one check at a time;
+//! - `redis-sequential/<algorithm>`: [`RedisStore`], one check in flight (the round-trip latency);
+//! - `redis-concurrent-64/<algorithm>`: [`RedisStore`], 64 checks in flight on its one
+//!   connection (the throughput one instance gets).
+//!
+//! Redis is a private `redis-server` this bench starts on a free port, or the one at
+//! `REDLIMIT_BENCH_REDIS` (e.g. `redis://127.0.0.1:6379/`) when set; that one gets keys under the
+//! prefix `redlimit-bench`, which expire within a second. Without either, only the memory store
+//! is measured.
+//!
+//! The quota (10^9 a second) admits every check, so each one takes the write path, the most
+//! expensive one. Checks rotate over 1024 keys.
+//!
+//! ```text
+//! cargo bench --bench limiter                 # full run
+//! cargo bench --bench limiter -- --quick      # a few seconds per benchmark
+//! cargo bench --bench limiter -- redis        # only the Redis benchmarks
+//! ```
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use futures::future::join_all;
+use redlimit::store::{MemoryStore, RedisStore, Store};
+use redlimit::{Algorithm, Limiter, Quota};
+use tokio::runtime::Runtime;
+
+/// Distinct keys the checks rotate over.
+const KEYS: usize = 1024;
+/// Checks in flight at once in the concurrent benchmark.
+const IN_FLIGHT: usize = 64;
+/// The key prefix in Redis.
+const PREFIX: &str = "redlimit-bench";
+
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|i| format!("client-{i}")).collect()
+}
+
+/// A quota that admits every check.
+fn quota() -> Quota {
+    Quota::per_second(1_000_000_000).expect("a valid quota")
+}
+
+fn limiter(store: impl Store, algorithm: Algorithm) -> Limiter {
+    Limiter::builder(store)
+        .algorithm(algorithm)
+        .prefix(PREFIX)
+        .build()
+        .expect("a valid limiter")
+}
+
+fn memory(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let keys = keys();
+    let quota = quota();
+    let mut group = c.benchmark_group("memory");
+    group.throughput(Throughput::Elements(1));
+    for &algorithm in Algorithm::ALL {
+        let limiter = limiter(MemoryStore::new(), algorithm);
+        let (limiter, keys, quota) = (&limiter, &keys, &quota);
+        let mut i = 0;
+        group.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
+            b.to_async(&runtime).iter(|| {
+                i = (i + 1) % KEYS;
+                limiter.check(&keys[i], quota)
+            })
+        });
+    }
+    group.finish();
+}
+
+fn redis(c: &mut Criterion) {
+    let Some(redis) = BenchRedis::find() else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let keys = keys();
+    let quota = quota();
+
+    let mut sequential = c.benchmark_group("redis-sequential");
+    sequential.throughput(Throughput::Elements(1));
+    for &algorithm in Algorithm::ALL {
+        let limiter = redis.limiter(&runtime, algorithm);
+        let (limiter, keys, quota) = (&limiter, &keys, &quota);
+        let mut i = 0;
+        sequential.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
+            b.to_async(&runtime).iter(|| {
+                i = (i + 1) % KEYS;
+                limiter.check(&keys[i], quota)
+            })
+        });
+        assert_no_errors(limiter);
+    }
+    sequential.finish();
+
+    let mut concurrent = c.benchmark_group(format!("redis-concurrent-{IN_FLIGHT}"));
+    concurrent.throughput(Throughput::Elements(IN_FLIGHT as u64));
+    for &algorithm in Algorithm::ALL {
+        let limiter = redis.limiter(&runtime, algorithm);
+        let (limiter, keys, quota) = (&limiter, &keys, &quota);
+        let mut i = 0;
+        concurrent.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
+            b.to_async(&runtime).iter(|| {
+                i = (i + IN_FLIGHT) % KEYS;
+                join_all((i..i + IN_FLIGHT).map(|k| limiter.check(&keys[k % KEYS], quota)))
+            })
+        });
+        assert_no_errors(limiter);
+    }
+    concurrent.finish();
+}
+
+/// A benchmark that measured failures (timeouts, a dead Redis) would be meaningless.
+fn assert_no_errors(limiter: &Limiter) {
+    let stats = limiter.stats();
+    assert_eq!(
+        stats.store_errors, 0,
+        "{} store errors during the benchmark: the figures are not valid ({stats:?})",
+        stats.store_errors
+    );
+}
+
+/// The Redis the benchmarks run against.
+struct BenchRedis {
+    url: String,
+    /// The private server, killed on drop; `None` for `REDLIMIT_BENCH_REDIS`.
+    _server: Option<PrivateRedis>,
+}
+
+impl BenchRedis {
+    fn find() -> Option<BenchRedis> {
+        if let Ok(url) = std::env::var("REDLIMIT_BENCH_REDIS") {
+            eprintln!("redis benchmarks: REDLIMIT_BENCH_REDIS={url}");
+            return Some(BenchRedis { url, _server: None });
+        }
+        match PrivateRedis::start() {
+            Ok(server) => {
+                let url = format!("redis://127.0.0.1:{}/", server.port);
+                eprintln!("redis benchmarks: private redis-server at {url}");
+                Some(BenchRedis {
+                    url,
+                    _server: Some(server),
+                })
+            }
+            Err(e) => {
+                eprintln!(
+                    "redis benchmarks skipped: {e}; install redis-server or set REDLIMIT_BENCH_REDIS"
+                );
+                None
+            }
+        }
+    }
+
+    /// A limiter on a new connection, checked once so that a dead Redis fails loudly here.
+    fn limiter(&self, runtime: &Runtime, algorithm: Algorithm) -> Limiter {
+        let store = RedisStore::builder(self.url.as_str())
+            .timeout(Duration::from_secs(1))
+            .build()
+            .expect("a valid Redis URL");
+        let limiter = limiter(store, algorithm);
+        runtime
+            .block_on(limiter.try_check("warm-up", &quota(), 1))
+            .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
+        limiter
+    }
+}
+
+/// A `redis-server` of this bench, on a free port in a temporary directory.
+struct PrivateRedis {
+    port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateRedis {
+    fn start() -> Result<PrivateRedis, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run redis-server: {e}"))?;
+        let mut server = PrivateRedis {
+            port,
+            child,
+            _dir: dir,
+        };
+        server.wait_until_ready()?;
+        Ok(server)
+    }
+
+    fn wait_until_ready(&mut self) -> Result<(), String> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("redis-server exited at start ({status})"));
+            }
+            let pong = client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+            match pong {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("redis-server did not answer PING: {e}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = memory, redis
+}
+criterion_main!(benches);

@@ -1,0 +1,467 @@
+//! The example server `examples/axum.rs`, run as a user runs it: its flags, its store choice, and
+//! what HTTP clients see. Every test uses a private Redis (or a dead port), never the machine's.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlimit::Algorithm;
+use support::{free_port, RedisServer};
+
+/// How long the example may take to print `listening on`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one HTTP exchange may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The example binary, built once per test run with the same profile as this test.
+fn example_binary() -> &'static PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        // This test runs from <target>/<profile>/deps/; examples land in <target>/<profile>/examples/.
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("test executable inside <target>/<profile>/deps")
+            .to_path_buf();
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+        };
+        let output = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "--example",
+                "axum",
+                "--profile",
+                &profile,
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run cargo build --example axum");
+        assert!(
+            output.status.success(),
+            "cargo build --example axum failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let binary = profile_dir
+            .join("examples")
+            .join(format!("axum{}", std::env::consts::EXE_SUFFIX));
+        assert!(binary.exists(), "no example binary at {}", binary.display());
+        binary
+    })
+}
+
+/// Runs the example to completion (for flags that must make it exit).
+fn run_to_exit(args: &[&str]) -> Output {
+    let mut child = Command::new(example_binary())
+        .args(args)
+        .env("REDIS_URL", dead_redis_url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the example");
+    let deadline = Instant::now() + START_TIMEOUT;
+    while child.try_wait().expect("poll the example").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the example with {args:?} did not exit");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    child
+        .wait_with_output()
+        .expect("collect the example's output")
+}
+
+/// A Redis URL on which nothing listens.
+fn dead_redis_url() -> String {
+    format!("redis://127.0.0.1:{}/", free_port())
+}
+
+/// A running example server; killed on drop.
+struct Example {
+    child: Child,
+    addr: SocketAddr,
+    stdout: Vec<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Example {
+    /// Starts the example on a free port with `args` and waits for `listening on ADDR`.
+    fn start(args: &[&str], envs: &[(&str, &str)]) -> Example {
+        let mut command = Command::new(example_binary());
+        command
+            .args(["--bind", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in envs {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("spawn the example");
+
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        thread::spawn(move || {
+            let mut buffer = [0; 4096];
+            while let Ok(n @ 1..) = err_pipe.read(&mut buffer) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let lines = stdout_lines(&mut child);
+
+        let mut example = Example {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            stdout: Vec::new(),
+            stderr,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    let listening = line.strip_prefix("listening on ").map(str::to_owned);
+                    example.stdout.push(line);
+                    if let Some(addr) = listening {
+                        example.addr = addr.parse().expect("an address after `listening on`");
+                        return example;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no `listening on` line in time; {}", example.output())
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = example.child.wait().expect("wait for the example");
+                    panic!("the example exited with {status}; {}", example.output())
+                }
+            }
+        }
+    }
+
+    /// `GET /` with optional extra headers.
+    fn get(&self, headers: &[(&str, &str)]) -> HttpResponse {
+        http_get(self.addr, headers)
+            .unwrap_or_else(|e| panic!("GET / failed: {e}; {}", self.output()))
+    }
+
+    /// Whether the example printed `line` on stdout before it was ready.
+    fn printed(&self, line: &str) -> bool {
+        self.stdout.iter().any(|l| l == line)
+    }
+
+    fn output(&self) -> String {
+        format!(
+            "stdout so far:\n{}\nstderr:\n{}",
+            self.stdout.join("\n"),
+            self.stderr.lock().unwrap()
+        )
+    }
+}
+
+impl Drop for Example {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The child's stdout, line by line, from a reader thread.
+fn stdout_lines(child: &mut Child) -> Receiver<String> {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// What a tiny HTTP/1.1 client saw.
+#[derive(Debug)]
+struct HttpResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl HttpResponse {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `GET /` over a fresh connection (`Connection: close`, so the body ends at EOF).
+fn http_get(addr: SocketAddr, headers: &[(&str, &str)]) -> std::io::Result<HttpResponse> {
+    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
+    stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
+    let mut request = format!("GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw)?;
+
+    let bad = |what: &str| std::io::Error::other(format!("{what} in response {raw:?}"));
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| bad("no header end"))?;
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| bad("no status"))?;
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    Ok(HttpResponse {
+        status,
+        headers,
+        body: body.to_owned(),
+    })
+}
+
+#[test]
+fn bad_flags_exit_non_zero_with_a_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--limit", "0"], "--limit must be at least 1"),
+        (&["--limit", "ten"], "--limit"),
+        (&["--burst", "0"], "--burst must be at least 1"),
+        (&["--algorithm", "leaky-bucket"], "unknown algorithm"),
+        (&["--frobnicate"], "unknown argument"),
+        (&["--period", "10x"], "--period"),
+        (&["--period", "1.5s"], "--period"),
+        (&["--period", "0s"], "--period"),
+        (&["--period", "s"], "--period"),
+        (&["--period"], "--period needs a value"),
+        (&["--on-redis-error", "maybe"], "--on-redis-error"),
+        (&["--bind", "localhost"], "--bind"),
+        (&["--redis", "not a url"], "--redis"),
+        (&["--redis", "redis://a/", "--redis", "redis://b/"], "twice"),
+    ];
+    for (args, message) in cases {
+        let output = run_to_exit(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} must fail");
+        assert!(
+            stderr.contains(message),
+            "{args:?}: stderr {stderr:?} should mention {message:?}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&output.stdout).contains("listening on"),
+            "{args:?} must not start the server"
+        );
+    }
+}
+
+#[test]
+fn help_prints_usage_and_every_algorithm() {
+    let output = run_to_exit(&["--help"]);
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--bind",
+        "--redis",
+        "--limit",
+        "--period",
+        "--burst",
+        "--algorithm",
+        "--on-redis-error",
+    ] {
+        assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
+    }
+    for algorithm in Algorithm::ALL {
+        assert!(stdout.contains(algorithm.name()), "usage lacks {algorithm}");
+    }
+}
+
+#[test]
+fn limits_with_redis_and_answers_429_with_headers() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let example = Example::start(&["--redis", &url, "--limit", "3", "--period", "1m"], &[]);
+    assert!(
+        example.printed(&format!("store: redis {url}")),
+        "{}",
+        example.output()
+    );
+
+    for i in 0..3 {
+        let response = example.get(&[]);
+        assert_eq!(response.status, 200, "request {i}: {response:?}");
+        assert_eq!(response.body, "ok");
+        assert_eq!(
+            response.header("ratelimit-policy"),
+            Some("\"default\";q=3;w=60")
+        );
+        let remaining = format!("\"default\";r={};", 2 - i);
+        assert!(
+            response
+                .header("ratelimit")
+                .unwrap()
+                .starts_with(&remaining),
+            "request {i}: {response:?}"
+        );
+    }
+    let denied = example.get(&[]);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    let retry_after: u64 = denied
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    // 3 a minute: one request comes back every 20 s.
+    assert!((1..=20).contains(&retry_after), "{denied:?}");
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some("\"default\";q=3;w=60")
+    );
+    assert_eq!(
+        denied.header("ratelimit"),
+        Some(format!("\"default\";r=0;t={retry_after}").as_str())
+    );
+
+    // An API key is a client of its own, and it reaches Redis only hashed.
+    let with_key = example.get(&[("x-api-key", "secret-key-1")]);
+    assert_eq!(with_key.status, 200, "{with_key:?}");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(
+        keys.iter().any(|k| k == "redlimit:{ip:127.0.0.1}"),
+        "{keys:?}"
+    );
+    assert!(keys.iter().all(|k| !k.contains("secret-key-1")), "{keys:?}");
+}
+
+#[test]
+fn every_algorithm_is_selectable_and_limits() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    for algorithm in Algorithm::ALL {
+        let name = algorithm.name();
+        let example = Example::start(
+            &[
+                "--redis",
+                &url,
+                "--limit",
+                "2",
+                "--period",
+                "1h",
+                "--algorithm",
+                name,
+            ],
+            &[],
+        );
+        // A key of its own per algorithm: state never carries over.
+        let key = [("x-api-key", name)];
+        let statuses: Vec<u16> = (0..3).map(|_| example.get(&key).status).collect();
+        assert_eq!(statuses, [200, 200, 429], "{name}; {}", example.output());
+    }
+}
+
+#[test]
+fn dead_redis_fails_closed_with_503_or_open_with_200() {
+    let dead = dead_redis_url();
+
+    let closed = Example::start(&["--redis", &dead, "--on-redis-error", "closed"], &[]);
+    assert!(closed.printed(&format!("store: redis {dead}")));
+    let started = Instant::now();
+    let response = closed.get(&[]);
+    assert_eq!(response.status, 503, "{response:?}");
+    assert!(response.header("retry-after").is_some(), "{response:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    drop(closed);
+
+    let open = Example::start(&["--redis", &dead, "--on-redis-error", "open"], &[]);
+    for _ in 0..12 {
+        // More than the default limit of 10: nothing is counted while Redis is away.
+        let response = open.get(&[]);
+        assert_eq!(response.status, 200, "{response:?}");
+        assert_eq!(response.body, "ok");
+    }
+    // `--redis` never falls back to memory, and says Redis is not there yet.
+    assert!(!open.stdout.iter().any(|l| l.starts_with("store: memory")));
+    assert!(open.stderr.lock().unwrap().contains("does not answer"));
+}
+
+#[test]
+fn without_redis_it_says_memory_and_still_limits() {
+    let dead = dead_redis_url();
+    let example = Example::start(&["--limit", "2"], &[("REDIS_URL", &dead)]);
+    assert!(
+        example.printed(&format!("store: memory (no Redis reachable at {dead})")),
+        "{}",
+        example.output()
+    );
+    let statuses: Vec<u16> = (0..3).map(|_| example.get(&[]).status).collect();
+    assert_eq!(statuses, [200, 200, 429]);
+    let denied = example.get(&[]);
+    assert!(denied.header("retry-after").is_some(), "{denied:?}");
+}
+
+#[test]
+fn without_redis_flag_it_uses_redis_url_when_it_answers() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let example = Example::start(&["--limit", "1"], &[("REDIS_URL", &url)]);
+    assert!(
+        example.printed(&format!("store: redis {url}")),
+        "{}",
+        example.output()
+    );
+    assert_eq!(example.get(&[]).status, 200);
+    assert_eq!(example.get(&[]).status, 429);
+    assert_eq!(redis.dbsize(), 1, "the decision was made in Redis");
+}
+
+#[test]
+fn period_units_are_accepted_and_refill() {
+    let dead = dead_redis_url();
+    let env = [("REDIS_URL", dead.as_str())];
+    for (period, shown) in [("1s", "1s"), ("60s", "60s"), ("1m", "60s"), ("1h", "3600s")] {
+        let example = Example::start(&["--limit", "7", "--period", period], &env);
+        let quota =
+            format!("quota: 7 per {shown} (burst 7), algorithm token-bucket, on-redis-error open");
+        assert!(example.printed(&quota), "{period}: {}", example.output());
+    }
+
+    let example = Example::start(&["--limit", "1", "--period", "500ms"], &env);
+    assert_eq!(example.get(&[]).status, 200);
+    assert_eq!(example.get(&[]).status, 429);
+    thread::sleep(Duration::from_millis(600));
+    assert_eq!(example.get(&[]).status, 200, "refilled after 500 ms");
+}
