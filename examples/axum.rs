@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --example axum -- [--bind ADDR] [--redis URL] [--limit N] [--period DURATION]
 //!     [--burst N] [--algorithm NAME] [--on-redis-error open|closed]
+//!     [--redis-cluster URL,URL,...]
 //! ```
 //!
 //! Each client gets `--limit` requests per `--period`: a client is its `x-api-key` header when it
@@ -12,6 +13,7 @@
 //! Without `--redis` the server uses the Redis at `REDIS_URL` (or `redis://127.0.0.1:6379`) when
 //! one answers, otherwise an in-memory store, and says which. With `--redis` it always uses that
 //! Redis: if it is down, `--on-redis-error` decides (`open` admits, `closed` answers 503).
+//! `--redis-cluster` does the same on a Redis Cluster reached through any of its nodes.
 //!
 //! ```text
 //! $ cargo run --example axum -- --limit 3 --period 1m
@@ -39,6 +41,8 @@ options:
   --redis URL                   use this Redis, never the in-memory store
                                 [default: $REDIS_URL or redis://127.0.0.1:6379 if it answers,
                                 otherwise the in-memory store]
+  --redis-cluster URL,URL,...   use this Redis Cluster (any of its nodes), never the
+                                in-memory store
   --limit N                     requests per period and client [default: 10]
   --period DURATION             e.g. 500ms, 1s, 60s, 1m, 1h [default: 60s]
   --burst N                     requests allowed at once [default: the limit]
@@ -72,6 +76,8 @@ enum Backend {
     Auto,
     /// `--redis URL`: this Redis, whatever happens.
     Redis(String),
+    /// `--redis-cluster URL,URL,...`: this Redis Cluster, whatever happens.
+    Cluster(Vec<String>),
 }
 
 /// What the command line asked for instead of running.
@@ -122,9 +128,31 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, CliErro
         };
         match flag.as_str() {
             "--bind" => bind = value()?,
+            "--redis-cluster" => {
+                if backend != Backend::Auto {
+                    return Err(invalid("give one of --redis and --redis-cluster, once"));
+                }
+                let urls: Vec<String> = value()?
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|url| !url.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if urls.is_empty() {
+                    return Err(invalid("--redis-cluster needs at least one URL"));
+                }
+                RedisStore::cluster(urls.iter().map(String::as_str)).map_err(|e| {
+                    let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
+                    invalid(format!(
+                        "--redis-cluster: invalid URLs {}: {e}",
+                        shown.join(",")
+                    ))
+                })?;
+                backend = Backend::Cluster(urls);
+            }
             "--redis" => {
                 if backend != Backend::Auto {
-                    return Err(invalid("--redis given twice"));
+                    return Err(invalid("give one of --redis and --redis-cluster, once"));
                 }
                 let url = value()?;
                 redis::Client::open(url.as_str()).map_err(|e| {
@@ -270,6 +298,13 @@ async fn limiter(options: &Options) -> Result<Limiter, String> {
                 );
             }
             builder
+        }
+        Backend::Cluster(urls) => {
+            let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
+            let store = RedisStore::cluster(urls.iter().map(String::as_str))
+                .map_err(|e| format!("invalid Redis Cluster URLs {}: {e}", shown.join(",")))?;
+            println!("store: redis-cluster {}", shown.join(","));
+            Limiter::builder(store)
         }
         Backend::Auto => {
             let url = env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned());

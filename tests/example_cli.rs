@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redlimit::Algorithm;
-use support::{free_port, RedisServer};
+use support::{free_port, RedisCluster, RedisServer};
 
 /// How long the example may take to print `listening on`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -264,7 +264,16 @@ fn bad_flags_exit_non_zero_with_a_message() {
         (&["--on-redis-error", "maybe"], "--on-redis-error"),
         (&["--bind", "localhost"], "--bind"),
         (&["--redis", "not a url"], "--redis"),
-        (&["--redis", "redis://a/", "--redis", "redis://b/"], "twice"),
+        (&["--redis", "redis://a/", "--redis", "redis://b/"], "once"),
+        (
+            &["--redis", "redis://a/", "--redis-cluster", "redis://b/"],
+            "once",
+        ),
+        (
+            &["--redis-cluster", ","],
+            "--redis-cluster needs at least one URL",
+        ),
+        (&["--redis-cluster", "not a url"], "--redis-cluster"),
     ];
     for (args, message) in cases {
         let output = run_to_exit(args);
@@ -289,6 +298,7 @@ fn help_prints_usage_and_every_algorithm() {
     for flag in [
         "--bind",
         "--redis",
+        "--redis-cluster",
         "--limit",
         "--period",
         "--burst",
@@ -361,6 +371,38 @@ fn limits_with_redis_and_answers_429_with_headers() {
         "{keys:?}"
     );
     assert!(keys.iter().all(|k| !k.contains("secret-key-1")), "{keys:?}");
+}
+
+#[test]
+fn limits_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls().join(",");
+    let example = Example::start(
+        &["--redis-cluster", &urls, "--limit", "3", "--period", "1m"],
+        &[],
+    );
+    assert!(
+        example
+            .stdout
+            .iter()
+            .any(|l| l.starts_with("store: redis-cluster ")),
+        "{}",
+        example.output()
+    );
+    for i in 0..3 {
+        let response = example.get(&[("x-api-key", &format!("tenant-{i}"))]);
+        assert_eq!(response.status, 200, "{response:?}");
+    }
+    // Each API key is a client of its own, wherever its slot lives.
+    for i in 0..3 {
+        let key = [("x-api-key", format!("tenant-{i}"))];
+        let key = [(key[0].0, key[0].1.as_str())];
+        assert_eq!(example.get(&key).status, 200);
+        assert_eq!(example.get(&key).status, 200);
+        let denied = example.get(&key);
+        assert_eq!(denied.status, 429, "{denied:?}");
+        assert!(denied.header("retry-after").is_some());
+    }
 }
 
 #[test]
