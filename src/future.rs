@@ -25,7 +25,7 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody>,
-        config: Option<Arc<Config<K>>>,
+        config: Arc<Config<K>>,
         grpc: bool,
     }
 }
@@ -78,28 +78,28 @@ where
                 request: Some(request),
                 inner: Some(inner),
             },
-            config: Some(config),
+            config,
             grpc,
         }
     }
 
-    pub(crate) fn pass_through(future: S::Future) -> Self {
+    pub(crate) fn pass_through(future: S::Future, config: Arc<Config<K>>) -> Self {
         ResponseFuture {
             state: State::Calling {
                 future,
                 decision: None,
             },
-            config: None,
+            config,
             grpc: false,
         }
     }
 
-    pub(crate) fn missing_key(status: StatusCode, grpc: bool) -> Self {
+    pub(crate) fn missing_key(status: StatusCode, config: Arc<Config<K>>, grpc: bool) -> Self {
         ResponseFuture {
             state: State::Rejecting {
                 rejection: Some(Rejection::MissingKey(status)),
             },
-            config: None,
+            config,
             grpc,
         }
     }
@@ -149,8 +149,8 @@ where
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
                     let mut response = response.map(ResponseBody::inner);
-                    if let (Some(decision), Some(config)) = (decision, this.config.as_ref()) {
-                        config.headers.apply(response.headers_mut(), decision);
+                    if let Some(decision) = decision {
+                        this.config.headers.apply(response.headers_mut(), decision);
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -158,11 +158,7 @@ where
                     let rejection = rejection
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(self::reject(
-                        rejection,
-                        this.config.as_deref(),
-                        *this.grpc,
-                    )));
+                    return Poll::Ready(Ok(self::reject(rejection, this.config, *this.grpc)));
                 }
             };
             this.state.set(next);
@@ -170,19 +166,12 @@ where
     }
 }
 
-fn reject<B, K>(
-    rejection: Rejection,
-    config: Option<&Config<K>>,
-    grpc: bool,
-) -> Response<ResponseBody<B>> {
-    match (rejection, config) {
-        (Rejection::TooManyRequests(decision), Some(config)) => {
+fn reject<B, K>(rejection: Rejection, config: &Config<K>, grpc: bool) -> Response<ResponseBody<B>> {
+    match rejection {
+        Rejection::TooManyRequests(decision) => {
             response::too_many_requests(&decision, &config.headers, grpc)
         }
-        (Rejection::Unavailable(retry_after), _) => response::unavailable(retry_after, grpc),
-        (Rejection::MissingKey(status), _) => response::missing_key(status, grpc),
-        (Rejection::TooManyRequests(_), None) => {
-            unreachable!("a checked request always carries its config")
-        }
+        Rejection::Unavailable(retry_after) => response::unavailable(retry_after, grpc),
+        Rejection::MissingKey(status) => response::missing_key(status, grpc),
     }
 }

@@ -84,18 +84,20 @@ where
 
         let (parts, body) = request.into_parts();
         if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
-            return ResponseFuture::pass_through(inner.call(Request::from_parts(parts, body)));
+            let future = inner.call(Request::from_parts(parts, body));
+            return ResponseFuture::pass_through(future, config.clone());
         }
         let grpc = is_grpc(&parts.headers);
         let key = match (config.extractor.extract(&parts), &config.missing_key) {
             (Some(key), _) => key,
             (None, MissingKey::Shared(shared)) => shared.clone(),
             (None, MissingKey::Reject(status)) => {
-                return ResponseFuture::missing_key(*status, grpc);
+                return ResponseFuture::missing_key(*status, config.clone(), grpc);
             }
             (None, MissingKey::Allow) => {
                 tracing::debug!("request has no rate limit key; allowed by MissingKey::Allow");
-                return ResponseFuture::pass_through(inner.call(Request::from_parts(parts, body)));
+                let future = inner.call(Request::from_parts(parts, body));
+                return ResponseFuture::pass_through(future, config.clone());
             }
         };
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
