@@ -12,8 +12,11 @@ mod support;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use redlimit::algorithm::MAX_SLIDING_LOG_BURST;
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota, MAX_COUNT, MAX_PERIOD};
+use redlimit::{
+    Algorithm, Clock, Decision, Limiter, ManualClock, Quota, QuotaError, MAX_COUNT, MAX_PERIOD,
+};
 use support::RedisServer;
 
 /// The simulated start: half a second past 2023-11-14T22:13:20Z, so whole-second windows are
@@ -44,22 +47,24 @@ fn emission_based(algorithm: Algorithm) -> bool {
     matches!(algorithm.name(), "token-bucket" | "gcra")
 }
 
-/// The sliding log keeps one sorted-set entry per admitted unit: O(burst) time and memory per
-/// call, as its documentation says. A burst of 10^9 would keep Redis busy for minutes and take
-/// gigabytes, so the sliding log only runs the scenarios whose burst it can hold.
-const SLIDING_LOG_MAX_BURST: u64 = 100_000;
-
-/// Whether `algorithm` is meant to run `quota` (see [`SLIDING_LOG_MAX_BURST`]); prints the
-/// combinations left out.
+/// The sliding log keeps one sorted-set entry per admitted unit, so it refuses bursts above
+/// `MAX_SLIDING_LOG_BURST` with a typed error (checked here); the scenarios whose burst it holds
+/// run on it like on every other algorithm.
 fn holds(algorithm: Algorithm, quota: &Quota) -> bool {
-    let holds = algorithm.name() != "sliding-log" || quota.burst() <= SLIDING_LOG_MAX_BURST;
-    if !holds {
-        println!(
-            "{algorithm}: not run with burst {} (O(burst) per call)",
-            quota.burst()
-        );
+    match algorithm.supports(quota) {
+        Ok(()) => true,
+        Err(error) => {
+            assert_eq!(
+                algorithm,
+                Algorithm::SlidingLog,
+                "{algorithm} refused {quota:?}"
+            );
+            assert!(quota.burst() > MAX_SLIDING_LOG_BURST);
+            assert_eq!(error, QuotaError::BurstTooLargeForSlidingLog);
+            println!("{algorithm}: burst {} refused: {error}", quota.burst());
+            false
+        }
     }
-    holds
 }
 
 /// A Redis server and fresh keys.
