@@ -15,6 +15,34 @@ pin_project! {
     /// axum (`axum::body::Body`), tonic (`tonic::body::Body`) and hyper (`Full<Bytes>`,
     /// `Incoming`, `BoxBody<Bytes, _>`) all use, so the layer stacks under each of them; the
     /// error type is the inner body's own.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response, StatusCode};
+    /// use http_body_util::BodyExt;
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    /// use tower::{Service, ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut svc = ServiceBuilder::new()
+    ///     .layer(RateLimitLayer::new(
+    ///         Limiter::new(MemoryStore::new()),
+    ///         Quota::per_minute(1)?,
+    ///         GlobalKey::new("all"),
+    ///     ))
+    ///     .service_fn(|_: Request<String>| async {
+    ///         Ok::<_, Infallible>(Response::new(String::from("hello")))
+    ///     });
+    ///
+    /// let allowed = svc.ready().await?.call(Request::new(String::new())).await?;
+    /// assert_eq!(allowed.into_body().collect().await?.to_bytes(), "hello");
+    /// let denied = svc.ready().await?.call(Request::new(String::new())).await?;
+    /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(denied.into_body().collect().await?.to_bytes(), "rate limit exceeded\n");
+    /// # Ok(())
+    /// # }
+    /// ```
     #[derive(Debug)]
     pub struct ResponseBody<B> {
         #[pin]

@@ -51,6 +51,21 @@ pub(crate) fn system_now_micros() -> u64 {
 }
 
 /// A shared clock moved by hand, for deterministic tests. Clones share the same time.
+///
+/// Use it as [`Clock::Manual`]; see [`LimiterBuilder::clock`](crate::LimiterBuilder::clock)
+/// for a limiter driven by one.
+///
+/// ```
+/// use redlimit::ManualClock;
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new(Duration::from_secs(10));
+/// let shared = clock.clone();
+/// shared.advance(Duration::from_millis(5));
+/// assert_eq!(clock.now_micros(), 10_005_000);
+/// clock.set(Duration::from_secs(9)); // a clock step backwards
+/// assert_eq!(shared.now_micros(), 9_000_000);
+/// ```
 #[derive(Debug, Clone)]
 pub struct ManualClock {
     micros: Arc<AtomicU64>,

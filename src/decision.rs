@@ -41,12 +41,42 @@ impl Decision {
     pub const NEVER: Duration = Duration::MAX;
 
     /// True when the request's cost is larger than the quota can ever admit.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let quota = Quota::per_minute(10).unwrap();
+    /// let too_big = limiter.check_cost("k", &quota, 11).await;
+    /// assert!(too_big.decision().unwrap().never_allowed());
+    /// let fits = limiter.check_cost("k", &quota, 10).await;
+    /// assert!(!fits.decision().unwrap().never_allowed());
+    /// # }
+    /// ```
     pub fn never_allowed(&self) -> bool {
         self.retry_after == Self::NEVER
     }
 
     /// `retry_after` in whole seconds, rounded up: the HTTP `Retry-After` value (at least 1 for a
     /// denied request).
+    ///
+    /// ```
+    /// use redlimit::Decision;
+    /// use std::time::Duration;
+    ///
+    /// let denied = Decision {
+    ///     allowed: false,
+    ///     limit: 10,
+    ///     remaining: 0,
+    ///     retry_after: Duration::from_millis(1),
+    ///     reset_after: Duration::from_secs(6),
+    /// };
+    /// assert_eq!(denied.retry_after_secs(), 1); // never "come back in 0 seconds"
+    /// let allowed = Decision { allowed: true, retry_after: Duration::ZERO, ..denied };
+    /// assert_eq!(allowed.retry_after_secs(), 0);
+    /// ```
     pub fn retry_after_secs(&self) -> u64 {
         if self.allowed {
             0
@@ -56,6 +86,20 @@ impl Decision {
     }
 
     /// `reset_after` in whole seconds, rounded up.
+    ///
+    /// ```
+    /// use redlimit::Decision;
+    /// use std::time::Duration;
+    ///
+    /// let decision = Decision {
+    ///     allowed: true,
+    ///     limit: 10,
+    ///     remaining: 9,
+    ///     retry_after: Duration::ZERO,
+    ///     reset_after: Duration::from_millis(6_001),
+    /// };
+    /// assert_eq!(decision.reset_after_secs(), 7);
+    /// ```
     pub fn reset_after_secs(&self) -> u64 {
         secs_rounded_up(self.reset_after)
     }

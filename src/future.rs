@@ -18,7 +18,34 @@ use crate::response;
 use crate::Decision;
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit).
+    /// The response future of [`RateLimit`](crate::RateLimit): it waits for the limiter's
+    /// verdict, then calls the inner service or answers by itself.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response, StatusCode};
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota};
+    /// use redlimit::{RateLimitLayer, ResponseFuture};
+    /// use tower::{Service, ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut svc = ServiceBuilder::new()
+    ///     .layer(RateLimitLayer::new(
+    ///         Limiter::new(MemoryStore::new()),
+    ///         Quota::per_second(10)?,
+    ///         GlobalKey::new("all"),
+    ///     ))
+    ///     .service_fn(|_: Request<String>| async {
+    ///         Ok::<_, Infallible>(Response::new(String::new()))
+    ///     });
+    ///
+    /// let future: ResponseFuture<_, String, GlobalKey> =
+    ///     svc.ready().await?.call(Request::new(String::new()));
+    /// assert_eq!(future.await?.status(), StatusCode::OK);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub struct ResponseFuture<S, ReqBody, K>
     where
         S: Service<Request<ReqBody>>,

@@ -14,7 +14,38 @@ use crate::{ConfigError, Limiter, Quota, RateLimit};
 /// What happens to a request whose key cannot be extracted (no API-key header, no peer address).
 ///
 /// Never a silent bypass: the rule is explicit, and the default counts all such requests
-/// against one shared key.
+/// against one shared key. Set it with
+/// [`RateLimitLayerBuilder::on_missing_key`].
+///
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response, StatusCode};
+/// use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+/// use tower::{ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// assert_eq!(MissingKey::default(), MissingKey::Shared("unkeyed".to_owned()));
+///
+/// let layer = RateLimitLayer::builder(
+///     Limiter::new(MemoryStore::new()),
+///     Quota::per_minute(100)?,
+///     HeaderKey::named("x-api-key")?,
+/// )
+/// .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+/// .build()?;
+/// let svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service_fn(|_: Request<String>| async {
+///         Ok::<_, Infallible>(Response::new(String::new()))
+///     });
+///
+/// // No `x-api-key`: answered by the layer, the service is never called.
+/// let response = svc.oneshot(Request::new(String::new())).await?;
+/// assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
@@ -180,24 +211,128 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
 
     /// The policy name in the `RateLimit` headers (`default` by default): 1 to 64 characters of
     /// `[A-Za-z0-9._-]`.
+    ///
+    /// ```
+    /// # use std::convert::Infallible;
+    /// # use http::{Request, Response, StatusCode};
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
+    /// let get = |path: &str| Request::get(path).body(String::new()).unwrap();
+    /// let layer = RateLimitLayer::builder(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_minute(10)?,
+    ///     GlobalKey::new("all"),
+    /// )
+    /// .policy_name("api")
+    /// .build()?;
+    /// let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
+    /// let response = svc.oneshot(get("/")).await?;
+    /// assert_eq!(response.headers()["ratelimit-policy"], r#""api";q=10;w=60"#);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn policy_name(mut self, name: impl Into<String>) -> Self {
         self.policy_name = name.into();
         self
     }
 
     /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
+    ///
+    /// ```
+    /// # use std::convert::Infallible;
+    /// # use http::{Request, Response, StatusCode};
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
+    /// let get = |path: &str| Request::get(path).body(String::new()).unwrap();
+    /// let layer = RateLimitLayer::builder(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_minute(10)?,
+    ///     GlobalKey::new("all"),
+    /// )
+    /// .legacy_headers(true)
+    /// .build()?;
+    /// let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
+    /// let response = svc.oneshot(get("/")).await?;
+    /// assert_eq!(response.headers()["x-ratelimit-limit"], "10");
+    /// assert_eq!(response.headers()["x-ratelimit-remaining"], "9");
+    /// assert_eq!(response.headers()["x-ratelimit-reset"], "6"); // one request refills in 6 s
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn legacy_headers(mut self, enabled: bool) -> Self {
         self.legacy_headers = enabled;
         self
     }
 
     /// Weighs requests: the closure gives each request's cost (1 by default).
+    ///
+    /// ```
+    /// # use std::convert::Infallible;
+    /// # use http::{Request, Response, StatusCode};
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
+    /// let get = |path: &str| Request::get(path).body(String::new()).unwrap();
+    /// let layer = RateLimitLayer::builder(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_minute(10)?,
+    ///     GlobalKey::new("all"),
+    /// )
+    /// .cost(|parts| if parts.uri.path() == "/export" { 10 } else { 1 })
+    /// .build()?;
+    /// let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
+    /// assert_eq!(svc.clone().oneshot(get("/export")).await?.status(), StatusCode::OK);
+    /// // The export used up the minute's quota.
+    /// assert_eq!(svc.oneshot(get("/items")).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Box::new(cost));
         self
     }
 
     /// Exempts requests (health checks, say): those for which the closure is true pass unchecked.
+    ///
+    /// ```
+    /// # use std::convert::Infallible;
+    /// # use http::{Request, Response, StatusCode};
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
+    /// let get = |path: &str| Request::get(path).body(String::new()).unwrap();
+    /// let layer = RateLimitLayer::builder(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_minute(1)?,
+    ///     GlobalKey::new("all"),
+    /// )
+    /// .skip(|parts| parts.uri.path() == "/health")
+    /// .build()?;
+    /// let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
+    /// assert_eq!(svc.clone().oneshot(get("/items")).await?.status(), StatusCode::OK);
+    /// let limited = svc.clone().oneshot(get("/items")).await?;
+    /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// // Health checks still pass, and carry no rate-limit headers.
+    /// let health = svc.oneshot(get("/health")).await?;
+    /// assert_eq!(health.status(), StatusCode::OK);
+    /// assert!(!health.headers().contains_key("ratelimit"));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn skip(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
         self.skip = Some(Box::new(skip));
         self

@@ -63,7 +63,19 @@ impl Limiter {
             .expect("the default configuration is valid")
     }
 
-    /// Starts a builder.
+    /// Starts a builder; see [`LimiterBuilder`] for the options.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Algorithm, Limiter};
+    ///
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .algorithm(Algorithm::Gcra)
+    ///     .prefix("checkout")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(limiter.algorithm(), Algorithm::Gcra);
+    /// assert_eq!(limiter.storage_key("tenant-42"), "checkout:{tenant-42}");
+    /// ```
     pub fn builder(store: impl Store) -> LimiterBuilder {
         LimiterBuilder {
             store: Arc::new(store),
@@ -84,6 +96,24 @@ impl Limiter {
     ///
     /// A quota the algorithm cannot serve (see [`Algorithm::supports`]) is a programming error:
     /// it is logged and the request denied as never allowed, never waved through.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let quota = Quota::per_minute(10).unwrap();
+    /// // An export costs 8 of the 10 requests a minute.
+    /// assert!(limiter.check_cost("tenant-42", &quota, 8).await.is_allowed());
+    /// // Cost 0 peeks: what is left, without consuming it.
+    /// let peek = limiter.check_cost("tenant-42", &quota, 0).await;
+    /// assert_eq!(peek.decision().unwrap().remaining, 2);
+    /// // A cost above the burst can never pass.
+    /// let never = limiter.check_cost("tenant-42", &quota, 11).await;
+    /// assert!(never.decision().unwrap().never_allowed());
+    /// # }
+    /// ```
     pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
         if let Err(error) = self.inner.algorithm.supports(quota) {
             tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
@@ -132,6 +162,31 @@ impl Limiter {
     }
 
     /// Checks without the failure policy: the store's decision or its error.
+    ///
+    /// Unlike [`check_cost`](Self::check_cost), a quota the algorithm cannot serve is an error
+    /// here ([`StoreError::InvalidQuota`]).
+    ///
+    /// ```
+    /// use redlimit::store::{MemoryStore, StoreError};
+    /// use redlimit::{Algorithm, Limiter, Quota, QuotaError};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .algorithm(Algorithm::SlidingLog)
+    ///     .build()
+    ///     .unwrap();
+    /// let decision = limiter.try_check("k", &Quota::per_second(5).unwrap(), 1).await.unwrap();
+    /// assert_eq!(decision.remaining, 4);
+    ///
+    /// // The sliding log keeps one entry per request: a burst of a million is refused.
+    /// let huge = Quota::per_second(1_000_000).unwrap();
+    /// assert!(matches!(
+    ///     limiter.try_check("k", &huge, 1).await,
+    ///     Err(StoreError::InvalidQuota(QuotaError::BurstTooLargeForSlidingLog))
+    /// ));
+    /// # }
+    /// ```
     pub async fn try_check(
         &self,
         key: &str,
@@ -152,6 +207,17 @@ impl Limiter {
     /// The Redis key for `key`: `<prefix>:{<id>}`, where the braces make a Redis Cluster hash tag
     /// shared by every key of this limiter key, and `<id>` is the key itself when short and
     /// printable, or its SHA-256 otherwise (see [`key`](crate::key)).
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// assert_eq!(limiter.storage_key("tenant-42"), "redlimit:{tenant-42}");
+    /// // Braces would break the hash tag, and huge keys would bloat Redis: both are hashed.
+    /// let hashed = limiter.storage_key(&"{x}".repeat(10_000));
+    /// assert!(hashed.starts_with("redlimit:{#"));
+    /// assert_eq!(hashed.len(), "redlimit:{#}".len() + 64);
+    /// ```
     pub fn storage_key(&self, key: &str) -> String {
         format!("{}:{{{}}}", self.inner.prefix, storage_id(key))
     }
@@ -162,6 +228,21 @@ impl Limiter {
     }
 
     /// Counts of what this limiter (and its clones) decided so far.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, LimiterStats, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let quota = Quota::per_minute(1).unwrap();
+    /// limiter.check("k", &quota).await;
+    /// limiter.clone().check("k", &quota).await; // clones share the counters
+    /// let stats = limiter.stats();
+    /// assert_eq!((stats.allowed, stats.denied), (1, 1));
+    /// assert_eq!(stats, LimiterStats { allowed: 1, denied: 1, ..LimiterStats::default() });
+    /// # }
+    /// ```
     pub fn stats(&self) -> LimiterStats {
         self.inner.stats.snapshot()
     }
@@ -178,6 +259,24 @@ impl Limiter {
 }
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
+///
+/// Every option has a default: token bucket, prefix [`DEFAULT_PREFIX`], Redis server time,
+/// [`FailOpen`].
+///
+/// ```
+/// use redlimit::policy::LocalFallback;
+/// use redlimit::store::RedisStore;
+/// use redlimit::{Algorithm, Clock, Limiter};
+///
+/// let limiter = Limiter::builder(RedisStore::new("redis://127.0.0.1:6379")?)
+///     .algorithm(Algorithm::SlidingWindow)
+///     .prefix("api")
+///     .clock(Clock::Server)
+///     .failure_policy(LocalFallback::new(3))
+///     .build()?;
+/// assert_eq!(limiter.algorithm(), Algorithm::SlidingWindow);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct LimiterBuilder {
     store: Arc<dyn Store>,
     algorithm: Algorithm,
@@ -197,6 +296,16 @@ impl fmt::Debug for LimiterBuilder {
 
 impl LimiterBuilder {
     /// The algorithm (token bucket by default).
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Algorithm, Limiter};
+    ///
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .algorithm("fixed-window".parse().unwrap())
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(limiter.algorithm(), Algorithm::FixedWindow);
+    /// ```
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
         self
@@ -204,24 +313,93 @@ impl LimiterBuilder {
 
     /// The prefix of every Redis key (`redlimit` by default): 1 to 64 printable ASCII
     /// characters, without `{` or `}`.
+    ///
+    /// Give limiters that share a Redis different prefixes, so their keys never meet.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, ConfigError, Limiter};
+    ///
+    /// let search = Limiter::builder(MemoryStore::new()).prefix("rl:search").build().unwrap();
+    /// assert_eq!(search.storage_key("u1"), "rl:search:{u1}");
+    ///
+    /// let bad = Limiter::builder(MemoryStore::new()).prefix("has space").build();
+    /// assert_eq!(bad.err(), Some(ConfigError::InvalidPrefix));
+    /// ```
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// Whose clock decides (Redis server time by default).
+    ///
+    /// A [`ManualClock`](crate::ManualClock) makes refills deterministic in tests:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{store::MemoryStore, Clock, Limiter, ManualClock, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let clock = ManualClock::new(Duration::from_secs(1_000));
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .clock(Clock::Manual(clock.clone()))
+    ///     .build()
+    ///     .unwrap();
+    /// let quota = Quota::per_second(1).unwrap();
+    /// assert!(limiter.check("k", &quota).await.is_allowed());
+    /// assert!(!limiter.check("k", &quota).await.is_allowed());
+    /// clock.advance(Duration::from_secs(1)); // one token refills
+    /// assert!(limiter.check("k", &quota).await.is_allowed());
+    /// # }
+    /// ```
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
     }
 
     /// What a store failure means ([`FailOpen`] by default).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use futures::future::BoxFuture;
+    /// # use redlimit::{store::{CheckRequest, Store, StoreError}, Decision};
+    /// # #[derive(Debug)]
+    /// # struct Down;
+    /// # impl Store for Down {
+    /// #     fn check<'a>(
+    /// #         &'a self,
+    /// #         _: CheckRequest<'a>,
+    /// #     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    /// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
+    /// #     }
+    /// # }
+    /// use redlimit::{policy::FailClosed, Limiter, Quota, Verdict};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // `Down` is a store whose every call times out (see the `policy` module docs).
+    /// let limiter = Limiter::builder(Down)
+    ///     .failure_policy(FailClosed { retry_after: Duration::from_secs(2) })
+    ///     .build()
+    ///     .unwrap();
+    /// let verdict = limiter.check("k", &Quota::per_second(1).unwrap()).await;
+    /// assert_eq!(verdict, Verdict::FailedClosed { retry_after: Duration::from_secs(2) });
+    /// # }
+    /// ```
     pub fn failure_policy(mut self, policy: impl FailurePolicy) -> Self {
         self.policy = Arc::new(policy);
         self
     }
 
     /// Builds the limiter, validating the prefix.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, ConfigError, Limiter};
+    ///
+    /// assert!(Limiter::builder(MemoryStore::new()).build().is_ok());
+    /// let braces = Limiter::builder(MemoryStore::new()).prefix("a{b}").build();
+    /// assert_eq!(braces.err(), Some(ConfigError::InvalidPrefix));
+    /// ```
     pub fn build(self) -> Result<Limiter, ConfigError> {
         let valid = (1..=64).contains(&self.prefix.len())
             && self
@@ -245,6 +423,32 @@ impl LimiterBuilder {
 }
 
 /// A configuration the builders refuse.
+///
+/// ```
+/// use redlimit::key::GlobalKey;
+/// use redlimit::store::MemoryStore;
+/// use redlimit::{Algorithm, ConfigError, Limiter, Quota, QuotaError, RateLimitLayer};
+///
+/// let empty_prefix = Limiter::builder(MemoryStore::new()).prefix("").build();
+/// assert_eq!(empty_prefix.err(), Some(ConfigError::InvalidPrefix));
+///
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let quota = Quota::per_minute(10).unwrap();
+/// let bad_name = RateLimitLayer::builder(limiter, quota, GlobalKey::new("g"))
+///     .policy_name("no spaces")
+///     .build();
+/// assert_eq!(bad_name.err(), Some(ConfigError::InvalidPolicyName));
+///
+/// let log = Limiter::builder(MemoryStore::new())
+///     .algorithm(Algorithm::SlidingLog)
+///     .build()
+///     .unwrap();
+/// let huge = Quota::per_second(1_000_000).unwrap();
+/// let error = RateLimitLayer::builder(log, huge, GlobalKey::new("g")).build().unwrap_err();
+/// assert_eq!(error, ConfigError::Quota(QuotaError::BurstTooLargeForSlidingLog));
+/// // The message says what to do.
+/// assert!(error.to_string().contains("use sliding-window"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -260,7 +464,36 @@ pub enum ConfigError {
     Quota(#[from] crate::QuotaError),
 }
 
-/// What a limiter has decided since it was built.
+/// What a limiter has decided since it was built; see [`Limiter::stats`].
+///
+/// Export it to your metrics: a rising `store_errors` means Redis is in trouble while the
+/// failure policy keeps requests flowing.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use futures::future::BoxFuture;
+/// # use redlimit::{store::{CheckRequest, Store, StoreError}, Decision};
+/// # #[derive(Debug)]
+/// # struct Down;
+/// # impl Store for Down {
+/// #     fn check<'a>(
+/// #         &'a self,
+/// #         _: CheckRequest<'a>,
+/// #     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+/// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
+/// #     }
+/// # }
+/// use redlimit::{Limiter, LimiterStats, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // `Down` is a store whose every call times out (see the `policy` module docs).
+/// let limiter = Limiter::new(Down);
+/// assert!(limiter.check("k", &Quota::per_second(1).unwrap()).await.is_allowed());
+/// let stats = limiter.stats();
+/// assert_eq!(stats, LimiterStats { store_errors: 1, failed_open: 1, ..LimiterStats::default() });
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LimiterStats {
     /// Requests the store admitted.

@@ -13,6 +13,48 @@
 //!     .build()?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Examples
+//!
+//! What each policy answers while the store is down:
+//!
+//! ```
+//! use std::time::Duration;
+//! use futures::future::BoxFuture;
+//! use redlimit::policy::{FailClosed, LocalFallback, Verdict};
+//! use redlimit::store::{CheckRequest, Store, StoreError};
+//! use redlimit::{Decision, Limiter, Quota};
+//!
+//! /// A store whose every call times out, as a dead Redis would.
+//! #[derive(Debug)]
+//! struct Down;
+//!
+//! impl Store for Down {
+//!     fn check<'a>(&'a self, _: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+//!         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let quota = Quota::per_minute(100)?;
+//!
+//! // The default fails open: the request passes unchecked.
+//! let open = Limiter::new(Down);
+//! assert_eq!(open.check("k", &quota).await, Verdict::FailedOpen);
+//!
+//! // Fail closed: the layer answers 503 with `Retry-After: 1`.
+//! let closed = Limiter::builder(Down).failure_policy(FailClosed::default()).build()?;
+//! let retry_after = Duration::from_secs(1);
+//! assert_eq!(closed.check("k", &quota).await, Verdict::FailedClosed { retry_after });
+//!
+//! // Local fallback: one of 4 instances admits a quarter of the quota on its own.
+//! let local = Limiter::builder(Down).failure_policy(LocalFallback::new(4)).build()?;
+//! let decision = *local.check("k", &quota).await.decision().unwrap();
+//! assert_eq!((decision.allowed, decision.limit, decision.remaining), (true, 25, 24));
+//! # Ok(())
+//! # }
+//! ```
 
 use std::fmt;
 use std::time::Duration;
@@ -22,6 +64,24 @@ use crate::{Decision, Quota};
 
 /// The outcome of a check: a real decision, or what the failure policy chose when the store
 /// failed.
+///
+/// ```
+/// use redlimit::{store::MemoryStore, Limiter, Quota, Verdict};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let quota = Quota::per_minute(1).unwrap();
+/// assert!(limiter.check("k", &quota).await.is_allowed());
+/// match limiter.check("k", &quota).await {
+///     Verdict::Decided(decision) => {
+///         assert!(!decision.allowed);
+///         assert_eq!(decision.retry_after_secs(), 60); // one request a minute
+///     }
+///     other => panic!("the memory store never fails, got {other:?}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// A decision: from the store, or from a local fallback limiter.
@@ -37,6 +97,14 @@ pub enum Verdict {
 
 impl Verdict {
     /// Whether the request may proceed.
+    ///
+    /// ```
+    /// use redlimit::Verdict;
+    /// use std::time::Duration;
+    ///
+    /// assert!(Verdict::FailedOpen.is_allowed());
+    /// assert!(!Verdict::FailedClosed { retry_after: Duration::from_secs(1) }.is_allowed());
+    /// ```
     pub fn is_allowed(&self) -> bool {
         match self {
             Verdict::Decided(decision) => decision.allowed,
@@ -46,6 +114,18 @@ impl Verdict {
     }
 
     /// The decision, when there is one.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota, Verdict};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let verdict = limiter.check("k", &Quota::per_second(5).unwrap()).await;
+    /// assert_eq!(verdict.decision().map(|d| d.remaining), Some(4));
+    /// assert_eq!(Verdict::FailedOpen.decision(), None);
+    /// # }
+    /// ```
     pub fn decision(&self) -> Option<&Decision> {
         match self {
             Verdict::Decided(decision) => Some(decision),
@@ -55,6 +135,42 @@ impl Verdict {
 }
 
 /// What the policy knows about a failed check.
+///
+/// The limiter builds it; a test can build one to call a policy directly.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::policy::{FailureContext, FailurePolicy, Verdict};
+/// use redlimit::store::{CheckRequest, StoreError};
+/// use redlimit::{Algorithm, Quota};
+///
+/// /// Fails closed while Redis is slow (it may be overloaded), open on any other failure.
+/// #[derive(Debug)]
+/// struct ClosedOnTimeout;
+///
+/// impl FailurePolicy for ClosedOnTimeout {
+///     fn on_store_error(&self, ctx: &FailureContext<'_>) -> Verdict {
+///         match ctx.error {
+///             StoreError::Timeout(after) => Verdict::FailedClosed { retry_after: *after },
+///             _ => Verdict::FailedOpen,
+///         }
+///     }
+/// }
+///
+/// let quota = Quota::per_second(10).unwrap();
+/// let ctx = FailureContext {
+///     error: &StoreError::Timeout(Duration::from_millis(100)),
+///     request: CheckRequest {
+///         key: "redlimit:{tenant-42}",
+///         algorithm: Algorithm::TokenBucket,
+///         quota: &quota,
+///         cost: 1,
+///         now_micros: None,
+///     },
+/// };
+/// let retry_after = Duration::from_millis(100);
+/// assert_eq!(ClosedOnTimeout.on_store_error(&ctx), Verdict::FailedClosed { retry_after });
+/// ```
 #[derive(Debug)]
 pub struct FailureContext<'a> {
     /// Why the store failed.
@@ -90,6 +206,32 @@ pub trait FailurePolicy: Send + Sync + fmt::Debug + 'static {
 
 /// Admit every request while the store fails (the default): an outage shows in logs and
 /// metrics, not in customers' error rates.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use futures::future::BoxFuture;
+/// # use redlimit::{store::{CheckRequest, Store, StoreError}, Decision};
+/// # #[derive(Debug)]
+/// # struct Down;
+/// # impl Store for Down {
+/// #     fn check<'a>(
+/// #         &'a self,
+/// #         _: CheckRequest<'a>,
+/// #     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+/// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
+/// #     }
+/// # }
+/// use redlimit::{policy::{FailOpen, Verdict}, Limiter, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // `Down` is a store whose every call times out (see the module docs).
+/// let limiter = Limiter::builder(Down).failure_policy(FailOpen).build().unwrap();
+/// let verdict = limiter.check("k", &Quota::per_second(1).unwrap()).await;
+/// assert_eq!(verdict, Verdict::FailedOpen);
+/// assert_eq!(limiter.stats().failed_open, 1);
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FailOpen;
 
@@ -100,6 +242,44 @@ impl FailurePolicy for FailOpen {
 }
 
 /// Reject every request while the store fails: HTTP 503 with `Retry-After`.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use futures::future::BoxFuture;
+/// # use redlimit::{store::{CheckRequest, Store, StoreError}, Decision};
+/// # #[derive(Debug)]
+/// # struct Down;
+/// # impl Store for Down {
+/// #     fn check<'a>(
+/// #         &'a self,
+/// #         _: CheckRequest<'a>,
+/// #     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+/// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
+/// #     }
+/// # }
+/// use std::convert::Infallible;
+/// use http::{Request, Response, StatusCode};
+/// use redlimit::{key::GlobalKey, policy::FailClosed, Limiter, Quota, RateLimitLayer};
+/// use tower::{ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // `Down` is a store whose every call times out (see the module docs).
+/// let limiter = Limiter::builder(Down)
+///     .failure_policy(FailClosed { retry_after: Duration::from_secs(5) })
+///     .build()?;
+/// let svc = ServiceBuilder::new()
+///     .layer(RateLimitLayer::new(limiter, Quota::per_second(10)?, GlobalKey::new("all")))
+///     .service_fn(|_: Request<String>| async {
+///         Ok::<_, Infallible>(Response::new(String::new()))
+///     });
+///
+/// let response = svc.oneshot(Request::new(String::new())).await?;
+/// assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+/// assert_eq!(response.headers()["retry-after"], "5");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct FailClosed {
     /// The `Retry-After` sent with the 503 (1 s by default).
@@ -163,6 +343,17 @@ impl LocalFallback {
     }
 
     /// This instance's share of `quota`.
+    ///
+    /// ```
+    /// use redlimit::{policy::LocalFallback, Quota};
+    ///
+    /// let quota = Quota::per_minute(100)?.with_burst(10)?;
+    /// let share = LocalFallback::new(4).share(&quota);
+    /// assert_eq!((share.limit(), share.burst(), share.period()), (25, 2, quota.period()));
+    /// // Never less than one request.
+    /// assert_eq!(LocalFallback::new(1_000).share(&quota).limit(), 1);
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
     pub fn share(&self, quota: &Quota) -> Quota {
         let limit = (quota.limit() / self.instances).max(1);
         let burst = (quota.burst() / self.instances).max(1);

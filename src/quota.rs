@@ -13,6 +13,15 @@ pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
 pub const MAX_PERIOD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Why a quota could not be built.
+///
+/// ```
+/// use redlimit::{Quota, QuotaError};
+///
+/// assert_eq!(Quota::per_second(0), Err(QuotaError::ZeroLimit));
+/// let error = Quota::per_second(1).unwrap().with_burst(0).unwrap_err();
+/// assert_eq!(error, QuotaError::ZeroBurst);
+/// assert_eq!(error.to_string(), "quota burst must be at least 1 request");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum QuotaError {
     /// `limit` was 0: a quota must admit at least one request per period.
@@ -62,6 +71,17 @@ pub struct Quota {
 
 impl Quota {
     /// `limit` requests per `period`; the burst equals the limit.
+    ///
+    /// ```
+    /// use redlimit::{Quota, QuotaError};
+    /// use std::time::Duration;
+    ///
+    /// let quota = Quota::new(5, Duration::from_millis(500))?;
+    /// assert_eq!((quota.limit(), quota.burst()), (5, 5));
+    /// assert_eq!(quota.period(), Duration::from_millis(500));
+    /// assert_eq!(Quota::new(5, Duration::from_nanos(10)), Err(QuotaError::ZeroPeriod));
+    /// # Ok::<(), QuotaError>(())
+    /// ```
     pub fn new(limit: u64, period: Duration) -> Result<Self, QuotaError> {
         if limit == 0 {
             return Err(QuotaError::ZeroLimit);
@@ -83,27 +103,73 @@ impl Quota {
     }
 
     /// `requests` per second.
+    ///
+    /// ```
+    /// use redlimit::Quota;
+    /// use std::time::Duration;
+    ///
+    /// let quota = Quota::per_second(100)?;
+    /// assert_eq!((quota.limit(), quota.period()), (100, Duration::from_secs(1)));
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
     pub fn per_second(requests: u64) -> Result<Self, QuotaError> {
         Self::new(requests, Duration::from_secs(1))
     }
 
     /// `requests` per minute.
+    ///
+    /// ```
+    /// use redlimit::Quota;
+    /// use std::time::Duration;
+    ///
+    /// let quota = Quota::per_minute(100)?;
+    /// assert_eq!((quota.limit(), quota.period()), (100, Duration::from_secs(60)));
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
     pub fn per_minute(requests: u64) -> Result<Self, QuotaError> {
         Self::new(requests, Duration::from_secs(60))
     }
 
     /// `requests` per hour.
+    ///
+    /// ```
+    /// use redlimit::Quota;
+    /// use std::time::Duration;
+    ///
+    /// let quota = Quota::per_hour(100)?;
+    /// assert_eq!((quota.limit(), quota.period()), (100, Duration::from_secs(3600)));
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
     pub fn per_hour(requests: u64) -> Result<Self, QuotaError> {
         Self::new(requests, Duration::from_secs(3600))
     }
 
     /// `requests` per day.
+    ///
+    /// ```
+    /// use redlimit::Quota;
+    /// use std::time::Duration;
+    ///
+    /// let quota = Quota::per_day(100)?;
+    /// assert_eq!((quota.limit(), quota.period()), (100, Duration::from_secs(86_400)));
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
     pub fn per_day(requests: u64) -> Result<Self, QuotaError> {
         Self::new(requests, Duration::from_secs(24 * 3600))
     }
 
     /// The same rate with a different burst: how many requests may pass at once after a quiet
     /// spell. Window algorithms use it as the number of requests per window.
+    ///
+    /// ```
+    /// use redlimit::{Quota, QuotaError};
+    ///
+    /// // On average 1 request a second, but up to 30 at once after a quiet half-minute.
+    /// let quota = Quota::per_second(1)?.with_burst(30)?;
+    /// assert_eq!((quota.limit(), quota.burst()), (1, 30));
+    /// assert_eq!(quota.with_burst(0), Err(QuotaError::ZeroBurst));
+    /// # Ok::<(), QuotaError>(())
+    /// ```
     pub fn with_burst(self, burst: u64) -> Result<Self, QuotaError> {
         if burst == 0 {
             return Err(QuotaError::ZeroBurst);
@@ -115,16 +181,40 @@ impl Quota {
     }
 
     /// Requests admitted per [`period`](Self::period) in the long run.
+    ///
+    /// ```
+    /// use redlimit::Quota;
+    ///
+    /// assert_eq!(Quota::per_minute(100)?.with_burst(10)?.limit(), 100);
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// The period over which [`limit`](Self::limit) requests are admitted.
+    ///
+    /// ```
+    /// use redlimit::Quota;
+    /// use std::time::Duration;
+    ///
+    /// assert_eq!(Quota::per_hour(100)?.period(), Duration::from_secs(3600));
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
     pub fn period(&self) -> Duration {
         self.period
     }
 
     /// Requests that may pass at once (the bucket's capacity).
+    ///
+    /// ```
+    /// use redlimit::Quota;
+    ///
+    /// let quota = Quota::per_minute(100)?;
+    /// assert_eq!(quota.burst(), 100); // the limit, unless set
+    /// assert_eq!(quota.with_burst(5)?.burst(), 5);
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
     pub fn burst(&self) -> u64 {
         self.burst
     }

@@ -16,7 +16,40 @@ use crate::MissingKey;
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
 ///
-/// See the [crate docs](crate) for an example.
+/// See the [crate docs](crate) for a server. Allowed responses carry the `RateLimit` headers;
+/// denied requests are answered `429` with `Retry-After`, without calling the inner service:
+///
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response, StatusCode};
+/// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+/// use tower::{Service, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = RateLimitLayer::new(
+///     Limiter::new(MemoryStore::new()),
+///     Quota::per_minute(2)?,
+///     GlobalKey::new("all"),
+/// );
+/// let mut svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service_fn(|_: Request<String>| async {
+///         Ok::<_, Infallible>(Response::new(String::new()))
+///     });
+///
+/// let first = svc.ready().await?.call(Request::new(String::new())).await?;
+/// assert_eq!(first.status(), StatusCode::OK);
+/// assert_eq!(first.headers()["ratelimit-policy"], r#""default";q=2;w=60"#);
+/// assert_eq!(first.headers()["ratelimit"], r#""default";r=1;t=30"#);
+///
+/// svc.ready().await?.call(Request::new(String::new())).await?;
+/// let third = svc.ready().await?.call(Request::new(String::new())).await?;
+/// assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert_eq!(third.headers()["retry-after"], "30");
+/// # Ok(())
+/// # }
+/// ```
 pub struct RateLimit<S, K> {
     inner: S,
     config: Arc<Config<K>>,
@@ -28,16 +61,75 @@ impl<S, K> RateLimit<S, K> {
     }
 
     /// The inner service.
+    ///
+    /// ```
+    /// use axum::routing::get;
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    /// use tower::Layer;
+    ///
+    /// let layer = RateLimitLayer::new(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_second(10).unwrap(),
+    ///     GlobalKey::new("all"),
+    /// );
+    /// let app: axum::Router = axum::Router::new().route("/", get(|| async { "ok" }));
+    /// let svc = layer.layer(app);
+    /// assert!(svc.get_ref().has_routes());
+    /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
-    /// The inner service, mutably.
+    /// The inner service, mutably. Calls made through it skip the limiter.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response, StatusCode};
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    /// use tower::{Service, ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::new(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_minute(1)?,
+    ///     GlobalKey::new("all"),
+    /// );
+    /// let mut svc = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_: Request<String>| async {
+    ///         Ok::<_, Infallible>(Response::new(String::new()))
+    ///     });
+    /// svc.ready().await?.call(Request::new(String::new())).await?;
+    /// let limited = svc.ready().await?.call(Request::new(String::new())).await?;
+    /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    ///
+    /// let inner = svc.get_mut();
+    /// let direct = inner.ready().await?.call(Request::new(String::new())).await?;
+    /// assert_eq!(direct.status(), StatusCode::OK);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
 
     /// Consumes `self`, returning the inner service.
+    ///
+    /// ```
+    /// use axum::routing::get;
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    /// use tower::Layer;
+    ///
+    /// let layer = RateLimitLayer::new(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_second(10).unwrap(),
+    ///     GlobalKey::new("all"),
+    /// );
+    /// let app: axum::Router = axum::Router::new().route("/", get(|| async { "ok" }));
+    /// let app = layer.layer(app).into_inner(); // the router alone: unlimited again
+    /// assert!(app.has_routes());
+    /// ```
     pub fn into_inner(self) -> S {
         self.inner
     }

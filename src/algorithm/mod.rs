@@ -5,6 +5,34 @@
 //! runs. The mirror follows the script's steps in the same order with the same `f64` arithmetic
 //! (Lua numbers are doubles), so both give identical decisions; the differential tests hold them
 //! to that.
+//!
+//! # Examples
+//!
+//! Every [`Algorithm`] keeps the same contract: the burst passes, the next request is denied with
+//! the time to wait.
+//!
+//! ```
+//! use std::time::Duration;
+//! use redlimit::{store::MemoryStore, Algorithm, Clock, Limiter, ManualClock, Quota};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let quota = Quota::per_minute(2)?;
+//! for &algorithm in Algorithm::ALL {
+//!     // A clock that stands still, so no window ends between the checks.
+//!     let clock = ManualClock::new(Duration::from_secs(1_000_000));
+//!     let limiter = Limiter::builder(MemoryStore::new())
+//!         .algorithm(algorithm)
+//!         .clock(Clock::Manual(clock))
+//!         .build()?;
+//!     assert!(limiter.check("k", &quota).await.is_allowed(), "{algorithm}");
+//!     assert!(limiter.check("k", &quota).await.is_allowed(), "{algorithm}");
+//!     let denied = *limiter.check("k", &quota).await.decision().unwrap();
+//!     assert!(!denied.allowed && denied.retry_after > Duration::ZERO, "{algorithm}");
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 use std::fmt;
 use std::str::FromStr;
@@ -76,6 +104,16 @@ impl Algorithm {
     ];
 
     /// The name used on command lines and in logs, e.g. `token-bucket`.
+    ///
+    /// It parses back with [`str::parse`] and is what [`Display`](std::fmt::Display) writes.
+    ///
+    /// ```
+    /// use redlimit::Algorithm;
+    ///
+    /// assert_eq!(Algorithm::SlidingWindow.name(), "sliding-window");
+    /// assert_eq!(Algorithm::Gcra.to_string(), "gcra");
+    /// assert_eq!("gcra".parse::<Algorithm>(), Ok(Algorithm::Gcra));
+    /// ```
     pub fn name(&self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token-bucket",
@@ -151,6 +189,16 @@ impl fmt::Display for Algorithm {
 }
 
 /// An algorithm name that [`Algorithm::from_str`] does not know.
+///
+/// Its message lists the names that are known.
+///
+/// ```
+/// use redlimit::{algorithm::UnknownAlgorithm, Algorithm};
+///
+/// let error = "leaky-bucket".parse::<Algorithm>().unwrap_err();
+/// assert_eq!(error, UnknownAlgorithm("leaky-bucket".to_owned()));
+/// assert!(error.to_string().contains("expected one of: token-bucket, gcra,"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown algorithm {0:?}; expected one of: {names}", names = names())]
 pub struct UnknownAlgorithm(pub String);

@@ -45,6 +45,23 @@ impl HeaderKey {
     }
 
     /// Keys the hash with a secret shared by the whole fleet.
+    ///
+    /// ```
+    /// use redlimit::key::{HeaderKey, KeyExtractor};
+    ///
+    /// let (parts, _) = http::Request::builder()
+    ///     .header("authorization", "Bearer t0ken")
+    ///     .body(())
+    ///     .unwrap()
+    ///     .into_parts();
+    /// let instance_a = HeaderKey::named("authorization")?.with_secret("s3cret");
+    /// let instance_b = HeaderKey::named("authorization")?.with_secret("s3cret");
+    /// let plain = HeaderKey::named("authorization")?;
+    /// // The same secret on every instance: the same key for the same client.
+    /// assert_eq!(instance_a.extract(&parts), instance_b.extract(&parts));
+    /// assert_ne!(instance_a.extract(&parts), plain.extract(&parts));
+    /// # Ok::<(), http::header::InvalidHeaderName>(())
+    /// ```
     pub fn with_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
         self.secret = Some(secret.into());
         self

@@ -25,6 +25,45 @@
 //! let key = extractor.extract(&parts).unwrap();
 //! assert!(!key.contains("secret")); // hashed
 //! ```
+//!
+//! # Examples
+//!
+//! One quota per API key, and requests without one rejected:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response, StatusCode};
+//! use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = RateLimitLayer::builder(
+//!     Limiter::new(MemoryStore::new()),
+//!     Quota::per_minute(1)?,
+//!     HeaderKey::named("x-api-key")?,
+//! )
+//! .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+//! .build()?;
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service_fn(|_: Request<String>| async {
+//!         Ok::<_, Infallible>(Response::new(String::new()))
+//!     });
+//!
+//! let with_key = |key: &str| Request::builder().header("x-api-key", key).body(String::new());
+//! let alice = svc.ready().await?.call(with_key("alice")?).await?;
+//! assert_eq!(alice.status(), StatusCode::OK);
+//! // Each key has its own quota: alice has used hers, bob has not.
+//! let alice = svc.ready().await?.call(with_key("alice")?).await?;
+//! assert_eq!(alice.status(), StatusCode::TOO_MANY_REQUESTS);
+//! let bob = svc.ready().await?.call(with_key("bob")?).await?;
+//! assert_eq!(bob.status(), StatusCode::OK);
+//! let anonymous = svc.ready().await?.call(Request::new(String::new())).await?;
+//! assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::borrow::Cow;
 
@@ -47,6 +86,32 @@ pub const MAX_LITERAL_KEY_LEN: usize = 200;
 /// Extracts the rate-limit key from a request head.
 ///
 /// Implement it for custom keys, or use [`FnKey`] with a closure.
+///
+/// ```
+/// use http::request::Parts;
+/// use redlimit::key::KeyExtractor;
+///
+/// /// The tenant from the `Host` header: `acme.example.com` counts as `tenant:acme`.
+/// #[derive(Debug)]
+/// struct Subdomain;
+///
+/// impl KeyExtractor for Subdomain {
+///     fn extract(&self, parts: &Parts) -> Option<String> {
+///         let host = parts.headers.get(http::header::HOST)?.to_str().ok()?;
+///         let (tenant, _) = host.split_once('.')?;
+///         Some(format!("tenant:{tenant}"))
+///     }
+/// }
+///
+/// let (parts, _) = http::Request::builder()
+///     .header("host", "acme.example.com")
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// assert_eq!(Subdomain.extract(&parts).as_deref(), Some("tenant:acme"));
+/// let (parts, _) = http::Request::new(()).into_parts();
+/// assert_eq!(Subdomain.extract(&parts), None); // no key: see `MissingKey`
+/// ```
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key for this request, or `None` when it has none.
     fn extract(&self, parts: &Parts) -> Option<String>;

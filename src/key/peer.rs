@@ -66,12 +66,46 @@ impl PeerIp {
 
     /// The forwarding header read from trusted proxies (`x-forwarded-for` by default), a
     /// comma-separated list of addresses, the nearest hop last.
+    ///
+    /// ```
+    /// use redlimit::key::{KeyExtractor, PeerIp};
+    /// use http::HeaderName;
+    /// use std::net::SocketAddr;
+    ///
+    /// let extractor = PeerIp::new()
+    ///     .trust_proxies(["192.0.2.10".parse()?])
+    ///     .forwarded_header(HeaderName::from_static("x-real-ip"));
+    /// let mut request = http::Request::builder()
+    ///     .header("x-real-ip", "203.0.113.7")
+    ///     .body(())
+    ///     .unwrap();
+    /// request.extensions_mut().insert("192.0.2.10:4000".parse::<SocketAddr>().unwrap());
+    /// let (parts, _) = request.into_parts();
+    /// assert_eq!(extractor.extract(&parts).as_deref(), Some("ip:203.0.113.7"));
+    /// # Ok::<(), redlimit::key::InvalidCidr>(())
+    /// ```
     pub fn forwarded_header(mut self, name: HeaderName) -> Self {
         self.forwarded_header = name;
         self
     }
 
     /// How many leading bits of an IPv6 address form the key (64 by default, at most 128).
+    ///
+    /// ```
+    /// use redlimit::key::{KeyExtractor, PeerIp};
+    /// use std::net::SocketAddr;
+    ///
+    /// let key = |extractor: &PeerIp, peer: &str| {
+    ///     let mut request = http::Request::new(());
+    ///     request.extensions_mut().insert(peer.parse::<SocketAddr>().unwrap());
+    ///     extractor.extract(&request.into_parts().0).unwrap()
+    /// };
+    /// let by_64 = PeerIp::new();
+    /// assert_eq!(key(&by_64, "[2001:db8:1:2::7]:443"), "ip:2001:db8:1:2::/64");
+    /// // A /48 puts a whole site under one key.
+    /// let by_48 = PeerIp::new().ipv6_prefix(48);
+    /// assert_eq!(key(&by_48, "[2001:db8:1:2::7]:443"), key(&by_48, "[2001:db8:1:ffff::1]:443"));
+    /// ```
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
         self.ipv6_prefix = bits.min(128);
         self
@@ -159,6 +193,21 @@ fn canonical(ip: IpAddr) -> IpAddr {
 }
 
 /// A network in CIDR notation (`10.0.0.0/8`, `2001:db8::/32`) or a single address.
+///
+/// Parse it with [`str::parse`]; see [`PeerIp::trust_proxies`].
+///
+/// ```
+/// use redlimit::key::Cidr;
+/// use std::net::IpAddr;
+///
+/// let private: Cidr = "10.0.0.0/8".parse()?;
+/// assert!(private.contains("10.20.30.40".parse::<IpAddr>().unwrap()));
+/// assert!(!private.contains("11.0.0.1".parse::<IpAddr>().unwrap()));
+///
+/// let single: Cidr = "2001:db8::1".parse()?; // an address alone is a /128 (IPv4: /32)
+/// assert_eq!(single.to_string(), "2001:db8::1/128");
+/// # Ok::<(), redlimit::key::InvalidCidr>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {
     network: IpAddr,
@@ -166,12 +215,31 @@ pub struct Cidr {
 }
 
 /// A string that is not a CIDR network or an IP address.
+///
+/// ```
+/// use redlimit::key::Cidr;
+///
+/// let error = "10.0.0.0/33".parse::<Cidr>().unwrap_err();
+/// assert!(error.to_string().contains("e.g. 10.0.0.0/8"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid network {0:?}: expected an address or address/prefix, e.g. 10.0.0.0/8")]
 pub struct InvalidCidr(String);
 
 impl Cidr {
-    /// Whether `ip` is inside this network.
+    /// Whether `ip` is inside this network. An IPv4-mapped IPv6 address counts as the IPv4
+    /// address.
+    ///
+    /// ```
+    /// use redlimit::key::Cidr;
+    /// use std::net::IpAddr;
+    ///
+    /// let proxies: Cidr = "192.0.2.0/24".parse()?;
+    /// assert!(proxies.contains("192.0.2.9".parse::<IpAddr>().unwrap()));
+    /// assert!(proxies.contains("::ffff:192.0.2.9".parse::<IpAddr>().unwrap()));
+    /// assert!(!proxies.contains("2001:db8::1".parse::<IpAddr>().unwrap()));
+    /// # Ok::<(), redlimit::key::InvalidCidr>(())
+    /// ```
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.network, canonical(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {

@@ -95,6 +95,21 @@ impl MemoryStore {
     }
 
     /// A store holding at most `max_keys` keys (rounded up to a multiple of 64, at least 64).
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = MemoryStore::with_max_keys(1_024);
+    /// let limiter = Limiter::new(store.clone()); // clones share the keys
+    /// let quota = Quota::per_hour(10).unwrap();
+    /// for client in 0..10_000 {
+    ///     limiter.check(&format!("client-{client}"), &quota).await;
+    /// }
+    /// assert!(store.len() <= 1_024); // a flood of keys cannot grow memory
+    /// # }
+    /// ```
     pub fn with_max_keys(max_keys: usize) -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -121,6 +136,23 @@ impl MemoryStore {
     }
 
     /// Decides synchronously: the whole step runs under the key's shard lock.
+    ///
+    /// ```
+    /// use redlimit::store::{CheckRequest, MemoryStore};
+    /// use redlimit::{Algorithm, Quota};
+    ///
+    /// let store = MemoryStore::new();
+    /// let quota = Quota::per_minute(3).unwrap();
+    /// let request = CheckRequest {
+    ///     key: "redlimit:{k}",
+    ///     algorithm: Algorithm::FixedWindow,
+    ///     quota: &quota,
+    ///     cost: 1,
+    ///     now_micros: None, // the system clock
+    /// };
+    /// assert_eq!(store.check_now(request).remaining, 2);
+    /// assert_eq!(store.len(), 1);
+    /// ```
     pub fn check_now(&self, request: CheckRequest<'_>) -> Decision {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
         let quota = request.quota;

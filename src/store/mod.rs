@@ -1,4 +1,30 @@
 //! Where decisions are made: the [`Store`] trait, [`RedisStore`] and [`MemoryStore`].
+//!
+//! A [`Limiter`](crate::Limiter) holds one store. [`RedisStore`] shares every limit across the
+//! fleet; [`MemoryStore`] runs the same algorithms in this process and gives the same decisions,
+//! for a single instance, for tests, and for the
+//! [`LocalFallback`](crate::policy::LocalFallback) policy.
+//!
+//! # Examples
+//!
+//! ```
+//! use redlimit::store::{MemoryStore, RedisStore};
+//! use redlimit::{Limiter, Quota};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // In production: one Redis for the whole fleet. Creating it does not connect yet.
+//! let fleet = Limiter::new(RedisStore::new("redis://127.0.0.1:6379")?);
+//!
+//! // In tests (or on a single instance): the same decisions, in memory.
+//! let local = Limiter::new(MemoryStore::new());
+//! let quota = Quota::per_minute(2)?;
+//! assert!(local.check("client-1", &quota).await.is_allowed());
+//! assert!(local.check("client-1", &quota).await.is_allowed());
+//! assert!(!local.check("client-1", &quota).await.is_allowed());
+//! # Ok(())
+//! # }
+//! ```
 
 use std::time::Duration;
 
@@ -15,6 +41,28 @@ pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS};
 pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_TIMEOUT};
 
 /// One decision to make: which key, under which algorithm and quota, at what cost.
+///
+/// The [`Limiter`](crate::Limiter) builds one per check; calling a store directly is for tests
+/// and custom stores.
+///
+/// ```
+/// use redlimit::store::{CheckRequest, MemoryStore};
+/// use redlimit::{Algorithm, Quota};
+///
+/// let store = MemoryStore::new();
+/// let quota = Quota::per_second(2).unwrap();
+/// let request = CheckRequest {
+///     key: "redlimit:{tenant-42}",
+///     algorithm: Algorithm::Gcra,
+///     quota: &quota,
+///     cost: 2,
+///     now_micros: Some(1_000_000), // a fixed client time: deterministic
+/// };
+/// assert!(store.check_now(request).allowed);
+/// let again = store.check_now(CheckRequest { cost: 1, ..request });
+/// assert!(!again.allowed);
+/// assert_eq!(again.retry_after.as_millis(), 500); // one request every 500 ms
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct CheckRequest<'a> {
     /// The storage key: already bounded and hash-tagged by the [`Limiter`](crate::Limiter),
@@ -35,6 +83,44 @@ pub struct CheckRequest<'a> {
 ///
 /// Implemented by [`RedisStore`] (one Lua script per decision) and [`MemoryStore`] (the same
 /// algorithms in process). The future is boxed so a limiter can hold any store behind `dyn`.
+///
+/// A custom store usually wraps one of them, e.g. to count or route calls:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use futures::future::BoxFuture;
+/// use redlimit::store::{CheckRequest, MemoryStore, Store, StoreError};
+/// use redlimit::{Decision, Limiter, Quota};
+///
+/// /// Counts the checks that reach the store, and lets a `MemoryStore` decide.
+/// #[derive(Debug, Default)]
+/// struct Counted {
+///     inner: MemoryStore,
+///     checks: Arc<AtomicU64>,
+/// }
+///
+/// impl Store for Counted {
+///     fn check<'a>(
+///         &'a self,
+///         request: CheckRequest<'a>,
+///     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+///         self.checks.fetch_add(1, Ordering::Relaxed);
+///         self.inner.check(request)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = Counted::default();
+/// let checks = store.checks.clone();
+/// let limiter = Limiter::new(store);
+/// let quota = Quota::per_minute(1).unwrap();
+/// assert!(limiter.check("k", &quota).await.is_allowed());
+/// assert!(!limiter.check("k", &quota).await.is_allowed());
+/// assert_eq!(checks.load(Ordering::Relaxed), 2);
+/// # }
+/// ```
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Decides one request and records its cost when admitted.
     fn check<'a>(
@@ -45,6 +131,36 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
 /// Why a store could not decide. The [`FailurePolicy`](crate::FailurePolicy) turns it into an
 /// outcome.
+///
+/// [`Limiter::try_check`](crate::Limiter::try_check) returns it as it is:
+///
+/// ```
+/// use std::time::Duration;
+/// use futures::future::BoxFuture;
+/// use redlimit::store::{CheckRequest, Store, StoreError};
+/// use redlimit::{Decision, Limiter, Quota};
+///
+/// /// A store whose every call times out, as a dead Redis would.
+/// #[derive(Debug)]
+/// struct Down;
+///
+/// impl Store for Down {
+///     fn check<'a>(&'a self, _: CheckRequest<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+///         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let limiter = Limiter::new(Down);
+/// let quota = Quota::per_second(1).unwrap();
+/// let error = limiter.try_check("k", &quota, 1).await.unwrap_err();
+/// assert!(matches!(error, StoreError::Timeout(_)));
+/// assert_eq!(error.to_string(), "store timed out after 100ms");
+/// // `check` hands the same error to the failure policy, which fails open by default.
+/// assert!(limiter.check("k", &quota).await.is_allowed());
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {

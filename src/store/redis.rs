@@ -102,6 +102,17 @@ impl RedisStore {
     }
 
     /// Starts a builder for a store on a Redis Cluster.
+    ///
+    /// ```no_run
+    /// use redlimit::store::RedisStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = RedisStore::cluster_builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .timeout(Duration::from_millis(50))
+    ///     .build()?;
+    /// assert_eq!(store.timeout(), Duration::from_millis(50));
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
     pub fn cluster_builder<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
     ) -> RedisStoreBuilder {
@@ -118,11 +129,27 @@ impl RedisStore {
     }
 
     /// The time a call may take before it counts as a failure.
+    ///
+    /// ```
+    /// use redlimit::store::{RedisStore, DEFAULT_TIMEOUT};
+    ///
+    /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
+    /// assert_eq!(store.timeout(), DEFAULT_TIMEOUT);
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
     /// Whether the circuit breaker is open (Redis is being skipped).
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
+    /// assert!(!store.circuit_open()); // closed until calls fail
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
     pub fn circuit_open(&self) -> bool {
         self.breaker.as_ref().is_some_and(|b| b.is_open())
     }
@@ -245,6 +272,21 @@ impl Drop for Unsettled<'_> {
 }
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`] and [`RedisStore::cluster_builder`].
+///
+/// Building never connects: only a malformed URL fails.
+///
+/// ```
+/// use redlimit::store::RedisStore;
+/// use std::time::Duration;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .timeout(Duration::from_millis(20))
+///     .without_circuit_breaker()
+///     .build()?;
+/// assert_eq!(store.timeout(), Duration::from_millis(20));
+/// assert!(RedisStore::builder("not a url").build().is_err());
+/// # Ok::<(), redis::RedisError>(())
+/// ```
 pub struct RedisStoreBuilder {
     backend: Result<Backend, RedisError>,
     timeout: Duration,
