@@ -73,6 +73,8 @@ pub(crate) struct Config<K> {
     pub quota: Quota,
     pub extractor: K,
     pub missing_key: MissingKey,
+    /// The scope of this layer's keys and the name in its headers.
+    pub policy_name: String,
     pub headers: HeaderStyle,
     pub cost: Option<Box<CostFn>>,
     pub skip: Option<Box<SkipFn>>,
@@ -210,7 +212,9 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     }
 
     /// The policy name in the `RateLimit` headers (`default` by default): 1 to 64 characters of
-    /// `[A-Za-z0-9._-]`.
+    /// `[A-Za-z0-9._-]`. It is also the scope of the layer's keys
+    /// (`redlimit:{<key>}:<policy name>`): give stacked layers different names and each keeps
+    /// its own count.
     ///
     /// ```
     /// # use std::convert::Infallible;
@@ -354,13 +358,19 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     }
 
     fn into_layer(self) -> RateLimitLayer<K> {
-        let headers = HeaderStyle::new(&self.policy_name, &self.quota, self.legacy_headers);
+        let headers = HeaderStyle::new(
+            &self.policy_name,
+            &self.quota,
+            self.limiter.algorithm(),
+            self.legacy_headers,
+        );
         RateLimitLayer {
             config: Arc::new(Config {
                 limiter: self.limiter,
                 quota: self.quota,
                 extractor: self.extractor,
                 missing_key: self.missing_key,
+                policy_name: self.policy_name,
                 headers,
                 cost: self.cost,
                 skip: self.skip,

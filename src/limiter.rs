@@ -87,6 +87,11 @@ impl Limiter {
     }
 
     /// Checks one request of cost 1.
+    ///
+    /// The state of a key belongs to one quota: checking the same key under two different
+    /// quotas would mix their counts. To apply several quotas to one key (2 a second and 100 a
+    /// minute), check each in its own scope with [`check_scoped`](Self::check_scoped), as
+    /// [`RateLimitLayer`](crate::RateLimitLayer) does with its policy name.
     pub async fn check(&self, key: &str, quota: &Quota) -> Verdict {
         self.check_cost(key, quota, 1).await
     }
@@ -115,6 +120,37 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
+        self.decide(self.storage_key(key), quota, cost).await
+    }
+
+    /// Checks one request of `cost` units for `key` within `scope`: each scope keeps its own
+    /// state, so several quotas can apply to the same key. The scope is stored after the hash
+    /// tag (`redlimit:{tenant-42}:per-minute`), so all scopes of a key share a Cluster slot.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let per_second = Quota::per_second(2).unwrap();
+    /// let per_minute = Quota::per_minute(3).unwrap();
+    /// for _ in 0..2 {
+    ///     assert!(limiter.check_scoped("second", "t", &per_second, 1).await.is_allowed());
+    ///     assert!(limiter.check_scoped("minute", "t", &per_minute, 1).await.is_allowed());
+    /// }
+    /// // The per-second scope is spent; the per-minute one still has one left.
+    /// assert!(!limiter.check_scoped("second", "t", &per_second, 1).await.is_allowed());
+    /// assert!(limiter.check_scoped("minute", "t", &per_minute, 1).await.is_allowed());
+    /// assert_eq!(limiter.scoped_storage_key("minute", "t"), "redlimit:{t}:minute");
+    /// # }
+    /// ```
+    pub async fn check_scoped(&self, scope: &str, key: &str, quota: &Quota, cost: u64) -> Verdict {
+        self.decide(self.scoped_storage_key(scope, key), quota, cost)
+            .await
+    }
+
+    async fn decide(&self, storage_key: String, quota: &Quota, cost: u64) -> Verdict {
         if let Err(error) = self.inner.algorithm.supports(quota) {
             tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
             let decision = Decision {
@@ -127,7 +163,6 @@ impl Limiter {
             self.inner.stats.count_decision(&decision);
             return Verdict::Decided(decision);
         }
-        let storage_key = self.storage_key(key);
         let request = self.request(&storage_key, quota, cost);
         let stats = &self.inner.stats;
         match self.inner.store.check(request).await {
@@ -220,6 +255,17 @@ impl Limiter {
     /// ```
     pub fn storage_key(&self, key: &str) -> String {
         format!("{}:{{{}}}", self.inner.prefix, storage_id(key))
+    }
+
+    /// The Redis key for `key` within `scope` (see [`check_scoped`](Self::check_scoped)):
+    /// `<prefix>:{<id>}:<scope>`, the scope bounded like a key.
+    pub fn scoped_storage_key(&self, scope: &str, key: &str) -> String {
+        format!(
+            "{}:{{{}}}:{}",
+            self.inner.prefix,
+            storage_id(key),
+            storage_id(scope)
+        )
     }
 
     /// The algorithm that decides.

@@ -17,7 +17,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use crate::body::ResponseBody;
 use crate::decision::secs_rounded_up;
-use crate::{Decision, Quota};
+use crate::{Algorithm, Decision, Quota};
 
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -48,9 +48,9 @@ pub(crate) struct HeaderStyle {
 
 impl HeaderStyle {
     /// `name` must already be validated (`[A-Za-z0-9._-]`).
-    pub(crate) fn new(name: &str, quota: &Quota, legacy: bool) -> Self {
+    pub(crate) fn new(name: &str, quota: &Quota, algorithm: Algorithm, legacy: bool) -> Self {
         let quoted_name = format!("\"{name}\"");
-        let (q, w) = policy_window(quota);
+        let (q, w) = policy_window(quota, algorithm);
         let policy = HeaderValue::try_from(format!("{quoted_name};q={q};w={w}"))
             .unwrap_or_else(|_| HeaderValue::from_static("\"default\""));
         HeaderStyle {
@@ -78,11 +78,17 @@ impl HeaderStyle {
             self.retry_after_secs(decision)
         };
         let state = format!("{};r={};t={}", self.quoted_name, decision.remaining, t);
-        headers.insert(RATELIMIT_POLICY.clone(), self.policy.clone());
+        // Appended, not inserted: with stacked layers every policy shows up as its own item.
+        headers.append(RATELIMIT_POLICY.clone(), self.policy.clone());
         if let Ok(value) = HeaderValue::try_from(state) {
-            headers.insert(RATELIMIT.clone(), value);
+            headers.append(RATELIMIT.clone(), value);
         }
-        if self.legacy {
+        // The legacy headers hold one policy: the most restrictive one (least remaining) wins.
+        let tighter = headers
+            .get(&X_REMAINING)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .is_none_or(|remaining| decision.remaining < remaining);
+        if self.legacy && tighter {
             headers.insert(X_LIMIT.clone(), decision.limit.into());
             headers.insert(X_REMAINING.clone(), decision.remaining.into());
             headers.insert(X_RESET.clone(), decision.reset_after_secs().into());
@@ -91,12 +97,18 @@ impl HeaderStyle {
 }
 
 /// `q` and `w` of `RateLimit-Policy`: whole seconds; a sub-second quota is scaled to one second.
-fn policy_window(quota: &Quota) -> (u64, u64) {
+/// `q` is what a window admits: the limit for the rate algorithms, the burst (their capacity per
+/// window) for the window algorithms.
+fn policy_window(quota: &Quota, algorithm: Algorithm) -> (u64, u64) {
+    let per_window = match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => quota.burst(),
+        _ => quota.limit(),
+    };
     let period = quota.period();
     if period >= Duration::from_secs(1) {
-        (quota.limit(), secs_rounded_up(period))
+        (per_window, secs_rounded_up(period))
     } else {
-        let per_second = quota.limit() as u128 * 1_000_000 / period.as_micros().max(1);
+        let per_second = per_window as u128 * 1_000_000 / period.as_micros().max(1);
         (per_second.min(u64::MAX as u128) as u64, 1)
     }
 }
@@ -145,8 +157,15 @@ pub(crate) fn unavailable<B>(retry_after: Duration, grpc: bool) -> Response<Resp
 /// The answer when a request has no key and the rule says reject.
 pub(crate) fn missing_key<B>(status: StatusCode, grpc: bool) -> Response<ResponseBody<B>> {
     if grpc {
-        // INVALID_ARGUMENT.
-        grpc_response("3", "no rate limit key in request")
+        // The gRPC status closest to the configured HTTP one.
+        let code = match status {
+            StatusCode::UNAUTHORIZED => "16",        // UNAUTHENTICATED
+            StatusCode::FORBIDDEN => "7",            // PERMISSION_DENIED
+            StatusCode::TOO_MANY_REQUESTS => "8",    // RESOURCE_EXHAUSTED
+            StatusCode::SERVICE_UNAVAILABLE => "14", // UNAVAILABLE
+            _ => "3",                                // INVALID_ARGUMENT
+        };
+        grpc_response(code, "no rate limit key in request")
     } else {
         text_response(status, "no rate limit key in request\n")
     }
@@ -177,17 +196,55 @@ mod tests {
 
     #[test]
     fn policy_window_in_whole_seconds() {
-        assert_eq!(policy_window(&Quota::per_minute(100).unwrap()), (100, 60));
+        assert_eq!(
+            policy_window(&Quota::per_minute(100).unwrap(), Algorithm::TokenBucket),
+            (100, 60)
+        );
         let half_second = Quota::new(5, Duration::from_millis(500)).unwrap();
-        assert_eq!(policy_window(&half_second), (10, 1));
+        assert_eq!(policy_window(&half_second, Algorithm::TokenBucket), (10, 1));
         let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
-        assert_eq!(policy_window(&odd), (3, 2));
+        assert_eq!(policy_window(&odd, Algorithm::TokenBucket), (3, 2));
+    }
+
+    #[test]
+    fn window_algorithms_advertise_their_capacity_per_window() {
+        let quota = Quota::per_minute(10).unwrap().with_burst(50).unwrap();
+        assert_eq!(policy_window(&quota, Algorithm::TokenBucket), (10, 60));
+        assert_eq!(policy_window(&quota, Algorithm::Gcra), (10, 60));
+        for window in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
+        ] {
+            assert_eq!(policy_window(&quota, window), (50, 60), "{window}");
+        }
+    }
+
+    #[test]
+    fn stacked_policies_are_all_listed_and_legacy_keeps_the_tightest() {
+        let quota = Quota::per_minute(100).unwrap();
+        let outer = HeaderStyle::new("minute", &quota, Algorithm::TokenBucket, true);
+        let inner = HeaderStyle::new("second", &quota, Algorithm::TokenBucket, true);
+        let decision = |remaining| Decision {
+            allowed: true,
+            limit: 100,
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::from_secs(1),
+        };
+        let mut headers = HeaderMap::new();
+        inner.apply(&mut headers, &decision(1));
+        outer.apply(&mut headers, &decision(98));
+        let states: Vec<_> = headers.get_all("ratelimit").iter().collect();
+        assert_eq!(states, ["\"second\";r=1;t=1", "\"minute\";r=98;t=1"]);
+        assert_eq!(headers.get_all("ratelimit-policy").iter().count(), 2);
+        assert_eq!(headers["x-ratelimit-remaining"], "1");
     }
 
     #[test]
     fn headers_describe_the_decision() {
         let quota = Quota::per_minute(10).unwrap();
-        let style = HeaderStyle::new("api", &quota, true);
+        let style = HeaderStyle::new("api", &quota, Algorithm::TokenBucket, true);
         let decision = Decision {
             allowed: true,
             limit: 10,

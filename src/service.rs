@@ -194,14 +194,23 @@ where
         };
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
 
-        let limiter = config.limiter.clone();
-        let quota = config.quota;
-        let check = Box::pin(async move { limiter.check_cost(&key, &quota, cost).await });
+        // Each layer counts in the scope of its policy name, so stacked layers with different
+        // quotas on the same key keep separate state.
+        let checker = config.clone();
+        let check = Box::pin(async move {
+            let Config {
+                limiter,
+                policy_name,
+                quota,
+                ..
+            } = &*checker;
+            limiter.check_scoped(policy_name, &key, quota, cost).await
+        });
         ResponseFuture::checking(
             check,
             Request::from_parts(parts, body),
             inner,
-            self.config.clone(),
+            config.clone(),
             grpc,
         )
     }

@@ -599,3 +599,65 @@ async fn tonic_server_layer() {
     assert_eq!(statuses, ["0", "0", "8"]);
     assert_eq!(echo.calls.load(Ordering::SeqCst), 2);
 }
+
+/// Two stacked layers on one limiter and one key (2 a second inside 5 a minute) keep separate
+/// counts in their policies' scopes, and the response lists both policies.
+#[tokio::test]
+async fn stacked_layers_keep_separate_counts_and_both_headers() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder(store)
+        .clock(Clock::Manual(clock.clone()))
+        .build()
+        .unwrap();
+    let per_second = RateLimitLayer::builder(
+        limiter.clone(),
+        Quota::per_second(2).unwrap(),
+        GlobalKey::new("g"),
+    )
+    .policy_name("second")
+    .build()
+    .unwrap();
+    let per_minute = RateLimitLayer::builder(
+        limiter.clone(),
+        Quota::per_minute(5).unwrap(),
+        GlobalKey::new("g"),
+    )
+    .policy_name("minute")
+    .build()
+    .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = per_minute.layer(per_second.layer(counting(calls.clone())));
+
+    let first = service.clone().oneshot(get("/")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let states: Vec<&str> = first
+        .headers()
+        .get_all("ratelimit")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(states, ["\"second\";r=1;t=1", "\"minute\";r=4;t=12"]);
+
+    // One request a second for a minute: the per-minute token bucket holds — its 5, then one
+    // every 12 s over the 59 s that follow (9 in all, where shared state let all 60 through).
+    let mut admitted = 1;
+    for _ in 1..60 {
+        clock.advance(Duration::from_secs(1));
+        if service.clone().oneshot(get("/")).await.unwrap().status() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 9, "5 a minute must hold under a 2-a-second layer");
+    assert_eq!(calls.load(Ordering::SeqCst), 9);
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.conn())
+        .unwrap();
+    keys.sort();
+    assert_eq!(keys, ["redlimit:{g}:minute", "redlimit:{g}:second"]);
+}
