@@ -2,14 +2,16 @@
 //! Cluster).
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, IntoConnectionInfo, RedisError};
+use redis::{Client, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
 use tokio::sync::OnceCell;
 
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
@@ -23,13 +25,25 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// How long one connection attempt may take (bounded by the call timeout anyway).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Consecutive timeouts after which a connection is taken for silently dead (a peer gone
+/// without RST or FIN: a dead node behind a VIP, a dropped conntrack entry) and replaced.
+const STALE_AFTER_TIMEOUTS: u32 = 3;
+
 /// A [`Store`] on Redis: each decision is one `EVALSHA` of the algorithm's script, reloaded by
 /// itself after `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`).
 ///
 /// **It never waits for Redis.** It can be created while Redis is down: it connects on first use
 /// and reconnects by itself after failures. Every call is bounded by a timeout (100 ms by
 /// default), so a hung Redis never hangs a request, and a [`CircuitBreaker`] skips Redis for a
-/// cool-down after repeated failures. Errors go to the limiter's failure policy.
+/// cool-down after repeated failures. Errors go to the limiter's failure policy; a timeout is
+/// always [`StoreError::Timeout`], whichever timer noticed it.
+///
+/// **Stale connections.** A connection that is alive but useless is replaced by a fresh one:
+/// after a `READONLY` or `MASTERDOWN` reply (a failover demoted the server it leads to, while the
+/// address now leads to the new primary), and after 3 consecutive timeouts (a peer that vanished
+/// without closing the connection). A connection that has never answered is replaced at most
+/// once a second, so a slow first connection gets its chance and a URL that leads to a replica
+/// does not open a connection per call.
 ///
 /// **Cluster.** [`RedisStore::cluster`] runs on Redis Cluster: all Redis keys of one limiter key
 /// share a hash tag, so each script runs on the one node that owns the slot.
@@ -58,12 +72,107 @@ pub struct RedisStore {
 enum Backend {
     Single {
         client: Client,
-        connection: OnceCell<ConnectionManager>,
+        connection: Replaceable<ConnectionManager>,
     },
     Cluster {
         client: ClusterClient,
-        connection: OnceCell<ClusterConnection>,
+        connection: Replaceable<ClusterConnection>,
     },
+}
+
+/// A connection (created lazily, on first use) that is thrown away and created afresh once it
+/// proves stale.
+///
+/// Callers take the current [`Slot`] (one brief lock and an `Arc` clone), use its connection and
+/// report how the call went; a stale slot is swapped for an empty one only if it is still the
+/// current one, so calls that fail together replace it once.
+struct Replaceable<C> {
+    current: Mutex<Arc<Slot<C>>>,
+}
+
+/// One generation of a [`Replaceable`] connection.
+struct Slot<C> {
+    connection: OnceCell<C>,
+    created: Instant,
+    /// Whether a call on this connection has succeeded.
+    proven: AtomicBool,
+    /// Consecutive timeouts on this connection.
+    timeouts: AtomicU32,
+}
+
+impl<C> Slot<C> {
+    fn new() -> Self {
+        Slot {
+            connection: OnceCell::new(),
+            created: Instant::now(),
+            proven: AtomicBool::new(false),
+            timeouts: AtomicU32::new(0),
+        }
+    }
+}
+
+impl<C> Replaceable<C> {
+    fn new() -> Self {
+        Replaceable {
+            current: Mutex::new(Arc::new(Slot::new())),
+        }
+    }
+
+    /// The slot to use for one call.
+    fn current(&self) -> Arc<Slot<C>> {
+        // Nothing panics while the lock is held: a poisoned lock still holds a valid slot.
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records how a call on `slot` went; replaces the slot if that shows it stale.
+    fn settle(&self, slot: &Arc<Slot<C>>, result: &Result<Decision, StoreError>) {
+        let reason = match result {
+            Ok(_) => {
+                // Loads first: the hot path only reads the shared cache line.
+                if slot.timeouts.load(Ordering::Relaxed) != 0 {
+                    slot.timeouts.store(0, Ordering::Relaxed);
+                }
+                if !slot.proven.load(Ordering::Relaxed) {
+                    slot.proven.store(true, Ordering::Relaxed);
+                }
+                return;
+            }
+            Err(StoreError::Timeout(_)) => {
+                let timeouts = slot.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+                if timeouts < STALE_AFTER_TIMEOUTS {
+                    return;
+                }
+                "consecutive timeouts"
+            }
+            Err(StoreError::Redis(error)) if is_stale_server(error) => "the server is a replica",
+            Err(_) => return,
+        };
+        // A connection that never answered may still be connecting (or lead to a replica for
+        // good): give it one connection attempt's time before replacing it.
+        if !slot.proven.load(Ordering::Relaxed) && slot.created.elapsed() < CONNECT_TIMEOUT {
+            return;
+        }
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if Arc::ptr_eq(&current, slot) {
+            *current = Arc::new(Slot::new());
+            drop(current);
+            // Dropping the last handle of the old connection closes it.
+            tracing::warn!(reason, "rate limit store connection is stale; reconnecting");
+        }
+    }
+}
+
+/// Whether a reply shows that the connection leads to a server that can no longer take the
+/// scripts' writes (a primary demoted to replica by a failover), so that a new connection to the
+/// same address may find the new primary.
+fn is_stale_server(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    )
 }
 
 impl fmt::Debug for RedisStore {
@@ -97,7 +206,7 @@ impl RedisStore {
     pub fn builder<T: IntoConnectionInfo>(url: T) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Client::open(url).map(|client| Backend::Single {
             client,
-            connection: OnceCell::new(),
+            connection: Replaceable::new(),
         }))
     }
 
@@ -124,7 +233,7 @@ impl RedisStore {
             .build();
         RedisStoreBuilder::new(client.map(|client| Backend::Cluster {
             client,
-            connection: OnceCell::new(),
+            connection: Replaceable::new(),
         }))
     }
 
@@ -154,43 +263,80 @@ impl RedisStore {
         self.breaker.as_ref().is_some_and(|b| b.is_open())
     }
 
+    /// One call, bounded by the timeout, on the current connection; a stale connection is
+    /// replaced afterwards.
     async fn run_script(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
         match &*self.backend {
             Backend::Single { client, connection } => {
-                let mut connection = connection
-                    .get_or_try_init(|| async {
-                        // Lazy: does not wait for Redis; reconnects by itself after failures.
-                        let config = ConnectionManagerConfig::new()
-                            .set_number_of_retries(1)
-                            .set_min_delay(Duration::from_millis(10))
-                            .set_max_delay(Duration::from_millis(500))
-                            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                            // redis-rs would cut every reply at 500 ms by default, whatever
-                            // the store's timeout: the store's timeout is the one that applies.
-                            .set_response_timeout(Some(self.timeout));
-                        ConnectionManager::new_lazy_with_config(client.clone(), config)
+                let slot = connection.current();
+                let result = self
+                    .bounded(async {
+                        let mut connection = slot
+                            .connection
+                            .get_or_try_init(|| async {
+                                // Lazy: does not wait for Redis; reconnects by itself after
+                                // failures.
+                                let config = ConnectionManagerConfig::new()
+                                    .set_number_of_retries(1)
+                                    .set_min_delay(Duration::from_millis(10))
+                                    .set_max_delay(Duration::from_millis(500))
+                                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                                    // redis-rs would cut every reply at 500 ms by default,
+                                    // whatever the store's timeout: the store's timeout is the
+                                    // one that applies.
+                                    .set_response_timeout(Some(self.timeout));
+                                ConnectionManager::new_lazy_with_config(client.clone(), config)
+                            })
+                            .await?
+                            .clone();
+                        match invoke(&mut connection, request).await {
+                            // The manager may still hold a connection attempt that failed while
+                            // Redis was down. Nothing was sent, so one retry is safe, and it
+                            // reconnects now instead of one cool-down later.
+                            Err(StoreError::Redis(error)) if error.is_connection_refusal() => {
+                                invoke(&mut connection, request).await
+                            }
+                            result => result,
+                        }
                     })
-                    .await?
-                    .clone();
-                match invoke(&mut connection, request).await {
-                    // The manager may still hold a connection attempt that failed while Redis
-                    // was down. Nothing was sent, so one retry is safe, and it reconnects now
-                    // instead of one cool-down later.
-                    Err(StoreError::Redis(error)) if error.is_connection_refusal() => {
-                        invoke(&mut connection, request).await
-                    }
-                    result => result,
-                }
+                    .await;
+                connection.settle(&slot, &result);
+                result
             }
             Backend::Cluster { client, connection } => {
-                // Until the first connection succeeds each call tries again (within its
-                // timeout); after that the cluster connection heals itself.
-                let mut connection = connection
-                    .get_or_try_init(|| client.get_async_connection())
-                    .await?
-                    .clone();
-                invoke(&mut connection, request).await
+                let slot = connection.current();
+                let result = self
+                    .bounded(async {
+                        // Until the first connection succeeds each call tries again (within its
+                        // timeout); after that the cluster connection heals itself (and is
+                        // replaced if it goes stale).
+                        let mut connection = slot
+                            .connection
+                            .get_or_try_init(|| client.get_async_connection())
+                            .await?
+                            .clone();
+                        invoke(&mut connection, request).await
+                    })
+                    .await;
+                connection.settle(&slot, &result);
+                result
             }
+        }
+    }
+
+    /// Runs `call` within the store's timeout. Every timeout comes out as
+    /// [`StoreError::Timeout`], whether this timer fired or redis-rs's own response timeout (set
+    /// to the same duration) fired first.
+    async fn bounded(
+        &self,
+        call: impl Future<Output = Result<Decision, StoreError>>,
+    ) -> Result<Decision, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Err(StoreError::Redis(error))) if error.is_timeout() => {
+                Err(StoreError::Timeout(self.timeout))
+            }
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
 }
@@ -239,10 +385,7 @@ impl Store for RedisStore {
                 breaker: self.breaker.as_deref(),
                 admission,
             };
-            let result = match tokio::time::timeout(self.timeout, self.run_script(request)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout(self.timeout)),
-            };
+            let result = self.run_script(request).await;
             unsettled.breaker = None;
             if let Some(breaker) = &self.breaker {
                 match &result {
@@ -336,5 +479,109 @@ impl RedisStoreBuilder {
             timeout: self.timeout,
             breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision() -> Result<Decision, StoreError> {
+        Ok(Decision {
+            allowed: true,
+            limit: 1,
+            remaining: 0,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::ZERO,
+        })
+    }
+
+    fn timeout() -> Result<Decision, StoreError> {
+        Err(StoreError::Timeout(DEFAULT_TIMEOUT))
+    }
+
+    fn server_error(code: &str) -> Result<Decision, StoreError> {
+        Err(StoreError::Redis(redis::make_extension_error(
+            code.to_owned(),
+            None,
+        )))
+    }
+
+    fn readonly() -> Result<Decision, StoreError> {
+        let error = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        Err(StoreError::Redis(error))
+    }
+
+    /// A slot that has answered once.
+    fn proven(connection: &Replaceable<()>) -> Arc<Slot<()>> {
+        let slot = connection.current();
+        connection.settle(&slot, &decision());
+        slot
+    }
+
+    #[test]
+    fn consecutive_timeouts_replace_a_proven_connection_once() {
+        let connection = Replaceable::new();
+        let slot = proven(&connection);
+        connection.settle(&slot, &timeout());
+        connection.settle(&slot, &timeout());
+        connection.settle(&slot, &decision()); // a success resets the count
+        connection.settle(&slot, &timeout());
+        connection.settle(&slot, &timeout());
+        assert!(Arc::ptr_eq(&slot, &connection.current()));
+        connection.settle(&slot, &timeout());
+        let fresh = connection.current();
+        assert!(
+            !Arc::ptr_eq(&slot, &fresh),
+            "3 consecutive timeouts replace it"
+        );
+        // Calls still in flight on the old slot do not replace the new one.
+        connection.settle(&slot, &timeout());
+        connection.settle(&slot, &readonly());
+        assert!(Arc::ptr_eq(&fresh, &connection.current()));
+    }
+
+    #[test]
+    fn readonly_and_masterdown_replace_a_proven_connection_at_once() {
+        let connection = Replaceable::new();
+        let slot = proven(&connection);
+        connection.settle(&slot, &server_error("NOSCRIPT"));
+        connection.settle(&slot, &server_error("ERR"));
+        connection.settle(&slot, &Err(StoreError::BadReply(String::new())));
+        assert!(Arc::ptr_eq(&slot, &connection.current()), "not stale");
+        connection.settle(&slot, &readonly());
+        assert!(!Arc::ptr_eq(&slot, &connection.current()));
+
+        let slot = proven(&connection);
+        let masterdown = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::MasterDown),
+            "Link with MASTER is down",
+        ));
+        connection.settle(&slot, &Err(StoreError::Redis(masterdown)));
+        assert!(!Arc::ptr_eq(&slot, &connection.current()));
+    }
+
+    #[test]
+    fn a_connection_that_never_answered_gets_one_connect_timeout() {
+        let connection: Replaceable<()> = Replaceable::new();
+        let slot = connection.current();
+        for _ in 0..10 {
+            connection.settle(&slot, &timeout());
+            connection.settle(&slot, &readonly());
+        }
+        assert!(
+            Arc::ptr_eq(&slot, &connection.current()),
+            "still connecting, or a replica: not replaced before CONNECT_TIMEOUT"
+        );
+        let old = Arc::new(Slot {
+            created: Instant::now() - CONNECT_TIMEOUT,
+            ..Slot::new()
+        });
+        *connection.current.lock().unwrap() = old.clone();
+        connection.settle(&old, &readonly());
+        assert!(!Arc::ptr_eq(&old, &connection.current()));
     }
 }
