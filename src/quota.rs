@@ -72,6 +72,9 @@ pub struct Quota {
 impl Quota {
     /// `limit` requests per `period`; the burst equals the limit.
     ///
+    /// The period must be at least 1 µs; it is counted in whole microseconds, rounded up (so the
+    /// rate is never faster than asked).
+    ///
     /// ```
     /// use redlimit::{Quota, QuotaError};
     /// use std::time::Duration;
@@ -219,10 +222,11 @@ impl Quota {
         self.burst
     }
 
-    /// The period in whole microseconds, the unit of every script.
+    /// The period in whole microseconds, the unit of every script, rounded up: a shorter
+    /// period would admit requests faster than configured.
     pub(crate) fn period_micros(&self) -> u64 {
-        // MAX_PERIOD keeps this far below u64::MAX.
-        self.period.as_micros() as u64
+        // MAX_PERIOD (a whole number of seconds) keeps this below 2^53 even rounded up.
+        self.period.as_nanos().div_ceil(1_000) as u64
     }
 }
 
@@ -277,5 +281,51 @@ mod tests {
             Err(QuotaError::PeriodTooLong)
         );
         assert!(Quota::new(MAX_COUNT, MAX_PERIOD).is_ok());
+    }
+
+    #[test]
+    fn period_micros_rounds_up() {
+        let micros = |nanos: u64| {
+            Quota::new(1, Duration::from_nanos(nanos))
+                .unwrap()
+                .period_micros()
+        };
+        assert_eq!(micros(1_000), 1);
+        assert_eq!(micros(1_001), 2);
+        assert_eq!(micros(1_999), 2);
+        assert_eq!(micros(2_000), 2);
+        let max = Quota::new(1, MAX_PERIOD).unwrap().period_micros();
+        assert_eq!(u128::from(max), MAX_PERIOD.as_micros());
+        let just_below = Quota::new(1, MAX_PERIOD - Duration::from_nanos(1)).unwrap();
+        assert_eq!(just_below.period_micros(), max);
+        assert!(max < 1 << 53, "exact in Lua's doubles");
+    }
+
+    /// 1 request per 1.999 µs: 1 µs after an admitted request, the next one waits.
+    #[test]
+    fn a_fractional_microsecond_period_is_not_faster_than_configured() {
+        use crate::store::{CheckRequest, MemoryStore};
+        use crate::Algorithm;
+        let quota = Quota::new(1, Duration::from_nanos(1_999)).unwrap();
+        for &algorithm in Algorithm::ALL {
+            let store = MemoryStore::new();
+            let check = |now| {
+                store
+                    .check_now(CheckRequest {
+                        key: "redlimit:{k}",
+                        algorithm,
+                        quota: &quota,
+                        cost: 1,
+                        now_micros: Some(now),
+                    })
+                    .allowed
+            };
+            let now = 1_700_000_000_000_000;
+            assert!(check(now), "{algorithm}");
+            assert!(
+                !check(now + 1),
+                "{algorithm}: admitted 1 µs into a 1.999 µs period"
+            );
+        }
     }
 }

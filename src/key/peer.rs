@@ -16,7 +16,8 @@ use super::KeyExtractor;
 /// **Forwarding headers are not trusted by default**: anyone can send `X-Forwarded-For`. Name the
 /// proxies in front of you with [`PeerIp::trust_proxies`]; then, when the peer is one of them,
 /// the header is read from the right and the first address that is not a trusted proxy is the
-/// client ("rightmost untrusted").
+/// client ("rightmost untrusted"). An entry that is not an address (garbage, stray bytes) stops
+/// the walk there: the client is the one the last trusted proxy reported.
 ///
 /// IPv6 clients are grouped by /64 (configurable): one host usually owns a whole /64 and could
 /// rotate through it.
@@ -118,20 +119,22 @@ impl PeerIp {
     /// Walks the forwarding header from the right past trusted proxies.
     fn client_behind(&self, peer: IpAddr, parts: &Parts) -> IpAddr {
         let mut client = peer;
+        // Split the raw bytes: a line is often written partly by the client and partly by a
+        // trusted proxy (`$proxy_add_x_forwarded_for`), so a bad byte in the client's part must
+        // not discard the proxy's hop on the same line.
         let hops = parts
             .headers
             .get_all(&self.forwarded_header)
             .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
-            .collect::<Vec<_>>();
-        for hop in hops.iter().rev() {
+            .flat_map(|value| value.as_bytes().split(|&byte| byte == b','));
+        for hop in hops.rev() {
             if !self.is_trusted(client) {
                 break;
             }
-            match parse_hop(hop) {
+            match std::str::from_utf8(hop).ok().and_then(parse_hop) {
                 Some(ip) => client = ip,
-                // Garbage from a client: the last trusted hop is the best we know.
+                // Garbage from a client (not an address, not even UTF-8): the last trusted hop
+                // is the best we know.
                 None => break,
             }
         }
@@ -324,6 +327,36 @@ mod tests {
         assert_eq!(extractor.extract(&p).as_deref(), Some("ip:203.0.113.7"));
         let garbage = parts("10.0.0.1:1", &["not-an-ip"]);
         assert_eq!(extractor.extract(&garbage).as_deref(), Some("ip:10.0.0.1"));
+    }
+
+    /// A trusted proxy appends the client to the line the client sent: bytes that are not
+    /// visible ASCII in the client's part are a garbage hop, not a reason to drop the line with
+    /// the proxy's hop (which would key the client by the proxy's address).
+    #[test]
+    fn non_ascii_bytes_left_of_a_trusted_hop_do_not_discard_it() {
+        let extractor = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+        let key = |lines: &[&[u8]]| {
+            let mut request = http::Request::new(());
+            for line in lines {
+                request.headers_mut().append(
+                    "x-forwarded-for",
+                    http::HeaderValue::from_bytes(line).unwrap(),
+                );
+            }
+            request
+                .extensions_mut()
+                .insert("10.0.0.1:4000".parse::<SocketAddr>().unwrap());
+            extractor.extract(&request.into_parts().0).unwrap()
+        };
+        assert_eq!(key(&[b"\xff, 203.0.113.7"]), "ip:203.0.113.7");
+        assert_eq!(key(&[b"1.1.1.1\xff, 203.0.113.7"]), "ip:203.0.113.7");
+        assert_eq!(key(&[b"\xc3\xa9, 10.2.2.2, 203.0.113.7"]), "ip:203.0.113.7");
+        // Through two trusted proxies, on two lines: the walk passes the second proxy's hop.
+        assert_eq!(key(&[b"\xff, 10.2.2.2", b"10.3.3.3"]), "ip:10.2.2.2");
+        // The bad bytes are a garbage hop: the walk stops there, it does not skip them.
+        assert_eq!(key(&[b"198.51.100.1, \xff, 10.2.2.2"]), "ip:10.2.2.2");
+        // A bad byte inside the trusted proxy's own hop: that hop is garbage, the peer stays.
+        assert_eq!(key(&[b"203.0.113.7\xff"]), "ip:10.0.0.1");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: the same algorithms in this process, with the same decisions as Redis.
 
-use std::collections::hash_map::{DefaultHasher, Entry};
+use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,6 +19,9 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
 const SHARDS: usize = 64;
 
+/// How many keys a full shard looks at to make room for a new key.
+const EVICTION_SAMPLE: usize = 32;
+
 /// A [`Store`] in process memory, for one instance, tests, and the
 /// [`LocalFallback`](crate::policy::LocalFallback) policy.
 ///
@@ -27,10 +30,14 @@ const SHARDS: usize = 64;
 /// there is no global lock on the hot path.
 ///
 /// **Bounded memory.** An idle key expires exactly when its Redis twin would (when its state is
-/// back to "fresh"), and expired keys are swept from a shard whenever it fills up. At most
-/// `max_keys` keys are held (100 000 by default, spread evenly over the shards). When a shard is
-/// full of live keys, the key closest to expiry is evicted: it is the one nearest to a fresh
-/// state, so evicting it loses the least. A flood of distinct keys therefore cannot grow memory.
+/// back to "fresh"). At most `max_keys` keys are held (100 000 by default, spread evenly over the
+/// shards), and never more. A new key in a full shard first makes room with an approximated
+/// eviction, like Redis's `maxmemory` policies: the shard looks at its next 32 keys in a rotating
+/// order, drops the expired ones among them, and if none has expired evicts the one closest to
+/// expiry among them (the one nearest to a fresh state, so evicting it loses the least). The work
+/// per new key is bounded (32 keys, whatever `max_keys`), and the rotation comes back to every
+/// key of a full shard within two rounds of `max_keys / 64 / 32` new keys, so expired keys do not
+/// linger. A flood of distinct keys therefore cannot grow memory nor slow the store down.
 /// Every algorithm keeps a few numbers per key, except the sliding log: one `f64` per admitted
 /// unit, up to `burst` per key.
 ///
@@ -51,12 +58,13 @@ pub struct MemoryStore {
     max_keys_per_shard: usize,
 }
 
+/// Shows the configuration only: counting the keys would lock every shard, and this is logged
+/// on every store failure under [`LocalFallback`](crate::policy::LocalFallback).
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("keys", &self.len())
             .field("max_keys", &(self.max_keys_per_shard * SHARDS))
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -66,9 +74,19 @@ impl Default for MemoryStore {
     }
 }
 
+/// The keys of one shard: stored in a `Vec` so that a full shard can look at a few of them in a
+/// rotating order, with an index from key to slot.
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<String, Stored>,
+    index: HashMap<Arc<str>, usize>,
+    slots: Vec<Slot>,
+    /// Where the next eviction sample starts in `slots` (taken modulo its length).
+    cursor: usize,
+}
+
+struct Slot {
+    key: Arc<str>,
+    stored: Stored,
 }
 
 struct Stored {
@@ -121,12 +139,7 @@ impl MemoryStore {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| {
-                s.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .entries
-                    .len()
-            })
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).slots.len())
             .sum()
     }
 
@@ -163,13 +176,14 @@ impl MemoryStore {
             period: quota.period_micros() as f64,
             burst: quota.burst() as f64,
         };
-        let mut shard = self
+        let mut guard = self
             .shard(request.key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let live = shard
-            .entries
-            .get_mut(request.key)
+        let shard = &mut *guard;
+        let held = shard.index.get(request.key).copied();
+        let live = held
+            .map(|slot| &mut shard.slots[slot].stored)
             .filter(|stored| stored.expires_at > now);
         let (reply, write) = match request.algorithm {
             Algorithm::TokenBucket => {
@@ -203,13 +217,14 @@ impl MemoryStore {
             }
         };
         if let Write::Put { state, ttl_ms } = write {
-            let expires_at = expiry(now, ttl_ms);
-            shard.put(
-                request.key,
-                Stored { state, expires_at },
-                now,
-                self.max_keys_per_shard,
-            );
+            let stored = Stored {
+                state,
+                expires_at: expiry(now, ttl_ms),
+            };
+            match held {
+                Some(slot) => shard.slots[slot].stored = stored,
+                None => shard.insert(request.key, stored, now, self.max_keys_per_shard),
+            }
         }
         reply.into_decision()
     }
@@ -260,28 +275,62 @@ fn split<S>(step: Step<S>, wrap: impl FnOnce(S) -> KeyState) -> (Reply, Write<Ke
 }
 
 impl Shard {
-    /// Stores `key`, keeping the shard within `max` keys: first sweep the expired, then evict the
-    /// key closest to expiry.
-    fn put(&mut self, key: &str, stored: Stored, now: u64, max: usize) {
-        if let Some(existing) = self.entries.get_mut(key) {
-            *existing = stored;
+    /// Stores `key`, which the shard does not hold, keeping the shard within `max` keys (never
+    /// above): while it is full, make room.
+    fn insert(&mut self, key: &str, stored: Stored, now: u64, max: usize) {
+        debug_assert!(!self.index.contains_key(key));
+        while self.slots.len() >= max.max(1) {
+            self.make_room(now);
+        }
+        let key: Arc<str> = Arc::from(key);
+        self.index.insert(Arc::clone(&key), self.slots.len());
+        self.slots.push(Slot { key, stored });
+    }
+
+    /// Removes at least one key, looking at no more than [`EVICTION_SAMPLE`] of them: the next
+    /// ones from the rotating cursor. The expired ones among them are dropped; if none has
+    /// expired, the one closest to expiry among them is evicted.
+    fn make_room(&mut self, now: u64) {
+        let len = self.slots.len();
+        if len == 0 {
             return;
         }
-        if self.entries.len() >= max {
-            self.entries.retain(|_, s| s.expires_at > now);
-        }
-        if self.entries.len() >= max {
-            let soonest = self
-                .entries
-                .iter()
-                .min_by_key(|(_, s)| s.expires_at)
-                .map(|(k, _)| k.clone());
-            if let Some(soonest) = soonest {
-                self.entries.remove(&soonest);
+        let start = self.cursor % len;
+        let sample = EVICTION_SAMPLE.min(len);
+        let mut doomed = [0usize; EVICTION_SAMPLE];
+        let mut count = 0;
+        let mut soonest = start;
+        for offset in 0..sample {
+            let slot = (start + offset) % len;
+            let expires_at = self.slots[slot].stored.expires_at;
+            if expires_at <= now {
+                doomed[count] = slot;
+                count += 1;
+            } else if expires_at < self.slots[soonest].stored.expires_at {
+                soonest = slot;
             }
         }
-        if let Entry::Vacant(slot) = self.entries.entry(key.to_owned()) {
-            slot.insert(stored);
+        if count == 0 {
+            doomed[0] = soonest;
+            count = 1;
+        }
+        // Highest slot first: a removal moves the last slot into the hole, and every slot above
+        // the hole is gone already, so no doomed slot moves.
+        let doomed = &mut doomed[..count];
+        doomed.sort_unstable_by(|a, b| b.cmp(a));
+        for &slot in doomed.iter() {
+            self.remove_slot(slot);
+        }
+        self.cursor = start + sample;
+    }
+
+    fn remove_slot(&mut self, slot: usize) {
+        let removed = self.slots.swap_remove(slot);
+        self.index.remove(&*removed.key);
+        if let Some(moved) = self.slots.get(slot) {
+            if let Some(index) = self.index.get_mut(&*moved.key) {
+                *index = slot;
+            }
         }
     }
 }
@@ -292,5 +341,177 @@ impl Store for MemoryStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(std::future::ready(Ok(self.check_now(request))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    fn stored(expires_at: u64) -> Stored {
+        Stored {
+            state: KeyState::FixedWindow(fixed_window::State { w: 0.0, n: 0.0 }),
+            expires_at,
+        }
+    }
+
+    /// Every slot is indexed under its key, and nothing else is.
+    fn assert_consistent(shard: &Shard) {
+        assert_eq!(shard.index.len(), shard.slots.len());
+        for (slot, held) in shard.slots.iter().enumerate() {
+            assert_eq!(shard.index.get(&*held.key), Some(&slot), "{}", held.key);
+        }
+    }
+
+    fn keys(shard: &Shard) -> Vec<&str> {
+        let mut keys: Vec<&str> = shard.slots.iter().map(|s| &*s.key).collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    #[test]
+    fn a_full_shard_reclaims_an_expired_key_before_evicting_a_live_one() {
+        let now = 1_000;
+        let mut shard = Shard::default();
+        shard.insert("soon", stored(now + 1), now, 4);
+        shard.insert("late", stored(now + 500), now, 4);
+        shard.insert("dead", stored(now - 1), now, 4);
+        shard.insert("later", stored(now + 900), now, 4);
+        // Full: the expired key makes room, not the live key closest to expiry.
+        shard.insert("new", stored(now + 1_000), now, 4);
+        assert_consistent(&shard);
+        assert_eq!(keys(&shard), ["late", "later", "new", "soon"]);
+        // Full of live keys: the one closest to expiry goes.
+        shard.insert("newer", stored(now + 1_000), now, 4);
+        assert_consistent(&shard);
+        assert_eq!(keys(&shard), ["late", "later", "new", "newer"]);
+    }
+
+    #[test]
+    fn a_full_shard_drops_every_expired_key_in_its_sample() {
+        let now = 1_000;
+        let mut shard = Shard::default();
+        for i in 0..10 {
+            let expires_at = if i % 2 == 0 { now } else { now + 1 };
+            shard.insert(&format!("k{i}"), stored(expires_at), now, 10);
+        }
+        shard.insert("new", stored(now + 1), now, 10);
+        assert_consistent(&shard);
+        assert_eq!(keys(&shard), ["k1", "k3", "k5", "k7", "k9", "new"]);
+    }
+
+    /// Making room looks at [`EVICTION_SAMPLE`] keys, not the whole shard, and the rotating
+    /// cursor still comes back to every key: an expired key anywhere in a full shard of live
+    /// keys is reclaimed within two rotations.
+    #[test]
+    fn eviction_work_is_bounded_and_the_rotation_reaches_every_key() {
+        const MAX: usize = 1_000;
+        let now = 1_000_000;
+        for dead_at in [0, 31, 32, 500, MAX - 1] {
+            let mut shard = Shard::default();
+            for i in 0..MAX {
+                let expires_at = if i == dead_at {
+                    now
+                } else {
+                    now + 1 + i as u64
+                };
+                shard.insert(&format!("k{i}"), stored(expires_at), now, MAX);
+            }
+            let mut new_keys = 0;
+            let dead = format!("k{dead_at}");
+            while shard.index.contains_key(dead.as_str()) {
+                // A new key outlives every key already held, so it is never the one evicted.
+                let before = shard.slots.len();
+                shard.insert(
+                    &format!("new{new_keys}"),
+                    stored(now + 10_000_000),
+                    now,
+                    MAX,
+                );
+                assert_eq!(shard.slots.len(), before.min(MAX), "the cap is hard");
+                new_keys += 1;
+                if new_keys == 1 && dead_at >= EVICTION_SAMPLE {
+                    // The first sample did not include the expired key: a live key went, the
+                    // closest to expiry among the first 32 (k0), not the dead one far away.
+                    assert!(!shard.index.contains_key("k0"));
+                }
+                assert!(
+                    new_keys <= 2 * MAX / EVICTION_SAMPLE + 2,
+                    "the expired key at slot {dead_at} is still held after {new_keys} new keys"
+                );
+            }
+            assert_consistent(&shard);
+            assert_eq!(shard.slots.len(), MAX);
+        }
+    }
+
+    /// A flood of distinct keys, with time passing so that some keys expire on the way, under
+    /// every algorithm: `len()` never exceeds the cap, the store fills up to it, and the newest
+    /// key is still enforced.
+    #[test]
+    fn a_flood_of_keys_never_exceeds_the_cap() {
+        let quotas = [
+            Quota::per_hour(10).unwrap(),
+            Quota::per_second(1).unwrap(),
+            Quota::new(3, std::time::Duration::from_millis(5)).unwrap(),
+        ];
+        for &algorithm in Algorithm::ALL {
+            let store = MemoryStore::with_max_keys(1_000);
+            let cap = 1_024; // rounded up to a multiple of 64 shards
+            let mut now = 1_700_000_000_000_000;
+            for i in 0..20_000 {
+                now += 100;
+                let quota = &quotas[i % quotas.len()];
+                let decision = store.check_now(CheckRequest {
+                    key: &format!("redlimit:{{flood-{i}}}"),
+                    algorithm,
+                    quota,
+                    cost: 1,
+                    now_micros: Some(now),
+                });
+                assert!(decision.allowed, "{algorithm}: first check of a new key");
+                if i % 97 == 0 {
+                    assert!(store.len() <= cap, "{algorithm}: {} > {cap}", store.len());
+                }
+            }
+            assert!(store.len() <= cap, "{algorithm}: {} > {cap}", store.len());
+            assert!(store.len() >= cap / 2, "{algorithm}: only {}", store.len());
+            for shard in store.shards.iter() {
+                let shard = shard.lock().unwrap();
+                assert!(shard.slots.len() <= store.max_keys_per_shard);
+                assert_consistent(&shard);
+            }
+            let one = Quota::per_hour(1).unwrap();
+            let newest = |now| {
+                store.check_now(CheckRequest {
+                    key: "redlimit:{newest}",
+                    algorithm,
+                    quota: &one,
+                    cost: 1,
+                    now_micros: Some(now),
+                })
+            };
+            assert!(newest(now).allowed);
+            assert!(
+                !newest(now + 1).allowed,
+                "{algorithm}: the newest key was lost"
+            );
+        }
+    }
+
+    /// `Debug` is logged on every store failure under `LocalFallback`: it must not lock the
+    /// shards (here one is held elsewhere) nor count the keys.
+    #[test]
+    fn debug_does_not_lock_the_shards() {
+        let store = MemoryStore::with_max_keys(100);
+        let _held = store.shards[0].lock().unwrap();
+        let (send, receive) = std::sync::mpsc::channel();
+        let shown = store.clone();
+        std::thread::spawn(move || send.send(format!("{shown:?}")));
+        let shown = receive
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("Debug waited for a shard lock");
+        assert_eq!(shown, "MemoryStore { max_keys: 128, .. }");
     }
 }

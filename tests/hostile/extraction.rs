@@ -227,7 +227,8 @@ fn prop_key_extraction_paths_stay_bounded() {
                 longest.fetch_max(storage.len(), Ordering::Relaxed);
             }
 
-            // Through the layer on real Redis: the key stored is exactly storage_key(k).
+            // Through the layer on real Redis: the key stored is exactly the layer's scoped
+            // storage key (its policy name, `default`, after the hash tag).
             let statuses = runtime.block_on(async {
                 let by_header = RateLimitLayer::new(limiter.clone(), quota, header_key);
                 let by_fn = RateLimitLayer::new(limiter.clone(), quota, fn_key);
@@ -247,7 +248,7 @@ fn prop_key_extraction_paths_stay_bounded() {
             });
             prop_assert_eq!(statuses, [StatusCode::OK; 3]);
             for (path, key, _) in &keys {
-                let storage = limiter.storage_key(key.as_deref().unwrap());
+                let storage = limiter.scoped_storage_key("default", key.as_deref().unwrap());
                 let exists: bool = redis::cmd("EXISTS")
                     .arg(&storage)
                     .query(&mut *conn.borrow_mut())
