@@ -10,8 +10,10 @@
 //! prefix `redlimit-bench`, which expire within a second. Without either, only the memory store
 //! is measured.
 //!
-//! The quota (10^9 a second) admits every check, so each one takes the write path, the most
-//! expensive one. Checks rotate over 1024 keys.
+//! The quota admits every check, so each one takes the write path, the most expensive one:
+//! 10^9 a second, or for the sliding log (which keeps one entry per admitted request and refuses
+//! bursts above 100 000) 100 000 per 100 ms. Checks rotate over 1024 keys; a run that saw a
+//! denial or a store error fails.
 //!
 //! ```text
 //! cargo bench --bench limiter                 # full run
@@ -40,9 +42,16 @@ fn keys() -> Vec<String> {
     (0..KEYS).map(|i| format!("client-{i}")).collect()
 }
 
-/// A quota that admits every check.
-fn quota() -> Quota {
-    Quota::per_second(1_000_000_000).expect("a valid quota")
+/// A quota that admits every check of the bench.
+fn quota(algorithm: Algorithm) -> Quota {
+    match algorithm {
+        Algorithm::SlidingLog => Quota::new(
+            redlimit::algorithm::MAX_SLIDING_LOG_BURST,
+            Duration::from_millis(100),
+        ),
+        _ => Quota::per_second(1_000_000_000),
+    }
+    .expect("a valid quota")
 }
 
 fn limiter(store: impl Store, algorithm: Algorithm) -> Limiter {
@@ -59,10 +68,10 @@ fn memory(c: &mut Criterion) {
         .build()
         .expect("a tokio runtime");
     let keys = keys();
-    let quota = quota();
     let mut group = c.benchmark_group("memory");
     group.throughput(Throughput::Elements(1));
     for &algorithm in Algorithm::ALL {
+        let quota = quota(algorithm);
         let limiter = limiter(MemoryStore::new(), algorithm);
         let (limiter, keys, quota) = (&limiter, &keys, &quota);
         let mut i = 0;
@@ -72,6 +81,7 @@ fn memory(c: &mut Criterion) {
                 limiter.check(&keys[i], quota)
             })
         });
+        assert_no_errors(limiter);
     }
     group.finish();
 }
@@ -85,11 +95,11 @@ fn redis(c: &mut Criterion) {
         .build()
         .expect("a tokio runtime");
     let keys = keys();
-    let quota = quota();
 
     let mut sequential = c.benchmark_group("redis-sequential");
     sequential.throughput(Throughput::Elements(1));
     for &algorithm in Algorithm::ALL {
+        let quota = quota(algorithm);
         let limiter = redis.limiter(&runtime, algorithm);
         let (limiter, keys, quota) = (&limiter, &keys, &quota);
         let mut i = 0;
@@ -106,6 +116,7 @@ fn redis(c: &mut Criterion) {
     let mut concurrent = c.benchmark_group(format!("redis-concurrent-{IN_FLIGHT}"));
     concurrent.throughput(Throughput::Elements(IN_FLIGHT as u64));
     for &algorithm in Algorithm::ALL {
+        let quota = quota(algorithm);
         let limiter = redis.limiter(&runtime, algorithm);
         let (limiter, keys, quota) = (&limiter, &keys, &quota);
         let mut i = 0;
@@ -121,12 +132,13 @@ fn redis(c: &mut Criterion) {
 }
 
 /// A benchmark that measured failures (timeouts, a dead Redis) would be meaningless.
+/// Every check must have been a store error-free admission, or the figures measure another path.
 fn assert_no_errors(limiter: &Limiter) {
     let stats = limiter.stats();
     assert_eq!(
-        stats.store_errors, 0,
-        "{} store errors during the benchmark: the figures are not valid ({stats:?})",
-        stats.store_errors
+        (stats.store_errors, stats.denied),
+        (0, 0),
+        "store errors or denials during the benchmark: the figures are not valid ({stats:?})"
     );
 }
 
@@ -169,7 +181,7 @@ impl BenchRedis {
             .expect("a valid Redis URL");
         let limiter = limiter(store, algorithm);
         runtime
-            .block_on(limiter.try_check("warm-up", &quota(), 1))
+            .block_on(limiter.try_check("warm-up", &quota(algorithm), 1))
             .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
         limiter
     }
