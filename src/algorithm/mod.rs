@@ -34,6 +34,7 @@
 //! # }
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::LazyLock;
@@ -167,14 +168,16 @@ impl Algorithm {
 
     /// The Redis keys one limiter key uses, all sharing the hash tag of `base`: the key itself
     /// and, for the sliding log, the sorted set `<base>:log` beside it.
-    pub(crate) fn redis_keys(&self, base: &str) -> Vec<String> {
-        match self {
-            Algorithm::SlidingLog => vec![base.to_owned(), format!("{base}:log")],
+    /// Only the sliding log's extra key is allocated: this runs on every Redis call.
+    pub(crate) fn redis_keys<'a>(&self, base: &'a str) -> impl Iterator<Item = Cow<'a, str>> {
+        let log = match self {
+            Algorithm::SlidingLog => Some(Cow::Owned(format!("{base}:log"))),
             Algorithm::TokenBucket
             | Algorithm::Gcra
             | Algorithm::FixedWindow
-            | Algorithm::SlidingWindow => vec![base.to_owned()],
-        }
+            | Algorithm::SlidingWindow => None,
+        };
+        std::iter::once(Cow::Borrowed(base)).chain(log)
     }
 }
 
@@ -367,12 +370,14 @@ mod tests {
     fn names_parse_back_and_every_algorithm_has_its_keys() {
         for &algorithm in Algorithm::ALL {
             assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));
-            let keys = algorithm.redis_keys("redlimit:{k}");
+            let keys: Vec<_> = algorithm.redis_keys("redlimit:{k}").collect();
             assert_eq!(keys[0], "redlimit:{k}");
             assert!(keys.iter().all(|k| k.starts_with("redlimit:{k}")));
         }
         assert_eq!(
-            Algorithm::SlidingLog.redis_keys("redlimit:{k}"),
+            Algorithm::SlidingLog
+                .redis_keys("redlimit:{k}")
+                .collect::<Vec<_>>(),
             ["redlimit:{k}", "redlimit:{k}:log"]
         );
         let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();

@@ -349,7 +349,7 @@ async fn invoke(
     let quota = request.quota;
     let mut invocation = request.algorithm.script().prepare_invoke();
     for key in request.algorithm.redis_keys(request.key) {
-        invocation.key(key);
+        invocation.key(key.as_ref());
     }
     match request.now_micros {
         Some(now) => invocation.arg(now),
