@@ -129,12 +129,8 @@ impl Algorithm {
     pub(crate) fn script(&self) -> &'static redis::Script {
         macro_rules! script {
             ($file:literal) => {{
-                static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| {
-                    script(concat!(
-                        include_str!("../../lua/common.lua"),
-                        include_str!(concat!("../../lua/", $file))
-                    ))
-                });
+                static SCRIPT: LazyLock<redis::Script> =
+                    LazyLock::new(|| script(Algorithm::source_of($file)));
                 &SCRIPT
             }};
         }
@@ -145,6 +141,38 @@ impl Algorithm {
             Algorithm::SlidingLog => script!("sliding_log.lua"),
             Algorithm::SlidingWindow => script!("sliding_window.lua"),
         }
+    }
+
+    /// The Lua source of [`Algorithm::script`], for `SCRIPT LOAD` and the `EVAL` fallback.
+    pub(crate) fn script_source(&self) -> &'static str {
+        Self::source_of(match self {
+            Algorithm::TokenBucket => "token_bucket.lua",
+            Algorithm::Gcra => "gcra.lua",
+            Algorithm::FixedWindow => "fixed_window.lua",
+            Algorithm::SlidingLog => "sliding_log.lua",
+            Algorithm::SlidingWindow => "sliding_window.lua",
+        })
+    }
+
+    fn source_of(file: &str) -> &'static str {
+        macro_rules! sources {
+            ($($file:literal),*) => {
+                match file {
+                    $($file => concat!(
+                        include_str!("../../lua/common.lua"),
+                        include_str!(concat!("../../lua/", $file))
+                    ),)*
+                    _ => unreachable!("every script is listed"),
+                }
+            };
+        }
+        sources!(
+            "token_bucket.lua",
+            "gcra.lua",
+            "fixed_window.lua",
+            "sliding_log.lua",
+            "sliding_window.lua"
+        )
     }
 
     /// Whether this algorithm can serve `quota`. Only the sliding log has a limit: its burst is
@@ -179,6 +207,27 @@ impl Algorithm {
         };
         std::iter::once(Cow::Borrowed(base)).chain(log)
     }
+}
+
+/// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
+/// first argument (the SHA-1 or the body) is already in place. The store owns how the command is
+/// sent; this owns what the script is told.
+pub(crate) fn push_call(request: &crate::store::CheckRequest<'_>, cmd: &mut redis::Cmd) {
+    let quota = request.quota;
+    let keys: Vec<Cow<'_, str>> = request.algorithm.redis_keys(request.key).collect();
+    cmd.arg(keys.len());
+    for key in &keys {
+        cmd.arg(key.as_ref());
+    }
+    match request.now_micros {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    // Any cost above the burst is never allowed: send burst + 1 so Lua stays below 2^53.
+    cmd.arg(request.cost.min(quota.burst().saturating_add(1)))
+        .arg(quota.limit())
+        .arg(quota.period_micros())
+        .arg(quota.burst());
 }
 
 fn script(code: &str) -> redis::Script {

@@ -346,22 +346,21 @@ async fn invoke(
     connection: &mut impl ConnectionLike,
     request: CheckRequest<'_>,
 ) -> Result<Decision, StoreError> {
-    let quota = request.quota;
-    let mut invocation = request.algorithm.script().prepare_invoke();
-    for key in request.algorithm.redis_keys(request.key) {
-        invocation.key(key.as_ref());
-    }
-    match request.now_micros {
-        Some(now) => invocation.arg(now),
-        None => invocation.arg(""),
+    let script = request.algorithm.script();
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(script.get_hash());
+    crate::algorithm::push_call(&request, &mut evalsha);
+    let values: Vec<i64> = match evalsha.query_async(connection).await {
+        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(request.algorithm.script_source())
+                .exec_async(connection)
+                .await?;
+            evalsha.query_async(connection).await?
+        }
+        result => result?,
     };
-    invocation
-        // Any cost above the burst is never allowed: send burst + 1 so Lua stays below 2^53.
-        .arg(request.cost.min(quota.burst().saturating_add(1)))
-        .arg(quota.limit())
-        .arg(quota.period_micros())
-        .arg(quota.burst());
-    let values: Vec<i64> = invocation.invoke_async(connection).await?;
     Reply::from_redis(&values)
         .map(Reply::into_decision)
         .ok_or_else(|| StoreError::BadReply(format!("{values:?}")))
