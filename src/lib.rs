@@ -44,26 +44,21 @@
 #![warn(missing_docs)]
 
 pub mod algorithm;
-mod body;
 mod clock;
 mod decision;
-mod future;
 pub mod key;
-mod layer;
+pub mod layer;
 mod limiter;
 pub mod policy;
 mod quota;
-mod response;
-mod service;
 pub mod store;
 
 pub use crate::algorithm::Algorithm;
-pub use crate::body::ResponseBody;
 pub use crate::clock::{Clock, ManualClock};
 pub use crate::decision::Decision;
-pub use crate::future::ResponseFuture;
-pub use crate::layer::{MissingKey, RateLimitLayer, RateLimitLayerBuilder};
+pub use crate::layer::{
+    MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
+};
 pub use crate::limiter::{ConfigError, Limiter, LimiterBuilder, LimiterStats, DEFAULT_PREFIX};
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 pub use crate::quota::{Quota, QuotaError, MAX_COUNT, MAX_PERIOD};
-pub use crate::service::RateLimit;

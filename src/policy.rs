@@ -59,8 +59,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::decision::Decision;
+use crate::quota::Quota;
 use crate::store::{CheckRequest, MemoryStore, StoreError};
-use crate::{Decision, Quota};
 
 /// The outcome of a check: a real decision, or what the failure policy chose when the store
 /// failed.

@@ -304,8 +304,8 @@ mod tests {
     /// 1 request per 1.999 µs: 1 µs after an admitted request, the next one waits.
     #[test]
     fn a_fractional_microsecond_period_is_not_faster_than_configured() {
+        use crate::algorithm::Algorithm;
         use crate::store::{CheckRequest, MemoryStore};
-        use crate::Algorithm;
         let quota = Quota::new(1, Duration::from_nanos(1_999)).unwrap();
         for &algorithm in Algorithm::ALL {
             let store = MemoryStore::new();

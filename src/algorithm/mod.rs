@@ -40,7 +40,8 @@ use std::str::FromStr;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::{Decision, Quota, QuotaError};
+use crate::decision::Decision;
+use crate::quota::{Quota, QuotaError};
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;

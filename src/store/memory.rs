@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::BoxFuture;
 
 use super::{CheckRequest, Store, StoreError};
+use crate::algorithm::Algorithm;
 use crate::algorithm::{
     fixed_window, gcra, sliding_log, sliding_window, token_bucket, Args, Reply, Step, Write,
 };
 use crate::clock::system_now_micros;
-use crate::{Algorithm, Decision};
+use crate::decision::Decision;
 
 /// The default cap on keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -347,7 +348,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Quota;
+    use crate::quota::Quota;
 
     fn stored(expires_at: u64) -> Stored {
         Stored {

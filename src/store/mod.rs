@@ -30,7 +30,9 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::{Algorithm, Decision, Quota};
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::quota::Quota;
 
 mod breaker;
 mod memory;
@@ -175,7 +177,7 @@ pub enum StoreError {
     BadReply(String),
     /// The limiter's algorithm cannot serve this quota (e.g. a sliding log with a huge burst).
     #[error("invalid quota for this algorithm: {0}")]
-    InvalidQuota(#[from] crate::QuotaError),
+    InvalidQuota(#[from] crate::quota::QuotaError),
     /// The store is skipped for now (the circuit breaker is open after repeated failures).
     #[error("store unavailable: {0}")]
     Unavailable(&'static str),

@@ -17,7 +17,7 @@ use tokio::sync::OnceCell;
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
 use super::{CheckRequest, Store, StoreError};
 use crate::algorithm::Reply;
-use crate::Decision;
+use crate::decision::Decision;
 
 /// The default time a store call may take before it counts as a failure.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);

@@ -11,11 +11,11 @@ use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::layer::Config;
+use super::body::ResponseBody;
+use super::config::Config;
+use super::response;
+use crate::decision::Decision;
 use crate::policy::Verdict;
-use crate::response;
-use crate::Decision;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): it waits for the limiter's

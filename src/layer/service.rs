@@ -7,12 +7,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::future::ResponseFuture;
+use super::body::ResponseBody;
+use super::config::{Config, MissingKey};
+use super::future::ResponseFuture;
+use super::response::is_grpc;
 use crate::key::KeyExtractor;
-use crate::layer::Config;
-use crate::response::is_grpc;
-use crate::MissingKey;
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
 ///

@@ -15,9 +15,10 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
-use crate::body::ResponseBody;
-use crate::decision::secs_rounded_up;
-use crate::{Algorithm, Decision, Quota};
+use super::body::ResponseBody;
+use crate::algorithm::Algorithm;
+use crate::decision::{secs_rounded_up, Decision};
+use crate::quota::Quota;
 
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

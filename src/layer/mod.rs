@@ -1,0 +1,72 @@
+//! The tower adapter: [`RateLimitLayer`] wraps a service in [`RateLimit`], which asks the
+//! [`Limiter`](crate::Limiter) about each request before calling the inner service.
+//!
+//! Per request: the [`KeyExtractor`](crate::key::KeyExtractor) finds the key (or the
+//! [`MissingKey`] rule applies), the limiter decides, and the [`ResponseFuture`] either calls the
+//! inner service, adding the `RateLimit-Policy` / `RateLimit` headers to its response, or answers
+//! by itself: **429** with `Retry-After` when the key is over its quota, **503** when the store
+//! failed and the failure policy rejects (gRPC requests get `RESOURCE_EXHAUSTED` /
+//! `UNAVAILABLE`). The response body is a [`ResponseBody`]: the inner body or the rejection's
+//! short text.
+//!
+//! | file | holds |
+//! |---|---|
+//! | `layer.rs` | [`RateLimitLayer`] and its [`RateLimitLayerBuilder`] |
+//! | `config.rs` | what every clone of the service shares; [`MissingKey`] |
+//! | `service.rs` | [`RateLimit`], the service |
+//! | `future.rs` | [`ResponseFuture`], the state machine of one request |
+//! | `body.rs` | [`ResponseBody`] |
+//! | `response.rs` | the 429 / 503 / gRPC answers and the headers |
+//!
+//! # Example
+//!
+//! Two routes with their own limits, from one limiter: each layer has its own policy name, so
+//! the login attempts and the API calls of one client are counted apart.
+//!
+//! ```
+//! use axum::{body::Body, routing::get, Router};
+//! use http::{Request, StatusCode};
+//! use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::new(MemoryStore::new());
+//! let login = RateLimitLayer::builder(limiter.clone(), Quota::per_minute(5)?, GlobalKey::new("c"))
+//!     .policy_name("login")
+//!     .build()?;
+//! let api = RateLimitLayer::builder(limiter, Quota::per_minute(1000)?, GlobalKey::new("c"))
+//!     .policy_name("api")
+//!     .build()?;
+//! let app = Router::new()
+//!     .route("/login", get(|| async { "welcome" }).layer(login))
+//!     .route("/api", get(|| async { "data" }).layer(api));
+//!
+//! let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+//! for _ in 0..5 {
+//!     assert_eq!(app.clone().oneshot(get("/login")).await?.status(), StatusCode::OK);
+//! }
+//! let limited = app.clone().oneshot(get("/login")).await?;
+//! assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(limited.headers()["ratelimit-policy"], r#""login";q=5;w=60"#);
+//! // The API's quota is its own.
+//! let api = app.oneshot(get("/api")).await?;
+//! assert_eq!(api.status(), StatusCode::OK);
+//! assert_eq!(api.headers()["ratelimit"], r#""api";r=999;t=1"#);
+//! # Ok(())
+//! # }
+//! ```
+
+mod body;
+mod config;
+mod future;
+#[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
+mod layer;
+mod response;
+mod service;
+
+pub use self::body::ResponseBody;
+pub use self::config::MissingKey;
+pub use self::future::ResponseFuture;
+pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use self::service::RateLimit;
