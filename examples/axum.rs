@@ -20,6 +20,7 @@
 //! $ for i in 1 2 3 4; do curl -si localhost:3000/ | head -1; done
 //! ```
 
+use std::borrow::Cow;
 use std::env;
 use std::fmt;
 use std::io::Write;
@@ -198,6 +199,10 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, CliErro
             .map_err(|e| invalid(format!("--burst: {e}")))?,
         None => quota,
     };
+    // A quota the algorithm refuses would make the layer deny every request: a usage error.
+    algorithm
+        .supports(&quota)
+        .map_err(|e| invalid(format!("--limit/--burst for --algorithm {algorithm}: {e}")))?;
     Ok(Options {
         bind,
         backend,
@@ -247,7 +252,7 @@ struct ApiKeyOrIp {
 }
 
 impl KeyExtractor for ApiKeyOrIp {
-    fn extract(&self, parts: &Parts) -> Option<String> {
+    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
         self.api_key
             .extract(parts)
             .or_else(|| self.ip.extract(parts))

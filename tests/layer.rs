@@ -659,5 +659,11 @@ async fn stacked_layers_keep_separate_counts_and_both_headers() {
         .query(&mut redis.conn())
         .unwrap();
     keys.sort();
-    assert_eq!(keys, ["redlimit:{g}:minute", "redlimit:{g}:second"]);
+    assert_eq!(
+        keys,
+        [
+            "redlimit:{g}:minute:token-bucket:5/60s:b5",
+            "redlimit:{g}:second:token-bucket:2/1s:b2"
+        ]
+    );
 }

@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::fmt;
 
 use http::request::Parts;
@@ -44,7 +45,11 @@ impl<F> KeyExtractor for FnKey<F>
 where
     F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
 {
-    fn extract(&self, parts: &Parts) -> Option<String> {
-        (self.f)(parts)
+    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
+        (self.f)(parts).map(Cow::Owned)
+    }
+
+    fn missing_key_hint(&self) -> &'static str {
+        "the FnKey closure returned None"
     }
 }

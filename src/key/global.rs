@@ -1,3 +1,5 @@
+use std::borrow::Cow;
+
 use http::request::Parts;
 
 use super::KeyExtractor;
@@ -23,7 +25,11 @@ impl GlobalKey {
 }
 
 impl KeyExtractor for GlobalKey {
-    fn extract(&self, _parts: &Parts) -> Option<String> {
-        Some(self.key.clone())
+    fn extract<'a>(&'a self, _parts: &'a Parts) -> Option<Cow<'a, str>> {
+        Some(Cow::Borrowed(&self.key))
+    }
+
+    fn missing_key_hint(&self) -> &'static str {
+        "GlobalKey always has a key"
     }
 }

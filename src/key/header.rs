@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::fmt;
 
 use http::header::HeaderName;
@@ -78,10 +79,14 @@ impl fmt::Debug for HeaderKey {
 }
 
 impl KeyExtractor for HeaderKey {
-    fn extract(&self, parts: &Parts) -> Option<String> {
+    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
         let value = parts.headers.get(&self.name)?;
         let hash = sha256_hex(self.secret.as_deref(), value.as_bytes());
         // 32 hex digits (128 bits) are plenty to tell clients apart, and keep keys short.
-        Some(format!("{}:{}", self.name, &hash[..32]))
+        Some(format!("{}:{}", self.name, &hash[..32]).into())
+    }
+
+    fn missing_key_hint(&self) -> &'static str {
+        "the requests lack the HeaderKey's header"
     }
 }

@@ -87,7 +87,13 @@ pub const MAX_LITERAL_KEY_LEN: usize = 200;
 ///
 /// Implement it for custom keys, or use [`FnKey`] with a closure.
 ///
+/// The key is a [`Cow`]: borrow it when it is already there (a constant, a header's text, a
+/// path segment), so the request path allocates nothing for it; return
+/// `Some(owned.into())` for a key you build. (Before 0.2 `extract` returned `Option<String>`;
+/// an old implementation becomes a new one by adding `.map(Into::into)` to its result.)
+///
 /// ```
+/// use std::borrow::Cow;
 /// use http::request::Parts;
 /// use redlimit::key::KeyExtractor;
 ///
@@ -96,10 +102,10 @@ pub const MAX_LITERAL_KEY_LEN: usize = 200;
 /// struct Subdomain;
 ///
 /// impl KeyExtractor for Subdomain {
-///     fn extract(&self, parts: &Parts) -> Option<String> {
+///     fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
 ///         let host = parts.headers.get(http::header::HOST)?.to_str().ok()?;
 ///         let (tenant, _) = host.split_once('.')?;
-///         Some(format!("tenant:{tenant}"))
+///         Some(format!("tenant:{tenant}").into())
 ///     }
 /// }
 ///
@@ -114,7 +120,20 @@ pub const MAX_LITERAL_KEY_LEN: usize = 200;
 /// ```
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key for this request, or `None` when it has none.
-    fn extract(&self, parts: &Parts) -> Option<String>;
+    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>>;
+
+    /// Why requests may come without a key, in the words of a log line: the layer logs it once,
+    /// at warn level, when it first counts such a request against the shared key of
+    /// [`MissingKey::Shared`](crate::MissingKey::Shared).
+    ///
+    /// ```
+    /// use redlimit::key::{KeyExtractor, PeerIp};
+    ///
+    /// assert!(PeerIp::new().missing_key_hint().contains("into_make_service_with_connect_info"));
+    /// ```
+    fn missing_key_hint(&self) -> &'static str {
+        "the key extractor found no key in the request"
+    }
 }
 
 /// The id a key is stored under: the key itself when it is short and plain, else its hash.

@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
@@ -156,14 +157,20 @@ impl PeerIp {
 }
 
 impl KeyExtractor for PeerIp {
-    fn extract(&self, parts: &Parts) -> Option<String> {
+    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
         let peer = peer_addr(parts)?.ip();
         let client = if self.trusted.is_empty() {
             peer
         } else {
             self.client_behind(peer, parts)
         };
-        Some(self.key_for(client))
+        Some(Cow::Owned(self.key_for(client)))
+    }
+
+    fn missing_key_hint(&self) -> &'static str {
+        "PeerIp sees no peer address: serve axum with \
+         `into_make_service_with_connect_info::<SocketAddr>()`, insert the `SocketAddr` as a \
+         request extension (hyper), or key tonic servers some other way"
     }
 }
 
@@ -346,7 +353,10 @@ mod tests {
             request
                 .extensions_mut()
                 .insert("10.0.0.1:4000".parse::<SocketAddr>().unwrap());
-            extractor.extract(&request.into_parts().0).unwrap()
+            extractor
+                .extract(&request.into_parts().0)
+                .unwrap()
+                .into_owned()
         };
         assert_eq!(key(&[b"\xff, 203.0.113.7"]), "ip:203.0.113.7");
         assert_eq!(key(&[b"1.1.1.1\xff, 203.0.113.7"]), "ip:203.0.113.7");

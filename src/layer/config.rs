@@ -2,12 +2,14 @@
 //! [`MissingKey`] rule it applies.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::request::Parts;
 use http::StatusCode;
 
 use super::response::HeaderStyle;
-use crate::limiter::Limiter;
+use crate::key::KeyExtractor;
+use crate::limiter::{KeyScope, Limiter};
 use crate::quota::Quota;
 
 /// What happens to a request whose key cannot be extracted (no API-key header, no peer address).
@@ -66,17 +68,39 @@ impl Default for MissingKey {
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 pub(crate) type SkipFn = dyn Fn(&Parts) -> bool + Send + Sync;
 
-/// Everything a [`RateLimit`] service needs, shared by all its clones.
+/// Everything a [`RateLimit`](super::RateLimit) service needs, shared by all its clones.
 pub(crate) struct Config<K> {
     pub limiter: Limiter,
     pub quota: Quota,
     pub extractor: K,
     pub missing_key: MissingKey,
-    /// The scope of this layer's keys and the name in its headers.
+    /// The name in the headers.
     pub policy_name: String,
+    /// The scope of this layer's keys in the store.
+    pub scope: String,
+    /// The constant parts of this layer's storage keys.
+    pub keys: KeyScope,
     pub headers: HeaderStyle,
     pub cost: Option<Box<CostFn>>,
     pub skip: Option<Box<SkipFn>>,
+    /// Whether the first request counted against the shared key was logged.
+    pub unkeyed_logged: AtomicBool,
+}
+
+impl<K: KeyExtractor> Config<K> {
+    /// Counts a request without a key checked against the shared one, and logs the first.
+    pub fn note_unkeyed(&self, shared: &str) {
+        self.limiter.count_unkeyed();
+        if !self.unkeyed_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                policy = %self.policy_name,
+                shared_key = shared,
+                cause = self.extractor.missing_key_hint(),
+                "requests without a rate limit key share one key (MissingKey::Shared): all such \
+                 clients count against one quota; counted in LimiterStats::unkeyed, logged once"
+            );
+        }
+    }
 }
 
 impl<K: fmt::Debug> fmt::Debug for Config<K> {
@@ -86,6 +110,8 @@ impl<K: fmt::Debug> fmt::Debug for Config<K> {
             .field("quota", &self.quota)
             .field("extractor", &self.extractor)
             .field("missing_key", &self.missing_key)
+            .field("policy_name", &self.policy_name)
+            .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
 }

@@ -51,21 +51,23 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S, ReqBody>,
-        config: Arc<Config<K>>,
+        state: State<S, ReqBody, K>,
         grpc: bool,
     }
 }
 
+/// The limiter's verdict, with the layer's config handed back for the headers.
+pub(crate) type Check<K> = BoxFuture<'static, (Verdict, Arc<Config<K>>)>;
+
 pin_project! {
     #[project = StateProj]
-    enum State<S, ReqBody>
+    enum State<S, ReqBody, K>
     where
         S: Service<Request<ReqBody>>,
     {
         // Waiting for the limiter; holds the request and the ready inner service.
         Checking {
-            check: BoxFuture<'static, Verdict>,
+            check: Check<K>,
             request: Option<Request<ReqBody>>,
             inner: Option<S>,
         },
@@ -73,17 +75,16 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
-            decision: Option<Decision>,
+            headers: Option<(Decision, Arc<Config<K>>)>,
         },
         // Answering without the inner service.
-        Rejecting { rejection: Option<Rejection> },
+        Rejecting { rejection: Option<Rejection<K>> },
     }
 }
 
 /// Why the layer answers itself.
-#[derive(Debug, Clone, Copy)]
-enum Rejection {
-    TooManyRequests(Decision),
+enum Rejection<K> {
+    TooManyRequests(Decision, Arc<Config<K>>),
     Unavailable(Duration),
     MissingKey(StatusCode),
 }
@@ -93,10 +94,9 @@ where
     S: Service<Request<ReqBody>>,
 {
     pub(crate) fn checking(
-        check: BoxFuture<'static, Verdict>,
+        check: Check<K>,
         request: Request<ReqBody>,
         inner: S,
-        config: Arc<Config<K>>,
         grpc: bool,
     ) -> Self {
         ResponseFuture {
@@ -105,28 +105,25 @@ where
                 request: Some(request),
                 inner: Some(inner),
             },
-            config,
             grpc,
         }
     }
 
-    pub(crate) fn pass_through(future: S::Future, config: Arc<Config<K>>) -> Self {
+    pub(crate) fn pass_through(future: S::Future) -> Self {
         ResponseFuture {
             state: State::Calling {
                 future,
-                decision: None,
+                headers: None,
             },
-            config,
             grpc: false,
         }
     }
 
-    pub(crate) fn missing_key(status: StatusCode, config: Arc<Config<K>>, grpc: bool) -> Self {
+    pub(crate) fn missing_key(status: StatusCode, grpc: bool) -> Self {
         ResponseFuture {
             state: State::Rejecting {
                 rejection: Some(Rejection::MissingKey(status)),
             },
-            config,
             grpc,
         }
     }
@@ -147,7 +144,7 @@ where
                     request,
                     inner,
                 } => {
-                    let verdict = ready!(check.as_mut().poll(cx));
+                    let (verdict, config) = ready!(check.as_mut().poll(cx));
                     let (mut request, mut inner) = match (request.take(), inner.take()) {
                         (Some(request), Some(inner)) => (request, inner),
                         _ => panic!("ResponseFuture polled after completion"),
@@ -158,26 +155,26 @@ where
                             request.extensions_mut().insert(decision);
                             State::Calling {
                                 future: inner.call(request),
-                                decision: Some(decision),
+                                headers: Some((decision, config)),
                             }
                         }
                         Verdict::Decided(decision) => State::Rejecting {
-                            rejection: Some(Rejection::TooManyRequests(decision)),
+                            rejection: Some(Rejection::TooManyRequests(decision, config)),
                         },
                         Verdict::FailedOpen => State::Calling {
                             future: inner.call(request),
-                            decision: None,
+                            headers: None,
                         },
                         Verdict::FailedClosed { retry_after } => State::Rejecting {
                             rejection: Some(Rejection::Unavailable(retry_after)),
                         },
                     }
                 }
-                StateProj::Calling { future, decision } => {
+                StateProj::Calling { future, headers } => {
                     let response = ready!(future.poll(cx))?;
                     let mut response = response.map(ResponseBody::inner);
-                    if let Some(decision) = decision {
-                        this.config.headers.apply(response.headers_mut(), decision);
+                    if let Some((decision, config)) = headers.take() {
+                        config.headers.apply(response.headers_mut(), &decision);
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -185,7 +182,7 @@ where
                     let rejection = rejection
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(self::reject(rejection, this.config, *this.grpc)));
+                    return Poll::Ready(Ok(self::reject(rejection, *this.grpc)));
                 }
             };
             this.state.set(next);
@@ -193,9 +190,9 @@ where
     }
 }
 
-fn reject<B, K>(rejection: Rejection, config: &Config<K>, grpc: bool) -> Response<ResponseBody<B>> {
+fn reject<B, K>(rejection: Rejection<K>, grpc: bool) -> Response<ResponseBody<B>> {
     match rejection {
-        Rejection::TooManyRequests(decision) => {
+        Rejection::TooManyRequests(decision, config) => {
             response::too_many_requests(&decision, &config.headers, grpc)
         }
         Rejection::Unavailable(retry_after) => response::unavailable(retry_after, grpc),

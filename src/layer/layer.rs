@@ -1,6 +1,7 @@
 //! [`RateLimitLayer`]: the tower layer, and its builder.
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -54,13 +55,53 @@ impl<K: fmt::Debug> fmt::Debug for RateLimitLayer<K> {
 
 impl<K: KeyExtractor> RateLimitLayer<K> {
     /// A layer applying `quota` per key from `extractor`, with the defaults: policy name
-    /// `default`, cost 1, keyless requests share the key `unkeyed`.
+    /// `default`, cost 1, keyless requests share the key `unkeyed`, and a scope of its own
+    /// derived from the quota (see [`RateLimitLayerBuilder::scope`]): layers with different
+    /// quotas never share state.
     ///
-    /// It never fails: a quota the limiter's algorithm cannot serve (a sliding log with a burst
-    /// above 100 000) is refused by every check, logged and denied. Use
-    /// [`builder`](Self::builder)`(..).build()` to get that error at build time instead.
+    /// # Panics
+    ///
+    /// When the limiter's algorithm cannot serve `quota` (a sliding log with a burst above
+    /// 100 000, see [`Algorithm::supports`](crate::Algorithm::supports)): such a layer would deny
+    /// every request forever. [`builder`](Self::builder)`(..).build()` returns that error
+    /// instead.
+    ///
+    /// ```should_panic
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Algorithm, Limiter, Quota};
+    /// use redlimit::RateLimitLayer;
+    ///
+    /// let log = Limiter::builder(MemoryStore::new())
+    ///     .algorithm(Algorithm::SlidingLog)
+    ///     .build()
+    ///     .unwrap();
+    /// // Panics: the sliding log keeps one entry per request, and refuses a burst of a million.
+    /// RateLimitLayer::new(log, Quota::per_second(1_000_000).unwrap(), GlobalKey::new("g"));
+    /// ```
+    #[track_caller]
     pub fn new(limiter: Limiter, quota: Quota, extractor: K) -> Self {
-        Self::builder(limiter, quota, extractor).into_layer()
+        match Self::builder(limiter, quota, extractor).build() {
+            Ok(layer) => layer,
+            Err(error) => panic!("RateLimitLayer::new: {error}"),
+        }
+    }
+
+    /// The scope of this layer's keys in the store: the storage key of `key` is
+    /// [`Limiter::scoped_storage_key`]`(scope, key)`.
+    ///
+    /// ```
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let login = RateLimitLayer::new(limiter.clone(), Quota::per_minute(5)?, GlobalKey::new("g"));
+    /// assert_eq!(login.scope(), "default:token-bucket:5/60s:b5");
+    /// let shared = RateLimitLayer::builder(limiter, Quota::per_minute(5)?, GlobalKey::new("g"))
+    ///     .scope("auth")
+    ///     .build()?;
+    /// assert_eq!(shared.scope(), "auth");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scope(&self) -> &str {
+        &self.config.scope
     }
 
     /// Starts a builder for the options.
@@ -71,6 +112,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             extractor,
             missing_key: MissingKey::default(),
             policy_name: "default".to_owned(),
+            scope: None,
             legacy_headers: false,
             cost: None,
             skip: None,
@@ -111,6 +153,7 @@ pub struct RateLimitLayerBuilder<K> {
     extractor: K,
     missing_key: MissingKey,
     policy_name: String,
+    scope: Option<String>,
     legacy_headers: bool,
     cost: Option<Box<CostFn>>,
     skip: Option<Box<SkipFn>>,
@@ -134,9 +177,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     }
 
     /// The policy name in the `RateLimit` headers (`default` by default): 1 to 64 characters of
-    /// `[A-Za-z0-9._-]`. It is also the scope of the layer's keys
-    /// (`redlimit:{<key>}:<policy name>`): give stacked layers different names and each keeps
-    /// its own count.
+    /// `[A-Za-z0-9._-]`. It is also the start of the layer's scope (see [`scope`](Self::scope)).
     ///
     /// ```
     /// # use std::convert::Infallible;
@@ -163,6 +204,48 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// ```
     pub fn policy_name(mut self, name: impl Into<String>) -> Self {
         self.policy_name = name.into();
+        self
+    }
+
+    /// Counts in exactly this scope, shared with every layer (and
+    /// [`Limiter::check_scoped`] call) of the same limiter prefix that names it, **whatever
+    /// their quotas**: 1 to 64 characters of `[A-Za-z0-9._-]`.
+    ///
+    /// Without it a layer's scope is derived from its policy name, the limiter's algorithm and
+    /// the quota, e.g. `default:token-bucket:5/60s:b5` (storage key
+    /// `redlimit:{ip:203.0.113.7}:default:token-bucket:5/60s:b5`): layers with different quotas
+    /// (per-route limits: `/login` 5 a minute, `/api` 1000 a minute) never share state, and
+    /// layers with the same name and quota (one quota applied to several routes) do. A changed
+    /// quota therefore starts from a fresh count; the old keys expire on their own.
+    ///
+    /// Name a scope only to share one count between layers on purpose, e.g. several routes
+    /// that together get 100 requests a minute:
+    ///
+    /// ```
+    /// # use std::convert::Infallible;
+    /// # use http::{Request, Response, StatusCode};
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let shared = |quota| {
+    ///     RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("all")).scope("writes")
+    /// };
+    /// let orders = ServiceBuilder::new().layer(shared(Quota::per_minute(2)?).build()?).service_fn(ok);
+    /// let refunds = ServiceBuilder::new().layer(shared(Quota::per_minute(2)?).build()?).service_fn(ok);
+    /// assert_eq!(orders.clone().oneshot(Request::default()).await?.status(), StatusCode::OK);
+    /// assert_eq!(refunds.clone().oneshot(Request::default()).await?.status(), StatusCode::OK);
+    /// // Two of two spent between them.
+    /// let third = orders.oneshot(Request::default()).await?;
+    /// assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
         self
     }
 
@@ -264,39 +347,74 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
         self
     }
 
-    /// Builds the layer, validating the policy name and that the limiter's algorithm can serve
-    /// the quota.
+    /// Builds the layer, validating the policy name, the scope, and that the limiter's algorithm
+    /// can serve the quota (the fallible form of [`RateLimitLayer::new`]).
+    ///
+    /// ```
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Algorithm, ConfigError, Limiter};
+    /// use redlimit::{Quota, QuotaError, RateLimitLayer};
+    ///
+    /// let log = Limiter::builder(MemoryStore::new())
+    ///     .algorithm(Algorithm::SlidingLog)
+    ///     .build()
+    ///     .unwrap();
+    /// let huge = Quota::per_second(1_000_000).unwrap();
+    /// let built = RateLimitLayer::builder(log, huge, GlobalKey::new("g")).build();
+    /// assert_eq!(built.err(), Some(ConfigError::Quota(QuotaError::BurstTooLargeForSlidingLog)));
+    /// ```
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
-        let name_ok = (1..=64).contains(&self.policy_name.len())
-            && self
-                .policy_name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-        if !name_ok {
+        if !is_name(&self.policy_name) {
             return Err(ConfigError::InvalidPolicyName);
         }
-        self.limiter.algorithm().supports(&self.quota)?;
-        Ok(self.into_layer())
-    }
-
-    fn into_layer(self) -> RateLimitLayer<K> {
+        if self.scope.as_deref().is_some_and(|scope| !is_name(scope)) {
+            return Err(ConfigError::InvalidScope);
+        }
+        let algorithm = self.limiter.algorithm();
+        algorithm.supports(&self.quota)?;
         let headers = HeaderStyle::new(
             &self.policy_name,
             &self.quota,
-            self.limiter.algorithm(),
+            algorithm,
             self.legacy_headers,
         );
-        RateLimitLayer {
+        let scope = self.scope.unwrap_or_else(|| {
+            let quota = &self.quota;
+            let period = quota.period().as_micros();
+            let period = if period.is_multiple_of(1_000_000) {
+                format!("{}s", period / 1_000_000)
+            } else {
+                format!("{period}us")
+            };
+            format!(
+                "{}:{algorithm}:{}/{period}:b{}",
+                self.policy_name,
+                quota.limit(),
+                quota.burst()
+            )
+        });
+        let keys = self.limiter.key_scope(Some(&scope));
+        Ok(RateLimitLayer {
             config: Arc::new(Config {
                 limiter: self.limiter,
                 quota: self.quota,
                 extractor: self.extractor,
                 missing_key: self.missing_key,
                 policy_name: self.policy_name,
+                scope,
+                keys,
                 headers,
                 cost: self.cost,
                 skip: self.skip,
+                unkeyed_logged: AtomicBool::new(false),
             }),
-        }
+        })
     }
+}
+
+/// 1 to 64 characters of `[A-Za-z0-9._-]`.
+fn is_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }

@@ -84,12 +84,15 @@ impl HeaderStyle {
         if let Ok(value) = HeaderValue::try_from(state) {
             headers.append(RATELIMIT.clone(), value);
         }
+        if !self.legacy {
+            return;
+        }
         // The legacy headers hold one policy: the most restrictive one (least remaining) wins.
         let tighter = headers
             .get(&X_REMAINING)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .is_none_or(|remaining| decision.remaining < remaining);
-        if self.legacy && tighter {
+        if tighter {
             headers.insert(X_LIMIT.clone(), decision.limit.into());
             headers.insert(X_REMAINING.clone(), decision.remaining.into());
             headers.insert(X_RESET.clone(), decision.reset_after_secs().into());

@@ -1,5 +1,6 @@
 //! [`RateLimit`]: the middleware service.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -176,41 +177,40 @@ where
         let (parts, body) = request.into_parts();
         if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
             let future = inner.call(Request::from_parts(parts, body));
-            return ResponseFuture::pass_through(future, config.clone());
+            return ResponseFuture::pass_through(future);
         }
         let grpc = is_grpc(&parts.headers);
         let key = match (config.extractor.extract(&parts), &config.missing_key) {
             (Some(key), _) => key,
-            (None, MissingKey::Shared(shared)) => shared.clone(),
+            (None, MissingKey::Shared(shared)) => {
+                config.note_unkeyed(shared);
+                Cow::Borrowed(shared.as_str())
+            }
             (None, MissingKey::Reject(status)) => {
-                return ResponseFuture::missing_key(*status, config.clone(), grpc);
+                return ResponseFuture::missing_key(*status, grpc);
             }
             (None, MissingKey::Allow) => {
                 tracing::debug!("request has no rate limit key; allowed by MissingKey::Allow");
                 let future = inner.call(Request::from_parts(parts, body));
-                return ResponseFuture::pass_through(future, config.clone());
+                return ResponseFuture::pass_through(future);
             }
         };
+        // The layer's scope (its policy name and quota) keeps layers with different quotas on
+        // the same key apart; its constant parts are precomputed.
+        let storage_key = config.keys.storage_key(&key);
+        drop(key);
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
 
-        // Each layer counts in the scope of its policy name, so stacked layers with different
-        // quotas on the same key keep separate state.
-        let checker = config.clone();
+        // The one clone of the shared config per request: the check owns it, and hands it back
+        // with the verdict for the response headers.
+        let config = config.clone();
         let check = Box::pin(async move {
-            let Config {
-                limiter,
-                policy_name,
-                quota,
-                ..
-            } = &*checker;
-            limiter.check_scoped(policy_name, &key, quota, cost).await
+            let verdict = config
+                .limiter
+                .check_storage_key(&storage_key, &config.quota, cost)
+                .await;
+            (verdict, config)
         });
-        ResponseFuture::checking(
-            check,
-            Request::from_parts(parts, body),
-            inner,
-            config.clone(),
-            grpc,
-        )
+        ResponseFuture::checking(check, Request::from_parts(parts, body), inner, grpc)
     }
 }

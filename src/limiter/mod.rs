@@ -2,7 +2,6 @@
 //! without tower.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,13 @@ use crate::key::storage_id;
 use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
 use crate::quota::Quota;
 use crate::store::{CheckRequest, Store, StoreError};
+
+mod deny_cache;
+mod stats;
+
+use self::deny_cache::DenyCache;
+use self::stats::Counters;
+pub use self::stats::LimiterStats;
 
 /// The default prefix of every Redis key.
 pub const DEFAULT_PREFIX: &str = "redlimit";
@@ -44,6 +50,7 @@ struct Inner {
     clock: Clock,
     policy: Arc<dyn FailurePolicy>,
     stats: Counters,
+    deny_cache: Option<DenyCache>,
 }
 
 impl fmt::Debug for Limiter {
@@ -54,6 +61,7 @@ impl fmt::Debug for Limiter {
             .field("prefix", &self.inner.prefix)
             .field("clock", &self.inner.clock)
             .field("policy", &self.inner.policy)
+            .field("deny_cache", &self.inner.deny_cache)
             .finish()
     }
 }
@@ -86,6 +94,7 @@ impl Limiter {
             prefix: DEFAULT_PREFIX.to_owned(),
             clock: Clock::default(),
             policy: Arc::new(FailOpen),
+            deny_cache: None,
         }
     }
 
@@ -123,7 +132,7 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
-        self.decide(self.storage_key(key), quota, cost).await
+        self.decide(&self.storage_key(key), quota, cost).await
     }
 
     /// Checks one request of `cost` units for `key` within `scope`: each scope keeps its own
@@ -149,11 +158,80 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_scoped(&self, scope: &str, key: &str, quota: &Quota, cost: u64) -> Verdict {
-        self.decide(self.scoped_storage_key(scope, key), quota, cost)
+        self.decide(&self.scoped_storage_key(scope, key), quota, cost)
             .await
     }
 
-    async fn decide(&self, storage_key: String, quota: &Quota, cost: u64) -> Verdict {
+    /// The constant parts of the storage keys of `scope` (`None`: unscoped), computed once, so
+    /// that a caller checking many keys in one scope builds each storage key with one
+    /// allocation and no formatting.
+    pub(crate) fn key_scope(&self, scope: Option<&str>) -> KeyScope {
+        let tail = match scope {
+            Some(scope) => format!("}}:{}", storage_id(scope)),
+            None => "}".to_owned(),
+        };
+        KeyScope {
+            head: format!("{}:{{", self.inner.prefix),
+            tail,
+        }
+    }
+
+    /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`].
+    pub(crate) async fn check_storage_key(
+        &self,
+        storage_key: &str,
+        quota: &Quota,
+        cost: u64,
+    ) -> Verdict {
+        self.decide(storage_key, quota, cost).await
+    }
+
+    /// Counts a request that had no key and was checked against a shared one.
+    pub(crate) fn count_unkeyed(&self) {
+        self.inner.stats.count_unkeyed();
+    }
+
+    /// Drops what this process remembers about `key` in its deny cache (see
+    /// [`LimiterBuilder::deny_cache`]), so its next check goes to the store.
+    ///
+    /// Every operation of this limiter that changes a key's state or quota calls it; call it
+    /// yourself after changing a key in the store by other means (e.g. deleting it by hand in
+    /// Redis). Without a deny cache it does nothing.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = MemoryStore::new();
+    /// let limiter = Limiter::builder(store).deny_cache(1_000).build().unwrap();
+    /// let quota = Quota::per_minute(1).unwrap();
+    /// limiter.check("k", &quota).await;
+    /// assert!(!limiter.check("k", &quota).await.is_allowed()); // the store denies
+    /// assert!(!limiter.check("k", &quota).await.is_allowed()); // the cache denies
+    /// assert_eq!(limiter.stats().deny_cached, 1);
+    /// limiter.forget("k");
+    /// assert!(!limiter.check("k", &quota).await.is_allowed()); // the store again
+    /// assert_eq!(limiter.stats().deny_cached, 1);
+    /// # }
+    /// ```
+    pub fn forget(&self, key: &str) {
+        self.forget_storage_key(&self.storage_key(key));
+    }
+
+    /// [`forget`](Self::forget) for `key` within `scope` (see [`check_scoped`](Self::check_scoped)).
+    pub fn forget_scoped(&self, scope: &str, key: &str) {
+        self.forget_storage_key(&self.scoped_storage_key(scope, key));
+    }
+
+    /// The hook every state or quota change of a storage key goes through.
+    pub(crate) fn forget_storage_key(&self, storage_key: &str) {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(storage_key);
+        }
+    }
+
+    async fn decide(&self, storage_key: &str, quota: &Quota, cost: u64) -> Verdict {
         if let Err(error) = self.inner.algorithm.supports(quota) {
             tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
             let decision = Decision {
@@ -166,15 +244,28 @@ impl Limiter {
             self.inner.stats.count_decision(&decision);
             return Verdict::Decided(decision);
         }
-        let request = self.request(&storage_key, quota, cost);
+        let request = self.request(storage_key, quota, cost);
         let stats = &self.inner.stats;
+        let cache = self.inner.deny_cache.as_ref();
+        if let Some(cache) = cache {
+            let now = cache.now(request.now_micros);
+            if let Some(decision) = cache.lookup(storage_key, quota, cost, now) {
+                stats.count_cached_denial();
+                return Verdict::Decided(decision);
+            }
+        }
         match self.inner.store.check(request).await {
             Ok(decision) => {
                 stats.count_decision(&decision);
+                if let Some(cache) = cache.filter(|_| !decision.allowed) {
+                    // The store decided at `now_micros` (client clock) or before its reply came.
+                    let now = cache.now(request.now_micros);
+                    cache.remember(storage_key, quota, cost, &decision, now);
+                }
                 Verdict::Decided(decision)
             }
             Err(error) => {
-                stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                stats.count_store_error();
                 let verdict = self.inner.policy.on_store_error(&FailureContext {
                     error: &error,
                     request,
@@ -257,18 +348,14 @@ impl Limiter {
     /// assert_eq!(hashed.len(), "redlimit:{#}".len() + 64);
     /// ```
     pub fn storage_key(&self, key: &str) -> String {
-        format!("{}:{{{}}}", self.inner.prefix, storage_id(key))
+        join_storage_key(&self.inner.prefix, ":{", &storage_id(key), "}")
     }
 
     /// The Redis key for `key` within `scope` (see [`check_scoped`](Self::check_scoped)):
     /// `<prefix>:{<id>}:<scope>`, the scope bounded like a key.
     pub fn scoped_storage_key(&self, scope: &str, key: &str) -> String {
-        format!(
-            "{}:{{{}}}:{}",
-            self.inner.prefix,
-            storage_id(key),
-            storage_id(scope)
-        )
+        let tail = format!("}}:{}", storage_id(scope));
+        join_storage_key(&self.inner.prefix, ":{", &storage_id(key), &tail)
     }
 
     /// The algorithm that decides.
@@ -332,6 +419,7 @@ pub struct LimiterBuilder {
     prefix: String,
     clock: Clock,
     policy: Arc<dyn FailurePolicy>,
+    deny_cache: Option<usize>,
 }
 
 impl fmt::Debug for LimiterBuilder {
@@ -339,6 +427,7 @@ impl fmt::Debug for LimiterBuilder {
         f.debug_struct("LimiterBuilder")
             .field("algorithm", &self.algorithm)
             .field("prefix", &self.prefix)
+            .field("deny_cache", &self.deny_cache)
             .finish_non_exhaustive()
     }
 }
@@ -440,6 +529,46 @@ impl LimiterBuilder {
         self
     }
 
+    /// Turns on the local deny cache, holding at most `max_keys` keys (off by default).
+    ///
+    /// A denial with `retry_after` r is then answered in this process, without the store, until
+    /// r has passed: a client hammering an over-limit key costs Redis nothing until it may pass
+    /// again. It caches denials only, so it never admits more than the store would; it answers
+    /// only requests of the same quota costing at least the denied cost, and never caches a
+    /// denial that can never pass (cost above the capacity). Other instances are unaffected:
+    /// they admit nothing the store would not either. A change this process makes to a key
+    /// drops its entry ([`Limiter::forget`]). Each entry takes about 150 bytes.
+    ///
+    /// Denials from the cache are counted in [`LimiterStats::deny_cached`] (and `denied`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{store::MemoryStore, Clock, Limiter, ManualClock, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let clock = ManualClock::new(Duration::from_secs(1_000));
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .clock(Clock::Manual(clock.clone()))
+    ///     .deny_cache(10_000)
+    ///     .build()
+    ///     .unwrap();
+    /// let quota = Quota::per_second(1).unwrap();
+    /// assert!(limiter.check("k", &quota).await.is_allowed());
+    /// for _ in 0..100 {
+    ///     assert!(!limiter.check("k", &quota).await.is_allowed());
+    /// }
+    /// // One denial came from the store, 99 from the cache.
+    /// assert_eq!(limiter.stats().deny_cached, 99);
+    /// clock.advance(Duration::from_secs(1)); // retry_after has passed
+    /// assert!(limiter.check("k", &quota).await.is_allowed());
+    /// # }
+    /// ```
+    pub fn deny_cache(mut self, max_keys: usize) -> Self {
+        self.deny_cache = Some(max_keys);
+        self
+    }
+
     /// Builds the limiter, validating the prefix.
     ///
     /// ```
@@ -466,9 +595,33 @@ impl LimiterBuilder {
                 clock: self.clock,
                 policy: self.policy,
                 stats: Counters::default(),
+                deny_cache: self.deny_cache.map(DenyCache::new),
             }),
         })
     }
+}
+
+/// The constant parts of the storage keys of one scope: `<prefix>:{` and `}:<scope>`.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyScope {
+    head: String,
+    tail: String,
+}
+
+impl KeyScope {
+    /// The storage key of `key` in this scope, in one allocation.
+    pub(crate) fn storage_key(&self, key: &str) -> String {
+        join_storage_key(&self.head, "", &storage_id(key), &self.tail)
+    }
+}
+
+fn join_storage_key(a: &str, b: &str, id: &str, tail: &str) -> String {
+    let mut key = String::with_capacity(a.len() + b.len() + id.len() + tail.len());
+    key.push_str(a);
+    key.push_str(b);
+    key.push_str(id);
+    key.push_str(tail);
+    key
 }
 
 /// A configuration the builders refuse.
@@ -508,97 +661,14 @@ pub enum ConfigError {
     /// characters other than ASCII letters, digits, `-`, `_` and `.`.
     #[error("policy name must be 1 to 64 characters of [A-Za-z0-9._-]")]
     InvalidPolicyName,
+    /// The scope given to [`RateLimitLayerBuilder::scope`](crate::RateLimitLayerBuilder::scope)
+    /// is empty, longer than 64 bytes, or has characters other than ASCII letters, digits, `-`,
+    /// `_` and `.`.
+    #[error("scope must be 1 to 64 characters of [A-Za-z0-9._-]")]
+    InvalidScope,
     /// The limiter's algorithm cannot serve the layer's quota.
     #[error(transparent)]
     Quota(#[from] crate::quota::QuotaError),
-}
-
-/// What a limiter has decided since it was built; see [`Limiter::stats`].
-///
-/// Export it to your metrics: a rising `store_errors` means Redis is in trouble while the
-/// failure policy keeps requests flowing.
-///
-/// ```
-/// # use std::time::Duration;
-/// # use futures::future::BoxFuture;
-/// # use redlimit::{store::{CheckRequest, Store, StoreError}, Decision};
-/// # #[derive(Debug)]
-/// # struct Down;
-/// # impl Store for Down {
-/// #     fn check<'a>(
-/// #         &'a self,
-/// #         _: CheckRequest<'a>,
-/// #     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-/// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
-/// #     }
-/// # }
-/// use redlimit::{Limiter, LimiterStats, Quota};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// // `Down` is a store whose every call times out (see the `policy` module docs).
-/// let limiter = Limiter::new(Down);
-/// assert!(limiter.check("k", &Quota::per_second(1).unwrap()).await.is_allowed());
-/// let stats = limiter.stats();
-/// assert_eq!(stats, LimiterStats { store_errors: 1, failed_open: 1, ..LimiterStats::default() });
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LimiterStats {
-    /// Requests the store admitted.
-    pub allowed: u64,
-    /// Requests the store denied.
-    pub denied: u64,
-    /// Store calls that failed (each then went through the failure policy).
-    pub store_errors: u64,
-    /// Failures the policy admitted unchecked.
-    pub failed_open: u64,
-    /// Failures the policy rejected.
-    pub failed_closed: u64,
-    /// Failures the policy decided locally (e.g. [`LocalFallback`](crate::policy::LocalFallback)).
-    pub fallback_decisions: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    allowed: AtomicU64,
-    denied: AtomicU64,
-    store_errors: AtomicU64,
-    failed_open: AtomicU64,
-    failed_closed: AtomicU64,
-    fallback_decisions: AtomicU64,
-}
-
-impl Counters {
-    fn count_decision(&self, decision: &Decision) {
-        let counter = if decision.allowed {
-            &self.allowed
-        } else {
-            &self.denied
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn count_failure(&self, verdict: &Verdict) {
-        let counter = match verdict {
-            Verdict::Decided(_) => &self.fallback_decisions,
-            Verdict::FailedOpen => &self.failed_open,
-            Verdict::FailedClosed { .. } => &self.failed_closed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> LimiterStats {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        LimiterStats {
-            allowed: load(&self.allowed),
-            denied: load(&self.denied),
-            store_errors: load(&self.store_errors),
-            failed_open: load(&self.failed_open),
-            failed_closed: load(&self.failed_closed),
-            fallback_decisions: load(&self.fallback_decisions),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -199,10 +199,11 @@ fn prop_key_extraction_paths_stay_bounded() {
                 copy.extensions_mut().insert(RawKey(case.fn_key.clone()));
                 copy.into_parts()
             };
+            let owned = |key: Option<std::borrow::Cow<'_, str>>| key.map(|k| k.into_owned());
             let keys = [
-                ("HeaderKey", header_key.extract(&parts), true),
-                ("FnKey", fn_key.extract(&parts), false),
-                ("PeerIp", peer_ip.extract(&parts), true),
+                ("HeaderKey", owned(header_key.extract(&parts)), true),
+                ("FnKey", owned(fn_key.extract(&parts)), false),
+                ("PeerIp", owned(peer_ip.extract(&parts)), true),
             ];
             for (path, key, short) in &keys {
                 let key = key
@@ -228,11 +229,12 @@ fn prop_key_extraction_paths_stay_bounded() {
             }
 
             // Through the layer on real Redis: the key stored is exactly the layer's scoped
-            // storage key (its policy name, `default`, after the hash tag).
+            // storage key (its scope after the hash tag).
+            let by_header = RateLimitLayer::new(limiter.clone(), quota, header_key);
+            let by_fn = RateLimitLayer::new(limiter.clone(), quota, fn_key);
+            let by_ip = RateLimitLayer::new(limiter.clone(), quota, peer_ip);
+            let scope = by_ip.scope().to_owned();
             let statuses = runtime.block_on(async {
-                let by_header = RateLimitLayer::new(limiter.clone(), quota, header_key);
-                let by_fn = RateLimitLayer::new(limiter.clone(), quota, fn_key);
-                let by_ip = RateLimitLayer::new(limiter.clone(), quota, peer_ip);
                 let copy = |request: &Request<String>| {
                     let mut new = Request::new(String::new());
                     *new.headers_mut() = request.headers().clone();
@@ -248,7 +250,7 @@ fn prop_key_extraction_paths_stay_bounded() {
             });
             prop_assert_eq!(statuses, [StatusCode::OK; 3]);
             for (path, key, _) in &keys {
-                let storage = limiter.scoped_storage_key("default", key.as_deref().unwrap());
+                let storage = limiter.scoped_storage_key(&scope, key.as_deref().unwrap());
                 let exists: bool = redis::cmd("EXISTS")
                     .arg(&storage)
                     .query(&mut *conn.borrow_mut())
