@@ -255,6 +255,10 @@ fn bad_flags_exit_non_zero_with_a_message() {
         (&["--limit", "ten"], "--limit"),
         (&["--burst", "0"], "--burst must be at least 1"),
         (&["--algorithm", "leaky-bucket"], "unknown algorithm"),
+        (
+            &["--algorithm", "sliding-log", "--limit", "1000000"],
+            "use sliding-window",
+        ),
         (&["--frobnicate"], "unknown argument"),
         (&["--period", "10x"], "--period"),
         (&["--period", "1.5s"], "--period"),

@@ -2,9 +2,9 @@
 //! store, until r has passed.
 //!
 //! It holds denials only, so it can never admit what the store would deny. An entry answers a
-//! request only for the same storage key, the same quota and a cost at least the denied one (a
-//! larger cost needs more room, so it is denied at least as long); a smaller cost or a peek goes
-//! to the store. Denials that can never pass (cost above the capacity) are not cached. Memory is
+//! request only for the same storage key, the same quota and the same cost (its `retry_after`
+//! is that cost's: a larger cost would be told to come back too early, a smaller one may pass
+//! sooner), so any other cost, or a peek, goes to the store. Denials that can never pass (cost above the capacity) are not cached. Memory is
 //! bounded: at most `max_keys` entries, spread over shards; a full shard first drops what has
 //! expired, then an arbitrary entry.
 //!
@@ -29,7 +29,7 @@ const SHARDS: usize = 16;
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     quota: Quota,
-    /// The denied cost: requests costing at least this much are denied too.
+    /// The denied cost: the entry answers requests of this cost only.
     cost: u64,
     limit: u64,
     remaining: u64,
@@ -85,7 +85,7 @@ impl DenyCache {
     pub(crate) fn lookup(&self, key: &str, quota: &Quota, cost: u64, now: u64) -> Option<Decision> {
         let shard = self.shard(key).read().unwrap_or_else(|e| e.into_inner());
         let entry = shard.get(key)?;
-        if now >= entry.until || cost < entry.cost || entry.quota != *quota {
+        if now >= entry.until || cost != entry.cost || entry.quota != *quota {
             return None;
         }
         let retry_after = micros_rounded_up_to_ms(entry.until - now);
@@ -144,8 +144,16 @@ impl DenyCache {
 
     /// Drops the entry of `key`: its state or quota changed.
     pub(crate) fn forget(&self, key: &str) {
-        let mut shard = self.shard(key).write().unwrap_or_else(|e| e.into_inner());
-        shard.remove(key);
+        let shard = self.shard(key);
+        // Most calls find nothing: a shared read lock keeps them from contending.
+        if !shard
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(key)
+        {
+            return;
+        }
+        shard.write().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 
     #[cfg(test)]
@@ -176,20 +184,21 @@ mod tests {
     }
 
     #[test]
-    fn a_denial_holds_until_retry_after_and_for_larger_costs_only() {
+    fn a_denial_holds_until_retry_after_for_its_cost_only() {
         let cache = DenyCache::new(100);
         let quota = Quota::per_minute(5).unwrap();
         cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
         let hit = cache.lookup("k", &quota, 2, 1_000_000).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(12_000));
         let later = cache
-            .lookup("k", &quota, 3, 1_000_000 + 11_999_001)
+            .lookup("k", &quota, 2, 1_000_000 + 11_999_001)
             .unwrap();
         assert_eq!(later.retry_after, Duration::from_millis(1));
         assert!(!later.allowed);
         // Over at retry_after; a smaller cost, another quota or another key is the store's.
         assert!(cache.lookup("k", &quota, 2, 13_000_000).is_none());
         assert!(cache.lookup("k", &quota, 1, 1_000_000).is_none());
+        assert!(cache.lookup("k", &quota, 3, 1_000_000).is_none());
         assert!(cache
             .lookup("k", &Quota::per_minute(6).unwrap(), 2, 1_000_000)
             .is_none());

@@ -246,24 +246,8 @@ impl Limiter {
         }
         let request = self.request(storage_key, quota, cost);
         let stats = &self.inner.stats;
-        let cache = self.inner.deny_cache.as_ref();
-        if let Some(cache) = cache {
-            let now = cache.now(request.now_micros);
-            if let Some(decision) = cache.lookup(storage_key, quota, cost, now) {
-                stats.count_cached_denial();
-                return Verdict::Decided(decision);
-            }
-        }
-        match self.inner.store.check(request).await {
-            Ok(decision) => {
-                stats.count_decision(&decision);
-                if let Some(cache) = cache.filter(|_| !decision.allowed) {
-                    // The store decided at `now_micros` (client clock) or before its reply came.
-                    let now = cache.now(request.now_micros);
-                    cache.remember(storage_key, quota, cost, &decision, now);
-                }
-                Verdict::Decided(decision)
-            }
+        match self.ask(request).await {
+            Ok(decision) => Verdict::Decided(decision),
             Err(error) => {
                 stats.count_store_error();
                 let verdict = self.inner.policy.on_store_error(&FailureContext {
@@ -324,12 +308,37 @@ impl Limiter {
     ) -> Result<Decision, StoreError> {
         self.inner.algorithm.supports(quota)?;
         let storage_key = self.storage_key(key);
-        let decision = self
-            .inner
-            .store
-            .check(self.request(&storage_key, quota, cost))
-            .await?;
-        self.inner.stats.count_decision(&decision);
+        self.ask(self.request(&storage_key, quota, cost)).await
+    }
+
+    /// The decision for `request`: from the deny cache when it holds one, else from the store
+    /// (a denial that will end is then remembered). Counts the decision; errors are the
+    /// caller's.
+    async fn ask(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+        let stats = &self.inner.stats;
+        let cache = self.inner.deny_cache.as_ref();
+        let CheckRequest {
+            key, quota, cost, ..
+        } = request;
+        if let Some(cache) = cache {
+            let now = cache.now(request.now_micros);
+            if let Some(decision) = cache.lookup(key, quota, cost, now) {
+                stats.count_cached_denial();
+                return Ok(decision);
+            }
+        }
+        let decision = self.inner.store.check(request).await?;
+        stats.count_decision(&decision);
+        if let Some(cache) = cache {
+            if !decision.allowed {
+                // The store decided at `now_micros` (client clock), or before its reply came.
+                let now = cache.now(request.now_micros);
+                cache.remember(key, quota, cost, &decision, now);
+            } else if cost > 0 {
+                // An admission (of a smaller cost) consumed: a cached wait may now be too short.
+                cache.forget(key);
+            }
+        }
         Ok(decision)
     }
 
@@ -534,8 +543,9 @@ impl LimiterBuilder {
     /// A denial with `retry_after` r is then answered in this process, without the store, until
     /// r has passed: a client hammering an over-limit key costs Redis nothing until it may pass
     /// again. It caches denials only, so it never admits more than the store would; it answers
-    /// only requests of the same quota costing at least the denied cost, and never caches a
-    /// denial that can never pass (cost above the capacity). Other instances are unaffected:
+    /// only requests of the same quota and the same cost as the denied one (so its
+    /// `retry_after` is exact for them), and never caches a denial that can never pass (cost
+    /// above the capacity). Other instances are unaffected:
     /// they admit nothing the store would not either. A change this process makes to a key
     /// drops its entry ([`Limiter::forget`]). Each entry takes about 150 bytes.
     ///

@@ -1,0 +1,249 @@
+//! The local deny cache (`LimiterBuilder::deny_cache`) on a real Redis: it answers a hot
+//! over-limit key without the store, lets it through again exactly when `retry_after` has passed,
+//! and never changes what is admitted (exactness under concurrency, and the same decisions as a
+//! limiter without it over random schedules, for every algorithm).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redlimit::store::RedisStore;
+use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use support::RedisServer;
+use tokio::sync::Barrier;
+
+const T0: Duration = Duration::from_secs(1_700_001_800);
+
+fn limiter(redis: &RedisServer, algorithm: Algorithm, clock: Clock, cache: bool) -> Limiter {
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let builder = Limiter::builder(store)
+        .algorithm(algorithm)
+        .clock(clock)
+        .prefix(if cache { "cached" } else { "plain" });
+    let builder = if cache {
+        builder.deny_cache(1_000)
+    } else {
+        builder
+    };
+    builder.build().unwrap()
+}
+
+/// Script calls Redis has run (EVALSHA, and EVAL should a store fall back to it).
+fn script_calls(redis: &RedisServer) -> u64 {
+    redis.command_calls("evalsha") + redis.command_calls("eval")
+}
+
+async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
+    limiter
+        .try_check(key, quota, cost)
+        .await
+        .unwrap_or_else(|e| panic!("store failed: {e}"))
+}
+
+/// A hot key over its limit costs Redis one script call, not one per request, and passes again
+/// at `retry_after` exactly (denied 1 ms before).
+#[tokio::test]
+async fn a_hot_over_limit_key_is_answered_without_evalsha_until_retry_after() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let quota = Quota::per_minute(5).unwrap();
+    let limiter = limiter(
+        &redis,
+        Algorithm::TokenBucket,
+        Clock::Manual(clock.clone()),
+        true,
+    );
+    for _ in 0..5 {
+        assert!(check(&limiter, "hot", &quota, 1).await.allowed);
+    }
+    let before = script_calls(&redis);
+    let first = check(&limiter, "hot", &quota, 1).await;
+    assert!(!first.allowed);
+    assert_eq!(first.retry_after, Duration::from_secs(12));
+    for _ in 0..1_000 {
+        let denied = check(&limiter, "hot", &quota, 1).await;
+        assert!(!denied.allowed);
+        assert_eq!(denied.retry_after, Duration::from_secs(12));
+    }
+    assert_eq!(
+        script_calls(&redis) - before,
+        1,
+        "one EVALSHA for 1001 denials"
+    );
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.allowed, stats.denied, stats.deny_cached),
+        (5, 1_001, 1_000)
+    );
+
+    clock.advance(Duration::from_millis(11_999));
+    let late = check(&limiter, "hot", &quota, 1).await;
+    assert!(!late.allowed);
+    assert_eq!(late.retry_after, Duration::from_millis(1));
+    assert_eq!(script_calls(&redis) - before, 1, "still answered locally");
+    clock.advance(Duration::from_millis(1));
+    assert!(check(&limiter, "hot", &quota, 1).await.allowed);
+    assert_eq!(script_calls(&redis) - before, 2, "the store decided again");
+}
+
+/// On Redis server time the cache runs on a local clock started when the denial arrived: the key
+/// passes again once `retry_after` has passed.
+#[tokio::test]
+async fn on_server_time_the_key_passes_again_after_retry_after() {
+    let redis = RedisServer::start();
+    let quota = Quota::new(2, Duration::from_millis(600)).unwrap();
+    let limiter = limiter(&redis, Algorithm::TokenBucket, Clock::Server, true);
+    assert!(check(&limiter, "k", &quota, 1).await.allowed);
+    assert!(check(&limiter, "k", &quota, 1).await.allowed);
+    let denied = check(&limiter, "k", &quota, 1).await;
+    assert!(!denied.allowed);
+    assert!(denied.retry_after <= Duration::from_millis(300));
+    let before = script_calls(&redis);
+    assert!(!check(&limiter, "k", &quota, 1).await.allowed);
+    assert_eq!(script_calls(&redis), before, "answered locally");
+    tokio::time::sleep(denied.retry_after + Duration::from_millis(20)).await;
+    assert!(check(&limiter, "k", &quota, 1).await.allowed);
+    assert_eq!(limiter.stats().deny_cached, 1);
+}
+
+/// A denial that can never pass (cost above the capacity) is not cached: it says nothing about
+/// smaller costs, and the store answers it every time.
+#[tokio::test]
+async fn never_denials_and_smaller_costs_go_to_the_store() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let quota = Quota::per_minute(5).unwrap();
+    let limiter = limiter(&redis, Algorithm::Gcra, Clock::Manual(clock), true);
+    for _ in 0..3 {
+        assert!(check(&limiter, "k", &quota, 9).await.never_allowed());
+    }
+    assert!(check(&limiter, "k", &quota, 3).await.allowed);
+    assert!(!check(&limiter, "k", &quota, 3).await.allowed); // 2 left: cached for cost 3
+    assert!(!check(&limiter, "k", &quota, 3).await.allowed); // from the cache
+    let four = check(&limiter, "k", &quota, 4).await; // another cost: the store, its own wait
+    assert!(!four.allowed);
+    assert!(check(&limiter, "k", &quota, 2).await.allowed); // smaller: the store admits it
+    assert_eq!(limiter.stats().deny_cached, 1);
+}
+
+/// A change made to the key drops its entry: after the key is deleted in Redis and forgotten,
+/// the next request is the store's again.
+#[tokio::test]
+async fn forget_drops_the_entry() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_minute(1).unwrap();
+    let clock = ManualClock::new(T0);
+    let limiter = limiter(&redis, Algorithm::TokenBucket, Clock::Manual(clock), true);
+    assert!(check(&limiter, "k", &quota, 1).await.allowed);
+    assert!(!check(&limiter, "k", &quota, 1).await.allowed);
+    let _: () = redis::cmd("DEL")
+        .arg(limiter.storage_key("k"))
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(
+        !check(&limiter, "k", &quota, 1).await.allowed,
+        "still cached"
+    );
+    limiter.forget("k");
+    assert!(check(&limiter, "k", &quota, 1).await.allowed);
+}
+
+/// 500 checks at one instant over 4 limiters with deny caches: exactly the limit passes, for
+/// every algorithm; a second round on the same key admits nothing and costs Redis at most one
+/// script call per limiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactness_under_concurrency_holds_with_the_cache_on() {
+    const CHECKS: usize = 500;
+    const LIMIT: u64 = 50;
+    let redis = RedisServer::start();
+    let quota = Quota::per_hour(LIMIT).unwrap();
+    let clock = Clock::Manual(ManualClock::new(T0));
+    for &algorithm in Algorithm::ALL {
+        let limiters: Vec<Limiter> = (0..4)
+            .map(|_| limiter(&redis, algorithm, clock.clone(), true))
+            .collect();
+        let key = format!("exact-{algorithm}");
+        let mut admitted = Vec::new();
+        for round in 0..2 {
+            let before = script_calls(&redis);
+            let barrier = Arc::new(Barrier::new(CHECKS));
+            let tasks: Vec<_> = (0..CHECKS)
+                .map(|i| {
+                    let limiter = limiters[i % limiters.len()].clone();
+                    let (barrier, key) = (barrier.clone(), key.clone());
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        check(&limiter, &key, &quota, 1).await
+                    })
+                })
+                .collect();
+            let mut allowed = 0;
+            for task in tasks {
+                allowed += usize::from(task.await.unwrap().allowed);
+            }
+            admitted.push(allowed);
+            if round == 1 {
+                let calls = script_calls(&redis) - before;
+                assert!(
+                    calls <= 4,
+                    "{algorithm}: {calls} script calls in the cached round"
+                );
+            }
+        }
+        assert_eq!(admitted, [LIMIT as usize, 0], "{algorithm}");
+    }
+}
+
+/// Over random schedules (whole milliseconds, mixed costs) a limiter with the cache decides
+/// exactly as one without it, for every algorithm: the cache only ever repeats a denial the
+/// store would give.
+#[tokio::test]
+async fn the_cache_never_changes_a_decision() {
+    let redis = RedisServer::start();
+    let quota = Quota::new(5, Duration::from_secs(10))
+        .unwrap()
+        .with_burst(5)
+        .unwrap();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |bound: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % bound
+    };
+    for &algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(T0);
+        let cached = limiter(&redis, algorithm, Clock::Manual(clock.clone()), true);
+        let plain = limiter(&redis, algorithm, Clock::Manual(clock.clone()), false);
+        let mut denied = 0;
+        for step in 0..600 {
+            clock.advance(Duration::from_millis(next(1_500)));
+            let cost = [1, 1, 1, 2, 3][next(5) as usize];
+            let with = check(&cached, "k", &quota, cost).await;
+            let without = check(&plain, "k", &quota, cost).await;
+            assert_eq!(
+                with.allowed, without.allowed,
+                "{algorithm} step {step} cost {cost}: cached {with:?}, store {without:?}"
+            );
+            if !with.allowed {
+                denied += 1;
+                assert!(
+                    with.retry_after >= without.retry_after,
+                    "{with:?} {without:?}"
+                );
+            }
+        }
+        assert!(
+            denied > 50,
+            "{algorithm}: the schedule must hit the limit ({denied})"
+        );
+        assert!(
+            cached.stats().deny_cached > 0,
+            "{algorithm}: the cache answered"
+        );
+    }
+}

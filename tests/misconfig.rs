@@ -1,0 +1,111 @@
+//! Misconfiguration is loud (issue 9.8): a quota the algorithm refuses stops the layer from being
+//! built, and requests without a key are counted and logged once, with the likely cause.
+
+mod support;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use redlimit::key::PeerIp;
+use redlimit::store::RedisStore;
+use redlimit::{Algorithm, ConfigError, Limiter, Quota, QuotaError, RateLimitLayer};
+use support::RedisServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn limiter(redis: &RedisServer, algorithm: Algorithm) -> Limiter {
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    Limiter::builder(store)
+        .algorithm(algorithm)
+        .build()
+        .unwrap()
+}
+
+/// Before: the layer was built, and answered 429 to every request forever.
+#[test]
+#[should_panic(expected = "use sliding-window")]
+fn a_layer_with_a_quota_the_algorithm_refuses_is_not_built() {
+    let redis = RedisServer::start();
+    let huge = Quota::per_second(1_000_000).unwrap();
+    let limiter = limiter(&redis, Algorithm::SlidingLog);
+    let built = RateLimitLayer::builder(limiter.clone(), huge, PeerIp::new()).build();
+    assert_eq!(
+        built.err(),
+        Some(ConfigError::Quota(QuotaError::BurstTooLargeForSlidingLog))
+    );
+    RateLimitLayer::new(limiter, huge, PeerIp::new());
+}
+
+/// Log lines, captured.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// axum served without `into_make_service_with_connect_info`: `PeerIp` sees no address, every
+/// client lands on the shared key. Before: nothing counted it, nothing said so.
+#[tokio::test(flavor = "current_thread")]
+async fn requests_without_a_key_are_counted_and_warned_about_once() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis, Algorithm::TokenBucket);
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        Quota::per_minute(100).unwrap(),
+        PeerIp::new(),
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    for _ in 0..3 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).await.unwrap();
+        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    }
+    server.abort();
+
+    let stats = limiter.stats();
+    assert_eq!((stats.unkeyed, stats.allowed), (3, 3));
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("MissingKey::Shared"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{logs}");
+    assert!(warnings[0].contains("WARN"), "{logs}");
+    assert!(
+        warnings[0].contains("into_make_service_with_connect_info"),
+        "{logs}"
+    );
+}
