@@ -16,7 +16,7 @@ use crate::quota::Quota;
 ///
 /// Never a silent bypass: the rule is explicit, and the default counts all such requests
 /// against one shared key. Set it with
-/// [`RateLimitLayerBuilder::on_missing_key`].
+/// [`RateLimitLayerBuilder::on_missing_key`](super::RateLimitLayerBuilder::on_missing_key).
 ///
 /// ```
 /// use std::convert::Infallible;

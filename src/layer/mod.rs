@@ -20,8 +20,9 @@
 //!
 //! # Example
 //!
-//! Two routes with their own limits, from one limiter: each layer has its own policy name, so
-//! the login attempts and the API calls of one client are counted apart.
+//! Two routes with their own limits, from one limiter and one key: each layer counts in a scope
+//! derived from its quota (see [`RateLimitLayerBuilder::scope`]), so the login attempts and the
+//! API calls of one client are counted apart. The policy names tell them apart in the headers.
 //!
 //! ```
 //! use axum::{body::Body, routing::get, Router};

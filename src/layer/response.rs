@@ -10,6 +10,7 @@
 //! 200, trailers-only, `grpc-status: 8` (RESOURCE_EXHAUSTED) or `14` (UNAVAILABLE) and a
 //! `grpc-message`, with the same hint headers.
 
+use std::io::Write;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -78,11 +79,23 @@ impl HeaderStyle {
         } else {
             self.retry_after_secs(decision)
         };
-        let state = format!("{};r={};t={}", self.quoted_name, decision.remaining, t);
+        // Written on the stack and copied once into the header value: one allocation, where a
+        // `format!` took two (the string, then the shrink into `Bytes`). The name is at most 66
+        // bytes and each number 20 digits, so 128 bytes always suffice.
+        let mut state = [0u8; 128];
+        let mut cursor = std::io::Cursor::new(&mut state[..]);
+        let written = write!(
+            cursor,
+            "{};r={};t={}",
+            self.quoted_name, decision.remaining, t
+        );
+        let len = cursor.position() as usize;
         // Appended, not inserted: with stacked layers every policy shows up as its own item.
         headers.append(RATELIMIT_POLICY.clone(), self.policy.clone());
-        if let Ok(value) = HeaderValue::try_from(state) {
-            headers.append(RATELIMIT.clone(), value);
+        if written.is_ok() {
+            if let Ok(value) = HeaderValue::from_bytes(&state[..len]) {
+                headers.append(RATELIMIT.clone(), value);
+            }
         }
         if !self.legacy {
             return;

@@ -198,7 +198,7 @@ where
         // The layer's scope (its policy name and quota) keeps layers with different quotas on
         // the same key apart; its constant parts are precomputed.
         let storage_key = config.keys.storage_key(&key);
-        drop(key);
+        drop(key); // ends the borrow of `parts`
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
 
         // The one clone of the shared config per request: the check owns it, and hands it back
@@ -207,7 +207,7 @@ where
         let check = Box::pin(async move {
             let verdict = config
                 .limiter
-                .check_storage_key(&storage_key, &config.quota, cost)
+                .check_storage_key(storage_key.as_str(), &config.quota, cost)
                 .await;
             (verdict, config)
         });

@@ -51,6 +51,8 @@ struct Inner {
     policy: Arc<dyn FailurePolicy>,
     stats: Counters,
     deny_cache: Option<DenyCache>,
+    /// The constant parts of unscoped storage keys.
+    unscoped: KeyScope,
 }
 
 impl fmt::Debug for Limiter {
@@ -132,7 +134,8 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
-        self.decide(&self.storage_key(key), quota, cost).await
+        let storage_key = self.inner.unscoped.storage_key(key);
+        self.decide(storage_key.as_str(), quota, cost).await
     }
 
     /// Checks one request of `cost` units for `key` within `scope`: each scope keeps its own
@@ -158,22 +161,16 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_scoped(&self, scope: &str, key: &str, quota: &Quota, cost: u64) -> Verdict {
-        self.decide(&self.scoped_storage_key(scope, key), quota, cost)
-            .await
+        let (prefix, id, scope) = (&self.inner.prefix, storage_id(key), storage_id(scope));
+        let storage_key = StorageKey::join(&[prefix, ":{", &id, "}:", &scope]);
+        self.decide(storage_key.as_str(), quota, cost).await
     }
 
     /// The constant parts of the storage keys of `scope` (`None`: unscoped), computed once, so
     /// that a caller checking many keys in one scope builds each storage key with one
     /// allocation and no formatting.
     pub(crate) fn key_scope(&self, scope: Option<&str>) -> KeyScope {
-        let tail = match scope {
-            Some(scope) => format!("}}:{}", storage_id(scope)),
-            None => "}".to_owned(),
-        };
-        KeyScope {
-            head: format!("{}:{{", self.inner.prefix),
-            tail,
-        }
+        KeyScope::new(&self.inner.prefix, scope)
     }
 
     /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`].
@@ -307,8 +304,9 @@ impl Limiter {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         self.inner.algorithm.supports(quota)?;
-        let storage_key = self.storage_key(key);
-        self.ask(self.request(&storage_key, quota, cost)).await
+        let storage_key = self.inner.unscoped.storage_key(key);
+        self.ask(self.request(storage_key.as_str(), quota, cost))
+            .await
     }
 
     /// The decision for `request`: from the deny cache when it holds one, else from the store
@@ -597,6 +595,7 @@ impl LimiterBuilder {
         if !valid {
             return Err(ConfigError::InvalidPrefix);
         }
+        let unscoped = KeyScope::new(&self.prefix, None);
         Ok(Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -606,12 +605,14 @@ impl LimiterBuilder {
                 policy: self.policy,
                 stats: Counters::default(),
                 deny_cache: self.deny_cache.map(DenyCache::new),
+                unscoped,
             }),
         })
     }
 }
 
-/// The constant parts of the storage keys of one scope: `<prefix>:{` and `}:<scope>`.
+/// The constant parts of the storage keys of one scope: `<prefix>:{` and `}:<scope>` (or `}`
+/// unscoped).
 #[derive(Debug, Clone)]
 pub(crate) struct KeyScope {
     head: String,
@@ -619,9 +620,59 @@ pub(crate) struct KeyScope {
 }
 
 impl KeyScope {
-    /// The storage key of `key` in this scope, in one allocation.
-    pub(crate) fn storage_key(&self, key: &str) -> String {
-        join_storage_key(&self.head, "", &storage_id(key), &self.tail)
+    fn new(prefix: &str, scope: Option<&str>) -> KeyScope {
+        let tail = match scope {
+            Some(scope) => format!("}}:{}", storage_id(scope)),
+            None => "}".to_owned(),
+        };
+        KeyScope {
+            head: format!("{prefix}:{{"),
+            tail,
+        }
+    }
+}
+
+impl KeyScope {
+    /// The storage key of `key` in this scope, without allocating when it fits inline.
+    pub(crate) fn storage_key(&self, key: &str) -> StorageKey {
+        StorageKey::join(&[&self.head, &storage_id(key), &self.tail])
+    }
+}
+
+/// How long a storage key can be and still be built on the stack (typical ones are 30 to 80
+/// bytes: `redlimit:{ip:203.0.113.7}:default:token-bucket:100/60s:b100`).
+const INLINE_KEY: usize = 128;
+
+/// A storage key built for one check: inline when short, so the request path does not allocate
+/// for it.
+pub(crate) enum StorageKey {
+    Inline { bytes: [u8; INLINE_KEY], len: usize },
+    Heap(String),
+}
+
+impl StorageKey {
+    fn join(parts: &[&str]) -> StorageKey {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > INLINE_KEY {
+            return StorageKey::Heap(parts.concat());
+        }
+        let mut bytes = [0u8; INLINE_KEY];
+        let mut at = 0;
+        for part in parts {
+            bytes[at..at + part.len()].copy_from_slice(part.as_bytes());
+            at += part.len();
+        }
+        StorageKey::Inline { bytes, len }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            // Whole `&str`s were copied in, so the bytes are UTF-8.
+            StorageKey::Inline { bytes, len } => {
+                std::str::from_utf8(&bytes[..*len]).expect("joined from whole str values")
+            }
+            StorageKey::Heap(key) => key,
+        }
     }
 }
 
