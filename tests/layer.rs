@@ -662,8 +662,8 @@ async fn stacked_layers_keep_separate_counts_and_both_headers() {
     assert_eq!(
         keys,
         [
-            "redlimit:{g}:minute:token-bucket:5/60s:b5",
-            "redlimit:{g}:second:token-bucket:2/1s:b2"
+            "redlimit:{g}:minute:token-bucket:5/60s",
+            "redlimit:{g}:second:token-bucket:2/1s"
         ]
     );
 }

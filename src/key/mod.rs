@@ -89,7 +89,7 @@ pub const MAX_LITERAL_KEY_LEN: usize = 200;
 ///
 /// The key is a [`Cow`]: borrow it when it is already there (a constant, a header's text, a
 /// path segment), so the request path allocates nothing for it; return
-/// `Some(owned.into())` for a key you build. (Before 0.2 `extract` returned `Option<String>`;
+/// `Some(owned.into())` for a key you build. (Earlier builds returned `Option<String>` here;
 /// an old implementation becomes a new one by adding `.map(Into::into)` to its result.)
 ///
 /// ```

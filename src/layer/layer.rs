@@ -10,6 +10,7 @@ use tower_layer::Layer;
 use super::config::{Config, CostFn, MissingKey, SkipFn};
 use super::response::HeaderStyle;
 use super::service::RateLimit;
+use crate::algorithm::Algorithm;
 use crate::key::KeyExtractor;
 use crate::limiter::{ConfigError, Limiter};
 use crate::quota::Quota;
@@ -93,7 +94,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     ///
     /// let limiter = Limiter::new(MemoryStore::new());
     /// let login = RateLimitLayer::new(limiter.clone(), Quota::per_minute(5)?, GlobalKey::new("g"));
-    /// assert_eq!(login.scope(), "default:token-bucket:5/60s:b5");
+    /// assert_eq!(login.scope(), "default:token-bucket:5/60s");
     /// let shared = RateLimitLayer::builder(limiter, Quota::per_minute(5)?, GlobalKey::new("g"))
     ///     .scope("auth")
     ///     .build()?;
@@ -212,8 +213,8 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// their quotas**: 1 to 64 characters of `[A-Za-z0-9._-]`.
     ///
     /// Without it a layer's scope is derived from its policy name, the limiter's algorithm and
-    /// the quota, e.g. `default:token-bucket:5/60s:b5` (storage key
-    /// `redlimit:{ip:203.0.113.7}:default:token-bucket:5/60s:b5`): layers with different quotas
+    /// the quota, e.g. `default:token-bucket:5/60s` (storage key
+    /// `redlimit:{ip:203.0.113.7}:default:token-bucket:5/60s`): layers with different quotas
     /// (per-route limits: `/login` 5 a minute, `/api` 1000 a minute) never share state, and
     /// layers with the same name and quota (one quota applied to several routes) do. A changed
     /// quota therefore starts from a fresh count; the old keys expire on their own.
@@ -377,21 +378,9 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
             algorithm,
             self.legacy_headers,
         );
-        let scope = self.scope.unwrap_or_else(|| {
-            let quota = &self.quota;
-            let period = quota.period().as_micros();
-            let period = if period.is_multiple_of(1_000_000) {
-                format!("{}s", period / 1_000_000)
-            } else {
-                format!("{period}us")
-            };
-            format!(
-                "{}:{algorithm}:{}/{period}:b{}",
-                self.policy_name,
-                quota.limit(),
-                quota.burst()
-            )
-        });
+        let scope = self
+            .scope
+            .unwrap_or_else(|| default_scope(&self.policy_name, algorithm, &self.quota));
         let keys = self.limiter.key_scope(Some(&scope));
         Ok(RateLimitLayer {
             config: Arc::new(Config {
@@ -411,10 +400,60 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     }
 }
 
+/// `<policy name>:<algorithm>:<limit>/<period>[:b<burst>]`, the period in whole seconds (`60s`)
+/// or else microseconds (`1500000us`), the burst only when it differs from the limit: two
+/// quotas that decide differently never get the same scope.
+fn default_scope(policy_name: &str, algorithm: Algorithm, quota: &Quota) -> String {
+    let micros = quota.period().as_micros();
+    let period = if micros.is_multiple_of(1_000_000) {
+        format!("{}s", micros / 1_000_000)
+    } else {
+        format!("{micros}us")
+    };
+    let mut scope = format!("{policy_name}:{algorithm}:{}/{period}", quota.limit());
+    if quota.burst() != quota.limit() {
+        scope.push_str(&format!(":b{}", quota.burst()));
+    }
+    scope
+}
+
 /// 1 to 64 characters of `[A-Za-z0-9._-]`.
 fn is_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn default_scopes_tell_quotas_apart() {
+        let minute = Quota::per_minute(5).unwrap();
+        let tb = Algorithm::TokenBucket;
+        assert_eq!(
+            default_scope("default", tb, &minute),
+            "default:token-bucket:5/60s"
+        );
+        let burst = minute.with_burst(10).unwrap();
+        assert_eq!(
+            default_scope("api", Algorithm::Gcra, &burst),
+            "api:gcra:5/60s:b10"
+        );
+        let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
+        assert_eq!(default_scope("x", tb, &odd), "x:token-bucket:3/1500000us");
+        let scopes = [
+            default_scope("d", tb, &minute),
+            default_scope("d", tb, &burst),
+            default_scope("d", tb, &odd),
+            default_scope("d", Algorithm::FixedWindow, &minute),
+            default_scope("e", tb, &minute),
+        ];
+        let distinct: std::collections::BTreeSet<_> = scopes.iter().collect();
+        assert_eq!(distinct.len(), scopes.len());
+    }
 }

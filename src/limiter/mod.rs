@@ -640,7 +640,7 @@ impl KeyScope {
 }
 
 /// How long a storage key can be and still be built on the stack (typical ones are 30 to 80
-/// bytes: `redlimit:{ip:203.0.113.7}:default:token-bucket:100/60s:b100`).
+/// bytes: `redlimit:{ip:203.0.113.7}:default:token-bucket:100/60s`).
 const INLINE_KEY: usize = 128;
 
 /// A storage key built for one check: inline when short, so the request path does not allocate

@@ -199,8 +199,10 @@ pub(crate) fn check_redis_key(key: &[u8], prefix: &str) -> Result<String, String
             "hash tag is neither plain nor a sha256 id: {text:?}"
         ));
     }
+    // After the hash tag: a scope, i.e. configuration (a layer's policy name and quota, or an
+    // algorithm's `:log`), never client input; a default-named layer's is under 50 bytes.
     let suffix = &text[close + 1..];
-    if suffix.len() > 16 {
+    if suffix.len() > 64 {
         return Err(format!(
             "unexpectedly long suffix after the hash tag: {text:?}"
         ));
