@@ -1,0 +1,223 @@
+//! [`LimiterBuilder`]: the options of a [`Limiter`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::deny_cache::DenyCache;
+use super::keys::KeyScope;
+use super::stats::Counters;
+use super::{ConfigError, Inner, Limiter};
+use crate::algorithm::Algorithm;
+use crate::clock::Clock;
+use crate::policy::FailurePolicy;
+use crate::store::Store;
+
+/// Builds a [`Limiter`]; see [`Limiter::builder`].
+///
+/// Every option has a default: token bucket, prefix [`DEFAULT_PREFIX`](super::DEFAULT_PREFIX), Redis server time,
+/// [`FailOpen`](crate::policy::FailOpen).
+///
+/// ```
+/// use redlimit::policy::LocalFallback;
+/// use redlimit::store::RedisStore;
+/// use redlimit::{Algorithm, Clock, Limiter};
+///
+/// let limiter = Limiter::builder(RedisStore::new("redis://127.0.0.1:6379")?)
+///     .algorithm(Algorithm::SlidingWindow)
+///     .prefix("api")
+///     .clock(Clock::Server)
+///     .failure_policy(LocalFallback::new(3))
+///     .build()?;
+/// assert_eq!(limiter.algorithm(), Algorithm::SlidingWindow);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LimiterBuilder {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) algorithm: Algorithm,
+    pub(super) prefix: String,
+    pub(super) clock: Clock,
+    pub(super) policy: Arc<dyn FailurePolicy>,
+    pub(super) deny_cache: Option<usize>,
+}
+
+impl fmt::Debug for LimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("algorithm", &self.algorithm)
+            .field("prefix", &self.prefix)
+            .field("deny_cache", &self.deny_cache)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LimiterBuilder {
+    /// The algorithm (token bucket by default).
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Algorithm, Limiter};
+    ///
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .algorithm("fixed-window".parse().unwrap())
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(limiter.algorithm(), Algorithm::FixedWindow);
+    /// ```
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The prefix of every Redis key (`redlimit` by default): 1 to 64 printable ASCII
+    /// characters, without `{` or `}`.
+    ///
+    /// Give limiters that share a Redis different prefixes, so their keys never meet.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, ConfigError, Limiter};
+    ///
+    /// let search = Limiter::builder(MemoryStore::new()).prefix("rl:search").build().unwrap();
+    /// assert_eq!(search.storage_key("u1"), "rl:search:{u1}");
+    ///
+    /// let bad = Limiter::builder(MemoryStore::new()).prefix("has space").build();
+    /// assert_eq!(bad.err(), Some(ConfigError::InvalidPrefix));
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Whose clock decides (Redis server time by default).
+    ///
+    /// A [`ManualClock`](crate::ManualClock) makes refills deterministic in tests:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{store::MemoryStore, Clock, Limiter, ManualClock, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let clock = ManualClock::new(Duration::from_secs(1_000));
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .clock(Clock::Manual(clock.clone()))
+    ///     .build()
+    ///     .unwrap();
+    /// let quota = Quota::per_second(1).unwrap();
+    /// assert!(limiter.check("k", &quota).await.is_allowed());
+    /// assert!(!limiter.check("k", &quota).await.is_allowed());
+    /// clock.advance(Duration::from_secs(1)); // one token refills
+    /// assert!(limiter.check("k", &quota).await.is_allowed());
+    /// # }
+    /// ```
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// What a store failure means ([`FailOpen`](crate::policy::FailOpen) by default).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use futures::future::BoxFuture;
+    /// # use redlimit::{store::{CheckRequest, Store, StoreError}, Decision};
+    /// # #[derive(Debug)]
+    /// # struct Down;
+    /// # impl Store for Down {
+    /// #     fn check<'a>(
+    /// #         &'a self,
+    /// #         _: CheckRequest<'a>,
+    /// #     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    /// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
+    /// #     }
+    /// # }
+    /// use redlimit::{policy::FailClosed, Limiter, Quota, Verdict};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // `Down` is a store whose every call times out (see the `policy` module docs).
+    /// let limiter = Limiter::builder(Down)
+    ///     .failure_policy(FailClosed { retry_after: Duration::from_secs(2) })
+    ///     .build()
+    ///     .unwrap();
+    /// let verdict = limiter.check("k", &Quota::per_second(1).unwrap()).await;
+    /// assert_eq!(verdict, Verdict::FailedClosed { retry_after: Duration::from_secs(2) });
+    /// # }
+    /// ```
+    pub fn failure_policy(mut self, policy: impl FailurePolicy) -> Self {
+        self.policy = Arc::new(policy);
+        self
+    }
+
+    /// Turns on the local deny cache, holding at most `max_keys` keys (off by default).
+    ///
+    /// A denial with `retry_after` r is then answered in this process, without the store, until
+    /// r has passed: a client hammering an over-limit key costs Redis nothing until it may pass
+    /// again. It caches denials only, so it never admits more than the store would; it answers
+    /// only requests of the same quota and the same cost as the denied one (so its
+    /// `retry_after` is exact for them), and never caches a denial that can never pass (cost
+    /// above the capacity). Other instances are unaffected:
+    /// they admit nothing the store would not either. A change this process makes to a key
+    /// drops its entry ([`Limiter::forget`]). Each entry takes about 150 bytes.
+    ///
+    /// Denials from the cache are counted in [`LimiterStats::deny_cached`](super::LimiterStats::deny_cached) (and `denied`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{store::MemoryStore, Clock, Limiter, ManualClock, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let clock = ManualClock::new(Duration::from_secs(1_000));
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .clock(Clock::Manual(clock.clone()))
+    ///     .deny_cache(10_000)
+    ///     .build()
+    ///     .unwrap();
+    /// let quota = Quota::per_second(1).unwrap();
+    /// assert!(limiter.check("k", &quota).await.is_allowed());
+    /// for _ in 0..100 {
+    ///     assert!(!limiter.check("k", &quota).await.is_allowed());
+    /// }
+    /// // One denial came from the store, 99 from the cache.
+    /// assert_eq!(limiter.stats().deny_cached, 99);
+    /// clock.advance(Duration::from_secs(1)); // retry_after has passed
+    /// assert!(limiter.check("k", &quota).await.is_allowed());
+    /// # }
+    /// ```
+    pub fn deny_cache(mut self, max_keys: usize) -> Self {
+        self.deny_cache = Some(max_keys);
+        self
+    }
+
+    /// Builds the limiter, validating the prefix.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, ConfigError, Limiter};
+    ///
+    /// assert!(Limiter::builder(MemoryStore::new()).build().is_ok());
+    /// let braces = Limiter::builder(MemoryStore::new()).prefix("a{b}").build();
+    /// assert_eq!(braces.err(), Some(ConfigError::InvalidPrefix));
+    /// ```
+    pub fn build(self) -> Result<Limiter, ConfigError> {
+        let valid = (1..=64).contains(&self.prefix.len())
+            && self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+        if !valid {
+            return Err(ConfigError::InvalidPrefix);
+        }
+        let unscoped = KeyScope::new(&self.prefix, None);
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                algorithm: self.algorithm,
+                prefix: self.prefix,
+                clock: self.clock,
+                policy: self.policy,
+                stats: Counters::default(),
+                deny_cache: self.deny_cache.map(DenyCache::new),
+                unscoped,
+            }),
+        })
+    }
+}
