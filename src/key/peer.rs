@@ -100,7 +100,7 @@ impl PeerIp {
     /// let key = |extractor: &PeerIp, peer: &str| {
     ///     let mut request = http::Request::new(());
     ///     request.extensions_mut().insert(peer.parse::<SocketAddr>().unwrap());
-    ///     extractor.extract(&request.into_parts().0).unwrap()
+    ///     extractor.extract(&request.into_parts().0).unwrap().into_owned()
     /// };
     /// let by_64 = PeerIp::new();
     /// assert_eq!(key(&by_64, "[2001:db8:1:2::7]:443"), "ip:2001:db8:1:2::/64");
