@@ -110,7 +110,7 @@ impl Limiter {
     /// The state of a key belongs to one quota: checking the same key under two different
     /// quotas would mix their counts. To apply several quotas to one key (2 a second and 100 a
     /// minute), check each in its own scope with [`check_scoped`](Self::check_scoped), as
-    /// [`RateLimitLayer`](crate::RateLimitLayer) does with its policy name.
+    /// [`RateLimitLayer`](crate::RateLimitLayer) does with its scope (its policy name and quota).
     pub async fn check(&self, key: &str, quota: &Quota) -> Verdict {
         self.check_cost(key, quota, 1).await
     }
