@@ -341,7 +341,11 @@ impl RedisStore {
     }
 }
 
-/// One EVALSHA of the algorithm's script (SCRIPT LOAD and retry on NOSCRIPT).
+/// One EVALSHA of the algorithm's script. On `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
+/// it loads the script and retries; if `NOSCRIPT` comes back again (another flush landed between
+/// the load and the retry, or the retry reached a replica promoted without the script) it sends
+/// the script body with `EVAL`, which cannot fail that way. A `NOSCRIPT` reply means the script
+/// did not run, so each of these resends is safe.
 async fn invoke(
     connection: &mut impl ConnectionLike,
     request: CheckRequest<'_>,
@@ -351,19 +355,31 @@ async fn invoke(
     evalsha.arg(script.get_hash());
     crate::algorithm::push_call(&request, &mut evalsha);
     let values: Vec<i64> = match evalsha.query_async(connection).await {
-        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+        Err(error) if is_noscript(&error) => {
             redis::cmd("SCRIPT")
                 .arg("LOAD")
                 .arg(request.algorithm.script_source())
                 .exec_async(connection)
                 .await?;
-            evalsha.query_async(connection).await?
+            match evalsha.query_async(connection).await {
+                Err(error) if is_noscript(&error) => {
+                    let mut eval = redis::cmd("EVAL");
+                    eval.arg(request.algorithm.script_source());
+                    crate::algorithm::push_call(&request, &mut eval);
+                    eval.query_async(connection).await?
+                }
+                result => result?,
+            }
         }
         result => result?,
     };
     Reply::from_redis(&values)
         .map(Reply::into_decision)
         .ok_or_else(|| StoreError::BadReply(format!("{values:?}")))
+}
+
+fn is_noscript(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 impl Store for RedisStore {
