@@ -121,7 +121,10 @@ impl RedisStore {
 
     /// Starts a builder for a store on the Redis at `url`.
     pub fn builder<T: IntoConnectionInfo>(url: T) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(url.into_connection_info().map(Target::Single))
+        RedisStoreBuilder::new(
+            url.into_connection_info()
+                .map(|info| Target::Single(Box::new(info))),
+        )
     }
 
     /// Starts a builder for a store on a Redis Cluster.
@@ -451,7 +454,7 @@ pub struct RedisStoreBuilder {
 
 /// What the builder connects to.
 enum Target {
-    Single(ConnectionInfo),
+    Single(Box<ConnectionInfo>),
     Cluster(Vec<ConnectionInfo>),
 }
 
@@ -576,7 +579,7 @@ impl RedisStoreBuilder {
         };
         let backend = match self.target? {
             Target::Single(info) => {
-                let info = with_credentials(info);
+                let info = with_credentials(*info);
                 let addr = match info.addr() {
                     ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
                     ConnectionAddr::TcpTls { host, port, .. } => format!("tls {host}:{port}"),
