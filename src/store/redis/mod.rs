@@ -621,7 +621,8 @@ impl RedisStoreBuilder {
                     connection: Replaceable::new(Box::new(move || {
                         let client = client.clone();
                         async move {
-                            let mut connection = client.get_async_connection().await?;
+                            let mut connection =
+                                client.get_async_connection().await.map_err(explain_tls)?;
                             let server = server::inspect(&mut connection).await;
                             Ok((connection, server))
                         }
@@ -648,9 +649,28 @@ async fn connect_single(client: Client) -> Result<(ConnectionManager, ServerInfo
         // One timer per call: the store's. (redis-rs would otherwise cut every reply at its
         // own 500 ms default, whatever the store's timeout.)
         .set_response_timeout(None);
-    let mut connection = ConnectionManager::new_with_config(client, config).await?;
+    let mut connection = ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(explain_tls)?;
     let server = server::inspect(&mut connection).await;
     Ok((connection, server))
+}
+
+/// A failed TLS handshake said as such, with what to check (rustls's own words kept).
+fn explain_tls(error: RedisError) -> RedisError {
+    let text = error.to_string();
+    if text.contains("certificate") || text.contains("fatal alert") {
+        RedisError::from((
+            error.kind(),
+            "TLS handshake failed",
+            format!(
+                "{text} (check that the CA given with tls_ca_pem, or the system's roots, signed \
+                 the server's certificate, and the client certificate if the server asks for one)"
+            ),
+        ))
+    } else {
+        error
+    }
 }
 
 /// TLS settings only make sense for a `rediss://` URL.
