@@ -61,7 +61,8 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// share a hash tag, so each script runs on the one node that owns the slot.
 ///
 /// **TLS.** `rediss://` URLs need the crate's `tls` feature (rustls); see
-/// [`RedisStoreBuilder::tls_ca_pem`] for a private CA and client certificates.
+/// `RedisStoreBuilder::tls_ca_pem` and `tls_client_cert_pem` for a private CA and client
+/// certificates.
 ///
 /// Clones share the connection and the breaker.
 ///
