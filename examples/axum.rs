@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --example axum -- [--bind ADDR] [--redis URL] [--limit N] [--period DURATION]
 //!     [--burst N] [--algorithm NAME] [--on-redis-error open|closed]
-//!     [--redis-cluster URL,URL,...]
+//!     [--redis-cluster URL,URL,...] [--redis-ca FILE]
 //! ```
 //!
 //! Each client gets `--limit` requests per `--period`: a client is its `x-api-key` header when it
@@ -14,6 +14,10 @@
 //! one answers, otherwise an in-memory store, and says which. With `--redis` it always uses that
 //! Redis: if it is down, `--on-redis-error` decides (`open` admits, `closed` answers 503).
 //! `--redis-cluster` does the same on a Redis Cluster reached through any of its nodes.
+//! `rediss://` URLs use TLS; `--redis-ca FILE` trusts a private CA (PEM) instead of the system's.
+//! At start the server verifies the store (connect, `PING`, script load) and prints
+//! `store: redis URL (Redis 7.0.15)`, or `store: redis URL (not reachable yet: ...)` and starts
+//! anyway.
 //!
 //! ```text
 //! $ cargo run --example axum -- --limit 3 --period 1m
@@ -31,7 +35,7 @@ use std::time::Duration;
 use axum::{routing::get, Router};
 use http::request::Parts;
 use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
-use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
 use redlimit::{Algorithm, FailClosed, FailOpen, Limiter, Quota, QuotaError, RateLimitLayer};
 
 const USAGE: &str = "\
@@ -44,6 +48,8 @@ options:
                                 otherwise the in-memory store]
   --redis-cluster URL,URL,...   use this Redis Cluster (any of its nodes), never the
                                 in-memory store
+  --redis-ca FILE               trust this CA (PEM) for rediss:// URLs instead of the
+                                system's roots
   --limit N                     requests per period and client [default: 10]
   --period DURATION             e.g. 500ms, 1s, 60s, 1m, 1h [default: 60s]
   --burst N                     requests allowed at once [default: the limit]
@@ -65,6 +71,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 struct Options {
     bind: SocketAddr,
     backend: Backend,
+    /// `--redis-ca`: a private CA (PEM) for `rediss://`.
+    redis_ca: Option<Vec<u8>>,
     quota: Quota,
     algorithm: Algorithm,
     fail_closed: bool,
@@ -111,6 +119,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, CliErro
     let mut burst = None;
     let mut algorithm = Algorithm::default();
     let mut fail_closed = false;
+    let mut redis_ca = None;
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -142,13 +151,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, CliErro
                 if urls.is_empty() {
                     return Err(invalid("--redis-cluster needs at least one URL"));
                 }
-                RedisStore::cluster(urls.iter().map(String::as_str)).map_err(|e| {
-                    let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
-                    invalid(format!(
-                        "--redis-cluster: invalid URLs {}: {e}",
-                        shown.join(",")
-                    ))
-                })?;
+                RedisStore::cluster_builder(urls.iter().map(String::as_str))
+                    .build()
+                    .map_err(|e| {
+                        let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
+                        invalid(format!(
+                            "--redis-cluster: invalid URLs {}: {e}",
+                            shown.join(",")
+                        ))
+                    })?;
                 backend = Backend::Cluster(urls);
             }
             "--redis" => {
@@ -160,6 +171,17 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, CliErro
                     invalid(format!("--redis: invalid URL {}: {e}", redacted(&url)))
                 })?;
                 backend = Backend::Redis(url);
+            }
+            "--redis-ca" => {
+                let path = value()?;
+                let pem = std::fs::read(&path)
+                    .map_err(|e| invalid(format!("--redis-ca: cannot read {path}: {e}")))?;
+                if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                    return Err(invalid(format!(
+                        "--redis-ca: {path} holds no PEM certificate"
+                    )));
+                }
+                redis_ca = Some(pem);
             }
             "--limit" => limit = parse_count(&flag, &value()?)?,
             "--period" => period = parse_duration(&value()?)?,
@@ -203,9 +225,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, CliErro
     algorithm
         .supports(&quota)
         .map_err(|e| invalid(format!("--limit/--burst for --algorithm {algorithm}: {e}")))?;
+    if redis_ca.is_some() && backend == Backend::Auto {
+        return Err(invalid(
+            "--redis-ca needs --redis rediss://... or --redis-cluster rediss://...",
+        ));
+    }
     Ok(Options {
         bind,
         backend,
+        redis_ca,
         quota,
         algorithm,
         fail_closed,
@@ -287,10 +315,13 @@ fn redacted(url: &str) -> String {
 
 /// Builds the limiter on the chosen store and says which one it is.
 async fn limiter(options: &Options) -> Result<Limiter, String> {
+    let ca = options.redis_ca.as_deref();
     let builder = match &options.backend {
         Backend::Redis(url) => {
-            let builder = Limiter::builder(redis_store(url)?);
-            if !redis_answers(url).await {
+            let store = with_ca(RedisStore::builder(url.as_str()), ca)
+                .build()
+                .map_err(|e| format!("invalid Redis URL {}: {e}", redacted(url)))?;
+            if !announce("redis", &redacted(url), &store).await {
                 let policy = if options.fail_closed {
                     "closed"
                 } else {
@@ -302,19 +333,26 @@ async fn limiter(options: &Options) -> Result<Limiter, String> {
                     redacted(url)
                 );
             }
-            builder
+            Limiter::builder(store)
         }
         Backend::Cluster(urls) => {
             let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
-            let store = RedisStore::cluster(urls.iter().map(String::as_str))
-                .map_err(|e| format!("invalid Redis Cluster URLs {}: {e}", shown.join(",")))?;
-            println!("store: redis-cluster {}", shown.join(","));
+            let store = with_ca(
+                RedisStore::cluster_builder(urls.iter().map(String::as_str)),
+                ca,
+            )
+            .build()
+            .map_err(|e| format!("invalid Redis Cluster URLs {}: {e}", shown.join(",")))?;
+            announce("redis-cluster", &shown.join(","), &store).await;
             Limiter::builder(store)
         }
         Backend::Auto => {
             let url = env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned());
             if redis_answers(&url).await {
-                Limiter::builder(redis_store(&url)?)
+                let store = RedisStore::new(url.as_str())
+                    .map_err(|e| format!("invalid Redis URL {}: {e}", redacted(&url)))?;
+                announce("redis", &redacted(&url), &store).await;
+                Limiter::builder(store)
             } else {
                 println!("store: memory (no Redis reachable at {})", redacted(&url));
                 Limiter::builder(MemoryStore::new())
@@ -330,12 +368,28 @@ async fn limiter(options: &Options) -> Result<Limiter, String> {
     builder.build().map_err(|e| e.to_string())
 }
 
-/// A store on the Redis at `url` (which may be down: it connects in the background).
-fn redis_store(url: &str) -> Result<RedisStore, String> {
-    let store =
-        RedisStore::new(url).map_err(|e| format!("invalid Redis URL {}: {e}", redacted(url)))?;
-    println!("store: redis {}", redacted(url));
-    Ok(store)
+/// `builder` trusting `ca` (PEM) for TLS, when given.
+fn with_ca(builder: RedisStoreBuilder, ca: Option<&[u8]>) -> RedisStoreBuilder {
+    match ca {
+        Some(pem) => builder.tls_ca_pem(pem),
+        None => builder,
+    }
+}
+
+/// Verifies the store (connect, PING, script load) and prints
+/// `store: KIND SHOWN (Redis 7.0.15)` or `store: KIND SHOWN (not reachable yet: ...)`.
+/// Whether it is reachable.
+async fn announce(kind: &str, shown: &str, store: &RedisStore) -> bool {
+    match store.verify().await {
+        Ok(server) => {
+            println!("store: {kind} {shown} ({server})");
+            true
+        }
+        Err(error) => {
+            println!("store: {kind} {shown} (not reachable yet: {error})");
+            false
+        }
+    }
 }
 
 fn usage() -> String {

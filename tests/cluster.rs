@@ -3,6 +3,9 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -130,4 +133,160 @@ async fn restarted_node_recovers() {
         .find(|k| cluster.node_for_key(&limiter.storage_key(k)) == 1)
         .unwrap();
     assert!(limiter.try_check(&other, &quota, 1).await.is_ok());
+}
+
+/// A TCP proxy in front of one cluster node that, while `cut` is set, forwards a script call
+/// (`EVALSHA`/`EVAL`) to Redis and then closes the client's connection before the reply: the
+/// script ran, and the client sees a dropped connection.
+struct CuttingProxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    cuts: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
+}
+
+impl CuttingProxy {
+    async fn start(upstream: SocketAddr) -> CuttingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicU64::new(0));
+        let (c, n) = (cut.clone(), cuts.clone());
+        let accepted = Arc::new(AtomicU64::new(0));
+        let a = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (c, n) = (c.clone(), n.clone());
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let replies = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    });
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let read = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(read) => read,
+                        };
+                        let chunk = &buf[..read];
+                        let script = chunk.windows(4).any(|w| w.eq_ignore_ascii_case(b"EVAL"));
+                        let cut_here = script && c.load(Ordering::SeqCst);
+                        if cut_here {
+                            // No reply reaches the client from now on.
+                            replies.abort();
+                            n.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if sw.write_all(chunk).await.is_err() {
+                            break;
+                        }
+                        if cut_here {
+                            // Give Redis time to run it, then drop the client's connection.
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            break;
+                        }
+                    }
+                    replies.abort();
+                });
+            }
+        });
+        CuttingProxy {
+            port,
+            cut,
+            cuts,
+            accepted,
+        }
+    }
+}
+
+/// A connection that drops after a script call was written (the script ran) must not make
+/// the store send the script again: one request, counted once. (With redis-rs's Cluster
+/// retries on (`.retries(2)`), the dropped connection is retried and the request counted
+/// twice: remaining 8.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_that_may_have_run_is_not_sent_again() {
+    let cluster = RedisCluster::start();
+    let node = &cluster.nodes()[0];
+    let proxy = CuttingProxy::start(SocketAddr::from(([127, 0, 0, 1], node.port()))).await;
+    let store = RedisStore::cluster_builder([cluster.nodes()[1].url()])
+        .timeout(Duration::from_secs(2))
+        .without_circuit_breaker()
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(store);
+    let quota = Quota::per_hour(10).unwrap();
+    let on_node_0 = |prefix: &'static str| {
+        (0..)
+            .map(move |i| format!("{prefix}-{i}"))
+            .find(|k| cluster.node_for_key(&limiter.storage_key(k)) == 0)
+            .unwrap()
+    };
+    let (warm, key) = (on_node_0("warm"), on_node_0("counted"));
+    let announced = format!("127.0.0.1:{}@", proxy.port);
+    // Node 0 tells clients to reach it through the proxy; its cluster bus stays where it is.
+    let mut admin = node.conn();
+    for (name, value) in [
+        ("cluster-announce-bus-port", node.port() + 10000),
+        ("cluster-announce-port", proxy.port),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut admin)
+            .unwrap();
+    }
+    // Wait until node 1 (the seed) has heard of it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut cluster.nodes()[1].conn())
+            .unwrap();
+        if nodes.contains(&announced) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gossip never told node 1: {nodes}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    limiter
+        .try_check(&warm, &quota, 1)
+        .await
+        .expect("works through the proxy");
+
+    proxy.cut.store(true, Ordering::SeqCst);
+    let cut = limiter.try_check(&key, &quota, 1).await;
+    proxy.cut.store(false, Ordering::SeqCst);
+    println!(
+        "connection dropped after the script call: {cut:?}, {} cut(s), {} proxied connections",
+        proxy.cuts.load(Ordering::SeqCst),
+        proxy.accepted.load(Ordering::SeqCst)
+    );
+    assert!(
+        cut.is_err(),
+        "the caller sees the dropped connection: {cut:?}"
+    );
+
+    // Peek (cost 0) once the connection is back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let remaining = loop {
+        match limiter.try_check(&key, &quota, 0).await {
+            Ok(decision) => break decision.remaining,
+            Err(e) if Instant::now() > deadline => panic!("no recovery: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    println!("remaining after one request: {remaining} of 10");
+    assert_eq!(
+        remaining, 9,
+        "the request ran once (10 = never, less = re-sent)"
+    );
 }

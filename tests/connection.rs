@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use redlimit::store::{RedisStore, StoreError, DEFAULT_TIMEOUT};
 use redlimit::{Limiter, Quota};
-use support::RedisServer;
+use support::{RedisCluster, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -60,6 +60,9 @@ async fn pump(
 /// A TCP proxy in front of Redis: a VIP, a DNS name, a NAT. New connections go to the current
 /// `upstream`; `freeze()` silently stops every connection open so far (a partition, a dead node
 /// behind a VIP, a dropped conntrack entry: no RST, no FIN) while new ones forward normally.
+///
+/// With a connect delay ([`Proxy::start_slow`]) each new connection forwards nothing for that
+/// long: a slow handshake (TLS, another zone).
 struct Proxy {
     addr: SocketAddr,
     upstream: Arc<Mutex<SocketAddr>>,
@@ -69,6 +72,11 @@ struct Proxy {
 
 impl Proxy {
     async fn start(upstream: SocketAddr) -> Proxy {
+        Self::start_slow(upstream, Duration::ZERO).await
+    }
+
+    /// A proxy that holds each new connection `connect_delay` before it forwards anything.
+    async fn start_slow(upstream: SocketAddr, connect_delay: Duration) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let upstream = Arc::new(Mutex::new(upstream));
@@ -79,14 +87,18 @@ impl Proxy {
             while let Ok((client, _)) = listener.accept().await {
                 a.fetch_add(1, Ordering::SeqCst);
                 let target = *target.lock().unwrap();
-                let Ok(server) = TcpStream::connect(target).await else {
-                    continue; // the client sees the connection closed
-                };
-                let mine = g.load(Ordering::SeqCst);
-                let (cr, cw) = client.into_split();
-                let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, g.clone(), mine));
-                tokio::spawn(pump(sr, cw, g.clone(), mine));
+                let g = g.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(connect_delay).await;
+                    let Ok(server) = TcpStream::connect(target).await else {
+                        return; // the client sees the connection closed
+                    };
+                    let mine = g.load(Ordering::SeqCst);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::spawn(pump(cr, sw, g.clone(), mine));
+                    tokio::spawn(pump(sr, cw, g.clone(), mine));
+                });
             }
         });
         Proxy {
@@ -305,5 +317,67 @@ async fn every_timeout_is_store_error_timeout() {
     let (recovered, _) = recover(&limiter).await;
     println!("after DEBUG SLEEP: recovered after {recovered:?}");
     recovered.expect("the store never worked again after the sleep");
+    keeps_working(&limiter, 100).await;
+}
+
+/// How long the slow proxy holds each new connection: three times the default timeout.
+const SLOW_CONNECT: Duration = Duration::from_millis(300);
+
+/// Checks every 20 ms until one succeeds (within [`RECOVERY_BOUND`]): how long that took, how
+/// many failed first, and whether every failure was a timeout (the failure policy's case).
+async fn first_success(limiter: &Limiter) -> (Option<Duration>, usize, Vec<String>) {
+    let started = Instant::now();
+    let mut errors = Vec::new();
+    while started.elapsed() < RECOVERY_BOUND {
+        match limiter.try_check("k", &quota(), 1).await {
+            Ok(_) => return (Some(started.elapsed()), errors.len(), errors),
+            Err(e) => errors.push(e.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (None, errors.len(), errors)
+}
+
+/// The first Cluster connection goes through a seed whose handshake takes longer than the
+/// default 100 ms timeout: it is made in the background, not restarted by every call, and
+/// the store works with the default timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_first_cluster_connection_is_made_in_the_background() {
+    let cluster = RedisCluster::start();
+    let proxy = Proxy::start_slow(addr(&cluster.nodes()[0]), SLOW_CONNECT).await;
+    let store = RedisStore::cluster([proxy.url()]).unwrap();
+    assert_eq!(store.timeout(), DEFAULT_TIMEOUT);
+    let limiter = Limiter::new(store);
+    let (connected, failures, mut errors) = first_success(&limiter).await;
+    errors.dedup();
+    println!(
+        "cluster behind a {SLOW_CONNECT:?} handshake: first success after {connected:?}, \
+         {failures} calls failed first, {} seed connections, errors {errors:?}",
+        proxy.accepted()
+    );
+    connected.expect("the cluster connection was never made");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("timed out") || e.contains("unavailable")),
+        "{errors:?}"
+    );
+    keeps_working(&limiter, 100).await;
+}
+
+/// The same for a single node: one connection, made in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_first_connection_is_made_in_the_background() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start_slow(addr(&redis), SLOW_CONNECT).await;
+    let limiter = Limiter::new(RedisStore::new(proxy.url()).unwrap());
+    let (connected, failures, _) = first_success(&limiter).await;
+    println!(
+        "single node behind a {SLOW_CONNECT:?} handshake: first success after {connected:?}, \
+         {failures} calls failed first, {} connections",
+        proxy.accepted()
+    );
+    connected.expect("the connection was never made");
+    assert_eq!(proxy.accepted(), 1, "one connection attempt");
     keeps_working(&limiter, 100).await;
 }

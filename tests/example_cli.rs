@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redlimit::Algorithm;
-use support::{free_port, RedisCluster, RedisServer};
+use support::{free_port, RedisCluster, RedisServer, TlsFiles, TlsSetup};
 
 /// How long the example may take to print `listening on`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -83,6 +83,9 @@ fn run_to_exit(args: &[&str]) -> Output {
         .wait_with_output()
         .expect("collect the example's output")
 }
+
+/// A file that exists but holds no certificate.
+const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
 
 /// A Redis URL on which nothing listens.
 fn dead_redis_url() -> String {
@@ -164,6 +167,11 @@ impl Example {
     /// Whether the example printed `line` on stdout before it was ready.
     fn printed(&self, line: &str) -> bool {
         self.stdout.iter().any(|l| l == line)
+    }
+
+    /// Whether the example printed a line starting with `prefix` before it was ready.
+    fn printed_starting(&self, prefix: &str) -> bool {
+        self.stdout.iter().any(|l| l.starts_with(prefix))
     }
 
     fn output(&self) -> String {
@@ -278,6 +286,19 @@ fn bad_flags_exit_non_zero_with_a_message() {
             "--redis-cluster needs at least one URL",
         ),
         (&["--redis-cluster", "not a url"], "--redis-cluster"),
+        (
+            &[
+                "--redis",
+                "rediss://a/",
+                "--redis-ca",
+                "/nonexistent/ca.pem",
+            ],
+            "--redis-ca: cannot read",
+        ),
+        (
+            &["--redis", "rediss://a/", "--redis-ca", MANIFEST],
+            "holds no PEM certificate",
+        ),
     ];
     for (args, message) in cases {
         let output = run_to_exit(args);
@@ -321,8 +342,10 @@ fn limits_with_redis_and_answers_429_with_headers() {
     let redis = RedisServer::start();
     let url = redis.url();
     let example = Example::start(&["--redis", &url, "--limit", "3", "--period", "1m"], &[]);
+    // Verified at start: the store line names the server's version.
+    let version = support::redis_server_version();
     assert!(
-        example.printed(&format!("store: redis {url}")),
+        example.printed(&format!("store: redis {url} (Redis {version})")),
         "{}",
         example.output()
     );
@@ -386,11 +409,13 @@ fn limits_on_a_redis_cluster() {
         &["--redis-cluster", &urls, "--limit", "3", "--period", "1m"],
         &[],
     );
+    let version = support::redis_server_version();
     assert!(
         example
             .stdout
             .iter()
-            .any(|l| l.starts_with("store: redis-cluster ")),
+            .any(|l| l.starts_with("store: redis-cluster ")
+                && l.ends_with(&format!(" (Redis {version})"))),
         "{}",
         example.output()
     );
@@ -441,7 +466,11 @@ fn dead_redis_fails_closed_with_503_or_open_with_200() {
     let dead = dead_redis_url();
 
     let closed = Example::start(&["--redis", &dead, "--on-redis-error", "closed"], &[]);
-    assert!(closed.printed(&format!("store: redis {dead}")));
+    assert!(
+        closed.printed_starting(&format!("store: redis {dead} (not reachable yet: ")),
+        "{}",
+        closed.output()
+    );
     let started = Instant::now();
     let response = closed.get(&[]);
     assert_eq!(response.status, 503, "{response:?}");
@@ -486,7 +515,7 @@ fn without_redis_flag_it_uses_redis_url_when_it_answers() {
     let url = redis.url();
     let example = Example::start(&["--limit", "1"], &[("REDIS_URL", &url)]);
     assert!(
-        example.printed(&format!("store: redis {url}")),
+        example.printed_starting(&format!("store: redis {url} (Redis ")),
         "{}",
         example.output()
     );
@@ -511,4 +540,62 @@ fn period_units_are_accepted_and_refill() {
     assert_eq!(example.get(&[]).status, 429);
     thread::sleep(Duration::from_millis(600));
     assert_eq!(example.get(&[]).status, 200, "refilled after 500 ms");
+}
+
+#[test]
+fn limits_over_tls_with_a_private_ca() {
+    let files = TlsFiles::generate("example");
+    let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
+    let url = redis.tls_url();
+    let ca = files.ca().display().to_string();
+    let example = Example::start(
+        &[
+            "--redis",
+            &url,
+            "--redis-ca",
+            &ca,
+            "--limit",
+            "2",
+            "--period",
+            "1m",
+        ],
+        &[],
+    );
+    let version = support::redis_server_version();
+    assert!(
+        example.printed(&format!("store: redis {url} (Redis {version})")),
+        "{}",
+        example.output()
+    );
+    let statuses: Vec<u16> = (0..3).map(|_| example.get(&[]).status).collect();
+    assert_eq!(statuses, [200, 200, 429], "{}", example.output());
+    assert_eq!(redis.dbsize(), 1, "the decision was made in Redis over TLS");
+}
+
+#[test]
+fn tls_with_the_wrong_ca_says_why_and_the_policy_decides() {
+    let files = TlsFiles::generate("server");
+    let other = TlsFiles::generate("other");
+    let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
+    let url = redis.tls_url();
+    let ca = other.ca().display().to_string();
+    let example = Example::start(
+        &[
+            "--redis",
+            &url,
+            "--redis-ca",
+            &ca,
+            "--on-redis-error",
+            "closed",
+        ],
+        &[],
+    );
+    assert!(
+        example.stdout.iter().any(|l| l
+            .starts_with(&format!("store: redis {url} (not reachable yet: "))
+            && l.contains("certificate")),
+        "{}",
+        example.output()
+    );
+    assert_eq!(example.get(&[]).status, 503);
 }

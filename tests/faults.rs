@@ -341,6 +341,77 @@ async fn script_flush_under_load_has_no_errors() {
     assert!(loads >= 1, "the NOSCRIPT path ran (script loads: {loads})");
 }
 
+/// `SCRIPT FLUSH` every millisecond while 16 callers check: a flush can land between the reload
+/// and the retry, so the NOSCRIPT path must not depend on the reload surviving. No call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn script_flush_every_millisecond_has_no_errors() {
+    let redis = RedisServer::start();
+    // Errors are what this test measures, not latency.
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(2))
+        .without_circuit_breaker()
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(store);
+    let quota = Quota::per_second(1_000_000).unwrap();
+    limiter.try_check("warm", &quota, 1).await.expect("warm-up");
+    blocking(|| redis.reset_stats());
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (stop, client) = (stop.clone(), redis.client());
+        tokio::spawn(async move {
+            let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+            let mut flushes = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _: () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut connection)
+                    .await
+                    .expect("SCRIPT FLUSH");
+                flushes += 1;
+                sleep(Duration::from_millis(1)).await;
+            }
+            flushes
+        })
+    };
+    let workers = (0..WORKERS).map(|w| {
+        let limiter = limiter.clone();
+        async move {
+            let mut errors = Vec::new();
+            for i in 0..250 {
+                if let Err(e) = limiter.try_check(&format!("w{w}-{i}"), &quota, 1).await {
+                    errors.push(e.to_string());
+                }
+            }
+            errors
+        }
+    });
+    let errors: Vec<String> = join_all(workers).await.into_iter().flatten().collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flushes = flusher.await.unwrap();
+    let (evalsha, eval, loads) = blocking(|| {
+        (
+            redis.command_calls("evalsha"),
+            redis.command_calls("eval"),
+            redis.command_calls("script|load"),
+        )
+    });
+    println!(
+        "SCRIPT FLUSH every 1 ms, {WORKERS} callers x 250 checks: {} errors, {flushes} flushes, \
+         evalsha {evalsha}, script load {loads}, eval {eval}",
+        errors.len()
+    );
+    assert!(flushes >= 50, "the flusher ran ({flushes} flushes)");
+    assert!(loads >= 1, "the NOSCRIPT path ran (script loads: {loads})");
+    assert!(
+        errors.is_empty(),
+        "{} errors: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+}
+
 /// `CLIENT KILL TYPE normal` under load: the connection is dropped under the app, which
 /// reconnects by itself and enforces again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -40,7 +40,9 @@ mod redis;
 
 pub use self::breaker::CircuitBreaker;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS};
-pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_TIMEOUT};
+pub use self::redis::{
+    RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
+};
 
 /// One decision to make: which key, under which algorithm and quota, at what cost.
 ///

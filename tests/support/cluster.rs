@@ -3,7 +3,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{info_field, RedisServer};
+use super::{info_field, RedisServer, TlsSetup};
 
 /// Number of masters in the cluster.
 const MASTERS: usize = 3;
@@ -25,9 +25,17 @@ impl RedisCluster {
     /// Starts three nodes, splits the slots between them, joins them with
     /// `CLUSTER MEET`, and waits until every node reports the cluster ok.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..MASTERS)
-            .map(|_| RedisServer::start_cluster_node())
-            .collect();
+        Self::start_nodes(RedisServer::start_cluster_node)
+    }
+
+    /// The same over TLS: clients and the cluster bus use TLS with `tls`'s certificates (each
+    /// node keeps a plain port for the harness). Clients connect to [`tls_urls`](Self::tls_urls).
+    pub fn start_tls(tls: &TlsSetup) -> RedisCluster {
+        Self::start_nodes(|| RedisServer::start_tls_cluster_node(tls))
+    }
+
+    fn start_nodes(start: impl Fn() -> RedisServer) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..MASTERS).map(|_| start()).collect();
         let cluster = RedisCluster { nodes };
         cluster.assign_slots();
         cluster.meet();
@@ -50,8 +58,14 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// `rediss://127.0.0.1:<tls port>/` of every node of a TLS cluster.
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::tls_url).collect()
+    }
+
     /// The index in [`nodes`](Self::nodes) of the master that serves `key`'s
-    /// slot, from `CLUSTER KEYSLOT` and `CLUSTER NODES`.
+    /// slot, from `CLUSTER KEYSLOT` and `CLUSTER NODES` (asked on a plain
+    /// connection, a TLS node shows its plain port there).
     pub fn node_for_key(&self, key: &str) -> usize {
         let mut conn = self.any_conn();
         let slot: u16 = redis::cmd("CLUSTER")
@@ -67,7 +81,7 @@ impl RedisCluster {
             .unwrap_or_else(|| panic!("no master serves slot {slot}; CLUSTER NODES:\n{nodes}"));
         self.nodes
             .iter()
-            .position(|node| node.port() == port)
+            .position(|node| node.port() == port || node.client_port() == port)
             .unwrap_or_else(|| panic!("slot {slot} is served by port {port}, which is not ours"))
     }
 
@@ -157,7 +171,7 @@ impl RedisCluster {
             let _: () = redis::cmd("CLUSTER")
                 .arg("MEET")
                 .arg("127.0.0.1")
-                .arg(node.port())
+                .arg(node.client_port())
                 .query(&mut conn)
                 .expect("CLUSTER MEET");
         }

@@ -17,9 +17,11 @@
 
 mod cluster;
 mod server;
+mod tls;
 
 pub use cluster::RedisCluster;
 pub use server::RedisServer;
+pub use tls::{TlsFiles, TlsSetup};
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{free_port, info_field, REDIS_MISSING};
+use super::{free_port, info_field, TlsSetup, REDIS_MISSING};
 
 /// How long a fresh process gets to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -25,6 +25,8 @@ const LOG_FILE: &str = "redis.log";
 pub struct RedisServer {
     port: u16,
     cluster_node: bool,
+    /// TLS on a second port (the plain port stays, for the harness's own connections).
+    tls: Option<(TlsSetup, u16)>,
     child: Option<Child>,
     dir: TempDir,
 }
@@ -33,16 +35,27 @@ impl RedisServer {
     /// Starts a standalone server on a free port and waits until it answers
     /// PING. Panics (never skips) if `redis-server` is not installed.
     pub fn start() -> RedisServer {
-        Self::start_inner(false)
+        Self::start_inner(false, None)
+    }
+
+    /// Starts a standalone server that also serves TLS on [`tls_port`](Self::tls_port) with
+    /// `tls`'s certificates (the plain port stays open for the harness).
+    pub fn start_tls(tls: &TlsSetup) -> RedisServer {
+        Self::start_inner(false, Some(tls.clone()))
+    }
+
+    /// A cluster node that serves TLS, with TLS on the cluster bus too (`tls-cluster yes`).
+    pub fn start_tls_cluster_node(tls: &TlsSetup) -> RedisServer {
+        Self::start_inner(true, Some(tls.clone()))
     }
 
     /// Starts a server with cluster mode enabled and no slots assigned; used by
     /// [`super::RedisCluster`].
     pub fn start_cluster_node() -> RedisServer {
-        Self::start_inner(true)
+        Self::start_inner(true, None)
     }
 
-    fn start_inner(cluster_node: bool) -> RedisServer {
+    fn start_inner(cluster_node: bool, tls: Option<TlsSetup>) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("redlimit-redis-")
             .tempdir()
@@ -50,6 +63,7 @@ impl RedisServer {
         let mut server = RedisServer {
             port: 0,
             cluster_node,
+            tls: tls.map(|tls| (tls, 0)),
             child: None,
             dir,
         };
@@ -58,6 +72,9 @@ impl RedisServer {
             // Another process may take the port between our check and redis
             // binding it: then redis exits and we try the next port.
             server.port = free_port();
+            if let Some((_, tls_port)) = &mut server.tls {
+                *tls_port = free_port();
+            }
             match server.spawn_and_wait() {
                 Ok(child) => {
                     server.child = Some(child);
@@ -81,6 +98,21 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>/`
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The TLS port; panics if the server was not started with TLS.
+    pub fn tls_port(&self) -> u16 {
+        self.tls.as_ref().expect("a TLS server").1
+    }
+
+    /// The port the server announces to clients: the TLS port when it serves TLS.
+    pub fn client_port(&self) -> u16 {
+        self.tls.as_ref().map_or(self.port, |(_, port)| *port)
+    }
+
+    /// `rediss://127.0.0.1:<tls port>/`
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.tls_port())
     }
 
     /// The server's temporary directory (holds the log and, for cluster
@@ -265,6 +297,24 @@ impl RedisServer {
             "--protected-mode".into(),
             "no".into(),
         ];
+        if let Some((tls, tls_port)) = &self.tls {
+            args.extend([
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                tls.cert.display().to_string(),
+                "--tls-key-file".into(),
+                tls.key.display().to_string(),
+                "--tls-ca-cert-file".into(),
+                tls.ca.display().to_string(),
+                "--tls-auth-clients".into(),
+                if tls.auth_clients { "yes" } else { "no" }.into(),
+            ]);
+            if self.cluster_node {
+                // The cluster bus and the addresses nodes announce use TLS.
+                args.extend(["--tls-cluster".into(), "yes".into()]);
+            }
+        }
         if self.cluster_node {
             args.extend([
                 "--cluster-enabled".into(),

@@ -1,0 +1,414 @@
+//! [`Replaceable`]: a connection opened in the background, shared by every call, and replaced by
+//! a fresh one once it proves stale.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use super::server::ServerInfo;
+use crate::decision::Decision;
+use crate::store::StoreError;
+
+/// How long one connection attempt may take (TCP connect per node; the attempt as a whole is
+/// bounded by [`ATTEMPT_TIMEOUT`]).
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long one background connection attempt may take as a whole: the TCP and TLS handshakes,
+/// `AUTH`, the version check and, on Cluster, slot discovery and a connection to every node.
+pub(super) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Consecutive timeouts after which a connection is taken for silently dead (a peer gone
+/// without RST or FIN: a dead node behind a VIP, a dropped conntrack entry) and replaced.
+const STALE_AFTER_TIMEOUTS: u32 = 3;
+
+/// The wait before the next connection attempt after `failures` failed ones in a row: 100 ms,
+/// doubling up to 1 s. Calls in between fail at once with the last attempt's error.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(100u64 << failures.saturating_sub(1).min(4)).min(Duration::from_secs(1))
+}
+
+/// Opens one connection: connects, checks the server, answers with what it found.
+pub(super) type Connect<C> =
+    Box<dyn Fn() -> BoxFuture<'static, Result<(C, ServerInfo), RedisError>> + Send + Sync>;
+
+/// A connection opened in the background and thrown away for a fresh one once it proves stale.
+///
+/// **Lock-free hot path.** Calls read the current [`Slot`] through an [`ArcSwap`] (no lock, no
+/// reference count) and clone its connection; they report how they went by the slot's
+/// generation, so nothing is held across the call.
+///
+/// **Background connection.** The first call (or [`RedisStore::verify`]) starts a connection
+/// attempt as a task of its own: calls wait for it within their own timeout, and a call that
+/// times out leaves the attempt running for the next one, so a connection that takes longer
+/// than the timeout (TLS, another zone, slot discovery) still gets made. After a failed attempt
+/// the next one waits [`backoff`]; calls in between fail at once with its error.
+///
+/// [`RedisStore::verify`]: super::RedisStore::verify
+pub(super) struct Replaceable<C> {
+    current: ArcSwap<Slot<C>>,
+    connect: Connect<C>,
+    generations: AtomicU64,
+}
+
+/// One generation of a [`Replaceable`] connection.
+pub(super) struct Slot<C> {
+    generation: u64,
+    ready: OnceLock<Ready<C>>,
+    attempt: Mutex<Attempt>,
+    /// Whether a call on this connection has succeeded.
+    proven: AtomicBool,
+    /// Consecutive timeouts on this connection.
+    timeouts: AtomicU32,
+}
+
+/// An open connection and what its server said.
+pub(super) struct Ready<C> {
+    pub(super) connection: C,
+    pub(super) server: ServerInfo,
+    at: Instant,
+}
+
+/// The connection attempt of a slot that is not ready yet.
+enum Attempt {
+    Idle {
+        failures: u32,
+    },
+    Running(Shared<BoxFuture<'static, ()>>),
+    Failed {
+        at: Instant,
+        error: RedisError,
+        failures: u32,
+    },
+}
+
+impl<C> Slot<C> {
+    fn new(generation: u64) -> Self {
+        Self::after_failures(generation, 0)
+    }
+
+    fn after_failures(generation: u64, failures: u32) -> Self {
+        Slot {
+            generation,
+            ready: OnceLock::new(),
+            attempt: Mutex::new(Attempt::Idle { failures }),
+            proven: AtomicBool::new(false),
+            timeouts: AtomicU32::new(0),
+        }
+    }
+
+    fn attempt(&self) -> std::sync::MutexGuard<'_, Attempt> {
+        // Nothing panics while the lock is held: a poisoned lock still holds a valid state.
+        self.attempt.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
+    pub(super) fn new(connect: Connect<C>) -> Self {
+        Replaceable {
+            current: ArcSwap::from_pointee(Slot::new(0)),
+            connect,
+            generations: AtomicU64::new(0),
+        }
+    }
+
+    /// The current connection if it is open, and the generation to report the call under.
+    #[inline]
+    pub(super) fn connection(&self) -> (u64, Option<C>) {
+        let slot = self.current.load();
+        (
+            slot.generation,
+            slot.ready.get().map(|ready| ready.connection.clone()),
+        )
+    }
+
+    /// The current connection, waiting for the connection attempt (started if none runs and the
+    /// backoff after the last failure has passed).
+    pub(super) async fn wait_ready(&self) -> Result<(C, ServerInfo), StoreError> {
+        let slot = self.current.load_full();
+        if let Some(ready) = slot.ready.get() {
+            return Ok((ready.connection.clone(), ready.server.clone()));
+        }
+        let running = {
+            let mut attempt = slot.attempt();
+            if let Some(ready) = slot.ready.get() {
+                return Ok((ready.connection.clone(), ready.server.clone()));
+            }
+            match &*attempt {
+                Attempt::Running(running) => running.clone(),
+                Attempt::Failed {
+                    at,
+                    error,
+                    failures,
+                } if at.elapsed() < backoff(*failures) => {
+                    return Err(StoreError::Redis(error.clone()));
+                }
+                Attempt::Failed { failures, .. } | Attempt::Idle { failures } => {
+                    let failures = *failures;
+                    let running = self.spawn_attempt(Arc::clone(&slot), failures);
+                    *attempt = Attempt::Running(running.clone());
+                    running
+                }
+            }
+        };
+        running.await;
+        if let Some(ready) = slot.ready.get() {
+            return Ok((ready.connection.clone(), ready.server.clone()));
+        }
+        let result = match &*slot.attempt() {
+            Attempt::Failed { error, .. } => Err(StoreError::Redis(error.clone())),
+            _ => Err(StoreError::Unavailable("connection attempt abandoned")),
+        };
+        result
+    }
+
+    /// Runs one connection attempt as a task of its own: it goes on when the calls waiting for
+    /// it give up.
+    fn spawn_attempt(&self, slot: Arc<Slot<C>>, failures: u32) -> Shared<BoxFuture<'static, ()>> {
+        let connecting = (self.connect)();
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(ATTEMPT_TIMEOUT, connecting).await {
+                Ok(result) => result,
+                Err(_) => Err(RedisError::from((
+                    ErrorKind::Io,
+                    "connection attempt timed out",
+                    format!("after {ATTEMPT_TIMEOUT:?}"),
+                ))),
+            };
+            let mut attempt = slot.attempt();
+            match result {
+                Ok((connection, server)) => {
+                    if failures > 0 {
+                        tracing::info!(%server, "rate limit store connected");
+                    } else {
+                        tracing::debug!(%server, "rate limit store connected");
+                    }
+                    let _ = slot.ready.set(Ready {
+                        connection,
+                        server,
+                        at: Instant::now(),
+                    });
+                    *attempt = Attempt::Idle { failures: 0 };
+                }
+                Err(error) => {
+                    if failures == 0 {
+                        tracing::warn!(%error, "rate limit store cannot connect to Redis");
+                    } else {
+                        tracing::debug!(%error, failures, "rate limit store cannot connect to Redis");
+                    }
+                    *attempt = Attempt::Failed {
+                        at: Instant::now(),
+                        error,
+                        failures: failures.saturating_add(1),
+                    };
+                }
+            }
+        });
+        task.map(|_| ()).boxed().shared()
+    }
+
+    /// Records how a call on generation `generation` went; replaces the connection if that
+    /// shows it stale.
+    pub(super) fn settle(&self, generation: u64, result: &Result<Decision, StoreError>) {
+        let slot = self.current.load();
+        if slot.generation != generation {
+            return; // already replaced
+        }
+        let reason = match result {
+            Ok(_) => {
+                // Loads first: the hot path only reads the shared cache line.
+                if slot.timeouts.load(Ordering::Relaxed) != 0 {
+                    slot.timeouts.store(0, Ordering::Relaxed);
+                }
+                if !slot.proven.load(Ordering::Relaxed) {
+                    slot.proven.store(true, Ordering::Relaxed);
+                }
+                return;
+            }
+            Err(StoreError::Timeout(_)) => {
+                let timeouts = slot.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+                if timeouts < STALE_AFTER_TIMEOUTS {
+                    return;
+                }
+                "consecutive timeouts"
+            }
+            Err(StoreError::Redis(error)) if is_stale_server(error) => "the server is a replica",
+            Err(_) => return,
+        };
+        // A connection still being made is not stale: its attempt goes on in the background.
+        let Some(ready) = slot.ready.get() else {
+            return;
+        };
+        // A connection that never answered (a slow first reply, or a URL that leads to a
+        // replica for good) is replaced at most once per connection attempt's time.
+        if !slot.proven.load(Ordering::Relaxed) && ready.at.elapsed() < CONNECT_TIMEOUT {
+            return;
+        }
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let previous = self
+            .current
+            .compare_and_swap(&slot, Arc::new(Slot::new(generation)));
+        if Arc::ptr_eq(&previous, &slot) {
+            // Dropping the last handle of the old connection closes it.
+            tracing::warn!(reason, "rate limit store connection is stale; reconnecting");
+        }
+    }
+
+    #[cfg(test)]
+    fn current_generation(&self) -> u64 {
+        self.current.load().generation
+    }
+
+    #[cfg(test)]
+    fn make_ready(&self, connection: C, at: Instant) {
+        let slot = self.current.load();
+        let _ = slot.ready.set(Ready {
+            connection,
+            server: ServerInfo::default(),
+            at,
+        });
+    }
+}
+
+/// Whether a reply shows that the connection leads to a server that can no longer take the
+/// scripts' writes (a primary demoted to replica by a failover), so that a new connection to the
+/// same address may find the new primary.
+fn is_stale_server(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision() -> Result<Decision, StoreError> {
+        Ok(Decision {
+            allowed: true,
+            limit: 1,
+            remaining: 0,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::ZERO,
+        })
+    }
+
+    fn timeout() -> Result<Decision, StoreError> {
+        Err(StoreError::Timeout(Duration::from_millis(100)))
+    }
+
+    fn server_error(code: &str) -> Result<Decision, StoreError> {
+        Err(StoreError::Redis(redis::make_extension_error(
+            code.to_owned(),
+            None,
+        )))
+    }
+
+    fn readonly() -> Result<Decision, StoreError> {
+        let error = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        Err(StoreError::Redis(error))
+    }
+
+    fn never() -> Replaceable<()> {
+        Replaceable::new(Box::new(|| {
+            futures::future::pending::<Result<((), ServerInfo), RedisError>>().boxed()
+        }))
+    }
+
+    /// A connection that is open and has answered once; its generation.
+    fn proven(connection: &Replaceable<()>) -> u64 {
+        connection.make_ready((), Instant::now());
+        let (generation, open) = connection.connection();
+        assert!(open.is_some());
+        connection.settle(generation, &decision());
+        generation
+    }
+
+    #[test]
+    fn consecutive_timeouts_replace_a_proven_connection_once() {
+        let connection = never();
+        let first = proven(&connection);
+        connection.settle(first, &timeout());
+        connection.settle(first, &timeout());
+        connection.settle(first, &decision()); // a success resets the count
+        connection.settle(first, &timeout());
+        connection.settle(first, &timeout());
+        assert_eq!(connection.current_generation(), first);
+        connection.settle(first, &timeout());
+        let fresh = connection.current_generation();
+        assert_ne!(first, fresh, "3 consecutive timeouts replace it");
+        assert!(
+            connection.connection().1.is_none(),
+            "the new one is not open yet"
+        );
+        // Calls still in flight on the old slot do not replace the new one.
+        connection.settle(first, &timeout());
+        connection.settle(first, &readonly());
+        assert_eq!(connection.current_generation(), fresh);
+    }
+
+    #[test]
+    fn readonly_and_masterdown_replace_a_proven_connection_at_once() {
+        let connection = never();
+        let first = proven(&connection);
+        connection.settle(first, &server_error("NOSCRIPT"));
+        connection.settle(first, &server_error("ERR"));
+        connection.settle(first, &Err(StoreError::BadReply(String::new())));
+        assert_eq!(connection.current_generation(), first, "not stale");
+        connection.settle(first, &readonly());
+        assert_ne!(connection.current_generation(), first);
+
+        let second = proven(&connection);
+        let masterdown = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::MasterDown),
+            "Link with MASTER is down",
+        ));
+        connection.settle(second, &Err(StoreError::Redis(masterdown)));
+        assert_ne!(connection.current_generation(), second);
+    }
+
+    #[test]
+    fn a_connection_being_made_or_never_answering_is_not_replaced_early() {
+        let connection = never();
+        let (generation, open) = connection.connection();
+        assert!(open.is_none());
+        for _ in 0..10 {
+            connection.settle(generation, &timeout());
+            connection.settle(generation, &readonly());
+        }
+        assert_eq!(
+            connection.current_generation(),
+            generation,
+            "still connecting: the attempt goes on"
+        );
+        connection.make_ready((), Instant::now());
+        connection.settle(generation, &readonly());
+        assert_eq!(
+            connection.current_generation(),
+            generation,
+            "open but never answered: not replaced before CONNECT_TIMEOUT"
+        );
+
+        let other = never();
+        other.make_ready((), Instant::now() - CONNECT_TIMEOUT);
+        let (generation, _) = other.connection();
+        other.settle(generation, &readonly());
+        assert_ne!(other.current_generation(), generation);
+    }
+
+    #[test]
+    fn backoff_grows_to_one_second() {
+        assert_eq!(backoff(1), Duration::from_millis(100));
+        assert_eq!(backoff(2), Duration::from_millis(200));
+        assert_eq!(backoff(4), Duration::from_millis(800));
+        assert_eq!(backoff(5), Duration::from_secs(1));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,689 @@
+//! [`RedisStore`]: every decision is one Lua script run atomically in Redis (single node or
+//! Cluster).
+
+mod connection;
+mod server;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError,
+    ServerErrorKind,
+};
+
+use self::connection::{Replaceable, CONNECT_TIMEOUT};
+pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
+use super::breaker::{Admission, BreakerState, CircuitBreaker};
+use super::{CheckRequest, Store, StoreError};
+use crate::algorithm::Algorithm;
+use crate::algorithm::Reply;
+use crate::decision::Decision;
+
+/// The default time a store call may take before it counts as a failure.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// How long [`RedisStore::verify`] may take at most.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A [`Store`] on Redis: each decision is one `EVALSHA` of the algorithm's script, reloaded by
+/// itself after `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`).
+///
+/// **It never waits for Redis.** It can be created while Redis is down: it connects in the
+/// background on first use (or at [`verify`](RedisStore::verify)) and reconnects by itself
+/// after failures. A connection attempt runs as a task of its own, so one that takes longer
+/// than the call timeout (TLS, another zone, Cluster slot discovery) is still made while calls
+/// go to the failure policy. Every call is bounded by a timeout (100 ms by default), so a hung
+/// Redis never hangs a request, and a [`CircuitBreaker`] skips Redis for a cool-down after
+/// repeated failures. Errors go to the limiter's failure policy; a timeout is always
+/// [`StoreError::Timeout`].
+///
+/// **Stale connections.** A connection that is alive but useless is replaced by a fresh one:
+/// after a `READONLY` or `MASTERDOWN` reply (a failover demoted the server it leads to, while the
+/// address now leads to the new primary), and after 3 consecutive timeouts (a peer that vanished
+/// without closing the connection). A connection that has never answered is replaced at most
+/// once a second, so a URL that leads to a replica does not open a connection per call.
+///
+/// **Never twice.** A script that may have run is never sent again: the store resends only
+/// after replies that prove the script did not run (`NOSCRIPT`, a refused connection, and on
+/// Cluster `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING`, `MASTERDOWN`, `READONLY`),
+/// and redis-rs's own Cluster retries are off.
+///
+/// **Redis version.** The scripts need Redis 5.0 or later ([`MIN_REDIS_VERSION`]); each new
+/// connection asks the server's version and logs an error when it is older.
+///
+/// **Cluster.** [`RedisStore::cluster`] runs on Redis Cluster: all Redis keys of one limiter key
+/// share a hash tag, so each script runs on the one node that owns the slot.
+///
+/// **TLS.** `rediss://` URLs need the crate's `tls` feature (rustls); see
+/// `RedisStoreBuilder::tls_ca_pem` and `tls_client_cert_pem` for a private CA and client
+/// certificates.
+///
+/// Clones share the connection and the breaker.
+///
+/// ```no_run
+/// use redlimit::store::RedisStore;
+/// use std::time::Duration;
+///
+/// let single = RedisStore::builder("redis://127.0.0.1:6379")
+///     .timeout(Duration::from_millis(50))
+///     .build()?;
+/// let cluster = RedisStore::cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])?;
+/// # Ok::<(), redis::RedisError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    backend: Arc<Backend>,
+    timeout: Duration,
+    breaker: Option<Arc<BreakerState>>,
+}
+
+enum Backend {
+    Single {
+        addr: String,
+        connection: Replaceable<ConnectionManager>,
+    },
+    Cluster {
+        connection: Replaceable<ClusterConnection>,
+    },
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("RedisStore");
+        match &*self.backend {
+            Backend::Single { addr, .. } => s.field("addr", addr),
+            Backend::Cluster { .. } => s.field("addr", &"cluster"),
+        };
+        s.field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store on the Redis at `url` with the defaults. Fails only on a malformed URL; Redis
+    /// itself may be down.
+    pub fn new<T: IntoConnectionInfo>(url: T) -> Result<Self, RedisError> {
+        Self::builder(url).build()
+    }
+
+    /// A store on the Redis Cluster reachable through `nodes` (any subset of its nodes).
+    pub fn cluster<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> Result<Self, RedisError> {
+        Self::cluster_builder(nodes).build()
+    }
+
+    /// Starts a builder for a store on the Redis at `url`.
+    pub fn builder<T: IntoConnectionInfo>(url: T) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(
+            url.into_connection_info()
+                .map(|info| Target::Single(Box::new(info))),
+        )
+    }
+
+    /// Starts a builder for a store on a Redis Cluster.
+    ///
+    /// ```no_run
+    /// use redlimit::store::RedisStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = RedisStore::cluster_builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .timeout(Duration::from_millis(50))
+    ///     .build()?;
+    /// assert_eq!(store.timeout(), Duration::from_millis(50));
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn cluster_builder<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> RedisStoreBuilder {
+        let nodes: Result<Vec<ConnectionInfo>, RedisError> = nodes
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect();
+        RedisStoreBuilder::new(nodes.map(Target::Cluster))
+    }
+
+    /// The time a call may take before it counts as a failure.
+    ///
+    /// ```
+    /// use redlimit::store::{RedisStore, DEFAULT_TIMEOUT};
+    ///
+    /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
+    /// assert_eq!(store.timeout(), DEFAULT_TIMEOUT);
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether the circuit breaker is open (Redis is being skipped).
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
+    /// assert!(!store.circuit_open()); // closed until calls fail
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn circuit_open(&self) -> bool {
+        self.breaker.as_ref().is_some_and(|b| b.is_open())
+    }
+
+    /// Checks the store now, to fail fast at startup: waits for the connection (within 10 s),
+    /// then `PING`s (every primary on Cluster) and loads every algorithm's script. Returns what
+    /// the server said about itself, or why it cannot be used yet (a refused connection, a
+    /// TLS or authentication failure, a missing permission).
+    ///
+    /// Optional: a store that is never verified connects on first use, and a store that failed
+    /// verification keeps trying in the background. It does not go through the circuit breaker.
+    ///
+    /// ```no_run
+    /// use redlimit::store::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
+    /// match store.verify().await {
+    ///     Ok(server) => println!("store: {server}"), // "store: Redis 7.0.15"
+    ///     Err(error) => eprintln!("store not reachable yet: {error}"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn verify(&self) -> Result<ServerInfo, StoreError> {
+        let verify = async {
+            match &*self.backend {
+                Backend::Single { connection, .. } => {
+                    let (mut connection, server) = connection.wait_ready().await?;
+                    check_server(&mut connection).await?;
+                    Ok(server)
+                }
+                Backend::Cluster { connection } => {
+                    let (mut connection, server) = connection.wait_ready().await?;
+                    check_server(&mut connection).await?;
+                    Ok(server)
+                }
+            }
+        };
+        tokio::time::timeout(VERIFY_TIMEOUT, verify)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(VERIFY_TIMEOUT)))
+    }
+
+    /// One call, bounded by the timeout, on the current connection; a stale connection is
+    /// replaced afterwards.
+    async fn run_script(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+        match &*self.backend {
+            Backend::Single { connection, .. } => {
+                let (generation, open) = connection.connection();
+                let result = self
+                    .bounded(async {
+                        let mut connection = match open {
+                            Some(open) => open,
+                            None => connection.wait_ready().await?.0,
+                        };
+                        match invoke(&mut connection, request).await {
+                            // The manager may still hold a connection attempt that failed while
+                            // Redis was down. Nothing was sent, so one retry is safe, and it
+                            // reconnects now instead of one cool-down later.
+                            Err(StoreError::Redis(error)) if error.is_connection_refusal() => {
+                                invoke(&mut connection, request).await
+                            }
+                            result => result,
+                        }
+                    })
+                    .await;
+                connection.settle(generation, &result);
+                result
+            }
+            Backend::Cluster { connection } => {
+                let (generation, open) = connection.connection();
+                let result = self
+                    .bounded(async {
+                        let mut connection = match open {
+                            Some(open) => open,
+                            None => connection.wait_ready().await?.0,
+                        };
+                        invoke_on_cluster(&mut connection, request).await
+                    })
+                    .await;
+                connection.settle(generation, &result);
+                result
+            }
+        }
+    }
+
+    /// Runs `call` within the store's timeout: the one timer of a call (redis-rs's own response
+    /// timeouts are off). A timeout comes out as [`StoreError::Timeout`].
+    async fn bounded(
+        &self,
+        call: impl Future<Output = Result<Decision, StoreError>>,
+    ) -> Result<Decision, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Err(StoreError::Redis(error))) if error.is_timeout() => {
+                Err(StoreError::Timeout(self.timeout))
+            }
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
+/// `PING` and `SCRIPT LOAD` of every algorithm's script: what a call needs besides `EVALSHA`.
+async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreError> {
+    redis::cmd("PING").exec_async(connection).await?;
+    for algorithm in Algorithm::ALL {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(algorithm.script_source())
+            .exec_async(connection)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Script calls on Cluster: redis-rs is told not to retry (`.retries(0)`), so this resends a
+/// call only after a reply that proves the script did not run, twice at most, within the
+/// call's timeout.
+///
+/// Why redis-rs must not retry: in redis-rs 1.8.1, `choose_response` in
+/// `src/cluster_handling/async_connection/request.rs` resends a request whenever
+/// `request.retry < retry_params.number_of_retries`, by the error's `RedisError::retry_method`
+/// (`src/errors/redis_error.rs`): an I/O error reads as `Reconnect` (connection dropped) or
+/// `RetryImmediately` (any other, a response timeout included), and both come *after* the
+/// command was written, when the script may have run. A resend there would count one request
+/// twice. With `number_of_retries` 0 every error is handed back as it is (slot refreshes and
+/// reconnections still happen, they just resend nothing). `send_refresh_error` goes through
+/// the same `choose_response`.
+///
+/// What this resends instead: `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING`,
+/// `MASTERDOWN` and `READONLY` are refusals made before a script runs (a script refused by
+/// `READONLY` stops at its first write, before any change), `ClusterConnectionNotFound` and a
+/// refused connection mean nothing was written. (`NOSCRIPT` is handled by [`invoke`].)
+async fn invoke_on_cluster(
+    connection: &mut ClusterConnection,
+    request: CheckRequest<'_>,
+) -> Result<Decision, StoreError> {
+    let mut resends = 0;
+    loop {
+        match invoke(connection, request).await {
+            Err(StoreError::Redis(error)) if resends < 2 && did_not_run(&error) => {
+                resends += 1;
+                // The slot map refresh that the redirection started needs a moment.
+                tokio::time::sleep(Duration::from_millis(5 * resends)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Whether a Cluster reply proves that the script was not run; see [`invoke_on_cluster`].
+fn did_not_run(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        ) | ErrorKind::ClusterConnectionNotFound
+    ) || error.is_connection_refusal()
+}
+
+/// One EVALSHA of the algorithm's script. On `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
+/// it loads the script and retries; if `NOSCRIPT` comes back again (another flush landed between
+/// the load and the retry, or the retry reached a replica promoted without the script) it sends
+/// the script body with `EVAL`, which cannot fail that way. A `NOSCRIPT` reply means the script
+/// did not run, so each of these resends is safe.
+async fn invoke(
+    connection: &mut impl ConnectionLike,
+    request: CheckRequest<'_>,
+) -> Result<Decision, StoreError> {
+    let script = request.algorithm.script();
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(script.get_hash());
+    crate::algorithm::push_call(&request, &mut evalsha);
+    let values: Vec<i64> = match evalsha.query_async(connection).await {
+        Err(error) if is_noscript(&error) => {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(request.algorithm.script_source())
+                .exec_async(connection)
+                .await?;
+            match evalsha.query_async(connection).await {
+                Err(error) if is_noscript(&error) => {
+                    let mut eval = redis::cmd("EVAL");
+                    eval.arg(request.algorithm.script_source());
+                    crate::algorithm::push_call(&request, &mut eval);
+                    eval.query_async(connection).await?
+                }
+                result => result?,
+            }
+        }
+        result => result?,
+    };
+    Reply::from_redis(&values)
+        .map(Reply::into_decision)
+        .ok_or_else(|| StoreError::BadReply(format!("{values:?}")))
+}
+
+fn is_noscript(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+impl Store for RedisStore {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let admission = match &self.breaker {
+                Some(breaker) => breaker.admit(),
+                None => Admission::Call,
+            };
+            if admission == Admission::Skip {
+                return Err(StoreError::Unavailable("circuit breaker open"));
+            }
+            // If this future is dropped before the call finishes, the breaker hears of it.
+            let mut unsettled = Unsettled {
+                breaker: self.breaker.as_deref(),
+                admission,
+            };
+            let result = self.run_script(request).await;
+            unsettled.breaker = None;
+            if let Some(breaker) = &self.breaker {
+                match &result {
+                    Ok(_) => breaker.on_success(admission),
+                    Err(_) => breaker.on_failure(admission),
+                }
+            }
+            result
+        })
+    }
+}
+
+/// A breaker admission whose call has not finished. Dropped while still holding the breaker
+/// (the caller went away mid-call: a client disconnect, an outer timeout), it tells the breaker,
+/// so that an abandoned probe does not keep the circuit open for good.
+struct Unsettled<'a> {
+    breaker: Option<&'a BreakerState>,
+    admission: Admission,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if let Some(breaker) = self.breaker {
+            breaker.on_abandoned(self.admission);
+        }
+    }
+}
+
+/// Builds a [`RedisStore`]; see [`RedisStore::builder`] and [`RedisStore::cluster_builder`].
+///
+/// Building never connects: only a malformed URL (or TLS settings for a URL without TLS) fails.
+///
+/// ```
+/// use redlimit::store::RedisStore;
+/// use std::time::Duration;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .timeout(Duration::from_millis(20))
+///     .without_circuit_breaker()
+///     .build()?;
+/// assert_eq!(store.timeout(), Duration::from_millis(20));
+/// assert!(RedisStore::builder("not a url").build().is_err());
+/// # Ok::<(), redis::RedisError>(())
+/// ```
+pub struct RedisStoreBuilder {
+    target: Result<Target, RedisError>,
+    timeout: Duration,
+    breaker: Option<CircuitBreaker>,
+    credentials: Option<(Option<String>, String)>,
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
+}
+
+/// What the builder connects to.
+enum Target {
+    Single(Box<ConnectionInfo>),
+    Cluster(Vec<ConnectionInfo>),
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    fn new(target: Result<Target, RedisError>) -> Self {
+        RedisStoreBuilder {
+            target,
+            timeout: DEFAULT_TIMEOUT,
+            breaker: Some(CircuitBreaker::default()),
+            credentials: None,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// The time one call (a script reload included) may take; 100 ms by default.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The circuit breaker's settings (on by default with [`CircuitBreaker::default`]).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// Calls Redis even when it keeps failing (each call still has its timeout).
+    pub fn without_circuit_breaker(mut self) -> Self {
+        self.breaker = None;
+        self
+    }
+
+    /// Authenticates as the ACL user `username` (`None`: the `default` user) with `password`,
+    /// instead of what the URL says (`redis://user:pass@host`). On Cluster it applies to every
+    /// node.
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let password = std::env::var("REDIS_PASSWORD").unwrap_or_default();
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .credentials(Some("limiter"), password)
+    ///     .build()?;
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn credentials(mut self, username: Option<&str>, password: impl Into<String>) -> Self {
+        self.credentials = Some((username.map(str::to_owned), password.into()));
+        self
+    }
+
+    /// Trusts the certificate authorities in `pem` (PEM, one or more certificates) for
+    /// `rediss://` instead of the system's roots: a private CA.
+    ///
+    /// ```no_run
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let ca = std::fs::read("/etc/redis/ca.pem")?;
+    /// let store = RedisStore::builder("rediss://redis.internal:6380").tls_ca_pem(ca).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_certificates().root_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and key (both PEM) to the server: mutual TLS
+    /// (`tls-auth-clients yes`).
+    ///
+    /// ```no_run
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let store = RedisStore::builder("rediss://redis.internal:6380")
+    ///     .tls_ca_pem(std::fs::read("ca.pem")?)
+    ///     .tls_client_cert_pem(std::fs::read("client.pem")?, std::fs::read("client.key")?)
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert_pem(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls_certificates().client_tls = Some(redis::ClientTlsConfig {
+            client_cert: certificate.into(),
+            client_key: key.into(),
+        });
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls_certificates(&mut self) -> &mut redis::TlsCertificates {
+        self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        })
+    }
+
+    /// Builds the store. Fails only on malformed URLs, or TLS settings for a URL without TLS.
+    pub fn build(self) -> Result<RedisStore, RedisError> {
+        let timeout = self.timeout;
+        let with_credentials = |info: ConnectionInfo| match &self.credentials {
+            Some((username, password)) => {
+                let mut redis = info.redis_settings().clone().set_password(password);
+                if let Some(username) = username {
+                    redis = redis.set_username(username);
+                }
+                info.set_redis_settings(redis)
+            }
+            None => info,
+        };
+        let backend = match self.target? {
+            Target::Single(info) => {
+                let info = with_credentials(*info);
+                let addr = match info.addr() {
+                    ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+                    ConnectionAddr::TcpTls { host, port, .. } => format!("tls {host}:{port}"),
+                    other => other.to_string(),
+                };
+                #[cfg(feature = "tls")]
+                let client = match self.tls {
+                    Some(certificates) => {
+                        require_tls(&info)?;
+                        Client::build_with_tls(info, certificates)?
+                    }
+                    None => Client::open(info)?,
+                };
+                #[cfg(not(feature = "tls"))]
+                let client = Client::open(info)?;
+                Backend::Single {
+                    addr,
+                    connection: Replaceable::new(Box::new(move || {
+                        connect_single(client.clone()).boxed()
+                    })),
+                }
+            }
+            Target::Cluster(nodes) => {
+                let nodes: Vec<ConnectionInfo> = nodes.into_iter().map(with_credentials).collect();
+                let builder = ClusterClient::builder(nodes.clone())
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    // Never resend a script that may have run: see `invoke_on_cluster`.
+                    .retries(0);
+                #[cfg(feature = "tls")]
+                let builder = match self.tls {
+                    Some(certificates) => {
+                        nodes.iter().try_for_each(require_tls)?;
+                        builder.certs(certificates)
+                    }
+                    None => builder,
+                };
+                let client = builder.build()?;
+                Backend::Cluster {
+                    connection: Replaceable::new(Box::new(move || {
+                        let client = client.clone();
+                        async move {
+                            let mut connection =
+                                client.get_async_connection().await.map_err(explain_tls)?;
+                            let server = server::inspect(&mut connection).await;
+                            Ok((connection, server))
+                        }
+                        .boxed()
+                    })),
+                }
+            }
+        };
+        Ok(RedisStore {
+            backend: Arc::new(backend),
+            timeout,
+            breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
+        })
+    }
+}
+
+/// Opens the single-node connection: a `ConnectionManager` that reconnects by itself.
+async fn connect_single(client: Client) -> Result<(ConnectionManager, ServerInfo), RedisError> {
+    let config = ConnectionManagerConfig::new()
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(500))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        // One timer per call: the store's. (redis-rs would otherwise cut every reply at its
+        // own 500 ms default, whatever the store's timeout.)
+        .set_response_timeout(None);
+    let mut connection = ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(explain_tls)?;
+    let server = server::inspect(&mut connection).await;
+    Ok((connection, server))
+}
+
+/// A failed TLS handshake said as such, with what to check (rustls's own words kept).
+fn explain_tls(error: RedisError) -> RedisError {
+    let text = error.to_string();
+    if text.contains("certificate") || text.contains("fatal alert") {
+        RedisError::from((
+            error.kind(),
+            "TLS handshake failed",
+            format!(
+                "{text} (check that the CA given with tls_ca_pem, or the system's roots, signed \
+                 the server's certificate, and the client certificate if the server asks for one)"
+            ),
+        ))
+    } else {
+        error
+    }
+}
+
+/// TLS settings only make sense for a `rediss://` URL.
+#[cfg(feature = "tls")]
+fn require_tls(info: &ConnectionInfo) -> Result<(), RedisError> {
+    match info.addr() {
+        ConnectionAddr::TcpTls { .. } => Ok(()),
+        _ => Err(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "TLS certificates were given for a URL without TLS",
+            "use rediss:// (or drop the CA and client certificate)".to_owned(),
+        ))),
+    }
+}
