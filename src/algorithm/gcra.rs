@@ -1,16 +1,13 @@
 //! GCRA: the Rust mirror of `lua/gcra.lua`, step for step.
 
-use super::{ttl_ms, Args, Reply, Step, Write};
+use super::{sane, unpack, Args, Outcome, Packed};
 
-/// The stored state: the debt `d` (in emission intervals, i.e. requests) measured at the µs
-/// time `at`. The theoretical arrival time is `at + d * period / limit`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct State {
-    pub at: f64,
-    pub d: f64,
-}
+/// The state tag: `g`, layout 1 (at, d).
+const TAG: u8 = b'g';
 
-pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
+/// One step over the stored state (`g` + the debt `d`, in emission intervals, i.e. requests,
+/// measured at the µs time `at`; the theoretical arrival time is `at + d * period / limit`).
+pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     let Args {
         now,
         cost,
@@ -19,13 +16,18 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
         burst,
     } = *args;
 
-    // 1. A missing state is a fresh key (no debt).
-    let State { mut at, mut d } = stored.unwrap_or(State { at: now, d: 0.0 });
+    // 1. A missing or corrupt state is a fresh key (no debt).
+    let (mut at, mut d) = match unpack::<2>(stored, TAG) {
+        Some([a, b]) if sane(a) && sane(b) => (a, b),
+        _ => (now, 0.0),
+    };
 
     // 2. Cap to the current quota and clock; a clock stepped back is written even on a denial.
     d = d.min(burst);
     let stepped_back = at > now;
-    at = at.min(now);
+    if stepped_back {
+        at = now;
+    }
 
     // 3. Drain the debt, the elapsed time capped at the time to pay it off.
     let to_zero = (d * period / limit).ceil();
@@ -41,44 +43,41 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
     // 4. Decide; a denied request consumes nothing.
     let allowed = debt + cost <= burst;
     let mut used = debt;
+    let mut retry = 0.0;
     if allowed {
         used = debt + cost;
         if cost > 0.0 {
             at = now;
             d = used;
         }
-    }
-
-    // 5. Times: retry never early (one µs later if rounding says so), reset when paid off.
-    let retry = if allowed {
-        0.0
     } else if cost > burst {
-        -1.0
+        retry = -1.0;
     } else {
-        let mut e = ((d + cost - burst) * period / limit).ceil();
+        // 5a. Retry: the smallest whole elapsed time since `at` at which steps 3 and 4 admit;
+        //     the division estimates it, the same comparison settles it.
+        let mut e = ((d + cost - burst) * period / limit).ceil().max(0.0).min(to_zero);
         if e < to_zero && d - e * limit / period + cost > burst {
             e += 1.0;
+        } else if e > 0.0 && d - (e - 1.0) * limit / period + cost <= burst {
+            e -= 1.0;
         }
-        at + e - now
-    };
+        retry = at + e - now;
+    }
+
+    // 5b. Reset: until the debt is paid off.
     let reset = if d > 0.0 {
         at + (d * period / limit).ceil() - now
     } else {
         0.0
     };
 
-    // 6. Write only what changed; expire when the debt is paid off.
-    let write = if cost > 0.0 && (allowed || stepped_back) {
-        Write::Put {
-            state: State { at, d },
-            ttl_ms: ttl_ms(reset),
-        }
-    } else {
-        Write::Keep
-    };
-    Step {
-        reply: Reply::new(allowed, limit, (burst - used).floor(), retry, reset),
-        write,
+    // 6. The new state: only what changed.
+    Outcome {
+        allowed,
+        remaining: (burst - used).floor(),
+        retry_us: retry,
+        reset_us: reset,
+        state: (cost > 0.0 && (allowed || stepped_back)).then(|| Packed::new(TAG, [at, d])),
     }
 }
 
@@ -87,6 +86,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algorithm::Reply;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
 
     const S: f64 = 1_000_000.0;
@@ -94,9 +94,9 @@ mod tests {
     struct Gcra;
 
     impl Mirror for Gcra {
-        type State = State;
-        fn run(state: &mut Option<State>, args: &Args) -> (Reply, Option<u64>) {
-            testing::run_by_value(step, state, args)
+        type State = Packed;
+        fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
+            testing::run_packed(step, state, args)
         }
     }
 
@@ -108,6 +108,33 @@ mod tests {
         #[test]
         fn invariants((quota, steps) in testing::scenario(true)) {
             testing::check_invariants::<Gcra>(quota, steps)?;
+        }
+    }
+
+    /// 3 per 10 s with a burst of 5 (T = 3.33 s, not a whole number of µs), the clock 0.5 ms
+    /// off the millisecond grid: the wait is 3 333 333.33 µs, so 3334 ms, and 3333 ms is too
+    /// early. Earlier versions rounded the estimate up once more and said 3334 ms when the
+    /// exact wait fit in 3333.
+    #[test]
+    fn retry_is_exact_when_t_is_not_whole_microseconds() {
+        let t0 = 1_700_000_000_000_500.0;
+        let mut s = seq().quota(3.0, 10.0 * S, 5.0);
+        for _ in 0..5 {
+            assert!(s.at(t0).cost(1.0).allowed);
+        }
+        let denied = s.cost(1.0);
+        assert!(!denied.allowed);
+        let retry = denied.retry_after_ms as f64 * 1000.0;
+        assert!(!s.clone().at(t0 + retry - 1000.0).cost(1.0).allowed);
+        assert!(s.clone().at(t0 + retry).cost(1.0).allowed);
+        // Drained for a while: the debt is fractional.
+        for dt in [1.0, 777.0, 1_234_567.0, 2_500_001.0] {
+            let mut later = s.clone();
+            let denied = later.at(t0 + dt).cost(1.0);
+            assert!(!denied.allowed, "{dt}");
+            let retry = denied.retry_after_ms as f64 * 1000.0;
+            assert!(!later.clone().at(t0 + dt + retry - 1000.0).cost(1.0).allowed, "{dt}");
+            assert!(later.at(t0 + dt + retry).cost(1.0).allowed, "{dt}");
         }
     }
 

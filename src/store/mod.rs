@@ -37,7 +37,7 @@ mod memory;
 mod redis;
 
 pub use self::breaker::CircuitBreaker;
-pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS};
+pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_TIMEOUT};
 
 /// One decision to make: which key, under which algorithm and quota, at what cost.
