@@ -111,30 +111,34 @@ mod tests {
         }
     }
 
-    /// 3 per 10 s with a burst of 5 (T = 3.33 s, not a whole number of µs), the clock 0.5 ms
-    /// off the millisecond grid: the wait is 3 333 333.33 µs, so 3334 ms, and 3333 ms is too
-    /// early. Earlier versions rounded the estimate up once more and said 3334 ms when the
-    /// exact wait fit in 3333.
-    #[test]
-    fn retry_is_exact_when_t_is_not_whole_microseconds() {
-        let t0 = 1_700_000_000_000_500.0;
-        let mut s = seq().quota(3.0, 10.0 * S, 5.0);
-        for _ in 0..5 {
-            assert!(s.at(t0).cost(1.0).allowed);
-        }
-        let denied = s.cost(1.0);
-        assert!(!denied.allowed);
-        let retry = denied.retry_after_ms as f64 * 1000.0;
-        assert!(!s.clone().at(t0 + retry - 1000.0).cost(1.0).allowed);
-        assert!(s.clone().at(t0 + retry).cost(1.0).allowed);
-        // Drained for a while: the debt is fractional.
-        for dt in [1.0, 777.0, 1_234_567.0, 2_500_001.0] {
-            let mut later = s.clone();
-            let denied = later.at(t0 + dt).cost(1.0);
-            assert!(!denied.allowed, "{dt}");
-            let retry = denied.retry_after_ms as f64 * 1000.0;
-            assert!(!later.clone().at(t0 + dt + retry - 1000.0).cost(1.0).allowed, "{dt}");
-            assert!(later.at(t0 + dt + retry).cost(1.0).allowed, "{dt}");
+    proptest! {
+        /// Exact both ways over random quotas, emission intervals that are not whole µs
+        /// included, with clients on whole milliseconds: a denied request is admitted at
+        /// now + retry_after and denied 1 ms before. Earlier versions rounded the estimate up
+        /// and only ever corrected it upwards: 3 per 10 s with a burst of 5 was told 3334 ms
+        /// when it was admitted at 3333 ms.
+        #[test]
+        fn retry_is_exact_both_ways_on_whole_milliseconds(
+            limit in 1u32..=50,
+            period_ms in prop_oneof![Just(10_000u64), 1u64..=100_000],
+            burst in 1u32..=10,
+            steps in prop::collection::vec(0u64..=4_000, 1..40),
+        ) {
+            let mut s = seq().quota(limit as f64, period_ms as f64 * 1000.0, burst as f64);
+            let mut now = 1_700_000_000_000_000.0;
+            for ms in steps {
+                now += ms as f64 * 1000.0;
+                let reply = s.at(now).cost(1.0);
+                if !reply.allowed {
+                    let retry = reply.retry_after_ms as f64 * 1000.0;
+                    prop_assert!(s.clone().at(now + retry).cost(1.0).allowed, "{:?}", reply);
+                    prop_assert!(
+                        !s.clone().at(now + retry - 1000.0).cost(1.0).allowed,
+                        "allowed 1 ms before {:?}",
+                        reply
+                    );
+                }
+            }
         }
     }
 

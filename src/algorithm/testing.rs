@@ -175,6 +175,8 @@ pub(crate) fn scenario(back: bool) -> impl Strategy<Value = ((f64, f64, f64), Ve
         prop_oneof![
             6 => Just(0i64),
             6 => 0i64..=2_000_000,
+            // Whole milliseconds, as clients read retry_after: exactness both ways shows there.
+            6 => (0i64..=5_000).prop_map(|ms| ms * 1_000),
             3 => 0i64..=200_000_000,
             2 => -100_000_000i64..0,
         ],
