@@ -71,9 +71,14 @@ return function(stored, now, cost, limit, period, burst)
     reset = start + fade(p, 0, period) - now
   end
 
-  -- 5. The new state: only an admission that costs changes it.
+  -- 5. The new state: only an admission that costs changes it. A previous count that weighs
+  --    nothing now weighs nothing for the rest of the window: stored as 0, the state an
+  --    expired key would have.
   local remaining = max(0, burst - share - c)
   if allowed and cost > 0 then
+    if share == 0 then
+      p = 0
+    end
     return allowed, remaining, retry, reset, spack('<Bddd', 119, start, c, p)
   end
   return allowed, remaining, retry, reset

@@ -89,7 +89,10 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         remaining: (burst - share - c).max(0.0),
         retry_us: retry,
         reset_us: reset,
-        state: (allowed && cost > 0.0).then(|| Packed::new(TAG, [start, c, p])),
+        // A previous count that weighs nothing now weighs nothing for the rest of the window:
+        // stored as 0, the state an expired key would have.
+        state: (allowed && cost > 0.0)
+            .then(|| Packed::new(TAG, [start, c, if share > 0.0 { p } else { 0.0 }])),
     }
 }
 
