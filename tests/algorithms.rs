@@ -367,7 +367,10 @@ async fn sliding_window_sequences() {
         for (at, quota, cost, _) in &steady {
             clock.set(T0 + Duration::from_micros(*at));
             let d = check(&limiter, "steady", quota, *cost).await;
-            assert!(d.allowed, "{store}: a client at the rate denied at {at} µs: {d:?}");
+            assert!(
+                d.allowed,
+                "{store}: a client at the rate denied at {at} µs: {d:?}"
+            );
         }
     }
 }
@@ -404,7 +407,9 @@ async fn a_key_of_the_wrong_type_heals() {
         if algorithm == Algorithm::SlidingLog {
             let _: () = conn.set(&state, "not a rate limit").unwrap();
         } else {
-            let _: () = conn.hset_multiple(&state, &[("tk", "3"), ("ts", "1")]).unwrap();
+            let _: () = conn
+                .hset_multiple(&state, &[("tk", "3"), ("ts", "1")])
+                .unwrap();
         }
         decides_like_a_fresh_key(&redis, algorithm, "wrong-type").await;
         let kind: String = redis::cmd("TYPE").arg(&state).query(&mut conn).unwrap();
@@ -442,7 +447,9 @@ async fn garbage_in_the_state_heals() {
         let clock = ManualClock::new(T0);
         let limiter = redis_limiter(&redis, algorithm, &clock);
         check(&limiter, "template", &per(10, 60), 1).await;
-        let template: Vec<u8> = conn.get(state_key(&limiter, algorithm, "template")).unwrap();
+        let template: Vec<u8> = conn
+            .get(state_key(&limiter, algorithm, "template"))
+            .unwrap();
         for bad in [f64::NAN, f64::INFINITY, -1.0, 9_007_199_254_740_992.0] {
             for at in (1..template.len()).step_by(8) {
                 let mut v = template.clone();

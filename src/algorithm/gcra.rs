@@ -55,7 +55,10 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     } else {
         // 5a. Retry: the smallest whole elapsed time since `at` at which steps 3 and 4 admit;
         //     the division estimates it, the same comparison settles it.
-        let mut e = ((d + cost - burst) * period / limit).ceil().max(0.0).min(to_zero);
+        let mut e = ((d + cost - burst) * period / limit)
+            .ceil()
+            .max(0.0)
+            .min(to_zero);
         if e < to_zero && d - e * limit / period + cost > burst {
             e += 1.0;
         } else if e > 0.0 && d - (e - 1.0) * limit / period + cost <= burst {
@@ -86,8 +89,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::algorithm::Reply;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
+    use crate::algorithm::Reply;
 
     const S: f64 = 1_000_000.0;
 

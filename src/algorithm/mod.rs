@@ -404,7 +404,7 @@ pub(crate) struct Packed {
 impl Packed {
     /// `struct.pack('<B' .. 'd' * N, tag, values…)`.
     pub(crate) fn new<const N: usize>(tag: u8, values: [f64; N]) -> Self {
-        const { assert!(1 + 8 * N <= PACKED_MAX) };
+        const { assert!(8 * N < PACKED_MAX) };
         let mut bytes = [0; PACKED_MAX];
         bytes[0] = tag;
         for (i, v) in values.iter().enumerate() {
@@ -453,7 +453,11 @@ const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 /// The driver for one tier, as `run` in `lua/common.lua`: the step on the stored state, and the
 /// state to write with its TTL in ms (one tier's own decision is the call's, so whatever the
 /// step returns is written).
-pub(crate) fn drive(step: PackedStep, stored: Option<&[u8]>, args: &Args) -> (Reply, Option<(Packed, u64)>) {
+pub(crate) fn drive(
+    step: PackedStep,
+    stored: Option<&[u8]>,
+    args: &Args,
+) -> (Reply, Option<(Packed, u64)>) {
     let outcome = step(stored, args);
     let reply = outcome.reply(args.limit);
     (reply, outcome.state.map(|s| (s, ttl_ms(outcome.reset_us))))

@@ -87,8 +87,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::algorithm::{ttl_ms, Reply};
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
+    use crate::algorithm::{ttl_ms, Reply};
 
     const S: f64 = 1_000_000.0;
 

@@ -256,7 +256,8 @@ impl MemoryStore {
                 reply
             }
             Kind::Log => {
-                let reply = shard.log_step(held, live, request.key, &args, now, self.max_keys_per_shard);
+                let reply =
+                    shard.log_step(held, live, request.key, &args, now, self.max_keys_per_shard);
                 shard.trim_logs(request.key, self.max_log_entries_per_shard);
                 reply
             }
@@ -278,7 +279,10 @@ impl MemoryStore {
     /// tests.
     #[doc(hidden)]
     pub fn stored_state(&self, key: &str, now_micros: u64) -> Option<Vec<u8>> {
-        let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        let shard = self
+            .shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let stored = &shard.slots[*shard.index.get(key)?].stored;
         if stored.expires_at <= now_micros {
             return None;
@@ -585,6 +589,67 @@ mod tests {
                 !newest(now + 1).allowed,
                 "{algorithm}: the newest key was lost"
             );
+        }
+    }
+
+    /// Shards are chosen with a hasher keyed at random per store: the same keys land on
+    /// different shards in two stores, so nobody can compute keys that all land on a victim's
+    /// shard. With the fixed-key `DefaultHasher::new()` of earlier versions every store placed
+    /// every key alike.
+    #[test]
+    fn shard_choice_is_keyed_per_store() {
+        let keys: Vec<String> = (0..64).map(|i| format!("redlimit:{{k{i}}}")).collect();
+        let placement = |store: &MemoryStore| -> Vec<usize> {
+            keys.iter().map(|k| store.shard_index(k)).collect()
+        };
+        let one = MemoryStore::new();
+        assert_eq!(
+            placement(&one),
+            placement(&one.clone()),
+            "clones share the hasher"
+        );
+        // 64 keys over 64 shards placed alike by chance: probability 64^-64.
+        assert_ne!(placement(&one), placement(&MemoryStore::new()));
+    }
+
+    /// The sliding log's entries are bounded over all keys, not just its keys: many keys with
+    /// long logs stay within the cap (counted as allocated), the key just checked keeps its log,
+    /// and the accounting matches the logs held.
+    #[test]
+    fn sliding_log_entries_are_bounded() {
+        let cap = 64 * 1_000;
+        let store = MemoryStore::with_max_keys(100_000).with_max_log_entries(cap);
+        let quota = Quota::per_hour(900).unwrap();
+        let now = 1_700_000_000_000_000;
+        for i in 0..2_000 {
+            let key = format!("redlimit:{{log-{i}}}");
+            let request = CheckRequest {
+                key: &key,
+                algorithm: Algorithm::SlidingLog,
+                quota: &quota,
+                cost: 900,
+                now_micros: Some(now + i),
+            };
+            assert!(store.check_now(request).allowed, "key {i}");
+            // The key just checked keeps its state: the next unit is denied.
+            assert!(!store.check_now(CheckRequest { cost: 1, ..request }).allowed);
+            assert!(
+                store.log_entries() <= cap,
+                "{} > {cap}",
+                store.log_entries()
+            );
+        }
+        // 2 000 keys x 900 entries were asked for; about the cap is held.
+        assert!(store.log_entries() >= cap / 2, "{}", store.log_entries());
+        for shard in store.shards.iter() {
+            let shard = shard.lock().unwrap();
+            let held: usize = shard
+                .slots
+                .iter()
+                .map(|s| s.stored.state.log_entries())
+                .sum();
+            assert_eq!(shard.log_entries, held);
+            assert_consistent(&shard);
         }
     }
 
