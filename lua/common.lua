@@ -1,5 +1,6 @@
--- redlimit: the driver. One script holds it and every algorithm's step; Rust appends the steps
--- (`lua/<algorithm>.lua`, each a chunk returning its step function) and `return run(step_for)`.
+-- redlimit: the driver. One script holds it and every algorithm's step: Rust splices the steps
+-- (`lua/<algorithm>.lua`) in at the `@steps` line below, each as a branch
+-- `elseif name == '<algorithm>' then <step>`.
 --
 -- KEYS  one state key per tier (all sharing one hash tag)
 -- ARGV  1 now_us ('' = Redis server TIME), 2 cost (0 = peek), 3 tier count n,
@@ -9,21 +10,22 @@
 --       of the binding tier: the request is admitted only when every tier admits it, and then
 --       costs every tier (all or none).
 --
--- A step is pure: step(stored, now, cost, limit, period, burst) returns
---   allowed, remaining, retry_us (-1 = never), reset_us, new_state
--- where stored is the key's string (nil/false when absent or not a string) and new_state the
--- string to store (nil: nothing to write). The driver reads every key with one MGET (which
--- answers nil for a key of another type: self-healing without pcall), writes each new state
--- with one `SET key state PX ttl`, the TTL being when the tier is fresh again, and only when
--- the state's own decision is the call's (a denial writes only a step's repair of a clock that
--- stepped back). The sliding log keeps a sorted set instead: its step reads it and returns a
--- function that writes it (called with the TTL).
+-- A step is pure: it reads `stored` (the key's string; false when absent or not a string),
+-- `now`, `cost`, `limit`, `period`, `burst` (and `key`), and sets
+--   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
+-- where state is the string to store, or nil when nothing is to be written. The driver reads
+-- every key with one MGET (which answers nil for a key of another type: self-healing without
+-- pcall), and writes each new state with one `SET key state PX ttl`, the TTL being when the
+-- tier is fresh again, only when the state's own decision is the call's (a denial writes only a
+-- step's repair of a clock that stepped back). The sliding log keeps a sorted set instead: its
+-- step reads it, and its state is a function that writes it, called with the TTL.
 --
 -- State strings start with one tag byte naming the algorithm and the layout version, followed
 -- by little-endian doubles (struct.pack): exact, and anything else reads as a fresh key.
 -- Lua numbers are doubles: every value stays an exact integer below 2^53 (GCRA's debt aside),
 -- and every time leaves in whole milliseconds rounded up (never tell a client to come back
--- early).
+-- early). The steps are spliced in rather than called: Redis runs the script's body on every
+-- call, and a closure per step and helper per call cost more than the steps' arithmetic.
 
 local MAX_EXACT = 9007199254740992 -- 2^53
 -- The longest time a reply carries: 2^62 ms keeps its integers inside an i64.
@@ -31,105 +33,101 @@ local MAX_REPLY_MS = 4611686018427387904
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 local spack, sunpack, call = struct.pack, struct.unpack, redis.call
 
--- ARGV[i] as an integer in [lo, 2^53), or nil (NaN fails every comparison).
-local function int_arg(i, lo)
-  local v = tonumber(ARGV[i])
+-- `v` as an integer in [lo, 2^53), or nil (NaN fails every comparison).
+local function int(v, lo)
+  v = tonumber(v)
   if v and v >= lo and v < MAX_EXACT and v == floor(v) then
     return v
   end
 end
 
--- A stored number, or nil when corrupt, negative or beyond exact range (NaN included).
-local function sane(v)
-  return v >= 0 and v < MAX_EXACT
+local now = ARGV[1]
+if now == '' then
+  local t = call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = int(now, 0)
 end
-
-local function invalid_args()
+local cost, tiers = int(ARGV[2], 0), int(ARGV[3], 1)
+if not (now and cost and tiers) or #KEYS ~= tiers or #ARGV ~= 3 + 4 * tiers then
   return redis.error_reply('ERR redlimit: invalid arguments; expected now_us|"", cost, tiers, ' ..
     'then algorithm, limit, period_us, burst per tier, one key per tier')
 end
-
--- Microseconds until a key is fresh again to its TTL in ms: at least 1, at most 2^53 (Lua
--- writes numbers from 1e17 up as "1e+17", which PX refuses).
-local function ttl_ms(reset_us)
-  return min(max(1, ceil(reset_us / 1000)), MAX_EXACT)
+local values
+if tiers == 1 then
+  values = call('MGET', KEYS[1])
+else
+  values = call('MGET', unpack(KEYS))
 end
 
-local function write(key, state, reset_us)
-  if type(state) == 'string' then
-    call('SET', key, state, 'PX', ttl_ms(reset_us))
+-- Decide every tier; the binding one is the least remaining if all admit, else the longest
+-- wait among those that deny ("never" first).
+local all_ok, bind_limit, bind_rem, bind_re, max_rs, state1, ok1, rs1
+local more -- tiers 2..n: {key, state, ok, reset}
+for i = 1, tiers do
+  local j = 4 * i
+  local name, limit, period, burst = ARGV[j], int(ARGV[j + 1], 1), int(ARGV[j + 2], 1),
+    int(ARGV[j + 3], 1)
+  if not (limit and period and burst) then
+    name = nil
+  end
+  local stored, key = values[i], KEYS[i]
+  local ok, rem, re, rs, state
+  if name == nil then
+    return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
+      'must be integers from 1 below 2^53')
+  -- @steps
   else
-    state(ttl_ms(reset_us))
+    return redis.error_reply('ERR redlimit: unknown algorithm')
+  end
+  if i == 1 then
+    all_ok, bind_limit, bind_rem, bind_re, max_rs, state1, ok1, rs1 =
+      ok, limit, rem, re, rs, state, ok, rs
+  else
+    if rem < bind_rem then
+      bind_limit, bind_rem = limit, rem
+    end
+    if not ok then
+      if re < 0 or bind_re < 0 then
+        bind_re = -1
+      else
+        bind_re = max(bind_re, re)
+      end
+    end
+    all_ok = all_ok and ok
+    max_rs = max(max_rs, rs)
+    if state then
+      more = more or {}
+      more[#more + 1] = { key, state, ok, rs }
+    end
   end
 end
 
-local function run(step_for)
-  local now = ARGV[1]
-  if now == '' then
-    local t = call('TIME')
-    now = t[1] * 1000000 + t[2]
+-- Write: on admission every new state; on a denial only the repairs of denying tiers. The TTL:
+-- when the tier is fresh again, at least 1 ms, at most 2^53 ms (Lua writes numbers from 1e17 up
+-- as "1e+17", which PX refuses).
+if state1 and ok1 == all_ok then
+  local ttl = min(max(1, ceil(rs1 / 1000)), MAX_EXACT)
+  if type(state1) == 'string' then
+    call('SET', KEYS[1], state1, 'PX', ttl)
   else
-    now = int_arg(1, 0)
+    state1(ttl)
   end
-  local cost, tiers = int_arg(2, 0), int_arg(3, 1)
-  if not (now and cost and tiers) or #KEYS ~= tiers or #ARGV ~= 3 + 4 * tiers then
-    return invalid_args()
-  end
-  local values
-  if tiers == 1 then
-    values = call('MGET', KEYS[1])
-  else
-    values = call('MGET', unpack(KEYS))
-  end
-
-  -- Decide every tier; the binding one is the least remaining if all admit, else the longest
-  -- wait among those that deny ("never" first).
-  local allowed, limit, remaining, retry, reset, state1, ok1, reset1
-  local more -- tiers 2..n: {key, state, ok, reset}
-  for i = 1, tiers do
-    local j = 4 * i
-    local step = step_for(ARGV[j])
-    local l, period, burst = int_arg(j + 1, 1), int_arg(j + 2, 1), int_arg(j + 3, 1)
-    if not (step and l and period and burst) then
-      return invalid_args()
-    end
-    local ok, rem, re, rs, state = step(values[i], now, cost, l, period, burst, KEYS[i])
-    if i == 1 then
-      allowed, limit, remaining, retry, reset, state1, ok1, reset1 = ok, l, rem, re, rs, state, ok, rs
-    else
-      if rem < remaining then
-        limit, remaining = l, rem
-      end
-      if not ok then
-        if re < 0 or retry < 0 then
-          retry = -1
-        else
-          retry = max(retry, re)
-        end
-      end
-      allowed = allowed and ok
-      reset = max(reset, rs)
-      if state then
-        more = more or {}
-        more[#more + 1] = { KEYS[i], state, ok, rs }
-      end
-    end
-  end
-
-  -- Write: on admission every new state; on a denial only the repairs of denying tiers.
-  if state1 and ok1 == allowed then
-    write(KEYS[1], state1, reset1)
-  end
-  if more then
-    for i = 1, #more do
-      local m = more[i]
-      if m[3] == allowed then
-        write(m[1], m[2], m[4])
+end
+if more then
+  for i = 1, #more do
+    local m = more[i]
+    if m[3] == all_ok then
+      local ttl = min(max(1, ceil(m[4] / 1000)), MAX_EXACT)
+      if type(m[2]) == 'string' then
+        call('SET', m[1], m[2], 'PX', ttl)
+      else
+        m[2](ttl)
       end
     end
   end
-  if retry > 0 then
-    retry = min(ceil(retry / 1000), MAX_REPLY_MS)
-  end
-  return { allowed and 1 or 0, limit, remaining, retry, min(ceil(reset / 1000), MAX_REPLY_MS), 0 }
 end
+if bind_re > 0 then
+  bind_re = min(ceil(bind_re / 1000), MAX_REPLY_MS)
+end
+return { all_ok and 1 or 0, bind_limit, bind_rem, bind_re, min(ceil(max_rs / 1000), MAX_REPLY_MS), 0 }

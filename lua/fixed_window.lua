@@ -2,7 +2,8 @@
 -- (units admitted in it). Windows of period_us aligned to the Unix epoch: [w, w + period) with
 -- w = now - now % period. Capacity per window is burst (which defaults to limit). Up to
 -- 2 * burst can pass across a window boundary; choose a sliding algorithm when that matters.
-return function(stored, now, cost, limit, period, burst)
+-- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
+-- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
   -- 1. The current window.
   local start = now - now % period
   local stop = start + period
@@ -12,7 +13,7 @@ return function(stored, now, cost, limit, period, burst)
   local n = 0
   if stored and #stored == 17 then
     local tag, w, c = sunpack('<Bdd', stored)
-    if tag == 102 and w == start and sane(c) then
+    if tag == 102 and w == start and c >= 0 and c < MAX_EXACT then
       n = min(floor(c), burst)
     end
   end
@@ -36,8 +37,7 @@ return function(stored, now, cost, limit, period, burst)
   end
 
   -- 5. The new state: only an admission that costs changes it.
+  ok, rem, re, rs = allowed, burst - n, retry, reset
   if allowed and cost > 0 then
-    return allowed, burst - n, retry, reset, spack('<Bdd', 102, start, n)
+    state = spack('<Bdd', 102, start, n)
   end
-  return allowed, burst - n, retry, reset
-end

@@ -4,9 +4,8 @@
 -- window (now - period, now] plus k are at most burst.
 -- Memory and time are O(burst) per key: one sorted-set entry per admitted unit (a request of
 -- cost k adds k members). Keep burst small, or choose another algorithm.
--- This step reads its own sorted set (the driver's MGET sees no string there) and returns, as
--- its new state, a function that writes it.
-return function(_, now, cost, limit, period, burst, key)
+-- This step reads its own sorted set (the driver's MGET sees no string there); its new state is
+-- a function that writes it, called by the driver with the TTL.
   local from = now - period + 1 -- the oldest µs inside the window
 
   -- 1. Read the newest entry: a key of another type is deleted and counts as empty.
@@ -57,9 +56,9 @@ return function(_, now, cost, limit, period, burst, key)
   -- 6. The write: move entries from the future to now, drop the units that left the window,
   --    add one member per unit (NX, and more if a name was taken), expire when the newest
   --    unit leaves the window.
-  local write
+  ok, rem, re, rs = allowed, max(0, burst - used), retry, reset
   if cost > 0 and (allowed or stepped_back) then
-    write = function(ttl)
+    state = function(ttl)
       if stepped_back then
         local future = call('ZRANGEBYSCORE', key, '(' .. string.format('%d', now), '+inf')
         for i = 1, #future do
@@ -83,5 +82,3 @@ return function(_, now, cost, limit, period, burst, key)
       call('PEXPIRE', key, ttl)
     end
   end
-  return allowed, max(0, burst - used), retry, reset, write
-end

@@ -9,6 +9,8 @@
 -- client at or below the rate is never denied in steady state, even on a window's first µs.
 -- The previous window's share is rounded down (an integer division, exact while p * period <
 -- 2^52); in any interval of one period at most 2 * burst pass, and at most burst per window.
+-- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
+-- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
 
 -- The first elapsed µs of a window at which `count` units of the previous window weigh at most
 -- `room` (floor(count * (period - e - 1) / period) <= room), within [0, period - 1] (at
@@ -26,7 +28,6 @@ local function fade(count, room, period)
   return e
 end
 
-return function(stored, now, cost, limit, period, burst)
   -- 1. The current window.
   local start = now - now % period
   local elapsed = now - start
@@ -37,7 +38,7 @@ return function(stored, now, cost, limit, period, burst)
   local c, p = 0, 0
   if stored and #stored == 25 then
     local tag, w, sc, sp = sunpack('<Bddd', stored)
-    if tag == 119 and sane(sc) and sane(sp) then
+    if tag == 119 and sc >= 0 and sc < MAX_EXACT and sp >= 0 and sp < MAX_EXACT then
       if w == start then
         c, p = min(floor(sc), burst), min(floor(sp), burst)
       elseif w == start - period then
@@ -74,12 +75,10 @@ return function(stored, now, cost, limit, period, burst)
   -- 5. The new state: only an admission that costs changes it. A previous count that weighs
   --    nothing now weighs nothing for the rest of the window: stored as 0, the state an
   --    expired key would have.
-  local remaining = max(0, burst - share - c)
+  ok, rem, re, rs = allowed, max(0, burst - share - c), retry, reset
   if allowed and cost > 0 then
     if share == 0 then
       p = 0
     end
-    return allowed, remaining, retry, reset, spack('<Bddd', 119, start, c, p)
+    state = spack('<Bddd', 119, start, c, p)
   end
-  return allowed, remaining, retry, reset
-end

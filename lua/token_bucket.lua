@@ -2,12 +2,13 @@
 -- demand. State 't' + doubles tokens (whole tokens in the bucket), ts (µs time up to which
 -- refill is accounted). Fractional progress is kept: ts advances only by the time the whole
 -- tokens took to arrive.
-return function(stored, now, cost, limit, period, burst)
+-- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
+-- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
   -- 1. Read the state: a missing or corrupt bucket is a full one.
   local tokens, ts = burst, now
   if stored and #stored == 17 then
     local tag, a, b = sunpack('<Bdd', stored)
-    if tag == 116 and sane(a) and sane(b) then
+    if tag == 116 and a >= 0 and a < MAX_EXACT and b >= 0 and b < MAX_EXACT then
       tokens, ts = a, b
     end
   end
@@ -60,8 +61,7 @@ return function(stored, now, cost, limit, period, burst)
   end
 
   -- 6. The new state: only what changed (an admission that costs, or a repaired clock).
+  ok, rem, re, rs = allowed, tokens, retry, reset
   if cost > 0 and (allowed or stepped_back) then
-    return allowed, tokens, retry, reset, spack('<Bdd', 116, tokens, ts)
+    state = spack('<Bdd', 116, tokens, ts)
   end
-  return allowed, tokens, retry, reset
-end

@@ -555,3 +555,78 @@ async fn memory_per_key() {
         }
     }
 }
+
+/// The script as the crate builds it: the driver with every step spliced in (the same splice
+/// as `src/algorithm/mod.rs`).
+fn script_source() -> String {
+    let steps = [
+        ("token-bucket", include_str!("../lua/token_bucket.lua")),
+        ("gcra", include_str!("../lua/gcra.lua")),
+        ("fixed-window", include_str!("../lua/fixed_window.lua")),
+        ("sliding-log", include_str!("../lua/sliding_log.lua")),
+        ("sliding-window", include_str!("../lua/sliding_window.lua")),
+    ];
+    let steps: String = steps
+        .iter()
+        .map(|(name, step)| format!("  elseif name == '{name}' then\n{step}"))
+        .collect();
+    include_str!("../lua/common.lua").replacen("  -- @steps\n", &steps, 1)
+}
+
+/// Several tiers in one call (what the fleet features build on): admitted only when every tier
+/// admits, then every tier pays; a denial by one tier costs none (all or none), and the reply
+/// is the binding tier's. Tier 1: token bucket 10 a minute; tier 2: fixed window 2 a minute.
+#[test]
+fn several_tiers_are_all_or_none() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let source = script_source();
+    let now = T0.as_micros() as u64;
+    let call = |conn: &mut redis::Connection, cost: u64| -> Vec<i64> {
+        redis::cmd("EVAL")
+            .arg(&source)
+            .arg(2)
+            .arg("redlimit:{t}:a")
+            .arg("redlimit:{t}:b")
+            .arg(now)
+            .arg(cost)
+            .arg(2)
+            .arg("token-bucket")
+            .arg(10)
+            .arg(60_000_000)
+            .arg(10)
+            .arg("fixed-window")
+            .arg(2)
+            .arg(60_000_000)
+            .arg(2)
+            .query(conn)
+            .unwrap()
+    };
+    // {allowed, limit, remaining, retry_after_ms, reset_after_ms, suspended}: the fixed window
+    // binds (1 left of 2, while the bucket has 9 of 10).
+    assert_eq!(call(&mut conn, 1), [1, 2, 1, 0, 60_000, 0]);
+    assert_eq!(call(&mut conn, 1), [1, 2, 0, 0, 60_000, 0]);
+    let bucket: Vec<u8> = conn.get("redlimit:{t}:a").unwrap();
+    // Denied by the fixed window: the bucket is not charged.
+    assert_eq!(call(&mut conn, 1), [0, 2, 0, 60_000, 60_000, 0]);
+    let after: Vec<u8> = conn.get("redlimit:{t}:a").unwrap();
+    assert_eq!(bucket, after, "a denial charged a tier");
+    // A cost above one tier's capacity is never allowed.
+    assert_eq!(call(&mut conn, 3)[3], -1);
+    // Malformed arguments: a clear error, never the key.
+    let error = redis::cmd("EVAL")
+        .arg(&source)
+        .arg(1)
+        .arg("redlimit:{t}:a")
+        .arg(now)
+        .arg(1)
+        .arg(1)
+        .arg("leaky-bucket")
+        .arg(1)
+        .arg(1)
+        .arg(1)
+        .query::<Vec<i64>>(&mut conn)
+        .unwrap_err();
+    assert!(error.to_string().contains("unknown algorithm"), "{error}");
+    assert!(!error.to_string().contains("redlimit:{t}"), "{error}");
+}

@@ -10,8 +10,9 @@
 //! identical bytes; the differential tests hold them to that.
 //!
 //! Adding an algorithm: a Lua step, its Rust mirror, and its registration (the variant with its
-//! [`name`](Algorithm::name), its `kind`, and its line in the script's source list); every
-//! `match` over [`Algorithm`] is exhaustive, so the compiler lists what is missing.
+//! [`name`](Algorithm::name), its `kind`, and its line in `LUA_STEPS`); every `match` over
+//! [`Algorithm`] is exhaustive, so the compiler lists what is missing, and a unit test checks
+//! that every name has its Lua step.
 //!
 //! # Examples
 //!
@@ -134,13 +135,13 @@ impl Algorithm {
     /// The Lua script: one for every algorithm (the driver in `lua/common.lua` and every
     /// step), loaded once per process; the arguments name the algorithm.
     pub(crate) fn script(&self) -> &'static redis::Script {
-        static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SOURCE));
+        static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&SOURCE));
         &SCRIPT
     }
 
     /// The Lua source of [`Algorithm::script`], for `SCRIPT LOAD` and the `EVAL` fallback.
     pub(crate) fn script_source(&self) -> &'static str {
-        SOURCE
+        &SOURCE
     }
 
     /// How the driver runs this algorithm: its registration. Each algorithm is a pure step
@@ -196,23 +197,29 @@ pub(crate) fn push_call(request: &crate::store::CheckRequest<'_>, cmd: &mut redi
         .arg(quota.burst());
 }
 
-/// The whole script: the driver, then each algorithm's step under its name (the registration
-/// of the Lua side), then the call.
-const SOURCE: &str = concat!(
-    include_str!("../../lua/common.lua"),
-    "local function step_for(name)\n",
-    "if name == 'token-bucket' then\n",
-    include_str!("../../lua/token_bucket.lua"),
-    "end\nif name == 'gcra' then\n",
-    include_str!("../../lua/gcra.lua"),
-    "end\nif name == 'fixed-window' then\n",
-    include_str!("../../lua/fixed_window.lua"),
-    "end\nif name == 'sliding-log' then\n",
-    include_str!("../../lua/sliding_log.lua"),
-    "end\nif name == 'sliding-window' then\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "end\nend\nreturn run(step_for)\n",
-);
+/// Each algorithm's Lua step under its name: the registration of the Lua side.
+const LUA_STEPS: &[(&str, &str)] = &[
+    ("token-bucket", include_str!("../../lua/token_bucket.lua")),
+    ("gcra", include_str!("../../lua/gcra.lua")),
+    ("fixed-window", include_str!("../../lua/fixed_window.lua")),
+    ("sliding-log", include_str!("../../lua/sliding_log.lua")),
+    (
+        "sliding-window",
+        include_str!("../../lua/sliding_window.lua"),
+    ),
+];
+
+/// The whole script: the driver with every step spliced in as a branch at its `@steps` line.
+static SOURCE: LazyLock<String> = LazyLock::new(|| {
+    let steps: String = LUA_STEPS
+        .iter()
+        .map(|(name, step)| format!("  elseif name == '{name}' then\n{step}"))
+        .collect();
+    let driver = include_str!("../../lua/common.lua");
+    let spliced = driver.replacen("  -- @steps\n", &steps, 1);
+    assert_ne!(spliced, driver, "lua/common.lua has its @steps line");
+    spliced
+});
 
 /// How the driver runs an algorithm (see [`Algorithm::kind`]).
 #[derive(Debug, Clone, Copy)]
@@ -495,7 +502,7 @@ mod tests {
         for &algorithm in Algorithm::ALL {
             assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));
             // The one script registers every algorithm's step under its name.
-            let registered = format!("if name == '{}' then", algorithm.name());
+            let registered = format!("elseif name == '{}' then", algorithm.name());
             assert!(SOURCE.contains(&registered), "{algorithm} has no Lua step");
         }
         let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
