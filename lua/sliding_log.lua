@@ -69,6 +69,10 @@
         call('ZREMRANGEBYSCORE', key, '-inf', from - 1)
         local prefix = string.format('%d:', now)
         local n, added = count, 0
+        if cost == 1 then
+          -- The usual case, without building a table of members.
+          n, added = n + 1, call('ZADD', key, 'NX', now, prefix .. (n + 1))
+        end
         while added < cost do
           local members = {}
           for _ = 1, min(cost - added, 1000) do
