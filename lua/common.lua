@@ -55,7 +55,12 @@ if not (now and cost and tiers) or #KEYS ~= tiers or #ARGV ~= 3 + 4 * tiers then
 end
 local values
 if tiers == 1 then
-  values = call('MGET', KEYS[1])
+  -- The sliding log reads its own sorted set: no MGET for it alone.
+  if ARGV[4] == 'sliding-log' then
+    values = {}
+  else
+    values = call('MGET', KEYS[1])
+  end
 else
   values = call('MGET', unpack(KEYS))
 end
