@@ -1,84 +1,138 @@
--- redlimit: shared preamble, prepended to every algorithm script.
+-- redlimit: the driver. One script holds it and every algorithm's step: Rust splices the steps
+-- (`lua/<algorithm>.lua`) in at the `@steps` line below, each as a branch
+-- `elseif name == '<algorithm>' then <step>`.
 --
--- Every script takes the same ARGV and answers with the same reply:
---   ARGV  1 now_us ('' = use Redis server TIME), 2 cost (0 = peek), 3 limit,
---         4 period_us, 5 burst — all non-negative integers below 2^53
---   reply {allowed 0|1, limit, remaining, retry_after_ms (-1 = never), reset_after_ms, suspended 0|1}
--- Lua numbers are doubles: every value is kept an exact integer below 2^53, and every time
--- leaves the script in whole milliseconds rounded up (never tell a client to come back early).
+-- KEYS  one state key per tier (all sharing one hash tag)
+-- ARGV  1 now_us ('' = Redis server TIME), 2 cost (0 = peek), 3 tier count n,
+--       then per tier i (from 4 + 4 * (i - 1)): algorithm name, limit, period_us, burst.
+--       Numbers are non-negative integers below 2^53 (limit, period and burst at least 1).
+-- Reply {allowed 0|1, limit, remaining, retry_after_ms (-1 = never), reset_after_ms, suspended 0|1}
+--       of the binding tier: the request is admitted only when every tier admits it, and then
+--       costs every tier (all or none).
+--
+-- A step is pure: it reads `stored` (the key's string; false when absent or not a string),
+-- `now`, `cost`, `limit`, `period`, `burst` (and `key`), and sets
+--   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
+-- where state is the string to store, or nil when nothing is to be written. The driver reads
+-- every key with one MGET (which answers nil for a key of another type: self-healing without
+-- pcall), and writes each new state with one `SET key state PX ttl`, the TTL being when the
+-- tier is fresh again, only when the state's own decision is the call's (a denial writes only a
+-- step's repair of a clock that stepped back). The sliding log keeps a sorted set instead: its
+-- step reads it, and its state is a function that writes it, called with the TTL.
+--
+-- State strings start with one tag byte naming the algorithm and the layout version, followed
+-- by little-endian doubles (struct.pack): exact, and anything else reads as a fresh key.
+-- Lua numbers are doubles: every value stays an exact integer below 2^53 (GCRA's debt aside),
+-- and every time leaves in whole milliseconds rounded up (never tell a client to come back
+-- early). The steps are spliced in rather than called: Redis runs the script's body on every
+-- call, and a closure per step and helper per call cost more than the steps' arithmetic.
 
 local MAX_EXACT = 9007199254740992 -- 2^53
-
--- ARGV[i] as an integer in [min, 2^53), or nil.
-local function int_arg(i, min)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= v or v < min or v >= MAX_EXACT or v ~= math.floor(v) then
-    return nil
-  end
-  return v
-end
-
--- now, cost, limit, period, burst; nil when an argument is malformed.
-local function parse_args()
-  local now
-  if ARGV[1] == '' then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  else
-    now = int_arg(1, 0)
-  end
-  local cost, limit, period, burst = int_arg(2, 0), int_arg(3, 1), int_arg(4, 1), int_arg(5, 1)
-  if not (now and cost and limit and period and burst) then
-    return nil
-  end
-  return now, cost, limit, period, burst
-end
-
--- The error for malformed arguments: never echoes the key.
-local function invalid_args()
-  return redis.error_reply('ERR redlimit: invalid arguments; expected now_us|"", cost, limit, period_us, burst as integers')
-end
-
--- HMGET that treats a key of the wrong type as absent (and deletes it): self-healing.
-local function read_fields(key, ...)
-  local values = redis.pcall('HMGET', key, ...)
-  if type(values) ~= 'table' or values.err then
-    redis.call('DEL', key)
-    return {}
-  end
-  return values
-end
-
--- A stored number, or nil when missing, corrupt, negative or beyond exact range.
-local function stored_number(v)
-  local n = tonumber(v)
-  if n == nil or n ~= n or n < 0 or n >= MAX_EXACT then
-    return nil
-  end
-  return n
-end
-
--- Microseconds to whole milliseconds, rounded up.
-local function ms_up(us)
-  return math.ceil(us / 1000)
-end
-
--- The longest time a reply carries: 2^62 ms keeps its integers inside an i64. Only absurd
--- quotas (a burst taking 146 million years to refill) come near it.
+-- The longest time a reply carries: 2^62 ms keeps its integers inside an i64.
 local MAX_REPLY_MS = 4611686018427387904
+local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+local spack, sunpack, call = struct.pack, struct.unpack, redis.call
 
--- The reply every algorithm sends.
-local function reply(allowed, limit, remaining, retry_us, reset_us)
-  local retry_ms = -1
-  if retry_us >= 0 then
-    retry_ms = math.min(ms_up(retry_us), MAX_REPLY_MS)
+-- `v` as an integer in [lo, 2^53), or nil (NaN fails every comparison).
+local function int(v, lo)
+  v = tonumber(v)
+  if v and v >= lo and v < MAX_EXACT and v == floor(v) then
+    return v
   end
-  return { allowed and 1 or 0, limit, remaining, retry_ms, math.min(ms_up(reset_us), MAX_REPLY_MS), 0 }
 end
 
--- PEXPIRE `key` when its state is back to fresh, `reset_us` from now: at least 1 ms, at most
--- 2^53 ms (285 000 years), because Lua writes numbers from 1e17 up as "1e+17", which PEXPIRE
--- refuses.
-local function expire(key, reset_us)
-  redis.call('PEXPIRE', key, math.min(math.max(1, ms_up(reset_us)), MAX_EXACT))
+local now = ARGV[1]
+if now == '' then
+  local t = call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = int(now, 0)
 end
+local cost, tiers = int(ARGV[2], 0), int(ARGV[3], 1)
+if not (now and cost and tiers) or #KEYS ~= tiers or #ARGV ~= 3 + 4 * tiers then
+  return redis.error_reply('ERR redlimit: invalid arguments; expected now_us|"", cost, tiers, ' ..
+    'then algorithm, limit, period_us, burst per tier, one key per tier')
+end
+local values
+if tiers == 1 then
+  -- The sliding log reads its own sorted set: no MGET for it alone.
+  if ARGV[4] == 'sliding-log' then
+    values = {}
+  else
+    values = call('MGET', KEYS[1])
+  end
+else
+  values = call('MGET', unpack(KEYS))
+end
+
+-- Decide every tier; the binding one is the least remaining if all admit, else the longest
+-- wait among those that deny ("never" first).
+local all_ok, bind_limit, bind_rem, bind_re, max_rs, state1, ok1, rs1
+local more -- tiers 2..n: {key, state, ok, reset}
+for i = 1, tiers do
+  local j = 4 * i
+  local name, limit, period, burst = ARGV[j], int(ARGV[j + 1], 1), int(ARGV[j + 2], 1),
+    int(ARGV[j + 3], 1)
+  if not (limit and period and burst) then
+    name = nil
+  end
+  local stored, key = values[i], KEYS[i]
+  local ok, rem, re, rs, state
+  if name == nil then
+    return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
+      'must be integers from 1 below 2^53')
+  -- @steps
+  else
+    return redis.error_reply('ERR redlimit: unknown algorithm')
+  end
+  if i == 1 then
+    all_ok, bind_limit, bind_rem, bind_re, max_rs, state1, ok1, rs1 =
+      ok, limit, rem, re, rs, state, ok, rs
+  else
+    if rem < bind_rem then
+      bind_limit, bind_rem = limit, rem
+    end
+    if not ok then
+      if re < 0 or bind_re < 0 then
+        bind_re = -1
+      else
+        bind_re = max(bind_re, re)
+      end
+    end
+    all_ok = all_ok and ok
+    max_rs = max(max_rs, rs)
+    if state then
+      more = more or {}
+      more[#more + 1] = { key, state, ok, rs }
+    end
+  end
+end
+
+-- Write: on admission every new state; on a denial only the repairs of denying tiers. The TTL:
+-- when the tier is fresh again, at least 1 ms, at most 2^53 ms (Lua writes numbers from 1e17 up
+-- as "1e+17", which PX refuses).
+if state1 and ok1 == all_ok then
+  local ttl = min(max(1, ceil(rs1 / 1000)), MAX_EXACT)
+  if type(state1) == 'string' then
+    call('SET', KEYS[1], state1, 'PX', ttl)
+  else
+    state1(ttl)
+  end
+end
+if more then
+  for i = 1, #more do
+    local m = more[i]
+    if m[3] == all_ok then
+      local ttl = min(max(1, ceil(m[4] / 1000)), MAX_EXACT)
+      if type(m[2]) == 'string' then
+        call('SET', m[1], m[2], 'PX', ttl)
+      else
+        m[2](ttl)
+      end
+    end
+  end
+end
+if bind_re > 0 then
+  bind_re = min(ceil(bind_re / 1000), MAX_REPLY_MS)
+end
+return { all_ok and 1 or 0, bind_limit, bind_rem, bind_re, min(ceil(max_rs / 1000), MAX_REPLY_MS), 0 }

@@ -1,6 +1,6 @@
 -- GCRA, the generic cell rate algorithm (as in governor, redis_rate, redis-cell).
--- KEYS[1]  hash: at = µs time the debt was last measured (an integer),
---                d  = the debt then, in emission intervals (requests), 0 < d <= burst
+-- State 'g' + doubles at (µs time the debt was last measured, an integer) and d (the debt
+-- then, in emission intervals, i.e. requests; 0 < d <= burst).
 -- Emission interval T = period / limit; tolerance = burst * T. The theoretical arrival time is
 -- tat = at + d * T. A request of cost c is allowed when now >= max(tat, now) + c*T - burst*T,
 -- i.e. when the debt left at now plus c is at most burst; then tat = max(tat, now) + c*T, i.e.
@@ -9,69 +9,68 @@
 -- resolution of 0.25 µs, so with T = 0.001 µs (10^9 per second) adding T would be lost; and T is
 -- inexact for most quotas (1/11 s), so T + T + ... drifts past burst * T and a full burst would
 -- be denied its last request. Costs add to the debt exactly.
-local now, cost, limit, period, burst = parse_args()
-if not now then
-  return invalid_args()
-end
-local key = KEYS[1]
-
--- 1. Read the state: a missing or corrupt one is a fresh key (no debt).
-local stored = read_fields(key, 'at', 'd')
-local at, d = stored_number(stored[1]), stored_number(stored[2])
-if at == nil or d == nil then
-  at, d = now, 0
-end
-
--- 2. Cap to the current quota and clock. A clock stepped back moves `at` to now, keeping the
---    debt; that move is written even on a denial, or each call would move it again and the
---    debt would not drain until the clock caught up.
-d = math.min(d, burst)
-local stepped_back = at > now
-at = math.min(at, now)
-
--- 3. Drain the debt at limit per period, the elapsed time capped at the time to pay it off.
---    Once paid off the clock stops: idle time earns no credit beyond burst.
-local to_zero = math.ceil(d * period / limit)
-local debt
-if now - at >= to_zero then
-  at, d, debt = now, 0, 0
-else
-  debt = math.max(0, d - (now - at) * limit / period)
-end
-
--- 4. Decide. A denied request consumes nothing.
-local allowed = debt + cost <= burst
-local used = debt
-if allowed then
-  used = debt + cost
-  if cost > 0 then
-    at, d = now, used
+-- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
+-- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
+  -- 1. Read the state: a missing or corrupt one is a fresh key (no debt).
+  local at, d = now, 0
+  if stored and #stored == 17 then
+    local tag, a, b = sunpack('<Bdd', stored)
+    if tag == 103 and a >= 0 and a < MAX_EXACT and b >= 0 and b < MAX_EXACT then
+      at, d = a, b
+    end
   end
-end
 
--- 5. Times: until the debt leaves room for `cost` (the smallest elapsed time since `at` at
---    which step 3 drains enough, one µs later if rounding says otherwise: never early), and
---    until the debt is paid off.
-local retry = 0
-if not allowed then
-  if cost > burst then
+  -- 2. Cap to the current quota and clock. A clock stepped back moves `at` to now, keeping the
+  --    debt; that move is written even on a denial, or each call would move it again and the
+  --    debt would not drain until the clock caught up.
+  d = min(d, burst)
+  local stepped_back = at > now
+  if stepped_back then
+    at = now
+  end
+
+  -- 3. Drain the debt at limit per period, the elapsed time capped at the time to pay it off.
+  --    Once paid off the clock stops: idle time earns no credit beyond burst.
+  local to_zero = ceil(d * period / limit)
+  local debt
+  if now - at >= to_zero then
+    at, d, debt = now, 0, 0
+  else
+    debt = max(0, d - (now - at) * limit / period)
+  end
+
+  -- 4. Decide. A denied request consumes nothing.
+  local allowed = debt + cost <= burst
+  local used, retry = debt, 0
+  if allowed then
+    used = debt + cost
+    if cost > 0 then
+      at, d = now, used
+    end
+  elseif cost > burst then
     retry = -1
   else
-    local e = math.ceil((d + cost - burst) * period / limit)
+    -- 5a. Retry: the smallest whole elapsed time e since `at` at which step 3 leaves room for
+    --     `cost`, so that a request at now + retry is allowed and one a µs earlier is not. The
+    --     division estimates it; the same comparison as steps 3 and 4 settles it (rounding can
+    --     put the estimate a µs off either way; beyond 2^53 a µs is below the doubles' step).
+    local e = min(to_zero, max(0, ceil((d + cost - burst) * period / limit)))
     if e < to_zero and d - e * limit / period + cost > burst then
       e = e + 1
+    elseif e > 0 and d - (e - 1) * limit / period + cost <= burst then
+      e = e - 1
     end
     retry = at + e - now
   end
-end
-local reset = 0
-if d > 0 then
-  reset = at + math.ceil(d * period / limit) - now
-end
 
--- 6. Write only what changed; the key expires when its debt is paid off (a fresh key).
-if cost > 0 and (allowed or stepped_back) then
-  redis.call('HSET', key, 'at', at, 'd', d)
-  expire(key, reset)
-end
-return reply(allowed, limit, math.floor(burst - used), retry, reset)
+  -- 5b. Reset: until the debt is paid off (the key expires then).
+  local reset = 0
+  if d > 0 then
+    reset = at + ceil(d * period / limit) - now
+  end
+
+  -- 6. The new state: only what changed (an admission that costs, or a repaired clock).
+  ok, rem, re, rs = allowed, floor(burst - used), retry, reset
+  if cost > 0 and (allowed or stepped_back) then
+    state = spack('<Bdd', 103, at, d)
+  end

@@ -1,88 +1,88 @@
--- Sliding window log: exact.
--- KEYS[1]  unused (the limiter key itself; the log lives beside it)
--- KEYS[2]  sorted set: one member per admitted unit, scored with the µs time it was admitted;
---          members are "<now_us>:<n>", unique (only the scores matter)
+-- Sliding window log: exact. The key is a sorted set with one member per admitted unit, scored
+-- with the µs time it was admitted; members are "<now_us>:<n>", unique (only scores matter).
 -- A unit counts during [t, t + period). A request of cost k is allowed when the units in the
 -- window (now - period, now] plus k are at most burst.
 -- Memory and time are O(burst) per key: one sorted-set entry per admitted unit (a request of
--- cost k adds k members). Measured with MEMORY USAGE on Redis 7.0: about 36 bytes a unit up to
--- 128 units (listpack), about 118 beyond (skiplist). Keep burst small, or choose another
--- algorithm.
-local now, cost, limit, period, burst = parse_args()
-if not now then
-  return invalid_args()
-end
-local log = KEYS[2]
-local window = string.format('(%.0f', now - period) -- scores strictly inside the window
+-- cost k adds k members). Keep burst small, or choose another algorithm.
+-- This step reads its own sorted set (the driver's MGET sees no string there); its new state is
+-- a function that writes it, called by the driver with the TTL.
+  local from = now - period + 1 -- the oldest µs inside the window
 
--- 1. Read the newest entry: a key of the wrong type is deleted and counts as empty.
-local newest = redis.pcall('ZRANGE', log, -1, -1, 'WITHSCORES')
-if type(newest) ~= 'table' or newest.err then
-  redis.call('DEL', log)
-  newest = {}
-end
-local newest_t = tonumber(newest[2])
-
--- 2. Cap to the clock: entries from the future (the clock stepped back) count as admitted now.
---    A request that costs something writes that down even when denied, or those entries would
---    stay in the window until the clock caught up with them.
-local stepped_back = newest_t ~= nil and newest_t > now
-if stepped_back then
-  newest_t = now
-  if cost > 0 then
-    local future = redis.call('ZRANGEBYSCORE', log, string.format('(%.0f', now), '+inf')
-    for i = 1, #future do
-      redis.call('ZADD', log, 'XX', now, future[i])
-    end
+  -- 1. Read the newest entry: a key of another type is deleted and counts as empty.
+  local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if newest.err then
+    call('DEL', key)
+    newest = {}
   end
-end
+  local newest_t = tonumber(newest[2])
 
--- 3. Count the units in the window.
-local count = redis.call('ZCOUNT', log, window, '+inf')
+  -- 2. Cap to the clock: entries from the future (the clock stepped back) count as admitted now.
+  --    A request that costs something writes that down even when denied, or those entries would
+  --    stay in the window until the clock caught up with them.
+  local stepped_back = newest_t ~= nil and newest_t > now
+  if stepped_back then
+    newest_t = now
+  end
 
--- 4. Decide (a peek always passes, even over a tightened quota). A denied request consumes
---    nothing.
-local allowed = cost == 0 or count + cost <= burst
-local used = count
-if allowed then
-  used = count + cost
-end
+  -- 3. Count the units in the window.
+  local count = 0
+  if newest_t ~= nil and newest_t >= from then
+    count = call('ZCOUNT', key, from, '+inf')
+  end
 
--- 5. Times. Retry: when the (count + cost - burst)-th oldest unit in the window leaves it.
---    Reset: when the newest one leaves it.
-local retry = 0
-if not allowed then
-  if cost > burst then
+  -- 4. Decide (a peek always passes, even over a tightened quota). A denied request consumes
+  --    nothing.
+  local allowed = cost == 0 or count + cost <= burst
+  local used, retry = count, 0
+  if allowed then
+    used = count + cost
+  elseif cost > burst then
     retry = -1
   else
-    local oldest = redis.call('ZRANGEBYSCORE', log, window, '+inf', 'WITHSCORES', 'LIMIT',
+    -- 5a. Retry: when the (count + cost - burst)-th oldest unit in the window leaves it.
+    local oldest = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT',
       count + cost - burst - 1, 1)
-    retry = math.min(tonumber(oldest[2]), now) + period - now
+    retry = min(tonumber(oldest[2]), now) + period - now
   end
-end
-local reset = 0
-if allowed and cost > 0 then
-  reset = period
-elseif count > 0 then
-  reset = newest_t + period - now
-end
 
--- 6. Write: drop the units that left the window, add one member per unit (NX, and more if a
---    name was taken), expire when the newest unit leaves the window.
-if allowed and cost > 0 then
-  redis.call('ZREMRANGEBYSCORE', log, '-inf', string.format('%.0f', now - period))
-  local n, added = count, 0
-  while added < cost do
-    local members = {}
-    for _ = 1, math.min(cost - added, 1000) do
-      n = n + 1
-      members[#members + 1] = now
-      members[#members + 1] = string.format('%.0f:%.0f', now, n)
-    end
-    added = added + redis.call('ZADD', log, 'NX', unpack(members))
+  -- 5b. Reset: when the newest unit leaves the window.
+  local reset = 0
+  if allowed and cost > 0 then
+    reset = period
+  elseif count > 0 then
+    reset = newest_t + period - now
   end
-end
-if cost > 0 and (allowed or stepped_back) then
-  expire(log, reset)
-end
-return reply(allowed, limit, math.max(0, burst - used), retry, reset)
+
+  -- 6. The write: move entries from the future to now, drop the units that left the window,
+  --    add one member per unit (NX, and more if a name was taken), expire when the newest
+  --    unit leaves the window.
+  ok, rem, re, rs = allowed, max(0, burst - used), retry, reset
+  if cost > 0 and (allowed or stepped_back) then
+    state = function(ttl)
+      if stepped_back then
+        local future = call('ZRANGEBYSCORE', key, '(' .. string.format('%d', now), '+inf')
+        for i = 1, #future do
+          call('ZADD', key, 'XX', now, future[i])
+        end
+      end
+      if allowed then
+        call('ZREMRANGEBYSCORE', key, '-inf', from - 1)
+        local prefix = string.format('%d:', now)
+        local n, added = count, 0
+        if cost == 1 then
+          -- The usual case, without building a table of members.
+          n, added = n + 1, call('ZADD', key, 'NX', now, prefix .. (n + 1))
+        end
+        while added < cost do
+          local members = {}
+          for _ = 1, min(cost - added, 1000) do
+            n = n + 1
+            members[#members + 1] = now
+            members[#members + 1] = prefix .. n
+          end
+          added = added + call('ZADD', key, 'NX', unpack(members))
+        end
+      end
+      call('PEXPIRE', key, ttl)
+    end
+  end

@@ -1,69 +1,67 @@
--- Token bucket (the default algorithm).
--- KEYS[1]  hash: tk = whole tokens in the bucket, ts = µs time up to which refill is accounted
--- Capacity is burst; tokens arrive at limit per period_us, refilled on demand.
--- Fractional progress is kept: ts advances only by the time the whole tokens took to arrive.
-local now, cost, limit, period, burst = parse_args()
-if not now then
-  return invalid_args()
-end
-local key = KEYS[1]
-
--- 1. Read the state: a missing or corrupt bucket is a full one.
-local stored = read_fields(key, 'tk', 'ts')
-local tokens, ts = stored_number(stored[1]), stored_number(stored[2])
-if tokens == nil or ts == nil then
-  tokens, ts = burst, now
-end
-
--- 2. Cap to the current quota and clock, so a tightened quota or a clock stepped back never
---    locks a key out. A clock stepped back moves ts to now; that move is written even on a
---    denial, or each call would move it again and the bucket would not refill until the clock
---    caught up.
-tokens = math.min(math.floor(tokens), burst)
-local stepped_back = ts > now
-ts = math.min(ts, now)
-
--- 3. Refill. Past full the clock stops: progress beyond capacity is discarded.
-local to_full = math.ceil((burst - tokens) * period / limit)
-if now - ts >= to_full then
-  tokens, ts = burst, now
-else
-  local elapsed = now - ts
-  local gained = math.floor(elapsed * limit / period)
-  -- Past 2^53 the division can land one token off. Settle on the count the retry times promise:
-  -- the most n whose arrival time, ceil(n * period / limit), has passed.
-  if math.ceil((gained + 1) * period / limit) <= elapsed then
-    gained = gained + 1
-  elseif gained > 0 and math.ceil(gained * period / limit) > elapsed then
-    gained = gained - 1
+-- Token bucket (the default algorithm): capacity burst, refilled at limit per period_us on
+-- demand. State 't' + doubles tokens (whole tokens in the bucket), ts (µs time up to which
+-- refill is accounted). Fractional progress is kept: ts advances only by the time the whole
+-- tokens took to arrive.
+-- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
+-- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
+  -- 1. Read the state: a missing or corrupt bucket is a full one.
+  local tokens, ts = burst, now
+  if stored and #stored == 17 then
+    local tag, a, b = sunpack('<Bdd', stored)
+    if tag == 116 and a >= 0 and a < MAX_EXACT and b >= 0 and b < MAX_EXACT then
+      tokens, ts = a, b
+    end
   end
-  tokens = tokens + gained
-  ts = math.min(now, ts + math.ceil(gained * period / limit))
-end
 
--- 4. Decide. A denied request consumes nothing.
-local allowed = cost <= tokens
-if allowed then
-  tokens = tokens - cost
-end
+  -- 2. Cap to the current quota and clock, so a tightened quota or a clock stepped back never
+  --    locks a key out. A clock stepped back moves ts to now; that move is written even on a
+  --    denial, or each call would move it again and the bucket would not refill until the clock
+  --    caught up.
+  tokens = min(floor(tokens), burst)
+  local stepped_back = ts > now
+  if stepped_back then
+    ts = now
+  end
 
--- 5. Times: until `cost` tokens are there, and until the bucket is full again.
-local retry = 0
-if not allowed then
-  if cost > burst then
+  -- 3. Refill. Past full the clock stops: progress beyond capacity is discarded.
+  local elapsed = now - ts
+  if elapsed >= ceil((burst - tokens) * period / limit) then
+    tokens, ts = burst, now
+  elseif elapsed > 0 then
+    local gained = floor(elapsed * limit / period)
+    -- Past 2^53 the division can land one token off. Settle on the count the retry times
+    -- promise: the most n whose arrival time, ceil(n * period / limit), has passed.
+    if ceil((gained + 1) * period / limit) <= elapsed then
+      gained = gained + 1
+    elseif gained > 0 and ceil(gained * period / limit) > elapsed then
+      gained = gained - 1
+    end
+    if gained > 0 then
+      tokens = tokens + gained
+      ts = min(now, ts + ceil(gained * period / limit))
+    end
+  end
+
+  -- 4. Decide. A denied request consumes nothing.
+  local allowed = cost <= tokens
+  local retry = 0
+  if allowed then
+    tokens = tokens - cost
+  elseif cost > burst then
     retry = -1
   else
-    retry = ts + math.ceil((cost - tokens) * period / limit) - now
+    -- 5a. Until `cost` tokens are there.
+    retry = ts + ceil((cost - tokens) * period / limit) - now
   end
-end
-local reset = 0
-if tokens < burst then
-  reset = ts + math.ceil((burst - tokens) * period / limit) - now
-end
 
--- 6. Write only what changed; the key expires when it would be full anyway.
-if cost > 0 and (allowed or stepped_back) then
-  redis.call('HSET', key, 'tk', tokens, 'ts', ts)
-  expire(key, reset)
-end
-return reply(allowed, limit, tokens, retry, reset)
+  -- 5b. Until the bucket is full again (the key expires then).
+  local reset = 0
+  if tokens < burst then
+    reset = ts + ceil((burst - tokens) * period / limit) - now
+  end
+
+  -- 6. The new state: only what changed (an admission that costs, or a repaired clock).
+  ok, rem, re, rs = allowed, tokens, retry, reset
+  if cost > 0 and (allowed or stepped_back) then
+    state = spack('<Bdd', 116, tokens, ts)
+  end

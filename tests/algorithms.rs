@@ -296,19 +296,13 @@ async fn sliding_log_sequences() {
         (0, q2500, 2500, (true, 0, 0, 10_000)),
         (0, q2500, 1, (false, 0, 10_000, 10_000)),
     ]).await;
-    let log = |key: &str| {
-        let base = memory_limiter(algorithm, &ManualClock::new(T0)).storage_key(key);
-        format!("{base}:log")
-    };
+    let log = |key: &str| memory_limiter(algorithm, &ManualClock::new(T0)).storage_key(key);
     let mut conn = redis.conn();
     assert_eq!(conn.zcard::<_, u64>(log("member-name-taken")).unwrap(), 3);
     assert_eq!(conn.zcard::<_, u64>(log("large-cost")).unwrap(), 2500);
 
     // One member per admitted unit, and only units still in the window are kept.
-    let log_key = format!(
-        "{}:log",
-        memory_limiter(algorithm, &ManualClock::new(T0)).storage_key("exact-window")
-    );
+    let log_key = memory_limiter(algorithm, &ManualClock::new(T0)).storage_key("exact-window");
     let members: Vec<String> = redis.conn().zrange(&log_key, 0, -1).unwrap();
     assert_eq!(members.len(), 3, "{members:?}");
 }
@@ -321,45 +315,70 @@ async fn sliding_window_sequences() {
     // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...
     #[rustfmt::skip]
     run(&redis, algorithm, "weighted-previous-window", &[
-        (0, q10, 5, (true, 5, 0, 120_000)),
-        (30 * S, q10, 5, (true, 0, 0, 90_000)),
-        (30 * S, q10, 1, (false, 0, 36_000, 90_000)),
-        (66 * S, q10, 1, (true, 0, 0, 114_000)),
-        (66 * S, q10, 1, (false, 0, 6_000, 114_000)),
-        (90 * S, q10, 0, (true, 4, 0, 90_000)),
-        (90 * S, q10, 4, (true, 0, 0, 90_000)),
+        (0, q10, 5, (true, 5, 0, 108_000)),
+        (30 * S, q10, 5, (true, 0, 0, 84_000)),
+        (30 * S, q10, 1, (false, 0, 30_000, 84_000)),
+        (60 * S, q10, 1, (true, 0, 0, 60_000)),
+        (60 * S, q10, 1, (false, 0, 6_000, 60_000)),
+        (90 * S, q10, 0, (true, 5, 0, 30_000)),
+        (90 * S, q10, 5, (true, 0, 0, 80_000)),
         (200 * S, q10, 0, (true, 10, 0, 0)),
         (200 * S, q10, 11, (false, 10, -1, 0)),
     ]).await;
     #[rustfmt::skip]
     run(&redis, algorithm, "retry-to-the-microsecond", &[
-        (0, q10, 10, (true, 0, 0, 120_000)),
-        (66 * S, q10, 1, (true, 0, 0, 114_000)),
-        (66 * S, q10, 1, (false, 0, 6_000, 114_000)),
-        (72 * S - 1, q10, 1, (false, 0, 1, 108_001)),
-        (72 * S, q10, 1, (true, 0, 0, 108_000)),
+        (0, q10, 10, (true, 0, 0, 114_000)),
+        (66 * S, q10, 2, (true, 0, 0, 84_000)),
+        (66 * S, q10, 1, (false, 0, 6_000, 84_000)),
+        (72 * S - 1, q10, 1, (false, 0, 1, 78_001)),
+        (72 * S, q10, 1, (true, 0, 0, 88_000)),
     ]).await;
     #[rustfmt::skip]
     run(&redis, algorithm, "tightened", &[
-        (30 * S, q10, 10, (true, 0, 0, 90_000)),
-        (30 * S, q5, 1, (false, 0, 42_000, 90_000)),
-        (72 * S, q5, 1, (true, 0, 0, 108_000)),
+        (30 * S, q10, 10, (true, 0, 0, 84_000)),
+        (30 * S, q5, 1, (false, 0, 30_000, 78_000)),
+        (60 * S, q5, 1, (true, 0, 0, 60_000)),
     ]).await;
     #[rustfmt::skip]
     run(&redis, algorithm, "clock-stepped-back", &[
-        (70 * S, q10, 10, (true, 0, 0, 110_000)),
-        (65 * S, q10, 1, (false, 0, 61_000, 115_000)),
-        (50 * S, q10, 1, (true, 9, 0, 70_000)),
+        (70 * S, q10, 10, (true, 0, 0, 104_000)),
+        (65 * S, q10, 1, (false, 0, 55_000, 109_000)),
+        (50 * S, q10, 1, (true, 9, 0, 10_000)),
     ]).await;
+    // Cloudflare's worked example: 50 a minute, 42 in the previous window, 18 in this one,
+    // 15 s in: 42 * 0.75 + 18 = 49.5 < 50, admitted.
+    let q50 = per(50, 60);
+    #[rustfmt::skip]
+    run(&redis, algorithm, "cloudflare", &[
+        (10 * S, q50, 42, (true, 8, 0, 108_572)),
+        (73 * S, q50, 18, (true, 0, 0, 103_667)),
+        (75 * S, q50, 1, (true, 0, 0, 101_843)),
+        (75 * S, q50, 1, (false, 0, 715, 101_843)),
+    ]).await;
+    // A client at exactly the rate, on the windows' first µs: never denied.
+    let steady: Vec<Step> = (0..30)
+        .map(|i| (i * 6 * S, q10, 1, (true, 0, 0, 0)))
+        .collect();
+    let clock = ManualClock::new(T0);
+    for (store, limiter) in [
+        ("redis", redis_limiter(&redis, algorithm, &clock)),
+        ("memory", memory_limiter(algorithm, &clock)),
+    ] {
+        for (at, quota, cost, _) in &steady {
+            clock.set(T0 + Duration::from_micros(*at));
+            let d = check(&limiter, "steady", quota, *cost).await;
+            assert!(
+                d.allowed,
+                "{store}: a client at the rate denied at {at} µs: {d:?}"
+            );
+        }
+    }
 }
 
-/// The Redis key holding `algorithm`'s state for `key` (the sorted set for the sliding log).
-fn state_key(limiter: &Limiter, algorithm: Algorithm, key: &str) -> String {
-    let base = limiter.storage_key(key);
-    match algorithm {
-        Algorithm::SlidingLog => format!("{base}:log"),
-        _ => base,
-    }
+/// The Redis key holding `algorithm`'s state for `key`: the storage key itself (a string, or
+/// the sliding log's sorted set).
+fn state_key(limiter: &Limiter, _algorithm: Algorithm, key: &str) -> String {
+    limiter.storage_key(key)
 }
 
 /// Two cost-1 checks on the corrupt key in Redis decide like two on a fresh key in memory.
@@ -384,19 +403,23 @@ async fn a_key_of_the_wrong_type_heals() {
         let limiter = memory_limiter(algorithm, &ManualClock::new(T0));
         let state = state_key(&limiter, algorithm, "wrong-type");
         let _: () = conn.del(&state).unwrap();
-        let _: () = conn.set(&state, "not a rate limit").unwrap();
-        // The sliding log does not use the base key: a string there changes nothing.
-        let base = limiter.storage_key("wrong-type");
-        let _: () = conn.set_nx(&base, "unused").unwrap();
+        // A string for the sliding log, a hash (the layout before version 2) for the others.
+        if algorithm == Algorithm::SlidingLog {
+            let _: () = conn.set(&state, "not a rate limit").unwrap();
+        } else {
+            let _: () = conn
+                .hset_multiple(&state, &[("tk", "3"), ("ts", "1")])
+                .unwrap();
+        }
         decides_like_a_fresh_key(&redis, algorithm, "wrong-type").await;
         let kind: String = redis::cmd("TYPE").arg(&state).query(&mut conn).unwrap();
         let expected = if algorithm == Algorithm::SlidingLog {
             "zset"
         } else {
-            "hash"
+            "string"
         };
         assert_eq!(kind, expected, "{algorithm}");
-        let _: () = conn.del(&[&state, &base]).unwrap();
+        let _: () = conn.del(&state).unwrap();
     }
 }
 
@@ -414,17 +437,33 @@ async fn garbage_in_the_state_heals() {
         "1e400",
         "9007199254740993",
     ];
-    let fields = ["tk", "ts", "at", "d", "w", "n", "c", "p"];
     for &algorithm in Algorithm::ALL {
         if algorithm == Algorithm::SlidingLog {
             continue;
         }
-        for value in garbage {
-            let key = format!("garbage-{value}");
-            let limiter = memory_limiter(algorithm, &ManualClock::new(T0));
+        // Garbage strings, and state strings of the right length whose tag or numbers are wrong:
+        // NaN, infinite, negative, 2^53.
+        let mut values: Vec<Vec<u8>> = garbage.iter().map(|g| g.as_bytes().to_vec()).collect();
+        let clock = ManualClock::new(T0);
+        let limiter = redis_limiter(&redis, algorithm, &clock);
+        check(&limiter, "template", &per(10, 60), 1).await;
+        let template: Vec<u8> = conn
+            .get(state_key(&limiter, algorithm, "template"))
+            .unwrap();
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 9_007_199_254_740_992.0] {
+            for at in (1..template.len()).step_by(8) {
+                let mut v = template.clone();
+                v[at..at + 8].copy_from_slice(&bad.to_le_bytes());
+                values.push(v);
+            }
+        }
+        let mut wrong_tag = template.clone();
+        wrong_tag[0] = b'?';
+        values.push(wrong_tag);
+        for (i, value) in values.iter().enumerate() {
+            let key = format!("garbage-{i}");
             let state = state_key(&limiter, algorithm, &key);
-            let pairs: Vec<(&str, &str)> = fields.iter().map(|f| (*f, value)).collect();
-            let _: () = conn.hset_multiple(&state, &pairs).unwrap();
+            let _: () = conn.set(&state, value).unwrap();
             decides_like_a_fresh_key(&redis, algorithm, &key).await;
             let _: () = conn.del(&state).unwrap();
         }
@@ -486,13 +525,7 @@ async fn memory_per_key() {
             for admitted in 1..=limit {
                 assert!(check(&limiter, key, &quota, 1).await.allowed);
                 if admitted == 1 || admitted == limit {
-                    let bytes: u64 = [
-                        limiter.storage_key(key),
-                        format!("{}:log", limiter.storage_key(key)),
-                    ]
-                    .iter()
-                    .map(|k| memory_usage(&redis, k))
-                    .sum();
+                    let bytes = memory_usage(&redis, &limiter.storage_key(key));
                     row.push(bytes);
                 }
             }
@@ -517,8 +550,83 @@ async fn memory_per_key() {
                 "{algorithm}: {row:?}"
             );
         } else {
-            // One small hash, whatever the limit and the count.
+            // One short string, whatever the limit and the count.
             assert!(row.iter().all(|&b| b < 200), "{algorithm}: {row:?}");
         }
     }
+}
+
+/// The script as the crate builds it: the driver with every step spliced in (the same splice
+/// as `src/algorithm/mod.rs`).
+fn script_source() -> String {
+    let steps = [
+        ("token-bucket", include_str!("../lua/token_bucket.lua")),
+        ("gcra", include_str!("../lua/gcra.lua")),
+        ("fixed-window", include_str!("../lua/fixed_window.lua")),
+        ("sliding-log", include_str!("../lua/sliding_log.lua")),
+        ("sliding-window", include_str!("../lua/sliding_window.lua")),
+    ];
+    let steps: String = steps
+        .iter()
+        .map(|(name, step)| format!("  elseif name == '{name}' then\n{step}"))
+        .collect();
+    include_str!("../lua/common.lua").replacen("  -- @steps\n", &steps, 1)
+}
+
+/// Several tiers in one call (what the fleet features build on): admitted only when every tier
+/// admits, then every tier pays; a denial by one tier costs none (all or none), and the reply
+/// is the binding tier's. Tier 1: token bucket 10 a minute; tier 2: fixed window 2 a minute.
+#[test]
+fn several_tiers_are_all_or_none() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let source = script_source();
+    let now = T0.as_micros() as u64;
+    let call = |conn: &mut redis::Connection, cost: u64| -> Vec<i64> {
+        redis::cmd("EVAL")
+            .arg(&source)
+            .arg(2)
+            .arg("redlimit:{t}:a")
+            .arg("redlimit:{t}:b")
+            .arg(now)
+            .arg(cost)
+            .arg(2)
+            .arg("token-bucket")
+            .arg(10)
+            .arg(60_000_000)
+            .arg(10)
+            .arg("fixed-window")
+            .arg(2)
+            .arg(60_000_000)
+            .arg(2)
+            .query(conn)
+            .unwrap()
+    };
+    // {allowed, limit, remaining, retry_after_ms, reset_after_ms, suspended}: the fixed window
+    // binds (1 left of 2, while the bucket has 9 of 10).
+    assert_eq!(call(&mut conn, 1), [1, 2, 1, 0, 60_000, 0]);
+    assert_eq!(call(&mut conn, 1), [1, 2, 0, 0, 60_000, 0]);
+    let bucket: Vec<u8> = conn.get("redlimit:{t}:a").unwrap();
+    // Denied by the fixed window: the bucket is not charged.
+    assert_eq!(call(&mut conn, 1), [0, 2, 0, 60_000, 60_000, 0]);
+    let after: Vec<u8> = conn.get("redlimit:{t}:a").unwrap();
+    assert_eq!(bucket, after, "a denial charged a tier");
+    // A cost above one tier's capacity is never allowed.
+    assert_eq!(call(&mut conn, 3)[3], -1);
+    // Malformed arguments: a clear error, never the key.
+    let error = redis::cmd("EVAL")
+        .arg(&source)
+        .arg(1)
+        .arg("redlimit:{t}:a")
+        .arg(now)
+        .arg(1)
+        .arg(1)
+        .arg("leaky-bucket")
+        .arg(1)
+        .arg(1)
+        .arg(1)
+        .query::<Vec<i64>>(&mut conn)
+        .unwrap_err();
+    assert!(error.to_string().contains("unknown algorithm"), "{error}");
+    assert!(!error.to_string().contains("redlimit:{t}"), "{error}");
 }

@@ -1,5 +1,6 @@
 //! Differential property test: `RedisStore` (the Lua scripts) and `MemoryStore` (their Rust
-//! mirrors) give identical decisions, for every algorithm in `Algorithm::ALL`.
+//! mirrors) give identical decisions and store identical state, byte for byte, for every
+//! algorithm in `Algorithm::ALL`.
 //!
 //! Each case is a random sequence of (advance the clock, cost) steps under one quota shape; both
 //! stores run it on the same simulated client clock (`Clock::Manual`) and must answer with the
@@ -107,6 +108,7 @@ fn off_the_edge(now: u64, period_us: u64) -> u64 {
 /// Runs `scenario` under `algorithm` on both stores, comparing every step.
 async fn run(
     redis: &RedisStore,
+    conn: &mut redis::aio::MultiplexedConnection,
     algorithm: Algorithm,
     key: &str,
     scenario: &Scenario,
@@ -119,7 +121,8 @@ async fn run(
         .clock(Clock::Manual(clock.clone()))
         .build()
         .unwrap();
-    let in_memory = Limiter::builder(MemoryStore::new())
+    let memory = MemoryStore::new();
+    let in_memory = Limiter::builder(memory.clone())
         .algorithm(algorithm)
         .clock(Clock::Manual(clock.clone()))
         .build()
@@ -144,11 +147,47 @@ async fn run(
             now - scenario.start_us,
             cost
         );
+        // The state too: whenever the memory store holds the key, Redis holds the same bytes
+        // (the sliding log: the same admission times).
+        let storage_key = in_memory.storage_key(key);
+        if let Some(expected) = memory.stored_state(&storage_key, now) {
+            let stored = redis_state(conn, algorithm, &storage_key).await;
+            prop_assert_eq!(
+                stored,
+                expected,
+                "{} step {}: stored state, redis vs memory",
+                algorithm,
+                i
+            );
+        }
         check_contract(&from_redis, &quota, cost)
             .map_err(|e| TestCaseError::fail(format!("{algorithm} step {i}: {e}")))?;
         tally.count(&from_redis);
     }
     Ok(())
+}
+
+/// What Redis stores for `key`: the state string, or the sliding log's scores as little-endian
+/// doubles (the memory store's `stored_state` encoding).
+async fn redis_state(
+    conn: &mut redis::aio::MultiplexedConnection,
+    algorithm: Algorithm,
+    key: &str,
+) -> Vec<u8> {
+    if algorithm == Algorithm::SlidingLog {
+        let scored: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await
+            .unwrap();
+        scored.iter().flat_map(|(_, t)| t.to_le_bytes()).collect()
+    } else {
+        let value: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(conn).await.unwrap();
+        value.unwrap_or_default()
+    }
 }
 
 /// How the compared decisions came out, to show the cases are not all alike.
@@ -204,6 +243,9 @@ fn redis_and_memory_stores_decide_identically() {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
+    let conn = runtime
+        .block_on(redis.client().get_multiplexed_async_connection())
+        .unwrap();
     let cases = AtomicU64::new(0);
     let tally = Tally::default();
     let config = ProptestConfig {
@@ -216,7 +258,8 @@ fn redis_and_memory_stores_decide_identically() {
         let case = cases.fetch_add(1, Ordering::Relaxed);
         for &algorithm in Algorithm::ALL {
             let key = format!("case-{case}-{algorithm}");
-            runtime.block_on(run(&store, algorithm, &key, &scenario, &tally))?;
+            let mut conn = conn.clone();
+            runtime.block_on(run(&store, &mut conn, algorithm, &key, &scenario, &tally))?;
         }
     });
 

@@ -1,19 +1,17 @@
 //! Fixed window: the Rust mirror of `lua/fixed_window.lua`, step for step.
 
-use super::{lua_mod, ttl_ms, Args, Reply, Step, Write};
+use super::{lua_mod, sane, unpack, Args, Outcome, Packed};
 
-/// The stored window: its µs start `w` and the units `n` admitted in it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct State {
-    pub w: f64,
-    pub n: f64,
-}
+/// The state tag: `f`, layout 1 (w, n).
+const TAG: u8 = b'f';
 
-pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
+/// One step over the stored state (`f` + the window's µs start `w` + the units `n` admitted in
+/// it).
+pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     let Args {
         now,
         cost,
-        limit,
+        limit: _,
         period,
         burst,
     } = *args;
@@ -22,43 +20,33 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
     let start = now - lua_mod(now, period);
     let stop = start + period;
 
-    // 2. A missing state, or one of another window, is an empty window.
-    let mut n = match stored {
-        Some(State { w, n }) if w == start => n,
+    // 2. A missing or corrupt state, or one of another window, is an empty window; capped.
+    let mut n = match unpack::<2>(stored, TAG) {
+        Some([w, c]) if w == start && sane(c) => c.floor().min(burst),
         _ => 0.0,
     };
 
-    // 3. Cap to the current quota.
-    n = n.floor().min(burst);
-
-    // 4. Decide; a denied request consumes nothing.
+    // 3. Decide; a denied request consumes nothing and fits in the next window.
     let allowed = n + cost <= burst;
+    let mut retry = 0.0;
     if allowed {
         n += cost;
+    } else if cost > burst {
+        retry = -1.0;
+    } else {
+        retry = stop - now;
     }
 
-    // 5. Times.
-    let retry = if allowed {
-        0.0
-    } else if cost > burst {
-        -1.0
-    } else {
-        stop - now
-    };
+    // 4. Reset: the window's end, unless it is empty.
     let reset = if n > 0.0 { stop - now } else { 0.0 };
 
-    // 6. Write only what changed; expire with the window.
-    let write = if allowed && cost > 0.0 {
-        Write::Put {
-            state: State { w: start, n },
-            ttl_ms: ttl_ms(reset),
-        }
-    } else {
-        Write::Keep
-    };
-    Step {
-        reply: Reply::new(allowed, limit, burst - n, retry, reset),
-        write,
+    // 5. The new state: only an admission that costs changes it.
+    Outcome {
+        allowed,
+        remaining: burst - n,
+        retry_us: retry,
+        reset_us: reset,
+        state: (allowed && cost > 0.0).then(|| Packed::new(TAG, [start, n])),
     }
 }
 
@@ -68,15 +56,16 @@ mod tests {
 
     use super::*;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
+    use crate::algorithm::Reply;
 
     const S: f64 = 1_000_000.0;
 
     struct FixedWindow;
 
     impl Mirror for FixedWindow {
-        type State = State;
-        fn run(state: &mut Option<State>, args: &Args) -> (Reply, Option<u64>) {
-            testing::run_by_value(step, state, args)
+        type State = Packed;
+        fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
+            testing::run_packed(step, state, args)
         }
     }
 

@@ -1,10 +1,18 @@
 //! The algorithms, and their reference math in Rust.
 //!
-//! Each algorithm exists twice, written to be read side by side: a Lua script in `lua/` that
-//! Redis runs atomically, and a Rust mirror here that [`MemoryStore`](crate::store::MemoryStore)
-//! runs. The mirror follows the script's steps in the same order with the same `f64` arithmetic
-//! (Lua numbers are doubles), so both give identical decisions; the differential tests hold them
-//! to that.
+//! Each algorithm is a pure step, (stored state, now, cost, quota) -> (decision, new state),
+//! written twice to be read side by side: in Lua (`lua/<algorithm>.lua`), run by the one driver
+//! in `lua/common.lua` that Redis runs atomically as one script for every algorithm, and as a
+//! Rust mirror here that [`MemoryStore`](crate::store::MemoryStore) runs. The driver owns the
+//! argument checks, the read, the write with its expiry and the reply; the steps own the math.
+//! The mirror follows the script's steps in the same order with the same `f64` arithmetic (Lua
+//! numbers are doubles) over the same state strings, so both give identical decisions and store
+//! identical bytes; the differential tests hold them to that.
+//!
+//! Adding an algorithm: a Lua step, its Rust mirror, and its registration (the variant with its
+//! [`name`](Algorithm::name), its `kind`, and its line in `LUA_STEPS`); every `match` over
+//! [`Algorithm`] is exhaustive, so the compiler lists what is missing, and a unit test checks
+//! that every name has its Lua step.
 //!
 //! # Examples
 //!
@@ -34,7 +42,6 @@
 //! # }
 //! ```
 
-use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::LazyLock;
@@ -126,54 +133,29 @@ impl Algorithm {
         }
     }
 
-    /// The Lua script (shared preamble + algorithm), loaded once per process.
+    /// The Lua script: one for every algorithm (the driver in `lua/common.lua` and every
+    /// step), loaded once per process; the arguments name the algorithm.
     pub(crate) fn script(&self) -> &'static redis::Script {
-        macro_rules! script {
-            ($file:literal) => {{
-                static SCRIPT: LazyLock<redis::Script> =
-                    LazyLock::new(|| script(Algorithm::source_of($file)));
-                &SCRIPT
-            }};
-        }
-        match self {
-            Algorithm::TokenBucket => script!("token_bucket.lua"),
-            Algorithm::Gcra => script!("gcra.lua"),
-            Algorithm::FixedWindow => script!("fixed_window.lua"),
-            Algorithm::SlidingLog => script!("sliding_log.lua"),
-            Algorithm::SlidingWindow => script!("sliding_window.lua"),
-        }
+        static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&SOURCE));
+        &SCRIPT
     }
 
     /// The Lua source of [`Algorithm::script`], for `SCRIPT LOAD` and the `EVAL` fallback.
     pub(crate) fn script_source(&self) -> &'static str {
-        Self::source_of(match self {
-            Algorithm::TokenBucket => "token_bucket.lua",
-            Algorithm::Gcra => "gcra.lua",
-            Algorithm::FixedWindow => "fixed_window.lua",
-            Algorithm::SlidingLog => "sliding_log.lua",
-            Algorithm::SlidingWindow => "sliding_window.lua",
-        })
+        &SOURCE
     }
 
-    fn source_of(file: &str) -> &'static str {
-        macro_rules! sources {
-            ($($file:literal),*) => {
-                match file {
-                    $($file => concat!(
-                        include_str!("../../lua/common.lua"),
-                        include_str!(concat!("../../lua/", $file))
-                    ),)*
-                    _ => unreachable!("every script is listed"),
-                }
-            };
+    /// How the driver runs this algorithm: its registration. Each algorithm is a pure step
+    /// over a packed state string (`lua/<algorithm>.lua` and its mirror here), except the
+    /// sliding log, which keeps a sorted set.
+    pub(crate) fn kind(&self) -> Kind {
+        match self {
+            Algorithm::TokenBucket => Kind::Packed(token_bucket::step),
+            Algorithm::Gcra => Kind::Packed(gcra::step),
+            Algorithm::FixedWindow => Kind::Packed(fixed_window::step),
+            Algorithm::SlidingWindow => Kind::Packed(sliding_window::step),
+            Algorithm::SlidingLog => Kind::Log,
         }
-        sources!(
-            "token_bucket.lua",
-            "gcra.lua",
-            "fixed_window.lua",
-            "sliding_log.lua",
-            "sliding_window.lua"
-        )
     }
 
     /// Whether this algorithm can serve `quota`. Only the sliding log has a limit: its burst is
@@ -194,20 +176,6 @@ impl Algorithm {
             _ => Ok(()),
         }
     }
-
-    /// The Redis keys one limiter key uses, all sharing the hash tag of `base`: the key itself
-    /// and, for the sliding log, the sorted set `<base>:log` beside it.
-    /// Only the sliding log's extra key is allocated: this runs on every Redis call.
-    pub(crate) fn redis_keys<'a>(&self, base: &'a str) -> impl Iterator<Item = Cow<'a, str>> {
-        let log = match self {
-            Algorithm::SlidingLog => Some(Cow::Owned(format!("{base}:log"))),
-            Algorithm::TokenBucket
-            | Algorithm::Gcra
-            | Algorithm::FixedWindow
-            | Algorithm::SlidingWindow => None,
-        };
-        std::iter::once(Cow::Borrowed(base)).chain(log)
-    }
 }
 
 /// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
@@ -215,25 +183,56 @@ impl Algorithm {
 /// sent; this owns what the script is told.
 pub(crate) fn push_call(request: &crate::store::CheckRequest<'_>, cmd: &mut redis::Cmd) {
     let quota = request.quota;
-    let keys: Vec<Cow<'_, str>> = request.algorithm.redis_keys(request.key).collect();
-    cmd.arg(keys.len());
-    for key in &keys {
-        cmd.arg(key.as_ref());
-    }
+    // One tier: one key, and the tier's algorithm, limit, period and burst.
+    cmd.arg(1).arg(request.key);
     match request.now_micros {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
     // Any cost above the burst is never allowed: send burst + 1 so Lua stays below 2^53.
     cmd.arg(request.cost.min(quota.burst().saturating_add(1)))
+        .arg(1)
+        .arg(request.algorithm.name())
         .arg(quota.limit())
         .arg(quota.period_micros())
         .arg(quota.burst());
 }
 
-fn script(code: &str) -> redis::Script {
-    redis::Script::new(code)
+/// Each algorithm's Lua step under its name: the registration of the Lua side.
+const LUA_STEPS: &[(&str, &str)] = &[
+    ("token-bucket", include_str!("../../lua/token_bucket.lua")),
+    ("gcra", include_str!("../../lua/gcra.lua")),
+    ("fixed-window", include_str!("../../lua/fixed_window.lua")),
+    ("sliding-log", include_str!("../../lua/sliding_log.lua")),
+    (
+        "sliding-window",
+        include_str!("../../lua/sliding_window.lua"),
+    ),
+];
+
+/// The whole script: the driver with every step spliced in as a branch at its `@steps` line.
+static SOURCE: LazyLock<String> = LazyLock::new(|| {
+    let steps: String = LUA_STEPS
+        .iter()
+        .map(|(name, step)| format!("  elseif name == '{name}' then\n{step}"))
+        .collect();
+    let driver = include_str!("../../lua/common.lua");
+    let spliced = driver.replacen("  -- @steps\n", &steps, 1);
+    assert_ne!(spliced, driver, "lua/common.lua has its @steps line");
+    spliced
+});
+
+/// How the driver runs an algorithm (see [`Algorithm::kind`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    /// A pure step over the packed state string.
+    Packed(PackedStep),
+    /// The sliding log: a log of admission times (a sorted set in Redis).
+    Log,
 }
+
+/// A pure step: (stored state, now, cost, quota) -> decision and the new state to store.
+pub(crate) type PackedStep = fn(Option<&[u8]>, &Args) -> Outcome<Packed>;
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -356,7 +355,7 @@ pub(crate) fn lua_mod(a: f64, b: f64) -> f64 {
     a - (a / b).floor() * b
 }
 
-/// Microseconds to whole milliseconds, rounded up (`ms_up` in `lua/common.lua`).
+/// Microseconds to whole milliseconds, rounded up (`ceil(us / 1000)` in `lua/common.lua`).
 pub(crate) fn ms_up(us: f64) -> i64 {
     (us / 1000.0).ceil() as i64
 }
@@ -364,29 +363,112 @@ pub(crate) fn ms_up(us: f64) -> i64 {
 /// The longest time a reply carries (`MAX_REPLY_MS` in `lua/common.lua`): 2^62 ms.
 const MAX_REPLY_MS: i64 = 1 << 62;
 
-/// The longest expiry (`expire` in `lua/common.lua`): 2^53 ms, 285 000 years.
+/// The longest expiry (`ttl_ms` in `lua/common.lua`): 2^53 ms, 285 000 years.
 const MAX_TTL_MS: i64 = 1 << 53;
 
-/// The TTL of a key whose state is fresh again `reset_us` from now (`expire` in
+/// The TTL of a key whose state is fresh again `reset_us` from now (`ttl_ms` in
 /// `lua/common.lua`).
 pub(crate) fn ttl_ms(reset_us: f64) -> u64 {
     ms_up(reset_us).clamp(1, MAX_TTL_MS) as u64
 }
 
-/// What one step of an algorithm writes back, mirroring the script's writes.
+/// What one step decides: the values each Lua step returns (`allowed, remaining, retry_us,
+/// reset_us, new_state`). `retry_us` is -1 for "never"; `state` is `None` when nothing is to be
+/// written.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Write<S> {
-    /// Nothing changed that needs storing (a denial or a peek).
-    Keep,
-    /// Store `state`, expiring after `ttl_ms` milliseconds (the script's PEXPIRE).
-    Put { state: S, ttl_ms: u64 },
+pub(crate) struct Outcome<S> {
+    pub allowed: bool,
+    pub remaining: f64,
+    pub retry_us: f64,
+    pub reset_us: f64,
+    pub state: Option<S>,
 }
 
-/// One step of an algorithm: the reply and what to store.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Step<S> {
-    pub reply: Reply,
-    pub write: Write<S>,
+impl<S> Outcome<S> {
+    /// The reply for this outcome (one tier: it is the binding one).
+    pub(crate) fn reply(&self, limit: f64) -> Reply {
+        Reply::new(
+            self.allowed,
+            limit,
+            self.remaining,
+            self.retry_us,
+            self.reset_us,
+        )
+    }
+}
+
+/// The longest packed state: a tag byte and three doubles.
+const PACKED_MAX: usize = 25;
+
+/// A packed state string, byte for byte what the script stores with `SET`: one tag byte naming
+/// the algorithm and the layout version, then little-endian doubles (Lua's
+/// `struct.pack('<Bdd…', tag, …)`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Packed {
+    len: u8,
+    bytes: [u8; PACKED_MAX],
+}
+
+impl Packed {
+    /// `struct.pack('<B' .. 'd' * N, tag, values…)`.
+    pub(crate) fn new<const N: usize>(tag: u8, values: [f64; N]) -> Self {
+        const { assert!(8 * N < PACKED_MAX) };
+        let mut bytes = [0; PACKED_MAX];
+        bytes[0] = tag;
+        for (i, v) in values.iter().enumerate() {
+            bytes[1 + 8 * i..9 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        Packed {
+            len: (1 + 8 * N) as u8,
+            bytes,
+        }
+    }
+
+    /// The stored bytes.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl fmt::Debug for Packed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Packed({:?})", self.as_bytes())
+    }
+}
+
+/// The doubles of a state string packed with `tag`, or `None` when `stored` is absent, of
+/// another length or of another tag (the script's `#stored == 1 + 8 * N` and tag checks).
+pub(crate) fn unpack<const N: usize>(stored: Option<&[u8]>, tag: u8) -> Option<[f64; N]> {
+    let stored = stored?;
+    if stored.len() != 1 + 8 * N || stored[0] != tag {
+        return None;
+    }
+    Some(std::array::from_fn(|i| {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(&stored[1 + 8 * i..9 + 8 * i]);
+        f64::from_le_bytes(bytes)
+    }))
+}
+
+/// `sane` in `lua/common.lua`: a stored number that is not negative, NaN, nor beyond 2^53.
+pub(crate) fn sane(v: f64) -> bool {
+    (0.0..MAX_EXACT).contains(&v)
+}
+
+/// 2^53: every number the scripts handle stays an exact integer below it.
+const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
+/// The driver for one tier, as `run` in `lua/common.lua`: the step on the stored state, and the
+/// state to write with its TTL in ms (one tier's own decision is the call's, so whatever the
+/// step returns is written).
+pub(crate) fn drive(
+    step: PackedStep,
+    stored: Option<&[u8]>,
+    args: &Args,
+) -> (Reply, Option<(Packed, u64)>) {
+    let outcome = step(stored, args);
+    let reply = outcome.reply(args.limit);
+    (reply, outcome.state.map(|s| (s, ttl_ms(outcome.reset_us))))
 }
 
 #[cfg(test)]
@@ -394,7 +476,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::Algorithm;
+    use super::{Algorithm, SOURCE};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -417,19 +499,13 @@ mod tests {
     }
 
     #[test]
-    fn names_parse_back_and_every_algorithm_has_its_keys() {
+    fn names_parse_back_and_every_algorithm_has_its_step() {
         for &algorithm in Algorithm::ALL {
             assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));
-            let keys: Vec<_> = algorithm.redis_keys("redlimit:{k}").collect();
-            assert_eq!(keys[0], "redlimit:{k}");
-            assert!(keys.iter().all(|k| k.starts_with("redlimit:{k}")));
+            // The one script registers every algorithm's step under its name.
+            let registered = format!("elseif name == '{}' then", algorithm.name());
+            assert!(SOURCE.contains(&registered), "{algorithm} has no Lua step");
         }
-        assert_eq!(
-            Algorithm::SlidingLog
-                .redis_keys("redlimit:{k}")
-                .collect::<Vec<_>>(),
-            ["redlimit:{k}", "redlimit:{k}:log"]
-        );
         let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
         assert_eq!(
             names,

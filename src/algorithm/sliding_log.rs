@@ -5,19 +5,19 @@
 
 use std::collections::VecDeque;
 
-use super::{ttl_ms, Args, Reply, Step, Write};
+use super::{Args, Outcome};
 
 /// The log: the µs time each admitted unit was admitted, oldest first (the sorted set's
 /// scores; its member names never affect a decision).
 pub(crate) type Log = VecDeque<f64>;
 
-/// Runs one step on `log`, changing it only when the step says [`Write::Put`] (after which the
-/// caller refreshes the expiry); a [`Write::Keep`] step leaves it as it was.
-pub(crate) fn step(log: &mut Log, args: &Args) -> Step<()> {
+/// Runs one step on `log`, changing it only when the outcome has a state (after which the
+/// caller refreshes the expiry to the outcome's reset); otherwise it leaves it as it was.
+pub(crate) fn step(log: &mut Log, args: &Args) -> Outcome<()> {
     let Args {
         now,
         cost,
-        limit,
+        limit: _,
         period,
         burst,
     } = *args;
@@ -73,17 +73,12 @@ pub(crate) fn step(log: &mut Log, args: &Args) -> Step<()> {
         log.drain(..first);
         log.extend(std::iter::repeat_n(now, cost as usize));
     }
-    let write = if cost > 0.0 && (allowed || stepped_back) {
-        Write::Put {
-            state: (),
-            ttl_ms: ttl_ms(reset),
-        }
-    } else {
-        Write::Keep
-    };
-    Step {
-        reply: Reply::new(allowed, limit, (burst - used).max(0.0), retry, reset),
-        write,
+    Outcome {
+        allowed,
+        remaining: (burst - used).max(0.0),
+        retry_us: retry,
+        reset_us: reset,
+        state: (cost > 0.0 && (allowed || stepped_back)).then_some(()),
     }
 }
 
@@ -93,6 +88,7 @@ mod tests {
 
     use super::*;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
+    use crate::algorithm::{ttl_ms, Reply};
 
     const S: f64 = 1_000_000.0;
 
@@ -105,11 +101,9 @@ mod tests {
             // when the step writes.
             let existed = state.is_some();
             let mut log = state.take().unwrap_or_default();
-            let Step { reply, write } = step(&mut log, args);
-            let ttl = match write {
-                Write::Put { ttl_ms, .. } => Some(ttl_ms),
-                Write::Keep => None,
-            };
+            let outcome = step(&mut log, args);
+            let reply = outcome.reply(args.limit);
+            let ttl = outcome.state.map(|()| ttl_ms(outcome.reset_us));
             if existed || ttl.is_some() {
                 *state = Some(log);
             }

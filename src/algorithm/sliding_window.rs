@@ -1,21 +1,40 @@
 //! Sliding window counter: the Rust mirror of `lua/sliding_window.lua`, step for step.
+//!
+//! The estimate of the units in the sliding window `(now - period, now]` is
+//! `p * (period - elapsed - 1) / period + c`: the previous fixed window's count `p` weighted by
+//! the µs of it still inside the sliding window, plus the current window's count `c`. A request
+//! of cost `k` is admitted when `floor(estimate) + k <= burst`, so a client at or below the rate
+//! is never denied in steady state (Cloudflare's "admitted while the estimate is below the
+//! limit", for `k = 1`). At most `2 * burst` pass in any interval of one period, and at most
+//! `burst` in one fixed window.
 
-use super::{lua_mod, ttl_ms, Args, Reply, Step, Write};
+use super::{lua_mod, sane, unpack, Args, Outcome, Packed};
 
-/// The stored counts: units `c` admitted in the window starting at µs `w`, and `p` in the one
-/// before it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct State {
-    pub w: f64,
-    pub c: f64,
-    pub p: f64,
+/// The state tag: `w`, layout 1 (w, c, p).
+const TAG: u8 = b'w';
+
+/// `fade` in the script: the first elapsed µs of a window at which `count` units of the previous
+/// window weigh at most `room`, within `[0, period - 1]`.
+fn fade(count: f64, room: f64, period: f64) -> f64 {
+    let mut e = ((period - 1.0 - (room + 1.0) * period / count).floor() + 1.0).max(0.0);
+    if e >= period {
+        e = period - 1.0;
+    }
+    if (count * (period - e - 1.0) / period).floor() > room {
+        e += 1.0;
+    } else if e > 0.0 && (count * (period - e) / period).floor() <= room {
+        e -= 1.0;
+    }
+    e
 }
 
-pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
+/// One step over the stored state (`w` + the µs start `w` of the current window, the units `c`
+/// admitted in it and `p` in the one before).
+pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     let Args {
         now,
         cost,
-        limit,
+        limit: _,
         period,
         burst,
     } = *args;
@@ -24,73 +43,56 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
     let start = now - lua_mod(now, period);
     let elapsed = now - start;
 
-    // 2. A missing state, or one of a later window (the clock stepped back), is empty.
-    let State { w, mut c, mut p } = match stored {
-        Some(s) if s.w <= start => s,
-        _ => State {
-            w: start,
-            c: 0.0,
-            p: 0.0,
-        },
+    // 2. Read, cap and roll the counts: a missing or corrupt state, or one of a later window, is
+    //    empty.
+    let (mut c, p) = match unpack::<3>(stored, TAG) {
+        Some([w, sc, sp]) if sane(sc) && sane(sp) => {
+            if w == start {
+                (sc.floor().min(burst), sp.floor().min(burst))
+            } else if w == start - period {
+                (0.0, sc.floor().min(burst))
+            } else {
+                (0.0, 0.0)
+            }
+        }
+        _ => (0.0, 0.0),
     };
-    c = c.floor().min(burst);
-    p = p.floor().min(burst);
 
-    // 3. Roll.
-    if w == start - period {
-        p = c;
-        c = 0.0;
-    } else if w != start {
-        c = 0.0;
-        p = 0.0;
-    }
-
-    // 4. Decide, multiplied by period (a peek always passes); a denied request consumes nothing.
-    let room = burst * period - p * (period - elapsed);
-    let allowed = cost == 0.0 || (c + cost) * period <= room;
+    // 3. Decide (a peek always passes); a denied request consumes nothing.
+    let share = (p * (period - elapsed - 1.0) / period).floor();
+    let allowed = cost == 0.0 || c + share + cost <= burst;
+    let mut retry = 0.0;
     if allowed {
         c += cost;
+    } else if cost > burst {
+        retry = -1.0;
+    } else if c + cost <= burst {
+        // 4a. Within this window.
+        retry = start + fade(p, burst - c - cost, period) - now;
+    } else {
+        // 4b. In the next window.
+        retry = start + period + fade(c, burst - cost, period) - now;
     }
 
-    // 5. Times: retry within this window or the next, never early; reset when both fade.
-    let retry = if allowed {
-        0.0
-    } else if cost > burst {
-        -1.0
-    } else if c + cost <= burst {
-        let mut e = period - ((burst - c - cost) * period / p).floor();
-        if (c + cost) * period > burst * period - p * (period - e) {
-            e += 1.0;
-        }
-        start + e - now
-    } else {
-        let mut e = (period - ((burst - cost) * period / c).floor()).max(0.0);
-        if cost * period > burst * period - c * (period - e) {
-            e += 1.0;
-        }
-        start + period + e - now
-    };
+    // 4c. Reset: until both counts have faded out.
     let reset = if c > 0.0 {
-        start + 2.0 * period - now
-    } else if p > 0.0 {
-        start + period - now
+        start + period + fade(c, 0.0, period) - now
+    } else if share > 0.0 {
+        start + fade(p, 0.0, period) - now
     } else {
         0.0
     };
 
-    // 6. Write only what changed; expire when both counts have faded out.
-    let write = if allowed && cost > 0.0 {
-        Write::Put {
-            state: State { w: start, c, p },
-            ttl_ms: ttl_ms(reset),
-        }
-    } else {
-        Write::Keep
-    };
-    let remaining = ((room / period).floor() - c).max(0.0);
-    Step {
-        reply: Reply::new(allowed, limit, remaining, retry, reset),
-        write,
+    // 5. The new state: only an admission that costs changes it.
+    Outcome {
+        allowed,
+        remaining: (burst - share - c).max(0.0),
+        retry_us: retry,
+        reset_us: reset,
+        // A previous count that weighs nothing now weighs nothing for the rest of the window:
+        // stored as 0, the state an expired key would have.
+        state: (allowed && cost > 0.0)
+            .then(|| Packed::new(TAG, [start, c, if share > 0.0 { p } else { 0.0 }])),
     }
 }
 
@@ -100,15 +102,16 @@ mod tests {
 
     use super::*;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
+    use crate::algorithm::Reply;
 
     const S: f64 = 1_000_000.0;
 
     struct SlidingWindow;
 
     impl Mirror for SlidingWindow {
-        type State = State;
-        fn run(state: &mut Option<State>, args: &Args) -> (Reply, Option<u64>) {
-            testing::run_by_value(step, state, args)
+        type State = Packed;
+        fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
+            testing::run_packed(step, state, args)
         }
     }
 
@@ -123,23 +126,83 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// The documented bound: at most `burst` per fixed window, and at most `2 * burst` in
+        /// any interval of one period.
+        #[test]
+        fn at_most_twice_the_burst_in_any_period((quota, steps) in testing::scenario(false)) {
+            let (limit, period, burst) = quota;
+            let mut s = seq().quota(limit, period, burst);
+            let mut now = 1_700_000_000_000_000.0;
+            let mut admitted: Vec<(f64, f64)> = Vec::new();
+            for (dt, cost) in steps {
+                now += dt;
+                if s.at(now).cost(cost).allowed && cost > 0.0 {
+                    admitted.push((now, cost));
+                }
+                let sum = |from: f64| -> f64 {
+                    admitted.iter().filter(|(t, _)| *t > from).map(|(_, c)| c).sum()
+                };
+                prop_assert!(sum(now - period) <= 2.0 * burst);
+                let start = now - crate::algorithm::lua_mod(now, period);
+                prop_assert!(sum(start - 1.0) <= burst);
+            }
+        }
+    }
+
+    /// A client at exactly the rate (10 a minute, one every 6 s) is never denied, whatever the
+    /// phase of its requests against the windows, including requests on a window's first µs
+    /// (where the previous window's full count still weighs (period - 1 µs) / period). The
+    /// estimate + cost <= burst rule of earlier versions admitted 9 a minute.
+    #[test]
+    fn a_client_at_the_rate_is_never_denied() {
+        for phase in [0.0, 1.0, 2.5 * S, 6.0 * S - 1.0] {
+            let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+            for i in 0..200 {
+                let now = 1_700_000_040.0 * S + phase + i as f64 * 6.0 * S;
+                let reply = s.at(now).cost(1.0);
+                assert!(reply.allowed, "phase {phase} µs, request {i}: {reply:?}");
+            }
+        }
+        // One every 5 s: 12 a minute asked, 10 a minute admitted in the long run.
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let admitted = (0..240)
+            .filter(|i| s.at(60.0 * S + *i as f64 * 5.0 * S).cost(1.0).allowed)
+            .count();
+        assert!((200..=210).contains(&admitted), "{admitted} in 20 minutes");
+    }
+
+    /// Cloudflare's worked example: limit 50 per minute, 42 in the previous window, 18 in the
+    /// current one, 15 s in: 42 * 0.75 + 18 = 49.5 < 50, admitted; the next one is not.
+    #[test]
+    fn cloudflares_worked_example() {
+        let mut s = seq().quota(50.0, 60.0 * S, 50.0);
+        expect(s.at(10.0 * S).cost(42.0), (true, 8, 0, 108_572));
+        // At 13 s into the next window the 42 weigh floor(42 * 47/60) = 32: room for 18.
+        expect(s.at(73.0 * S).cost(18.0), (true, 0, 0, 103_667));
+        expect(s.at(75.0 * S).cost(1.0), (true, 0, 0, 101_843));
+        // The next one waits until the 42 weigh 30: 15.714285 s in.
+        expect(s.cost(1.0), (false, 0, 715, 101_843));
+    }
+
     #[test]
     fn weighs_the_previous_window_by_its_overlap() {
         // 10 a minute; windows [0, 60 s), [60 s, 120 s)...
         let mut s = seq().quota(10.0, 60.0 * S, 10.0);
         // (allowed, remaining, retry_after_ms, reset_after_ms)
-        expect(s.at(0.0).cost(5.0), (true, 5, 0, 120_000));
-        expect(s.at(30.0 * S).cost(5.0), (true, 0, 0, 90_000));
-        // Full in this window: at 66 s the previous 10 weigh 10 * 54/60 = 9, room for 1.
-        expect(s.cost(1.0), (false, 0, 36_000, 90_000));
-        expect(s.at(66.0 * S).cost(1.0), (true, 0, 0, 114_000));
-        // 9 + 1 now; room for one more when the weight is 8: at 72 s.
-        expect(s.cost(1.0), (false, 0, 6_000, 114_000));
-        // At 90 s the previous 10 weigh 5.
-        expect(s.at(90.0 * S).cost(0.0), (true, 4, 0, 90_000));
+        expect(s.at(0.0).cost(5.0), (true, 5, 0, 108_000));
+        expect(s.at(30.0 * S).cost(5.0), (true, 0, 0, 84_000));
+        // Full in this window; on the next window's first µs the 10 weigh 9.99..., rounded
+        // down to 9: room for 1.
+        expect(s.cost(1.0), (false, 0, 30_000, 84_000));
+        expect(s.at(60.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        // 9 + 1 now; room for one more when the share is 8: at 66 s.
+        expect(s.cost(1.0), (false, 0, 6_000, 60_000));
+        // At 90 s the previous 10 weigh 4.99..., rounded down to 4.
+        expect(s.at(90.0 * S).cost(0.0), (true, 5, 0, 30_000));
         assert!(!s.wrote());
-        expect(s.cost(4.0), (true, 0, 0, 90_000));
-        assert_eq!(s.ttl_ms(), Some(90_000));
+        expect(s.cost(5.0), (true, 0, 0, 80_000));
+        assert_eq!(s.ttl_ms(), Some(80_000));
         // Two windows later both counts have faded: fresh.
         expect(s.at(200.0 * S).cost(0.0), (true, 10, 0, 0));
         expect(s.cost(11.0), (false, 10, -1, 0));
@@ -148,31 +211,32 @@ mod tests {
     #[test]
     fn retry_is_exact_to_the_microsecond() {
         let mut s = seq().quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(0.0).cost(10.0), (true, 0, 0, 120_000));
-        expect(s.at(66.0 * S).cost(1.0), (true, 0, 0, 114_000));
-        expect(s.cost(1.0), (false, 0, 6_000, 114_000));
-        expect(s.at(72.0 * S - 1.0).cost(1.0), (false, 0, 1, 108_001));
-        expect(s.at(72.0 * S).cost(1.0), (true, 0, 0, 108_000));
+        expect(s.at(0.0).cost(10.0), (true, 0, 0, 114_000));
+        // At 66 s the 10 weigh floor(8.99...) = 8.
+        expect(s.at(66.0 * S).cost(2.0), (true, 0, 0, 84_000));
+        expect(s.cost(1.0), (false, 0, 6_000, 84_000));
+        expect(s.at(72.0 * S - 1.0).cost(1.0), (false, 0, 1, 78_001));
+        expect(s.at(72.0 * S).cost(1.0), (true, 0, 0, 88_000));
     }
 
     #[test]
     fn a_tightened_quota_caps_the_counts() {
         let mut s = seq().quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(30.0 * S).cost(10.0), (true, 0, 0, 90_000));
+        expect(s.at(30.0 * S).cost(10.0), (true, 0, 0, 84_000));
         // Now 5 a minute: the 10 count as 5, which fill this window; in the next one they
-        // weigh 5 * (60 - e) / 60 and leave room for 1 at e = 12 s.
+        // weigh less than 5 from its first µs on.
         let mut s = s.quota(5.0, 60.0 * S, 5.0);
-        expect(s.cost(1.0), (false, 0, 42_000, 90_000));
-        expect(s.at(72.0 * S).cost(1.0), (true, 0, 0, 108_000));
+        expect(s.cost(1.0), (false, 0, 30_000, 78_000));
+        expect(s.at(60.0 * S).cost(1.0), (true, 0, 0, 60_000));
     }
 
     #[test]
     fn a_clock_stepped_back_never_locks_the_key_out() {
         let mut s = seq().quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(70.0 * S).cost(10.0), (true, 0, 0, 110_000));
+        expect(s.at(70.0 * S).cost(10.0), (true, 0, 0, 104_000));
         // Back within the window: the count stands.
-        expect(s.at(65.0 * S).cost(1.0), (false, 0, 61_000, 115_000));
+        expect(s.at(65.0 * S).cost(1.0), (false, 0, 55_000, 109_000));
         // Back into an earlier window: counts of a later window do not apply.
-        expect(s.at(50.0 * S).cost(1.0), (true, 9, 0, 70_000));
+        expect(s.at(50.0 * S).cost(1.0), (true, 9, 0, 10_000));
     }
 }

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use proptest::prelude::*;
 
-use super::{token_bucket, Args, Reply, Step, Write};
+use super::{drive, token_bucket, Args, Packed, PackedStep, Reply};
 
 /// One algorithm's mirror, run on a state held by the caller, the way the store does.
 pub(crate) trait Mirror: 'static {
@@ -15,17 +15,17 @@ pub(crate) trait Mirror: 'static {
     fn run(state: &mut Option<Self::State>, args: &Args) -> (Reply, Option<u64>);
 }
 
-/// `Mirror::run` for a step that takes the stored state by value.
-pub(crate) fn run_by_value<S: Clone>(
-    step: fn(Option<S>, &Args) -> Step<S>,
-    state: &mut Option<S>,
+/// `Mirror::run` for a pure step over a packed state, through the driver as the store runs it.
+pub(crate) fn run_packed(
+    step: PackedStep,
+    state: &mut Option<Packed>,
     args: &Args,
 ) -> (Reply, Option<u64>) {
-    let Step { reply, write } = step(state.clone(), args);
+    let (reply, write) = drive(step, state.as_ref().map(Packed::as_bytes), args);
     match write {
-        Write::Keep => (reply, None),
-        Write::Put { state: s, ttl_ms } => {
-            *state = Some(s);
+        None => (reply, None),
+        Some((packed, ttl_ms)) => {
+            *state = Some(packed);
             (reply, Some(ttl_ms))
         }
     }
@@ -34,9 +34,9 @@ pub(crate) fn run_by_value<S: Clone>(
 pub(crate) struct TokenBucket;
 
 impl Mirror for TokenBucket {
-    type State = token_bucket::State;
-    fn run(state: &mut Option<Self::State>, args: &Args) -> (Reply, Option<u64>) {
-        run_by_value(token_bucket::step, state, args)
+    type State = Packed;
+    fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
+        run_packed(token_bucket::step, state, args)
     }
 }
 
@@ -175,6 +175,8 @@ pub(crate) fn scenario(back: bool) -> impl Strategy<Value = ((f64, f64, f64), Ve
         prop_oneof![
             6 => Just(0i64),
             6 => 0i64..=2_000_000,
+            // Whole milliseconds, as clients read retry_after: exactness both ways shows there.
+            6 => (0i64..=5_000).prop_map(|ms| ms * 1_000),
             3 => 0i64..=200_000_000,
             2 => -100_000_000i64..0,
         ],
@@ -190,8 +192,8 @@ pub(crate) fn scenario(back: bool) -> impl Strategy<Value = ((f64, f64, f64), Ve
 /// The invariants every algorithm keeps, checked after each step of a scenario:
 /// - expiry never changes a decision (checked by [`Seq`]);
 /// - a peek and a denial never write, except to persist a clock stepped back;
-/// - a denied request with a retry time is allowed at exactly that time, never earlier
-///   than 1 ms before it;
+/// - a denied request with a retry time is allowed at exactly that time and denied 1 ms
+///   before it (exact both ways, for every algorithm);
 /// - `remaining` cost-1 requests pass right now, and not one more;
 /// - a cost above the capacity is never allowed, and nothing else is ever told "never".
 pub(crate) fn check_invariants<M: Mirror>(
@@ -228,13 +230,13 @@ pub(crate) fn check_invariants<M: Mirror>(
                 later.at(now + retry).cost(cost).allowed,
                 "denied again after retry_after"
             );
-            if retry >= 2000.0 {
-                let mut early = seq.clone();
-                prop_assert!(
-                    !early.at(now + retry - 1001.0).cost(cost).allowed,
-                    "retry_after more than 1 ms too late"
-                );
-            }
+            // Exact both ways: one ms earlier (whole ms, as a client reads the reply) is denied.
+            let mut early = seq.clone();
+            prop_assert!(
+                !early.at(now + retry - 1000.0).cost(cost).allowed,
+                "allowed 1 ms before retry_after {:?}",
+                reply
+            );
         }
         let mut rest = seq.clone();
         for _ in 0..reply.remaining {

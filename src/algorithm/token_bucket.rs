@@ -1,15 +1,13 @@
 //! Token bucket: the Rust mirror of `lua/token_bucket.lua`, step for step.
 
-use super::{ttl_ms, Args, Reply, Step, Write};
+use super::{sane, unpack, Args, Outcome, Packed};
 
-/// The stored bucket: whole tokens, and the µs time up to which refill is accounted.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct State {
-    pub tokens: f64,
-    pub ts: f64,
-}
+/// The state tag: `t`, layout 1 (tokens, ts).
+const TAG: u8 = b't';
 
-pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
+/// One step over the stored state (`t` + whole tokens + the µs time up to which refill is
+/// accounted).
+pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     let Args {
         now,
         cost,
@@ -18,24 +16,25 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
         burst,
     } = *args;
 
-    // 1. A missing bucket is a full one.
-    let State { mut tokens, mut ts } = stored.unwrap_or(State {
-        tokens: burst,
-        ts: now,
-    });
+    // 1. A missing or corrupt bucket is a full one.
+    let (mut tokens, mut ts) = match unpack::<2>(stored, TAG) {
+        Some([a, b]) if sane(a) && sane(b) => (a, b),
+        _ => (burst, now),
+    };
 
     // 2. Cap to the current quota and clock; a clock stepped back is written even on a denial.
     tokens = tokens.floor().min(burst);
     let stepped_back = ts > now;
-    ts = ts.min(now);
+    if stepped_back {
+        ts = now;
+    }
 
     // 3. Refill, keeping fractional progress; past full the clock stops.
-    let to_full = ((burst - tokens) * period / limit).ceil();
-    if now - ts >= to_full {
+    let elapsed = now - ts;
+    if elapsed >= ((burst - tokens) * period / limit).ceil() {
         tokens = burst;
         ts = now;
-    } else {
-        let elapsed = now - ts;
+    } else if elapsed > 0.0 {
         let mut gained = (elapsed * limit / period).floor();
         // Past 2^53 the division can land one token off: settle on the count the retry times
         // promise.
@@ -44,48 +43,44 @@ pub(crate) fn step(stored: Option<State>, args: &Args) -> Step<State> {
         } else if gained > 0.0 && (gained * period / limit).ceil() > elapsed {
             gained -= 1.0;
         }
-        tokens += gained;
-        ts = now.min(ts + (gained * period / limit).ceil());
+        if gained > 0.0 {
+            tokens += gained;
+            ts = now.min(ts + (gained * period / limit).ceil());
+        }
     }
 
-    // 4. Decide; a denied request consumes nothing.
+    // 4. Decide; a denied request consumes nothing. 5a. Retry: until `cost` tokens are there.
     let allowed = cost <= tokens;
+    let mut retry = 0.0;
     if allowed {
         tokens -= cost;
+    } else if cost > burst {
+        retry = -1.0;
+    } else {
+        retry = ts + ((cost - tokens) * period / limit).ceil() - now;
     }
 
-    // 5. Times.
-    let retry = if allowed {
-        0.0
-    } else if cost > burst {
-        -1.0
-    } else {
-        ts + ((cost - tokens) * period / limit).ceil() - now
-    };
+    // 5b. Reset: until the bucket is full again.
     let reset = if tokens < burst {
         ts + ((burst - tokens) * period / limit).ceil() - now
     } else {
         0.0
     };
 
-    // 6. Write only what changed.
-    let write = if cost > 0.0 && (allowed || stepped_back) {
-        Write::Put {
-            state: State { tokens, ts },
-            ttl_ms: ttl_ms(reset),
-        }
-    } else {
-        Write::Keep
-    };
-    Step {
-        reply: Reply::new(allowed, limit, tokens, retry, reset),
-        write,
+    // 6. The new state: only what changed.
+    Outcome {
+        allowed,
+        remaining: tokens,
+        retry_us: retry,
+        reset_us: reset,
+        state: (cost > 0.0 && (allowed || stepped_back)).then(|| Packed::new(TAG, [tokens, ts])),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{testing, Reply};
 
     const MINUTE: f64 = 60_000_000.0;
 
@@ -100,12 +95,8 @@ mod tests {
     }
 
     /// Runs one step and stores what it writes, like the store does.
-    fn run(state: &mut Option<State>, now: f64, cost: f64) -> Reply {
-        let step = step(*state, &args(now, cost));
-        if let Write::Put { state: s, .. } = step.write {
-            *state = Some(s);
-        }
-        step.reply
+    fn run(state: &mut Option<Packed>, now: f64, cost: f64) -> Reply {
+        testing::run_packed(step, state, &args(now, cost)).0
     }
 
     #[test]

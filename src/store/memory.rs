@@ -1,22 +1,23 @@
 //! [`MemoryStore`]: the same algorithms in this process, with the same decisions as Redis.
 
-use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 
 use super::{CheckRequest, Store, StoreError};
-use crate::algorithm::Algorithm;
-use crate::algorithm::{
-    fixed_window, gcra, sliding_log, sliding_window, token_bucket, Args, Reply, Step, Write,
-};
+use crate::algorithm::{drive, sliding_log, ttl_ms, Args, Kind, Packed, MAX_SLIDING_LOG_BURST};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
 
 /// The default cap on keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
+
+/// The default cap on the sliding log's entries held at once, over all keys: 6.4 million
+/// (8 bytes each, 51 MB), i.e. [`MAX_SLIDING_LOG_BURST`] per shard.
+pub const DEFAULT_MAX_LOG_ENTRIES: usize = SHARDS * MAX_SLIDING_LOG_BURST as usize;
 
 const SHARDS: usize = 64;
 
@@ -56,7 +57,9 @@ const EVICTION_SAMPLE: usize = 32;
 #[derive(Clone)]
 pub struct MemoryStore {
     shards: Arc<[Mutex<Shard>]>,
+    hasher: RandomState,
     max_keys_per_shard: usize,
+    max_log_entries_per_shard: usize,
 }
 
 /// Shows the configuration only: counting the keys would lock every shard, and this is logged
@@ -65,6 +68,10 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("max_keys", &(self.max_keys_per_shard * SHARDS))
+            .field(
+                "max_log_entries",
+                &(self.max_log_entries_per_shard * SHARDS),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -83,6 +90,8 @@ struct Shard {
     slots: Vec<Slot>,
     /// Where the next eviction sample starts in `slots` (taken modulo its length).
     cursor: usize,
+    /// Sliding-log entries allocated by the logs in `slots`.
+    log_entries: usize,
 }
 
 struct Slot {
@@ -96,15 +105,23 @@ struct Stored {
     expires_at: u64,
 }
 
-/// The state of one key, per algorithm. A key read under another algorithm counts as fresh.
+/// The state of one key: the state string of a pure step (its tag names the algorithm, so a key
+/// read under another algorithm counts as fresh), or a sliding log.
 #[derive(Debug, Clone, PartialEq)]
 enum KeyState {
-    TokenBucket(token_bucket::State),
-    Gcra(gcra::State),
-    FixedWindow(fixed_window::State),
+    Packed(Packed),
     /// O(burst): changed in place, never copied.
-    SlidingLog(sliding_log::Log),
-    SlidingWindow(sliding_window::State),
+    Log(sliding_log::Log),
+}
+
+impl KeyState {
+    /// Sliding-log entries this state has allocated.
+    fn log_entries(&self) -> usize {
+        match self {
+            KeyState::Packed(_) => 0,
+            KeyState::Log(log) => log.capacity(),
+        }
+    }
 }
 
 impl MemoryStore {
@@ -132,8 +149,46 @@ impl MemoryStore {
     pub fn with_max_keys(max_keys: usize) -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
             max_keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            max_log_entries_per_shard: DEFAULT_MAX_LOG_ENTRIES / SHARDS,
         }
+    }
+
+    /// Caps the sliding log's entries held at once over all keys (rounded up to a multiple of
+    /// 64, at least 64); [`DEFAULT_MAX_LOG_ENTRIES`] by default. See the type's docs for what
+    /// happens at the cap.
+    ///
+    /// ```
+    /// use redlimit::store::{CheckRequest, MemoryStore};
+    /// use redlimit::{Algorithm, Quota};
+    ///
+    /// let store = MemoryStore::new().with_max_log_entries(64 * 1_000);
+    /// let quota = Quota::per_hour(500).unwrap();
+    /// for client in 0..100 {
+    ///     let key = format!("redlimit:{{client-{client}}}");
+    ///     let request = CheckRequest {
+    ///         key: &key,
+    ///         algorithm: Algorithm::SlidingLog,
+    ///         quota: &quota,
+    ///         cost: 500,
+    ///         now_micros: Some(1_000_000),
+    ///     };
+    ///     assert!(store.check_now(request).allowed);
+    /// }
+    /// assert!(store.log_entries() <= 64 * 1_000);
+    /// ```
+    pub fn with_max_log_entries(mut self, max_log_entries: usize) -> Self {
+        self.max_log_entries_per_shard = max_log_entries.div_ceil(SHARDS).max(1);
+        self
+    }
+
+    /// Sliding-log entries allocated now, over all keys.
+    pub fn log_entries(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).log_entries)
+            .sum()
     }
 
     /// Keys held now, expired ones not yet swept included.
@@ -183,57 +238,59 @@ impl MemoryStore {
             .unwrap_or_else(PoisonError::into_inner);
         let shard = &mut *guard;
         let held = shard.index.get(request.key).copied();
-        let live = held
-            .map(|slot| &mut shard.slots[slot].stored)
-            .filter(|stored| stored.expires_at > now);
-        let (reply, write) = match request.algorithm {
-            Algorithm::TokenBucket => {
-                let stored = match live.map(|s| &s.state) {
-                    Some(KeyState::TokenBucket(s)) => Some(*s),
-                    _ => None,
-                };
-                split(token_bucket::step(stored, &args), KeyState::TokenBucket)
+        let live = held.filter(|&slot| shard.slots[slot].stored.expires_at > now);
+        let reply = match request.algorithm.kind() {
+            Kind::Packed(step) => {
+                let stored = live.and_then(|slot| match &shard.slots[slot].stored.state {
+                    KeyState::Packed(packed) => Some(packed.as_bytes()),
+                    KeyState::Log(_) => None,
+                });
+                let (reply, write) = drive(step, stored, &args);
+                if let Some((packed, ttl_ms)) = write {
+                    let stored = Stored {
+                        state: KeyState::Packed(packed),
+                        expires_at: expiry(now, ttl_ms),
+                    };
+                    shard.put(held, request.key, stored, now, self.max_keys_per_shard);
+                }
+                reply
             }
-            Algorithm::Gcra => {
-                let stored = match live.map(|s| &s.state) {
-                    Some(KeyState::Gcra(s)) => Some(*s),
-                    _ => None,
-                };
-                split(gcra::step(stored, &args), KeyState::Gcra)
-            }
-            Algorithm::FixedWindow => {
-                let stored = match live.map(|s| &s.state) {
-                    Some(KeyState::FixedWindow(s)) => Some(*s),
-                    _ => None,
-                };
-                split(fixed_window::step(stored, &args), KeyState::FixedWindow)
-            }
-            Algorithm::SlidingLog => sliding_log_step(live, &args, now),
-            Algorithm::SlidingWindow => {
-                let stored = match live.map(|s| &s.state) {
-                    Some(KeyState::SlidingWindow(s)) => Some(*s),
-                    _ => None,
-                };
-                split(sliding_window::step(stored, &args), KeyState::SlidingWindow)
+            Kind::Log => {
+                let reply =
+                    shard.log_step(held, live, request.key, &args, now, self.max_keys_per_shard);
+                shard.trim_logs(request.key, self.max_log_entries_per_shard);
+                reply
             }
         };
-        if let Write::Put { state, ttl_ms } = write {
-            let stored = Stored {
-                state,
-                expires_at: expiry(now, ttl_ms),
-            };
-            match held {
-                Some(slot) => shard.slots[slot].stored = stored,
-                None => shard.insert(request.key, stored, now, self.max_keys_per_shard),
-            }
-        }
         reply.into_decision()
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
-        let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
-        &self.shards[hasher.finish() as usize % SHARDS]
+        &self.shards[self.shard_index(key)]
+    }
+
+    fn shard_index(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) % SHARDS as u64) as usize
+    }
+
+    /// The stored state of `key` at `now_micros`, byte for byte what Redis holds: a pure step's
+    /// state string, or for the sliding log its admission times as little-endian doubles (the
+    /// sorted set's scores, oldest first). `None` when absent or expired. For the differential
+    /// tests.
+    #[doc(hidden)]
+    pub fn stored_state(&self, key: &str, now_micros: u64) -> Option<Vec<u8>> {
+        let shard = self
+            .shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let stored = &shard.slots[*shard.index.get(key)?].stored;
+        if stored.expires_at <= now_micros {
+            return None;
+        }
+        Some(match &stored.state {
+            KeyState::Packed(packed) => packed.as_bytes().to_vec(),
+            KeyState::Log(log) => log.iter().flat_map(|t| t.to_le_bytes()).collect(),
+        })
     }
 }
 
@@ -242,40 +299,72 @@ fn expiry(now: u64, ttl_ms: u64) -> u64 {
     now.saturating_add(ttl_ms.saturating_mul(1000))
 }
 
-/// The sliding log changes a live log in place (only refreshing its expiry when the step
-/// writes), and stores a fresh one only when the step writes.
-fn sliding_log_step(live: Option<&mut Stored>, args: &Args, now: u64) -> (Reply, Write<KeyState>) {
-    match live {
-        Some(Stored {
-            state: KeyState::SlidingLog(log),
-            expires_at,
-        }) => {
-            let step = sliding_log::step(log, args);
-            if let Write::Put { ttl_ms, .. } = step.write {
-                *expires_at = expiry(now, ttl_ms);
+impl Shard {
+    /// Stores `stored` under `key`, held at `held` (live, expired or of another algorithm) or new.
+    fn put(&mut self, held: Option<usize>, key: &str, stored: Stored, now: u64, max: usize) {
+        match held {
+            Some(slot) => {
+                self.log_entries -= self.slots[slot].stored.state.log_entries();
+                self.log_entries += stored.state.log_entries();
+                self.slots[slot].stored = stored;
             }
-            (step.reply, Write::Keep)
-        }
-        _ => {
-            let mut log = sliding_log::Log::new();
-            let step = sliding_log::step(&mut log, args);
-            split(step, |()| KeyState::SlidingLog(log))
+            None => self.insert(key, stored, now, max),
         }
     }
-}
 
-fn split<S>(step: Step<S>, wrap: impl FnOnce(S) -> KeyState) -> (Reply, Write<KeyState>) {
-    let write = match step.write {
-        Write::Keep => Write::Keep,
-        Write::Put { state, ttl_ms } => Write::Put {
-            state: wrap(state),
-            ttl_ms,
-        },
-    };
-    (step.reply, write)
-}
+    /// The sliding log's step: a live log changes in place (its expiry refreshed when the step
+    /// writes); a fresh one is stored only when the step writes.
+    fn log_step(
+        &mut self,
+        held: Option<usize>,
+        live: Option<usize>,
+        key: &str,
+        args: &Args,
+        now: u64,
+        max: usize,
+    ) -> crate::algorithm::Reply {
+        if let Some(slot) = live {
+            let stored = &mut self.slots[slot].stored;
+            if let KeyState::Log(log) = &mut stored.state {
+                let before = log.capacity();
+                let outcome = sliding_log::step(log, args);
+                if outcome.state.is_some() {
+                    stored.expires_at = expiry(now, ttl_ms(outcome.reset_us));
+                }
+                self.log_entries = self.log_entries - before + log.capacity();
+                return outcome.reply(args.limit);
+            }
+        }
+        let mut log = sliding_log::Log::new();
+        let outcome = sliding_log::step(&mut log, args);
+        if outcome.state.is_some() {
+            let stored = Stored {
+                state: KeyState::Log(log),
+                expires_at: expiry(now, ttl_ms(outcome.reset_us)),
+            };
+            self.put(held, key, stored, now, max);
+        }
+        outcome.reply(args.limit)
+    }
 
-impl Shard {
+    /// Evicts other sliding-log keys, the closest to expiry first, until the shard's log entries
+    /// fit in `budget` or only `keep`'s log is left.
+    fn trim_logs(&mut self, keep: &str, budget: usize) {
+        while self.log_entries > budget {
+            let victim = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.stored.state.log_entries() > 0 && &*s.key != keep)
+                .min_by_key(|(_, s)| s.stored.expires_at)
+                .map(|(slot, _)| slot);
+            match victim {
+                Some(slot) => self.remove_slot(slot),
+                None => break,
+            }
+        }
+    }
+
     /// Stores `key`, which the shard does not hold, keeping the shard within `max` keys (never
     /// above): while it is full, make room.
     fn insert(&mut self, key: &str, stored: Stored, now: u64, max: usize) {
@@ -284,6 +373,7 @@ impl Shard {
             self.make_room(now);
         }
         let key: Arc<str> = Arc::from(key);
+        self.log_entries += stored.state.log_entries();
         self.index.insert(Arc::clone(&key), self.slots.len());
         self.slots.push(Slot { key, stored });
     }
@@ -327,6 +417,7 @@ impl Shard {
 
     fn remove_slot(&mut self, slot: usize) {
         let removed = self.slots.swap_remove(slot);
+        self.log_entries -= removed.stored.state.log_entries();
         self.index.remove(&*removed.key);
         if let Some(moved) = self.slots.get(slot) {
             if let Some(index) = self.index.get_mut(&*moved.key) {
@@ -348,11 +439,12 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
     use crate::quota::Quota;
 
     fn stored(expires_at: u64) -> Stored {
         Stored {
-            state: KeyState::FixedWindow(fixed_window::State { w: 0.0, n: 0.0 }),
+            state: KeyState::Packed(Packed::new(b'f', [0.0, 0.0])),
             expires_at,
         }
     }
@@ -501,6 +593,67 @@ mod tests {
         }
     }
 
+    /// Shards are chosen with a hasher keyed at random per store: the same keys land on
+    /// different shards in two stores, so nobody can compute keys that all land on a victim's
+    /// shard. With the fixed-key `DefaultHasher::new()` of earlier versions every store placed
+    /// every key alike.
+    #[test]
+    fn shard_choice_is_keyed_per_store() {
+        let keys: Vec<String> = (0..64).map(|i| format!("redlimit:{{k{i}}}")).collect();
+        let placement = |store: &MemoryStore| -> Vec<usize> {
+            keys.iter().map(|k| store.shard_index(k)).collect()
+        };
+        let one = MemoryStore::new();
+        assert_eq!(
+            placement(&one),
+            placement(&one.clone()),
+            "clones share the hasher"
+        );
+        // 64 keys over 64 shards placed alike by chance: probability 64^-64.
+        assert_ne!(placement(&one), placement(&MemoryStore::new()));
+    }
+
+    /// The sliding log's entries are bounded over all keys, not just its keys: many keys with
+    /// long logs stay within the cap (counted as allocated), the key just checked keeps its log,
+    /// and the accounting matches the logs held.
+    #[test]
+    fn sliding_log_entries_are_bounded() {
+        let cap = 64 * 1_000;
+        let store = MemoryStore::with_max_keys(100_000).with_max_log_entries(cap);
+        let quota = Quota::per_hour(900).unwrap();
+        let now = 1_700_000_000_000_000;
+        for i in 0..2_000 {
+            let key = format!("redlimit:{{log-{i}}}");
+            let request = CheckRequest {
+                key: &key,
+                algorithm: Algorithm::SlidingLog,
+                quota: &quota,
+                cost: 900,
+                now_micros: Some(now + i),
+            };
+            assert!(store.check_now(request).allowed, "key {i}");
+            // The key just checked keeps its state: the next unit is denied.
+            assert!(!store.check_now(CheckRequest { cost: 1, ..request }).allowed);
+            assert!(
+                store.log_entries() <= cap,
+                "{} > {cap}",
+                store.log_entries()
+            );
+        }
+        // 2 000 keys x 900 entries were asked for; about the cap is held.
+        assert!(store.log_entries() >= cap / 2, "{}", store.log_entries());
+        for shard in store.shards.iter() {
+            let shard = shard.lock().unwrap();
+            let held: usize = shard
+                .slots
+                .iter()
+                .map(|s| s.stored.state.log_entries())
+                .sum();
+            assert_eq!(shard.log_entries, held);
+            assert_consistent(&shard);
+        }
+    }
+
     /// `Debug` is logged on every store failure under `LocalFallback`: it must not lock the
     /// shards (here one is held elsewhere) nor count the keys.
     #[test]
@@ -513,6 +666,9 @@ mod tests {
         let shown = receive
             .recv_timeout(std::time::Duration::from_secs(10))
             .expect("Debug waited for a shard lock");
-        assert_eq!(shown, "MemoryStore { max_keys: 128, .. }");
+        assert_eq!(
+            shown,
+            "MemoryStore { max_keys: 128, max_log_entries: 6400000, .. }"
+        );
     }
 }

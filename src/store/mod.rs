@@ -39,7 +39,7 @@ mod memory;
 mod redis;
 
 pub use self::breaker::CircuitBreaker;
-pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS};
+pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::redis::{
     RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
 };
