@@ -11,7 +11,8 @@ use super::KeyExtractor;
 /// The client's IP address.
 ///
 /// The address comes from the connection: axum's `ConnectInfo<SocketAddr>` (with the `axum`
-/// feature; serve with `into_make_service_with_connect_info::<SocketAddr>()`), or a plain
+/// feature; serve with `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
+/// `TcpConnectInfo` (with the `tonic` feature; `tonic::transport::Server` inserts it), or a plain
 /// `SocketAddr` request extension that hyper users insert themselves.
 ///
 /// **Forwarding headers are not trusted by default**: anyone can send `X-Forwarded-For`. Name the
@@ -183,7 +184,20 @@ fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
     {
         return Some(info.0);
     }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = tonic_peer_addr(parts) {
+        return Some(addr);
+    }
     parts.extensions.get::<SocketAddr>().copied()
+}
+
+/// The peer address tonic's server (`tonic::transport::Server`) puts into every request.
+#[cfg(feature = "tonic")]
+fn tonic_peer_addr(parts: &Parts) -> Option<SocketAddr> {
+    parts
+        .extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()?
+        .remote_addr()
 }
 
 /// One `X-Forwarded-For` entry: an address, possibly with a port (`1.2.3.4:80`, `[::1]:80`).
@@ -386,6 +400,20 @@ mod tests {
             PeerIp::new().extract(&mapped).as_deref(),
             Some("ip:192.0.2.1")
         );
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn tonic_connect_info_is_the_peer() {
+        let mut request = http::Request::new(());
+        request
+            .extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: "127.0.0.1:50051".parse().ok(),
+                remote_addr: "198.51.100.9:40000".parse().ok(),
+            });
+        let (p, _) = request.into_parts();
+        assert_eq!(peer_addr(&p), "198.51.100.9:40000".parse().ok());
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!
 //! A request whose `content-type` starts with `application/grpc` is answered the gRPC way: HTTP
 //! 200, trailers-only, `grpc-status: 8` (RESOURCE_EXHAUSTED) or `14` (UNAVAILABLE) and a
-//! `grpc-message`, with the same hint headers.
+//! `grpc-message`, with the same hint headers plus `grpc-retry-pushback-ms` (gRPC's retry hint,
+//! proposal A6: milliseconds, rounded up; `-1`, "do not retry", for a cost the quota can never
+//! hold).
 
 use std::io::Write;
 use std::time::Duration;
@@ -28,6 +30,7 @@ static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining"
 static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// gRPC status RESOURCE_EXHAUSTED.
 const GRPC_RESOURCE_EXHAUSTED: &str = "8";
@@ -151,8 +154,22 @@ pub(crate) fn too_many_requests<B>(
     };
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, retry_secs.into());
+    if grpc {
+        let pushback = if decision.never_allowed() {
+            HeaderValue::from_static("-1")
+        } else {
+            pushback_ms(decision.retry_after).into()
+        };
+        headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), pushback);
+    }
     style.apply(headers, decision);
     response
+}
+
+/// `grpc-retry-pushback-ms`: whole milliseconds, rounded up, at least 1.
+fn pushback_ms(retry_after: Duration) -> u64 {
+    let millis = retry_after.as_nanos().div_ceil(1_000_000).max(1);
+    u64::try_from(millis).unwrap_or(u64::MAX)
 }
 
 /// The answer when the store failed and the policy rejects: 503 (or gRPC UNAVAILABLE).
@@ -165,9 +182,14 @@ pub(crate) fn unavailable<B>(retry_after: Duration, grpc: bool) -> Response<Resp
             "rate limiter unavailable\n",
         )
     };
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, secs_rounded_up(retry_after).max(1).into());
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, secs_rounded_up(retry_after).max(1).into());
+    if grpc {
+        headers.insert(
+            GRPC_RETRY_PUSHBACK_MS.clone(),
+            pushback_ms(retry_after).into(),
+        );
+    }
     response
 }
 
@@ -256,6 +278,36 @@ mod tests {
         assert_eq!(states, ["\"second\";r=1;t=1", "\"minute\";r=98;t=1"]);
         assert_eq!(headers.get_all("ratelimit-policy").iter().count(), 2);
         assert_eq!(headers["x-ratelimit-remaining"], "1");
+    }
+
+    #[test]
+    fn grpc_rejections_carry_the_retry_pushback() {
+        let quota = Quota::per_minute(10).unwrap();
+        let style = HeaderStyle::new("api", &quota, Algorithm::TokenBucket, false);
+        let denied = Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 0,
+            retry_after: Duration::from_micros(5_999_001),
+            reset_after: Duration::from_secs(60),
+        };
+        let grpc = too_many_requests::<()>(&denied, &style, true);
+        assert_eq!(grpc.headers()["grpc-status"], "8");
+        assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "6000");
+        assert_eq!(grpc.headers()["retry-after"], "6");
+        let never = Decision {
+            retry_after: Decision::NEVER,
+            ..denied
+        };
+        let grpc = too_many_requests::<()>(&never, &style, true);
+        assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "-1");
+        let http = too_many_requests::<()>(&denied, &style, false);
+        assert!(http.headers().get("grpc-retry-pushback-ms").is_none());
+
+        let closed = unavailable::<()>(Duration::from_millis(1500), true);
+        assert_eq!(closed.headers()["grpc-status"], "14");
+        assert_eq!(closed.headers()["grpc-retry-pushback-ms"], "1500");
+        assert_eq!(closed.headers()["retry-after"], "2");
     }
 
     #[test]

@@ -1,0 +1,428 @@
+//! The example servers' command line and store selection.
+//!
+//! Flags take their value as the next argument or after `=` (`--limit 5`, `--limit=5`). Without
+//! `--redis` / `--redis-cluster` the server uses the Redis at `REDIS_URL` (or
+//! `redis://127.0.0.1:6379`) when one answers, otherwise an in-memory store, and says which.
+
+use std::borrow::Cow;
+use std::env;
+use std::fmt;
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use http::request::Parts;
+use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
+use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::{
+    Algorithm, FailClosed, FailOpen, Limiter, LocalFallback, Quota, QuotaError, RateLimitLayer,
+};
+
+/// What differs between the examples that share this command line.
+#[derive(Debug, Clone, Copy)]
+pub struct Program {
+    /// The example's name, as in `cargo run --example NAME`.
+    pub name: &'static str,
+    /// `--bind`'s default.
+    pub default_bind: &'static str,
+    /// What a rejection looks like, for `--on-redis-error`'s help ("503", "UNAVAILABLE").
+    pub closed_answer: &'static str,
+}
+
+const USAGE: &str = "\
+usage: cargo run --example NAME -- [OPTIONS]
+
+options:
+  --bind ADDR                   address to listen on [default: BIND]
+  --redis URL                   use this Redis, never the in-memory store
+                                [default: $REDIS_URL or redis://127.0.0.1:6379 if it answers,
+                                otherwise the in-memory store]
+  --redis-cluster URL,URL,...   use this Redis Cluster (any of its nodes), never the
+                                in-memory store
+  --limit N                     requests per period and client [default: 10]
+  --period DURATION             e.g. 500ms, 1s, 60s, 1m, 1h [default: 60s]
+  --burst N                     requests allowed at once [default: the limit]
+  --algorithm NAME              one of: ALGORITHMS [default: token-bucket]
+  --on-redis-error POLICY       when Redis fails: open (admit), closed (answer CLOSED) or
+                                local (an in-memory limiter with 1/N of each quota)
+                                [default: open]
+  --instances N                 with --on-redis-error local: how many instances share the
+                                quota [default: 1]
+  -h, --help                    print this help
+
+A client is its x-api-key header (gRPC: metadata) when present, else its IP address.";
+
+/// The Redis used when neither `--redis` nor `REDIS_URL` is given.
+const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+/// How long the start-up probe waits for a Redis to answer PING.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// The parsed command line.
+#[derive(Debug)]
+pub struct Options {
+    pub bind: SocketAddr,
+    pub backend: Backend,
+    pub quota: Quota,
+    pub algorithm: Algorithm,
+    pub on_redis_error: OnRedisError,
+}
+
+/// Where decisions are made.
+#[derive(Debug, PartialEq)]
+pub enum Backend {
+    /// No store flag: the Redis at `REDIS_URL` or the default URL if it answers, else memory.
+    Auto,
+    /// `--redis URL`: this Redis, whatever happens.
+    Redis(String),
+    /// `--redis-cluster URL,URL,...`: this Redis Cluster, whatever happens.
+    Cluster(Vec<String>),
+}
+
+/// `--on-redis-error`: the limiter's failure policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OnRedisError {
+    /// `FailOpen`: admit.
+    Open,
+    /// `FailClosed`: reject (503, gRPC UNAVAILABLE).
+    Closed,
+    /// `LocalFallback::new(instances)`: an in-memory limiter with `1/instances` of each quota.
+    Local { instances: u64 },
+}
+
+impl fmt::Display for OnRedisError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OnRedisError::Open => f.write_str("open"),
+            OnRedisError::Closed => f.write_str("closed"),
+            OnRedisError::Local { instances } => write!(f, "local (instances {instances})"),
+        }
+    }
+}
+
+/// What the command line asked for instead of running.
+#[derive(Debug)]
+pub enum CliError {
+    Help,
+    Invalid(String),
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Help => f.write_str("help requested"),
+            CliError::Invalid(message) => f.write_str(message),
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> CliError {
+    CliError::Invalid(message.into())
+}
+
+/// The options from the process's arguments; on `--help` or a bad flag, what to exit with
+/// (after printing the usage, or the error on stderr).
+pub fn options_or_exit(program: &Program) -> Result<Options, ExitCode> {
+    match parse_args(program, env::args().skip(1)) {
+        Ok(options) => Ok(options),
+        Err(CliError::Help) => {
+            println!("{}", usage(program));
+            Err(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), without colour codes unless stderr
+/// is a terminal.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Parses `args` (without the program name).
+pub fn parse_args(
+    program: &Program,
+    args: impl IntoIterator<Item = String>,
+) -> Result<Options, CliError> {
+    let mut bind = program.default_bind.to_owned();
+    let mut backend = Backend::Auto;
+    let mut limit = 10;
+    let mut period = Duration::from_secs(60);
+    let mut burst = None;
+    let mut algorithm = Algorithm::default();
+    let mut policy = "open".to_owned();
+    let mut instances = None;
+
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "-h" || arg == "--help" {
+            return Err(CliError::Help);
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag.to_owned(), Some(value.into())),
+            _ => (arg, None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .ok_or_else(|| invalid(format!("{flag} needs a value (see --help)")))
+        };
+        match flag.as_str() {
+            "--bind" => bind = value()?,
+            "--redis-cluster" => {
+                if backend != Backend::Auto {
+                    return Err(invalid("give one of --redis and --redis-cluster, once"));
+                }
+                backend = Backend::Cluster(parse_cluster_urls(&value()?)?);
+            }
+            "--redis" => {
+                if backend != Backend::Auto {
+                    return Err(invalid("give one of --redis and --redis-cluster, once"));
+                }
+                let url = value()?;
+                redis::Client::open(url.as_str()).map_err(|e| {
+                    invalid(format!("--redis: invalid URL {}: {e}", redacted(&url)))
+                })?;
+                backend = Backend::Redis(url);
+            }
+            "--limit" => limit = parse_count(&flag, &value()?)?,
+            "--period" => period = parse_duration(&value()?)?,
+            "--burst" => burst = Some(parse_count(&flag, &value()?)?),
+            "--algorithm" => {
+                algorithm = value()?
+                    .parse()
+                    .map_err(|e| invalid(format!("--algorithm: {e}")))?;
+            }
+            "--on-redis-error" => policy = value()?,
+            "--instances" => instances = Some(parse_count(&flag, &value()?)?),
+            other => return Err(invalid(format!("unknown argument {other:?} (see --help)"))),
+        }
+    }
+
+    let on_redis_error = match (policy.as_str(), instances) {
+        ("local", instances) => OnRedisError::Local {
+            instances: instances.unwrap_or(1),
+        },
+        ("open" | "closed", Some(_)) => {
+            return Err(invalid(
+                "--instances applies only to --on-redis-error local",
+            ))
+        }
+        ("open", None) => OnRedisError::Open,
+        ("closed", None) => OnRedisError::Closed,
+        (other, _) => {
+            return Err(invalid(format!(
+                "--on-redis-error: expected open, closed or local, got {other:?}"
+            )))
+        }
+    };
+    let bind = bind.parse().map_err(|_| {
+        invalid(format!(
+            "--bind: {bind:?} is not an address like 127.0.0.1:3000"
+        ))
+    })?;
+    let quota = Quota::new(limit, period).map_err(|e| match e {
+        QuotaError::ZeroPeriod | QuotaError::PeriodTooLong => invalid(format!("--period: {e}")),
+        _ => invalid(format!("--limit: {e}")),
+    })?;
+    let quota = match burst {
+        Some(burst) => quota
+            .with_burst(burst)
+            .map_err(|e| invalid(format!("--burst: {e}")))?,
+        None => quota,
+    };
+    Ok(Options {
+        bind,
+        backend,
+        quota,
+        algorithm,
+        on_redis_error,
+    })
+}
+
+/// `--redis-cluster`'s comma-separated node URLs, checked.
+fn parse_cluster_urls(value: &str) -> Result<Vec<String>, CliError> {
+    let urls: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(invalid("--redis-cluster needs at least one URL"));
+    }
+    RedisStore::cluster(urls.iter().map(String::as_str)).map_err(|e| {
+        let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
+        invalid(format!(
+            "--redis-cluster: invalid URLs {}: {e}",
+            shown.join(",")
+        ))
+    })?;
+    Ok(urls)
+}
+
+/// A count of at least 1.
+fn parse_count(flag: &str, value: &str) -> Result<u64, CliError> {
+    match value.parse::<u64>() {
+        Ok(0) => Err(invalid(format!("{flag} must be at least 1"))),
+        Ok(n) => Ok(n),
+        Err(_) => Err(invalid(format!("{flag}: {value:?} is not a whole number"))),
+    }
+}
+
+/// `500ms`, `1s`, `60s`, `1m`, `1h`: a whole number and a unit.
+fn parse_duration(value: &str) -> Result<Duration, CliError> {
+    let bad = || {
+        invalid(format!(
+            "--period: {value:?} is not a duration like 500ms, 1s, 60s, 1m or 1h"
+        ))
+    };
+    let digits = value.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = value.split_at(digits);
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let millis_per_unit = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(bad()),
+    };
+    let millis = number.checked_mul(millis_per_unit).ok_or_else(bad)?;
+    Ok(Duration::from_millis(millis))
+}
+
+/// The usage text, with this build's algorithms.
+pub fn usage(program: &Program) -> String {
+    let names: Vec<&str> = Algorithm::ALL.iter().map(Algorithm::name).collect();
+    USAGE
+        .replace("NAME", program.name)
+        .replace("BIND", program.default_bind)
+        .replace("CLOSED", program.closed_answer)
+        .replace("ALGORITHMS", &names.join(", "))
+}
+
+/// The client's `x-api-key` header (hashed) when it sends one, else its IP address.
+#[derive(Debug, Clone)]
+pub struct ApiKeyOrIp {
+    api_key: HeaderKey,
+    ip: PeerIp,
+}
+
+impl ApiKeyOrIp {
+    pub fn new() -> Self {
+        ApiKeyOrIp {
+            api_key: HeaderKey::named("x-api-key").expect("a valid header name"),
+            ip: PeerIp::new(),
+        }
+    }
+}
+
+impl KeyExtractor for ApiKeyOrIp {
+    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
+        self.api_key
+            .extract(parts)
+            .or_else(|| self.ip.extract(parts))
+    }
+}
+
+/// The layer the example puts in front of its service, on the chosen store: prints `store: ...`
+/// and `quota: ...`.
+pub async fn layer(options: &Options) -> Result<RateLimitLayer<ApiKeyOrIp>, String> {
+    let limiter = limiter(options).await?;
+    let quota = options.quota;
+    println!(
+        "quota: {} per {:?} (burst {}), algorithm {}, on-redis-error {}",
+        quota.limit(),
+        quota.period(),
+        quota.burst(),
+        options.algorithm,
+        options.on_redis_error,
+    );
+    Ok(RateLimitLayer::new(limiter, quota, ApiKeyOrIp::new()))
+}
+
+/// Whether a Redis at `url` answers PING within [`PROBE_TIMEOUT`].
+async fn redis_answers(url: &str) -> bool {
+    let ping = async {
+        let client = redis::Client::open(url)?;
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut connection)
+            .await
+    };
+    matches!(tokio::time::timeout(PROBE_TIMEOUT, ping).await, Ok(Ok(_)))
+}
+
+/// `url` without its password, for printing.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Builds the limiter on the chosen store and says which one it is.
+async fn limiter(options: &Options) -> Result<Limiter, String> {
+    let builder = match &options.backend {
+        Backend::Redis(url) => {
+            let builder = Limiter::builder(redis_store(url)?);
+            if !redis_answers(url).await {
+                eprintln!(
+                    "warning: Redis at {} does not answer yet; --on-redis-error {} decides \
+                     until it does",
+                    redacted(url),
+                    options.on_redis_error
+                );
+            }
+            builder
+        }
+        Backend::Cluster(urls) => {
+            let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
+            let store = RedisStore::cluster(urls.iter().map(String::as_str))
+                .map_err(|e| format!("invalid Redis Cluster URLs {}: {e}", shown.join(",")))?;
+            println!("store: redis-cluster {}", shown.join(","));
+            Limiter::builder(store)
+        }
+        Backend::Auto => {
+            let url = env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned());
+            if redis_answers(&url).await {
+                Limiter::builder(redis_store(&url)?)
+            } else {
+                println!("store: memory (no Redis reachable at {})", redacted(&url));
+                Limiter::builder(MemoryStore::new())
+            }
+        }
+    };
+    let builder = builder.algorithm(options.algorithm);
+    let builder = match options.on_redis_error {
+        OnRedisError::Open => builder.failure_policy(FailOpen),
+        OnRedisError::Closed => builder.failure_policy(FailClosed::default()),
+        OnRedisError::Local { instances } => builder.failure_policy(LocalFallback::new(instances)),
+    };
+    builder.build().map_err(|e| e.to_string())
+}
+
+/// A store on the Redis at `url` (which may be down: it connects in the background).
+fn redis_store(url: &str) -> Result<RedisStore, String> {
+    let store =
+        RedisStore::new(url).map_err(|e| format!("invalid Redis URL {}: {e}", redacted(url)))?;
+    println!("store: redis {}", redacted(url));
+    Ok(store)
+}

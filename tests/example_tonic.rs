@@ -1,0 +1,410 @@
+//! The example server `examples/tonic.rs`, run as a user runs it and called by a real tonic client:
+//! its flags, its store choice, `listening on ADDR`, and the gRPC statuses clients receive. Every
+//! test uses a private Redis (or a dead port), never the machine's.
+
+#[path = "../examples/common/greeter.rs"]
+mod greeter;
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use greeter::{GreeterClient, HelloRequest};
+use redlimit::Algorithm;
+use support::{free_port, RedisServer};
+use tonic::metadata::MetadataValue;
+use tonic::Code;
+
+/// How long the example may take to print `listening on` (or to exit).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The example binary, built once per test run with the same profile as this test.
+fn example_binary() -> &'static PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        // This test runs from <target>/<profile>/deps/; examples land in <target>/<profile>/examples/.
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("test executable inside <target>/<profile>/deps")
+            .to_path_buf();
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+        };
+        let output = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "--example", "tonic", "--profile"])
+            .arg(&profile)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run cargo build --example tonic");
+        assert!(
+            output.status.success(),
+            "cargo build --example tonic failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let binary = profile_dir
+            .join("examples")
+            .join(format!("tonic{}", std::env::consts::EXE_SUFFIX));
+        assert!(binary.exists(), "no example binary at {}", binary.display());
+        binary
+    })
+}
+
+/// A Redis URL on which nothing listens.
+fn dead_redis_url() -> String {
+    format!("redis://127.0.0.1:{}/", free_port())
+}
+
+/// Runs the example to completion (for flags that must make it exit).
+fn run_to_exit(args: &[&str]) -> Output {
+    let mut child = Command::new(example_binary())
+        .args(args)
+        .env("REDIS_URL", dead_redis_url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the example");
+    let deadline = Instant::now() + START_TIMEOUT;
+    while child.try_wait().expect("poll the example").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the example with {args:?} did not exit");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    child
+        .wait_with_output()
+        .expect("collect the example's output")
+}
+
+/// A running example server; killed on drop.
+struct Example {
+    child: Child,
+    addr: SocketAddr,
+    stdout: Vec<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Example {
+    /// Starts the example on a free port with `args` and waits for `listening on ADDR`.
+    fn start(args: &[&str], envs: &[(&str, &str)]) -> Example {
+        let mut command = Command::new(example_binary());
+        command
+            .args(["--bind", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in envs {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("spawn the example");
+
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        thread::spawn(move || {
+            let mut buffer = [0; 4096];
+            while let Ok(n @ 1..) = err_pipe.read(&mut buffer) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+
+        let mut example = Example {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            stdout: Vec::new(),
+            stderr,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    let listening = line.strip_prefix("listening on ").map(str::to_owned);
+                    example.stdout.push(line);
+                    if let Some(addr) = listening {
+                        example.addr = addr.parse().expect("an address after `listening on`");
+                        return example;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no `listening on` line in time; {}", example.output())
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = example.child.wait().expect("wait for the example");
+                    panic!("the example exited with {status}; {}", example.output())
+                }
+            }
+        }
+    }
+
+    /// A gRPC client connected to the example.
+    async fn client(&self) -> GreeterClient {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect: {e}; {}", self.output()));
+        GreeterClient::new(channel)
+    }
+
+    /// Whether the example printed `line` on stdout before it was ready.
+    fn printed(&self, line: &str) -> bool {
+        self.stdout.iter().any(|l| l == line)
+    }
+
+    fn output(&self) -> String {
+        format!(
+            "stdout so far:\n{}\nstderr:\n{}",
+            self.stdout.join("\n"),
+            self.stderr.lock().unwrap()
+        )
+    }
+}
+
+impl Drop for Example {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `SayHello`, optionally with an `x-api-key`: the reply's message, or the status code.
+async fn call(client: &mut GreeterClient, api_key: Option<&str>) -> Result<String, tonic::Status> {
+    let mut request = tonic::Request::new(HelloRequest {
+        name: "example".to_owned(),
+    });
+    if let Some(key) = api_key {
+        let key = MetadataValue::try_from(key).unwrap();
+        request.metadata_mut().insert("x-api-key", key);
+    }
+    client
+        .say_hello(request)
+        .await
+        .map(|reply| reply.into_inner().message)
+}
+
+/// The status codes of `n` calls (OK for a reply).
+async fn codes(client: &mut GreeterClient, api_key: Option<&str>, n: usize) -> Vec<Code> {
+    let mut codes = Vec::new();
+    for _ in 0..n {
+        codes.push(match call(client, api_key).await {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        });
+    }
+    codes
+}
+
+fn metadata<'a>(status: &'a tonic::Status, name: &str) -> &'a str {
+    status
+        .metadata()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} metadata in {status:?}"))
+        .to_str()
+        .unwrap()
+}
+
+#[test]
+fn bad_flags_exit_non_zero_with_a_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--limit", "0"], "--limit must be at least 1"),
+        (&["--algorithm", "leaky-bucket"], "unknown algorithm"),
+        (&["--frobnicate"], "unknown argument"),
+        (&["--period", "10x"], "--period"),
+        (
+            &["--on-redis-error", "maybe"],
+            "expected open, closed or local",
+        ),
+        (
+            &["--on-redis-error", "local", "--instances", "0"],
+            "--instances must be at least 1",
+        ),
+        (
+            &["--instances", "3"],
+            "--instances applies only to --on-redis-error local",
+        ),
+        (
+            &["--on-redis-error", "closed", "--instances", "3"],
+            "--instances applies only to --on-redis-error local",
+        ),
+        (&["--bind", "localhost"], "--bind"),
+        (&["--redis", "not a url"], "--redis"),
+    ];
+    for (args, message) in cases {
+        let output = run_to_exit(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{args:?}: stderr {stderr:?} should mention {message:?}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&output.stdout).contains("listening on"),
+            "{args:?} must not start the server"
+        );
+    }
+}
+
+#[test]
+fn help_prints_usage_and_every_algorithm() {
+    let output = run_to_exit(&["--help"]);
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("cargo run --example tonic"), "{stdout}");
+    assert!(stdout.contains("127.0.0.1:50051"), "{stdout}");
+    for flag in [
+        "--bind",
+        "--redis",
+        "--redis-cluster",
+        "--limit",
+        "--period",
+        "--burst",
+        "--algorithm",
+        "--on-redis-error",
+        "--instances",
+        "local",
+    ] {
+        assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
+    }
+    for algorithm in Algorithm::ALL {
+        assert!(stdout.contains(algorithm.name()), "usage lacks {algorithm}");
+    }
+}
+
+/// The example on a real Redis: the limit holds, then `RESOURCE_EXHAUSTED` with the retry hint;
+/// an API key is a client of its own.
+#[tokio::test]
+async fn limits_with_redis_and_answers_resource_exhausted() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let example = Example::start(&["--redis", &url, "--limit", "3", "--period", "1m"], &[]);
+    assert!(
+        example.printed(&format!("store: redis {url}")),
+        "{}",
+        example.output()
+    );
+    assert!(
+        example.printed("quota: 3 per 60s (burst 3), algorithm token-bucket, on-redis-error open"),
+        "{}",
+        example.output()
+    );
+
+    let mut client = example.client().await;
+    for left in [2, 1, 0] {
+        let message = call(&mut client, None).await.unwrap();
+        assert_eq!(message, format!("Hello example! ({left} calls left)"));
+    }
+    let denied = call(&mut client, None).await.unwrap_err();
+    assert_eq!(denied.code(), Code::ResourceExhausted, "{denied:?}");
+    assert_eq!(denied.message(), "rate limit exceeded");
+    let retry_after: u64 = metadata(&denied, "retry-after").parse().unwrap();
+    let pushback_ms: u64 = metadata(&denied, "grpc-retry-pushback-ms").parse().unwrap();
+    // 3 a minute: one call comes back every 20 s.
+    assert!((1..=20).contains(&retry_after), "{denied:?}");
+    assert_eq!(pushback_ms.div_ceil(1000), retry_after, "{denied:?}");
+
+    assert_eq!(
+        codes(&mut client, Some("tenant-1"), 4).await,
+        [Code::Ok, Code::Ok, Code::Ok, Code::ResourceExhausted]
+    );
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys.contains(&"redlimit:{ip:127.0.0.1}:default".to_owned()));
+    assert!(keys.iter().all(|k| !k.contains("tenant-1")), "{keys:?}");
+}
+
+/// Redis down: `closed` answers `UNAVAILABLE`, `local --instances 2` enforces half the quota in
+/// memory, `open` admits everything.
+#[tokio::test]
+async fn redis_down_closed_local_and_open() {
+    let dead = dead_redis_url();
+
+    let closed = Example::start(&["--redis", &dead, "--on-redis-error", "closed"], &[]);
+    assert!(closed.printed(&format!("store: redis {dead}")));
+    let failed = call(&mut closed.client().await, None).await.unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+    assert_eq!(failed.message(), "rate limiter unavailable");
+    assert_eq!(metadata(&failed, "retry-after"), "1");
+    assert_eq!(metadata(&failed, "grpc-retry-pushback-ms"), "1000");
+    drop(closed);
+
+    let local = Example::start(
+        &[
+            "--redis",
+            &dead,
+            "--limit",
+            "4",
+            "--on-redis-error",
+            "local",
+            "--instances",
+            "2",
+        ],
+        &[],
+    );
+    assert!(
+        local.printed(
+            "quota: 4 per 60s (burst 4), algorithm token-bucket, on-redis-error local (instances 2)"
+        ),
+        "{}",
+        local.output()
+    );
+    let mut client = local.client().await;
+    // This instance's share: 4 / 2 = 2.
+    assert_eq!(
+        codes(&mut client, None, 3).await,
+        [Code::Ok, Code::Ok, Code::ResourceExhausted]
+    );
+    drop(local);
+
+    let open = Example::start(&["--redis", &dead, "--limit", "2"], &[]);
+    // More than the limit: nothing is counted while Redis is away.
+    assert_eq!(
+        codes(&mut open.client().await, None, 4).await,
+        [Code::Ok; 4]
+    );
+    assert!(open.stderr.lock().unwrap().contains("does not answer"));
+}
+
+/// Without a store flag and no Redis reachable it says so, uses memory, and still limits.
+#[tokio::test]
+async fn without_redis_it_says_memory_and_still_limits() {
+    let dead = dead_redis_url();
+    let example = Example::start(&["--limit", "2"], &[("REDIS_URL", &dead)]);
+    assert!(
+        example.printed(&format!("store: memory (no Redis reachable at {dead})")),
+        "{}",
+        example.output()
+    );
+    assert_eq!(
+        codes(&mut example.client().await, None, 3).await,
+        [Code::Ok, Code::Ok, Code::ResourceExhausted]
+    );
+}
