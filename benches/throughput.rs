@@ -187,7 +187,7 @@ impl Shape {
         match self.keys {
             Keys::Hot => 0,
             Keys::Spread => i % KEYS,
-            Keys::HotDenied if i % 10 != 0 => 0,
+            Keys::HotDenied if !i.is_multiple_of(10) => 0,
             Keys::HotDenied => 1 + (i / 10) % (KEYS - 1),
         }
     }
