@@ -39,6 +39,12 @@ impl PrivateRedis {
         Ok(server)
     }
 
+    /// The process id of the server.
+    #[allow(dead_code)] // not every bench reads it
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `redis://127.0.0.1:<port>/`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
