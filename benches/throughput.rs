@@ -310,6 +310,8 @@ struct Run {
     redis: Option<ScriptStat>,
     /// CPU time of Redis's main thread during the run, when it is this bench's own server.
     redis_cpu: Option<Duration>,
+    /// CPU time of this process (all its threads) during the run.
+    own_cpu: Option<Duration>,
 }
 
 impl Run {
@@ -324,6 +326,13 @@ impl Run {
     /// Redis CPU microseconds per operation (all of Redis's work: network, parsing, script).
     fn redis_cpu_us(&self) -> f64 {
         self.redis_cpu
+            .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6 / self.ops as f64)
+    }
+
+    /// This process's CPU microseconds per operation: the client side (and, for HTTP, the
+    /// server and the load generator too).
+    fn own_cpu_us(&self) -> f64 {
+        self.own_cpu
             .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6 / self.ops as f64)
     }
 
@@ -342,14 +351,30 @@ struct ScriptStat {
 async fn measure<O: Op>(settings: &Settings, redis: &Admin, ops: Vec<O>) -> (Run, Vec<O>) {
     let (_, ops) = run_tasks(ops, settings.warm_up, settings.max_ops).await;
     redis.reset_stats().await;
-    let cpu_before = redis.cpu();
+    let (cpu_before, own_before) = (redis.cpu(), own_cpu());
     let (mut run, ops) = run_tasks(ops, settings.run, settings.max_ops).await;
     run.redis_cpu = redis
         .cpu()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
+    run.own_cpu = own_cpu()
+        .zip(own_before)
+        .map(|(after, before)| after.saturating_sub(before));
     run.redis = redis.script_stat().await;
     (run, ops)
+}
+
+/// CPU time of this process so far: the time on a CPU of each of its threads
+/// (`/proc/self/task/*/schedstat`, in nanoseconds).
+fn own_cpu() -> Option<Duration> {
+    let mut nanos = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        if let Ok(schedstat) = std::fs::read_to_string(path) {
+            nanos += schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(Duration::from_nanos(nanos))
 }
 
 async fn run_tasks<O: Op>(ops: Vec<O>, duration: Duration, max_ops: u64) -> (Run, Vec<O>) {
@@ -407,6 +432,7 @@ async fn run_tasks<O: Op>(ops: Vec<O>, duration: Duration, max_ops: u64) -> (Run
         allocations,
         redis: None,
         redis_cpu: None,
+        own_cpu: None,
     };
     (run, ops)
 }
@@ -974,7 +1000,7 @@ fn assert_only(limiter: &Limiter, path: &str, ok: impl Fn(&LimiterStats) -> bool
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<33} {:<20} {:>11} {:>9} {:>9} {:>13} {:>12} {:>10}",
+        "{:<33} {:<20} {:>11} {:>9} {:>9} {:>13} {:>12} {:>12} {:>10}",
         "scenario",
         "shape",
         "decisions/s",
@@ -982,9 +1008,10 @@ fn print_table(rows: &[Row]) {
         "p99 µs",
         "redis µs/call",
         "redis CPU µs",
+        "bench CPU µs",
         "allocs/dec"
     );
-    println!("{}", "-".repeat(126));
+    println!("{}", "-".repeat(139));
     let figure = |value: f64| {
         if value.is_nan() {
             "-".to_owned()
@@ -995,13 +1022,14 @@ fn print_table(rows: &[Row]) {
     for row in rows {
         let usec = figure(row.median_of(Run::usec_per_call));
         let cpu = figure(row.median_of(Run::redis_cpu_us));
+        let own = figure(row.median_of(Run::own_cpu_us));
         let runs = if row.runs.len() > 1 {
             format!(" (median of {})", row.runs.len())
         } else {
             String::new()
         };
         println!(
-            "{:<33} {:<20} {:>11.0} {:>9.1} {:>9.1} {:>13} {:>12} {:>10.2}{runs}",
+            "{:<33} {:<20} {:>11.0} {:>9.1} {:>9.1} {:>13} {:>12} {:>12} {:>10.2}{runs}",
             row.scenario,
             row.shape.label(),
             row.median_of(Run::rate),
@@ -1009,6 +1037,7 @@ fn print_table(rows: &[Row]) {
             row.median_of(|r| r.p99_us),
             usec,
             cpu,
+            own,
             row.median_of(Run::allocations_per_op),
         );
     }
