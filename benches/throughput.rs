@@ -103,6 +103,8 @@ struct Settings {
     max_ops: u64,
     /// Interleaved rounds of the compared runs (concurrency 64, hot key).
     rounds: usize,
+    /// Interleaved rounds of the deny-cache runs (with and without), per algorithm.
+    deny_rounds: usize,
     /// `-n` of `redis-benchmark`.
     redis_benchmark_requests: u64,
 }
@@ -117,6 +119,7 @@ impl Settings {
                 run: Duration::from_millis(250),
                 max_ops: 2_000_000,
                 rounds: 7,
+                deny_rounds: 3,
                 redis_benchmark_requests: 200_000,
             }
         } else {
@@ -126,6 +129,7 @@ impl Settings {
                 run: Duration::from_millis(1000),
                 max_ops: 10_000_000,
                 rounds: 15,
+                deny_rounds: 5,
                 redis_benchmark_requests: 1_000_000,
             }
         }
@@ -1234,7 +1238,7 @@ async fn bench(settings: Settings) {
     // The deny cache: interleaved with and without, per algorithm.
     let mut speedups: Vec<(Algorithm, Ratio, f64)> = Vec::new();
     if has_deny_cache() {
-        let deny_rounds = rounds.div_ceil(2);
+        let deny_rounds = bench.settings.deny_rounds;
         for &algorithm in Algorithm::ALL {
             let (mut speedup, mut calls) = (Vec::new(), Vec::new());
             for round in 0..deny_rounds {
