@@ -29,8 +29,12 @@
 //! 100 ms, its burst cap); a run that saw a denial, an error or a non-200 answer fails. Each run
 //! is warmed up first. Redis `usec_per_call` of `EVALSHA` comes from `INFO commandstats` after a
 //! `CONFIG RESETSTAT`; allocations per decision from the counting global allocator below.
-//! The ratios at the end come from the compared runs interleaved round by round in this process
-//! (median of the per-round ratios), so a noisy machine moves both sides of each ratio alike.
+//! The ratios at the end come from the compared runs interleaved round by round in this process,
+//! so a noisy machine moves both sides of each ratio alike: the throughput ratios are the medians
+//! of the per-round ratios; the Redis cost ratios compare each side's least-disturbed round
+//! (preemption of Redis mid-script only ever adds to `usec_per_call`). Redis CPU per decision
+//! (`/proc/<pid>/schedstat` of the private server) and this process's CPU per decision are shown
+//! too: waiting for a CPU does not inflate them.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
