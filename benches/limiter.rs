@@ -21,15 +21,16 @@
 //! cargo bench --bench limiter -- redis        # only the Redis benchmarks
 //! ```
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use futures::future::join_all;
 use redlimit::store::{MemoryStore, RedisStore, Store};
 use redlimit::{Algorithm, Limiter, Quota};
 use tokio::runtime::Runtime;
+
+mod support;
+use support::PrivateRedis;
 
 /// Distinct keys the checks rotate over.
 const KEYS: usize = 1024;
@@ -157,7 +158,7 @@ impl BenchRedis {
         }
         match PrivateRedis::start() {
             Ok(server) => {
-                let url = format!("redis://127.0.0.1:{}/", server.port);
+                let url = server.url();
                 eprintln!("redis benchmarks: private redis-server at {url}");
                 Some(BenchRedis {
                     url,
@@ -184,68 +185,6 @@ impl BenchRedis {
             .block_on(limiter.try_check("warm-up", &quota(algorithm), 1))
             .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
         limiter
-    }
-}
-
-/// A `redis-server` of this bench, on a free port in a temporary directory.
-struct PrivateRedis {
-    port: u16,
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl PrivateRedis {
-    fn start() -> Result<PrivateRedis, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot run redis-server: {e}"))?;
-        let mut server = PrivateRedis {
-            port,
-            child,
-            _dir: dir,
-        };
-        server.wait_until_ready()?;
-        Ok(server)
-    }
-
-    fn wait_until_ready(&mut self) -> Result<(), String> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
-            .map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("redis-server exited at start ({status})"));
-            }
-            let pong = client
-                .get_connection_with_timeout(Duration::from_millis(200))
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
-            match pong {
-                Ok(_) => return Ok(()),
-                Err(e) if Instant::now() > deadline => {
-                    return Err(format!("redis-server did not answer PING: {e}"))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -1,0 +1,79 @@
+//! What the benches share: a private `redis-server` on a free port.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of a bench, on a free loopback port in a temporary directory, killed on drop.
+pub struct PrivateRedis {
+    /// The port it listens on (127.0.0.1 only).
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateRedis {
+    /// Starts one and waits until it answers `PING`.
+    pub fn start() -> Result<PrivateRedis, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run redis-server: {e}"))?;
+        let mut server = PrivateRedis {
+            port,
+            child,
+            _dir: dir,
+        };
+        server.wait_until_ready()?;
+        Ok(server)
+    }
+
+    /// The process id of the server.
+    #[allow(dead_code)] // not every bench reads it
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn wait_until_ready(&mut self) -> Result<(), String> {
+        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("redis-server exited at start ({status})"));
+            }
+            let pong = client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+            match pong {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("redis-server did not answer PING: {e}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
