@@ -733,14 +733,9 @@ fn spent() -> Quota {
     Quota::per_hour(1).expect("a valid quota")
 }
 
-/// The deny cache, when this build has one.
-///
-/// The one place to switch the deny-cache runs on.
+/// The builder with the local deny cache on.
 fn with_deny_cache(builder: LimiterBuilder) -> Option<LimiterBuilder> {
-    // TODO(deny-cache): once `LimiterBuilder::deny_cache` exists, replace these two lines with
-    // `Some(builder.deny_cache(DENY_CACHE_KEYS))`.
-    let _ = (builder, DENY_CACHE_KEYS);
-    None
+    Some(builder.deny_cache(DENY_CACHE_KEYS))
 }
 
 fn has_deny_cache() -> bool {

@@ -10,16 +10,22 @@ use redlimit::store::{RedisStore, StoreError};
 use redlimit::{Algorithm, FailClosed, Limiter, Quota, Verdict};
 use support::{info_field, RedisServer};
 
-/// The README's ACL line for the limiter's user, with its password.
-const ACL_RULES: &str = "on >s3cret-pass resetkeys ~redlimit:* resetchannels -@all +ping +hello \
-     +evalsha +eval +script|load +time +get +set +hmget +hset +pexpire +del +zadd +zcount \
-     +zrange +zrangebyscore +zremrangebyscore";
+/// The README's ACL line for the limiter's user (read from the README, so the two cannot
+/// drift apart), with `PASSWORD` replaced by the test's password.
+fn acl_rules() -> String {
+    let readme = include_str!("../README.md");
+    let line = readme
+        .lines()
+        .find_map(|l| l.strip_prefix("ACL SETUSER limiter "))
+        .expect("the README gives the ACL SETUSER line for the limiter's user");
+    line.replace(">PASSWORD", ">s3cret-pass")
+}
 
 fn create_user(redis: &RedisServer) {
     let mut admin = redis.conn();
     let mut cmd = redis::cmd("ACL");
     cmd.arg("SETUSER").arg("limiter");
-    for rule in ACL_RULES.split_whitespace() {
+    for rule in acl_rules().split_whitespace() {
         cmd.arg(rule);
     }
     let _: () = cmd.query(&mut admin).expect("ACL SETUSER");

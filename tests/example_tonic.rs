@@ -337,7 +337,11 @@ async fn limits_with_redis_and_answers_resource_exhausted() {
         .query(&mut redis.conn())
         .unwrap();
     assert_eq!(keys.len(), 2, "{keys:?}");
-    assert!(keys.contains(&"redlimit:{ip:127.0.0.1}:default".to_owned()));
+    // The layer's scope follows its policy name and quota: `default:token-bucket:3/60s`.
+    assert!(
+        keys.contains(&"redlimit:{ip:127.0.0.1}:default:token-bucket:3/60s".to_owned()),
+        "{keys:?}"
+    );
     assert!(keys.iter().all(|k| !k.contains("tenant-1")), "{keys:?}");
 }
 

@@ -123,8 +123,8 @@ async fn two_grpc_clients_on_different_addresses_are_keyed_apart() {
     assert_eq!(
         redis_keys(&redis),
         [
-            "redlimit:{ip:127.0.0.1}:default",
-            "redlimit:{ip:127.0.0.2}:default"
+            "redlimit:{ip:127.0.0.1}:default:token-bucket:2/60s",
+            "redlimit:{ip:127.0.0.2}:default:token-bucket:2/60s"
         ]
     );
 }

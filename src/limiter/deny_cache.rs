@@ -142,6 +142,28 @@ impl DenyCache {
         shard.insert(key.into(), entry);
     }
 
+    /// Records that the store admitted a request of `cost` under `quota` on `key`: a cached
+    /// denial of another cost or quota may now wait too little, so it is dropped. A denial of
+    /// this same cost and quota is kept: while it holds, the store cannot admit that cost (short
+    /// of a reset or a new quota, which call [`DenyCache::forget`]), so the admission was decided
+    /// before the denial and merely answered after it (concurrent calls on one connection).
+    pub(crate) fn admitted(&self, key: &str, quota: &Quota, cost: u64) {
+        let shard = self.shard(key);
+        let stale = |e: &Entry| e.cost != cost || e.quota != *quota;
+        if !shard
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .is_some_and(stale)
+        {
+            return;
+        }
+        let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
+        if shard.get(key).is_some_and(stale) {
+            shard.remove(key);
+        }
+    }
+
     /// Drops the entry of `key`: its state or quota changed.
     pub(crate) fn forget(&self, key: &str) {
         let shard = self.shard(key);
@@ -204,6 +226,22 @@ mod tests {
             .is_none());
         assert!(cache.lookup("other", &quota, 2, 1_000_000).is_none());
         cache.forget("k");
+        assert!(cache.lookup("k", &quota, 2, 1_000_000).is_none());
+    }
+
+    #[test]
+    fn an_admission_drops_only_a_denial_it_could_outdate() {
+        let cache = DenyCache::new(100);
+        let quota = Quota::per_minute(5).unwrap();
+        cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
+        // Same cost and quota: decided before the denial, answered after it. Kept.
+        cache.admitted("k", &quota, 2);
+        assert!(cache.lookup("k", &quota, 2, 1_000_000).is_some());
+        // Another cost consumed after the denial: its wait may be too short now. Dropped.
+        cache.admitted("k", &quota, 1);
+        assert!(cache.lookup("k", &quota, 2, 1_000_000).is_none());
+        cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
+        cache.admitted("k", &Quota::per_minute(6).unwrap(), 2);
         assert!(cache.lookup("k", &quota, 2, 1_000_000).is_none());
     }
 

@@ -338,8 +338,8 @@ impl Limiter {
                 let now = cache.now(request.now_micros);
                 cache.remember(key, quota, cost, &decision, now);
             } else if cost > 0 {
-                // An admission (of a smaller cost) consumed: a cached wait may now be too short.
-                cache.forget(key);
+                // An admission consumed: a cached wait for another cost may now be too short.
+                cache.admitted(key, quota, cost);
             }
         }
         Ok(decision)
