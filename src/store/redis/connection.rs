@@ -35,6 +35,10 @@ fn backoff(failures: u32) -> Duration {
 pub(super) type Connect<C> =
     Box<dyn Fn() -> BoxFuture<'static, Result<(C, ServerInfo), RedisError>> + Send + Sync>;
 
+/// Which error replies show a connection stale, and why: `None` for an error that says nothing
+/// about the connection.
+pub(super) type Stale = fn(&RedisError) -> Option<&'static str>;
+
 /// A connection opened in the background and thrown away for a fresh one once it proves stale.
 ///
 /// **Lock-free hot path.** Calls read the current [`Slot`] through an [`ArcSwap`] (no lock, no
@@ -51,6 +55,7 @@ pub(super) type Connect<C> =
 pub(super) struct Replaceable<C> {
     current: ArcSwap<Slot<C>>,
     connect: Connect<C>,
+    stale: Stale,
     generations: AtomicU64,
 }
 
@@ -107,10 +112,17 @@ impl<C> Slot<C> {
 }
 
 impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
+    /// A connection replaced after `READONLY` or `MASTERDOWN` and after consecutive timeouts.
     pub(super) fn new(connect: Connect<C>) -> Self {
+        Self::with_stale(connect, stale_server)
+    }
+
+    /// A connection replaced after the errors `stale` names and after consecutive timeouts.
+    pub(super) fn with_stale(connect: Connect<C>, stale: Stale) -> Self {
         Replaceable {
             current: ArcSwap::from_pointee(Slot::new(0)),
             connect,
+            stale,
             generations: AtomicU64::new(0),
         }
     }
@@ -235,7 +247,10 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
                 }
                 "consecutive timeouts"
             }
-            Err(StoreError::Redis(error)) if is_stale_server(error) => "the server is a replica",
+            Err(StoreError::Redis(error)) => match (self.stale)(error) {
+                Some(reason) => reason,
+                None => return,
+            },
             Err(_) => return,
         };
         // A connection still being made is not stale: its attempt goes on in the background.
@@ -281,6 +296,25 @@ fn is_stale_server(error: &RedisError) -> bool {
         error.kind(),
         ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
     )
+}
+
+/// [`Stale`] for connections that reconnect by themselves (single node, Cluster): only a server
+/// that became a replica makes them stale.
+fn stale_server(error: &RedisError) -> Option<&'static str> {
+    is_stale_server(error).then_some("the server is a replica")
+}
+
+/// [`Stale`] for a plain connection to the primary Sentinel named (it never reconnects by
+/// itself): a server that became a replica, or a dropped connection (the primary died, or its
+/// address is gone). Either way the next connection asks the sentinels again.
+pub(super) fn stale_server_or_dropped(error: &RedisError) -> Option<&'static str> {
+    if is_stale_server(error) {
+        Some("the server is a replica")
+    } else if error.is_connection_dropped() {
+        Some("the connection was dropped")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -401,6 +435,36 @@ mod tests {
         let (generation, _) = other.connection();
         other.settle(generation, &readonly());
         assert_ne!(other.current_generation(), generation);
+    }
+
+    fn dropped() -> Result<Decision, StoreError> {
+        let error = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        Err(StoreError::Redis(error))
+    }
+
+    #[test]
+    fn a_dropped_connection_is_stale_only_where_nothing_reconnects_it() {
+        // Single node and Cluster: redis-rs reconnects the connection by itself.
+        let reconnecting = never();
+        let generation = proven(&reconnecting);
+        reconnecting.settle(generation, &dropped());
+        assert_eq!(reconnecting.current_generation(), generation);
+
+        // Sentinel: a plain connection to the primary; a new one asks the sentinels again.
+        let plain = Replaceable::with_stale(
+            Box::new(|| futures::future::pending::<Result<((), ServerInfo), RedisError>>().boxed()),
+            stale_server_or_dropped,
+        );
+        let first = proven(&plain);
+        plain.settle(first, &server_error("NOSCRIPT"));
+        plain.settle(first, &server_error("ERR"));
+        assert_eq!(plain.current_generation(), first, "not stale");
+        plain.settle(first, &dropped());
+        let second = plain.current_generation();
+        assert_ne!(second, first, "dropped: replaced");
+        let second = proven(&plain);
+        plain.settle(second, &readonly());
+        assert_ne!(plain.current_generation(), second, "READONLY: replaced");
     }
 
     #[test]

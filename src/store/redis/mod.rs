@@ -1,7 +1,8 @@
-//! [`RedisStore`]: every decision is one Lua script run atomically in Redis (single node or
-//! Cluster).
+//! [`RedisStore`]: every decision is one Lua script run atomically in Redis (single node,
+//! Cluster, or a primary found through Sentinel).
 
 mod connection;
+mod sentinel;
 mod server;
 
 use std::fmt;
@@ -10,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{
@@ -18,7 +21,8 @@ use redis::{
     ServerErrorKind,
 };
 
-use self::connection::{Replaceable, CONNECT_TIMEOUT};
+use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
+use self::sentinel::{SentinelOptions, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
 use super::{CheckRequest, Store, StoreError};
@@ -61,6 +65,11 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// **Cluster.** [`RedisStore::cluster`] runs on Redis Cluster: all Redis keys of one limiter key
 /// share a hash tag, so each script runs on the one node that owns the slot.
 ///
+/// **Sentinel.** [`RedisStore::sentinel`] asks the sentinels for the primary and connects to it;
+/// when that connection is dropped, answers `READONLY`/`MASTERDOWN` or times out 3 times in a
+/// row, the next connection asks the sentinels again, so a failover is followed without a
+/// restart (calls meanwhile go to the failure policy, each within the timeout).
+///
 /// **TLS.** `rediss://` URLs need the crate's `tls` feature (rustls); see
 /// `RedisStoreBuilder::tls_ca_pem` and `tls_client_cert_pem` for a private CA and client
 /// certificates.
@@ -92,6 +101,10 @@ enum Backend {
     Cluster {
         connection: Replaceable<ClusterConnection>,
     },
+    Sentinel {
+        master: String,
+        connection: Replaceable<MultiplexedConnection>,
+    },
 }
 
 impl fmt::Debug for RedisStore {
@@ -100,6 +113,7 @@ impl fmt::Debug for RedisStore {
         match &*self.backend {
             Backend::Single { addr, .. } => s.field("addr", addr),
             Backend::Cluster { .. } => s.field("addr", &"cluster"),
+            Backend::Sentinel { master, .. } => s.field("sentinel_master", master),
         };
         s.field("timeout", &self.timeout)
             .field("breaker", &self.breaker)
@@ -149,6 +163,58 @@ impl RedisStore {
             .map(IntoConnectionInfo::into_connection_info)
             .collect();
         RedisStoreBuilder::new(nodes.map(Target::Cluster))
+    }
+
+    /// A store on the primary that the sentinels at `sentinels` monitor as `master_name`
+    /// (`sentinel monitor <master_name> ...`), with the defaults. Fails only on malformed URLs.
+    ///
+    /// ```no_run
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let store = RedisStore::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )?;
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn sentinel<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: impl Into<String>,
+    ) -> Result<Self, RedisError> {
+        Self::sentinel_builder(sentinels, master_name).build()
+    }
+
+    /// Starts a builder for a store on the primary that Sentinel names `master_name`.
+    ///
+    /// The sentinels' own password goes in their URLs (`redis://:password@host:26379`, the
+    /// same for all); [`credentials`](RedisStoreBuilder::credentials) is the limiter's user on
+    /// the primary. With `rediss://` sentinel URLs (the `tls` feature) the primary is reached
+    /// over TLS too, and `tls_ca_pem` / `tls_client_cert_pem` apply to both.
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = RedisStore::sentinel_builder(["redis://10.0.0.1:26379"], "mymaster")
+    ///     .timeout(Duration::from_millis(50))
+    ///     .credentials(Some("limiter"), "secret")
+    ///     .build()?;
+    /// assert_eq!(store.timeout(), Duration::from_millis(50));
+    /// assert!(RedisStore::sentinel_builder(Vec::<String>::new(), "mymaster").build().is_err());
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn sentinel_builder<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: impl Into<String>,
+    ) -> RedisStoreBuilder {
+        let sentinels: Result<Vec<ConnectionInfo>, RedisError> = sentinels
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect();
+        let master = master_name.into();
+        RedisStoreBuilder::new(
+            sentinels.map(|sentinels| Target::Sentinel(SentinelTarget { sentinels, master })),
+        )
     }
 
     /// The time a call may take before it counts as a failure.
@@ -211,6 +277,11 @@ impl RedisStore {
                     check_server(&mut connection).await?;
                     Ok(server)
                 }
+                Backend::Sentinel { connection, .. } => {
+                    let (mut connection, server) = connection.wait_ready().await?;
+                    check_server(&mut connection).await?;
+                    Ok(server)
+                }
             }
         };
         tokio::time::timeout(VERIFY_TIMEOUT, verify)
@@ -253,6 +324,22 @@ impl RedisStore {
                             None => connection.wait_ready().await?.0,
                         };
                         invoke_on_cluster(&mut connection, request).await
+                    })
+                    .await;
+                connection.settle(generation, &result);
+                result
+            }
+            Backend::Sentinel { connection, .. } => {
+                let (generation, open) = connection.connection();
+                let result = self
+                    .bounded(async {
+                        let mut connection = match open {
+                            Some(open) => open,
+                            None => connection.wait_ready().await?.0,
+                        };
+                        // No resend: a dropped connection is replaced, and the next call goes
+                        // to the primary the sentinels name then.
+                        invoke(&mut connection, request).await
                     })
                     .await;
                 connection.settle(generation, &result);
@@ -429,7 +516,8 @@ impl Drop for Unsettled<'_> {
     }
 }
 
-/// Builds a [`RedisStore`]; see [`RedisStore::builder`] and [`RedisStore::cluster_builder`].
+/// Builds a [`RedisStore`]; see [`RedisStore::builder`], [`RedisStore::cluster_builder`] and
+/// [`RedisStore::sentinel_builder`].
 ///
 /// Building never connects: only a malformed URL (or TLS settings for a URL without TLS) fails.
 ///
@@ -458,6 +546,7 @@ pub struct RedisStoreBuilder {
 enum Target {
     Single(Box<ConnectionInfo>),
     Cluster(Vec<ConnectionInfo>),
+    Sentinel(SentinelTarget),
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -630,6 +719,21 @@ impl RedisStoreBuilder {
                         }
                         .boxed()
                     })),
+                }
+            }
+            Target::Sentinel(target) => {
+                let options = SentinelOptions {
+                    credentials: self.credentials.as_ref(),
+                    #[cfg(feature = "tls")]
+                    tls: self.tls,
+                };
+                let client = sentinel::client(&target, options)?;
+                Backend::Sentinel {
+                    master: target.master,
+                    connection: Replaceable::with_stale(
+                        sentinel::connect(client),
+                        stale_server_or_dropped,
+                    ),
                 }
             }
         };
