@@ -16,6 +16,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod cluster;
+pub mod sentinel;
 mod server;
 mod tls;
 
