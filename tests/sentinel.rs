@@ -70,6 +70,10 @@ fn the_limiter_follows_a_sentinel_failover_and_readmits_at_most_the_lagged_write
     runtime
         .block_on(counting.verify())
         .expect("verify via Sentinel");
+    // A name the sentinels do not monitor is a clear error at the startup check.
+    let unknown = RedisStore::sentinel(urls.iter().map(String::as_str), "no-such-master").unwrap();
+    let error = runtime.block_on(unknown.verify()).unwrap_err().to_string();
+    assert!(error.contains("not found"), "{error}");
     let limiter = Limiter::new(store);
     let counter = Limiter::new(counting);
     let quota = Quota::per_hour(LIMIT).unwrap();

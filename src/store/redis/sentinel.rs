@@ -153,3 +153,78 @@ fn tls_mode(addr: &ConnectionAddr) -> Option<TlsMode> {
 fn invalid(what: &'static str, detail: String) -> RedisError {
     RedisError::from((ErrorKind::InvalidClientConfig, what, detail))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::IntoConnectionInfo;
+
+    fn target(urls: &[&str], master: &str) -> SentinelTarget {
+        SentinelTarget {
+            sentinels: urls
+                .iter()
+                .map(|url| url.into_connection_info().unwrap())
+                .collect(),
+            master: master.to_owned(),
+        }
+    }
+
+    fn build(urls: &[&str], master: &str) -> Result<(), RedisError> {
+        let options = SentinelOptions {
+            credentials: None,
+            #[cfg(feature = "tls")]
+            tls: None,
+        };
+        client(&target(urls, master), options).map(|_| ())
+    }
+
+    #[test]
+    fn bad_sentinel_settings_are_clear_errors() {
+        let error = build(&[], "mymaster").unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidClientConfig);
+        assert!(error.to_string().contains("no sentinel given"), "{error}");
+
+        let error = build(&["redis://127.0.0.1:26379"], "").unwrap_err();
+        assert!(error.to_string().contains("master name"), "{error}");
+
+        let error = build(
+            &["redis://:a@127.0.0.1:26379", "redis://:b@127.0.0.1:26380"],
+            "mymaster",
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("different credentials"),
+            "{error}"
+        );
+        assert!(
+            !error.to_string().contains(":a@"),
+            "no password shown: {error}"
+        );
+
+        assert!(build(
+            &["redis://:a@127.0.0.1:26379", "redis://:a@127.0.0.1:26380"],
+            "mymaster"
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn tls_to_the_sentinels_is_tls_to_the_primary() {
+        let plain = "redis://127.0.0.1:26379".into_connection_info().unwrap();
+        assert_eq!(tls_mode(plain.addr()), None);
+        let secure = ConnectionAddr::TcpTls {
+            host: "127.0.0.1".into(),
+            port: 26379,
+            insecure: false,
+            tls_params: None,
+        };
+        assert_eq!(tls_mode(&secure), Some(TlsMode::Secure));
+        let insecure = ConnectionAddr::TcpTls {
+            host: "127.0.0.1".into(),
+            port: 26379,
+            insecure: true,
+            tls_params: None,
+        };
+        assert_eq!(tls_mode(&insecure), Some(TlsMode::Insecure));
+    }
+}
