@@ -360,3 +360,62 @@ impl Requests {
         requests.len() >= n && requests.iter().rev().take(n).all(|request| request.decided)
     }
 }
+
+/// A failover asked of the sentinels (`SENTINEL FAILOVER`): the primary lives on as a replica,
+/// so its connection is not dropped by a crash but by Sentinel (`CLIENT KILL` when it demotes
+/// it) or answers `READONLY`. The limiter moves to the new primary without a restart, and no
+/// request waits beyond the bound.
+#[test]
+fn the_limiter_follows_a_failover_asked_of_the_sentinels() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let setup = RedisSentinel::start();
+    let urls = setup.sentinel_urls();
+    let store = RedisStore::sentinel(urls.iter().map(String::as_str), MASTER_NAME).unwrap();
+    runtime
+        .block_on(store.verify())
+        .expect("verify via Sentinel");
+    let limiter = Limiter::new(store);
+    let stream = Stream::start(&runtime, &limiter);
+    thread::sleep(Duration::from_millis(200));
+
+    let asked_at = Instant::now();
+    let mut sentinel = redis::Client::open(urls[0].as_str())
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .unwrap();
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query(&mut sentinel)
+        .expect("SENTINEL FAILOVER");
+    let promoted = wait_until(asked_at, || setup.replica_promoted());
+    let promoted = promoted.unwrap_or_else(|| {
+        panic!(
+            "the sentinels did not promote the replica within {FAILOVER_DEADLINE:?}\n{}",
+            setup.sentinel_logs()
+        )
+    });
+    let moved = wait_until(asked_at, || {
+        setup.replica.command_calls("evalsha") + setup.replica.command_calls("eval") > 0
+    });
+    thread::sleep(Duration::from_secs(1));
+    let requests = stream.stop(&runtime);
+    let since = requests.since(asked_at);
+    println!(
+        "SENTINEL FAILOVER: replica promoted {promoted:?} after the command; the limiter ran \
+         its scripts on it {moved:?} after; requests since: {} ({} decided by Redis, {} by the \
+         failure policy), worst latency {:?}",
+        since.requests, since.decided, since.policy, since.worst
+    );
+    assert!(
+        moved.is_some(),
+        "the limiter never ran a script on the new primary: {since:?}"
+    );
+    let worst = requests.worst();
+    assert!(worst <= BOUND, "a request took {worst:?} (bound {BOUND:?})");
+    assert!(requests.last_all_decided(20), "{since:?}");
+}
