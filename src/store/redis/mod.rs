@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
-use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{
@@ -22,7 +20,7 @@ use redis::{
 };
 
 use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
-use self::sentinel::{SentinelOptions, SentinelTarget};
+use self::sentinel::{PrimaryConnection, SentinelOptions, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
 use super::{CheckRequest, Store, StoreError};
@@ -66,9 +64,10 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// share a hash tag, so each script runs on the one node that owns the slot.
 ///
 /// **Sentinel.** [`RedisStore::sentinel`] asks the sentinels for the primary and connects to it;
-/// when that connection is dropped, answers `READONLY`/`MASTERDOWN` or times out 3 times in a
-/// row, the next connection asks the sentinels again, so a failover is followed without a
-/// restart (calls meanwhile go to the failure policy, each within the timeout).
+/// when that connection is dropped, answers `READONLY`/`MASTERDOWN`, times out 3 times in a
+/// row, or the sentinels name another primary (asked once a second), the next connection asks
+/// the sentinels again, so a failover is followed without a restart (calls meanwhile go to the
+/// failure policy, each within the timeout).
 ///
 /// **TLS.** `rediss://` URLs need the crate's `tls` feature (rustls); see
 /// `RedisStoreBuilder::tls_ca_pem` and `tls_client_cert_pem` for a private CA and client
@@ -103,7 +102,7 @@ enum Backend {
     },
     Sentinel {
         master: String,
-        connection: Replaceable<MultiplexedConnection>,
+        connection: Replaceable<PrimaryConnection>,
     },
 }
 
@@ -725,15 +724,16 @@ impl RedisStoreBuilder {
                 let options = SentinelOptions {
                     credentials: self.credentials.as_ref(),
                     #[cfg(feature = "tls")]
-                    tls: self.tls,
+                    tls: self.tls.clone(),
                 };
                 let client = sentinel::client(&target, options)?;
+                #[cfg(feature = "tls")]
+                let connect = sentinel::connect(client, &target, self.tls);
+                #[cfg(not(feature = "tls"))]
+                let connect = sentinel::connect(client, &target);
                 Backend::Sentinel {
                     master: target.master,
-                    connection: Replaceable::with_stale(
-                        sentinel::connect(client),
-                        stale_server_or_dropped,
-                    ),
+                    connection: Replaceable::with_stale(connect, stale_server_or_dropped),
                 }
             }
         };

@@ -9,15 +9,24 @@
 //! demoted) or times out 3 times in a row is thrown away, and the next attempt asks the
 //! sentinels again, so the store follows a failover without a restart.
 //!
+//! A primary that stays up through a failover (`SENTINEL FAILOVER`, or one cut off from the
+//! sentinels but not from this process) keeps taking writes until Sentinel demotes it, which
+//! can take it several seconds. So while a connection is open, a watcher asks a sentinel once a
+//! second which server is the primary (`SENTINEL GET-MASTER-ADDR-BY-NAME`); when it names
+//! another one, the connection's calls fail (nothing is sent) and it is replaced.
+//!
 //! [`stale_server_or_dropped`]: super::connection::stale_server_or_dropped
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use futures::future::FutureExt;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, TlsMode,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline,
+    RedisError, RedisFuture, TlsMode, Value,
 };
 
 use super::connection::{Connect, CONNECT_TIMEOUT};
@@ -114,15 +123,82 @@ pub(super) fn client(
     builder.build()
 }
 
-/// The store's connection attempt: asks the sentinels for the primary, connects to it.
-pub(super) fn connect(client: SentinelClient) -> Connect<MultiplexedConnection> {
+/// How often the watcher of an open connection asks a sentinel which server is the primary.
+const WATCH_PERIOD: Duration = Duration::from_secs(1);
+
+/// The connection to the primary; its calls fail without sending anything once the sentinels
+/// name another primary (see the module docs).
+#[derive(Clone)]
+pub(super) struct PrimaryConnection {
+    connection: MultiplexedConnection,
+    moved: Arc<AtomicBool>,
+}
+
+impl PrimaryConnection {
+    fn moved_error() -> RedisError {
+        // An I/O error of its own: the store takes the connection for dropped and replaces it.
+        RedisError::from((
+            ErrorKind::Io,
+            "Sentinel names another primary",
+            "reconnecting".to_owned(),
+        ))
+    }
+}
+
+impl ConnectionLike for PrimaryConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        if self.moved.load(Ordering::Relaxed) {
+            return Box::pin(async { Err(Self::moved_error()) });
+        }
+        self.connection.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        if self.moved.load(Ordering::Relaxed) {
+            return Box::pin(async { Err(Self::moved_error()) });
+        }
+        self.connection.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.connection.get_db()
+    }
+}
+
+/// What the watcher needs to ask a sentinel on its own connection.
+struct Watch {
+    sentinels: Vec<ConnectionInfo>,
+    master: String,
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
+}
+
+/// The store's connection attempt: asks the sentinels for the primary, connects to it, and
+/// watches that the sentinels keep naming it.
+pub(super) fn connect(
+    client: SentinelClient,
+    target: &SentinelTarget,
+    #[cfg(feature = "tls")] tls: Option<redis::TlsCertificates>,
+) -> Connect<PrimaryConnection> {
     let client = Arc::new(tokio::sync::Mutex::new(client));
-    Box::new(move || connect_once(Arc::clone(&client)).boxed())
+    let watch = Arc::new(Watch {
+        sentinels: target.sentinels.clone(),
+        master: target.master.clone(),
+        #[cfg(feature = "tls")]
+        tls,
+    });
+    Box::new(move || connect_once(Arc::clone(&client), Arc::clone(&watch)).boxed())
 }
 
 async fn connect_once(
     client: Arc<tokio::sync::Mutex<SentinelClient>>,
-) -> Result<(MultiplexedConnection, ServerInfo), RedisError> {
+    watch: Arc<Watch>,
+) -> Result<(PrimaryConnection, ServerInfo), RedisError> {
     // Asks the sentinels in turn (up to 3 at once) and checks with `ROLE` that the server named
     // is a primary; redis-rs bounds each of those connections (1 s) and replies (500 ms), and
     // the attempt as a whole is bounded by the store's attempt timeout.
@@ -138,7 +214,79 @@ async fn connect_once(
         .map_err(super::explain_tls)?;
     let server = server::inspect(&mut connection).await;
     tracing::info!(primary = %address, "rate limit store: Sentinel names this primary");
-    Ok((connection, server))
+    let moved = Arc::new(AtomicBool::new(false));
+    if let Some(named) = host_port(primary.get_connection_info().addr()) {
+        tokio::spawn(watch_primary(watch, named, Arc::downgrade(&moved)));
+    }
+    Ok((PrimaryConnection { connection, moved }, server))
+}
+
+/// Asks a sentinel every [`WATCH_PERIOD`] which server is the primary; sets `moved` when it
+/// names another than `primary`. Ends then, or once the connection is gone.
+async fn watch_primary(watch: Arc<Watch>, primary: (String, u16), moved: Weak<AtomicBool>) {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(WATCH_PERIOD));
+    let mut sentinel: Option<MultiplexedConnection> = None;
+    let mut next = 0;
+    loop {
+        tokio::time::sleep(WATCH_PERIOD).await;
+        let Some(flag) = moved.upgrade() else {
+            return; // the connection was replaced
+        };
+        if sentinel.is_none() {
+            let info = watch.sentinels[next % watch.sentinels.len()].clone();
+            next += 1;
+            #[cfg(feature = "tls")]
+            let client = match &watch.tls {
+                Some(certificates) => Client::build_with_tls(info, certificates.clone()),
+                None => Client::open(info),
+            };
+            #[cfg(not(feature = "tls"))]
+            let client = Client::open(info);
+            sentinel = match client {
+                Ok(client) => client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .ok(),
+                Err(_) => None,
+            };
+        }
+        let Some(connection) = sentinel.as_mut() else {
+            continue;
+        };
+        let named: Result<Option<(String, u16)>, RedisError> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&watch.master)
+            .query_async(connection)
+            .await;
+        match named {
+            Ok(Some(named)) if named != primary => {
+                tracing::warn!(
+                    old = %format!("{}:{}", primary.0, primary.1),
+                    new = %format!("{}:{}", named.0, named.1),
+                    "rate limit store: Sentinel names another primary; reconnecting"
+                );
+                flag.store(true, Ordering::Relaxed);
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::debug!(%error, "rate limit store: cannot ask a sentinel; trying the next");
+                sentinel = None;
+            }
+        }
+    }
+}
+
+/// The host and port of a TCP address, as the sentinels name servers.
+fn host_port(addr: &ConnectionAddr) -> Option<(String, u16)> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            Some((host.clone(), *port))
+        }
+        _ => None,
+    }
 }
 
 /// TLS to the sentinels, as their address says, is TLS to the primary too.
