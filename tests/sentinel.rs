@@ -424,3 +424,26 @@ fn the_limiter_follows_a_failover_asked_of_the_sentinels() {
     assert!(worst <= BOUND, "a request took {worst:?} (bound {BOUND:?})");
     assert!(requests.last_all_decided(20), "{since:?}");
 }
+
+/// What the README says narrows the window: with `min-replicas-to-write 1` a primary without an
+/// acknowledging replica refuses the scripts (`NOREPLICAS`), and the failure policy decides.
+#[tokio::test]
+async fn min_replicas_to_write_refuses_decisions_without_a_replica() {
+    let redis = support::RedisServer::start();
+    let limiter = Limiter::new(RedisStore::new(redis.url()).unwrap());
+    let quota = Quota::per_hour(LIMIT).unwrap();
+    assert!(limiter.try_check("k", &quota, 1).await.unwrap().allowed);
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg(1)
+        .query(&mut redis.conn())
+        .unwrap();
+    let error = limiter.try_check("k", &quota, 1).await.unwrap_err();
+    assert!(error.to_string().contains("NOREPLICAS"), "{error}");
+    assert!(matches!(
+        limiter.check("k", &quota).await,
+        Verdict::FailedOpen
+    ));
+}
