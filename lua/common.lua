@@ -114,9 +114,20 @@ end
 
 -- Write: on admission every new state; on a denial only the repairs of denying tiers. The TTL:
 -- when the tier is fresh again, at least 1 ms, at most 2^53 ms (Lua writes numbers from 1e17 up
--- as "1e+17", which PX refuses).
+-- as "1e+17", which PX refuses). On the hot path `x - x % 1` is floor(x) (exact) and
+-- comparisons stand in for min and max: a call into math costs Redis more than the arithmetic.
 if state1 and ok1 == all_ok then
-  local ttl = min(max(1, ceil(rs1 / 1000)), MAX_EXACT)
+  local ttl = rs1 / 1000
+  local frac = ttl % 1
+  ttl = ttl - frac
+  if frac > 0 then
+    ttl = ttl + 1
+  end
+  if ttl < 1 then
+    ttl = 1
+  elseif ttl > MAX_EXACT then
+    ttl = MAX_EXACT
+  end
   if type(state1) == 'string' then
     call('SET', KEYS[1], state1, 'PX', ttl)
   else
@@ -139,5 +150,13 @@ end
 if bind_re > 0 then
   bind_re = min(ceil(bind_re / 1000), MAX_REPLY_MS)
 end
-return spack('<Bdddd', all_ok and 1 or 0, bind_limit, bind_rem, bind_re,
-  min(ceil(max_rs / 1000), MAX_REPLY_MS))
+max_rs = max_rs / 1000
+local frac = max_rs % 1
+max_rs = max_rs - frac
+if frac > 0 then
+  max_rs = max_rs + 1
+end
+if max_rs > MAX_REPLY_MS then
+  max_rs = MAX_REPLY_MS
+end
+return spack('<Bdddd', all_ok and 1 or 0, bind_limit, bind_rem, bind_re, max_rs)
