@@ -314,8 +314,8 @@ pub(crate) struct Args {
     pub burst: f64,
 }
 
-/// The reply every script sends: `{allowed, limit, remaining, retry_after_ms, reset_after_ms,
-/// suspended}`; `retry_after_ms` is -1 for "never".
+/// The reply every script sends, packed into one string (see [`Reply::from_redis`]): allowed,
+/// limit, remaining, retry_after_ms (-1 for "never") and reset_after_ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reply {
     pub allowed: bool,
