@@ -516,7 +516,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{Algorithm, SOURCE};
+    use super::{pack_args, Algorithm, Reply, SOURCE};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -558,5 +558,55 @@ mod tests {
             ]
         );
         assert!("leaky".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn packed_arguments_and_reply() {
+        let quota = crate::quota::Quota::per_minute(10).unwrap();
+        let request = crate::store::CheckRequest {
+            key: "k",
+            algorithm: Algorithm::Gcra,
+            quota: &quota,
+            cost: u64::MAX,
+            now_micros: None,
+        };
+        let args = pack_args(&request);
+        let f = |i: usize| f64::from_le_bytes(args[i..i + 8].try_into().unwrap());
+        // Server clock, a cost capped at burst + 1, then the tier.
+        assert_eq!((f(0), f(8), args[16]), (-1.0, 11.0, b'g'));
+        assert_eq!((f(17), f(25), f(33)), (10.0, 60e6, 10.0));
+        // A client time Lua cannot hold exactly is refused by the script, not rounded.
+        let late = crate::store::CheckRequest {
+            now_micros: Some(1 << 53),
+            ..request
+        };
+        assert!(f64::from_le_bytes(pack_args(&late)[0..8].try_into().unwrap()).is_nan());
+
+        let reply = |flags: u8, v: [f64; 4]| -> Vec<u8> {
+            let mut r = vec![flags];
+            r.extend(v.map(f64::to_le_bytes).concat());
+            r
+        };
+        let ok = Reply::from_redis(&reply(1, [10.0, 9.0, 0.0, 6000.0])).unwrap();
+        assert!(ok.allowed);
+        assert_eq!(
+            (ok.limit, ok.remaining, ok.retry_after_ms, ok.reset_after_ms),
+            (10, 9, 0, 6000)
+        );
+        let never = Reply::from_redis(&reply(0, [10.0, 0.0, -1.0, 1.0])).unwrap();
+        assert!(!never.allowed && never.retry_after_ms == -1);
+        // Anything else is a bad reply, never a made-up decision.
+        for bad in [
+            reply(4, [10.0, 9.0, 0.0, 1.0]),
+            reply(1, [-1.0, 9.0, 0.0, 1.0]),
+            reply(1, [10.0, 0.5, 0.0, 1.0]),
+            reply(1, [10.0, 9.0, f64::NAN, 1.0]),
+            reply(1, [10.0, 9.0, 0.0, -1.0]),
+            reply(1, [10.0, 9.0, 0.0, 1e300]),
+            reply(1, [10.0, 9.0, 0.0, 1.0])[..32].to_vec(),
+            Vec::new(),
+        ] {
+            assert_eq!(Reply::from_redis(&bad), None, "{bad:?}");
+        }
     }
 }
