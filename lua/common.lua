@@ -1,31 +1,36 @@
 -- redlimit: the driver. One script holds it and every algorithm's step: Rust splices the steps
 -- (`lua/<algorithm>.lua`) in at the `@steps` line below, each as a branch
--- `elseif name == '<algorithm>' then <step>`.
+-- `elseif alg == <tag byte> then <step>`.
 --
 -- KEYS  one state key per tier (all sharing one hash tag)
--- ARGV  1 now_us ('' = Redis server TIME), 2 cost (0 = peek), 3 tier count n,
---       then per tier i (from 4 + 4 * (i - 1)): algorithm name, limit, period_us, burst.
---       Numbers are non-negative integers below 2^53 (limit, period and burst at least 1).
--- Reply {allowed 0|1, limit, remaining, retry_after_ms (-1 = never), reset_after_ms, suspended 0|1}
---       of the binding tier: the request is admitted only when every tier admits it, and then
---       costs every tier (all or none).
+-- ARGV  one string, packed little-endian (struct.pack): doubles now_us (-1 = Redis server
+--       TIME) and cost (0 = peek), then per tier a byte naming the algorithm (its state's tag:
+--       't' token bucket, 'g' GCRA, 'f' fixed window, 'w' sliding window, 'l' sliding log) and
+--       doubles limit, period_us, burst: '<dd' .. n * '<Bddd', 16 + 25 * n bytes. Numbers are
+--       integers below 2^53 (limit, period and burst at least 1). Packed, because every ARGV
+--       element and every tonumber costs Redis more than the whole unpack.
+-- Reply one string, packed '<Bdddd': flags (1 allowed, 2 suspended), limit, remaining,
+--       retry_after_ms (-1 = never), reset_after_ms, of the binding tier: the request is
+--       admitted only when every tier admits it, and then costs every tier (all or none). One
+--       string costs Redis less than converting an array of integers.
 --
--- A step is pure: it reads `stored` (the key's string; false when absent or not a string),
--- `now`, `cost`, `limit`, `period`, `burst` (and `key`), and sets
+-- A step is pure: it reads `stored` (the key's string; false when absent, not a string when the
+-- key holds another type), `now`, `cost`, `limit`, `period`, `burst` (and `key`), and sets
 --   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
 -- where state is the string to store, or nil when nothing is to be written. The driver reads
 -- every key with one MGET (which answers nil for a key of another type: self-healing without
--- pcall), and writes each new state with one `SET key state PX ttl`, the TTL being when the
--- tier is fresh again, only when the state's own decision is the call's (a denial writes only a
--- step's repair of a clock that stepped back). The sliding log keeps a sorted set instead: its
--- step reads it, and its state is a function that writes it, called with the TTL.
+-- pcall, which would also swallow a NOPERM), and writes
+-- each new state with one `SET key state PX ttl`, the TTL being when the tier is fresh again,
+-- only when the state's own decision is the call's (a denial writes only a step's repair of a
+-- clock that stepped back). The sliding log keeps a sorted set instead: its step reads it, and
+-- its state is a function that writes it, called with the TTL.
 --
 -- State strings start with one tag byte naming the algorithm and the layout version, followed
 -- by little-endian doubles (struct.pack): exact, and anything else reads as a fresh key.
 -- Lua numbers are doubles: every value stays an exact integer below 2^53 (GCRA's debt aside),
 -- and every time leaves in whole milliseconds rounded up (never tell a client to come back
--- early). The steps are spliced in rather than called: Redis runs the script's body on every
--- call, and a closure per step and helper per call cost more than the steps' arithmetic.
+-- early). Redis runs the script's body on every call: the steps are spliced in rather than
+-- called, and the hot path makes no closure and no table of its own.
 
 local MAX_EXACT = 9007199254740992 -- 2^53
 -- The longest time a reply carries: 2^62 ms keeps its integers inside an i64.
@@ -33,54 +38,47 @@ local MAX_REPLY_MS = 4611686018427387904
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 local spack, sunpack, call = struct.pack, struct.unpack, redis.call
 
--- `v` as an integer in [lo, 2^53), or nil (NaN fails every comparison).
-local function int(v, lo)
-  v = tonumber(v)
-  if v and v >= lo and v < MAX_EXACT and v == floor(v) then
-    return v
-  end
+local args, tiers = ARGV[1], #KEYS
+if #ARGV ~= 1 or tiers < 1 or #args ~= 16 + 25 * tiers then
+  return redis.error_reply('ERR redlimit: invalid arguments; expected one key per tier and ' ..
+    'one argument packing now_us, cost, then algorithm, limit, period_us, burst per tier')
 end
-
-local now = ARGV[1]
-if now == '' then
+local now, cost, alg, limit, period, burst, pos = sunpack('<ddBddd', args)
+if not (cost >= 0 and cost < MAX_EXACT and cost % 1 == 0 and
+    (now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0)) then
+  return redis.error_reply('ERR redlimit: invalid arguments; now_us and cost must be ' ..
+    'integers from 0 below 2^53 (now_us -1 for the server clock)')
+end
+if now == -1 then
   local t = call('TIME')
   now = t[1] * 1000000 + t[2]
-else
-  now = int(now, 0)
 end
-local cost, tiers = int(ARGV[2], 0), int(ARGV[3], 1)
-if not (now and cost and tiers) or #KEYS ~= tiers or #ARGV ~= 3 + 4 * tiers then
-  return redis.error_reply('ERR redlimit: invalid arguments; expected now_us|"", cost, tiers, ' ..
-    'then algorithm, limit, period_us, burst per tier, one key per tier')
-end
-local values
+local values, stored
 if tiers == 1 then
-  -- The sliding log reads its own sorted set: no MGET for it alone.
-  if ARGV[4] == 'sliding-log' then
-    values = {}
-  else
-    values = call('MGET', KEYS[1])
+  -- The sliding log reads its own sorted set.
+  if alg ~= 108 then
+    stored = call('MGET', KEYS[1])[1]
   end
 else
   values = call('MGET', unpack(KEYS))
+  stored = values[1]
 end
 
 -- Decide every tier; the binding one is the least remaining if all admit, else the longest
 -- wait among those that deny ("never" first).
 local all_ok, bind_limit, bind_rem, bind_re, max_rs, state1, ok1, rs1
 local more -- tiers 2..n: {key, state, ok, reset}
-for i = 1, tiers do
-  local j = 4 * i
-  local name, limit, period, burst = ARGV[j], int(ARGV[j + 1], 1), int(ARGV[j + 2], 1),
-    int(ARGV[j + 3], 1)
-  if not (limit and period and burst) then
-    name = nil
-  end
-  local stored, key = values[i], KEYS[i]
-  local ok, rem, re, rs, state
-  if name == nil then
+local i = 1
+while true do
+  if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
+      period < MAX_EXACT and period % 1 == 0 and burst >= 1 and burst < MAX_EXACT and
+      burst % 1 == 0) then
     return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
       'must be integers from 1 below 2^53')
+  end
+  local key = KEYS[i]
+  local ok, rem, re, rs, state
+  if false then
   -- @steps
   else
     return redis.error_reply('ERR redlimit: unknown algorithm')
@@ -106,13 +104,30 @@ for i = 1, tiers do
       more[#more + 1] = { key, state, ok, rs }
     end
   end
+  if i == tiers then
+    break
+  end
+  i = i + 1
+  alg, limit, period, burst, pos = sunpack('<Bddd', args, pos)
+  stored = values[i]
 end
 
 -- Write: on admission every new state; on a denial only the repairs of denying tiers. The TTL:
 -- when the tier is fresh again, at least 1 ms, at most 2^53 ms (Lua writes numbers from 1e17 up
--- as "1e+17", which PX refuses).
+-- as "1e+17", which PX refuses). On the hot path `x - x % 1` is floor(x) (exact) and
+-- comparisons stand in for min and max: a call into math costs Redis more than the arithmetic.
 if state1 and ok1 == all_ok then
-  local ttl = min(max(1, ceil(rs1 / 1000)), MAX_EXACT)
+  local ttl = rs1 / 1000
+  local frac = ttl % 1
+  ttl = ttl - frac
+  if frac > 0 then
+    ttl = ttl + 1
+  end
+  if ttl < 1 then
+    ttl = 1
+  elseif ttl > MAX_EXACT then
+    ttl = MAX_EXACT
+  end
   if type(state1) == 'string' then
     call('SET', KEYS[1], state1, 'PX', ttl)
   else
@@ -135,4 +150,13 @@ end
 if bind_re > 0 then
   bind_re = min(ceil(bind_re / 1000), MAX_REPLY_MS)
 end
-return { all_ok and 1 or 0, bind_limit, bind_rem, bind_re, min(ceil(max_rs / 1000), MAX_REPLY_MS), 0 }
+max_rs = max_rs / 1000
+local frac = max_rs % 1
+max_rs = max_rs - frac
+if frac > 0 then
+  max_rs = max_rs + 1
+end
+if max_rs > MAX_REPLY_MS then
+  max_rs = MAX_REPLY_MS
+end
+return spack('<Bdddd', all_ok and 1 or 0, bind_limit, bind_rem, bind_re, max_rs)

@@ -14,7 +14,10 @@
   if stored and #stored == 17 then
     local tag, w, c = sunpack('<Bdd', stored)
     if tag == 102 and w == start and c >= 0 and c < MAX_EXACT then
-      n = min(floor(c), burst)
+      n = c - c % 1 -- floor, without a call into math (see lua/common.lua)
+      if n > burst then
+        n = burst
+      end
     end
   end
 

@@ -23,7 +23,9 @@
   -- 2. Cap to the current quota and clock. A clock stepped back moves `at` to now, keeping the
   --    debt; that move is written even on a denial, or each call would move it again and the
   --    debt would not drain until the clock caught up.
-  d = min(d, burst)
+  if d > burst then
+    d = burst
+  end
   local stepped_back = at > now
   if stepped_back then
     at = now
@@ -36,7 +38,10 @@
   if now - at >= to_zero then
     at, d, debt = now, 0, 0
   else
-    debt = max(0, d - (now - at) * limit / period)
+    debt = d - (now - at) * limit / period
+    if debt < 0 then
+      debt = 0
+    end
   end
 
   -- 4. Decide. A denied request consumes nothing.

@@ -17,7 +17,10 @@
   --    locks a key out. A clock stepped back moves ts to now; that move is written even on a
   --    denial, or each call would move it again and the bucket would not refill until the clock
   --    caught up.
-  tokens = min(floor(tokens), burst)
+  tokens = tokens - tokens % 1 -- floor, without a call into math (see lua/common.lua)
+  if tokens > burst then
+    tokens = burst
+  end
   local stepped_back = ts > now
   if stepped_back then
     ts = now
@@ -25,7 +28,8 @@
 
   -- 3. Refill. Past full the clock stops: progress beyond capacity is discarded.
   local elapsed = now - ts
-  if elapsed >= ceil((burst - tokens) * period / limit) then
+  -- (elapsed is whole: elapsed >= x is elapsed >= ceil(x), saving the call)
+  if elapsed >= (burst - tokens) * period / limit then
     tokens, ts = burst, now
   elseif elapsed > 0 then
     local gained = floor(elapsed * limit / period)
@@ -57,7 +61,12 @@
   -- 5b. Until the bucket is full again (the key expires then).
   local reset = 0
   if tokens < burst then
-    reset = ts + ceil((burst - tokens) * period / limit) - now
+    reset = (burst - tokens) * period / limit
+    local frac = reset % 1 -- ceil, without a call into math
+    reset = ts + reset - frac - now
+    if frac > 0 then
+      reset = reset + 1
+    end
   end
 
   -- 6. The new state: only what changed (an admission that costs, or a repaired clock).

@@ -560,15 +560,15 @@ async fn memory_per_key() {
 /// as `src/algorithm/mod.rs`).
 fn script_source() -> String {
     let steps = [
-        ("token-bucket", include_str!("../lua/token_bucket.lua")),
-        ("gcra", include_str!("../lua/gcra.lua")),
-        ("fixed-window", include_str!("../lua/fixed_window.lua")),
-        ("sliding-log", include_str!("../lua/sliding_log.lua")),
-        ("sliding-window", include_str!("../lua/sliding_window.lua")),
+        (b't', include_str!("../lua/token_bucket.lua")),
+        (b'g', include_str!("../lua/gcra.lua")),
+        (b'f', include_str!("../lua/fixed_window.lua")),
+        (b'l', include_str!("../lua/sliding_log.lua")),
+        (b'w', include_str!("../lua/sliding_window.lua")),
     ];
     let steps: String = steps
         .iter()
-        .map(|(name, step)| format!("  elseif name == '{name}' then\n{step}"))
+        .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
         .collect();
     include_str!("../lua/common.lua").replacen("  -- @steps\n", &steps, 1)
 }
@@ -581,52 +581,98 @@ fn several_tiers_are_all_or_none() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
     let source = script_source();
-    let now = T0.as_micros() as u64;
-    let call = |conn: &mut redis::Connection, cost: u64| -> Vec<i64> {
-        redis::cmd("EVAL")
-            .arg(&source)
-            .arg(2)
-            .arg("redlimit:{t}:a")
-            .arg("redlimit:{t}:b")
-            .arg(now)
-            .arg(cost)
-            .arg(2)
-            .arg("token-bucket")
-            .arg(10)
-            .arg(60_000_000)
-            .arg(10)
-            .arg("fixed-window")
-            .arg(2)
-            .arg(60_000_000)
-            .arg(2)
-            .query(conn)
-            .unwrap()
+    let now = T0.as_micros() as f64;
+    // The script's one argument: doubles now_us and cost, then per tier the algorithm's byte
+    // and doubles limit, period_us, burst (little-endian).
+    let pack = |cost: f64, tiers: &[(u8, f64, f64, f64)]| -> Vec<u8> {
+        let mut args = [now, cost].map(f64::to_le_bytes).concat();
+        for &(tag, limit, period, burst) in tiers {
+            args.push(tag);
+            args.extend([limit, period, burst].map(f64::to_le_bytes).concat());
+        }
+        args
     };
-    // {allowed, limit, remaining, retry_after_ms, reset_after_ms, suspended}: the fixed window
-    // binds (1 left of 2, while the bucket has 9 of 10).
-    assert_eq!(call(&mut conn, 1), [1, 2, 1, 0, 60_000, 0]);
-    assert_eq!(call(&mut conn, 1), [1, 2, 0, 0, 60_000, 0]);
+    // The reply: flags (1 allowed), then doubles limit, remaining, retry_after_ms,
+    // reset_after_ms.
+    let unpack = |reply: Vec<u8>| -> [i64; 5] {
+        assert_eq!(reply.len(), 33, "{reply:?}");
+        let mut out = [i64::from(reply[0]); 5];
+        for (i, v) in out.iter_mut().enumerate().skip(1) {
+            let bytes: [u8; 8] = reply[1 + 8 * (i - 1)..9 + 8 * (i - 1)].try_into().unwrap();
+            *v = f64::from_le_bytes(bytes) as i64;
+        }
+        out
+    };
+    let tiers = [(b't', 10.0, 60e6, 10.0), (b'f', 2.0, 60e6, 2.0)];
+    let call = |conn: &mut redis::Connection, cost: f64| -> [i64; 5] {
+        unpack(
+            redis::cmd("EVAL")
+                .arg(&source)
+                .arg(2)
+                .arg("redlimit:{t}:a")
+                .arg("redlimit:{t}:b")
+                .arg(pack(cost, &tiers))
+                .query(conn)
+                .unwrap(),
+        )
+    };
+    // {allowed, limit, remaining, retry_after_ms, reset_after_ms}: the fixed window binds (1
+    // left of 2, while the bucket has 9 of 10).
+    assert_eq!(call(&mut conn, 1.0), [1, 2, 1, 0, 60_000]);
+    assert_eq!(call(&mut conn, 1.0), [1, 2, 0, 0, 60_000]);
     let bucket: Vec<u8> = conn.get("redlimit:{t}:a").unwrap();
     // Denied by the fixed window: the bucket is not charged.
-    assert_eq!(call(&mut conn, 1), [0, 2, 0, 60_000, 60_000, 0]);
+    assert_eq!(call(&mut conn, 1.0), [0, 2, 0, 60_000, 60_000]);
     let after: Vec<u8> = conn.get("redlimit:{t}:a").unwrap();
     assert_eq!(bucket, after, "a denial charged a tier");
     // A cost above one tier's capacity is never allowed.
-    assert_eq!(call(&mut conn, 3)[3], -1);
+    assert_eq!(call(&mut conn, 3.0)[3], -1);
     // Malformed arguments: a clear error, never the key.
-    let error = redis::cmd("EVAL")
-        .arg(&source)
-        .arg(1)
-        .arg("redlimit:{t}:a")
-        .arg(now)
-        .arg(1)
-        .arg(1)
-        .arg("leaky-bucket")
-        .arg(1)
-        .arg(1)
-        .arg(1)
-        .query::<Vec<i64>>(&mut conn)
-        .unwrap_err();
-    assert!(error.to_string().contains("unknown algorithm"), "{error}");
-    assert!(!error.to_string().contains("redlimit:{t}"), "{error}");
+    let eval = |conn: &mut redis::Connection, keys: usize, args: &[&[u8]]| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&source).arg(keys);
+        for k in 0..keys {
+            cmd.arg(format!("redlimit:{{t}}:{k}"));
+        }
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.query::<Vec<u8>>(conn).unwrap_err().to_string()
+    };
+    let unknown = pack(1.0, &[(b'x', 1.0, 1.0, 1.0)]);
+    let error = eval(&mut conn, 1, &[&unknown]);
+    assert!(error.contains("unknown algorithm"), "{error}");
+    assert!(!error.contains("redlimit:{t}"), "{error}");
+    for (keys, args, why) in [
+        (1, vec![pack(1.0, &[(b't', 0.0, 1.0, 1.0)])], "limit 0"),
+        (
+            1,
+            vec![pack(1.0, &[(b't', 1.5, 1.0, 1.0)])],
+            "limit not whole",
+        ),
+        (
+            1,
+            vec![pack(1.0, &[(b't', 1.0, f64::NAN, 1.0)])],
+            "period NaN",
+        ),
+        (
+            1,
+            vec![pack(1.0, &[(b't', 1.0, 1.0, 2f64.powi(53))])],
+            "burst 2^53",
+        ),
+        (
+            1,
+            vec![pack(-2.0, &[(b't', 1.0, 1.0, 1.0)])],
+            "negative cost",
+        ),
+        (1, vec![pack(1.0, &tiers)], "two tiers, one key"),
+        (2, vec![pack(1.0, &tiers[..1])], "one tier, two keys"),
+        (1, vec![b"1".to_vec(), b"1".to_vec()], "the old protocol"),
+        (1, vec![], "no argument"),
+    ] {
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let error = eval(&mut conn, keys, &args);
+        assert!(error.contains("invalid arguments"), "{why}: {error}");
+        assert!(!error.contains("redlimit:{t}"), "{why}: {error}");
+    }
 }

@@ -133,6 +133,18 @@ impl Algorithm {
         }
     }
 
+    /// The byte naming this algorithm in the script's arguments: its state strings' tag byte
+    /// (`lua/common.lua` dispatches on it).
+    pub(crate) fn tag(&self) -> u8 {
+        match self {
+            Algorithm::TokenBucket => b't',
+            Algorithm::Gcra => b'g',
+            Algorithm::FixedWindow => b'f',
+            Algorithm::SlidingLog => b'l',
+            Algorithm::SlidingWindow => b'w',
+        }
+    }
+
     /// The Lua script: one for every algorithm (the driver in `lua/common.lua` and every
     /// step), loaded once per process; the arguments name the algorithm.
     pub(crate) fn script(&self) -> &'static redis::Script {
@@ -178,43 +190,58 @@ impl Algorithm {
     }
 }
 
+/// The script's one argument for a call of `tiers`: little-endian doubles now_us (-1 = Redis
+/// `TIME`) and cost, then per tier the algorithm's byte and doubles limit, period_us and burst
+/// (`'<dd' .. n * '<Bddd'` in `lua/common.lua`).
+const ARGS_ONE_TIER: usize = 16 + 25;
+
+/// The script's packed argument for one decision (see `lua/common.lua`).
+fn pack_args(request: &crate::store::CheckRequest<'_>) -> [u8; ARGS_ONE_TIER] {
+    let quota = request.quota;
+    // A number Lua cannot hold exactly is sent as NaN, which the script refuses by name.
+    let exact = |v: u64| {
+        if (v as f64) < MAX_EXACT {
+            v as f64
+        } else {
+            f64::NAN
+        }
+    };
+    let now = request.now_micros.map_or(-1.0, exact);
+    // Any cost above the burst is never allowed: send burst + 1 so Lua stays below 2^53.
+    let cost = exact(request.cost.min(quota.burst().saturating_add(1)));
+    let mut args = [0; ARGS_ONE_TIER];
+    args[0..8].copy_from_slice(&now.to_le_bytes());
+    args[8..16].copy_from_slice(&cost.to_le_bytes());
+    args[16] = request.algorithm.tag();
+    args[17..25].copy_from_slice(&exact(quota.limit()).to_le_bytes());
+    args[25..33].copy_from_slice(&exact(quota.period_micros()).to_le_bytes());
+    args[33..41].copy_from_slice(&exact(quota.burst()).to_le_bytes());
+    args
+}
+
 /// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
 /// first argument (the SHA-1 or the body) is already in place. The store owns how the command is
 /// sent; this owns what the script is told.
 pub(crate) fn push_call(request: &crate::store::CheckRequest<'_>, cmd: &mut redis::Cmd) {
-    let quota = request.quota;
-    // One tier: one key, and the tier's algorithm, limit, period and burst.
-    cmd.arg(1).arg(request.key);
-    match request.now_micros {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
-    // Any cost above the burst is never allowed: send burst + 1 so Lua stays below 2^53.
-    cmd.arg(request.cost.min(quota.burst().saturating_add(1)))
-        .arg(1)
-        .arg(request.algorithm.name())
-        .arg(quota.limit())
-        .arg(quota.period_micros())
-        .arg(quota.burst());
+    // One tier: one key, and one packed argument.
+    cmd.arg(1).arg(request.key).arg(&pack_args(request)[..]);
 }
 
-/// Each algorithm's Lua step under its name: the registration of the Lua side.
-const LUA_STEPS: &[(&str, &str)] = &[
-    ("token-bucket", include_str!("../../lua/token_bucket.lua")),
-    ("gcra", include_str!("../../lua/gcra.lua")),
-    ("fixed-window", include_str!("../../lua/fixed_window.lua")),
-    ("sliding-log", include_str!("../../lua/sliding_log.lua")),
-    (
-        "sliding-window",
-        include_str!("../../lua/sliding_window.lua"),
-    ),
+/// Each algorithm's Lua step under its byte ([`Algorithm::tag`]): the registration of the Lua
+/// side.
+const LUA_STEPS: &[(u8, &str)] = &[
+    (b't', include_str!("../../lua/token_bucket.lua")),
+    (b'g', include_str!("../../lua/gcra.lua")),
+    (b'f', include_str!("../../lua/fixed_window.lua")),
+    (b'l', include_str!("../../lua/sliding_log.lua")),
+    (b'w', include_str!("../../lua/sliding_window.lua")),
 ];
 
 /// The whole script: the driver with every step spliced in as a branch at its `@steps` line.
 static SOURCE: LazyLock<String> = LazyLock::new(|| {
     let steps: String = LUA_STEPS
         .iter()
-        .map(|(name, step)| format!("  elseif name == '{name}' then\n{step}"))
+        .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
         .collect();
     let driver = include_str!("../../lua/common.lua");
     let spliced = driver.replacen("  -- @steps\n", &steps, 1);
@@ -287,8 +314,8 @@ pub(crate) struct Args {
     pub burst: f64,
 }
 
-/// The reply every script sends: `{allowed, limit, remaining, retry_after_ms, reset_after_ms,
-/// suspended}`; `retry_after_ms` is -1 for "never".
+/// The reply every script sends, packed into one string (see [`Reply::from_redis`]): allowed,
+/// limit, remaining, retry_after_ms (-1 for "never") and reset_after_ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reply {
     pub allowed: bool,
@@ -320,18 +347,31 @@ impl Reply {
         }
     }
 
-    /// Parses a script's reply array.
-    pub(crate) fn from_redis(values: &[i64]) -> Option<Self> {
-        match *values {
-            [allowed, limit, remaining, retry, reset, _suspended, ..] => Some(Reply {
-                allowed: allowed == 1,
-                limit: u64::try_from(limit).ok()?,
-                remaining: u64::try_from(remaining).ok()?,
-                retry_after_ms: retry,
-                reset_after_ms: reset,
-            }),
-            _ => None,
+    /// Parses a script's reply: one string packed `'<Bdddd'` (flags: 1 allowed, 2 suspended;
+    /// limit, remaining, retry_after_ms with -1 for never, reset_after_ms), every number an
+    /// integer. Anything else is `None`.
+    pub(crate) fn from_redis(reply: &[u8]) -> Option<Self> {
+        let [flags, rest @ ..] = reply else {
+            return None;
+        };
+        if rest.len() != 32 || *flags > 3 {
+            return None;
         }
+        let v = |i: usize| {
+            let mut bytes = [0; 8];
+            bytes.copy_from_slice(&rest[8 * i..8 * i + 8]);
+            let v = f64::from_le_bytes(bytes);
+            // Integers inside an i64 (NaN fails the range).
+            ((-1.0..=MAX_REPLY_MS as f64).contains(&v) && v.fract() == 0.0).then_some(v as i64)
+        };
+        let (limit, remaining) = (v(0)?, v(1)?);
+        Some(Reply {
+            allowed: flags & 1 == 1,
+            limit: u64::try_from(limit).ok()?,
+            remaining: u64::try_from(remaining).ok()?,
+            retry_after_ms: v(2)?,
+            reset_after_ms: u64::try_from(v(3)?).ok()? as i64,
+        })
     }
 
     pub(crate) fn into_decision(self) -> Decision {
@@ -476,7 +516,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{Algorithm, SOURCE};
+    use super::{pack_args, Algorithm, Reply, SOURCE};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -502,8 +542,8 @@ mod tests {
     fn names_parse_back_and_every_algorithm_has_its_step() {
         for &algorithm in Algorithm::ALL {
             assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));
-            // The one script registers every algorithm's step under its name.
-            let registered = format!("elseif name == '{}' then", algorithm.name());
+            // The one script registers every algorithm's step under its byte.
+            let registered = format!("elseif alg == {} then", algorithm.tag());
             assert!(SOURCE.contains(&registered), "{algorithm} has no Lua step");
         }
         let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
@@ -518,5 +558,55 @@ mod tests {
             ]
         );
         assert!("leaky".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn packed_arguments_and_reply() {
+        let quota = crate::quota::Quota::per_minute(10).unwrap();
+        let request = crate::store::CheckRequest {
+            key: "k",
+            algorithm: Algorithm::Gcra,
+            quota: &quota,
+            cost: u64::MAX,
+            now_micros: None,
+        };
+        let args = pack_args(&request);
+        let f = |i: usize| f64::from_le_bytes(args[i..i + 8].try_into().unwrap());
+        // Server clock, a cost capped at burst + 1, then the tier.
+        assert_eq!((f(0), f(8), args[16]), (-1.0, 11.0, b'g'));
+        assert_eq!((f(17), f(25), f(33)), (10.0, 60e6, 10.0));
+        // A client time Lua cannot hold exactly is refused by the script, not rounded.
+        let late = crate::store::CheckRequest {
+            now_micros: Some(1 << 53),
+            ..request
+        };
+        assert!(f64::from_le_bytes(pack_args(&late)[0..8].try_into().unwrap()).is_nan());
+
+        let reply = |flags: u8, v: [f64; 4]| -> Vec<u8> {
+            let mut r = vec![flags];
+            r.extend(v.map(f64::to_le_bytes).concat());
+            r
+        };
+        let ok = Reply::from_redis(&reply(1, [10.0, 9.0, 0.0, 6000.0])).unwrap();
+        assert!(ok.allowed);
+        assert_eq!(
+            (ok.limit, ok.remaining, ok.retry_after_ms, ok.reset_after_ms),
+            (10, 9, 0, 6000)
+        );
+        let never = Reply::from_redis(&reply(0, [10.0, 0.0, -1.0, 1.0])).unwrap();
+        assert!(!never.allowed && never.retry_after_ms == -1);
+        // Anything else is a bad reply, never a made-up decision.
+        for bad in [
+            reply(4, [10.0, 9.0, 0.0, 1.0]),
+            reply(1, [-1.0, 9.0, 0.0, 1.0]),
+            reply(1, [10.0, 0.5, 0.0, 1.0]),
+            reply(1, [10.0, 9.0, f64::NAN, 1.0]),
+            reply(1, [10.0, 9.0, 0.0, -1.0]),
+            reply(1, [10.0, 9.0, 0.0, 1e300]),
+            reply(1, [10.0, 9.0, 0.0, 1.0])[..32].to_vec(),
+            Vec::new(),
+        ] {
+            assert_eq!(Reply::from_redis(&bad), None, "{bad:?}");
+        }
     }
 }

@@ -440,7 +440,7 @@ async fn invoke(
     let mut evalsha = redis::cmd("EVALSHA");
     evalsha.arg(script.get_hash());
     crate::algorithm::push_call(&request, &mut evalsha);
-    let values: Vec<i64> = match evalsha.query_async(connection).await {
+    let values: Vec<u8> = match evalsha.query_async(connection).await {
         Err(error) if is_noscript(&error) => {
             redis::cmd("SCRIPT")
                 .arg("LOAD")
