@@ -16,6 +16,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod cluster;
+pub mod example;
 mod server;
 mod tls;
 
