@@ -59,6 +59,8 @@ pub use crate::decision::Decision;
 pub use crate::layer::{
     MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
 };
-pub use crate::limiter::{ConfigError, Limiter, LimiterBuilder, LimiterStats, DEFAULT_PREFIX};
+pub use crate::limiter::{
+    ConfigError, Limiter, LimiterBuilder, LimiterStats, DEFAULT_PREFIX, DIRECT_POLICY_LABEL,
+};
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 pub use crate::quota::{Quota, QuotaError, MAX_COUNT, MAX_PERIOD};

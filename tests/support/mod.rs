@@ -18,6 +18,7 @@
 mod cluster;
 pub mod example;
 mod server;
+pub mod service;
 mod tls;
 
 pub use cluster::RedisCluster;
