@@ -518,3 +518,50 @@ fn dead_redis_with_local_fallback_enforces_a_share_of_the_quota() {
     let statuses: Vec<u16> = (0..4).map(|_| whole.get(&[]).status).collect();
     assert_eq!(statuses, [200, 200, 200, 429], "{}", whole.output());
 }
+
+#[test]
+fn metrics_bind_serves_prometheus_text_after_real_requests() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let example = Example::start(
+        &[
+            "--redis",
+            &url,
+            "--limit",
+            "2",
+            "--metrics-bind",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let line = example
+        .stdout
+        .iter()
+        .find_map(|l| l.strip_prefix("metrics on http://"))
+        .unwrap_or_else(|| panic!("no `metrics on` line; {}", example.output()));
+    let metrics_addr: SocketAddr = line
+        .strip_suffix("/metrics")
+        .expect("a /metrics URL")
+        .parse()
+        .unwrap();
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| example.get(&[("x-api-key", "secret-key-9")]).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+
+    let scraped = http_get(metrics_addr, "/metrics", &[]).unwrap();
+    assert_eq!(scraped.status, 200, "{scraped:?}");
+    let body = scraped.body;
+    for line in [
+        "redlimit_decisions_total{policy=\"default\",outcome=\"allowed\"} 2",
+        "redlimit_decisions_total{policy=\"default\",outcome=\"limited\"} 1",
+        "redlimit_circuit_breaker_open 0",
+    ] {
+        assert!(body.lines().any(|l| l == line), "no {line:?} in:\n{body}");
+    }
+    assert!(
+        body.contains("redlimit_store_latency_seconds"),
+        "no latency in:\n{body}"
+    );
+    assert!(!body.contains("secret-key-9"), "{body}");
+}
