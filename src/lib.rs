@@ -42,6 +42,7 @@
 //! # }
 //! ```
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 mod clock;
