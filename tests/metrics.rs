@@ -23,8 +23,11 @@ use support::service::counting;
 use support::RedisServer;
 use tower::{Layer, ServiceExt};
 
-/// One metric's value in a snapshot: its name, its labels as `(name, value)`.
-struct Metrics(Vec<(String, Vec<(String, String)>, DebugValue)>);
+/// A metric's labels as `(name, value)`.
+type Labels = Vec<(String, String)>;
+
+/// A snapshot: each metric's name, labels and value.
+struct Metrics(Vec<(String, Labels, DebugValue)>);
 
 impl Metrics {
     fn take(snapshotter: &Snapshotter) -> Metrics {
