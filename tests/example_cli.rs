@@ -565,3 +565,22 @@ fn metrics_bind_serves_prometheus_text_after_real_requests() {
     );
     assert!(!body.contains("secret-key-9"), "{body}");
 }
+
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    let dead = dead_redis_url();
+    // info level: the background connection warns that it cannot connect.
+    let example = Example::start(&["--redis", &dead], &[("RUST_LOG", "info")]);
+    assert_eq!(example.get(&[]).status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !example.stderr.lock().unwrap().contains("WARN") {
+        assert!(
+            Instant::now() < deadline,
+            "no warning; {}",
+            example.output()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let stderr = example.stderr.lock().unwrap().clone();
+    assert!(!stderr.contains('\u{1b}'), "ANSI codes in {stderr:?}");
+}
