@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --example tonic -- [--bind ADDR] [--redis URL] [--limit N] [--period DURATION]
 //!     [--burst N] [--algorithm NAME] [--on-redis-error open|closed|local] [--instances N]
-//!     [--redis-cluster URL,URL,...]
+//!     [--redis-cluster URL,URL,...] [--redis-ca FILE]
 //! ```
 //!
 //! The same flags and store selection as the axum example, on 127.0.0.1:50051 by default. Each
@@ -36,6 +36,7 @@ const PROGRAM: Program = Program {
     name: "tonic",
     default_bind: "127.0.0.1:50051",
     closed_answer: "UNAVAILABLE",
+    serves_metrics: false,
 };
 
 #[tokio::main]

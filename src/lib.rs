@@ -41,7 +41,36 @@
 //! }
 //! # }
 //! ```
+//!
+//! # Crate features
+//!
+//! All off by default.
+//!
+//! | Feature | What it adds |
+//! |---|---|
+//! | `axum` | [`PeerIp`](key::PeerIp) reads axum 0.8's `ConnectInfo<SocketAddr>` |
+//! | `tonic` | [`PeerIp`](key::PeerIp) reads tonic 0.14's `TcpConnectInfo` |
+//! | `tls` | `rediss://` through rustls, with a private CA and client certificates on the store builders |
+//! | `metrics` | the metrics below, through the [`metrics`](https://docs.rs/metrics) facade |
+//!
+//! # Metrics
+//!
+//! With the `metrics` feature the limiter records, labelled by the layer's policy name (or
+//! [`DIRECT_POLICY_LABEL`], `direct`, for [`Limiter::check`] and its siblings outside a layer),
+//! never by key:
+//!
+//! - `redlimit_decisions_total` (counter; labels `policy`, `outcome`: `allowed`, `limited`,
+//!   `store_error_admitted`, `store_error_rejected`, `local_fallback`, `deny_cache`);
+//! - `redlimit_store_latency_seconds` (histogram; label `policy`): every store call;
+//! - `redlimit_circuit_breaker_open` (gauge): 1 while a Redis store's circuit is open, else 0;
+//! - `redlimit_unkeyed_requests_total` (counter; label `policy`): requests a layer found no key
+//!   for.
+//!
+//! Without the feature none of it is compiled; [`Limiter::stats`] counts the same outcomes
+//! either way. `tracing` logs a warning when the circuit opens (Redis keeps failing) and an info
+//! event when it closes again.
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 mod clock;
@@ -59,6 +88,8 @@ pub use crate::decision::Decision;
 pub use crate::layer::{
     MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
 };
-pub use crate::limiter::{ConfigError, Limiter, LimiterBuilder, LimiterStats, DEFAULT_PREFIX};
+pub use crate::limiter::{
+    ConfigError, Limiter, LimiterBuilder, LimiterStats, DEFAULT_PREFIX, DIRECT_POLICY_LABEL,
+};
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 pub use crate::quota::{Quota, QuotaError, MAX_COUNT, MAX_PERIOD};

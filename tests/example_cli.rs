@@ -3,206 +3,47 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redlimit::Algorithm;
-use support::{free_port, RedisCluster, RedisServer, TlsFiles, TlsSetup};
+use support::example::{self, dead_redis_url};
+use support::{RedisCluster, RedisServer, TlsFiles, TlsSetup};
 
-/// How long the example may take to print `listening on`.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one HTTP exchange may take.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The example binary, built once per test run with the same profile as this test.
-fn example_binary() -> &'static PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        // This test runs from <target>/<profile>/deps/; examples land in <target>/<profile>/examples/.
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("test executable inside <target>/<profile>/deps")
-            .to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let output = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--quiet",
-                "--example",
-                "axum",
-                "--profile",
-                &profile,
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdin(Stdio::null())
-            .output()
-            .expect("run cargo build --example axum");
-        assert!(
-            output.status.success(),
-            "cargo build --example axum failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let binary = profile_dir
-            .join("examples")
-            .join(format!("axum{}", std::env::consts::EXE_SUFFIX));
-        assert!(binary.exists(), "no example binary at {}", binary.display());
-        binary
-    })
-}
-
-/// Runs the example to completion (for flags that must make it exit).
-fn run_to_exit(args: &[&str]) -> Output {
-    let mut child = Command::new(example_binary())
-        .args(args)
-        .env("REDIS_URL", dead_redis_url())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the example");
-    let deadline = Instant::now() + START_TIMEOUT;
-    while child.try_wait().expect("poll the example").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the example with {args:?} did not exit");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    child
-        .wait_with_output()
-        .expect("collect the example's output")
-}
 
 /// A file that exists but holds no certificate.
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
 
-/// A Redis URL on which nothing listens.
-fn dead_redis_url() -> String {
-    format!("redis://127.0.0.1:{}/", free_port())
+/// Runs the axum example to completion (for flags that must make it exit).
+fn run_to_exit(args: &[&str]) -> std::process::Output {
+    example::run_to_exit("axum", args)
 }
 
-/// A running example server; killed on drop.
-struct Example {
-    child: Child,
-    addr: SocketAddr,
-    stdout: Vec<String>,
-    stderr: Arc<Mutex<String>>,
+/// The running axum example.
+struct Example(example::Example);
+
+impl std::ops::Deref for Example {
+    type Target = example::Example;
+    fn deref(&self) -> &example::Example {
+        &self.0
+    }
 }
 
 impl Example {
-    /// Starts the example on a free port with `args` and waits for `listening on ADDR`.
+    /// Starts the axum example on a free port with `args` and waits for `listening on ADDR`.
     fn start(args: &[&str], envs: &[(&str, &str)]) -> Example {
-        let mut command = Command::new(example_binary());
-        command
-            .args(["--bind", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (name, value) in envs {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().expect("spawn the example");
-
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err_pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        thread::spawn(move || {
-            let mut buffer = [0; 4096];
-            while let Ok(n @ 1..) = err_pipe.read(&mut buffer) {
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
-            }
-        });
-        let lines = stdout_lines(&mut child);
-
-        let mut example = Example {
-            child,
-            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-            stdout: Vec::new(),
-            stderr,
-        };
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(line) => {
-                    let listening = line.strip_prefix("listening on ").map(str::to_owned);
-                    example.stdout.push(line);
-                    if let Some(addr) = listening {
-                        example.addr = addr.parse().expect("an address after `listening on`");
-                        return example;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    panic!("no `listening on` line in time; {}", example.output())
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    let status = example.child.wait().expect("wait for the example");
-                    panic!("the example exited with {status}; {}", example.output())
-                }
-            }
-        }
+        Example(example::Example::start("axum", args, envs))
     }
 
     /// `GET /` with optional extra headers.
     fn get(&self, headers: &[(&str, &str)]) -> HttpResponse {
-        http_get(self.addr, headers)
+        http_get(self.addr, "/", headers)
             .unwrap_or_else(|e| panic!("GET / failed: {e}; {}", self.output()))
     }
-
-    /// Whether the example printed `line` on stdout before it was ready.
-    fn printed(&self, line: &str) -> bool {
-        self.stdout.iter().any(|l| l == line)
-    }
-
-    /// Whether the example printed a line starting with `prefix` before it was ready.
-    fn printed_starting(&self, prefix: &str) -> bool {
-        self.stdout.iter().any(|l| l.starts_with(prefix))
-    }
-
-    fn output(&self) -> String {
-        format!(
-            "stdout so far:\n{}\nstderr:\n{}",
-            self.stdout.join("\n"),
-            self.stderr.lock().unwrap()
-        )
-    }
-}
-
-impl Drop for Example {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The child's stdout, line by line, from a reader thread.
-fn stdout_lines(child: &mut Child) -> Receiver<String> {
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (sender, receiver) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
 }
 
 /// What a tiny HTTP/1.1 client saw.
@@ -222,11 +63,15 @@ impl HttpResponse {
     }
 }
 
-/// `GET /` over a fresh connection (`Connection: close`, so the body ends at EOF).
-fn http_get(addr: SocketAddr, headers: &[(&str, &str)]) -> std::io::Result<HttpResponse> {
+/// `GET path` over a fresh connection (`Connection: close`, so the body ends at EOF).
+fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<HttpResponse> {
     let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
     stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
-    let mut request = format!("GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -274,6 +119,15 @@ fn bad_flags_exit_non_zero_with_a_message() {
         (&["--period", "s"], "--period"),
         (&["--period"], "--period needs a value"),
         (&["--on-redis-error", "maybe"], "--on-redis-error"),
+        (
+            &["--on-redis-error", "local", "--instances", "0"],
+            "--instances must be at least 1",
+        ),
+        (
+            &["--instances", "3"],
+            "--instances applies only to --on-redis-error local",
+        ),
+        (&["--metrics-bind", "localhost"], "--metrics-bind"),
         (&["--bind", "localhost"], "--bind"),
         (&["--redis", "not a url"], "--redis"),
         (&["--redis", "redis://a/", "--redis", "redis://b/"], "once"),
@@ -329,6 +183,10 @@ fn help_prints_usage_and_every_algorithm() {
         "--burst",
         "--algorithm",
         "--on-redis-error",
+        "--instances",
+        "local",
+        "--redis-ca",
+        "--metrics-bind",
     ] {
         assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
     }
@@ -598,4 +456,131 @@ fn tls_with_the_wrong_ca_says_why_and_the_policy_decides() {
         example.output()
     );
     assert_eq!(example.get(&[]).status, 503);
+}
+
+#[test]
+fn dead_redis_with_local_fallback_enforces_a_share_of_the_quota() {
+    let dead = dead_redis_url();
+    let local = Example::start(
+        &[
+            "--redis",
+            &dead,
+            "--limit",
+            "4",
+            "--on-redis-error",
+            "local",
+            "--instances",
+            "2",
+        ],
+        &[],
+    );
+    assert!(
+        local.printed(
+            "quota: 4 per 60s (burst 4), algorithm token-bucket, on-redis-error local (instances 2)"
+        ),
+        "{}",
+        local.output()
+    );
+    assert!(
+        local.printed_starting(&format!("store: redis {dead} (not reachable yet: ")),
+        "{}",
+        local.output()
+    );
+    // This instance's share: 4 / 2 = 2, then 429 with a retry hint, decided in memory.
+    let statuses: Vec<u16> = (0..3).map(|_| local.get(&[]).status).collect();
+    assert_eq!(statuses, [200, 200, 429], "{}", local.output());
+    let denied = local.get(&[]);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert!(denied.header("retry-after").is_some(), "{denied:?}");
+    // Another client has a share of its own.
+    assert_eq!(local.get(&[("x-api-key", "other")]).status, 200);
+    drop(local);
+
+    // `--instances 1` (the default) keeps the whole quota.
+    let whole = Example::start(
+        &[
+            "--redis",
+            &dead,
+            "--limit",
+            "3",
+            "--on-redis-error",
+            "local",
+        ],
+        &[],
+    );
+    assert!(
+        whole.printed(
+            "quota: 3 per 60s (burst 3), algorithm token-bucket, on-redis-error local (instances 1)"
+        ),
+        "{}",
+        whole.output()
+    );
+    let statuses: Vec<u16> = (0..4).map(|_| whole.get(&[]).status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429], "{}", whole.output());
+}
+
+#[test]
+fn metrics_bind_serves_prometheus_text_after_real_requests() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let example = Example::start(
+        &[
+            "--redis",
+            &url,
+            "--limit",
+            "2",
+            "--metrics-bind",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let line = example
+        .stdout
+        .iter()
+        .find_map(|l| l.strip_prefix("metrics on http://"))
+        .unwrap_or_else(|| panic!("no `metrics on` line; {}", example.output()));
+    let metrics_addr: SocketAddr = line
+        .strip_suffix("/metrics")
+        .expect("a /metrics URL")
+        .parse()
+        .unwrap();
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| example.get(&[("x-api-key", "secret-key-9")]).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+
+    let scraped = http_get(metrics_addr, "/metrics", &[]).unwrap();
+    assert_eq!(scraped.status, 200, "{scraped:?}");
+    let body = scraped.body;
+    for line in [
+        "redlimit_decisions_total{policy=\"default\",outcome=\"allowed\"} 2",
+        "redlimit_decisions_total{policy=\"default\",outcome=\"limited\"} 1",
+        "redlimit_circuit_breaker_open 0",
+    ] {
+        assert!(body.lines().any(|l| l == line), "no {line:?} in:\n{body}");
+    }
+    assert!(
+        body.contains("redlimit_store_latency_seconds"),
+        "no latency in:\n{body}"
+    );
+    assert!(!body.contains("secret-key-9"), "{body}");
+}
+
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    let dead = dead_redis_url();
+    // info level: the background connection warns that it cannot connect.
+    let example = Example::start(&["--redis", &dead], &[("RUST_LOG", "info")]);
+    assert_eq!(example.get(&[]).status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !example.stderr.lock().unwrap().contains("WARN") {
+        assert!(
+            Instant::now() < deadline,
+            "no warning; {}",
+            example.output()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let stderr = example.stderr.lock().unwrap().clone();
+    assert!(!stderr.contains('\u{1b}'), "ANSI codes in {stderr:?}");
 }

@@ -6,160 +6,32 @@
 mod greeter;
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::thread;
-use std::time::{Duration, Instant};
-
 use greeter::{GreeterClient, HelloRequest};
 use redlimit::Algorithm;
-use support::{free_port, RedisServer};
+use support::example::{self, dead_redis_url};
+use support::RedisServer;
 use tonic::metadata::MetadataValue;
 use tonic::Code;
 
-/// How long the example may take to print `listening on` (or to exit).
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The example binary, built once per test run with the same profile as this test.
-fn example_binary() -> &'static PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        // This test runs from <target>/<profile>/deps/; examples land in <target>/<profile>/examples/.
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("test executable inside <target>/<profile>/deps")
-            .to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let output = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "--example", "tonic", "--profile"])
-            .arg(&profile)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdin(Stdio::null())
-            .output()
-            .expect("run cargo build --example tonic");
-        assert!(
-            output.status.success(),
-            "cargo build --example tonic failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let binary = profile_dir
-            .join("examples")
-            .join(format!("tonic{}", std::env::consts::EXE_SUFFIX));
-        assert!(binary.exists(), "no example binary at {}", binary.display());
-        binary
-    })
+/// Runs the tonic example to completion (for flags that must make it exit).
+fn run_to_exit(args: &[&str]) -> std::process::Output {
+    example::run_to_exit("tonic", args)
 }
 
-/// A Redis URL on which nothing listens.
-fn dead_redis_url() -> String {
-    format!("redis://127.0.0.1:{}/", free_port())
-}
+/// The running tonic example.
+struct Example(example::Example);
 
-/// Runs the example to completion (for flags that must make it exit).
-fn run_to_exit(args: &[&str]) -> Output {
-    let mut child = Command::new(example_binary())
-        .args(args)
-        .env("REDIS_URL", dead_redis_url())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the example");
-    let deadline = Instant::now() + START_TIMEOUT;
-    while child.try_wait().expect("poll the example").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the example with {args:?} did not exit");
-        }
-        thread::sleep(Duration::from_millis(20));
+impl std::ops::Deref for Example {
+    type Target = example::Example;
+    fn deref(&self) -> &example::Example {
+        &self.0
     }
-    child
-        .wait_with_output()
-        .expect("collect the example's output")
-}
-
-/// A running example server; killed on drop.
-struct Example {
-    child: Child,
-    addr: SocketAddr,
-    stdout: Vec<String>,
-    stderr: Arc<Mutex<String>>,
 }
 
 impl Example {
-    /// Starts the example on a free port with `args` and waits for `listening on ADDR`.
+    /// Starts the tonic example on a free port with `args` and waits for `listening on ADDR`.
     fn start(args: &[&str], envs: &[(&str, &str)]) -> Example {
-        let mut command = Command::new(example_binary());
-        command
-            .args(["--bind", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (name, value) in envs {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().expect("spawn the example");
-
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err_pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        thread::spawn(move || {
-            let mut buffer = [0; 4096];
-            while let Ok(n @ 1..) = err_pipe.read(&mut buffer) {
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
-            }
-        });
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if sender.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-
-        let mut example = Example {
-            child,
-            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-            stdout: Vec::new(),
-            stderr,
-        };
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(line) => {
-                    let listening = line.strip_prefix("listening on ").map(str::to_owned);
-                    example.stdout.push(line);
-                    if let Some(addr) = listening {
-                        example.addr = addr.parse().expect("an address after `listening on`");
-                        return example;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    panic!("no `listening on` line in time; {}", example.output())
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    let status = example.child.wait().expect("wait for the example");
-                    panic!("the example exited with {status}; {}", example.output())
-                }
-            }
-        }
+        Example(example::Example::start("tonic", args, envs))
     }
 
     /// A gRPC client connected to the example.
@@ -170,26 +42,6 @@ impl Example {
             .await
             .unwrap_or_else(|e| panic!("cannot connect: {e}; {}", self.output()));
         GreeterClient::new(channel)
-    }
-
-    /// Whether the example printed `line` on stdout before it was ready.
-    fn printed(&self, line: &str) -> bool {
-        self.stdout.iter().any(|l| l == line)
-    }
-
-    fn output(&self) -> String {
-        format!(
-            "stdout so far:\n{}\nstderr:\n{}",
-            self.stdout.join("\n"),
-            self.stderr.lock().unwrap()
-        )
-    }
-}
-
-impl Drop for Example {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -303,8 +155,10 @@ async fn limits_with_redis_and_answers_resource_exhausted() {
     let redis = RedisServer::start();
     let url = redis.url();
     let example = Example::start(&["--redis", &url, "--limit", "3", "--period", "1m"], &[]);
+    // Verified at start, as the axum example does: the store line names the server's version.
+    let version = support::redis_server_version();
     assert!(
-        example.printed(&format!("store: redis {url}")),
+        example.printed(&format!("store: redis {url} (Redis {version})")),
         "{}",
         example.output()
     );
@@ -352,7 +206,11 @@ async fn redis_down_closed_local_and_open() {
     let dead = dead_redis_url();
 
     let closed = Example::start(&["--redis", &dead, "--on-redis-error", "closed"], &[]);
-    assert!(closed.printed(&format!("store: redis {dead}")));
+    assert!(
+        closed.printed_starting(&format!("store: redis {dead} (not reachable yet: ")),
+        "{}",
+        closed.output()
+    );
     let failed = call(&mut closed.client().await, None).await.unwrap_err();
     assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
     assert_eq!(failed.message(), "rate limiter unavailable");

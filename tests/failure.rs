@@ -5,21 +5,20 @@
 
 mod support;
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::Full;
 use redlimit::key::GlobalKey;
 use redlimit::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 use redlimit::store::RedisStore;
 use redlimit::{Clock, Limiter, LimiterStats, ManualClock, Quota, RateLimitLayer};
+use support::service::counting;
 use support::RedisServer;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
 
 /// The store's default timeout (100 ms), which the tests rely on.
 const TIMEOUT: Duration = redlimit::store::DEFAULT_TIMEOUT;
@@ -39,25 +38,6 @@ fn limiter(url: &str, policy: impl FailurePolicy) -> Limiter {
         .failure_policy(policy)
         .build()
         .unwrap()
-}
-
-fn counting(
-    calls: Arc<AtomicUsize>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send,
-> + Clone
-       + Send
-       + 'static {
-    tower::service_fn(move |_request: Request<Full<Bytes>>| {
-        let calls = calls.clone();
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
-        }
-    })
 }
 
 fn get(grpc: bool) -> Request<Full<Bytes>> {

@@ -7,7 +7,7 @@
 mod support;
 
 use std::convert::Infallible;
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
@@ -22,14 +22,11 @@ use redlimit::store::RedisStore;
 use redlimit::{
     Clock, Decision, Limiter, ManualClock, MissingKey, Quota, RateLimitLayer, ResponseBody,
 };
+use support::service::{counting, SEEN};
 use support::RedisServer;
 use tower::buffer::Buffer;
 use tower::limit::ConcurrencyLimit;
 use tower::{Layer, Service, ServiceExt};
-
-/// The header in which the inner service reports the `remaining` it read from the request's
-/// extensions (`none` when there was no `Decision`).
-const SEEN: &str = "x-seen-remaining";
 
 /// A private Redis and a limiter on it, on a clock that stands still.
 struct Fixture {
@@ -65,36 +62,6 @@ impl Fixture {
 
 fn two_a_minute() -> Quota {
     Quota::per_minute(2).unwrap()
-}
-
-/// The inner service: counts its calls and echoes the decision it finds in the extensions.
-fn counting(
-    calls: Arc<AtomicUsize>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send,
-> + Clone
-       + Send
-       + Sync
-       + 'static {
-    tower::service_fn(move |request: Request<Full<Bytes>>| {
-        let calls = calls.clone();
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok(Response::builder()
-                .header(SEEN, seen_remaining(request.extensions()))
-                .body(Full::new(Bytes::from_static(b"ok")))
-                .unwrap())
-        }
-    })
-}
-
-fn seen_remaining(extensions: &http::Extensions) -> String {
-    extensions
-        .get::<Decision>()
-        .map_or_else(|| "none".to_owned(), |d| d.remaining.to_string())
 }
 
 fn get(path: &str) -> Request<Full<Bytes>> {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
-use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
 use redlimit::{
     Algorithm, FailClosed, FailOpen, Limiter, LocalFallback, Quota, QuotaError, RateLimitLayer,
 };
@@ -28,6 +28,8 @@ pub struct Program {
     pub default_bind: &'static str,
     /// What a rejection looks like, for `--on-redis-error`'s help ("503", "UNAVAILABLE").
     pub closed_answer: &'static str,
+    /// Whether the example takes `--metrics-bind ADDR`.
+    pub serves_metrics: bool,
 }
 
 const USAGE: &str = "\
@@ -40,6 +42,8 @@ options:
                                 otherwise the in-memory store]
   --redis-cluster URL,URL,...   use this Redis Cluster (any of its nodes), never the
                                 in-memory store
+  --redis-ca FILE               trust this CA (PEM) for rediss:// URLs instead of the
+                                system's roots
   --limit N                     requests per period and client [default: 10]
   --period DURATION             e.g. 500ms, 1s, 60s, 1m, 1h [default: 60s]
   --burst N                     requests allowed at once [default: the limit]
@@ -49,9 +53,15 @@ options:
                                 [default: open]
   --instances N                 with --on-redis-error local: how many instances share the
                                 quota [default: 1]
-  -h, --help                    print this help
+METRICS  -h, --help                    print this help
 
 A client is its x-api-key header (gRPC: metadata) when present, else its IP address.";
+
+/// The `--metrics-bind` line of the usage, for the examples that serve metrics.
+const METRICS_USAGE: &str = concat!(
+    "  --metrics-bind ADDR           serve Prometheus metrics at http://ADDR/metrics\n",
+    "                                [default: no metrics]\n",
+);
 
 /// The Redis used when neither `--redis` nor `REDIS_URL` is given.
 const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
@@ -64,12 +74,18 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 pub struct Options {
     pub bind: SocketAddr,
     pub backend: Backend,
+    /// `--redis-ca`: a private CA (PEM) for `rediss://`.
+    pub redis_ca: Option<Vec<u8>>,
+    /// `--metrics-bind`: where to serve `/metrics` (only examples with `serves_metrics`).
+    #[allow(dead_code)] // read by the axum example only
+    pub metrics_bind: Option<SocketAddr>,
     pub quota: Quota,
     pub algorithm: Algorithm,
     pub on_redis_error: OnRedisError,
 }
 
-/// Where decisions are made.
+/// Where decisions are made. A new Redis topology is one more variant here, its flag in
+/// [`parse_args`] (through [`Backend::set`]) and its store in [`limiter`].
 #[derive(Debug, PartialEq)]
 pub enum Backend {
     /// No store flag: the Redis at `REDIS_URL` or the default URL if it answers, else memory.
@@ -78,6 +94,17 @@ pub enum Backend {
     Redis(String),
     /// `--redis-cluster URL,URL,...`: this Redis Cluster, whatever happens.
     Cluster(Vec<String>),
+}
+
+impl Backend {
+    /// Sets the store flag's backend: only one store flag, given once.
+    fn set(&mut self, backend: Backend) -> Result<(), CliError> {
+        if *self != Backend::Auto {
+            return Err(invalid("give one of --redis and --redis-cluster, once"));
+        }
+        *self = backend;
+        Ok(())
+    }
 }
 
 /// `--on-redis-error`: the limiter's failure policy.
@@ -162,6 +189,8 @@ pub fn parse_args(
     let mut algorithm = Algorithm::default();
     let mut policy = "open".to_owned();
     let mut instances = None;
+    let mut redis_ca = None;
+    let mut metrics_bind = None;
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -180,21 +209,17 @@ pub fn parse_args(
         };
         match flag.as_str() {
             "--bind" => bind = value()?,
-            "--redis-cluster" => {
-                if backend != Backend::Auto {
-                    return Err(invalid("give one of --redis and --redis-cluster, once"));
-                }
-                backend = Backend::Cluster(parse_cluster_urls(&value()?)?);
-            }
+            "--redis-cluster" => backend.set(Backend::Cluster(parse_cluster_urls(&value()?)?))?,
             "--redis" => {
-                if backend != Backend::Auto {
-                    return Err(invalid("give one of --redis and --redis-cluster, once"));
-                }
                 let url = value()?;
                 redis::Client::open(url.as_str()).map_err(|e| {
                     invalid(format!("--redis: invalid URL {}: {e}", redacted(&url)))
                 })?;
-                backend = Backend::Redis(url);
+                backend.set(Backend::Redis(url))?;
+            }
+            "--redis-ca" => redis_ca = Some(read_ca(&value()?)?),
+            "--metrics-bind" if program.serves_metrics => {
+                metrics_bind = Some(parse_addr(&flag, &value()?)?)
             }
             "--limit" => limit = parse_count(&flag, &value()?)?,
             "--period" => period = parse_duration(&value()?)?,
@@ -227,11 +252,7 @@ pub fn parse_args(
             )))
         }
     };
-    let bind = bind.parse().map_err(|_| {
-        invalid(format!(
-            "--bind: {bind:?} is not an address like 127.0.0.1:3000"
-        ))
-    })?;
+    let bind = parse_addr("--bind", &bind)?;
     let quota = Quota::new(limit, period).map_err(|e| match e {
         QuotaError::ZeroPeriod | QuotaError::PeriodTooLong => invalid(format!("--period: {e}")),
         _ => invalid(format!("--limit: {e}")),
@@ -242,9 +263,20 @@ pub fn parse_args(
             .map_err(|e| invalid(format!("--burst: {e}")))?,
         None => quota,
     };
+    // A quota the algorithm refuses would make the layer deny every request: a usage error.
+    algorithm
+        .supports(&quota)
+        .map_err(|e| invalid(format!("--limit/--burst for --algorithm {algorithm}: {e}")))?;
+    if redis_ca.is_some() && backend == Backend::Auto {
+        return Err(invalid(
+            "--redis-ca needs --redis rediss://... or --redis-cluster rediss://...",
+        ));
+    }
     Ok(Options {
         bind,
         backend,
+        redis_ca,
+        metrics_bind,
         quota,
         algorithm,
         on_redis_error,
@@ -262,14 +294,37 @@ fn parse_cluster_urls(value: &str) -> Result<Vec<String>, CliError> {
     if urls.is_empty() {
         return Err(invalid("--redis-cluster needs at least one URL"));
     }
-    RedisStore::cluster(urls.iter().map(String::as_str)).map_err(|e| {
-        let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
-        invalid(format!(
-            "--redis-cluster: invalid URLs {}: {e}",
-            shown.join(",")
-        ))
-    })?;
+    RedisStore::cluster_builder(urls.iter().map(String::as_str))
+        .build()
+        .map_err(|e| {
+            let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
+            invalid(format!(
+                "--redis-cluster: invalid URLs {}: {e}",
+                shown.join(",")
+            ))
+        })?;
     Ok(urls)
+}
+
+/// `--redis-ca`'s file: a PEM certificate.
+fn read_ca(path: &str) -> Result<Vec<u8>, CliError> {
+    let pem =
+        std::fs::read(path).map_err(|e| invalid(format!("--redis-ca: cannot read {path}: {e}")))?;
+    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(invalid(format!(
+            "--redis-ca: {path} holds no PEM certificate"
+        )));
+    }
+    Ok(pem)
+}
+
+/// An address like `127.0.0.1:3000`.
+fn parse_addr(flag: &str, value: &str) -> Result<SocketAddr, CliError> {
+    value.parse().map_err(|_| {
+        invalid(format!(
+            "{flag}: {value:?} is not an address like 127.0.0.1:3000"
+        ))
+    })
 }
 
 /// A count of at least 1.
@@ -306,9 +361,17 @@ fn parse_duration(value: &str) -> Result<Duration, CliError> {
 pub fn usage(program: &Program) -> String {
     let names: Vec<&str> = Algorithm::ALL.iter().map(Algorithm::name).collect();
     USAGE
-        .replace("NAME", program.name)
+        .replace("--example NAME", &format!("--example {}", program.name))
         .replace("BIND", program.default_bind)
         .replace("CLOSED", program.closed_answer)
+        .replace(
+            "METRICS",
+            if program.serves_metrics {
+                METRICS_USAGE
+            } else {
+                ""
+            },
+        )
         .replace("ALGORITHMS", &names.join(", "))
 }
 
@@ -380,10 +443,13 @@ pub fn redacted(url: &str) -> String {
 
 /// Builds the limiter on the chosen store and says which one it is.
 async fn limiter(options: &Options) -> Result<Limiter, String> {
+    let ca = options.redis_ca.as_deref();
     let builder = match &options.backend {
         Backend::Redis(url) => {
-            let builder = Limiter::builder(redis_store(url)?);
-            if !redis_answers(url).await {
+            let store = with_ca(RedisStore::builder(url.as_str()), ca)
+                .build()
+                .map_err(|e| format!("invalid Redis URL {}: {e}", redacted(url)))?;
+            if !announce("redis", &redacted(url), &store).await {
                 eprintln!(
                     "warning: Redis at {} does not answer yet; --on-redis-error {} decides \
                      until it does",
@@ -391,19 +457,26 @@ async fn limiter(options: &Options) -> Result<Limiter, String> {
                     options.on_redis_error
                 );
             }
-            builder
+            Limiter::builder(store)
         }
         Backend::Cluster(urls) => {
             let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
-            let store = RedisStore::cluster(urls.iter().map(String::as_str))
-                .map_err(|e| format!("invalid Redis Cluster URLs {}: {e}", shown.join(",")))?;
-            println!("store: redis-cluster {}", shown.join(","));
+            let store = with_ca(
+                RedisStore::cluster_builder(urls.iter().map(String::as_str)),
+                ca,
+            )
+            .build()
+            .map_err(|e| format!("invalid Redis Cluster URLs {}: {e}", shown.join(",")))?;
+            announce("redis-cluster", &shown.join(","), &store).await;
             Limiter::builder(store)
         }
         Backend::Auto => {
             let url = env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned());
             if redis_answers(&url).await {
-                Limiter::builder(redis_store(&url)?)
+                let store = RedisStore::new(url.as_str())
+                    .map_err(|e| format!("invalid Redis URL {}: {e}", redacted(&url)))?;
+                announce("redis", &redacted(&url), &store).await;
+                Limiter::builder(store)
             } else {
                 println!("store: memory (no Redis reachable at {})", redacted(&url));
                 Limiter::builder(MemoryStore::new())
@@ -419,10 +492,26 @@ async fn limiter(options: &Options) -> Result<Limiter, String> {
     builder.build().map_err(|e| e.to_string())
 }
 
-/// A store on the Redis at `url` (which may be down: it connects in the background).
-fn redis_store(url: &str) -> Result<RedisStore, String> {
-    let store =
-        RedisStore::new(url).map_err(|e| format!("invalid Redis URL {}: {e}", redacted(url)))?;
-    println!("store: redis {}", redacted(url));
-    Ok(store)
+/// `builder` trusting `ca` (PEM) for TLS, when given.
+fn with_ca(builder: RedisStoreBuilder, ca: Option<&[u8]>) -> RedisStoreBuilder {
+    match ca {
+        Some(pem) => builder.tls_ca_pem(pem),
+        None => builder,
+    }
+}
+
+/// Verifies the store (connect, PING, script load) and prints
+/// `store: KIND SHOWN (Redis 7.0.15)` or `store: KIND SHOWN (not reachable yet: ...)`.
+/// Whether it is reachable.
+async fn announce(kind: &str, shown: &str, store: &RedisStore) -> bool {
+    match store.verify().await {
+        Ok(server) => {
+            println!("store: {kind} {shown} ({server})");
+            true
+        }
+        Err(error) => {
+            println!("store: {kind} {shown} (not reachable yet: {error})");
+            false
+        }
+    }
 }

@@ -9,7 +9,7 @@ use http::StatusCode;
 
 use super::response::HeaderStyle;
 use crate::key::KeyExtractor;
-use crate::limiter::{KeyScope, Limiter};
+use crate::limiter::{KeyScope, Limiter, PolicyLabel};
 use crate::quota::Quota;
 
 /// What happens to a request whose key cannot be extracted (no API-key header, no peer address).
@@ -76,6 +76,8 @@ pub(crate) struct Config<K> {
     pub missing_key: MissingKey,
     /// The name in the headers.
     pub policy_name: String,
+    /// The policy name as the `metrics` feature's label.
+    pub metrics_label: PolicyLabel,
     /// The scope of this layer's keys in the store.
     pub scope: String,
     /// The constant parts of this layer's storage keys.
@@ -90,7 +92,7 @@ pub(crate) struct Config<K> {
 impl<K: KeyExtractor> Config<K> {
     /// Counts a request without a key checked against the shared one, and logs the first.
     pub fn note_unkeyed(&self, shared: &str) {
-        self.limiter.count_unkeyed();
+        self.limiter.count_unkeyed(&self.metrics_label);
         if !self.unkeyed_logged.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 policy = %self.policy_name,

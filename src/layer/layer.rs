@@ -12,7 +12,7 @@ use super::response::HeaderStyle;
 use super::service::RateLimit;
 use crate::algorithm::Algorithm;
 use crate::key::KeyExtractor;
-use crate::limiter::{ConfigError, Limiter};
+use crate::limiter::{ConfigError, Limiter, PolicyLabel};
 use crate::quota::Quota;
 
 /// Rate-limits requests per key across every instance sharing the limiter's store.
@@ -388,6 +388,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
                 quota: self.quota,
                 extractor: self.extractor,
                 missing_key: self.missing_key,
+                metrics_label: PolicyLabel::new(&self.policy_name),
                 policy_name: self.policy_name,
                 scope,
                 keys,

@@ -207,7 +207,12 @@ where
         let check = Box::pin(async move {
             let verdict = config
                 .limiter
-                .check_storage_key(storage_key.as_str(), &config.quota, cost)
+                .check_storage_key(
+                    storage_key.as_str(),
+                    &config.quota,
+                    cost,
+                    &config.metrics_label,
+                )
                 .await;
             (verdict, config)
         });

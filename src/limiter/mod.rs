@@ -22,8 +22,9 @@ pub use self::builder::LimiterBuilder;
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
 use self::keys::{join_storage_key, StorageKey};
-use self::stats::Counters;
-pub use self::stats::LimiterStats;
+pub(crate) use self::stats::PolicyLabel;
+use self::stats::{Counters, StoreTimer};
+pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
 
 /// The default prefix of every Redis key.
 pub const DEFAULT_PREFIX: &str = "redlimit";
@@ -140,7 +141,8 @@ impl Limiter {
     /// ```
     pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
         let storage_key = self.inner.unscoped.storage_key(key);
-        self.decide(storage_key.as_str(), quota, cost).await
+        self.decide(storage_key.as_str(), quota, cost, &PolicyLabel::direct())
+            .await
     }
 
     /// Checks one request of `cost` units for `key` within `scope`: each scope keeps its own
@@ -168,7 +170,8 @@ impl Limiter {
     pub async fn check_scoped(&self, scope: &str, key: &str, quota: &Quota, cost: u64) -> Verdict {
         let (prefix, id, scope) = (&self.inner.prefix, storage_id(key), storage_id(scope));
         let storage_key = StorageKey::join(&[prefix, ":{", &id, "}:", &scope]);
-        self.decide(storage_key.as_str(), quota, cost).await
+        self.decide(storage_key.as_str(), quota, cost, &PolicyLabel::direct())
+            .await
     }
 
     /// The constant parts of the storage keys of `scope` (`None`: unscoped), computed once, so
@@ -178,19 +181,21 @@ impl Limiter {
         KeyScope::new(&self.inner.prefix, scope)
     }
 
-    /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`].
+    /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`];
+    /// `label` names the layer's policy in metrics.
     pub(crate) async fn check_storage_key(
         &self,
         storage_key: &str,
         quota: &Quota,
         cost: u64,
+        label: &PolicyLabel,
     ) -> Verdict {
-        self.decide(storage_key, quota, cost).await
+        self.decide(storage_key, quota, cost, label).await
     }
 
     /// Counts a request that had no key and was checked against a shared one.
-    pub(crate) fn count_unkeyed(&self) {
-        self.inner.stats.count_unkeyed();
+    pub(crate) fn count_unkeyed(&self, label: &PolicyLabel) {
+        self.inner.stats.count_unkeyed(label);
     }
 
     /// Drops what this process remembers about `key` in its deny cache (see
@@ -233,7 +238,13 @@ impl Limiter {
         }
     }
 
-    async fn decide(&self, storage_key: &str, quota: &Quota, cost: u64) -> Verdict {
+    async fn decide(
+        &self,
+        storage_key: &str,
+        quota: &Quota,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Verdict {
         if let Err(error) = self.inner.algorithm.supports(quota) {
             tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
             let decision = Decision {
@@ -243,12 +254,12 @@ impl Limiter {
                 retry_after: Decision::NEVER,
                 reset_after: Duration::ZERO,
             };
-            self.inner.stats.count_decision(&decision);
+            self.inner.stats.count_decision(&decision, label);
             return Verdict::Decided(decision);
         }
         let request = self.request(storage_key, quota, cost);
         let stats = &self.inner.stats;
-        match self.ask(request).await {
+        match self.ask(request, label).await {
             Ok(decision) => Verdict::Decided(decision),
             Err(error) => {
                 stats.count_store_error();
@@ -256,7 +267,7 @@ impl Limiter {
                     error: &error,
                     request,
                 });
-                stats.count_failure(&verdict);
+                stats.count_failure(&verdict, label);
                 // The key is never logged: it may be a secret. While the circuit breaker is open
                 // every request lands here; the breaker itself logs its state changes, so those
                 // are debug-level to keep an outage from flooding the logs.
@@ -310,14 +321,21 @@ impl Limiter {
     ) -> Result<Decision, StoreError> {
         self.inner.algorithm.supports(quota)?;
         let storage_key = self.inner.unscoped.storage_key(key);
-        self.ask(self.request(storage_key.as_str(), quota, cost))
-            .await
+        self.ask(
+            self.request(storage_key.as_str(), quota, cost),
+            &PolicyLabel::direct(),
+        )
+        .await
     }
 
     /// The decision for `request`: from the deny cache when it holds one, else from the store
     /// (a denial that will end is then remembered). Counts the decision; errors are the
     /// caller's.
-    async fn ask(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+    async fn ask(
+        &self,
+        request: CheckRequest<'_>,
+        label: &PolicyLabel,
+    ) -> Result<Decision, StoreError> {
         let stats = &self.inner.stats;
         let cache = self.inner.deny_cache.as_ref();
         let CheckRequest {
@@ -326,12 +344,15 @@ impl Limiter {
         if let Some(cache) = cache {
             let now = cache.now(request.now_micros);
             if let Some(decision) = cache.lookup(key, quota, cost, now) {
-                stats.count_cached_denial();
+                stats.count_cached_denial(label);
                 return Ok(decision);
             }
         }
-        let decision = self.inner.store.check(request).await?;
-        stats.count_decision(&decision);
+        let timer = StoreTimer::start();
+        let result = self.inner.store.check(request).await;
+        timer.stop(label);
+        let decision = result?;
+        stats.count_decision(&decision, label);
         if let Some(cache) = cache {
             if !decision.allowed {
                 // The store decided at `now_micros` (client clock), or before its reply came.

@@ -5,6 +5,81 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::decision::Decision;
 use crate::policy::Verdict;
 
+/// The `policy` label of checks made outside a layer ([`Limiter::check`](super::Limiter::check)
+/// and its siblings) in the `metrics` feature's metrics; a layer's checks carry its policy name.
+pub const DIRECT_POLICY_LABEL: &str = "direct";
+
+/// What the `metrics` feature labels a check with: the layer's policy name, or
+/// [`DIRECT_POLICY_LABEL`]. Without the feature it is empty and every use compiles away.
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyLabel {
+    #[cfg(feature = "metrics")]
+    name: metrics::SharedString,
+}
+
+impl PolicyLabel {
+    /// The label of a layer's checks.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(policy_name: &str) -> Self {
+        PolicyLabel {
+            #[cfg(feature = "metrics")]
+            name: metrics::SharedString::from(policy_name.to_owned()),
+        }
+    }
+
+    /// The label of checks made outside a layer.
+    pub(crate) const fn direct() -> Self {
+        PolicyLabel {
+            #[cfg(feature = "metrics")]
+            name: metrics::SharedString::const_str(DIRECT_POLICY_LABEL),
+        }
+    }
+}
+
+/// The metrics the limiter records with the `metrics` feature (names and label values are
+/// documented in the crate docs, section "Metrics"; the circuit gauge is the store's).
+#[cfg(feature = "metrics")]
+pub(crate) mod names {
+    /// Counter: decisions, labelled `policy` and `outcome`.
+    pub const DECISIONS: &str = "redlimit_decisions_total";
+    /// Histogram: seconds a store call took (success or error), labelled `policy`.
+    pub const STORE_LATENCY: &str = "redlimit_store_latency_seconds";
+    /// Counter: requests a layer found no key for, labelled `policy`.
+    pub const UNKEYED: &str = "redlimit_unkeyed_requests_total";
+}
+
+/// Records one decision's outcome (`allowed`, `limited`, `store_error_admitted`,
+/// `store_error_rejected`, `local_fallback`, `deny_cache`).
+#[cfg(feature = "metrics")]
+fn record_outcome(label: &PolicyLabel, outcome: &'static str) {
+    metrics::counter!(names::DECISIONS, "policy" => label.name.clone(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// Measures a store call for the latency histogram; nothing without the `metrics` feature.
+pub(crate) struct StoreTimer {
+    #[cfg(feature = "metrics")]
+    start: std::time::Instant,
+}
+
+impl StoreTimer {
+    #[inline]
+    pub(crate) fn start() -> Self {
+        StoreTimer {
+            #[cfg(feature = "metrics")]
+            start: std::time::Instant::now(),
+        }
+    }
+
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn stop(self, label: &PolicyLabel) {
+        #[cfg(feature = "metrics")]
+        metrics::histogram!(names::STORE_LATENCY, "policy" => label.name.clone())
+            .record(self.start.elapsed());
+    }
+}
+
 /// What a limiter has decided since it was built; see [`Limiter::stats`](super::Limiter::stats).
 ///
 /// Export it to your metrics: a rising `store_errors` means Redis is in trouble while the
@@ -91,34 +166,54 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    pub(crate) fn count_decision(&self, decision: &Decision) {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn count_decision(&self, decision: &Decision, label: &PolicyLabel) {
         if decision.allowed {
             self.allowed.add();
         } else {
             self.denied.add();
         }
+        #[cfg(feature = "metrics")]
+        record_outcome(
+            label,
+            if decision.allowed {
+                "allowed"
+            } else {
+                "limited"
+            },
+        );
     }
 
     /// A denial answered from the deny cache.
-    pub(crate) fn count_cached_denial(&self) {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn count_cached_denial(&self, label: &PolicyLabel) {
         self.denied.add();
         self.deny_cached.add();
+        #[cfg(feature = "metrics")]
+        record_outcome(label, "deny_cache");
     }
 
     pub(crate) fn count_store_error(&self) {
         self.store_errors.add();
     }
 
-    pub(crate) fn count_failure(&self, verdict: &Verdict) {
-        match verdict {
-            Verdict::Decided(_) => self.fallback_decisions.add(),
-            Verdict::FailedOpen => self.failed_open.add(),
-            Verdict::FailedClosed { .. } => self.failed_closed.add(),
-        }
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn count_failure(&self, verdict: &Verdict, label: &PolicyLabel) {
+        let (counter, _outcome) = match verdict {
+            Verdict::Decided(_) => (&self.fallback_decisions, "local_fallback"),
+            Verdict::FailedOpen => (&self.failed_open, "store_error_admitted"),
+            Verdict::FailedClosed { .. } => (&self.failed_closed, "store_error_rejected"),
+        };
+        counter.add();
+        #[cfg(feature = "metrics")]
+        record_outcome(label, _outcome);
     }
 
-    pub(crate) fn count_unkeyed(&self) {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn count_unkeyed(&self, label: &PolicyLabel) {
         self.unkeyed.add();
+        #[cfg(feature = "metrics")]
+        metrics::counter!(names::UNKEYED, "policy" => label.name.clone()).increment(1);
     }
 
     pub(crate) fn snapshot(&self) -> LimiterStats {

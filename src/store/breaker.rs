@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 /// After `failure_threshold` consecutive failures the circuit **opens**: for `cool_down`, calls
 /// skip Redis and go straight to the failure policy (no waiting on a dead server). Then one call
 /// at a time is let through as a probe: success closes the circuit, failure opens it for
-/// another cool-down. Every state change is logged with `tracing`.
+/// another cool-down. Every state change is logged with `tracing` (a warning when the circuit
+/// opens, an info event when it closes) and, with the `metrics` feature, shown by the gauge
+/// `redlimit_circuit_breaker_open` (1 open, 0 closed).
 ///
 /// ```
 /// use redlimit::store::{CircuitBreaker, RedisStore};
@@ -61,6 +63,7 @@ pub(crate) struct BreakerState {
 
 impl BreakerState {
     pub(crate) fn new(config: CircuitBreaker) -> Self {
+        set_open_gauge(false);
         BreakerState {
             config,
             epoch: Instant::now(),
@@ -97,6 +100,7 @@ impl BreakerState {
         if admission == Admission::Probe {
             self.open_until.store(0, Ordering::Release);
             self.probing.store(false, Ordering::Release);
+            set_open_gauge(false);
             tracing::info!("rate limit store recovered; circuit closed");
         }
     }
@@ -122,6 +126,7 @@ impl BreakerState {
                         )
                         .is_ok()
                 {
+                    set_open_gauge(true);
                     tracing::warn!(
                         failures,
                         cool_down = ?self.config.cool_down,
@@ -151,6 +156,14 @@ impl BreakerState {
     pub(crate) fn is_open(&self) -> bool {
         self.open_until.load(Ordering::Acquire) != 0
     }
+}
+
+/// The `metrics` feature's circuit gauge; nothing without the feature.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn set_open_gauge(open: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("redlimit_circuit_breaker_open").set(if open { 1.0 } else { 0.0 });
 }
 
 #[cfg(test)]

@@ -16,8 +16,10 @@
 #![allow(dead_code, unused_imports)]
 
 mod cluster;
+pub mod example;
 pub mod sentinel;
 mod server;
+pub mod service;
 mod tls;
 
 pub use cluster::RedisCluster;

@@ -1,0 +1,99 @@
+//! `tracing` events of an outage on a real Redis: a warning when the store keeps failing and the
+//! circuit opens, an info event when a probe finds Redis back and the circuit closes.
+
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redlimit::store::{CircuitBreaker, RedisStore};
+use redlimit::{Limiter, Quota};
+use support::RedisServer;
+
+/// Everything the subscriber wrote.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The lines of `text` at `level` that contain `message`.
+fn lines_with<'a>(text: &'a str, level: &str, message: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| l.contains(level) && l.contains(message))
+        .collect()
+}
+
+// One thread: the subscriber set for this test sees every event of the calls it makes.
+#[tokio::test(flavor = "current_thread")]
+async fn outage_warns_once_and_recovery_is_an_info_event() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let mut redis = RedisServer::start();
+    let store = RedisStore::builder(redis.url())
+        .circuit_breaker(CircuitBreaker {
+            failure_threshold: 2,
+            cool_down: Duration::from_millis(50),
+        })
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(store);
+    let quota = Quota::per_minute(100).unwrap();
+    assert!(limiter.try_check("k", &quota, 1).await.is_ok());
+
+    redis.stop();
+    for _ in 0..6 {
+        assert!(limiter.try_check("k", &quota, 1).await.is_err());
+    }
+    let text = captured.text();
+    let opened = lines_with(&text, "WARN", "circuit opened");
+    assert_eq!(opened.len(), 1, "one warning per outage:\n{text}");
+    assert!(
+        lines_with(&text, "INFO", "circuit closed").is_empty(),
+        "{text}"
+    );
+
+    redis.restart();
+    let mut back = false;
+    for _ in 0..200 {
+        if limiter.try_check("k", &quota, 1).await.is_ok() {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        back,
+        "Redis answered after the restart:\n{}",
+        captured.text()
+    );
+    let text = captured.text();
+    assert_eq!(
+        lines_with(&text, "INFO", "circuit closed").len(),
+        1,
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "no colour codes: {text:?}");
+}

@@ -1,0 +1,195 @@
+//! An example binary (`examples/NAME.rs`) run as a user runs it: built once per test run, started
+//! on a free port, its `listening on ADDR` awaited, its stdout and stderr kept for assertions.
+//! Shared by `tests/example_cli.rs` (axum) and `tests/example_tonic.rs`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// How long an example may take to print `listening on` (or to exit).
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A Redis URL on which nothing listens.
+pub fn dead_redis_url() -> String {
+    format!("redis://127.0.0.1:{}/", free_port())
+}
+
+/// The binary of `cargo run --example NAME`, built once per test run with this test's profile.
+pub fn example_binary(name: &str) -> PathBuf {
+    static BINARIES: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BINARIES.get_or_init(Default::default).lock().unwrap();
+    if let Some(binary) = built.get(name) {
+        return binary.clone();
+    }
+    // A test runs from <target>/<profile>/deps/; examples land in <target>/<profile>/examples/.
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test executable inside <target>/<profile>/deps")
+        .to_path_buf();
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev".to_owned(),
+        Some(other) => other.to_owned(),
+    };
+    let output = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", name, "--profile", &profile])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run cargo build --example {name}: {e}"));
+    assert!(
+        output.status.success(),
+        "cargo build --example {name} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let binary = profile_dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(binary.exists(), "no example binary at {}", binary.display());
+    built.insert(name.to_owned(), binary.clone());
+    binary
+}
+
+/// Runs the example to completion (for flags that must make it exit), with `REDIS_URL` dead.
+pub fn run_to_exit(name: &str, args: &[&str]) -> Output {
+    let mut child = Command::new(example_binary(name))
+        .args(args)
+        .env("REDIS_URL", dead_redis_url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the example");
+    let deadline = Instant::now() + START_TIMEOUT;
+    while child.try_wait().expect("poll the example").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the example {name} with {args:?} did not exit");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    child
+        .wait_with_output()
+        .expect("collect the example's output")
+}
+
+/// A running example server; killed on drop.
+pub struct Example {
+    child: Child,
+    /// The address after `listening on`.
+    pub addr: SocketAddr,
+    /// The stdout lines up to and including `listening on ADDR`.
+    pub stdout: Vec<String>,
+    /// Everything on stderr so far.
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl Example {
+    /// Starts example `name` on a free port (`--bind 127.0.0.1:0`) with `args` and `envs`
+    /// (`RUST_LOG=warn` unless given) and waits for `listening on ADDR`.
+    pub fn start(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Example {
+        let mut command = Command::new(example_binary(name));
+        command
+            .args(["--bind", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in envs {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("spawn the example");
+
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        thread::spawn(move || {
+            let mut buffer = [0; 4096];
+            while let Ok(n @ 1..) = err_pipe.read(&mut buffer) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let lines = stdout_lines(&mut child);
+
+        let mut example = Example {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            stdout: Vec::new(),
+            stderr,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    let listening = line.strip_prefix("listening on ").map(str::to_owned);
+                    example.stdout.push(line);
+                    if let Some(addr) = listening {
+                        example.addr = addr.parse().expect("an address after `listening on`");
+                        return example;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no `listening on` line in time; {}", example.output())
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = example.child.wait().expect("wait for the example");
+                    panic!("the example exited with {status}; {}", example.output())
+                }
+            }
+        }
+    }
+
+    /// Whether the example printed `line` on stdout before it was ready.
+    pub fn printed(&self, line: &str) -> bool {
+        self.stdout.iter().any(|l| l == line)
+    }
+
+    /// Whether the example printed a line starting with `prefix` before it was ready.
+    pub fn printed_starting(&self, prefix: &str) -> bool {
+        self.stdout.iter().any(|l| l.starts_with(prefix))
+    }
+
+    /// The output so far, for failure messages.
+    pub fn output(&self) -> String {
+        format!(
+            "stdout so far:\n{}\nstderr:\n{}",
+            self.stdout.join("\n"),
+            self.stderr.lock().unwrap()
+        )
+    }
+}
+
+impl Drop for Example {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The child's stdout, line by line, from a reader thread.
+fn stdout_lines(child: &mut Child) -> Receiver<String> {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
