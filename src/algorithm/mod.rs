@@ -196,8 +196,12 @@ impl Algorithm {
 const ARGS_ONE_TIER: usize = 16 + 25;
 
 /// The script's packed argument for one decision (see `lua/common.lua`).
-fn pack_args(request: &crate::store::CheckRequest<'_>) -> [u8; ARGS_ONE_TIER] {
-    let quota = request.quota;
+fn pack_args(
+    algorithm: Algorithm,
+    quota: &Quota,
+    cost: u64,
+    now_micros: Option<u64>,
+) -> [u8; ARGS_ONE_TIER] {
     // A number Lua cannot hold exactly is sent as NaN, which the script refuses by name.
     let exact = |v: u64| {
         if (v as f64) < MAX_EXACT {
@@ -206,13 +210,13 @@ fn pack_args(request: &crate::store::CheckRequest<'_>) -> [u8; ARGS_ONE_TIER] {
             f64::NAN
         }
     };
-    let now = request.now_micros.map_or(-1.0, exact);
+    let now = now_micros.map_or(-1.0, exact);
     // Any cost above the burst is never allowed: send burst + 1 so Lua stays below 2^53.
-    let cost = exact(request.cost.min(quota.burst().saturating_add(1)));
+    let cost = exact(cost.min(quota.burst().saturating_add(1)));
     let mut args = [0; ARGS_ONE_TIER];
     args[0..8].copy_from_slice(&now.to_le_bytes());
     args[8..16].copy_from_slice(&cost.to_le_bytes());
-    args[16] = request.algorithm.tag();
+    args[16] = algorithm.tag();
     args[17..25].copy_from_slice(&exact(quota.limit()).to_le_bytes());
     args[25..33].copy_from_slice(&exact(quota.period_micros()).to_le_bytes());
     args[33..41].copy_from_slice(&exact(quota.burst()).to_le_bytes());
@@ -221,10 +225,19 @@ fn pack_args(request: &crate::store::CheckRequest<'_>) -> [u8; ARGS_ONE_TIER] {
 
 /// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
 /// first argument (the SHA-1 or the body) is already in place. The store owns how the command is
-/// sent; this owns what the script is told.
-pub(crate) fn push_call(request: &crate::store::CheckRequest<'_>, cmd: &mut redis::Cmd) {
+/// sent; this owns what the script is told: the storage `key`, the `algorithm` and its `quota`,
+/// the `cost`, and the client's clock in µs (`None`: Redis `TIME`).
+pub(crate) fn push_call(
+    cmd: &mut redis::Cmd,
+    key: &str,
+    algorithm: Algorithm,
+    quota: &Quota,
+    cost: u64,
+    now_micros: Option<u64>,
+) {
     // One tier: one key, and one packed argument.
-    cmd.arg(1).arg(request.key).arg(&pack_args(request)[..]);
+    let args = pack_args(algorithm, quota, cost, now_micros);
+    cmd.arg(1).arg(key).arg(&args[..]);
 }
 
 /// Each algorithm's Lua step under its byte ([`Algorithm::tag`]): the registration of the Lua
@@ -563,24 +576,14 @@ mod tests {
     #[test]
     fn packed_arguments_and_reply() {
         let quota = crate::quota::Quota::per_minute(10).unwrap();
-        let request = crate::store::CheckRequest {
-            key: "k",
-            algorithm: Algorithm::Gcra,
-            quota: &quota,
-            cost: u64::MAX,
-            now_micros: None,
-        };
-        let args = pack_args(&request);
+        let args = pack_args(Algorithm::Gcra, &quota, u64::MAX, None);
         let f = |i: usize| f64::from_le_bytes(args[i..i + 8].try_into().unwrap());
         // Server clock, a cost capped at burst + 1, then the tier.
         assert_eq!((f(0), f(8), args[16]), (-1.0, 11.0, b'g'));
         assert_eq!((f(17), f(25), f(33)), (10.0, 60e6, 10.0));
         // A client time Lua cannot hold exactly is refused by the script, not rounded.
-        let late = crate::store::CheckRequest {
-            now_micros: Some(1 << 53),
-            ..request
-        };
-        assert!(f64::from_le_bytes(pack_args(&late)[0..8].try_into().unwrap()).is_nan());
+        let late = pack_args(Algorithm::Gcra, &quota, 1, Some(1 << 53));
+        assert!(f64::from_le_bytes(late[0..8].try_into().unwrap()).is_nan());
 
         let reply = |flags: u8, v: [f64; 4]| -> Vec<u8> {
             let mut r = vec![flags];

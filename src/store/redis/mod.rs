@@ -439,7 +439,14 @@ async fn invoke(
     let script = request.algorithm.script();
     let mut evalsha = redis::cmd("EVALSHA");
     evalsha.arg(script.get_hash());
-    crate::algorithm::push_call(&request, &mut evalsha);
+    crate::algorithm::push_call(
+        &mut evalsha,
+        request.key,
+        request.algorithm,
+        request.quota,
+        request.cost,
+        request.now_micros,
+    );
     let values: Vec<u8> = match evalsha.query_async(connection).await {
         Err(error) if is_noscript(&error) => {
             redis::cmd("SCRIPT")
@@ -451,7 +458,14 @@ async fn invoke(
                 Err(error) if is_noscript(&error) => {
                     let mut eval = redis::cmd("EVAL");
                     eval.arg(request.algorithm.script_source());
-                    crate::algorithm::push_call(&request, &mut eval);
+                    crate::algorithm::push_call(
+                        &mut eval,
+                        request.key,
+                        request.algorithm,
+                        request.quota,
+                        request.cost,
+                        request.now_micros,
+                    );
                     eval.query_async(connection).await?
                 }
                 result => result?,
