@@ -146,12 +146,31 @@ pub(crate) fn storage_id(key: &str) -> Cow<'_, str> {
     if plain {
         Cow::Borrowed(key)
     } else {
-        Cow::Owned(format!("#{}", sha256_hex(None, key.as_bytes())))
+        let mut id = String::with_capacity(65);
+        id.push('#');
+        push_sha256_hex(&mut id, None, key.as_bytes(), 64);
+        Cow::Owned(id)
     }
 }
 
 /// SHA-256 of `value` in lower-case hex, keyed with `secret` when given.
+#[cfg(test)]
 pub(crate) fn sha256_hex(secret: Option<&[u8]>, value: &[u8]) -> String {
+    let mut hex = String::with_capacity(64);
+    push_sha256_hex(&mut hex, secret, value, 64);
+    hex
+}
+
+/// Appends the first `digits` (at most 64) lower-case hex digits of the SHA-256 of `value`
+/// (keyed with `secret` when given) to `out`, without allocating beyond `out`'s growth: the
+/// request path builds a key in one `String` sized up front.
+pub(crate) fn push_sha256_hex(
+    out: &mut String,
+    secret: Option<&[u8]>,
+    value: &[u8],
+    digits: usize,
+) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hasher = Sha256::new();
     if let Some(secret) = secret {
         // Length-prefixed, so (secret, value) pairs cannot run into each other.
@@ -160,17 +179,31 @@ pub(crate) fn sha256_hex(secret: Option<&[u8]>, value: &[u8]) -> String {
     }
     hasher.update(value);
     let digest = hasher.finalize();
-    let mut hex = String::with_capacity(64);
-    for byte in digest {
-        use std::fmt::Write;
-        let _ = write!(hex, "{byte:02x}");
+    for (i, byte) in digest.iter().enumerate() {
+        if 2 * i >= digits {
+            break;
+        }
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        if 2 * i + 1 < digits {
+            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
     }
-    hex
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_digits_are_a_prefix_of_the_full_digest() {
+        let full = sha256_hex(Some(b"s"), b"value");
+        assert_eq!(full.len(), 64);
+        for digits in [0, 1, 31, 32, 33, 64] {
+            let mut out = String::from("p:");
+            push_sha256_hex(&mut out, Some(b"s"), b"value", digits);
+            assert_eq!(out, format!("p:{}", &full[..digits]), "{digits}");
+        }
+    }
 
     #[test]
     fn plain_keys_are_kept_and_others_hashed() {
