@@ -190,7 +190,7 @@ fn bad_flags_exit_non_zero_with_a_message() {
     for (args, message) in cases {
         let output = run_to_exit(args);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{args:?} must fail");
+        assert_eq!(output.status.code(), Some(2), "{args:?} must exit 2");
         assert!(
             stderr.contains(message),
             "{args:?}: stderr {stderr:?} should mention {message:?}"
