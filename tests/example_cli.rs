@@ -348,7 +348,7 @@ fn limits_through_redis_sentinel() {
     let version = support::redis_server_version();
     let expected = format!("store: redis-sentinel {urls} master {MASTER_NAME} (Redis {version})");
     assert!(
-        example.stdout.iter().any(|l| *l == expected),
+        example.stdout.contains(&expected),
         "expected {expected:?}; {}",
         example.output()
     );
