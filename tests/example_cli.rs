@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use redlimit::Algorithm;
 use support::example::{self, dead_redis_url};
+use support::sentinel::{RedisSentinel, MASTER_NAME};
 use support::{RedisCluster, RedisServer, TlsFiles, TlsSetup};
 
 /// How long one HTTP exchange may take.
@@ -141,6 +142,38 @@ fn bad_flags_exit_non_zero_with_a_message() {
         ),
         (&["--redis-cluster", "not a url"], "--redis-cluster"),
         (
+            &["--redis-sentinel", "redis://127.0.0.1:26379/"],
+            "--redis-sentinel needs --sentinel-master NAME",
+        ),
+        (
+            &["--sentinel-master", "mymaster"],
+            "--sentinel-master needs --redis-sentinel",
+        ),
+        (
+            &[
+                "--redis",
+                "redis://a/",
+                "--redis-sentinel",
+                "redis://b:26379/",
+                "--sentinel-master",
+                "mymaster",
+            ],
+            "once",
+        ),
+        (
+            &["--redis-sentinel", ",", "--sentinel-master", "mymaster"],
+            "--redis-sentinel needs at least one URL",
+        ),
+        (
+            &[
+                "--redis-sentinel",
+                "redis://a:26379/,rediss://b:26379/",
+                "--sentinel-master",
+                "mymaster",
+            ],
+            "mix redis:// and rediss://",
+        ),
+        (
             &[
                 "--redis",
                 "rediss://a/",
@@ -157,7 +190,7 @@ fn bad_flags_exit_non_zero_with_a_message() {
     for (args, message) in cases {
         let output = run_to_exit(args);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{args:?} must fail");
+        assert_eq!(output.status.code(), Some(2), "{args:?} must exit 2");
         assert!(
             stderr.contains(message),
             "{args:?}: stderr {stderr:?} should mention {message:?}"
@@ -178,6 +211,8 @@ fn help_prints_usage_and_every_algorithm() {
         "--bind",
         "--redis",
         "--redis-cluster",
+        "--redis-sentinel",
+        "--sentinel-master",
         "--limit",
         "--period",
         "--burst",
@@ -291,6 +326,44 @@ fn limits_on_a_redis_cluster() {
         assert_eq!(denied.status, 429, "{denied:?}");
         assert!(denied.header("retry-after").is_some());
     }
+}
+
+#[test]
+fn limits_through_redis_sentinel() {
+    let setup = RedisSentinel::start();
+    let urls = setup.sentinel_urls().join(",");
+    let example = Example::start(
+        &[
+            "--redis-sentinel",
+            &urls,
+            "--sentinel-master",
+            MASTER_NAME,
+            "--limit",
+            "2",
+            "--period",
+            "1m",
+        ],
+        &[],
+    );
+    let version = support::redis_server_version();
+    let expected = format!("store: redis-sentinel {urls} master {MASTER_NAME} (Redis {version})");
+    assert!(
+        example.stdout.contains(&expected),
+        "expected {expected:?}; {}",
+        example.output()
+    );
+    let key = [("x-api-key", "sentinel-tenant")];
+    assert_eq!(example.get(&key).status, 200);
+    assert_eq!(example.get(&key).status, 200);
+    let denied = example.get(&key);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert!(denied.header("retry-after").is_some());
+    // The decisions live on the primary the sentinels name.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut setup.master.conn())
+        .expect("KEYS on the primary");
+    assert!(!keys.is_empty(), "no limiter key on the primary");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The example servers' command line and store selection.
 //!
 //! Flags take their value as the next argument or after `=` (`--limit 5`, `--limit=5`). Without
-//! `--redis` / `--redis-cluster` the server uses the Redis at `REDIS_URL` (or
+//! `--redis` / `--redis-cluster` / `--redis-sentinel` the server uses the Redis at `REDIS_URL` (or
 //! `redis://127.0.0.1:6379`) when one answers, otherwise an in-memory store, and says which.
 
 use std::borrow::Cow;
@@ -42,6 +42,10 @@ options:
                                 otherwise the in-memory store]
   --redis-cluster URL,URL,...   use this Redis Cluster (any of its nodes), never the
                                 in-memory store
+  --redis-sentinel URL,URL,...  use the primary these Redis Sentinels name (with
+                                --sentinel-master), never the in-memory store
+  --sentinel-master NAME        the name the sentinels monitor the primary under
+                                (`sentinel monitor NAME ...`); needs --redis-sentinel
   --redis-ca FILE               trust this CA (PEM) for rediss:// URLs instead of the
                                 system's roots
   --limit N                     requests per period and client [default: 10]
@@ -94,13 +98,21 @@ pub enum Backend {
     Redis(String),
     /// `--redis-cluster URL,URL,...`: this Redis Cluster, whatever happens.
     Cluster(Vec<String>),
+    /// `--redis-sentinel URL,URL,... --sentinel-master NAME`: the primary these sentinels name
+    /// `master`, whatever happens.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
 }
 
 impl Backend {
     /// Sets the store flag's backend: only one store flag, given once.
     fn set(&mut self, backend: Backend) -> Result<(), CliError> {
         if *self != Backend::Auto {
-            return Err(invalid("give one of --redis and --redis-cluster, once"));
+            return Err(invalid(
+                "give one of --redis, --redis-cluster and --redis-sentinel, once",
+            ));
         }
         *self = backend;
         Ok(())
@@ -191,6 +203,7 @@ pub fn parse_args(
     let mut instances = None;
     let mut redis_ca = None;
     let mut metrics_bind = None;
+    let mut sentinel_master: Option<String> = None;
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -210,6 +223,20 @@ pub fn parse_args(
         match flag.as_str() {
             "--bind" => bind = value()?,
             "--redis-cluster" => backend.set(Backend::Cluster(parse_cluster_urls(&value()?)?))?,
+            "--redis-sentinel" => {
+                let sentinels = parse_url_list(&flag, &value()?)?;
+                // The master name comes with its own flag; it is filled in after the loop.
+                backend.set(Backend::Sentinel {
+                    sentinels,
+                    master: String::new(),
+                })?;
+            }
+            "--sentinel-master" => {
+                if sentinel_master.is_some() {
+                    return Err(invalid("give --sentinel-master once"));
+                }
+                sentinel_master = Some(value()?);
+            }
             "--redis" => {
                 let url = value()?;
                 redis::Client::open(url.as_str()).map_err(|e| {
@@ -267,9 +294,28 @@ pub fn parse_args(
     algorithm
         .supports(&quota)
         .map_err(|e| invalid(format!("--limit/--burst for --algorithm {algorithm}: {e}")))?;
+    match (&mut backend, sentinel_master) {
+        (Backend::Sentinel { sentinels, master }, Some(name)) => {
+            check_sentinel(sentinels, &name)?;
+            *master = name;
+        }
+        (Backend::Sentinel { .. }, None) => {
+            return Err(invalid(
+                "--redis-sentinel needs --sentinel-master NAME (the name the sentinels monitor \
+                 the primary under)",
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(invalid(
+                "--sentinel-master needs --redis-sentinel URL,URL,... (the sentinels)",
+            ))
+        }
+        (_, None) => {}
+    }
     if redis_ca.is_some() && backend == Backend::Auto {
         return Err(invalid(
-            "--redis-ca needs --redis rediss://... or --redis-cluster rediss://...",
+            "--redis-ca needs --redis rediss://..., --redis-cluster rediss://... or \
+             --redis-sentinel rediss://...",
         ));
     }
     Ok(Options {
@@ -283,8 +329,8 @@ pub fn parse_args(
     })
 }
 
-/// `--redis-cluster`'s comma-separated node URLs, checked.
-fn parse_cluster_urls(value: &str) -> Result<Vec<String>, CliError> {
+/// `flag`'s comma-separated URLs, at least one.
+fn parse_url_list(flag: &str, value: &str) -> Result<Vec<String>, CliError> {
     let urls: Vec<String> = value
         .split(',')
         .map(str::trim)
@@ -292,8 +338,34 @@ fn parse_cluster_urls(value: &str) -> Result<Vec<String>, CliError> {
         .map(str::to_owned)
         .collect();
     if urls.is_empty() {
-        return Err(invalid("--redis-cluster needs at least one URL"));
+        return Err(invalid(format!("{flag} needs at least one URL")));
     }
+    Ok(urls)
+}
+
+/// `--redis-sentinel`'s URLs and `--sentinel-master`'s name, checked the way the store checks
+/// them (URLs, same credentials and scheme for every sentinel, a name).
+fn check_sentinel(sentinels: &[String], master: &str) -> Result<(), CliError> {
+    RedisStore::sentinel_builder(sentinels.iter().map(String::as_str), master)
+        .build()
+        .map_err(|e| {
+            invalid(format!(
+                "--redis-sentinel {} --sentinel-master {master:?}: {e}",
+                shown_urls(sentinels)
+            ))
+        })?;
+    Ok(())
+}
+
+/// URLs without their passwords, comma-separated, for printing.
+fn shown_urls(urls: &[String]) -> String {
+    let shown: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
+    shown.join(",")
+}
+
+/// `--redis-cluster`'s comma-separated node URLs, checked.
+fn parse_cluster_urls(value: &str) -> Result<Vec<String>, CliError> {
+    let urls = parse_url_list("--redis-cluster", value)?;
     RedisStore::cluster_builder(urls.iter().map(String::as_str))
         .build()
         .map_err(|e| {
@@ -468,6 +540,29 @@ async fn limiter(options: &Options) -> Result<Limiter, String> {
             .build()
             .map_err(|e| format!("invalid Redis Cluster URLs {}: {e}", shown.join(",")))?;
             announce("redis-cluster", &shown.join(","), &store).await;
+            Limiter::builder(store)
+        }
+        Backend::Sentinel { sentinels, master } => {
+            let shown = shown_urls(sentinels);
+            let store = with_ca(
+                RedisStore::sentinel_builder(sentinels.iter().map(String::as_str), master.as_str()),
+                ca,
+            )
+            .build()
+            .map_err(|e| format!("invalid Redis Sentinel setup {shown} master {master}: {e}"))?;
+            if !announce(
+                "redis-sentinel",
+                &format!("{shown} master {master}"),
+                &store,
+            )
+            .await
+            {
+                eprintln!(
+                    "warning: no primary named {master} reachable through the sentinels {shown} \
+                     yet; --on-redis-error {} decides until there is",
+                    options.on_redis_error
+                );
+            }
             Limiter::builder(store)
         }
         Backend::Auto => {

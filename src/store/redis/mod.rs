@@ -630,6 +630,7 @@ impl RedisStoreBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_certificates().root_cert = Some(pem.into());
         self
@@ -648,6 +649,7 @@ impl RedisStoreBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_client_cert_pem(
         mut self,
         certificate: impl Into<Vec<u8>>,
