@@ -25,6 +25,10 @@
   if stepped_back then
     ts = now
   end
+  -- The bucket as stored (capped): a denial writes nothing, so its times count from here.
+  -- Counting them from the refilled bucket would round twice (ceil(a) + ceil(b) > ceil(a + b))
+  -- and tell a client up to 1 µs (so 1 ms) too late.
+  local tokens0, ts0 = tokens, ts
 
   -- 3. Refill. Past full the clock stops: progress beyond capacity is discarded.
   local elapsed = now - ts
@@ -55,15 +59,18 @@
     retry = -1
   else
     -- 5a. Until `cost` tokens are there.
-    retry = ts + ceil((cost - tokens) * period / limit) - now
+    retry = ts0 + ceil((cost - tokens0) * period / limit) - now
   end
 
   -- 5b. Until the bucket is full again (the key expires then).
-  local reset = 0
+  local reset, full_tokens, full_ts = 0, tokens, ts
+  if not allowed then
+    full_tokens, full_ts = tokens0, ts0
+  end
   if tokens < burst then
-    reset = (burst - tokens) * period / limit
+    reset = (burst - full_tokens) * period / limit
     local frac = reset % 1 -- ceil, without a call into math
-    reset = ts + reset - frac - now
+    reset = full_ts + reset - frac - now
     if frac > 0 then
       reset = reset + 1
     end

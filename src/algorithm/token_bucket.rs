@@ -28,6 +28,10 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     if stepped_back {
         ts = now;
     }
+    // The bucket as stored (capped): a denial writes nothing, so its times count from here.
+    // Counting them from the refilled bucket would round twice (ceil(a) + ceil(b) > ceil(a + b))
+    // and tell a client up to 1 µs (so 1 ms) too late.
+    let (tokens0, ts0) = (tokens, ts);
 
     // 3. Refill, keeping fractional progress; past full the clock stops.
     let elapsed = now - ts;
@@ -57,12 +61,17 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     } else if cost > burst {
         retry = -1.0;
     } else {
-        retry = ts + ((cost - tokens) * period / limit).ceil() - now;
+        retry = ts0 + ((cost - tokens0) * period / limit).ceil() - now;
     }
 
     // 5b. Reset: until the bucket is full again.
+    let (full_tokens, full_ts) = if allowed {
+        (tokens, ts)
+    } else {
+        (tokens0, ts0)
+    };
     let reset = if tokens < burst {
-        ts + ((burst - tokens) * period / limit).ceil() - now
+        full_ts + ((burst - full_tokens) * period / limit).ceil() - now
     } else {
         0.0
     };
