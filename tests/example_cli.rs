@@ -187,19 +187,7 @@ fn bad_flags_exit_non_zero_with_a_message() {
             "holds no PEM certificate",
         ),
     ];
-    for (args, message) in cases {
-        let output = run_to_exit(args);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?} must exit 2");
-        assert!(
-            stderr.contains(message),
-            "{args:?}: stderr {stderr:?} should mention {message:?}"
-        );
-        assert!(
-            !String::from_utf8_lossy(&output.stdout).contains("listening on"),
-            "{args:?} must not start the server"
-        );
-    }
+    example::assert_usage_errors("axum", cases);
 }
 
 #[test]

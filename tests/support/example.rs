@@ -59,6 +59,28 @@ pub fn example_binary(name: &str) -> PathBuf {
     binary
 }
 
+/// Runs the example `name` with each set of bad flags and asserts a usage error: exit status 2,
+/// the expected words on stderr, and no server started.
+pub fn assert_usage_errors(name: &str, cases: &[(&[&str], &str)]) {
+    for (args, message) in cases {
+        let output = run_to_exit(name, args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?} must exit 2: {stderr}"
+        );
+        assert!(
+            stderr.contains(message),
+            "{args:?}: stderr {stderr:?} should mention {message:?}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&output.stdout).contains("listening on"),
+            "{args:?} must not start the server"
+        );
+    }
+}
+
 /// Runs the example to completion (for flags that must make it exit), with `REDIS_URL` dead.
 pub fn run_to_exit(name: &str, args: &[&str]) -> Output {
     let mut child = Command::new(example_binary(name))
