@@ -68,7 +68,7 @@ const METRICS_USAGE: &str = concat!(
 );
 
 /// The Redis used when neither `--redis` nor `REDIS_URL` is given.
-const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 
 /// How long the start-up probe waits for a Redis to answer PING.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -400,7 +400,7 @@ fn parse_addr(flag: &str, value: &str) -> Result<SocketAddr, CliError> {
 }
 
 /// A count of at least 1.
-fn parse_count(flag: &str, value: &str) -> Result<u64, CliError> {
+pub fn parse_count(flag: &str, value: &str) -> Result<u64, CliError> {
     match value.parse::<u64>() {
         Ok(0) => Err(invalid(format!("{flag} must be at least 1"))),
         Ok(n) => Ok(n),
@@ -410,9 +410,15 @@ fn parse_count(flag: &str, value: &str) -> Result<u64, CliError> {
 
 /// `500ms`, `1s`, `60s`, `1m`, `1h`: a whole number and a unit.
 fn parse_duration(value: &str) -> Result<Duration, CliError> {
+    parse_duration_of("--period", value)
+}
+
+/// [`parse_duration`]'s format for any flag or argument: `what` names it in the error.
+/// Zero is a valid duration here; callers that refuse it say so.
+pub fn parse_duration_of(what: &str, value: &str) -> Result<Duration, CliError> {
     let bad = || {
         invalid(format!(
-            "--period: {value:?} is not a duration like 500ms, 1s, 60s, 1m or 1h"
+            "{what}: {value:?} is not a duration like 500ms, 1s, 60s, 1m or 1h"
         ))
     };
     let digits = value.bytes().take_while(u8::is_ascii_digit).count();
@@ -487,8 +493,13 @@ pub async fn layer(options: &Options) -> Result<RateLimitLayer<ApiKeyOrIp>, Stri
     Ok(RateLimitLayer::new(limiter, quota, ApiKeyOrIp::new()))
 }
 
+/// The Redis to try when no store flag is given: `REDIS_URL`, or [`DEFAULT_REDIS_URL`].
+pub fn default_redis_url() -> String {
+    env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
+}
+
 /// Whether a Redis at `url` answers PING within [`PROBE_TIMEOUT`].
-async fn redis_answers(url: &str) -> bool {
+pub async fn redis_answers(url: &str) -> bool {
     let ping = async {
         let client = redis::Client::open(url)?;
         let mut connection = client.get_multiplexed_async_connection().await?;
@@ -566,7 +577,7 @@ async fn limiter(options: &Options) -> Result<Limiter, String> {
             Limiter::builder(store)
         }
         Backend::Auto => {
-            let url = env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned());
+            let url = default_redis_url();
             if redis_answers(&url).await {
                 let store = RedisStore::new(url.as_str())
                     .map_err(|e| format!("invalid Redis URL {}: {e}", redacted(&url)))?;

@@ -1,0 +1,548 @@
+//! A fleet of worker processes sharing one third-party quota through Redis, against a mock
+//! upstream that enforces the same quota itself.
+//!
+//! ```text
+//! cargo run --example fleet -- [--redis URL] [--workers N] [--limit N] [--period DURATION]
+//!     [--seconds S]
+//! ```
+//!
+//! The example starts a mock upstream (a hyper server on a free local port) that allows `--limit`
+//! requests per fixed window of `--period` and answers `429` with `Retry-After` beyond that. Then
+//! it starts `--workers` worker **processes** (itself, re-executed in a hidden worker mode), each
+//! calling the upstream as fast as the limiter they share in Redis allows, for `--seconds`. When
+//! they are done it prints one line, the last on stdout:
+//!
+//! ```text
+//! upstream: T requests in S s, W max in any aligned window, X answered 429
+//! ```
+//!
+//! `T` is every request the upstream received, `W` the most it received in one of its windows,
+//! `X` how many it refused. The defaults (`--workers 4 --limit 20 --period 1s --seconds 5`) use
+//! the quota fully and never trip the upstream: `upstream: 100 requests in 5 s, 20 max in any
+//! aligned window, 0 answered 429`. Progress goes to stderr.
+//!
+//! Without `--redis` the fleet uses the Redis at `REDIS_URL` (or `redis://127.0.0.1:6379`) when
+//! one answers, like the axum example. Worker processes cannot share a quota in memory, so without
+//! a Redis that answers it says so and exits with status 2 (as for a bad flag).
+//!
+//! # Why the upstream is never tripped
+//!
+//! The upstream counts in fixed windows of `period` aligned to the Unix epoch (window `k` is
+//! `[k × period, (k + 1) × period)` of its system clock), as many real APIs do. A token bucket (or
+//! GCRA) with a burst of `limit` would not do: it admits `limit` at the end of one window and,
+//! refilled, `limit` more at the start of the next, up to `2 × limit` in one upstream window
+//! whenever the boundaries do not line up. GCRA with a burst of 1 admits at most `limit` in any
+//! `period` at the admission times, but spaces requests evenly, so every upstream boundary has
+//! requests right next to it, and a millisecond of network jitter moves one across.
+//!
+//! So the workers use the **fixed-window** algorithm on the **same windows**: the same epoch
+//! alignment, and [`Clock::System`], the same clock as the upstream (all processes run on this
+//! machine; Redis's own `TIME` could be a remote server's, a little off). The limiter admits at
+//! most `limit` per window, and a saturated fleet spends each window's quota in its first
+//! milliseconds: a denial's `retry_after` is the time to the window's end, so waiters wake just
+//! after a boundary. Requests are then a whole window away from the next boundary. A fleet that
+//! does not saturate the quota could be admitted just before a boundary and arrive just after
+//! it: a worker never starts a call in the last [`guard`] of a window (5 % of the period, at most
+//! 50 ms), so a request would have to take longer than that between admission and arrival to be
+//! counted in the wrong window. Against a real API, whose clock is not yours, leave a margin
+//! (a limit a little under the provider's).
+//!
+//! The workers start together at a window boundary (when the run covers whole windows, i.e.
+//! `period` ≤ `seconds`), so `T` is `limit × seconds / period` when the fleet keeps up.
+//! A store error never admits: the limiter fails closed, so a Redis outage pauses the fleet
+//! rather than flooding the upstream.
+
+#[allow(dead_code)] // the fleet uses the parsing helpers, not the servers' layer
+mod common;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::{ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use common::cli::{self, CliError};
+use common::flags::{set_once, Arg, Args};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use redlimit::policy::Verdict;
+use redlimit::store::RedisStore;
+use redlimit::{Algorithm, Clock, FailClosed, Limiter, Quota};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+
+const USAGE: &str = "\
+usage: cargo run --example fleet -- [OPTIONS]
+
+Worker processes share one quota through Redis against a mock upstream that enforces it too.
+Ends with: upstream: T requests in S s, W max in any aligned window, X answered 429
+
+options:
+  --redis URL          the Redis the workers share [default: $REDIS_URL or
+                       redis://127.0.0.1:6379 if it answers; without one, exit 2]
+  --workers N          worker processes [default: 4, at most 64]
+  --limit N            requests per period, for the whole fleet [default: 20]
+  --period DURATION    e.g. 500ms, 1s, 1m: the upstream's fixed windows [default: 1s]
+  --seconds S          how long the workers call the upstream [default: 5, at most 3600]
+  -h, --help           print this help";
+
+/// The hidden first argument of a worker process.
+const WORKER_MODE: &str = "--worker";
+
+/// How long the workers get to start before the first window of the run.
+const STARTUP: Duration = Duration::from_millis(1_500);
+
+/// How long after the run the parent waits for a worker before killing it.
+const WORKER_GRACE: Duration = Duration::from_secs(30);
+
+/// The most a worker adds to a `retry_after` so that the fleet does not wake in lockstep.
+const MAX_JITTER: Duration = Duration::from_millis(5);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the tokio runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.first().map(String::as_str) == Some(WORKER_MODE) {
+        return match runtime.block_on(worker(&args[1..])) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let options = match parse_args(args) {
+        Ok(options) => options,
+        Err(CliError::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(CliError::Invalid(message)) => {
+            eprintln!("error: {message}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime.block_on(run(options))
+}
+
+/// The parsed command line.
+#[derive(Debug)]
+struct Options {
+    redis: Option<String>,
+    workers: u64,
+    quota: Quota,
+    seconds: u64,
+}
+
+fn parse_args(args: Vec<String>) -> Result<Options, CliError> {
+    let (mut redis, mut workers, mut limit, mut period, mut seconds) = (None, None, None, None, None);
+    let mut args = Args::new(args);
+    while let Some(arg) = args.next_arg() {
+        let (name, inline) = match arg {
+            Arg::Flag { name, .. } if name == "-h" || name == "--help" => {
+                return Err(CliError::Help)
+            }
+            Arg::Flag { name, inline } => (name, inline),
+            Arg::Plain(other) => {
+                return Err(CliError::Invalid(format!(
+                    "unexpected argument {other:?} (see --help)"
+                )))
+            }
+        };
+        if !["--redis", "--workers", "--limit", "--period", "--seconds"].contains(&name.as_str()) {
+            return Err(CliError::Invalid(format!(
+                "unknown argument {name:?} (see --help)"
+            )));
+        }
+        let value = args.value(&name, inline)?;
+        match name.as_str() {
+            "--redis" => {
+                redis::Client::open(value.as_str()).map_err(|e| {
+                    CliError::Invalid(format!(
+                        "--redis: invalid URL {}: {e}",
+                        cli::redacted(&value)
+                    ))
+                })?;
+                set_once(&mut redis, &name, value)?
+            }
+            "--workers" => set_once(&mut workers, &name, cli::parse_count(&name, &value)?)?,
+            "--limit" => set_once(&mut limit, &name, cli::parse_count(&name, &value)?)?,
+            "--period" => set_once(&mut period, &name, cli::parse_duration_of(&name, &value)?)?,
+            "--seconds" => set_once(&mut seconds, &name, cli::parse_count(&name, &value)?)?,
+            _ => unreachable!("checked above"),
+        }
+    }
+    let workers = workers.unwrap_or(4);
+    if workers > 64 {
+        return Err(CliError::Invalid("--workers: at most 64".into()));
+    }
+    let seconds = seconds.unwrap_or(5);
+    if seconds > 3600 {
+        return Err(CliError::Invalid("--seconds: at most 3600".into()));
+    }
+    let period = period.unwrap_or(Duration::from_secs(1));
+    let quota = Quota::new(limit.unwrap_or(20), period).map_err(|e| {
+        let flag = if period.is_zero() || period > redlimit::MAX_PERIOD {
+            "--period"
+        } else {
+            "--limit"
+        };
+        CliError::Invalid(format!("{flag}: {e}"))
+    })?;
+    if quota.period() < Duration::from_millis(1) {
+        return Err(CliError::Invalid("--period: at least 1ms".into()));
+    }
+    Algorithm::FixedWindow
+        .supports(&quota)
+        .map_err(|e| CliError::Invalid(format!("--limit: {e}")))?;
+    Ok(Options {
+        redis,
+        workers,
+        quota,
+        seconds,
+    })
+}
+
+/// The parent: Redis, the upstream, the workers, the summary.
+async fn run(options: Options) -> ExitCode {
+    let url = options.redis.clone().unwrap_or_else(cli::default_redis_url);
+    if !cli::redis_answers(&url).await {
+        eprintln!(
+            "error: no Redis answers at {}: the fleet cannot share a quota across processes \
+             without one (give --redis URL or set REDIS_URL)",
+            cli::redacted(&url)
+        );
+        return ExitCode::from(2);
+    }
+    let quota = options.quota;
+    let upstream = match Upstream::start(quota).await {
+        Ok(upstream) => upstream,
+        Err(error) => {
+            eprintln!("error: cannot start the mock upstream: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // One key per run: another fleet on the same Redis has an upstream of its own.
+    let key = format!("fleet-{}", upstream.addr.port());
+    let (start, stop) = schedule(quota.period(), options.seconds);
+    eprintln!(
+        "fleet: {} worker processes share {} per {:?} (fixed window, key {key:?}) in Redis at {}, \
+         against the upstream at http://{}, for {} s",
+        options.workers,
+        quota.limit(),
+        quota.period(),
+        cli::redacted(&url),
+        upstream.addr,
+        options.seconds,
+    );
+
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(error) => {
+            eprintln!("error: cannot find this program to start the workers: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut children = Vec::new();
+    for id in 1..=options.workers {
+        let spawned = tokio::process::Command::new(&exe)
+            .arg(WORKER_MODE)
+            .args([
+                id.to_string(),
+                upstream.addr.to_string(),
+                url.clone(),
+                key.clone(),
+                quota.limit().to_string(),
+                micros(quota.period()).to_string(),
+                start.to_string(),
+                stop.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn();
+        match spawned {
+            Ok(child) => children.push((id, child)),
+            Err(error) => {
+                eprintln!("error: cannot start worker {id}: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+
+    let mut failed = 0;
+    let give_up = Instant::now() + until_unix(stop) + WORKER_GRACE;
+    for (id, mut child) in children {
+        match tokio::time::timeout_at(give_up, child.wait()).await {
+            Ok(Ok(status)) if status.success() => {}
+            Ok(Ok(status)) => {
+                eprintln!("error: worker {id} exited with {status}");
+                failed += 1;
+            }
+            Ok(Err(error)) => {
+                eprintln!("error: cannot wait for worker {id}: {error}");
+                failed += 1;
+            }
+            Err(_) => {
+                eprintln!("error: worker {id} did not finish in time; killed");
+                let _ = child.kill().await;
+                failed += 1;
+            }
+        }
+    }
+
+    let tally = upstream.tally.lock().expect("the tally lock").clone();
+    let windows: Vec<String> = tally.per_window.values().map(u64::to_string).collect();
+    eprintln!("upstream windows: [{}]", windows.join(", "));
+    println!(
+        "upstream: {} requests in {} s, {} max in any aligned window, {} answered 429",
+        tally.total,
+        options.seconds,
+        tally.per_window.values().max().copied().unwrap_or(0),
+        tally.too_many,
+    );
+    if failed > 0 {
+        eprintln!("error: {failed} of {} workers failed", options.workers);
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// When the workers start and stop calling, in µs since the Unix epoch: after [`STARTUP`], at a
+/// window boundary when the run covers whole windows, for `seconds`.
+fn schedule(period: Duration, seconds: u64) -> (u64, u64) {
+    let earliest = unix_micros() + micros(STARTUP);
+    let start = if period <= Duration::from_secs(seconds) {
+        earliest.div_ceil(micros(period)) * micros(period)
+    } else {
+        earliest
+    };
+    (start, start + seconds * 1_000_000)
+}
+
+/// The mock upstream: `limit` per fixed window of `period` aligned to the Unix epoch, by this
+/// machine's clock; `429` with `Retry-After` (the window's end, whole seconds rounded up) beyond.
+struct Upstream {
+    addr: SocketAddr,
+    tally: Arc<Mutex<Tally>>,
+}
+
+/// What the upstream received.
+#[derive(Debug, Clone, Default)]
+struct Tally {
+    /// Requests received per window (the window's index since the epoch), refused ones included.
+    per_window: BTreeMap<u64, u64>,
+    total: u64,
+    too_many: u64,
+}
+
+impl Upstream {
+    async fn start(quota: Quota) -> std::io::Result<Upstream> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let shared = tally.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let tally = shared.clone();
+                let service = hyper::service::service_fn(move |_request: Request<Incoming>| {
+                    std::future::ready(Ok::<_, Infallible>(answer(&tally, quota)))
+                });
+                tokio::spawn(async move {
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service);
+                    let _ = connection.await;
+                });
+            }
+        });
+        Ok(Upstream { addr, tally })
+    }
+}
+
+/// Counts one request in its window and answers it.
+fn answer(tally: &Mutex<Tally>, quota: Quota) -> Response<Full<Bytes>> {
+    let now = unix_micros();
+    let period = micros(quota.period());
+    let window = now / period;
+    let mut tally = tally.lock().expect("the tally lock");
+    tally.total += 1;
+    let count = tally.per_window.entry(window).or_default();
+    *count += 1;
+    if *count <= quota.limit() {
+        return Response::new(Full::new(Bytes::from_static(b"ok")));
+    }
+    tally.too_many += 1;
+    let left = (window + 1) * period - now;
+    Response::builder()
+        .status(StatusCode::TOO_MANY_REQUESTS)
+        .header("retry-after", left.div_ceil(1_000_000).max(1))
+        .body(Full::new(Bytes::from_static(b"too many requests")))
+        .expect("a valid response")
+}
+
+/// A worker process: `ID UPSTREAM REDIS_URL KEY LIMIT PERIOD_US START_US STOP_US`.
+async fn worker(args: &[String]) -> Result<(), String> {
+    let [id, upstream, url, key, limit, period, start, stop] = args else {
+        return Err(format!("{WORKER_MODE}: expected 8 arguments, got {args:?}"));
+    };
+    let number = |s: &str| s.parse::<u64>().map_err(|e| format!("{s:?}: {e}"));
+    let (limit, period, start, stop) = (
+        number(limit)?,
+        Duration::from_micros(number(period)?),
+        number(start)?,
+        number(stop)?,
+    );
+    let quota = Quota::new(limit, period).map_err(|e| e.to_string())?;
+    let store = RedisStore::new(url.as_str()).map_err(|e| e.to_string())?;
+    store
+        .verify()
+        .await
+        .map_err(|e| format!("worker {id}: Redis at {}: {e}", cli::redacted(url)))?;
+    // The upstream's windows on the upstream's clock (see the module docs), and never an
+    // admission the store did not make.
+    let limiter = Limiter::builder(store)
+        .algorithm(Algorithm::FixedWindow)
+        .clock(Clock::System)
+        .failure_policy(FailClosed::default())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let upstream: SocketAddr = upstream.parse().map_err(|e| format!("{upstream}: {e}"))?;
+    let mut client = UpstreamClient::connect(upstream)
+        .await
+        .map_err(|e| format!("worker {id}: cannot connect to the upstream: {e}"))?;
+
+    tokio::time::sleep(until_unix(start)).await;
+    let deadline = Instant::now() + until_unix(stop);
+    let (mut sent, mut refused) = (0u64, 0u64);
+    loop {
+        let now = unix_micros();
+        if now >= stop {
+            break;
+        }
+        let left_in_window = micros(period) - now % micros(period);
+        if left_in_window < micros(guard(period)) {
+            tokio::time::sleep(Duration::from_micros(left_in_window)).await;
+            continue;
+        }
+        if !wait_for_turn(&limiter, key, &quota, deadline).await {
+            break;
+        }
+        let request = Request::get("/")
+            .header("host", upstream.to_string())
+            .body(Empty::new())
+            .expect("a valid request");
+        let response = client
+            .ready()
+            .await
+            .map_err(|e| format!("worker {id}: upstream: {e}"))?
+            .call(request)
+            .await
+            .map_err(|e| format!("worker {id}: upstream: {e}"))?;
+        let status = response.status();
+        // Read the body to the end: the connection is kept alive for the next request.
+        let _ = response.into_body().collect().await;
+        sent += 1;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            refused += 1;
+        }
+    }
+    eprintln!("worker {id}: {sent} requests, {refused} answered 429");
+    Ok(())
+}
+
+/// A call never starts this close to a window's end: a request admitted in one window must reach
+/// the upstream before the next begins (see the module docs).
+fn guard(period: Duration) -> Duration {
+    (period / 20).min(Duration::from_millis(50))
+}
+
+/// Waits until the limiter admits one call on `key`; `false` when that would be after `deadline`.
+/// Sleeps each denial's `retry_after` plus a small random jitter.
+async fn wait_for_turn(limiter: &Limiter, key: &str, quota: &Quota, deadline: Instant) -> bool {
+    loop {
+        let wait = match limiter.check(key, quota).await {
+            verdict if verdict.is_allowed() => return true,
+            Verdict::Decided(decision) => decision.retry_after,
+            Verdict::FailedClosed { retry_after } => retry_after,
+            Verdict::FailedOpen => return true,
+        };
+        let wake = Instant::now() + wait + jitter();
+        if wake >= deadline {
+            return false;
+        }
+        tokio::time::sleep_until(wake).await;
+    }
+}
+
+/// A random duration up to [`MAX_JITTER`].
+fn jitter() -> Duration {
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    Duration::from_micros(random % (micros(MAX_JITTER) + 1))
+}
+
+/// The upstream as a client `tower::Service`: one kept-alive HTTP/1.1 connection.
+struct UpstreamClient {
+    sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+}
+
+impl UpstreamClient {
+    async fn connect(addr: SocketAddr) -> Result<UpstreamClient, Box<dyn std::error::Error>> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        Ok(UpstreamClient { sender })
+    }
+}
+
+impl Service<Request<Empty<Bytes>>> for UpstreamClient {
+    type Response = Response<Incoming>;
+    type Error = hyper::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, hyper::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.sender.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Empty<Bytes>>) -> Self::Future {
+        Box::pin(self.sender.send_request(request))
+    }
+}
+
+/// Now, in µs since the Unix epoch (this machine's clock, as `Clock::System` reads it).
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| micros(d))
+        .unwrap_or(0)
+}
+
+/// How long until `at` (µs since the Unix epoch); zero if it has passed.
+fn until_unix(at: u64) -> Duration {
+    Duration::from_micros(at.saturating_sub(unix_micros()))
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
