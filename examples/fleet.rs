@@ -149,7 +149,8 @@ struct Options {
 }
 
 fn parse_args(args: Vec<String>) -> Result<Options, CliError> {
-    let (mut redis, mut workers, mut limit, mut period, mut seconds) = (None, None, None, None, None);
+    let (mut redis, mut workers, mut limit, mut period, mut seconds) =
+        (None, None, None, None, None);
     let mut args = Args::new(args);
     while let Some(arg) = args.next_arg() {
         let (name, inline) = match arg {

@@ -1,0 +1,484 @@
+//! An operator's tool for the fleet controls: look at a key, change its quotas, suspend it,
+//! resume it, reset it, on every instance at once, while they run.
+//!
+//! ```text
+//! cargo run --example admin -- --redis URL (inspect KEY | set-quota KEY N/DURATION [N/DURATION…]
+//!     | clear-quota KEY | suspend KEY DURATION | resume KEY | reset KEY)
+//!     [--prefix PREFIX] [--scope SCOPE] [--algorithm NAME] [--header NAME] [--header-secret SECRET]
+//! ```
+//!
+//! Each command prints what it did, then what the key now looks like ([`Limiter::inspect`]):
+//!
+//! ```text
+//! $ cargo run --example admin -- --redis redis://127.0.0.1:6379 suspend ip:203.0.113.7 10m
+//! suspend: "ip:203.0.113.7" is denied on every instance for 600s
+//! key "ip:203.0.113.7" (redlimit:{ip:203.0.113.7})
+//!   override: none
+//!   suspended: 600.000s left
+//!   expires in: 600.000s
+//!   state: none stored
+//! ```
+//!
+//! # Which key
+//!
+//! `KEY` is the key as the layer's extractor hands it to the limiter: `ip:203.0.113.7` for
+//! [`PeerIp`](redlimit::key::PeerIp), what your closure returns for a `KeyFn`. A layer keeps its
+//! keys in a scope of its own, [`RateLimitLayer::scope`](redlimit::RateLimitLayer::scope):
+//! give it with `--scope` (e.g. `--scope default:token-bucket:10/60s`, the axum example's with its
+//! default flags); without `--scope` the key is the one [`Limiter::check`] uses.
+//!
+//! An API key is never stored in clear: [`HeaderKey`] hashes it. With `--header NAME`, `KEY` is
+//! the header's value as the client sends it (`k-123`), hashed exactly as `HeaderKey::named(NAME)`
+//! hashes it in the layer. A layer built with [`HeaderKey::with_secret`] needs the same secret,
+//! byte for byte: `--header-secret SECRET`, or better the `REDLIMIT_HEADER_SECRET` environment
+//! variable (a flag shows in `ps` and in the shell's history). The example servers use no secret.
+//! `--prefix` and `--algorithm` must match the limiters' (`LimiterBuilder::prefix`, `algorithm`).
+//!
+//! Durations are a whole number and a unit: `500ms`, `30s`, `10m`, `1h`. A suspension lasts at
+//! most 30 days ([`MAX_SUSPENSION`]). `set-quota` takes one to eight `N/DURATION` tiers, all
+//! checked together (`10/1s 500/1m`); the override lives until `clear-quota`, or until the key
+//! has admitted nothing for 30 days ([`OVERRIDE_IDLE_TTL`](redlimit::OVERRIDE_IDLE_TTL)).
+//!
+//! A bad command line exits with status 2 and says why; a Redis that fails exits with 1.
+
+#[allow(dead_code)] // the admin tool uses the parsing helpers, not the servers' layer
+mod common;
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use common::cli::{self, CliError};
+use common::flags::{set_once, Arg, Args};
+use redlimit::key::{HeaderKey, KeyExtractor};
+use redlimit::store::RedisStore;
+use redlimit::{
+    Algorithm, ControlError, KeyStatus, Limiter, Quota, QuotaError, Quotas, Target, MAX_SUSPENSION,
+    MAX_TIERS,
+};
+
+const USAGE: &str = "\
+usage: cargo run --example admin -- --redis URL [OPTIONS] COMMAND
+
+commands:
+  inspect KEY                   what the key looks like (override, suspension, state)
+  set-quota KEY N/DURATION...   replace the key's quotas on every instance, e.g. 10/1s 500/1m
+                                (1 to 8 tiers, checked together)
+  clear-quota KEY               back to the callers' own quotas
+  suspend KEY DURATION          deny every request on the key for DURATION (at most 30 days)
+  resume KEY                    end a suspension
+  reset KEY                     forget the key's usage (an override and a suspension stay)
+
+KEY is the key as the layer's extractor returns it, e.g. ip:203.0.113.7.
+DURATION is a whole number and a unit: 500ms, 30s, 10m, 1h.
+
+options:
+  --redis URL               the limiters' Redis (required: no default)
+  --prefix PREFIX           the limiters' key prefix [default: redlimit]
+  --scope SCOPE             the layer's scope (RateLimitLayer::scope(), e.g.
+                            default:token-bucket:10/60s) [default: unscoped, as Limiter::check]
+  --algorithm NAME          the limiters' algorithm, one of: ALGORITHMS [default: token-bucket]
+  --header NAME             KEY is the value of request header NAME (an API key), hashed as
+                            HeaderKey::named(NAME) hashes it
+  --header-secret SECRET    the secret of HeaderKey::with_secret [default:
+                            $REDLIMIT_HEADER_SECRET, else none]
+  -h, --help                print this help";
+
+/// Where `--header-secret` is read from when the flag is not given.
+const SECRET_VAR: &str = "REDLIMIT_HEADER_SECRET";
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let secret_from_env = std::env::var_os(SECRET_VAR).map(|s| s.into_encoded_bytes());
+    let request = match parse_args(std::env::args().skip(1), secret_from_env) {
+        Ok(request) => request,
+        Err(CliError::Help) => {
+            println!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(CliError::Invalid(message)) => {
+            let hint = if message.ends_with("(see --help)") {
+                ""
+            } else {
+                " (see --help)"
+            };
+            eprintln!("error: {message}{hint}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&request).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Input(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Store(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage() -> String {
+    let names: Vec<&str> = Algorithm::ALL.iter().map(Algorithm::name).collect();
+    USAGE.replace("ALGORITHMS", &names.join(", "))
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+struct Request {
+    url: String,
+    prefix: Option<String>,
+    scope: Option<String>,
+    algorithm: Algorithm,
+    /// The key as the limiter sees it (hashed when `--header` was given).
+    key: String,
+    /// How the key was given, for printing: `x-api-key header "k-123"` or the key itself.
+    shown: String,
+    command: Command,
+}
+
+#[derive(Debug)]
+enum Command {
+    Inspect,
+    SetQuota(Quotas),
+    ClearQuota,
+    Suspend(Duration),
+    Resume,
+    Reset,
+}
+
+fn invalid(message: impl Into<String>) -> CliError {
+    CliError::Invalid(message.into())
+}
+
+fn parse_args(
+    args: impl IntoIterator<Item = String>,
+    secret_from_env: Option<Vec<u8>>,
+) -> Result<Request, CliError> {
+    let (mut url, mut prefix, mut scope, mut algorithm, mut header, mut secret) =
+        (None, None, None, None, None, None);
+    let mut plain = Vec::new();
+    let mut args = Args::new(args.into_iter().collect::<Vec<_>>());
+    while let Some(arg) = args.next_arg() {
+        let (name, inline) = match arg {
+            Arg::Plain(value) => {
+                plain.push(value);
+                continue;
+            }
+            Arg::Flag { name, .. } if name == "-h" || name == "--help" => {
+                return Err(CliError::Help)
+            }
+            Arg::Flag { name, inline } => (name, inline),
+        };
+        match name.as_str() {
+            "--redis" => set_once(&mut url, &name, args.value(&name, inline)?)?,
+            "--prefix" => set_once(&mut prefix, &name, args.value(&name, inline)?)?,
+            "--scope" => set_once(&mut scope, &name, args.value(&name, inline)?)?,
+            "--header" => set_once(&mut header, &name, args.value(&name, inline)?)?,
+            "--header-secret" => {
+                set_once(&mut secret, &name, args.value(&name, inline)?.into_bytes())?
+            }
+            "--algorithm" => {
+                let value: Algorithm = args
+                    .value(&name, inline)?
+                    .parse()
+                    .map_err(|e| invalid(format!("--algorithm: {e}")))?;
+                set_once(&mut algorithm, &name, value)?
+            }
+            other => return Err(invalid(format!("unknown option {other:?}"))),
+        }
+    }
+
+    // Never a default: an operator names the Redis a change goes to.
+    let Some(url) = url else {
+        return Err(invalid("give the limiters' Redis: --redis URL"));
+    };
+    redis::Client::open(url.as_str())
+        .map_err(|e| invalid(format!("--redis: invalid URL {}: {e}", cli::redacted(&url))))?;
+    if prefix.as_deref() == Some("") {
+        return Err(invalid("--prefix must not be empty"));
+    }
+    if scope.as_deref() == Some("") {
+        return Err(invalid("--scope must not be empty"));
+    }
+
+    let mut plain = plain.into_iter();
+    let Some(verb) = plain.next() else {
+        return Err(invalid(
+            "give a command: inspect, set-quota, clear-quota, suspend, resume or reset",
+        ));
+    };
+    let Some(raw_key) = plain.next().filter(|key| !key.is_empty()) else {
+        return Err(invalid(format!("{verb} needs a KEY")));
+    };
+    let rest: Vec<String> = plain.collect();
+    let command = match verb.as_str() {
+        "set-quota" => Command::SetQuota(parse_quotas(&rest)?),
+        "suspend" => match rest.as_slice() {
+            [duration] => Command::Suspend(parse_suspension(duration)?),
+            [] => return Err(invalid("suspend needs a DURATION after the KEY, e.g. 10m")),
+            _ => return Err(invalid("suspend takes a KEY and one DURATION")),
+        },
+        "inspect" | "clear-quota" | "resume" | "reset" => {
+            if let Some(extra) = rest.first() {
+                return Err(invalid(format!(
+                    "{verb} takes only a KEY; unexpected {extra:?}"
+                )));
+            }
+            match verb.as_str() {
+                "inspect" => Command::Inspect,
+                "clear-quota" => Command::ClearQuota,
+                "resume" => Command::Resume,
+                _ => Command::Reset,
+            }
+        }
+        other => {
+            return Err(invalid(format!(
+                "unknown command {other:?}: expected inspect, set-quota, clear-quota, suspend, \
+                 resume or reset"
+            )))
+        }
+    };
+
+    // A secret in the environment is for the commands that hash; one on the command line
+    // without `--header` is a mistake.
+    let (key, shown) = match header {
+        Some(name) => (
+            hashed_header_key(&name, &raw_key, secret.or(secret_from_env))?,
+            format!("{name} header {raw_key:?}"),
+        ),
+        None if secret.is_some() => return Err(invalid("--header-secret needs --header NAME")),
+        None => (raw_key.clone(), format!("{raw_key:?}")),
+    };
+    Ok(Request {
+        url,
+        prefix,
+        scope,
+        algorithm: algorithm.unwrap_or_default(),
+        key,
+        shown,
+        command,
+    })
+}
+
+/// The key [`HeaderKey`] makes of header `name` carrying `value`, in the layer.
+fn hashed_header_key(name: &str, value: &str, secret: Option<Vec<u8>>) -> Result<String, CliError> {
+    let extractor = HeaderKey::named(name)
+        .map_err(|_| invalid(format!("--header: {name:?} is not a header name")))?;
+    let extractor = match secret {
+        Some(secret) => extractor.with_secret(secret),
+        None => extractor,
+    };
+    let (parts, ()) = http::Request::builder()
+        .header(name, value)
+        .body(())
+        .map_err(|_| invalid(format!("KEY {value:?} is not a valid {name} header value")))?
+        .into_parts();
+    extractor
+        .extract(&parts)
+        .map(|key| key.into_owned())
+        .ok_or_else(|| invalid(format!("KEY {value:?} gives no {name} key")))
+}
+
+/// `set-quota`'s `N/DURATION` tiers.
+fn parse_quotas(args: &[String]) -> Result<Quotas, CliError> {
+    if args.is_empty() {
+        return Err(invalid(
+            "set-quota needs at least one N/DURATION after the KEY, e.g. 10/1s",
+        ));
+    }
+    if args.len() > MAX_TIERS {
+        return Err(invalid(format!(
+            "set-quota takes at most {MAX_TIERS} N/DURATION tiers, got {}",
+            args.len()
+        )));
+    }
+    let quotas = args
+        .iter()
+        .map(|arg| parse_quota(arg))
+        .collect::<Result<Vec<_>, _>>()?;
+    Quotas::new(quotas).map_err(|e| invalid(format!("set-quota: {e}")))
+}
+
+/// `10/1s`: `N` requests per `DURATION`.
+fn parse_quota(arg: &str) -> Result<Quota, CliError> {
+    let Some((count, period)) = arg.split_once('/') else {
+        return Err(invalid(format!(
+            "{arg:?} is not N/DURATION, e.g. 10/1s or 500/1m"
+        )));
+    };
+    let what = format!("{arg:?}");
+    let limit = cli::parse_count(&format!("{what}: N"), count)?;
+    let period = cli::parse_duration_of(&what, period)?;
+    Quota::new(limit, period).map_err(|e| match e {
+        QuotaError::ZeroPeriod => invalid(format!("{what}: the period must be more than 0")),
+        other => invalid(format!("{what}: {other}")),
+    })
+}
+
+/// `suspend`'s duration: more than zero, at most [`MAX_SUSPENSION`].
+fn parse_suspension(arg: &str) -> Result<Duration, CliError> {
+    let duration = cli::parse_duration_of("suspend", arg)?;
+    if duration.is_zero() {
+        return Err(invalid("suspend: the duration must be more than 0"));
+    }
+    if duration > MAX_SUSPENSION {
+        return Err(invalid(format!(
+            "suspend: {arg:?} is longer than the longest suspension, 30 days (720h)"
+        )));
+    }
+    Ok(duration)
+}
+
+/// Why a command failed: the input (exit 2) or the store (exit 1).
+enum Failure {
+    Input(String),
+    Store(String),
+}
+
+async fn run(request: &Request) -> Result<(), Failure> {
+    let shown_url = cli::redacted(&request.url);
+    let store = RedisStore::new(request.url.as_str())
+        .map_err(|e| Failure::Input(format!("invalid Redis URL {shown_url}: {e}")))?;
+    store
+        .verify()
+        .await
+        .map_err(|e| Failure::Store(format!("cannot use the Redis at {shown_url}: {e}")))?;
+    let mut builder = Limiter::builder(store).algorithm(request.algorithm);
+    if let Some(prefix) = &request.prefix {
+        builder = builder.prefix(prefix.as_str());
+    }
+    let limiter = builder.build().map_err(|e| Failure::Input(e.to_string()))?;
+    let target = match &request.scope {
+        Some(scope) => Target::scoped(scope, &request.key),
+        None => Target::key(&request.key),
+    };
+
+    let shown = &request.shown;
+    let (did, result) = match &request.command {
+        Command::Inspect => (String::new(), limiter.inspect(target).await),
+        Command::SetQuota(quotas) => (
+            format!(
+                "set-quota: {shown} now uses {} on every instance",
+                quotas_text(quotas)
+            ),
+            limiter.set_quota(target, quotas).await,
+        ),
+        Command::ClearQuota => (
+            format!("clear-quota: {shown} uses its callers' own quotas again"),
+            limiter.clear_quota(target).await,
+        ),
+        Command::Suspend(duration) => (
+            format!(
+                "suspend: {shown} is denied on every instance for {}",
+                duration_text(*duration)
+            ),
+            limiter.suspend(target, *duration).await,
+        ),
+        Command::Resume => (
+            format!("resume: {shown} is no longer suspended"),
+            limiter.resume(target).await,
+        ),
+        Command::Reset => (
+            format!("reset: {shown}'s usage is forgotten (an override and a suspension stay)"),
+            limiter.reset(target).await,
+        ),
+    };
+    let status = result.map_err(|error| match error {
+        ControlError::Quota(e) => {
+            Failure::Input(format!("{e} (for --algorithm {})", request.algorithm))
+        }
+        ControlError::InvalidDuration => Failure::Input(error.to_string()),
+        other => Failure::Store(format!("Redis at {shown_url}: {other}")),
+    })?;
+    if !did.is_empty() {
+        println!("{did}");
+    }
+    print!(
+        "{}",
+        status_text(shown, &limiter.target_storage_key(target), &status)
+    );
+    Ok(())
+}
+
+/// What a key looks like, one fact a line.
+fn status_text(shown: &str, storage_key: &str, status: &KeyStatus) -> String {
+    let mut text = format!("key {shown} ({storage_key})\n");
+    let _ = writeln!(
+        text,
+        "  override: {}",
+        status
+            .quota_override
+            .as_ref()
+            .map_or("none".to_owned(), quotas_text)
+    );
+    let _ = writeln!(
+        text,
+        "  suspended: {}",
+        status.suspended_for.map_or("no".to_owned(), |left| format!(
+            "{} left",
+            seconds_text(left)
+        ))
+    );
+    let _ = writeln!(
+        text,
+        "  expires in: {}",
+        status
+            .expires_in
+            .map_or("nothing stored".to_owned(), seconds_text)
+    );
+    if status.tiers.is_empty() {
+        let _ = writeln!(text, "  state: none stored");
+    }
+    for (i, tier) in status.tiers.iter().enumerate() {
+        let _ = writeln!(text, "  state of tier {}: {tier}", i + 1);
+    }
+    if let Some(entries) = status.log_entries {
+        let _ = writeln!(text, "  sliding log entries: {entries}");
+    }
+    text
+}
+
+/// `10/1s, 500/1m`, the way `set-quota` takes them (with ` burst B` when it differs).
+fn quotas_text(quotas: &Quotas) -> String {
+    let tiers: Vec<String> = quotas
+        .iter()
+        .map(|quota| {
+            let mut text = format!("{}/{}", quota.limit(), duration_text(quota.period()));
+            if quota.burst() != quota.limit() {
+                let _ = write!(text, " burst {}", quota.burst());
+            }
+            text
+        })
+        .collect();
+    tiers.join(", ")
+}
+
+/// A duration in the largest unit that shows it whole: `1h`, `10m`, `30s`, `500ms`, `5µs`.
+fn duration_text(duration: Duration) -> String {
+    let micros = duration.as_micros();
+    for (unit, size) in [
+        ("h", 3_600_000_000),
+        ("m", 60_000_000),
+        ("s", 1_000_000),
+        ("ms", 1_000),
+    ] {
+        if micros >= size && micros % size == 0 {
+            return format!("{}{unit}", micros / size);
+        }
+    }
+    format!("{micros}µs")
+}
+
+/// A time left, to the millisecond, `59.998s`; beyond an hour also in days, hours and minutes:
+/// `2591999.998s (29d 23h 59m)`.
+fn seconds_text(duration: Duration) -> String {
+    let mut text = format!("{:.3}s", duration.as_secs_f64());
+    let minutes = duration.as_secs() / 60;
+    if minutes >= 60 {
+        let (days, hours) = (minutes / (24 * 60), minutes / 60 % 24);
+        let _ = write!(text, " ({days}d {hours}h {}m)", minutes % 60);
+    }
+    text
+}

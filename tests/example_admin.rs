@@ -1,0 +1,411 @@
+//! The operator's tool `examples/admin.rs`, run as a user runs it against a private Redis: what it
+//! changes is what a `Limiter` and a `RateLimitLayer` of the fleet then decide, and bad input
+//! exits 2 with a message.
+
+mod support;
+
+use std::convert::Infallible;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use redlimit::key::HeaderKey;
+use redlimit::store::RedisStore;
+use redlimit::{Decision, Limiter, Quota, RateLimitLayer, Verdict};
+use support::example::{self, dead_redis_url};
+use support::RedisServer;
+use tower::{ServiceBuilder, ServiceExt};
+
+/// Runs the admin example against `redis` with `args`, `REDIS_URL` pointing nowhere.
+fn admin(redis: &RedisServer, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(example::example_binary("admin"));
+    command
+        .arg("--redis")
+        .arg(redis.url())
+        .args(args)
+        .env("REDIS_URL", dead_redis_url())
+        .env_remove("REDLIMIT_HEADER_SECRET")
+        .stdin(Stdio::null());
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    command.output().expect("run the admin example")
+}
+
+/// Runs it and returns its stdout, asserting success.
+fn admin_ok(redis: &RedisServer, args: &[&str]) -> String {
+    admin_ok_with(redis, args, &[])
+}
+
+fn admin_ok_with(redis: &RedisServer, args: &[&str], envs: &[(&str, &str)]) -> String {
+    let output = admin(redis, args, envs);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{args:?} failed with {}: {stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// The value of the status line `  NAME: VALUE`.
+fn field<'a>(stdout: &'a str, name: &str) -> &'a str {
+    let prefix = format!("  {name}: ");
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {name:?} line in {stdout}"))
+}
+
+/// The seconds in `59.998s left` / `59.998s (…)`.
+fn seconds(value: &str) -> f64 {
+    value
+        .split_once('s')
+        .and_then(|(number, _)| number.parse().ok())
+        .unwrap_or_else(|| panic!("no seconds in {value:?}"))
+}
+
+fn limiter(redis: &RedisServer) -> Limiter {
+    Limiter::new(RedisStore::new(redis.url().as_str()).expect("a Redis URL"))
+}
+
+async fn decide(limiter: &Limiter, key: &str, quota: &Quota) -> Decision {
+    match limiter.check(key, quota).await {
+        Verdict::Decided(decision) => decision,
+        other => panic!("the store failed: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn set_quota_is_shown_by_inspect_and_obeyed_by_a_limiter() {
+    let redis = RedisServer::start();
+    let stdout = admin_ok(&redis, &["set-quota", "tenant-7", "3/1m", "500/1h"]);
+    assert!(
+        stdout.starts_with("set-quota: \"tenant-7\" now uses 3/1m, 500/1h on every instance\n"),
+        "{stdout}"
+    );
+    assert_eq!(field(&stdout, "override"), "3/1m, 500/1h");
+    assert_eq!(field(&stdout, "suspended"), "no");
+
+    let inspected = admin_ok(&redis, &["inspect", "tenant-7"]);
+    assert!(
+        inspected.starts_with("key \"tenant-7\" (redlimit:{tenant-7})\n"),
+        "{inspected}"
+    );
+    assert_eq!(field(&inspected, "override"), "3/1m, 500/1h");
+    assert_eq!(field(&inspected, "state"), "none stored");
+
+    // A limiter with a generous quota of its own gets the override's 3 a minute.
+    let limiter = limiter(&redis);
+    let own = Quota::per_second(1_000).unwrap();
+    for _ in 0..3 {
+        assert!(decide(&limiter, "tenant-7", &own).await.allowed);
+    }
+    let denied = decide(&limiter, "tenant-7", &own).await;
+    assert!(!denied.allowed && !denied.suspended, "{denied:?}");
+    assert_eq!(denied.quota, Quota::per_minute(3).unwrap());
+    // Another key keeps the caller's quota.
+    assert_eq!(decide(&limiter, "tenant-8", &own).await.limit, 1_000);
+
+    let inspected = admin_ok(&redis, &["inspect", "tenant-7"]);
+    assert!(
+        field(&inspected, "state of tier 1").starts_with("token-bucket tokens=0"),
+        "{inspected}"
+    );
+
+    let cleared = admin_ok(&redis, &["clear-quota", "tenant-7"]);
+    assert_eq!(field(&cleared, "override"), "none");
+    assert!(decide(&limiter, "tenant-7", &own).await.allowed);
+}
+
+#[tokio::test]
+async fn suspend_shows_the_time_left_and_denies_until_resume() {
+    let redis = RedisServer::start();
+    let stdout = admin_ok(&redis, &["suspend", "upstream", "90s"]);
+    assert!(
+        stdout.starts_with("suspend: \"upstream\" is denied on every instance for 90s\n"),
+        "{stdout}"
+    );
+    let left = seconds(field(&stdout, "suspended"));
+    assert!(
+        (85.0..=90.0).contains(&left),
+        "{left} s left right after suspend: {stdout}"
+    );
+    assert!(field(&stdout, "suspended").ends_with("s left"), "{stdout}");
+
+    let inspected = admin_ok(&redis, &["inspect", "upstream"]);
+    let left_later = seconds(field(&inspected, "suspended"));
+    assert!(left_later <= left && left_later > 80.0, "{inspected}");
+
+    let limiter = limiter(&redis);
+    let quota = Quota::per_second(100).unwrap();
+    let denied = decide(&limiter, "upstream", &quota).await;
+    assert!(!denied.allowed && denied.suspended, "{denied:?}");
+    assert_eq!(denied.remaining, 0);
+    assert!(
+        denied.retry_after <= Duration::from_secs(90)
+            && denied.retry_after > Duration::from_secs(80),
+        "{denied:?}"
+    );
+    // Only that key.
+    assert!(decide(&limiter, "other", &quota).await.allowed);
+
+    let resumed = admin_ok(&redis, &["resume", "upstream"]);
+    assert!(resumed.starts_with("resume: \"upstream\" is no longer suspended\n"));
+    assert_eq!(field(&resumed, "suspended"), "no");
+    assert!(decide(&limiter, "upstream", &quota).await.allowed);
+}
+
+#[tokio::test]
+async fn reset_forgets_the_usage() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    let quota = Quota::per_hour(2).unwrap();
+    for _ in 0..2 {
+        assert!(decide(&limiter, "ip:203.0.113.7", &quota).await.allowed);
+    }
+    assert!(!decide(&limiter, "ip:203.0.113.7", &quota).await.allowed);
+
+    let stdout = admin_ok(&redis, &["reset", "ip:203.0.113.7"]);
+    assert!(stdout.starts_with("reset: \"ip:203.0.113.7\"'s usage is forgotten"));
+    assert_eq!(field(&stdout, "state"), "none stored", "{stdout}");
+    assert!(decide(&limiter, "ip:203.0.113.7", &quota).await.allowed);
+}
+
+/// A request through a layer keyed by the `x-api-key` header.
+async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> StatusCode {
+    let service =
+        ServiceBuilder::new()
+            .layer(layer.clone())
+            .service_fn(|_: Request<Full<Bytes>>| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            });
+    let request = Request::get("/")
+        .header("x-api-key", api_key)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    service.oneshot(request).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn an_api_key_is_hashed_as_the_layer_hashes_it_in_the_layers_scope() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_minute(100).unwrap();
+    let plain = RateLimitLayer::new(
+        limiter(&redis),
+        quota,
+        HeaderKey::named("x-api-key").unwrap(),
+    );
+    let secret = RateLimitLayer::new(
+        limiter(&redis),
+        quota,
+        HeaderKey::named("x-api-key")
+            .unwrap()
+            .with_secret("fleet-s3cret"),
+    );
+    let scope = plain.scope().to_owned();
+    assert_eq!(through_layer(&plain, "k-123").await, StatusCode::OK);
+
+    let stdout = admin_ok(
+        &redis,
+        &[
+            "--scope",
+            &scope,
+            "--header",
+            "x-api-key",
+            "suspend",
+            "k-123",
+            "1m",
+        ],
+    );
+    assert!(
+        stdout.starts_with("suspend: x-api-key header \"k-123\" is denied on every instance"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("redlimit:{k-123}"), "hashed: {stdout}");
+    assert_eq!(
+        through_layer(&plain, "k-123").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(through_layer(&plain, "k-456").await, StatusCode::OK);
+    // The layer with a secret hashes to another key: not suspended.
+    assert_eq!(through_layer(&secret, "k-123").await, StatusCode::OK);
+
+    // The same secret, from the environment: that layer's key.
+    let env = [("REDLIMIT_HEADER_SECRET", "fleet-s3cret")];
+    let args = [
+        "--scope",
+        &scope,
+        "--header",
+        "x-api-key",
+        "suspend",
+        "k-123",
+        "1m",
+    ];
+    admin_ok_with(&redis, &args, &env);
+    assert_eq!(
+        through_layer(&secret, "k-123").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // And from the flag, for resume.
+    let args = [
+        "--scope",
+        &scope,
+        "--header",
+        "x-api-key",
+        "--header-secret",
+        "fleet-s3cret",
+        "resume",
+        "k-123",
+    ];
+    admin_ok(&redis, &args);
+    assert_eq!(through_layer(&secret, "k-123").await, StatusCode::OK);
+    assert_eq!(
+        through_layer(&plain, "k-123").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_a_message() {
+    let dead = dead_redis_url();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["inspect", "k"], "--redis URL"),
+        (vec!["--redis", &dead], "give a command"),
+        (vec!["--redis", &dead, "inspect"], "inspect needs a KEY"),
+        (vec!["--redis", &dead, "inspect", ""], "inspect needs a KEY"),
+        (
+            vec!["--redis", &dead, "inspect", "k", "x"],
+            "takes only a KEY",
+        ),
+        (vec!["--redis", &dead, "frobnicate", "k"], "unknown command"),
+        (
+            vec!["--redis", &dead, "suspend", "k"],
+            "suspend needs a DURATION",
+        ),
+        (vec!["--redis", &dead, "suspend", "k", "0s"], "more than 0"),
+        (vec!["--redis", &dead, "suspend", "k", "0ms"], "more than 0"),
+        (vec!["--redis", &dead, "suspend", "k", "721h"], "30 days"),
+        (
+            vec!["--redis", &dead, "suspend", "k", "99999999999999999999h"],
+            "is not a duration",
+        ),
+        (
+            vec!["--redis", &dead, "suspend", "k", "1.5s"],
+            "is not a duration",
+        ),
+        (
+            vec!["--redis", &dead, "set-quota", "k"],
+            "at least one N/DURATION",
+        ),
+        (
+            vec!["--redis", &dead, "set-quota", "k", "10"],
+            "is not N/DURATION",
+        ),
+        (
+            vec!["--redis", &dead, "set-quota", "k", "0/1s"],
+            "at least 1",
+        ),
+        (
+            vec!["--redis", &dead, "set-quota", "k", "x/1s"],
+            "whole number",
+        ),
+        (
+            vec!["--redis", &dead, "set-quota", "k", "10/0s"],
+            "more than 0",
+        ),
+        (
+            vec!["--redis", &dead, "set-quota", "k", "10/s"],
+            "is not a duration",
+        ),
+        (
+            vec!["--redis", &dead, "set-quota", "k", "10/1s/2"],
+            "is not a duration",
+        ),
+        (
+            vec!["--redis", &dead, "set-quota", "k", "10/9999999999h"],
+            "at most 100 years",
+        ),
+        (
+            vec![
+                "--redis",
+                &dead,
+                "set-quota",
+                "k",
+                "1/1s",
+                "1/2s",
+                "1/3s",
+                "1/4s",
+                "1/5s",
+                "1/6s",
+                "1/7s",
+                "1/8s",
+                "1/9s",
+            ],
+            "at most 8",
+        ),
+        (
+            vec!["--redis", &dead, "--algorithm", "leaky", "inspect", "k"],
+            "unknown algorithm",
+        ),
+        (
+            vec!["--redis", &dead, "--header-secret", "s", "inspect", "k"],
+            "needs --header",
+        ),
+        (
+            vec!["--redis", &dead, "--header", "bad name", "inspect", "k"],
+            "not a header name",
+        ),
+        (
+            vec!["--redis", &dead, "--prefix=", "inspect", "k"],
+            "--prefix must not be empty",
+        ),
+        (vec!["--redis", &dead, "--scope"], "--scope needs a value"),
+        (
+            vec!["--redis", &dead, "--frobnicate", "inspect", "k"],
+            "unknown option",
+        ),
+        (
+            vec!["--redis", "not a url", "inspect", "k"],
+            "--redis: invalid URL",
+        ),
+        (
+            vec!["--redis", &dead, "--redis", &dead, "inspect", "k"],
+            "give --redis once",
+        ),
+    ];
+    let cases: Vec<(&[&str], &str)> = cases
+        .iter()
+        .map(|(args, message)| (args.as_slice(), *message))
+        .collect();
+    example::assert_usage_errors("admin", &cases);
+}
+
+#[test]
+fn an_unreachable_redis_exits_1_and_says_so() {
+    let dead = dead_redis_url();
+    let output = example::run_to_exit("admin", &["--redis", &dead, "inspect", "k"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot use the Redis at {dead}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_sliding_log_quota_beyond_its_burst_cap_is_refused_before_anything_changes() {
+    let redis = RedisServer::start();
+    let output = admin(
+        &redis,
+        &["--algorithm", "sliding-log", "set-quota", "k", "1000000/1s"],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("sliding-window"), "{stderr}");
+    assert_eq!(redis.dbsize(), 0, "nothing stored");
+}

@@ -1,0 +1,201 @@
+//! The fleet example `examples/fleet.rs`, run as a user runs it: worker processes sharing one
+//! quota in a private Redis use it fully and never trip the mock upstream, and without a Redis it
+//! refuses to start.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::example::{self, dead_redis_url};
+use support::RedisServer;
+
+/// How long a run of a few seconds may take, start-up and builds of the workers aside.
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// `upstream: T requests in S s, W max in any aligned window, X answered 429`.
+#[derive(Debug, PartialEq)]
+struct Summary {
+    total: u64,
+    seconds: u64,
+    max_in_window: u64,
+    too_many: u64,
+}
+
+impl Summary {
+    fn parse(line: &str) -> Option<Summary> {
+        let rest = line.strip_prefix("upstream: ")?;
+        let (total, rest) = rest.split_once(" requests in ")?;
+        let (seconds, rest) = rest.split_once(" s, ")?;
+        let (max_in_window, rest) = rest.split_once(" max in any aligned window, ")?;
+        let too_many = rest.strip_suffix(" answered 429")?;
+        Some(Summary {
+            total: total.parse().ok()?,
+            seconds: seconds.parse().ok()?,
+            max_in_window: max_in_window.parse().ok()?,
+            too_many: too_many.parse().ok()?,
+        })
+    }
+}
+
+/// Runs the fleet example with `args` and `envs` to completion.
+fn run_fleet(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(example::example_binary("fleet"));
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("spawn the fleet example");
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    while child.try_wait().expect("poll the fleet").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the fleet example with {args:?} did not finish");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("the fleet's output")
+}
+
+#[test]
+fn workers_use_the_shared_quota_fully_and_never_trip_the_upstream() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (workers, limit, seconds) = (3, 20, 3);
+    let output = run_fleet(
+        &[
+            "--redis",
+            &url,
+            "--workers",
+            &workers.to_string(),
+            "--limit",
+            &limit.to_string(),
+            "--period",
+            "1s",
+            "--seconds",
+            &seconds.to_string(),
+        ],
+        &[("REDIS_URL", &dead_redis_url())],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{}: {stdout}\n{stderr}",
+        output.status
+    );
+    // Exactly one line on stdout: the summary.
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let summary = Summary::parse(lines[0]).unwrap_or_else(|| panic!("not a summary: {stdout}"));
+    assert_eq!(summary.seconds, seconds, "{summary:?}");
+    assert_eq!(summary.too_many, 0, "{summary:?}\n{stderr}");
+    assert!(summary.max_in_window <= limit, "{summary:?}\n{stderr}");
+    let full = limit * seconds;
+    assert!(
+        summary.total * 10 >= full * 9,
+        "{} requests, under 90 % of {full}: {summary:?}\n{stderr}",
+        summary.total
+    );
+    assert!(summary.total <= full, "{summary:?}\n{stderr}");
+    // Every worker took part, each in a process of its own.
+    for id in 1..=workers {
+        assert!(
+            stderr.contains(&format!("worker {id}: ")),
+            "no report from worker {id}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_short_period_is_used_fully_too() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let output = run_fleet(
+        &[
+            "--redis",
+            &url,
+            "--workers",
+            "2",
+            "--limit",
+            "5",
+            "--period",
+            "250ms",
+            "--seconds",
+            "2",
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let summary = Summary::parse(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|| panic!("no summary: {stdout}"));
+    // 8 windows of 250 ms, 5 each.
+    assert_eq!(summary.too_many, 0, "{summary:?}\n{stderr}");
+    assert!(summary.max_in_window <= 5, "{summary:?}\n{stderr}");
+    assert!(summary.total >= 36, "{summary:?}\n{stderr}");
+}
+
+#[test]
+fn without_a_redis_it_cannot_share_a_quota_and_exits_2() {
+    let dead = dead_redis_url();
+    for (args, envs) in [
+        (vec![], vec![("REDIS_URL", dead.as_str())]),
+        (vec!["--redis", dead.as_str()], vec![]),
+    ] {
+        let output = run_fleet(&args, &envs);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("no Redis answers at {dead}"))
+                && stderr.contains("cannot share a quota across processes"),
+            "{args:?}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?}: no summary");
+    }
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--workers", "0"], "--workers must be at least 1"),
+        (&["--workers", "65"], "--workers: at most 64"),
+        (&["--workers", "many"], "--workers"),
+        (&["--limit", "0"], "--limit must be at least 1"),
+        (&["--limit", "1000000000000000000"], "--limit"),
+        (&["--period", "0s"], "--period"),
+        (&["--period", "1.5s"], "--period"),
+        (&["--period", "10x"], "--period"),
+        (&["--seconds", "0"], "--seconds must be at least 1"),
+        (&["--seconds", "3601"], "--seconds: at most 3600"),
+        (&["--seconds"], "--seconds needs a value"),
+        (&["--redis", "not a url"], "--redis: invalid URL"),
+        (&["--limit", "5", "--limit", "6"], "give --limit once"),
+        (&["--frobnicate", "1"], "unknown argument"),
+        (&["extra"], "unexpected argument"),
+    ];
+    example::assert_usage_errors("fleet", cases);
+}
+
+#[test]
+fn help_names_every_flag_and_the_summary_line() {
+    let output = example::run_to_exit("fleet", &["--help"]);
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for flag in ["--redis", "--workers", "--limit", "--period", "--seconds"] {
+        assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
+    }
+    assert!(
+        stdout.contains("upstream: T requests in S s, W max in any aligned window, X answered 429")
+    );
+    assert!(
+        !stdout.contains("--worker "),
+        "the worker mode is hidden: {stdout}"
+    );
+}
