@@ -141,7 +141,8 @@ struct Request {
 #[derive(Debug)]
 enum Command {
     Inspect,
-    SetQuota(Quotas),
+    /// Boxed: a `Quotas` holds its tiers inline.
+    SetQuota(Box<Quotas>),
     ClearQuota,
     Suspend(Duration),
     Resume,
@@ -214,7 +215,7 @@ fn parse_args(
     };
     let rest: Vec<String> = plain.collect();
     let command = match verb.as_str() {
-        "set-quota" => Command::SetQuota(parse_quotas(&rest)?),
+        "set-quota" => Command::SetQuota(Box::new(parse_quotas(&rest)?)),
         "suspend" => match rest.as_slice() {
             [duration] => Command::Suspend(parse_suspension(duration)?),
             [] => return Err(invalid("suspend needs a DURATION after the KEY, e.g. 10m")),
@@ -464,7 +465,7 @@ fn duration_text(duration: Duration) -> String {
         ("s", 1_000_000),
         ("ms", 1_000),
     ] {
-        if micros >= size && micros % size == 0 {
+        if micros >= size && micros.is_multiple_of(size) {
             return format!("{}{unit}", micros / size);
         }
     }

@@ -535,7 +535,7 @@ impl Service<Request<Empty<Bytes>>> for UpstreamClient {
 fn unix_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| micros(d))
+        .map(micros)
         .unwrap_or(0)
 }
 
