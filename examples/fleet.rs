@@ -164,27 +164,28 @@ fn parse_args(args: Vec<String>) -> Result<Options, CliError> {
                 )))
             }
         };
-        if !["--redis", "--workers", "--limit", "--period", "--seconds"].contains(&name.as_str()) {
-            return Err(CliError::Invalid(format!(
-                "unknown argument {name:?} (see --help)"
-            )));
-        }
-        let value = args.value(&name, inline)?;
+        let value = || args.value(&name, inline);
         match name.as_str() {
             "--redis" => {
-                redis::Client::open(value.as_str()).map_err(|e| {
-                    CliError::Invalid(format!(
-                        "--redis: invalid URL {}: {e}",
-                        cli::redacted(&value)
-                    ))
+                let url = value()?;
+                redis::Client::open(url.as_str()).map_err(|e| {
+                    CliError::Invalid(format!("--redis: invalid URL {}: {e}", cli::redacted(&url)))
                 })?;
-                set_once(&mut redis, &name, value)?
+                set_once(&mut redis, &name, url)?
             }
-            "--workers" => set_once(&mut workers, &name, cli::parse_count(&name, &value)?)?,
-            "--limit" => set_once(&mut limit, &name, cli::parse_count(&name, &value)?)?,
-            "--period" => set_once(&mut period, &name, cli::parse_duration_of(&name, &value)?)?,
-            "--seconds" => set_once(&mut seconds, &name, cli::parse_count(&name, &value)?)?,
-            _ => unreachable!("checked above"),
+            "--workers" => set_once(&mut workers, &name, cli::parse_count(&name, &value()?)?)?,
+            "--limit" => set_once(&mut limit, &name, cli::parse_count(&name, &value()?)?)?,
+            "--period" => set_once(
+                &mut period,
+                &name,
+                cli::parse_duration_of(&name, &value()?)?,
+            )?,
+            "--seconds" => set_once(&mut seconds, &name, cli::parse_count(&name, &value()?)?)?,
+            other => {
+                return Err(CliError::Invalid(format!(
+                    "unknown argument {other:?} (see --help)"
+                )))
+            }
         }
     }
     let workers = workers.unwrap_or(4);
