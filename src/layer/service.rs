@@ -221,7 +221,7 @@ where
             let style = resolved.as_ref().map(|quotas| config.style_for(quotas));
             let verdict = config
                 .limiter
-                .check_storage_key_quotas(
+                .check_storage_key(
                     storage_key.as_str(),
                     resolved.as_ref().unwrap_or(&config.quotas),
                     cost,
