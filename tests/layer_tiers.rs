@@ -129,12 +129,13 @@ async fn two_tiers_list_both_name_the_binding_one_and_deny_all_or_none() {
     assert_eq!(statuses(&first), [200; 10]);
     let h = first[0].headers();
     assert_eq!(header(h, "ratelimit-policy"), Some(BOTH_TIERS));
-    // 9 left this second, 19 this minute: the per-second tier binds; a token every 100 ms.
-    assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=9;t=1"#));
+    // 9 left this second, 19 this minute: the per-second tier binds. `t` is the time until
+    // the key is full in every tier: the minute's token comes back in 3 s.
+    assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=9;t=3"#));
     let last = first.into_iter().last().unwrap();
     assert_eq!(
         header(last.headers(), "ratelimit"),
-        Some(r#""default-1";r=0;t=1"#)
+        Some(r#""default-1";r=0;t=30"#)
     );
     assert_eq!(
         body_text(last).await,
@@ -157,9 +158,9 @@ async fn two_tiers_list_both_name_the_binding_one_and_deny_all_or_none() {
     fx.clock.advance(Duration::from_secs(3));
     let again = send(&app, 10, get).await;
     assert_eq!(statuses(&again), [200; 10]);
-    // The 10th leaves 0 this second and 1 this minute.
+    // The 10th leaves 0 this second and 1 this minute (full again in 19 × 3 s).
     let h = again[9].headers();
-    assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=0;t=1"#));
+    assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=0;t=57"#));
     let over = send(&app, 1, get).await;
     assert_eq!(statuses(&over), [429]);
     assert_eq!(
@@ -210,7 +211,7 @@ async fn free_and_pro_tiers_from_a_header_sync_and_async() {
                 .to_owned();
             Resolved::pending(async move {
                 tokio::task::yield_now().await; // a round trip to the database
-                plans.get(plan.as_str()).cloned()
+                plans.get(plan.as_str()).copied()
             })
         }
     }
@@ -310,7 +311,7 @@ async fn a_suspended_key_is_told_so_over_http_and_grpc() {
     assert_eq!(resumed.status(), StatusCode::OK);
     assert_eq!(
         header(resumed.headers(), "ratelimit"),
-        Some(r#""default-1";r=9;t=1"#)
+        Some(r#""default-1";r=9;t=3"#)
     );
 }
 
@@ -322,7 +323,7 @@ async fn an_override_shows_in_the_headers_and_wins_over_the_resolver() {
     let pro: Quotas = Quota::per_minute(1000).unwrap().into();
     let layer = RateLimitLayer::builder(fx.limiter.clone(), two_tiers(), GlobalKey::new("client"))
         .resolver(resolver_fn(move |parts, _key| {
-            parts.headers.contains_key("x-pro").then(|| pro.clone())
+            parts.headers.contains_key("x-pro").then_some(pro)
         }))
         .build()
         .unwrap();

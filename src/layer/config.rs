@@ -130,7 +130,7 @@ impl<K> Config<K> {
         let style = Arc::new(self.headers.for_quotas(quotas));
         if let Ok(mut styles) = cache.styles.write() {
             if styles.len() < StyleCache::CAPACITY {
-                styles.insert(quotas.clone(), style.clone());
+                styles.insert(*quotas, style.clone());
             }
         }
         style

@@ -66,7 +66,9 @@
 //! consumes from none. `RateLimit-Policy` lists every tier, named `"<policy>-1"`,
 //! `"<policy>-2"`… in order (a single tier keeps the bare `"<policy>"`), and `RateLimit`
 //! describes the binding one ([`Decision::quota`](crate::Decision::quota): on a denial the tier
-//! with the longest wait, on an admission the one with the least left). When an override set
+//! with the longest wait, on an admission the one with the least left; its `t` is the wait on a
+//! denial, and on an admission the time until the key is full again in every tier,
+//! [`Decision::reset_after`](crate::Decision::reset_after)). When an override set
 //! with [`Limiter::set_quota`](crate::Limiter::set_quota) is in force, its binding quota is no
 //! tier of the layer: both headers then show that quota alone, as `"<policy>"`. A
 //! [`QuotaResolver`] chooses the quotas per request (FREE and PRO plans, see
