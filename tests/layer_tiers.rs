@@ -3,6 +3,8 @@
 //! Each test starts its own `redis-server`; the limiter runs on a `ManualClock` that moves only
 //! when a test says so, so every number in the headers is exact.
 
+#[path = "../examples/common/greeter.rs"]
+mod greeter;
 mod support;
 
 use std::collections::HashMap;
@@ -393,4 +395,48 @@ async fn retry_after_jitter_stays_within_its_bound() {
         seen.insert(retry);
     }
     assert!(seen.len() > 1, "40 draws over 31 values: {seen:?}");
+}
+
+/// A real tonic client calling a server whose key is suspended gets `RESOURCE_EXHAUSTED`, a
+/// message that says "suspended", and the time left in its retry metadata.
+#[tokio::test]
+async fn a_tonic_client_is_told_the_key_is_suspended() {
+    use greeter::{GreeterClient, GreeterServer, HelloRequest};
+
+    let fx = Fixture::new();
+    let layer = RateLimitLayer::new(fx.limiter.clone(), two_tiers(), GlobalKey::new("client"));
+    fx.limiter
+        .suspend(
+            Target::scoped(layer.scope(), "client"),
+            Duration::from_secs(45),
+        )
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(GreeterServer)
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = GreeterClient::new(channel);
+    let hello = HelloRequest {
+        name: "test".to_owned(),
+    };
+    let status = client.say_hello(hello).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("suspended"), "{status:?}");
+    let metadata = |name: &str| status.metadata().get(name).unwrap().to_str().unwrap();
+    assert_eq!(metadata("retry-after"), "45");
+    assert_eq!(metadata("grpc-retry-pushback-ms"), "45000");
+    server.abort();
 }
