@@ -51,10 +51,7 @@ impl PackedArgs {
     ) -> Self {
         let quotas = &quotas[..quotas.len().min(MAX_TIERS)];
         let now = now_micros.map_or(-1.0, exact);
-        // Any cost above every burst is never allowed: send the largest burst + 1, so Lua stays
-        // below 2^53.
-        let most = quotas.iter().map(Quota::burst).max().unwrap_or(0);
-        let cost = exact(cost.min(most.saturating_add(1)));
+        let cost = exact(capped_cost(cost));
         let mut bytes = [0; MAX_ARGS];
         bytes[0..8].copy_from_slice(&now.to_le_bytes());
         bytes[8..16].copy_from_slice(&cost.to_le_bytes());
@@ -69,6 +66,13 @@ impl PackedArgs {
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
+}
+
+/// Any cost above the largest burst a quota can have is never allowed, whatever the quotas in
+/// force (an override may have a larger burst than the caller's): capped there, so Lua stays
+/// below 2^53.
+pub(crate) fn capped_cost(cost: u64) -> u64 {
+    cost.min(crate::quota::MAX_COUNT + 1)
 }
 
 /// Writes a quota's doubles limit, period_us, burst at `at`; returns the end.
@@ -668,8 +672,8 @@ mod tests {
         let args = args.as_bytes();
         assert_eq!(args.len(), 17 + 24);
         let f = |i: usize| f64_at(args, i);
-        // Server clock, a cost capped at burst + 1, the algorithm, then the tier.
-        assert_eq!((f(0), f(8), args[16]), (-1.0, 11.0, b'g'));
+        // Server clock, a cost capped above any burst, the algorithm, then the tier.
+        assert_eq!((f(0), f(8), args[16]), (-1.0, 1e15 + 1.0, b'g'));
         assert_eq!((f(17), f(25), f(33)), (10.0, 60e6, 10.0));
         // A client time Lua cannot hold exactly is refused by the script, not rounded.
         let late = PackedArgs::new(Algorithm::Gcra, &[quota], 1, Some(1 << 53));

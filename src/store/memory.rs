@@ -9,8 +9,8 @@ use futures::future::BoxFuture;
 
 use super::{CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
-    control, decide, decide_log, log_controls_key, sliding_log, Kind, LogWrite, Op, Refused, Reply,
-    MAX_SLIDING_LOG_BURST,
+    capped_cost, control, decide, decide_log, log_controls_key, sliding_log, Kind, LogWrite, Op,
+    Refused, Reply, MAX_SLIDING_LOG_BURST,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
@@ -227,7 +227,7 @@ impl MemoryStore {
     /// ```
     pub fn check_now(&self, request: CheckRequest<'_>) -> Decision {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
-        let (now_f, cost) = (now as f64, request.cost as f64);
+        let (now_f, cost) = (now as f64, capped_cost(request.cost) as f64);
         let quotas = request.quotas.as_slice();
         let mut guard = self
             .shard(request.key)
