@@ -27,7 +27,9 @@ use crate::quota::{Quota, Quotas};
 /// [`scope`](crate::RateLimitLayerBuilder::scope)). So the admin operations address a key the same
 /// way whatever its tier (`Target::scoped(layer.scope(), key)`), and a key that changes tier
 /// keeps its suspension, its override and its count (a FREE client upgraded to PRO starts from
-/// what it had left, refilled at the PRO rate; a downgrade caps it at the FREE capacity). Tiers
+/// what it had left, refilled at the PRO rate; a downgrade caps it at the FREE capacity; the
+/// store matches quotas by position, so a list that changes length starts the moved quotas
+/// fresh, see the README's "Fleet features"). Tiers
 /// are meant to be chosen per key (per API key, per user); when the tier depends on something
 /// else in the request, make it part of the key so two tiers never meet on one key.
 ///
