@@ -87,7 +87,8 @@ pub use crate::algorithm::Algorithm;
 pub use crate::clock::{Clock, ManualClock};
 pub use crate::decision::Decision;
 pub use crate::layer::{
-    MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
+    resolver_fn, FnResolver, MissingKey, QuotaResolver, RateLimit, RateLimitLayer,
+    RateLimitLayerBuilder, Resolved, ResponseBody, ResponseFuture,
 };
 pub use crate::limiter::{
     ConfigError, ControlError, KeyStatus, Limiter, LimiterBuilder, LimiterStats, Target, TierState,
