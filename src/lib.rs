@@ -78,6 +78,7 @@ mod decision;
 pub mod key;
 pub mod layer;
 mod limiter;
+pub mod outbound;
 pub mod policy;
 mod quota;
 pub mod store;
@@ -89,7 +90,8 @@ pub use crate::layer::{
     MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
 };
 pub use crate::limiter::{
-    ConfigError, Limiter, LimiterBuilder, LimiterStats, DEFAULT_PREFIX, DIRECT_POLICY_LABEL,
+    AcquireError, ConfigError, Limiter, LimiterBuilder, LimiterStats, DEFAULT_PREFIX,
+    DIRECT_POLICY_LABEL,
 };
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 pub use crate::quota::{Quota, QuotaError, MAX_COUNT, MAX_PERIOD};

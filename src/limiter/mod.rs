@@ -13,11 +13,13 @@ use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
 use crate::quota::Quota;
 use crate::store::{CheckRequest, Store, StoreError};
 
+mod acquire;
 mod builder;
 mod deny_cache;
 mod keys;
 mod stats;
 
+pub use self::acquire::AcquireError;
 pub use self::builder::LimiterBuilder;
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
