@@ -2,31 +2,44 @@
 -- (`lua/<algorithm>.lua`) in at the `@steps` line below, each as a branch
 -- `elseif alg == <tag byte> then <step>`.
 --
--- KEYS  one state key per tier (all sharing one hash tag)
+-- KEYS  [1] the limiter key's string: its fleet controls (if any) and every tier's state;
+--       [2] the sliding log only: its sorted set (KEYS[1] then holds only the controls).
+--       Both share one hash tag.
 -- ARGV  one string, packed little-endian (struct.pack): doubles now_us (-1 = Redis server
---       TIME) and cost (0 = peek), then per tier a byte naming the algorithm (its state's tag:
---       't' token bucket, 'g' GCRA, 'f' fixed window, 'w' sliding window, 'l' sliding log) and
---       doubles limit, period_us, burst: '<dd' .. n * '<Bddd', 16 + 25 * n bytes. Numbers are
---       integers below 2^53 (limit, period and burst at least 1). Packed, because every ARGV
---       element and every tonumber costs Redis more than the whole unpack.
--- Reply one string, packed '<Bdddd': flags (1 allowed, 2 suspended), limit, remaining,
---       retry_after_ms (-1 = never), reset_after_ms, of the binding tier: the request is
---       admitted only when every tier admits it, and then costs every tier (all or none). One
---       string costs Redis less than converting an array of integers.
+--       TIME) and cost (0 = peek), a byte naming the algorithm (its state's tag: 't' token
+--       bucket, 'g' GCRA, 'f' fixed window, 'w' sliding window, 'l' sliding log), then per tier
+--       (1 to 8) doubles limit, period_us, burst: '<ddB' .. n * '<ddd', 17 + 24 * n bytes.
+--       Numbers are integers below 2^53 (limit, period and burst at least 1). Packed, because
+--       every ARGV element and every tonumber costs Redis more than the whole unpack.
+-- Reply one string, packed '<Bdddddd': flags (1 allowed, 2 suspended), then the binding tier's
+--       limit, period_us and burst, remaining, retry_after_ms (-1 = never), and reset_after_ms
+--       (when every tier is fresh again). The request is admitted only when every tier admits
+--       it, and then costs every tier (all or none). The binding tier: on an admission the one
+--       with the least remaining, on a denial the denying one with the longest wait. One string
+--       costs Redis less than converting an array of integers.
 --
--- A step is pure: it reads `stored` (the key's string; false when absent, not a string when the
--- key holds another type), `now`, `cost`, `limit`, `period`, `burst` (and `key`), and sets
+-- The string at KEYS[1]: optional controls, then each tier's state in order.
+--   controls  'M', double suspended_until_us (0: not suspended), a byte n (0: no override),
+--             then n * doubles limit, period_us, burst: the quotas set by `set_quota`, used
+--             instead of the caller's. Written by lua/control.lua; 10 + 24 * n bytes.
+--   state     a tag byte naming the algorithm and the layout version, followed by
+--             little-endian doubles (17 bytes, 25 for the sliding window), or one 0 byte for a
+--             tier with nothing stored yet. Anything else reads as a fresh tier.
+-- A limiter that uses no controls and one tier reads one string and writes one string: the
+-- controls cost it nothing.
+--
+-- A step is pure: it reads `stored` (its tier's state; false when absent), `now`, `cost`,
+-- `limit`, `period`, `burst` (and `key`), and sets
 --   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
--- where state is the string to store, or nil when nothing is to be written. The driver reads
--- every key with one MGET (which answers nil for a key of another type: self-healing without
--- pcall, which would also swallow a NOPERM), and writes
--- each new state with one `SET key state PX ttl`, the TTL being when the tier is fresh again,
--- only when the state's own decision is the call's (a denial writes only a step's repair of a
--- clock that stepped back). The sliding log keeps a sorted set instead: its step reads it, and
--- its state is a function that writes it, called with the TTL.
+-- where state is the new state string, or nil when nothing is to be written. The driver reads
+-- the string with one MGET (which answers nil for a key of another type: self-healing without
+-- pcall, which would also swallow a NOPERM), and writes it back with one `SET key state PX ttl`,
+-- the TTL being when every tier is fresh again (and at least the override's idle time), only
+-- when the call admits and costs (a denial writes only a step's repair of a clock that stepped
+-- back). The sliding log keeps a sorted set instead, one for all tiers (each tier counts its
+-- own window): its step reads it, and its state is a function that writes it, called with the
+-- TTL and the call's decision for the tier with the longest period.
 --
--- State strings start with one tag byte naming the algorithm and the layout version, followed
--- by little-endian doubles (struct.pack): exact, and anything else reads as a fresh key.
 -- Lua numbers are doubles: every value stays an exact integer below 2^53 (GCRA's debt aside),
 -- and every time leaves in whole milliseconds rounded up (never tell a client to come back
 -- early). Redis runs the script's body on every call: the steps are spliced in rather than
@@ -35,15 +48,19 @@
 local MAX_EXACT = 9007199254740992 -- 2^53
 -- The longest time a reply carries: 2^62 ms keeps its integers inside an i64.
 local MAX_REPLY_MS = 4611686018427387904
+-- An override lives until no request was admitted on its key for this long (30 days, in ms).
+local OVERRIDE_IDLE_MS = 2592000000
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
-local spack, sunpack, call = struct.pack, struct.unpack, redis.call
+local spack, sunpack, call, byte, sub = struct.pack, struct.unpack, redis.call, string.byte,
+  string.sub
 
-local args, tiers = ARGV[1], #KEYS
-if #ARGV ~= 1 or tiers < 1 or #args ~= 16 + 25 * tiers then
-  return redis.error_reply('ERR redlimit: invalid arguments; expected one key per tier and ' ..
-    'one argument packing now_us, cost, then algorithm, limit, period_us, burst per tier')
+local args = ARGV[1] or ''
+local tiers = (#args - 17) / 24
+if #ARGV ~= 1 or #KEYS < 1 or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
+  return redis.error_reply('ERR redlimit: invalid arguments; expected one key and one ' ..
+    'argument packing now_us, cost, algorithm, then limit, period_us, burst per tier (1 to 8)')
 end
-local now, cost, alg, limit, period, burst, pos = sunpack('<ddBddd', args)
+local now, cost, alg, pos = sunpack('<ddB', args)
 if not (cost >= 0 and cost < MAX_EXACT and cost % 1 == 0 and
     (now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0)) then
   return redis.error_reply('ERR redlimit: invalid arguments; now_us and cost must be ' ..
@@ -53,110 +70,158 @@ if now == -1 then
   local t = call('TIME')
   now = t[1] * 1000000 + t[2]
 end
-local values, stored
-if tiers == 1 then
-  -- The sliding log reads its own sorted set.
-  if alg ~= 108 then
-    stored = call('MGET', KEYS[1])[1]
-  end
-else
-  values = call('MGET', unpack(KEYS))
-  stored = values[1]
+local skey = KEYS[1]
+local s = call('MGET', skey)[1]
+local log = alg == 108
+if log and not KEYS[2] then
+  return redis.error_reply('ERR redlimit: invalid arguments; the sliding log needs its key')
 end
 
--- Decide every tier; the binding one is the least remaining if all admit, else the longest
--- wait among those that deny ("never" first).
-local all_ok, bind_limit, bind_rem, bind_re, max_rs, state1, ok1, rs1
-local more -- tiers 2..n: {key, state, ok, reset}
-local i = 1
-while true do
+-- The controls, when the string starts with them.
+local controls, quotas, at = false, args, 1
+if s and byte(s, 1) == 77 then
+  local n = byte(s, 10)
+  local len = 10 + 24 * (n or 0)
+  if n and n <= 8 and #s >= len then
+    local until_us = sunpack('<d', s, 2)
+    if until_us > now then
+      -- Suspended: denied with the time left, from the first tier in force; nothing written.
+      local limit, period, burst
+      if n > 0 then
+        limit, period, burst = sunpack('<ddd', s, 11)
+      else
+        limit, period, burst = sunpack('<ddd', args, pos)
+      end
+      local left = ceil((until_us - now) / 1000)
+      return spack('<Bdddddd', 2, limit, period, burst, 0, left, left)
+    end
+    if n > 0 then
+      controls, quotas, pos, tiers = sub(s, 1, len), s, 11, n
+    end
+    at = len + 1
+  else
+    s = false
+  end
+end
+
+-- Decide every tier.
+local all_ok, max_rs = true, 0
+local min_limit, min_period, min_burst, min_rem -- least remaining
+local deny_limit, deny_period, deny_burst, deny_rem, deny_re -- the longest wait of a denial
+local plain = at == 1 and tiers == 1 and not log -- one state, the whole string
+local olds, news, oks -- several tiers: each one's stored state, new state and decision
+local log_write, log_period = nil, -1
+if not plain then
+  olds, news, oks = {}, {}, {}
+end
+local stored = s
+for i = 1, tiers do
+  local limit, period, burst
+  limit, period, burst, pos = sunpack('<ddd', quotas, pos)
   if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
       period < MAX_EXACT and period % 1 == 0 and burst >= 1 and burst < MAX_EXACT and
       burst % 1 == 0) then
     return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
       'must be integers from 1 below 2^53')
   end
-  local key = KEYS[i]
+  if not plain then
+    stored = false
+    if s and not log then
+      local tag = byte(s, at)
+      if tag == 0 then
+        at = at + 1
+      elseif tag == 119 then
+        stored, at = sub(s, at, at + 24), at + 25
+      elseif tag then
+        stored, at = sub(s, at, at + 16), at + 17
+      end
+    end
+  end
+  local key = KEYS[2]
   local ok, rem, re, rs, state
   if false then
   -- @steps
   else
     return redis.error_reply('ERR redlimit: unknown algorithm')
   end
-  if i == 1 then
-    all_ok, bind_limit, bind_rem, bind_re, max_rs, state1, ok1, rs1 =
-      ok, limit, rem, re, rs, state, ok, rs
+  if i == 1 or rem < min_rem then
+    min_limit, min_period, min_burst, min_rem = limit, period, burst, rem
+  end
+  if not ok then
+    if all_ok or (deny_re >= 0 and (re < 0 or re > deny_re)) then
+      deny_limit, deny_period, deny_burst, deny_rem, deny_re = limit, period, burst, rem, re
+    end
+    all_ok = false
+  end
+  if rs > max_rs then
+    max_rs = rs
+  end
+  if plain then
+    news = state
+  elseif log then
+    if state and period > log_period then
+      log_write, log_period = state, period
+    end
   else
-    if rem < bind_rem then
-      bind_limit, bind_rem = limit, rem
-    end
-    if not ok then
-      if re < 0 or bind_re < 0 then
-        bind_re = -1
-      else
-        bind_re = max(bind_re, re)
-      end
-    end
-    all_ok = all_ok and ok
-    max_rs = max(max_rs, rs)
-    if state then
-      more = more or {}
-      more[#more + 1] = { key, state, ok, rs }
-    end
+    olds[i], news[i], oks[i] = stored, state, ok
   end
-  if i == tiers then
-    break
-  end
-  i = i + 1
-  alg, limit, period, burst, pos = sunpack('<Bddd', args, pos)
-  stored = values[i]
 end
 
--- Write: on admission every new state; on a denial only the repairs of denying tiers. The TTL:
--- when the tier is fresh again, at least 1 ms, at most 2^53 ms (Lua writes numbers from 1e17 up
--- as "1e+17", which PX refuses). On the hot path `x - x % 1` is floor(x) (exact) and
+-- Times leave in whole ms rounded up. The TTL: when every tier is fresh again, at least 1 ms,
+-- at most 2^53 ms (Lua writes numbers from 1e17 up as "1e+17", which PX refuses); an override
+-- keeps its key for its idle time. On the hot path `x - x % 1` is floor(x) (exact) and
 -- comparisons stand in for min and max: a call into math costs Redis more than the arithmetic.
-if state1 and ok1 == all_ok then
-  local ttl = rs1 / 1000
-  local frac = ttl % 1
-  ttl = ttl - frac
-  if frac > 0 then
-    ttl = ttl + 1
-  end
-  if ttl < 1 then
-    ttl = 1
-  elseif ttl > MAX_EXACT then
-    ttl = MAX_EXACT
-  end
-  if type(state1) == 'string' then
-    call('SET', KEYS[1], state1, 'PX', ttl)
-  else
-    state1(ttl)
-  end
+local reset_ms = max_rs / 1000
+local frac = reset_ms % 1
+reset_ms = reset_ms - frac
+if frac > 0 then
+  reset_ms = reset_ms + 1
 end
-if more then
-  for i = 1, #more do
-    local m = more[i]
-    if m[3] == all_ok then
-      local ttl = min(max(1, ceil(m[4] / 1000)), MAX_EXACT)
-      if type(m[2]) == 'string' then
-        call('SET', m[1], m[2], 'PX', ttl)
-      else
-        m[2](ttl)
-      end
+if reset_ms > MAX_REPLY_MS then
+  reset_ms = MAX_REPLY_MS
+end
+local ttl = reset_ms
+if ttl < 1 then
+  ttl = 1
+elseif ttl > MAX_EXACT then
+  ttl = MAX_EXACT
+end
+
+-- Write: on an admission, every tier's new state; on a denial only the repairs (a tier that
+-- would have admitted keeps its stored state: a denied request consumes from none).
+if plain then
+  if news then
+    call('SET', skey, news, 'PX', ttl)
+  end
+elseif log then
+  if log_write then
+    log_write(ttl, all_ok)
+    if controls and all_ok and cost > 0 then
+      call('PEXPIRE', skey, max(ttl, OVERRIDE_IDLE_MS))
     end
   end
+else
+  local changed = false
+  for i = 1, tiers do
+    local new = news[i]
+    if new and (all_ok or not oks[i]) then
+      changed = true
+    else
+      news[i] = olds[i] or '\0'
+    end
+  end
+  if changed then
+    if controls and ttl < OVERRIDE_IDLE_MS then
+      ttl = OVERRIDE_IDLE_MS
+    end
+    call('SET', skey, (controls or '') .. table.concat(news), 'PX', ttl)
+  end
 end
-if bind_re > 0 then
-  bind_re = min(ceil(bind_re / 1000), MAX_REPLY_MS)
+
+if all_ok then
+  return spack('<Bdddddd', 1, min_limit, min_period, min_burst, min_rem, 0, reset_ms)
 end
-max_rs = max_rs / 1000
-local frac = max_rs % 1
-max_rs = max_rs - frac
-if frac > 0 then
-  max_rs = max_rs + 1
+if deny_re > 0 then
+  deny_re = min(ceil(deny_re / 1000), MAX_REPLY_MS)
 end
-if max_rs > MAX_REPLY_MS then
-  max_rs = MAX_REPLY_MS
-end
-return spack('<Bdddd', all_ok and 1 or 0, bind_limit, bind_rem, bind_re, max_rs)
+return spack('<Bdddddd', 0, deny_limit, deny_period, deny_burst, deny_rem, deny_re, reset_ms)

@@ -58,14 +58,17 @@
   --    unit leaves the window.
   ok, rem, re, rs = allowed, max(0, burst - used), retry, reset
   if cost > 0 and (allowed or stepped_back) then
-    state = function(ttl)
+    state = function(ttl, admit)
+      if not (admit or stepped_back) then
+        return
+      end
       if stepped_back then
         local future = call('ZRANGEBYSCORE', key, '(' .. string.format('%d', now), '+inf')
         for i = 1, #future do
           call('ZADD', key, 'XX', now, future[i])
         end
       end
-      if allowed then
+      if admit then
         call('ZREMRANGEBYSCORE', key, '-inf', from - 1)
         local prefix = string.format('%d:', now)
         local n, added = count, 0

@@ -2,13 +2,15 @@
 
 use std::time::Duration;
 
+use crate::quota::Quota;
+
 /// The answer for one request: admitted or not, and what the client should know.
 ///
 /// All durations are whole milliseconds, rounded **up**: a client told to come back after
 /// `retry_after` is never early.
 ///
 /// ```
-/// use redlimit::Decision;
+/// use redlimit::{Decision, Quota};
 /// use std::time::Duration;
 ///
 /// let denied = Decision {
@@ -17,6 +19,8 @@ use std::time::Duration;
 ///     remaining: 0,
 ///     retry_after: Duration::from_millis(5_500),
 ///     reset_after: Duration::from_secs(60),
+///     suspended: false,
+///     quota: Quota::per_minute(10).unwrap(),
 /// };
 /// assert_eq!(denied.retry_after_secs(), 6);
 /// assert!(!denied.never_allowed());
@@ -32,8 +36,17 @@ pub struct Decision {
     /// Zero when allowed; otherwise how long until a request of this cost would be admitted.
     /// [`Decision::NEVER`] when the cost exceeds what the quota can ever hold.
     pub retry_after: Duration,
-    /// How long until the key is back to its full capacity (idle keys expire then).
+    /// How long until the key is back to its full capacity in every quota (idle keys expire
+    /// then).
     pub reset_after: Duration,
+    /// The key is suspended ([`Limiter::suspend`](crate::Limiter::suspend)): denied whatever
+    /// its quotas hold, `retry_after` being the time the suspension has left.
+    pub suspended: bool,
+    /// The quota that decided: the only one, or of several ([`Quotas`](crate::Quotas)) on a
+    /// denial the one that denied with the longest wait, on an admission the one with the least
+    /// `remaining`. When an override set with [`Limiter::set_quota`](crate::Limiter::set_quota)
+    /// is in force, one of the override's quotas.
+    pub quota: Quota,
 }
 
 impl Decision {
@@ -63,7 +76,7 @@ impl Decision {
     /// denied request).
     ///
     /// ```
-    /// use redlimit::Decision;
+    /// use redlimit::{Decision, Quota};
     /// use std::time::Duration;
     ///
     /// let denied = Decision {
@@ -72,6 +85,8 @@ impl Decision {
     ///     remaining: 0,
     ///     retry_after: Duration::from_millis(1),
     ///     reset_after: Duration::from_secs(6),
+    ///     suspended: false,
+    ///     quota: Quota::per_minute(10).unwrap(),
     /// };
     /// assert_eq!(denied.retry_after_secs(), 1); // never "come back in 0 seconds"
     /// let allowed = Decision { allowed: true, retry_after: Duration::ZERO, ..denied };
@@ -88,7 +103,7 @@ impl Decision {
     /// `reset_after` in whole seconds, rounded up.
     ///
     /// ```
-    /// use redlimit::Decision;
+    /// use redlimit::{Decision, Quota};
     /// use std::time::Duration;
     ///
     /// let decision = Decision {
@@ -97,6 +112,8 @@ impl Decision {
     ///     remaining: 9,
     ///     retry_after: Duration::ZERO,
     ///     reset_after: Duration::from_millis(6_001),
+    ///     suspended: false,
+    ///     quota: Quota::per_minute(10).unwrap(),
     /// };
     /// assert_eq!(decision.reset_after_secs(), 7);
     /// ```

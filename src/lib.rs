@@ -60,7 +60,8 @@
 //! never by key:
 //!
 //! - `redlimit_decisions_total` (counter; labels `policy`, `outcome`: `allowed`, `limited`,
-//!   `store_error_admitted`, `store_error_rejected`, `local_fallback`, `deny_cache`);
+//!   `suspended`, `store_error_admitted`, `store_error_rejected`, `local_fallback`,
+//!   `deny_cache`);
 //! - `redlimit_store_latency_seconds` (histogram; label `policy`): every store call;
 //! - `redlimit_circuit_breaker_open` (gauge): 1 while a Redis store's circuit is open, else 0;
 //! - `redlimit_unkeyed_requests_total` (counter; label `policy`): requests a layer found no key
@@ -90,8 +91,8 @@ pub use crate::layer::{
     MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
 };
 pub use crate::limiter::{
-    AcquireError, ConfigError, Limiter, LimiterBuilder, LimiterStats, DEFAULT_PREFIX,
-    DIRECT_POLICY_LABEL,
+    AcquireError, ConfigError, ControlError, KeyStatus, Limiter, LimiterBuilder, LimiterStats,
+    Target, TierState, DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
-pub use crate::quota::{Quota, QuotaError, MAX_COUNT, MAX_PERIOD};
+pub use crate::quota::{Quota, QuotaError, Quotas, MAX_COUNT, MAX_PERIOD, MAX_TIERS};

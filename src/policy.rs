@@ -60,7 +60,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::decision::Decision;
-use crate::quota::Quota;
+use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, MemoryStore, StoreError};
 
 /// The outcome of a check: a real decision, or what the failure policy chose when the store
@@ -367,9 +367,10 @@ impl LocalFallback {
 
 impl FailurePolicy for LocalFallback {
     fn on_store_error(&self, ctx: &FailureContext<'_>) -> Verdict {
-        let share = self.share(ctx.request.quota);
+        let quotas = ctx.request.quotas;
+        let share = Quotas::new(quotas.iter().map(|quota| self.share(quota))).unwrap_or(*quotas);
         let request = CheckRequest {
-            quota: &share,
+            quotas: &share,
             ..ctx.request
         };
         Verdict::Decided(self.store.check_now(request))

@@ -1,5 +1,6 @@
 //! [`Quota`]: how many requests a key may make, over which period, with which burst.
 
+use std::fmt;
 use std::time::Duration;
 
 /// The largest `limit` or `burst` a quota accepts: 10^15.
@@ -43,7 +44,16 @@ pub enum QuotaError {
     /// [`MAX_SLIDING_LOG_BURST`](crate::algorithm::MAX_SLIDING_LOG_BURST).
     #[error("the sliding log keeps one entry per request: its burst must be at most 100000; use sliding-window for larger quotas")]
     BurstTooLargeForSlidingLog,
+    /// A list of quotas ([`Quotas`]) was empty.
+    #[error("at least one quota is needed")]
+    NoQuotas,
+    /// A list of quotas ([`Quotas`]) had more than [`MAX_TIERS`].
+    #[error("at most 8 quotas can be checked together")]
+    TooManyQuotas,
 }
+
+/// The most quotas one [`Quotas`] holds (checked in one script call).
+pub const MAX_TIERS: usize = 8;
 
 /// A rate: `limit` requests per `period`, with room for `burst` requests at once.
 ///
@@ -228,6 +238,142 @@ impl Quota {
         // MAX_PERIOD (a whole number of seconds) keeps this below 2^53 even rounded up.
         self.period.as_nanos().div_ceil(1_000) as u64
     }
+
+    /// The quota a script names by its numbers (a reply, an override), validated like any other.
+    pub(crate) fn from_micros(limit: u64, period_us: u64, burst: u64) -> Result<Self, QuotaError> {
+        Quota::new(limit, Duration::from_micros(period_us))?.with_burst(burst)
+    }
+}
+
+/// Several quotas checked together on one key, all or none: 10 a second **and** 500 a minute.
+///
+/// One store call checks every tier atomically: a request denied by one tier consumes from none.
+/// The decision reported is the most restrictive (see [`Decision::quota`](crate::Decision)).
+/// Holds 1 to [`MAX_TIERS`] quotas, so an empty list is refused when it is built, never at a
+/// check. A single [`Quota`] converts into one.
+///
+/// ```
+/// use redlimit::{Quota, QuotaError, Quotas};
+///
+/// let tiers = Quotas::new([Quota::per_second(10)?, Quota::per_minute(500)?])?;
+/// assert_eq!(tiers.len(), 2);
+/// let one: Quotas = Quota::per_minute(100)?.into();
+/// assert_eq!(one[0].limit(), 100);
+/// assert_eq!(Quotas::new([]), Err(QuotaError::NoQuotas));
+/// assert_eq!(Quotas::new([one[0]; 9]), Err(QuotaError::TooManyQuotas));
+/// # Ok::<(), QuotaError>(())
+/// ```
+///
+/// It holds its quotas inline (no allocation), so building one per call is free.
+#[derive(Clone, Copy)]
+pub struct Quotas {
+    len: u8,
+    /// The quotas, then copies of the first one (never read).
+    tiers: [Quota; MAX_TIERS],
+}
+
+impl Quotas {
+    /// The quotas in order; 1 to [`MAX_TIERS`] of them.
+    pub fn new(quotas: impl IntoIterator<Item = Quota>) -> Result<Self, QuotaError> {
+        let mut quotas = quotas.into_iter();
+        let first = quotas.next().ok_or(QuotaError::NoQuotas)?;
+        let mut tiers = Quotas::from(first);
+        for quota in quotas {
+            if usize::from(tiers.len) == MAX_TIERS {
+                return Err(QuotaError::TooManyQuotas);
+            }
+            tiers.tiers[usize::from(tiers.len)] = quota;
+            tiers.len += 1;
+        }
+        Ok(tiers)
+    }
+
+    /// The quotas as a slice.
+    ///
+    /// ```
+    /// use redlimit::{Quota, Quotas};
+    ///
+    /// let tiers = Quotas::from(Quota::per_second(1)?);
+    /// assert_eq!(tiers.as_slice(), &[Quota::per_second(1)?]);
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
+    pub fn as_slice(&self) -> &[Quota] {
+        &self.tiers[..usize::from(self.len)]
+    }
+}
+
+impl fmt::Debug for Quotas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl PartialEq for Quotas {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Quotas {}
+
+impl std::hash::Hash for Quotas {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl From<Quota> for Quotas {
+    fn from(quota: Quota) -> Self {
+        Quotas {
+            len: 1,
+            tiers: [quota; MAX_TIERS],
+        }
+    }
+}
+
+impl From<&Quota> for Quotas {
+    fn from(quota: &Quota) -> Self {
+        Quotas::from(*quota)
+    }
+}
+
+impl TryFrom<Vec<Quota>> for Quotas {
+    type Error = QuotaError;
+
+    fn try_from(quotas: Vec<Quota>) -> Result<Self, QuotaError> {
+        Quotas::new(quotas)
+    }
+}
+
+impl TryFrom<&[Quota]> for Quotas {
+    type Error = QuotaError;
+
+    fn try_from(quotas: &[Quota]) -> Result<Self, QuotaError> {
+        Quotas::new(quotas.iter().copied())
+    }
+}
+
+impl std::ops::Deref for Quotas {
+    type Target = [Quota];
+
+    fn deref(&self) -> &[Quota] {
+        self.as_slice()
+    }
+}
+
+impl AsRef<[Quota]> for Quotas {
+    fn as_ref(&self) -> &[Quota] {
+        self.as_slice()
+    }
+}
+
+impl<'a> IntoIterator for &'a Quotas {
+    type Item = &'a Quota;
+    type IntoIter = std::slice::Iter<'a, Quota>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
 }
 
 #[cfg(test)]
@@ -314,7 +460,7 @@ mod tests {
                     .check_now(CheckRequest {
                         key: "redlimit:{k}",
                         algorithm,
-                        quota: &quota,
+                        quotas: &quota.into(),
                         cost: 1,
                         now_micros: Some(now),
                     })

@@ -573,60 +573,62 @@ fn script_source() -> String {
     include_str!("../lua/common.lua").replacen("  -- @steps\n", &steps, 1)
 }
 
-/// Several tiers in one call (what the fleet features build on): admitted only when every tier
-/// admits, then every tier pays; a denial by one tier costs none (all or none), and the reply
-/// is the binding tier's. Tier 1: token bucket 10 a minute; tier 2: fixed window 2 a minute.
+/// Several tiers in one call, all or none: admitted only when every tier admits, then every
+/// tier pays; a denial by one tier costs none, and the reply is the binding tier's. All tiers'
+/// states live in one string. Token bucket, tier 1: 10 a minute; tier 2: 2 a minute.
 #[test]
 fn several_tiers_are_all_or_none() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
     let source = script_source();
     let now = T0.as_micros() as f64;
-    // The script's one argument: doubles now_us and cost, then per tier the algorithm's byte
-    // and doubles limit, period_us, burst (little-endian).
-    let pack = |cost: f64, tiers: &[(u8, f64, f64, f64)]| -> Vec<u8> {
+    // The script's one argument: doubles now_us and cost, the algorithm's byte, then per tier
+    // doubles limit, period_us, burst (little-endian).
+    let pack = |cost: f64, alg: u8, tiers: &[(f64, f64, f64)]| -> Vec<u8> {
         let mut args = [now, cost].map(f64::to_le_bytes).concat();
-        for &(tag, limit, period, burst) in tiers {
-            args.push(tag);
+        args.push(alg);
+        for &(limit, period, burst) in tiers {
             args.extend([limit, period, burst].map(f64::to_le_bytes).concat());
         }
         args
     };
-    // The reply: flags (1 allowed), then doubles limit, remaining, retry_after_ms,
-    // reset_after_ms.
-    let unpack = |reply: Vec<u8>| -> [i64; 5] {
-        assert_eq!(reply.len(), 33, "{reply:?}");
-        let mut out = [i64::from(reply[0]); 5];
+    // The reply: flags (1 allowed, 2 suspended), then doubles limit, period_us, burst,
+    // remaining, retry_after_ms, reset_after_ms.
+    let unpack = |reply: Vec<u8>| -> [i64; 7] {
+        assert_eq!(reply.len(), 49, "{reply:?}");
+        let mut out = [i64::from(reply[0]); 7];
         for (i, v) in out.iter_mut().enumerate().skip(1) {
             let bytes: [u8; 8] = reply[1 + 8 * (i - 1)..9 + 8 * (i - 1)].try_into().unwrap();
             *v = f64::from_le_bytes(bytes) as i64;
         }
         out
     };
-    let tiers = [(b't', 10.0, 60e6, 10.0), (b'f', 2.0, 60e6, 2.0)];
-    let call = |conn: &mut redis::Connection, cost: f64| -> [i64; 5] {
+    let tiers = [(10.0, 60e6, 10.0), (2.0, 60e6, 2.0)];
+    let call = |conn: &mut redis::Connection, cost: f64| -> [i64; 7] {
         unpack(
             redis::cmd("EVAL")
                 .arg(&source)
-                .arg(2)
-                .arg("redlimit:{t}:a")
-                .arg("redlimit:{t}:b")
-                .arg(pack(cost, &tiers))
+                .arg(1)
+                .arg("redlimit:{t}")
+                .arg(pack(cost, b't', &tiers))
                 .query(conn)
                 .unwrap(),
         )
     };
-    // {allowed, limit, remaining, retry_after_ms, reset_after_ms}: the fixed window binds (1
-    // left of 2, while the bucket has 9 of 10).
-    assert_eq!(call(&mut conn, 1.0), [1, 2, 1, 0, 60_000]);
-    assert_eq!(call(&mut conn, 1.0), [1, 2, 0, 0, 60_000]);
-    let bucket: Vec<u8> = conn.get("redlimit:{t}:a").unwrap();
-    // Denied by the fixed window: the bucket is not charged.
-    assert_eq!(call(&mut conn, 1.0), [0, 2, 0, 60_000, 60_000]);
-    let after: Vec<u8> = conn.get("redlimit:{t}:a").unwrap();
-    assert_eq!(bucket, after, "a denial charged a tier");
+    // The 2-a-minute tier binds (1 left of 2, while the other has 9 of 10).
+    assert_eq!(call(&mut conn, 1.0), [1, 2, 60_000_000, 2, 1, 0, 30_000]);
+    assert_eq!(call(&mut conn, 1.0), [1, 2, 60_000_000, 2, 0, 0, 60_000]);
+    let both: Vec<u8> = conn.get("redlimit:{t}").unwrap();
+    assert_eq!(both.len(), 34, "one string holds both tiers");
+    // Denied by the second tier: the first is not charged.
+    assert_eq!(
+        call(&mut conn, 1.0),
+        [0, 2, 60_000_000, 2, 0, 30_000, 60_000]
+    );
+    let after: Vec<u8> = conn.get("redlimit:{t}").unwrap();
+    assert_eq!(both, after, "a denial charged a tier");
     // A cost above one tier's capacity is never allowed.
-    assert_eq!(call(&mut conn, 3.0)[3], -1);
+    assert_eq!(call(&mut conn, 3.0)[5], -1);
     // Malformed arguments: a clear error, never the key.
     let eval = |conn: &mut redis::Connection, keys: usize, args: &[&[u8]]| {
         let mut cmd = redis::cmd("EVAL");
@@ -639,36 +641,41 @@ fn several_tiers_are_all_or_none() {
         }
         cmd.query::<Vec<u8>>(conn).unwrap_err().to_string()
     };
-    let unknown = pack(1.0, &[(b'x', 1.0, 1.0, 1.0)]);
+    let unknown = pack(1.0, b'x', &[(1.0, 1.0, 1.0)]);
     let error = eval(&mut conn, 1, &[&unknown]);
     assert!(error.contains("unknown algorithm"), "{error}");
     assert!(!error.contains("redlimit:{t}"), "{error}");
+    let log_one_key = pack(1.0, b'l', &[(1.0, 1.0, 1.0)]);
+    let nine = pack(1.0, b't', &[(1.0, 1.0, 1.0); 9]);
     for (keys, args, why) in [
-        (1, vec![pack(1.0, &[(b't', 0.0, 1.0, 1.0)])], "limit 0"),
+        (1, vec![pack(1.0, b't', &[(0.0, 1.0, 1.0)])], "limit 0"),
         (
             1,
-            vec![pack(1.0, &[(b't', 1.5, 1.0, 1.0)])],
+            vec![pack(1.0, b't', &[(1.5, 1.0, 1.0)])],
             "limit not whole",
         ),
         (
             1,
-            vec![pack(1.0, &[(b't', 1.0, f64::NAN, 1.0)])],
+            vec![pack(1.0, b't', &[(1.0, f64::NAN, 1.0)])],
             "period NaN",
         ),
         (
             1,
-            vec![pack(1.0, &[(b't', 1.0, 1.0, 2f64.powi(53))])],
+            vec![pack(1.0, b't', &[(1.0, 1.0, 2f64.powi(53))])],
             "burst 2^53",
         ),
         (
             1,
-            vec![pack(-2.0, &[(b't', 1.0, 1.0, 1.0)])],
+            vec![pack(-2.0, b't', &[(1.0, 1.0, 1.0)])],
             "negative cost",
         ),
-        (1, vec![pack(1.0, &tiers)], "two tiers, one key"),
-        (2, vec![pack(1.0, &tiers[..1])], "one tier, two keys"),
+        (1, vec![pack(1.0, b't', &[])], "no tier"),
+        (1, vec![nine], "nine tiers"),
+        (1, vec![log_one_key], "the sliding log without its key"),
         (1, vec![b"1".to_vec(), b"1".to_vec()], "the old protocol"),
+        (1, vec![b"12345678901234567".to_vec()], "cut short"),
         (1, vec![], "no argument"),
+        (0, vec![pack(1.0, b't', &tiers)], "no key"),
     ] {
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let error = eval(&mut conn, keys, &args);

@@ -24,7 +24,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota, Quotas, Target};
 use support::RedisServer;
 
 /// Quota shapes as (limit, period in seconds, burst): burst equal to, above and below the limit;
@@ -47,18 +47,50 @@ const EDGE_GUARD_US: u64 = 100_000;
 #[derive(Debug, Clone)]
 struct Scenario {
     shape: usize,
+    /// A second tier, checked with the first in one call (all or none).
+    second: Option<usize>,
     start_us: u64,
-    /// (advance in µs, cost)
-    steps: Vec<(u64, u64)>,
+    /// (advance in µs, what to do)
+    steps: Vec<(u64, Step)>,
+}
+
+/// One step of a scenario: a check of some cost, or a fleet control.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Check(u64),
+    /// Override the quotas with the shape of this index.
+    SetQuota(usize),
+    ClearQuota,
+    /// Suspend for this many µs.
+    Suspend(u64),
+    Resume,
+    Reset,
+}
+
+fn quota_of(shape: usize) -> Quota {
+    let (limit, period_s, burst) = SHAPES[shape];
+    Quota::new(limit, Duration::from_secs(period_s))
+        .unwrap()
+        .with_burst(burst)
+        .unwrap()
 }
 
 impl Scenario {
     fn quota(&self) -> Quota {
-        let (limit, period_s, burst) = SHAPES[self.shape];
-        Quota::new(limit, Duration::from_secs(period_s))
-            .unwrap()
-            .with_burst(burst)
-            .unwrap()
+        quota_of(self.shape)
+    }
+
+    fn quotas(&self) -> Quotas {
+        match self.second {
+            None => Quotas::from(self.quota()),
+            Some(second) => Quotas::new([self.quota(), quota_of(second)]).unwrap(),
+        }
+    }
+
+    /// Whether a fleet control runs: then no step may outrun the override's idle time, which
+    /// the memory store counts on the simulated clock and Redis on its own.
+    fn controlled(&self) -> bool {
+        self.steps.iter().any(|(_, s)| !matches!(s, Step::Check(_)))
     }
 }
 
@@ -79,18 +111,39 @@ fn cost(burst: u64) -> impl Strategy<Value = u64> {
     prop_oneof![3 => 0..=2u64, 2 => 0..=burst + 2]
 }
 
+fn step(burst: u64, period_us: u64) -> impl Strategy<Value = Step> {
+    prop_oneof![
+        20 => cost(burst).prop_map(Step::Check),
+        1 => (0..SHAPES.len()).prop_map(Step::SetQuota),
+        1 => Just(Step::ClearQuota),
+        1 => (1..=2 * period_us).prop_map(Step::Suspend),
+        1 => Just(Step::Resume),
+        1 => Just(Step::Reset),
+    ]
+}
+
 fn scenario() -> impl Strategy<Value = Scenario> {
     (0..SHAPES.len()).prop_flat_map(|shape| {
         let (limit, period_s, burst) = SHAPES[shape];
         let period_us = period_s * 1_000_000;
         (
+            prop_oneof![2 => Just(None), 1 => (0..SHAPES.len()).prop_map(Some)],
             0..=DAY_US,
-            prop::collection::vec((advance(limit, period_us), cost(burst)), 1..=30),
+            prop::collection::vec((advance(limit, period_us), step(burst, period_us)), 1..=30),
         )
-            .prop_map(move |(start_us, steps)| Scenario {
-                shape,
-                start_us: EPOCH_US + start_us,
-                steps,
+            .prop_map(move |(second, start_us, steps)| {
+                let mut scenario = Scenario {
+                    shape,
+                    second,
+                    start_us: EPOCH_US + start_us,
+                    steps,
+                };
+                if scenario.controlled() {
+                    for (advance, _) in &mut scenario.steps {
+                        *advance = (*advance).min(20 * DAY_US);
+                    }
+                }
+                scenario
             })
     })
 }
@@ -115,6 +168,7 @@ async fn run(
     tally: &Tally,
 ) -> Result<(), TestCaseError> {
     let quota = scenario.quota();
+    let quotas = scenario.quotas();
     let clock = ManualClock::new(Duration::from_micros(scenario.start_us));
     let on_redis = Limiter::builder(redis.clone())
         .algorithm(algorithm)
@@ -130,14 +184,90 @@ async fn run(
 
     let period_us = quota.period().as_micros() as u64;
     let mut now = scenario.start_us;
-    for (i, &(advance, cost)) in scenario.steps.iter().enumerate() {
+    let mut plain = true; // one tier, never overridden: the decision's limit is the quota's
+    for (i, &(advance, step)) in scenario.steps.iter().enumerate() {
         now = off_the_edge(now + advance, period_us);
         clock.set(Duration::from_micros(now));
+        if scenario.controlled() {
+            // Keys the memory store let expire on the simulated clock expire in Redis too: a
+            // state stale under its own quota is not fresh under an override's.
+            let storage_key = in_memory.storage_key(key);
+            for k in [storage_key.clone(), format!("{storage_key}#m")] {
+                if memory.stored_state(&k, now).is_none() {
+                    let _: () = redis::cmd("DEL").arg(&k).query_async(conn).await.unwrap();
+                }
+            }
+        }
+        let cost = match step {
+            Step::Check(cost) => cost,
+            control => {
+                plain = false;
+                let target = Target::key(key);
+                let (a, b) = match control {
+                    Step::SetQuota(shape) => {
+                        let q = Quotas::from(quota_of(shape));
+                        (
+                            on_redis.set_quota(target, &q).await,
+                            in_memory.set_quota(target, &q).await,
+                        )
+                    }
+                    Step::ClearQuota => (
+                        on_redis.clear_quota(target).await,
+                        in_memory.clear_quota(target).await,
+                    ),
+                    Step::Suspend(us) => {
+                        let d = Duration::from_micros(us);
+                        (
+                            on_redis.suspend(target, d).await,
+                            in_memory.suspend(target, d).await,
+                        )
+                    }
+                    Step::Resume => (
+                        on_redis.resume(target).await,
+                        in_memory.resume(target).await,
+                    ),
+                    Step::Reset => (on_redis.reset(target).await, in_memory.reset(target).await),
+                    Step::Check(_) => unreachable!(),
+                };
+                let (a, b) = (
+                    a.map_err(|e| {
+                        TestCaseError::fail(format!("{algorithm} step {i}: redis: {e}"))
+                    })?,
+                    b.unwrap(),
+                );
+                prop_assert_eq!(
+                    &a.quota_override,
+                    &b.quota_override,
+                    "{} step {}: override",
+                    algorithm,
+                    i
+                );
+                prop_assert_eq!(
+                    a.suspended_for,
+                    b.suspended_for,
+                    "{} step {}: suspension",
+                    algorithm,
+                    i
+                );
+                // What Redis still holds after the memory store forgot it (on the simulated clock) is
+                // only compared through the decisions that follow.
+                if !b.tiers.is_empty() {
+                    prop_assert_eq!(&a.tiers, &b.tiers, "{} step {}: tiers", algorithm, i);
+                }
+                continue;
+            }
+        };
+        if scenario.second.is_some() {
+            plain = false;
+        }
         let from_redis = on_redis
-            .try_check(key, &quota, cost)
+            .try_check_quotas(key, &quotas, cost)
             .await
             .map_err(|e| TestCaseError::fail(format!("{algorithm} step {i}: redis: {e}")))?;
-        let from_memory = in_memory.try_check(key, &quota, cost).await.unwrap();
+        let from_memory = in_memory
+            .try_check_quotas(key, &quotas, cost)
+            .await
+            .unwrap();
         prop_assert_eq!(
             from_redis,
             from_memory,
@@ -150,7 +280,13 @@ async fn run(
         // The state too: whenever the memory store holds the key, Redis holds the same bytes
         // (the sliding log: the same admission times).
         let storage_key = in_memory.storage_key(key);
-        if let Some(expected) = memory.stored_state(&storage_key, now) {
+        // (Controls alone in memory: Redis may still hold tier states the memory store forgot
+        // on the simulated clock; those are compared through the decisions that follow.)
+        let controls_alone = in_memory.inspect(key).await.unwrap().tiers.is_empty();
+        if let Some(expected) = memory
+            .stored_state(&storage_key, now)
+            .filter(|bytes| !(bytes.first() == Some(&b'M') && controls_alone))
+        {
             let stored = redis_state(conn, algorithm, &storage_key).await;
             prop_assert_eq!(
                 stored,
@@ -160,8 +296,25 @@ async fn run(
                 i
             );
         }
-        check_contract(&from_redis, &quota, cost)
-            .map_err(|e| TestCaseError::fail(format!("{algorithm} step {i}: {e}")))?;
+        if algorithm == Algorithm::SlidingLog {
+            // Its controls live next to its log.
+            let controls = format!("{storage_key}#m");
+            // (Only while the memory store holds them: Redis expires on its own clock.)
+            if let Some(expected) = memory.stored_state(&controls, now) {
+                let stored = redis_state(conn, Algorithm::TokenBucket, &controls).await;
+                prop_assert_eq!(
+                    stored,
+                    expected,
+                    "{} step {}: controls, redis vs memory",
+                    algorithm,
+                    i
+                );
+            }
+        }
+        if plain {
+            check_contract(&from_redis, &quota, cost)
+                .map_err(|e| TestCaseError::fail(format!("{algorithm} step {i}: {e}")))?;
+        }
         tally.count(&from_redis);
     }
     Ok(())
@@ -196,14 +349,16 @@ struct Tally {
     allowed: AtomicU64,
     denied: AtomicU64,
     never: AtomicU64,
+    suspended: AtomicU64,
 }
 
 impl Tally {
     fn count(&self, d: &Decision) {
-        let counter = match (d.allowed, d.never_allowed()) {
-            (true, _) => &self.allowed,
-            (false, false) => &self.denied,
-            (false, true) => &self.never,
+        let counter = match (d.allowed, d.never_allowed(), d.suspended) {
+            (_, _, true) => &self.suspended,
+            (true, _, _) => &self.allowed,
+            (false, false, _) => &self.denied,
+            (false, true, _) => &self.never,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -243,9 +398,11 @@ fn redis_and_memory_stores_decide_identically() {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let conn = runtime
+    let mut conn = runtime
         .block_on(redis.client().get_multiplexed_async_connection())
         .unwrap();
+    // Generous, like the store's: a loaded machine must not look like a divergence.
+    conn.set_response_timeout(Duration::from_secs(10));
     let cases = AtomicU64::new(0);
     let tally = Tally::default();
     let config = ProptestConfig {
@@ -265,11 +422,13 @@ fn redis_and_memory_stores_decide_identically() {
 
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
     println!(
-        "differential: {} cases over {} algorithms; identical decisions: {} allowed, {} denied, {} never allowed",
+        "differential: {} cases over {} algorithms; identical decisions: {} allowed, {} denied, {} never allowed, {} suspended",
         load(&cases),
         Algorithm::ALL.len(),
         load(&tally.allowed),
         load(&tally.denied),
-        load(&tally.never)
+        load(&tally.never),
+        load(&tally.suspended)
     );
+    assert!(load(&tally.suspended) > 0, "no case ever suspended a key");
 }

@@ -45,11 +45,10 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::LazyLock;
-use std::time::Duration;
 
-use crate::decision::Decision;
 use crate::quota::{Quota, QuotaError};
 
+mod driver;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod sliding_log;
@@ -58,6 +57,13 @@ pub(crate) mod token_bucket;
 
 #[cfg(test)]
 pub(crate) mod testing;
+
+#[cfg(test)]
+pub(crate) use self::driver::ttl_ms;
+pub(crate) use self::driver::{
+    capped_cost, control, control_args, decide, decide_log, log_controls_key, push_call, Controls,
+    LogWrite, Op, Refused, Reply, OVERRIDE_IDLE_MS,
+};
 
 /// Which rate-limiting algorithm decides.
 ///
@@ -190,56 +196,6 @@ impl Algorithm {
     }
 }
 
-/// The script's one argument for a call of `tiers`: little-endian doubles now_us (-1 = Redis
-/// `TIME`) and cost, then per tier the algorithm's byte and doubles limit, period_us and burst
-/// (`'<dd' .. n * '<Bddd'` in `lua/common.lua`).
-const ARGS_ONE_TIER: usize = 16 + 25;
-
-/// The script's packed argument for one decision (see `lua/common.lua`).
-fn pack_args(
-    algorithm: Algorithm,
-    quota: &Quota,
-    cost: u64,
-    now_micros: Option<u64>,
-) -> [u8; ARGS_ONE_TIER] {
-    // A number Lua cannot hold exactly is sent as NaN, which the script refuses by name.
-    let exact = |v: u64| {
-        if (v as f64) < MAX_EXACT {
-            v as f64
-        } else {
-            f64::NAN
-        }
-    };
-    let now = now_micros.map_or(-1.0, exact);
-    // Any cost above the burst is never allowed: send burst + 1 so Lua stays below 2^53.
-    let cost = exact(cost.min(quota.burst().saturating_add(1)));
-    let mut args = [0; ARGS_ONE_TIER];
-    args[0..8].copy_from_slice(&now.to_le_bytes());
-    args[8..16].copy_from_slice(&cost.to_le_bytes());
-    args[16] = algorithm.tag();
-    args[17..25].copy_from_slice(&exact(quota.limit()).to_le_bytes());
-    args[25..33].copy_from_slice(&exact(quota.period_micros()).to_le_bytes());
-    args[33..41].copy_from_slice(&exact(quota.burst()).to_le_bytes());
-    args
-}
-
-/// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
-/// first argument (the SHA-1 or the body) is already in place. The store owns how the command is
-/// sent; this owns what the script is told: the storage `key`, the `algorithm` and its `quota`,
-/// the `cost`, and the client's clock in µs (`None`: Redis `TIME`).
-pub(crate) fn push_call(
-    cmd: &mut redis::Cmd,
-    key: &str,
-    algorithm: Algorithm,
-    quota: &Quota,
-    cost: u64,
-    now_micros: Option<u64>,
-) {
-    // One tier: one key, and one packed argument.
-    let args = pack_args(algorithm, quota, cost, now_micros);
-    cmd.arg(1).arg(key).arg(&args[..]);
-}
-
 /// Each algorithm's Lua step under its byte ([`Algorithm::tag`]): the registration of the Lua
 /// side.
 const LUA_STEPS: &[(u8, &str)] = &[
@@ -261,6 +217,28 @@ static SOURCE: LazyLock<String> = LazyLock::new(|| {
     assert_ne!(spliced, driver, "lua/common.lua has its @steps line");
     spliced
 });
+
+/// The fleet controls' script (`lua/control.lua`), loaded once per process.
+pub(crate) fn control_script() -> &'static redis::Script {
+    static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CONTROL_SOURCE));
+    &SCRIPT
+}
+
+/// The Lua source of [`control_script`].
+pub(crate) const CONTROL_SOURCE: &str = include_str!("../../lua/control.lua");
+
+/// The driver for one tier without controls, as the tests of each step run it: the step on the
+/// stored state, and the state to write with its TTL in ms.
+#[cfg(test)]
+pub(crate) fn drive(
+    step: PackedStep,
+    stored: Option<&[u8]>,
+    args: &Args,
+) -> (Reply, Option<(Packed, u64)>) {
+    let outcome = step(stored, args);
+    let reply = outcome.reply(args);
+    (reply, outcome.state.map(|s| (s, ttl_ms(outcome.reset_us))))
+}
 
 /// How the driver runs an algorithm (see [`Algorithm::kind`]).
 #[derive(Debug, Clone, Copy)]
@@ -327,81 +305,6 @@ pub(crate) struct Args {
     pub burst: f64,
 }
 
-/// The reply every script sends, packed into one string (see [`Reply::from_redis`]): allowed,
-/// limit, remaining, retry_after_ms (-1 for "never") and reset_after_ms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reply {
-    pub allowed: bool,
-    pub limit: u64,
-    pub remaining: u64,
-    pub retry_after_ms: i64,
-    pub reset_after_ms: i64,
-}
-
-impl Reply {
-    /// Mirror of `reply()` in `lua/common.lua`: times in µs become whole ms, rounded up.
-    pub(crate) fn new(
-        allowed: bool,
-        limit: f64,
-        remaining: f64,
-        retry_us: f64,
-        reset_us: f64,
-    ) -> Self {
-        Reply {
-            allowed,
-            limit: limit as u64,
-            remaining: remaining as u64,
-            retry_after_ms: if retry_us >= 0.0 {
-                ms_up(retry_us).min(MAX_REPLY_MS)
-            } else {
-                -1
-            },
-            reset_after_ms: ms_up(reset_us).min(MAX_REPLY_MS),
-        }
-    }
-
-    /// Parses a script's reply: one string packed `'<Bdddd'` (flags: 1 allowed, 2 suspended;
-    /// limit, remaining, retry_after_ms with -1 for never, reset_after_ms), every number an
-    /// integer. Anything else is `None`.
-    pub(crate) fn from_redis(reply: &[u8]) -> Option<Self> {
-        let [flags, rest @ ..] = reply else {
-            return None;
-        };
-        if rest.len() != 32 || *flags > 3 {
-            return None;
-        }
-        let v = |i: usize| {
-            let mut bytes = [0; 8];
-            bytes.copy_from_slice(&rest[8 * i..8 * i + 8]);
-            let v = f64::from_le_bytes(bytes);
-            // Integers inside an i64 (NaN fails the range).
-            ((-1.0..=MAX_REPLY_MS as f64).contains(&v) && v.fract() == 0.0).then_some(v as i64)
-        };
-        let (limit, remaining) = (v(0)?, v(1)?);
-        Some(Reply {
-            allowed: flags & 1 == 1,
-            limit: u64::try_from(limit).ok()?,
-            remaining: u64::try_from(remaining).ok()?,
-            retry_after_ms: v(2)?,
-            reset_after_ms: u64::try_from(v(3)?).ok()? as i64,
-        })
-    }
-
-    pub(crate) fn into_decision(self) -> Decision {
-        Decision {
-            allowed: self.allowed,
-            limit: self.limit,
-            remaining: self.remaining,
-            retry_after: if self.retry_after_ms < 0 {
-                Decision::NEVER
-            } else {
-                Duration::from_millis(self.retry_after_ms as u64)
-            },
-            reset_after: Duration::from_millis(self.reset_after_ms.max(0) as u64),
-        }
-    }
-}
-
 /// `a % b` as Lua 5.1 computes it, `a - floor(a / b) * b` (exact for the non-negative integers
 /// below 2^53 the scripts use).
 pub(crate) fn lua_mod(a: f64, b: f64) -> f64 {
@@ -411,18 +314,6 @@ pub(crate) fn lua_mod(a: f64, b: f64) -> f64 {
 /// Microseconds to whole milliseconds, rounded up (`ceil(us / 1000)` in `lua/common.lua`).
 pub(crate) fn ms_up(us: f64) -> i64 {
     (us / 1000.0).ceil() as i64
-}
-
-/// The longest time a reply carries (`MAX_REPLY_MS` in `lua/common.lua`): 2^62 ms.
-const MAX_REPLY_MS: i64 = 1 << 62;
-
-/// The longest expiry (`ttl_ms` in `lua/common.lua`): 2^53 ms, 285 000 years.
-const MAX_TTL_MS: i64 = 1 << 53;
-
-/// The TTL of a key whose state is fresh again `reset_us` from now (`ttl_ms` in
-/// `lua/common.lua`).
-pub(crate) fn ttl_ms(reset_us: f64) -> u64 {
-    ms_up(reset_us).clamp(1, MAX_TTL_MS) as u64
 }
 
 /// What one step decides: the values each Lua step returns (`allowed, remaining, retry_us,
@@ -439,10 +330,11 @@ pub(crate) struct Outcome<S> {
 
 impl<S> Outcome<S> {
     /// The reply for this outcome (one tier: it is the binding one).
-    pub(crate) fn reply(&self, limit: f64) -> Reply {
+    #[cfg(test)]
+    pub(crate) fn reply(&self, args: &Args) -> Reply {
         Reply::new(
             self.allowed,
-            limit,
+            args,
             self.remaining,
             self.retry_us,
             self.reset_us,
@@ -509,27 +401,14 @@ pub(crate) fn sane(v: f64) -> bool {
 }
 
 /// 2^53: every number the scripts handle stays an exact integer below it.
-const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
-
-/// The driver for one tier, as `run` in `lua/common.lua`: the step on the stored state, and the
-/// state to write with its TTL in ms (one tier's own decision is the call's, so whatever the
-/// step returns is written).
-pub(crate) fn drive(
-    step: PackedStep,
-    stored: Option<&[u8]>,
-    args: &Args,
-) -> (Reply, Option<(Packed, u64)>) {
-    let outcome = step(stored, args);
-    let reply = outcome.reply(args.limit);
-    (reply, outcome.state.map(|s| (s, ttl_ms(outcome.reset_us))))
-}
+pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{pack_args, Algorithm, Reply, SOURCE};
+    use super::{Algorithm, SOURCE};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -571,45 +450,5 @@ mod tests {
             ]
         );
         assert!("leaky".parse::<Algorithm>().is_err());
-    }
-
-    #[test]
-    fn packed_arguments_and_reply() {
-        let quota = crate::quota::Quota::per_minute(10).unwrap();
-        let args = pack_args(Algorithm::Gcra, &quota, u64::MAX, None);
-        let f = |i: usize| f64::from_le_bytes(args[i..i + 8].try_into().unwrap());
-        // Server clock, a cost capped at burst + 1, then the tier.
-        assert_eq!((f(0), f(8), args[16]), (-1.0, 11.0, b'g'));
-        assert_eq!((f(17), f(25), f(33)), (10.0, 60e6, 10.0));
-        // A client time Lua cannot hold exactly is refused by the script, not rounded.
-        let late = pack_args(Algorithm::Gcra, &quota, 1, Some(1 << 53));
-        assert!(f64::from_le_bytes(late[0..8].try_into().unwrap()).is_nan());
-
-        let reply = |flags: u8, v: [f64; 4]| -> Vec<u8> {
-            let mut r = vec![flags];
-            r.extend(v.map(f64::to_le_bytes).concat());
-            r
-        };
-        let ok = Reply::from_redis(&reply(1, [10.0, 9.0, 0.0, 6000.0])).unwrap();
-        assert!(ok.allowed);
-        assert_eq!(
-            (ok.limit, ok.remaining, ok.retry_after_ms, ok.reset_after_ms),
-            (10, 9, 0, 6000)
-        );
-        let never = Reply::from_redis(&reply(0, [10.0, 0.0, -1.0, 1.0])).unwrap();
-        assert!(!never.allowed && never.retry_after_ms == -1);
-        // Anything else is a bad reply, never a made-up decision.
-        for bad in [
-            reply(4, [10.0, 9.0, 0.0, 1.0]),
-            reply(1, [-1.0, 9.0, 0.0, 1.0]),
-            reply(1, [10.0, 0.5, 0.0, 1.0]),
-            reply(1, [10.0, 9.0, f64::NAN, 1.0]),
-            reply(1, [10.0, 9.0, 0.0, -1.0]),
-            reply(1, [10.0, 9.0, 0.0, 1e300]),
-            reply(1, [10.0, 9.0, 0.0, 1.0])[..32].to_vec(),
-            Vec::new(),
-        ] {
-            assert_eq!(Reply::from_redis(&bad), None, "{bad:?}");
-        }
     }
 }

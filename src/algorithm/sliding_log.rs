@@ -11,9 +11,28 @@ use super::{Args, Outcome};
 /// scores; its member names never affect a decision).
 pub(crate) type Log = VecDeque<f64>;
 
-/// Runs one step on `log`, changing it only when the outcome has a state (after which the
-/// caller refreshes the expiry to the outcome's reset); otherwise it leaves it as it was.
+/// Runs one step on `log` for one tier: [`decide`], then [`apply`] when it writes.
+#[cfg(test)]
 pub(crate) fn step(log: &mut Log, args: &Args) -> Outcome<()> {
+    let (outcome, stepped_back) = decide(log, args);
+    if outcome.state.is_some() {
+        apply(
+            log,
+            args.now,
+            args.period,
+            args.cost,
+            outcome.allowed,
+            stepped_back,
+        );
+    }
+    outcome
+}
+
+/// One tier's decision over `log`, which it leaves as it is; also whether the clock stepped back
+/// (entries from the future). The outcome has a state when the step would write: a request that
+/// costs, admitted or with a clock to repair. Every tier of a call reads the same log, each
+/// counting its own window.
+pub(crate) fn decide(log: &Log, args: &Args) -> (Outcome<()>, bool) {
     let Args {
         now,
         cost,
@@ -23,25 +42,13 @@ pub(crate) fn step(log: &mut Log, args: &Args) -> Outcome<()> {
     } = *args;
     let window = now - period; // scores strictly above it are in the window
 
-    // 1. The newest entry.
-    let mut newest = log.back().copied();
-
-    // 2. Cap to the clock: entries from the future count as admitted now; written down by a
-    //    request that costs something, even a denied one.
+    // 1. The newest entry; 2. capped to the clock: entries from the future count as admitted
+    //    now (and are moved to now by a request that costs, even a denied one: see `apply`).
+    let newest = log.back().copied();
     let stepped_back = newest.is_some_and(|t| t > now);
-    if stepped_back {
-        newest = Some(now);
-        if cost > 0.0 {
-            for t in log.iter_mut().rev() {
-                if *t <= now {
-                    break;
-                }
-                *t = now;
-            }
-        }
-    }
+    let newest = newest.map(|t| t.min(now));
 
-    // 3. Count the units in the window.
+    // 3. Count the units in the window (entries from the future are in it either way).
     let first = log.partition_point(|&t| t <= window);
     let count = (log.len() - first) as f64;
 
@@ -66,19 +73,40 @@ pub(crate) fn step(log: &mut Log, args: &Args) -> Outcome<()> {
     } else {
         0.0
     };
-
-    // 6. Write: drop the units that left the window, add one entry per unit, expire when the
-    //    newest leaves the window.
-    if allowed && cost > 0.0 {
-        log.drain(..first);
-        log.extend(std::iter::repeat_n(now, cost as usize));
-    }
-    Outcome {
+    let outcome = Outcome {
         allowed,
         remaining: (burst - used).max(0.0),
         retry_us: retry,
         reset_us: reset,
         state: (cost > 0.0 && (allowed || stepped_back)).then_some(()),
+    };
+    (outcome, stepped_back)
+}
+
+/// The write of a call (the state function of `lua/sliding_log.lua`, run for the tier with the
+/// longest `period`): entries from the future move to now; when the call `admit`s, the units
+/// that left that window are dropped and one entry per unit of `cost` is added.
+pub(crate) fn apply(
+    log: &mut Log,
+    now: f64,
+    period: f64,
+    cost: f64,
+    admit: bool,
+    stepped_back: bool,
+) {
+    if stepped_back {
+        for t in log.iter_mut().rev() {
+            if *t <= now {
+                break;
+            }
+            *t = now;
+        }
+    }
+    if admit {
+        let window = now - period;
+        let first = log.partition_point(|&t| t <= window);
+        log.drain(..first);
+        log.extend(std::iter::repeat_n(now, cost as usize));
     }
 }
 
@@ -102,7 +130,7 @@ mod tests {
             let existed = state.is_some();
             let mut log = state.take().unwrap_or_default();
             let outcome = step(&mut log, args);
-            let reply = outcome.reply(args.limit);
+            let reply = outcome.reply(args);
             let ttl = outcome.state.map(|()| ttl_ms(outcome.reset_us));
             if existed || ttl.is_some() {
                 *state = Some(log);

@@ -153,6 +153,20 @@ pub(crate) fn storage_id(key: &str) -> Cow<'_, str> {
     }
 }
 
+/// The id of a scope in a storage key: [`storage_id`], hashed also when it holds a `#`, so that
+/// no scope ends like the keys the stores derive from a storage key (`<key>#m`, the sliding
+/// log's controls).
+pub(crate) fn scope_id(scope: &str) -> Cow<'_, str> {
+    if scope.contains('#') {
+        let mut id = String::with_capacity(65);
+        id.push('#');
+        push_sha256_hex(&mut id, None, scope.as_bytes(), 64);
+        Cow::Owned(id)
+    } else {
+        storage_id(scope)
+    }
+}
+
 /// SHA-256 of `value` in lower-case hex, keyed with `secret` when given.
 #[cfg(test)]
 pub(crate) fn sha256_hex(secret: Option<&[u8]>, value: &[u8]) -> String {

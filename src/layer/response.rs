@@ -270,6 +270,8 @@ mod tests {
             remaining,
             retry_after: Duration::ZERO,
             reset_after: Duration::from_secs(1),
+            suspended: false,
+            quota,
         };
         let mut headers = HeaderMap::new();
         inner.apply(&mut headers, &decision(1));
@@ -290,6 +292,8 @@ mod tests {
             remaining: 0,
             retry_after: Duration::from_micros(5_999_001),
             reset_after: Duration::from_secs(60),
+            suspended: false,
+            quota,
         };
         let grpc = too_many_requests::<()>(&denied, &style, true);
         assert_eq!(grpc.headers()["grpc-status"], "8");
@@ -320,6 +324,8 @@ mod tests {
             remaining: 7,
             retry_after: Duration::ZERO,
             reset_after: Duration::from_millis(17_001),
+            suspended: false,
+            quota,
         };
         let mut headers = HeaderMap::new();
         style.apply(&mut headers, &decision);

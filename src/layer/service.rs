@@ -209,7 +209,7 @@ where
                 .limiter
                 .check_storage_key(
                     storage_key.as_str(),
-                    &config.quota,
+                    &crate::quota::Quotas::from(config.quota),
                     cost,
                     &config.metrics_label,
                 )

@@ -21,14 +21,17 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
-use crate::quota::Quota;
+use crate::quota::{Quota, Quotas};
 
 /// Shards of the map (fewer when `max_keys` is smaller).
 const SHARDS: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
+    quotas: Quotas,
+    /// The denial's quota and suspension, as the store answered them.
     quota: Quota,
+    suspended: bool,
     /// The denied cost: the entry answers requests of this cost only.
     cost: u64,
     limit: u64,
@@ -82,10 +85,16 @@ impl DenyCache {
     }
 
     /// The cached denial for a request, if one still holds at `now`.
-    pub(crate) fn lookup(&self, key: &str, quota: &Quota, cost: u64, now: u64) -> Option<Decision> {
+    pub(crate) fn lookup(
+        &self,
+        key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
         let shard = self.shard(key).read().unwrap_or_else(|e| e.into_inner());
         let entry = shard.get(key)?;
-        if now >= entry.until || cost != entry.cost || entry.quota != *quota {
+        if now >= entry.until || cost != entry.cost || entry.quotas != *quotas {
             return None;
         }
         let retry_after = micros_rounded_up_to_ms(entry.until - now);
@@ -96,6 +105,8 @@ impl DenyCache {
             retry_after,
             reset_after: micros_rounded_up_to_ms(entry.reset_at.saturating_sub(now))
                 .max(retry_after),
+            suspended: entry.suspended,
+            quota: entry.quota,
         })
     }
 
@@ -104,7 +115,7 @@ impl DenyCache {
     pub(crate) fn remember(
         &self,
         key: &str,
-        quota: &Quota,
+        quotas: &Quotas,
         cost: u64,
         decision: &Decision,
         now: u64,
@@ -118,7 +129,9 @@ impl DenyCache {
         }
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let entry = Entry {
-            quota: *quota,
+            quotas: *quotas,
+            quota: decision.quota,
+            suspended: decision.suspended,
             cost,
             limit: decision.limit,
             remaining: decision.remaining,
@@ -147,9 +160,9 @@ impl DenyCache {
     /// this same cost and quota is kept: while it holds, the store cannot admit that cost (short
     /// of a reset or a new quota, which call [`DenyCache::forget`]), so the admission was decided
     /// before the denial and merely answered after it (concurrent calls on one connection).
-    pub(crate) fn admitted(&self, key: &str, quota: &Quota, cost: u64) {
+    pub(crate) fn admitted(&self, key: &str, quotas: &Quotas, cost: u64) {
         let shard = self.shard(key);
-        let stale = |e: &Entry| e.cost != cost || e.quota != *quota;
+        let stale = |e: &Entry| e.cost != cost || e.quotas != *quotas;
         if !shard
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -202,13 +215,15 @@ mod tests {
             remaining: 0,
             retry_after: Duration::from_millis(retry_ms),
             reset_after: Duration::from_millis(retry_ms * 5),
+            suspended: false,
+            quota: Quota::per_minute(5).unwrap(),
         }
     }
 
     #[test]
     fn a_denial_holds_until_retry_after_for_its_cost_only() {
         let cache = DenyCache::new(100);
-        let quota = Quota::per_minute(5).unwrap();
+        let quota = Quotas::from(Quota::per_minute(5).unwrap());
         cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
         let hit = cache.lookup("k", &quota, 2, 1_000_000).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(12_000));
@@ -222,7 +237,12 @@ mod tests {
         assert!(cache.lookup("k", &quota, 1, 1_000_000).is_none());
         assert!(cache.lookup("k", &quota, 3, 1_000_000).is_none());
         assert!(cache
-            .lookup("k", &Quota::per_minute(6).unwrap(), 2, 1_000_000)
+            .lookup(
+                "k",
+                &Quotas::from(Quota::per_minute(6).unwrap()),
+                2,
+                1_000_000
+            )
             .is_none());
         assert!(cache.lookup("other", &quota, 2, 1_000_000).is_none());
         cache.forget("k");
@@ -232,7 +252,7 @@ mod tests {
     #[test]
     fn an_admission_drops_only_a_denial_it_could_outdate() {
         let cache = DenyCache::new(100);
-        let quota = Quota::per_minute(5).unwrap();
+        let quota = Quotas::from(Quota::per_minute(5).unwrap());
         cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
         // Same cost and quota: decided before the denial, answered after it. Kept.
         cache.admitted("k", &quota, 2);
@@ -241,14 +261,14 @@ mod tests {
         cache.admitted("k", &quota, 1);
         assert!(cache.lookup("k", &quota, 2, 1_000_000).is_none());
         cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
-        cache.admitted("k", &Quota::per_minute(6).unwrap(), 2);
+        cache.admitted("k", &Quotas::from(Quota::per_minute(6).unwrap()), 2);
         assert!(cache.lookup("k", &quota, 2, 1_000_000).is_none());
     }
 
     #[test]
     fn admissions_peeks_and_never_are_not_cached() {
         let cache = DenyCache::new(100);
-        let quota = Quota::per_minute(5).unwrap();
+        let quota = Quotas::from(Quota::per_minute(5).unwrap());
         let mut allowed = denied(0);
         allowed.allowed = true;
         cache.remember("a", &quota, 1, &allowed, 0);
@@ -262,7 +282,7 @@ mod tests {
     #[test]
     fn memory_is_bounded() {
         let cache = DenyCache::new(64);
-        let quota = Quota::per_minute(5).unwrap();
+        let quota = Quotas::from(Quota::per_minute(5).unwrap());
         for i in 0..10_000 {
             cache.remember(&format!("k{i}"), &quota, 1, &denied(60_000), 0);
         }

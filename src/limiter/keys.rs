@@ -1,7 +1,7 @@
 //! Storage keys: the constant parts of a scope, computed once, and the key of one check, built
 //! without allocating when it is short.
 
-use crate::key::storage_id;
+use crate::key::{scope_id, storage_id};
 
 /// The constant parts of the storage keys of one scope: `<prefix>:{` and `}:<scope>` (or `}`
 /// unscoped).
@@ -14,7 +14,7 @@ pub(crate) struct KeyScope {
 impl KeyScope {
     pub(super) fn new(prefix: &str, scope: Option<&str>) -> KeyScope {
         let tail = match scope {
-            Some(scope) => format!("}}:{}", storage_id(scope)),
+            Some(scope) => format!("}}:{}", scope_id(scope)),
             None => "}".to_owned(),
         };
         KeyScope {

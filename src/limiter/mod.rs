@@ -8,19 +8,23 @@ use std::time::Duration;
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::key::storage_id;
+use crate::key::{scope_id, storage_id};
 use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
-use crate::quota::Quota;
+use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod acquire;
 mod builder;
+mod control;
 mod deny_cache;
 mod keys;
 mod stats;
 
 pub use self::acquire::AcquireError;
 pub use self::builder::LimiterBuilder;
+pub use self::control::{
+    ControlError, KeyStatus, Target, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
+};
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
 use self::keys::{join_storage_key, StorageKey};
@@ -110,10 +114,11 @@ impl Limiter {
 
     /// Checks one request of cost 1.
     ///
-    /// The state of a key belongs to one quota: checking the same key under two different
+    /// The state of a key belongs to its quotas: checking the same key under two different
     /// quotas would mix their counts. To apply several quotas to one key (2 a second and 100 a
-    /// minute), check each in its own scope with [`check_scoped`](Self::check_scoped), as
-    /// [`RateLimitLayer`](crate::RateLimitLayer) does with its scope (its policy name and quota).
+    /// minute), check them together with [`check_quotas`](Self::check_quotas) (one store call,
+    /// all or none), or each in its own scope with [`check_scoped`](Self::check_scoped), as
+    /// [`RateLimitLayer`](crate::RateLimitLayer) does with its scope.
     pub async fn check(&self, key: &str, quota: &Quota) -> Verdict {
         self.check_cost(key, quota, 1).await
     }
@@ -142,8 +147,53 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
+        self.check_quotas(key, &Quotas::from(quota), cost).await
+    }
+
+    /// Checks one request of `cost` units against several quotas at once, in **one** store
+    /// call, all or none: a request denied by one quota consumes from none. The decision is
+    /// the most restrictive: on a denial the longest `retry_after`, on an admission the least
+    /// `remaining` ([`Decision::quota`] names the quota that decided).
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlimit::QuotaError> {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let per_second = Quota::per_second(2)?;
+    /// let per_minute = Quota::per_minute(3)?;
+    /// let tiers = Quotas::new([per_second, per_minute])?;
+    /// assert!(limiter.check_quotas("t", &tiers, 1).await.is_allowed());
+    /// let second = limiter.check_quotas("t", &tiers, 1).await;
+    /// // Both admit; the per-minute quota has the least left.
+    /// assert_eq!(second.decision().unwrap().quota, per_minute);
+    /// assert_eq!(second.decision().unwrap().remaining, 1);
+    /// // The per-second quota is spent: denied, and the per-minute one keeps its last unit.
+    /// let third = *limiter.check_quotas("t", &tiers, 1).await.decision().unwrap();
+    /// assert!(!third.allowed);
+    /// assert_eq!(third.quota, per_second);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn check_quotas(&self, key: &str, quotas: &Quotas, cost: u64) -> Verdict {
         let storage_key = self.inner.unscoped.storage_key(key);
-        self.decide(storage_key.as_str(), quota, cost, &PolicyLabel::direct())
+        self.decide(storage_key.as_str(), quotas, cost, &PolicyLabel::direct())
+            .await
+    }
+
+    /// [`check_quotas`](Self::check_quotas) for `key` within `scope` (see
+    /// [`check_scoped`](Self::check_scoped)).
+    pub async fn check_scoped_quotas(
+        &self,
+        scope: &str,
+        key: &str,
+        quotas: &Quotas,
+        cost: u64,
+    ) -> Verdict {
+        let (prefix, id, scope) = (&self.inner.prefix, storage_id(key), scope_id(scope));
+        let storage_key = StorageKey::join(&[prefix, ":{", &id, "}:", &scope]);
+        self.decide(storage_key.as_str(), quotas, cost, &PolicyLabel::direct())
             .await
     }
 
@@ -170,9 +220,7 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn check_scoped(&self, scope: &str, key: &str, quota: &Quota, cost: u64) -> Verdict {
-        let (prefix, id, scope) = (&self.inner.prefix, storage_id(key), storage_id(scope));
-        let storage_key = StorageKey::join(&[prefix, ":{", &id, "}:", &scope]);
-        self.decide(storage_key.as_str(), quota, cost, &PolicyLabel::direct())
+        self.check_scoped_quotas(scope, key, &Quotas::from(quota), cost)
             .await
     }
 
@@ -188,11 +236,11 @@ impl Limiter {
     pub(crate) async fn check_storage_key(
         &self,
         storage_key: &str,
-        quota: &Quota,
+        quotas: &Quotas,
         cost: u64,
         label: &PolicyLabel,
     ) -> Verdict {
-        self.decide(storage_key, quota, cost, label).await
+        self.decide(storage_key, quotas, cost, label).await
     }
 
     /// Counts a request that had no key and was checked against a shared one.
@@ -243,11 +291,11 @@ impl Limiter {
     async fn decide(
         &self,
         storage_key: &str,
-        quota: &Quota,
+        quotas: &Quotas,
         cost: u64,
         label: &PolicyLabel,
     ) -> Verdict {
-        if let Err(error) = self.inner.algorithm.supports(quota) {
+        if let Err((quota, error)) = self.supports(quotas) {
             tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
             let decision = Decision {
                 allowed: false,
@@ -255,11 +303,13 @@ impl Limiter {
                 remaining: 0,
                 retry_after: Decision::NEVER,
                 reset_after: Duration::ZERO,
+                suspended: false,
+                quota,
             };
             self.inner.stats.count_decision(&decision, label);
             return Verdict::Decided(decision);
         }
-        let request = self.request(storage_key, quota, cost);
+        let request = self.request(storage_key, quotas, cost);
         let stats = &self.inner.stats;
         match self.ask(request, label).await {
             Ok(decision) => Verdict::Decided(decision),
@@ -321,13 +371,48 @@ impl Limiter {
         quota: &Quota,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        self.inner.algorithm.supports(quota)?;
+        self.try_check_quotas(key, &Quotas::from(quota), cost).await
+    }
+
+    /// [`check_quotas`](Self::check_quotas) without the failure policy: the store's decision or
+    /// its error.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let tiers = Quotas::new([Quota::per_second(10)?, Quota::per_minute(500)?])?;
+    /// let decision = limiter.try_check_quotas("k", &tiers, 1).await?;
+    /// assert_eq!(decision.remaining, 9);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_check_quotas(
+        &self,
+        key: &str,
+        quotas: &Quotas,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        self.supports(quotas).map_err(|(_, error)| error)?;
         let storage_key = self.inner.unscoped.storage_key(key);
         self.ask(
-            self.request(storage_key.as_str(), quota, cost),
+            self.request(storage_key.as_str(), quotas, cost),
             &PolicyLabel::direct(),
         )
         .await
+    }
+
+    /// Whether the algorithm serves every quota; else the first it cannot.
+    fn supports(&self, quotas: &Quotas) -> Result<(), (Quota, crate::quota::QuotaError)> {
+        for quota in quotas {
+            self.inner
+                .algorithm
+                .supports(quota)
+                .map_err(|error| (*quota, error))?;
+        }
+        Ok(())
     }
 
     /// The decision for `request`: from the deny cache when it holds one, else from the store
@@ -341,11 +426,11 @@ impl Limiter {
         let stats = &self.inner.stats;
         let cache = self.inner.deny_cache.as_ref();
         let CheckRequest {
-            key, quota, cost, ..
+            key, quotas, cost, ..
         } = request;
         if let Some(cache) = cache {
             let now = cache.now(request.now_micros);
-            if let Some(decision) = cache.lookup(key, quota, cost, now) {
+            if let Some(decision) = cache.lookup(key, quotas, cost, now) {
                 stats.count_cached_denial(label);
                 return Ok(decision);
             }
@@ -359,10 +444,10 @@ impl Limiter {
             if !decision.allowed {
                 // The store decided at `now_micros` (client clock), or before its reply came.
                 let now = cache.now(request.now_micros);
-                cache.remember(key, quota, cost, &decision, now);
+                cache.remember(key, quotas, cost, &decision, now);
             } else if cost > 0 {
                 // An admission consumed: a cached wait for another cost may now be too short.
-                cache.admitted(key, quota, cost);
+                cache.admitted(key, quotas, cost);
             }
         }
         Ok(decision)
@@ -389,7 +474,7 @@ impl Limiter {
     /// The Redis key for `key` within `scope` (see [`check_scoped`](Self::check_scoped)):
     /// `<prefix>:{<id>}:<scope>`, the scope bounded like a key.
     pub fn scoped_storage_key(&self, scope: &str, key: &str) -> String {
-        let tail = format!("}}:{}", storage_id(scope));
+        let tail = format!("}}:{}", scope_id(scope));
         join_storage_key(&self.inner.prefix, ":{", &storage_id(key), &tail)
     }
 
@@ -418,11 +503,11 @@ impl Limiter {
         self.inner.stats.snapshot()
     }
 
-    fn request<'a>(&self, storage_key: &'a str, quota: &'a Quota, cost: u64) -> CheckRequest<'a> {
+    fn request<'a>(&self, storage_key: &'a str, quotas: &'a Quotas, cost: u64) -> CheckRequest<'a> {
         CheckRequest {
             key: storage_key,
             algorithm: self.inner.algorithm,
-            quota,
+            quotas,
             cost,
             now_micros: self.inner.clock.now_micros(),
         }

@@ -133,6 +133,9 @@ pub struct LimiterStats {
     /// the shared key of [`MissingKey::Shared`](crate::MissingKey::Shared). Usually a
     /// misconfiguration: `PeerIp` without a peer address.
     pub unkeyed: u64,
+    /// Denials because the key was suspended ([`Limiter::suspend`](crate::Limiter::suspend));
+    /// included in `denied`.
+    pub suspended: u64,
 }
 
 /// One counter on a cache line of its own (128 bytes: x86-64 prefetches lines in pairs), so
@@ -163,6 +166,7 @@ pub(crate) struct Counters {
     failed_closed: Padded,
     fallback_decisions: Padded,
     unkeyed: Padded,
+    suspended: Padded,
 }
 
 impl Counters {
@@ -172,12 +176,17 @@ impl Counters {
             self.allowed.add();
         } else {
             self.denied.add();
+            if decision.suspended {
+                self.suspended.add();
+            }
         }
         #[cfg(feature = "metrics")]
         record_outcome(
             label,
             if decision.allowed {
                 "allowed"
+            } else if decision.suspended {
+                "suspended"
             } else {
                 "limited"
             },
@@ -226,6 +235,7 @@ impl Counters {
             failed_closed: self.failed_closed.load(),
             fallback_decisions: self.fallback_decisions.load(),
             unkeyed: self.unkeyed.load(),
+            suspended: self.suspended.load(),
         }
     }
 }
@@ -237,6 +247,6 @@ mod tests {
     #[test]
     fn counters_sit_on_their_own_cache_lines() {
         assert_eq!(std::mem::align_of::<Padded>(), 128);
-        assert!(std::mem::size_of::<Counters>() >= 8 * 128);
+        assert!(std::mem::size_of::<Counters>() >= 9 * 128);
     }
 }

@@ -188,7 +188,7 @@ async fn suspend(limits: Arc<Limits>, key: Arc<str>, status: StatusCode, wait: D
     };
     let scope = limits.scope.as_deref().unwrap_or("");
     match limits.limiter.suspend(target, wait).await {
-        Ok(()) => tracing::warn!(
+        Ok(_) => tracing::warn!(
             status = status.as_u16(),
             suspended_ms = wait.as_millis() as u64,
             scope,

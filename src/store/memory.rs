@@ -7,8 +7,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 
-use super::{CheckRequest, Store, StoreError};
-use crate::algorithm::{drive, sliding_log, ttl_ms, Args, Kind, Packed, MAX_SLIDING_LOG_BURST};
+use super::{CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError};
+use crate::algorithm::{
+    capped_cost, control, decide, decide_log, log_controls_key, sliding_log, Kind, LogWrite, Op,
+    Refused, Reply, MAX_SLIDING_LOG_BURST,
+};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
 
@@ -105,11 +108,11 @@ struct Stored {
     expires_at: u64,
 }
 
-/// The state of one key: the state string of a pure step (its tag names the algorithm, so a key
-/// read under another algorithm counts as fresh), or a sliding log.
+/// The state of one key: a string, byte for byte what Redis holds (the controls and every tier's
+/// state: see `lua/common.lua`), or a sliding log.
 #[derive(Debug, Clone, PartialEq)]
 enum KeyState {
-    Packed(Packed),
+    Bytes(Vec<u8>),
     /// O(burst): changed in place, never copied.
     Log(sliding_log::Log),
 }
@@ -118,7 +121,7 @@ impl KeyState {
     /// Sliding-log entries this state has allocated.
     fn log_entries(&self) -> usize {
         match self {
-            KeyState::Packed(_) => 0,
+            KeyState::Bytes(_) => 0,
             KeyState::Log(log) => log.capacity(),
         }
     }
@@ -170,7 +173,7 @@ impl MemoryStore {
     ///     let request = CheckRequest {
     ///         key: &key,
     ///         algorithm: Algorithm::SlidingLog,
-    ///         quota: &quota,
+    ///         quotas: &quota.into(),
     ///         cost: 500,
     ///         now_micros: Some(1_000_000),
     ///     };
@@ -215,7 +218,7 @@ impl MemoryStore {
     /// let request = CheckRequest {
     ///     key: "redlimit:{k}",
     ///     algorithm: Algorithm::FixedWindow,
-    ///     quota: &quota,
+    ///     quotas: &quota.into(),
     ///     cost: 1,
     ///     now_micros: None, // the system clock
     /// };
@@ -224,53 +227,161 @@ impl MemoryStore {
     /// ```
     pub fn check_now(&self, request: CheckRequest<'_>) -> Decision {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
-        let quota = request.quota;
-        let args = Args {
-            now: now as f64,
-            cost: request.cost as f64,
-            limit: quota.limit() as f64,
-            period: quota.period_micros() as f64,
-            burst: quota.burst() as f64,
+        let (now_f, cost) = (now as f64, capped_cost(request.cost) as f64);
+        let quotas = request.quotas.as_slice();
+        let mut guard = self
+            .shard(request.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shard = &mut *guard;
+        let max = self.max_keys_per_shard;
+        let result = match request.algorithm.kind() {
+            Kind::Packed(step) => {
+                let (held, live) = shard.find(request.key, now);
+                let stored = live.and_then(|slot| shard.bytes(slot));
+                decide(step, stored, now_f, cost, quotas).map(|(reply, write)| {
+                    if let Some((bytes, ttl_ms)) = write {
+                        let stored = Stored {
+                            state: KeyState::Bytes(bytes),
+                            expires_at: expiry(now, ttl_ms),
+                        };
+                        shard.put(held, request.key, stored, now, max);
+                    }
+                    reply
+                })
+            }
+            Kind::Log => {
+                let controls_key = log_controls_key(request.key);
+                let result = shard.log_step(request.key, &controls_key, quotas, now, cost, max);
+                shard.trim_logs(request.key, self.max_log_entries_per_shard);
+                result
+            }
+        };
+        match result.map(Reply::into_decision) {
+            Ok(Some(decision)) => decision,
+            // Unreachable from the crate's own quotas and controls; never a panic, never a pass.
+            Ok(None) | Err(Refused(_)) => {
+                tracing::error!("memory store: invalid quota in the controls; request denied");
+                Decision {
+                    allowed: false,
+                    limit: quotas[0].limit(),
+                    remaining: 0,
+                    retry_after: Decision::NEVER,
+                    reset_after: std::time::Duration::ZERO,
+                    suspended: false,
+                    quota: quotas[0],
+                }
+            }
+        }
+    }
+
+    /// Runs a fleet control synchronously, under the key's shard lock (see
+    /// [`Store::control`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::store::{Control, ControlRequest, MemoryStore};
+    /// use redlimit::Algorithm;
+    ///
+    /// let store = MemoryStore::new();
+    /// let request = ControlRequest {
+    ///     key: "redlimit:{k}",
+    ///     algorithm: Algorithm::TokenBucket,
+    ///     control: Control::Suspend(Duration::from_secs(2)),
+    ///     now_micros: Some(1_000_000),
+    /// };
+    /// let reply = store.control_now(request);
+    /// assert_eq!(reply.expires_in, Some(Duration::from_secs(2)));
+    /// ```
+    pub fn control_now(&self, request: ControlRequest<'_>) -> ControlReply {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let op = match request.control {
+            Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
+            Control::ClearQuota => Op::ClearQuota,
+            Control::Suspend(duration) => Op::Suspend(
+                u64::try_from(duration.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            ),
+            Control::Resume => Op::Resume,
+            Control::Reset => Op::Reset,
+            Control::Inspect => Op::Inspect,
+        };
+        let log = request.algorithm == crate::algorithm::Algorithm::SlidingLog;
+        let controls_key = if log {
+            log_controls_key(request.key)
+        } else {
+            request.key.to_owned()
         };
         let mut guard = self
             .shard(request.key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let shard = &mut *guard;
-        let held = shard.index.get(request.key).copied();
-        let live = held.filter(|&slot| shard.slots[slot].stored.expires_at > now);
-        let reply = match request.algorithm.kind() {
-            Kind::Packed(step) => {
-                let stored = live.and_then(|slot| match &shard.slots[slot].stored.state {
-                    KeyState::Packed(packed) => Some(packed.as_bytes()),
-                    KeyState::Log(_) => None,
-                });
-                let (reply, write) = drive(step, stored, &args);
-                if let Some((packed, ttl_ms)) = write {
-                    let stored = Stored {
-                        state: KeyState::Packed(packed),
-                        expires_at: expiry(now, ttl_ms),
-                    };
-                    shard.put(held, request.key, stored, now, self.max_keys_per_shard);
+        let (held, live) = shard.find(&controls_key, now);
+        let pttl = live.map(|slot| (shard.slots[slot].stored.expires_at - now).div_ceil(1000));
+        let stored = live.and_then(|slot| shard.bytes(slot)).map(<[u8]>::to_vec);
+        let after = match control(stored.as_deref(), pttl, now as f64, op) {
+            None => stored,
+            Some((None, _)) => {
+                if let Some(slot) = held {
+                    shard.remove_slot(slot);
                 }
-                reply
+                None
             }
-            Kind::Log => {
-                let reply =
-                    shard.log_step(held, live, request.key, &args, now, self.max_keys_per_shard);
-                shard.trim_logs(request.key, self.max_log_entries_per_shard);
-                reply
+            Some((Some(bytes), ttl_ms)) => {
+                let stored = Stored {
+                    state: KeyState::Bytes(bytes.clone()),
+                    expires_at: expiry(now, ttl_ms),
+                };
+                shard.put(held, &controls_key, stored, now, self.max_keys_per_shard);
+                Some(bytes)
             }
         };
-        reply.into_decision()
+        if log && op == Op::Reset {
+            if let (Some(slot), _) = shard.find(request.key, now) {
+                shard.remove_slot(slot);
+            }
+        }
+        let expires_in = match shard.find(&controls_key, now) {
+            (_, Some(slot)) => Some(std::time::Duration::from_millis(
+                (shard.slots[slot].stored.expires_at - now).div_ceil(1000),
+            )),
+            _ => None,
+        };
+        let log_entries = log.then(|| match shard.find(request.key, now) {
+            (_, Some(slot)) => match &shard.slots[slot].stored.state {
+                KeyState::Log(entries) => entries.len() as u64,
+                KeyState::Bytes(_) => 0,
+            },
+            _ => 0,
+        });
+        ControlReply {
+            stored: after,
+            expires_in,
+            now_micros: now,
+            log_entries,
+        }
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
         &self.shards[self.shard_index(key)]
     }
 
+    /// Every key of one limiter key (its string, a sliding log and its controls) shares a shard,
+    /// like a Redis Cluster slot: by the hash tag, the text between the first `{` and the next
+    /// `}`, when there is one.
     fn shard_index(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) % SHARDS as u64) as usize
+        let tag = key
+            .find('{')
+            .and_then(|open| {
+                let rest = &key[open + 1..];
+                rest.find('}')
+                    .filter(|&close| close > 0)
+                    .map(|close| &rest[..close])
+            })
+            .unwrap_or(key);
+        (self.hasher.hash_one(tag) % SHARDS as u64) as usize
     }
 
     /// The stored state of `key` at `now_micros`, byte for byte what Redis holds: a pure step's
@@ -288,7 +399,7 @@ impl MemoryStore {
             return None;
         }
         Some(match &stored.state {
-            KeyState::Packed(packed) => packed.as_bytes().to_vec(),
+            KeyState::Bytes(bytes) => bytes.clone(),
             KeyState::Log(log) => log.iter().flat_map(|t| t.to_le_bytes()).collect(),
         })
     }
@@ -312,39 +423,71 @@ impl Shard {
         }
     }
 
-    /// The sliding log's step: a live log changes in place (its expiry refreshed when the step
-    /// writes); a fresh one is stored only when the step writes.
+    /// Where `key` is held (live, expired or of another kind), and whether it is live.
+    fn find(&self, key: &str, now: u64) -> (Option<usize>, Option<usize>) {
+        let held = self.index.get(key).copied();
+        (
+            held,
+            held.filter(|&slot| self.slots[slot].stored.expires_at > now),
+        )
+    }
+
+    /// The string held at `slot`, if it holds one.
+    fn bytes(&self, slot: usize) -> Option<&[u8]> {
+        match &self.slots[slot].stored.state {
+            KeyState::Bytes(bytes) => Some(bytes),
+            KeyState::Log(_) => None,
+        }
+    }
+
+    /// The sliding log's decision: a live log changes in place (its expiry refreshed when the
+    /// decision writes); a fresh one is stored only when it writes. Its controls live at
+    /// `controls_key`, as in Redis.
     fn log_step(
         &mut self,
-        held: Option<usize>,
-        live: Option<usize>,
         key: &str,
-        args: &Args,
+        controls_key: &str,
+        quotas: &[crate::quota::Quota],
         now: u64,
+        cost: f64,
         max: usize,
-    ) -> crate::algorithm::Reply {
-        if let Some(slot) = live {
-            let stored = &mut self.slots[slot].stored;
-            if let KeyState::Log(log) = &mut stored.state {
-                let before = log.capacity();
-                let outcome = sliding_log::step(log, args);
-                if outcome.state.is_some() {
-                    stored.expires_at = expiry(now, ttl_ms(outcome.reset_us));
-                }
-                self.log_entries = self.log_entries - before + log.capacity();
-                return outcome.reply(args.limit);
+    ) -> Result<Reply, Refused> {
+        let (controls_held, controls_live) = self.find(controls_key, now);
+        let controls = controls_live
+            .and_then(|slot| self.bytes(slot))
+            .map(<[u8]>::to_vec);
+        let (held, live) = self.find(key, now);
+        let mut fresh = sliding_log::Log::new();
+        let (log, existing) = match live {
+            Some(slot) => match &mut self.slots[slot].stored.state {
+                KeyState::Log(log) => (log, true),
+                KeyState::Bytes(_) => (&mut fresh, false),
+            },
+            None => (&mut fresh, false),
+        };
+        let before = log.capacity();
+        let (reply, write) = decide_log(controls.as_deref(), log, now as f64, cost, quotas)?;
+        let LogWrite {
+            log_ttl,
+            controls_ttl,
+        } = write;
+        if let Some(slot) = live.filter(|_| existing) {
+            self.log_entries =
+                self.log_entries - before + self.slots[slot].stored.state.log_entries();
+            if let Some(ttl) = log_ttl {
+                self.slots[slot].stored.expires_at = expiry(now, ttl);
             }
-        }
-        let mut log = sliding_log::Log::new();
-        let outcome = sliding_log::step(&mut log, args);
-        if outcome.state.is_some() {
+        } else if let Some(ttl) = log_ttl {
             let stored = Stored {
-                state: KeyState::Log(log),
-                expires_at: expiry(now, ttl_ms(outcome.reset_us)),
+                state: KeyState::Log(fresh),
+                expires_at: expiry(now, ttl),
             };
             self.put(held, key, stored, now, max);
         }
-        outcome.reply(args.limit)
+        if let (Some(ttl), Some(slot)) = (controls_ttl, controls_held) {
+            self.slots[slot].stored.expires_at = expiry(now, ttl);
+        }
+        Ok(reply)
     }
 
     /// Evicts other sliding-log keys, the closest to expiry first, until the shard's log entries
@@ -434,6 +577,13 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(std::future::ready(Ok(self.check_now(request))))
     }
+
+    fn control<'a>(
+        &'a self,
+        request: ControlRequest<'a>,
+    ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.control_now(request))))
+    }
 }
 
 #[cfg(test)]
@@ -444,7 +594,7 @@ mod tests {
 
     fn stored(expires_at: u64) -> Stored {
         Stored {
-            state: KeyState::Packed(Packed::new(b'f', [0.0, 0.0])),
+            state: KeyState::Bytes(vec![b'f'; 17]),
             expires_at,
         }
     }
@@ -559,7 +709,7 @@ mod tests {
                 let decision = store.check_now(CheckRequest {
                     key: &format!("redlimit:{{flood-{i}}}"),
                     algorithm,
-                    quota,
+                    quotas: &quota.into(),
                     cost: 1,
                     now_micros: Some(now),
                 });
@@ -580,7 +730,7 @@ mod tests {
                 store.check_now(CheckRequest {
                     key: "redlimit:{newest}",
                     algorithm,
-                    quota: &one,
+                    quotas: &one.into(),
                     cost: 1,
                     now_micros: Some(now),
                 })
@@ -627,7 +777,7 @@ mod tests {
             let request = CheckRequest {
                 key: &key,
                 algorithm: Algorithm::SlidingLog,
-                quota: &quota,
+                quotas: &quota.into(),
                 cost: 900,
                 now_micros: Some(now + i),
             };

@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
-use crate::quota::Quota;
+use crate::quota::Quotas;
 
 mod breaker;
 mod memory;
@@ -58,7 +58,7 @@ pub use self::redis::{
 /// let request = CheckRequest {
 ///     key: "redlimit:{tenant-42}",
 ///     algorithm: Algorithm::Gcra,
-///     quota: &quota,
+///     quotas: &quota.into(),
 ///     cost: 2,
 ///     now_micros: Some(1_000_000), // a fixed client time: deterministic
 /// };
@@ -74,8 +74,9 @@ pub struct CheckRequest<'a> {
     pub key: &'a str,
     /// The algorithm that decides.
     pub algorithm: Algorithm,
-    /// The quota to apply.
-    pub quota: &'a Quota,
+    /// The quotas to apply, all or none (an override set with
+    /// [`Limiter::set_quota`](crate::Limiter::set_quota) replaces them in the store).
+    pub quotas: &'a Quotas,
     /// What this request costs (0 peeks without consuming).
     pub cost: u64,
     /// Client time in microseconds since the Unix epoch; `None` means the store's own clock
@@ -131,6 +132,71 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// Runs a fleet control on one key (an override of its quotas, a suspension, a reset, or a
+    /// look), atomically like a decision. [`RedisStore`] and [`MemoryStore`] implement it; the
+    /// default answers [`StoreError::Unsupported`], so a wrapper that does not forward it
+    /// refuses the controls instead of ignoring them.
+    fn control<'a>(
+        &'a self,
+        request: ControlRequest<'a>,
+    ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
+        let _ = request;
+        Box::pin(std::future::ready(Err(StoreError::Unsupported(
+            "this store has no fleet controls",
+        ))))
+    }
+}
+
+/// One fleet control to run: which storage key, under which algorithm (the sliding log keeps
+/// its controls next to its log), what to do, and when.
+///
+/// The [`Limiter`](crate::Limiter)'s [`set_quota`](crate::Limiter::set_quota),
+/// [`suspend`](crate::Limiter::suspend) and siblings build one; calling a store directly is for
+/// tests and custom stores.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlRequest<'a> {
+    /// The storage key, as in [`CheckRequest::key`].
+    pub key: &'a str,
+    /// The limiter's algorithm.
+    pub algorithm: Algorithm,
+    /// What to do.
+    pub control: Control<'a>,
+    /// Client time in microseconds since the Unix epoch; `None` means the store's own clock.
+    pub now_micros: Option<u64>,
+}
+
+/// A fleet control (see [`ControlRequest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Control<'a> {
+    /// Replace the caller's quotas with these on every decision, until cleared.
+    SetQuota(&'a Quotas),
+    /// Remove the override.
+    ClearQuota,
+    /// Deny every decision for this long (at least 1 µs).
+    Suspend(Duration),
+    /// End a suspension.
+    Resume,
+    /// Forget the key's usage (its quotas start full); an override and a suspension stay.
+    Reset,
+    /// Change nothing; report.
+    Inspect,
+}
+
+/// What a store reports after a control: the key's string as it now stands, byte for byte (see
+/// `lua/common.lua`: the controls, then every tier's state; the
+/// [`Limiter`](crate::Limiter) decodes it into a [`KeyStatus`](crate::KeyStatus)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlReply {
+    /// The key's string (for the sliding log, its controls' string), `None` when absent.
+    pub stored: Option<Vec<u8>>,
+    /// When that string expires, `None` when absent.
+    pub expires_in: Option<Duration>,
+    /// The store's time of the control, µs since the Unix epoch.
+    pub now_micros: u64,
+    /// The sliding log's entries (`None` for other algorithms).
+    pub log_entries: Option<u64>,
 }
 
 /// Why a store could not decide. The [`FailurePolicy`](crate::FailurePolicy) turns it into an
@@ -183,4 +249,7 @@ pub enum StoreError {
     /// The store is skipped for now (the circuit breaker is open after repeated failures).
     #[error("store unavailable: {0}")]
     Unavailable(&'static str),
+    /// The store cannot do this (e.g. a custom store without fleet controls).
+    #[error("unsupported by the store: {0}")]
+    Unsupported(&'static str),
 }

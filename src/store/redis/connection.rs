@@ -10,7 +10,6 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::server::ServerInfo;
-use crate::decision::Decision;
 use crate::store::StoreError;
 
 /// How long one connection attempt may take (TCP connect per node; the attempt as a whole is
@@ -224,7 +223,7 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
 
     /// Records how a call on generation `generation` went; replaces the connection if that
     /// shows it stale.
-    pub(super) fn settle(&self, generation: u64, result: &Result<Decision, StoreError>) {
+    pub(super) fn settle<T>(&self, generation: u64, result: &Result<T, StoreError>) {
         let slot = self.current.load();
         if slot.generation != generation {
             return; // already replaced
@@ -320,6 +319,8 @@ pub(super) fn stale_server_or_dropped(error: &RedisError) -> Option<&'static str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::Decision;
+    use crate::quota::Quota;
 
     fn decision() -> Result<Decision, StoreError> {
         Ok(Decision {
@@ -328,6 +329,8 @@ mod tests {
             remaining: 0,
             retry_after: Duration::ZERO,
             reset_after: Duration::ZERO,
+            suspended: false,
+            quota: Quota::per_second(1).unwrap(),
         })
     }
 
@@ -394,7 +397,7 @@ mod tests {
         let first = proven(&connection);
         connection.settle(first, &server_error("NOSCRIPT"));
         connection.settle(first, &server_error("ERR"));
-        connection.settle(first, &Err(StoreError::BadReply(String::new())));
+        connection.settle::<()>(first, &Err(StoreError::BadReply(String::new())));
         assert_eq!(connection.current_generation(), first, "not stale");
         connection.settle(first, &readonly());
         assert_ne!(connection.current_generation(), first);
@@ -404,7 +407,7 @@ mod tests {
             ErrorKind::Server(ServerErrorKind::MasterDown),
             "Link with MASTER is down",
         ));
-        connection.settle(second, &Err(StoreError::Redis(masterdown)));
+        connection.settle::<()>(second, &Err(StoreError::Redis(masterdown)));
         assert_ne!(connection.current_generation(), second);
     }
 

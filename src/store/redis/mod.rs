@@ -23,9 +23,10 @@ use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
 use self::sentinel::{PrimaryConnection, SentinelOptions, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
-use super::{CheckRequest, Store, StoreError};
-use crate::algorithm::Algorithm;
-use crate::algorithm::Reply;
+use super::{CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError};
+use crate::algorithm::{
+    control_args, control_script, log_controls_key, Algorithm, Op, Reply, CONTROL_SOURCE,
+};
 use crate::decision::Decision;
 
 /// The default time a store call may take before it counts as a failure.
@@ -290,7 +291,7 @@ impl RedisStore {
 
     /// One call, bounded by the timeout, on the current connection; a stale connection is
     /// replaced afterwards.
-    async fn run_script(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+    async fn run_script(&self, request: Call<'_>) -> Result<Answer, StoreError> {
         match &*self.backend {
             Backend::Single { connection, .. } => {
                 let (generation, open) = connection.connection();
@@ -351,8 +352,8 @@ impl RedisStore {
     /// timeouts are off). A timeout comes out as [`StoreError::Timeout`].
     async fn bounded(
         &self,
-        call: impl Future<Output = Result<Decision, StoreError>>,
-    ) -> Result<Decision, StoreError> {
+        call: impl Future<Output = Result<Answer, StoreError>>,
+    ) -> Result<Answer, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Err(StoreError::Redis(error))) if error.is_timeout() => {
                 Err(StoreError::Timeout(self.timeout))
@@ -396,8 +397,8 @@ async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreE
 /// refused connection mean nothing was written. (`NOSCRIPT` is handled by [`invoke`].)
 async fn invoke_on_cluster(
     connection: &mut ClusterConnection,
-    request: CheckRequest<'_>,
-) -> Result<Decision, StoreError> {
+    request: Call<'_>,
+) -> Result<Answer, StoreError> {
     let mut resends = 0;
     loop {
         match invoke(connection, request).await {
@@ -434,38 +435,27 @@ fn did_not_run(error: &RedisError) -> bool {
 /// did not run, so each of these resends is safe.
 async fn invoke(
     connection: &mut impl ConnectionLike,
-    request: CheckRequest<'_>,
-) -> Result<Decision, StoreError> {
-    let script = request.algorithm.script();
+    request: Call<'_>,
+) -> Result<Answer, StoreError> {
+    let (script, source) = match request {
+        Call::Check(check) => (check.algorithm.script(), check.algorithm.script_source()),
+        Call::Control(_) => (control_script(), CONTROL_SOURCE),
+    };
     let mut evalsha = redis::cmd("EVALSHA");
     evalsha.arg(script.get_hash());
-    crate::algorithm::push_call(
-        &mut evalsha,
-        request.key,
-        request.algorithm,
-        request.quota,
-        request.cost,
-        request.now_micros,
-    );
-    let values: Vec<u8> = match evalsha.query_async(connection).await {
+    request.push_call(&mut evalsha);
+    let reply: redis::Value = match evalsha.query_async(connection).await {
         Err(error) if is_noscript(&error) => {
             redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(request.algorithm.script_source())
+                .arg(source)
                 .exec_async(connection)
                 .await?;
             match evalsha.query_async(connection).await {
                 Err(error) if is_noscript(&error) => {
                     let mut eval = redis::cmd("EVAL");
-                    eval.arg(request.algorithm.script_source());
-                    crate::algorithm::push_call(
-                        &mut eval,
-                        request.key,
-                        request.algorithm,
-                        request.quota,
-                        request.cost,
-                        request.now_micros,
-                    );
+                    eval.arg(source);
+                    request.push_call(&mut eval);
                     eval.query_async(connection).await?
                 }
                 result => result?,
@@ -473,9 +463,86 @@ async fn invoke(
         }
         result => result?,
     };
-    Reply::from_redis(&values)
-        .map(Reply::into_decision)
-        .ok_or_else(|| StoreError::BadReply(format!("{values:?}")))
+    request.answer(reply)
+}
+
+/// One script call: a decision, or a fleet control.
+#[derive(Debug, Clone, Copy)]
+enum Call<'a> {
+    Check(CheckRequest<'a>),
+    Control(ControlRequest<'a>),
+}
+
+/// What a script call answers.
+#[derive(Debug)]
+enum Answer {
+    Decision(Decision),
+    Control(ControlReply),
+}
+
+impl Call<'_> {
+    /// Appends `numkeys`, `KEYS` and `ARGV` after the SHA-1 or the body.
+    fn push_call(&self, cmd: &mut redis::Cmd) {
+        match self {
+            Call::Check(request) => crate::algorithm::push_call(
+                cmd,
+                request.key,
+                request.algorithm,
+                request.quotas,
+                request.cost,
+                request.now_micros,
+            ),
+            Call::Control(request) => {
+                let op = match request.control {
+                    Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
+                    Control::ClearQuota => Op::ClearQuota,
+                    Control::Suspend(duration) => Op::Suspend(
+                        u64::try_from(duration.as_micros())
+                            .unwrap_or(u64::MAX)
+                            .max(1),
+                    ),
+                    Control::Resume => Op::Resume,
+                    Control::Reset => Op::Reset,
+                    Control::Inspect => Op::Inspect,
+                };
+                if request.algorithm == Algorithm::SlidingLog {
+                    cmd.arg(2)
+                        .arg(log_controls_key(request.key))
+                        .arg(request.key);
+                } else {
+                    cmd.arg(1).arg(request.key);
+                }
+                cmd.arg(control_args(op, request.now_micros));
+            }
+        }
+    }
+
+    fn answer(&self, reply: redis::Value) -> Result<Answer, StoreError> {
+        let bad = |reply: &redis::Value| StoreError::BadReply(format!("{reply:?}"));
+        match self {
+            Call::Check(_) => {
+                let bytes: Vec<u8> = match reply {
+                    redis::Value::BulkString(bytes) => bytes,
+                    other => return Err(bad(&other)),
+                };
+                Reply::from_redis(&bytes)
+                    .and_then(Reply::into_decision)
+                    .map(Answer::Decision)
+                    .ok_or_else(|| StoreError::BadReply(format!("{bytes:?}")))
+            }
+            Call::Control(_) => {
+                let (stored, pttl, now, count): (Option<Vec<u8>>, i64, String, i64) =
+                    redis::from_redis_value_ref(&reply).map_err(|_| bad(&reply))?;
+                let now_micros = now.parse().map_err(|_| bad(&reply))?;
+                Ok(Answer::Control(ControlReply {
+                    stored,
+                    expires_in: u64::try_from(pttl).ok().map(Duration::from_millis),
+                    now_micros,
+                    log_entries: u64::try_from(count).ok(),
+                }))
+            }
+        }
+    }
 }
 
 fn is_noscript(error: &RedisError) -> bool {
@@ -500,7 +567,7 @@ impl Store for RedisStore {
                 breaker: self.breaker.as_deref(),
                 admission,
             };
-            let result = self.run_script(request).await;
+            let result = self.run_script(Call::Check(request)).await;
             unsettled.breaker = None;
             if let Some(breaker) = &self.breaker {
                 match &result {
@@ -508,7 +575,24 @@ impl Store for RedisStore {
                     Err(_) => breaker.on_failure(admission),
                 }
             }
-            result
+            match result? {
+                Answer::Decision(decision) => Ok(decision),
+                Answer::Control(reply) => Err(StoreError::BadReply(format!("{reply:?}"))),
+            }
+        })
+    }
+
+    /// Controls go to Redis even while the circuit breaker is open: an operator's change is
+    /// worth a try, and it is bounded by the same timeout.
+    fn control<'a>(
+        &'a self,
+        request: ControlRequest<'a>,
+    ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
+        Box::pin(async move {
+            match self.run_script(Call::Control(request)).await? {
+                Answer::Control(reply) => Ok(reply),
+                Answer::Decision(decision) => Err(StoreError::BadReply(format!("{decision:?}"))),
+            }
         })
     }
 }

@@ -1,0 +1,735 @@
+//! The driver: what the script is told, what it answers, and its Rust mirror (`lua/common.lua`
+//! for decisions, `lua/control.lua` for the fleet controls) that the memory store runs.
+//!
+//! Everything of one storage key lives in one string: the optional controls (an override of
+//! the quotas, a suspension), then every tier's state (see `lua/common.lua`). The sliding log
+//! keeps its sorted set next to it, under `<key>`, and its controls under `<key>#m`.
+
+use std::time::Duration;
+
+use super::{ms_up, sliding_log, Algorithm, Args, PackedStep, MAX_EXACT};
+use crate::decision::Decision;
+use crate::quota::{Quota, MAX_TIERS};
+
+/// An override lives until no request was admitted on its key for this long: 30 days
+/// (`OVERRIDE_IDLE_MS` in the scripts).
+pub(crate) const OVERRIDE_IDLE_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// The longest time a reply carries (`MAX_REPLY_MS` in `lua/common.lua`): 2^62 ms.
+pub(crate) const MAX_REPLY_MS: i64 = 1 << 62;
+
+/// The longest expiry: 2^53 ms, 285 000 years.
+const MAX_TTL_MS: i64 = 1 << 53;
+
+/// The tag byte of the controls at the start of a key's string.
+const CONTROLS: u8 = b'M';
+
+/// The longest argument: now, cost, the algorithm, and 8 tiers.
+const MAX_ARGS: usize = 17 + 24 * MAX_TIERS;
+
+/// A number Lua holds exactly, or NaN, which the scripts refuse by name.
+fn exact(v: u64) -> f64 {
+    if (v as f64) < MAX_EXACT {
+        v as f64
+    } else {
+        f64::NAN
+    }
+}
+
+/// The decision script's one argument: `'<ddB' .. n * '<ddd'` (see `lua/common.lua`).
+pub(crate) struct PackedArgs {
+    len: usize,
+    bytes: [u8; MAX_ARGS],
+}
+
+impl PackedArgs {
+    pub(crate) fn new(
+        algorithm: Algorithm,
+        quotas: &[Quota],
+        cost: u64,
+        now_micros: Option<u64>,
+    ) -> Self {
+        let quotas = &quotas[..quotas.len().min(MAX_TIERS)];
+        let now = now_micros.map_or(-1.0, exact);
+        let cost = exact(capped_cost(cost));
+        let mut bytes = [0; MAX_ARGS];
+        bytes[0..8].copy_from_slice(&now.to_le_bytes());
+        bytes[8..16].copy_from_slice(&cost.to_le_bytes());
+        bytes[16] = algorithm.tag();
+        let mut at = 17;
+        for quota in quotas {
+            at = put_quota(&mut bytes, at, quota);
+        }
+        PackedArgs { len: at, bytes }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// Any cost above the largest burst a quota can have is never allowed, whatever the quotas in
+/// force (an override may have a larger burst than the caller's): capped there, so Lua stays
+/// below 2^53.
+pub(crate) fn capped_cost(cost: u64) -> u64 {
+    cost.min(crate::quota::MAX_COUNT + 1)
+}
+
+/// Writes a quota's doubles limit, period_us, burst at `at`; returns the end.
+fn put_quota(bytes: &mut [u8], at: usize, quota: &Quota) -> usize {
+    bytes[at..at + 8].copy_from_slice(&exact(quota.limit()).to_le_bytes());
+    bytes[at + 8..at + 16].copy_from_slice(&exact(quota.period_micros()).to_le_bytes());
+    bytes[at + 16..at + 24].copy_from_slice(&exact(quota.burst()).to_le_bytes());
+    at + 24
+}
+
+/// The key of the sliding log's controls: `<key>#m` (no storage key holds a `#` after its
+/// hash tag, so it is nobody else's).
+pub(crate) fn log_controls_key(key: &str) -> String {
+    let mut controls = String::with_capacity(key.len() + 2);
+    controls.push_str(key);
+    controls.push_str("#m");
+    controls
+}
+
+/// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
+/// first argument (the SHA-1 or the body) is already in place: the storage `key` (and for the
+/// sliding log, its controls' key first), the `algorithm`, its `quotas`, the `cost`, and the
+/// client's clock in µs (`None`: Redis `TIME`).
+pub(crate) fn push_call(
+    cmd: &mut redis::Cmd,
+    key: &str,
+    algorithm: Algorithm,
+    quotas: &[Quota],
+    cost: u64,
+    now_micros: Option<u64>,
+) {
+    let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
+    if algorithm == Algorithm::SlidingLog {
+        cmd.arg(2).arg(log_controls_key(key)).arg(key);
+    } else {
+        cmd.arg(1).arg(key);
+    }
+    cmd.arg(args.as_bytes());
+}
+
+/// A fleet control (`lua/control.lua`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Op<'a> {
+    SetQuota(&'a [Quota]),
+    ClearQuota,
+    /// µs.
+    Suspend(u64),
+    Resume,
+    Reset,
+    Inspect,
+}
+
+/// The control script's one argument: `'<dB'` now_us and the operation's byte, then its operand.
+pub(crate) fn control_args(op: Op<'_>, now_micros: Option<u64>) -> Vec<u8> {
+    let mut bytes = vec![0; 9];
+    bytes[0..8].copy_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
+    bytes[8] = match op {
+        Op::SetQuota(_) => b'q',
+        Op::ClearQuota => b'c',
+        Op::Suspend(_) => b's',
+        Op::Resume => b'r',
+        Op::Reset => b'x',
+        Op::Inspect => b'i',
+    };
+    match op {
+        Op::SetQuota(quotas) => {
+            bytes.push(quotas.len() as u8);
+            let at = bytes.len();
+            bytes.resize(at + 24 * quotas.len(), 0);
+            let mut at = at;
+            for quota in quotas {
+                at = put_quota(&mut bytes, at, quota);
+            }
+        }
+        Op::Suspend(micros) => bytes.extend_from_slice(&exact(micros).to_le_bytes()),
+        _ => {}
+    }
+    bytes
+}
+
+/// The reply of a decision, packed into one string (see [`Reply::from_redis`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reply {
+    pub allowed: bool,
+    pub suspended: bool,
+    pub limit: u64,
+    pub period_us: u64,
+    pub burst: u64,
+    pub remaining: u64,
+    pub retry_after_ms: i64,
+    pub reset_after_ms: i64,
+}
+
+impl Reply {
+    /// One tier's reply from µs: times become whole ms, rounded up.
+    #[cfg(test)]
+    pub(crate) fn new(
+        allowed: bool,
+        args: &Args,
+        remaining: f64,
+        retry_us: f64,
+        reset_us: f64,
+    ) -> Self {
+        Reply {
+            allowed,
+            suspended: false,
+            limit: args.limit as u64,
+            period_us: args.period as u64,
+            burst: args.burst as u64,
+            remaining: remaining as u64,
+            retry_after_ms: if retry_us >= 0.0 {
+                ms_up(retry_us).min(MAX_REPLY_MS)
+            } else {
+                -1
+            },
+            reset_after_ms: ms_up(reset_us).min(MAX_REPLY_MS),
+        }
+    }
+
+    /// Parses a script's reply: one string packed `'<Bdddddd'` (flags: 1 allowed, 2 suspended;
+    /// limit, period_us, burst, remaining, retry_after_ms with -1 for never, reset_after_ms),
+    /// every number an integer. Anything else is `None`.
+    pub(crate) fn from_redis(reply: &[u8]) -> Option<Self> {
+        let [flags, rest @ ..] = reply else {
+            return None;
+        };
+        if rest.len() != 48 || *flags > 3 {
+            return None;
+        }
+        let v = |i: usize| {
+            let mut bytes = [0; 8];
+            bytes.copy_from_slice(&rest[8 * i..8 * i + 8]);
+            let v = f64::from_le_bytes(bytes);
+            // Integers inside an i64 (NaN fails the range).
+            ((-1.0..=MAX_REPLY_MS as f64).contains(&v) && v.fract() == 0.0).then_some(v as i64)
+        };
+        let unsigned = |i: usize| v(i).and_then(|v| u64::try_from(v).ok());
+        Some(Reply {
+            allowed: flags & 1 == 1,
+            suspended: flags & 2 == 2,
+            limit: unsigned(0)?,
+            period_us: unsigned(1)?,
+            burst: unsigned(2)?,
+            remaining: unsigned(3)?,
+            retry_after_ms: v(4)?,
+            reset_after_ms: unsigned(5)? as i64,
+        })
+    }
+
+    /// The decision; `None` when the quota it names is not one.
+    pub(crate) fn into_decision(self) -> Option<Decision> {
+        let quota = Quota::from_micros(self.limit, self.period_us, self.burst).ok()?;
+        Some(Decision {
+            allowed: self.allowed,
+            limit: self.limit,
+            remaining: self.remaining,
+            retry_after: if self.retry_after_ms < 0 {
+                Decision::NEVER
+            } else {
+                Duration::from_millis(self.retry_after_ms as u64)
+            },
+            reset_after: Duration::from_millis(self.reset_after_ms.max(0) as u64),
+            suspended: self.suspended,
+            quota,
+        })
+    }
+}
+
+/// The TTL of a key whose state is fresh again `reset_us` from now.
+#[cfg(test)]
+pub(crate) fn ttl_ms(reset_us: f64) -> u64 {
+    ms_up(reset_us).clamp(1, MAX_TTL_MS) as u64
+}
+
+fn f64_at(bytes: &[u8], at: usize) -> f64 {
+    let mut b = [0; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    f64::from_le_bytes(b)
+}
+
+/// A tier's numbers, as the script reads them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Tier {
+    limit: f64,
+    period: f64,
+    burst: f64,
+}
+
+impl Tier {
+    fn of(quota: &Quota) -> Tier {
+        Tier {
+            limit: exact(quota.limit()),
+            period: exact(quota.period_micros()),
+            burst: exact(quota.burst()),
+        }
+    }
+
+    fn at(bytes: &[u8], at: usize) -> Tier {
+        Tier {
+            limit: f64_at(bytes, at),
+            period: f64_at(bytes, at + 8),
+            burst: f64_at(bytes, at + 16),
+        }
+    }
+
+    fn valid(&self) -> bool {
+        let ok = |v: f64| (1.0..MAX_EXACT).contains(&v) && v.fract() == 0.0;
+        ok(self.limit) && ok(self.period) && ok(self.burst)
+    }
+}
+
+/// The controls at the start of a key's string, as the scripts parse them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Controls<'a> {
+    /// The string does not start with controls: the states begin at its first byte.
+    None,
+    /// Controls of `len` bytes: a suspension until `until_us` (0: none) and the override's
+    /// tiers (`n` of them, from byte 10).
+    Some {
+        until_us: f64,
+        n: usize,
+        bytes: &'a [u8],
+    },
+    /// It starts like controls but is cut short: the whole string reads as absent.
+    Corrupt,
+}
+
+impl<'a> Controls<'a> {
+    pub(crate) fn parse(s: &'a [u8]) -> Self {
+        if s.first() != Some(&CONTROLS) {
+            return Controls::None;
+        }
+        match s.get(9) {
+            Some(&n) if usize::from(n) <= MAX_TIERS && s.len() >= 10 + 24 * usize::from(n) => {
+                let n = usize::from(n);
+                Controls::Some {
+                    until_us: f64_at(s, 1),
+                    n,
+                    bytes: &s[..10 + 24 * n],
+                }
+            }
+            _ => Controls::Corrupt,
+        }
+    }
+
+    /// The override's quotas (empty when none, or when one does not make a valid quota).
+    pub(crate) fn override_quotas(&self) -> Vec<Quota> {
+        let Controls::Some { n, bytes, .. } = *self else {
+            return Vec::new();
+        };
+        (0..n)
+            .map(|i| Tier::at(bytes, 10 + 24 * i))
+            .map(|t| Quota::from_micros(t.limit as u64, t.period as u64, t.burst as u64))
+            .collect::<Result<_, _>>()
+            .unwrap_or_default()
+    }
+}
+
+/// Why the mirror refused a call (the script answers an error reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refused(pub &'static str);
+
+/// What a decision writes: the key's new string and its TTL in ms.
+pub(crate) type Write = Option<(Vec<u8>, u64)>;
+
+/// The binding tier and the times, as `lua/common.lua` gathers them.
+struct Gather {
+    all_ok: bool,
+    max_rs: f64,
+    min: Option<(Tier, f64)>,
+    deny: Option<(Tier, f64, f64)>,
+}
+
+impl Gather {
+    fn new() -> Self {
+        Gather {
+            all_ok: true,
+            max_rs: 0.0,
+            min: None,
+            deny: None,
+        }
+    }
+
+    fn add(&mut self, tier: Tier, ok: bool, rem: f64, re: f64, rs: f64) {
+        if self.min.is_none_or(|(_, least)| rem < least) {
+            self.min = Some((tier, rem));
+        }
+        if !ok {
+            let longer = match self.deny {
+                None => true,
+                Some((_, _, longest)) => longest >= 0.0 && (re < 0.0 || re > longest),
+            };
+            if longer {
+                self.deny = Some((tier, rem, re));
+            }
+            self.all_ok = false;
+        }
+        if rs > self.max_rs {
+            self.max_rs = rs;
+        }
+    }
+
+    /// `reset_ms` and the TTL.
+    fn times(&self) -> (i64, u64) {
+        let reset_ms = ms_up(self.max_rs).min(MAX_REPLY_MS);
+        (reset_ms, reset_ms.clamp(1, MAX_TTL_MS) as u64)
+    }
+
+    fn reply(&self) -> Reply {
+        let (reset_ms, _) = self.times();
+        let reply = |allowed, tier: Tier, remaining: f64, retry_after_ms| Reply {
+            allowed,
+            suspended: false,
+            limit: tier.limit as u64,
+            period_us: tier.period as u64,
+            burst: tier.burst as u64,
+            remaining: remaining as u64,
+            retry_after_ms,
+            reset_after_ms: reset_ms,
+        };
+        match (self.all_ok, self.min, self.deny) {
+            (true, Some((tier, rem)), _) => reply(true, tier, rem, 0),
+            (false, _, Some((tier, rem, re))) => {
+                let re = if re > 0.0 {
+                    ms_up(re).min(MAX_REPLY_MS)
+                } else {
+                    re as i64
+                };
+                reply(false, tier, rem, re)
+            }
+            _ => unreachable!("every call has a tier"),
+        }
+    }
+}
+
+/// A key's string opened: the tiers in force, the controls to keep (an override), and where
+/// the tiers' states begin.
+type Opened<'a> = (Vec<Tier>, Option<&'a [u8]>, usize);
+
+/// The tiers in force and where the states begin, or the suspended reply; `s` set to `None`
+/// when it is corrupt. Mirrors the opening of `lua/common.lua`.
+fn open<'a>(s: &mut Option<&'a [u8]>, now: f64, quotas: &[Quota]) -> Result<Opened<'a>, Reply> {
+    let mut tiers: Vec<Tier> = quotas.iter().take(MAX_TIERS).map(Tier::of).collect();
+    let mut controls = None;
+    let mut at = 0;
+    if let Some(bytes) = *s {
+        match Controls::parse(bytes) {
+            Controls::None => {}
+            Controls::Corrupt => *s = None,
+            Controls::Some { until_us, n, bytes } => {
+                if until_us > now {
+                    let first = if n > 0 { Tier::at(bytes, 10) } else { tiers[0] };
+                    let left = ms_up(until_us - now);
+                    return Err(Reply {
+                        allowed: false,
+                        suspended: true,
+                        limit: first.limit as u64,
+                        period_us: first.period as u64,
+                        burst: first.burst as u64,
+                        remaining: 0,
+                        retry_after_ms: left,
+                        reset_after_ms: left,
+                    });
+                }
+                if n > 0 {
+                    tiers = (0..n).map(|i| Tier::at(bytes, 10 + 24 * i)).collect();
+                    controls = Some(bytes);
+                }
+                at = bytes.len();
+            }
+        }
+    }
+    Ok((tiers, controls, at))
+}
+
+/// A decision over a key's string with a pure step, as `lua/common.lua` makes it: the reply and
+/// what to write.
+pub(crate) fn decide(
+    step: PackedStep,
+    stored: Option<&[u8]>,
+    now: f64,
+    cost: f64,
+    quotas: &[Quota],
+) -> Result<(Reply, Write), Refused> {
+    let mut s = stored;
+    let (tiers, controls, mut at) = match open(&mut s, now, quotas) {
+        Ok(opened) => opened,
+        Err(suspended) => return Ok((suspended, None)),
+    };
+    let plain = at == 0 && tiers.len() == 1;
+    let mut gather = Gather::new();
+    let mut olds: Vec<Option<&[u8]>> = Vec::new();
+    let mut news = Vec::new();
+    let mut oks = Vec::new();
+    let mut plain_state = None;
+    for tier in &tiers {
+        if !tier.valid() {
+            return Err(Refused("limit, period_us and burst must be integers"));
+        }
+        let stored = if plain {
+            s
+        } else {
+            s.and_then(|bytes| {
+                let tag = *bytes.get(at)?;
+                let len = match tag {
+                    0 => 1,
+                    b'w' => 25,
+                    _ => 17,
+                };
+                let state = &bytes[at..(at + len).min(bytes.len())];
+                at += len;
+                (tag != 0).then_some(state)
+            })
+        };
+        let args = Args {
+            now,
+            cost,
+            limit: tier.limit,
+            period: tier.period,
+            burst: tier.burst,
+        };
+        let outcome = step(stored, &args);
+        gather.add(
+            *tier,
+            outcome.allowed,
+            outcome.remaining,
+            outcome.retry_us,
+            outcome.reset_us,
+        );
+        if plain {
+            plain_state = outcome.state;
+        } else {
+            olds.push(stored);
+            news.push(outcome.state);
+            oks.push(outcome.allowed);
+        }
+    }
+    let (_, mut ttl) = gather.times();
+    let write = if plain {
+        plain_state.map(|state| (state.as_bytes().to_vec(), ttl))
+    } else {
+        let mut changed = false;
+        let mut out = controls.map(<[u8]>::to_vec).unwrap_or_default();
+        for ((new, old), ok) in news.iter().zip(&olds).zip(&oks) {
+            match new {
+                Some(new) if gather.all_ok || !ok => {
+                    changed = true;
+                    out.extend_from_slice(new.as_bytes());
+                }
+                _ => out.extend_from_slice(old.unwrap_or(&[0])),
+            }
+        }
+        if controls.is_some() {
+            ttl = ttl.max(OVERRIDE_IDLE_MS);
+        }
+        changed.then_some((out, ttl))
+    };
+    Ok((gather.reply(), write))
+}
+
+/// What a sliding-log decision writes.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct LogWrite {
+    /// The log's new TTL in ms (after the log was changed in place).
+    pub log_ttl: Option<u64>,
+    /// The controls' key's new TTL (an override refreshed by an admission).
+    pub controls_ttl: Option<u64>,
+}
+
+/// A sliding-log decision, as `lua/common.lua` makes it: `controls` is the string at the
+/// controls' key; the log is changed in place when the decision writes.
+pub(crate) fn decide_log(
+    controls: Option<&[u8]>,
+    log: &mut sliding_log::Log,
+    now: f64,
+    cost: f64,
+    quotas: &[Quota],
+) -> Result<(Reply, LogWrite), Refused> {
+    let mut s = controls;
+    let (tiers, controls, _) = match open(&mut s, now, quotas) {
+        Ok(opened) => opened,
+        Err(suspended) => return Ok((suspended, LogWrite::default())),
+    };
+    let mut gather = Gather::new();
+    let mut writer: Option<(f64, bool)> = None; // (period, stepped back) of the longest writer
+    for tier in &tiers {
+        if !tier.valid() {
+            return Err(Refused("limit, period_us and burst must be integers"));
+        }
+        let args = Args {
+            now,
+            cost,
+            limit: tier.limit,
+            period: tier.period,
+            burst: tier.burst,
+        };
+        let (outcome, stepped_back) = sliding_log::decide(log, &args);
+        gather.add(
+            *tier,
+            outcome.allowed,
+            outcome.remaining,
+            outcome.retry_us,
+            outcome.reset_us,
+        );
+        if outcome.state.is_some() && writer.is_none_or(|(longest, _)| tier.period > longest) {
+            writer = Some((tier.period, stepped_back));
+        }
+    }
+    let (_, ttl) = gather.times();
+    let mut write = LogWrite::default();
+    if let Some((period, stepped_back)) = writer {
+        let admit = gather.all_ok;
+        if admit || stepped_back {
+            sliding_log::apply(log, now, period, cost, admit, stepped_back);
+            write.log_ttl = Some(ttl);
+            if controls.is_some() && admit && cost > 0.0 {
+                write.controls_ttl = Some(ttl.max(OVERRIDE_IDLE_MS));
+            }
+        }
+    }
+    Ok((gather.reply(), write))
+}
+
+/// A fleet control over a key's string, as `lua/control.lua` makes it: the new string (`None`:
+/// delete it) and its TTL in ms, or `None` when nothing changes (inspect).
+pub(crate) fn control(
+    stored: Option<&[u8]>,
+    pttl_ms: Option<u64>,
+    now: f64,
+    op: Op<'_>,
+) -> Option<(Option<Vec<u8>>, u64)> {
+    let (mut until_us, mut override_bytes, mut states): (f64, Vec<u8>, &[u8]) = (0.0, vec![0], &[]);
+    if let Some(s) = stored {
+        match Controls::parse(s) {
+            Controls::None => states = s,
+            Controls::Some {
+                until_us: until,
+                bytes,
+                ..
+            } => {
+                until_us = until;
+                override_bytes = bytes[9..].to_vec();
+                states = &s[bytes.len()..];
+            }
+            Controls::Corrupt => {}
+        }
+    }
+    match op {
+        Op::Inspect => return None,
+        Op::SetQuota(quotas) => {
+            override_bytes = vec![quotas.len() as u8];
+            override_bytes.resize(1 + 24 * quotas.len(), 0);
+            let mut at = 1;
+            for quota in quotas {
+                at = put_quota(&mut override_bytes, at, quota);
+            }
+        }
+        Op::ClearQuota => override_bytes = vec![0],
+        Op::Suspend(micros) => until_us = now + micros as f64,
+        Op::Resume => until_us = 0.0,
+        Op::Reset => states = &[],
+    }
+    let suspended = until_us > now;
+    let has_override = override_bytes != [0];
+    let mut new = Vec::new();
+    if suspended || has_override {
+        new.push(CONTROLS);
+        let until = if suspended { until_us } else { 0.0 };
+        new.extend_from_slice(&until.to_le_bytes());
+        new.extend_from_slice(&override_bytes);
+    }
+    new.extend_from_slice(states);
+    if new.is_empty() {
+        return Some((None, 0));
+    }
+    let mut ttl = match pttl_ms {
+        Some(pttl) if !states.is_empty() && pttl > 0 => pttl,
+        _ => 1,
+    };
+    if has_override {
+        ttl = ttl.max(OVERRIDE_IDLE_MS);
+    }
+    if suspended {
+        ttl = ttl.max(ms_up(until_us - now) as u64);
+    }
+    Some((Some(new), ttl))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_arguments_and_reply() {
+        let quota = Quota::per_minute(10).unwrap();
+        let args = PackedArgs::new(Algorithm::Gcra, &[quota], u64::MAX, None);
+        let args = args.as_bytes();
+        assert_eq!(args.len(), 17 + 24);
+        let f = |i: usize| f64_at(args, i);
+        // Server clock, a cost capped above any burst, the algorithm, then the tier.
+        assert_eq!((f(0), f(8), args[16]), (-1.0, 1e15 + 1.0, b'g'));
+        assert_eq!((f(17), f(25), f(33)), (10.0, 60e6, 10.0));
+        // A client time Lua cannot hold exactly is refused by the script, not rounded.
+        let late = PackedArgs::new(Algorithm::Gcra, &[quota], 1, Some(1 << 53));
+        assert!(f64_at(late.as_bytes(), 0).is_nan());
+
+        let reply = |flags: u8, v: [f64; 6]| -> Vec<u8> {
+            let mut r = vec![flags];
+            r.extend(v.map(f64::to_le_bytes).concat());
+            r
+        };
+        let ok = Reply::from_redis(&reply(1, [10.0, 60e6, 10.0, 9.0, 0.0, 6000.0])).unwrap();
+        assert!(ok.allowed && !ok.suspended);
+        assert_eq!(
+            (ok.limit, ok.remaining, ok.retry_after_ms, ok.reset_after_ms),
+            (10, 9, 0, 6000)
+        );
+        assert_eq!(ok.into_decision().unwrap().quota, quota);
+        let never = Reply::from_redis(&reply(0, [10.0, 60e6, 10.0, 0.0, -1.0, 1.0])).unwrap();
+        assert!(!never.allowed && never.retry_after_ms == -1);
+        let suspended = Reply::from_redis(&reply(2, [10.0, 60e6, 10.0, 0.0, 5.0, 5.0])).unwrap();
+        assert!(suspended.suspended && !suspended.allowed);
+        // Anything else is a bad reply, never a made-up decision.
+        for bad in [
+            reply(4, [10.0, 60e6, 10.0, 9.0, 0.0, 1.0]),
+            reply(1, [-1.0, 60e6, 10.0, 9.0, 0.0, 1.0]),
+            reply(1, [10.0, 60e6, 10.0, 0.5, 0.0, 1.0]),
+            reply(1, [10.0, 60e6, 10.0, 9.0, f64::NAN, 1.0]),
+            reply(1, [10.0, 60e6, 10.0, 9.0, 0.0, -1.0]),
+            reply(1, [10.0, 60e6, 10.0, 9.0, 0.0, 1e300]),
+            reply(1, [10.0, 60e6, 10.0, 9.0, 0.0, 1.0])[..48].to_vec(),
+            Vec::new(),
+        ] {
+            assert_eq!(Reply::from_redis(&bad), None, "{bad:?}");
+        }
+        // A reply naming no valid quota is no decision.
+        let zero = Reply::from_redis(&reply(1, [0.0, 60e6, 10.0, 9.0, 0.0, 1.0])).unwrap();
+        assert_eq!(zero.into_decision(), None);
+    }
+
+    #[test]
+    fn controls_round_trip() {
+        let q = Quota::per_second(5).unwrap();
+        let (set, ttl) = control(None, None, 1e6, Op::SetQuota(&[q])).unwrap();
+        let set = set.unwrap();
+        assert_eq!(ttl, OVERRIDE_IDLE_MS);
+        let parsed = Controls::parse(&set);
+        assert_eq!(parsed.override_quotas(), vec![q]);
+        let (suspended, ttl) = control(Some(&set), Some(ttl), 1e6, Op::Suspend(2_000_000)).unwrap();
+        let suspended = suspended.unwrap();
+        assert!(
+            matches!(Controls::parse(&suspended), Controls::Some { until_us, n: 1, .. } if until_us == 3e6)
+        );
+        assert_eq!(ttl, OVERRIDE_IDLE_MS);
+        let (cleared, _) = control(Some(&suspended), Some(ttl), 1e6, Op::ClearQuota).unwrap();
+        let (resumed, _) = control(cleared.as_deref(), Some(ttl), 1e6, Op::Resume).unwrap();
+        assert_eq!(resumed, None, "nothing left: the key is deleted");
+        assert_eq!(control(Some(&set), None, 1e6, Op::Inspect), None);
+    }
+}

@@ -1,0 +1,352 @@
+//! Fleet controls: a key's quotas changed at run time, a fleet-wide suspension, a reset, and a
+//! look at a key, each one atomic call to the store.
+//!
+//! Everything lives in the store next to the key's state (for Redis, in the same string under
+//! the same hash tag), so every instance obeys a control on its next call, without a restart,
+//! and a limiter that uses none of them pays nothing for them.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{Limiter, StorageKey};
+use crate::algorithm::{Algorithm, Controls, OVERRIDE_IDLE_MS};
+use crate::key::{scope_id, storage_id};
+use crate::quota::{QuotaError, Quotas};
+use crate::store::{Control, ControlReply, ControlRequest, StoreError};
+
+/// The longest suspension [`Limiter::suspend`] accepts: 30 days.
+pub const MAX_SUSPENSION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How long an override set with [`Limiter::set_quota`] outlives the key's last admitted
+/// request: 30 days. Every admission on the key keeps it that long again; an idle key then
+/// evaporates, override included, like any idle key.
+pub const OVERRIDE_IDLE_TTL: Duration = Duration::from_millis(OVERRIDE_IDLE_MS);
+
+/// Which limiter key a control addresses: a key as [`Limiter::check`] takes it, or a key within
+/// a scope as [`Limiter::check_scoped`] and a [`RateLimitLayer`](crate::RateLimitLayer) use it
+/// (see [`RateLimitLayer::scope`](crate::RateLimitLayer::scope)).
+///
+/// ```
+/// use redlimit::{store::MemoryStore, Limiter, Target};
+///
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let plain: Target = "tenant-42".into();
+/// assert_eq!(limiter.target_storage_key(plain), "redlimit:{tenant-42}");
+/// let scoped = Target::scoped("login", "tenant-42");
+/// assert_eq!(limiter.target_storage_key(scoped), "redlimit:{tenant-42}:login");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target<'a> {
+    scope: Option<&'a str>,
+    key: &'a str,
+}
+
+impl<'a> Target<'a> {
+    /// `key`, unscoped: what [`Limiter::check`] checks.
+    pub fn key(key: &'a str) -> Self {
+        Target { scope: None, key }
+    }
+
+    /// `key` within `scope`: what [`Limiter::check_scoped`] checks.
+    pub fn scoped(scope: &'a str, key: &'a str) -> Self {
+        Target {
+            scope: Some(scope),
+            key,
+        }
+    }
+}
+
+impl<'a> From<&'a str> for Target<'a> {
+    fn from(key: &'a str) -> Self {
+        Target::key(key)
+    }
+}
+
+impl<'a> From<&'a String> for Target<'a> {
+    fn from(key: &'a String) -> Self {
+        Target::key(key)
+    }
+}
+
+/// Why a control was refused or failed. Nothing was changed by a refused control.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::{store::MemoryStore, ControlError, Limiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let zero = limiter.suspend("k", Duration::ZERO).await;
+/// assert!(matches!(zero, Err(ControlError::InvalidDuration)));
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// A quota the limiter's algorithm cannot serve.
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
+    /// A suspension of zero, or longer than [`MAX_SUSPENSION`].
+    #[error("a suspension must last from 1 µs to 30 days")]
+    InvalidDuration,
+    /// The store failed (or has no controls).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a key looks like in the store, without consuming anything: see [`Limiter::inspect`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyStatus {
+    /// The quotas set with [`Limiter::set_quota`], used instead of the callers' own.
+    pub quota_override: Option<Quotas>,
+    /// The time the suspension has left ([`Limiter::suspend`]); `None` when not suspended.
+    pub suspended_for: Option<Duration>,
+    /// When the key's entry expires; `None` when nothing is stored (a fresh key).
+    pub expires_in: Option<Duration>,
+    /// Each tier's stored state, in order; empty when fresh. The sliding log keeps its entries
+    /// in a log of their own: see `log_entries`.
+    pub tiers: Vec<TierState>,
+    /// The sliding log's entries (units admitted in its longest window); `None` for other
+    /// algorithms.
+    pub log_entries: Option<u64>,
+}
+
+/// One tier's state as stored: its algorithm and its numbers, by name.
+///
+/// Times are µs since the Unix epoch: `ts` of the token bucket (up to when refill is
+/// accounted), `at` of GCRA (when its `debt`, in requests, was measured), `window` of the fixed
+/// and sliding windows (their start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierState {
+    /// The algorithm whose state this is (`None`: nothing stored yet for this tier).
+    pub algorithm: Option<Algorithm>,
+    /// The state's numbers, by name, e.g. `[("tokens", 3.0), ("ts", 1.7e15)]`.
+    pub fields: Vec<(&'static str, f64)>,
+}
+
+impl fmt::Display for TierState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.algorithm {
+            None => f.write_str("fresh"),
+            Some(algorithm) => {
+                write!(f, "{algorithm}")?;
+                for (name, value) in &self.fields {
+                    write!(f, " {name}={value}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl KeyStatus {
+    fn decode(reply: ControlReply) -> KeyStatus {
+        let now = reply.now_micros as f64;
+        let stored = reply.stored.unwrap_or_default();
+        let (mut suspended_for, mut quota_override, mut at) = (None, None, 0);
+        if let Controls::Some {
+            until_us, bytes, ..
+        } = Controls::parse(&stored)
+        {
+            if until_us > now {
+                let left = (until_us - now) as u64;
+                suspended_for = Some(Duration::from_micros(left));
+            }
+            quota_override = Quotas::new(Controls::parse(&stored).override_quotas()).ok();
+            at = bytes.len();
+        }
+        let mut tiers = Vec::new();
+        while let Some(&tag) = stored.get(at) {
+            let len = match tag {
+                0 => 1,
+                b'w' => 25,
+                _ => 17,
+            };
+            let state = &stored[at..(at + len).min(stored.len())];
+            at += len;
+            let value = |i: usize| {
+                state
+                    .get(1 + 8 * i..9 + 8 * i)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(f64::NAN, f64::from_le_bytes)
+            };
+            let (algorithm, names): (Option<Algorithm>, &[&'static str]) = match tag {
+                b't' => (Some(Algorithm::TokenBucket), &["tokens", "ts"]),
+                b'g' => (Some(Algorithm::Gcra), &["at", "debt"]),
+                b'f' => (Some(Algorithm::FixedWindow), &["window", "count"]),
+                b'w' => (
+                    Some(Algorithm::SlidingWindow),
+                    &["window", "current", "previous"],
+                ),
+                _ => (None, &[]),
+            };
+            let fields = names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| (*name, value(i)))
+                .collect();
+            tiers.push(TierState { algorithm, fields });
+        }
+        KeyStatus {
+            quota_override,
+            suspended_for,
+            expires_in: reply.expires_in,
+            tiers,
+            log_entries: reply.log_entries,
+        }
+    }
+}
+
+impl Limiter {
+    /// The storage key a [`Target`] names.
+    pub fn target_storage_key<'a>(&self, target: impl Into<Target<'a>>) -> String {
+        let target = target.into();
+        let prefix = &self.inner.prefix;
+        let id = storage_id(target.key);
+        let key = match target.scope {
+            Some(scope) => StorageKey::join(&[prefix, ":{", &id, "}:", &scope_id(scope)]),
+            None => StorageKey::join(&[prefix, ":{", &id, "}"]),
+        };
+        key.as_str().to_owned()
+    }
+
+    async fn control<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        control: Control<'_>,
+    ) -> Result<KeyStatus, ControlError> {
+        let key = self.target_storage_key(target);
+        let request = ControlRequest {
+            key: &key,
+            algorithm: self.inner.algorithm,
+            control,
+            now_micros: self.inner.clock.now_micros(),
+        };
+        let reply = self.inner.store.control(request).await;
+        // Whatever happened, this process's deny cache must not outlive a change.
+        self.forget_storage_key(&key);
+        Ok(KeyStatus::decode(reply?))
+    }
+
+    /// Replaces the quotas of `target` with `quotas`, fleet-wide: every instance's next check on
+    /// the key uses them instead of its own (a [`QuotaResolver`]'s or a layer's included), until
+    /// [`clear_quota`](Self::clear_quota), or until the key has admitted nothing for
+    /// [`OVERRIDE_IDLE_TTL`]. The key's state is kept, capped to the new quotas. Returns what the
+    /// key now looks like.
+    ///
+    /// [`QuotaResolver`]: crate::layer::QuotaResolver
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::new();
+    /// let (one, other) = (Limiter::new(store.clone()), Limiter::new(store));
+    /// let default = Quota::per_minute(100)?;
+    /// let tight = Quotas::from(Quota::per_minute(1)?);
+    /// let status = one.set_quota("tenant-42", &tight).await?;
+    /// assert_eq!(status.quota_override, Some(tight));
+    /// // The other instance obeys on its next call.
+    /// assert!(other.check("tenant-42", &default).await.is_allowed());
+    /// let denied = *other.check("tenant-42", &default).await.decision().unwrap();
+    /// assert!(!denied.allowed);
+    /// assert_eq!(denied.quota, tight[0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn set_quota<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        quotas: &Quotas,
+    ) -> Result<KeyStatus, ControlError> {
+        for quota in quotas {
+            self.inner.algorithm.supports(quota)?;
+        }
+        self.control(target, Control::SetQuota(quotas)).await
+    }
+
+    /// Removes the override set with [`set_quota`](Self::set_quota): the callers' quotas apply
+    /// again on every instance's next call.
+    pub async fn clear_quota<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+    ) -> Result<KeyStatus, ControlError> {
+        self.control(target, Control::ClearQuota).await
+    }
+
+    /// Suspends `target` fleet-wide for `duration` (1 µs to [`MAX_SUSPENSION`]): until then every
+    /// decision on it is denied with [`Decision::suspended`](crate::Decision::suspended) set and
+    /// `retry_after` the time left, whatever its quotas hold. The check happens inside the same
+    /// atomic call as the decision. A new suspension replaces the old one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{store::MemoryStore, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// limiter.suspend("upstream", Duration::from_secs(30)).await?;
+    /// let decision = *limiter.check("upstream", &Quota::per_second(10)?).await.decision().unwrap();
+    /// assert!(decision.suspended && !decision.allowed);
+    /// assert!(decision.retry_after <= Duration::from_secs(30));
+    /// limiter.resume("upstream").await?;
+    /// assert!(limiter.check("upstream", &Quota::per_second(10)?).await.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn suspend<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        duration: Duration,
+    ) -> Result<KeyStatus, ControlError> {
+        if duration.as_micros() == 0 || duration > MAX_SUSPENSION {
+            return Err(ControlError::InvalidDuration);
+        }
+        self.control(target, Control::Suspend(duration)).await
+    }
+
+    /// Ends a suspension of `target`.
+    pub async fn resume<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+    ) -> Result<KeyStatus, ControlError> {
+        self.control(target, Control::Resume).await
+    }
+
+    /// Forgets the usage of `target`: every quota starts full again. An override and a
+    /// suspension stay.
+    pub async fn reset<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+    ) -> Result<KeyStatus, ControlError> {
+        self.control(target, Control::Reset).await
+    }
+
+    /// What `target` looks like in the store, without consuming anything: its override, its
+    /// suspension, its expiry and each tier's stored state. To see what a request would be told,
+    /// peek with cost 0 ([`check_cost`](Self::check_cost)).
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Algorithm, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// assert!(limiter.inspect("k").await?.tiers.is_empty()); // fresh
+    /// limiter.check("k", &Quota::per_minute(10)?).await;
+    /// let status = limiter.inspect("k").await?;
+    /// assert_eq!(status.tiers[0].algorithm, Some(Algorithm::TokenBucket));
+    /// assert_eq!(status.tiers[0].fields[0], ("tokens", 9.0));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn inspect<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+    ) -> Result<KeyStatus, ControlError> {
+        self.control(target, Control::Inspect).await
+    }
+}
