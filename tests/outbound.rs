@@ -114,7 +114,7 @@ async fn waiters_reach_the_rate_of_fixed_windows_and_never_exceed_it() {
     let tasks: Vec<_> = limiters
         .iter()
         .map(|limiter| {
-            let (limiter, quotas, stamps) = (limiter.clone(), quotas.clone(), stamps.clone());
+            let (limiter, quotas, stamps) = (limiter.clone(), quotas, stamps.clone());
             tokio::spawn(async move {
                 loop {
                     match limiter.acquire("partner-api", &quotas, end).await {
@@ -137,10 +137,19 @@ async fn waiters_reach_the_rate_of_fixed_windows_and_never_exceed_it() {
     let windows = per_window(&stamps, start, RUN);
     println!("fixed window, {RATE}/s, {WORKERS} waiters: {windows:?} per aligned second");
     for (i, &count) in windows.iter().enumerate() {
-        assert!(count as u64 <= RATE, "second {i}: {count} > {RATE}: {windows:?}");
-        assert!(count as u64 >= RATE * 95 / 100, "second {i}: {count} < 95 %: {windows:?}");
+        assert!(
+            count as u64 <= RATE,
+            "second {i}: {count} > {RATE}: {windows:?}"
+        );
+        assert!(
+            count as u64 >= RATE * 95 / 100,
+            "second {i}: {count} < 95 %: {windows:?}"
+        );
     }
-    let after = stamps.iter().filter(|t| unix(**t) >= unix(start) + RUN as f64).count();
+    let after = stamps
+        .iter()
+        .filter(|t| unix(**t) >= unix(start) + RUN as f64)
+        .count();
     assert!(after <= RATE as usize, "{after} admissions after the run");
     for limiter in &limiters {
         assert_eq!(limiter.stats().store_errors, 0);
@@ -169,7 +178,10 @@ async fn token_bucket_rate(workers: usize, through_layer: bool) {
             tokio::spawn(async move {
                 while SystemTime::now() < end {
                     if !through_layer {
-                        match limiter.acquire("partner-api", &quota.into(), deadline).await {
+                        match limiter
+                            .acquire("partner-api", &quota.into(), deadline)
+                            .await
+                        {
                             Ok(_) => calls.lock().unwrap().push(SystemTime::now()),
                             Err(AcquireError::DeadlineExceeded { .. }) => return,
                             Err(error) => panic!("{error}"),
@@ -193,7 +205,11 @@ async fn token_bucket_rate(workers: usize, through_layer: bool) {
     let mut stamps = calls.lock().unwrap().clone();
     stamps.sort();
     let windows = per_window(&stamps, start, RUN);
-    let via = if through_layer { "outbound layer" } else { "Limiter::acquire" };
+    let via = if through_layer {
+        "outbound layer"
+    } else {
+        "Limiter::acquire"
+    };
     println!("token bucket, {RATE}/s burst {RATE}, {workers} workers through {via}: {windows:?} per aligned second");
     let stamps: Vec<f64> = stamps.iter().map(|t| unix(*t)).collect();
     // Never exceeds: any n consecutive calls span at least (n - burst) / rate seconds (one call
@@ -203,15 +219,25 @@ async fn token_bucket_rate(workers: usize, through_layer: bool) {
         for j in i..stamps.len() {
             let calls_in_span = j - i + 1;
             let allowed = burst + 1 + ((stamps[j] - stamps[i]) * rate) as usize;
-            assert!(calls_in_span <= allowed, "{calls_in_span} calls in {:.3} s", stamps[j] - stamps[i]);
+            assert!(
+                calls_in_span <= allowed,
+                "{calls_in_span} calls in {:.3} s",
+                stamps[j] - stamps[i]
+            );
         }
     }
     // Reaches the rate: the burst is spent in the first second; the last two seconds get
     // 2 × rate calls within 5 %.
     let steady = windows[1] + windows[2];
     let expected = 2 * RATE as usize;
-    assert!(steady * 100 >= expected * 95, "{steady} calls in 2 s, expected ~{expected}");
-    assert!(steady <= expected + 1, "{steady} calls in 2 s, expected ~{expected}");
+    assert!(
+        steady * 100 >= expected * 95,
+        "{steady} calls in 2 s, expected ~{expected}"
+    );
+    assert!(
+        steady <= expected + 1,
+        "{steady} calls in 2 s, expected ~{expected}"
+    );
     for limiter in &limiters {
         assert_eq!(limiter.stats().store_errors, 0);
     }
@@ -244,21 +270,60 @@ async fn past_the_deadline_is_a_typed_error_and_consumes_nothing() {
     // Cost 2 needs 30 s more; the deadline is 2 s away: an error now, not in 2 s.
     let asked = Instant::now();
     let deadline = asked + Duration::from_secs(2);
-    let error = limiter.acquire_cost("api", &quotas, 2, deadline).await.unwrap_err();
-    assert!(asked.elapsed() < Duration::from_secs(1), "slept {:?}", asked.elapsed());
-    let AcquireError::DeadlineExceeded { retry_after } = error else {
+    let error = limiter
+        .acquire_cost("api", &quotas, 2, deadline)
+        .await
+        .unwrap_err();
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "slept {:?}",
+        asked.elapsed()
+    );
+    let AcquireError::DeadlineExceeded {
+        retry_after,
+        suspended,
+        ..
+    } = error
+    else {
         panic!("{error:?}");
     };
     assert!(retry_after > Duration::from_secs(29) && retry_after <= Duration::from_secs(30));
+    assert!(!suspended);
     assert_eq!(remaining().await, 1);
 
-    let error = limiter.acquire_cost("api", &quotas, 3, deadline).await.unwrap_err();
+    // A suspended key: the error says so, with the time left.
+    limiter
+        .suspend("api", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let error = limiter.acquire("api", &quotas, deadline).await.unwrap_err();
+    assert!(asked.elapsed() < Duration::from_secs(1));
+    let AcquireError::DeadlineExceeded {
+        retry_after,
+        suspended,
+        ..
+    } = error
+    else {
+        panic!("{error:?}");
+    };
+    assert!(
+        suspended && retry_after > Duration::from_secs(59),
+        "{error}"
+    );
+    assert!(error.to_string().contains("suspended"));
+    limiter.resume("api").await.unwrap();
+    assert_eq!(remaining().await, 1);
+
+    let error = limiter
+        .acquire_cost("api", &quotas, 3, deadline)
+        .await
+        .unwrap_err();
     assert_eq!(error, AcquireError::NeverAllowed);
     assert_eq!(remaining().await, 1);
 
     // The layer, on the same key: the last unit goes out, the next request fails typed.
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let layer = OutboundLayer::builder(limiter.clone(), quotas.clone(), "api")
+    let layer = OutboundLayer::builder(limiter.clone(), quotas, "api")
         .max_wait(Duration::from_secs(2))
         .build()
         .unwrap();
@@ -268,7 +333,10 @@ async fn past_the_deadline_is_a_typed_error_and_consumes_nothing() {
     let error = client.oneshot(request()).await.unwrap_err();
     assert!(asked.elapsed() < Duration::from_secs(1));
     assert!(
-        matches!(error, OutboundError::Acquire(AcquireError::DeadlineExceeded { .. })),
+        matches!(
+            error,
+            OutboundError::Acquire(AcquireError::DeadlineExceeded { .. })
+        ),
         "{error:?}"
     );
     assert_eq!(calls.lock().unwrap().len(), 1);
@@ -279,7 +347,7 @@ async fn past_the_deadline_is_a_typed_error_and_consumes_nothing() {
         let path = parts.uri.path();
         (path != "/").then(|| path.to_owned())
     });
-    let layer = OutboundLayer::builder_with_extractor(limiter.clone(), quotas.clone(), per_path)
+    let layer = OutboundLayer::builder_with_extractor(limiter.clone(), quotas, per_path)
         .max_wait(Duration::from_secs(2))
         .build()
         .unwrap();
@@ -289,7 +357,10 @@ async fn past_the_deadline_is_a_typed_error_and_consumes_nothing() {
         client.clone().oneshot(to("/a")).await.unwrap();
     }
     let error = client.clone().oneshot(to("/a")).await.unwrap_err();
-    assert!(matches!(error, OutboundError::Acquire(AcquireError::DeadlineExceeded { .. })));
+    assert!(matches!(
+        error,
+        OutboundError::Acquire(AcquireError::DeadlineExceeded { .. })
+    ));
     let error = client.clone().oneshot(to("/")).await.unwrap_err();
     assert!(matches!(error, OutboundError::MissingKey));
     client.oneshot(to("/b")).await.unwrap();
@@ -314,7 +385,11 @@ async fn poll_ready_is_backpressure_behind_a_buffer() {
     let pending = tokio::time::timeout(Duration::from_millis(250), client.ready()).await;
     assert!(pending.is_err(), "ready while the quota is spent");
     client.ready().await.unwrap().call(request()).await.unwrap();
-    assert!(first.elapsed() >= Duration::from_millis(450), "{:?}", first.elapsed());
+    assert!(
+        first.elapsed() >= Duration::from_millis(450),
+        "{:?}",
+        first.elapsed()
+    );
 
     // Behind a Buffer: 4 callers at once go out 500 ms apart.
     let calls = Arc::new(Mutex::new(Vec::new()));
@@ -331,7 +406,11 @@ async fn poll_ready_is_backpressure_behind_a_buffer() {
     let stamps: Vec<f64> = calls.lock().unwrap().iter().map(|t| unix(*t)).collect();
     assert_eq!(stamps.len(), 4);
     for pair in stamps.windows(2) {
-        assert!(pair[1] - pair[0] >= 0.45, "calls {:.3} s apart", pair[1] - pair[0]);
+        assert!(
+            pair[1] - pair[0] >= 0.45,
+            "calls {:.3} s apart",
+            pair[1] - pair[0]
+        );
     }
 
     // A request that cannot be admitted in time fails; the Buffer keeps serving.
@@ -347,7 +426,10 @@ async fn poll_ready_is_backpressure_behind_a_buffer() {
         let error = error
             .downcast::<OutboundError<Infallible>>()
             .unwrap_or_else(|e| panic!("not the layer's error: {e}"));
-        assert!(matches!(*error, OutboundError::Acquire(AcquireError::DeadlineExceeded { .. })));
+        assert!(matches!(
+            *error,
+            OutboundError::Acquire(AcquireError::DeadlineExceeded { .. })
+        ));
     }
     assert_eq!(calls.lock().unwrap().len(), 1);
 }
@@ -458,10 +540,13 @@ async fn auto_suspend_stops_every_worker(retry_after: RetryAfter) {
         let before = calls
             .iter()
             .any(|(w, t)| *w == worker && unix(*t) < unix(tripped_at));
-        let resumed = calls.iter().any(|(w, t)| {
-            *w == worker && (unix(end)..unix(end) + 0.7).contains(&unix(*t))
-        });
-        assert!(before && resumed, "worker {worker}: called before {before}, resumed {resumed}");
+        let resumed = calls
+            .iter()
+            .any(|(w, t)| *w == worker && (unix(end)..unix(end) + 0.7).contains(&unix(*t)));
+        assert!(
+            before && resumed,
+            "worker {worker}: called before {before}, resumed {resumed}"
+        );
     }
     for limiter in &limiters {
         assert_eq!(limiter.stats().store_errors, 0);
@@ -476,4 +561,47 @@ async fn auto_suspend_on_retry_after_seconds_stops_every_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_suspend_on_retry_after_http_date_stops_every_worker() {
     auto_suspend_stops_every_worker(RetryAfter::Date).await;
+}
+
+/// With per-request keys only the key whose upstream answered is suspended (503 counts as well
+/// as 429); with auto-suspend off nothing is.
+#[tokio::test]
+async fn auto_suspend_targets_the_request_key_and_can_be_turned_off() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::TokenBucket, 1).remove(0);
+    let quota = Quota::per_second(10).unwrap();
+    let busy = tower::service_fn(|_: Request<Body>| async {
+        let response = Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .header("retry-after", "30")
+            .body(Body::default())
+            .unwrap();
+        Ok::<_, Infallible>(response)
+    });
+    let per_path = || FnKey::new(|parts| Some(parts.uri.path().to_owned()));
+    let to = |path: &str| Request::get(path).body(Body::default()).unwrap();
+    let suspended_for = |key: &'static str| {
+        let limiter = limiter.clone();
+        async move { limiter.inspect(key).await.unwrap().suspended_for }
+    };
+
+    let layer = OutboundLayer::builder_with_extractor(limiter.clone(), quota, per_path())
+        .build()
+        .unwrap();
+    let response = layer.layer(busy).oneshot(to("/a")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let left = suspended_for("/a").await.expect("/a is suspended");
+    assert!(
+        left > Duration::from_secs(29) && left <= Duration::from_secs(30),
+        "{left:?}"
+    );
+    assert_eq!(suspended_for("/b").await, None);
+
+    let layer = OutboundLayer::builder_with_extractor(limiter.clone(), quota, per_path())
+        .auto_suspend(false)
+        .build()
+        .unwrap();
+    let response = layer.layer(busy).oneshot(to("/c")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(suspended_for("/c").await, None);
 }

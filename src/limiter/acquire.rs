@@ -34,7 +34,7 @@ const MIN_JITTER: Duration = Duration::from_millis(1);
 /// limiter.acquire("api", &quotas, soon).await?;
 /// // The next admission is a minute away: no point in waiting 100 ms for it.
 /// let error = limiter.acquire("api", &quotas, soon).await.unwrap_err();
-/// assert!(matches!(error, AcquireError::DeadlineExceeded { retry_after } if retry_after > Duration::from_secs(59)));
+/// assert!(matches!(error, AcquireError::DeadlineExceeded { retry_after, suspended: false, .. } if retry_after > Duration::from_secs(59)));
 /// // A cost above the quota's capacity can never pass.
 /// let never = limiter.acquire_cost("api", &quotas, 2, soon).await.unwrap_err();
 /// assert_eq!(never, AcquireError::NeverAllowed);
@@ -47,10 +47,17 @@ pub enum AcquireError {
     /// The next admission comes after the deadline: the caller gave up without consuming
     /// anything. `retry_after` is how long from the last try the limiter asked to wait (a
     /// suspension's time left, a denial's wait, or the failure policy's).
-    #[error("rate limit: the next admission is {retry_after:?} away, past the deadline; nothing was consumed")]
+    #[error(
+        "rate limit: the next admission is {retry_after:?} away{}, past the deadline; nothing was consumed",
+        suspended_note(.suspended)
+    )]
+    #[non_exhaustive]
     DeadlineExceeded {
         /// How long the limiter asked to wait at the last try.
         retry_after: Duration,
+        /// Whether the key is suspended ([`Limiter::suspend`], e.g. by the outbound layer's
+        /// auto-suspend after an upstream's `Retry-After`) rather than out of quota.
+        suspended: bool,
     },
     /// The cost is above what one of the quotas can ever hold (its burst), or the limiter's
     /// algorithm cannot serve a quota: waiting would never end.
@@ -63,9 +70,16 @@ impl Limiter {
     /// anything when the next admission would come after `deadline`.
     ///
     /// Between tries it sleeps the `retry_after` the limiter gave (a denial's wait, a
-    /// suspension's time left, or the failure policy's `FailedClosed` wait) plus a small random
-    /// jitter (see the [module docs](self)); it never sleeps past `deadline`. The first try
-    /// always happens, so a deadline of now means "admit me if you can, without waiting".
+    /// suspension's time left, or the failure policy's `FailedClosed` wait) plus a random
+    /// jitter, uniform in `[0, J]` with `J = min(wait / 20, 25 ms)` and at least 1 ms, so that
+    /// waiters told the same time do not wake in lockstep; it never sleeps past `deadline`. The
+    /// first try always happens, so a deadline of now means "admit me if you can, without
+    /// waiting".
+    ///
+    /// One waiter loses at most 5 % of each wait to the jitter (2.5 % on average). A quota with
+    /// room for lateness (a burst of 2 or more) absorbs it and the timer's: one waiter then
+    /// reaches the full rate. With a burst of 1 every late millisecond is lost (measured: 90 %
+    /// of 20 a second for one waiter, 98 % with a burst of 2); several waiters fill the gaps.
     ///
     /// The result is the admitting verdict: [`Verdict::Decided`] with an allowed decision, or
     /// [`Verdict::FailedOpen`] when the store failed and the failure policy let the request
@@ -170,7 +184,7 @@ where
     Fut: Future<Output = Verdict>,
 {
     loop {
-        let wait = match check().await {
+        let (wait, suspended) = match check().await {
             Verdict::Decided(decision) if decision.allowed => {
                 return Ok(Verdict::Decided(decision))
             }
@@ -178,8 +192,8 @@ where
             Verdict::Decided(decision) if decision.never_allowed() => {
                 return Err(AcquireError::NeverAllowed)
             }
-            Verdict::Decided(decision) => decision.retry_after,
-            Verdict::FailedClosed { retry_after } => retry_after,
+            Verdict::Decided(decision) => (decision.retry_after, decision.suspended),
+            Verdict::FailedClosed { retry_after } => (retry_after, false),
         };
         let now = Instant::now();
         match now.checked_add(wait) {
@@ -190,8 +204,22 @@ where
                     .max((now + MIN_JITTER).min(deadline));
                 tokio::time::sleep_until(wake.into()).await;
             }
-            _ => return Err(AcquireError::DeadlineExceeded { retry_after: wait }),
+            _ => {
+                return Err(AcquireError::DeadlineExceeded {
+                    retry_after: wait,
+                    suspended,
+                })
+            }
         }
+    }
+}
+
+/// The part of the deadline message that says the key is suspended.
+fn suspended_note(suspended: &bool) -> &'static str {
+    if *suspended {
+        " (the key is suspended)"
+    } else {
+        ""
     }
 }
 
@@ -229,8 +257,14 @@ mod tests {
     fn the_jitter_spreads_over_its_range() {
         let wait = Duration::from_secs(1);
         let draws: Vec<Duration> = (0..2_000).map(|_| jitter(wait)).collect();
-        let low = draws.iter().filter(|d| **d < Duration::from_millis(5)).count();
-        let high = draws.iter().filter(|d| **d > Duration::from_millis(20)).count();
+        let low = draws
+            .iter()
+            .filter(|d| **d < Duration::from_millis(5))
+            .count();
+        let high = draws
+            .iter()
+            .filter(|d| **d > Duration::from_millis(20))
+            .count();
         // Uniform over [0, 25 ms]: a fifth in each end; far from all or nothing.
         assert!((200..600).contains(&low), "{low}");
         assert!((200..600).contains(&high), "{high}");

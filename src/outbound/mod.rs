@@ -15,6 +15,10 @@
 //!   [`KeyExtractor`](crate::key::KeyExtractor)): `poll_ready` is the inner service's; the wait
 //!   happens in the response future.
 //!
+//! When the store fails, the limiter's [failure policy](crate::policy) decides: `FailOpen`
+//! sends the request unchecked, `FailClosed` makes it wait the policy's `retry_after` like a
+//! denial, `LocalFallback` waits for the in-process share of the quota.
+//!
 //! # Auto-suspend
 //!
 //! When the upstream answers **429** or **503** with a `Retry-After` (delay-seconds or an
@@ -60,6 +64,38 @@
 //! assert!(started.elapsed() >= Duration::from_millis(200));
 //! # Ok(())
 //! # }
+//! ```
+//!
+//! A fleet on Redis, with two tiers (the README's example):
+//!
+//! ```no_run
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use redlimit::{outbound::OutboundLayer, store::RedisStore, Limiter, Quota, Quotas};
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let limiter = Limiter::new(RedisStore::new("redis://127.0.0.1:6379")?);
+//!     // The partner allows 10 calls a second and 500 a minute, for the whole fleet.
+//!     let quotas = Quotas::new([Quota::per_second(10)?, Quota::per_minute(500)?])?;
+//!     let layer = OutboundLayer::builder(limiter, quotas, "partner-api")
+//!         .max_wait(Duration::from_secs(5))
+//!         .build()?;
+//!     // Stands in for an HTTP client (hyper-util's `Client`, or any tower HTTP service).
+//!     let http_client = tower::service_fn(|_: Request<String>| async {
+//!         Ok::<_, Infallible>(Response::new(String::new()))
+//!     });
+//!     let mut client = ServiceBuilder::new().layer(layer).service(http_client);
+//!
+//!     for _ in 0..100 {
+//!         // `ready()` waits for the fleet's quota; `call` goes straight out.
+//!         let response = client.ready().await?.call(Request::new(String::new())).await?;
+//!         println!("{}", response.status());
+//!     }
+//!     Ok(())
+//! }
 //! ```
 //!
 //! | file | holds |

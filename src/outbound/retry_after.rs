@@ -127,7 +127,9 @@ fn unix_secs(year: u64, month: u64, day: u64, time: &str) -> Option<u64> {
 
 fn days_in_month(year: u64, month: u64) -> u64 {
     match month {
-        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 if year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400)) => {
+            29
+        }
         2 => 28,
         4 | 6 | 9 | 11 => 30,
         _ => 31,
@@ -221,8 +223,14 @@ mod tests {
         assert_eq!(parse("2"), Some(Duration::from_secs(2)));
         assert_eq!(parse(" 120 "), Some(Duration::from_secs(120)));
         assert_eq!(parse("0"), Some(Duration::ZERO));
-        assert_eq!(parse("99999999999999999999999"), Some(Duration::from_secs(u64::MAX)));
-        assert_eq!(parse("Sun, 06 Nov 1994 08:49:47 GMT"), Some(Duration::from_secs(10)));
+        assert_eq!(
+            parse("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            parse("Sun, 06 Nov 1994 08:49:47 GMT"),
+            Some(Duration::from_secs(10))
+        );
         assert_eq!(parse("Sun, 06 Nov 1994 08:49:30 GMT"), Some(Duration::ZERO)); // passed
         for bad in ["", "-1", "1.5", "2s", "soon", "+3"] {
             assert_eq!(parse(bad), None, "{bad:?}");
@@ -238,10 +246,19 @@ mod tests {
             headers
         };
         let two = Some(Duration::from_secs(2));
-        assert_eq!(upstream_backoff(StatusCode::TOO_MANY_REQUESTS, &with("2"), now), two);
-        assert_eq!(upstream_backoff(StatusCode::SERVICE_UNAVAILABLE, &with("2"), now), two);
+        assert_eq!(
+            upstream_backoff(StatusCode::TOO_MANY_REQUESTS, &with("2"), now),
+            two
+        );
+        assert_eq!(
+            upstream_backoff(StatusCode::SERVICE_UNAVAILABLE, &with("2"), now),
+            two
+        );
         assert_eq!(upstream_backoff(StatusCode::OK, &with("2"), now), None);
-        assert_eq!(upstream_backoff(StatusCode::BAD_GATEWAY, &with("2"), now), None);
+        assert_eq!(
+            upstream_backoff(StatusCode::BAD_GATEWAY, &with("2"), now),
+            None
+        );
         let status = StatusCode::TOO_MANY_REQUESTS;
         assert_eq!(upstream_backoff(status, &HeaderMap::new(), now), None);
         assert_eq!(upstream_backoff(status, &with("0"), now), None);

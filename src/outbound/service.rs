@@ -144,20 +144,22 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let limits = &self.config.limits;
         match &self.config.key {
-            KeySource::Fixed(key) => match std::mem::replace(&mut self.permit, Permit::Idle) {
-                Permit::Admitted => {
-                    let backoff = limits.auto_suspend.then(|| (limits.clone(), key.clone()));
-                    ResponseFuture::calling(self.inner.call(request), backoff)
+            KeySource::Fixed(key) => {
+                match std::mem::replace(&mut self.permit, Permit::Idle) {
+                    Permit::Admitted => {
+                        let backoff = limits.auto_suspend.then(|| (limits.clone(), key.clone()));
+                        ResponseFuture::calling(self.inner.call(request), backoff)
+                    }
+                    Permit::Refused(error) => ResponseFuture::failed(OutboundError::Acquire(error)),
+                    Permit::Idle | Permit::Acquiring(_) => {
+                        panic!("Outbound::call without a successful poll_ready (tower's Service contract)")
+                    }
                 }
-                Permit::Refused(error) => ResponseFuture::failed(OutboundError::Acquire(error)),
-                Permit::Idle | Permit::Acquiring(_) => {
-                    panic!("Outbound::call without a successful poll_ready (tower's Service contract)")
-                }
-            },
+            }
             KeySource::PerRequest(extractor) => {
                 let (parts, body) = request.into_parts();
                 let Some(key) = extractor.extract(&parts) else {
-                    tracing::warn!("outbound request without a rate limit key: not sent");
+                    tracing::debug!("outbound request without a rate limit key: not sent (OutboundError::MissingKey)");
                     return ResponseFuture::failed(OutboundError::MissingKey);
                 };
                 let key: Arc<str> = key.into();
