@@ -218,6 +218,17 @@ async fn metrics_follow_real_traffic() {
     assert_eq!(metrics.decisions("direct", "limited"), 1);
     assert_eq!(metrics.decisions("direct", "deny_cache"), 1);
 
+    // A suspended key: its own outcome, not `limited`.
+    let suspended = Limiter::new(MemoryStore::new());
+    suspended
+        .suspend("k", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(!suspended.check("k", &one).await.is_allowed());
+    assert_eq!(suspended.stats().suspended, 1);
+    let metrics = Metrics::take(&snapshotter);
+    assert_eq!(metrics.decisions("direct", "suspended"), 1);
+
     // Redis down: each failure policy's outcome.
     let open = api_key_layer(dead_limiter(FailOpen), "open", 1);
     assert_eq!(statuses(&open, Some("t"), 3).await, [200, 200, 200]);
