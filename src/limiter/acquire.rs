@@ -81,6 +81,9 @@ impl Limiter {
     /// reaches the full rate. With a burst of 1 every late millisecond is lost (measured: 90 %
     /// of 20 a second for one waiter, 98 % with a burst of 2); several waiters fill the gaps.
     ///
+    /// Every try is one check: the denials met while waiting count in
+    /// [`LimiterStats::denied`](crate::LimiterStats::denied) (and the metrics) like any other.
+    ///
     /// The result is the admitting verdict: [`Verdict::Decided`] with an allowed decision, or
     /// [`Verdict::FailedOpen`] when the store failed and the failure policy let the request
     /// through.
