@@ -79,6 +79,7 @@ mod decision;
 pub mod key;
 pub mod layer;
 mod limiter;
+pub mod outbound;
 pub mod policy;
 mod quota;
 pub mod store;
@@ -91,8 +92,8 @@ pub use crate::layer::{
     RateLimitLayerBuilder, Resolved, ResponseBody, ResponseFuture,
 };
 pub use crate::limiter::{
-    ConfigError, ControlError, KeyStatus, Limiter, LimiterBuilder, LimiterStats, Target, TierState,
-    DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
+    AcquireError, ConfigError, ControlError, KeyStatus, Limiter, LimiterBuilder, LimiterStats,
+    Target, TierState, DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 pub use crate::quota::{Quota, QuotaError, Quotas, MAX_COUNT, MAX_PERIOD, MAX_TIERS};

@@ -13,12 +13,14 @@ use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
+mod acquire;
 mod builder;
 mod control;
 mod deny_cache;
 mod keys;
 mod stats;
 
+pub use self::acquire::AcquireError;
 pub use self::builder::LimiterBuilder;
 pub use self::control::{
     ControlError, KeyStatus, Target, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
