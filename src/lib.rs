@@ -79,6 +79,7 @@ mod decision;
 pub mod key;
 pub mod layer;
 mod limiter;
+pub mod outbound;
 pub mod policy;
 mod quota;
 pub mod store;
@@ -87,11 +88,12 @@ pub use crate::algorithm::Algorithm;
 pub use crate::clock::{Clock, ManualClock};
 pub use crate::decision::Decision;
 pub use crate::layer::{
-    MissingKey, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
+    resolver_fn, FnResolver, MissingKey, QuotaResolver, RateLimit, RateLimitLayer,
+    RateLimitLayerBuilder, Resolved, ResponseBody, ResponseFuture,
 };
 pub use crate::limiter::{
-    ConfigError, ControlError, KeyStatus, Limiter, LimiterBuilder, LimiterStats, Target, TierState,
-    DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
+    AcquireError, ConfigError, ControlError, KeyStatus, Limiter, LimiterBuilder, LimiterStats,
+    Target, TierState, DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 pub use crate::quota::{Quota, QuotaError, Quotas, MAX_COUNT, MAX_PERIOD, MAX_TIERS};

@@ -164,7 +164,7 @@ impl Verdict {
 ///     request: CheckRequest {
 ///         key: "redlimit:{tenant-42}",
 ///         algorithm: Algorithm::TokenBucket,
-///         quota: &quota,
+///         quotas: &quota.into(),
 ///         cost: 1,
 ///         now_micros: None,
 ///     },

@@ -68,7 +68,7 @@ pub(crate) use self::driver::{
 /// Which rate-limiting algorithm decides.
 ///
 /// All share the same contract: `cost` (0 peeks without consuming), a denied request consumes
-/// nothing, and the same [`Decision`] fields. A quota's `limit` per `period` is the rate and its
+/// nothing, and the same [`Decision`](crate::Decision) fields. A quota's `limit` per `period` is the rate and its
 /// `burst` (the limit by default) the capacity. See the README for what each one guarantees.
 ///
 /// ```

@@ -1,16 +1,19 @@
 //! [`Config`]: what every clone of a [`RateLimit`](super::RateLimit) service shares, and the
 //! [`MissingKey`] rule it applies.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
 use http::request::Parts;
 use http::StatusCode;
 
+use super::resolver::QuotaResolver;
 use super::response::HeaderStyle;
 use crate::key::KeyExtractor;
 use crate::limiter::{KeyScope, Limiter, PolicyLabel};
-use crate::quota::Quota;
+use crate::quota::Quotas;
 
 /// What happens to a request whose key cannot be extracted (no API-key header, no peer address).
 ///
@@ -71,7 +74,10 @@ pub(crate) type SkipFn = dyn Fn(&Parts) -> bool + Send + Sync;
 /// Everything a [`RateLimit`](super::RateLimit) service needs, shared by all its clones.
 pub(crate) struct Config<K> {
     pub limiter: Limiter,
-    pub quota: Quota,
+    /// The layer's own quotas (a resolver's default).
+    pub quotas: Quotas,
+    /// Chooses each request's quotas, when set.
+    pub resolver: Option<Box<dyn QuotaResolver>>,
     pub extractor: K,
     pub missing_key: MissingKey,
     /// The name in the headers.
@@ -82,7 +88,10 @@ pub(crate) struct Config<K> {
     pub scope: String,
     /// The constant parts of this layer's storage keys.
     pub keys: KeyScope,
+    /// The headers for `quotas`.
     pub headers: HeaderStyle,
+    /// The headers for the other lists of quotas a resolver chose.
+    pub resolved_headers: StyleCache,
     pub cost: Option<Box<CostFn>>,
     pub skip: Option<Box<SkipFn>>,
     /// Whether the first request counted against the shared key was logged.
@@ -105,11 +114,47 @@ impl<K: KeyExtractor> Config<K> {
     }
 }
 
+impl<K> Config<K> {
+    /// The headers for `quotas` (chosen by the resolver), built once per distinct list while
+    /// the cache has room.
+    pub fn style_for(&self, quotas: &Quotas) -> Arc<HeaderStyle> {
+        let cache = &self.resolved_headers;
+        if let Some(style) = cache
+            .styles
+            .read()
+            .ok()
+            .and_then(|s| s.get(quotas).cloned())
+        {
+            return style;
+        }
+        let style = Arc::new(self.headers.for_quotas(quotas));
+        if let Ok(mut styles) = cache.styles.write() {
+            if styles.len() < StyleCache::CAPACITY {
+                styles.insert(*quotas, style.clone());
+            }
+        }
+        style
+    }
+}
+
+/// The header styles of the lists of quotas a resolver chose: a handful of tiers in practice;
+/// past [`StyleCache::CAPACITY`] distinct lists (quotas computed per key, say) the rest are
+/// built per request.
+#[derive(Debug, Default)]
+pub(crate) struct StyleCache {
+    styles: RwLock<HashMap<Quotas, Arc<HeaderStyle>>>,
+}
+
+impl StyleCache {
+    const CAPACITY: usize = 256;
+}
+
 impl<K: fmt::Debug> fmt::Debug for Config<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("limiter", &self.limiter)
-            .field("quota", &self.quota)
+            .field("quotas", &self.quotas)
+            .field("resolver", &self.resolver.is_some())
             .field("extractor", &self.extractor)
             .field("missing_key", &self.missing_key)
             .field("policy_name", &self.policy_name)

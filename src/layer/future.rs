@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::config::Config;
-use super::response;
+use super::response::{self, HeaderStyle};
 use crate::decision::Decision;
 use crate::policy::Verdict;
 
@@ -56,8 +56,27 @@ pin_project! {
     }
 }
 
-/// The limiter's verdict, with the layer's config handed back for the headers.
-pub(crate) type Check<K> = BoxFuture<'static, (Verdict, Arc<Config<K>>)>;
+/// The limiter's verdict, with what the response headers need.
+pub(crate) type Check<K> = BoxFuture<'static, Checked<K>>;
+
+/// What a check hands back.
+pub(crate) struct Checked<K> {
+    pub verdict: Verdict,
+    pub headers: Headers<K>,
+}
+
+/// How to write the headers of one request's response: the layer's own style, or the one of
+/// the quotas a resolver chose.
+pub(crate) struct Headers<K> {
+    pub config: Arc<Config<K>>,
+    pub style: Option<Arc<HeaderStyle>>,
+}
+
+impl<K> Headers<K> {
+    fn style(&self) -> &HeaderStyle {
+        self.style.as_deref().unwrap_or(&self.config.headers)
+    }
+}
 
 pin_project! {
     #[project = StateProj]
@@ -75,7 +94,7 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
-            headers: Option<(Decision, Arc<Config<K>>)>,
+            headers: Option<(Decision, Headers<K>)>,
         },
         // Answering without the inner service.
         Rejecting { rejection: Option<Rejection<K>> },
@@ -84,7 +103,7 @@ pin_project! {
 
 /// Why the layer answers itself.
 enum Rejection<K> {
-    TooManyRequests(Decision, Arc<Config<K>>),
+    TooManyRequests(Decision, Headers<K>),
     Unavailable(Duration),
     MissingKey(StatusCode),
 }
@@ -144,7 +163,7 @@ where
                     request,
                     inner,
                 } => {
-                    let (verdict, config) = ready!(check.as_mut().poll(cx));
+                    let Checked { verdict, headers } = ready!(check.as_mut().poll(cx));
                     let (mut request, mut inner) = match (request.take(), inner.take()) {
                         (Some(request), Some(inner)) => (request, inner),
                         _ => panic!("ResponseFuture polled after completion"),
@@ -155,11 +174,11 @@ where
                             request.extensions_mut().insert(decision);
                             State::Calling {
                                 future: inner.call(request),
-                                headers: Some((decision, config)),
+                                headers: Some((decision, headers)),
                             }
                         }
                         Verdict::Decided(decision) => State::Rejecting {
-                            rejection: Some(Rejection::TooManyRequests(decision, config)),
+                            rejection: Some(Rejection::TooManyRequests(decision, headers)),
                         },
                         Verdict::FailedOpen => State::Calling {
                             future: inner.call(request),
@@ -173,8 +192,8 @@ where
                 StateProj::Calling { future, headers } => {
                     let response = ready!(future.poll(cx))?;
                     let mut response = response.map(ResponseBody::inner);
-                    if let Some((decision, config)) = headers.take() {
-                        config.headers.apply(response.headers_mut(), &decision);
+                    if let Some((decision, headers)) = headers.take() {
+                        headers.style().apply(response.headers_mut(), &decision);
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -192,8 +211,8 @@ where
 
 fn reject<B, K>(rejection: Rejection<K>, grpc: bool) -> Response<ResponseBody<B>> {
     match rejection {
-        Rejection::TooManyRequests(decision, config) => {
-            response::too_many_requests(&decision, &config.headers, grpc)
+        Rejection::TooManyRequests(decision, headers) => {
+            response::too_many_requests(&decision, headers.style(), grpc)
         }
         Rejection::Unavailable(retry_after) => response::unavailable(retry_after, grpc),
         Rejection::MissingKey(status) => response::missing_key(status, grpc),

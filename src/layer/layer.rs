@@ -3,17 +3,19 @@
 use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::request::Parts;
 use tower_layer::Layer;
 
 use super::config::{Config, CostFn, MissingKey, SkipFn};
+use super::resolver::QuotaResolver;
 use super::response::HeaderStyle;
 use super::service::RateLimit;
 use crate::algorithm::Algorithm;
 use crate::key::KeyExtractor;
 use crate::limiter::{ConfigError, Limiter, PolicyLabel};
-use crate::quota::Quota;
+use crate::quota::{Quota, Quotas};
 
 /// Rate-limits requests per key across every instance sharing the limiter's store.
 ///
@@ -55,10 +57,23 @@ impl<K: fmt::Debug> fmt::Debug for RateLimitLayer<K> {
 }
 
 impl<K: KeyExtractor> RateLimitLayer<K> {
-    /// A layer applying `quota` per key from `extractor`, with the defaults: policy name
+    /// A layer applying `quotas` per key from `extractor`, with the defaults: policy name
     /// `default`, cost 1, keyless requests share the key `unkeyed`, and a scope of its own
-    /// derived from the quota (see [`RateLimitLayerBuilder::scope`]): layers with different
+    /// derived from the quotas (see [`RateLimitLayerBuilder::scope`]): layers with different
     /// quotas never share state.
+    ///
+    /// `quotas` is one [`Quota`] or several ([`Quotas`], e.g. 10 a second *and* 500 a minute),
+    /// checked together in one store call, all or none: a request denied by one tier consumes
+    /// from none. The headers list every tier (see the [module docs](crate::layer)).
+    ///
+    /// ```
+    /// use redlimit::{key::PeerIp, store::MemoryStore, Limiter, Quota, Quotas, RateLimitLayer};
+    ///
+    /// let tiers = Quotas::new([Quota::per_second(10)?, Quota::per_minute(500)?])?;
+    /// let layer = RateLimitLayer::new(Limiter::new(MemoryStore::new()), tiers, PeerIp::new());
+    /// assert_eq!(layer.scope(), "default:token-bucket:10/1s+500/60s");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Panics
     ///
@@ -79,8 +94,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     /// RateLimitLayer::new(log, Quota::per_second(1_000_000).unwrap(), GlobalKey::new("g"));
     /// ```
     #[track_caller]
-    pub fn new(limiter: Limiter, quota: Quota, extractor: K) -> Self {
-        match Self::builder(limiter, quota, extractor).build() {
+    pub fn new(limiter: Limiter, quotas: impl Into<Quotas>, extractor: K) -> Self {
+        match Self::builder(limiter, quotas, extractor).build() {
             Ok(layer) => layer,
             Err(error) => panic!("RateLimitLayer::new: {error}"),
         }
@@ -105,11 +120,31 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         &self.config.scope
     }
 
-    /// Starts a builder for the options.
-    pub fn builder(limiter: Limiter, quota: Quota, extractor: K) -> RateLimitLayerBuilder<K> {
+    /// The layer's quotas (with a [resolver](RateLimitLayerBuilder::resolver): its default).
+    ///
+    /// ```
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    ///
+    /// let quota = Quota::per_minute(5)?;
+    /// let layer = RateLimitLayer::new(Limiter::new(MemoryStore::new()), quota, GlobalKey::new("g"));
+    /// assert_eq!(layer.quotas().as_slice(), [quota]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quotas(&self) -> &Quotas {
+        &self.config.quotas
+    }
+
+    /// Starts a builder for the options; `quotas` as in [`new`](Self::new).
+    pub fn builder(
+        limiter: Limiter,
+        quotas: impl Into<Quotas>,
+        extractor: K,
+    ) -> RateLimitLayerBuilder<K> {
         RateLimitLayerBuilder {
             limiter,
-            quota,
+            quotas: quotas.into(),
+            resolver: None,
+            retry_after_jitter: Duration::ZERO,
             extractor,
             missing_key: MissingKey::default(),
             policy_name: "default".to_owned(),
@@ -150,7 +185,9 @@ impl<S, K> Layer<S> for RateLimitLayer<K> {
 /// ```
 pub struct RateLimitLayerBuilder<K> {
     limiter: Limiter,
-    quota: Quota,
+    quotas: Quotas,
+    resolver: Option<Box<dyn QuotaResolver>>,
+    retry_after_jitter: Duration,
     extractor: K,
     missing_key: MissingKey,
     policy_name: String,
@@ -163,9 +200,10 @@ pub struct RateLimitLayerBuilder<K> {
 impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
-            .field("quota", &self.quota)
+            .field("quotas", &self.quotas)
             .field("extractor", &self.extractor)
             .field("policy_name", &self.policy_name)
+            .field("resolver", &self.resolver.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -217,7 +255,10 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// `redlimit:{ip:203.0.113.7}:default:token-bucket:5/60s`): layers with different quotas
     /// (per-route limits: `/login` 5 a minute, `/api` 1000 a minute) never share state, and
     /// layers with the same name and quota (one quota applied to several routes) do. A changed
-    /// quota therefore starts from a fresh count; the old keys expire on their own.
+    /// quota therefore starts from a fresh count; the old keys expire on their own. Several
+    /// tiers are joined with `+` (`default:token-bucket:10/1s+500/60s`). With a
+    /// [resolver](Self::resolver) the scope comes from the default quotas: every tier of a
+    /// key counts in it.
     ///
     /// Name a scope only to share one count between layers on purpose, e.g. several routes
     /// that together get 100 requests a minute:
@@ -247,6 +288,97 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// ```
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
         self.scope = Some(scope.into());
+        self
+    }
+
+    /// Chooses each request's quotas with `resolver` (tiers: FREE 10 a minute, PRO 1000, chosen
+    /// from a header or looked up in your own store); the quotas given to the builder are the
+    /// default, used when it answers [`Resolved::Default`](crate::Resolved::Default).
+    ///
+    /// The layer's scope does not change: every tier of a key counts in it (see
+    /// [`QuotaResolver`] for why), so `Target::scoped(layer.scope(), key)` addresses the key
+    /// whatever its tier, and an override set with
+    /// [`Limiter::set_quota`](crate::Limiter::set_quota) wins over the resolver. The headers
+    /// describe the resolved quotas.
+    ///
+    /// ```
+    /// # use std::convert::Infallible;
+    /// # use http::{Request, Response, StatusCode};
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    /// use redlimit::resolver_fn;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (free, pro) = (Quota::per_minute(1)?, Quota::per_minute(1000)?);
+    /// let layer = RateLimitLayer::builder(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     free,
+    ///     HeaderKey::named("x-api-key")?,
+    /// )
+    /// .resolver(resolver_fn(move |parts, _key| {
+    ///     // The key reaches the resolver hashed (`HeaderKey`): read the raw header instead.
+    ///     let api_key = parts.headers.get("x-api-key").map(|v| v.as_bytes());
+    ///     if api_key.is_some_and(|k| k.starts_with(b"pro-")) { pro } else { free }
+    /// }))
+    /// .build()?;
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
+    /// let call = |key: &str| {
+    ///     let request = Request::get("/").header("x-api-key", key).body(String::new()).unwrap();
+    ///     svc.clone().oneshot(request)
+    /// };
+    /// assert_eq!(call("free-1").await?.status(), StatusCode::OK);
+    /// assert_eq!(call("free-1").await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(call("pro-1").await?.status(), StatusCode::OK);
+    /// assert_eq!(call("pro-1").await?.status(), StatusCode::OK);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn resolver(mut self, resolver: impl QuotaResolver) -> Self {
+        self.resolver = Some(Box::new(resolver));
+        self
+    }
+
+    /// Adds a random amount between zero and `max` to the `Retry-After` (and
+    /// `grpc-retry-pushback-ms`) of each denial, so the clients denied together do not all
+    /// come back in the same second (off by default).
+    ///
+    /// Only that hint moves, and only later: `Retry-After` is at least the true wait (it is
+    /// rounded up after the jitter is added), never more than the true wait plus `max`, and
+    /// the `RateLimit` header's `t` and the [`Decision`](crate::Decision) keep the exact
+    /// values. A cost the quota can never hold (its hint is the whole period) gets none.
+    ///
+    /// ```
+    /// # use std::convert::Infallible;
+    /// # use std::time::Duration;
+    /// # use http::{Request, Response, StatusCode};
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::builder(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_minute(1)?,
+    ///     GlobalKey::new("all"),
+    /// )
+    /// .retry_after_jitter(Duration::from_secs(5))
+    /// .build()?;
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
+    /// svc.clone().oneshot(Request::default()).await?;
+    /// let denied = svc.oneshot(Request::default()).await?;
+    /// let retry: u64 = denied.headers()["retry-after"].to_str()?.parse()?;
+    /// assert!((60..=65).contains(&retry)); // the true wait is 60 s
+    /// assert_eq!(denied.headers()["ratelimit"], r#""default";r=0;t=60"#);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn retry_after_jitter(mut self, max: Duration) -> Self {
+        self.retry_after_jitter = max;
         self
     }
 
@@ -371,21 +503,26 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
             return Err(ConfigError::InvalidScope);
         }
         let algorithm = self.limiter.algorithm();
-        algorithm.supports(&self.quota)?;
+        for quota in &self.quotas {
+            algorithm.supports(quota)?;
+        }
         let headers = HeaderStyle::new(
             &self.policy_name,
-            &self.quota,
+            &self.quotas,
             algorithm,
             self.legacy_headers,
+            self.retry_after_jitter,
         );
         let scope = self
             .scope
-            .unwrap_or_else(|| default_scope(&self.policy_name, algorithm, &self.quota));
+            .unwrap_or_else(|| default_scope(&self.policy_name, algorithm, &self.quotas));
         let keys = self.limiter.key_scope(Some(&scope));
         Ok(RateLimitLayer {
             config: Arc::new(Config {
                 limiter: self.limiter,
-                quota: self.quota,
+                quotas: self.quotas,
+                resolver: self.resolver,
+                resolved_headers: Default::default(),
                 extractor: self.extractor,
                 missing_key: self.missing_key,
                 metrics_label: PolicyLabel::new(&self.policy_name),
@@ -401,19 +538,25 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     }
 }
 
-/// `<policy name>:<algorithm>:<limit>/<period>[:b<burst>]`, the period in whole seconds (`60s`)
-/// or else microseconds (`1500000us`), the burst only when it differs from the limit: two
-/// quotas that decide differently never get the same scope.
-fn default_scope(policy_name: &str, algorithm: Algorithm, quota: &Quota) -> String {
-    let micros = quota.period().as_micros();
-    let period = if micros.is_multiple_of(1_000_000) {
-        format!("{}s", micros / 1_000_000)
-    } else {
-        format!("{micros}us")
-    };
-    let mut scope = format!("{policy_name}:{algorithm}:{}/{period}", quota.limit());
-    if quota.burst() != quota.limit() {
-        scope.push_str(&format!(":b{}", quota.burst()));
+/// `<policy name>:<algorithm>:<tier>[+<tier>…]`, each tier `<limit>/<period>[:b<burst>]`, the
+/// period in whole seconds (`60s`) or else microseconds (`1500000us`), the burst only when it
+/// differs from the limit: two lists of quotas that decide differently never get the same
+/// scope (e.g. `default:token-bucket:10/1s+500/60s`).
+fn default_scope(policy_name: &str, algorithm: Algorithm, quotas: &[Quota]) -> String {
+    let mut scope = format!("{policy_name}:{algorithm}:");
+    for (i, quota) in quotas.iter().enumerate() {
+        if i > 0 {
+            scope.push('+');
+        }
+        let micros = quota.period().as_micros();
+        if micros.is_multiple_of(1_000_000) {
+            scope.push_str(&format!("{}/{}s", quota.limit(), micros / 1_000_000));
+        } else {
+            scope.push_str(&format!("{}/{micros}us", quota.limit()));
+        }
+        if quota.burst() != quota.limit() {
+            scope.push_str(&format!(":b{}", quota.burst()));
+        }
     }
     scope
 }
@@ -437,22 +580,30 @@ mod tests {
         let minute = Quota::per_minute(5).unwrap();
         let tb = Algorithm::TokenBucket;
         assert_eq!(
-            default_scope("default", tb, &minute),
+            default_scope("default", tb, &[minute]),
             "default:token-bucket:5/60s"
         );
         let burst = minute.with_burst(10).unwrap();
         assert_eq!(
-            default_scope("api", Algorithm::Gcra, &burst),
+            default_scope("api", Algorithm::Gcra, &[burst]),
             "api:gcra:5/60s:b10"
         );
         let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
-        assert_eq!(default_scope("x", tb, &odd), "x:token-bucket:3/1500000us");
+        assert_eq!(default_scope("x", tb, &[odd]), "x:token-bucket:3/1500000us");
+        let second = Quota::per_second(10).unwrap();
+        assert_eq!(
+            default_scope("default", tb, &[second, burst]),
+            "default:token-bucket:10/1s+5/60s:b10"
+        );
         let scopes = [
-            default_scope("d", tb, &minute),
-            default_scope("d", tb, &burst),
-            default_scope("d", tb, &odd),
-            default_scope("d", Algorithm::FixedWindow, &minute),
-            default_scope("e", tb, &minute),
+            default_scope("d", tb, &[minute]),
+            default_scope("d", tb, &[burst]),
+            default_scope("d", tb, &[odd]),
+            default_scope("d", Algorithm::FixedWindow, &[minute]),
+            default_scope("e", tb, &[minute]),
+            default_scope("d", tb, &[minute, second]),
+            default_scope("d", tb, &[second, minute]),
+            default_scope("d", tb, &[second, burst]),
         ];
         let distinct: std::collections::BTreeSet<_> = scopes.iter().collect();
         assert_eq!(distinct.len(), scopes.len());

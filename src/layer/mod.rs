@@ -15,6 +15,7 @@
 //! | `config.rs` | what every clone of the service shares; [`MissingKey`] |
 //! | `service.rs` | [`RateLimit`], the service |
 //! | `future.rs` | [`ResponseFuture`], the state machine of one request |
+//! | `resolver.rs` | [`QuotaResolver`]: the quotas chosen per request (tiers) |
 //! | `body.rs` | [`ResponseBody`] |
 //! | `response.rs` | the 429 / 503 / gRPC answers and the headers |
 //!
@@ -57,12 +58,63 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Several quotas, tiers and suspension
+//!
+//! A layer takes one [`Quota`](crate::Quota) or several ([`Quotas`](crate::Quotas): 10 a second
+//! *and* 500 a minute), checked in one store call, all or none: a request denied by one tier
+//! consumes from none. `RateLimit-Policy` lists every tier, named `"<policy>-1"`,
+//! `"<policy>-2"`… in order (a single tier keeps the bare `"<policy>"`), and `RateLimit`
+//! describes the binding one ([`Decision::quota`](crate::Decision::quota): on a denial the tier
+//! with the longest wait, on an admission the one with the least left; its `t` is the wait on a
+//! denial, and on an admission the time until the key is full again in every tier,
+//! [`Decision::reset_after`](crate::Decision::reset_after)). When an override set
+//! with [`Limiter::set_quota`](crate::Limiter::set_quota) is in force, its binding quota is no
+//! tier of the layer: both headers then show that quota alone, as `"<policy>"`. A
+//! [`QuotaResolver`] chooses the quotas per request (FREE and PRO plans, see
+//! [`RateLimitLayerBuilder::resolver`]).
+//!
+//! A key suspended with [`Limiter::suspend`](crate::Limiter::suspend) is answered **429** with
+//! `Retry-After` = the time left, `RateLimit` with `r=0`, and the body
+//! `rate limit: suspended, retry later` (gRPC: `RESOURCE_EXHAUSTED`, the same `grpc-message`).
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{body::Body, routing::get, Router};
+//! use http::{Request, StatusCode};
+//! use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, Quotas, RateLimitLayer};
+//! use redlimit::Target;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::new(MemoryStore::new());
+//! let tiers = Quotas::new([Quota::per_second(2)?, Quota::per_minute(100)?])?;
+//! let layer = RateLimitLayer::new(limiter.clone(), tiers, GlobalKey::new("client"));
+//! let scope = layer.scope().to_owned();
+//! let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+//! let get = || Request::get("/").body(Body::empty()).unwrap();
+//!
+//! let ok = app.clone().oneshot(get()).await?;
+//! let policy = ok.headers()["ratelimit-policy"].to_str()?;
+//! assert_eq!(policy, r#""default-1";q=2;w=1, "default-2";q=100;w=60"#);
+//! // One left this second, 99 this minute: the per-second tier binds.
+//! assert_eq!(ok.headers()["ratelimit"], r#""default-1";r=1;t=1"#);
+//!
+//! limiter.suspend(Target::scoped(&scope, "client"), Duration::from_secs(300)).await?;
+//! let suspended = app.oneshot(get()).await?;
+//! assert_eq!(suspended.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(suspended.headers()["retry-after"], "300");
+//! # Ok(())
+//! # }
+//! ```
 
 mod body;
 mod config;
 mod future;
 #[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
 mod layer;
+mod resolver;
 mod response;
 mod service;
 
@@ -70,4 +122,5 @@ pub use self::body::ResponseBody;
 pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use self::resolver::{resolver_fn, FnResolver, QuotaResolver, Resolved};
 pub use self::service::RateLimit;

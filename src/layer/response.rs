@@ -2,8 +2,12 @@
 //!
 //! Headers follow draft-ietf-httpapi-ratelimit-headers-11:
 //! `RateLimit-Policy: "name";q=100;w=60` (the quota) and `RateLimit: "name";r=42;t=5` (what is
-//! left, and seconds until it resets), on allowed and rejected responses alike. A rejection adds
-//! `Retry-After` in delay-seconds (rounded up, at least 1). Optionally the legacy
+//! left, and seconds until it resets), on allowed and rejected responses alike. A layer with
+//! several tiers lists them all in `RateLimit-Policy`, named `"name-1"`, `"name-2"`… in order
+//! (one field line, a structured-field list), and names the binding one
+//! ([`Decision::quota`]) in `RateLimit`; a quota that is none of them (an override set with
+//! `Limiter::set_quota`) is listed alone, as `"name"`. A rejection adds `Retry-After` in
+//! delay-seconds (rounded up, at least 1, plus the optional jitter). Optionally the legacy
 //! `X-RateLimit-Limit / -Remaining / -Reset` too.
 //!
 //! A request whose `content-type` starts with `application/grpc` is answered the gRPC way: HTTP
@@ -12,6 +16,7 @@
 //! proposal A6: milliseconds, rounded up; `-1`, "do not retry", for a cost the quota can never
 //! hold).
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::time::Duration;
 
@@ -37,64 +42,142 @@ const GRPC_RESOURCE_EXHAUSTED: &str = "8";
 /// gRPC status UNAVAILABLE.
 const GRPC_UNAVAILABLE: &str = "14";
 
-/// How the layer writes its headers; built once per layer.
+/// The body (and `grpc-message`) of a request denied by the quota.
+const EXCEEDED: &str = "rate limit exceeded";
+/// The body (and `grpc-message`) of a request denied because its key is suspended.
+const SUSPENDED: &str = "rate limit: suspended, retry later";
+
+/// How the layer writes its headers for one list of quotas; built once per layer (and once per
+/// resolved list of quotas, see `Config::style_for`).
 #[derive(Debug, Clone)]
 pub(crate) struct HeaderStyle {
-    /// The quoted policy name, e.g. `"default"`.
-    quoted_name: String,
-    /// `RateLimit-Policy`, constant for a layer.
+    /// The policy name, for a quota that is none of the tiers (an override).
+    name: String,
+    algorithm: Algorithm,
+    /// One per quota, in order.
+    tiers: Vec<Tier>,
+    /// `RateLimit-Policy` listing every tier, constant for a layer.
     policy: HeaderValue,
-    /// The quota's period in whole seconds (at least 1): the retry hint for a cost the quota
-    /// can never hold, which has no true retry time.
-    period_secs: u64,
     /// Also send `X-RateLimit-*`.
-    pub legacy: bool,
+    legacy: bool,
+    /// The largest random amount added to `Retry-After` (zero: none).
+    jitter: Duration,
+}
+
+/// One tier's name in the headers.
+#[derive(Debug, Clone)]
+struct Tier {
+    quota: Quota,
+    /// The quoted name, e.g. `"default"` or `"default-2"`.
+    quoted_name: String,
+    /// Its `RateLimit-Policy` item, e.g. `"default";q=10;w=60`.
+    item: String,
+}
+
+impl Tier {
+    fn new(quoted_name: String, quota: Quota, algorithm: Algorithm) -> Tier {
+        let (q, w) = policy_window(&quota, algorithm);
+        let item = format!("{quoted_name};q={q};w={w}");
+        Tier {
+            quota,
+            quoted_name,
+            item,
+        }
+    }
 }
 
 impl HeaderStyle {
-    /// `name` must already be validated (`[A-Za-z0-9._-]`).
-    pub(crate) fn new(name: &str, quota: &Quota, algorithm: Algorithm, legacy: bool) -> Self {
-        let quoted_name = format!("\"{name}\"");
-        let (q, w) = policy_window(quota, algorithm);
-        let policy = HeaderValue::try_from(format!("{quoted_name};q={q};w={w}"))
+    /// `name` must already be validated (`[A-Za-z0-9._-]`); `quotas` is not empty.
+    pub(crate) fn new(
+        name: &str,
+        quotas: &[Quota],
+        algorithm: Algorithm,
+        legacy: bool,
+        jitter: Duration,
+    ) -> Self {
+        let tiers: Vec<Tier> = match quotas {
+            [quota] => vec![Tier::new(format!("\"{name}\""), *quota, algorithm)],
+            _ => (1..)
+                .zip(quotas)
+                .map(|(i, quota)| Tier::new(format!("\"{name}-{i}\""), *quota, algorithm))
+                .collect(),
+        };
+        let items: Vec<&str> = tiers.iter().map(|tier| tier.item.as_str()).collect();
+        let policy = HeaderValue::try_from(items.join(", "))
             .unwrap_or_else(|_| HeaderValue::from_static("\"default\""));
         HeaderStyle {
-            quoted_name,
+            name: name.to_owned(),
+            algorithm,
+            tiers,
             policy,
-            period_secs: secs_rounded_up(quota.period()).max(1),
             legacy,
+            jitter,
         }
     }
 
-    /// `Retry-After` for a denied request, in whole seconds (at least 1).
-    pub(crate) fn retry_after_secs(&self, decision: &Decision) -> u64 {
-        if decision.never_allowed() {
-            self.period_secs
+    /// The same style (name, algorithm, options) for other quotas.
+    pub(crate) fn for_quotas(&self, quotas: &[Quota]) -> HeaderStyle {
+        HeaderStyle::new(&self.name, quotas, self.algorithm, self.legacy, self.jitter)
+    }
+
+    /// The tier that bound `decision`, and the `RateLimit-Policy` to send with it: every tier
+    /// when it is one of them, else (an override is in force) that quota alone.
+    fn binding(&self, decision: &Decision) -> (Cow<'_, Tier>, Cow<'_, HeaderValue>) {
+        match self.tiers.iter().find(|tier| tier.quota == decision.quota) {
+            Some(tier) => (Cow::Borrowed(tier), Cow::Borrowed(&self.policy)),
+            None => {
+                let tier = Tier::new(format!("\"{}\"", self.name), decision.quota, self.algorithm);
+                let policy = HeaderValue::try_from(tier.item.as_str())
+                    .unwrap_or_else(|_| HeaderValue::from_static("\"default\""));
+                (Cow::Owned(tier), Cow::Owned(policy))
+            }
+        }
+    }
+
+    /// `t` of `RateLimit` for a denied request, in whole seconds (at least 1): the exact wait,
+    /// or for a cost the quota can never hold (no true retry time) the binding quota's period.
+    fn denied_secs(decision: &Decision) -> u64 {
+        if decision.never_allowed() && !decision.suspended {
+            secs_rounded_up(decision.quota.period()).max(1)
         } else {
             decision.retry_after_secs()
         }
     }
 
+    /// The wait `Retry-After` (and `grpc-retry-pushback-ms`) announce for a denied request:
+    /// `retry_after` plus a random amount up to the jitter, never less than the true wait.
+    /// `None` for a cost the quota can never hold.
+    fn retry_hint(&self, decision: &Decision) -> Option<Duration> {
+        if decision.never_allowed() && !decision.suspended {
+            return None;
+        }
+        if self.jitter.is_zero() {
+            return Some(decision.retry_after);
+        }
+        let max = u64::try_from(self.jitter.as_micros()).unwrap_or(u64::MAX);
+        let jitter = Duration::from_micros(fastrand::u64(0..=max));
+        Some(decision.retry_after.saturating_add(jitter))
+    }
+
     /// Adds the rate-limit headers describing `decision`.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, decision: &Decision) {
-        let t = if decision.allowed {
-            decision.reset_after_secs()
+        let (tier, policy) = self.binding(decision);
+        let (remaining, t) = if decision.allowed {
+            (decision.remaining, decision.reset_after_secs())
+        } else if decision.suspended {
+            (0, Self::denied_secs(decision))
         } else {
-            self.retry_after_secs(decision)
+            (decision.remaining, Self::denied_secs(decision))
         };
         // Written on the stack and copied once into the header value: one allocation, where a
-        // `format!` took two (the string, then the shrink into `Bytes`). The name is at most 66
-        // bytes and each number 20 digits, so 128 bytes always suffice.
+        // `format!` took two (the string, then the shrink into `Bytes`). The name is at most 68
+        // bytes (64, a tier number, quotes) and each number 20 digits, so 128 bytes suffice.
         let mut state = [0u8; 128];
         let mut cursor = std::io::Cursor::new(&mut state[..]);
-        let written = write!(
-            cursor,
-            "{};r={};t={}",
-            self.quoted_name, decision.remaining, t
-        );
+        let written = write!(cursor, "{};r={};t={}", tier.quoted_name, remaining, t);
         let len = cursor.position() as usize;
         // Appended, not inserted: with stacked layers every policy shows up as its own item.
-        headers.append(RATELIMIT_POLICY.clone(), self.policy.clone());
+        headers.append(RATELIMIT_POLICY.clone(), policy.into_owned());
         if written.is_ok() {
             if let Ok(value) = HeaderValue::from_bytes(&state[..len]) {
                 headers.append(RATELIMIT.clone(), value);
@@ -107,10 +190,10 @@ impl HeaderStyle {
         let tighter = headers
             .get(&X_REMAINING)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .is_none_or(|remaining| decision.remaining < remaining);
+            .is_none_or(|known| remaining < known);
         if tighter {
             headers.insert(X_LIMIT.clone(), decision.limit.into());
-            headers.insert(X_REMAINING.clone(), decision.remaining.into());
+            headers.insert(X_REMAINING.clone(), remaining.into());
             headers.insert(X_RESET.clone(), decision.reset_after_secs().into());
         }
     }
@@ -140,25 +223,33 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// The answer to a denied request: 429 (or gRPC RESOURCE_EXHAUSTED) with `Retry-After`.
+/// The answer to a denied request: 429 (or gRPC RESOURCE_EXHAUSTED) with `Retry-After`; the
+/// body (or `grpc-message`) says whether the key is over its quota or suspended.
 pub(crate) fn too_many_requests<B>(
     decision: &Decision,
     style: &HeaderStyle,
     grpc: bool,
 ) -> Response<ResponseBody<B>> {
-    let retry_secs = style.retry_after_secs(decision);
-    let mut response = if grpc {
-        grpc_response(GRPC_RESOURCE_EXHAUSTED, "rate limit exceeded")
-    } else {
-        text_response(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n")
+    let mut response = match (grpc, decision.suspended) {
+        (true, false) => grpc_response(GRPC_RESOURCE_EXHAUSTED, EXCEEDED),
+        (true, true) => grpc_response(GRPC_RESOURCE_EXHAUSTED, SUSPENDED),
+        (false, false) => text_response(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n"),
+        (false, true) => text_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate limit: suspended, retry later\n",
+        ),
     };
+    let hint = style.retry_hint(decision);
     let headers = response.headers_mut();
+    let retry_secs = match hint {
+        Some(wait) => secs_rounded_up(wait).max(1),
+        None => HeaderStyle::denied_secs(decision),
+    };
     headers.insert(RETRY_AFTER, retry_secs.into());
     if grpc {
-        let pushback = if decision.never_allowed() {
-            HeaderValue::from_static("-1")
-        } else {
-            pushback_ms(decision.retry_after).into()
+        let pushback = match hint {
+            Some(wait) => pushback_ms(wait).into(),
+            None => HeaderValue::from_static("-1"),
         };
         headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), pushback);
     }
@@ -233,6 +324,34 @@ fn grpc_response<B>(status: &'static str, message: &'static str) -> Response<Res
 mod tests {
     use super::*;
 
+    fn style(name: &str, quotas: &[Quota], legacy: bool) -> HeaderStyle {
+        HeaderStyle::new(name, quotas, Algorithm::TokenBucket, legacy, Duration::ZERO)
+    }
+
+    fn allowed(quota: Quota, remaining: u64, reset_after: Duration) -> Decision {
+        Decision {
+            allowed: true,
+            limit: quota.limit(),
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after,
+            suspended: false,
+            quota,
+        }
+    }
+
+    fn denied(quota: Quota, retry_after: Duration) -> Decision {
+        Decision {
+            allowed: false,
+            limit: quota.limit(),
+            remaining: 0,
+            retry_after,
+            reset_after: quota.period(),
+            suspended: false,
+            quota,
+        }
+    }
+
     #[test]
     fn policy_window_in_whole_seconds() {
         assert_eq!(
@@ -262,20 +381,12 @@ mod tests {
     #[test]
     fn stacked_policies_are_all_listed_and_legacy_keeps_the_tightest() {
         let quota = Quota::per_minute(100).unwrap();
-        let outer = HeaderStyle::new("minute", &quota, Algorithm::TokenBucket, true);
-        let inner = HeaderStyle::new("second", &quota, Algorithm::TokenBucket, true);
-        let decision = |remaining| Decision {
-            allowed: true,
-            limit: 100,
-            remaining,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::from_secs(1),
-            suspended: false,
-            quota,
-        };
+        let outer = style("minute", &[quota], true);
+        let inner = style("second", &[quota], true);
+        let second = Duration::from_secs(1);
         let mut headers = HeaderMap::new();
-        inner.apply(&mut headers, &decision(1));
-        outer.apply(&mut headers, &decision(98));
+        inner.apply(&mut headers, &allowed(quota, 1, second));
+        outer.apply(&mut headers, &allowed(quota, 98, second));
         let states: Vec<_> = headers.get_all("ratelimit").iter().collect();
         assert_eq!(states, ["\"second\";r=1;t=1", "\"minute\";r=98;t=1"]);
         assert_eq!(headers.get_all("ratelimit-policy").iter().count(), 2);
@@ -283,18 +394,94 @@ mod tests {
     }
 
     #[test]
+    fn several_tiers_are_numbered_and_the_binding_one_is_named() {
+        let second = Quota::per_second(10).unwrap();
+        let minute = Quota::per_minute(500).unwrap();
+        let style = style("api", &[second, minute], false);
+        let mut headers = HeaderMap::new();
+        style.apply(&mut headers, &allowed(minute, 3, Duration::from_secs(59)));
+        assert_eq!(
+            headers["ratelimit-policy"],
+            "\"api-1\";q=10;w=1, \"api-2\";q=500;w=60"
+        );
+        assert_eq!(headers["ratelimit"], "\"api-2\";r=3;t=59");
+
+        let mut headers = HeaderMap::new();
+        style.apply(&mut headers, &denied(second, Duration::from_millis(100)));
+        assert_eq!(headers["ratelimit"], "\"api-1\";r=0;t=1");
+    }
+
+    #[test]
+    fn a_quota_that_is_no_tier_is_listed_alone() {
+        let second = Quota::per_second(10).unwrap();
+        let minute = Quota::per_minute(500).unwrap();
+        let style = style("api", &[second, minute], false);
+        let granted = Quota::per_minute(7).unwrap();
+        let mut headers = HeaderMap::new();
+        style.apply(&mut headers, &allowed(granted, 6, Duration::from_secs(9)));
+        assert_eq!(headers["ratelimit-policy"], "\"api\";q=7;w=60");
+        assert_eq!(headers["ratelimit"], "\"api\";r=6;t=9");
+    }
+
+    #[test]
+    fn suspended_denials_say_so_with_the_time_left() {
+        let quota = Quota::per_minute(10).unwrap();
+        let style = style("api", &[quota], false);
+        let suspended = Decision {
+            suspended: true,
+            remaining: 4,
+            ..denied(quota, Duration::from_millis(299_500))
+        };
+        let http = too_many_requests::<()>(&suspended, &style, false);
+        assert_eq!(http.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(http.headers()["retry-after"], "300");
+        assert_eq!(http.headers()["ratelimit"], "\"api\";r=0;t=300");
+        let grpc = too_many_requests::<()>(&suspended, &style, true);
+        assert_eq!(grpc.headers()["grpc-status"], "8");
+        assert_eq!(grpc.headers()["grpc-message"], SUSPENDED);
+        assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "299500");
+        let exceeded =
+            too_many_requests::<()>(&denied(quota, Duration::from_secs(6)), &style, true);
+        assert_eq!(exceeded.headers()["grpc-message"], EXCEEDED);
+    }
+
+    #[test]
+    fn jitter_only_lengthens_retry_after_within_its_bound() {
+        let quota = Quota::per_minute(10).unwrap();
+        let jittered = HeaderStyle::new(
+            "api",
+            &[quota],
+            Algorithm::TokenBucket,
+            false,
+            Duration::from_secs(10),
+        );
+        let decision = denied(quota, Duration::from_secs(6));
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let response = too_many_requests::<()>(&decision, &jittered, false);
+            let retry: u64 = response.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((6..=16).contains(&retry), "{retry}");
+            // The state header tells the exact wait.
+            assert_eq!(response.headers()["ratelimit"], "\"api\";r=0;t=6");
+            seen.insert(retry);
+        }
+        assert!(seen.len() > 1, "200 draws over 11 values all gave {seen:?}");
+        // No jitter on a cost that never fits: it waits a whole period, without pushback.
+        let never = denied(quota, Decision::NEVER);
+        let response = too_many_requests::<()>(&never, &jittered, true);
+        assert_eq!(response.headers()["retry-after"], "60");
+        assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
+    }
+
+    #[test]
     fn grpc_rejections_carry_the_retry_pushback() {
         let quota = Quota::per_minute(10).unwrap();
-        let style = HeaderStyle::new("api", &quota, Algorithm::TokenBucket, false);
-        let denied = Decision {
-            allowed: false,
-            limit: 10,
-            remaining: 0,
-            retry_after: Duration::from_micros(5_999_001),
-            reset_after: Duration::from_secs(60),
-            suspended: false,
-            quota,
-        };
+        let style = style("api", &[quota], false);
+        let denied = denied(quota, Duration::from_micros(5_999_001));
         let grpc = too_many_requests::<()>(&denied, &style, true);
         assert_eq!(grpc.headers()["grpc-status"], "8");
         assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "6000");
@@ -317,18 +504,12 @@ mod tests {
     #[test]
     fn headers_describe_the_decision() {
         let quota = Quota::per_minute(10).unwrap();
-        let style = HeaderStyle::new("api", &quota, Algorithm::TokenBucket, true);
-        let decision = Decision {
-            allowed: true,
-            limit: 10,
-            remaining: 7,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::from_millis(17_001),
-            suspended: false,
-            quota,
-        };
+        let style = style("api", &[quota], true);
         let mut headers = HeaderMap::new();
-        style.apply(&mut headers, &decision);
+        style.apply(
+            &mut headers,
+            &allowed(quota, 7, Duration::from_millis(17_001)),
+        );
         assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=60");
         assert_eq!(headers["ratelimit"], "\"api\";r=7;t=18");
         assert_eq!(headers["x-ratelimit-remaining"], "7");

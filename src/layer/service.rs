@@ -10,7 +10,8 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::config::{Config, MissingKey};
-use super::future::ResponseFuture;
+use super::future::{Checked, Headers, ResponseFuture};
+use super::resolver::Resolved;
 use super::response::is_grpc;
 use crate::key::KeyExtractor;
 
@@ -195,7 +196,12 @@ where
                 return ResponseFuture::pass_through(future);
             }
         };
-        // The layer's scope (its policy name and quota) keeps layers with different quotas on
+        // The quotas of this request: a resolver's choice, or the layer's own.
+        let resolved = match &config.resolver {
+            Some(resolver) => resolver.resolve(&parts, &key),
+            None => Resolved::Default,
+        };
+        // The layer's scope (its policy name and quotas) keeps layers with different quotas on
         // the same key apart; its constant parts are precomputed.
         let storage_key = config.keys.storage_key(&key);
         drop(key); // ends the borrow of `parts`
@@ -205,16 +211,27 @@ where
         // with the verdict for the response headers.
         let config = config.clone();
         let check = Box::pin(async move {
+            let resolved = match resolved {
+                Resolved::Default => None,
+                Resolved::Ready(quotas) => Some(quotas),
+                Resolved::Pending(lookup) => lookup.await,
+            };
+            // A resolved list other than the layer's own gets headers of its own.
+            let resolved = resolved.filter(|quotas| *quotas != config.quotas);
+            let style = resolved.as_ref().map(|quotas| config.style_for(quotas));
             let verdict = config
                 .limiter
                 .check_storage_key(
                     storage_key.as_str(),
-                    &crate::quota::Quotas::from(config.quota),
+                    resolved.as_ref().unwrap_or(&config.quotas),
                     cost,
                     &config.metrics_label,
                 )
                 .await;
-            (verdict, config)
+            Checked {
+                verdict,
+                headers: Headers { config, style },
+            }
         });
         ResponseFuture::checking(check, Request::from_parts(parts, body), inner, grpc)
     }

@@ -13,12 +13,14 @@ use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
+mod acquire;
 mod builder;
 mod control;
 mod deny_cache;
 mod keys;
 mod stats;
 
+pub use self::acquire::AcquireError;
 pub use self::builder::LimiterBuilder;
 pub use self::control::{
     ControlError, KeyStatus, Target, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
@@ -159,18 +161,18 @@ impl Limiter {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), redlimit::QuotaError> {
     /// let limiter = Limiter::new(MemoryStore::new());
-    /// let per_second = Quota::per_second(2)?;
+    /// let per_second = Quota::per_second(5)?;
     /// let per_minute = Quota::per_minute(3)?;
     /// let tiers = Quotas::new([per_second, per_minute])?;
+    /// let first = *limiter.check_quotas("t", &tiers, 1).await.decision().unwrap();
+    /// // Both admit; the per-minute quota has the least left (2, the per-second one 4).
+    /// assert_eq!((first.quota, first.remaining), (per_minute, 2));
     /// assert!(limiter.check_quotas("t", &tiers, 1).await.is_allowed());
-    /// let second = limiter.check_quotas("t", &tiers, 1).await;
-    /// // Both admit; the per-minute quota has the least left.
-    /// assert_eq!(second.decision().unwrap().quota, per_minute);
-    /// assert_eq!(second.decision().unwrap().remaining, 1);
-    /// // The per-second quota is spent: denied, and the per-minute one keeps its last unit.
-    /// let third = *limiter.check_quotas("t", &tiers, 1).await.decision().unwrap();
-    /// assert!(!third.allowed);
-    /// assert_eq!(third.quota, per_second);
+    /// assert!(limiter.check_quotas("t", &tiers, 1).await.is_allowed());
+    /// // The per-minute quota is spent: denied, and the per-second one is not charged.
+    /// let fourth = *limiter.check_quotas("t", &tiers, 1).await.decision().unwrap();
+    /// assert!(!fourth.allowed);
+    /// assert_eq!(fourth.quota, per_minute);
     /// # Ok(())
     /// # }
     /// ```

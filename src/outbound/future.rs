@@ -1,0 +1,206 @@
+//! [`ResponseFuture`]: waits for the limiter (per-request keys), calls the inner service, and
+//! suspends the key fleet-wide when the upstream asks to back off.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use futures::future::BoxFuture;
+use http::{Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::error::OutboundError;
+use super::layer::{Acquire, Limits};
+use super::retry_after::upstream_backoff;
+use crate::Target;
+
+/// What a response future needs to suspend its key: the limits and the key.
+pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
+
+pin_project! {
+    /// The response future of [`Outbound`](super::Outbound): for a per-request key it waits for
+    /// the limiter first; then it calls the inner service and, when the answer is `429` or
+    /// `503` with `Retry-After`, suspends the key before handing the answer back (see the
+    /// [module docs](super#auto-suspend)).
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use redlimit::outbound::{OutboundLayer, ResponseFuture};
+    /// use redlimit::{store::MemoryStore, Limiter, Quota};
+    /// use tower::{Service, ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = OutboundLayer::new(Limiter::new(MemoryStore::new()), Quota::per_second(5)?, "api");
+    /// let mut client = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
+    /// let future: ResponseFuture<_, String> = client.ready().await?.call(Request::new(String::new()));
+    /// assert!(future.await?.status().is_success());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+        // `None` when auto-suspend is off.
+        backoff: Option<Backoff>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        // Waiting for the limiter (per-request keys); holds the request and the ready service.
+        Acquiring {
+            acquire: Acquire,
+            request: Option<Request<ReqBody>>,
+            inner: Option<S>,
+        },
+        // The inner service is answering.
+        Calling {
+            #[pin]
+            future: S::Future,
+        },
+        // The upstream asked to back off: suspending the key before handing its answer back.
+        Suspending {
+            suspend: BoxFuture<'static, ()>,
+            response: Option<S::Response>,
+        },
+        // The request was not sent.
+        Failed {
+            error: Option<OutboundError<S::Error>>,
+        },
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn acquiring(
+        acquire: Acquire,
+        request: Request<ReqBody>,
+        inner: S,
+        backoff: Option<Backoff>,
+    ) -> Self {
+        let state = State::Acquiring {
+            acquire,
+            request: Some(request),
+            inner: Some(inner),
+        };
+        ResponseFuture { state, backoff }
+    }
+
+    pub(crate) fn calling(future: S::Future, backoff: Option<Backoff>) -> Self {
+        let state = State::Calling { future };
+        ResponseFuture { state, backoff }
+    }
+
+    pub(crate) fn failed(error: OutboundError<S::Error>) -> Self {
+        let state = State::Failed { error: Some(error) };
+        ResponseFuture {
+            state,
+            backoff: None,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResBody>, OutboundError<S::Error>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Acquiring {
+                    acquire,
+                    request,
+                    inner,
+                } => {
+                    let admitted = ready!(acquire.as_mut().poll(cx));
+                    let (request, mut inner) = match (request.take(), inner.take()) {
+                        (Some(request), Some(inner)) => (request, inner),
+                        _ => panic!("ResponseFuture polled after completion"),
+                    };
+                    match admitted {
+                        Ok(_) => State::Calling {
+                            future: inner.call(request),
+                        },
+                        Err(error) => State::Failed {
+                            error: Some(OutboundError::Acquire(error)),
+                        },
+                    }
+                }
+                StateProj::Calling { future } => {
+                    let response = ready!(future.poll(cx)).map_err(OutboundError::Inner)?;
+                    let status = response.status();
+                    let wait = this.backoff.as_ref().and_then(|_| {
+                        upstream_backoff(status, response.headers(), SystemTime::now())
+                    });
+                    match (wait, this.backoff.take()) {
+                        (Some(wait), Some((limits, key))) => State::Suspending {
+                            suspend: Box::pin(suspend(limits, key, status, wait)),
+                            response: Some(response),
+                        },
+                        _ => return Poll::Ready(Ok(response)),
+                    }
+                }
+                StateProj::Suspending { suspend, response } => {
+                    ready!(suspend.as_mut().poll(cx));
+                    let response = response
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Failed { error } => {
+                    let error = error
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Err(error));
+                }
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+/// Suspends `key` fleet-wide for `wait` (at most [`MAX_SUSPENSION`](crate::MAX_SUSPENSION)),
+/// and says so in the logs (never with the key: it may be a secret).
+async fn suspend(limits: Arc<Limits>, key: Arc<str>, status: StatusCode, wait: Duration) {
+    let wait = wait.min(crate::MAX_SUSPENSION);
+    let target = match &limits.scope {
+        Some(scope) => Target::scoped(scope, &key),
+        None => Target::key(&key),
+    };
+    let scope = limits.scope.as_deref().unwrap_or("");
+    match limits.limiter.suspend(target, wait).await {
+        Ok(_) => tracing::warn!(
+            status = status.as_u16(),
+            suspended_ms = wait.as_millis() as u64,
+            scope,
+            "upstream asked to back off (Retry-After): key suspended for the whole fleet"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            status = status.as_u16(),
+            retry_after_ms = wait.as_millis() as u64,
+            scope,
+            "upstream asked to back off (Retry-After), but the key could not be suspended: \
+             the other workers keep calling"
+        ),
+    }
+}

@@ -1,0 +1,370 @@
+//! [`OutboundLayer`] and its builder; the [`Config`] every clone of the service shares.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use tower_layer::Layer;
+
+use super::service::Outbound;
+use crate::key::{GlobalKey, KeyExtractor};
+use crate::limiter::{AcquireError, ConfigError, Limiter};
+use crate::policy::Verdict;
+use crate::Quotas;
+
+/// How long a request waits for the limiter by default: 10 seconds.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
+
+/// Makes a client [`Service`](tower_service::Service) (an HTTP client) wait for a fleet-wide
+/// quota instead of failing: see the [module docs](super) for the whole story and an example.
+///
+/// With a fixed key ([`builder`](Self::builder)) the wait happens in `poll_ready`; with a key
+/// taken from each request ([`builder_with_extractor`](Self::builder_with_extractor)), in the
+/// response future.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
+///
+/// let layer = OutboundLayer::new(Limiter::new(MemoryStore::new()), Quota::per_second(20)?, "github");
+/// let patient = OutboundLayer::builder(Limiter::new(MemoryStore::new()), Quota::per_second(20)?, "github")
+///     .max_wait(Duration::from_secs(30))
+///     .build()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct OutboundLayer<K = GlobalKey> {
+    config: Arc<Config<K>>,
+}
+
+/// Which key a request is acquired for.
+pub(crate) enum KeySource<K> {
+    /// The same key for every request: acquired in `poll_ready`.
+    Fixed(Arc<str>),
+    /// A key from each request's head: acquired in the response future.
+    PerRequest(K),
+}
+
+/// What every clone of an [`Outbound`] service shares.
+pub(crate) struct Config<K> {
+    pub limits: Arc<Limits>,
+    pub key: KeySource<K>,
+}
+
+/// The limiter side of the config, shared with the response futures (which need no extractor).
+pub(crate) struct Limits {
+    pub limiter: Limiter,
+    pub quotas: Quotas,
+    pub scope: Option<String>,
+    pub max_wait: Duration,
+    pub auto_suspend: bool,
+}
+
+/// A pending acquisition.
+pub(crate) type Acquire = BoxFuture<'static, Result<Verdict, AcquireError>>;
+
+impl Limits {
+    /// Waits (at most `max_wait` from now) until the quotas admit one request for `key`.
+    pub(crate) fn acquire(self: &Arc<Self>, key: Arc<str>) -> Acquire {
+        let now = Instant::now();
+        // A huge max_wait would overflow `Instant`: a year is forever here.
+        let deadline = now
+            .checked_add(self.max_wait)
+            .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
+            .unwrap_or(now);
+        let limits = self.clone();
+        Box::pin(async move {
+            let Limits {
+                limiter, quotas, ..
+            } = &*limits;
+            match &limits.scope {
+                Some(scope) => {
+                    limiter
+                        .acquire_scoped(scope, &key, quotas, 1, deadline)
+                        .await
+                }
+                None => limiter.acquire(&key, quotas, deadline).await,
+            }
+        })
+    }
+}
+
+impl<K> Clone for OutboundLayer<K> {
+    fn clone(&self) -> Self {
+        OutboundLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for OutboundLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboundLayer")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for Config<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limits = &self.limits;
+        let mut out = f.debug_struct("Config");
+        match &self.key {
+            // The fixed key is the caller's own constant, but keys are never logged.
+            KeySource::Fixed(_) => out.field("key", &"fixed"),
+            KeySource::PerRequest(extractor) => out.field("extractor", extractor),
+        };
+        out.field("limiter", &limits.limiter)
+            .field("quotas", &limits.quotas)
+            .field("scope", &limits.scope)
+            .field("max_wait", &limits.max_wait)
+            .field("auto_suspend", &limits.auto_suspend)
+            .finish()
+    }
+}
+
+impl OutboundLayer {
+    /// A layer with the defaults (wait at most [`DEFAULT_MAX_WAIT`], auto-suspend on,
+    /// unscoped) that acquires every request against the fixed `key`, in `poll_ready`.
+    ///
+    /// # Panics
+    ///
+    /// When the limiter's algorithm cannot serve one of the quotas (see
+    /// [`Algorithm::supports`](crate::Algorithm::supports));
+    /// [`builder`](Self::builder)`(..).build()` returns that error instead.
+    ///
+    /// ```
+    /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
+    ///
+    /// let layer = OutboundLayer::new(Limiter::new(MemoryStore::new()), Quota::per_second(5)?, "maps-api");
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
+    #[track_caller]
+    pub fn new(limiter: Limiter, quotas: impl Into<Quotas>, key: impl Into<String>) -> Self {
+        match Self::builder(limiter, quotas, key).build() {
+            Ok(layer) => layer,
+            Err(error) => panic!("OutboundLayer::new: {error}"),
+        }
+    }
+
+    /// Starts a builder for a layer that acquires every request against the fixed `key` (the
+    /// same storage key as [`Limiter::acquire`]`(key, ..)` and
+    /// [`Limiter::check_quotas`]`(key, ..)` without a scope), in `poll_ready`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota, Quotas};
+    ///
+    /// let quotas = Quotas::new([Quota::per_second(10)?, Quota::per_minute(500)?])?;
+    /// let layer = OutboundLayer::builder(Limiter::new(MemoryStore::new()), quotas, "maps-api")
+    ///     .max_wait(Duration::from_secs(2))
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder(
+        limiter: Limiter,
+        quotas: impl Into<Quotas>,
+        key: impl Into<String>,
+    ) -> OutboundLayerBuilder<GlobalKey> {
+        let key: String = key.into();
+        OutboundLayerBuilder::with_key(limiter, quotas.into(), KeySource::Fixed(key.into()))
+    }
+}
+
+impl<K: KeyExtractor> OutboundLayer<K> {
+    /// Starts a builder for a layer that acquires each request against the key `extractor`
+    /// finds in it (one quota per upstream host, say), in the response future. A request
+    /// without a key fails with [`OutboundError::MissingKey`](super::OutboundError::MissingKey).
+    ///
+    /// ```
+    /// use redlimit::{key::FnKey, outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
+    ///
+    /// // Each upstream host has its own quota.
+    /// let per_host = FnKey::new(|parts| parts.uri.host().map(str::to_owned));
+    /// let layer = OutboundLayer::builder_with_extractor(
+    ///     Limiter::new(MemoryStore::new()),
+    ///     Quota::per_second(10)?,
+    ///     per_host,
+    /// )
+    /// .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder_with_extractor(
+        limiter: Limiter,
+        quotas: impl Into<Quotas>,
+        extractor: K,
+    ) -> OutboundLayerBuilder<K> {
+        OutboundLayerBuilder::with_key(limiter, quotas.into(), KeySource::PerRequest(extractor))
+    }
+}
+
+impl<K> OutboundLayer<K> {
+    /// The scope the layer's keys are counted in (see [`OutboundLayerBuilder::scope`]); `None`
+    /// when unscoped.
+    ///
+    /// ```
+    /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let plain = OutboundLayer::new(limiter.clone(), Quota::per_second(5)?, "api");
+    /// assert_eq!(plain.scope(), None);
+    /// let search = OutboundLayer::builder(limiter, Quota::per_second(5)?, "api").scope("search").build()?;
+    /// assert_eq!(search.scope(), Some("search"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scope(&self) -> Option<&str> {
+        self.config.limits.scope.as_deref()
+    }
+}
+
+impl<S, K> Layer<S> for OutboundLayer<K> {
+    type Service = Outbound<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Outbound::from_config(inner, self.config.clone())
+    }
+}
+
+/// Builds an [`OutboundLayer`]; see [`OutboundLayer::builder`] and
+/// [`OutboundLayer::builder_with_extractor`].
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
+///
+/// let layer = OutboundLayer::builder(Limiter::new(MemoryStore::new()), Quota::per_second(5)?, "api")
+///     .max_wait(Duration::from_secs(3))
+///     .auto_suspend(false)
+///     .scope("reports")
+///     .build()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct OutboundLayerBuilder<K> {
+    limiter: Limiter,
+    quotas: Quotas,
+    key: KeySource<K>,
+    max_wait: Duration,
+    auto_suspend: bool,
+    scope: Option<String>,
+}
+
+impl<K: fmt::Debug> fmt::Debug for OutboundLayerBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboundLayerBuilder")
+            .field("quotas", &self.quotas)
+            .field("max_wait", &self.max_wait)
+            .field("auto_suspend", &self.auto_suspend)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> OutboundLayerBuilder<K> {
+    fn with_key(limiter: Limiter, quotas: Quotas, key: KeySource<K>) -> Self {
+        OutboundLayerBuilder {
+            limiter,
+            quotas,
+            key,
+            max_wait: DEFAULT_MAX_WAIT,
+            auto_suspend: true,
+            scope: None,
+        }
+    }
+
+    /// How long one request may wait for the limiter, from the moment it starts waiting
+    /// ([`DEFAULT_MAX_WAIT`], 10 s, by default). When the next admission would come later, the
+    /// request fails at once with [`AcquireError::DeadlineExceeded`] and consumes nothing.
+    /// Zero: never wait.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// Whether an upstream answer `429` or `503` with `Retry-After` suspends the key fleet-wide
+    /// for that long (on by default; see the [module docs](super#auto-suspend)).
+    pub fn auto_suspend(mut self, enabled: bool) -> Self {
+        self.auto_suspend = enabled;
+        self
+    }
+
+    /// Counts the layer's keys in `scope` (1 to 64 characters of `[A-Za-z0-9._-]`), as
+    /// [`Limiter::acquire_scoped`] does: apart from the same keys used unscoped or in other
+    /// scopes. Unscoped by default, so a layer shares its key's quota with direct
+    /// [`Limiter::acquire`] calls.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// The layer, or why the configuration is refused: an invalid scope
+    /// ([`ConfigError::InvalidScope`]), or a quota the limiter's algorithm cannot serve
+    /// ([`ConfigError::Quota`]).
+    ///
+    /// ```
+    /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, ConfigError, Limiter, Quota};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let built = OutboundLayer::builder(limiter, Quota::per_second(5)?, "api").scope("no spaces").build();
+    /// assert_eq!(built.err(), Some(ConfigError::InvalidScope));
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
+    pub fn build(self) -> Result<OutboundLayer<K>, ConfigError> {
+        if self.scope.as_deref().is_some_and(|scope| !is_name(scope)) {
+            return Err(ConfigError::InvalidScope);
+        }
+        let algorithm = self.limiter.algorithm();
+        for quota in &self.quotas {
+            algorithm.supports(quota)?;
+        }
+        Ok(OutboundLayer {
+            config: Arc::new(Config {
+                limits: Arc::new(Limits {
+                    limiter: self.limiter,
+                    quotas: self.quotas,
+                    scope: self.scope,
+                    max_wait: self.max_wait,
+                    auto_suspend: self.auto_suspend,
+                }),
+                key: self.key,
+            }),
+        })
+    }
+}
+
+/// 1 to 64 characters of `[A-Za-z0-9._-]` (the rule of the server layer's scopes).
+fn is_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::quota::{Quota, QuotaError};
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn bad_configurations_are_typed_errors() {
+        let limiter = Limiter::new(MemoryStore::new());
+        let quota = Quota::per_second(5).unwrap();
+        for bad in ["", "a b", "a:b", "{x}", &"s".repeat(65)] {
+            let built = OutboundLayer::builder(limiter.clone(), quota, "k")
+                .scope(bad)
+                .build();
+            assert_eq!(built.err(), Some(ConfigError::InvalidScope), "{bad:?}");
+        }
+        let log = Limiter::builder(MemoryStore::new())
+            .algorithm(Algorithm::SlidingLog)
+            .build()
+            .unwrap();
+        let huge = Quota::per_second(1_000_000).unwrap();
+        let built = OutboundLayer::builder(log, huge, "k").build();
+        assert_eq!(
+            built.err(),
+            Some(ConfigError::Quota(QuotaError::BurstTooLargeForSlidingLog))
+        );
+    }
+}
