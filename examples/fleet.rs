@@ -9,8 +9,12 @@
 //! The example starts a mock upstream (a hyper server on a free local port) that allows `--limit`
 //! requests per fixed window of `--period` and answers `429` with `Retry-After` beyond that. Then
 //! it starts `--workers` worker **processes** (itself, re-executed in a hidden worker mode), each
-//! calling the upstream as fast as the limiter they share in Redis allows, for `--seconds`. When
-//! they are done it prints one line, the last on stdout:
+//! calling the upstream through an [`OutboundLayer`] as fast as the limiter they share in Redis
+//! allows, for `--seconds`. The layer has one fixed key for the whole fleet, so it waits for the
+//! quota in `poll_ready` (`client.ready().await`), and an upstream `429` or `503` with
+//! `Retry-After` would suspend that key for every worker (auto-suspend). The key is printed at the
+//! start (`fleet-PORT`): `cargo run --example admin -- --redis URL suspend fleet-PORT 2s` pauses
+//! the running fleet. When the workers are done the example prints one line, the last on stdout:
 //!
 //! ```text
 //! upstream: T requests in S s, W max in any aligned window, X answered 429
@@ -58,7 +62,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::process::{ExitCode, Stdio};
@@ -72,13 +75,14 @@ use common::flags::{set_once, Arg, Args};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
+use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use redlimit::policy::Verdict;
+use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::store::RedisStore;
 use redlimit::{Algorithm, Clock, FailClosed, Limiter, Quota};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
-use tower::{Service, ServiceExt};
+use tower::{Service, ServiceBuilder, ServiceExt};
 
 const USAGE: &str = "\
 usage: cargo run --example fleet -- [OPTIONS]
@@ -103,9 +107,6 @@ const STARTUP: Duration = Duration::from_millis(1_500);
 
 /// How long after the run the parent waits for a worker before killing it.
 const WORKER_GRACE: Duration = Duration::from_secs(30);
-
-/// The most a worker adds to a `retry_after` so that the fleet does not wake in lockstep.
-const MAX_JITTER: Duration = Duration::from_millis(5);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -426,13 +427,22 @@ async fn worker(args: &[String]) -> Result<(), String> {
         .failure_policy(FailClosed::default())
         .build()
         .map_err(|e| e.to_string())?;
+    // One fixed key for the whole fleet: the layer waits in `poll_ready` (backpressure), and an
+    // upstream 429 or 503 with `Retry-After` would suspend the key for every worker.
+    let layer = OutboundLayer::builder(limiter, quota, key.as_str())
+        // Waits are cut at `stop` below; one that would end after the run (a long suspension)
+        // fails at once, and the worker is done.
+        .max_wait(until_unix(stop) + period)
+        .build()
+        .map_err(|e| e.to_string())?;
     let upstream: SocketAddr = upstream.parse().map_err(|e| format!("{upstream}: {e}"))?;
-    let mut client = UpstreamClient::connect(upstream)
+    let connection = UpstreamClient::connect(upstream)
         .await
         .map_err(|e| format!("worker {id}: cannot connect to the upstream: {e}"))?;
+    let mut client = ServiceBuilder::new().layer(layer).service(connection);
 
     tokio::time::sleep(until_unix(start)).await;
-    let deadline = Instant::now() + until_unix(stop);
+    let stop_at = Instant::now() + until_unix(stop);
     let (mut sent, mut refused) = (0u64, 0u64);
     loop {
         let now = unix_micros();
@@ -444,20 +454,22 @@ async fn worker(args: &[String]) -> Result<(), String> {
             tokio::time::sleep(Duration::from_micros(left_in_window)).await;
             continue;
         }
-        if !wait_for_turn(&limiter, key, &quota, deadline).await {
+        // `ready()` waits until the fleet's quota admits this worker's next call; at `stop` the
+        // worker gives up waiting rather than call after the run.
+        let Ok(ready) = tokio::time::timeout_at(stop_at, client.ready()).await else {
             break;
-        }
+        };
+        let ready = ready.map_err(|e| format!("worker {id}: {e}"))?;
         let request = Request::get("/")
             .header("host", upstream.to_string())
             .body(Empty::new())
             .expect("a valid request");
-        let response = client
-            .ready()
-            .await
-            .map_err(|e| format!("worker {id}: upstream: {e}"))?
-            .call(request)
-            .await
-            .map_err(|e| format!("worker {id}: upstream: {e}"))?;
+        let response = match ready.call(request).await {
+            Ok(response) => response,
+            // The next admission comes after the run: nothing was sent.
+            Err(OutboundError::Acquire(_)) => break,
+            Err(error) => return Err(format!("worker {id}: upstream: {error}")),
+        };
         let status = response.status();
         // Read the body to the end: the connection is kept alive for the next request.
         let _ = response.into_body().collect().await;
@@ -476,45 +488,23 @@ fn guard(period: Duration) -> Duration {
     (period / 20).min(Duration::from_millis(50))
 }
 
-/// Waits until the limiter admits one call on `key`; `false` when that would be after `deadline`.
-/// Sleeps each denial's `retry_after` plus a small random jitter.
-async fn wait_for_turn(limiter: &Limiter, key: &str, quota: &Quota, deadline: Instant) -> bool {
-    loop {
-        let wait = match limiter.check(key, quota).await {
-            verdict if verdict.is_allowed() => return true,
-            Verdict::Decided(decision) => decision.retry_after,
-            Verdict::FailedClosed { retry_after } => retry_after,
-            Verdict::FailedOpen => return true,
-        };
-        let wake = Instant::now() + wait + jitter();
-        if wake >= deadline {
-            return false;
-        }
-        tokio::time::sleep_until(wake).await;
-    }
-}
-
-/// A random duration up to [`MAX_JITTER`].
-fn jitter() -> Duration {
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    Duration::from_micros(random % (micros(MAX_JITTER) + 1))
-}
-
-/// The upstream as a client `tower::Service`: one kept-alive HTTP/1.1 connection.
+/// The upstream as a client `tower::Service`: one kept-alive HTTP/1.1 connection. The outbound
+/// layer clones its inner service into each response future (tower's advice for a ready service),
+/// so the connection sits behind a lock; a worker makes one call at a time, never waiting on it.
+#[derive(Clone)]
 struct UpstreamClient {
-    sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    sender: Arc<tokio::sync::Mutex<http1::SendRequest<Empty<Bytes>>>>,
 }
 
 impl UpstreamClient {
     async fn connect(addr: SocketAddr) -> Result<UpstreamClient, Box<dyn std::error::Error>> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        let (sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(connection);
-        Ok(UpstreamClient { sender })
+        Ok(UpstreamClient {
+            sender: Arc::new(tokio::sync::Mutex::new(sender)),
+        })
     }
 }
 
@@ -523,12 +513,18 @@ impl Service<Request<Empty<Bytes>>> for UpstreamClient {
     type Error = hyper::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, hyper::Error>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
-        self.sender.poll_ready(cx)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        // The connection's readiness is awaited in `call`, under the lock.
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<Empty<Bytes>>) -> Self::Future {
-        Box::pin(self.sender.send_request(request))
+        let sender = self.sender.clone();
+        Box::pin(async move {
+            let mut sender = sender.lock().await;
+            sender.ready().await?;
+            sender.send_request(request).await
+        })
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use redlimit::key::HeaderKey;
 use redlimit::store::RedisStore;
 use redlimit::{Decision, Limiter, Quota, RateLimitLayer, Verdict};
@@ -175,7 +175,8 @@ async fn reset_forgets_the_usage() {
     assert!(decide(&limiter, "ip:203.0.113.7", &quota).await.allowed);
 }
 
-/// A request through a layer keyed by the `x-api-key` header.
+/// A request through a layer keyed by the `x-api-key` header: its status, and for a 429 whether
+/// the body says "suspended" (anything else would be a denial for the quota: a test failure).
 async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> StatusCode {
     let service =
         ServiceBuilder::new()
@@ -187,7 +188,17 @@ async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> Stat
         .header("x-api-key", api_key)
         .body(Full::new(Bytes::new()))
         .unwrap();
-    service.oneshot(request).await.unwrap().status()
+    let response = service.oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let body = String::from_utf8_lossy(&body);
+        assert!(
+            body.contains("suspended"),
+            "429 not for a suspension: {body:?}"
+        );
+    }
+    status
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -140,6 +141,72 @@ fn a_short_period_is_used_fully_too() {
     assert_eq!(summary.too_many, 0, "{summary:?}\n{stderr}");
     assert!(summary.max_in_window <= 5, "{summary:?}\n{stderr}");
     assert!(summary.total >= 36, "{summary:?}\n{stderr}");
+}
+
+#[test]
+fn an_admin_suspension_of_the_fleets_key_pauses_every_worker() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    // Built before the fleet starts: the suspension must come while it runs.
+    let admin = example::example_binary("admin");
+    let mut fleet = Command::new(example::example_binary("fleet"))
+        .args([
+            "--redis",
+            &url,
+            "--workers",
+            "3",
+            "--limit",
+            "20",
+            "--period",
+            "1s",
+        ])
+        .args(["--seconds", "4"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the fleet example");
+    // The first stderr line names the key; the workers start at least 1.5 s later.
+    let mut stderr = BufReader::new(fleet.stderr.take().expect("piped stderr"));
+    let mut first = String::new();
+    stderr
+        .read_line(&mut first)
+        .expect("the fleet's first line");
+    let key = first
+        .split_once("key \"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(key, _)| key.to_owned())
+        .unwrap_or_else(|| panic!("no key in {first:?}"));
+    let rest = thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = stderr.read_to_string(&mut rest);
+        rest
+    });
+
+    let admin = Command::new(admin)
+        .args(["--redis", &url, "suspend", &key, "4s"])
+        .output()
+        .expect("run the admin example");
+    assert!(
+        admin.status.success(),
+        "{}",
+        String::from_utf8_lossy(&admin.stderr)
+    );
+
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    while fleet.try_wait().expect("poll the fleet").is_none() {
+        assert!(Instant::now() < deadline, "the fleet did not finish");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let output = fleet.wait_with_output().expect("the fleet's output");
+    let stderr = format!("{first}{}", rest.join().unwrap());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let summary = Summary::parse(stdout.trim_end()).unwrap_or_else(|| panic!("{stdout}"));
+    // 4 windows of 20; the suspension covered at least one whole window of the run, and the
+    // workers came back after it.
+    assert_eq!(summary.too_many, 0, "{summary:?}\n{stderr}");
+    assert!((20..=60).contains(&summary.total), "{summary:?}\n{stderr}");
 }
 
 #[test]
