@@ -23,7 +23,12 @@
 //!   clients over keep-alive connections (one per task);
 //! - `denied/<algorithm>`: `Limiter::check` on keys whose quota is already spent;
 //! - `deny-cache/<algorithm>`: a hot over-limit key makes 90 % of the traffic, the rest is spread
-//!   over other keys, with and without the limiter's deny cache.
+//!   over other keys, with and without the limiter's deny cache;
+//! - `fleet <case>`: what the fleet features cost Redis, token bucket, concurrency 64, hot key, in
+//!   the compared rounds: `override` (a quota set with `Limiter::set_quota`), `two tiers`
+//!   (`Limiter::check_quotas` with a per-second and a per-minute quota), `suspended` (a key under
+//!   `Limiter::suspend`: the denied path). A limiter that uses none of them is the
+//!   `check token-bucket` row itself.
 //!
 //! Allowed runs use a quota that admits everything (10^9 a second; the sliding log 100 000 per
 //! 100 ms, its burst cap); a run that saw a denial, an error or a non-200 answer fails. Each run
@@ -52,7 +57,9 @@ use http_body_util::{BodyExt, Empty};
 use redis::aio::MultiplexedConnection;
 use redlimit::key::HeaderKey;
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Limiter, LimiterBuilder, LimiterStats, Quota, RateLimitLayer};
+use redlimit::{
+    Algorithm, Limiter, LimiterBuilder, LimiterStats, Quota, Quotas, RateLimitLayer, Verdict,
+};
 use tower::{Layer, Service, ServiceExt};
 
 mod support;
@@ -511,6 +518,53 @@ impl Op for CheckOp {
             return self.limiter.check(key, quota).await.is_allowed() == allowed;
         }
         self.limiter.check(key, &self.quota).await.is_allowed() == self.expect_allowed
+    }
+}
+
+/// A fleet feature the bench measures (see [`Bench::fleet`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fleet {
+    /// The key's quota overridden with `Limiter::set_quota` (admitting).
+    Override,
+    /// Two tiers in one call: `Limiter::check_quotas` with a per-second and a per-minute quota.
+    TwoTiers,
+    /// The key suspended with `Limiter::suspend`: every decision is a denial.
+    Suspended,
+}
+
+impl Fleet {
+    const ALL: [Fleet; 3] = [Fleet::Override, Fleet::TwoTiers, Fleet::Suspended];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fleet::Override => "override",
+            Fleet::TwoTiers => "two tiers",
+            Fleet::Suspended => "suspended",
+        }
+    }
+}
+
+/// `Limiter::check_quotas` on the hot key; `true` when the decision is the expected one
+/// (admitted, or denied because suspended).
+struct FleetOp {
+    limiter: Limiter,
+    quotas: Quotas,
+    suspended: bool,
+    keys: Arc<KeySet>,
+}
+
+impl Op for FleetOp {
+    async fn run(&mut self, _n: u64) -> bool {
+        let verdict = self
+            .limiter
+            .check_quotas(&self.keys.plain[0], &self.quotas, 1)
+            .await;
+        match verdict {
+            Verdict::Decided(decision) => {
+                decision.allowed != self.suspended && decision.suspended == self.suspended
+            }
+            _ => false,
+        }
     }
 }
 
@@ -992,6 +1046,71 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// A fleet feature on the token bucket, concurrency 64, hot key: its own limiter and key,
+    /// the feature set up (or set again) before the run and checked with one decision.
+    async fn fleet(&mut self, fleet: Fleet) -> Run {
+        let algorithm = Algorithm::TokenBucket;
+        let prefix = format!("{PREFIX}-fleet-{}", fleet.name().replace(' ', "-"));
+        let limiter = self.admin.limiter(algorithm, &prefix, false).await;
+        let key = self.keys.plain[0].as_str();
+        let admitting = admitting(algorithm);
+        let (quotas, suspended) = match fleet {
+            Fleet::Override => {
+                // Another admitting quota, so that the decisions show which one was in force.
+                let forced = Quotas::from(Quota::per_second(2_000_000_000).expect("a valid quota"));
+                limiter.set_quota(key, &forced).await.expect("set_quota");
+                let first = limiter.check(key, &admitting).await;
+                assert_eq!(
+                    first.decision().map(|d| d.quota),
+                    Some(forced[0]),
+                    "the override is in force"
+                );
+                (Quotas::from(admitting), false)
+            }
+            Fleet::TwoTiers => {
+                let per_minute = Quota::per_minute(60_000_000_000).expect("a valid quota");
+                let tiers = Quotas::new([admitting, per_minute]).expect("two valid quotas");
+                (tiers, false)
+            }
+            Fleet::Suspended => {
+                limiter
+                    .suspend(key, Duration::from_secs(3600))
+                    .await
+                    .expect("suspend");
+                (Quotas::from(admitting), true)
+            }
+        };
+        let before = limiter.stats();
+        let ops = (0..RATIO_CONCURRENCY)
+            .map(|_| FleetOp {
+                limiter: limiter.clone(),
+                quotas,
+                suspended,
+                keys: self.keys.clone(),
+            })
+            .collect();
+        let (run, _) = measure(&self.settings, &self.admin, ops).await;
+        let after = limiter.stats();
+        assert!(
+            after.store_errors == 0
+                && if suspended {
+                    after.allowed == before.allowed
+                } else {
+                    after.denied == before.denied
+                },
+            "fleet {}: the run saw other decisions or store errors ({before:?} -> {after:?})",
+            fleet.name()
+        );
+        self.record(
+            &format!("fleet {}", fleet.name()),
+            Shape::RATIO,
+            run.clone(),
+        );
+        run
+    }
+}
+
 /// Fails the bench when the limiter's counters show another path than the one measured.
 fn assert_only(limiter: &Limiter, path: &str, ok: impl Fn(&LimiterStats) -> bool) {
     let stats = limiter.stats();
@@ -1182,7 +1301,10 @@ async fn bench(settings: Settings) {
         .chain([None])
         .map(|a| (a, Costs::default()))
         .collect();
-    let compared = 2 + Algorithm::ALL.len();
+    // The fleet features, measured in the same rounds: usec_per_call and Redis CPU by round.
+    let mut fleet_cost: Vec<(Fleet, Costs)> =
+        Fleet::ALL.iter().map(|&f| (f, Costs::default())).collect();
+    let compared = 2 + Algorithm::ALL.len() + Fleet::ALL.len();
     for round in 0..rounds {
         let (mut raw, mut layer) = (None, None);
         let mut checks: Vec<(Algorithm, Run)> = Vec::new();
@@ -1190,9 +1312,15 @@ async fn bench(settings: Settings) {
             match (step + round) % compared {
                 0 => raw = Some(bench.raw(Shape::RATIO).await),
                 1 => layer = Some(bench.layer(Shape::RATIO).await),
-                i => {
+                i if i < 2 + Algorithm::ALL.len() => {
                     let algorithm = Algorithm::ALL[i - 2];
                     checks.push((algorithm, bench.check(algorithm, Shape::RATIO).await));
+                }
+                i => {
+                    let (fleet, costs) = &mut fleet_cost[i - 2 - Algorithm::ALL.len()];
+                    let run = bench.fleet(*fleet).await;
+                    costs.usec.push(run.usec_per_call());
+                    costs.cpu.push(run.redis_cpu_us());
                 }
             }
         }
@@ -1277,6 +1405,7 @@ async fn bench(settings: Settings) {
             "check",
             "denied",
             "deny-cache",
+            "fleet",
             "service",
             "layer",
             "http (",
@@ -1374,6 +1503,38 @@ async fn bench(settings: Settings) {
             ratio.median, ratio.min, ratio.max
         );
     }
+    // The fleet features against the same reference; `plain` is the token bucket's own figure
+    // above (a limiter that uses none of them runs exactly that call).
+    let plain = cost
+        .iter()
+        .find(|(algorithm, _)| *algorithm == Algorithm::TokenBucket)
+        .map_or(f64::NAN, |(_, ratio)| *ratio);
+    let mut fleet_line = vec![format!("plain {plain:.2}")];
+    for (fleet, costs) in &fleet_cost {
+        let per_round = |of: fn(&Costs) -> &Vec<f64>| {
+            let pairs = of(costs).iter().zip(of(&reference));
+            Ratio::of(pairs.map(|(a, r)| a / r).collect())
+        };
+        let (usec, cpu) = (per_round(|c| &c.usec), per_round(|c| &c.cpu));
+        let least = Costs::least(&costs.usec) / Costs::least(&reference.usec);
+        println!(
+            "fleet cost/reference {}: usec_per_call least-disturbed runs {least:.2}, per round \
+             median {:.2} (range {:.2}-{:.2}); Redis CPU per decision per round median {:.2} \
+             (range {:.2}-{:.2})",
+            fleet.name(),
+            usec.median,
+            usec.min,
+            usec.max,
+            cpu.median,
+            cpu.min,
+            cpu.max
+        );
+        fleet_line.push(format!("{} {least:.2}", fleet.name()));
+    }
+    println!(
+        "fleet cost (usec_per_call / reference): {}",
+        fleet_line.join(", ")
+    );
     tls_overhead(&bench.settings).await;
     println!();
     println!("check/raw ratio: {:.2}", check_raw.median);

@@ -60,7 +60,8 @@ if #ARGV ~= 1 or #KEYS < 1 or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
   return redis.error_reply('ERR redlimit: invalid arguments; expected one key and one ' ..
     'argument packing now_us, cost, algorithm, then limit, period_us, burst per tier (1 to 8)')
 end
-local now, cost, alg, pos = sunpack('<ddB', args)
+-- The header and the first tier in one unpack: one call into struct fewer on every decision.
+local now, cost, alg, limit1, period1, burst1, pos = sunpack('<ddBddd', args)
 if not (cost >= 0 and cost < MAX_EXACT and cost % 1 == 0 and
     (now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0)) then
   return redis.error_reply('ERR redlimit: invalid arguments; now_us and cost must be ' ..
@@ -90,13 +91,14 @@ if s and byte(s, 1) == 77 then
       if n > 0 then
         limit, period, burst = sunpack('<ddd', s, 11)
       else
-        limit, period, burst = sunpack('<ddd', args, pos)
+        limit, period, burst = limit1, period1, burst1
       end
       local left = ceil((until_us - now) / 1000)
       return spack('<Bdddddd', 2, limit, period, burst, 0, left, left)
     end
     if n > 0 then
-      controls, quotas, pos, tiers = sub(s, 1, len), s, 11, n
+      controls, quotas, tiers = sub(s, 1, len), s, n
+      limit1, period1, burst1, pos = sunpack('<ddd', s, 11)
     end
     at = len + 1
   else
@@ -114,10 +116,12 @@ local log_write, log_period = nil, -1
 if not plain then
   olds, news, oks = {}, {}, {}
 end
-local stored = s
+local stored, key = s, KEYS[2]
 for i = 1, tiers do
-  local limit, period, burst
-  limit, period, burst, pos = sunpack('<ddd', quotas, pos)
+  local limit, period, burst = limit1, period1, burst1
+  if i > 1 then
+    limit, period, burst, pos = sunpack('<ddd', quotas, pos)
+  end
   if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
       period < MAX_EXACT and period % 1 == 0 and burst >= 1 and burst < MAX_EXACT and
       burst % 1 == 0) then
@@ -137,32 +141,41 @@ for i = 1, tiers do
       end
     end
   end
-  local key = KEYS[2]
   local ok, rem, re, rs, state
   if false then
   -- @steps
   else
     return redis.error_reply('ERR redlimit: unknown algorithm')
   end
-  if i == 1 or rem < min_rem then
-    min_limit, min_period, min_burst, min_rem = limit, period, burst, rem
-  end
-  if not ok then
-    if all_ok or (deny_re >= 0 and (re < 0 or re > deny_re)) then
-      deny_limit, deny_period, deny_burst, deny_rem, deny_re = limit, period, burst, rem, re
-    end
-    all_ok = false
-  end
-  if rs > max_rs then
-    max_rs = rs
-  end
   if plain then
-    news = state
-  elseif log then
+    -- One tier: its decision is the call's.
+    min_limit, min_period, min_burst, min_rem, news = limit, period, burst, rem, state
+    if rs > 0 then
+      max_rs = rs
+    end
+    if not ok then
+      deny_limit, deny_period, deny_burst, deny_rem, deny_re, all_ok =
+        limit, period, burst, rem, re, false
+    end
+  else
+    if i == 1 or rem < min_rem then
+      min_limit, min_period, min_burst, min_rem = limit, period, burst, rem
+    end
+    if not ok then
+      if all_ok or (deny_re >= 0 and (re < 0 or re > deny_re)) then
+        deny_limit, deny_period, deny_burst, deny_rem, deny_re = limit, period, burst, rem, re
+      end
+      all_ok = false
+    end
+    if rs > max_rs then
+      max_rs = rs
+    end
+  end
+  if log then
     if state and period > log_period then
       log_write, log_period = state, period
     end
-  else
+  elseif not plain then
     olds[i], news[i], oks[i] = stored, state, ok
   end
 end

@@ -33,7 +33,12 @@
 
   -- 3. Drain the debt at limit per period, the elapsed time capped at the time to pay it off.
   --    Once paid off the clock stops: idle time earns no credit beyond burst.
-  local to_zero = ceil(d * period / limit)
+  local to_zero = d * period / limit
+  local frac = to_zero % 1 -- ceil, without a call into math (see lua/common.lua)
+  to_zero = to_zero - frac
+  if frac > 0 then
+    to_zero = to_zero + 1
+  end
   local debt
   if now - at >= to_zero then
     at, d, debt = now, 0, 0
@@ -71,11 +76,18 @@
   -- 5b. Reset: until the debt is paid off (the key expires then).
   local reset = 0
   if d > 0 then
-    reset = at + ceil(d * period / limit) - now
+    local paid = d * period / limit
+    frac = paid % 1 -- ceil, as above
+    paid = paid - frac
+    if frac > 0 then
+      paid = paid + 1
+    end
+    reset = at + paid - now
   end
 
   -- 6. The new state: only what changed (an admission that costs, or a repaired clock).
-  ok, rem, re, rs = allowed, floor(burst - used), retry, reset
+  local left = burst - used
+  ok, rem, re, rs = allowed, left - left % 1, retry, reset
   if cost > 0 and (allowed or stepped_back) then
     state = spack('<Bdd', 103, at, d)
   end

@@ -12,22 +12,6 @@
 -- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
 -- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
 
--- The first elapsed µs of a window at which `count` units of the previous window weigh at most
--- `room` (floor(count * (period - e - 1) / period) <= room), within [0, period - 1] (at
--- period - 1 they weigh 0). The division estimates it; the comparison settles it.
-local function fade(count, room, period)
-  local e = max(0, floor(period - 1 - (room + 1) * period / count) + 1)
-  if e >= period then
-    e = period - 1
-  end
-  if floor(count * (period - e - 1) / period) > room then
-    e = e + 1
-  elseif e > 0 and floor(count * (period - e) / period) <= room then
-    e = e - 1
-  end
-  return e
-end
-
   -- 1. The current window.
   local start = now - now % period
   local elapsed = now - start
@@ -39,43 +23,89 @@ end
   if stored and #stored == 25 then
     local tag, w, sc, sp = sunpack('<Bddd', stored)
     if tag == 119 and sc >= 0 and sc < MAX_EXACT and sp >= 0 and sp < MAX_EXACT then
+      -- floor and min without calls into math (see lua/common.lua)
       if w == start then
-        c, p = min(floor(sc), burst), min(floor(sp), burst)
+        c, p = sc - sc % 1, sp - sp % 1
       elseif w == start - period then
-        p = min(floor(sc), burst)
+        p = sc - sc % 1
+      end
+      if c > burst then
+        c = burst
+      end
+      if p > burst then
+        p = burst
       end
     end
   end
 
   -- 3. Decide (a peek always passes: the estimate can exceed burst after the clock stepped
   --    back). A denied request consumes nothing.
-  local share = floor(p * (period - elapsed - 1) / period)
+  local share = p * (period - elapsed - 1) / period
+  share = share - share % 1
   local allowed = cost == 0 or c + share + cost <= burst
-  local retry = 0
+  -- The retry waits for rc units, counted from the window that starts at rbase µs, to weigh at
+  -- most rroom; the reset for zc units from zbase to weigh nothing (nil: no wait; step 4d).
+  local retry, rc, rroom, rbase = 0, nil, nil, nil
   if allowed then
     c = c + cost
   elseif cost > burst then
     retry = -1
   elseif c + cost <= burst then
     -- 4a. Retry within this window, once the previous window's share leaves room.
-    retry = start + fade(p, burst - c - cost, period) - now
+    rc, rroom, rbase = p, burst - c - cost, start
   else
     -- 4b. Retry in the next window, where this window's count is the previous one.
-    retry = start + period + fade(c, burst - cost, period) - now
+    rc, rroom, rbase = c, burst - cost, start + period
   end
 
   -- 4c. Reset: until both counts have faded out (the key expires then).
-  local reset = 0
+  local reset, zc, zbase = 0, nil, nil
   if c > 0 then
-    reset = start + period + fade(c, 0, period) - now
+    zc, zbase = c, start + period
   elseif share > 0 then
-    reset = start + fade(p, 0, period) - now
+    zc, zbase = p, start
+  end
+
+  -- 4d. The fades: the first elapsed µs e of a window at which `count` units of the window
+  --     before weigh at most `room` (floor(count * (period - e - 1) / period) <= room), within
+  --     [0, period - 1] (at period - 1 they weigh 0). The division estimates it; the comparison
+  --     settles it (room is whole: floor(x) <= room is x < room + 1). Inlined, for the retry
+  --     and then the reset: a helper function would be a closure built on every call.
+  for j = 1, 2 do
+    local count, room, base = rc, rroom, rbase
+    if j == 2 then
+      count, room, base = zc, 0, zbase
+    end
+    if count then
+      local x = period - 1 - (room + 1) * period / count
+      local e = 0
+      if x >= 0 then
+        e = x - x % 1 + 1
+      end
+      if e >= period then
+        e = period - 1
+      end
+      if count * (period - e - 1) / period >= room + 1 then
+        e = e + 1
+      elseif e > 0 and count * (period - e) / period < room + 1 then
+        e = e - 1
+      end
+      if j == 1 then
+        retry = base + e - now
+      else
+        reset = base + e - now
+      end
+    end
   end
 
   -- 5. The new state: only an admission that costs changes it. A previous count that weighs
   --    nothing now weighs nothing for the rest of the window: stored as 0, the state an
   --    expired key would have.
-  ok, rem, re, rs = allowed, max(0, burst - share - c), retry, reset
+  local left = burst - share - c
+  if left < 0 then
+    left = 0
+  end
+  ok, rem, re, rs = allowed, left, retry, reset
   if allowed and cost > 0 then
     if share == 0 then
       p = 0

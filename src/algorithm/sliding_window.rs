@@ -13,8 +13,9 @@ use super::{lua_mod, sane, unpack, Args, Outcome, Packed};
 /// The state tag: `w`, layout 1 (w, c, p).
 const TAG: u8 = b'w';
 
-/// `fade` in the script: the first elapsed µs of a window at which `count` units of the previous
-/// window weigh at most `room`, within `[0, period - 1]`.
+/// The fade of the script (step 4d, inlined there so that no closure is built per call): the
+/// first elapsed µs of a window at which `count` units of the previous window weigh at most
+/// `room`, within `[0, period - 1]`.
 fn fade(count: f64, room: f64, period: f64) -> f64 {
     let mut e = ((period - 1.0 - (room + 1.0) * period / count).floor() + 1.0).max(0.0);
     if e >= period {
