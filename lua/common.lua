@@ -11,12 +11,14 @@
 --       (1 to 8) doubles limit, period_us, burst: '<ddB' .. n * '<ddd', 17 + 24 * n bytes.
 --       Numbers are integers below 2^53 (limit, period and burst at least 1). Packed, because
 --       every ARGV element and every tonumber costs Redis more than the whole unpack.
--- Reply one string, packed '<Bdddddd': flags (1 allowed, 2 suspended), then the binding tier's
---       limit, period_us and burst, remaining, retry_after_ms (-1 = never), and reset_after_ms
---       (when every tier is fresh again). The request is admitted only when every tier admits
---       it, and then costs every tier (all or none). The binding tier: on an admission the one
---       with the least remaining, on a denial the denying one with the longest wait. One string
---       costs Redis less than converting an array of integers.
+-- Reply one string, packed '<BBddd': flags (1 allowed, 2 suspended, 4 an override decided),
+--       the binding tier's position (from 1), remaining, retry_after_ms (-1 = never), and
+--       reset_after_ms (when every tier is fresh again); with flag 4, '<ddd' more: the
+--       override tier's limit, period_us and burst (the caller knows its own tiers, not the
+--       override's). The request is admitted only when every tier admits it, and then costs
+--       every tier (all or none). The binding tier: on an admission the one with the least
+--       remaining, on a denial the denying one with the longest wait. One string costs Redis
+--       less than converting an array of integers.
 --
 -- The string at KEYS[1]: optional controls, then each tier's state in order.
 --   controls  'M', double suspended_until_us (0: not suspended), a byte n (0: no override),
@@ -87,14 +89,11 @@ if s and byte(s, 1) == 77 then
     local until_us = sunpack('<d', s, 2)
     if until_us > now then
       -- Suspended: denied with the time left, from the first tier in force; nothing written.
-      local limit, period, burst
-      if n > 0 then
-        limit, period, burst = sunpack('<ddd', s, 11)
-      else
-        limit, period, burst = limit1, period1, burst1
-      end
       local left = ceil((until_us - now) / 1000)
-      return spack('<Bdddddd', 2, limit, period, burst, 0, left, left)
+      if n > 0 then
+        return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', s, 11))
+      end
+      return spack('<BBddd', 2, 1, 0, left, left)
     end
     if n > 0 then
       controls, quotas, tiers = sub(s, 1, len), s, n
@@ -108,8 +107,8 @@ end
 
 -- Decide every tier.
 local all_ok, max_rs = true, 0
-local min_limit, min_period, min_burst, min_rem -- least remaining
-local deny_limit, deny_period, deny_burst, deny_rem, deny_re -- the longest wait of a denial
+local min_i, min_rem -- the tier with the least remaining
+local deny_i, deny_rem, deny_re -- the denying tier with the longest wait
 local plain = at == 1 and tiers == 1 and not log -- one state, the whole string
 local olds, news, oks -- several tiers: each one's stored state, new state and decision
 local log_write, log_period = nil, -1
@@ -149,21 +148,20 @@ for i = 1, tiers do
   end
   if plain then
     -- One tier: its decision is the call's.
-    min_limit, min_period, min_burst, min_rem, news = limit, period, burst, rem, state
+    min_i, min_rem, news = 1, rem, state
     if rs > 0 then
       max_rs = rs
     end
     if not ok then
-      deny_limit, deny_period, deny_burst, deny_rem, deny_re, all_ok =
-        limit, period, burst, rem, re, false
+      deny_i, deny_rem, deny_re, all_ok = 1, rem, re, false
     end
   else
     if i == 1 or rem < min_rem then
-      min_limit, min_period, min_burst, min_rem = limit, period, burst, rem
+      min_i, min_rem = i, rem
     end
     if not ok then
       if all_ok or (deny_re >= 0 and (re < 0 or re > deny_re)) then
-        deny_limit, deny_period, deny_burst, deny_rem, deny_re = limit, period, burst, rem, re
+        deny_i, deny_rem, deny_re = i, rem, re
       end
       all_ok = false
     end
@@ -231,10 +229,20 @@ else
   end
 end
 
+-- The reply names the binding tier by its position; an override's tier also by its quota (the
+-- caller does not know it).
 if all_ok then
-  return spack('<Bdddddd', 1, min_limit, min_period, min_burst, min_rem, 0, reset_ms)
+  if controls then
+    return spack('<BBdddddd', 5, min_i, min_rem, 0, reset_ms,
+      sunpack('<ddd', s, 11 + 24 * (min_i - 1)))
+  end
+  return spack('<BBddd', 1, min_i, min_rem, 0, reset_ms)
 end
 if deny_re > 0 then
   deny_re = min(ceil(deny_re / 1000), MAX_REPLY_MS)
 end
-return spack('<Bdddddd', 0, deny_limit, deny_period, deny_burst, deny_rem, deny_re, reset_ms)
+if controls then
+  return spack('<BBdddddd', 4, deny_i, deny_rem, deny_re, reset_ms,
+    sunpack('<ddd', s, 11 + 24 * (deny_i - 1)))
+end
+return spack('<BBddd', 0, deny_i, deny_rem, deny_re, reset_ms)

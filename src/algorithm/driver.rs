@@ -158,9 +158,10 @@ pub(crate) fn control_args(op: Op<'_>, now_micros: Option<u64>) -> Vec<u8> {
 pub(crate) struct Reply {
     pub allowed: bool,
     pub suspended: bool,
-    pub limit: u64,
-    pub period_us: u64,
-    pub burst: u64,
+    /// The binding tier's position (from 0) among the quotas in force.
+    pub tier: usize,
+    /// When an override decided: its binding quota as numbers (limit, period_us, burst).
+    pub overridden: Option<(u64, u64, u64)>,
     pub remaining: u64,
     pub retry_after_ms: i64,
     pub reset_after_ms: i64,
@@ -171,7 +172,7 @@ impl Reply {
     #[cfg(test)]
     pub(crate) fn new(
         allowed: bool,
-        args: &Args,
+        _args: &Args,
         remaining: f64,
         retry_us: f64,
         reset_us: f64,
@@ -179,9 +180,8 @@ impl Reply {
         Reply {
             allowed,
             suspended: false,
-            limit: args.limit as u64,
-            period_us: args.period as u64,
-            burst: args.burst as u64,
+            tier: 0,
+            overridden: None,
             remaining: remaining as u64,
             retry_after_ms: if retry_us >= 0.0 {
                 ms_up(retry_us).min(MAX_REPLY_MS)
@@ -192,14 +192,16 @@ impl Reply {
         }
     }
 
-    /// Parses a script's reply: one string packed `'<Bdddddd'` (flags: 1 allowed, 2 suspended;
-    /// limit, period_us, burst, remaining, retry_after_ms with -1 for never, reset_after_ms),
-    /// every number an integer. Anything else is `None`.
+    /// Parses a script's reply: one string packed `'<BBddd'` (flags: 1 allowed, 2 suspended,
+    /// 4 an override decided; the binding tier's position from 1; remaining, retry_after_ms
+    /// with -1 for never, reset_after_ms), followed with flag 4 by `'<ddd'` (the override
+    /// tier's limit, period_us, burst); every number an integer. Anything else is `None`.
     pub(crate) fn from_redis(reply: &[u8]) -> Option<Self> {
-        let [flags, rest @ ..] = reply else {
+        let [flags, tier, rest @ ..] = reply else {
             return None;
         };
-        if rest.len() != 48 || *flags > 3 {
+        let overridden = flags & 4 == 4;
+        if rest.len() != if overridden { 48 } else { 24 } || *flags > 7 || *tier == 0 {
             return None;
         }
         let v = |i: usize| {
@@ -213,21 +215,28 @@ impl Reply {
         Some(Reply {
             allowed: flags & 1 == 1,
             suspended: flags & 2 == 2,
-            limit: unsigned(0)?,
-            period_us: unsigned(1)?,
-            burst: unsigned(2)?,
-            remaining: unsigned(3)?,
-            retry_after_ms: v(4)?,
-            reset_after_ms: unsigned(5)? as i64,
+            tier: usize::from(*tier) - 1,
+            overridden: if overridden {
+                Some((unsigned(3)?, unsigned(4)?, unsigned(5)?))
+            } else {
+                None
+            },
+            remaining: unsigned(0)?,
+            retry_after_ms: v(1)?,
+            reset_after_ms: unsigned(2)? as i64,
         })
     }
 
-    /// The decision; `None` when the quota it names is not one.
-    pub(crate) fn into_decision(self) -> Option<Decision> {
-        let quota = Quota::from_micros(self.limit, self.period_us, self.burst).ok()?;
+    /// The decision, under the caller's `quotas` (the binding one named by position), or an
+    /// override's; `None` when the reply names no valid quota.
+    pub(crate) fn into_decision(self, quotas: &[Quota]) -> Option<Decision> {
+        let quota = match self.overridden {
+            Some((limit, period_us, burst)) => Quota::from_micros(limit, period_us, burst).ok()?,
+            None => *quotas.get(self.tier)?,
+        };
         Some(Decision {
             allowed: self.allowed,
-            limit: self.limit,
+            limit: quota.limit(),
             remaining: self.remaining,
             retry_after: if self.retry_after_ms < 0 {
                 Decision::NEVER
@@ -342,8 +351,12 @@ pub(crate) type Write = Option<(Vec<u8>, u64)>;
 struct Gather {
     all_ok: bool,
     max_rs: f64,
-    min: Option<(Tier, f64)>,
-    deny: Option<(Tier, f64, f64)>,
+    /// (position, remaining) of the tier with the least remaining.
+    min: Option<(usize, f64)>,
+    /// (position, remaining, retry) of the denying tier with the longest wait.
+    deny: Option<(usize, f64, f64)>,
+    /// The override's tiers, when they are in force.
+    overridden: Option<Vec<Tier>>,
 }
 
 impl Gather {
@@ -353,10 +366,11 @@ impl Gather {
             max_rs: 0.0,
             min: None,
             deny: None,
+            overridden: None,
         }
     }
 
-    fn add(&mut self, tier: Tier, ok: bool, rem: f64, re: f64, rs: f64) {
+    fn add(&mut self, tier: usize, ok: bool, rem: f64, re: f64, rs: f64) {
         if self.min.is_none_or(|(_, least)| rem < least) {
             self.min = Some((tier, rem));
         }
@@ -383,12 +397,14 @@ impl Gather {
 
     fn reply(&self) -> Reply {
         let (reset_ms, _) = self.times();
-        let reply = |allowed, tier: Tier, remaining: f64, retry_after_ms| Reply {
+        let reply = |allowed, tier: usize, remaining: f64, retry_after_ms| Reply {
             allowed,
             suspended: false,
-            limit: tier.limit as u64,
-            period_us: tier.period as u64,
-            burst: tier.burst as u64,
+            tier,
+            overridden: self.overridden.as_ref().map(|tiers| {
+                let t = tiers[tier];
+                (t.limit as u64, t.period as u64, t.burst as u64)
+            }),
             remaining: remaining as u64,
             retry_after_ms,
             reset_after_ms: reset_ms,
@@ -403,7 +419,16 @@ impl Gather {
                 };
                 reply(false, tier, rem, re)
             }
-            _ => unreachable!("every call has a tier"),
+            _ => Reply {
+                // No tier: unreachable, every call has one (`Quotas` is never empty).
+                allowed: false,
+                suspended: false,
+                tier: 0,
+                overridden: None,
+                remaining: 0,
+                retry_after_ms: -1,
+                reset_after_ms: 0,
+            },
         }
     }
 }
@@ -424,14 +449,15 @@ fn open<'a>(s: &mut Option<&'a [u8]>, now: f64, quotas: &[Quota]) -> Result<Open
             Controls::Corrupt => *s = None,
             Controls::Some { until_us, n, bytes } => {
                 if until_us > now {
-                    let first = if n > 0 { Tier::at(bytes, 10) } else { tiers[0] };
                     let left = ms_up(until_us - now);
                     return Err(Reply {
                         allowed: false,
                         suspended: true,
-                        limit: first.limit as u64,
-                        period_us: first.period as u64,
-                        burst: first.burst as u64,
+                        tier: 0,
+                        overridden: (n > 0).then(|| {
+                            let first = Tier::at(bytes, 10);
+                            (first.limit as u64, first.period as u64, first.burst as u64)
+                        }),
                         remaining: 0,
                         retry_after_ms: left,
                         reset_after_ms: left,
@@ -464,11 +490,12 @@ pub(crate) fn decide(
     };
     let plain = at == 0 && tiers.len() == 1;
     let mut gather = Gather::new();
+    gather.overridden = controls.map(|_| tiers.clone());
     let mut olds: Vec<Option<&[u8]>> = Vec::new();
     let mut news = Vec::new();
     let mut oks = Vec::new();
     let mut plain_state = None;
-    for tier in &tiers {
+    for (i, tier) in tiers.iter().enumerate() {
         if !tier.valid() {
             return Err(Refused("limit, period_us and burst must be integers"));
         }
@@ -496,7 +523,7 @@ pub(crate) fn decide(
         };
         let outcome = step(stored, &args);
         gather.add(
-            *tier,
+            i,
             outcome.allowed,
             outcome.remaining,
             outcome.retry_us,
@@ -557,8 +584,9 @@ pub(crate) fn decide_log(
         Err(suspended) => return Ok((suspended, LogWrite::default())),
     };
     let mut gather = Gather::new();
+    gather.overridden = controls.map(|_| tiers.clone());
     let mut writer: Option<(f64, bool)> = None; // (period, stepped back) of the longest writer
-    for tier in &tiers {
+    for (i, tier) in tiers.iter().enumerate() {
         if !tier.valid() {
             return Err(Refused("limit, period_us and burst must be integers"));
         }
@@ -571,7 +599,7 @@ pub(crate) fn decide_log(
         };
         let (outcome, stepped_back) = sliding_log::decide(log, &args);
         gather.add(
-            *tier,
+            i,
             outcome.allowed,
             outcome.remaining,
             outcome.retry_us,
@@ -679,38 +707,52 @@ mod tests {
         let late = PackedArgs::new(Algorithm::Gcra, &[quota], 1, Some(1 << 53));
         assert!(f64_at(late.as_bytes(), 0).is_nan());
 
-        let reply = |flags: u8, v: [f64; 6]| -> Vec<u8> {
-            let mut r = vec![flags];
-            r.extend(v.map(f64::to_le_bytes).concat());
+        let reply = |flags: u8, tier: u8, v: &[f64]| -> Vec<u8> {
+            let mut r = vec![flags, tier];
+            r.extend(v.iter().flat_map(|v| v.to_le_bytes()));
             r
         };
-        let ok = Reply::from_redis(&reply(1, [10.0, 60e6, 10.0, 9.0, 0.0, 6000.0])).unwrap();
+        let ok = Reply::from_redis(&reply(1, 1, &[9.0, 0.0, 6000.0])).unwrap();
         assert!(ok.allowed && !ok.suspended);
         assert_eq!(
-            (ok.limit, ok.remaining, ok.retry_after_ms, ok.reset_after_ms),
-            (10, 9, 0, 6000)
+            (ok.tier, ok.remaining, ok.retry_after_ms, ok.reset_after_ms),
+            (0, 9, 0, 6000)
         );
-        assert_eq!(ok.into_decision().unwrap().quota, quota);
-        let never = Reply::from_redis(&reply(0, [10.0, 60e6, 10.0, 0.0, -1.0, 1.0])).unwrap();
+        assert_eq!(ok.into_decision(&[quota]).unwrap().quota, quota);
+        // The second of two tiers.
+        let second = Quota::per_hour(100).unwrap();
+        let ok = Reply::from_redis(&reply(1, 2, &[9.0, 0.0, 6000.0])).unwrap();
+        assert_eq!(ok.into_decision(&[quota, second]).unwrap().quota, second);
+        // A position beyond the caller's tiers is no decision.
+        assert_eq!(ok.into_decision(&[quota]), None);
+        let never = Reply::from_redis(&reply(0, 1, &[0.0, -1.0, 1.0])).unwrap();
         assert!(!never.allowed && never.retry_after_ms == -1);
-        let suspended = Reply::from_redis(&reply(2, [10.0, 60e6, 10.0, 0.0, 5.0, 5.0])).unwrap();
+        let suspended = Reply::from_redis(&reply(2, 1, &[0.0, 5.0, 5.0])).unwrap();
         assert!(suspended.suspended && !suspended.allowed);
+        // An override's quota comes with the reply.
+        let overridden =
+            Reply::from_redis(&reply(5, 1, &[9.0, 0.0, 6000.0, 3.0, 60e6, 3.0])).unwrap();
+        let decision = overridden.into_decision(&[second]).unwrap();
+        assert_eq!(decision.quota, Quota::per_minute(3).unwrap());
+        assert_eq!(decision.limit, 3);
         // Anything else is a bad reply, never a made-up decision.
         for bad in [
-            reply(4, [10.0, 60e6, 10.0, 9.0, 0.0, 1.0]),
-            reply(1, [-1.0, 60e6, 10.0, 9.0, 0.0, 1.0]),
-            reply(1, [10.0, 60e6, 10.0, 0.5, 0.0, 1.0]),
-            reply(1, [10.0, 60e6, 10.0, 9.0, f64::NAN, 1.0]),
-            reply(1, [10.0, 60e6, 10.0, 9.0, 0.0, -1.0]),
-            reply(1, [10.0, 60e6, 10.0, 9.0, 0.0, 1e300]),
-            reply(1, [10.0, 60e6, 10.0, 9.0, 0.0, 1.0])[..48].to_vec(),
+            reply(8, 1, &[9.0, 0.0, 1.0]),
+            reply(1, 0, &[9.0, 0.0, 1.0]),
+            reply(1, 1, &[0.5, 0.0, 1.0]),
+            reply(1, 1, &[9.0, f64::NAN, 1.0]),
+            reply(1, 1, &[9.0, 0.0, -1.0]),
+            reply(1, 1, &[9.0, 0.0, 1e300]),
+            reply(1, 1, &[9.0, 0.0]),
+            reply(5, 1, &[9.0, 0.0, 1.0]),
+            reply(1, 1, &[9.0, 0.0, 1.0, 3.0, 60e6, 3.0]),
             Vec::new(),
         ] {
             assert_eq!(Reply::from_redis(&bad), None, "{bad:?}");
         }
         // A reply naming no valid quota is no decision.
-        let zero = Reply::from_redis(&reply(1, [0.0, 60e6, 10.0, 9.0, 0.0, 1.0])).unwrap();
-        assert_eq!(zero.into_decision(), None);
+        let zero = Reply::from_redis(&reply(5, 1, &[9.0, 0.0, 1.0, 0.0, 60e6, 3.0])).unwrap();
+        assert_eq!(zero.into_decision(&[quota]), None);
     }
 
     #[test]

@@ -257,7 +257,7 @@ impl MemoryStore {
                 result
             }
         };
-        match result.map(Reply::into_decision) {
+        match result.map(|reply| reply.into_decision(quotas)) {
             Ok(Some(decision)) => decision,
             // Unreachable from the crate's own quotas and controls; never a panic, never a pass.
             Ok(None) | Err(Refused(_)) => {

@@ -520,13 +520,13 @@ impl Call<'_> {
     fn answer(&self, reply: redis::Value) -> Result<Answer, StoreError> {
         let bad = |reply: &redis::Value| StoreError::BadReply(format!("{reply:?}"));
         match self {
-            Call::Check(_) => {
+            Call::Check(request) => {
                 let bytes: Vec<u8> = match reply {
                     redis::Value::BulkString(bytes) => bytes,
                     other => return Err(bad(&other)),
                 };
                 Reply::from_redis(&bytes)
-                    .and_then(Reply::into_decision)
+                    .and_then(|reply| reply.into_decision(request.quotas))
                     .map(Answer::Decision)
                     .ok_or_else(|| StoreError::BadReply(format!("{bytes:?}")))
             }
