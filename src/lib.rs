@@ -42,6 +42,32 @@
 //! # }
 //! ```
 //!
+//! # A fleet
+//!
+//! Several quotas checked in one atomic call, limits changed at run time and fleet-wide
+//! suspensions (obeyed by every instance on its next call), and a wait mode for outbound calls
+//! (see [`outbound`]):
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::new(MemoryStore::new()); // a RedisStore in a fleet
+//! let tiers = Quotas::new([Quota::per_second(10)?, Quota::per_minute(500)?])?;
+//! assert!(limiter.check_quotas("tenant-42", &tiers, 1).await.is_allowed());
+//! limiter.set_quota("tenant-42", &Quotas::from(Quota::per_minute(60)?)).await?;
+//! limiter.suspend("upstream", Duration::from_secs(30)).await?;
+//! let decision = *limiter.check_quotas("upstream", &tiers, 1).await.decision().unwrap();
+//! assert!(decision.suspended);
+//! // Wait mode: sleep until admitted, or give up at the deadline with a typed error.
+//! let deadline = Instant::now() + Duration::from_millis(10);
+//! assert!(limiter.acquire("upstream", &tiers, deadline).await.is_err());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Crate features
 //!
 //! All off by default.
