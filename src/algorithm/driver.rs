@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{ms_up, sliding_log, Algorithm, Args, PackedStep, MAX_EXACT};
+use super::{ms_up, sliding_log, Algorithm, Args, Packed, PackedStep, MAX_EXACT};
 use crate::decision::Decision;
 use crate::quota::{Quota, MAX_TIERS};
 
@@ -105,12 +105,31 @@ pub(crate) fn push_call(
     now_micros: Option<u64>,
 ) {
     let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
+    push_keys(cmd, key, algorithm);
+    cmd.arg(args.as_bytes());
+}
+
+/// Appends a fleet control's `numkeys`, `KEYS` and `ARGV` (see `lua/control.lua`), as
+/// [`push_call`] does for a decision.
+pub(crate) fn push_control(
+    cmd: &mut redis::Cmd,
+    key: &str,
+    algorithm: Algorithm,
+    op: Op<'_>,
+    now_micros: Option<u64>,
+) {
+    push_keys(cmd, key, algorithm);
+    cmd.arg(control_args(op, now_micros));
+}
+
+/// `numkeys` and `KEYS`, the same for both scripts: the key's string, and for the sliding log
+/// its controls' string first and its sorted set second.
+fn push_keys(cmd: &mut redis::Cmd, key: &str, algorithm: Algorithm) {
     if algorithm == Algorithm::SlidingLog {
         cmd.arg(2).arg(log_controls_key(key)).arg(key);
     } else {
         cmd.arg(1).arg(key);
     }
-    cmd.arg(args.as_bytes());
 }
 
 /// A fleet control (`lua/control.lua`).
@@ -126,7 +145,7 @@ pub(crate) enum Op<'a> {
 }
 
 /// The control script's one argument: `'<dB'` now_us and the operation's byte, then its operand.
-pub(crate) fn control_args(op: Op<'_>, now_micros: Option<u64>) -> Vec<u8> {
+fn control_args(op: Op<'_>, now_micros: Option<u64>) -> Vec<u8> {
     let mut bytes = vec![0; 9];
     bytes[0..8].copy_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
     bytes[8] = match op {
@@ -344,8 +363,16 @@ impl<'a> Controls<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refused(pub &'static str);
 
+/// A key's new string: one state as it is (a plain decision: no allocation), or controls and
+/// several tiers joined.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Written {
+    Packed(Packed),
+    Joined(Vec<u8>),
+}
+
 /// What a decision writes: the key's new string and its TTL in ms.
-pub(crate) type Write = Option<(Vec<u8>, u64)>;
+pub(crate) type Write = Option<(Written, u64)>;
 
 /// The binding tier and the times, as `lua/common.lua` gathers them.
 struct Gather {
@@ -539,7 +566,7 @@ pub(crate) fn decide(
     }
     let (_, mut ttl) = gather.times();
     let write = if plain {
-        plain_state.map(|state| (state.as_bytes().to_vec(), ttl))
+        plain_state.map(|state| (Written::Packed(state), ttl))
     } else {
         let mut changed = false;
         let mut out = controls.map(<[u8]>::to_vec).unwrap_or_default();
@@ -555,7 +582,7 @@ pub(crate) fn decide(
         if controls.is_some() {
             ttl = ttl.max(OVERRIDE_IDLE_MS);
         }
-        changed.then_some((out, ttl))
+        changed.then_some((Written::Joined(out), ttl))
     };
     Ok((gather.reply(), write))
 }

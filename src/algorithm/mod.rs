@@ -61,8 +61,8 @@ pub(crate) mod testing;
 #[cfg(test)]
 pub(crate) use self::driver::ttl_ms;
 pub(crate) use self::driver::{
-    capped_cost, control, control_args, decide, decide_log, log_controls_key, push_call, Controls,
-    LogWrite, Op, Refused, Reply, OVERRIDE_IDLE_MS,
+    capped_cost, control, decide, decide_log, log_controls_key, push_call, push_control, Controls,
+    LogWrite, Op, Refused, Reply, Written, OVERRIDE_IDLE_MS,
 };
 
 /// Which rate-limiting algorithm decides.

@@ -14,7 +14,7 @@ use super::response::HeaderStyle;
 use super::service::RateLimit;
 use crate::algorithm::Algorithm;
 use crate::key::KeyExtractor;
-use crate::limiter::{ConfigError, Limiter, PolicyLabel};
+use crate::limiter::{is_name, ConfigError, Limiter, PolicyLabel};
 use crate::quota::{Quota, Quotas};
 
 /// Rate-limits requests per key across every instance sharing the limiter's store.
@@ -502,10 +502,10 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
         if self.scope.as_deref().is_some_and(|scope| !is_name(scope)) {
             return Err(ConfigError::InvalidScope);
         }
+        self.limiter
+            .supports(&self.quotas)
+            .map_err(|(_, error)| error)?;
         let algorithm = self.limiter.algorithm();
-        for quota in &self.quotas {
-            algorithm.supports(quota)?;
-        }
         let headers = HeaderStyle::new(
             &self.policy_name,
             &self.quotas,
@@ -559,14 +559,6 @@ fn default_scope(policy_name: &str, algorithm: Algorithm, quotas: &[Quota]) -> S
         }
     }
     scope
-}
-
-/// 1 to 64 characters of `[A-Za-z0-9._-]`.
-fn is_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 #[cfg(test)]

@@ -261,9 +261,7 @@ impl Limiter {
         target: impl Into<Target<'a>>,
         quotas: &Quotas,
     ) -> Result<KeyStatus, ControlError> {
-        for quota in quotas {
-            self.inner.algorithm.supports(quota)?;
-        }
+        self.supports(quotas).map_err(|(_, error)| error)?;
         self.control(target, Control::SetQuota(quotas)).await
     }
 

@@ -405,7 +405,10 @@ impl Limiter {
     }
 
     /// Whether the algorithm serves every quota; else the first it cannot.
-    fn supports(&self, quotas: &Quotas) -> Result<(), (Quota, crate::quota::QuotaError)> {
+    pub(crate) fn supports(
+        &self,
+        quotas: &Quotas,
+    ) -> Result<(), (Quota, crate::quota::QuotaError)> {
         for quota in quotas {
             self.inner
                 .algorithm
@@ -512,6 +515,15 @@ impl Limiter {
             now_micros: self.inner.clock.now_micros(),
         }
     }
+}
+
+/// Whether `name` is 1 to 64 characters of `[A-Za-z0-9._-]`: the rule of policy names and
+/// scopes, in every builder.
+pub(crate) fn is_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// A configuration the builders refuse.

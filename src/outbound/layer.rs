@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use super::service::Outbound;
 use crate::key::{GlobalKey, KeyExtractor};
-use crate::limiter::{AcquireError, ConfigError, Limiter};
+use crate::limiter::{is_name, AcquireError, ConfigError, Limiter};
 use crate::policy::Verdict;
 use crate::Quotas;
 
@@ -312,10 +312,9 @@ impl<K> OutboundLayerBuilder<K> {
         if self.scope.as_deref().is_some_and(|scope| !is_name(scope)) {
             return Err(ConfigError::InvalidScope);
         }
-        let algorithm = self.limiter.algorithm();
-        for quota in &self.quotas {
-            algorithm.supports(quota)?;
-        }
+        self.limiter
+            .supports(&self.quotas)
+            .map_err(|(_, error)| error)?;
         Ok(OutboundLayer {
             config: Arc::new(Config {
                 limits: Arc::new(Limits {
@@ -329,14 +328,6 @@ impl<K> OutboundLayerBuilder<K> {
             }),
         })
     }
-}
-
-/// 1 to 64 characters of `[A-Za-z0-9._-]` (the rule of the server layer's scopes).
-fn is_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 #[cfg(test)]

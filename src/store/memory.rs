@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 
-use super::{CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError};
+use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
     capped_cost, control, decide, decide_log, log_controls_key, sliding_log, Kind, LogWrite, Op,
-    Refused, Reply, MAX_SLIDING_LOG_BURST,
+    Packed, Refused, Reply, Written, MAX_SLIDING_LOG_BURST,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
@@ -112,6 +112,8 @@ struct Stored {
 /// state: see `lua/common.lua`), or a sliding log.
 #[derive(Debug, Clone, PartialEq)]
 enum KeyState {
+    /// One plain state (no controls, one tier), kept without an allocation.
+    Packed(Packed),
     Bytes(Vec<u8>),
     /// O(burst): changed in place, never copied.
     Log(sliding_log::Log),
@@ -121,7 +123,7 @@ impl KeyState {
     /// Sliding-log entries this state has allocated.
     fn log_entries(&self) -> usize {
         match self {
-            KeyState::Bytes(_) => 0,
+            KeyState::Packed(_) | KeyState::Bytes(_) => 0,
             KeyState::Log(log) => log.capacity(),
         }
     }
@@ -240,9 +242,12 @@ impl MemoryStore {
                 let (held, live) = shard.find(request.key, now);
                 let stored = live.and_then(|slot| shard.bytes(slot));
                 decide(step, stored, now_f, cost, quotas).map(|(reply, write)| {
-                    if let Some((bytes, ttl_ms)) = write {
+                    if let Some((written, ttl_ms)) = write {
                         let stored = Stored {
-                            state: KeyState::Bytes(bytes),
+                            state: match written {
+                                Written::Packed(packed) => KeyState::Packed(packed),
+                                Written::Joined(bytes) => KeyState::Bytes(bytes),
+                            },
                             expires_at: expiry(now, ttl_ms),
                         };
                         shard.put(held, request.key, stored, now, max);
@@ -295,18 +300,7 @@ impl MemoryStore {
     /// ```
     pub fn control_now(&self, request: ControlRequest<'_>) -> ControlReply {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
-        let op = match request.control {
-            Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
-            Control::ClearQuota => Op::ClearQuota,
-            Control::Suspend(duration) => Op::Suspend(
-                u64::try_from(duration.as_micros())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            ),
-            Control::Resume => Op::Resume,
-            Control::Reset => Op::Reset,
-            Control::Inspect => Op::Inspect,
-        };
+        let op = request.control.op();
         let log = request.algorithm == crate::algorithm::Algorithm::SlidingLog;
         let controls_key = if log {
             log_controls_key(request.key)
@@ -352,7 +346,7 @@ impl MemoryStore {
         let log_entries = log.then(|| match shard.find(request.key, now) {
             (_, Some(slot)) => match &shard.slots[slot].stored.state {
                 KeyState::Log(entries) => entries.len() as u64,
-                KeyState::Bytes(_) => 0,
+                KeyState::Packed(_) | KeyState::Bytes(_) => 0,
             },
             _ => 0,
         });
@@ -399,6 +393,7 @@ impl MemoryStore {
             return None;
         }
         Some(match &stored.state {
+            KeyState::Packed(packed) => packed.as_bytes().to_vec(),
             KeyState::Bytes(bytes) => bytes.clone(),
             KeyState::Log(log) => log.iter().flat_map(|t| t.to_le_bytes()).collect(),
         })
@@ -435,6 +430,7 @@ impl Shard {
     /// The string held at `slot`, if it holds one.
     fn bytes(&self, slot: usize) -> Option<&[u8]> {
         match &self.slots[slot].stored.state {
+            KeyState::Packed(packed) => Some(packed.as_bytes()),
             KeyState::Bytes(bytes) => Some(bytes),
             KeyState::Log(_) => None,
         }
@@ -461,7 +457,7 @@ impl Shard {
         let (log, existing) = match live {
             Some(slot) => match &mut self.slots[slot].stored.state {
                 KeyState::Log(log) => (log, true),
-                KeyState::Bytes(_) => (&mut fresh, false),
+                KeyState::Packed(_) | KeyState::Bytes(_) => (&mut fresh, false),
             },
             None => (&mut fresh, false),
         };

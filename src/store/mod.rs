@@ -184,6 +184,25 @@ pub enum Control<'a> {
     Inspect,
 }
 
+impl<'a> Control<'a> {
+    /// The operation the scripts (and their mirror) run: durations in whole µs, at least 1.
+    pub(crate) fn op(self) -> crate::algorithm::Op<'a> {
+        use crate::algorithm::Op;
+        match self {
+            Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
+            Control::ClearQuota => Op::ClearQuota,
+            Control::Suspend(duration) => Op::Suspend(
+                u64::try_from(duration.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            ),
+            Control::Resume => Op::Resume,
+            Control::Reset => Op::Reset,
+            Control::Inspect => Op::Inspect,
+        }
+    }
+}
+
 /// What a store reports after a control: the key's string as it now stands, byte for byte (see
 /// `lua/common.lua`: the controls, then every tier's state; the
 /// [`Limiter`](crate::Limiter) decodes it into a [`KeyStatus`](crate::KeyStatus)).

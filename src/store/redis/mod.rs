@@ -23,10 +23,8 @@ use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
 use self::sentinel::{PrimaryConnection, SentinelOptions, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
-use super::{CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError};
-use crate::algorithm::{
-    control_args, control_script, log_controls_key, Algorithm, Op, Reply, CONTROL_SOURCE,
-};
+use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
+use crate::algorithm::{control_script, Algorithm, Reply, CONTROL_SOURCE};
 use crate::decision::Decision;
 
 /// The default time a store call may take before it counts as a failure.
@@ -492,28 +490,13 @@ impl Call<'_> {
                 request.cost,
                 request.now_micros,
             ),
-            Call::Control(request) => {
-                let op = match request.control {
-                    Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
-                    Control::ClearQuota => Op::ClearQuota,
-                    Control::Suspend(duration) => Op::Suspend(
-                        u64::try_from(duration.as_micros())
-                            .unwrap_or(u64::MAX)
-                            .max(1),
-                    ),
-                    Control::Resume => Op::Resume,
-                    Control::Reset => Op::Reset,
-                    Control::Inspect => Op::Inspect,
-                };
-                if request.algorithm == Algorithm::SlidingLog {
-                    cmd.arg(2)
-                        .arg(log_controls_key(request.key))
-                        .arg(request.key);
-                } else {
-                    cmd.arg(1).arg(request.key);
-                }
-                cmd.arg(control_args(op, request.now_micros));
-            }
+            Call::Control(request) => crate::algorithm::push_control(
+                cmd,
+                request.key,
+                request.algorithm,
+                request.control.op(),
+                request.now_micros,
+            ),
         }
     }
 
