@@ -145,15 +145,16 @@ impl KeyStatus {
         let now = reply.now_micros as f64;
         let stored = reply.stored.unwrap_or_default();
         let (mut suspended_for, mut quota_override, mut at) = (None, None, 0);
+        let controls = Controls::parse(&stored);
         if let Controls::Some {
             until_us, bytes, ..
-        } = Controls::parse(&stored)
+        } = controls
         {
             if until_us > now {
                 let left = (until_us - now) as u64;
                 suspended_for = Some(Duration::from_micros(left));
             }
-            quota_override = Quotas::new(Controls::parse(&stored).override_quotas()).ok();
+            quota_override = Quotas::new(controls.override_quotas()).ok();
             at = bytes.len();
         }
         let mut tiers = Vec::new();
