@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::Limiter;
 use crate::policy::Verdict;
-use crate::Quotas;
+use crate::quota::Quotas;
 
 /// The longest jitter added to a wait.
 const MAX_JITTER: Duration = Duration::from_millis(25);

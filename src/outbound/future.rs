@@ -12,10 +12,10 @@ use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::config::{Acquire, Limits};
 use super::error::OutboundError;
-use super::layer::{Acquire, Limits};
 use super::retry_after::upstream_backoff;
-use crate::Target;
+use crate::limiter::Target;
 
 /// What a response future needs to suspend its key: the limits and the key.
 pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
@@ -178,10 +178,10 @@ where
     }
 }
 
-/// Suspends `key` fleet-wide for `wait` (at most [`MAX_SUSPENSION`](crate::MAX_SUSPENSION)),
+/// Suspends `key` fleet-wide for `wait` (at most [`MAX_SUSPENSION`](crate::limiter::MAX_SUSPENSION)),
 /// and says so in the logs (never with the key: it may be a secret).
 async fn suspend(limits: Arc<Limits>, key: Arc<str>, status: StatusCode, wait: Duration) {
-    let wait = wait.min(crate::MAX_SUSPENSION);
+    let wait = wait.min(crate::limiter::MAX_SUSPENSION);
     let target = match &limits.scope {
         Some(scope) => Target::scoped(scope, &key),
         None => Target::key(&key),

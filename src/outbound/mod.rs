@@ -108,6 +108,7 @@
 //!
 //! [`Service`]: tower_service::Service
 
+mod config;
 mod error;
 mod future;
 mod layer;

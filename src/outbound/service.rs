@@ -7,9 +7,9 @@ use std::task::{ready, Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::config::{Acquire, Config, KeySource};
 use super::error::OutboundError;
 use super::future::ResponseFuture;
-use super::layer::{Acquire, Config, KeySource};
 use crate::key::{GlobalKey, KeyExtractor};
 use crate::limiter::AcquireError;
 

@@ -1,0 +1,81 @@
+//! The [`Config`] every clone of an outbound service shares, and how it acquires.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+
+use crate::limiter::{AcquireError, Limiter};
+use crate::policy::Verdict;
+use crate::quota::Quotas;
+
+/// Which key a request is acquired for.
+pub(crate) enum KeySource<K> {
+    /// The same key for every request: acquired in `poll_ready`.
+    Fixed(Arc<str>),
+    /// A key from each request's head: acquired in the response future.
+    PerRequest(K),
+}
+
+/// What every clone of an [`Outbound`] service shares.
+pub(crate) struct Config<K> {
+    pub limits: Arc<Limits>,
+    pub key: KeySource<K>,
+}
+
+/// The limiter side of the config, shared with the response futures (which need no extractor).
+pub(crate) struct Limits {
+    pub limiter: Limiter,
+    pub quotas: Quotas,
+    pub scope: Option<String>,
+    pub max_wait: Duration,
+    pub auto_suspend: bool,
+}
+
+/// A pending acquisition.
+pub(crate) type Acquire = BoxFuture<'static, Result<Verdict, AcquireError>>;
+
+impl Limits {
+    /// Waits (at most `max_wait` from now) until the quotas admit one request for `key`.
+    pub(crate) fn acquire(self: &Arc<Self>, key: Arc<str>) -> Acquire {
+        let now = Instant::now();
+        // A huge max_wait would overflow `Instant`: a year is forever here.
+        let deadline = now
+            .checked_add(self.max_wait)
+            .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
+            .unwrap_or(now);
+        let limits = self.clone();
+        Box::pin(async move {
+            let Limits {
+                limiter, quotas, ..
+            } = &*limits;
+            match &limits.scope {
+                Some(scope) => {
+                    limiter
+                        .acquire_scoped(scope, &key, quotas, 1, deadline)
+                        .await
+                }
+                None => limiter.acquire(&key, quotas, deadline).await,
+            }
+        })
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for Config<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limits = &self.limits;
+        let mut out = f.debug_struct("Config");
+        match &self.key {
+            // The fixed key is the caller's own constant, but keys are never logged.
+            KeySource::Fixed(_) => out.field("key", &"fixed"),
+            KeySource::PerRequest(extractor) => out.field("extractor", extractor),
+        };
+        out.field("limiter", &limits.limiter)
+            .field("quotas", &limits.quotas)
+            .field("scope", &limits.scope)
+            .field("max_wait", &limits.max_wait)
+            .field("auto_suspend", &limits.auto_suspend)
+            .finish()
+    }
+}
