@@ -479,7 +479,10 @@ async fn worker(args: &[String]) -> Result<(), String> {
             refused += 1;
         }
     }
-    eprintln!("worker {id}: {sent} requests, {refused} answered 429");
+    // One write for the whole line: the workers share the parent's stderr, and `eprintln!` may
+    // write a line in pieces that another worker's line would split.
+    let line = format!("worker {id}: {sent} requests, {refused} answered 429\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     Ok(())
 }
 
