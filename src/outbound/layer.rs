@@ -202,7 +202,7 @@ impl<K> OutboundLayerBuilder<K> {
 
     /// How long one request may wait for the limiter, from the moment it starts waiting
     /// ([`DEFAULT_MAX_WAIT`], 10 s, by default). When the next admission would come later, the
-    /// request fails at once with [`AcquireError::DeadlineExceeded`] and consumes nothing.
+    /// request fails at once with [`AcquireError::DeadlineExceeded`](crate::AcquireError::DeadlineExceeded) and consumes nothing.
     /// Zero: never wait.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
