@@ -1,6 +1,7 @@
 -- redlimit: the driver. One script holds it and every algorithm's step: Rust splices the steps
--- (`lua/<algorithm>.lua`) in at the `@steps` line below, each as a branch
--- `elseif alg == <tag byte> then <step>`.
+-- (`lua/<algorithm>.lua`) in at the `@steps` line below (the loop over tiers), each as a branch
+-- `elseif alg == <tag byte> then <step>`, and the packed-state steps once more at the
+-- `@packed-steps` line (the one-tier path, which spares the usual call the loop's bookkeeping).
 --
 -- KEYS  [1] the limiter key's string: its fleet controls (if any) and every tier's state;
 --       [2] the sliding log only: its sorted set (KEYS[1] then holds only the controls).
@@ -19,6 +20,10 @@
 --       every tier (all or none). The binding tier: on an admission the one with the least
 --       remaining, on a denial the denying one with the longest wait. One string costs Redis
 --       less than converting an array of integers.
+--       Except: an admission under the caller's one quota (one tier, no controls) replies one
+--       integer, reset_after_ms * (burst + 1) + remaining, when that is below 2^53 (remaining
+--       is whole, from 0 to burst; the caller knows its burst). An integer costs Redis less
+--       than packing a string.
 --
 -- The string at KEYS[1]: optional controls, then each tier's state in order.
 --   controls  'M', double suspended_until_us (0: not suspended), a byte n (0: no override),
@@ -34,11 +39,10 @@
 -- `limit`, `period`, `burst` (and `key`), and sets
 --   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
 -- where state is the new state string, or nil when nothing is to be written. The driver reads
--- the string with one MGET (which answers nil for a key of another type: self-healing without
--- pcall, which would also swallow a NOPERM), and writes it back with one `SET key state PX ttl`,
--- the TTL being when every tier is fresh again (and at least the override's idle time), only
--- when the call admits and costs (a denial writes only a step's repair of a clock that stepped
--- back). The sliding log keeps a sorted set instead, one for all tiers (each tier counts its
+-- the string with one GET (a key of another type reads as absent: self-healing), and writes it
+-- back with one `SET key state PX ttl`, the TTL being when every tier is fresh again (and at
+-- least the override's idle time), only when the call admits and costs (a denial writes only a
+-- step's repair of a clock that stepped back). The sliding log keeps a sorted set instead, one for all tiers (each tier counts its
 -- own window): its step reads it, and its state is a function that writes it, called with the
 -- TTL and the call's decision for the tier with the longest period.
 --
@@ -52,72 +56,137 @@ local MAX_EXACT = 9007199254740992 -- 2^53
 local MAX_REPLY_MS = 4611686018427387904
 -- An override lives until no request was admitted on its key for this long (30 days, in ms).
 local OVERRIDE_IDLE_MS = 2592000000
-local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
-local spack, sunpack, call, byte, sub = struct.pack, struct.unpack, redis.call, string.byte,
-  string.sub
+-- Only what every call uses is looked up here: each lookup costs every call. A step reaches
+-- math (floor, ceil, min, max) where it needs it, off the hot path.
+local spack, sunpack, call = struct.pack, struct.unpack, redis.call
 
-local args = ARGV[1] or ''
-local tiers = (#args - 17) / 24
-if #ARGV ~= 1 or #KEYS < 1 or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
+local args = ARGV[1]
+local tiers = args and (#args - 17) / 24
+if #ARGV ~= 1 or not KEYS[1] or not tiers or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
   return redis.error_reply('ERR redlimit: invalid arguments; expected one key and one ' ..
     'argument packing now_us, cost, algorithm, then limit, period_us, burst per tier (1 to 8)')
 end
 -- The header and the first tier in one unpack: one call into struct fewer on every decision.
-local now, cost, alg, limit1, period1, burst1, pos = sunpack('<ddBddd', args)
+local now, cost, alg, limit, period, burst, pos = sunpack('<ddBddd', args)
 if not (cost >= 0 and cost < MAX_EXACT and cost % 1 == 0 and
     (now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0)) then
   return redis.error_reply('ERR redlimit: invalid arguments; now_us and cost must be ' ..
     'integers from 0 below 2^53 (now_us -1 for the server clock)')
 end
-if now == -1 then
-  local t = call('TIME')
-  now = t[1] * 1000000 + t[2]
+if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
+    period < MAX_EXACT and period % 1 == 0 and burst >= 1 and burst < MAX_EXACT and
+    burst % 1 == 0) then
+  return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
+    'must be integers from 1 below 2^53')
 end
-local skey = KEYS[1]
-local s = call('MGET', skey)[1]
 local log = alg == 108
 if log and not KEYS[2] then
   return redis.error_reply('ERR redlimit: invalid arguments; the sliding log needs its key')
 end
+if now == -1 then
+  local t = call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
 
--- The controls, when the string starts with them.
+-- Read. A key of another type answers WRONGTYPE and reads as absent (self-healing: the write
+-- replaces it); any other error (a NOPERM) is the caller's. GET under pcall costs less than
+-- an MGET, whose reply is a table.
+local skey = KEYS[1]
+local s = redis.pcall('GET', skey)
+-- The controls, when the string starts with them. A lone state (17 or 25 bytes) never does:
+-- controls take 10 + 24 * n bytes and a state at least one more.
 local controls, quotas, at = false, args, 1
-if s and byte(s, 1) == 77 then
-  local n = byte(s, 10)
-  local len = 10 + 24 * (n or 0)
-  if n and n <= 8 and #s >= len then
-    local until_us = sunpack('<d', s, 2)
-    if until_us > now then
-      -- Suspended: denied with the time left, from the first tier in force; nothing written.
-      local left = ceil((until_us - now) / 1000)
-      if n > 0 then
-        return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', s, 11))
+if s then
+  local len = #s
+  if len ~= 17 and len ~= 25 then
+    if s.err then
+      if string.sub(s.err, 1, 9) ~= 'WRONGTYPE' then
+        return s
       end
-      return spack('<BBddd', 2, 1, 0, left, left)
+      s = false
+    elseif string.byte(s, 1) == 77 then
+      local n = string.byte(s, 10)
+      local clen = 10 + 24 * (n or 0)
+      if n and n <= 8 and len >= clen then
+        local until_us = sunpack('<d', s, 2)
+        if until_us > now then
+          -- Suspended: denied with the time left, from the first tier in force; nothing
+          -- written.
+          local left = math.ceil((until_us - now) / 1000)
+          if n > 0 then
+            return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', s, 11))
+          end
+          return spack('<BBddd', 2, 1, 0, left, left)
+        end
+        if n > 0 then
+          controls, quotas, tiers = string.sub(s, 1, clen), s, n
+          limit, period, burst, pos = sunpack('<ddd', s, 11)
+        end
+        at = clen + 1
+      else
+        s = false
+      end
     end
-    if n > 0 then
-      controls, quotas, tiers = sub(s, 1, len), s, n
-      limit1, period1, burst1, pos = sunpack('<ddd', s, 11)
-    end
-    at = len + 1
-  else
-    s = false
   end
 end
 
--- Decide every tier.
+-- One tier and no controls, the usual call: the string is the tier's state, and the step's
+-- decision is the call's. Times leave in whole ms rounded up. The TTL: when the tier is fresh
+-- again, at least 1 ms, at most 2^53 ms (Lua writes numbers from 1e17 up as "1e+17", which PX
+-- refuses). On this path `x - x % 1` is floor(x) (exact) and comparisons stand in for min and
+-- max: a call into math costs Redis more than the arithmetic.
+if at == 1 and tiers == 1 and not log then
+  local stored = s
+  local ok, rem, re, rs, state
+  if false then
+  -- @packed-steps
+  else
+    return redis.error_reply('ERR redlimit: unknown algorithm')
+  end
+  if rs < 0 then
+    rs = 0
+  end
+  local reset_ms = rs / 1000
+  local frac = reset_ms % 1
+  reset_ms = reset_ms - frac
+  if frac > 0 then
+    reset_ms = reset_ms + 1
+  end
+  if reset_ms > MAX_REPLY_MS then
+    reset_ms = MAX_REPLY_MS
+  end
+  if state then
+    local ttl = reset_ms
+    if ttl < 1 then
+      ttl = 1
+    elseif ttl > MAX_EXACT then
+      ttl = MAX_EXACT
+    end
+    call('SET', skey, state, 'PX', ttl)
+  end
+  if ok then
+    -- One integer when it fits (see the header): packing the string costs Redis more than
+    -- the rest of this path's arithmetic.
+    local both = reset_ms * (burst + 1) + rem
+    if both < MAX_EXACT then
+      return both
+    end
+    return spack('<BBddd', 1, 1, rem, 0, reset_ms)
+  end
+  if re > 0 then
+    re = math.min(math.ceil(re / 1000), MAX_REPLY_MS)
+  end
+  return spack('<BBddd', 0, 1, rem, re, reset_ms)
+end
+
+-- Several tiers, controls, or the sliding log: decide every tier.
 local all_ok, max_rs = true, 0
 local min_i, min_rem -- the tier with the least remaining
 local deny_i, deny_rem, deny_re -- the denying tier with the longest wait
-local plain = at == 1 and tiers == 1 and not log -- one state, the whole string
-local olds, news, oks -- several tiers: each one's stored state, new state and decision
+local olds, news, oks = {}, {}, {} -- each tier's stored state, new state and decision
 local log_write, log_period = nil, -1
-if not plain then
-  olds, news, oks = {}, {}, {}
-end
-local stored, key = s, KEYS[2]
+local key = KEYS[2]
 for i = 1, tiers do
-  local limit, period, burst = limit1, period1, burst1
   if i > 1 then
     limit, period, burst, pos = sunpack('<ddd', quotas, pos)
   end
@@ -127,17 +196,15 @@ for i = 1, tiers do
     return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
       'must be integers from 1 below 2^53')
   end
-  if not plain then
-    stored = false
-    if s and not log then
-      local tag = byte(s, at)
-      if tag == 0 then
-        at = at + 1
-      elseif tag == 119 then
-        stored, at = sub(s, at, at + 24), at + 25
-      elseif tag then
-        stored, at = sub(s, at, at + 16), at + 17
-      end
+  local stored = false
+  if s and not log then
+    local tag = string.byte(s, at)
+    if tag == 0 then
+      at = at + 1
+    elseif tag == 119 then
+      stored, at = string.sub(s, at, at + 24), at + 25
+    elseif tag then
+      stored, at = string.sub(s, at, at + 16), at + 17
     end
   end
   local ok, rem, re, rs, state
@@ -146,69 +213,38 @@ for i = 1, tiers do
   else
     return redis.error_reply('ERR redlimit: unknown algorithm')
   end
-  if plain then
-    -- One tier: its decision is the call's.
-    min_i, min_rem, news = 1, rem, state
-    if rs > 0 then
-      max_rs = rs
+  if i == 1 or rem < min_rem then
+    min_i, min_rem = i, rem
+  end
+  if not ok then
+    if all_ok or (deny_re >= 0 and (re < 0 or re > deny_re)) then
+      deny_i, deny_rem, deny_re = i, rem, re
     end
-    if not ok then
-      deny_i, deny_rem, deny_re, all_ok = 1, rem, re, false
-    end
-  else
-    if i == 1 or rem < min_rem then
-      min_i, min_rem = i, rem
-    end
-    if not ok then
-      if all_ok or (deny_re >= 0 and (re < 0 or re > deny_re)) then
-        deny_i, deny_rem, deny_re = i, rem, re
-      end
-      all_ok = false
-    end
-    if rs > max_rs then
-      max_rs = rs
-    end
+    all_ok = false
+  end
+  if rs > max_rs then
+    max_rs = rs
   end
   if log then
     if state and period > log_period then
       log_write, log_period = state, period
     end
-  elseif not plain then
+  else
     olds[i], news[i], oks[i] = stored, state, ok
   end
 end
 
--- Times leave in whole ms rounded up. The TTL: when every tier is fresh again, at least 1 ms,
--- at most 2^53 ms (Lua writes numbers from 1e17 up as "1e+17", which PX refuses); an override
--- keeps its key for its idle time. On the hot path `x - x % 1` is floor(x) (exact) and
--- comparisons stand in for min and max: a call into math costs Redis more than the arithmetic.
-local reset_ms = max_rs / 1000
-local frac = reset_ms % 1
-reset_ms = reset_ms - frac
-if frac > 0 then
-  reset_ms = reset_ms + 1
-end
-if reset_ms > MAX_REPLY_MS then
-  reset_ms = MAX_REPLY_MS
-end
-local ttl = reset_ms
-if ttl < 1 then
-  ttl = 1
-elseif ttl > MAX_EXACT then
-  ttl = MAX_EXACT
-end
+-- Times and the TTL as on the one-tier path; an override keeps its key for its idle time.
+local reset_ms = math.min(math.ceil(max_rs / 1000), MAX_REPLY_MS)
+local ttl = math.min(math.max(reset_ms, 1), MAX_EXACT)
 
 -- Write: on an admission, every tier's new state; on a denial only the repairs (a tier that
 -- would have admitted keeps its stored state: a denied request consumes from none).
-if plain then
-  if news then
-    call('SET', skey, news, 'PX', ttl)
-  end
-elseif log then
+if log then
   if log_write then
     log_write(ttl, all_ok)
     if controls and all_ok and cost > 0 then
-      call('PEXPIRE', skey, max(ttl, OVERRIDE_IDLE_MS))
+      call('PEXPIRE', skey, math.max(ttl, OVERRIDE_IDLE_MS))
     end
   end
 else
@@ -239,7 +275,7 @@ if all_ok then
   return spack('<BBddd', 1, min_i, min_rem, 0, reset_ms)
 end
 if deny_re > 0 then
-  deny_re = min(ceil(deny_re / 1000), MAX_REPLY_MS)
+  deny_re = math.min(math.ceil(deny_re / 1000), MAX_REPLY_MS)
 end
 if controls then
   return spack('<BBdddddd', 4, deny_i, deny_rem, deny_re, reset_ms,

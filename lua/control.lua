@@ -36,7 +36,15 @@ if now == -1 then
 end
 
 local key = KEYS[1]
-local s = call('MGET', key)[1]
+-- A key of another type reads as absent, as in the decision script; any other error is the
+-- caller's.
+local s = redis.pcall('GET', key)
+if s and s.err then
+  if sub(s.err, 1, 9) ~= 'WRONGTYPE' then
+    return s
+  end
+  s = false
+end
 local pttl = call('PTTL', key)
 
 -- Split the string into its controls and its states.

@@ -64,7 +64,7 @@
     --     `cost`, so that a request at now + retry is allowed and one a µs earlier is not. The
     --     division estimates it; the same comparison as steps 3 and 4 settles it (rounding can
     --     put the estimate a µs off either way; beyond 2^53 a µs is below the doubles' step).
-    local e = min(to_zero, max(0, ceil((d + cost - burst) * period / limit)))
+    local e = math.min(to_zero, math.max(0, math.ceil((d + cost - burst) * period / limit)))
     if e < to_zero and d - e * limit / period + cost > burst then
       e = e + 1
     elseif e > 0 and d - (e - 1) * limit / period + cost <= burst then

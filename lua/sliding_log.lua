@@ -4,7 +4,7 @@
 -- window (now - period, now] plus k are at most burst.
 -- Memory and time are O(burst) per key: one sorted-set entry per admitted unit (a request of
 -- cost k adds k members). Keep burst small, or choose another algorithm.
--- This step reads its own sorted set (the driver's MGET sees no string there); its new state is
+-- This step reads its own sorted set (the driver's GET sees no string there); its new state is
 -- a function that writes it, called by the driver with the TTL.
   local from = now - period + 1 -- the oldest µs inside the window
 
@@ -42,7 +42,7 @@
     -- 5a. Retry: when the (count + cost - burst)-th oldest unit in the window leaves it.
     local oldest = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT',
       count + cost - burst - 1, 1)
-    retry = min(tonumber(oldest[2]), now) + period - now
+    retry = math.min(tonumber(oldest[2]), now) + period - now
   end
 
   -- 5b. Reset: when the newest unit leaves the window.
@@ -56,7 +56,7 @@
   -- 6. The write: move entries from the future to now, drop the units that left the window,
   --    add one member per unit (NX, and more if a name was taken), expire when the newest
   --    unit leaves the window.
-  ok, rem, re, rs = allowed, max(0, burst - used), retry, reset
+  ok, rem, re, rs = allowed, math.max(0, burst - used), retry, reset
   if cost > 0 and (allowed or stepped_back) then
     state = function(ttl, admit)
       if not (admit or stepped_back) then
@@ -78,7 +78,7 @@
         end
         while added < cost do
           local members = {}
-          for _ = 1, min(cost - added, 1000) do
+          for _ = 1, math.min(cost - added, 1000) do
             n = n + 1
             members[#members + 1] = now
             members[#members + 1] = prefix .. n

@@ -69,33 +69,40 @@
   -- 4d. The fades: the first elapsed µs e of a window at which `count` units of the window
   --     before weigh at most `room` (floor(count * (period - e - 1) / period) <= room), within
   --     [0, period - 1] (at period - 1 they weigh 0). The division estimates it; the comparison
-  --     settles it (room is whole: floor(x) <= room is x < room + 1). Inlined, for the retry
-  --     and then the reset: a helper function would be a closure built on every call.
-  for j = 1, 2 do
-    local count, room, base = rc, rroom, rbase
-    if j == 2 then
-      count, room, base = zc, 0, zbase
+  --     settles it (room is whole: floor(x) <= room is x < room + 1). Written out twice, for
+  --     the retry and for the reset (room 0): a helper function would be a closure built on
+  --     every call, and a loop over both costs the admissions, which need only the reset.
+  if rc then
+    local x = period - 1 - (rroom + 1) * period / rc
+    local e = 0
+    if x >= 0 then
+      e = x - x % 1 + 1
     end
-    if count then
-      local x = period - 1 - (room + 1) * period / count
-      local e = 0
-      if x >= 0 then
-        e = x - x % 1 + 1
-      end
-      if e >= period then
-        e = period - 1
-      end
-      if count * (period - e - 1) / period >= room + 1 then
-        e = e + 1
-      elseif e > 0 and count * (period - e) / period < room + 1 then
-        e = e - 1
-      end
-      if j == 1 then
-        retry = base + e - now
-      else
-        reset = base + e - now
-      end
+    if e >= period then
+      e = period - 1
     end
+    if rc * (period - e - 1) / period >= rroom + 1 then
+      e = e + 1
+    elseif e > 0 and rc * (period - e) / period < rroom + 1 then
+      e = e - 1
+    end
+    retry = rbase + e - now
+  end
+  if zc then
+    local x = period - 1 - period / zc
+    local e = 0
+    if x >= 0 then
+      e = x - x % 1 + 1
+    end
+    if e >= period then
+      e = period - 1
+    end
+    if zc * (period - e - 1) / period >= 1 then
+      e = e + 1
+    elseif e > 0 and zc * (period - e) / period < 1 then
+      e = e - 1
+    end
+    reset = zbase + e - now
   end
 
   -- 5. The new state: only an admission that costs changes it. A previous count that weighs

@@ -36,17 +36,28 @@
   if elapsed >= (burst - tokens) * period / limit then
     tokens, ts = burst, now
   elseif elapsed > 0 then
-    local gained = floor(elapsed * limit / period)
+    local gained = elapsed * limit / period
+    gained = gained - gained % 1
     -- Past 2^53 the division can land one token off. Settle on the count the retry times
-    -- promise: the most n whose arrival time, ceil(n * period / limit), has passed.
-    if ceil((gained + 1) * period / limit) <= elapsed then
+    -- promise: the most n whose arrival time, ceil(n * period / limit), has passed (elapsed is
+    -- whole: ceil(x) <= elapsed is x <= elapsed).
+    if (gained + 1) * period / limit <= elapsed then
       gained = gained + 1
-    elseif gained > 0 and ceil(gained * period / limit) > elapsed then
+    elseif gained > 0 and gained * period / limit > elapsed then
       gained = gained - 1
     end
     if gained > 0 then
       tokens = tokens + gained
-      ts = min(now, ts + ceil(gained * period / limit))
+      local took = gained * period / limit
+      local frac = took % 1 -- ceil, as in step 5b
+      took = took - frac
+      if frac > 0 then
+        took = took + 1
+      end
+      ts = ts + took
+      if ts > now then
+        ts = now
+      end
     end
   end
 
@@ -59,7 +70,7 @@
     retry = -1
   else
     -- 5a. Until `cost` tokens are there.
-    retry = ts0 + ceil((cost - tokens0) * period / limit) - now
+    retry = ts0 + math.ceil((cost - tokens0) * period / limit) - now
   end
 
   -- 5b. Until the bucket is full again (the key expires then).

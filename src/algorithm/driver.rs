@@ -211,6 +211,26 @@ impl Reply {
         }
     }
 
+    /// Parses an admission under the caller's one quota, which the script replies as one
+    /// integer, `reset_after_ms * (burst + 1) + remaining` (see `lua/common.lua`). `None` when
+    /// the caller sent more than one quota or the integer is negative.
+    pub(crate) fn from_admission(both: i64, quotas: &[Quota]) -> Option<Self> {
+        let [quota] = quotas else {
+            return None;
+        };
+        let both = u64::try_from(both).ok()?;
+        let radix = quota.burst() + 1;
+        Some(Reply {
+            allowed: true,
+            suspended: false,
+            tier: 0,
+            overridden: None,
+            remaining: both % radix,
+            retry_after_ms: 0,
+            reset_after_ms: i64::try_from(both / radix).ok()?,
+        })
+    }
+
     /// Parses a script's reply: one string packed `'<BBddd'` (flags: 1 allowed, 2 suspended,
     /// 4 an override decided; the binding tier's position from 1; remaining, retry_after_ms
     /// with -1 for never, reset_after_ms), followed with flag 4 by `'<ddd'` (the override
@@ -777,6 +797,17 @@ mod tests {
         ] {
             assert_eq!(Reply::from_redis(&bad), None, "{bad:?}");
         }
+        // An admission under one quota as one integer: reset 6000 ms, 9 left of a burst of 10.
+        let ok = Reply::from_admission(6000 * 11 + 9, &[quota]).unwrap();
+        assert_eq!(
+            ok,
+            Reply::from_redis(&reply(1, 1, &[9.0, 0.0, 6000.0])).unwrap()
+        );
+        let full = Reply::from_admission(10, &[quota]).unwrap();
+        assert_eq!((full.remaining, full.reset_after_ms), (10, 0));
+        // Only for one quota, never negative.
+        assert_eq!(Reply::from_admission(9, &[quota, second]), None);
+        assert_eq!(Reply::from_admission(-1, &[quota]), None);
         // A reply naming no valid quota is no decision.
         let zero = Reply::from_redis(&reply(5, 1, &[9.0, 0.0, 1.0, 0.0, 60e6, 3.0])).unwrap();
         assert_eq!(zero.into_decision(&[quota]), None);

@@ -206,15 +206,31 @@ const LUA_STEPS: &[(u8, &str)] = &[
     (b'w', include_str!("../../lua/sliding_window.lua")),
 ];
 
-/// The whole script: the driver with every step spliced in as a branch at its `@steps` line.
+/// The whole script: the driver with every step spliced in as a branch at its `@steps` line
+/// (the loop over tiers), and every packed step once more at its `@packed-steps` line (the
+/// one-tier path, which runs the step without the loop's bookkeeping).
 static SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let steps: String = LUA_STEPS
-        .iter()
-        .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
-        .collect();
+    let branches = |only_packed: bool| -> String {
+        LUA_STEPS
+            .iter()
+            .filter(|(tag, _)| {
+                let packed = Algorithm::ALL
+                    .iter()
+                    .any(|a| a.tag() == *tag && matches!(a.kind(), Kind::Packed(_)));
+                !only_packed || packed
+            })
+            .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
+            .collect()
+    };
     let driver = include_str!("../../lua/common.lua");
-    let spliced = driver.replacen("  -- @steps\n", &steps, 1);
-    assert_ne!(spliced, driver, "lua/common.lua has its @steps line");
+    let spliced = driver
+        .replacen("  -- @packed-steps\n", &branches(true), 1)
+        .replacen("  -- @steps\n", &branches(false), 1);
+    assert_eq!(
+        spliced.matches("elseif alg == 116 then").count(),
+        2,
+        "lua/common.lua has its @packed-steps and @steps lines"
+    );
     spliced
 });
 

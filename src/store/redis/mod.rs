@@ -504,14 +504,15 @@ impl Call<'_> {
         let bad = |reply: &redis::Value| StoreError::BadReply(format!("{reply:?}"));
         match self {
             Call::Check(request) => {
-                let bytes: Vec<u8> = match reply {
-                    redis::Value::BulkString(bytes) => bytes,
-                    other => return Err(bad(&other)),
+                let parsed = match &reply {
+                    redis::Value::BulkString(bytes) => Reply::from_redis(bytes),
+                    redis::Value::Int(both) => Reply::from_admission(*both, request.quotas),
+                    _ => None,
                 };
-                Reply::from_redis(&bytes)
-                    .and_then(|reply| reply.into_decision(request.quotas))
+                parsed
+                    .and_then(|parsed| parsed.into_decision(request.quotas))
                     .map(Answer::Decision)
-                    .ok_or_else(|| StoreError::BadReply(format!("{bytes:?}")))
+                    .ok_or_else(|| bad(&reply))
             }
             Call::Control(_) => {
                 let (stored, pttl, now, count): (Option<Vec<u8>>, i64, String, i64) =
