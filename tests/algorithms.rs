@@ -566,11 +566,64 @@ fn script_source() -> String {
         (b'l', include_str!("../lua/sliding_log.lua")),
         (b'w', include_str!("../lua/sliding_window.lua")),
     ];
-    let steps: String = steps
-        .iter()
-        .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
-        .collect();
-    include_str!("../lua/common.lua").replacen("  -- @steps\n", &steps, 1)
+    let branches = |packed_only: bool| -> String {
+        steps
+            .iter()
+            .filter(|(tag, _)| !packed_only || *tag != b'l')
+            .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
+            .collect()
+    };
+    include_str!("../lua/common.lua")
+        .replacen("  -- @packed-steps\n", &branches(true), 1)
+        .replacen("  -- @steps\n", &branches(false), 1)
+}
+
+/// The usual call, an admission under the caller's one quota, replies one integer,
+/// `reset_after_ms * (burst + 1) + remaining`; a denial, and an admission whose integer would
+/// reach 2^53, reply the packed string.
+#[test]
+fn one_quota_admission_replies_one_integer() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let source = script_source();
+    let now = T0.as_micros() as f64;
+    let call = |conn: &mut redis::Connection, key: &str, tier: (f64, f64, f64)| {
+        let mut args = [now, 1.0].map(f64::to_le_bytes).concat();
+        args.push(b't');
+        args.extend([tier.0, tier.1, tier.2].map(f64::to_le_bytes).concat());
+        redis::cmd("EVAL")
+            .arg(&source)
+            .arg(1)
+            .arg(key)
+            .arg(args)
+            .query::<redis::Value>(conn)
+            .unwrap()
+    };
+    // 10 a minute: 9 left, full again in 6 s.
+    let minute = (10.0, 60e6, 10.0);
+    assert_eq!(
+        call(&mut conn, "redlimit:{i}", minute),
+        redis::Value::Int(6_000 * 11 + 9)
+    );
+    for _ in 0..9 {
+        assert!(matches!(
+            call(&mut conn, "redlimit:{i}", minute),
+            redis::Value::Int(_)
+        ));
+    }
+    // Denied: the string, flags 0, with the retry.
+    let redis::Value::BulkString(denied) = call(&mut conn, "redlimit:{i}", minute) else {
+        panic!("a denial replies the packed string");
+    };
+    assert_eq!((denied.len(), denied[0], denied[1]), (26, 0, 1));
+    // A burst of 2^52 refilled over a day: 2^52 * 86 400 000 ms is far past 2^53.
+    let huge = (2f64.powi(52), 86_400e6, 2f64.powi(52));
+    let redis::Value::BulkString(admitted) = call(&mut conn, "redlimit:{h}", huge) else {
+        panic!("an integer past 2^53 is the packed string instead");
+    };
+    assert_eq!((admitted.len(), admitted[0], admitted[1]), (26, 1, 1));
+    let remaining = f64::from_le_bytes(admitted[2..10].try_into().unwrap());
+    assert_eq!(remaining, 2f64.powi(52) - 1.0);
 }
 
 /// Several tiers in one call, all or none: admitted only when every tier admits, then every
