@@ -1,10 +1,15 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use http::header::HeaderName;
+use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
 
-use super::{push_sha256_hex, KeyExtractor};
+use super::{write_sha256_hex, KeyExtractor};
+
+/// 32 hex digits (128 bits) are plenty to tell clients apart, and keep keys short.
+const DIGITS: usize = 32;
+/// The longest key built on the stack: `<name>:<digits>` for names up to 95 bytes.
+const STACK_KEY: usize = 128;
 
 /// The value of a request header (an API key, a bearer token), **hashed** with SHA-256 before it
 /// reaches Redis, logs or traces.
@@ -78,21 +83,79 @@ impl fmt::Debug for HeaderKey {
     }
 }
 
+impl HeaderKey {
+    /// Writes the key of a request whose header holds `value` into `out`, exactly
+    /// `name.len() + 1 + DIGITS` bytes: `<name>:<hex digits of the hash>`.
+    fn write_key<'b>(&self, value: &HeaderValue, out: &'b mut [u8]) -> &'b str {
+        let name = self.name.as_str().as_bytes();
+        let (head, digits) = out.split_at_mut(name.len() + 1);
+        head[..name.len()].copy_from_slice(name);
+        head[name.len()] = b':';
+        write_sha256_hex(digits, self.secret.as_deref(), value.as_bytes());
+        // A header name and hex digits: ASCII.
+        std::str::from_utf8(out).expect("header names and hex digits are ASCII")
+    }
+}
+
 impl KeyExtractor for HeaderKey {
     fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
-        let value = parts.headers.get(&self.name)?;
-        // 32 hex digits (128 bits) are plenty to tell clients apart, and keep keys short.
-        // Built in one `String` of the exact size: one allocation per request.
-        const DIGITS: usize = 32;
-        let name = self.name.as_str();
-        let mut key = String::with_capacity(name.len() + 1 + DIGITS);
-        key.push_str(name);
-        key.push(':');
-        push_sha256_hex(&mut key, self.secret.as_deref(), value.as_bytes(), DIGITS);
-        Some(key.into())
+        self.with_key(parts, |key| key.map(|key| Cow::Owned(key.to_owned())))
+    }
+
+    fn with_key<R>(&self, parts: &Parts, f: impl FnOnce(Option<&str>) -> R) -> R {
+        let Some(value) = parts.headers.get(&self.name) else {
+            return f(None);
+        };
+        // The layer only reads the key while it builds the storage key: a buffer on the stack
+        // saves the request path an allocation.
+        let len = self.name.as_str().len() + 1 + DIGITS;
+        if len <= STACK_KEY {
+            let mut stack = [0u8; STACK_KEY];
+            f(Some(self.write_key(value, &mut stack[..len])))
+        } else {
+            let mut heap = vec![0u8; len];
+            f(Some(self.write_key(value, &mut heap)))
+        }
     }
 
     fn missing_key_hint(&self) -> &'static str {
         "the requests lack the HeaderKey's header"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(value: &str) -> Parts {
+        let request = http::Request::builder().header("x-api-key", value).body(());
+        request.unwrap().into_parts().0
+    }
+
+    #[test]
+    fn the_key_is_the_name_and_32_hex_digits_of_the_hash() {
+        let extractor = HeaderKey::named("x-api-key").unwrap();
+        let hash = super::super::sha256_hex(None, b"k-1");
+        let expected = format!("x-api-key:{}", &hash[..DIGITS]);
+        assert_eq!(
+            extractor.extract(&parts("k-1")).as_deref(),
+            Some(&*expected)
+        );
+        extractor.with_key(&parts("k-1"), |key| assert_eq!(key, Some(&*expected)));
+        let none = http::Request::new(()).into_parts().0;
+        assert_eq!(extractor.extract(&none), None);
+        extractor.with_key(&none, |key| assert_eq!(key, None));
+    }
+
+    #[test]
+    fn a_name_too_long_for_the_stack_gives_the_same_key() {
+        let name = "x".repeat(STACK_KEY);
+        let extractor = HeaderKey::named(&name).unwrap().with_secret("s");
+        let request = http::Request::builder().header(&name, "k-1").body(());
+        let (parts, _) = request.unwrap().into_parts();
+        let key = extractor.extract(&parts).unwrap();
+        let hash = super::super::sha256_hex(Some(b"s"), b"k-1");
+        assert_eq!(key, format!("{name}:{}", &hash[..DIGITS]));
+        extractor.with_key(&parts, |borrowed| assert_eq!(borrowed, Some(&*key)));
     }
 }

@@ -89,8 +89,10 @@ pub const MAX_LITERAL_KEY_LEN: usize = 200;
 ///
 /// The key is a [`Cow`]: borrow it when it is already there (a constant, a header's text, a
 /// path segment), so the request path allocates nothing for it; return
-/// `Some(owned.into())` for a key you build. (Earlier builds returned `Option<String>` here;
-/// an old implementation becomes a new one by adding `.map(Into::into)` to its result.)
+/// `Some(owned.into())` for a key you build (and, to spare the layer that `String`, build it
+/// on the stack in [`with_key`](Self::with_key) too, as [`HeaderKey`] does). (Earlier builds
+/// returned `Option<String>` here; an old implementation becomes a new one by adding
+/// `.map(Into::into)` to its result.)
 ///
 /// ```
 /// use std::borrow::Cow;
@@ -121,6 +123,28 @@ pub const MAX_LITERAL_KEY_LEN: usize = 200;
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key for this request, or `None` when it has none.
     fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>>;
+
+    /// Calls `f` with the key of this request (`None` when it has none), which need not outlive
+    /// the call: what the layer uses, so that an extractor that builds its key can build it on
+    /// the stack ([`HeaderKey`] does) instead of in a `String` per request. The default hands
+    /// over what [`extract`](Self::extract) returns; override it only together with `extract`,
+    /// and give the same key.
+    ///
+    /// ```
+    /// use redlimit::key::{HeaderKey, KeyExtractor};
+    ///
+    /// let extractor = HeaderKey::named("x-api-key").unwrap();
+    /// let request = http::Request::builder().header("x-api-key", "secret").body(()).unwrap();
+    /// let (parts, _) = request.into_parts();
+    /// let extracted = extractor.extract(&parts);
+    /// extractor.with_key(&parts, |key| assert_eq!(key, extracted.as_deref()));
+    /// ```
+    fn with_key<R>(&self, parts: &Parts, f: impl FnOnce(Option<&str>) -> R) -> R
+    where
+        Self: Sized,
+    {
+        f(self.extract(parts).as_deref())
+    }
 
     /// Why requests may come without a key, in the words of a log line: the layer logs it once,
     /// at warn level, when it first counts such a request against the shared key of
@@ -176,14 +200,23 @@ pub(crate) fn sha256_hex(secret: Option<&[u8]>, value: &[u8]) -> String {
 }
 
 /// Appends the first `digits` (at most 64) lower-case hex digits of the SHA-256 of `value`
-/// (keyed with `secret` when given) to `out`, without allocating beyond `out`'s growth: the
-/// request path builds a key in one `String` sized up front.
+/// (keyed with `secret` when given) to `out`.
 pub(crate) fn push_sha256_hex(
     out: &mut String,
     secret: Option<&[u8]>,
     value: &[u8],
     digits: usize,
 ) {
+    let mut hex = [0u8; 64];
+    let hex = &mut hex[..digits.min(64)];
+    write_sha256_hex(hex, secret, value);
+    out.push_str(std::str::from_utf8(hex).expect("hex digits are ASCII"));
+}
+
+/// Fills `out` (at most 64 bytes) with the first lower-case hex digits of the SHA-256 of
+/// `value`, keyed with `secret` when given: into any buffer, so a key can be built on the
+/// stack.
+pub(crate) fn write_sha256_hex(out: &mut [u8], secret: Option<&[u8]>, value: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hasher = Sha256::new();
     if let Some(secret) = secret {
@@ -193,14 +226,10 @@ pub(crate) fn push_sha256_hex(
     }
     hasher.update(value);
     let digest = hasher.finalize();
-    for (i, byte) in digest.iter().enumerate() {
-        if 2 * i >= digits {
-            break;
-        }
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        if 2 * i + 1 < digits {
-            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
-        }
+    for (i, digit) in out.iter_mut().enumerate() {
+        let byte = digest[i / 2];
+        let nibble = if i % 2 == 0 { byte >> 4 } else { byte & 0x0f };
+        *digit = HEX[usize::from(nibble)];
     }
 }
 

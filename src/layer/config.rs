@@ -115,9 +115,15 @@ impl<K: KeyExtractor> Config<K> {
 }
 
 impl<K> Config<K> {
+    /// The headers for `quotas`, chosen by the resolver: `None` when they are the layer's own
+    /// (its `headers`).
+    pub fn resolved_style(&self, quotas: &Quotas) -> Option<Arc<HeaderStyle>> {
+        (*quotas != self.quotas).then(|| self.style_for(quotas))
+    }
+
     /// The headers for `quotas` (chosen by the resolver), built once per distinct list while
     /// the cache has room.
-    pub fn style_for(&self, quotas: &Quotas) -> Arc<HeaderStyle> {
+    fn style_for(&self, quotas: &Quotas) -> Arc<HeaderStyle> {
         let cache = &self.resolved_headers;
         if let Some(style) = cache
             .styles

@@ -65,6 +65,27 @@ pub(crate) struct Checked<K> {
     pub headers: Headers<K>,
 }
 
+/// Asks the limiter about the request stored under `storage_key`, against the quotas of
+/// `style` (a resolver's choice) or else the layer's own, and hands back the verdict with what
+/// the response headers need. Boxed as a [`Check`]: the store's future borrows the key and the
+/// quotas, so it is only ever built inside the future that owns them.
+pub(crate) async fn check<K>(
+    config: Arc<Config<K>>,
+    storage_key: &str,
+    style: Option<Arc<HeaderStyle>>,
+    cost: u64,
+) -> Checked<K> {
+    let quotas = style.as_deref().map_or(&config.quotas, HeaderStyle::quotas);
+    let verdict = config
+        .limiter
+        .check_storage_key(storage_key, quotas, cost, &config.metrics_label)
+        .await;
+    Checked {
+        verdict,
+        headers: Headers { config, style },
+    }
+}
+
 /// How to write the headers of one request's response: the layer's own style, or the one of
 /// the quotas a resolver chose.
 pub(crate) struct Headers<K> {

@@ -17,7 +17,6 @@
 //! hold).
 
 use std::borrow::Cow;
-use std::io::Write;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -26,7 +25,7 @@ use http::{HeaderMap, Response, StatusCode};
 use super::body::ResponseBody;
 use crate::algorithm::Algorithm;
 use crate::decision::{secs_rounded_up, Decision};
-use crate::quota::Quota;
+use crate::quota::{Quota, Quotas};
 
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -54,6 +53,8 @@ pub(crate) struct HeaderStyle {
     /// The policy name, for a quota that is none of the tiers (an override).
     name: String,
     algorithm: Algorithm,
+    /// The quotas these headers describe, checked against by the requests that get them.
+    quotas: Quotas,
     /// One per quota, in order.
     tiers: Vec<Tier>,
     /// `RateLimit-Policy` listing every tier, constant for a layer.
@@ -87,15 +88,15 @@ impl Tier {
 }
 
 impl HeaderStyle {
-    /// `name` must already be validated (`[A-Za-z0-9._-]`); `quotas` is not empty.
+    /// `name` must already be validated (`[A-Za-z0-9._-]`).
     pub(crate) fn new(
         name: &str,
-        quotas: &[Quota],
+        quotas: &Quotas,
         algorithm: Algorithm,
         legacy: bool,
         jitter: Duration,
     ) -> Self {
-        let tiers: Vec<Tier> = match quotas {
+        let tiers: Vec<Tier> = match quotas.as_slice() {
             [quota] => vec![Tier::new(format!("\"{name}\""), *quota, algorithm)],
             _ => (1..)
                 .zip(quotas)
@@ -108,6 +109,7 @@ impl HeaderStyle {
         HeaderStyle {
             name: name.to_owned(),
             algorithm,
+            quotas: *quotas,
             tiers,
             policy,
             legacy,
@@ -116,8 +118,13 @@ impl HeaderStyle {
     }
 
     /// The same style (name, algorithm, options) for other quotas.
-    pub(crate) fn for_quotas(&self, quotas: &[Quota]) -> HeaderStyle {
+    pub(crate) fn for_quotas(&self, quotas: &Quotas) -> HeaderStyle {
         HeaderStyle::new(&self.name, quotas, self.algorithm, self.legacy, self.jitter)
+    }
+
+    /// The quotas these headers describe.
+    pub(crate) fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     /// The tier that bound `decision`, and the `RateLimit-Policy` to send with it: every tier
@@ -170,18 +177,18 @@ impl HeaderStyle {
             (decision.remaining, Self::denied_secs(decision))
         };
         // Written on the stack and copied once into the header value: one allocation, where a
-        // `format!` took two (the string, then the shrink into `Bytes`). The name is at most 68
-        // bytes (64, a tier number, quotes) and each number 20 digits, so 128 bytes suffice.
-        let mut state = [0u8; 128];
-        let mut cursor = std::io::Cursor::new(&mut state[..]);
-        let written = write!(cursor, "{};r={};t={}", tier.quoted_name, remaining, t);
-        let len = cursor.position() as usize;
+        // `format!` took two (the string, then the shrink into `Bytes`), and no formatting
+        // machinery.
+        let mut state = StackValue::new();
+        state.push(tier.quoted_name.as_bytes());
+        state.push(b";r=");
+        state.push_decimal(remaining);
+        state.push(b";t=");
+        state.push_decimal(t);
         // Appended, not inserted: with stacked layers every policy shows up as its own item.
         headers.append(RATELIMIT_POLICY.clone(), policy.into_owned());
-        if written.is_ok() {
-            if let Ok(value) = HeaderValue::from_bytes(&state[..len]) {
-                headers.append(RATELIMIT.clone(), value);
-            }
+        if let Ok(value) = HeaderValue::from_bytes(state.as_bytes()) {
+            headers.append(RATELIMIT.clone(), value);
         }
         if !self.legacy {
             return;
@@ -196,6 +203,48 @@ impl HeaderStyle {
             headers.insert(X_REMAINING.clone(), remaining.into());
             headers.insert(X_RESET.clone(), decision.reset_after_secs().into());
         }
+    }
+}
+
+/// A header value built on the stack. The `RateLimit` value fits: the quoted name is at most 68
+/// bytes (64, a tier number, quotes), each number 20 digits, with `;r=` and `;t=` 114 in all.
+struct StackValue {
+    bytes: [u8; StackValue::CAPACITY],
+    len: usize,
+}
+
+impl StackValue {
+    const CAPACITY: usize = 128;
+
+    fn new() -> Self {
+        StackValue {
+            bytes: [0; Self::CAPACITY],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.bytes[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    /// `n` in decimal, as `Display` writes it.
+    fn push_decimal(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20]; // u64::MAX has 20
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..]);
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
 }
 
@@ -325,7 +374,41 @@ mod tests {
     use super::*;
 
     fn style(name: &str, quotas: &[Quota], legacy: bool) -> HeaderStyle {
-        HeaderStyle::new(name, quotas, Algorithm::TokenBucket, legacy, Duration::ZERO)
+        let quotas = Quotas::new(quotas.iter().copied()).unwrap();
+        HeaderStyle::new(
+            name,
+            &quotas,
+            Algorithm::TokenBucket,
+            legacy,
+            Duration::ZERO,
+        )
+    }
+
+    #[test]
+    fn decimals_are_written_as_display_writes_them() {
+        for n in [0, 1, 9, 10, 99, 100, 4_294_967_296, u64::MAX - 1, u64::MAX] {
+            let mut value = StackValue::new();
+            value.push_decimal(n);
+            assert_eq!(value.as_bytes(), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn the_longest_state_fits_on_the_stack() {
+        let quota = Quota::per_minute(10).unwrap();
+        let quotas = [quota, Quota::per_second(1).unwrap()];
+        let name = "n".repeat(64);
+        let style = style(&name, &quotas, false);
+        let decision = Decision {
+            remaining: u64::MAX,
+            reset_after: Duration::MAX,
+            ..allowed(quota, 0, Duration::ZERO)
+        };
+        let mut headers = HeaderMap::new();
+        style.apply(&mut headers, &decision);
+        let t = decision.reset_after_secs();
+        let expected = format!("\"{name}-1\";r={};t={t}", u64::MAX);
+        assert_eq!(headers["ratelimit"], expected.as_str());
     }
 
     fn allowed(quota: Quota, remaining: u64, reset_after: Duration) -> Decision {
@@ -450,7 +533,7 @@ mod tests {
         let quota = Quota::per_minute(10).unwrap();
         let jittered = HeaderStyle::new(
             "api",
-            &[quota],
+            &quota.into(),
             Algorithm::TokenBucket,
             false,
             Duration::from_secs(10),

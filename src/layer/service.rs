@@ -1,16 +1,15 @@
 //! [`RateLimit`]: the middleware service.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::config::{Config, MissingKey};
-use super::future::{Checked, Headers, ResponseFuture};
+use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
 use super::response::is_grpc;
 use crate::key::KeyExtractor;
@@ -181,58 +180,66 @@ where
             return ResponseFuture::pass_through(future);
         }
         let grpc = is_grpc(&parts.headers);
-        let key = match (config.extractor.extract(&parts), &config.missing_key) {
-            (Some(key), _) => key,
-            (None, MissingKey::Shared(shared)) => {
-                config.note_unkeyed(shared);
-                Cow::Borrowed(shared.as_str())
-            }
-            (None, MissingKey::Reject(status)) => {
-                return ResponseFuture::missing_key(*status, grpc);
-            }
-            (None, MissingKey::Allow) => {
+        // The key is only read here, so an extractor that builds it (a hash) builds it on the
+        // stack; the storage key is built inline too.
+        let keyed = config.extractor.with_key(&parts, |key| {
+            let key = match (key, &config.missing_key) {
+                (Some(key), _) => key,
+                (None, MissingKey::Shared(shared)) => {
+                    config.note_unkeyed(shared);
+                    shared.as_str()
+                }
+                (None, MissingKey::Reject(status)) => return Keyed::Reject(*status),
+                (None, MissingKey::Allow) => return Keyed::Allow,
+            };
+            // The quotas of this request: a resolver's choice, or the layer's own.
+            let resolved = match &config.resolver {
+                Some(resolver) => resolver.resolve(&parts, key),
+                None => Resolved::Default,
+            };
+            // The layer's scope (its policy name and quotas) keeps layers with different quotas
+            // on the same key apart; its constant parts are precomputed.
+            Keyed::Check((config.keys.storage_key(key), resolved))
+        });
+        let (storage_key, resolved) = match keyed {
+            Keyed::Check(check) => check,
+            Keyed::Reject(status) => return ResponseFuture::missing_key(status, grpc),
+            Keyed::Allow => {
                 tracing::debug!("request has no rate limit key; allowed by MissingKey::Allow");
                 let future = inner.call(Request::from_parts(parts, body));
                 return ResponseFuture::pass_through(future);
             }
         };
-        // The quotas of this request: a resolver's choice, or the layer's own.
-        let resolved = match &config.resolver {
-            Some(resolver) => resolver.resolve(&parts, &key),
-            None => Resolved::Default,
-        };
-        // The layer's scope (its policy name and quotas) keeps layers with different quotas on
-        // the same key apart; its constant parts are precomputed.
-        let storage_key = config.keys.storage_key(&key);
-        drop(key); // ends the borrow of `parts`
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
 
         // The one clone of the shared config per request: the check owns it, and hands it back
-        // with the verdict for the response headers.
+        // with the verdict for the response headers. The quotas a resolver chose are replaced
+        // by their (cached) headers, which hold them: the boxed future stays small.
         let config = config.clone();
-        let check = Box::pin(async move {
-            let resolved = match resolved {
-                Resolved::Default => None,
-                Resolved::Ready(quotas) => Some(quotas),
-                Resolved::Pending(lookup) => lookup.await,
-            };
-            // A resolved list other than the layer's own gets headers of its own.
-            let resolved = resolved.filter(|quotas| *quotas != config.quotas);
-            let style = resolved.as_ref().map(|quotas| config.style_for(quotas));
-            let verdict = config
-                .limiter
-                .check_storage_key(
-                    storage_key.as_str(),
-                    resolved.as_ref().unwrap_or(&config.quotas),
-                    cost,
-                    &config.metrics_label,
-                )
-                .await;
-            Checked {
-                verdict,
-                headers: Headers { config, style },
-            }
-        });
+        let style = match &resolved {
+            Resolved::Ready(quotas) => config.resolved_style(quotas),
+            _ => None,
+        };
+        let check: Check<K> = if let Resolved::Pending(lookup) = resolved {
+            Box::pin(async move {
+                let style = lookup
+                    .await
+                    .and_then(|quotas| config.resolved_style(&quotas));
+                future::check(config, storage_key.as_str(), style, cost).await
+            })
+        } else {
+            Box::pin(async move { future::check(config, storage_key.as_str(), style, cost).await })
+        };
         ResponseFuture::checking(check, Request::from_parts(parts, body), inner, grpc)
     }
+}
+
+/// What the key of a request leads to.
+enum Keyed<C> {
+    /// A check: its storage key and quotas.
+    Check(C),
+    /// No key, and [`MissingKey::Reject`].
+    Reject(StatusCode),
+    /// No key, and [`MissingKey::Allow`].
+    Allow,
 }
