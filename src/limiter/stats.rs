@@ -23,7 +23,8 @@ impl PolicyLabel {
     pub(crate) fn new(policy_name: &str) -> Self {
         PolicyLabel {
             #[cfg(feature = "metrics")]
-            name: metrics::SharedString::from(policy_name.to_owned()),
+            // Shared: an owned string would be copied by every clone, two per decision.
+            name: metrics::SharedString::from_shared(std::sync::Arc::<str>::from(policy_name)),
         }
     }
 
