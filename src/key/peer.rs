@@ -1,5 +1,6 @@
 use std::borrow::Cow;
 use std::fmt;
+use std::io::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
@@ -143,29 +144,59 @@ impl PeerIp {
         client
     }
 
-    fn key_for(&self, ip: IpAddr) -> String {
-        match canonical(ip) {
-            IpAddr::V4(v4) => format!("ip:{v4}"),
+    /// Writes the key of `ip` into `buf` (64 bytes hold the longest: `ip:` and an IPv6 address
+    /// with its prefix length) and returns it.
+    fn write_key<'b>(&self, ip: IpAddr, buf: &'b mut [u8; KEY_BUF]) -> &'b str {
+        let mut out = &mut buf[..];
+        let written = match canonical(ip) {
+            IpAddr::V4(v4) => write!(out, "ip:{v4}"),
             IpAddr::V6(v6) => {
                 let bits = u128::from(v6);
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.ipv6_prefix))
                     .unwrap_or(0);
-                format!("ip:{}/{}", Ipv6Addr::from(bits & mask), self.ipv6_prefix)
+                write!(
+                    out,
+                    "ip:{}/{}",
+                    Ipv6Addr::from(bits & mask),
+                    self.ipv6_prefix
+                )
             }
-        }
+        };
+        written.expect("an IP key fits in 64 bytes");
+        let len = KEY_BUF - out.len();
+        std::str::from_utf8(&buf[..len]).expect("an IP key is ASCII")
     }
-}
 
-impl KeyExtractor for PeerIp {
-    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
+    /// The client's address: the peer's, or the one its trusted proxies name.
+    fn client(&self, parts: &Parts) -> Option<IpAddr> {
         let peer = peer_addr(parts)?.ip();
-        let client = if self.trusted.is_empty() {
+        Some(if self.trusted.is_empty() {
             peer
         } else {
             self.client_behind(peer, parts)
-        };
-        Some(Cow::Owned(self.key_for(client)))
+        })
+    }
+}
+
+/// The longest IP key: `ip:` (3), an IPv6 address (at most 39 in its compressed form), `/128`.
+const KEY_BUF: usize = 64;
+
+impl KeyExtractor for PeerIp {
+    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
+        let client = self.client(parts)?;
+        Some(Cow::Owned(
+            self.write_key(client, &mut [0; KEY_BUF]).to_owned(),
+        ))
+    }
+
+    fn with_key<R>(&self, parts: &Parts, f: impl FnOnce(Option<&str>) -> R) -> R {
+        // The layer only reads the key while it builds the storage key: on the stack, the
+        // request path allocates nothing for it.
+        match self.client(parts) {
+            Some(client) => f(Some(self.write_key(client, &mut [0; KEY_BUF]))),
+            None => f(None),
+        }
     }
 
     fn missing_key_hint(&self) -> &'static str {
@@ -381,6 +412,30 @@ mod tests {
         assert_eq!(key(&[b"198.51.100.1, \xff, 10.2.2.2"]), "ip:10.2.2.2");
         // A bad byte inside the trusted proxy's own hop: that hop is garbage, the peer stays.
         assert_eq!(key(&[b"203.0.113.7\xff"]), "ip:10.0.0.1");
+    }
+
+    /// The layer's `with_key` (on the stack) gives exactly `extract`'s key, the longest too.
+    #[test]
+    fn with_key_gives_the_extracted_key() {
+        let longest = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe]:1";
+        let trusting = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+        for (extractor, peer, forwarded) in [
+            (PeerIp::new(), "198.51.100.9:1000", &[][..]),
+            (PeerIp::new().ipv6_prefix(128), longest, &[]),
+            (PeerIp::new(), "[::ffff:192.0.2.1]:1", &[]),
+            (trusting, "10.0.0.1:1", &["203.0.113.7"]),
+        ] {
+            let p = parts(peer, forwarded);
+            let extracted = extractor.extract(&p);
+            assert!(extracted.is_some(), "{peer}");
+            extractor.with_key(&p, |key| assert_eq!(key, extracted.as_deref()));
+        }
+        let p = parts(longest, &[]);
+        let full = PeerIp::new().ipv6_prefix(128);
+        let key = full.extract(&p).unwrap();
+        assert_eq!(key, "ip:ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe/128");
+        let none = http::Request::new(()).into_parts().0;
+        PeerIp::new().with_key(&none, |key| assert_eq!(key, None));
     }
 
     #[test]
