@@ -2,15 +2,17 @@
 //! Cluster, or a primary found through Sentinel).
 
 mod connection;
+mod pool;
 mod sentinel;
 mod server;
 
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt};
+use futures::future::{try_join_all, BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -20,6 +22,7 @@ use redis::{
 };
 
 use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
+use self::pool::Pool;
 use self::sentinel::{PrimaryConnection, SentinelOptions, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
@@ -72,7 +75,7 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `RedisStoreBuilder::tls_ca_pem` and `tls_client_cert_pem` for a private CA and client
 /// certificates.
 ///
-/// Clones share the connection and the breaker.
+/// Clones share the connections and the breaker.
 ///
 /// ```no_run
 /// use redlimit::store::RedisStore;
@@ -94,14 +97,14 @@ pub struct RedisStore {
 enum Backend {
     Single {
         addr: String,
-        connection: Replaceable<ConnectionManager>,
+        connections: Pool<ConnectionManager>,
     },
     Cluster {
-        connection: Replaceable<ClusterConnection>,
+        connections: Pool<ClusterConnection>,
     },
     Sentinel {
         master: String,
-        connection: Replaceable<PrimaryConnection>,
+        connections: Pool<PrimaryConnection>,
     },
 }
 
@@ -265,19 +268,19 @@ impl RedisStore {
     pub async fn verify(&self) -> Result<ServerInfo, StoreError> {
         let verify = async {
             match &*self.backend {
-                Backend::Single { connection, .. } => {
-                    let (mut connection, server) = connection.wait_ready().await?;
-                    check_server(&mut connection).await?;
+                Backend::Single { connections, .. } => {
+                    let (connections, server) = connections.wait_ready().await?;
+                    try_join_all(connections.into_iter().map(check_server)).await?;
                     Ok(server)
                 }
-                Backend::Cluster { connection } => {
-                    let (mut connection, server) = connection.wait_ready().await?;
-                    check_server(&mut connection).await?;
+                Backend::Cluster { connections } => {
+                    let (connections, server) = connections.wait_ready().await?;
+                    try_join_all(connections.into_iter().map(check_server)).await?;
                     Ok(server)
                 }
-                Backend::Sentinel { connection, .. } => {
-                    let (mut connection, server) = connection.wait_ready().await?;
-                    check_server(&mut connection).await?;
+                Backend::Sentinel { connections, .. } => {
+                    let (connections, server) = connections.wait_ready().await?;
+                    try_join_all(connections.into_iter().map(check_server)).await?;
                     Ok(server)
                 }
             }
@@ -287,11 +290,12 @@ impl RedisStore {
             .unwrap_or(Err(StoreError::Timeout(VERIFY_TIMEOUT)))
     }
 
-    /// One call, bounded by the timeout, on the current connection; a stale connection is
-    /// replaced afterwards.
+    /// One call, bounded by the timeout, on the next connection's current one; a stale
+    /// connection is replaced afterwards.
     async fn run_script(&self, request: Call<'_>) -> Result<Answer, StoreError> {
         match &*self.backend {
-            Backend::Single { connection, .. } => {
+            Backend::Single { connections, .. } => {
+                let connection = connections.next();
                 let (generation, open) = connection.connection();
                 let result = self
                     .bounded(async {
@@ -313,7 +317,8 @@ impl RedisStore {
                 connection.settle(generation, &result);
                 result
             }
-            Backend::Cluster { connection } => {
+            Backend::Cluster { connections } => {
+                let connection = connections.next();
                 let (generation, open) = connection.connection();
                 let result = self
                     .bounded(async {
@@ -327,7 +332,8 @@ impl RedisStore {
                 connection.settle(generation, &result);
                 result
             }
-            Backend::Sentinel { connection, .. } => {
+            Backend::Sentinel { connections, .. } => {
+                let connection = connections.next();
                 let (generation, open) = connection.connection();
                 let result = self
                     .bounded(async {
@@ -363,7 +369,8 @@ impl RedisStore {
 }
 
 /// `PING` and `SCRIPT LOAD` of every algorithm's script: what a call needs besides `EVALSHA`.
-async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreError> {
+async fn check_server(mut connection: impl ConnectionLike) -> Result<(), StoreError> {
+    let connection = &mut connection;
     redis::cmd("PING").exec_async(connection).await?;
     for algorithm in Algorithm::ALL {
         redis::cmd("SCRIPT")
@@ -619,6 +626,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     breaker: Option<CircuitBreaker>,
     credentials: Option<(Option<String>, String)>,
+    connections: usize,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -635,6 +643,7 @@ impl fmt::Debug for RedisStoreBuilder {
         f.debug_struct("RedisStoreBuilder")
             .field("timeout", &self.timeout)
             .field("breaker", &self.breaker)
+            .field("connections", &self.connections)
             .finish_non_exhaustive()
     }
 }
@@ -646,6 +655,7 @@ impl RedisStoreBuilder {
             timeout: DEFAULT_TIMEOUT,
             breaker: Some(CircuitBreaker::default()),
             credentials: None,
+            connections: 1,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -666,6 +676,26 @@ impl RedisStoreBuilder {
     /// Calls Redis even when it keeps failing (each call still has its timeout).
     pub fn without_circuit_breaker(mut self) -> Self {
         self.breaker = None;
+        self
+    }
+
+    /// Opens `n` connections instead of one (single node and Sentinel: `n` multiplexed
+    /// connections to the server; Cluster: `n` cluster connections, each with a connection to
+    /// every node). Calls take them in turn; each is made in the background, replaced when
+    /// stale and bounded by the timeout exactly as the one connection is, so a replaced or
+    /// reconnecting connection delays only the calls that land on it. `0` fails
+    /// [`build`](Self::build) with [`ErrorKind::InvalidClientConfig`].
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379").connections(4).build()?;
+    /// let error = RedisStore::builder("redis://127.0.0.1:6379").connections(0).build();
+    /// assert_eq!(error.unwrap_err().kind(), redis::ErrorKind::InvalidClientConfig);
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = n;
         self
     }
 
@@ -741,6 +771,13 @@ impl RedisStoreBuilder {
     /// Builds the store. Fails only on malformed URLs, or TLS settings for a URL without TLS.
     pub fn build(self) -> Result<RedisStore, RedisError> {
         let timeout = self.timeout;
+        let n = NonZeroUsize::new(self.connections).ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "connections(0): a store needs at least one connection",
+                "give connections(1) or more (1 is the default)".to_owned(),
+            ))
+        })?;
         let with_credentials = |info: ConnectionInfo| match &self.credentials {
             Some((username, password)) => {
                 let mut redis = info.redis_settings().clone().set_password(password);
@@ -771,9 +808,12 @@ impl RedisStoreBuilder {
                 let client = Client::open(info)?;
                 Backend::Single {
                     addr,
-                    connection: Replaceable::new(Box::new(move || {
-                        connect_single(client.clone()).boxed()
-                    })),
+                    connections: Pool::new(n, || {
+                        let client = client.clone();
+                        Ok::<_, RedisError>(Replaceable::new(Box::new(move || {
+                            connect_single(client.clone()).boxed()
+                        })))
+                    })?,
                 }
             }
             Target::Cluster(nodes) => {
@@ -792,32 +832,39 @@ impl RedisStoreBuilder {
                 };
                 let client = builder.build()?;
                 Backend::Cluster {
-                    connection: Replaceable::new(Box::new(move || {
+                    connections: Pool::new(n, || {
                         let client = client.clone();
-                        async move {
-                            let mut connection =
-                                client.get_async_connection().await.map_err(explain_tls)?;
-                            let server = server::inspect(&mut connection).await;
-                            Ok((connection, server))
-                        }
-                        .boxed()
-                    })),
+                        Ok::<_, RedisError>(Replaceable::new(Box::new(move || {
+                            let client = client.clone();
+                            async move {
+                                let mut connection =
+                                    client.get_async_connection().await.map_err(explain_tls)?;
+                                let server = server::inspect(&mut connection).await;
+                                Ok((connection, server))
+                            }
+                            .boxed()
+                        })))
+                    })?,
                 }
             }
             Target::Sentinel(target) => {
-                let options = SentinelOptions {
-                    credentials: self.credentials.as_ref(),
+                // A Sentinel client per connection: each asks the sentinels on its own.
+                let connections = Pool::new(n, || {
+                    let options = SentinelOptions {
+                        credentials: self.credentials.as_ref(),
+                        #[cfg(feature = "tls")]
+                        tls: self.tls.clone(),
+                    };
+                    let client = sentinel::client(&target, options)?;
                     #[cfg(feature = "tls")]
-                    tls: self.tls.clone(),
-                };
-                let client = sentinel::client(&target, options)?;
-                #[cfg(feature = "tls")]
-                let connect = sentinel::connect(client, &target, self.tls);
-                #[cfg(not(feature = "tls"))]
-                let connect = sentinel::connect(client, &target);
+                    let connect = sentinel::connect(client, &target, self.tls.clone());
+                    #[cfg(not(feature = "tls"))]
+                    let connect = sentinel::connect(client, &target);
+                    Ok::<_, RedisError>(Replaceable::with_stale(connect, stale_server_or_dropped))
+                })?;
                 Backend::Sentinel {
                     master: target.master,
-                    connection: Replaceable::with_stale(connect, stale_server_or_dropped),
+                    connections,
                 }
             }
         };
