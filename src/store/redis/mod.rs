@@ -2,17 +2,15 @@
 //! Cluster, or a primary found through Sentinel).
 
 mod connection;
-mod pool;
 mod sentinel;
 mod server;
 
 use std::fmt;
 use std::future::Future;
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::{try_join_all, BoxFuture, FutureExt};
+use futures::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -22,7 +20,6 @@ use redis::{
 };
 
 use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
-use self::pool::Pool;
 use self::sentinel::{PrimaryConnection, SentinelOptions, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
@@ -75,7 +72,7 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `RedisStoreBuilder::tls_ca_pem` and `tls_client_cert_pem` for a private CA and client
 /// certificates.
 ///
-/// Clones share the connections and the breaker.
+/// Clones share the connection and the breaker.
 ///
 /// ```no_run
 /// use redlimit::store::RedisStore;
@@ -97,14 +94,14 @@ pub struct RedisStore {
 enum Backend {
     Single {
         addr: String,
-        connections: Pool<ConnectionManager>,
+        connection: Replaceable<ConnectionManager>,
     },
     Cluster {
-        connections: Pool<ClusterConnection>,
+        connection: Replaceable<ClusterConnection>,
     },
     Sentinel {
         master: String,
-        connections: Pool<PrimaryConnection>,
+        connection: Replaceable<PrimaryConnection>,
     },
 }
 
@@ -268,19 +265,19 @@ impl RedisStore {
     pub async fn verify(&self) -> Result<ServerInfo, StoreError> {
         let verify = async {
             match &*self.backend {
-                Backend::Single { connections, .. } => {
-                    let (connections, server) = connections.wait_ready().await?;
-                    try_join_all(connections.into_iter().map(check_server)).await?;
+                Backend::Single { connection, .. } => {
+                    let (mut connection, server) = connection.wait_ready().await?;
+                    check_server(&mut connection).await?;
                     Ok(server)
                 }
-                Backend::Cluster { connections } => {
-                    let (connections, server) = connections.wait_ready().await?;
-                    try_join_all(connections.into_iter().map(check_server)).await?;
+                Backend::Cluster { connection } => {
+                    let (mut connection, server) = connection.wait_ready().await?;
+                    check_server(&mut connection).await?;
                     Ok(server)
                 }
-                Backend::Sentinel { connections, .. } => {
-                    let (connections, server) = connections.wait_ready().await?;
-                    try_join_all(connections.into_iter().map(check_server)).await?;
+                Backend::Sentinel { connection, .. } => {
+                    let (mut connection, server) = connection.wait_ready().await?;
+                    check_server(&mut connection).await?;
                     Ok(server)
                 }
             }
@@ -290,12 +287,11 @@ impl RedisStore {
             .unwrap_or(Err(StoreError::Timeout(VERIFY_TIMEOUT)))
     }
 
-    /// One call, bounded by the timeout, on the next connection's current one; a stale
-    /// connection is replaced afterwards.
+    /// One call, bounded by the timeout, on the current connection; a stale connection is
+    /// replaced afterwards.
     async fn run_script(&self, request: Call<'_>) -> Result<Answer, StoreError> {
         match &*self.backend {
-            Backend::Single { connections, .. } => {
-                let connection = connections.next();
+            Backend::Single { connection, .. } => {
                 let (generation, open) = connection.connection();
                 let result = self
                     .bounded(async {
@@ -317,8 +313,7 @@ impl RedisStore {
                 connection.settle(generation, &result);
                 result
             }
-            Backend::Cluster { connections } => {
-                let connection = connections.next();
+            Backend::Cluster { connection } => {
                 let (generation, open) = connection.connection();
                 let result = self
                     .bounded(async {
@@ -332,8 +327,7 @@ impl RedisStore {
                 connection.settle(generation, &result);
                 result
             }
-            Backend::Sentinel { connections, .. } => {
-                let connection = connections.next();
+            Backend::Sentinel { connection, .. } => {
                 let (generation, open) = connection.connection();
                 let result = self
                     .bounded(async {
@@ -369,8 +363,7 @@ impl RedisStore {
 }
 
 /// `PING` and `SCRIPT LOAD` of every algorithm's script: what a call needs besides `EVALSHA`.
-async fn check_server(mut connection: impl ConnectionLike) -> Result<(), StoreError> {
-    let connection = &mut connection;
+async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreError> {
     redis::cmd("PING").exec_async(connection).await?;
     for algorithm in Algorithm::ALL {
         redis::cmd("SCRIPT")
@@ -626,7 +619,6 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     breaker: Option<CircuitBreaker>,
     credentials: Option<(Option<String>, String)>,
-    connections: usize,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -643,7 +635,6 @@ impl fmt::Debug for RedisStoreBuilder {
         f.debug_struct("RedisStoreBuilder")
             .field("timeout", &self.timeout)
             .field("breaker", &self.breaker)
-            .field("connections", &self.connections)
             .finish_non_exhaustive()
     }
 }
@@ -655,7 +646,6 @@ impl RedisStoreBuilder {
             timeout: DEFAULT_TIMEOUT,
             breaker: Some(CircuitBreaker::default()),
             credentials: None,
-            connections: 1,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -676,26 +666,6 @@ impl RedisStoreBuilder {
     /// Calls Redis even when it keeps failing (each call still has its timeout).
     pub fn without_circuit_breaker(mut self) -> Self {
         self.breaker = None;
-        self
-    }
-
-    /// Opens `n` connections instead of one (single node and Sentinel: `n` multiplexed
-    /// connections to the server; Cluster: `n` cluster connections, each with a connection to
-    /// every node). Calls take them in turn; each is made in the background, replaced when
-    /// stale and bounded by the timeout exactly as the one connection is, so a replaced or
-    /// reconnecting connection delays only the calls that land on it. `0` fails
-    /// [`build`](Self::build) with [`ErrorKind::InvalidClientConfig`].
-    ///
-    /// ```
-    /// use redlimit::store::RedisStore;
-    ///
-    /// let store = RedisStore::builder("redis://127.0.0.1:6379").connections(4).build()?;
-    /// let error = RedisStore::builder("redis://127.0.0.1:6379").connections(0).build();
-    /// assert_eq!(error.unwrap_err().kind(), redis::ErrorKind::InvalidClientConfig);
-    /// # Ok::<(), redis::RedisError>(())
-    /// ```
-    pub fn connections(mut self, n: usize) -> Self {
-        self.connections = n;
         self
     }
 
@@ -771,13 +741,6 @@ impl RedisStoreBuilder {
     /// Builds the store. Fails only on malformed URLs, or TLS settings for a URL without TLS.
     pub fn build(self) -> Result<RedisStore, RedisError> {
         let timeout = self.timeout;
-        let n = NonZeroUsize::new(self.connections).ok_or_else(|| {
-            RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "connections(0): a store needs at least one connection",
-                "give connections(1) or more (1 is the default)".to_owned(),
-            ))
-        })?;
         let with_credentials = |info: ConnectionInfo| match &self.credentials {
             Some((username, password)) => {
                 let mut redis = info.redis_settings().clone().set_password(password);
@@ -808,12 +771,9 @@ impl RedisStoreBuilder {
                 let client = Client::open(info)?;
                 Backend::Single {
                     addr,
-                    connections: Pool::new(n, || {
-                        let client = client.clone();
-                        Ok::<_, RedisError>(Replaceable::new(Box::new(move || {
-                            connect_single(client.clone()).boxed()
-                        })))
-                    })?,
+                    connection: Replaceable::new(Box::new(move || {
+                        connect_single(client.clone()).boxed()
+                    })),
                 }
             }
             Target::Cluster(nodes) => {
@@ -832,39 +792,32 @@ impl RedisStoreBuilder {
                 };
                 let client = builder.build()?;
                 Backend::Cluster {
-                    connections: Pool::new(n, || {
+                    connection: Replaceable::new(Box::new(move || {
                         let client = client.clone();
-                        Ok::<_, RedisError>(Replaceable::new(Box::new(move || {
-                            let client = client.clone();
-                            async move {
-                                let mut connection =
-                                    client.get_async_connection().await.map_err(explain_tls)?;
-                                let server = server::inspect(&mut connection).await;
-                                Ok((connection, server))
-                            }
-                            .boxed()
-                        })))
-                    })?,
+                        async move {
+                            let mut connection =
+                                client.get_async_connection().await.map_err(explain_tls)?;
+                            let server = server::inspect(&mut connection).await;
+                            Ok((connection, server))
+                        }
+                        .boxed()
+                    })),
                 }
             }
             Target::Sentinel(target) => {
-                // A Sentinel client per connection: each asks the sentinels on its own.
-                let connections = Pool::new(n, || {
-                    let options = SentinelOptions {
-                        credentials: self.credentials.as_ref(),
-                        #[cfg(feature = "tls")]
-                        tls: self.tls.clone(),
-                    };
-                    let client = sentinel::client(&target, options)?;
+                let options = SentinelOptions {
+                    credentials: self.credentials.as_ref(),
                     #[cfg(feature = "tls")]
-                    let connect = sentinel::connect(client, &target, self.tls.clone());
-                    #[cfg(not(feature = "tls"))]
-                    let connect = sentinel::connect(client, &target);
-                    Ok::<_, RedisError>(Replaceable::with_stale(connect, stale_server_or_dropped))
-                })?;
+                    tls: self.tls.clone(),
+                };
+                let client = sentinel::client(&target, options)?;
+                #[cfg(feature = "tls")]
+                let connect = sentinel::connect(client, &target, self.tls);
+                #[cfg(not(feature = "tls"))]
+                let connect = sentinel::connect(client, &target);
                 Backend::Sentinel {
                     master: target.master,
-                    connections,
+                    connection: Replaceable::with_stale(connect, stale_server_or_dropped),
                 }
             }
         };
