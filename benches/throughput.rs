@@ -29,6 +29,10 @@
 //!   (`Limiter::check_quotas` with a per-second and a per-minute quota), `suspended` (a key under
 //!   `Limiter::suspend`: the denied path). A limiter that uses none of them is the
 //!   `check token-bucket` row itself.
+//! - `connections`: token-bucket `Limiter::check` at concurrency 256, hot key and 10 000 keys,
+//!   over 1, 2 and 4 connections taken round robin per call (`RoundRobin` below: what a
+//!   `connections(n)` store option would do), interleaved round by round; one summary line per
+//!   shape.
 //!
 //! Allowed runs use a quota that admits everything (10^9 a second; the sliding log 100 000 per
 //! 100 ms, its burst cap); a run that saw a denial, an error or a non-200 answer fails. Each run
@@ -45,20 +49,22 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::{routing::get, Router};
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use http::header::{HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use redis::aio::MultiplexedConnection;
 use redlimit::key::HeaderKey;
-use redlimit::store::RedisStore;
+use redlimit::store::{CheckRequest, RedisStore, Store, StoreError};
 use redlimit::{
-    Algorithm, Limiter, LimiterBuilder, LimiterStats, Quota, Quotas, RateLimitLayer, Verdict,
+    Algorithm, Decision, Limiter, LimiterBuilder, LimiterStats, Quota, Quotas, RateLimitLayer,
+    Verdict,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -120,6 +126,8 @@ struct Settings {
     rounds: usize,
     /// Interleaved rounds of the deny-cache runs (with and without), per algorithm.
     deny_rounds: usize,
+    /// Interleaved rounds of the connections runs (1, 2 and 4 connections), per shape.
+    connection_rounds: usize,
     /// `-n` of `redis-benchmark`.
     redis_benchmark_requests: u64,
 }
@@ -135,6 +143,7 @@ impl Settings {
                 max_ops: 2_000_000,
                 rounds: 7,
                 deny_rounds: 3,
+                connection_rounds: 4,
                 redis_benchmark_requests: 200_000,
             }
         } else {
@@ -145,6 +154,7 @@ impl Settings {
                 max_ops: 10_000_000,
                 rounds: 15,
                 deny_rounds: 5,
+                connection_rounds: 9,
                 redis_benchmark_requests: 1_000_000,
             }
         }
@@ -157,6 +167,8 @@ const KEYS: usize = 10_000;
 const DENY_CACHE_KEYS: usize = 10_000;
 /// Concurrency of the compared runs and of the ratios.
 const RATIO_CONCURRENCY: usize = 64;
+/// The connections of the connections runs ([`RoundRobin`] over that many stores).
+const CONNECTIONS: [usize; 3] = [1, 2, 4];
 /// The algorithms of the `redis cost/reference` line, in its order.
 const COST_LINE_ORDER: [&str; 5] = [
     "token-bucket",
@@ -760,6 +772,57 @@ impl Admin {
     }
 }
 
+/// `n` stores of one connection each, taken in turn by the calls (one counter, no lock): what
+/// `RedisStoreBuilder::connections(n)` did in commit 8f7a1cd (branch `connections`), removed
+/// because these runs showed no clear gain; kept here so that the decision can be measured again.
+#[derive(Debug)]
+struct RoundRobin {
+    stores: Vec<RedisStore>,
+    next: AtomicUsize,
+}
+
+impl Store for RoundRobin {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.stores.len();
+        self.stores[i].check(request)
+    }
+}
+
+impl Admin {
+    /// A token-bucket limiter on [`RoundRobin`] over `connections` connections, checked once.
+    async fn round_robin_limiter(&self, connections: usize, prefix: &str) -> Limiter {
+        let stores = (0..connections)
+            .map(|_| {
+                RedisStore::builder(self.url.as_str())
+                    .timeout(Duration::from_secs(2))
+                    .build()
+                    .expect("a valid Redis URL")
+            })
+            .collect();
+        let store = RoundRobin {
+            stores,
+            next: AtomicUsize::new(0),
+        };
+        let algorithm = Algorithm::TokenBucket;
+        let limiter = Limiter::builder(store)
+            .algorithm(algorithm)
+            .prefix(prefix)
+            .build()
+            .expect("a valid limiter");
+        // One check per connection, so that each is open before the runs.
+        for _ in 0..connections {
+            limiter
+                .try_check("warm-up", &admitting(algorithm), 1)
+                .await
+                .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
+        }
+        limiter
+    }
+}
+
 async fn connect(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
         .expect("a valid Redis URL")
@@ -1108,6 +1171,79 @@ impl Bench {
             run.clone(),
         );
         run
+    }
+}
+
+impl Bench {
+    /// Token-bucket `Limiter::check` at concurrency 256 over 1, 2 and 4 connections,
+    /// interleaved round by round (starting at a rotating place), on the hot key and over
+    /// [`KEYS`] keys. Prints decisions/s of each (medians) and the per-round ratios to one
+    /// connection.
+    async fn connections(&mut self) {
+        let algorithm = Algorithm::TokenBucket;
+        let rounds = self.settings.connection_rounds;
+        for keys in [Keys::Hot, Keys::Spread] {
+            let shape = Shape::new(256, keys);
+            let mut limiters = Vec::new();
+            for n in CONNECTIONS {
+                let prefix = format!("{PREFIX}-connections-{n}");
+                limiters.push(self.admin.round_robin_limiter(n, &prefix).await);
+            }
+            let mut rates = vec![Vec::new(); CONNECTIONS.len()];
+            // This process's and Redis's CPU µs per decision.
+            let mut cpu = vec![(Vec::new(), Vec::new()); CONNECTIONS.len()];
+            for round in 0..rounds {
+                for step in 0..CONNECTIONS.len() {
+                    let i = (step + round) % CONNECTIONS.len();
+                    let ops = self.check_ops(&limiters[i], admitting(algorithm), true, shape);
+                    let (run, _) = measure(&self.settings, &self.admin, ops).await;
+                    assert_eq!(run.failures, 0, "{} connections failed", CONNECTIONS[i]);
+                    rates[i].push(run.rate());
+                    cpu[i].0.push(run.own_cpu_us());
+                    cpu[i].1.push(run.redis_cpu_us());
+                }
+            }
+            for limiter in &limiters {
+                assert_only(limiter, "allowed", |s| s.denied == 0 && s.store_errors == 0);
+            }
+            let rate =
+                |i: usize| format!("{} -> {:.0}/s", CONNECTIONS[i], median(rates[i].clone()));
+            let ratio = |i: usize| {
+                let ratio = Ratio::of(
+                    rates[i]
+                        .iter()
+                        .zip(&rates[0])
+                        .map(|(n, one)| n / one)
+                        .collect(),
+                );
+                format!(
+                    "{}/1 {:.2} ({:.2}-{:.2})",
+                    CONNECTIONS[i], ratio.median, ratio.min, ratio.max
+                )
+            };
+            let cpu: Vec<String> = cpu
+                .iter()
+                .zip(CONNECTIONS)
+                .map(|((own, redis), n)| {
+                    format!(
+                        "{n}: {:.2}+{:.2}",
+                        median(own.clone()),
+                        median(redis.clone())
+                    )
+                })
+                .collect();
+            println!(
+                "connections {}: {}, {}, {} (median of {rounds} rounds); per round {}, {}; CPU \
+                 µs/decision bench+redis {}",
+                shape.label(),
+                rate(0),
+                rate(1),
+                rate(2),
+                ratio(1),
+                ratio(2),
+                cpu.join(", ")
+            );
+        }
     }
 }
 
@@ -1536,6 +1672,7 @@ async fn bench(settings: Settings) {
         fleet_line.join(", ")
     );
     tls_overhead(&bench.settings).await;
+    bench.connections().await;
     println!();
     println!("check/raw ratio: {:.2}", check_raw.median);
     println!("layer/check ratio: {:.2}", layer_check.median);
