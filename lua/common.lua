@@ -93,8 +93,10 @@ end
 -- an MGET, whose reply is a table.
 local skey = KEYS[1]
 local s = redis.pcall('GET', skey)
--- The controls, when the string starts with them. A lone state (17 or 25 bytes) never does:
--- controls take 10 + 24 * n bytes and a state at least one more.
+-- The controls, when the string starts with them. A string of 17 or 25 bytes (one tier's
+-- state) never does, so those skip the look: controls take 10 + 24 * n bytes, followed by no
+-- state (10, 34, ...) or by states of which at least one is whole (27 bytes or more; only the
+-- write below and lua/control.lua, which keeps the states it finds, write these strings).
 local controls, quotas, at = false, args, 1
 if s then
   local len = #s
