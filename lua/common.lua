@@ -185,7 +185,11 @@ end
 local all_ok, max_rs = true, 0
 local min_i, min_rem -- the tier with the least remaining
 local deny_i, deny_rem, deny_re -- the denying tier with the longest wait
-local olds, news, oks = {}, {}, {} -- each tier's stored state, new state and decision
+-- The string to write after the tiers, built as they are decided (no table per call): on an
+-- admission every tier's new state, on a denial only the repairs (a tier that would have
+-- admitted keeps its stored state: a denied request consumes from none); '\0' for a tier with
+-- nothing stored. `*_changed`: whether that string differs from what is stored.
+local admitted, denied, admitted_changed, denied_changed = '', '', false, false
 local log_write, log_period = nil, -1
 local key = KEYS[2]
 for i = 1, tiers do
@@ -232,16 +236,38 @@ for i = 1, tiers do
       log_write, log_period = state, period
     end
   else
-    olds[i], news[i], oks[i] = stored, state, ok
+    local old = stored or '\0'
+    if state then
+      admitted, admitted_changed = admitted .. state, true
+      if ok then
+        denied = denied .. old
+      else
+        denied, denied_changed = denied .. state, true
+      end
+    else
+      admitted, denied = admitted .. old, denied .. old
+    end
   end
 end
 
 -- Times and the TTL as on the one-tier path; an override keeps its key for its idle time.
-local reset_ms = math.min(math.ceil(max_rs / 1000), MAX_REPLY_MS)
-local ttl = math.min(math.max(reset_ms, 1), MAX_EXACT)
+local reset_ms = max_rs / 1000
+local frac = reset_ms % 1
+reset_ms = reset_ms - frac
+if frac > 0 then
+  reset_ms = reset_ms + 1
+end
+if reset_ms > MAX_REPLY_MS then
+  reset_ms = MAX_REPLY_MS
+end
+local ttl = reset_ms
+if ttl < 1 then
+  ttl = 1
+elseif ttl > MAX_EXACT then
+  ttl = MAX_EXACT
+end
 
--- Write: on an admission, every tier's new state; on a denial only the repairs (a tier that
--- would have admitted keeps its stored state: a denied request consumes from none).
+-- Write what the decision changed.
 if log then
   if log_write then
     log_write(ttl, all_ok)
@@ -249,22 +275,11 @@ if log then
       call('PEXPIRE', skey, math.max(ttl, OVERRIDE_IDLE_MS))
     end
   end
-else
-  local changed = false
-  for i = 1, tiers do
-    local new = news[i]
-    if new and (all_ok or not oks[i]) then
-      changed = true
-    else
-      news[i] = olds[i] or '\0'
-    end
+elseif all_ok and admitted_changed or not all_ok and denied_changed then
+  if controls and ttl < OVERRIDE_IDLE_MS then
+    ttl = OVERRIDE_IDLE_MS
   end
-  if changed then
-    if controls and ttl < OVERRIDE_IDLE_MS then
-      ttl = OVERRIDE_IDLE_MS
-    end
-    call('SET', skey, (controls or '') .. table.concat(news), 'PX', ttl)
-  end
+  call('SET', skey, (controls or '') .. (all_ok and admitted or denied), 'PX', ttl)
 end
 
 -- The reply names the binding tier by its position; an override's tier also by its quota (the
