@@ -132,12 +132,17 @@ if s then
   end
 end
 
--- One tier and no controls, the usual call: the string is the tier's state, and the step's
--- decision is the call's. Times leave in whole ms rounded up. The TTL: when the tier is fresh
--- again, at least 1 ms, at most 2^53 ms (Lua writes numbers from 1e17 up as "1e+17", which PX
--- refuses). On this path `x - x % 1` is floor(x) (exact) and comparisons stand in for min and
--- max: a call into math costs Redis more than the arithmetic.
-if at == 1 and tiers == 1 and not log then
+-- Decide. All tiers must admit: on an admission the binding tier is the one with the least
+-- remaining, on a denial the denying one with the longest wait. `write`: the string to store,
+-- nil when nothing changed.
+local all_ok, max_rs, write = true, 0, nil
+local min_i, min_rem -- the tier with the least remaining
+local deny_i, deny_rem, deny_re -- the denying tier with the longest wait
+local log_write, log_period = nil, -1
+-- One tier and no controls, the usual call: the string is the tier's state and the step's
+-- decision is the call's, without the loop's bookkeeping.
+local plain = at == 1 and tiers == 1 and not log
+if plain then
   local stored = s
   local ok, rem, re, rs, state
   if false then
@@ -145,112 +150,88 @@ if at == 1 and tiers == 1 and not log then
   else
     return redis.error_reply('ERR redlimit: unknown algorithm')
   end
-  if rs < 0 then
-    rs = 0
-  end
-  local reset_ms = rs / 1000
-  local frac = reset_ms % 1
-  reset_ms = reset_ms - frac
-  if frac > 0 then
-    reset_ms = reset_ms + 1
-  end
-  if reset_ms > MAX_REPLY_MS then
-    reset_ms = MAX_REPLY_MS
-  end
-  if state then
-    local ttl = reset_ms
-    if ttl < 1 then
-      ttl = 1
-    elseif ttl > MAX_EXACT then
-      ttl = MAX_EXACT
-    end
-    call('SET', skey, state, 'PX', ttl)
-  end
-  if ok then
-    -- One integer when it fits (see the header): packing the string costs Redis more than
-    -- the rest of this path's arithmetic.
-    local both = reset_ms * (burst + 1) + rem
-    if both < MAX_EXACT then
-      return both
-    end
-    return spack('<BBddd', 1, 1, rem, 0, reset_ms)
-  end
-  if re > 0 then
-    re = math.min(math.ceil(re / 1000), MAX_REPLY_MS)
-  end
-  return spack('<BBddd', 0, 1, rem, re, reset_ms)
-end
-
--- Several tiers, controls, or the sliding log: decide every tier.
-local all_ok, max_rs = true, 0
-local min_i, min_rem -- the tier with the least remaining
-local deny_i, deny_rem, deny_re -- the denying tier with the longest wait
--- The string to write after the tiers, built as they are decided (no table per call): on an
--- admission every tier's new state, on a denial only the repairs (a tier that would have
--- admitted keeps its stored state: a denied request consumes from none); '\0' for a tier with
--- nothing stored. `*_changed`: whether that string differs from what is stored.
-local admitted, denied, admitted_changed, denied_changed = '', '', false, false
-local log_write, log_period = nil, -1
-local key = KEYS[2]
-for i = 1, tiers do
-  if i > 1 then
-    limit, period, burst, pos = sunpack('<ddd', quotas, pos)
-  end
-  if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
-      period < MAX_EXACT and period % 1 == 0 and burst >= 1 and burst < MAX_EXACT and
-      burst % 1 == 0) then
-    return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
-      'must be integers from 1 below 2^53')
-  end
-  local stored = false
-  if s and not log then
-    local tag = string.byte(s, at)
-    if tag == 0 then
-      at = at + 1
-    elseif tag == 119 then
-      stored, at = string.sub(s, at, at + 24), at + 25
-    elseif tag then
-      stored, at = string.sub(s, at, at + 16), at + 17
-    end
-  end
-  local ok, rem, re, rs, state
-  if false then
-  -- @steps
-  else
-    return redis.error_reply('ERR redlimit: unknown algorithm')
-  end
-  if i == 1 or rem < min_rem then
-    min_i, min_rem = i, rem
-  end
-  if not ok then
-    if all_ok or (deny_re >= 0 and (re < 0 or re > deny_re)) then
-      deny_i, deny_rem, deny_re = i, rem, re
-    end
-    all_ok = false
-  end
-  if rs > max_rs then
+  min_i, min_rem, write = 1, rem, state
+  if rs > 0 then
     max_rs = rs
   end
-  if log then
-    if state and period > log_period then
-      log_write, log_period = state, period
+  if not ok then
+    deny_i, deny_rem, deny_re, all_ok = 1, rem, re, false
+  end
+else
+  -- Several tiers, controls, or the sliding log. The string to write is built as the tiers
+  -- are decided (no table per call): on an admission every tier's new state, on a denial only
+  -- the repairs (a tier that would have admitted keeps its stored state: a denied request
+  -- consumes from none); '\0' for a tier with nothing stored.
+  local admitted, denied, admitted_changed, denied_changed = '', '', false, false
+  local key = KEYS[2]
+  for i = 1, tiers do
+    if i > 1 then
+      limit, period, burst, pos = sunpack('<ddd', quotas, pos)
     end
-  else
-    local old = stored or '\0'
-    if state then
-      admitted, admitted_changed = admitted .. state, true
-      if ok then
-        denied = denied .. old
-      else
-        denied, denied_changed = denied .. state, true
+    if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
+        period < MAX_EXACT and period % 1 == 0 and burst >= 1 and burst < MAX_EXACT and
+        burst % 1 == 0) then
+      return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
+        'must be integers from 1 below 2^53')
+    end
+    local stored = false
+    if s and not log then
+      local tag = string.byte(s, at)
+      if tag == 0 then
+        at = at + 1
+      elseif tag == 119 then
+        stored, at = string.sub(s, at, at + 24), at + 25
+      elseif tag then
+        stored, at = string.sub(s, at, at + 16), at + 17
+      end
+    end
+    local ok, rem, re, rs, state
+    if false then
+    -- @steps
+    else
+      return redis.error_reply('ERR redlimit: unknown algorithm')
+    end
+    if i == 1 or rem < min_rem then
+      min_i, min_rem = i, rem
+    end
+    if not ok then
+      if all_ok or (deny_re >= 0 and (re < 0 or re > deny_re)) then
+        deny_i, deny_rem, deny_re = i, rem, re
+      end
+      all_ok = false
+    end
+    if rs > max_rs then
+      max_rs = rs
+    end
+    if log then
+      if state and period > log_period then
+        log_write, log_period = state, period
       end
     else
-      admitted, denied = admitted .. old, denied .. old
+      local old = stored or '\0'
+      if state then
+        admitted, admitted_changed = admitted .. state, true
+        if ok then
+          denied = denied .. old
+        else
+          denied, denied_changed = denied .. state, true
+        end
+      else
+        admitted, denied = admitted .. old, denied .. old
+      end
     end
+  end
+  if all_ok and admitted_changed then
+    write = (controls or '') .. admitted
+  elseif not all_ok and denied_changed then
+    write = (controls or '') .. denied
   end
 end
 
--- Times and the TTL as on the one-tier path; an override keeps its key for its idle time.
+-- Times leave in whole ms rounded up. The TTL: when every tier is fresh again, at least 1 ms,
+-- at most 2^53 ms (Lua writes numbers from 1e17 up as "1e+17", which PX refuses); an override
+-- keeps its key for its idle time. `x - x % 1` is floor(x) (exact) and comparisons stand in for
+-- min and max: a call into math costs Redis more than the arithmetic.
 local reset_ms = max_rs / 1000
 local frac = reset_ms % 1
 reset_ms = reset_ms - frac
@@ -275,11 +256,11 @@ if log then
       call('PEXPIRE', skey, math.max(ttl, OVERRIDE_IDLE_MS))
     end
   end
-elseif all_ok and admitted_changed or not all_ok and denied_changed then
+elseif write then
   if controls and ttl < OVERRIDE_IDLE_MS then
     ttl = OVERRIDE_IDLE_MS
   end
-  call('SET', skey, (controls or '') .. (all_ok and admitted or denied), 'PX', ttl)
+  call('SET', skey, write, 'PX', ttl)
 end
 
 -- The reply names the binding tier by its position; an override's tier also by its quota (the
@@ -288,6 +269,14 @@ if all_ok then
   if controls then
     return spack('<BBdddddd', 5, min_i, min_rem, 0, reset_ms,
       sunpack('<ddd', s, 11 + 24 * (min_i - 1)))
+  end
+  if plain then
+    -- One integer when it fits (see the header): packing the string costs Redis more than
+    -- the rest of this path's arithmetic.
+    local both = reset_ms * (burst + 1) + min_rem
+    if both < MAX_EXACT then
+      return both
+    end
   end
   return spack('<BBddd', 1, min_i, min_rem, 0, reset_ms)
 end

@@ -574,8 +574,8 @@ fn script_source() -> String {
             .collect()
     };
     include_str!("../lua/common.lua")
-        .replacen("  -- @packed-steps\n", &branches(true), 1)
-        .replacen("  -- @steps\n", &branches(false), 1)
+        .replacen("-- @packed-steps\n", &branches(true), 1)
+        .replacen("-- @steps\n", &branches(false), 1)
 }
 
 /// The usual call, an admission under the caller's one quota, replies one integer,

@@ -224,8 +224,8 @@ static SOURCE: LazyLock<String> = LazyLock::new(|| {
     };
     let driver = include_str!("../../lua/common.lua");
     let spliced = driver
-        .replacen("  -- @packed-steps\n", &branches(true), 1)
-        .replacen("  -- @steps\n", &branches(false), 1);
+        .replacen("-- @packed-steps\n", &branches(true), 1)
+        .replacen("-- @steps\n", &branches(false), 1);
     assert_eq!(
         spliced.matches("elseif alg == 116 then").count(),
         2,
