@@ -578,6 +578,17 @@ fn script_source() -> String {
         .replacen("-- @steps\n", &branches(false), 1)
 }
 
+/// The script's one argument: doubles now_us and cost, the algorithm's byte, then per tier
+/// doubles limit, period_us, burst (little-endian).
+fn pack_args(now: f64, cost: f64, alg: u8, tiers: &[(f64, f64, f64)]) -> Vec<u8> {
+    let mut args = [now, cost].map(f64::to_le_bytes).concat();
+    args.push(alg);
+    for &(limit, period, burst) in tiers {
+        args.extend([limit, period, burst].map(f64::to_le_bytes).concat());
+    }
+    args
+}
+
 /// The usual call, an admission under the caller's one quota, replies one integer,
 /// `reset_after_ms * (burst + 1) + remaining`; a denial, and an admission whose integer would
 /// reach 2^53, reply the packed string.
@@ -588,14 +599,11 @@ fn one_quota_admission_replies_one_integer() {
     let source = script_source();
     let now = T0.as_micros() as f64;
     let call = |conn: &mut redis::Connection, key: &str, tier: (f64, f64, f64)| {
-        let mut args = [now, 1.0].map(f64::to_le_bytes).concat();
-        args.push(b't');
-        args.extend([tier.0, tier.1, tier.2].map(f64::to_le_bytes).concat());
         redis::cmd("EVAL")
             .arg(&source)
             .arg(1)
             .arg(key)
-            .arg(args)
+            .arg(pack_args(now, 1.0, b't', &[tier]))
             .query::<redis::Value>(conn)
             .unwrap()
     };
@@ -635,16 +643,7 @@ fn several_tiers_are_all_or_none() {
     let mut conn = redis.conn();
     let source = script_source();
     let now = T0.as_micros() as f64;
-    // The script's one argument: doubles now_us and cost, the algorithm's byte, then per tier
-    // doubles limit, period_us, burst (little-endian).
-    let pack = |cost: f64, alg: u8, tiers: &[(f64, f64, f64)]| -> Vec<u8> {
-        let mut args = [now, cost].map(f64::to_le_bytes).concat();
-        args.push(alg);
-        for &(limit, period, burst) in tiers {
-            args.extend([limit, period, burst].map(f64::to_le_bytes).concat());
-        }
-        args
-    };
+    let pack = |cost: f64, alg: u8, tiers: &[(f64, f64, f64)]| pack_args(now, cost, alg, tiers);
     // The reply: flags (1 allowed, 2 suspended), the binding tier's position (from 1), then
     // doubles remaining, retry_after_ms, reset_after_ms.
     let unpack = |reply: Vec<u8>| -> [i64; 5] {
