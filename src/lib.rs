@@ -102,6 +102,7 @@
 pub mod algorithm;
 mod clock;
 mod decision;
+mod intern;
 pub mod key;
 pub mod layer;
 mod limiter;

@@ -164,9 +164,7 @@ pub trait KeyExtractor: Send + Sync + 'static {
 pub(crate) fn storage_id(key: &str) -> Cow<'_, str> {
     let plain = (1..=MAX_LITERAL_KEY_LEN).contains(&key.len())
         && !key.starts_with('#')
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+        && is_plain(key.as_bytes());
     if plain {
         Cow::Borrowed(key)
     } else {
@@ -218,19 +216,36 @@ pub(crate) fn push_sha256_hex(
 /// stack.
 pub(crate) fn write_sha256_hex(out: &mut [u8], secret: Option<&[u8]>, value: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut hasher = Sha256::new();
-    if let Some(secret) = secret {
-        // Length-prefixed, so (secret, value) pairs cannot run into each other.
-        hasher.update((secret.len() as u64).to_be_bytes());
-        hasher.update(secret);
+    let digest = match secret {
+        None => Sha256::digest(value),
+        Some(secret) => {
+            let mut hasher = Sha256::new();
+            // Length-prefixed, so (secret, value) pairs cannot run into each other.
+            hasher.update((secret.len() as u64).to_be_bytes());
+            hasher.update(secret);
+            hasher.update(value);
+            hasher.finalize()
+        }
+    };
+    // Two digits per byte of the digest; an odd count ends on a high nibble.
+    let whole = out.len() / 2;
+    let mut pairs = out.chunks_exact_mut(2);
+    for (pair, &byte) in pairs.by_ref().zip(digest.iter()) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0x0f)];
     }
-    hasher.update(value);
-    let digest = hasher.finalize();
-    for (i, digit) in out.iter_mut().enumerate() {
-        let byte = digest[i / 2];
-        let nibble = if i % 2 == 0 { byte >> 4 } else { byte & 0x0f };
-        *digit = HEX[usize::from(nibble)];
+    if let ([last], Some(&byte)) = (pairs.into_remainder(), digest.get(whole)) {
+        *last = HEX[usize::from(byte >> 4)];
     }
+}
+
+/// Whether every byte is printable ASCII other than `{` and `}`: a storage id as it is. One
+/// pass without early exits, which the compiler turns into wide compares (the layer checks
+/// every key of every request).
+fn is_plain(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .fold(true, |plain, &b| plain & (b'!'..=b'~').contains(&b) & (b != b'{') & (b != b'}'))
 }
 
 #[cfg(test)]
@@ -258,6 +273,16 @@ mod tests {
         assert_ne!(storage_id("a{b}"), storage_id("a{c}"));
         let huge = "k".repeat(1 << 20);
         assert_eq!(storage_id(&huge).len(), 65);
+    }
+
+    #[test]
+    fn plain_bytes_are_printable_ascii_without_braces() {
+        for b in 0..=255u8 {
+            let expected = b.is_ascii_graphic() && b != b'{' && b != b'}';
+            assert_eq!(is_plain(&[b]), expected, "{b}");
+            assert_eq!(is_plain(&[b'a', b, b'z']), expected, "{b} between plain bytes");
+        }
+        assert!(is_plain(b""));
     }
 
     #[test]

@@ -52,6 +52,8 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, K>,
+        // Whether the request speaks gRPC: read from its headers only when the layer answers it
+        // itself (most requests are admitted and never need it).
         grpc: bool,
     }
 }
@@ -133,19 +135,14 @@ impl<S, ReqBody, K> ResponseFuture<S, ReqBody, K>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn checking(
-        check: Check<K>,
-        request: Request<ReqBody>,
-        inner: S,
-        grpc: bool,
-    ) -> Self {
+    pub(crate) fn checking(check: Check<K>, request: Request<ReqBody>, inner: S) -> Self {
         ResponseFuture {
             state: State::Checking {
                 check,
                 request: Some(request),
                 inner: Some(inner),
             },
-            grpc,
+            grpc: false,
         }
     }
 
@@ -189,6 +186,9 @@ where
                         (Some(request), Some(inner)) => (request, inner),
                         _ => panic!("ResponseFuture polled after completion"),
                     };
+                    if !verdict.is_allowed() {
+                        *this.grpc = response::is_grpc(request.headers());
+                    }
                     match verdict {
                         Verdict::Decided(decision) if decision.allowed => {
                             // Handlers can read what is left.

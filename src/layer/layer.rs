@@ -512,7 +512,8 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
             algorithm,
             self.legacy_headers,
             self.retry_after_jitter,
-        );
+        )
+        .with_constant_policy();
         let scope = self
             .scope
             .unwrap_or_else(|| default_scope(&self.policy_name, algorithm, &self.quotas));

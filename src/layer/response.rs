@@ -25,6 +25,7 @@ use http::{HeaderMap, Response, StatusCode};
 use super::body::ResponseBody;
 use crate::algorithm::Algorithm;
 use crate::decision::{secs_rounded_up, Decision};
+use crate::intern::interned;
 use crate::quota::{Quota, Quotas};
 
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -115,6 +116,18 @@ impl HeaderStyle {
             legacy,
             jitter,
         }
+    }
+
+    /// The same style with its `RateLimit-Policy` value kept for the life of the process (see
+    /// [`interned`]), so that each response clones it for free: for a layer's own quotas, built
+    /// once per layer. Styles built for the quotas a resolver chose keep a counted value, since
+    /// those quotas may be computed per key.
+    pub(crate) fn with_constant_policy(mut self) -> Self {
+        if let Ok(text) = self.policy.to_str() {
+            // `from_static` takes visible ASCII and spaces only, which `to_str` guarantees.
+            self.policy = HeaderValue::from_static(interned(text));
+        }
+        self
     }
 
     /// The same style (name, algorithm, options) for other quotas.
@@ -228,19 +241,9 @@ impl StackValue {
         self.len += bytes.len();
     }
 
-    /// `n` in decimal, as `Display` writes it.
-    fn push_decimal(&mut self, mut n: u64) {
-        let mut digits = [0u8; 20]; // u64::MAX has 20
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.push(&digits[start..]);
+    /// `n` in decimal, as `Display` writes it (two digits per step, through `itoa`).
+    fn push_decimal(&mut self, n: u64) {
+        self.push(itoa::Buffer::new().format(n).as_bytes());
     }
 
     fn as_bytes(&self) -> &[u8] {
@@ -391,6 +394,24 @@ mod tests {
             value.push_decimal(n);
             assert_eq!(value.as_bytes(), n.to_string().as_bytes());
         }
+    }
+
+    #[test]
+    fn a_constant_policy_is_the_same_value_shared_by_every_response() {
+        let quotas = [Quota::per_minute(10).unwrap(), Quota::per_second(1).unwrap()];
+        let counted = style("api", &quotas, false);
+        let constant = counted.clone().with_constant_policy();
+        assert_eq!(constant.policy, counted.policy);
+        assert_eq!(
+            constant.policy.to_str().unwrap(),
+            r#""api-1";q=10;w=60, "api-2";q=1;w=1"#
+        );
+        // Two styles built apart point at the one interned text.
+        let again = counted.with_constant_policy();
+        assert!(std::ptr::eq(
+            again.policy.as_bytes(),
+            constant.policy.as_bytes()
+        ));
     }
 
     #[test]

@@ -179,7 +179,6 @@ where
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::pass_through(future);
         }
-        let grpc = is_grpc(&parts.headers);
         // The key is only read here, so an extractor that builds it (a hash) builds it on the
         // stack; the storage key is built inline too.
         let keyed = config.extractor.with_key(&parts, |key| {
@@ -203,7 +202,9 @@ where
         });
         let (storage_key, resolved) = match keyed {
             Keyed::Check(check) => check,
-            Keyed::Reject(status) => return ResponseFuture::missing_key(status, grpc),
+            Keyed::Reject(status) => {
+                return ResponseFuture::missing_key(status, is_grpc(&parts.headers))
+            }
             Keyed::Allow => {
                 tracing::debug!("request has no rate limit key; allowed by MissingKey::Allow");
                 let future = inner.call(Request::from_parts(parts, body));
@@ -230,7 +231,7 @@ where
         } else {
             Box::pin(async move { future::check(config, storage_key.as_str(), style, cost).await })
         };
-        ResponseFuture::checking(check, Request::from_parts(parts, body), inner, grpc)
+        ResponseFuture::checking(check, Request::from_parts(parts, body), inner)
     }
 }
 

@@ -23,7 +23,9 @@ impl PolicyLabel {
     pub(crate) fn new(policy_name: &str) -> Self {
         PolicyLabel {
             #[cfg(feature = "metrics")]
-            name: metrics::SharedString::const_str(interned(policy_name)),
+            // Interned: a label that clones for free (an owned one was copied by each of
+            // the two clones per decision, a shared one had every core bump one count).
+            name: metrics::SharedString::const_str(crate::intern::interned(policy_name)),
         }
     }
 
@@ -34,26 +36,6 @@ impl PolicyLabel {
             name: metrics::SharedString::const_str(DIRECT_POLICY_LABEL),
         }
     }
-}
-
-/// `name` for the life of the process, each distinct name stored once: a label that clones
-/// for free. An owned label was copied by each of the two clones per decision, and a shared one
-/// (`Arc<str>`) had every core bump one counter. Policy names are few (one per layer
-/// configuration, at most 64 bytes), and a metrics recorder keeps one series per label value
-/// for as long anyway.
-#[cfg(feature = "metrics")]
-fn interned(name: &str) -> &'static str {
-    use std::collections::BTreeSet;
-    use std::sync::{Mutex, PoisonError};
-
-    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
-    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(&known) = names.get(name) {
-        return known;
-    }
-    let leaked: &'static str = Box::leak(name.into());
-    names.insert(leaked);
-    leaked
 }
 
 /// The metrics the limiter records with the `metrics` feature (names and label values are
@@ -268,16 +250,5 @@ mod tests {
     fn counters_sit_on_their_own_cache_lines() {
         assert_eq!(std::mem::align_of::<Padded>(), 128);
         assert!(std::mem::size_of::<Counters>() >= 9 * 128);
-    }
-
-    #[cfg(feature = "metrics")]
-    #[test]
-    fn a_policy_name_is_stored_once() {
-        let owned = String::from("interned-once");
-        let first = interned(&owned);
-        let again = interned(&String::from("interned-once"));
-        assert_eq!(first, "interned-once");
-        assert!(std::ptr::eq(first, again), "one copy per distinct name");
-        assert!(!std::ptr::eq(first, interned("interned-other")));
     }
 }
