@@ -243,9 +243,9 @@ pub(crate) fn write_sha256_hex(out: &mut [u8], secret: Option<&[u8]>, value: &[u
 /// pass without early exits, which the compiler turns into wide compares (the layer checks
 /// every key of every request).
 fn is_plain(bytes: &[u8]) -> bool {
-    bytes
-        .iter()
-        .fold(true, |plain, &b| plain & (b'!'..=b'~').contains(&b) & (b != b'{') & (b != b'}'))
+    bytes.iter().fold(true, |plain, &b| {
+        plain & (b'!'..=b'~').contains(&b) & (b != b'{') & (b != b'}')
+    })
 }
 
 #[cfg(test)]
@@ -280,7 +280,11 @@ mod tests {
         for b in 0..=255u8 {
             let expected = b.is_ascii_graphic() && b != b'{' && b != b'}';
             assert_eq!(is_plain(&[b]), expected, "{b}");
-            assert_eq!(is_plain(&[b'a', b, b'z']), expected, "{b} between plain bytes");
+            assert_eq!(
+                is_plain(&[b'a', b, b'z']),
+                expected,
+                "{b} between plain bytes"
+            );
         }
         assert!(is_plain(b""));
     }

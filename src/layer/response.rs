@@ -398,7 +398,10 @@ mod tests {
 
     #[test]
     fn a_constant_policy_is_the_same_value_shared_by_every_response() {
-        let quotas = [Quota::per_minute(10).unwrap(), Quota::per_second(1).unwrap()];
+        let quotas = [
+            Quota::per_minute(10).unwrap(),
+            Quota::per_second(1).unwrap(),
+        ];
         let counted = style("api", &quotas, false);
         let constant = counted.clone().with_constant_policy();
         assert_eq!(constant.policy, counted.policy);
