@@ -165,6 +165,8 @@ else
   local admitted, denied, admitted_changed, denied_changed = '', '', false, false
   local key = KEYS[2]
   for i = 1, tiers do
+    -- Every tier is checked here, the first again: with an override in force the tiers come
+    -- from the stored controls, not from ARGV.
     if i > 1 then
       limit, period, burst, pos = sunpack('<ddd', quotas, pos)
     end

@@ -435,3 +435,51 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
     let error = dead.suspend("k", Duration::from_secs(1)).await.unwrap_err();
     assert!(matches!(error, ControlError::Store(_)), "{error}");
 }
+
+/// The tiers of a stored override are checked like the caller's, the first one too: an
+/// override whose first tier was corrupted in Redis (a limit of 0) is refused with a typed
+/// error, and the stored string is left as it was; every algorithm (the sliding log keeps its
+/// controls in the same layout, under `<key>#m`).
+#[tokio::test]
+async fn a_corrupted_first_tier_of_a_stored_override_is_refused() {
+    let redis = RedisServer::start();
+    let default = Quotas::from(Quota::per_hour(5).unwrap());
+    for &algorithm in Algorithm::ALL {
+        let limiter = instance(&redis, algorithm);
+        let key = format!("forged-{algorithm}");
+        let tight = Quotas::from(Quota::per_hour(3).unwrap());
+        limiter.set_quota(key.as_str(), &tight).await.unwrap();
+        assert!(limiter.try_check_quotas(&key, &default, 1).await.is_ok());
+        // Controls: 'M', suspended-until (8 bytes), the tier count, then per tier limit,
+        // period_us and burst as little-endian doubles: the first limit is at byte 11.
+        let storage_key = match algorithm {
+            // The sliding log keeps its sorted set under the key, its controls beside it.
+            Algorithm::SlidingLog => format!("{}#m", limiter.storage_key(&key)),
+            _ => limiter.storage_key(&key),
+        };
+        let mut conn = redis.conn();
+        let _: () = redis::cmd("SETRANGE")
+            .arg(&storage_key)
+            .arg(10)
+            .arg(&0f64.to_le_bytes()[..])
+            .query(&mut conn)
+            .unwrap();
+        let before: Vec<u8> = redis::cmd("GET")
+            .arg(&storage_key)
+            .query(&mut conn)
+            .unwrap();
+        let error = limiter
+            .try_check_quotas(&key, &default, 1)
+            .await
+            .expect_err("a forged tier must not be decided against");
+        assert!(
+            error.to_string().contains("limit, period_us and burst"),
+            "{algorithm}: {error}"
+        );
+        let after: Vec<u8> = redis::cmd("GET")
+            .arg(&storage_key)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(after, before, "{algorithm}: nothing written");
+    }
+}
