@@ -463,6 +463,9 @@ fn period_units_are_accepted_and_refill() {
 
 #[test]
 fn limits_over_tls_with_a_private_ca() {
+    if support::skip_without_tls("limits_over_tls_with_a_private_ca") {
+        return;
+    }
     let files = TlsFiles::generate("example");
     let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
     let url = redis.tls_url();
@@ -493,6 +496,9 @@ fn limits_over_tls_with_a_private_ca() {
 
 #[test]
 fn tls_with_the_wrong_ca_says_why_and_the_policy_decides() {
+    if support::skip_without_tls("tls_with_the_wrong_ca_says_why_and_the_policy_decides") {
+        return;
+    }
     let files = TlsFiles::generate("server");
     let other = TlsFiles::generate("other");
     let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));

@@ -43,6 +43,9 @@ async fn admits_exactly(limiter: &Limiter, key: &str, limit: u64) {
 
 #[tokio::test]
 async fn single_node_over_tls_with_a_private_ca() {
+    if support::skip_without_tls("single_node_over_tls_with_a_private_ca") {
+        return;
+    }
     let files = TlsFiles::generate("single");
     let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
     let store = RedisStore::builder(redis.tls_url())
@@ -61,6 +64,9 @@ async fn single_node_over_tls_with_a_private_ca() {
 
 #[tokio::test]
 async fn mutual_tls_with_a_client_certificate() {
+    if support::skip_without_tls("mutual_tls_with_a_client_certificate") {
+        return;
+    }
     let files = TlsFiles::generate("mtls");
     let redis = RedisServer::start_tls(&TlsSetup::new(&files, true));
 
@@ -88,6 +94,9 @@ async fn mutual_tls_with_a_client_certificate() {
 
 #[tokio::test]
 async fn a_server_signed_by_another_ca_is_refused_with_a_clear_error() {
+    if support::skip_without_tls("a_server_signed_by_another_ca_is_refused_with_a_clear_error") {
+        return;
+    }
     let files = TlsFiles::generate("server");
     let other = TlsFiles::generate("other");
     let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
@@ -125,6 +134,9 @@ async fn plain_redis_url_with_tls_settings_is_refused_at_build() {
 /// policy decides each call within the timeout: FailOpen admits, FailClosed refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_failure_policy_decides_while_the_handshake_fails() {
+    if support::skip_without_tls("the_failure_policy_decides_while_the_handshake_fails") {
+        return;
+    }
     let files = TlsFiles::generate("server");
     let other = TlsFiles::generate("other");
     let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
@@ -165,6 +177,9 @@ async fn the_failure_policy_decides_while_the_handshake_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_master_cluster_over_tls() {
+    if support::skip_without_tls("three_master_cluster_over_tls") {
+        return;
+    }
     let files = TlsFiles::generate("cluster");
     let cluster = RedisCluster::start_tls(&TlsSetup::new(&files, false));
     let store = RedisStore::cluster_builder(cluster.tls_urls())

@@ -98,9 +98,59 @@ fn random_u64() -> u64 {
     hasher.finish()
 }
 
-/// The installed `redis-server` version, e.g. `"7.0.15"`.
+/// The environment variable naming the server binary the fixture runs (`valkey-server`, or a
+/// path to one); `redis-server` when unset. CI runs the script suites once more on Valkey.
+pub const SERVER_VAR: &str = "REDLIMIT_SERVER";
+
+/// The server binary every fixture starts: `$REDLIMIT_SERVER`, else `redis-server`.
+pub fn server_binary() -> String {
+    std::env::var(SERVER_VAR)
+        .ok()
+        .filter(|binary| !binary.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+/// Whether the server binary was built with TLS. Asked once: the binary is started with a TLS
+/// port and a certificate that does not exist, so it exits at once either way, and a build
+/// without TLS says "Failed finding TLS support" (Valkey's PyPI build, for one).
+pub fn server_has_tls() -> bool {
+    static HAS_TLS: OnceLock<bool> = OnceLock::new();
+    *HAS_TLS.get_or_init(|| {
+        let port = free_port().to_string();
+        let output = Command::new(server_binary())
+            .args([
+                "--port",
+                "0",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--tls-port",
+                &port,
+            ])
+            .args(["--tls-cert-file", "/nonexistent/redlimit-probe.crt"])
+            .args(["--tls-key-file", "/nonexistent/redlimit-probe.key"])
+            .output()
+            .unwrap_or_else(|e| panic!("could not run {}: {e}", server_binary()));
+        let text =
+            String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr);
+        !text.contains("Failed finding TLS support")
+    })
+}
+
+/// `true` (after printing why) when the server binary has no TLS and a TLS test cannot run:
+/// the only case in which a test skips, and it says so.
+pub fn skip_without_tls(test: &str) -> bool {
+    if server_has_tls() {
+        return false;
+    }
+    eprintln!("skipped {test}: {} was built without TLS", server_binary());
+    true
+}
+
+/// The installed server's version, e.g. `"7.0.15"`.
 pub fn redis_server_version() -> String {
-    let output = Command::new("redis-server")
+    let output = Command::new(server_binary())
         .arg("--version")
         .output()
         .unwrap_or_else(|e| {

@@ -307,7 +307,7 @@ fn sentinel_config(port: u16, master_port: u16, dir: &Path) -> String {
 fn spawn(config: &Path, dir: &Path) -> Child {
     let log = log_file(dir);
     let log_err = log.try_clone().expect("clone log file handle");
-    Command::new("redis-server")
+    Command::new(super::server_binary())
         .arg(config)
         .arg("--sentinel")
         .stdin(Stdio::null())

@@ -346,7 +346,7 @@ impl RedisServer {
     fn spawn(&self) -> Child {
         let log = self.open_log();
         let log_err = log.try_clone().expect("clone log file handle");
-        Command::new("redis-server")
+        Command::new(super::server_binary())
             .args(self.args())
             .stdin(Stdio::null())
             .stdout(log)
