@@ -96,12 +96,18 @@
 //! Without the feature none of it is compiled; [`Limiter::stats`] counts the same outcomes
 //! either way. `tracing` logs a warning when the circuit opens (Redis keeps failing) and an info
 //! event when it closes again.
+//!
+//! # Guide
+//!
+//! The long form, one page per topic (algorithms, failure, production Redis, keys, fleet
+//! features, wait mode, headers, the examples), is the [`guide`] module.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 mod clock;
 mod decision;
+pub mod guide;
 mod intern;
 pub mod key;
 pub mod layer;

@@ -69,7 +69,8 @@ pub(crate) use self::driver::{
 ///
 /// All share the same contract: `cost` (0 peeks without consuming), a denied request consumes
 /// nothing, and the same [`Decision`](crate::Decision) fields. A quota's `limit` per `period` is the rate and its
-/// `burst` (the limit by default) the capacity. See the README for what each one guarantees.
+/// `burst` (the limit by default) the capacity. See the [guide](crate::guide::algorithms) for
+/// what each one guarantees.
 ///
 /// ```
 /// use redlimit::Algorithm;

@@ -90,9 +90,7 @@ pub const MAX_LITERAL_KEY_LEN: usize = 200;
 /// The key is a [`Cow`]: borrow it when it is already there (a constant, a header's text, a
 /// path segment), so the request path allocates nothing for it; return
 /// `Some(owned.into())` for a key you build (and, to spare the layer that `String`, build it
-/// on the stack in [`with_key`](Self::with_key) too, as [`HeaderKey`] does). (Earlier builds
-/// returned `Option<String>` here; an old implementation becomes a new one by adding
-/// `.map(Into::into)` to its result.)
+/// on the stack in [`with_key`](Self::with_key) too, as [`HeaderKey`] does).
 ///
 /// ```
 /// use std::borrow::Cow;

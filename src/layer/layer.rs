@@ -217,30 +217,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
 
     /// The policy name in the `RateLimit` headers (`default` by default): 1 to 64 characters of
     /// `[A-Za-z0-9._-]`. It is also the start of the layer's scope (see [`scope`](Self::scope)).
-    ///
-    /// ```
-    /// # use std::convert::Infallible;
-    /// # use http::{Request, Response, StatusCode};
-    /// # use tower::{ServiceBuilder, ServiceExt};
-    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
-    /// let get = |path: &str| Request::get(path).body(String::new()).unwrap();
-    /// let layer = RateLimitLayer::builder(
-    ///     Limiter::new(MemoryStore::new()),
-    ///     Quota::per_minute(10)?,
-    ///     GlobalKey::new("all"),
-    /// )
-    /// .policy_name("api")
-    /// .build()?;
-    /// let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
-    /// let response = svc.oneshot(get("/")).await?;
-    /// assert_eq!(response.headers()["ratelimit-policy"], r#""api";q=10;w=60"#);
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Example in the [module docs](crate::layer#builder-options).
     pub fn policy_name(mut self, name: impl Into<String>) -> Self {
         self.policy_name = name.into();
         self
@@ -250,42 +227,9 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// [`Limiter::check_scoped`] call) of the same limiter prefix that names it, **whatever
     /// their quotas**: 1 to 64 characters of `[A-Za-z0-9._-]`.
     ///
-    /// Without it a layer's scope is derived from its policy name, the limiter's algorithm and
-    /// the quota, e.g. `default:token-bucket:5/60s` (storage key
-    /// `redlimit:{ip:203.0.113.7}:default:token-bucket:5/60s`): layers with different quotas
-    /// (per-route limits: `/login` 5 a minute, `/api` 1000 a minute) never share state, and
-    /// layers with the same name and quota (one quota applied to several routes) do. A changed
-    /// quota therefore starts from a fresh count; the old keys expire on their own. Several
-    /// tiers are joined with `+` (`default:token-bucket:10/1s+500/60s`). With a
-    /// [resolver](Self::resolver) the scope comes from the default quotas: every tier of a
-    /// key counts in it.
-    ///
-    /// Name a scope only to share one count between layers on purpose, e.g. several routes
-    /// that together get 100 requests a minute:
-    ///
-    /// ```
-    /// # use std::convert::Infallible;
-    /// # use http::{Request, Response, StatusCode};
-    /// # use tower::{ServiceBuilder, ServiceExt};
-    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
-    /// let limiter = Limiter::new(MemoryStore::new());
-    /// let shared = |quota| {
-    ///     RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("all")).scope("writes")
-    /// };
-    /// let orders = ServiceBuilder::new().layer(shared(Quota::per_minute(2)?).build()?).service_fn(ok);
-    /// let refunds = ServiceBuilder::new().layer(shared(Quota::per_minute(2)?).build()?).service_fn(ok);
-    /// assert_eq!(orders.clone().oneshot(Request::default()).await?.status(), StatusCode::OK);
-    /// assert_eq!(refunds.clone().oneshot(Request::default()).await?.status(), StatusCode::OK);
-    /// // Two of two spent between them.
-    /// let third = orders.oneshot(Request::default()).await?;
-    /// assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Without it the scope is derived from the policy name, the algorithm and the quotas, so
+    /// layers with different quotas never share state; see [Scopes](crate::layer#scopes) for
+    /// the format and an example.
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
         self.scope = Some(scope.into());
         self
@@ -295,47 +239,9 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// from a header or looked up in your own store); the quotas given to the builder are the
     /// default, used when it answers [`Resolved::Default`](crate::Resolved::Default).
     ///
-    /// The layer's scope does not change: every tier of a key counts in it (see
-    /// [`QuotaResolver`] for why), so `Target::scoped(layer.scope(), key)` addresses the key
-    /// whatever its tier, and an override set with
-    /// [`Limiter::set_quota`](crate::Limiter::set_quota) wins over the resolver. The headers
-    /// describe the resolved quotas.
-    ///
-    /// ```
-    /// # use std::convert::Infallible;
-    /// # use http::{Request, Response, StatusCode};
-    /// # use tower::{ServiceBuilder, ServiceExt};
-    /// use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-    /// use redlimit::resolver_fn;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let (free, pro) = (Quota::per_minute(1)?, Quota::per_minute(1000)?);
-    /// let layer = RateLimitLayer::builder(
-    ///     Limiter::new(MemoryStore::new()),
-    ///     free,
-    ///     HeaderKey::named("x-api-key")?,
-    /// )
-    /// .resolver(resolver_fn(move |parts, _key| {
-    ///     // The key reaches the resolver hashed (`HeaderKey`): read the raw header instead.
-    ///     let api_key = parts.headers.get("x-api-key").map(|v| v.as_bytes());
-    ///     if api_key.is_some_and(|k| k.starts_with(b"pro-")) { pro } else { free }
-    /// }))
-    /// .build()?;
-    /// let svc = ServiceBuilder::new()
-    ///     .layer(layer)
-    ///     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
-    /// let call = |key: &str| {
-    ///     let request = Request::get("/").header("x-api-key", key).body(String::new()).unwrap();
-    ///     svc.clone().oneshot(request)
-    /// };
-    /// assert_eq!(call("free-1").await?.status(), StatusCode::OK);
-    /// assert_eq!(call("free-1").await?.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(call("pro-1").await?.status(), StatusCode::OK);
-    /// assert_eq!(call("pro-1").await?.status(), StatusCode::OK);
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Every tier of a key counts in the layer's one scope, and an override set with
+    /// [`Limiter::set_quota`](crate::Limiter::set_quota) wins over the resolver; see
+    /// [Tiers per request](crate::layer#tiers-per-request) for an example.
     pub fn resolver(mut self, resolver: impl QuotaResolver) -> Self {
         self.resolver = Some(Box::new(resolver));
         self
@@ -349,132 +255,29 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// rounded up after the jitter is added), never more than the true wait plus `max`, and
     /// the `RateLimit` header's `t` and the [`Decision`](crate::Decision) keep the exact
     /// values. A cost the quota can never hold (its hint is the whole period) gets none.
-    ///
-    /// ```
-    /// # use std::convert::Infallible;
-    /// # use std::time::Duration;
-    /// # use http::{Request, Response, StatusCode};
-    /// # use tower::{ServiceBuilder, ServiceExt};
-    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = RateLimitLayer::builder(
-    ///     Limiter::new(MemoryStore::new()),
-    ///     Quota::per_minute(1)?,
-    ///     GlobalKey::new("all"),
-    /// )
-    /// .retry_after_jitter(Duration::from_secs(5))
-    /// .build()?;
-    /// let svc = ServiceBuilder::new()
-    ///     .layer(layer)
-    ///     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
-    /// svc.clone().oneshot(Request::default()).await?;
-    /// let denied = svc.oneshot(Request::default()).await?;
-    /// let retry: u64 = denied.headers()["retry-after"].to_str()?.parse()?;
-    /// assert!((60..=65).contains(&retry)); // the true wait is 60 s
-    /// assert_eq!(denied.headers()["ratelimit"], r#""default";r=0;t=60"#);
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Example in the [module docs](crate::layer#builder-options).
     pub fn retry_after_jitter(mut self, max: Duration) -> Self {
         self.retry_after_jitter = max;
         self
     }
 
     /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
-    ///
-    /// ```
-    /// # use std::convert::Infallible;
-    /// # use http::{Request, Response, StatusCode};
-    /// # use tower::{ServiceBuilder, ServiceExt};
-    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
-    /// let get = |path: &str| Request::get(path).body(String::new()).unwrap();
-    /// let layer = RateLimitLayer::builder(
-    ///     Limiter::new(MemoryStore::new()),
-    ///     Quota::per_minute(10)?,
-    ///     GlobalKey::new("all"),
-    /// )
-    /// .legacy_headers(true)
-    /// .build()?;
-    /// let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
-    /// let response = svc.oneshot(get("/")).await?;
-    /// assert_eq!(response.headers()["x-ratelimit-limit"], "10");
-    /// assert_eq!(response.headers()["x-ratelimit-remaining"], "9");
-    /// assert_eq!(response.headers()["x-ratelimit-reset"], "6"); // one request refills in 6 s
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Example in the [module docs](crate::layer#builder-options).
     pub fn legacy_headers(mut self, enabled: bool) -> Self {
         self.legacy_headers = enabled;
         self
     }
 
     /// Weighs requests: the closure gives each request's cost (1 by default).
-    ///
-    /// ```
-    /// # use std::convert::Infallible;
-    /// # use http::{Request, Response, StatusCode};
-    /// # use tower::{ServiceBuilder, ServiceExt};
-    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
-    /// let get = |path: &str| Request::get(path).body(String::new()).unwrap();
-    /// let layer = RateLimitLayer::builder(
-    ///     Limiter::new(MemoryStore::new()),
-    ///     Quota::per_minute(10)?,
-    ///     GlobalKey::new("all"),
-    /// )
-    /// .cost(|parts| if parts.uri.path() == "/export" { 10 } else { 1 })
-    /// .build()?;
-    /// let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
-    /// assert_eq!(svc.clone().oneshot(get("/export")).await?.status(), StatusCode::OK);
-    /// // The export used up the minute's quota.
-    /// assert_eq!(svc.oneshot(get("/items")).await?.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Example in the [module docs](crate::layer#builder-options).
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Box::new(cost));
         self
     }
 
-    /// Exempts requests (health checks, say): those for which the closure is true pass unchecked.
-    ///
-    /// ```
-    /// # use std::convert::Infallible;
-    /// # use http::{Request, Response, StatusCode};
-    /// # use tower::{ServiceBuilder, ServiceExt};
-    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
-    /// let get = |path: &str| Request::get(path).body(String::new()).unwrap();
-    /// let layer = RateLimitLayer::builder(
-    ///     Limiter::new(MemoryStore::new()),
-    ///     Quota::per_minute(1)?,
-    ///     GlobalKey::new("all"),
-    /// )
-    /// .skip(|parts| parts.uri.path() == "/health")
-    /// .build()?;
-    /// let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
-    /// assert_eq!(svc.clone().oneshot(get("/items")).await?.status(), StatusCode::OK);
-    /// let limited = svc.clone().oneshot(get("/items")).await?;
-    /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// // Health checks still pass, and carry no rate-limit headers.
-    /// let health = svc.oneshot(get("/health")).await?;
-    /// assert_eq!(health.status(), StatusCode::OK);
-    /// assert!(!health.headers().contains_key("ratelimit"));
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Exempts requests (health checks, say): those for which the closure is true pass
+    /// unchecked, without rate-limit headers. Example in the
+    /// [module docs](crate::layer#builder-options).
     pub fn skip(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
         self.skip = Some(Box::new(skip));
         self

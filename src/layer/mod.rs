@@ -108,6 +108,150 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Builder options
+//!
+//! [`RateLimitLayer::builder`] takes the same limiter, quotas and extractor as
+//! [`RateLimitLayer::new`], then:
+//!
+//! - [`policy_name`](RateLimitLayerBuilder::policy_name) names the policy in the headers;
+//! - [`legacy_headers`](RateLimitLayerBuilder::legacy_headers) adds `X-RateLimit-Limit`,
+//!   `X-RateLimit-Remaining` and `X-RateLimit-Reset`;
+//! - [`cost`](RateLimitLayerBuilder::cost) weighs each request (1 by default);
+//! - [`skip`](RateLimitLayerBuilder::skip) exempts requests (health checks), which pass
+//!   unchecked and carry no rate-limit headers;
+//! - [`retry_after_jitter`](RateLimitLayerBuilder::retry_after_jitter) adds up to a given time
+//!   to each denial's `Retry-After`, so clients denied together do not come back together; the
+//!   `RateLimit` header keeps the exact `t`;
+//! - [`on_missing_key`](RateLimitLayerBuilder::on_missing_key) sets the [`MissingKey`] rule.
+//!
+//! ```
+//! # use std::convert::Infallible;
+//! # use std::time::Duration;
+//! # use http::{Request, Response, StatusCode};
+//! # use tower::{ServiceBuilder, ServiceExt};
+//! use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
+//! # let get = |path: &str| Request::get(path).body(String::new()).unwrap();
+//! let layer = RateLimitLayer::builder(
+//!     Limiter::new(MemoryStore::new()),
+//!     Quota::per_minute(10)?,
+//!     GlobalKey::new("all"),
+//! )
+//! .policy_name("api")
+//! .legacy_headers(true)
+//! .cost(|parts| if parts.uri.path() == "/export" { 10 } else { 1 })
+//! .skip(|parts| parts.uri.path() == "/health")
+//! .retry_after_jitter(Duration::from_secs(5))
+//! .build()?;
+//! let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
+//!
+//! // The export costs the minute's whole quota.
+//! let export = svc.clone().oneshot(get("/export")).await?;
+//! assert_eq!(export.headers()["ratelimit-policy"], r#""api";q=10;w=60"#);
+//! assert_eq!(export.headers()["x-ratelimit-limit"], "10");
+//! assert_eq!(export.headers()["x-ratelimit-remaining"], "0");
+//! assert_eq!(export.headers()["x-ratelimit-reset"], "60"); // full again in 60 s
+//!
+//! let denied = svc.clone().oneshot(get("/items")).await?;
+//! assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+//! let retry: u64 = denied.headers()["retry-after"].to_str()?.parse()?;
+//! assert!((6..=11).contains(&retry)); // the true wait is 6 s, plus up to 5 s of jitter
+//! assert_eq!(denied.headers()["ratelimit"], r#""api";r=0;t=6"#);
+//!
+//! // Health checks still pass, and carry no rate-limit headers.
+//! let health = svc.oneshot(get("/health")).await?;
+//! assert_eq!(health.status(), StatusCode::OK);
+//! assert!(!health.headers().contains_key("ratelimit"));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Scopes
+//!
+//! Without [`scope`](RateLimitLayerBuilder::scope) a layer's scope is derived from its policy
+//! name, the limiter's algorithm and the quota, e.g. `default:token-bucket:5/60s` (storage key
+//! `redlimit:{ip:203.0.113.7}:default:token-bucket:5/60s`): layers with different quotas
+//! (per-route limits: `/login` 5 a minute, `/api` 1000 a minute) never share state, and layers
+//! with the same name and quota (one quota applied to several routes) do. A changed quota
+//! therefore starts from a fresh count; the old keys expire on their own. Several tiers are
+//! joined with `+` (`default:token-bucket:10/1s+500/60s`). With a resolver the scope comes from
+//! the default quotas: every tier of a key counts in it.
+//!
+//! Name a scope only to share one count between layers on purpose, e.g. several routes that
+//! together get 2 requests a minute:
+//!
+//! ```
+//! # use std::convert::Infallible;
+//! # use http::{Request, Response, StatusCode};
+//! # use tower::{ServiceBuilder, ServiceExt};
+//! use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let ok = |_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) };
+//! let limiter = Limiter::new(MemoryStore::new());
+//! let shared = |quota| {
+//!     RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("all")).scope("writes")
+//! };
+//! let orders = ServiceBuilder::new().layer(shared(Quota::per_minute(2)?).build()?).service_fn(ok);
+//! let refunds = ServiceBuilder::new().layer(shared(Quota::per_minute(2)?).build()?).service_fn(ok);
+//! assert_eq!(orders.clone().oneshot(Request::default()).await?.status(), StatusCode::OK);
+//! assert_eq!(refunds.clone().oneshot(Request::default()).await?.status(), StatusCode::OK);
+//! // Two of two spent between them.
+//! let third = orders.oneshot(Request::default()).await?;
+//! assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Tiers per request
+//!
+//! [`resolver`](RateLimitLayerBuilder::resolver) chooses each request's quotas: FREE 10 a
+//! minute, PRO 1000, chosen from a header or looked up in your own store. The layer's scope
+//! does not change (see [`QuotaResolver`] for why), so `Target::scoped(layer.scope(), key)`
+//! addresses the key whatever its tier, and an override set with
+//! [`Limiter::set_quota`](crate::Limiter::set_quota) wins over the resolver. The headers
+//! describe the resolved quotas.
+//!
+//! ```
+//! # use std::convert::Infallible;
+//! # use http::{Request, Response, StatusCode};
+//! # use tower::{ServiceBuilder, ServiceExt};
+//! use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+//! use redlimit::resolver_fn;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (free, pro) = (Quota::per_minute(1)?, Quota::per_minute(1000)?);
+//! let layer = RateLimitLayer::builder(
+//!     Limiter::new(MemoryStore::new()),
+//!     free,
+//!     HeaderKey::named("x-api-key")?,
+//! )
+//! .resolver(resolver_fn(move |parts, _key| {
+//!     // The key reaches the resolver hashed (`HeaderKey`): read the raw header instead.
+//!     let api_key = parts.headers.get("x-api-key").map(|v| v.as_bytes());
+//!     if api_key.is_some_and(|k| k.starts_with(b"pro-")) { pro } else { free }
+//! }))
+//! .build()?;
+//! let svc = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
+//! let call = |key: &str| {
+//!     let request = Request::get("/").header("x-api-key", key).body(String::new()).unwrap();
+//!     svc.clone().oneshot(request)
+//! };
+//! assert_eq!(call("free-1").await?.status(), StatusCode::OK);
+//! assert_eq!(call("free-1").await?.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(call("pro-1").await?.status(), StatusCode::OK);
+//! assert_eq!(call("pro-1").await?.status(), StatusCode::OK);
+//! # Ok(())
+//! # }
+//! ```
 
 mod body;
 mod config;

@@ -29,7 +29,7 @@ use crate::quota::{Quota, Quotas};
 /// keeps its suspension, its override and its count (a FREE client upgraded to PRO starts from
 /// what it had left, refilled at the PRO rate; a downgrade caps it at the FREE capacity; the
 /// store matches quotas by position, so a list that changes length starts the moved quotas
-/// fresh, see the README's "Fleet features"). Tiers
+/// fresh, see the [guide](crate::guide::fleet)). Tiers
 /// are meant to be chosen per key (per API key, per user); when the tier depends on something
 /// else in the request, make it part of the key so two tiers never meet on one key.
 ///

@@ -33,7 +33,7 @@
 //! # Example
 //!
 //! A client limited to 10 calls a second across the fleet, one at a time; with a Redis store
-//! (see the README) every worker shares the limit.
+//! (see the [guide](crate::guide::outbound)) every worker shares the limit.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -66,7 +66,7 @@
 //! # }
 //! ```
 //!
-//! A fleet on Redis, with two tiers (the README's example):
+//! A fleet on Redis, with two tiers (the [guide](crate::guide::outbound)'s example):
 //!
 //! ```no_run
 //! use std::convert::Infallible;
