@@ -683,14 +683,20 @@ async fn a_large_cost_is_not_starved_by_small_ones() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let before = small.load(Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let large = limiter.acquire_cost("shared", &quotas, 5, deadline).await;
+    let asked = Instant::now();
+    let large = limiter
+        .acquire_cost("shared", &quotas, 5, asked + Duration::from_secs(3))
+        .await;
+    let waited = asked.elapsed();
     let meanwhile = small.load(Ordering::SeqCst) - before;
     stop.store(true, Ordering::SeqCst);
     for task in tasks {
         task.await.unwrap();
     }
-    println!("cost 5 among 4 waiters of cost 1: {large:?}; {meanwhile} small admissions meanwhile");
+    println!(
+        "cost 5 among 4 waiters of cost 1: {} after {waited:?}; {meanwhile} small admissions meanwhile",
+        if large.is_ok() { "admitted" } else { "refused" }
+    );
     let large = large.unwrap_or_else(|e| panic!("the cost of 5 was starved: {e}"));
     assert!(large.is_allowed());
     // At most the small waiters queued before it (4), and one in flight each.

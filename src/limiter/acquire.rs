@@ -338,7 +338,7 @@ impl Line {
         // One future for the whole wait: it keeps the place in the mutex's queue.
         let mut turn = pin!(self.turn.lock());
         let mut expired = pin!(tokio::time::sleep_until(deadline.into()));
-        let mut got = None;
+        let mut woke = Woke::Changed;
         loop {
             // Created before the hint is read: a change made in between still wakes it.
             let mut changed = pin!(self.hint_changed.notified());
@@ -353,32 +353,43 @@ impl Line {
             if hint.is_some_and(|hint| cost >= hint.cost && hint.not_before > deadline) {
                 return Err(give_up());
             }
-            // A waiter whose turn came at its deadline still tries.
-            if let Some(turn) = got {
-                return Ok(turn);
+            match woke {
+                // A waiter whose turn came at its deadline still tries.
+                Woke::Turn(turn) => return Ok(turn),
+                Woke::Expired => return Err(give_up()),
+                Woke::Changed => {}
             }
-            if expired.is_elapsed() {
-                return Err(give_up());
-            }
-            got = poll_fn(|cx| {
+            woke = poll_fn(|cx| {
                 if let Poll::Ready(turn) = turn.as_mut().poll(cx) {
-                    return Poll::Ready(Some(turn));
+                    Poll::Ready(Woke::Turn(turn))
+                } else if changed.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(Woke::Changed)
+                } else if expired.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(Woke::Expired)
+                } else {
+                    Poll::Pending
                 }
-                let changed = changed.as_mut().poll(cx).is_ready();
-                if changed || expired.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                Poll::Pending
             })
             .await;
         }
     }
 
-    /// Replaces the hint and wakes the waiters behind to read it.
+    /// Replaces the hint; a new one wakes the waiters behind to read it (clearing it cannot
+    /// make anybody give up: no wake-up).
     fn set_hint(&self, hint: Option<Hint>) {
+        let new = hint.is_some();
         *lock(&self.hint) = hint;
-        self.hint_changed.notify_waiters();
+        if new {
+            self.hint_changed.notify_waiters();
+        }
     }
+}
+
+/// What ended a waiter's wait in line: its turn, a new hint, or its deadline.
+enum Woke<'a> {
+    Turn(tokio::sync::MutexGuard<'a, ()>),
+    Changed,
+    Expired,
 }
 
 /// A waiter's place in a line; leaving (done, failed or dropped) removes an emptied line.
