@@ -23,9 +23,8 @@ pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
 pin_project! {
     /// The response future of [`Outbound`](super::Outbound): for a per-request key it waits for
     /// the limiter first, then for its clone of the inner service to be ready; then it calls
-    /// the inner service and, when the answer is `429` or
-    /// `503` with `Retry-After`, suspends the key before handing the answer back (see the
-    /// [module docs](super#auto-suspend)).
+    /// the inner service and, when the answer is `429` or `503` with `Retry-After`, suspends
+    /// the key before handing the answer back (see the [module docs](super#auto-suspend)).
     ///
     /// ```
     /// use std::convert::Infallible;
