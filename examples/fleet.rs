@@ -44,8 +44,8 @@
 //! machine; Redis's own `TIME` could be a remote server's, a little off). The limiter admits at
 //! most `limit` per window, and a saturated fleet spends each window's quota in its first few
 //! tens of milliseconds: a denial's `retry_after` is the time to the window's end, so waiters
-//! wake just after a boundary (plus `acquire`'s jitter, at most 25 ms). Requests are then almost
-//! a whole window away from the next boundary. A fleet that
+//! wake just after a boundary (plus `acquire`'s jitter, at most 5 % of the wait). Requests are
+//! then almost a whole window away from the next boundary. A fleet that
 //! does not saturate the quota could be admitted just before a boundary and arrive just after
 //! it: a worker never starts a call in the last [`guard`] of a window (5 % of the period, at most
 //! 50 ms), so a request would have to take longer than that between admission and arrival to be

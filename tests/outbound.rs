@@ -605,3 +605,104 @@ async fn auto_suspend_targets_the_request_key_and_can_be_turned_off() {
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(suspended_for("/c").await, None);
 }
+
+/// Per-request keys wait for their quota before they take the inner service's readiness: behind
+/// `ConcurrencyLimit(1)`, a key that has quota is served while a key that has none waits (before,
+/// the waiting key held the only slot for its whole wait, ~1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_waiting_for_quota_holds_no_inner_capacity() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::TokenBucket, 1).remove(0);
+    // One a second per key: a second request for a key waits ~1 s.
+    let quota = Quota::per_second(1).unwrap().with_burst(1).unwrap();
+    let served: Arc<Mutex<Vec<String>>> = Arc::default();
+    let upstream = {
+        let served = served.clone();
+        tower::service_fn(move |request: Request<Body>| {
+            served.lock().unwrap().push(request.uri().path().to_owned());
+            async { Ok::<_, Infallible>(ok()) }
+        })
+    };
+    let per_path = FnKey::new(|parts| Some(parts.uri.path().to_owned()));
+    let layer = OutboundLayer::builder_with_extractor(limiter.clone(), quota, per_path)
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let client = ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service(upstream);
+    let to = |path: &str| Request::get(path).body(Body::default()).unwrap();
+
+    client.clone().oneshot(to("/slow")).await.unwrap();
+    let slow = tokio::spawn(client.clone().oneshot(to("/slow")));
+    // The second /slow has been denied once: it is waiting for its quota.
+    while limiter.stats().denied == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let asked = Instant::now();
+    let fast = client.clone().oneshot(to("/fast")).await.unwrap();
+    let fast_took = asked.elapsed();
+    assert_eq!(fast.status(), StatusCode::OK);
+    let slow_done_first = slow.is_finished();
+    assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::OK);
+    let served = served.lock().unwrap().clone();
+    println!("served in order: {served:?}; the key with quota took {fast_took:?}");
+    assert!(
+        !slow_done_first,
+        "the key with quota waited for the one without"
+    );
+    assert_eq!(served, ["/slow", "/fast", "/slow"]);
+    assert_eq!(limiter.stats().store_errors, 0);
+}
+
+/// A large cost among small ones on the same key, in one process: waiters are served in arrival
+/// order, so the cost of 5 is admitted within its deadline while 4 waiters of cost 1 keep asking
+/// (before, they took every unit as it came and the cost of 5 timed out after 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_cost_is_not_starved_by_small_ones() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::TokenBucket, 1).remove(0);
+    let quotas = Quotas::from(Quota::per_second(10).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let small = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (limiter, stop, small) = (limiter.clone(), stop.clone(), small.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    limiter.acquire("shared", &quotas, deadline).await.unwrap();
+                    small.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    // The small waiters have spent the burst and wait for each unit.
+    while limiter.stats().denied < 4 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = small.load(Ordering::SeqCst);
+    let asked = Instant::now();
+    let large = limiter
+        .acquire_cost("shared", &quotas, 5, asked + Duration::from_secs(3))
+        .await;
+    let waited = asked.elapsed();
+    let meanwhile = small.load(Ordering::SeqCst) - before;
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    println!(
+        "cost 5 among 4 waiters of cost 1: {} after {waited:?}; {meanwhile} small admissions meanwhile",
+        if large.is_ok() { "admitted" } else { "refused" }
+    );
+    let large = large.unwrap_or_else(|e| panic!("the cost of 5 was starved: {e}"));
+    assert!(large.is_allowed());
+    // At most the small waiters queued before it (4), and one in flight each.
+    assert!(
+        meanwhile <= 8,
+        "{meanwhile} small admissions while the large one waited"
+    );
+    assert_eq!(limiter.stats().store_errors, 0);
+}

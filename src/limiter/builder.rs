@@ -217,6 +217,7 @@ impl LimiterBuilder {
                 stats: Counters::default(),
                 deny_cache: self.deny_cache.map(DenyCache::new),
                 unscoped,
+                waiters: Default::default(),
             }),
         })
     }

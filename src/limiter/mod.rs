@@ -21,6 +21,7 @@ mod keys;
 mod stats;
 
 pub use self::acquire::AcquireError;
+use self::acquire::Waiters;
 pub use self::builder::LimiterBuilder;
 pub use self::control::{
     ControlError, KeyStatus, Target, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
@@ -65,6 +66,8 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     /// The constant parts of unscoped storage keys.
     unscoped: KeyScope,
+    /// The lines of [`acquire`](Limiter::acquire)'s waiters, per key.
+    waiters: Waiters,
 }
 
 impl fmt::Debug for Limiter {
@@ -286,6 +289,7 @@ impl Limiter {
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget(storage_key);
         }
+        self.inner.waiters.forget(storage_key);
     }
 
     async fn decide(

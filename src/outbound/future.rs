@@ -22,9 +22,9 @@ pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
 
 pin_project! {
     /// The response future of [`Outbound`](super::Outbound): for a per-request key it waits for
-    /// the limiter first; then it calls the inner service and, when the answer is `429` or
-    /// `503` with `Retry-After`, suspends the key before handing the answer back (see the
-    /// [module docs](super#auto-suspend)).
+    /// the limiter first, then for its clone of the inner service to be ready; then it calls
+    /// the inner service and, when the answer is `429` or `503` with `Retry-After`, suspends
+    /// the key before handing the answer back (see the [module docs](super#auto-suspend)).
     ///
     /// ```
     /// use std::convert::Infallible;
@@ -61,9 +61,15 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
-        // Waiting for the limiter (per-request keys); holds the request and the ready service.
+        // Waiting for the limiter (per-request keys); holds the request and a clone of the
+        // inner service, not yet ready: a ready one may hold capacity the other keys need.
         Acquiring {
             acquire: Acquire,
+            request: Option<Request<ReqBody>>,
+            inner: Option<S>,
+        },
+        // Admitted: waiting for the clone of the inner service to be ready.
+        Readying {
             request: Option<Request<ReqBody>>,
             inner: Option<S>,
         },
@@ -130,19 +136,27 @@ where
                     acquire,
                     request,
                     inner,
-                } => {
-                    let admitted = ready!(acquire.as_mut().poll(cx));
-                    let (request, mut inner) = match (request.take(), inner.take()) {
-                        (Some(request), Some(inner)) => (request, inner),
-                        _ => panic!("ResponseFuture polled after completion"),
-                    };
-                    match admitted {
-                        Ok(_) => State::Calling {
+                } => match ready!(acquire.as_mut().poll(cx)) {
+                    Ok(_) => State::Readying {
+                        request: request.take(),
+                        inner: inner.take(),
+                    },
+                    Err(error) => State::Failed {
+                        error: Some(OutboundError::Acquire(error)),
+                    },
+                },
+                StateProj::Readying { request, inner } => {
+                    let service = inner
+                        .as_mut()
+                        .expect("ResponseFuture polled after completion");
+                    if let Err(error) = ready!(service.poll_ready(cx)) {
+                        return Poll::Ready(Err(OutboundError::Inner(error)));
+                    }
+                    match (request.take(), inner.take()) {
+                        (Some(request), Some(mut inner)) => State::Calling {
                             future: inner.call(request),
                         },
-                        Err(error) => State::Failed {
-                            error: Some(OutboundError::Acquire(error)),
-                        },
+                        _ => panic!("ResponseFuture polled after completion"),
                     }
                 }
                 StateProj::Calling { future } => {

@@ -12,8 +12,9 @@
 //!   tower backpressure: `tower::buffer::Buffer`, `Balance` or a `ServiceBuilder` stack in
 //!   front see a service that is not ready until the quota admits the next request.
 //! - **Per-request key** ([`OutboundLayer::builder_with_extractor`], any
-//!   [`KeyExtractor`](crate::key::KeyExtractor)): `poll_ready` is the inner service's; the wait
-//!   happens in the response future.
+//!   [`KeyExtractor`](crate::key::KeyExtractor)): `poll_ready` is always ready; the response
+//!   future waits for its key's quota first, then for a clone of the inner service to be ready,
+//!   so a key waiting for quota holds no connection or concurrency slot of the inner service.
 //!
 //! When the store fails, the limiter's [failure policy](crate::policy) decides: `FailOpen`
 //! sends the request unchecked, `FailClosed` makes it wait the policy's `retry_after` like a

@@ -23,6 +23,11 @@ use crate::limiter::AcquireError;
 /// The admission belongs to this instance until its next `call`: a clone starts without
 /// one, and a service dropped after `poll_ready` without a `call` has spent one admission.
 ///
+/// With a key taken from each request, `poll_ready` is always Ready: each response future waits
+/// for its key's quota first, then polls a clone of the inner service ready and calls it, so a
+/// key waiting for quota holds none of the inner service's capacity (a connection, a
+/// `ConcurrencyLimit` slot) and does not delay keys that have quota.
+///
 /// The service is `Send` but not `Sync` (it may hold the pending acquisition); put a
 /// `tower::buffer::Buffer` in front to share one between tasks.
 pub struct Outbound<S, K = GlobalKey> {
@@ -137,6 +142,12 @@ where
                     Permit::Admitted => break,
                 }
             }
+        } else {
+            // Per-request keys: each response future waits for its quota, then for a clone of
+            // the inner service to be ready. Taking the readiness here would hold a connection
+            // or a concurrency slot of the inner service for the whole wait of a key without
+            // quota, and keys with quota would wait behind it.
+            return Poll::Ready(Ok(()));
         }
         self.inner.poll_ready(cx).map_err(OutboundError::Inner)
     }
@@ -165,10 +176,9 @@ where
                 let key: Arc<str> = key.into();
                 let acquire = limits.acquire(key.clone());
                 let backoff = limits.auto_suspend.then(|| (limits.clone(), key));
-                // The service made ready in `poll_ready` is the one that must be called: keep
-                // it, leave a clone behind. https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
+                // `poll_ready` left the inner service alone: the future polls a clone of it
+                // ready after the quota wait, and calls that clone. https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services
+                let inner = self.inner.clone();
                 let request = Request::from_parts(parts, body);
                 ResponseFuture::acquiring(acquire, request, inner, backoff)
             }
