@@ -147,7 +147,9 @@ where
             KeySource::Fixed(key) => {
                 match std::mem::replace(&mut self.permit, Permit::Idle) {
                     Permit::Admitted => {
-                        let backoff = limits.auto_suspend.then(|| (limits.clone(), key.clone()));
+                        let backoff = limits
+                            .reads_responses()
+                            .then(|| (limits.clone(), key.clone()));
                         ResponseFuture::calling(self.inner.call(request), backoff)
                     }
                     Permit::Refused(error) => ResponseFuture::failed(OutboundError::Acquire(error)),
@@ -164,7 +166,7 @@ where
                 };
                 let key: Arc<str> = key.into();
                 let acquire = limits.acquire(key.clone());
-                let backoff = limits.auto_suspend.then(|| (limits.clone(), key));
+                let backoff = limits.reads_responses().then(|| (limits.clone(), key));
                 // The service made ready in `poll_ready` is the one that must be called: keep
                 // it, leave a clone behind. https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services
                 let clone = self.inner.clone();
