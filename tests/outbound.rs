@@ -605,3 +605,7 @@ async fn auto_suspend_targets_the_request_key_and_can_be_turned_off() {
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(suspended_for("/c").await, None);
 }
+
+// The upstream announces its limit (RateLimit-Policy / RateLimit / X-RateLimit-*), over real HTTP.
+#[path = "outbound/provider.rs"]
+mod provider;
