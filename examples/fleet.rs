@@ -486,9 +486,9 @@ fn watch_learning(
 /// `1s`, `500ms`, `1500us`: a period as the flags write it.
 fn show_period(period: Duration) -> String {
     let micros = micros(period);
-    if micros % 1_000_000 == 0 {
+    if micros.is_multiple_of(1_000_000) {
         format!("{}s", micros / 1_000_000)
-    } else if micros % 1_000 == 0 {
+    } else if micros.is_multiple_of(1_000) {
         format!("{}ms", micros / 1_000)
     } else {
         format!("{micros}us")

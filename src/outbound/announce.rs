@@ -610,7 +610,7 @@ mod tests {
     #[test]
     fn malformed_ietf_fields_are_ignored_whole() {
         let huge = format!("p;q=1;w=1,{}", "x".repeat(MAX_FIELD_BYTES));
-        let many = vec!["p;q=1;w=1"; MAX_MEMBERS + 1].join(",");
+        let many = ["p;q=1;w=1"; MAX_MEMBERS + 1].join(",");
         let params = format!("p;q=1{}", ";x=1".repeat(MAX_PARAMS));
         for bad in [
             "",
