@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example fleet -- [--redis URL] [--workers N] [--limit N] [--period DURATION]
-//!     [--seconds S]
+//!     [--seconds S] [--upstream-limit N] [--announce ietf|x-ratelimit] [--learn]
 //! ```
 //!
 //! The example starts a mock upstream (a hyper server on a free local port) that allows `--limit`
@@ -56,6 +56,26 @@
 //! `period` ≤ `seconds`), so `T` is `limit × seconds / period` when the fleet keeps up.
 //! A store error never admits: the limiter fails closed, so a Redis outage pauses the fleet
 //! rather than flooding the upstream.
+//!
+//! # A provider that announces its limit
+//!
+//! `--upstream-limit N` gives the upstream a quota of its own (by default `--limit`), and
+//! `--announce ietf|x-ratelimit` makes it announce that quota and what is left in each response:
+//! `RateLimit-Policy: "fleet";q=N;w=SECONDS` with `RateLimit: "fleet";r=LEFT;t=SECONDS_TO_RESET`,
+//! or `X-RateLimit-Limit`, `-Remaining` and `-Reset` (the window's end in Unix epoch seconds,
+//! GitHub's style). The workers read it: a response saying nothing is left suspends the key
+//! until the reset for the whole fleet (pacing), and with `--learn` the first announcement sets
+//! the upstream's quota as the key's fleet-wide override (never faster than `--limit`, the
+//! ceiling). The example then prints, before the summary:
+//!
+//! ```text
+//! learned quota: 20/1s after N responses
+//! ```
+//!
+//! `N`: the responses the upstream had sent when the first worker learned.
+//! `--workers 4 --limit 50 --upstream-limit 20 --period 1s --seconds 5 --announce ietf --learn`
+//! converges on 20 a second and draws (almost) no `429`: the workers' limiter counts the same
+//! windows as the upstream from the first response on.
 
 #[allow(dead_code)] // the fleet uses the parsing helpers, not the servers' layer
 mod common;
@@ -98,6 +118,11 @@ options:
   --limit N            requests per period, for the whole fleet [default: 20]
   --period DURATION    e.g. 500ms, 1s, 1m: the upstream's fixed windows [default: 1s]
   --seconds S          how long the workers call the upstream [default: 5, at most 3600]
+  --upstream-limit N   the upstream's own quota per period [default: --limit]
+  --announce DIALECT   the upstream announces its quota and what is left: ietf (RateLimit-Policy,
+                       RateLimit) or x-ratelimit (X-RateLimit-*) [default: it does not]
+  --learn              the workers learn the announced quota fleet-wide (at most --limit); prints
+                       learned quota: L/PERIOD after N responses
   -h, --help           print this help";
 
 /// The hidden first argument of a worker process.
@@ -148,11 +173,29 @@ struct Options {
     workers: u64,
     quota: Quota,
     seconds: u64,
+    provider: ProviderOptions,
+}
+
+/// What the upstream enforces and announces, and whether the workers learn from it.
+#[derive(Debug, Clone, Copy)]
+struct ProviderOptions {
+    /// The upstream's own quota (`--upstream-limit` per `--period`).
+    quota: Quota,
+    announce: Option<Dialect>,
+    learn: bool,
+}
+
+/// The headers the upstream announces its quota in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Dialect {
+    Ietf,
+    XRateLimit,
 }
 
 fn parse_args(args: Vec<String>) -> Result<Options, CliError> {
     let (mut redis, mut workers, mut limit, mut period, mut seconds) =
         (None, None, None, None, None);
+    let (mut upstream_limit, mut announce, mut learn) = (None, None, None);
     let mut args = Args::new(args);
     while let Some(arg) = args.next_arg() {
         let (name, inline) = match arg {
@@ -166,6 +209,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, CliError> {
                 )))
             }
         };
+        let has_value = inline.is_some();
         let value = || args.value(&name, inline);
         match name.as_str() {
             "--redis" => {
@@ -183,6 +227,29 @@ fn parse_args(args: Vec<String>) -> Result<Options, CliError> {
                 cli::parse_duration_of(&name, &value()?)?,
             )?,
             "--seconds" => set_once(&mut seconds, &name, cli::parse_count(&name, &value()?)?)?,
+            "--upstream-limit" => set_once(
+                &mut upstream_limit,
+                &name,
+                cli::parse_count(&name, &value()?)?,
+            )?,
+            "--announce" => {
+                let dialect = match value()?.as_str() {
+                    "ietf" => Dialect::Ietf,
+                    "x-ratelimit" => Dialect::XRateLimit,
+                    other => {
+                        return Err(CliError::Invalid(format!(
+                            "--announce: {other:?} is neither ietf nor x-ratelimit"
+                        )))
+                    }
+                };
+                set_once(&mut announce, &name, dialect)?
+            }
+            "--learn" => {
+                if has_value {
+                    return Err(CliError::Invalid("--learn takes no value".into()));
+                }
+                set_once(&mut learn, &name, true)?
+            }
             other => {
                 return Err(CliError::Invalid(format!(
                     "unknown argument {other:?} (see --help)"
@@ -213,11 +280,24 @@ fn parse_args(args: Vec<String>) -> Result<Options, CliError> {
     Algorithm::FixedWindow
         .supports(&quota)
         .map_err(|e| CliError::Invalid(format!("--limit: {e}")))?;
+    let upstream = Quota::new(upstream_limit.unwrap_or(quota.limit()), period)
+        .map_err(|e| CliError::Invalid(format!("--upstream-limit: {e}")))?;
+    if announce.is_some() && period.subsec_nanos() != 0 {
+        // Both dialects count in whole seconds.
+        return Err(CliError::Invalid(
+            "--announce: --period must be whole seconds (the headers count seconds)".into(),
+        ));
+    }
     Ok(Options {
         redis,
         workers,
         quota,
         seconds,
+        provider: ProviderOptions {
+            quota: upstream,
+            announce,
+            learn: learn.unwrap_or(false),
+        },
     })
 }
 
@@ -233,7 +313,7 @@ async fn run(options: Options) -> ExitCode {
         return ExitCode::from(2);
     }
     let quota = options.quota;
-    let upstream = match Upstream::start(quota).await {
+    let upstream = match Upstream::start(options.provider).await {
         Ok(upstream) => upstream,
         Err(error) => {
             eprintln!("error: cannot start the mock upstream: {error}");
@@ -262,6 +342,7 @@ async fn run(options: Options) -> ExitCode {
         }
     };
     let mut children = Vec::new();
+    let learned = Arc::new(Mutex::new(None));
     for id in 1..=options.workers {
         let spawned = tokio::process::Command::new(&exe)
             .arg(WORKER_MODE)
@@ -274,14 +355,19 @@ async fn run(options: Options) -> ExitCode {
                 micros(quota.period()).to_string(),
                 start.to_string(),
                 stop.to_string(),
+                u8::from(options.provider.learn).to_string(),
             ])
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            // A worker that learns a quota says so on its stdout (see `watch_learning`).
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn();
         match spawned {
-            Ok(child) => children.push((id, child)),
+            Ok(mut child) => {
+                watch_learning(&mut child, &upstream.tally, &learned);
+                children.push((id, child))
+            }
             Err(error) => {
                 eprintln!("error: cannot start worker {id}: {error}");
                 return ExitCode::FAILURE;
@@ -313,6 +399,19 @@ async fn run(options: Options) -> ExitCode {
     let tally = upstream.tally.lock().expect("the tally lock").clone();
     let windows: Vec<String> = tally.per_window.values().map(u64::to_string).collect();
     eprintln!("upstream windows: [{}]", windows.join(", "));
+    if options.provider.learn {
+        match *learned.lock().expect("the learned lock") {
+            Some(Learned {
+                limit,
+                period,
+                after,
+            }) => println!(
+                "learned quota: {limit}/{} after {after} responses",
+                show_period(period)
+            ),
+            None => eprintln!("no worker learned a quota (did the upstream announce one?)"),
+        }
+    }
     println!(
         "upstream: {} requests in {} s, {} max in any aligned window, {} answered 429",
         tally.total,
@@ -339,8 +438,66 @@ fn schedule(period: Duration, seconds: u64) -> (u64, u64) {
     (start, start + seconds * 1_000_000)
 }
 
+/// What a worker learned, and how many responses the upstream had sent when the parent heard.
+#[derive(Debug, Clone, Copy)]
+struct Learned {
+    limit: u64,
+    period: Duration,
+    after: u64,
+}
+
+/// Reads a worker's stdout: its line `learned LIMIT PERIOD_US` (see `worker`) is recorded with
+/// the upstream's count of responses at that moment, the first one only.
+fn watch_learning(
+    child: &mut tokio::process::Child,
+    tally: &Arc<Mutex<Tally>>,
+    learned: &Arc<Mutex<Option<Learned>>>,
+) {
+    let Some(stdout) = child.stdout.take() else {
+        return;
+    };
+    let (tally, learned) = (tally.clone(), learned.clone());
+    tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut words = line.split(' ');
+            let (Some("learned"), Some(limit), Some(period)) =
+                (words.next(), words.next(), words.next())
+            else {
+                continue;
+            };
+            let (Ok(limit), Ok(period)) = (limit.parse(), period.parse()) else {
+                continue;
+            };
+            let after = tally.lock().expect("the tally lock").total;
+            learned
+                .lock()
+                .expect("the learned lock")
+                .get_or_insert(Learned {
+                    limit,
+                    period: Duration::from_micros(period),
+                    after,
+                });
+        }
+    });
+}
+
+/// `1s`, `500ms`, `1500us`: a period as the flags write it.
+fn show_period(period: Duration) -> String {
+    let micros = micros(period);
+    if micros.is_multiple_of(1_000_000) {
+        format!("{}s", micros / 1_000_000)
+    } else if micros.is_multiple_of(1_000) {
+        format!("{}ms", micros / 1_000)
+    } else {
+        format!("{micros}us")
+    }
+}
+
 /// The mock upstream: `limit` per fixed window of `period` aligned to the Unix epoch, by this
 /// machine's clock; `429` with `Retry-After` (the window's end, whole seconds rounded up) beyond.
+/// With `--announce` every answer carries the quota and what is left in that window.
 struct Upstream {
     addr: SocketAddr,
     tally: Arc<Mutex<Tally>>,
@@ -356,7 +513,7 @@ struct Tally {
 }
 
 impl Upstream {
-    async fn start(quota: Quota) -> std::io::Result<Upstream> {
+    async fn start(provider: ProviderOptions) -> std::io::Result<Upstream> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let tally = Arc::new(Mutex::new(Tally::default()));
@@ -368,7 +525,7 @@ impl Upstream {
                 };
                 let tally = shared.clone();
                 let service = hyper::service::service_fn(move |_request: Request<Incoming>| {
-                    std::future::ready(Ok::<_, Infallible>(answer(&tally, quota)))
+                    std::future::ready(Ok::<_, Infallible>(answer(&tally, provider)))
                 });
                 tokio::spawn(async move {
                     let connection = hyper::server::conn::http1::Builder::new()
@@ -382,7 +539,8 @@ impl Upstream {
 }
 
 /// Counts one request in its window and answers it.
-fn answer(tally: &Mutex<Tally>, quota: Quota) -> Response<Full<Bytes>> {
+fn answer(tally: &Mutex<Tally>, provider: ProviderOptions) -> Response<Full<Bytes>> {
+    let quota = provider.quota;
     let now = unix_micros();
     let period = micros(quota.period());
     let window = now / period;
@@ -390,22 +548,62 @@ fn answer(tally: &Mutex<Tally>, quota: Quota) -> Response<Full<Bytes>> {
     tally.total += 1;
     let count = tally.per_window.entry(window).or_default();
     *count += 1;
-    if *count <= quota.limit() {
-        return Response::new(Full::new(Bytes::from_static(b"ok")));
+    let count = *count;
+    let end = (window + 1) * period;
+    let builder = announce(Response::builder(), provider, count, end, now);
+    if count <= quota.limit() {
+        return builder
+            .body(Full::new(Bytes::from_static(b"ok")))
+            .expect("a valid response");
     }
     tally.too_many += 1;
-    let left = (window + 1) * period - now;
-    Response::builder()
+    let left = end - now;
+    builder
         .status(StatusCode::TOO_MANY_REQUESTS)
         .header("retry-after", left.div_ceil(1_000_000).max(1))
         .body(Full::new(Bytes::from_static(b"too many requests")))
         .expect("a valid response")
 }
 
-/// A worker process: `ID UPSTREAM REDIS_URL KEY LIMIT PERIOD_US START_US STOP_US`.
+/// The announcement headers of `--announce`, after `count` requests in the window that ends at
+/// `end` (µs since the epoch; `now` too).
+fn announce(
+    builder: http::response::Builder,
+    provider: ProviderOptions,
+    count: u64,
+    end: u64,
+    now: u64,
+) -> http::response::Builder {
+    let limit = provider.quota.limit();
+    let remaining = limit.saturating_sub(count);
+    match provider.announce {
+        None => builder,
+        Some(Dialect::Ietf) => builder
+            .header(
+                "ratelimit-policy",
+                format!(
+                    "\"fleet\";q={limit};w={}",
+                    provider.quota.period().as_secs()
+                ),
+            )
+            .header(
+                "ratelimit",
+                format!(
+                    "\"fleet\";r={remaining};t={}",
+                    (end - now).div_ceil(1_000_000)
+                ),
+            ),
+        Some(Dialect::XRateLimit) => builder
+            .header("x-ratelimit-limit", limit)
+            .header("x-ratelimit-remaining", remaining)
+            .header("x-ratelimit-reset", end.div_ceil(1_000_000)),
+    }
+}
+
+/// A worker process: `ID UPSTREAM REDIS_URL KEY LIMIT PERIOD_US START_US STOP_US LEARN`.
 async fn worker(args: &[String]) -> Result<(), String> {
-    let [id, upstream, url, key, limit, period, start, stop] = args else {
-        return Err(format!("{WORKER_MODE}: expected 8 arguments, got {args:?}"));
+    let [id, upstream, url, key, limit, period, start, stop, learn] = args else {
+        return Err(format!("{WORKER_MODE}: expected 9 arguments, got {args:?}"));
     };
     let number = |s: &str| s.parse::<u64>().map_err(|e| format!("{s:?}: {e}"));
     let (limit, period, start, stop) = (
@@ -430,12 +628,20 @@ async fn worker(args: &[String]) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // One fixed key for the whole fleet: the layer waits in `poll_ready` (backpressure), and an
     // upstream 429 or 503 with `Retry-After` would suspend the key for every worker.
+    let inspector = limiter.clone();
     let layer = OutboundLayer::builder(limiter, quota, key.as_str())
         // Waits are cut at `stop` below; one that would end after the run (a long suspension)
         // fails at once, and the worker is done.
-        .max_wait(until_unix(stop) + period)
-        .build()
-        .map_err(|e| e.to_string())?;
+        .max_wait(until_unix(stop) + period);
+    // `--learn`: the upstream's announced quota becomes the fleet's, never faster than ours.
+    let layer = if learn == "1" {
+        layer.learn_quota(quota)
+    } else {
+        layer
+    };
+    let layer = layer.build().map_err(|e| e.to_string())?;
+    let stats = layer.clone();
+    let mut learned = 0;
     let upstream: SocketAddr = upstream.parse().map_err(|e| format!("{upstream}: {e}"))?;
     let connection = UpstreamClient::connect(upstream)
         .await
@@ -477,6 +683,17 @@ async fn worker(args: &[String]) -> Result<(), String> {
         sent += 1;
         if status == StatusCode::TOO_MANY_REQUESTS {
             refused += 1;
+        }
+        // This worker set a learned quota: tell the parent (its `watch_learning`).
+        if stats.stats().learned > learned {
+            learned = stats.stats().learned;
+            // What is in force now, as the store holds it.
+            if let Ok(status) = inspector.inspect(key.as_str()).await {
+                if let Some(quotas) = status.quota_override {
+                    let quota = quotas[0];
+                    println!("learned {} {}", quota.limit(), micros(quota.period()));
+                }
+            }
         }
     }
     // One write for the whole line: the workers share the parent's stderr, and `eprintln!` may

@@ -266,3 +266,114 @@ fn help_names_every_flag_and_the_summary_line() {
         "the worker mode is hidden: {stdout}"
     );
 }
+
+/// `learned quota: L/PERIOD after N responses`: (L, PERIOD, N).
+fn learned_line(line: &str) -> Option<(u64, String, u64)> {
+    let rest = line.strip_prefix("learned quota: ")?;
+    let (limit, rest) = rest.split_once('/')?;
+    let (period, rest) = rest.split_once(" after ")?;
+    let responses = rest.strip_suffix(" responses")?;
+    Some((
+        limit.parse().ok()?,
+        period.to_owned(),
+        responses.parse().ok()?,
+    ))
+}
+
+/// The contract: workers configured with 50 a second against an upstream that allows 20
+/// and announces it learn 20/1s from its headers, and draw at most 5 `429`s after that.
+fn learning_converges_on_the_upstreams_limit(dialect: &str) {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let output = run_fleet(
+        &[
+            "--redis",
+            &url,
+            "--workers",
+            "4",
+            "--limit",
+            "50",
+            "--upstream-limit",
+            "20",
+            "--period",
+            "1s",
+            "--seconds",
+            "5",
+            "--announce",
+            dialect,
+            "--learn",
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}\n{stderr}");
+    let (limit, period, responses) =
+        learned_line(lines[0]).unwrap_or_else(|| panic!("not a learned line: {stdout}"));
+    assert_eq!((limit, period.as_str()), (20, "1s"), "{stdout}");
+    assert!(responses >= 1, "{stdout}");
+    let summary = Summary::parse(lines[1]).unwrap_or_else(|| panic!("no summary: {stdout}"));
+    assert_eq!(summary.seconds, 5, "{summary:?}");
+    // Every answer announces, the first one included: every 429 came after an announcement.
+    assert!(summary.too_many <= 5, "{dialect}: {summary:?}\n{stderr}");
+    // The fleet still uses the upstream's quota (4 of the 5 windows at least).
+    assert!(summary.total >= 80, "{dialect}: {summary:?}\n{stderr}");
+}
+
+#[test]
+fn learning_from_ietf_headers_converges_on_the_upstreams_limit() {
+    learning_converges_on_the_upstreams_limit("ietf");
+}
+
+#[test]
+fn learning_from_x_ratelimit_headers_converges_on_the_upstreams_limit() {
+    learning_converges_on_the_upstreams_limit("x-ratelimit");
+}
+
+#[test]
+fn bad_provider_flags_exit_2_with_a_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--upstream-limit", "0"],
+            "--upstream-limit must be at least 1",
+        ),
+        (
+            &["--upstream-limit", "1000000000000000000"],
+            "--upstream-limit",
+        ),
+        (
+            &["--announce", "carrier-pigeon"],
+            "--announce: \"carrier-pigeon\" is neither",
+        ),
+        (&["--announce"], "--announce needs a value"),
+        (
+            &["--announce", "ietf", "--period", "500ms"],
+            "--period must be whole seconds",
+        ),
+        (&["--learn=yes"], "--learn takes no value"),
+        (&["--learn", "--learn"], "give --learn once"),
+    ];
+    example::assert_usage_errors("fleet", cases);
+}
+
+#[test]
+fn help_names_the_provider_flags_and_the_learned_line() {
+    let output = example::run_to_exit("fleet", &["--help"]);
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--upstream-limit",
+        "--announce",
+        "--learn",
+        "ietf",
+        "x-ratelimit",
+    ] {
+        assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
+    }
+    assert!(
+        stdout.contains("learned quota: L/PERIOD after N responses"),
+        "{stdout}"
+    );
+}

@@ -706,3 +706,6 @@ async fn a_large_cost_is_not_starved_by_small_ones() {
     );
     assert_eq!(limiter.stats().store_errors, 0);
 }
+// The upstream announces its limit (RateLimit-Policy / RateLimit / X-RateLimit-*), over real HTTP.
+#[path = "outbound/provider.rs"]
+mod provider;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
+use super::learn::Provider;
 use crate::limiter::{AcquireError, Limiter};
 use crate::policy::Verdict;
 use crate::quota::Quotas;
@@ -31,12 +32,19 @@ pub(crate) struct Limits {
     pub scope: Option<String>,
     pub max_wait: Duration,
     pub auto_suspend: bool,
+    /// What the layer does with the upstream's announcements (learning, its counters).
+    pub provider: Provider,
 }
 
 /// A pending acquisition.
 pub(crate) type Acquire = BoxFuture<'static, Result<Verdict, AcquireError>>;
 
 impl Limits {
+    /// Whether response futures look at the upstream's answer (auto-suspend or learning).
+    pub(crate) fn reads_responses(&self) -> bool {
+        self.auto_suspend || self.provider.learns()
+    }
+
     /// Waits (at most `max_wait` from now) until the quotas admit one request for `key`.
     pub(crate) fn acquire(self: &Arc<Self>, key: Arc<str>) -> Acquire {
         let now = Instant::now();
@@ -76,6 +84,7 @@ impl<K: fmt::Debug> fmt::Debug for Config<K> {
             .field("scope", &limits.scope)
             .field("max_wait", &limits.max_wait)
             .field("auto_suspend", &limits.auto_suspend)
+            .field("learn_ceiling", &limits.provider.ceiling())
             .finish()
     }
 }

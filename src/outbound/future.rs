@@ -14,10 +14,11 @@ use tower_service::Service;
 
 use super::config::{Acquire, Limits};
 use super::error::OutboundError;
+use super::learn;
 use super::retry_after::upstream_backoff;
 use crate::limiter::Target;
 
-/// What a response future needs to suspend its key: the limits and the key.
+/// What a response future needs to suspend its key (or learn its quota): the limits and the key.
 pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
 
 pin_project! {
@@ -50,7 +51,7 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody>,
-        // `None` when auto-suspend is off.
+        // `None` when auto-suspend and learning are off.
         backoff: Option<Backoff>,
     }
 }
@@ -162,15 +163,32 @@ where
                 StateProj::Calling { future } => {
                     let response = ready!(future.poll(cx)).map_err(OutboundError::Inner)?;
                     let status = response.status();
-                    let wait = this.backoff.as_ref().and_then(|_| {
-                        upstream_backoff(status, response.headers(), SystemTime::now())
+                    let wait = this
+                        .backoff
+                        .as_ref()
+                        .filter(|(limits, _)| limits.auto_suspend)
+                        .and_then(|_| {
+                            upstream_backoff(status, response.headers(), SystemTime::now())
+                        });
+                    // The quota and what is left, as the upstream announces them (`learn.rs`).
+                    let announced = this.backoff.as_ref().and_then(|(limits, key)| {
+                        learn::on_response(limits, key, response.headers(), wait.is_some())
                     });
                     match (wait, this.backoff.take()) {
                         (Some(wait), Some((limits, key))) => State::Suspending {
-                            suspend: Box::pin(suspend(limits, key, status, wait)),
+                            suspend: learn::then(
+                                Box::pin(suspend(limits, key, status, wait)),
+                                announced,
+                            ),
                             response: Some(response),
                         },
-                        _ => return Poll::Ready(Ok(response)),
+                        _ => match announced {
+                            Some(announced) => State::Suspending {
+                                suspend: announced,
+                                response: Some(response),
+                            },
+                            None => return Poll::Ready(Ok(response)),
+                        },
                     }
                 }
                 StateProj::Suspending { suspend, response } => {

@@ -7,10 +7,11 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::config::{Config, KeySource, Limits};
+use super::learn::{OutboundStats, Provider};
 use super::service::Outbound;
 use crate::key::{GlobalKey, KeyExtractor};
 use crate::limiter::{is_name, ConfigError, Limiter};
-use crate::quota::Quotas;
+use crate::quota::{Quota, Quotas};
 
 /// How long a request waits for the limiter by default: 10 seconds.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
@@ -144,6 +145,25 @@ impl<K> OutboundLayer<K> {
     pub fn scope(&self) -> Option<&str> {
         self.config.limits.scope.as_deref()
     }
+
+    /// What the layer (every service and clone built from it, in this process) made of the
+    /// upstream's announcements: see the [module docs](super#provider-announcements).
+    ///
+    /// ```
+    /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
+    ///
+    /// let layer = OutboundLayer::new(Limiter::new(MemoryStore::new()), Quota::per_second(5)?, "api");
+    /// assert_eq!(layer.stats().learned, 0);
+    /// # Ok::<(), redlimit::QuotaError>(())
+    /// ```
+    pub fn stats(&self) -> OutboundStats {
+        self.config.limits.provider.stats()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn limits(&self) -> Arc<Limits> {
+        self.config.limits.clone()
+    }
 }
 
 impl<S, K> Layer<S> for OutboundLayer<K> {
@@ -175,6 +195,7 @@ pub struct OutboundLayerBuilder<K> {
     max_wait: Duration,
     auto_suspend: bool,
     scope: Option<String>,
+    learn: Option<Quota>,
 }
 
 impl<K: fmt::Debug> fmt::Debug for OutboundLayerBuilder<K> {
@@ -184,6 +205,7 @@ impl<K: fmt::Debug> fmt::Debug for OutboundLayerBuilder<K> {
             .field("max_wait", &self.max_wait)
             .field("auto_suspend", &self.auto_suspend)
             .field("scope", &self.scope)
+            .field("learn", &self.learn)
             .finish_non_exhaustive()
     }
 }
@@ -197,6 +219,7 @@ impl<K> OutboundLayerBuilder<K> {
             max_wait: DEFAULT_MAX_WAIT,
             auto_suspend: true,
             scope: None,
+            learn: None,
         }
     }
 
@@ -210,9 +233,31 @@ impl<K> OutboundLayerBuilder<K> {
     }
 
     /// Whether an upstream answer `429` or `503` with `Retry-After` suspends the key fleet-wide
-    /// for that long (on by default; see the [module docs](super#auto-suspend)).
+    /// for that long, and an announcement of nothing left until a reset suspends it until then
+    /// (on by default; see the [module docs](super#auto-suspend)).
     pub fn auto_suspend(mut self, enabled: bool) -> Self {
         self.auto_suspend = enabled;
+        self
+    }
+
+    /// Learns the upstream's quota from its responses, at most `ceiling` (off by default): when
+    /// the upstream announces (`RateLimit-Policy`, or `X-RateLimit-Limit` per the ceiling's
+    /// period) a quota other than the one in force, the layer sets it as the key's fleet-wide
+    /// override ([`Limiter::set_quota`]), so every worker obeys it on its next call. A provider
+    /// can lower the rate freely; a quota faster than `ceiling` is learned as `ceiling`. See the
+    /// [module docs](super#provider-announcements).
+    ///
+    /// ```
+    /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
+    ///
+    /// let configured = Quota::per_second(50)?;
+    /// let layer = OutboundLayer::builder(Limiter::new(MemoryStore::new()), configured, "api")
+    ///     .learn_quota(configured) // never faster than we were told
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn learn_quota(mut self, ceiling: Quota) -> Self {
+        self.learn = Some(ceiling);
         self
     }
 
@@ -244,6 +289,11 @@ impl<K> OutboundLayerBuilder<K> {
         self.limiter
             .supports(&self.quotas)
             .map_err(|(_, error)| error)?;
+        if let Some(ceiling) = self.learn {
+            self.limiter
+                .supports(&Quotas::from(ceiling))
+                .map_err(|(_, error)| error)?;
+        }
         Ok(OutboundLayer {
             config: Arc::new(Config {
                 limits: Arc::new(Limits {
@@ -252,6 +302,7 @@ impl<K> OutboundLayerBuilder<K> {
                     scope: self.scope,
                     max_wait: self.max_wait,
                     auto_suspend: self.auto_suspend,
+                    provider: Provider::new(self.learn),
                 }),
                 key: self.key,
             }),

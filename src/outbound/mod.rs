@@ -31,6 +31,31 @@
 //! (status, duration and scope; never the key). Turn it off with
 //! [`auto_suspend(false)`](OutboundLayerBuilder::auto_suspend).
 //!
+//! # Provider announcements
+//!
+//! Many providers say in every response what their limit is and what is left. The layer reads
+//! the IETF fields (`RateLimit-Policy: "p";q=100;w=60` and `RateLimit: "p";r=0;t=5`,
+//! draft-ietf-httpapi-ratelimit-headers-11, and the later Token names with `a`/`w`) or, when a
+//! response has neither, `X-RateLimit-Limit` / `-Remaining` / `-Reset` (the reset in delta
+//! seconds, or Unix epoch seconds as GitHub sends it: a value of 10^9 or more is a date). Parsing
+//! follows the Structured Field rules with bounded work: a huge, repeated or malformed field is
+//! ignored, never a panic.
+//!
+//! - **Pacing** (with auto-suspend): a response saying nothing is left (`r=0`,
+//!   `X-RateLimit-Remaining: 0`) with a reset suspends the key fleet-wide until the reset, before
+//!   any request draws a `429`. Such a suspension only ever extends one in force, and lasts at
+//!   most 15 minutes. A `Retry-After` on the same response takes precedence.
+//! - **Learning** ([`learn_quota(ceiling)`](OutboundLayerBuilder::learn_quota), opt-in): when the
+//!   announced quota differs from the one in force, the layer sets it as the key's fleet-wide
+//!   override ([`Limiter::set_quota`](crate::Limiter::set_quota)), at most the ceiling's rate, so
+//!   every worker obeys it on its next call. Each change is logged once (info) by the instance
+//!   that made it. A policy without a window (`X-RateLimit-Limit`, or no `w`) counts per the
+//!   ceiling's period. The override replaces all the layer's tiers with the announced ones.
+//!
+//! [`OutboundLayer::stats`] counts announcements, learned quotas and pauses; with the `metrics`
+//! feature, `redlimit_outbound_quota_learned_total` and `redlimit_outbound_paced_total`
+//! (counters, label `scope`) count them too.
+//!
 //! # Example
 //!
 //! A client limited to 10 calls a second across the fleet, one at a time; with a Redis store
@@ -106,17 +131,22 @@
 //! | `future.rs` | [`ResponseFuture`] (the per-request acquisition, auto-suspend) |
 //! | `error.rs` | [`OutboundError`] |
 //! | `retry_after.rs` | `Retry-After` and HTTP-date parsing |
+//! | `announce.rs` | `RateLimit-Policy`, `RateLimit`, `X-RateLimit-*` parsing (bounded) |
+//! | `learn.rs` | learning the quota and pacing from an announcement; [`OutboundStats`] |
 //!
 //! [`Service`]: tower_service::Service
 
+mod announce;
 mod config;
 mod error;
 mod future;
 mod layer;
+mod learn;
 mod retry_after;
 mod service;
 
 pub use self::error::OutboundError;
 pub use self::future::ResponseFuture;
 pub use self::layer::{OutboundLayer, OutboundLayerBuilder, DEFAULT_MAX_WAIT};
+pub use self::learn::OutboundStats;
 pub use self::service::Outbound;

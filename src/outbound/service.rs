@@ -158,7 +158,9 @@ where
             KeySource::Fixed(key) => {
                 match std::mem::replace(&mut self.permit, Permit::Idle) {
                     Permit::Admitted => {
-                        let backoff = limits.auto_suspend.then(|| (limits.clone(), key.clone()));
+                        let backoff = limits
+                            .reads_responses()
+                            .then(|| (limits.clone(), key.clone()));
                         ResponseFuture::calling(self.inner.call(request), backoff)
                     }
                     Permit::Refused(error) => ResponseFuture::failed(OutboundError::Acquire(error)),
@@ -175,7 +177,7 @@ where
                 };
                 let key: Arc<str> = key.into();
                 let acquire = limits.acquire(key.clone());
-                let backoff = limits.auto_suspend.then(|| (limits.clone(), key));
+                let backoff = limits.reads_responses().then(|| (limits.clone(), key));
                 // `poll_ready` left the inner service alone: the future polls a clone of it
                 // ready after the quota wait, and calls that clone. https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services
                 let inner = self.inner.clone();

@@ -1,0 +1,537 @@
+//! The outbound layer against a real HTTP upstream (a hyper server on a local port) that
+//! announces its limit, in both dialects (IETF `RateLimit-Policy` / `RateLimit`, and
+//! `X-RateLimit-*`): learning lowers the quota on every instance, the ceiling holds, nothing
+//! left suspends until the reset, a later shorter announcement does not cut a suspension, and
+//! garbage or hostile headers change nothing.
+//!
+//! Every instance is a limiter on its own connection to a private `redis-server`; the client is
+//! a hyper HTTP/1.1 connection per request.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use redlimit::outbound::{OutboundError, OutboundLayer};
+use redlimit::{Algorithm, Limiter, Quota, Quotas};
+use tokio::net::{TcpListener, TcpStream};
+use tower::{BoxError, Layer, Service, ServiceExt};
+
+use super::support::RedisServer;
+use super::{limiters, Body};
+
+type Header = (HeaderName, HeaderValue);
+
+fn header(name: &'static str, value: impl AsRef<[u8]>) -> Header {
+    (
+        HeaderName::from_static(name),
+        HeaderValue::from_bytes(value.as_ref()).expect("a header value"),
+    )
+}
+
+/// One answer of the upstream: its headers, after `delay`.
+struct Reply {
+    delay: Duration,
+    headers: Vec<Header>,
+}
+
+/// What the upstream answers: the queued replies in order, then `default` to every request.
+#[derive(Default)]
+struct Script {
+    queue: VecDeque<Reply>,
+    default: Vec<Header>,
+}
+
+/// A hyper HTTP/1.1 server that answers `200 ok` with the scripted headers.
+struct Upstream {
+    addr: SocketAddr,
+    script: Arc<Mutex<Script>>,
+}
+
+impl Upstream {
+    async fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let script = Arc::new(Mutex::new(Script::default()));
+        let shared = script.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let script = shared.clone();
+                let service = hyper::service::service_fn(move |_: Request<Incoming>| {
+                    let script = script.clone();
+                    async move {
+                        let reply = {
+                            let mut script = script.lock().unwrap();
+                            script.queue.pop_front().unwrap_or_else(|| Reply {
+                                delay: Duration::ZERO,
+                                headers: script.default.clone(),
+                            })
+                        };
+                        tokio::time::sleep(reply.delay).await;
+                        let mut response = Response::new(Full::new(Bytes::from_static(b"ok")));
+                        for (name, value) in reply.headers {
+                            response.headers_mut().append(name, value);
+                        }
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, script }
+    }
+
+    /// Every answer from now on carries `headers`.
+    fn announce(&self, headers: Vec<Header>) {
+        self.script.lock().unwrap().default = headers;
+    }
+
+    /// The next answer carries `headers`, after `delay`.
+    fn queue(&self, delay: Duration, headers: Vec<Header>) {
+        self.script
+            .lock()
+            .unwrap()
+            .queue
+            .push_back(Reply { delay, headers });
+    }
+
+    /// A client service: one new connection per request.
+    fn client(
+        &self,
+    ) -> impl Service<
+        Request<Body>,
+        Response = Response<Incoming>,
+        Error = BoxError,
+        Future = impl std::future::Future<Output = Result<Response<Incoming>, BoxError>> + Send,
+    > + Clone
+           + Send
+           + 'static {
+        let addr = self.addr;
+        tower::service_fn(move |request: Request<Body>| async move {
+            let stream = TcpStream::connect(addr).await?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(connection);
+            Ok::<_, BoxError>(sender.send_request(request).await?)
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Dialect {
+    Ietf,
+    XRateLimit,
+}
+
+impl Dialect {
+    /// A quota of `limit` per `window` seconds, with plenty left.
+    fn quota(self, limit: u64, window: u64) -> Vec<Header> {
+        match self {
+            Dialect::Ietf => vec![
+                header("ratelimit-policy", format!("\"api\";q={limit};w={window}")),
+                header("ratelimit", format!("\"api\";r={};t={window}", limit - 1)),
+            ],
+            // No window in this dialect: the layer counts per its ceiling's period.
+            Dialect::XRateLimit => vec![
+                header("x-ratelimit-limit", limit.to_string()),
+                header("x-ratelimit-remaining", (limit - 1).to_string()),
+                header("x-ratelimit-reset", window.to_string()),
+            ],
+        }
+    }
+
+    /// `remaining` left until `reset` seconds from now (`X-RateLimit-Reset` in epoch seconds
+    /// when `epoch`, GitHub's style).
+    fn left(self, remaining: u64, reset: u64, epoch: bool) -> Vec<Header> {
+        match self {
+            Dialect::Ietf => vec![header("ratelimit", format!("api;r={remaining};t={reset}"))],
+            Dialect::XRateLimit => {
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+                let reset = if epoch {
+                    // Rounded up, as a provider says when its window ends.
+                    (now.as_secs() + 1 + reset).to_string()
+                } else {
+                    reset.to_string()
+                };
+                vec![
+                    header("x-ratelimit-limit", "50"),
+                    header("x-ratelimit-remaining", remaining.to_string()),
+                    header("x-ratelimit-reset", reset),
+                ]
+            }
+        }
+    }
+}
+
+fn per_second(limit: u64) -> Quota {
+    Quota::per_second(limit).unwrap()
+}
+
+const KEY: &str = "partner-api";
+
+/// A layer over `limiter` with `configured`, learning below `ceiling` when given.
+fn layer(limiter: &Limiter, configured: Quota, ceiling: Option<Quota>) -> OutboundLayer {
+    let builder = OutboundLayer::builder(limiter.clone(), configured, KEY);
+    match ceiling {
+        Some(ceiling) => builder.learn_quota(ceiling),
+        None => builder,
+    }
+    .max_wait(Duration::ZERO)
+    .build()
+    .unwrap()
+}
+
+/// One request through `layer` to `upstream`; the answer must be the upstream's, unchanged.
+async fn call(layer: &OutboundLayer, upstream: &Upstream) -> Response<Bytes> {
+    let response = layer
+        .layer(upstream.client())
+        .oneshot(Request::new(Body::default()))
+        .await
+        .unwrap_or_else(|error: OutboundError<BoxError>| panic!("{error}"));
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(body, "ok");
+    Response::from_parts(parts, body)
+}
+
+/// The quota `limiter` decides `KEY` with now (a peek: cost 0).
+async fn quota_in_force(limiter: &Limiter, configured: Quota) -> Quota {
+    let verdict = limiter.check_cost(KEY, &configured, 0).await;
+    verdict.decision().expect("a store decision").quota
+}
+
+async fn learning_lowers_the_quota_on_every_instance(dialect: Dialect) {
+    let redis = RedisServer::start();
+    let instances = limiters(&redis, Algorithm::FixedWindow, 3);
+    let upstream = Upstream::start().await;
+    let configured = per_second(50);
+    let layers: Vec<_> = instances
+        .iter()
+        .map(|limiter| layer(limiter, configured, Some(configured)))
+        .collect();
+    for limiter in &instances {
+        assert_eq!(quota_in_force(limiter, configured).await, configured);
+    }
+
+    upstream.announce(dialect.quota(20, 1));
+    call(&layers[0], &upstream).await;
+    // One instance learned; every instance obeys on its next call.
+    for limiter in &instances {
+        assert_eq!(quota_in_force(limiter, configured).await, per_second(20));
+    }
+    let status = instances[2].inspect(KEY).await.unwrap();
+    assert_eq!(status.quota_override, Some(Quotas::from(per_second(20))));
+    // The others read the same announcement: already in force, nothing learned again.
+    for layer in &layers[1..] {
+        call(layer, &upstream).await;
+    }
+    let learned: Vec<u64> = layers.iter().map(|l| l.stats().learned).collect();
+    assert_eq!(learned, [1, 0, 0], "{dialect:?}");
+    assert!(layers.iter().all(|l| l.stats().announcements == 1));
+
+    // The provider lowers it again: learned again, once.
+    upstream.announce(dialect.quota(10, 1));
+    call(&layers[1], &upstream).await;
+    call(&layers[2], &upstream).await;
+    for limiter in &instances {
+        assert_eq!(quota_in_force(limiter, configured).await, per_second(10));
+    }
+    let learned: Vec<u64> = layers.iter().map(|l| l.stats().learned).collect();
+    assert_eq!(learned, [1, 1, 0], "{dialect:?}");
+    for limiter in &instances {
+        assert_eq!(limiter.stats().store_errors, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ietf_learning_lowers_the_quota_on_every_instance() {
+    learning_lowers_the_quota_on_every_instance(Dialect::Ietf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_ratelimit_learning_lowers_the_quota_on_every_instance() {
+    learning_lowers_the_quota_on_every_instance(Dialect::XRateLimit).await;
+}
+
+async fn the_ceiling_holds(dialect: Dialect) {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::TokenBucket, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let configured = per_second(50);
+    let ceiling = per_second(30);
+    let layer = layer(&limiter, configured, Some(ceiling));
+    let in_force = || async { limiter.inspect(KEY).await.unwrap().quota_override };
+
+    // Faster than the ceiling: learned as the ceiling, never more.
+    upstream.announce(dialect.quota(1000, 1));
+    call(&layer, &upstream).await;
+    assert_eq!(in_force().await, Some(Quotas::from(ceiling)), "{dialect:?}");
+    // Lower: learned.
+    upstream.announce(dialect.quota(20, 1));
+    call(&layer, &upstream).await;
+    assert_eq!(in_force().await, Some(Quotas::from(per_second(20))));
+    // Raised again above the ceiling: back to the ceiling only.
+    upstream.announce(dialect.quota(40, 1));
+    call(&layer, &upstream).await;
+    assert_eq!(in_force().await, Some(Quotas::from(ceiling)));
+    assert_eq!(layer.stats().learned, 3);
+    if let Dialect::Ietf = dialect {
+        // A longer window, faster than the ceiling in rate (1801 a minute > 30 a second).
+        upstream.announce(dialect.quota(1801, 60));
+        call(&layer, &upstream).await;
+        assert_eq!(in_force().await, Some(Quotas::from(ceiling)));
+        upstream.announce(dialect.quota(1200, 60));
+        call(&layer, &upstream).await;
+        let per_minute = Quota::per_minute(1200).unwrap();
+        assert_eq!(in_force().await, Some(Quotas::from(per_minute)));
+    }
+}
+
+#[tokio::test]
+async fn ietf_the_ceiling_holds() {
+    the_ceiling_holds(Dialect::Ietf).await;
+}
+
+#[tokio::test]
+async fn x_ratelimit_the_ceiling_holds() {
+    the_ceiling_holds(Dialect::XRateLimit).await;
+}
+
+/// The time `KEY` stays suspended, as `limiter` sees it.
+async fn suspended_for(limiter: &Limiter, key: &str) -> Option<Duration> {
+    limiter.inspect(key).await.unwrap().suspended_for
+}
+
+async fn nothing_left_suspends_until_the_reset(dialect: Dialect) {
+    let redis = RedisServer::start();
+    let instances = limiters(&redis, Algorithm::TokenBucket, 2);
+    let upstream = Upstream::start().await;
+    let configured = per_second(50);
+    let layer = layer(&instances[0], configured, None);
+
+    // Something left: nothing happens.
+    upstream.announce(dialect.left(1, 30, true));
+    call(&layer, &upstream).await;
+    assert_eq!(suspended_for(&instances[1], KEY).await, None, "{dialect:?}");
+    // Nothing left until the reset: the whole fleet pauses until then (the answer itself is
+    // handed back unchanged).
+    upstream.announce(dialect.left(0, 30, true));
+    call(&layer, &upstream).await;
+    let left = suspended_for(&instances[1], KEY).await.expect("suspended");
+    assert!(
+        left > Duration::from_secs(27) && left <= Duration::from_secs(32),
+        "{dialect:?}: {left:?}"
+    );
+    let decision = *instances[1]
+        .check(KEY, &configured)
+        .await
+        .decision()
+        .unwrap();
+    assert!(decision.suspended && !decision.allowed);
+    assert_eq!(layer.stats().paced, 1);
+    // The next request of the layer does not go out: it would wait past its max_wait.
+    let refused = layer
+        .layer(upstream.client())
+        .oneshot(Request::new(Body::default()))
+        .await;
+    assert!(matches!(refused, Err(OutboundError::Acquire(_))));
+
+    // A reset absurdly far away is capped (15 minutes).
+    let capped = OutboundLayer::builder(instances[0].clone(), configured, "capped")
+        .build()
+        .unwrap();
+    upstream.announce(dialect.left(0, 10 * 365 * 86_400, true));
+    call(&capped, &upstream).await;
+    let left = suspended_for(&instances[1], "capped")
+        .await
+        .expect("capped");
+    assert!(
+        left > Duration::from_secs(14 * 60) && left <= Duration::from_secs(15 * 60),
+        "{dialect:?}: {left:?}"
+    );
+}
+
+#[tokio::test]
+async fn ietf_nothing_left_suspends_until_the_reset() {
+    nothing_left_suspends_until_the_reset(Dialect::Ietf).await;
+}
+
+#[tokio::test]
+async fn x_ratelimit_nothing_left_suspends_until_the_reset() {
+    nothing_left_suspends_until_the_reset(Dialect::XRateLimit).await;
+}
+
+/// Two requests admitted together; the first answer says nothing is left for 30 s, the second,
+/// arriving later, for 2 s: the suspension keeps its 30 s.
+async fn a_later_shorter_announcement_does_not_cut_a_suspension(dialect: Dialect) {
+    let redis = RedisServer::start();
+    let instances = limiters(&redis, Algorithm::TokenBucket, 2);
+    let upstream = Upstream::start().await;
+    let configured = per_second(50);
+    let layers = [
+        layer(&instances[0], configured, None),
+        layer(&instances[1], configured, None),
+    ];
+    upstream.queue(Duration::ZERO, dialect.left(0, 30, false));
+    upstream.queue(Duration::from_millis(500), dialect.left(0, 2, false));
+    // Both admitted before either goes out.
+    let mut first = layers[0].layer(upstream.client());
+    let mut second = layers[1].layer(upstream.client());
+    first.ready().await.unwrap();
+    second.ready().await.unwrap();
+    let (a, b) = tokio::join!(
+        first.call(Request::new(Body::default())),
+        second.call(Request::new(Body::default()))
+    );
+    assert_eq!(a.unwrap().status(), StatusCode::OK);
+    assert_eq!(b.unwrap().status(), StatusCode::OK);
+    let left = suspended_for(&instances[0], KEY).await.expect("suspended");
+    assert!(left > Duration::from_secs(27), "{dialect:?}: {left:?}");
+    let paced: u64 = layers.iter().map(|l| l.stats().paced).sum();
+    assert_eq!(paced, 1, "the shorter announcement set nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ietf_a_later_shorter_announcement_does_not_cut_a_suspension() {
+    a_later_shorter_announcement_does_not_cut_a_suspension(Dialect::Ietf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_ratelimit_a_later_shorter_announcement_does_not_cut_a_suspension() {
+    a_later_shorter_announcement_does_not_cut_a_suspension(Dialect::XRateLimit).await;
+}
+
+/// Header sets that must change nothing: too big, too many lines, wrong syntax, out of range.
+fn hostile(dialect: Dialect) -> Vec<Vec<Header>> {
+    // More lines than the layer reads (8), fewer than the client accepts (100 in all).
+    let many = |name: &'static str, value: &str| vec![header(name, value); 40];
+    match dialect {
+        Dialect::Ietf => vec![
+            vec![
+                header("ratelimit-policy", "\"p\";q=20;w=1,".repeat(3000)),
+                header("ratelimit", "\"p\";r=0;t=30,".repeat(3000)),
+            ],
+            [
+                many("ratelimit-policy", "p;q=20;w=1"),
+                many("ratelimit", "p;r=0;t=30"),
+            ]
+            .concat(),
+            vec![
+                header("ratelimit-policy", "p;q=99999999999999999999;w=1"),
+                header("ratelimit", "p;r=-1;t=30"),
+            ],
+            vec![
+                header("ratelimit-policy", "p;q=20;w=0"),
+                header("ratelimit", "p;r=0;t=0"),
+            ],
+            vec![
+                header("ratelimit-policy", b"p\xff;q=20;w=1"),
+                header("ratelimit", b"p;r=0;t=30\xfe"),
+            ],
+            vec![
+                header("ratelimit-policy", "(p q);q=20;w=1"),
+                header("ratelimit", "\"p;r=0;t=30"),
+            ],
+            vec![
+                header("ratelimit-policy", "p;q=20;w=1;qu=\"content-bytes\""),
+                header("ratelimit", "p;r=0.5;t=30"),
+            ],
+            vec![
+                header("ratelimit-policy", "p;q=0;w=1"),
+                header("ratelimit", "p;r=5;t=30, q;r=1"),
+            ],
+            vec![
+                header("ratelimit-policy", "p;q=20;w=1,"),
+                header("ratelimit", "p;r=0;t=30;;"),
+            ],
+        ],
+        Dialect::XRateLimit => vec![
+            vec![
+                header("x-ratelimit-limit", "20"),
+                header("x-ratelimit-limit", "30"),
+                header("x-ratelimit-remaining", "0"),
+                header("x-ratelimit-remaining", "0"),
+                header("x-ratelimit-reset", "30"),
+            ],
+            vec![
+                header("x-ratelimit-limit", "twenty"),
+                header("x-ratelimit-remaining", "none"),
+                header("x-ratelimit-reset", "soon"),
+            ],
+            vec![
+                header("x-ratelimit-limit", "9".repeat(40)),
+                header("x-ratelimit-remaining", "-0"),
+                header("x-ratelimit-reset", "30"),
+            ],
+            vec![
+                header("x-ratelimit-limit", "0"),
+                header("x-ratelimit-remaining", "0"),
+                // Milliseconds since the epoch: not a form this reads.
+                header("x-ratelimit-reset", "1750000000000"),
+            ],
+            vec![
+                header("x-ratelimit-limit", "2".repeat(60_000)),
+                header("x-ratelimit-remaining", "0"),
+                header("x-ratelimit-reset", "3".repeat(60_000)),
+            ],
+            vec![
+                // The configured quota; a reset that has passed.
+                header("x-ratelimit-limit", "50"),
+                header("x-ratelimit-remaining", "0"),
+                header("x-ratelimit-reset", "1000000000"),
+            ],
+            [
+                many("x-ratelimit-limit", "20"),
+                many("x-ratelimit-remaining", "0"),
+            ]
+            .concat(),
+        ],
+    }
+}
+
+async fn garbage_and_hostile_headers_change_nothing(dialect: Dialect) {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::TokenBucket, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let configured = per_second(50);
+    let layer = layer(&limiter, configured, Some(configured));
+    for (i, headers) in hostile(dialect).into_iter().enumerate() {
+        upstream.announce(headers.clone());
+        let response = call(&layer, &upstream).await;
+        // Handed back as the upstream sent it.
+        for (name, value) in &headers {
+            assert!(
+                response.headers().get_all(name).iter().any(|v| v == value),
+                "{dialect:?} #{i}: {name} lost"
+            );
+        }
+        let status = limiter.inspect(KEY).await.unwrap();
+        assert_eq!(status.quota_override, None, "{dialect:?} #{i}");
+        assert_eq!(status.suspended_for, None, "{dialect:?} #{i}");
+        let stats = layer.stats();
+        assert_eq!((stats.learned, stats.paced), (0, 0), "{dialect:?} #{i}");
+    }
+    assert_eq!(limiter.stats().store_errors, 0);
+}
+
+#[tokio::test]
+async fn ietf_garbage_and_hostile_headers_change_nothing() {
+    garbage_and_hostile_headers_change_nothing(Dialect::Ietf).await;
+}
+
+#[tokio::test]
+async fn x_ratelimit_garbage_and_hostile_headers_change_nothing() {
+    garbage_and_hostile_headers_change_nothing(Dialect::XRateLimit).await;
+}
