@@ -11,7 +11,7 @@ use super::body::ResponseBody;
 use super::config::{Config, MissingKey};
 use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
-use super::response::is_grpc;
+use super::response::Wire;
 use crate::key::KeyExtractor;
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
@@ -203,7 +203,7 @@ where
         let (storage_key, resolved) = match keyed {
             Keyed::Check(check) => check,
             Keyed::Reject(status) => {
-                return ResponseFuture::missing_key(status, is_grpc(&parts.headers))
+                return ResponseFuture::missing_key(status, Wire::of(&parts.headers))
             }
             Keyed::Allow => {
                 tracing::debug!("request has no rate limit key; allowed by MissingKey::Allow");
