@@ -12,25 +12,8 @@
 //! up, at least 1, plus the optional jitter). Optionally the legacy
 //! `X-RateLimit-Limit / -Remaining / -Reset` too.
 //!
-//! # What `q` and `w` mean
-//!
-//! The numbers never contradict each other: `r ≤ q` and `t ≤ w` on every response (a property
-//! test in `tests/layer_tiers.rs` checks it for every algorithm, with and without an override;
-//! a suspended key, whose `t` is the suspension's time left, is the one exception).
-//!
-//! - `q` is the capacity `r` counts against: the quota's burst, for every algorithm (a token
-//!   bucket of 10 a minute with a burst of 50 sends `q=50`, `r` counting down from 49).
-//! - `w` is the longest a key takes from empty back to that full capacity, in whole seconds
-//!   rounded up: `burst × period / limit` for the token bucket and GCRA (10 a minute with a
-//!   burst of 50: `w=300`; without a burst, the period), the period for the fixed window and
-//!   the sliding log, two periods for the sliding window counter (its previous window still
-//!   weighs during the current one). A window under a second is scaled to one second
-//!   (`q` per second).
-//! - `t` on an admission is [`Decision::reset_after`], at most `w`: with several tiers the
-//!   decision's reset is the longest of all tiers, so the binding tier's `t` is capped at its
-//!   own `w` (its own reset is never longer). On a denial `t` is the exact wait (`w` for a cost
-//!   the quota can never hold).
-//! - `X-RateLimit-Limit` is the same `q`, `X-RateLimit-Remaining` the same `r`.
+//! What `q`, `w`, `r` and `t` mean, and why they never contradict each other, is told in the
+//! docs of [`RateLimit`](crate::RateLimit) (`# The numbers in the headers`).
 //!
 //! # gRPC and gRPC-Web
 //!
