@@ -65,10 +65,10 @@ use crate::key::KeyExtractor;
 ///   the sliding log, two periods for the sliding window counter (its previous window still
 ///   weighs during the current one). A window under a second is scaled to one second
 ///   (`q` per second).
-/// - `t` on an admission is [`Decision::reset_after`](crate::Decision::reset_after), at most `w`: with several tiers the
-///   decision's reset is the longest of all tiers, so the binding tier's `t` is capped at its
-///   own `w` (its own reset is never longer). On a denial `t` is the exact wait (`w` for a cost
-///   the quota can never hold).
+/// - `t` on an admission is [`Decision::reset_after`](crate::Decision::reset_after), at most
+///   `w`: with several tiers the decision's reset is the longest of all tiers, so the binding
+///   tier's `t` is capped at its own `w` (its own reset is never longer). On a denial `t` is
+///   the exact wait (`w` for a cost the quota can never hold).
 /// - `X-RateLimit-Limit` is the same `q`, `X-RateLimit-Remaining` the same `r`.
 ///
 /// # Stacking limits
