@@ -72,7 +72,7 @@ const STACK_KEY: usize = 128;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let by_tenant = FnKey::new(|parts: &Parts| {
-///     parts.extensions.get::<Tenant>().map(|tenant| format!("tenant:{}", tenant.0))
+///     parts.extensions.get::<Tenant>().map(|t| t.0.clone())
 /// });
 /// let rate_limit = RateLimitLayer::builder(
 ///     Limiter::new(MemoryStore::new()),
