@@ -3,12 +3,15 @@
 //! ```text
 //! cargo run --example axum -- [--bind ADDR] [--redis URL] [--limit N] [--period DURATION]
 //!     [--burst N] [--algorithm NAME] [--on-redis-error open|closed|local] [--instances N]
-//!     [--redis-cluster URL,URL,...] [--redis-ca FILE] [--metrics-bind ADDR]
+//!     [--redis-cluster URL,URL,...] [--redis-ca FILE] [--metrics-bind ADDR] [--key ip|api-key]
 //! ```
 //!
-//! Each client gets `--limit` requests per `--period`: a client is its `x-api-key` header when it
-//! sends one (hashed before it reaches Redis), else its IP address. `GET /` answers `200 ok`, or
-//! `429` with `Retry-After` and the `RateLimit` headers once the client is over its quota.
+//! Each client gets `--limit` requests per `--period`: a client is its IP address. With
+//! `--key api-key` it is its `x-api-key` header when it sends one (hashed before it reaches
+//! Redis), else its IP address: only for a server behind a layer that has authenticated that
+//! header, or a client sending a fresh key per request gets a fresh quota each time. `GET /`
+//! answers `200 ok`, or `429` with `Retry-After` and the `RateLimit` headers once the client is
+//! over its quota. A flag given twice is refused.
 //!
 //! Without `--redis` the server uses the Redis at `REDIS_URL` (or `redis://127.0.0.1:6379`) when
 //! one answers, otherwise an in-memory store, and says which. With `--redis` it always uses that

@@ -1,17 +1,23 @@
 //! The rate-limit layer on a plain hyper server: 10 requests a minute per client IP.
 //!
 //! ```text
-//! cargo run --example hyper [-- ADDR]      # default 127.0.0.1:3001
+//! cargo run --example hyper [-- ADDR | --bind ADDR]      # default 127.0.0.1:3001
 //! ```
 //!
 //! hyper has no `ConnectInfo`: the server puts the peer `SocketAddr` into each request's
-//! extensions, where `PeerIp` finds it. Uses the Redis at `REDIS_URL` when set, otherwise the
-//! in-memory store.
+//! extensions, where `PeerIp` finds it. Uses the Redis at `REDIS_URL` when set (printed without
+//! its password), otherwise the in-memory store. The address is given once, or not at all.
+
+#[allow(dead_code)] // the hyper example uses the URL redaction, not the servers' command line
+mod common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use bytes::Bytes;
+use common::cli::{redacted, CliError};
+use common::flags::{set_once, Arg, Args};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -22,14 +28,59 @@ use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{Limiter, Quota, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
+const USAGE: &str =
+    "usage: cargo run --example hyper [-- ADDR | --bind ADDR]  (default 127.0.0.1:3001)";
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let bind = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:3001".to_owned());
+async fn main() -> ExitCode {
+    let bind = match parse_args(std::env::args().skip(1)) {
+        Ok(bind) => bind,
+        Err(CliError::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(bind).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The address to listen on: `ADDR` or `--bind ADDR`, at most once.
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<String, CliError> {
+    let mut bind = None;
+    let mut args = Args::new(args);
+    while let Some(arg) = args.next_arg() {
+        match arg {
+            Arg::Flag { name, .. } if name == "-h" || name == "--help" => {
+                return Err(CliError::Help)
+            }
+            Arg::Flag { name, inline } if name == "--bind" => {
+                let value = args.value(&name, inline)?;
+                set_once(&mut bind, "the address", value)?;
+            }
+            Arg::Flag { name, .. } => {
+                return Err(CliError::Invalid(format!(
+                    "unknown argument {name:?} ({USAGE})"
+                )))
+            }
+            Arg::Plain(value) => set_once(&mut bind, "the address", value)?,
+        }
+    }
+    Ok(bind.unwrap_or_else(|| "127.0.0.1:3001".to_owned()))
+}
+
+async fn run(bind: String) -> Result<(), Box<dyn std::error::Error>> {
     let limiter = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            println!("store: redis {url}");
+            println!("store: redis {}", redacted(&url));
             Limiter::new(RedisStore::new(url.as_str())?)
         }
         Err(_) => {

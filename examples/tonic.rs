@@ -3,13 +3,14 @@
 //! ```text
 //! cargo run --example tonic -- [--bind ADDR] [--redis URL] [--limit N] [--period DURATION]
 //!     [--burst N] [--algorithm NAME] [--on-redis-error open|closed|local] [--instances N]
-//!     [--redis-cluster URL,URL,...] [--redis-ca FILE]
+//!     [--redis-cluster URL,URL,...] [--redis-ca FILE] [--key ip|api-key]
 //! ```
 //!
 //! The same flags and store selection as the axum example, on 127.0.0.1:50051 by default. Each
-//! client gets `--limit` calls per `--period`: a client is its `x-api-key` metadata when it sends
-//! one (hashed before it reaches Redis), else its IP address, which `PeerIp` reads from tonic's
-//! `TcpConnectInfo` (the crate's `tonic` feature). Over the quota a call fails with
+//! client gets `--limit` calls per `--period`: a client is its IP address, which `PeerIp` reads
+//! from tonic's `TcpConnectInfo` (the crate's `tonic` feature). With `--key api-key` it is its
+//! `x-api-key` metadata when it sends one (hashed before it reaches Redis), else its IP: only
+//! behind a layer that has authenticated that metadata. Over the quota a call fails with
 //! `RESOURCE_EXHAUSTED` and the metadata `retry-after` (seconds) and `grpc-retry-pushback-ms`;
 //! with `--on-redis-error closed` a call fails with `UNAVAILABLE` while Redis is down, and with
 //! `--on-redis-error local --instances N` each instance enforces `1/N` of the quota in memory

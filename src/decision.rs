@@ -21,6 +21,7 @@ use crate::quota::Quota;
 ///     reset_after: Duration::from_secs(60),
 ///     suspended: false,
 ///     quota: Quota::per_minute(10).unwrap(),
+///     overridden: false,
 /// };
 /// assert_eq!(denied.retry_after_secs(), 6);
 /// assert!(!denied.never_allowed());
@@ -47,6 +48,10 @@ pub struct Decision {
     /// `remaining`. When an override set with [`Limiter::set_quota`](crate::Limiter::set_quota)
     /// is in force, one of the override's quotas.
     pub quota: Quota,
+    /// An override set with [`Limiter::set_quota`](crate::Limiter::set_quota) decided: `quota`
+    /// is one of the override's quotas, not of the caller's, even when it equals one of them
+    /// (the layer's headers then describe the override alone).
+    pub overridden: bool,
 }
 
 impl Decision {
@@ -87,6 +92,7 @@ impl Decision {
     ///     reset_after: Duration::from_secs(6),
     ///     suspended: false,
     ///     quota: Quota::per_minute(10).unwrap(),
+    ///     overridden: false,
     /// };
     /// assert_eq!(denied.retry_after_secs(), 1); // never "come back in 0 seconds"
     /// let allowed = Decision { allowed: true, retry_after: Duration::ZERO, ..denied };
@@ -114,6 +120,7 @@ impl Decision {
     ///     reset_after: Duration::from_millis(6_001),
     ///     suspended: false,
     ///     quota: Quota::per_minute(10).unwrap(),
+    ///     overridden: false,
     /// };
     /// assert_eq!(decision.reset_after_secs(), 7);
     /// ```

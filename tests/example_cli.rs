@@ -186,6 +186,24 @@ fn bad_flags_exit_non_zero_with_a_message() {
             &["--redis", "rediss://a/", "--redis-ca", MANIFEST],
             "holds no PEM certificate",
         ),
+        (&["--key", "cookie"], "--key: expected ip or api-key"),
+        (&["--key"], "--key needs a value"),
+        // A flag given twice is refused, not "the last one wins" (issue 21).
+        (&["--limit", "3", "--limit", "4"], "give --limit once"),
+        (&["--period=1s", "--period", "2s"], "give --period once"),
+        (&["--key", "ip", "--key", "api-key"], "give --key once"),
+        (
+            &["--bind", "127.0.0.1:0", "--bind", "127.0.0.1:1"],
+            "give --bind once",
+        ),
+        (
+            &["--algorithm", "gcra", "--algorithm", "gcra"],
+            "give --algorithm once",
+        ),
+        (
+            &["--on-redis-error", "open", "--on-redis-error=closed"],
+            "give --on-redis-error once",
+        ),
     ];
     example::assert_usage_errors("axum", cases);
 }
@@ -210,9 +228,13 @@ fn help_prints_usage_and_every_algorithm() {
         "local",
         "--redis-ca",
         "--metrics-bind",
+        "--key ip|api-key",
     ] {
         assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
     }
+    // The API key is a key only once something in front has checked it.
+    assert!(stdout.contains("authenticated"), "{stdout}");
+    assert!(stdout.contains("[default: ip]"), "{stdout}");
     for algorithm in Algorithm::ALL {
         assert!(stdout.contains(algorithm.name()), "usage lacks {algorithm}");
     }
@@ -222,7 +244,14 @@ fn help_prints_usage_and_every_algorithm() {
 fn limits_with_redis_and_answers_429_with_headers() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let example = Example::start(&["--redis", &url, "--limit", "3", "--period", "1m"], &[]);
+    // API keys are clients of their own only with `--key api-key` (an authenticating layer in
+    // front); the default key is the IP address.
+    let example = Example::start(
+        &[
+            "--redis", &url, "--limit", "3", "--period", "1m", "--key", "api-key",
+        ],
+        &[],
+    );
     // Verified at start: the store line names the server's version.
     let version = support::redis_server_version();
     assert!(
@@ -287,7 +316,16 @@ fn limits_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls().join(",");
     let example = Example::start(
-        &["--redis-cluster", &urls, "--limit", "3", "--period", "1m"],
+        &[
+            "--redis-cluster",
+            &urls,
+            "--limit",
+            "3",
+            "--period",
+            "1m",
+            "--key",
+            "api-key",
+        ],
         &[],
     );
     let version = support::redis_server_version();
@@ -330,6 +368,8 @@ fn limits_through_redis_sentinel() {
             "2",
             "--period",
             "1m",
+            "--key",
+            "api-key",
         ],
         &[],
     );
@@ -370,6 +410,8 @@ fn every_algorithm_is_selectable_and_limits() {
                 "1h",
                 "--algorithm",
                 name,
+                "--key",
+                "api-key",
             ],
             &[],
         );
@@ -538,6 +580,8 @@ fn dead_redis_with_local_fallback_enforces_a_share_of_the_quota() {
             "local",
             "--instances",
             "2",
+            "--key",
+            "api-key",
         ],
         &[],
     );
@@ -598,6 +642,8 @@ fn metrics_bind_serves_prometheus_text_after_real_requests() {
             "2",
             "--metrics-bind",
             "127.0.0.1:0",
+            "--key",
+            "api-key",
         ],
         &[],
     );
@@ -650,4 +696,51 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
     }
     let stderr = example.stderr.lock().unwrap().clone();
     assert!(!stderr.contains('\u{1b}'), "ANSI codes in {stderr:?}");
+}
+
+/// The default key is the client's IP address: an unchecked `x-api-key`, fresh on every
+/// request, no longer buys a fresh quota (issue 21: the example counted any key a client sent).
+#[test]
+fn the_default_key_is_the_ip_and_a_fresh_api_key_does_not_evade_it() {
+    let dead = dead_redis_url();
+    let example = Example::start(&["--limit", "2"], &[("REDIS_URL", &dead)]);
+    let statuses: Vec<u16> = (0..4)
+        .map(|i| example.get(&[("x-api-key", &format!("random-{i}"))]).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 429, 429], "{}", example.output());
+
+    // `--key api-key` (behind an authenticating layer) counts each key apart, as before.
+    let keyed = Example::start(
+        &["--limit", "2", "--key", "api-key"],
+        &[("REDIS_URL", &dead)],
+    );
+    let statuses: Vec<u16> = (0..4)
+        .map(|i| keyed.get(&[("x-api-key", &format!("tenant-{i}"))]).status)
+        .collect();
+    assert_eq!(statuses, [200; 4], "{}", keyed.output());
+}
+
+/// The hyper example prints `REDIS_URL` without its password, as the other examples do, and
+/// refuses an address given twice.
+#[test]
+fn the_hyper_example_redacts_the_password_and_refuses_repeats() {
+    let port = support::free_port();
+    let url = format!("redis://user:hunter2-secret@127.0.0.1:{port}/");
+    let hyper = example::Example::start("hyper", &[], &[("REDIS_URL", &url)]);
+    let shown = format!("store: redis redis://user:***@127.0.0.1:{port}/");
+    assert!(hyper.printed(&shown), "{}", hyper.output());
+    assert!(!hyper.output().contains("hunter2"), "{}", hyper.output());
+    // Redis is not there: the layer fails open, the server answers.
+    let response = http_get(hyper.addr, "/", &[]).unwrap();
+    assert_eq!(response.status, 200, "{response:?}");
+
+    let cases: &[(&[&str], &str)] = &[
+        (&["127.0.0.1:0", "127.0.0.1:1"], "give the address once"),
+        (
+            &["--bind", "127.0.0.1:0", "127.0.0.1:1"],
+            "give the address once",
+        ),
+        (&["--frobnicate"], "unknown argument"),
+    ];
+    example::assert_usage_errors("hyper", cases);
 }

@@ -106,6 +106,14 @@ fn bad_flags_exit_non_zero_with_a_message() {
         ),
         (&["--bind", "localhost"], "--bind"),
         (&["--redis", "not a url"], "--redis"),
+        (&["--key", "metadata"], "--key: expected ip or api-key"),
+        // A flag given twice is refused, not "the last one wins" (issue 21).
+        (&["--limit", "3", "--limit", "4"], "give --limit once"),
+        (&["--key=ip", "--key", "ip"], "give --key once"),
+        (
+            &["--redis", "redis://a/", "--redis", "redis://b/"],
+            "give --redis once",
+        ),
     ];
     example::assert_usage_errors("tonic", cases);
 }
@@ -128,21 +136,29 @@ fn help_prints_usage_and_every_algorithm() {
         "--on-redis-error",
         "--instances",
         "local",
+        "--key ip|api-key",
     ] {
         assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
     }
+    assert!(stdout.contains("(gRPC: metadata)"), "{stdout}");
+    assert!(stdout.contains("authenticated"), "{stdout}");
     for algorithm in Algorithm::ALL {
         assert!(stdout.contains(algorithm.name()), "usage lacks {algorithm}");
     }
 }
 
 /// The example on a real Redis: the limit holds, then `RESOURCE_EXHAUSTED` with the retry hint;
-/// an API key is a client of its own.
+/// with `--key api-key` an API key is a client of its own.
 #[tokio::test]
 async fn limits_with_redis_and_answers_resource_exhausted() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let example = Example::start(&["--redis", &url, "--limit", "3", "--period", "1m"], &[]);
+    let example = Example::start(
+        &[
+            "--redis", &url, "--limit", "3", "--period", "1m", "--key", "api-key",
+        ],
+        &[],
+    );
     // Verified at start, as the axum example does: the store line names the server's version.
     let version = support::redis_server_version();
     assert!(
@@ -257,4 +273,32 @@ async fn without_redis_it_says_memory_and_still_limits() {
         codes(&mut example.client().await, None, 3).await,
         [Code::Ok, Code::Ok, Code::ResourceExhausted]
     );
+}
+
+/// The default key is the client's IP address: fresh `x-api-key` metadata on every call buys
+/// no fresh quota (issue 21); `--key api-key` counts each key apart.
+#[tokio::test]
+async fn the_default_key_is_the_ip_and_a_fresh_api_key_does_not_evade_it() {
+    let dead = dead_redis_url();
+    let example = Example::start(&["--limit", "2"], &[("REDIS_URL", &dead)]);
+    let mut client = example.client().await;
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        let key = format!("random-{i}");
+        seen.push(codes(&mut client, Some(&key), 1).await[0]);
+    }
+    assert_eq!(seen, [Code::Ok, Code::Ok, Code::ResourceExhausted]);
+    drop(example);
+
+    let keyed = Example::start(
+        &["--limit", "2", "--key", "api-key"],
+        &[("REDIS_URL", &dead)],
+    );
+    let mut client = keyed.client().await;
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        let key = format!("tenant-{i}");
+        seen.push(codes(&mut client, Some(&key), 1).await[0]);
+    }
+    assert_eq!(seen, [Code::Ok; 3]);
 }

@@ -20,7 +20,8 @@ use http_body_util::{BodyExt, Full};
 use redlimit::key::{GlobalKey, HeaderKey};
 use redlimit::store::RedisStore;
 use redlimit::{
-    Clock, Decision, Limiter, ManualClock, MissingKey, Quota, RateLimitLayer, ResponseBody,
+    Clock, Decision, Limiter, ManualClock, MissingKey, Quota, Quotas, RateLimitLayer, ResponseBody,
+    Target,
 };
 use support::service::{counting, SEEN};
 use support::RedisServer;
@@ -633,4 +634,92 @@ async fn stacked_layers_keep_separate_counts_and_both_headers() {
             "redlimit:{g}:second:token-bucket:2/1s"
         ]
     );
+}
+
+/// The tokens the token-bucket tier `tier` of `key` holds in `scope`, as stored.
+async fn tokens_left(limiter: &Limiter, scope: &str, key: &str, tier: usize) -> f64 {
+    let status = limiter.inspect(Target::scoped(scope, key)).await.unwrap();
+    let fields = &status.tiers[tier].fields;
+    fields.iter().find(|(name, _)| *name == "tokens").unwrap().1
+}
+
+/// A limiter on a private Redis, on a clock that stands still.
+fn still_limiter(redis: &RedisServer) -> Limiter {
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    Limiter::builder(store)
+        .clock(Clock::Manual(clock))
+        .build()
+        .unwrap()
+}
+
+/// The README's way to stack limits, "2 a second inside 100 a minute", as one layer with
+/// `Quotas`: 30 requests at once admit 2, and the minute's budget goes down by exactly those 2
+/// (100 -> 98): a request one tier denies consumes from none (issue 21).
+#[tokio::test]
+async fn one_layer_with_quotas_charges_the_outer_budget_only_for_admissions() {
+    let redis = RedisServer::start();
+    let limiter = still_limiter(&redis);
+    let tiers = Quotas::new([
+        Quota::per_second(2).unwrap(),
+        Quota::per_minute(100).unwrap(),
+    ])
+    .unwrap();
+    let layer = RateLimitLayer::new(limiter.clone(), tiers, GlobalKey::new("client"));
+    let scope = layer.scope().to_owned();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = layer.layer(counting(calls.clone()));
+
+    let mut admitted = 0;
+    for _ in 0..30 {
+        if service.clone().oneshot(get("/")).await.unwrap().status() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let minute = tokens_left(&limiter, &scope, "client", 1).await;
+    println!(
+        "one layer with Quotas: 30 requests, {admitted} admitted, minute budget 100 -> {minute}"
+    );
+    assert_eq!(
+        minute,
+        100.0 - admitted as f64,
+        "the minute is charged for admissions only"
+    );
+}
+
+/// What stacking two layers costs (documented in the README): the outer layer counts every
+/// request that reaches it, the ones the inner layer then denies included. 30 requests at once
+/// through 100 a minute around 2 a second: 2 admitted, the minute's budget down by 30 (to 70).
+#[tokio::test]
+async fn stacked_layers_charge_the_outer_budget_for_inner_denials() {
+    let redis = RedisServer::start();
+    let limiter = still_limiter(&redis);
+    let per_second = RateLimitLayer::new(
+        limiter.clone(),
+        Quota::per_second(2).unwrap(),
+        GlobalKey::new("client"),
+    );
+    let per_minute = RateLimitLayer::new(
+        limiter.clone(),
+        Quota::per_minute(100).unwrap(),
+        GlobalKey::new("client"),
+    );
+    let scope = per_minute.scope().to_owned();
+    let service = per_minute.layer(per_second.layer(counting(Arc::new(AtomicUsize::new(0)))));
+
+    let mut admitted = 0;
+    for _ in 0..30 {
+        if service.clone().oneshot(get("/")).await.unwrap().status() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2);
+    let minute = tokens_left(&limiter, &scope, "client", 0).await;
+    println!("two stacked layers: 30 requests, {admitted} admitted, minute budget 100 -> {minute}");
+    assert_eq!(minute, 70.0);
 }

@@ -7,6 +7,7 @@
 mod greeter;
 mod support;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,10 +18,12 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 use redlimit::key::{GlobalKey, HeaderKey};
 use redlimit::store::RedisStore;
 use redlimit::{
-    resolver_fn, Clock, Decision, Limiter, ManualClock, Quota, QuotaResolver, Quotas,
+    resolver_fn, Algorithm, Clock, Decision, Limiter, ManualClock, Quota, QuotaResolver, Quotas,
     RateLimitLayer, Resolved, Target,
 };
 use support::RedisServer;
@@ -131,13 +134,14 @@ async fn two_tiers_list_both_name_the_binding_one_and_deny_all_or_none() {
     assert_eq!(statuses(&first), [200; 10]);
     let h = first[0].headers();
     assert_eq!(header(h, "ratelimit-policy"), Some(BOTH_TIERS));
-    // 9 left this second, 19 this minute: the per-second tier binds. `t` is the time until
-    // the key is full in every tier: the minute's token comes back in 3 s.
-    assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=9;t=3"#));
+    // 9 left this second, 19 this minute: the per-second tier binds. The key is full in every
+    // tier in 3 s (the minute's token), but the per-second tier's own `t` is at most its
+    // `w=1` (issue 21: `t=3` and `t=30` under `w=1` contradicted the policy).
+    assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=9;t=1"#));
     let last = first.into_iter().last().unwrap();
     assert_eq!(
         header(last.headers(), "ratelimit"),
-        Some(r#""default-1";r=0;t=30"#)
+        Some(r#""default-1";r=0;t=1"#)
     );
     assert_eq!(
         body_text(last).await,
@@ -160,9 +164,10 @@ async fn two_tiers_list_both_name_the_binding_one_and_deny_all_or_none() {
     fx.clock.advance(Duration::from_secs(3));
     let again = send(&app, 10, get).await;
     assert_eq!(statuses(&again), [200; 10]);
-    // The 10th leaves 0 this second and 1 this minute (full again in 19 × 3 s).
+    // The 10th leaves 0 this second and 1 this minute (the key full again in 19 × 3 s; the
+    // per-second tier in 1 s).
     let h = again[9].headers();
-    assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=0;t=57"#));
+    assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=0;t=1"#));
     let over = send(&app, 1, get).await;
     assert_eq!(statuses(&over), [429]);
     assert_eq!(
@@ -313,7 +318,7 @@ async fn a_suspended_key_is_told_so_over_http_and_grpc() {
     assert_eq!(resumed.status(), StatusCode::OK);
     assert_eq!(
         header(resumed.headers(), "ratelimit"),
-        Some(r#""default-1";r=9;t=3"#)
+        Some(r#""default-1";r=9;t=1"#)
     );
 }
 
@@ -439,4 +444,331 @@ async fn a_tonic_client_is_told_the_key_is_suspended() {
     assert_eq!(metadata("retry-after"), "45");
     assert_eq!(metadata("grpc-retry-pushback-ms"), "45000");
     server.abort();
+}
+
+/// The issue-21 override: a layer of 10/1s + 500/60s under the override 10/1s + 50/60s. The
+/// override binds on its 10/1s, equal to the layer's first tier; the headers describe the
+/// override alone (before: the layer's list, `"default-2";q=500;w=60` included).
+#[tokio::test]
+async fn an_override_equal_to_a_layer_tier_is_advertised_as_itself() {
+    let fx = Fixture::new();
+    let layer_quotas = Quotas::new([
+        Quota::per_second(10).unwrap(),
+        Quota::per_minute(500).unwrap(),
+    ])
+    .unwrap();
+    let layer = RateLimitLayer::new(fx.limiter.clone(), layer_quotas, GlobalKey::new("client"));
+    let app = app(layer.clone());
+    let granted = Quotas::new([
+        Quota::per_second(10).unwrap(),
+        Quota::per_minute(50).unwrap(),
+    ])
+    .unwrap();
+    fx.limiter
+        .set_quota(Target::scoped(layer.scope(), "client"), &granted)
+        .await
+        .unwrap();
+    let responses = send(&app, 11, || get_with(&[])).await;
+    assert_eq!(
+        statuses(&responses),
+        [[200; 10].as_slice(), &[429]].concat()
+    );
+    for response in &responses {
+        let h = response.headers();
+        assert_eq!(header(h, "ratelimit-policy"), Some(r#""default";q=10;w=1"#));
+        let state = header(h, "ratelimit").unwrap();
+        assert!(state.starts_with(r#""default";r="#), "{state}");
+    }
+    assert_eq!(
+        header(responses[9].headers(), "ratelimit"),
+        Some(r#""default";r=0;t=1"#)
+    );
+}
+
+/// A gRPC-Web request denied by the layer is answered in gRPC-Web (a trailers-only response
+/// with `content-type: application/grpc-web`), never as native gRPC.
+#[tokio::test]
+async fn a_grpc_web_request_is_answered_in_grpc_web() {
+    let fx = Fixture::new();
+    let layer = RateLimitLayer::new(
+        fx.limiter.clone(),
+        Quota::per_minute(1).unwrap(),
+        GlobalKey::new("client"),
+    );
+    let app = app(layer);
+    let grpc_web = |content_type: &'static str| {
+        move || {
+            Request::get("/")
+                .header("content-type", content_type)
+                .header("x-grpc-web", "1")
+                .body(Body::empty())
+                .unwrap()
+        }
+    };
+    let first = send(&app, 1, grpc_web("application/grpc-web+proto")).await;
+    assert_eq!(statuses(&first), [200]);
+    for (sent, answered) in [
+        ("application/grpc-web+proto", "application/grpc-web"),
+        ("application/grpc-web", "application/grpc-web"),
+        (
+            "application/grpc-web-text+proto",
+            "application/grpc-web-text",
+        ),
+    ] {
+        let denied = send(&app, 1, grpc_web(sent)).await.pop().unwrap();
+        assert_eq!(denied.status(), StatusCode::OK, "{sent}");
+        let h = denied.headers();
+        assert_eq!(header(h, "content-type"), Some(answered), "{sent}");
+        assert_eq!(header(h, "grpc-status"), Some("8"), "{sent}");
+        assert_eq!(header(h, "grpc-message"), Some("rate limit exceeded"));
+        assert_eq!(header(h, "retry-after"), Some("60"));
+        assert_eq!(body_text(denied).await, "", "{sent}: trailers-only");
+    }
+    // Native gRPC keeps its own content type.
+    let native = send(&app, 1, grpc_web("application/grpc+proto"))
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(
+        header(native.headers(), "content-type"),
+        Some("application/grpc")
+    );
+}
+
+/// One property-test scenario: an algorithm, the layer's quotas, maybe an override, and steps.
+#[derive(Debug, Clone)]
+struct HeaderScenario {
+    algorithm: Algorithm,
+    quotas: Vec<Quota>,
+    /// The override's quotas; its first one may copy the layer's first (the case that was
+    /// advertised as the layer's own tier).
+    overridden: Option<Vec<Quota>>,
+    /// Each step: advance the clock by this many ms, then send a request of this cost.
+    steps: Vec<(u64, u64)>,
+}
+
+fn any_quota() -> impl Strategy<Value = Quota> {
+    let period_ms = prop_oneof![
+        Just(250u64),
+        Just(1_000),
+        Just(1_500),
+        Just(60_000),
+        Just(3_600_000),
+        100u64..=120_000,
+    ];
+    (1u64..=20, period_ms, 1u64..=5).prop_map(|(limit, period_ms, burst_times)| {
+        let quota = Quota::new(limit, Duration::from_millis(period_ms)).unwrap();
+        // Bursts above the limit are where `q=limit` and `r` disagreed.
+        quota.with_burst(limit * burst_times).unwrap()
+    })
+}
+
+fn header_scenario() -> impl Strategy<Value = HeaderScenario> {
+    let algorithm = proptest::sample::select(Algorithm::ALL.to_vec());
+    let quotas = proptest::collection::vec(any_quota(), 1..=2);
+    let overridden =
+        proptest::option::of((proptest::collection::vec(any_quota(), 1..=2), any::<bool>()));
+    let step = (
+        prop_oneof![Just(0u64), 1u64..=2_000, 1u64..=200_000],
+        1u64..=3,
+    );
+    let steps = proptest::collection::vec(step, 1..=25);
+    (algorithm, quotas, overridden, steps).prop_map(|(algorithm, quotas, overridden, steps)| {
+        let overridden = overridden.map(|(mut own, copy_first)| {
+            if copy_first {
+                own[0] = quotas[0];
+            }
+            own
+        });
+        HeaderScenario {
+            algorithm,
+            quotas,
+            overridden,
+            steps,
+        }
+    })
+}
+
+/// `RateLimit-Policy` items by name: (q, w).
+fn policy_items(value: &str) -> Vec<(String, u64, u64)> {
+    value
+        .split(", ")
+        .map(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next().unwrap().to_owned();
+            let q = parts
+                .next()
+                .unwrap()
+                .strip_prefix("q=")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let w = parts
+                .next()
+                .unwrap()
+                .strip_prefix("w=")
+                .unwrap()
+                .parse()
+                .unwrap();
+            (name, q, w)
+        })
+        .collect()
+}
+
+/// `RateLimit`: (name, r, t).
+fn state_item(value: &str) -> (String, u64, u64) {
+    let mut parts = value.split(';');
+    let name = parts.next().unwrap().to_owned();
+    let r = parts
+        .next()
+        .unwrap()
+        .strip_prefix("r=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let t = parts
+        .next()
+        .unwrap()
+        .strip_prefix("t=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    (name, r, t)
+}
+
+/// Counts what the property test saw, for its closing line.
+#[derive(Default)]
+struct HeaderTally {
+    cases: u64,
+    responses: u64,
+    denied: u64,
+    overridden: u64,
+}
+
+/// Runs one scenario through the layer on a real Redis and checks every response's headers.
+async fn check_headers(
+    store: &RedisStore,
+    key: &str,
+    scenario: &HeaderScenario,
+    tally: &mut HeaderTally,
+) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    let limiter = Limiter::builder(store.clone())
+        .clock(Clock::Manual(clock.clone()))
+        .algorithm(scenario.algorithm)
+        .build()
+        .unwrap();
+    let quotas = Quotas::new(scenario.quotas.iter().copied()).unwrap();
+    let layer = RateLimitLayer::builder(limiter.clone(), quotas, GlobalKey::new(key))
+        .legacy_headers(true)
+        .cost(|parts| {
+            let cost = parts
+                .headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            cost.unwrap_or(1)
+        })
+        .build()
+        .unwrap();
+    if let Some(own) = &scenario.overridden {
+        let own = Quotas::new(own.iter().copied()).unwrap();
+        limiter
+            .set_quota(Target::scoped(layer.scope(), key), &own)
+            .await
+            .unwrap();
+    }
+    // The handler reports the decision's own reset, before the headers cap anything.
+    let app = Router::new()
+        .route(
+            "/",
+            get(|Extension(decision): Extension<Decision>| async move {
+                decision.reset_after_secs().to_string()
+            }),
+        )
+        .layer(layer);
+    for (i, &(advance_ms, cost)) in scenario.steps.iter().enumerate() {
+        clock.advance(Duration::from_millis(advance_ms));
+        let request = Request::get("/")
+            .header("x-cost", cost.to_string())
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let h = response.headers().clone();
+        let policy = policy_items(header(&h, "ratelimit-policy").unwrap());
+        let (name, r, t) = state_item(header(&h, "ratelimit").unwrap());
+        let context = format!("step {i}: {status} {h:?}");
+        let Some(&(_, q, w)) = policy.iter().find(|(n, _, _)| *n == name) else {
+            return Err(TestCaseError::fail(format!(
+                "{name} not in the policy; {context}"
+            )));
+        };
+        prop_assert!(r <= q, "r {} > q {}; {}", r, q, context);
+        prop_assert!(t <= w, "t {} > w {}; {}", t, w, context);
+        let (q_text, r_text) = (q.to_string(), r.to_string());
+        prop_assert_eq!(header(&h, "x-ratelimit-limit"), Some(q_text.as_str()));
+        prop_assert_eq!(header(&h, "x-ratelimit-remaining"), Some(r_text.as_str()));
+        if scenario.overridden.is_some() {
+            // The override alone, never the layer's list.
+            prop_assert_eq!(policy.len(), 1, "{}", context);
+            prop_assert_eq!(name.as_str(), "\"default\"", "{}", context);
+            tally.overridden += 1;
+        }
+        tally.responses += 1;
+        if status == StatusCode::OK {
+            if scenario.quotas.len() == 1 && scenario.overridden.is_none() {
+                // One tier: its own reset fits its window without the headers' cap.
+                let reset: u64 = body_text(response).await.parse().unwrap();
+                prop_assert!(reset <= w, "reset {} > w {}; {}", reset, w, context);
+            }
+        } else {
+            tally.denied += 1;
+        }
+    }
+    Ok(())
+}
+
+/// `r ≤ q` and `t ≤ w` on every response, for every algorithm, with and without an override
+/// (issue 21: a token bucket of 10 a minute with a burst of 50 sent `q=10` with `r=49`).
+#[test]
+fn headers_never_contradict_themselves() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime.block_on(async {
+        RedisStore::builder(redis.url())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    });
+    let tally = RefCell::new(HeaderTally::default());
+    let config = ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let result = runner.run(&header_scenario(), |scenario| {
+        let supported = scenario
+            .quotas
+            .iter()
+            .chain(scenario.overridden.iter().flatten())
+            .all(|quota| scenario.algorithm.supports(quota).is_ok());
+        prop_assume!(supported);
+        let mut tally = tally.borrow_mut();
+        tally.cases += 1;
+        let key = format!("case-{}", tally.cases);
+        runtime.block_on(check_headers(&store, &key, &scenario, &mut tally))
+    });
+    let tally = tally.into_inner();
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+    println!(
+        "headers property: {} cases, {} responses ({} denied, {} under an override), r <= q and t <= w on each",
+        tally.cases, tally.responses, tally.denied, tally.overridden
+    );
+    assert!(tally.denied > 0 && tally.overridden > 0);
 }

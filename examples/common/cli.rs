@@ -1,10 +1,16 @@
 //! The example servers' command line and store selection.
 //!
-//! Flags take their value as the next argument or after `=` (`--limit 5`, `--limit=5`). Without
+//! Flags take their value as the next argument or after `=` (`--limit 5`, `--limit=5`), once
+//! each: a flag given twice is refused, never "the last one wins". Without
 //! `--redis` / `--redis-cluster` / `--redis-sentinel` the server uses the Redis at `REDIS_URL` (or
 //! `redis://127.0.0.1:6379`) when one answers, otherwise an in-memory store, and says which.
+//!
+//! A client is its IP address. `--key api-key` keys on the `x-api-key` header (gRPC: metadata)
+//! instead, for a server behind a layer that has authenticated that header: unchecked, any
+//! client could send a fresh key with each request and get a fresh quota with it.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::env;
 use std::fmt;
 use std::io::IsTerminal;
@@ -57,9 +63,15 @@ options:
                                 [default: open]
   --instances N                 with --on-redis-error local: how many instances share the
                                 quota [default: 1]
+  --key ip|api-key              who a client is: ip, its IP address; api-key, its x-api-key
+                                header (gRPC: metadata), else its IP address. Use api-key only
+                                behind a layer that has authenticated the key: unchecked, a
+                                client sending a fresh key per request gets a fresh quota
+                                [default: ip]
 METRICS  -h, --help                    print this help
 
-A client is its x-api-key header (gRPC: metadata) when present, else its IP address.";
+A client is its IP address (--key ip), or its authenticated x-api-key (--key api-key).
+Each flag is given at most once.";
 
 /// The `--metrics-bind` line of the usage, for the examples that serve metrics.
 const METRICS_USAGE: &str = concat!(
@@ -86,6 +98,19 @@ pub struct Options {
     pub quota: Quota,
     pub algorithm: Algorithm,
     pub on_redis_error: OnRedisError,
+    /// `--key`: who a client is.
+    pub key: KeyChoice,
+}
+
+/// `--key`: what the layer counts a client by.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum KeyChoice {
+    /// `ip` (the default): the client's IP address, which a client cannot choose.
+    #[default]
+    Ip,
+    /// `api-key`: the `x-api-key` header (hashed), else the IP address. Only for a server
+    /// behind a layer that has authenticated the header.
+    ApiKey,
 }
 
 /// Where decisions are made. A new Redis topology is one more variant here, its flag in
@@ -204,6 +229,10 @@ pub fn parse_args(
     let mut redis_ca = None;
     let mut metrics_bind = None;
     let mut sentinel_master: Option<String> = None;
+    let mut key = KeyChoice::default();
+    // A flag given twice is a mistake, not "the last one wins" (as in the fleet and admin
+    // examples).
+    let mut seen = HashSet::new();
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -214,6 +243,9 @@ pub fn parse_args(
             Some((flag, value)) if flag.starts_with("--") => (flag.to_owned(), Some(value.into())),
             _ => (arg, None),
         };
+        if flag.starts_with("--") && !seen.insert(flag.clone()) {
+            return Err(invalid(format!("give {flag} once")));
+        }
         let mut value = || {
             inline
                 .clone()
@@ -258,6 +290,17 @@ pub fn parse_args(
             }
             "--on-redis-error" => policy = value()?,
             "--instances" => instances = Some(parse_count(&flag, &value()?)?),
+            "--key" => {
+                key = match value()?.as_str() {
+                    "ip" => KeyChoice::Ip,
+                    "api-key" => KeyChoice::ApiKey,
+                    other => {
+                        return Err(invalid(format!(
+                            "--key: expected ip or api-key, got {other:?}"
+                        )))
+                    }
+                }
+            }
             other => return Err(invalid(format!("unknown argument {other:?} (see --help)"))),
         }
     }
@@ -326,6 +369,7 @@ pub fn parse_args(
         quota,
         algorithm,
         on_redis_error,
+        key,
     })
 }
 
@@ -453,7 +497,8 @@ pub fn usage(program: &Program) -> String {
         .replace("ALGORITHMS", &names.join(", "))
 }
 
-/// The client's `x-api-key` header (hashed) when it sends one, else its IP address.
+/// The client's `x-api-key` header (hashed) when it sends one, else its IP address: for a
+/// server behind a layer that has authenticated the header (`--key api-key`).
 #[derive(Debug, Clone)]
 pub struct ApiKeyOrIp {
     api_key: HeaderKey,
@@ -477,9 +522,47 @@ impl KeyExtractor for ApiKeyOrIp {
     }
 }
 
+/// The key `--key` chose.
+#[derive(Debug, Clone)]
+pub enum ExampleKey {
+    /// `--key ip`.
+    Ip(PeerIp),
+    /// `--key api-key`.
+    ApiKey(ApiKeyOrIp),
+}
+
+impl ExampleKey {
+    pub fn new(choice: KeyChoice) -> Self {
+        match choice {
+            KeyChoice::Ip => ExampleKey::Ip(PeerIp::new()),
+            KeyChoice::ApiKey => ExampleKey::ApiKey(ApiKeyOrIp::new()),
+        }
+    }
+}
+
+impl KeyExtractor for ExampleKey {
+    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
+        match self {
+            ExampleKey::Ip(ip) => ip.extract(parts),
+            ExampleKey::ApiKey(api_key) => api_key.extract(parts),
+        }
+    }
+
+    // Forwarded: `PeerIp` builds its key on the stack.
+    fn with_key<R>(&self, parts: &Parts, f: impl FnOnce(Option<&str>) -> R) -> R
+    where
+        Self: Sized,
+    {
+        match self {
+            ExampleKey::Ip(ip) => ip.with_key(parts, f),
+            ExampleKey::ApiKey(api_key) => api_key.with_key(parts, f),
+        }
+    }
+}
+
 /// The layer the example puts in front of its service, on the chosen store: prints `store: ...`
 /// and `quota: ...`.
-pub async fn layer(options: &Options) -> Result<RateLimitLayer<ApiKeyOrIp>, String> {
+pub async fn layer(options: &Options) -> Result<RateLimitLayer<ExampleKey>, String> {
     let limiter = limiter(options).await?;
     let quota = options.quota;
     println!(
@@ -490,7 +573,11 @@ pub async fn layer(options: &Options) -> Result<RateLimitLayer<ApiKeyOrIp>, Stri
         options.algorithm,
         options.on_redis_error,
     );
-    Ok(RateLimitLayer::new(limiter, quota, ApiKeyOrIp::new()))
+    Ok(RateLimitLayer::new(
+        limiter,
+        quota,
+        ExampleKey::new(options.key),
+    ))
 }
 
 /// The Redis to try when no store flag is given: `REDIS_URL`, or [`DEFAULT_REDIS_URL`].

@@ -285,6 +285,7 @@ impl Reply {
             reset_after: Duration::from_millis(self.reset_after_ms.max(0) as u64),
             suspended: self.suspended,
             quota,
+            overridden: self.overridden.is_some(),
         })
     }
 }

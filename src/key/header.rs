@@ -20,6 +20,12 @@ const STACK_KEY: usize = 128;
 ///
 /// Any byte sequence works, including non-UTF-8 values. A request without the header has no key.
 ///
+/// **A header key limits only what has been authenticated.** The client chooses its headers:
+/// keyed on an unchecked `x-api-key`, a client sending a fresh value with every request gets a
+/// fresh quota every time, and the limit holds nobody. Use `HeaderKey` behind a layer that
+/// rejects unknown keys, or key on the identity that layer established (below); for anonymous
+/// clients, key on [`PeerIp`](crate::key::PeerIp).
+///
 /// ```
 /// use redlimit::key::{HeaderKey, KeyExtractor};
 ///
@@ -32,6 +38,62 @@ const STACK_KEY: usize = 128;
 /// let key = extractor.extract(&parts).unwrap();
 /// assert!(key.starts_with("x-api-key:") && !key.contains("k-123"));
 /// # Ok::<(), http::header::InvalidHeaderName>(())
+/// ```
+///
+/// # Keying on an authenticated identity
+///
+/// The authentication layer runs first (outermost) and puts who the caller is into the request's
+/// extensions; the rate-limit layer keys on that with an [`FnKey`](crate::key::FnKey), and
+/// rejects requests without it instead of sharing one key among them:
+///
+/// ```
+/// use axum::{body::Body, routing::get, Router};
+/// use http::{request::Parts, Request, StatusCode};
+/// use redlimit::key::FnKey;
+/// use redlimit::{store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+/// use tower::{ServiceBuilder, ServiceExt};
+///
+/// /// Who the authentication layer says the caller is.
+/// #[derive(Clone)]
+/// struct Tenant(String);
+///
+/// /// Your authentication: a checked API key, a verified token's subject, a session...
+/// fn authenticate(mut request: Request<Body>) -> Request<Body> {
+///     let tenant = match request.headers().get("x-api-key").map(|key| key.as_bytes()) {
+///         Some(b"k-acme-1") => Some(Tenant("acme".to_owned())),
+///         _ => None,
+///     };
+///     if let Some(tenant) = tenant {
+///         request.extensions_mut().insert(tenant);
+///     }
+///     request
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let by_tenant = FnKey::new(|parts: &Parts| {
+///     parts.extensions.get::<Tenant>().map(|t| t.0.clone())
+/// });
+/// let rate_limit = RateLimitLayer::builder(
+///     Limiter::new(MemoryStore::new()),
+///     Quota::per_minute(100)?,
+///     by_tenant,
+/// )
+/// .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+/// .build()?;
+/// // ServiceBuilder runs its layers top to bottom: authentication, then the limit.
+/// let app = Router::new()
+///     .route("/", get(|| async { "ok" }))
+///     .layer(ServiceBuilder::new().map_request(authenticate).layer(rate_limit));
+///
+/// let with_key = |key: &str| Request::get("/").header("x-api-key", key).body(Body::empty());
+/// let known = app.clone().oneshot(with_key("k-acme-1")?).await?;
+/// assert_eq!(known.status(), StatusCode::OK);
+/// // A made-up key is nobody: refused, and it buys no quota of its own.
+/// let made_up = app.oneshot(with_key("fresh-random-key")?).await?;
+/// assert_eq!(made_up.status(), StatusCode::UNAUTHORIZED);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone)]
 pub struct HeaderKey {

@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::config::Config;
-use super::response::{self, HeaderStyle};
+use super::response::{self, HeaderStyle, Wire};
 use crate::decision::Decision;
 use crate::policy::Verdict;
 
@@ -52,9 +52,9 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, K>,
-        // Whether the request speaks gRPC: read from its headers only when the layer answers it
-        // itself (most requests are admitted and never need it).
-        grpc: bool,
+        // How the request speaks (HTTP, gRPC, gRPC-Web): read from its headers only when the
+        // layer answers it itself (most requests are admitted and never need it).
+        wire: Wire,
     }
 }
 
@@ -142,7 +142,7 @@ where
                 request: Some(request),
                 inner: Some(inner),
             },
-            grpc: false,
+            wire: Wire::Http,
         }
     }
 
@@ -152,16 +152,16 @@ where
                 future,
                 headers: None,
             },
-            grpc: false,
+            wire: Wire::Http,
         }
     }
 
-    pub(crate) fn missing_key(status: StatusCode, grpc: bool) -> Self {
+    pub(crate) fn missing_key(status: StatusCode, wire: Wire) -> Self {
         ResponseFuture {
             state: State::Rejecting {
                 rejection: Some(Rejection::MissingKey(status)),
             },
-            grpc,
+            wire,
         }
     }
 }
@@ -187,7 +187,7 @@ where
                         _ => panic!("ResponseFuture polled after completion"),
                     };
                     if !verdict.is_allowed() {
-                        *this.grpc = response::is_grpc(request.headers());
+                        *this.wire = Wire::of(request.headers());
                     }
                     match verdict {
                         Verdict::Decided(decision) if decision.allowed => {
@@ -222,7 +222,7 @@ where
                     let rejection = rejection
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(self::reject(rejection, *this.grpc)));
+                    return Poll::Ready(Ok(self::reject(rejection, *this.wire)));
                 }
             };
             this.state.set(next);
@@ -230,12 +230,12 @@ where
     }
 }
 
-fn reject<B, K>(rejection: Rejection<K>, grpc: bool) -> Response<ResponseBody<B>> {
+fn reject<B, K>(rejection: Rejection<K>, wire: Wire) -> Response<ResponseBody<B>> {
     match rejection {
         Rejection::TooManyRequests(decision, headers) => {
-            response::too_many_requests(&decision, headers.style(), grpc)
+            response::too_many_requests(&decision, headers.style(), wire)
         }
-        Rejection::Unavailable(retry_after) => response::unavailable(retry_after, grpc),
-        Rejection::MissingKey(status) => response::missing_key(status, grpc),
+        Rejection::Unavailable(retry_after) => response::unavailable(retry_after, wire),
+        Rejection::MissingKey(status) => response::missing_key(status, wire),
     }
 }

@@ -67,10 +67,11 @@
 //! `"<policy>-2"`… in order (a single tier keeps the bare `"<policy>"`), and `RateLimit`
 //! describes the binding one ([`Decision::quota`](crate::Decision::quota): on a denial the tier
 //! with the longest wait, on an admission the one with the least left; its `t` is the wait on a
-//! denial, and on an admission the time until the key is full again in every tier,
-//! [`Decision::reset_after`](crate::Decision::reset_after)). When an override set
-//! with [`Limiter::set_quota`](crate::Limiter::set_quota) is in force, its binding quota is no
-//! tier of the layer: both headers then show that quota alone, as `"<policy>"`. A
+//! denial, and on an admission the time until the key is full again,
+//! [`Decision::reset_after`](crate::Decision::reset_after), at most that tier's `w`; see
+//! [`RateLimit`](crate::RateLimit) for what each number means). When an override set
+//! with [`Limiter::set_quota`](crate::Limiter::set_quota) is in force, both headers show its
+//! binding quota alone, as `"<policy>"`, never the layer's tiers. A
 //! [`QuotaResolver`] chooses the quotas per request (FREE and PRO plans, see
 //! [`RateLimitLayerBuilder::resolver`]).
 //!

@@ -5,16 +5,26 @@
 //! left, and seconds until it resets), on allowed and rejected responses alike. A layer with
 //! several tiers lists them all in `RateLimit-Policy`, named `"name-1"`, `"name-2"`… in order
 //! (one field line, a structured-field list), and names the binding one
-//! ([`Decision::quota`]) in `RateLimit`; a quota that is none of them (an override set with
-//! `Limiter::set_quota`) is listed alone, as `"name"`. A rejection adds `Retry-After` in
-//! delay-seconds (rounded up, at least 1, plus the optional jitter). Optionally the legacy
+//! ([`Decision::quota`]) in `RateLimit`. An override set with `Limiter::set_quota`
+//! ([`Decision::overridden`]) is advertised as itself: its binding quota alone, as `"name"`,
+//! never as one of the layer's tiers (whose other items would describe quotas not in force),
+//! even when it equals one of them. A rejection adds `Retry-After` in delay-seconds (rounded
+//! up, at least 1, plus the optional jitter). Optionally the legacy
 //! `X-RateLimit-Limit / -Remaining / -Reset` too.
+//!
+//! What `q`, `w`, `r` and `t` mean, and why they never contradict each other, is told in the
+//! docs of [`RateLimit`](crate::RateLimit) (`# The numbers in the headers`).
+//!
+//! # gRPC and gRPC-Web
 //!
 //! A request whose `content-type` starts with `application/grpc` is answered the gRPC way: HTTP
 //! 200, trailers-only, `grpc-status: 8` (RESOURCE_EXHAUSTED) or `14` (UNAVAILABLE) and a
 //! `grpc-message`, with the same hint headers plus `grpc-retry-pushback-ms` (gRPC's retry hint,
 //! proposal A6: milliseconds, rounded up; `-1`, "do not retry", for a cost the quota can never
-//! hold).
+//! hold). A gRPC-Web request (`application/grpc-web…`) gets the same trailers-only answer in
+//! its own protocol: `content-type: application/grpc-web` (or `application/grpc-web-text` for
+//! the text encoding), the status in the headers and an empty body, which gRPC-Web clients read
+//! as a trailers-only response; a browser's gRPC-Web client cannot read `application/grpc`.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -72,6 +82,9 @@ struct Tier {
     quota: Quota,
     /// The quoted name, e.g. `"default"` or `"default-2"`.
     quoted_name: String,
+    /// Its `q` and `w` (see the module docs).
+    q: u64,
+    w: u64,
     /// Its `RateLimit-Policy` item, e.g. `"default";q=10;w=60`.
     item: String,
 }
@@ -83,6 +96,8 @@ impl Tier {
         Tier {
             quota,
             quoted_name,
+            q,
+            w,
             item,
         }
     }
@@ -141,9 +156,13 @@ impl HeaderStyle {
     }
 
     /// The tier that bound `decision`, and the `RateLimit-Policy` to send with it: every tier
-    /// when it is one of them, else (an override is in force) that quota alone.
+    /// when it is one of them, else (an override is in force) that quota alone. An override's
+    /// quota is never matched to a tier: the layer's other tiers are not what is in force.
     fn binding(&self, decision: &Decision) -> (Cow<'_, Tier>, Cow<'_, HeaderValue>) {
-        match self.tiers.iter().find(|tier| tier.quota == decision.quota) {
+        let own = (!decision.overridden)
+            .then(|| self.tiers.iter().find(|tier| tier.quota == decision.quota))
+            .flatten();
+        match own {
             Some(tier) => (Cow::Borrowed(tier), Cow::Borrowed(&self.policy)),
             None => {
                 let tier = Tier::new(format!("\"{}\"", self.name), decision.quota, self.algorithm);
@@ -155,10 +174,10 @@ impl HeaderStyle {
     }
 
     /// `t` of `RateLimit` for a denied request, in whole seconds (at least 1): the exact wait,
-    /// or for a cost the quota can never hold (no true retry time) the binding quota's period.
-    fn denied_secs(decision: &Decision) -> u64 {
+    /// or for a cost the quota can never hold (no true retry time) the binding tier's `w`.
+    fn denied_secs(decision: &Decision, w: u64) -> u64 {
         if decision.never_allowed() && !decision.suspended {
-            secs_rounded_up(decision.quota.period()).max(1)
+            w.max(1)
         } else {
             decision.retry_after_secs()
         }
@@ -182,12 +201,15 @@ impl HeaderStyle {
     /// Adds the rate-limit headers describing `decision`.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, decision: &Decision) {
         let (tier, policy) = self.binding(decision);
+        // With several tiers `reset_after` is the longest of them: the binding tier's own reset
+        // is at most its `w`, so that bound is the tier's `t` (single tiers never reach it).
+        let reset = decision.reset_after_secs().min(tier.w);
         let (remaining, t) = if decision.allowed {
-            (decision.remaining, decision.reset_after_secs())
+            (decision.remaining, reset)
         } else if decision.suspended {
-            (0, Self::denied_secs(decision))
+            (0, Self::denied_secs(decision, tier.w))
         } else {
-            (decision.remaining, Self::denied_secs(decision))
+            (decision.remaining, Self::denied_secs(decision, tier.w))
         };
         // Written on the stack and copied once into the header value: one allocation, where a
         // `format!` took two (the string, then the shrink into `Bytes`), and no formatting
@@ -212,9 +234,10 @@ impl HeaderStyle {
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .is_none_or(|known| remaining < known);
         if tighter {
-            headers.insert(X_LIMIT.clone(), decision.limit.into());
+            // The capacity `remaining` counts against, as `q` (not the per-period limit).
+            headers.insert(X_LIMIT.clone(), tier.q.into());
             headers.insert(X_REMAINING.clone(), remaining.into());
-            headers.insert(X_RESET.clone(), decision.reset_after_secs().into());
+            headers.insert(X_RESET.clone(), reset.max(t).into());
         }
     }
 }
@@ -251,28 +274,80 @@ impl StackValue {
     }
 }
 
-/// `q` and `w` of `RateLimit-Policy`: whole seconds; a sub-second quota is scaled to one second.
-/// `q` is what a window admits: the limit for the rate algorithms, the burst (their capacity per
-/// window) for the window algorithms.
+/// `q` and `w` of `RateLimit-Policy` (see the module docs): the capacity `r` counts against,
+/// and the longest a key takes from empty back to it, in whole seconds rounded up; a window
+/// under a second is scaled to one second.
 fn policy_window(quota: &Quota, algorithm: Algorithm) -> (u64, u64) {
-    let per_window = match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => quota.burst(),
-        _ => quota.limit(),
-    };
-    let period = quota.period();
-    if period >= Duration::from_secs(1) {
-        (per_window, secs_rounded_up(period))
+    let capacity = quota.burst();
+    let window_us = full_again_us(quota, algorithm).max(1);
+    if window_us >= 1_000_000 {
+        let w = window_us.div_ceil(1_000_000);
+        (capacity, u64::try_from(w).unwrap_or(u64::MAX))
     } else {
-        let per_second = per_window as u128 * 1_000_000 / period.as_micros().max(1);
-        (per_second.min(u64::MAX as u128) as u64, 1)
+        let per_second = u128::from(capacity) * 1_000_000 / window_us;
+        (u64::try_from(per_second).unwrap_or(u64::MAX), 1)
     }
 }
 
-/// Whether the request speaks gRPC.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+/// The longest time, in µs, from an empty key back to its full capacity: the bound of every
+/// `reset_after` (and of every finite `retry_after`) the algorithm's step can answer.
+fn full_again_us(quota: &Quota, algorithm: Algorithm) -> u128 {
+    let period = quota.period().as_micros();
+    match algorithm {
+        // `burst` units at `limit` per `period`, rounded up to the µs as the steps do.
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            (u128::from(quota.burst()) * period).div_ceil(u128::from(quota.limit().max(1)))
+        }
+        Algorithm::FixedWindow | Algorithm::SlidingLog => period,
+        // The current window's count weighs on through the next window.
+        Algorithm::SlidingWindow => 2 * period,
+    }
+}
+
+/// How a request speaks, which decides how the layer answers it itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wire {
+    /// Plain HTTP: 429 / 503 with a text body.
+    Http,
+    /// `application/grpc…`: a trailers-only gRPC response.
+    Grpc,
+    /// `application/grpc-web…` (binary): the same, as `application/grpc-web`.
+    GrpcWeb,
+    /// `application/grpc-web-text…` (base64): the same, as `application/grpc-web-text`.
+    GrpcWebText,
+}
+
+impl Wire {
+    /// The wire of a request, from its `content-type`.
+    pub(crate) fn of(headers: &HeaderMap) -> Wire {
+        let Some(value) = headers.get(CONTENT_TYPE) else {
+            return Wire::Http;
+        };
+        let value = value.as_bytes();
+        if value.starts_with(b"application/grpc-web-text") {
+            Wire::GrpcWebText
+        } else if value.starts_with(b"application/grpc-web") {
+            Wire::GrpcWeb
+        } else if value.starts_with(b"application/grpc") {
+            Wire::Grpc
+        } else {
+            Wire::Http
+        }
+    }
+
+    /// Whether the answer is a gRPC status (gRPC or gRPC-Web).
+    fn is_grpc(self) -> bool {
+        self != Wire::Http
+    }
+
+    /// The `content-type` of a gRPC answer on this wire.
+    fn grpc_content_type(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            Wire::GrpcWeb => "application/grpc-web",
+            Wire::GrpcWebText => "application/grpc-web-text",
+            _ => "application/grpc",
+        })
+    }
 }
 
 /// The answer to a denied request: 429 (or gRPC RESOURCE_EXHAUSTED) with `Retry-After`; the
@@ -280,11 +355,12 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 pub(crate) fn too_many_requests<B>(
     decision: &Decision,
     style: &HeaderStyle,
-    grpc: bool,
+    wire: Wire,
 ) -> Response<ResponseBody<B>> {
+    let grpc = wire.is_grpc();
     let mut response = match (grpc, decision.suspended) {
-        (true, false) => grpc_response(GRPC_RESOURCE_EXHAUSTED, EXCEEDED),
-        (true, true) => grpc_response(GRPC_RESOURCE_EXHAUSTED, SUSPENDED),
+        (true, false) => grpc_response(wire, GRPC_RESOURCE_EXHAUSTED, EXCEEDED),
+        (true, true) => grpc_response(wire, GRPC_RESOURCE_EXHAUSTED, SUSPENDED),
         (false, false) => text_response(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n"),
         (false, true) => text_response(
             StatusCode::TOO_MANY_REQUESTS,
@@ -295,7 +371,7 @@ pub(crate) fn too_many_requests<B>(
     let headers = response.headers_mut();
     let retry_secs = match hint {
         Some(wait) => secs_rounded_up(wait).max(1),
-        None => HeaderStyle::denied_secs(decision),
+        None => HeaderStyle::denied_secs(decision, style.binding(decision).0.w),
     };
     headers.insert(RETRY_AFTER, retry_secs.into());
     if grpc {
@@ -316,9 +392,10 @@ fn pushback_ms(retry_after: Duration) -> u64 {
 }
 
 /// The answer when the store failed and the policy rejects: 503 (or gRPC UNAVAILABLE).
-pub(crate) fn unavailable<B>(retry_after: Duration, grpc: bool) -> Response<ResponseBody<B>> {
+pub(crate) fn unavailable<B>(retry_after: Duration, wire: Wire) -> Response<ResponseBody<B>> {
+    let grpc = wire.is_grpc();
     let mut response = if grpc {
-        grpc_response(GRPC_UNAVAILABLE, "rate limiter unavailable")
+        grpc_response(wire, GRPC_UNAVAILABLE, "rate limiter unavailable")
     } else {
         text_response(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -337,8 +414,8 @@ pub(crate) fn unavailable<B>(retry_after: Duration, grpc: bool) -> Response<Resp
 }
 
 /// The answer when a request has no key and the rule says reject.
-pub(crate) fn missing_key<B>(status: StatusCode, grpc: bool) -> Response<ResponseBody<B>> {
-    if grpc {
+pub(crate) fn missing_key<B>(status: StatusCode, wire: Wire) -> Response<ResponseBody<B>> {
+    if wire.is_grpc() {
         // The gRPC status closest to the configured HTTP one.
         let code = match status {
             StatusCode::UNAUTHORIZED => "16",        // UNAUTHENTICATED
@@ -347,7 +424,7 @@ pub(crate) fn missing_key<B>(status: StatusCode, grpc: bool) -> Response<Respons
             StatusCode::SERVICE_UNAVAILABLE => "14", // UNAVAILABLE
             _ => "3",                                // INVALID_ARGUMENT
         };
-        grpc_response(code, "no rate limit key in request")
+        grpc_response(wire, code, "no rate limit key in request")
     } else {
         text_response(status, "no rate limit key in request\n")
     }
@@ -363,10 +440,14 @@ fn text_response<B>(status: StatusCode, text: &'static str) -> Response<Response
     response
 }
 
-fn grpc_response<B>(status: &'static str, message: &'static str) -> Response<ResponseBody<B>> {
+fn grpc_response<B>(
+    wire: Wire,
+    status: &'static str,
+    message: &'static str,
+) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::rejection(""));
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, wire.grpc_content_type());
     headers.insert(GRPC_STATUS.clone(), HeaderValue::from_static(status));
     headers.insert(GRPC_MESSAGE.clone(), HeaderValue::from_static(message));
     response
@@ -423,14 +504,15 @@ mod tests {
         let quotas = [quota, Quota::per_second(1).unwrap()];
         let name = "n".repeat(64);
         let style = style(&name, &quotas, false);
+        // An admission's `t` is capped at its tier's `w`: the longest `t` is a denial's wait.
         let decision = Decision {
             remaining: u64::MAX,
-            reset_after: Duration::MAX,
-            ..allowed(quota, 0, Duration::ZERO)
+            retry_after: Duration::new(u64::MAX, 0),
+            ..denied(quota, Duration::ZERO)
         };
         let mut headers = HeaderMap::new();
         style.apply(&mut headers, &decision);
-        let t = decision.reset_after_secs();
+        let t = decision.retry_after_secs();
         let expected = format!("\"{name}-1\";r={};t={t}", u64::MAX);
         assert_eq!(headers["ratelimit"], expected.as_str());
     }
@@ -444,6 +526,7 @@ mod tests {
             reset_after,
             suspended: false,
             quota,
+            overridden: false,
         }
     }
 
@@ -456,6 +539,7 @@ mod tests {
             reset_after: quota.period(),
             suspended: false,
             quota,
+            overridden: false,
         }
     }
 
@@ -472,17 +556,94 @@ mod tests {
     }
 
     #[test]
-    fn window_algorithms_advertise_their_capacity_per_window() {
+    fn every_algorithm_advertises_its_capacity_and_the_time_to_refill_it() {
         let quota = Quota::per_minute(10).unwrap().with_burst(50).unwrap();
-        assert_eq!(policy_window(&quota, Algorithm::TokenBucket), (10, 60));
-        assert_eq!(policy_window(&quota, Algorithm::Gcra), (10, 60));
-        for window in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingLog,
-            Algorithm::SlidingWindow,
-        ] {
+        // 50 tokens at 10 a minute: `r` counts down from 49 of 50, full again in 5 minutes.
+        // (Before issue 21: `q=10;w=60`, with `r=49`.)
+        assert_eq!(policy_window(&quota, Algorithm::TokenBucket), (50, 300));
+        assert_eq!(policy_window(&quota, Algorithm::Gcra), (50, 300));
+        for window in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
             assert_eq!(policy_window(&quota, window), (50, 60), "{window}");
         }
+        // The previous window weighs through the current one: two periods to be full again.
+        assert_eq!(policy_window(&quota, Algorithm::SlidingWindow), (50, 120));
+        // Without a burst the rate algorithms keep their limit and period.
+        let plain = Quota::per_minute(10).unwrap();
+        assert_eq!(policy_window(&plain, Algorithm::TokenBucket), (10, 60));
+        assert_eq!(policy_window(&plain, Algorithm::Gcra), (10, 60));
+    }
+
+    #[test]
+    fn legacy_limit_is_the_capacity_remaining_counts_against() {
+        let quota = Quota::per_minute(10).unwrap().with_burst(50).unwrap();
+        let style = style("api", &[quota], true);
+        let mut headers = HeaderMap::new();
+        style.apply(&mut headers, &allowed(quota, 49, Duration::from_secs(6)));
+        assert_eq!(headers["ratelimit-policy"], "\"api\";q=50;w=300");
+        assert_eq!(headers["ratelimit"], "\"api\";r=49;t=6");
+        assert_eq!(headers["x-ratelimit-limit"], "50");
+        assert_eq!(headers["x-ratelimit-remaining"], "49");
+    }
+
+    #[test]
+    fn an_override_equal_to_a_tier_is_still_advertised_alone() {
+        let second = Quota::per_second(10).unwrap();
+        let minute = Quota::per_minute(500).unwrap();
+        let style = style("api", &[second, minute], false);
+        // The override 10/1s + 50/60s binds on its 10/1s, equal to the layer's first tier.
+        let overridden = Decision {
+            overridden: true,
+            ..allowed(second, 3, Duration::from_secs(40))
+        };
+        let mut headers = HeaderMap::new();
+        style.apply(&mut headers, &overridden);
+        assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=1");
+        // `t`: the decision's reset is the override's longest tier; capped at this tier's `w`.
+        assert_eq!(headers["ratelimit"], "\"api\";r=3;t=1");
+    }
+
+    #[test]
+    fn grpc_web_is_answered_in_grpc_web() {
+        let quota = Quota::per_minute(10).unwrap();
+        let style = style("api", &[quota], false);
+        let denied = denied(quota, Duration::from_secs(6));
+        for (content_type, wire, answered) in [
+            ("application/grpc", Wire::Grpc, "application/grpc"),
+            ("application/grpc+proto", Wire::Grpc, "application/grpc"),
+            (
+                "application/grpc-web",
+                Wire::GrpcWeb,
+                "application/grpc-web",
+            ),
+            (
+                "application/grpc-web+proto",
+                Wire::GrpcWeb,
+                "application/grpc-web",
+            ),
+            (
+                "application/grpc-web-text",
+                Wire::GrpcWebText,
+                "application/grpc-web-text",
+            ),
+            (
+                "application/grpc-web-text+proto",
+                Wire::GrpcWebText,
+                "application/grpc-web-text",
+            ),
+        ] {
+            let mut request = HeaderMap::new();
+            request.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            assert_eq!(Wire::of(&request), wire, "{content_type}");
+            let response = too_many_requests::<()>(&denied, &style, wire);
+            assert_eq!(response.status(), StatusCode::OK, "{content_type}");
+            assert_eq!(response.headers()[CONTENT_TYPE], answered, "{content_type}");
+            assert_eq!(response.headers()["grpc-status"], "8", "{content_type}");
+            let closed = unavailable::<()>(Duration::from_secs(1), wire);
+            assert_eq!(closed.headers()[CONTENT_TYPE], answered, "{content_type}");
+            let keyless = missing_key::<()>(StatusCode::UNAUTHORIZED, wire);
+            assert_eq!(keyless.headers()[CONTENT_TYPE], answered, "{content_type}");
+        }
+        assert_eq!(Wire::of(&HeaderMap::new()), Wire::Http);
     }
 
     #[test]
@@ -539,16 +700,16 @@ mod tests {
             remaining: 4,
             ..denied(quota, Duration::from_millis(299_500))
         };
-        let http = too_many_requests::<()>(&suspended, &style, false);
+        let http = too_many_requests::<()>(&suspended, &style, Wire::Http);
         assert_eq!(http.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(http.headers()["retry-after"], "300");
         assert_eq!(http.headers()["ratelimit"], "\"api\";r=0;t=300");
-        let grpc = too_many_requests::<()>(&suspended, &style, true);
+        let grpc = too_many_requests::<()>(&suspended, &style, Wire::Grpc);
         assert_eq!(grpc.headers()["grpc-status"], "8");
         assert_eq!(grpc.headers()["grpc-message"], SUSPENDED);
         assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "299500");
         let exceeded =
-            too_many_requests::<()>(&denied(quota, Duration::from_secs(6)), &style, true);
+            too_many_requests::<()>(&denied(quota, Duration::from_secs(6)), &style, Wire::Grpc);
         assert_eq!(exceeded.headers()["grpc-message"], EXCEEDED);
     }
 
@@ -565,7 +726,7 @@ mod tests {
         let decision = denied(quota, Duration::from_secs(6));
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..200 {
-            let response = too_many_requests::<()>(&decision, &jittered, false);
+            let response = too_many_requests::<()>(&decision, &jittered, Wire::Http);
             let retry: u64 = response.headers()["retry-after"]
                 .to_str()
                 .unwrap()
@@ -579,7 +740,7 @@ mod tests {
         assert!(seen.len() > 1, "200 draws over 11 values all gave {seen:?}");
         // No jitter on a cost that never fits: it waits a whole period, without pushback.
         let never = denied(quota, Decision::NEVER);
-        let response = too_many_requests::<()>(&never, &jittered, true);
+        let response = too_many_requests::<()>(&never, &jittered, Wire::Grpc);
         assert_eq!(response.headers()["retry-after"], "60");
         assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
     }
@@ -589,7 +750,7 @@ mod tests {
         let quota = Quota::per_minute(10).unwrap();
         let style = style("api", &[quota], false);
         let denied = denied(quota, Duration::from_micros(5_999_001));
-        let grpc = too_many_requests::<()>(&denied, &style, true);
+        let grpc = too_many_requests::<()>(&denied, &style, Wire::Grpc);
         assert_eq!(grpc.headers()["grpc-status"], "8");
         assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "6000");
         assert_eq!(grpc.headers()["retry-after"], "6");
@@ -597,12 +758,12 @@ mod tests {
             retry_after: Decision::NEVER,
             ..denied
         };
-        let grpc = too_many_requests::<()>(&never, &style, true);
+        let grpc = too_many_requests::<()>(&never, &style, Wire::Grpc);
         assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "-1");
-        let http = too_many_requests::<()>(&denied, &style, false);
+        let http = too_many_requests::<()>(&denied, &style, Wire::Http);
         assert!(http.headers().get("grpc-retry-pushback-ms").is_none());
 
-        let closed = unavailable::<()>(Duration::from_millis(1500), true);
+        let closed = unavailable::<()>(Duration::from_millis(1500), Wire::Grpc);
         assert_eq!(closed.headers()["grpc-status"], "14");
         assert_eq!(closed.headers()["grpc-retry-pushback-ms"], "1500");
         assert_eq!(closed.headers()["retry-after"], "2");

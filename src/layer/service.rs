@@ -11,7 +11,7 @@ use super::body::ResponseBody;
 use super::config::{Config, MissingKey};
 use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
-use super::response::is_grpc;
+use super::response::Wire;
 use crate::key::KeyExtractor;
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
@@ -50,6 +50,37 @@ use crate::key::KeyExtractor;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # The numbers in the headers
+///
+/// The numbers never contradict each other: `r ≤ q` and `t ≤ w` on every response (a property
+/// test in `tests/layer_tiers.rs` checks it for every algorithm, with and without an override;
+/// a suspended key, whose `t` is the suspension's time left, is the one exception).
+///
+/// - `q` is the capacity `r` counts against: the quota's burst, for every algorithm (a token
+///   bucket of 10 a minute with a burst of 50 sends `q=50`, `r` counting down from 49).
+/// - `w` is the longest a key takes from empty back to that full capacity, in whole seconds
+///   rounded up: `burst × period / limit` for the token bucket and GCRA (10 a minute with a
+///   burst of 50: `w=300`; without a burst, the period), the period for the fixed window and
+///   the sliding log, two periods for the sliding window counter (its previous window still
+///   weighs during the current one). A window under a second is scaled to one second
+///   (`q` per second).
+/// - `t` on an admission is [`Decision::reset_after`](crate::Decision::reset_after), at most
+///   `w`: with several tiers the decision's reset is the longest of all tiers, so the binding
+///   tier's `t` is capped at its own `w` (its own reset is never longer). On a denial `t` is
+///   the exact wait (`w` for a cost the quota can never hold).
+/// - `X-RateLimit-Limit` is the same `q`, `X-RateLimit-Remaining` the same `r`.
+///
+/// # Stacking limits
+///
+/// "2 a second inside 100 a minute" is one layer with [`Quotas`](crate::Quotas): both tiers are
+/// checked in one store call, all or none, so a request the per-second tier denies takes
+/// nothing from the minute (30 requests at once: 2 admitted, the minute down by exactly 2).
+/// Two layers stacked around each other cost more: the outer layer decides first and counts
+/// every request that reaches it, including those the inner layer then denies (the same 30
+/// requests: 2 admitted, the minute down by 30), and each layer is a store call of its own.
+/// Stack layers only for limits on different keys (per IP outside, per tenant inside), where
+/// no single call can hold both.
 pub struct RateLimit<S, K> {
     inner: S,
     config: Arc<Config<K>>,
@@ -203,7 +234,7 @@ where
         let (storage_key, resolved) = match keyed {
             Keyed::Check(check) => check,
             Keyed::Reject(status) => {
-                return ResponseFuture::missing_key(status, is_grpc(&parts.headers))
+                return ResponseFuture::missing_key(status, Wire::of(&parts.headers))
             }
             Keyed::Allow => {
                 tracing::debug!("request has no rate limit key; allowed by MissingKey::Allow");

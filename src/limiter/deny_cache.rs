@@ -32,6 +32,7 @@ struct Entry {
     /// The denial's quota and suspension, as the store answered them.
     quota: Quota,
     suspended: bool,
+    overridden: bool,
     /// The denied cost: the entry answers requests of this cost only.
     cost: u64,
     limit: u64,
@@ -107,6 +108,7 @@ impl DenyCache {
                 .max(retry_after),
             suspended: entry.suspended,
             quota: entry.quota,
+            overridden: entry.overridden,
         })
     }
 
@@ -132,6 +134,7 @@ impl DenyCache {
             quotas: *quotas,
             quota: decision.quota,
             suspended: decision.suspended,
+            overridden: decision.overridden,
             cost,
             limit: decision.limit,
             remaining: decision.remaining,
@@ -217,6 +220,7 @@ mod tests {
             reset_after: Duration::from_millis(retry_ms * 5),
             suspended: false,
             quota: Quota::per_minute(5).unwrap(),
+            overridden: false,
         }
     }
 

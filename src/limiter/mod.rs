@@ -309,6 +309,7 @@ impl Limiter {
                 reset_after: Duration::ZERO,
                 suspended: false,
                 quota,
+                overridden: false,
             };
             self.inner.stats.count_decision(&decision, label);
             return Verdict::Decided(decision);

@@ -275,6 +275,7 @@ impl MemoryStore {
                     reset_after: std::time::Duration::ZERO,
                     suspended: false,
                     quota: quotas[0],
+                    overridden: false,
                 }
             }
         }

@@ -331,6 +331,7 @@ mod tests {
             reset_after: Duration::ZERO,
             suspended: false,
             quota: Quota::per_second(1).unwrap(),
+            overridden: false,
         })
     }
 
