@@ -272,3 +272,81 @@ pub enum StoreError {
     #[error("unsupported by the store: {0}")]
     Unsupported(&'static str),
 }
+
+impl StoreError {
+    /// Whether this is transport trouble, which says the store as a whole cannot decide now
+    /// (so it counts toward the [`CircuitBreaker`]): a timeout, an I/O error or a refused or
+    /// dropped connection, a server that cannot take the call (`BUSY`, `LOADING`,
+    /// `MASTERDOWN`, `READONLY`, `TRYAGAIN`, `CLUSTERDOWN`, no connection to the slot's node),
+    /// or a store skipped already.
+    ///
+    /// Anything else concerns one request and one key: a script's error reply, a permission
+    /// refused for one key (`NOPERM`), a reply that cannot be parsed. It goes to the failure
+    /// policy for that call alone; counting it toward the breaker would let one corrupt key
+    /// fail every key open.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::store::StoreError;
+    ///
+    /// assert!(StoreError::Timeout(Duration::from_millis(100)).is_transport());
+    /// assert!(!StoreError::BadReply("?".into()).is_transport());
+    /// let script = redis::RedisError::from((
+    ///     redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+    ///     "ERR redlimit: invalid arguments",
+    /// ));
+    /// assert!(!StoreError::Redis(script).is_transport());
+    /// ```
+    pub fn is_transport(&self) -> bool {
+        use ::redis::{ErrorKind, ServerErrorKind};
+        match self {
+            StoreError::Timeout(_) | StoreError::Unavailable(_) => true,
+            StoreError::Redis(error) => {
+                error.is_io_error()
+                    || error.is_connection_refusal()
+                    || error.is_connection_dropped()
+                    || error.is_timeout()
+                    || matches!(
+                        error.kind(),
+                        ErrorKind::Server(
+                            ServerErrorKind::BusyLoading
+                                | ServerErrorKind::MasterDown
+                                | ServerErrorKind::ReadOnly
+                                | ServerErrorKind::TryAgain
+                                | ServerErrorKind::ClusterDown
+                        ) | ErrorKind::ClusterConnectionNotFound
+                    )
+                    // A script running past `busy-reply-threshold` (no kind of its own).
+                    || error.code() == Some("BUSY")
+            }
+            StoreError::BadReply(_) | StoreError::InvalidQuota(_) | StoreError::Unsupported(_) => {
+                false
+            }
+        }
+    }
+}
+
+/// At most one log line a second for store failures, process-wide, each saying how many were
+/// left out before it: a poisoned key hammered, or an outage before the breaker opens, must
+/// not flood the log. Every failure is still counted (`LimiterStats`, metrics).
+pub(crate) fn failure_log_gate() -> Option<u64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    /// ms since `EPOCH` + 1 of the last line logged; 0 before the first.
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    const EVERY_MS: u64 = 1_000;
+    let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1;
+    let last = LAST.load(Ordering::Relaxed);
+    if (last == 0 || now >= last + EVERY_MS)
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        return Some(SUPPRESSED.swap(0, Ordering::Relaxed));
+    }
+    SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+    None
+}
