@@ -951,3 +951,63 @@ async fn a_poisoned_key_does_not_open_the_circuit_for_other_keys() {
         assert_eq!(stats.store_errors, 1_000, "{algorithm}: every failure counted");
     }
 }
+
+/// 512 concurrent checks across one `SCRIPT FLUSH` (sent while Redis is busy with a `DEBUG
+/// SLEEP`, so that all of them are queued before the first runs): each sees `NOSCRIPT`, yet the
+/// process sends one `SCRIPT LOAD` (the others wait for it; a call that races a finished load
+/// sends `EVAL` instead of a load of its own), and no call fails. Before, each call that saw
+/// `NOSCRIPT` loaded the 45 KB script itself. Counted with `INFO commandstats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_under_512_concurrent_calls_loads_the_script_once() {
+    const CALLS: usize = 512;
+    let redis = RedisServer::start();
+    // Loads are what this test counts, not latency: a generous timeout keeps a loaded machine
+    // from turning a slow reply into a store error.
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let limiter = Policy::Closed.limiter(store);
+    let quota = Quota::per_hour(1_000).unwrap();
+    for round in 0..3 {
+        // Warm: the script is loaded and the connection open.
+        limiter.try_check("warm", &quota, 1).await.unwrap();
+        // The flush, then Redis busy for a moment: all 512 EVALSHAs are sent before Redis runs
+        // the first, so each of them answers NOSCRIPT.
+        let sleeper = blocking(|| {
+            redis.reset_stats();
+            redis.script_flush();
+            redis.debug_sleep(Duration::from_millis(300))
+        });
+        sleep(Duration::from_millis(50)).await;
+        let keys: Vec<String> = (0..CALLS).map(|i| format!("k{round}-{}", i % 64)).collect();
+        let results = join_all(keys.iter().map(|key| limiter.try_check(key, &quota, 1))).await;
+        tokio::task::spawn_blocking(move || sleeper.join())
+            .await
+            .unwrap()
+            .unwrap();
+        let failed: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+            .collect();
+        let (evalsha, loads, evals) = blocking(|| {
+            (
+                redis.command_calls("evalsha"),
+                redis.command_calls("script|load"),
+                redis.command_calls("eval"),
+            )
+        });
+        println!(
+            "round {round}: {CALLS} concurrent checks across SCRIPT FLUSH: {} failed, \
+             script|load {loads}, eval {evals}, evalsha {evalsha}",
+            failed.len()
+        );
+        assert!(failed.is_empty(), "no call fails: {:?}", failed.first());
+        assert!(
+            results.iter().all(|r| matches!(r, Ok(d) if d.allowed)),
+            "all admitted"
+        );
+        assert!((1..=2).contains(&loads), "at most a few loads: {loads}");
+        assert!(evals <= 2, "at most a few EVAL fallbacks: {evals}");
+    }
+}
