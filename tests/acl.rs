@@ -213,7 +213,10 @@ async fn every_control_works_as_the_least_privileged_user() {
             .unwrap_or_else(|e| fail("suspend", &e));
         assert!(status.suspended_for.is_some(), "{algorithm}: {status:?}");
         let denied = limiter.try_check(key, &quota, 1).await.unwrap();
-        assert!(!denied.allowed && denied.suspended, "{algorithm}: {denied:?}");
+        assert!(
+            !denied.allowed && denied.suspended,
+            "{algorithm}: {denied:?}"
+        );
         let status = limiter
             .resume(key)
             .await
@@ -231,7 +234,10 @@ async fn every_control_works_as_the_least_privileged_user() {
             .unwrap_or_else(|e| fail("reset", &e));
         for _ in 0..3 {
             let decision = limiter.try_check(key, &quota, 1).await.unwrap();
-            assert!(decision.allowed, "{algorithm}: reset gives the full quota back");
+            assert!(
+                decision.allowed,
+                "{algorithm}: reset gives the full quota back"
+            );
         }
         println!("{algorithm}: set_quota, inspect, suspend, resume, clear_quota, reset: ok");
     }
@@ -316,7 +322,9 @@ impl Write for Captured {
 async fn a_control_that_fails_is_an_error_log_and_a_metric() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    recorder.install().expect("the only recorder of this binary");
+    recorder
+        .install()
+        .expect("the only recorder of this binary");
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -342,7 +350,11 @@ async fn a_control_that_fails_is_an_error_log_and_a_metric() {
         .filter(|l| l.contains("ERROR") && l.contains("rate limit control failed"))
         .collect();
     assert_eq!(errors.len(), 1, "one error-level line:\n{text}");
-    assert!(errors[0].contains("Suspend"), "says which control: {}", errors[0]);
+    assert!(
+        errors[0].contains("Suspend"),
+        "says which control: {}",
+        errors[0]
+    );
     let failed = snapshotter
         .snapshot()
         .into_vec()

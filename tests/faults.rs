@@ -921,10 +921,7 @@ async fn a_poisoned_key_does_not_open_the_circuit_for_other_keys() {
         let (mut poisoned_failed_open, mut denied, mut others_failed_open, mut opened) =
             (0, 0, 0, 0);
         for i in 0..1_000 {
-            if matches!(
-                limiter.check("poisoned", &quota).await,
-                Verdict::FailedOpen
-            ) {
+            if matches!(limiter.check("poisoned", &quota).await, Verdict::FailedOpen) {
                 poisoned_failed_open += 1;
             }
             opened += usize::from(store.circuit_open());
@@ -948,7 +945,10 @@ async fn a_poisoned_key_does_not_open_the_circuit_for_other_keys() {
         assert_eq!(others_failed_open, 0, "{algorithm}");
         assert_eq!(denied, 400, "{algorithm}");
         assert_eq!(opened, 0, "{algorithm}: the circuit never opens");
-        assert_eq!(stats.store_errors, 1_000, "{algorithm}: every failure counted");
+        assert_eq!(
+            stats.store_errors, 1_000,
+            "{algorithm}: every failure counted"
+        );
     }
 }
 

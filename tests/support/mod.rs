@@ -22,7 +22,7 @@ mod server;
 pub mod service;
 mod tls;
 
-pub use cluster::RedisCluster;
+pub use cluster::{key_slot, RedisCluster};
 pub use server::RedisServer;
 pub use tls::{TlsFiles, TlsSetup};
 

@@ -14,8 +14,8 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
     Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError,
     ServerErrorKind,
@@ -450,7 +450,10 @@ impl Redirect {
         let (host, port) = addr.rsplit_once(':')?;
         Some(Redirect {
             ask,
-            host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
             port: port.parse().ok()?,
         })
     }

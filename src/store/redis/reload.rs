@@ -125,8 +125,7 @@ impl Reloads {
 impl Reload {
     fn lock(
         &self,
-    ) -> std::sync::MutexGuard<'_, Option<Shared<BoxFuture<'static, Result<(), RedisError>>>>>
-    {
+    ) -> std::sync::MutexGuard<'_, Option<Shared<BoxFuture<'static, Result<(), RedisError>>>>> {
         // Nothing panics while the lock is held: a poisoned lock still holds a valid state.
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
