@@ -350,3 +350,65 @@ pub(crate) fn failure_log_gate() -> Option<u64> {
     SUPPRESSED.fetch_add(1, Ordering::Relaxed);
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::redis::{ErrorKind, RedisError, ServerErrorKind};
+
+    fn server(kind: ServerErrorKind) -> StoreError {
+        StoreError::Redis(RedisError::from((
+            ErrorKind::Server(kind),
+            "from the server",
+        )))
+    }
+
+    #[test]
+    fn only_transport_trouble_is_transport() {
+        let io = |kind| StoreError::Redis(RedisError::from(std::io::Error::from(kind)));
+        let transport = [
+            StoreError::Timeout(Duration::from_millis(100)),
+            StoreError::Unavailable("circuit breaker open"),
+            io(std::io::ErrorKind::ConnectionRefused),
+            io(std::io::ErrorKind::ConnectionReset),
+            io(std::io::ErrorKind::TimedOut),
+            server(ServerErrorKind::BusyLoading),
+            server(ServerErrorKind::MasterDown),
+            server(ServerErrorKind::ReadOnly),
+            server(ServerErrorKind::TryAgain),
+            server(ServerErrorKind::ClusterDown),
+            StoreError::Redis(::redis::make_extension_error(
+                "BUSY".to_owned(),
+                Some("Redis is busy running a script".to_owned()),
+            )),
+            StoreError::Redis(RedisError::from((
+                ErrorKind::ClusterConnectionNotFound,
+                "no connection",
+            ))),
+        ];
+        for error in &transport {
+            assert!(error.is_transport(), "{error:?}");
+        }
+        let request = [
+            server(ServerErrorKind::ResponseError), // a script's error_reply, a Lua error
+            server(ServerErrorKind::NoPerm),
+            server(ServerErrorKind::NoScript),
+            server(ServerErrorKind::Ask),
+            server(ServerErrorKind::Moved),
+            StoreError::Redis(::redis::make_extension_error("WRONGTYPE".to_owned(), None)),
+            StoreError::Redis(RedisError::from((ErrorKind::UnexpectedReturnType, "bad"))),
+            StoreError::BadReply("Int(-1)".to_owned()),
+            StoreError::Unsupported("no controls"),
+        ];
+        for error in &request {
+            assert!(!error.is_transport(), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn the_failure_log_gate_lets_one_line_a_second_through() {
+        // Process-wide: other tests may have taken the current second's line already.
+        let passed = (0..1_000).filter(|_| failure_log_gate().is_some()).count();
+        assert!(passed <= 1, "{passed} lines in one burst");
+    }
+}

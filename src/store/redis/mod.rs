@@ -1057,3 +1057,48 @@ fn require_tls(info: &ConnectionInfo) -> Result<(), RedisError> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_timeout_is_refused_at_build_time() {
+        for builder in [
+            RedisStore::builder("redis://127.0.0.1:6379"),
+            RedisStore::cluster_builder(["redis://127.0.0.1:7000"]),
+            RedisStore::sentinel_builder(["redis://127.0.0.1:26379"], "mymaster"),
+        ] {
+            let error = builder.timeout(Duration::ZERO).build().unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::InvalidClientConfig);
+            assert!(error.to_string().contains("timeout"), "{error}");
+        }
+        let store = RedisStore::builder("redis://127.0.0.1:6379")
+            .timeout(Duration::from_micros(1))
+            .build()
+            .unwrap();
+        assert_eq!(store.timeout(), Duration::from_micros(1));
+    }
+
+    #[test]
+    fn redirections_name_their_node() {
+        let ask = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Ask),
+            "An error was signalled by the server",
+            "3999 127.0.0.1:7001".to_owned(),
+        ));
+        let to = Redirect::of(&ask).expect("ASK names a node");
+        assert!(to.ask);
+        assert_eq!((to.host.as_str(), to.port), ("127.0.0.1", 7001));
+        let moved = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "An error was signalled by the server",
+            "3999 [::1]:7002".to_owned(),
+        ));
+        let to = Redirect::of(&moved).expect("MOVED names a node");
+        assert!(!to.ask);
+        assert_eq!((to.host.as_str(), to.port), ("::1", 7002));
+        let other = RedisError::from((ErrorKind::Server(ServerErrorKind::TryAgain), "later"));
+        assert!(Redirect::of(&other).is_none());
+    }
+}
