@@ -34,12 +34,15 @@ pub(super) struct Reloads {
     scripts: [Arc<Reload>; 2],
 }
 
+/// A load under way, awaited by every call that saw `NOSCRIPT` meanwhile.
+type Load = Shared<BoxFuture<'static, Result<(), RedisError>>>;
+
 #[derive(Default)]
 struct Reload {
     /// Loads finished (successful or not): a call reads it before its `EVALSHA`.
     done: AtomicU64,
     /// The load under way, if any; guarded with `done` so that the two agree.
-    running: Mutex<Option<Shared<BoxFuture<'static, Result<(), RedisError>>>>>,
+    running: Mutex<Option<Load>>,
 }
 
 impl Reloads {
@@ -84,7 +87,7 @@ impl Reloads {
         reload: Arc<Reload>,
         mut connection: C,
         source: &'static str,
-    ) -> Shared<BoxFuture<'static, Result<(), RedisError>>>
+    ) -> Load
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
@@ -123,9 +126,7 @@ impl Reloads {
 }
 
 impl Reload {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Option<Shared<BoxFuture<'static, Result<(), RedisError>>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Load>> {
         // Nothing panics while the lock is held: a poisoned lock still holds a valid state.
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
