@@ -83,11 +83,7 @@ impl Reloads {
         running.await
     }
 
-    fn spawn_load<C>(
-        reload: Arc<Reload>,
-        mut connection: C,
-        source: &'static str,
-    ) -> Load
+    fn spawn_load<C>(reload: Arc<Reload>, mut connection: C, source: &'static str) -> Load
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
