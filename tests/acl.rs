@@ -368,3 +368,44 @@ async fn a_control_that_fails_is_an_error_log_and_a_metric() {
         });
     assert_eq!(failed, Some(DebugValue::Counter(1)), "counted once");
 }
+
+/// On Cluster the README's line plus `+cluster|slots +asking` (slot discovery; following `ASK`
+/// while a slot moves) serves every algorithm's decisions and controls on all three masters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_addendum_is_enough_on_cluster() {
+    let cluster = support::RedisCluster::start();
+    for node in cluster.nodes() {
+        create_user_with(node, &format!("{} +cluster|slots +asking", acl_rules()));
+    }
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|node| url_for(node, "s3cret-pass"))
+        .collect();
+    let store = RedisStore::cluster_builder(urls)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    store
+        .verify()
+        .await
+        .expect("verified on Cluster as the ACL user");
+    let quota = Quota::per_hour(3).unwrap();
+    for &algorithm in Algorithm::ALL {
+        let limiter = Limiter::builder(store.clone())
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        // Keys on every master.
+        for i in 0..12 {
+            let key = format!("acl-cluster-{algorithm}-{i}");
+            assert!(limiter.try_check(&key, &quota, 1).await.unwrap().allowed);
+            let status = limiter
+                .suspend(key.as_str(), Duration::from_secs(60))
+                .await
+                .unwrap_or_else(|e| panic!("{algorithm}: suspend on Cluster: {e}"));
+            assert!(status.suspended_for.is_some(), "{algorithm}");
+            limiter.resume(key.as_str()).await.unwrap();
+        }
+    }
+}
