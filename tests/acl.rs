@@ -1,14 +1,25 @@
 //! Credentials with least privilege: the limiter works as an ACL user that may run only the
 //! commands the scripts and the client need, only on keys under its prefix (the line the
-//! README gives), and a wrong password is a clear error that never loops hot.
+//! README gives): every decision, every fleet control and auto-suspend, on every algorithm. A
+//! control the server refuses is loud, and a wrong password is a clear error that never loops
+//! hot.
 
 mod support;
 
+use std::convert::Infallible;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use redlimit::outbound::OutboundLayer;
 use redlimit::store::{RedisStore, StoreError};
-use redlimit::{Algorithm, FailClosed, Limiter, Quota, Verdict};
+use redlimit::{Algorithm, FailClosed, Limiter, Quota, Quotas, Target, Verdict};
 use support::{info_field, RedisServer};
+use tower::{Layer, ServiceExt};
 
 /// The README's ACL line for the limiter's user (read from the README, so the two cannot
 /// drift apart), with `PASSWORD` replaced by the test's password.
@@ -22,10 +33,14 @@ fn acl_rules() -> String {
 }
 
 fn create_user(redis: &RedisServer) {
+    create_user_with(redis, &acl_rules());
+}
+
+fn create_user_with(redis: &RedisServer, rules: &str) {
     let mut admin = redis.conn();
     let mut cmd = redis::cmd("ACL");
     cmd.arg("SETUSER").arg("limiter");
-    for rule in acl_rules().split_whitespace() {
+    for rule in rules.split_whitespace() {
         cmd.arg(rule);
     }
     let _: () = cmd.query(&mut admin).expect("ACL SETUSER");
@@ -143,4 +158,254 @@ async fn a_wrong_password_is_a_clear_error_and_never_loops_hot() {
         opened <= 12,
         "connection attempts back off: {opened} in 2 s"
     );
+}
+
+/// A store as the ACL user with a generous timeout: permissions are what these tests check, and
+/// a loaded machine must not turn a slow reply into a failed control.
+fn patient_store(redis: &RedisServer) -> RedisStore {
+    RedisStore::builder(url_for(redis, "s3cret-pass"))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// Every fleet control, through the public `Limiter` API, as the README's user, on every
+/// algorithm: each succeeds and does what it says. Before, the line lacked `+pttl` (every
+/// control) and `+zcard` (the sliding log's), so all of them failed with NOPERM.
+#[tokio::test]
+async fn every_control_works_as_the_least_privileged_user() {
+    let redis = RedisServer::start();
+    create_user(&redis);
+    let store = patient_store(&redis);
+    store.verify().await.expect("verified as the ACL user");
+    let quota = Quota::per_hour(3).unwrap();
+    let tight = Quotas::from(Quota::per_hour(1).unwrap());
+    for &algorithm in Algorithm::ALL {
+        let limiter = Limiter::builder(store.clone())
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let key = format!("controls-{algorithm}");
+        let key = key.as_str();
+        let fail = |control: &str, error: &dyn std::fmt::Display| -> ! {
+            panic!("{algorithm}: {control} as the ACL user: {error}")
+        };
+        assert!(limiter.try_check(key, &quota, 1).await.unwrap().allowed);
+
+        let status = limiter
+            .set_quota(key, &tight)
+            .await
+            .unwrap_or_else(|e| fail("set_quota", &e));
+        assert_eq!(status.quota_override.as_ref(), Some(&tight), "{algorithm}");
+        let status = limiter
+            .inspect(key)
+            .await
+            .unwrap_or_else(|e| fail("inspect", &e));
+        assert_eq!(status.quota_override.as_ref(), Some(&tight), "{algorithm}");
+        if algorithm == Algorithm::SlidingLog {
+            // `ZCARD` runs under `pcall`: without it the count would be missing, silently.
+            assert_eq!(status.log_entries, Some(1), "{algorithm}: {status:?}");
+        }
+
+        let status = limiter
+            .suspend(key, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| fail("suspend", &e));
+        assert!(status.suspended_for.is_some(), "{algorithm}: {status:?}");
+        let denied = limiter.try_check(key, &quota, 1).await.unwrap();
+        assert!(
+            !denied.allowed && denied.suspended,
+            "{algorithm}: {denied:?}"
+        );
+        let status = limiter
+            .resume(key)
+            .await
+            .unwrap_or_else(|e| fail("resume", &e));
+        assert_eq!(status.suspended_for, None, "{algorithm}");
+
+        let status = limiter
+            .clear_quota(key)
+            .await
+            .unwrap_or_else(|e| fail("clear_quota", &e));
+        assert_eq!(status.quota_override, None, "{algorithm}");
+        limiter
+            .reset(key)
+            .await
+            .unwrap_or_else(|e| fail("reset", &e));
+        for _ in 0..3 {
+            let decision = limiter.try_check(key, &quota, 1).await.unwrap();
+            assert!(
+                decision.allowed,
+                "{algorithm}: reset gives the full quota back"
+            );
+        }
+        println!("{algorithm}: set_quota, inspect, suspend, resume, clear_quota, reset: ok");
+    }
+}
+
+/// An upstream's `429` + `Retry-After: 30` through an `OutboundLayer` suspends the key for the
+/// fleet as the README's user, on every algorithm, unscoped and scoped. Before, the suspension
+/// failed with NOPERM and the fleet kept calling.
+#[tokio::test]
+async fn auto_suspend_works_as_the_least_privileged_user() {
+    let redis = RedisServer::start();
+    create_user(&redis);
+    let store = patient_store(&redis);
+    let quota = Quota::per_second(10).unwrap();
+    let busy = tower::service_fn(|_: Request<Full<Bytes>>| async {
+        let response = Response::builder()
+            .status(StatusCode::TOO_MANY_REQUESTS)
+            .header("retry-after", "30")
+            .body(Full::<Bytes>::default())
+            .unwrap();
+        Ok::<_, Infallible>(response)
+    });
+    for &algorithm in Algorithm::ALL {
+        let limiter = Limiter::builder(store.clone())
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let key = format!("partner-{algorithm}");
+        for scope in [None, Some("search")] {
+            let builder = OutboundLayer::builder(limiter.clone(), quota, key.as_str());
+            let layer = match scope {
+                Some(scope) => builder.scope(scope),
+                None => builder,
+            }
+            .build()
+            .unwrap();
+            let response = layer
+                .layer(busy)
+                .oneshot(Request::new(Full::default()))
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            let target = match scope {
+                Some(scope) => Target::scoped(scope, &key),
+                None => Target::key(&key),
+            };
+            let status = limiter
+                .inspect(target)
+                .await
+                .unwrap_or_else(|e| panic!("{algorithm} {scope:?}: inspect: {e}"));
+            let left = status
+                .suspended_for
+                .unwrap_or_else(|| panic!("{algorithm} {scope:?}: not suspended: {status:?}"));
+            assert!(
+                left > Duration::from_secs(29) && left <= Duration::from_secs(30),
+                "{algorithm} {scope:?}: {left:?}"
+            );
+        }
+        assert_eq!(limiter.stats().store_errors, 0, "{algorithm}");
+    }
+}
+
+/// Everything the subscriber wrote.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A control the server refuses at run time (here: an ACL without `+pttl`, which every control
+/// calls) is loud: an error-level log line and `redlimit_store_errors_total{call="control"}`.
+// One thread: the subscriber set for this test sees every event of the calls it makes.
+#[tokio::test(flavor = "current_thread")]
+async fn a_control_that_fails_is_an_error_log_and_a_metric() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this binary");
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let redis = RedisServer::start();
+    create_user_with(&redis, &acl_rules().replace(" +pttl", ""));
+    let store = RedisStore::new(url_for(&redis, "s3cret-pass")).unwrap();
+    let limiter = Limiter::new(store);
+    let error = limiter
+        .suspend("k", Duration::from_secs(30))
+        .await
+        .expect_err("PTTL is not granted");
+    println!("suspend without +pttl: {error}");
+
+    let text = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("rate limit control failed"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error-level line:\n{text}");
+    assert!(
+        errors[0].contains("Suspend"),
+        "says which control: {}",
+        errors[0]
+    );
+    let failed = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let control = key
+                .labels()
+                .any(|l| l.key() == "call" && l.value() == "control");
+            (key.name() == "redlimit_store_errors_total" && control).then_some(value)
+        });
+    assert_eq!(failed, Some(DebugValue::Counter(1)), "counted once");
+}
+
+/// On Cluster the README's line plus `+cluster|slots +asking` (slot discovery; following `ASK`
+/// while a slot moves) serves every algorithm's decisions and controls on all three masters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_addendum_is_enough_on_cluster() {
+    let cluster = support::RedisCluster::start();
+    for node in cluster.nodes() {
+        create_user_with(node, &format!("{} +cluster|slots +asking", acl_rules()));
+    }
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|node| url_for(node, "s3cret-pass"))
+        .collect();
+    let store = RedisStore::cluster_builder(urls)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    store
+        .verify()
+        .await
+        .expect("verified on Cluster as the ACL user");
+    let quota = Quota::per_hour(3).unwrap();
+    for &algorithm in Algorithm::ALL {
+        let limiter = Limiter::builder(store.clone())
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        // Keys on every master.
+        for i in 0..12 {
+            let key = format!("acl-cluster-{algorithm}-{i}");
+            assert!(limiter.try_check(&key, &quota, 1).await.unwrap().allowed);
+            let status = limiter
+                .suspend(key.as_str(), Duration::from_secs(60))
+                .await
+                .unwrap_or_else(|e| panic!("{algorithm}: suspend on Cluster: {e}"));
+            assert!(status.suspended_for.is_some(), "{algorithm}");
+            limiter.resume(key.as_str()).await.unwrap();
+        }
+    }
 }

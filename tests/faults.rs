@@ -892,3 +892,122 @@ async fn a_timeout_above_500_ms_is_honoured() {
         ms(took)
     );
 }
+
+/// One poisoned key (corrupt stored bytes the script refuses with an error reply) hammered
+/// 1 000 times, on every algorithm, with the default breaker (5 failures) and the default
+/// policy (fail open): its script errors go to the policy for that call alone, the circuit
+/// never opens, and other keys that are over their limit keep being denied by Redis. Before,
+/// 5 such errors in a row opened the circuit and every other key failed open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_key_does_not_open_the_circuit_for_other_keys() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(redis.url()).unwrap();
+    let quota = Quota::per_hour(2).unwrap();
+    let over: Vec<String> = (0..4).map(|i| format!("over-{i}")).collect();
+    for &algorithm in redlimit::Algorithm::ALL {
+        let limiter = Limiter::builder(store.clone())
+            .algorithm(algorithm)
+            .prefix(format!("poison-{algorithm}"))
+            .build()
+            .unwrap();
+        for key in &over {
+            for _ in 0..2 {
+                assert!(limiter.check(key, &quota).await.is_allowed());
+            }
+        }
+        support::poison_key(&redis, &limiter, "poisoned").await;
+        let error = limiter.try_check("poisoned", &quota, 1).await.unwrap_err();
+        assert!(!error.is_transport(), "{algorithm}: {error}");
+        let (mut poisoned_failed_open, mut denied, mut others_failed_open, mut opened) =
+            (0, 0, 0, 0);
+        for i in 0..1_000 {
+            if matches!(limiter.check("poisoned", &quota).await, Verdict::FailedOpen) {
+                poisoned_failed_open += 1;
+            }
+            opened += usize::from(store.circuit_open());
+            if i % 10 == 0 {
+                for key in &over {
+                    match limiter.check(key, &quota).await {
+                        Verdict::Decided(decision) if !decision.allowed => denied += 1,
+                        _ => others_failed_open += 1,
+                    }
+                }
+            }
+        }
+        let stats = limiter.stats();
+        println!(
+            "{algorithm}: poisoned key 1000 calls, {poisoned_failed_open} failed open (its own \
+             policy); other keys over their limit: {denied} denied, {others_failed_open} not \
+             denied; circuit seen open {opened} times; store errors counted {}",
+            stats.store_errors
+        );
+        assert_eq!(poisoned_failed_open, 1_000, "{algorithm}");
+        assert_eq!(others_failed_open, 0, "{algorithm}");
+        assert_eq!(denied, 400, "{algorithm}");
+        assert_eq!(opened, 0, "{algorithm}: the circuit never opens");
+        assert_eq!(
+            stats.store_errors, 1_000,
+            "{algorithm}: every failure counted"
+        );
+    }
+}
+
+/// 512 concurrent checks across one `SCRIPT FLUSH` (sent while Redis is busy with a `DEBUG
+/// SLEEP`, so that all of them are queued before the first runs): each sees `NOSCRIPT`, yet the
+/// process sends one `SCRIPT LOAD` (the others wait for it; a call that races a finished load
+/// sends `EVAL` instead of a load of its own), and no call fails. Before, each call that saw
+/// `NOSCRIPT` loaded the 45 KB script itself. Counted with `INFO commandstats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_under_512_concurrent_calls_loads_the_script_once() {
+    const CALLS: usize = 512;
+    let redis = RedisServer::start();
+    // Loads are what this test counts, not latency: a generous timeout keeps a loaded machine
+    // from turning a slow reply into a store error.
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let limiter = Policy::Closed.limiter(store);
+    let quota = Quota::per_hour(1_000).unwrap();
+    for round in 0..3 {
+        // Warm: the script is loaded and the connection open.
+        limiter.try_check("warm", &quota, 1).await.unwrap();
+        // The flush, then Redis busy for a moment: all 512 EVALSHAs are sent before Redis runs
+        // the first, so each of them answers NOSCRIPT.
+        let sleeper = blocking(|| {
+            redis.reset_stats();
+            redis.script_flush();
+            redis.debug_sleep(Duration::from_millis(300))
+        });
+        sleep(Duration::from_millis(50)).await;
+        let keys: Vec<String> = (0..CALLS).map(|i| format!("k{round}-{}", i % 64)).collect();
+        let results = join_all(keys.iter().map(|key| limiter.try_check(key, &quota, 1))).await;
+        tokio::task::spawn_blocking(move || sleeper.join())
+            .await
+            .unwrap()
+            .unwrap();
+        let failed: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+            .collect();
+        let (evalsha, loads, evals) = blocking(|| {
+            (
+                redis.command_calls("evalsha"),
+                redis.command_calls("script|load"),
+                redis.command_calls("eval"),
+            )
+        });
+        println!(
+            "round {round}: {CALLS} concurrent checks across SCRIPT FLUSH: {} failed, \
+             script|load {loads}, eval {evals}, evalsha {evalsha}",
+            failed.len()
+        );
+        assert!(failed.is_empty(), "no call fails: {:?}", failed.first());
+        assert!(
+            results.iter().all(|r| matches!(r, Ok(d) if d.allowed)),
+            "all admitted"
+        );
+        assert!((1..=2).contains(&loads), "at most a few loads: {loads}");
+        assert!(evals <= 2, "at most a few EVAL fallbacks: {evals}");
+    }
+}

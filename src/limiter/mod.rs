@@ -330,12 +330,15 @@ impl Limiter {
                 // are debug-level to keep an outage from flooding the logs.
                 if matches!(error, StoreError::Unavailable(_)) {
                     tracing::debug!(%error, allowed = verdict.is_allowed(), "rate limit store skipped; the failure policy decided");
-                } else {
+                } else if let Some(suppressed) = crate::store::failure_log_gate() {
+                    // One line a second at most: a poisoned key hammered must not flood.
                     tracing::warn!(
                         %error,
+                        transport = error.is_transport(),
                         algorithm = %self.inner.algorithm,
                         policy = ?self.inner.policy,
                         allowed = verdict.is_allowed(),
+                        suppressed,
                         "rate limit store failed; the failure policy decided"
                     );
                 }

@@ -5,8 +5,12 @@ use std::time::{Duration, Instant};
 
 /// When to stop calling a failing store, and for how long.
 ///
-/// After `failure_threshold` consecutive failures the circuit **opens**: for `cool_down`, calls
-/// skip Redis and go straight to the failure policy (no waiting on a dead server). Then one call
+/// After `failure_threshold` consecutive transport failures (timeouts, I/O errors, a server that
+/// cannot take calls: see [`StoreError::is_transport`](crate::store::StoreError::is_transport))
+/// the circuit **opens**: for `cool_down`, calls skip Redis and go straight to the failure
+/// policy (no waiting on a dead server). A script's error reply or an unreadable reply does not
+/// count (and, as an answer from the server, ends a run of failures): it concerns one key, and
+/// one corrupt key must not fail every key open. Then one call
 /// at a time is let through as a probe: success closes the circuit, failure opens it for
 /// another cool-down. Every state change is logged with `tracing` (a warning when the circuit
 /// opens, an info event when it closes) and, with the `metrics` feature, shown by the gauge
@@ -23,7 +27,7 @@ use std::time::{Duration, Instant};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CircuitBreaker {
-    /// Consecutive failures that open the circuit (5 by default; 0 counts as 1).
+    /// Consecutive transport failures that open the circuit (5 by default; 0 counts as 1).
     pub failure_threshold: u32,
     /// How long the store is skipped once open (500 ms by default).
     pub cool_down: Duration,

@@ -272,3 +272,143 @@ pub enum StoreError {
     #[error("unsupported by the store: {0}")]
     Unsupported(&'static str),
 }
+
+impl StoreError {
+    /// Whether this is transport trouble, which says the store as a whole cannot decide now
+    /// (so it counts toward the [`CircuitBreaker`]): a timeout, an I/O error or a refused or
+    /// dropped connection, a server that cannot take the call (`BUSY`, `LOADING`,
+    /// `MASTERDOWN`, `READONLY`, `TRYAGAIN`, `CLUSTERDOWN`, no connection to the slot's node),
+    /// or a store skipped already.
+    ///
+    /// Anything else concerns one request and one key: a script's error reply, a permission
+    /// refused for one key (`NOPERM`), a reply that cannot be parsed. It goes to the failure
+    /// policy for that call alone; counting it toward the breaker would let one corrupt key
+    /// fail every key open.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::store::StoreError;
+    ///
+    /// assert!(StoreError::Timeout(Duration::from_millis(100)).is_transport());
+    /// assert!(!StoreError::BadReply("?".into()).is_transport());
+    /// let script = redis::RedisError::from((
+    ///     redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+    ///     "ERR redlimit: invalid arguments",
+    /// ));
+    /// assert!(!StoreError::Redis(script).is_transport());
+    /// ```
+    pub fn is_transport(&self) -> bool {
+        use ::redis::{ErrorKind, ServerErrorKind};
+        match self {
+            StoreError::Timeout(_) | StoreError::Unavailable(_) => true,
+            StoreError::Redis(error) => {
+                error.is_io_error()
+                    || error.is_connection_refusal()
+                    || error.is_connection_dropped()
+                    || error.is_timeout()
+                    || matches!(
+                        error.kind(),
+                        ErrorKind::Server(
+                            ServerErrorKind::BusyLoading
+                                | ServerErrorKind::MasterDown
+                                | ServerErrorKind::ReadOnly
+                                | ServerErrorKind::TryAgain
+                                | ServerErrorKind::ClusterDown
+                        ) | ErrorKind::ClusterConnectionNotFound
+                    )
+                    // A script running past `busy-reply-threshold` (no kind of its own).
+                    || error.code() == Some("BUSY")
+            }
+            StoreError::BadReply(_) | StoreError::InvalidQuota(_) | StoreError::Unsupported(_) => {
+                false
+            }
+        }
+    }
+}
+
+/// At most one log line a second for store failures, process-wide, each saying how many were
+/// left out before it: a poisoned key hammered, or an outage before the breaker opens, must
+/// not flood the log. Every failure is still counted (`LimiterStats`, metrics).
+pub(crate) fn failure_log_gate() -> Option<u64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    /// ms since `EPOCH` + 1 of the last line logged; 0 before the first.
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    const EVERY_MS: u64 = 1_000;
+    let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1;
+    let last = LAST.load(Ordering::Relaxed);
+    if (last == 0 || now >= last + EVERY_MS)
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        return Some(SUPPRESSED.swap(0, Ordering::Relaxed));
+    }
+    SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::redis::{ErrorKind, RedisError, ServerErrorKind};
+
+    fn server(kind: ServerErrorKind) -> StoreError {
+        StoreError::Redis(RedisError::from((
+            ErrorKind::Server(kind),
+            "from the server",
+        )))
+    }
+
+    #[test]
+    fn only_transport_trouble_is_transport() {
+        let io = |kind| StoreError::Redis(RedisError::from(std::io::Error::from(kind)));
+        let transport = [
+            StoreError::Timeout(Duration::from_millis(100)),
+            StoreError::Unavailable("circuit breaker open"),
+            io(std::io::ErrorKind::ConnectionRefused),
+            io(std::io::ErrorKind::ConnectionReset),
+            io(std::io::ErrorKind::TimedOut),
+            server(ServerErrorKind::BusyLoading),
+            server(ServerErrorKind::MasterDown),
+            server(ServerErrorKind::ReadOnly),
+            server(ServerErrorKind::TryAgain),
+            server(ServerErrorKind::ClusterDown),
+            StoreError::Redis(::redis::make_extension_error(
+                "BUSY".to_owned(),
+                Some("Redis is busy running a script".to_owned()),
+            )),
+            StoreError::Redis(RedisError::from((
+                ErrorKind::ClusterConnectionNotFound,
+                "no connection",
+            ))),
+        ];
+        for error in &transport {
+            assert!(error.is_transport(), "{error:?}");
+        }
+        let request = [
+            server(ServerErrorKind::ResponseError), // a script's error_reply, a Lua error
+            server(ServerErrorKind::NoPerm),
+            server(ServerErrorKind::NoScript),
+            server(ServerErrorKind::Ask),
+            server(ServerErrorKind::Moved),
+            StoreError::Redis(::redis::make_extension_error("WRONGTYPE".to_owned(), None)),
+            StoreError::Redis(RedisError::from((ErrorKind::UnexpectedReturnType, "bad"))),
+            StoreError::BadReply("Int(-1)".to_owned()),
+            StoreError::Unsupported("no controls"),
+        ];
+        for error in &request {
+            assert!(!error.is_transport(), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn the_failure_log_gate_lets_one_line_a_second_through() {
+        // Process-wide: other tests may have taken the current second's line already.
+        let passed = (0..1_000).filter(|_| failure_log_gate().is_some()).count();
+        assert!(passed <= 1, "{passed} lines in one burst");
+    }
+}

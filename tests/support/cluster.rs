@@ -194,6 +194,121 @@ impl RedisCluster {
     }
 }
 
+/// Moving one slot between two masters by hand, as `redis-cli --cluster reshard` does:
+/// [`begin_slot_migration`](RedisCluster::begin_slot_migration), then
+/// [`migrate_keys`](RedisCluster::migrate_keys) batch by batch, then
+/// [`finish_slot_migration`](RedisCluster::finish_slot_migration).
+impl RedisCluster {
+    /// The slot of `key` (`CLUSTER KEYSLOT`).
+    pub fn slot_of(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.any_conn())
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// Node `i`'s id (`CLUSTER MYID`).
+    pub fn node_id(&self, i: usize) -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut self.nodes[i].conn())
+            .expect("CLUSTER MYID")
+    }
+
+    /// Opens the move of `slot` from node `from` to node `to`: `CLUSTER SETSLOT <slot>
+    /// IMPORTING <from>` on the target first, then `MIGRATING <to>` on the source (the order
+    /// `redis-cli` uses, so the source never sends an `ASK` that the target would refuse).
+    pub fn begin_slot_migration(&self, slot: u16, from: usize, to: usize) {
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let setslot = |node: usize, state: &str, id: &str| {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(id)
+                .query(&mut self.nodes[node].conn())
+                .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {state} on node {node}: {e}"));
+        };
+        setslot(to, "IMPORTING", &from_id);
+        setslot(from, "MIGRATING", &to_id);
+    }
+
+    /// Moves up to `batch` keys of `slot` from node `from` to node `to` with one `MIGRATE`;
+    /// returns how many it moved (0 once the slot is empty on the source).
+    pub fn migrate_keys(&self, slot: u16, from: usize, to: usize, batch: usize) -> usize {
+        let mut source = self.nodes[from].conn();
+        let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(batch)
+            .query(&mut source)
+            .expect("CLUSTER GETKEYSINSLOT");
+        if keys.is_empty() {
+            return 0;
+        }
+        let _: redis::Value = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(self.nodes[to].client_port())
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&keys)
+            .query(&mut source)
+            .expect("MIGRATE");
+        keys.len()
+    }
+
+    /// Closes the move: `CLUSTER SETSLOT <slot> NODE <to>` on the target, the source, then
+    /// every other master, and waits until every node agrees the cluster is ok.
+    pub fn finish_slot_migration(&self, slot: u16, from: usize, to: usize) {
+        let to_id = self.node_id(to);
+        let others = (0..self.nodes.len()).filter(|&i| i != from && i != to);
+        for node in [to, from].into_iter().chain(others) {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&to_id)
+                .query(&mut self.nodes[node].conn())
+                .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} NODE on node {node}: {e}"));
+        }
+        self.wait_ok();
+    }
+
+    /// How many keys node `i` holds in `slot` (`CLUSTER COUNTKEYSINSLOT`).
+    pub fn keys_in_slot(&self, i: usize, slot: u16) -> u64 {
+        redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(&mut self.nodes[i].conn())
+            .expect("CLUSTER COUNTKEYSINSLOT")
+    }
+}
+
+/// The hash slot of `key` as Redis Cluster computes it: CRC16 (XMODEM) of the hash tag (the
+/// part between the first `{` and the next `}`, when not empty) or of the whole key, mod 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(key) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS
+}
+
 /// `CLUSTER INFO` of `node`, `None` if it cannot be reached.
 fn cluster_info(node: &RedisServer) -> Option<String> {
     let mut conn = node

@@ -22,7 +22,7 @@ mod server;
 pub mod service;
 mod tls;
 
-pub use cluster::RedisCluster;
+pub use cluster::{key_slot, RedisCluster};
 pub use server::RedisServer;
 pub use tls::{TlsFiles, TlsSetup};
 
@@ -171,4 +171,28 @@ pub fn redis_server_version() -> String {
 pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines()
         .find_map(|line| line.trim_end().strip_prefix(field)?.strip_prefix(':'))
+}
+
+/// Poisons `key` of `limiter` on `redis` with corrupt stored bytes that make the script refuse
+/// every decision on it with an error reply (not self-healed): an override is stored, then its
+/// first tier's limit is overwritten with 0 in Redis. The controls' layout: 'M', the
+/// suspended-until (8 bytes), the tier count, then per tier limit, period_us and burst as
+/// little-endian doubles, so the first limit starts at byte 11 (offset 10); the sliding log
+/// keeps its controls beside its sorted set, under `<key>#m`.
+pub async fn poison_key(redis: &RedisServer, limiter: &redlimit::Limiter, key: &str) {
+    let quotas = redlimit::Quotas::from(redlimit::Quota::per_hour(3).unwrap());
+    limiter
+        .set_quota(key, &quotas)
+        .await
+        .expect("set_quota before the poisoning");
+    let storage_key = match limiter.algorithm() {
+        redlimit::Algorithm::SlidingLog => format!("{}#m", limiter.storage_key(key)),
+        _ => limiter.storage_key(key),
+    };
+    let _: () = redis::cmd("SETRANGE")
+        .arg(&storage_key)
+        .arg(10)
+        .arg(&0f64.to_le_bytes()[..])
+        .query(&mut redis.conn())
+        .expect("SETRANGE");
 }

@@ -2,6 +2,7 @@
 //! Cluster, or a primary found through Sentinel).
 
 mod connection;
+mod reload;
 mod sentinel;
 mod server;
 
@@ -14,12 +15,14 @@ use futures::future::{BoxFuture, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
     Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError,
     ServerErrorKind,
 };
 
 use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
+use self::reload::{Reloads, Script};
 use self::sentinel::{PrimaryConnection, SentinelOptions, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
@@ -89,6 +92,7 @@ pub struct RedisStore {
     backend: Arc<Backend>,
     timeout: Duration,
     breaker: Option<Arc<BreakerState>>,
+    reloads: Arc<Reloads>,
 }
 
 enum Backend {
@@ -299,12 +303,12 @@ impl RedisStore {
                             Some(open) => open,
                             None => connection.wait_ready().await?.0,
                         };
-                        match invoke(&mut connection, request).await {
+                        match invoke(&mut connection, &self.reloads, request).await {
                             // The manager may still hold a connection attempt that failed while
                             // Redis was down. Nothing was sent, so one retry is safe, and it
                             // reconnects now instead of one cool-down later.
                             Err(StoreError::Redis(error)) if error.is_connection_refusal() => {
-                                invoke(&mut connection, request).await
+                                invoke(&mut connection, &self.reloads, request).await
                             }
                             result => result,
                         }
@@ -321,7 +325,7 @@ impl RedisStore {
                             Some(open) => open,
                             None => connection.wait_ready().await?.0,
                         };
-                        invoke_on_cluster(&mut connection, request).await
+                        invoke_on_cluster(&mut connection, &self.reloads, request).await
                     })
                     .await;
                 connection.settle(generation, &result);
@@ -337,7 +341,7 @@ impl RedisStore {
                         };
                         // No resend: a dropped connection is replaced, and the next call goes
                         // to the primary the sentinels name then.
-                        invoke(&mut connection, request).await
+                        invoke(&mut connection, &self.reloads, request).await
                     })
                     .await;
                 connection.settle(generation, &result);
@@ -393,21 +397,116 @@ async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreE
 /// `MASTERDOWN` and `READONLY` are refusals made before a script runs (a script refused by
 /// `READONLY` stops at its first write, before any change), `ClusterConnectionNotFound` and a
 /// refused connection mean nothing was written. (`NOSCRIPT` is handled by [`invoke`].)
+///
+/// **Slot migration.** While a slot moves (`CLUSTER SETSLOT … MIGRATING/IMPORTING`, then
+/// `MIGRATE` key by key) the source answers `ASK <slot> <host:port>` for a key it no longer
+/// holds. Sent by slot again, the call would reach the source again and get `ASK` again, so
+/// every new or moved key of that slot failed open for the whole migration. An `ASK` is
+/// followed here: `ASKING` and the script go to the node named in the error as one pipeline
+/// (one write, so no other call on that multiplexed connection can come between them and use
+/// up the `ASKING`). A `MOVED` (the slot has moved for good) is followed to the node it names
+/// at once, while redis-rs refreshes its slot map (it does so on `MOVED` even without
+/// retries), so later calls go there by slot.
 async fn invoke_on_cluster(
     connection: &mut ClusterConnection,
+    reloads: &Reloads,
     request: Call<'_>,
 ) -> Result<Answer, StoreError> {
     let mut resends = 0;
+    let mut redirect: Option<Redirect> = None;
     loop {
-        match invoke(connection, request).await {
-            Err(StoreError::Redis(error)) if resends < 2 && did_not_run(&error) => {
+        let result = match &redirect {
+            None => invoke(connection, reloads, request).await,
+            Some(to) => invoke_redirected(connection, to, request).await,
+        };
+        match result {
+            Err(StoreError::Redis(error)) if resends < 4 && did_not_run(&error) => {
                 resends += 1;
-                // The slot map refresh that the redirection started needs a moment.
-                tokio::time::sleep(Duration::from_millis(5 * resends)).await;
+                redirect = Redirect::of(&error);
+                if redirect.is_none() {
+                    // The slot map refresh that the refusal started needs a moment.
+                    tokio::time::sleep(Duration::from_millis(5 * resends)).await;
+                }
             }
             result => return result,
         }
     }
+}
+
+/// Where an `ASK` or `MOVED` error sends a call.
+#[derive(Debug, Clone)]
+struct Redirect {
+    ask: bool,
+    host: String,
+    port: u16,
+}
+
+impl Redirect {
+    /// The node an `ASK` or `MOVED` reply names (`ASK 3999 127.0.0.1:7001`), `None` for other
+    /// errors.
+    fn of(error: &RedisError) -> Option<Redirect> {
+        let ask = error.kind() == ErrorKind::Server(ServerErrorKind::Ask);
+        let (addr, _slot) = error.redirect_node()?;
+        let (host, port) = addr.rsplit_once(':')?;
+        Some(Redirect {
+            ask,
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port: port.parse().ok()?,
+        })
+    }
+}
+
+/// One script call sent to the node `to` names, after `ASKING` for an `ASK`. The target of a
+/// migration may not have the script yet: on `NOSCRIPT` the body goes with `EVAL` (which
+/// caches it there, so the next call's `EVALSHA` finds it).
+async fn invoke_redirected(
+    connection: &mut ClusterConnection,
+    to: &Redirect,
+    request: Call<'_>,
+) -> Result<Answer, StoreError> {
+    let (script, source) = request.script();
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(script.get_hash());
+    request.push_call(&mut evalsha);
+    let reply = match send_to(connection, to, evalsha).await {
+        Err(error) if is_noscript(&error) => {
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(source);
+            request.push_call(&mut eval);
+            send_to(connection, to, eval).await?
+        }
+        result => result?,
+    };
+    request.answer(reply)
+}
+
+/// Sends `cmd` to the node `to` names: with `ASKING` before it in one pipeline for an `ASK`.
+async fn send_to(
+    connection: &mut ClusterConnection,
+    to: &Redirect,
+    cmd: redis::Cmd,
+) -> Result<redis::Value, RedisError> {
+    let node = SingleNodeRoutingInfo::ByAddress {
+        host: to.host.clone(),
+        port: to.port,
+    };
+    let reply = if to.ask {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ASKING").add_command(cmd);
+        // Offset 1: only the script's reply comes back.
+        let mut replies = connection.route_pipeline(pipe, 1, 1, node).await?;
+        replies.pop().ok_or_else(|| {
+            RedisError::from((ErrorKind::Client, "no reply to the script after ASKING"))
+        })?
+    } else {
+        connection
+            .route_command(cmd, RoutingInfo::SingleNode(node))
+            .await?
+    };
+    reply.extract_error()
 }
 
 /// Whether a Cluster reply proves that the script was not run; see [`invoke_on_cluster`].
@@ -427,30 +526,36 @@ fn did_not_run(error: &RedisError) -> bool {
 }
 
 /// One EVALSHA of the algorithm's script. On `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
-/// it loads the script and retries; if `NOSCRIPT` comes back again (another flush landed between
-/// the load and the retry, or the retry reached a replica promoted without the script) it sends
-/// the script body with `EVAL`, which cannot fail that way. A `NOSCRIPT` reply means the script
+/// the script is loaded once for every call that saw it ([`Reloads`]) and this call retries; if
+/// `NOSCRIPT` comes back again (another flush landed between the load and the retry, or the
+/// retry reached a replica promoted without the script), or the load failed, it sends the
+/// script body with `EVAL`, which cannot fail that way. A `NOSCRIPT` reply means the script
 /// did not run, so each of these resends is safe.
-async fn invoke(
-    connection: &mut impl ConnectionLike,
+async fn invoke<C>(
+    connection: &mut C,
+    reloads: &Reloads,
     request: Call<'_>,
-) -> Result<Answer, StoreError> {
-    let (script, source) = match request {
-        Call::Check(check) => (check.algorithm.script(), check.algorithm.script_source()),
-        Call::Control(_) => (control_script(), CONTROL_SOURCE),
-    };
+) -> Result<Answer, StoreError>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let (script, source) = request.script();
+    let which = request.which();
     let mut evalsha = redis::cmd("EVALSHA");
     evalsha.arg(script.get_hash());
     request.push_call(&mut evalsha);
+    let seen = reloads.seen(which);
     let reply: redis::Value = match evalsha.query_async(connection).await {
         Err(error) if is_noscript(&error) => {
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(source)
-                .exec_async(connection)
-                .await?;
-            match evalsha.query_async(connection).await {
-                Err(error) if is_noscript(&error) => {
+            let (retried, load_failed) = match reloads.reload(which, seen, connection, source).await
+            {
+                Ok(()) => (evalsha.query_async(connection).await, false),
+                Err(error) => (Err(error), true),
+            };
+            match retried {
+                // NOSCRIPT again, or the load failed (e.g. an ACL without `script|load`); never
+                // after any other reply, which may come from a script that ran.
+                Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => {
                     let mut eval = redis::cmd("EVAL");
                     eval.arg(source);
                     request.push_call(&mut eval);
@@ -479,6 +584,22 @@ enum Answer {
 }
 
 impl Call<'_> {
+    /// The script this call runs, and its body.
+    fn script(&self) -> (&'static redis::Script, &'static str) {
+        match self {
+            Call::Check(check) => (check.algorithm.script(), check.algorithm.script_source()),
+            Call::Control(_) => (control_script(), CONTROL_SOURCE),
+        }
+    }
+
+    /// Which script, for [`Reloads`].
+    fn which(&self) -> Script {
+        match self {
+            Call::Check(_) => Script::Decide,
+            Call::Control(_) => Script::Control,
+        }
+    }
+
     /// Appends `numkeys`, `KEYS` and `ARGV` after the SHA-1 or the body.
     fn push_call(&self, cmd: &mut redis::Cmd) {
         match self {
@@ -553,11 +674,17 @@ impl Store for RedisStore {
             };
             let result = self.run_script(Call::Check(request)).await;
             unsettled.breaker = None;
+            // Only transport trouble counts toward the breaker: a script's error or an
+            // unreadable reply concerns this key alone, and the server did answer.
+            let transport = result.as_ref().err().map(StoreError::is_transport);
             if let Some(breaker) = &self.breaker {
-                match &result {
-                    Ok(_) => breaker.on_success(admission),
-                    Err(_) => breaker.on_failure(admission),
+                match transport {
+                    Some(true) => breaker.on_failure(admission),
+                    _ => breaker.on_success(admission),
                 }
+            }
+            if let Some(transport) = transport {
+                count_error("check", transport);
             }
             match result? {
                 Answer::Decision(decision) => Ok(decision),
@@ -573,12 +700,43 @@ impl Store for RedisStore {
         request: ControlRequest<'a>,
     ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
         Box::pin(async move {
-            match self.run_script(Call::Control(request)).await? {
-                Answer::Control(reply) => Ok(reply),
-                Answer::Decision(decision) => Err(StoreError::BadReply(format!("{decision:?}"))),
+            let result = match self.run_script(Call::Control(request)).await {
+                Ok(Answer::Control(reply)) => Ok(reply),
+                Ok(Answer::Decision(decision)) => {
+                    Err(StoreError::BadReply(format!("{decision:?}")))
+                }
+                Err(error) => Err(error),
+            };
+            if let Err(error) = &result {
+                // Loud: a control that did not run (an ACL without a command the script
+                // calls, a server refusing it) leaves an operator's change, or an upstream's
+                // Retry-After, without effect on the fleet. Never the key: it may be a secret.
+                count_error("control", error.is_transport());
+                tracing::error!(
+                    %error,
+                    algorithm = %request.algorithm,
+                    control = ?request.control,
+                    "rate limit control failed: nothing was changed in the store"
+                );
             }
+            result
         })
     }
+}
+
+/// The `metrics` feature's counter of failed store calls, `redlimit_store_errors_total`,
+/// labelled `call` (`check`, `control`) and `kind` (`transport`: counts toward the breaker;
+/// `request`: a script error or an unreadable reply, for that call alone).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn count_error(call: &'static str, transport: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_store_errors_total",
+        "call" => call,
+        "kind" => if transport { "transport" } else { "request" }
+    )
+    .increment(1);
 }
 
 /// A breaker admission whose call has not finished. Dropped while still holding the breaker
@@ -651,7 +809,20 @@ impl RedisStoreBuilder {
         }
     }
 
-    /// The time one call (a script reload included) may take; 100 ms by default.
+    /// The time one call (a script reload included) may take; 100 ms by default. Zero is
+    /// refused by [`build`](Self::build): every call would time out and go to the failure
+    /// policy.
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    /// use std::time::Duration;
+    ///
+    /// let error = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .timeout(Duration::ZERO)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(error.kind(), redis::ErrorKind::InvalidClientConfig);
+    /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -738,9 +909,19 @@ impl RedisStoreBuilder {
         })
     }
 
-    /// Builds the store. Fails only on malformed URLs, or TLS settings for a URL without TLS.
+    /// Builds the store. Fails only on malformed URLs, TLS settings for a URL without TLS, or a
+    /// zero timeout (all of kind [`ErrorKind::InvalidClientConfig`] but the URL's own).
     pub fn build(self) -> Result<RedisStore, RedisError> {
         let timeout = self.timeout;
+        if timeout.is_zero() {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "the store timeout must be above zero",
+                "with a zero timeout every call times out and goes to the failure policy; \
+                 leave the default (100 ms) or give the longest a decision may wait"
+                    .to_owned(),
+            )));
+        }
         let with_credentials = |info: ConnectionInfo| match &self.credentials {
             Some((username, password)) => {
                 let mut redis = info.redis_settings().clone().set_password(password);
@@ -825,6 +1006,7 @@ impl RedisStoreBuilder {
             backend: Arc::new(backend),
             timeout,
             breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
+            reloads: Arc::default(),
         })
     }
 }
@@ -873,5 +1055,50 @@ fn require_tls(info: &ConnectionInfo) -> Result<(), RedisError> {
             "TLS certificates were given for a URL without TLS",
             "use rediss:// (or drop the CA and client certificate)".to_owned(),
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_timeout_is_refused_at_build_time() {
+        for builder in [
+            RedisStore::builder("redis://127.0.0.1:6379"),
+            RedisStore::cluster_builder(["redis://127.0.0.1:7000"]),
+            RedisStore::sentinel_builder(["redis://127.0.0.1:26379"], "mymaster"),
+        ] {
+            let error = builder.timeout(Duration::ZERO).build().unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::InvalidClientConfig);
+            assert!(error.to_string().contains("timeout"), "{error}");
+        }
+        let store = RedisStore::builder("redis://127.0.0.1:6379")
+            .timeout(Duration::from_micros(1))
+            .build()
+            .unwrap();
+        assert_eq!(store.timeout(), Duration::from_micros(1));
+    }
+
+    #[test]
+    fn redirections_name_their_node() {
+        let ask = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Ask),
+            "An error was signalled by the server",
+            "3999 127.0.0.1:7001".to_owned(),
+        ));
+        let to = Redirect::of(&ask).expect("ASK names a node");
+        assert!(to.ask);
+        assert_eq!((to.host.as_str(), to.port), ("127.0.0.1", 7001));
+        let moved = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "An error was signalled by the server",
+            "3999 [::1]:7002".to_owned(),
+        ));
+        let to = Redirect::of(&moved).expect("MOVED names a node");
+        assert!(!to.ask);
+        assert_eq!((to.host.as_str(), to.port), ("::1", 7002));
+        let other = RedisError::from((ErrorKind::Server(ServerErrorKind::TryAgain), "later"));
+        assert!(Redirect::of(&other).is_none());
     }
 }

@@ -1,0 +1,129 @@
+//! [`Reloads`]: after `NOSCRIPT`, one `SCRIPT LOAD` for all the calls that saw it.
+//!
+//! After a `SCRIPT FLUSH` (or a restart, a failover to a server without the scripts) every call
+//! in flight answers `NOSCRIPT`. If each loaded the script itself, 512 concurrent checks sent
+//! up to 355 loads of the 45 KB script (12 MB) and most passed their timeout. Here the first
+//! call to see `NOSCRIPT` starts one load, as a task of its own (it finishes even if that call
+//! gives up); the others wait for it and then send their `EVALSHA` again. A call whose
+//! `EVALSHA` was sent before the last load finished does not load again: that load may already
+//! have put the script back, so it retries, and if `NOSCRIPT` comes back once more (another
+//! flush landed in between) it sends the body with `EVAL`, which cannot fail that way. So one
+//! flush costs one load per script (on Cluster, one per primary: `SCRIPT LOAD` goes to all).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt, Shared};
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, RedisError};
+
+/// How long one background `SCRIPT LOAD` may take; calls wait for it within their own timeout.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which of the two scripts: every decision runs one, every control the other.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Script {
+    Decide = 0,
+    Control = 1,
+}
+
+/// The reload state of both scripts, shared by every clone of a store.
+#[derive(Default)]
+pub(super) struct Reloads {
+    scripts: [Arc<Reload>; 2],
+}
+
+/// A load under way, awaited by every call that saw `NOSCRIPT` meanwhile.
+type Load = Shared<BoxFuture<'static, Result<(), RedisError>>>;
+
+#[derive(Default)]
+struct Reload {
+    /// Loads finished (successful or not): a call reads it before its `EVALSHA`.
+    done: AtomicU64,
+    /// The load under way, if any; guarded with `done` so that the two agree.
+    running: Mutex<Option<Load>>,
+}
+
+impl Reloads {
+    /// What a call reads before its `EVALSHA`, to tell a `NOSCRIPT` that a finished load
+    /// already answered from one that needs a load.
+    pub(super) fn seen(&self, script: Script) -> u64 {
+        self.scripts[script as usize].done.load(Ordering::Acquire)
+    }
+
+    /// Makes sure a load of `source` ran after this call's `EVALSHA` (sent when `done` was
+    /// `seen`): joins the load under way, or starts one on `connection` if none has finished
+    /// since. Err is the load's error.
+    pub(super) async fn reload<C>(
+        &self,
+        script: Script,
+        seen: u64,
+        connection: &C,
+        source: &'static str,
+    ) -> Result<(), RedisError>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let reload = &self.scripts[script as usize];
+        let running = {
+            let mut running = reload.lock();
+            if reload.done.load(Ordering::Acquire) != seen {
+                return Ok(()); // a load finished after this call's EVALSHA was sent
+            }
+            match &*running {
+                Some(load) => load.clone(),
+                None => {
+                    let load = Self::spawn_load(Arc::clone(reload), connection.clone(), source);
+                    *running = Some(load.clone());
+                    load
+                }
+            }
+        };
+        running.await
+    }
+
+    fn spawn_load<C>(reload: Arc<Reload>, mut connection: C, source: &'static str) -> Load
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let task = tokio::spawn(async move {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(source);
+            let load = cmd.exec_async(&mut connection);
+            let result = match tokio::time::timeout(LOAD_TIMEOUT, load).await {
+                Ok(result) => result,
+                Err(_) => Err(RedisError::from((
+                    ErrorKind::Io,
+                    "SCRIPT LOAD timed out",
+                    format!("after {LOAD_TIMEOUT:?}"),
+                ))),
+            };
+            let mut running = reload.lock();
+            reload.done.fetch_add(1, Ordering::AcqRel);
+            *running = None;
+            drop(running);
+            if let Err(error) = &result {
+                tracing::warn!(%error, "rate limit script could not be loaded; calls send it with EVAL");
+            }
+            result
+        });
+        task.map(|joined| {
+            joined.unwrap_or_else(|_| {
+                Err(RedisError::from((
+                    ErrorKind::Client,
+                    "SCRIPT LOAD task ended without an answer",
+                )))
+            })
+        })
+        .boxed()
+        .shared()
+    }
+}
+
+impl Reload {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Load>> {
+        // Nothing panics while the lock is held: a poisoned lock still holds a valid state.
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
