@@ -32,6 +32,11 @@ pub enum Clock {
 }
 
 impl Clock {
+    /// How far instances' client clocks may differ: a stored time up to this far ahead of a
+    /// call's `now` is another instance's clock running ahead (skew), further ahead it is this
+    /// clock having stepped back. See [`Clock`].
+    pub const MAX_SKEW: Duration = Duration::from_secs(5);
+
     /// Microseconds since the Unix epoch to pass to the store, or `None` for server time.
     pub fn now_micros(&self) -> Option<u64> {
         match self {

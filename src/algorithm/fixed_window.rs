@@ -1,6 +1,6 @@
 //! Fixed window: the Rust mirror of `lua/fixed_window.lua`, step for step.
 
-use super::{lua_mod, sane, unpack, Args, Outcome, Packed};
+use super::{lua_mod, sane, unpack, window_time, Args, Outcome, Packed};
 
 /// The state tag: `f`, layout 1 (w, n).
 const TAG: u8 = b'f';
@@ -16,12 +16,15 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         burst,
     } = *args;
 
-    // 1. The current window, aligned to the Unix epoch.
-    let start = now - lua_mod(now, period);
+    // 1. The current window, aligned to the Unix epoch: the one of now, or the stored one when
+    //    it starts after now by at most the skew.
+    let state = unpack::<2>(stored, TAG);
+    let t = window_time(state.map(|[w, _]| w), now, period);
+    let start = t - lua_mod(t, period);
     let stop = start + period;
 
     // 2. A missing or corrupt state, or one of another window, is an empty window; capped.
-    let mut n = match unpack::<2>(stored, TAG) {
+    let mut n = match state {
         Some([w, c]) if w == start && sane(c) => c.floor().min(burst),
         _ => 0.0,
     };

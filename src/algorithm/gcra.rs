@@ -1,6 +1,6 @@
 //! GCRA: the Rust mirror of `lua/gcra.lua`, step for step.
 
-use super::{sane, unpack, Args, Outcome, Packed};
+use super::{decision_time, sane, unpack, Args, Outcome, Packed};
 
 /// The state tag: `g`, layout 1 (at, d).
 const TAG: u8 = b'g';
@@ -22,22 +22,23 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         _ => (now, 0.0),
     };
 
-    // 2. Cap to the current quota and clock; a clock stepped back is written even on a denial.
+    // 2. Cap to the current quota and clock: an `at` ahead of now by at most the skew decides as
+    //    of `at` (`t`), further ahead the clock stepped back, written even on a denial.
     d = d.min(burst);
-    let stepped_back = at > now;
+    let (t, stepped_back) = decision_time(at, now);
     if stepped_back {
         at = now;
     }
 
-    // 3. Drain the debt, the elapsed time capped at the time to pay it off.
+    // 3. Drain the debt up to t, the elapsed time capped at the time to pay it off.
     let to_zero = (d * period / limit).ceil();
     let debt;
-    if now - at >= to_zero {
-        at = now;
+    if t - at >= to_zero {
+        at = t;
         d = 0.0;
         debt = 0.0;
     } else {
-        debt = (d - (now - at) * limit / period).max(0.0);
+        debt = (d - (t - at) * limit / period).max(0.0);
     }
 
     // 4. Decide; a denied request consumes nothing.
@@ -47,7 +48,7 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     if allowed {
         used = debt + cost;
         if cost > 0.0 {
-            at = now;
+            at = t;
             d = used;
         }
     } else if cost > burst {

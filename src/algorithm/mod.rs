@@ -419,6 +419,40 @@ pub(crate) fn sane(v: f64) -> bool {
 /// 2^53: every number the scripts handle stays an exact integer below it.
 pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
+/// [`Clock::MAX_SKEW`](crate::Clock::MAX_SKEW) in µs: `MAX_SKEW` in every Lua step.
+pub(crate) const MAX_SKEW_US: f64 = crate::clock::Clock::MAX_SKEW.as_micros() as f64;
+
+/// How a step reads a stored time (its state's reference: a token bucket's `ts`, GCRA's `at`, a
+/// window's start, the sliding log's newest entry) against `now`, as every Lua step does: the
+/// time the step decides at, and whether the clock stepped back.
+///
+/// - Not ahead of `now`: the step decides at `now`.
+/// - Ahead by at most [`MAX_SKEW_US`]: another instance's clock runs ahead of this one (skew). The
+///   step decides at the stored time: no refill, no new window, nothing written backwards; its
+///   times still count from `now`, the caller's clock.
+/// - Further ahead: this clock stepped back. The step decides at `now` and repairs the state
+///   (see each step), so the key is never locked out until the clock catches up.
+pub(crate) fn decision_time(stored: f64, now: f64) -> (f64, bool) {
+    if stored - now > MAX_SKEW_US {
+        (now, true)
+    } else if stored > now {
+        (stored, false)
+    } else {
+        (now, false)
+    }
+}
+
+/// [`decision_time`] for the window algorithms, whose stored time is the start `w` of a window:
+/// the stored window when it starts after `now` by at most the skew (and is one of `period`'s
+/// windows), else `now`. A window further ahead is one of a clock that stepped back, which those
+/// algorithms read as empty: nothing to repair.
+pub(crate) fn window_time(w: Option<f64>, now: f64, period: f64) -> f64 {
+    match w {
+        Some(w) if w > now && w - now <= MAX_SKEW_US && lua_mod(w, period) == 0.0 => w,
+        _ => now,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

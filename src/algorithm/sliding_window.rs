@@ -8,7 +8,7 @@
 //! limit", for `k = 1`). At most `2 * burst` pass in any interval of one period, and at most
 //! `burst` in one fixed window.
 
-use super::{lua_mod, sane, unpack, Args, Outcome, Packed};
+use super::{lua_mod, sane, unpack, window_time, Args, Outcome, Packed};
 
 /// The state tag: `w`, layout 1 (w, c, p).
 const TAG: u8 = b'w';
@@ -40,13 +40,16 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         burst,
     } = *args;
 
-    // 1. The current window, aligned to the Unix epoch.
-    let start = now - lua_mod(now, period);
-    let elapsed = now - start;
+    // 1. The current window, aligned to the Unix epoch: the one of now, or the stored one when
+    //    it starts after now by at most the skew (decided as of its first µs).
+    let state = unpack::<3>(stored, TAG);
+    let t = window_time(state.map(|[w, _, _]| w), now, period);
+    let start = t - lua_mod(t, period);
+    let elapsed = t - start;
 
     // 2. Read, cap and roll the counts: a missing or corrupt state, or one of a later window, is
     //    empty.
-    let (mut c, p) = match unpack::<3>(stored, TAG) {
+    let (mut c, p) = match state {
         Some([w, sc, sp]) if sane(sc) && sane(sp) => {
             if w == start {
                 (sc.floor().min(burst), sp.floor().min(burst))
