@@ -142,4 +142,17 @@ mod tests {
         expect(s.at(50.0 * S).cost(1.0), (true, 9, 0, 10_000));
         expect(s.at(70.0 * S).cost(1.0), (true, 9, 0, 50_000));
     }
+
+    /// A clock up to `MAX_SKEW` before the stored window's start (another instance's, skewed)
+    /// decides in that window, not in an empty earlier one; its times count from its own clock.
+    /// Further before, the clock stepped back: the earlier window is empty, as above.
+    #[test]
+    fn a_clock_behind_by_the_skew_decides_in_the_stored_window() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(120.0 * S).cost(9.0), (true, 1, 0, 60_000));
+        expect(s.at(115.0 * S).cost(1.0), (true, 0, 0, 65_000));
+        expect(s.cost(1.0), (false, 0, 65_000, 65_000));
+        assert!(!s.wrote());
+        expect(s.at(115.0 * S - 1.0).cost(1.0), (true, 9, 0, 5_001));
+    }
 }

@@ -230,6 +230,23 @@ mod tests {
         assert!(!s.wrote());
     }
 
+    /// A clock behind the stored `at` by at most `MAX_SKEW` (another instance's, skewed) decides
+    /// as of `at`: nothing drains, nothing is written backwards, and its times count from its own
+    /// clock. Further behind, the clock stepped back: repaired as above.
+    #[test]
+    fn a_clock_behind_by_the_skew_decides_as_of_the_stored_time() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(100.0 * S).cost(9.0), (true, 1, 0, 54_000));
+        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 63_000));
+        expect(s.cost(1.0), (false, 0, 9_000, 63_000));
+        assert!(!s.wrote());
+        expect(s.at(106.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        expect(s.at(101.0 * S).cost(1.0), (false, 0, 11_000, 65_000));
+        assert!(!s.wrote());
+        expect(s.at(101.0 * S - 1.0).cost(1.0), (false, 0, 6_000, 60_000));
+        assert!(s.wrote());
+    }
+
     #[test]
     fn absurd_quotas_cap_times() {
         // 10^13 at once, one a second: paid off in 10^16 ms, which the reply says exactly; the

@@ -458,7 +458,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{Algorithm, SOURCE};
+    use super::{Algorithm, LUA_STEPS, MAX_SKEW_US, SOURCE};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -478,6 +478,37 @@ mod tests {
         expect(s.at(100.0 * S).cost(10.0), (true, 0, 0, 60_000));
         expect(s.at(40.0 * S).cost(1.0), (false, 0, 6_000, 60_000));
         expect(s.at(46.0 * S).cost(1.0), (true, 0, 0, 60_000));
+    }
+
+    /// A clock behind the stored `ts` by at most `MAX_SKEW` (another instance's, skewed) decides
+    /// as of `ts`: no refill, nothing written backwards, an admission keeps `ts`, and its times
+    /// count from its own clock. Further behind, the clock stepped back: repaired as above.
+    #[test]
+    fn token_bucket_clock_behind_by_the_skew_decides_as_of_the_stored_time() {
+        const S: f64 = 1_000_000.0;
+        let mut s = Seq::<TokenBucket>::new();
+        expect(s.at(100.0 * S).cost(9.0), (true, 1, 0, 54_000));
+        // 3 s behind: the last token, as of 100 s (not refilled back to 97 s).
+        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 63_000));
+        // Denied, written nothing: the token due at 106 s is 9 s away on this clock.
+        expect(s.cost(1.0), (false, 0, 9_000, 63_000));
+        assert!(!s.wrote());
+        expect(s.at(106.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        // Exactly MAX_SKEW behind is still skew; 1 µs more is a clock that stepped back.
+        expect(s.at(101.0 * S).cost(1.0), (false, 0, 11_000, 65_000));
+        assert!(!s.wrote());
+        expect(s.at(101.0 * S - 1.0).cost(1.0), (false, 0, 6_000, 60_000));
+        assert!(s.wrote());
+    }
+
+    /// One fact, one home: every Lua step tells skew from a clock stepped back by
+    /// `Clock::MAX_SKEW`, as its mirror does.
+    #[test]
+    fn every_step_uses_the_clocks_max_skew() {
+        let line = format!("local MAX_SKEW, t = {}, now", MAX_SKEW_US as u64);
+        for (tag, step) in LUA_STEPS {
+            assert!(step.contains(&line), "step {tag} lacks {line:?}");
+        }
     }
 
     #[test]

@@ -228,4 +228,21 @@ mod tests {
         // ...so they leave the window 10 s later, not 70 s.
         expect(s.at(50.0 * S).cost(1.0), (true, 2, 0, 10_000));
     }
+
+    /// A clock behind the newest entry by at most `MAX_SKEW` (another instance's, skewed)
+    /// decides as of that entry and adds its units there, never before it (they would leave the
+    /// window early); its times count from its own clock. Further behind, the clock stepped back:
+    /// repaired as above.
+    #[test]
+    fn a_clock_behind_by_the_skew_decides_as_of_the_newest_entry() {
+        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        expect(s.at(100.0 * S).cost(2.0), (true, 1, 0, 10_000));
+        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 13_000));
+        // All three units stay until 110 s: 13 s on this clock.
+        expect(s.cost(1.0), (false, 0, 13_000, 13_000));
+        assert!(!s.wrote());
+        expect(s.at(110.0 * S).cost(1.0), (true, 2, 0, 10_000));
+        // 6 s behind the newest: a clock stepped back, whose entries count as admitted now.
+        expect(s.at(104.0 * S).cost(1.0), (true, 1, 0, 10_000));
+    }
 }

@@ -243,4 +243,16 @@ mod tests {
         // Back into an earlier window: counts of a later window do not apply.
         expect(s.at(50.0 * S).cost(1.0), (true, 9, 0, 10_000));
     }
+
+    /// A clock up to `MAX_SKEW` before the stored window's start (another instance's, skewed)
+    /// decides as of that window's first µs, not in an empty earlier one; its times count from
+    /// its own clock. Further before, the clock stepped back: empty, as above.
+    #[test]
+    fn a_clock_behind_by_the_skew_decides_in_the_stored_window() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(120.0 * S).cost(10.0), (true, 0, 0, 114_000));
+        expect(s.at(118.0 * S).cost(1.0), (false, 0, 62_000, 116_000));
+        assert!(!s.wrote());
+        expect(s.at(114.0 * S).cost(1.0), (true, 9, 0, 6_000));
+    }
 }
