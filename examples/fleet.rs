@@ -40,9 +40,11 @@
 //! requests right next to it, and a millisecond of network jitter moves one across.
 //!
 //! So the workers use the **fixed-window** algorithm on the **same windows**: the same epoch
-//! alignment, and [`Clock::System`], the same clock as the upstream (all processes run on this
-//! machine; Redis's own `TIME` could be a remote server's, a little off). The limiter admits at
-//! most `limit` per window, and a saturated fleet spends each window's quota in its first few
+//! alignment, on Redis's clock (the default, [`Clock::Server`](redlimit::Clock::Server)): one
+//! clock for every worker, so no skew between them, and the upstream's clock too when Redis runs
+//! on this machine, as the mock upstream does (a Redis elsewhere may be a little off: leave the
+//! margin below). The limiter admits at most `limit` per window, and a saturated fleet spends
+//! each window's quota in its first few
 //! tens of milliseconds: a denial's `retry_after` is the time to the window's end, so waiters
 //! wake just after a boundary (plus `acquire`'s jitter, at most 5 % of the wait). Requests are
 //! then almost a whole window away from the next boundary. A fleet that
@@ -100,7 +102,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Clock, FailClosed, Limiter, Quota};
+use redlimit::{Algorithm, FailClosed, Limiter, Quota};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -618,11 +620,10 @@ async fn worker(args: &[String]) -> Result<(), String> {
         .verify()
         .await
         .map_err(|e| format!("worker {id}: Redis at {}: {e}", cli::redacted(url)))?;
-    // The upstream's windows on the upstream's clock (see the module docs), and never an
-    // admission the store did not make.
+    // The upstream's windows, on Redis's clock: one clock for the whole fleet (see the module
+    // docs); and never an admission the store did not make.
     let limiter = Limiter::builder(store)
         .algorithm(Algorithm::FixedWindow)
-        .clock(Clock::System)
         .failure_policy(FailClosed::default())
         .build()
         .map_err(|e| e.to_string())?;
@@ -749,7 +750,7 @@ impl Service<Request<Empty<Bytes>>> for UpstreamClient {
     }
 }
 
-/// Now, in µs since the Unix epoch (this machine's clock, as `Clock::System` reads it).
+/// Now, in µs since the Unix epoch (this machine's clock, the mock upstream's).
 fn unix_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

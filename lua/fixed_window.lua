@@ -4,20 +4,29 @@
 -- 2 * burst can pass across a window boundary; choose a sliding algorithm when that matters.
 -- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
 -- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
-  -- 1. The current window.
-  local start = now - now % period
+  -- 1. The current window: the one of now, or the stored one when it starts after now by at most
+  --    MAX_SKEW µs (`Clock::MAX_SKEW`, src/clock.rs): another instance's clock runs ahead of this
+  --    one (skew), so the step decides in that window (nothing starts over, nothing goes
+  --    backwards) and its times still count from this caller's now. A window further ahead is
+  --    one of a clock that stepped back: an empty window here.
+  local MAX_SKEW, t = 5000000, now
+  local tag, w, c
+  if stored and #stored == 17 then
+    tag, w, c = sunpack('<Bdd', stored)
+    if tag == 102 and w > now and w - now <= MAX_SKEW and w % period == 0 then
+      t = w
+    end
+  end
+  local start = t - t % period
   local stop = start + period
 
   -- 2. Read the count. A missing or corrupt state, or one of another window (an earlier one,
   --    or a later one after the clock stepped back), is an empty window. Capped to the quota.
   local n = 0
-  if stored and #stored == 17 then
-    local tag, w, c = sunpack('<Bdd', stored)
-    if tag == 102 and w == start and c >= 0 and c < MAX_EXACT then
-      n = c - c % 1 -- floor, without a call into math (see lua/common.lua)
-      if n > burst then
-        n = burst
-      end
+  if tag == 102 and w == start and c >= 0 and c < MAX_EXACT then
+    n = c - c % 1 -- floor, without a call into math (see lua/common.lua)
+    if n > burst then
+      n = burst
     end
   end
 

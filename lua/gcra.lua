@@ -20,19 +20,25 @@
     end
   end
 
-  -- 2. Cap to the current quota and clock. A clock stepped back moves `at` to now, keeping the
-  --    debt; that move is written even on a denial, or each call would move it again and the
-  --    debt would not drain until the clock caught up.
+  -- 2. Cap to the current quota and clock. An `at` ahead of now is another instance's clock
+  --    running ahead of this one (skew) when it is at most MAX_SKEW µs ahead (`Clock::MAX_SKEW`,
+  --    src/clock.rs): the step decides as of `at` (`t`), so nothing drains and nothing goes
+  --    backwards, and its times still count from this caller's now. Further ahead, this clock
+  --    stepped back: `at` moves to now, keeping the debt; that move is written even on a denial,
+  --    or each call would move it again and the debt would not drain until the clock caught up.
   if d > burst then
     d = burst
   end
-  local stepped_back = at > now
+  local MAX_SKEW, t = 5000000, now
+  local stepped_back = at - now > MAX_SKEW
   if stepped_back then
     at = now
+  elseif at > now then
+    t = at
   end
 
-  -- 3. Drain the debt at limit per period, the elapsed time capped at the time to pay it off.
-  --    Once paid off the clock stops: idle time earns no credit beyond burst.
+  -- 3. Drain the debt at limit per period up to t, the elapsed time capped at the time to pay it
+  --    off. Once paid off the clock stops: idle time earns no credit beyond burst.
   local to_zero = d * period / limit
   local frac = to_zero % 1 -- ceil, without a call into math (see lua/common.lua)
   to_zero = to_zero - frac
@@ -40,10 +46,10 @@
     to_zero = to_zero + 1
   end
   local debt
-  if now - at >= to_zero then
-    at, d, debt = now, 0, 0
+  if t - at >= to_zero then
+    at, d, debt = t, 0, 0
   else
-    debt = d - (now - at) * limit / period
+    debt = d - (t - at) * limit / period
     if debt < 0 then
       debt = 0
     end
@@ -55,7 +61,7 @@
   if allowed then
     used = debt + cost
     if cost > 0 then
-      at, d = now, used
+      at, d = t, used
     end
   elseif cost > burst then
     retry = -1

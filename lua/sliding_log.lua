@@ -1,13 +1,11 @@
 -- Sliding window log: exact. The key is a sorted set with one member per admitted unit, scored
--- with the µs time it was admitted; members are "<now_us>:<n>", unique (only scores matter).
--- A unit counts during [t, t + period). A request of cost k is allowed when the units in the
--- window (now - period, now] plus k are at most burst.
+-- with the µs time it was admitted; members are "<µs score>:<n>", unique (only scores matter).
+-- A unit counts during [s, s + period) for its score s. A request of cost k is allowed when the
+-- units in the window (now - period, now] plus k are at most burst.
 -- Memory and time are O(burst) per key: one sorted-set entry per admitted unit (a request of
 -- cost k adds k members). Keep burst small, or choose another algorithm.
 -- This step reads its own sorted set (the driver's GET sees no string there); its new state is
 -- a function that writes it, called by the driver with the TTL.
-  local from = now - period + 1 -- the oldest µs inside the window
-
   -- 1. Read the newest entry: a key of another type is deleted and counts as empty.
   local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
   if newest.err then
@@ -16,13 +14,22 @@
   end
   local newest_t = tonumber(newest[2])
 
-  -- 2. Cap to the clock: entries from the future (the clock stepped back) count as admitted now.
-  --    A request that costs something writes that down even when denied, or those entries would
-  --    stay in the window until the clock caught up with them.
-  local stepped_back = newest_t ~= nil and newest_t > now
+  -- 2. Cap to the clock. A newest entry ahead of now by at most MAX_SKEW µs (`Clock::MAX_SKEW`,
+  --    src/clock.rs) is another instance's clock running ahead of this one (skew): the step
+  --    decides as of that entry (`t`): it counts the window that ends there and adds its units
+  --    there, never before the newest (that would shorten their stay in the window), and its
+  --    times still count from this caller's now. Further ahead, this clock stepped back: entries
+  --    from the future count as admitted now, and a request that costs something writes that
+  --    down even when denied, or those entries would stay in the window until the clock caught
+  --    up with them.
+  local MAX_SKEW, t = 5000000, now
+  local stepped_back = newest_t ~= nil and newest_t - now > MAX_SKEW
   if stepped_back then
     newest_t = now
+  elseif newest_t ~= nil and newest_t > now then
+    t = newest_t
   end
+  local from = t - period + 1 -- the oldest µs inside the window
 
   -- 3. Count the units in the window.
   local count = 0
@@ -42,13 +49,13 @@
     -- 5a. Retry: when the (count + cost - burst)-th oldest unit in the window leaves it.
     local oldest = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT',
       count + cost - burst - 1, 1)
-    retry = math.min(tonumber(oldest[2]), now) + period - now
+    retry = math.min(tonumber(oldest[2]), t) + period - now
   end
 
   -- 5b. Reset: when the newest unit leaves the window.
   local reset = 0
   if allowed and cost > 0 then
-    reset = period
+    reset = t + period - now
   elseif count > 0 then
     reset = newest_t + period - now
   end
@@ -70,17 +77,17 @@
       end
       if admit then
         call('ZREMRANGEBYSCORE', key, '-inf', from - 1)
-        local prefix = string.format('%d:', now)
+        local prefix = string.format('%d:', t)
         local n, added = count, 0
         if cost == 1 then
           -- The usual case, without building a table of members.
-          n, added = n + 1, call('ZADD', key, 'NX', now, prefix .. (n + 1))
+          n, added = n + 1, call('ZADD', key, 'NX', t, prefix .. (n + 1))
         end
         while added < cost do
           local members = {}
           for _ = 1, math.min(cost - added, 1000) do
             n = n + 1
-            members[#members + 1] = now
+            members[#members + 1] = t
             members[#members + 1] = prefix .. n
           end
           added = added + call('ZADD', key, 'NX', unpack(members))

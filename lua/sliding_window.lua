@@ -12,29 +12,38 @@
 -- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
 -- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
 
-  -- 1. The current window.
-  local start = now - now % period
-  local elapsed = now - start
+  -- 1. The current window: the one of now, or the stored one when it starts after now by at most
+  --    MAX_SKEW µs (`Clock::MAX_SKEW`, src/clock.rs): another instance's clock runs ahead of this
+  --    one (skew), so the step decides as of that window's first µs (nothing rolls, nothing goes
+  --    backwards) and its times still count from this caller's now. A window further ahead is
+  --    one of a clock that stepped back: empty here.
+  local MAX_SKEW, t = 5000000, now
+  local tag, w, sc, sp
+  if stored and #stored == 25 then
+    tag, w, sc, sp = sunpack('<Bddd', stored)
+    if tag == 119 and w > now and w - now <= MAX_SKEW and w % period == 0 then
+      t = w
+    end
+  end
+  local start = t - t % period
+  local elapsed = t - start
 
   -- 2. Read the counts: a missing or corrupt state, or one of a later window (the clock stepped
   --    back), is empty. Capped to the current quota. Then roll: the current window becomes the
   --    previous one; older counts are forgotten.
   local c, p = 0, 0
-  if stored and #stored == 25 then
-    local tag, w, sc, sp = sunpack('<Bddd', stored)
-    if tag == 119 and sc >= 0 and sc < MAX_EXACT and sp >= 0 and sp < MAX_EXACT then
-      -- floor and min without calls into math (see lua/common.lua)
-      if w == start then
-        c, p = sc - sc % 1, sp - sp % 1
-      elseif w == start - period then
-        p = sc - sc % 1
-      end
-      if c > burst then
-        c = burst
-      end
-      if p > burst then
-        p = burst
-      end
+  if tag == 119 and sc >= 0 and sc < MAX_EXACT and sp >= 0 and sp < MAX_EXACT then
+    -- floor and min without calls into math (see lua/common.lua)
+    if w == start then
+      c, p = sc - sc % 1, sp - sp % 1
+    elseif w == start - period then
+      p = sc - sc % 1
+    end
+    if c > burst then
+      c = burst
+    end
+    if p > burst then
+      p = burst
     end
   end
 

@@ -14,27 +14,33 @@
   end
 
   -- 2. Cap to the current quota and clock, so a tightened quota or a clock stepped back never
-  --    locks a key out. A clock stepped back moves ts to now; that move is written even on a
-  --    denial, or each call would move it again and the bucket would not refill until the clock
-  --    caught up.
+  --    locks a key out. A ts ahead of now is another instance's clock running ahead of this one
+  --    (skew) when it is at most MAX_SKEW µs ahead (`Clock::MAX_SKEW`, src/clock.rs): the step
+  --    decides as of ts (`t`), so nothing is refilled and nothing goes backwards, and its times
+  --    still count from this caller's now. Further ahead, this clock stepped back: ts moves to
+  --    now, written even on a denial, or each call would move it again and the bucket would not
+  --    refill until the clock caught up.
   tokens = tokens - tokens % 1 -- floor, without a call into math (see lua/common.lua)
   if tokens > burst then
     tokens = burst
   end
-  local stepped_back = ts > now
+  local MAX_SKEW, t = 5000000, now
+  local stepped_back = ts - now > MAX_SKEW
   if stepped_back then
     ts = now
+  elseif ts > now then
+    t = ts
   end
   -- The bucket as stored (capped): a denial writes nothing, so its times count from here.
   -- Counting them from the refilled bucket would round twice (ceil(a) + ceil(b) > ceil(a + b))
   -- and tell a client up to 1 µs (so 1 ms) too late.
   local tokens0, ts0 = tokens, ts
 
-  -- 3. Refill. Past full the clock stops: progress beyond capacity is discarded.
-  local elapsed = now - ts
+  -- 3. Refill up to t. Past full the clock stops: progress beyond capacity is discarded.
+  local elapsed = t - ts
   -- (elapsed is whole: elapsed >= x is elapsed >= ceil(x), saving the call)
   if elapsed >= (burst - tokens) * period / limit then
-    tokens, ts = burst, now
+    tokens, ts = burst, t
   elseif elapsed > 0 then
     local gained = elapsed * limit / period
     gained = gained - gained % 1
@@ -55,8 +61,8 @@
         took = took + 1
       end
       ts = ts + took
-      if ts > now then
-        ts = now
+      if ts > t then
+        ts = t
       end
     end
   end

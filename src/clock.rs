@@ -10,6 +10,31 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// whole fleet, so skew between instances can neither over-admit nor starve. The client clocks pass
 /// `now` to the script instead; [`Clock::Manual`] makes tests deterministic.
 ///
+/// # Client clocks that disagree
+///
+/// With a client clock, instances' clocks differ by some skew, and a call can find its key's
+/// state written by a clock ahead of its own: a stored time (a token bucket's refill time, GCRA's
+/// time of the debt, a window's start, the sliding log's newest entry) later than its `now`. How
+/// far ahead tells the two causes apart:
+///
+/// - **At most [`Clock::MAX_SKEW`] (5 s) ahead: skew.** Another instance's clock runs ahead. The
+///   call decides as of the stored time: no refill, no new window, nothing written backwards (an
+///   admission keeps the stored time; the sliding log adds its entries there, never before the
+///   newest). Its `retry_after` and `reset_after` count from its own clock, so they still hold
+///   exactly for a client that comes back to the same instance. The fleet then admits no more
+///   than one clock running as fast as the fastest instance would: the skew buys at most
+///   `rate × skew` once, never per call (`tests/hostile/skew.rs` checks it for every algorithm
+///   at 1 ms, 20 ms and 1 s).
+/// - **More than [`Clock::MAX_SKEW`] ahead: a clock that stepped back** (an NTP step, a VM
+///   restored). The state is repaired to `now` (no refill granted; a window of a later time
+///   reads as empty), so the key is never locked out until the clock catches up. A step back of
+///   at most `MAX_SKEW` is a skew like any other: the key pauses for at most that long.
+///
+/// Instances whose clocks differ by more than `MAX_SKEW` fall outside the guarantee: each call of
+/// the slower one repairs the state to its earlier time and the faster one counts the difference
+/// as refill, so the fleet can admit `rate × skew` more on every call. Keep client clocks
+/// synchronised (NTP), or use the server clock.
+///
 /// ```
 /// use redlimit::{Clock, ManualClock};
 /// use std::time::Duration;
@@ -25,13 +50,24 @@ pub enum Clock {
     /// Redis server time (`TIME` inside the script). The memory store uses the system clock.
     #[default]
     Server,
-    /// This process's system clock, passed to the script.
+    /// This process's system clock, passed to the script. Instances' clocks must agree within
+    /// [`Clock::MAX_SKEW`] (see [Client clocks that disagree](Clock#client-clocks-that-disagree)).
     System,
     /// A clock the caller moves by hand, passed to the script.
     Manual(ManualClock),
 }
 
 impl Clock {
+    /// How far instances' client clocks may differ: a stored time up to this far ahead of a
+    /// call's `now` is another instance's clock running ahead (skew), further ahead it is this
+    /// clock having stepped back. See [Client clocks that disagree](Clock#client-clocks-that-disagree).
+    ///
+    /// 5 s: far above what NTP leaves between hosts (milliseconds), and below the smallest step
+    /// back that must still repair at once rather than pause the key (`tests/hostile/lockout.rs`
+    /// steps back 30 s under 10 a minute, and a window algorithm then sees a window start 10 s
+    /// ahead).
+    pub const MAX_SKEW: Duration = Duration::from_secs(5);
+
     /// Microseconds since the Unix epoch to pass to the store, or `None` for server time.
     pub fn now_micros(&self) -> Option<u64> {
         match self {

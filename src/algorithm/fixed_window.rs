@@ -1,6 +1,6 @@
 //! Fixed window: the Rust mirror of `lua/fixed_window.lua`, step for step.
 
-use super::{lua_mod, sane, unpack, Args, Outcome, Packed};
+use super::{lua_mod, sane, unpack, window_time, Args, Outcome, Packed};
 
 /// The state tag: `f`, layout 1 (w, n).
 const TAG: u8 = b'f';
@@ -16,12 +16,15 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         burst,
     } = *args;
 
-    // 1. The current window, aligned to the Unix epoch.
-    let start = now - lua_mod(now, period);
+    // 1. The current window, aligned to the Unix epoch: the one of now, or the stored one when
+    //    it starts after now by at most the skew.
+    let state = unpack::<2>(stored, TAG);
+    let t = window_time(state.map(|[w, _]| w), now, period);
+    let start = t - lua_mod(t, period);
     let stop = start + period;
 
     // 2. A missing or corrupt state, or one of another window, is an empty window; capped.
-    let mut n = match unpack::<2>(stored, TAG) {
+    let mut n = match state {
         Some([w, c]) if w == start && sane(c) => c.floor().min(burst),
         _ => 0.0,
     };
@@ -138,5 +141,18 @@ mod tests {
         // Back into an earlier window: the count of a later window does not apply.
         expect(s.at(50.0 * S).cost(1.0), (true, 9, 0, 10_000));
         expect(s.at(70.0 * S).cost(1.0), (true, 9, 0, 50_000));
+    }
+
+    /// A clock up to `MAX_SKEW` before the stored window's start (another instance's, skewed)
+    /// decides in that window, not in an empty earlier one; its times count from its own clock.
+    /// Further before, the clock stepped back: the earlier window is empty, as above.
+    #[test]
+    fn a_clock_behind_by_the_skew_decides_in_the_stored_window() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(120.0 * S).cost(9.0), (true, 1, 0, 60_000));
+        expect(s.at(115.0 * S).cost(1.0), (true, 0, 0, 65_000));
+        expect(s.cost(1.0), (false, 0, 65_000, 65_000));
+        assert!(!s.wrote());
+        expect(s.at(115.0 * S - 1.0).cost(1.0), (true, 9, 0, 5_001));
     }
 }

@@ -1,6 +1,6 @@
 //! GCRA: the Rust mirror of `lua/gcra.lua`, step for step.
 
-use super::{sane, unpack, Args, Outcome, Packed};
+use super::{decision_time, sane, unpack, Args, Outcome, Packed};
 
 /// The state tag: `g`, layout 1 (at, d).
 const TAG: u8 = b'g';
@@ -22,22 +22,23 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         _ => (now, 0.0),
     };
 
-    // 2. Cap to the current quota and clock; a clock stepped back is written even on a denial.
+    // 2. Cap to the current quota and clock: an `at` ahead of now by at most the skew decides as
+    //    of `at` (`t`), further ahead the clock stepped back, written even on a denial.
     d = d.min(burst);
-    let stepped_back = at > now;
+    let (t, stepped_back) = decision_time(at, now);
     if stepped_back {
         at = now;
     }
 
-    // 3. Drain the debt, the elapsed time capped at the time to pay it off.
+    // 3. Drain the debt up to t, the elapsed time capped at the time to pay it off.
     let to_zero = (d * period / limit).ceil();
     let debt;
-    if now - at >= to_zero {
-        at = now;
+    if t - at >= to_zero {
+        at = t;
         d = 0.0;
         debt = 0.0;
     } else {
-        debt = (d - (now - at) * limit / period).max(0.0);
+        debt = (d - (t - at) * limit / period).max(0.0);
     }
 
     // 4. Decide; a denied request consumes nothing.
@@ -47,7 +48,7 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     if allowed {
         used = debt + cost;
         if cost > 0.0 {
-            at = now;
+            at = t;
             d = used;
         }
     } else if cost > burst {
@@ -227,6 +228,23 @@ mod tests {
         // A peek after another step back writes nothing.
         expect(s.at(10.0 * S).cost(0.0), (true, 0, 0, 60_000));
         assert!(!s.wrote());
+    }
+
+    /// A clock behind the stored `at` by at most `MAX_SKEW` (another instance's, skewed) decides
+    /// as of `at`: nothing drains, nothing is written backwards, and its times count from its own
+    /// clock. Further behind, the clock stepped back: repaired as above.
+    #[test]
+    fn a_clock_behind_by_the_skew_decides_as_of_the_stored_time() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(100.0 * S).cost(9.0), (true, 1, 0, 54_000));
+        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 63_000));
+        expect(s.cost(1.0), (false, 0, 9_000, 63_000));
+        assert!(!s.wrote());
+        expect(s.at(106.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        expect(s.at(101.0 * S).cost(1.0), (false, 0, 11_000, 65_000));
+        assert!(!s.wrote());
+        expect(s.at(101.0 * S - 1.0).cost(1.0), (false, 0, 6_000, 60_000));
+        assert!(s.wrote());
     }
 
     #[test]

@@ -420,12 +420,46 @@ pub(crate) fn sane(v: f64) -> bool {
 /// 2^53: every number the scripts handle stays an exact integer below it.
 pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
+/// [`Clock::MAX_SKEW`](crate::Clock::MAX_SKEW) in µs: `MAX_SKEW` in every Lua step.
+pub(crate) const MAX_SKEW_US: f64 = crate::clock::Clock::MAX_SKEW.as_micros() as f64;
+
+/// How a step reads a stored time (its state's reference: a token bucket's `ts`, GCRA's `at`, a
+/// window's start, the sliding log's newest entry) against `now`, as every Lua step does: the
+/// time the step decides at, and whether the clock stepped back.
+///
+/// - Not ahead of `now`: the step decides at `now`.
+/// - Ahead by at most [`MAX_SKEW_US`]: another instance's clock runs ahead of this one (skew). The
+///   step decides at the stored time: no refill, no new window, nothing written backwards; its
+///   times still count from `now`, the caller's clock.
+/// - Further ahead: this clock stepped back. The step decides at `now` and repairs the state
+///   (see each step), so the key is never locked out until the clock catches up.
+pub(crate) fn decision_time(stored: f64, now: f64) -> (f64, bool) {
+    if stored - now > MAX_SKEW_US {
+        (now, true)
+    } else if stored > now {
+        (stored, false)
+    } else {
+        (now, false)
+    }
+}
+
+/// [`decision_time`] for the window algorithms, whose stored time is the start `w` of a window:
+/// the stored window when it starts after `now` by at most the skew (and is one of `period`'s
+/// windows), else `now`. A window further ahead is one of a clock that stepped back, which those
+/// algorithms read as empty: nothing to repair.
+pub(crate) fn window_time(w: Option<f64>, now: f64, period: f64) -> f64 {
+    match w {
+        Some(w) if w > now && w - now <= MAX_SKEW_US && lua_mod(w, period) == 0.0 => w,
+        _ => now,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{Algorithm, SOURCE};
+    use super::{Algorithm, LUA_STEPS, MAX_SKEW_US, SOURCE};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -445,6 +479,37 @@ mod tests {
         expect(s.at(100.0 * S).cost(10.0), (true, 0, 0, 60_000));
         expect(s.at(40.0 * S).cost(1.0), (false, 0, 6_000, 60_000));
         expect(s.at(46.0 * S).cost(1.0), (true, 0, 0, 60_000));
+    }
+
+    /// A clock behind the stored `ts` by at most `MAX_SKEW` (another instance's, skewed) decides
+    /// as of `ts`: no refill, nothing written backwards, an admission keeps `ts`, and its times
+    /// count from its own clock. Further behind, the clock stepped back: repaired as above.
+    #[test]
+    fn token_bucket_clock_behind_by_the_skew_decides_as_of_the_stored_time() {
+        const S: f64 = 1_000_000.0;
+        let mut s = Seq::<TokenBucket>::new();
+        expect(s.at(100.0 * S).cost(9.0), (true, 1, 0, 54_000));
+        // 3 s behind: the last token, as of 100 s (not refilled back to 97 s).
+        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 63_000));
+        // Denied, written nothing: the token due at 106 s is 9 s away on this clock.
+        expect(s.cost(1.0), (false, 0, 9_000, 63_000));
+        assert!(!s.wrote());
+        expect(s.at(106.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        // Exactly MAX_SKEW behind is still skew; 1 µs more is a clock that stepped back.
+        expect(s.at(101.0 * S).cost(1.0), (false, 0, 11_000, 65_000));
+        assert!(!s.wrote());
+        expect(s.at(101.0 * S - 1.0).cost(1.0), (false, 0, 6_000, 60_000));
+        assert!(s.wrote());
+    }
+
+    /// One fact, one home: every Lua step tells skew from a clock stepped back by
+    /// `Clock::MAX_SKEW`, as its mirror does.
+    #[test]
+    fn every_step_uses_the_clocks_max_skew() {
+        let line = format!("local MAX_SKEW, t = {}, now", MAX_SKEW_US as u64);
+        for (tag, step) in LUA_STEPS {
+            assert!(step.contains(&line), "step {tag} lacks {line:?}");
+        }
     }
 
     #[test]

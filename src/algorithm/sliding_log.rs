@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Args, Outcome};
+use super::{decision_time, Args, Outcome};
 
 /// The log: the µs time each admitted unit was admitted, oldest first (the sorted set's
 /// scores; its member names never affect a decision).
@@ -40,16 +40,16 @@ pub(crate) fn decide(log: &Log, args: &Args) -> (Outcome<()>, bool) {
         period,
         burst,
     } = *args;
-    let window = now - period; // scores strictly above it are in the window
-
-    // 1. The newest entry; 2. capped to the clock: entries from the future count as admitted
-    //    now (and are moved to now by a request that costs, even a denied one: see `apply`).
-    let newest = log.back().copied();
-    let stepped_back = newest.is_some_and(|t| t > now);
-    let newest = newest.map(|t| t.min(now));
+    // 1. The newest entry; 2. capped to the clock: a newest entry ahead of now by at most the
+    //    skew decides as of that entry (`t`); further ahead, the clock stepped back: entries from
+    //    the future count as admitted now (and are moved to now by a request that costs, even a
+    //    denied one: see `apply`).
+    let (t, stepped_back) = time_of(log, now);
+    let newest = log.back().map(|&newest| newest.min(t));
+    let window = t - period; // scores strictly above it are in the window
 
     // 3. Count the units in the window (entries from the future are in it either way).
-    let first = log.partition_point(|&t| t <= window);
+    let first = log.partition_point(|&s| s <= window);
     let count = (log.len() - first) as f64;
 
     // 4. Decide (a peek always passes); a denied request consumes nothing.
@@ -64,10 +64,10 @@ pub(crate) fn decide(log: &Log, args: &Args) -> (Outcome<()>, bool) {
         -1.0
     } else {
         let oldest = log[first + (count + cost - burst - 1.0) as usize];
-        oldest.min(now) + period - now
+        oldest.min(t) + period - now
     };
     let reset = if allowed && cost > 0.0 {
-        period
+        t + period - now
     } else if count > 0.0 {
         newest.unwrap_or(now) + period - now
     } else {
@@ -83,9 +83,17 @@ pub(crate) fn decide(log: &Log, args: &Args) -> (Outcome<()>, bool) {
     (outcome, stepped_back)
 }
 
+/// The time a step on `log` decides at, and whether the clock stepped back
+/// ([`decision_time`] of the newest entry).
+fn time_of(log: &Log, now: f64) -> (f64, bool) {
+    log.back()
+        .map_or((now, false), |&newest| decision_time(newest, now))
+}
+
 /// The write of a call (the state function of `lua/sliding_log.lua`, run for the tier with the
-/// longest `period`): entries from the future move to now; when the call `admit`s, the units
-/// that left that window are dropped and one entry per unit of `cost` is added.
+/// longest `period`): entries from the future move to now when the clock `stepped_back`; when
+/// the call `admit`s, the units that left that window are dropped and one entry per unit of
+/// `cost` is added, at the time the step decided at (never before the newest entry).
 pub(crate) fn apply(
     log: &mut Log,
     now: f64,
@@ -94,6 +102,9 @@ pub(crate) fn apply(
     admit: bool,
     stepped_back: bool,
 ) {
+    // The time `decide` decided at, read again from the log as it was (the driver passes the
+    // caller's now).
+    let (now, _) = time_of(log, now);
     if stepped_back {
         for t in log.iter_mut().rev() {
             if *t <= now {
@@ -104,7 +115,7 @@ pub(crate) fn apply(
     }
     if admit {
         let window = now - period;
-        let first = log.partition_point(|&t| t <= window);
+        let first = log.partition_point(|&s| s <= window);
         log.drain(..first);
         log.extend(std::iter::repeat_n(now, cost as usize));
     }
@@ -216,5 +227,22 @@ mod tests {
         assert_eq!(s.ttl_ms(), Some(10_000));
         // ...so they leave the window 10 s later, not 70 s.
         expect(s.at(50.0 * S).cost(1.0), (true, 2, 0, 10_000));
+    }
+
+    /// A clock behind the newest entry by at most `MAX_SKEW` (another instance's, skewed)
+    /// decides as of that entry and adds its units there, never before it (they would leave the
+    /// window early); its times count from its own clock. Further behind, the clock stepped back:
+    /// repaired as above.
+    #[test]
+    fn a_clock_behind_by_the_skew_decides_as_of_the_newest_entry() {
+        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        expect(s.at(100.0 * S).cost(2.0), (true, 1, 0, 10_000));
+        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 13_000));
+        // All three units stay until 110 s: 13 s on this clock.
+        expect(s.cost(1.0), (false, 0, 13_000, 13_000));
+        assert!(!s.wrote());
+        expect(s.at(110.0 * S).cost(1.0), (true, 2, 0, 10_000));
+        // 6 s behind the newest: a clock stepped back, whose entries count as admitted now.
+        expect(s.at(104.0 * S).cost(1.0), (true, 1, 0, 10_000));
     }
 }

@@ -8,7 +8,7 @@
 //! limit", for `k = 1`). At most `2 * burst` pass in any interval of one period, and at most
 //! `burst` in one fixed window.
 
-use super::{lua_mod, sane, unpack, Args, Outcome, Packed};
+use super::{lua_mod, sane, unpack, window_time, Args, Outcome, Packed};
 
 /// The state tag: `w`, layout 1 (w, c, p).
 const TAG: u8 = b'w';
@@ -40,13 +40,16 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         burst,
     } = *args;
 
-    // 1. The current window, aligned to the Unix epoch.
-    let start = now - lua_mod(now, period);
-    let elapsed = now - start;
+    // 1. The current window, aligned to the Unix epoch: the one of now, or the stored one when
+    //    it starts after now by at most the skew (decided as of its first µs).
+    let state = unpack::<3>(stored, TAG);
+    let t = window_time(state.map(|[w, _, _]| w), now, period);
+    let start = t - lua_mod(t, period);
+    let elapsed = t - start;
 
     // 2. Read, cap and roll the counts: a missing or corrupt state, or one of a later window, is
     //    empty.
-    let (mut c, p) = match unpack::<3>(stored, TAG) {
+    let (mut c, p) = match state {
         Some([w, sc, sp]) if sane(sc) && sane(sp) => {
             if w == start {
                 (sc.floor().min(burst), sp.floor().min(burst))
@@ -239,5 +242,17 @@ mod tests {
         expect(s.at(65.0 * S).cost(1.0), (false, 0, 55_000, 109_000));
         // Back into an earlier window: counts of a later window do not apply.
         expect(s.at(50.0 * S).cost(1.0), (true, 9, 0, 10_000));
+    }
+
+    /// A clock up to `MAX_SKEW` before the stored window's start (another instance's, skewed)
+    /// decides as of that window's first µs, not in an empty earlier one; its times count from
+    /// its own clock. Further before, the clock stepped back: empty, as above.
+    #[test]
+    fn a_clock_behind_by_the_skew_decides_in_the_stored_window() {
+        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        expect(s.at(120.0 * S).cost(10.0), (true, 0, 0, 114_000));
+        expect(s.at(118.0 * S).cost(1.0), (false, 0, 62_000, 116_000));
+        assert!(!s.wrote());
+        expect(s.at(114.0 * S).cost(1.0), (true, 9, 0, 6_000));
     }
 }

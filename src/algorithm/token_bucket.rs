@@ -1,6 +1,6 @@
 //! Token bucket: the Rust mirror of `lua/token_bucket.lua`, step for step.
 
-use super::{sane, unpack, Args, Outcome, Packed};
+use super::{decision_time, sane, unpack, Args, Outcome, Packed};
 
 /// The state tag: `t`, layout 1 (tokens, ts).
 const TAG: u8 = b't';
@@ -22,9 +22,10 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         _ => (burst, now),
     };
 
-    // 2. Cap to the current quota and clock; a clock stepped back is written even on a denial.
+    // 2. Cap to the current quota and clock: a ts ahead of now by at most the skew decides as of
+    //    ts (`t`), further ahead the clock stepped back, written even on a denial.
     tokens = tokens.floor().min(burst);
-    let stepped_back = ts > now;
+    let (t, stepped_back) = decision_time(ts, now);
     if stepped_back {
         ts = now;
     }
@@ -33,11 +34,11 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     // and tell a client up to 1 µs (so 1 ms) too late.
     let (tokens0, ts0) = (tokens, ts);
 
-    // 3. Refill, keeping fractional progress; past full the clock stops.
-    let elapsed = now - ts;
+    // 3. Refill up to t, keeping fractional progress; past full the clock stops.
+    let elapsed = t - ts;
     if elapsed >= ((burst - tokens) * period / limit).ceil() {
         tokens = burst;
-        ts = now;
+        ts = t;
     } else if elapsed > 0.0 {
         let mut gained = (elapsed * limit / period).floor();
         // Past 2^53 the division can land one token off: settle on the count the retry times
@@ -49,7 +50,7 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         }
         if gained > 0.0 {
             tokens += gained;
-            ts = now.min(ts + (gained * period / limit).ceil());
+            ts = t.min(ts + (gained * period / limit).ceil());
         }
     }
 

@@ -8,6 +8,8 @@
 //! - a flood of distinct keys: Redis memory and key count are bounded by expiry;
 //! - a flood of distinct keys into a bounded `MemoryStore`: never above its cap;
 //! - a quota tightened from 100 to 10, a clock stepped back: no lockout, no error;
+//! - two instances on skewed client clocks: no more admitted than by the fastest clock alone,
+//!   plus `rate × skew`;
 //! - corrupt or wrong-type stored values: the next check succeeds and the key heals fully;
 //! - a property test over every key extraction path.
 //!
@@ -15,8 +17,8 @@
 //!
 //! One module per concern: `keys` (huge and hostile keys), `extraction` (the property test
 //! over every key extraction path), `flood` (floods of distinct keys), `lockout` (a tightened
-//! quota, a clock stepped back) and `state` (corrupt or wrong-type stored values). The helpers
-//! they share live here.
+//! quota, a clock stepped back), `skew` (instances whose clocks differ) and `state` (corrupt or
+//! wrong-type stored values). The helpers they share live here.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -25,6 +27,7 @@ mod extraction;
 mod flood;
 mod keys;
 mod lockout;
+mod skew;
 mod state;
 
 use std::convert::Infallible;
