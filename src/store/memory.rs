@@ -44,10 +44,11 @@ const EVICTION_BATCH: usize = 32;
 /// equals a fresh key's, so evicting it loses nothing: as long as the shard holds one, no live
 /// key is evicted, and a flood of new keys cannot reset a busy key that is over its limit (an
 /// earlier version looked only at a sample of 32 keys and could evict it while expired keys
-/// waited elsewhere in the shard). The heap is updated lazily (one push per write, outdated
-/// entries skipped when met and compacted away once they outnumber the keys), so the work per
-/// write is O(1) amortized and a new key in a full shard costs O(log n). A flood of distinct keys
-/// therefore cannot grow memory nor slow the store down.
+/// waited elsewhere in the shard). The heap is updated lazily: a write that moves a key's expiry
+/// later (nearly all of them) does not touch it, the key's pair is moved up when it reaches the
+/// top; new keys and earlier expiries push a pair, and outdated pairs are compacted away once
+/// they outnumber the keys. A new key in a full shard costs O(log n) amortized. A flood of
+/// distinct keys therefore cannot grow memory nor slow the store down.
 /// Every algorithm keeps a few numbers per key, except the sliding log: one `f64` per admitted
 /// unit, up to `burst` per key.
 ///
@@ -96,8 +97,9 @@ impl Default for MemoryStore {
 struct Shard {
     index: HashMap<Arc<str>, usize>,
     slots: Vec<Slot>,
-    /// `(expires_at, slot)` for every slot's current expiry, plus outdated pairs (the slot's
-    /// expiry changed, or another key moved in) skipped when met: see [`Shard::current`].
+    /// `(expires_at, slot)` pairs: every slot has one at or before its expiry (see
+    /// [`Shard::set_expiry`]), plus outdated ones (another key moved in, or the key's expiry
+    /// moved) corrected or dropped when they come to the top.
     expiries: BinaryHeap<Reverse<(u64, usize)>>,
     /// Sliding-log entries allocated by the logs in `slots`.
     log_entries: usize,
@@ -528,11 +530,14 @@ impl Shard {
         self.note_expiry(slot, expires_at);
     }
 
-    /// Sets the expiry of the key at `slot`.
+    /// Sets the expiry of the key at `slot`. A later expiry (nearly every write: a key's state
+    /// is fresh again later after each admission) leaves the heap alone: its pair there is then
+    /// earlier than the key's expiry, and is moved up when it comes to the top.
     fn set_expiry(&mut self, slot: usize, expires_at: u64) {
         let stored = &mut self.slots[slot].stored;
-        if stored.expires_at != expires_at {
-            stored.expires_at = expires_at;
+        let earlier = expires_at < stored.expires_at;
+        stored.expires_at = expires_at;
+        if earlier {
             self.note_expiry(slot, expires_at);
         }
     }
@@ -553,20 +558,19 @@ impl Shard {
         }
     }
 
-    /// Whether the heap's pair `(expires_at, slot)` is the slot's current expiry.
-    fn current(&self, expires_at: u64, slot: usize) -> bool {
-        self.slots
-            .get(slot)
-            .is_some_and(|held| held.stored.expires_at == expires_at)
-    }
-
     /// Removes at least one key: the expired ones, longest expired first (up to
     /// [`EVICTION_BATCH`]), or when none has expired the one closest to expiry.
     fn make_room(&mut self, now: u64) {
         let mut removed = 0;
         while let Some(&Reverse((expires_at, slot))) = self.expiries.peek() {
-            if !self.current(expires_at, slot) {
+            let current = self.slots.get(slot).map(|held| held.stored.expires_at);
+            if current != Some(expires_at) {
                 self.expiries.pop();
+                // Its key expires later now: the pair moves there. An earlier expiry, or no key,
+                // has a pair of its own.
+                if let Some(later) = current.filter(|&c| c > expires_at) {
+                    self.expiries.push(Reverse((later, slot)));
+                }
                 continue;
             }
             if removed > 0 && (expires_at > now || removed == EVICTION_BATCH) {
@@ -712,6 +716,26 @@ mod tests {
             }
             assert_consistent(&shard);
         }
+    }
+
+    /// A key whose expiry moved later (a write leaves its earlier pair in the heap) is ordered
+    /// by its new expiry: the key that now expires first goes, not the one whose pair is oldest.
+    #[test]
+    fn an_extended_key_is_evicted_by_its_new_expiry() {
+        let now = 1_000;
+        let mut shard = Shard::default();
+        shard.insert("a", stored(now + 10), now, 3);
+        shard.insert("b", stored(now + 20), now, 3);
+        shard.insert("c", stored(now + 30), now, 3);
+        let held = shard.find("a", now).0;
+        shard.put(held, "a", stored(now + 100), now, 3);
+        shard.insert("new", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["a", "c", "new"]);
+        shard.insert("newer", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["a", "new", "newer"]);
+        shard.insert("newest", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["new", "newer", "newest"]);
+        assert_consistent(&shard);
     }
 
     /// The heap of expiry times stays within a constant factor of the keys however often they
