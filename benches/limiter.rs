@@ -3,7 +3,12 @@
 //! - `memory/<algorithm>`: the in-process [`MemoryStore`], one check at a time;
 //! - `redis-sequential/<algorithm>`: [`RedisStore`], one check in flight (the round-trip latency);
 //! - `redis-concurrent-64/<algorithm>`: [`RedisStore`], 64 checks in flight on its one
-//!   connection (the throughput one instance gets).
+//!   connection (the throughput one instance gets);
+//! - `deny-cache-full/<max_keys>`: a check on a new key that the store denies, with the limiter's
+//!   deny cache already full of live denials (10 000 and 1 000 000 keys): what a client minting
+//!   keys costs per request once the cache is full (the store is a stub that denies everything
+//!   for an hour, so the figure is the limiter and its cache). Before it runs, the RSS growth of
+//!   filling the cache is printed per entry.
 //!
 //! Redis is a private `redis-server` this bench starts on a free port, or the one at
 //! `REDLIMIT_BENCH_REDIS` (e.g. `redis://127.0.0.1:6379/`) when set; that one gets keys under the
@@ -24,9 +29,9 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use futures::future::join_all;
-use redlimit::store::{MemoryStore, RedisStore, Store};
-use redlimit::{Algorithm, Limiter, Quota};
+use futures::future::{join_all, BoxFuture};
+use redlimit::store::{CheckRequest, MemoryStore, RedisStore, Store, StoreError};
+use redlimit::{Algorithm, Decision, Limiter, Quota};
 use tokio::runtime::Runtime;
 
 mod support;
@@ -143,6 +148,92 @@ fn assert_no_errors(limiter: &Limiter) {
     );
 }
 
+/// A store that denies every check for an hour: each new key is a new entry of the deny cache.
+#[derive(Debug)]
+struct DenyAll;
+
+impl Store for DenyAll {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        const HOUR: Duration = Duration::from_secs(3_600);
+        let quota = request.quotas.as_slice()[0];
+        Box::pin(std::future::ready(Ok(Decision {
+            allowed: false,
+            limit: quota.limit(),
+            remaining: 0,
+            retry_after: HOUR,
+            reset_after: HOUR,
+            suspended: false,
+            quota,
+            overridden: false,
+        })))
+    }
+}
+
+/// This process's resident memory, in bytes (Linux), or 0 when unknown.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn deny_cache_full(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let quota = Quota::per_hour(1).expect("a valid quota");
+    let mut group = c.benchmark_group("deny-cache-full");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(10);
+    for max_keys in [10_000, 1_000_000] {
+        let limiter = Limiter::builder(DenyAll)
+            .prefix(PREFIX)
+            .deny_cache(max_keys)
+            .build()
+            .expect("a valid limiter");
+        // Keys spread over the cache's shards at random: 16 per sqrt(max_keys) more than the cap
+        // (4 standard deviations of a shard's share at 16 shards) fill every shard.
+        let fill = max_keys + 16 * (max_keys as f64).sqrt() as usize;
+        let before = rss_bytes();
+        runtime.block_on(async {
+            for i in 0..fill {
+                limiter.check(&format!("fill-{i}"), &quota).await;
+            }
+        });
+        let grown = rss_bytes().saturating_sub(before);
+        eprintln!(
+            "deny cache of {max_keys} keys: RSS +{grown} B after {fill} denials = {} B per entry \
+             (storage keys of {} bytes)",
+            grown / max_keys as u64,
+            limiter.storage_key("fill-123456").len()
+        );
+        let limiter = &limiter;
+        let quota = &quota;
+        let mut i = 0u64;
+        group.bench_function(BenchmarkId::from_parameter(max_keys), |b| {
+            b.to_async(&runtime).iter(|| {
+                i += 1;
+                let key = format!("new-{i}");
+                async move { limiter.check(&key, quota).await }
+            })
+        });
+        let stats = limiter.stats();
+        assert_eq!(
+            (stats.allowed, stats.deny_cached),
+            (0, 0),
+            "every check was a new denial from the store ({stats:?})"
+        );
+    }
+    group.finish();
+}
+
 /// The Redis the benchmarks run against.
 struct BenchRedis {
     url: String,
@@ -193,6 +284,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = memory, redis
+    targets = memory, redis, deny_cache_full
 }
 criterion_main!(benches);

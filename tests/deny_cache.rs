@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota, Quotas};
 use support::RedisServer;
 use tokio::sync::Barrier;
 
@@ -245,5 +245,48 @@ async fn the_cache_never_changes_a_decision() {
             cached.stats().deny_cached > 0,
             "{algorithm}: the cache answered"
         );
+    }
+}
+
+/// A cached denial repeats the store's decision field for field, also when the request has
+/// several quotas and the second denies, and when an override decides (its quota is none of the
+/// request's): the entry keeps them compactly, not as a whole `Quotas`.
+#[tokio::test]
+async fn a_cached_denial_repeats_the_stores_decision_with_tiers_and_overrides() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let limiter = limiter(&redis, Algorithm::TokenBucket, Clock::Manual(clock), true);
+    let tiers =
+        Quotas::new([Quota::per_second(5).unwrap(), Quota::per_minute(3).unwrap()]).unwrap();
+    let override_quota = Quota::per_hour(1).unwrap();
+    limiter
+        .set_quota("o", &Quotas::from(override_quota))
+        .await
+        .unwrap();
+    for (key, spend, binding) in [("t", 3, tiers[1]), ("o", 1, override_quota)] {
+        for _ in 0..spend {
+            assert!(
+                limiter
+                    .try_check_quotas(key, &tiers, 1)
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+        }
+        let cached_before = limiter.stats().deny_cached;
+        let from_store = limiter.try_check_quotas(key, &tiers, 1).await.unwrap();
+        let from_cache = limiter.try_check_quotas(key, &tiers, 1).await.unwrap();
+        assert!(!from_store.allowed, "{key}");
+        assert_eq!(from_store.quota, binding, "{key}");
+        assert_eq!(
+            limiter.stats().deny_cached,
+            cached_before + 1,
+            "{key}: answered locally"
+        );
+        assert_eq!(from_cache, from_store, "{key}");
+        // Another list of quotas is the store's.
+        let one = Quotas::from(tiers[1]);
+        limiter.try_check_quotas(key, &one, 1).await.unwrap();
+        assert_eq!(limiter.stats().deny_cached, cached_before + 1, "{key}");
     }
 }

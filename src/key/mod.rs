@@ -173,6 +173,13 @@ pub(crate) fn storage_id(key: &str) -> Cow<'_, str> {
     }
 }
 
+/// How the id of the shared key of [`MissingKey::Shared`](crate::MissingKey::Shared) starts: `#:`
+/// then the name's [`storage_id`]. No key a [`KeyExtractor`] returns (nor any key given to a
+/// [`Limiter`](crate::Limiter)) gets such an id: [`storage_id`] keeps a key only when it does not
+/// start with `#`, and otherwise makes it `#` and hex digits. So the shared bucket never meets a
+/// real key of the same name (an `FnKey` returning `"unkeyed"`).
+pub(crate) const SHARED_ID_PREFIX: &str = "#:";
+
 /// The id of a scope in a storage key: [`storage_id`], hashed also when it holds a `#`, so that
 /// no scope ends like the keys the stores derive from a storage key (`<key>#m`, the sliding
 /// log's controls).

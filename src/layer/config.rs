@@ -54,7 +54,9 @@ use crate::quota::Quotas;
 #[non_exhaustive]
 pub enum MissingKey {
     /// Count them all against one shared key (the default, `unkeyed`): anonymous traffic gets one
-    /// quota between it.
+    /// quota between it. The name is only a label: its storage key is one no extractor can
+    /// produce (`<prefix>:{#:unkeyed}:<scope>`), so a real key `unkeyed` (a header's value, an
+    /// `FnKey`'s) is a key of its own and never shares the anonymous bucket.
     Shared(String),
     /// Answer with this status (e.g. 400 or 401) without calling the service.
     Reject(StatusCode),
@@ -166,5 +168,92 @@ impl<K: fmt::Debug> fmt::Debug for Config<K> {
             .field("policy_name", &self.policy_name)
             .field("scope", &self.scope)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http::{Request, Response};
+    use tower::{Layer, ServiceExt};
+
+    use crate::key::{storage_id, FnKey, SHARED_ID_PREFIX};
+    use crate::layer::RateLimitLayer;
+    use crate::quota::Quota;
+    use crate::store::MemoryStore;
+
+    /// `MissingKey::Shared("unkeyed")` and a real key `"unkeyed"` from an `FnKey` are two keys:
+    /// a client whose key is `unkeyed` spends its own quota, and requests without a key still
+    /// have theirs (before, both counted against `redlimit:{unkeyed}:<scope>`, so the third
+    /// keyless request here was denied). Their storage keys differ.
+    #[tokio::test]
+    async fn the_shared_key_is_no_key_an_extractor_can_produce() {
+        let store = MemoryStore::new();
+        let limiter = crate::Limiter::new(store.clone());
+        let by_user = FnKey::new(|parts: &http::request::Parts| {
+            let user = parts.headers.get("x-user")?.to_str().ok()?;
+            Some(user.to_owned())
+        });
+        let layer = RateLimitLayer::new(limiter.clone(), Quota::per_minute(2).unwrap(), by_user);
+        let svc = layer.layer(tower::service_fn(|_: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+        let status = |user: Option<&str>| {
+            let svc = svc.clone();
+            let mut request = Request::builder();
+            if let Some(user) = user {
+                request = request.header("x-user", user);
+            }
+            let request = request.body(String::new()).unwrap();
+            async move { svc.oneshot(request).await.unwrap().status().as_u16() }
+        };
+        let mut statuses = Vec::new();
+        for user in [
+            Some("unkeyed"),
+            Some("unkeyed"),
+            Some("unkeyed"),
+            None,
+            None,
+            None,
+        ] {
+            statuses.push(status(user).await);
+        }
+        assert_eq!(statuses, [200, 200, 429, 200, 200, 429]);
+
+        // Two keys in the store, under the layer's scope: the real one and the shared one.
+        let keys = limiter.key_scope(Some("default:token-bucket:2/60s"));
+        let (real, shared) = (
+            keys.storage_key("unkeyed"),
+            keys.shared_storage_key("unkeyed"),
+        );
+        assert_eq!(
+            shared.as_str(),
+            "redlimit:{#:unkeyed}:default:token-bucket:2/60s"
+        );
+        assert_ne!(real.as_str(), shared.as_str());
+        let now = crate::clock::system_now_micros();
+        assert!(store.stored_state(real.as_str(), now).is_some());
+        assert!(store.stored_state(shared.as_str(), now).is_some());
+        assert_eq!(store.len(), 2);
+    }
+
+    /// No key, however chosen, gets an id that starts like the shared key's.
+    #[test]
+    fn no_storage_id_starts_like_the_shared_one() {
+        let long = "#:".repeat(200);
+        for key in [
+            "#:unkeyed",
+            "#:",
+            "#",
+            ":unkeyed",
+            "unkeyed",
+            "#unkeyed",
+            "#:{x}",
+            &long,
+        ] {
+            let id = storage_id(key);
+            assert!(!id.starts_with(SHARED_ID_PREFIX), "{key:?} -> {id}");
+        }
     }
 }

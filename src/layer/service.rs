@@ -213,11 +213,11 @@ where
         // The key is only read here, so an extractor that builds it (a hash) builds it on the
         // stack; the storage key is built inline too.
         let keyed = config.extractor.with_key(&parts, |key| {
-            let key = match (key, &config.missing_key) {
-                (Some(key), _) => key,
+            let (key, shared) = match (key, &config.missing_key) {
+                (Some(key), _) => (key, false),
                 (None, MissingKey::Shared(shared)) => {
                     config.note_unkeyed(shared);
-                    shared.as_str()
+                    (shared.as_str(), true)
                 }
                 (None, MissingKey::Reject(status)) => return Keyed::Reject(*status),
                 (None, MissingKey::Allow) => return Keyed::Allow,
@@ -229,7 +229,13 @@ where
             };
             // The layer's scope (its policy name and quotas) keeps layers with different quotas
             // on the same key apart; its constant parts are precomputed.
-            Keyed::Check((config.keys.storage_key(key), resolved))
+            // The shared key's storage key is one no extracted key can have.
+            let storage_key = if shared {
+                config.keys.shared_storage_key(key)
+            } else {
+                config.keys.storage_key(key)
+            };
+            Keyed::Check((storage_key, resolved))
         });
         let (storage_key, resolved) = match keyed {
             Keyed::Check(check) => check,

@@ -156,7 +156,14 @@ impl LimiterBuilder {
     /// `retry_after` is exact for them), and never caches a denial that can never pass (cost
     /// above the capacity). Other instances are unaffected:
     /// they admit nothing the store would not either. A change this process makes to a key
-    /// drops its entry ([`Limiter::forget`]). Each entry takes about 150 bytes.
+    /// drops its entry ([`Limiter::forget`]).
+    ///
+    /// Memory: about 200 bytes per entry with storage keys of about 30 bytes (measured as the
+    /// growth of the process's RSS over a full cache: 211 bytes per entry at 10 000 keys, 194 at
+    /// 1 000 000), plus a longer key's extra length, plus 32 bytes per quota beyond the first
+    /// when checks pass several. A full cache makes room for a new denial in constant time (it
+    /// evicts an ended entry, or the one that ends first, among a few), so keys minted to be
+    /// denied once each cost no more when it is full.
     ///
     /// Denials from the cache are counted in [`LimiterStats::deny_cached`](super::LimiterStats::deny_cached) (and `denied`).
     ///

@@ -1,7 +1,7 @@
 //! Storage keys: the constant parts of a scope, computed once, and the key of one check, built
 //! without allocating when it is short.
 
-use crate::key::{scope_id, storage_id};
+use crate::key::{scope_id, storage_id, SHARED_ID_PREFIX};
 
 /// The constant parts of the storage keys of one scope: `<prefix>:{` and `}:<scope>` (or `}`
 /// unscoped).
@@ -28,6 +28,12 @@ impl KeyScope {
     /// The storage key of `key` in this scope, without allocating when it fits inline.
     pub(crate) fn storage_key(&self, key: &str) -> StorageKey {
         StorageKey::join(&[&self.head, &storage_id(key), &self.tail])
+    }
+
+    /// The storage key of the shared key `name` of requests without a key in this scope: an id
+    /// no key gets (see [`SHARED_ID_PREFIX`]).
+    pub(crate) fn shared_storage_key(&self, name: &str) -> StorageKey {
+        StorageKey::join(&[&self.head, SHARED_ID_PREFIX, &storage_id(name), &self.tail])
     }
 }
 

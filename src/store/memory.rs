@@ -1,7 +1,8 @@
 //! [`MemoryStore`]: the same algorithms in this process, with the same decisions as Redis.
 
+use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -24,8 +25,8 @@ pub const DEFAULT_MAX_LOG_ENTRIES: usize = SHARDS * MAX_SLIDING_LOG_BURST as usi
 
 const SHARDS: usize = 64;
 
-/// How many keys a full shard looks at to make room for a new key.
-const EVICTION_SAMPLE: usize = 32;
+/// The most expired keys a full shard drops at once to make room for a new key.
+const EVICTION_BATCH: usize = 32;
 
 /// A [`Store`] in process memory, for one instance, tests, and the
 /// [`LocalFallback`](crate::policy::LocalFallback) policy.
@@ -36,13 +37,18 @@ const EVICTION_SAMPLE: usize = 32;
 ///
 /// **Bounded memory.** An idle key expires exactly when its Redis twin would (when its state is
 /// back to "fresh"). At most `max_keys` keys are held (100 000 by default, spread evenly over the
-/// shards), and never more. A new key in a full shard first makes room with an approximated
-/// eviction, like Redis's `maxmemory` policies: the shard looks at its next 32 keys in a rotating
-/// order, drops the expired ones among them, and if none has expired evicts the one closest to
-/// expiry among them (the one nearest to a fresh state, so evicting it loses the least). The work
-/// per new key is bounded (32 keys, whatever `max_keys`), and the rotation comes back to every
-/// key of a full shard within two rounds of `max_keys / 64 / 32` new keys, so expired keys do not
-/// linger. A flood of distinct keys therefore cannot grow memory nor slow the store down.
+/// shards), and never more. A new key in a full shard first makes room: each shard keeps its
+/// keys' expiry times in a min-heap, so it drops the keys that have expired (up to 32 at once,
+/// the longest expired first), and only when none has it evicts the live key closest to expiry
+/// (the one nearest to a fresh state, so evicting it loses the least). An expired key's state
+/// equals a fresh key's, so evicting it loses nothing: as long as the shard holds one, no live
+/// key is evicted, and a flood of new keys cannot reset a busy key that is over its limit (an
+/// earlier version looked only at a sample of 32 keys and could evict it while expired keys
+/// waited elsewhere in the shard). The heap is updated lazily: a write that moves a key's expiry
+/// later (nearly all of them) does not touch it, the key's pair is moved up when it reaches the
+/// top; new keys and earlier expiries push a pair, and outdated pairs are compacted away once
+/// they outnumber the keys. A new key in a full shard costs O(log n) amortized. A flood of
+/// distinct keys therefore cannot grow memory nor slow the store down.
 /// Every algorithm keeps a few numbers per key, except the sliding log: one `f64` per admitted
 /// unit, up to `burst` per key.
 ///
@@ -85,14 +91,16 @@ impl Default for MemoryStore {
     }
 }
 
-/// The keys of one shard: stored in a `Vec` so that a full shard can look at a few of them in a
-/// rotating order, with an index from key to slot.
+/// The keys of one shard: stored in a `Vec`, with an index from key to slot and a min-heap of
+/// their expiry times.
 #[derive(Default)]
 struct Shard {
     index: HashMap<Arc<str>, usize>,
     slots: Vec<Slot>,
-    /// Where the next eviction sample starts in `slots` (taken modulo its length).
-    cursor: usize,
+    /// `(expires_at, slot)` pairs: every slot has one at or before its expiry (see
+    /// [`Shard::set_expiry`]), plus outdated ones (another key moved in, or the key's expiry
+    /// moved) corrected or dropped when they come to the top.
+    expiries: BinaryHeap<Reverse<(u64, usize)>>,
     /// Sliding-log entries allocated by the logs in `slots`.
     log_entries: usize,
 }
@@ -413,7 +421,9 @@ impl Shard {
             Some(slot) => {
                 self.log_entries -= self.slots[slot].stored.state.log_entries();
                 self.log_entries += stored.state.log_entries();
-                self.slots[slot].stored = stored;
+                let expires_at = stored.expires_at;
+                self.slots[slot].stored.state = stored.state;
+                self.set_expiry(slot, expires_at);
             }
             None => self.insert(key, stored, now, max),
         }
@@ -472,7 +482,7 @@ impl Shard {
             self.log_entries =
                 self.log_entries - before + self.slots[slot].stored.state.log_entries();
             if let Some(ttl) = log_ttl {
-                self.slots[slot].stored.expires_at = expiry(now, ttl);
+                self.set_expiry(slot, expiry(now, ttl));
             }
         } else if let Some(ttl) = log_ttl {
             let stored = Stored {
@@ -482,7 +492,7 @@ impl Shard {
             self.put(held, key, stored, now, max);
         }
         if let (Some(ttl), Some(slot)) = (controls_ttl, controls_held) {
-            self.slots[slot].stored.expires_at = expiry(now, ttl);
+            self.set_expiry(slot, expiry(now, ttl));
         }
         Ok(reply)
     }
@@ -513,46 +523,69 @@ impl Shard {
             self.make_room(now);
         }
         let key: Arc<str> = Arc::from(key);
+        let slot = self.slots.len();
         self.log_entries += stored.state.log_entries();
-        self.index.insert(Arc::clone(&key), self.slots.len());
+        self.index.insert(Arc::clone(&key), slot);
+        let expires_at = stored.expires_at;
         self.slots.push(Slot { key, stored });
+        self.note_expiry(slot, expires_at);
     }
 
-    /// Removes at least one key, looking at no more than [`EVICTION_SAMPLE`] of them: the next
-    /// ones from the rotating cursor. The expired ones among them are dropped; if none has
-    /// expired, the one closest to expiry among them is evicted.
+    /// Sets the expiry of the key at `slot`. A later expiry (nearly every write: a key's state
+    /// is fresh again later after each admission) leaves the heap alone: its pair there is then
+    /// earlier than the key's expiry, and is moved up when it comes to the top.
+    fn set_expiry(&mut self, slot: usize, expires_at: u64) {
+        let stored = &mut self.slots[slot].stored;
+        let earlier = expires_at < stored.expires_at;
+        stored.expires_at = expires_at;
+        if earlier {
+            self.note_expiry(slot, expires_at);
+        }
+    }
+
+    /// Records in the heap that `slot` now expires at `expires_at`; compacts the heap once its
+    /// outdated pairs outnumber the keys (O(n) every n writes or more: O(1) amortized).
+    fn note_expiry(&mut self, slot: usize, expires_at: u64) {
+        if self.expiries.len() > 2 * self.slots.len() + 64 {
+            let mut pairs = std::mem::take(&mut self.expiries).into_vec();
+            pairs.clear();
+            pairs.extend(
+                (self.slots.iter().enumerate())
+                    .map(|(s, held)| Reverse((held.stored.expires_at, s))),
+            );
+            self.expiries = BinaryHeap::from(pairs);
+        } else {
+            self.expiries.push(Reverse((expires_at, slot)));
+        }
+    }
+
+    /// Removes at least one key: the expired ones, longest expired first (up to
+    /// [`EVICTION_BATCH`]), or when none has expired the one closest to expiry.
     fn make_room(&mut self, now: u64) {
-        let len = self.slots.len();
-        if len == 0 {
-            return;
-        }
-        let start = self.cursor % len;
-        let sample = EVICTION_SAMPLE.min(len);
-        let mut doomed = [0usize; EVICTION_SAMPLE];
-        let mut count = 0;
-        let mut soonest = start;
-        for offset in 0..sample {
-            let slot = (start + offset) % len;
-            let expires_at = self.slots[slot].stored.expires_at;
-            if expires_at <= now {
-                doomed[count] = slot;
-                count += 1;
-            } else if expires_at < self.slots[soonest].stored.expires_at {
-                soonest = slot;
+        let mut removed = 0;
+        while let Some(&Reverse((expires_at, slot))) = self.expiries.peek() {
+            let current = self.slots.get(slot).map(|held| held.stored.expires_at);
+            if current != Some(expires_at) {
+                self.expiries.pop();
+                // Its key expires later now: the pair moves there. An earlier expiry, or no key,
+                // has a pair of its own.
+                if let Some(later) = current.filter(|&c| c > expires_at) {
+                    self.expiries.push(Reverse((later, slot)));
+                }
+                continue;
             }
-        }
-        if count == 0 {
-            doomed[0] = soonest;
-            count = 1;
-        }
-        // Highest slot first: a removal moves the last slot into the hole, and every slot above
-        // the hole is gone already, so no doomed slot moves.
-        let doomed = &mut doomed[..count];
-        doomed.sort_unstable_by(|a, b| b.cmp(a));
-        for &slot in doomed.iter() {
+            if removed > 0 && (expires_at > now || removed == EVICTION_BATCH) {
+                return;
+            }
+            self.expiries.pop();
             self.remove_slot(slot);
+            removed += 1;
         }
-        self.cursor = start + sample;
+        if removed == 0 && !self.slots.is_empty() {
+            // Unreachable (every slot has its pair in the heap); never loop forever on a bug.
+            debug_assert!(false, "a held key without its expiry in the heap");
+            self.remove_slot(0);
+        }
     }
 
     fn remove_slot(&mut self, slot: usize) {
@@ -563,6 +596,9 @@ impl Shard {
             if let Some(index) = self.index.get_mut(&*moved.key) {
                 *index = slot;
             }
+            // Its pairs name its old slot: give it one for the new.
+            let expires_at = moved.stored.expires_at;
+            self.note_expiry(slot, expires_at);
         }
     }
 }
@@ -641,14 +677,16 @@ mod tests {
         assert_eq!(keys(&shard), ["k1", "k3", "k5", "k7", "k9", "new"]);
     }
 
-    /// Making room looks at [`EVICTION_SAMPLE`] keys, not the whole shard, and the rotating
-    /// cursor still comes back to every key: an expired key anywhere in a full shard of live
-    /// keys is reclaimed within two rotations.
+    /// An expired key anywhere in a full shard of live keys is reclaimed by the very next new
+    /// key, before any live key; then the live key closest to expiry goes, and so on in order of
+    /// expiry. (The earlier sampled eviction looked at 32 keys from a rotating cursor: with the
+    /// expired key outside them it evicted k0, a live key, and took up to 64 new keys to reach
+    /// the expired one.)
     #[test]
-    fn eviction_work_is_bounded_and_the_rotation_reaches_every_key() {
+    fn an_expired_key_anywhere_is_reclaimed_before_any_live_key() {
         const MAX: usize = 1_000;
         let now = 1_000_000;
-        for dead_at in [0, 31, 32, 500, MAX - 1] {
+        for dead_at in [500, MAX - 1, 32, 31, 0] {
             let mut shard = Shard::default();
             for i in 0..MAX {
                 let expires_at = if i == dead_at {
@@ -658,32 +696,76 @@ mod tests {
                 };
                 shard.insert(&format!("k{i}"), stored(expires_at), now, MAX);
             }
-            let mut new_keys = 0;
+            // A new key outlives every key already held, so it is never the one evicted.
+            shard.insert("new0", stored(now + 10_000_000), now, MAX);
+            assert_consistent(&shard);
+            assert_eq!(shard.slots.len(), MAX, "the cap is hard");
             let dead = format!("k{dead_at}");
-            while shard.index.contains_key(dead.as_str()) {
-                // A new key outlives every key already held, so it is never the one evicted.
-                let before = shard.slots.len();
-                shard.insert(
-                    &format!("new{new_keys}"),
-                    stored(now + 10_000_000),
-                    now,
-                    MAX,
-                );
-                assert_eq!(shard.slots.len(), before.min(MAX), "the cap is hard");
-                new_keys += 1;
-                if new_keys == 1 && dead_at >= EVICTION_SAMPLE {
-                    // The first sample did not include the expired key: a live key went, the
-                    // closest to expiry among the first 32 (k0), not the dead one far away.
-                    assert!(!shard.index.contains_key("k0"));
-                }
+            assert!(!shard.index.contains_key(dead.as_str()), "slot {dead_at}");
+            for i in (0..MAX).filter(|&i| i != dead_at) {
                 assert!(
-                    new_keys <= 2 * MAX / EVICTION_SAMPLE + 2,
-                    "the expired key at slot {dead_at} is still held after {new_keys} new keys"
+                    shard.index.contains_key(format!("k{i}").as_str()),
+                    "k{i} evicted"
                 );
             }
+            // No key has expired now: the live ones go closest to expiry first.
+            let live: Vec<usize> = (0..MAX).filter(|&i| i != dead_at).take(5).collect();
+            for (n, i) in live.into_iter().enumerate() {
+                shard.insert(&format!("new{}", n + 1), stored(now + 10_000_000), now, MAX);
+                assert!(!shard.index.contains_key(format!("k{i}").as_str()));
+                assert_eq!(shard.slots.len(), MAX);
+            }
             assert_consistent(&shard);
-            assert_eq!(shard.slots.len(), MAX);
         }
+    }
+
+    /// A key whose expiry moved later (a write leaves its earlier pair in the heap) is ordered
+    /// by its new expiry: the key that now expires first goes, not the one whose pair is oldest.
+    #[test]
+    fn an_extended_key_is_evicted_by_its_new_expiry() {
+        let now = 1_000;
+        let mut shard = Shard::default();
+        shard.insert("a", stored(now + 10), now, 3);
+        shard.insert("b", stored(now + 20), now, 3);
+        shard.insert("c", stored(now + 30), now, 3);
+        let held = shard.find("a", now).0;
+        shard.put(held, "a", stored(now + 100), now, 3);
+        shard.insert("new", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["a", "c", "new"]);
+        shard.insert("newer", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["a", "new", "newer"]);
+        shard.insert("newest", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["new", "newer", "newest"]);
+        assert_consistent(&shard);
+    }
+
+    /// The heap of expiry times stays within a constant factor of the keys however often they
+    /// are rewritten (outdated pairs are compacted away), and still finds the right key.
+    #[test]
+    fn rewrites_do_not_grow_the_expiry_heap() {
+        let mut shard = Shard::default();
+        let mut now = 1_000;
+        for i in 0..100 {
+            shard.insert(&format!("k{i}"), stored(now + 1_000), now, 100);
+        }
+        for round in 0..1_000u64 {
+            now += 1;
+            for i in 0..100 {
+                let held = shard.find(&format!("k{i}"), now).0;
+                let expires_at = if i == 42 { now } else { now + 1_000 + round };
+                shard.put(held, &format!("k{i}"), stored(expires_at), now, 100);
+            }
+            assert!(
+                shard.expiries.len() <= 2 * 100 + 64 + 1,
+                "{}",
+                shard.expiries.len()
+            );
+        }
+        now += 1; // k42 has expired
+        shard.insert("new", stored(now + 10_000), now, 100);
+        assert!(!shard.index.contains_key("k42"));
+        assert_eq!(shard.slots.len(), 100);
+        assert_consistent(&shard);
     }
 
     /// A flood of distinct keys, with time passing so that some keys expire on the way, under

@@ -1,5 +1,5 @@
 //! Floods of distinct keys: Redis memory bounded by expiry, a bounded `MemoryStore` never
-//! above its cap.
+//! above its cap, and never resetting a busy key while it holds expired ones.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use redis::aio::MultiplexedConnection;
 use redlimit::store::MemoryStore;
-use redlimit::{Algorithm, Limiter, Quota, Verdict};
+use redlimit::{Algorithm, Clock, Limiter, ManualClock, Quota, Verdict};
 
 use crate::support::RedisServer;
 use crate::{
@@ -388,6 +388,74 @@ fn memory_store_flood_never_exceeds_its_cap() {
         assert!(
             newest_kept,
             "{algorithm}: the newest key must still be enforced"
+        );
+    }
+}
+
+/// A flood of new keys into a full `MemoryStore` (so also `LocalFallback`'s) never evicts, and so
+/// resets, a busy key that is over its limit while the store holds keys whose state equals a
+/// fresh key's (expired ones): those go first, for evicting them loses nothing. Every algorithm.
+///
+/// Per shard (64, 1 000 keys each, keys spread at random): the busy key first, then about 500
+/// keys that live for hours, then about 400 that expire within 2 s; once these have expired,
+/// about 300 new keys of the long kind arrive, fewer than the expired keys plus the room left.
+/// The busy key, over its per-minute limit, is the live key closest to expiry: the earlier
+/// sampled eviction looked at the 32 keys from the start of the shard (the busy key and long
+/// keys, none expired) and evicted it, and its next request was admitted.
+#[test]
+fn a_flood_never_resets_an_over_limit_key_while_expired_keys_remain() {
+    let _machine = shared_blocking();
+    const MAX_KEYS: usize = 64 * 1_000;
+    // A whole day since the epoch: every fixed window (minute, second, day) starts here.
+    const T0: Duration = Duration::from_secs(1_700_006_400);
+    let busy = Quota::per_minute(10).unwrap();
+    let long = Quota::per_day(10).unwrap();
+    let short = Quota::per_second(1).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for &algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_max_keys(MAX_KEYS);
+        let limiter = Limiter::builder(store.clone())
+            .algorithm(algorithm)
+            .clock(Clock::Manual(clock.clone()))
+            .build()
+            .unwrap();
+        let admitted = |key: String, quota: Quota| {
+            let limiter = limiter.clone();
+            async move { limiter.check(&key, &quota).await.is_allowed() }
+        };
+        let flood_admitted = runtime.block_on(async {
+            for _ in 0..10 {
+                assert!(admitted("busy".into(), busy).await, "{algorithm}");
+            }
+            assert!(!admitted("busy".into(), busy).await, "{algorithm}: over");
+            for i in 0..32_000 {
+                assert!(admitted(format!("long-{i}"), long).await, "{algorithm}");
+            }
+            for i in 0..25_600 {
+                assert!(admitted(format!("short-{i}"), short).await, "{algorithm}");
+            }
+            clock.advance(Duration::from_secs(5)); // every short key has expired: fresh again
+            let mut flood_admitted = 0;
+            for i in 0..19_200 {
+                flood_admitted += usize::from(admitted(format!("flood-{i}"), long).await);
+            }
+            flood_admitted
+        });
+        let busy_after = runtime.block_on(admitted("busy".into(), busy));
+        println!(
+            "{algorithm}: busy key over its limit, then 32 000 long + 25 600 short keys, 5 s, \
+             19 200 new keys ({flood_admitted} admitted) into MemoryStore::with_max_keys\
+             ({MAX_KEYS}): len {}, busy key's next request admitted: {busy_after}",
+            store.len()
+        );
+        assert_eq!(flood_admitted, 19_200, "{algorithm}: new keys are admitted");
+        assert!(store.len() <= MAX_KEYS, "{algorithm}: {}", store.len());
+        assert!(
+            !busy_after,
+            "{algorithm}: the busy key over its limit was evicted (reset) while expired keys remained"
         );
     }
 }
