@@ -1045,20 +1045,53 @@ mod tests {
     #[test]
     fn controls_round_trip() {
         let q = Quota::per_second(5).unwrap();
-        let (set, ttl) = control(None, None, 1e6, Op::SetQuota(&[q])).unwrap();
+        let (set, ttl) = control(None, None, 1e6, Op::SetQuota(&[q]), false).unwrap();
         let set = set.unwrap();
         assert_eq!(ttl, OVERRIDE_IDLE_MS);
         let parsed = Controls::parse(&set);
         assert_eq!(parsed.override_quotas(), vec![q]);
-        let (suspended, ttl) = control(Some(&set), Some(ttl), 1e6, Op::Suspend(2_000_000)).unwrap();
+        let (suspended, ttl) =
+            control(Some(&set), Some(ttl), 1e6, Op::Suspend(2_000_000), false).unwrap();
         let suspended = suspended.unwrap();
         assert!(
             matches!(Controls::parse(&suspended), Controls::Some { until_us, n: 1, .. } if until_us == 3e6)
         );
         assert_eq!(ttl, OVERRIDE_IDLE_MS);
-        let (cleared, _) = control(Some(&suspended), Some(ttl), 1e6, Op::ClearQuota).unwrap();
-        let (resumed, _) = control(cleared.as_deref(), Some(ttl), 1e6, Op::Resume).unwrap();
+        let (cleared, _) =
+            control(Some(&suspended), Some(ttl), 1e6, Op::ClearQuota, false).unwrap();
+        let (resumed, _) = control(cleared.as_deref(), Some(ttl), 1e6, Op::Resume, false).unwrap();
         assert_eq!(resumed, None, "nothing left: the key is deleted");
-        assert_eq!(control(Some(&set), None, 1e6, Op::Inspect), None);
+        assert_eq!(control(Some(&set), None, 1e6, Op::Inspect, false), None);
+    }
+
+    #[test]
+    fn tenant_keys_share_the_slot_of_every_route() {
+        assert_eq!(tenant_key("redlimit:{k1}:api"), "redlimit:{k1}#t");
+        assert_eq!(tenant_key("redlimit:{k1}"), "redlimit:{k1}#t");
+        assert_eq!(tenant_key("redlimit:{k1}#t"), "redlimit:{k1}#t");
+        // No hash tag: the whole key becomes it.
+        assert_eq!(tenant_key("plain"), "{plain}#t");
+        assert_eq!(tenant_key("a{}b"), "{a{}b}#t");
+        assert!(is_tenant_key(&tenant_key("x:{y}:z")));
+        assert!(!is_tenant_key("redlimit:{k1}:api"));
+    }
+
+    #[test]
+    fn a_suspension_far_ahead_gives_a_readable_reply() {
+        // A tenant suspended until 1e300 µs: the reply's times are capped, never unreadable.
+        let mut tenant = vec![CONTROLS];
+        tenant.extend_from_slice(&1e300f64.to_le_bytes());
+        tenant.push(0);
+        let quota = Quota::per_minute(10).unwrap();
+        let step = match Algorithm::TokenBucket.kind() {
+            super::super::Kind::Packed(step) => step,
+            super::super::Kind::Log => unreachable!(),
+        };
+        let (reply, write) = decide(step, None, Some(&tenant), 1e6, 1.0, &[quota]).unwrap();
+        assert!(reply.suspended && !reply.allowed && write.is_none());
+        assert_eq!(reply.retry_after_ms, MAX_REPLY_MS);
+        // The same on the route's own controls.
+        let (reply, _) = decide(step, Some(&tenant), None, 1e6, 1.0, &[quota]).unwrap();
+        assert_eq!(reply.retry_after_ms, MAX_REPLY_MS);
     }
 }

@@ -148,6 +148,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             extractor,
             missing_key: MissingKey::default(),
             policy_name: "default".to_owned(),
+            named: false,
             scope: None,
             legacy_headers: false,
             cost: None,
@@ -191,6 +192,8 @@ pub struct RateLimitLayerBuilder<K> {
     extractor: K,
     missing_key: MissingKey,
     policy_name: String,
+    /// Whether the policy name was given: it is then the scope.
+    named: bool,
     scope: Option<String>,
     legacy_headers: bool,
     cost: Option<Box<CostFn>>,
@@ -216,7 +219,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     }
 
     /// The policy name in the `RateLimit` headers (`default` by default): 1 to 64 characters of
-    /// `[A-Za-z0-9._-]`. It is also the start of the layer's scope (see [`scope`](Self::scope)).
+    /// `[A-Za-z0-9._-]`. It is also the layer's scope, its route (see [`scope`](Self::scope)).
     ///
     /// ```
     /// # use std::convert::Infallible;
@@ -243,6 +246,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// ```
     pub fn policy_name(mut self, name: impl Into<String>) -> Self {
         self.policy_name = name.into();
+        self.named = true;
         self
     }
 
@@ -250,7 +254,11 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// [`Limiter::check_scoped`] call) of the same limiter prefix that names it, **whatever
     /// their quotas**: 1 to 64 characters of `[A-Za-z0-9._-]`.
     ///
-    /// Without it a layer's scope is derived from its policy name, the limiter's algorithm and
+    /// Without it, a layer with a [policy name](Self::policy_name) counts in a scope of that
+    /// name: its route. A deploy that changes the route's quota keeps the usage, capped to the
+    /// new quota, and the route's override; one that changes the algorithm starts the usage
+    /// afresh (another algorithm's state reads as a fresh key, replaced on the first admission).
+    /// A layer without a policy name derives its scope from the limiter's algorithm and
     /// the quota, e.g. `default:token-bucket:5/60s` (storage key
     /// `redlimit:{ip:203.0.113.7}:default:token-bucket:5/60s`): layers with different quotas
     /// (per-route limits: `/login` 5 a minute, `/api` 1000 a minute) never share state, and
@@ -514,9 +522,13 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
             self.retry_after_jitter,
         )
         .with_constant_policy();
-        let scope = self
-            .scope
-            .unwrap_or_else(|| default_scope(&self.policy_name, algorithm, &self.quotas));
+        // A named policy is its route: its scope holds no quota, so a deploy that changes the
+        // quota keeps the usage (capped to the new quota) and the route's override.
+        let scope = match self.scope {
+            Some(scope) => scope,
+            None if self.named => self.policy_name.clone(),
+            None => default_scope(&self.policy_name, algorithm, &self.quotas),
+        };
         let keys = self.limiter.key_scope(Some(&scope));
         Ok(RateLimitLayer {
             config: Arc::new(Config {

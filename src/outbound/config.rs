@@ -31,6 +31,8 @@ pub(crate) struct Limits {
     pub scope: Option<String>,
     pub max_wait: Duration,
     pub auto_suspend: bool,
+    /// The cap on one automatic suspension.
+    pub max_auto_suspension: Duration,
 }
 
 /// A pending acquisition.

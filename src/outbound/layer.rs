@@ -15,6 +15,10 @@ use crate::quota::Quotas;
 /// How long a request waits for the limiter by default: 10 seconds.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
 
+/// The longest suspension an upstream's `Retry-After` sets by default: 5 minutes (see
+/// [`OutboundLayerBuilder::max_auto_suspension`]).
+pub const DEFAULT_MAX_AUTO_SUSPENSION: Duration = Duration::from_secs(5 * 60);
+
 /// Makes a client [`Service`](tower_service::Service) (an HTTP client) wait for a fleet-wide
 /// quota instead of failing: see the [module docs](super) for the whole story and an example.
 ///
@@ -174,6 +178,7 @@ pub struct OutboundLayerBuilder<K> {
     key: KeySource<K>,
     max_wait: Duration,
     auto_suspend: bool,
+    max_auto_suspension: Duration,
     scope: Option<String>,
 }
 
@@ -183,6 +188,7 @@ impl<K: fmt::Debug> fmt::Debug for OutboundLayerBuilder<K> {
             .field("quotas", &self.quotas)
             .field("max_wait", &self.max_wait)
             .field("auto_suspend", &self.auto_suspend)
+            .field("max_auto_suspension", &self.max_auto_suspension)
             .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
@@ -196,6 +202,7 @@ impl<K> OutboundLayerBuilder<K> {
             key,
             max_wait: DEFAULT_MAX_WAIT,
             auto_suspend: true,
+            max_auto_suspension: DEFAULT_MAX_AUTO_SUSPENSION,
             scope: None,
         }
     }
@@ -213,6 +220,15 @@ impl<K> OutboundLayerBuilder<K> {
     /// for that long (on by default; see the [module docs](super#auto-suspend)).
     pub fn auto_suspend(mut self, enabled: bool) -> Self {
         self.auto_suspend = enabled;
+        self
+    }
+
+    /// The longest suspension one upstream answer sets ([`DEFAULT_MAX_AUTO_SUSPENSION`], 5
+    /// minutes, by default): a `Retry-After` beyond it (a misbehaving upstream, a CDN's error
+    /// page) suspends the fleet for this long only. An automatic suspension only ever extends
+    /// one in force (an operator's included), never cuts it.
+    pub fn max_auto_suspension(mut self, max: Duration) -> Self {
+        self.max_auto_suspension = max;
         self
     }
 
@@ -252,6 +268,7 @@ impl<K> OutboundLayerBuilder<K> {
                     scope: self.scope,
                     max_wait: self.max_wait,
                     auto_suspend: self.auto_suspend,
+                    max_auto_suspension: self.max_auto_suspension,
                 }),
                 key: self.key,
             }),

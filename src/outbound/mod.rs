@@ -117,5 +117,7 @@ mod service;
 
 pub use self::error::OutboundError;
 pub use self::future::ResponseFuture;
-pub use self::layer::{OutboundLayer, OutboundLayerBuilder, DEFAULT_MAX_WAIT};
+pub use self::layer::{
+    OutboundLayer, OutboundLayerBuilder, DEFAULT_MAX_AUTO_SUSPENSION, DEFAULT_MAX_WAIT,
+};
 pub use self::service::Outbound;
