@@ -4,9 +4,10 @@
 -- `@packed-steps` line (the one-tier path, which spares the usual call the loop's bookkeeping).
 --
 -- KEYS  [1] the route's string: its own controls (if any) and every tier's state (for the
---       sliding log only its controls); [2] the tenant's controls (`<prefix>:{<id>}#t`:
---       suspension, an override of every route, a reset of every route); [3] the sliding log
---       only: its sorted set. All share one hash tag.
+--       sliding log only its controls); [2] the sliding log only: its sorted set; then, last,
+--       the tenant's controls (`<prefix>:{<id>}#t`: a suspension, an override of every route,
+--       a reset of every route; a caller that sends no such key has none). All share one
+--       hash tag.
 -- ARGV  one string, packed little-endian (struct.pack): doubles now_us (-1 = Redis server
 --       TIME) and cost (0 = peek), a byte naming the algorithm (its state's tag: 't' token
 --       bucket, 'g' GCRA, 'f' fixed window, 'w' sliding window, 'l' sliding log), then per tier
@@ -27,7 +28,7 @@
 --       is whole, from 0 to burst; the caller knows its burst). An integer costs Redis less
 --       than packing a string.
 --
--- The tenant's string at KEYS[2], written by lua/control.lua:
+-- The tenant's string (the last key), written by lua/control.lua:
 --   'M', double suspended_until_us (0: not suspended), a byte n (0: no override), n * doubles
 --   limit, period_us, burst (an override of every route without one of its own), then
 --   optionally a double reset_us: every route's states stored before it read as fresh.
@@ -88,9 +89,13 @@ if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
     'must be integers from 1 below 2^53')
 end
 local log = alg == 108
-if not KEYS[2] or log and not KEYS[3] then
-  return redis.error_reply('ERR redlimit: invalid arguments; expected the route\'s key, the ' ..
-    'tenant\'s key and for the sliding log its sorted set')
+if log and not KEYS[2] then
+  return redis.error_reply('ERR redlimit: invalid arguments; the sliding log needs its key')
+end
+-- The tenant's key comes last; a caller that sends none has no tenant controls.
+local tkey = KEYS[2]
+if log then
+  tkey = KEYS[3]
 end
 if now == -1 then
   local t = call('TIME')
@@ -100,7 +105,7 @@ end
 -- The tenant's controls: absent (one GET of a missing key) unless an operator set one. A key
 -- of another type reads as absent; any other error (a NOPERM) is the caller's.
 local quotas, tover, reset_us = args, false, 0
-local t = redis.pcall('GET', KEYS[2])
+local t = tkey and redis.pcall('GET', tkey)
 if t then
   if t.err then
     if string.sub(t.err, 1, 9) ~= 'WRONGTYPE' then
@@ -209,7 +214,7 @@ if reset_us > 0 then
   -- deleted), and what is written now carries the reset.
   if stamp < reset_us then
     if log then
-      call('DEL', KEYS[3])
+      call('DEL', KEYS[2])
     elseif s then
       at = #s + 1
     end
@@ -248,7 +253,7 @@ else
   -- the repairs (a tier that would have admitted keeps its stored state: a denied request
   -- consumes from none); '\0' for a tier with nothing stored.
   local admitted, denied, admitted_changed, denied_changed = '', '', false, false
-  local key = KEYS[3]
+  local key = KEYS[2]
   -- A peek never writes or deletes: one at a sliding log whose key holds another type answers
   -- as a fresh log would and leaves the key alone (only an admission replaces it).
   local foreign = false

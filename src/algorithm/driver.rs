@@ -129,7 +129,7 @@ pub(crate) fn is_tenant_key(key: &str) -> bool {
 
 /// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
 /// first argument (the SHA-1 or the body) is already in place: the storage `key` (for the
-/// sliding log, its controls' key), the tenant's key, the sliding log's sorted set, then the
+/// sliding log, its controls' key, then its sorted set), the tenant's key, then the
 /// `algorithm`, its `quotas`, the `cost`, and the client's clock in µs (`None`: Redis `TIME`).
 pub(crate) fn push_call(
     cmd: &mut redis::Cmd,
@@ -143,8 +143,8 @@ pub(crate) fn push_call(
     if algorithm == Algorithm::SlidingLog {
         cmd.arg(3)
             .arg(log_controls_key(key))
-            .arg(tenant_key(key))
-            .arg(key);
+            .arg(key)
+            .arg(tenant_key(key));
     } else {
         cmd.arg(2).arg(key).arg(tenant_key(key));
     }

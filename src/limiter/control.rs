@@ -192,7 +192,8 @@ impl KeyStatus {
     fn decode(route: ControlReply, tenant: &ControlReply) -> KeyStatus {
         let now = route.now_micros as f64;
         let left = |until_us: f64| {
-            (until_us > now).then(|| Duration::from_micros((until_us - now).min(u64::MAX as f64) as u64))
+            (until_us > now)
+                .then(|| Duration::from_micros((until_us - now).min(u64::MAX as f64) as u64))
         };
         // The tenant's: a suspension, an override of every route, a reset.
         let tenant_stored = tenant.stored.clone().unwrap_or_default();

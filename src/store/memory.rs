@@ -10,8 +10,7 @@ use futures::future::BoxFuture;
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
     capped_cost, control, decide, decide_log, foreign_state, log_controls_key, sliding_log,
-    tenant_key, Kind, LogWrite, Op,
-    Packed, Refused, Reply, Written, MAX_SLIDING_LOG_BURST,
+    tenant_key, Kind, LogWrite, Op, Packed, Refused, Reply, Written, MAX_SLIDING_LOG_BURST,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
