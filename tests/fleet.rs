@@ -742,3 +742,77 @@ async fn a_suspension_far_ahead_denies_with_a_readable_reply() {
         }
     }
 }
+
+/// An upstream's `Retry-After` (the outbound layer's auto-suspend) only ever extends a
+/// suspension, and is capped: a late `Retry-After: 1` from a request already in flight leaves
+/// an operator's hour as it is, and `Retry-After: 99999999999` suspends for the layer's cap
+/// (5 minutes by default), not for 30 days.
+#[tokio::test]
+async fn an_upstream_retry_after_only_extends_a_suspension_and_is_capped() {
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::Full;
+    use redlimit::outbound::OutboundLayer;
+    use tower::{Service, ServiceBuilder, ServiceExt};
+
+    let redis = RedisServer::start();
+    let quota = Quota::per_second(100).unwrap();
+    // One call through the layer; `during` runs while the request is with the upstream, which
+    // then answers 429 with `retry_after`.
+    async fn call_once(
+        layer: OutboundLayer,
+        retry_after: &'static str,
+        during: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let during = std::sync::Mutex::new(Some(Box::pin(during)));
+        let during = Arc::new(during);
+        let upstream = tower::service_fn(move |_: Request<Full<Bytes>>| {
+            let during = during.lock().unwrap().take();
+            async move {
+                if let Some(during) = during {
+                    during.await;
+                }
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(StatusCode::TOO_MANY_REQUESTS)
+                        .header("retry-after", retry_after)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+            }
+        });
+        let mut client = ServiceBuilder::new().layer(layer).service(upstream);
+        let request = Request::new(Full::new(Bytes::new()));
+        let response = client.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let hour = Duration::from_secs(3600);
+
+    // The operator suspends for an hour while the request is in flight; its late answer says 1 s.
+    let limiter = instance(&redis, Algorithm::TokenBucket);
+    let operator = limiter.clone();
+    let layer = OutboundLayer::new(limiter.clone(), quota, "partner");
+    call_once(layer, "1", async move {
+        operator.suspend("partner", hour).await.unwrap();
+    })
+    .await;
+    let left = limiter.inspect("partner").await.unwrap().suspended_for.unwrap();
+    assert!(left > hour - Duration::from_secs(60), "cut to {left:?}");
+
+    // A huge Retry-After: the default cap, 5 minutes.
+    let layer = OutboundLayer::new(limiter.clone(), quota, "cdn");
+    call_once(layer, "99999999999", async {}).await;
+    let left = limiter.inspect("cdn").await.unwrap().suspended_for.unwrap();
+    assert!(
+        left <= Duration::from_secs(300) && left > Duration::from_secs(290),
+        "{left:?}"
+    );
+    // A cap of the layer's own.
+    let layer = OutboundLayer::builder(limiter.clone(), quota, "edge")
+        .max_auto_suspension(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    call_once(layer, "99999999999", async {}).await;
+    let left = limiter.inspect("edge").await.unwrap().suspended_for.unwrap();
+    assert!(left <= Duration::from_secs(20), "{left:?}");
+}
