@@ -61,13 +61,16 @@ const USAGE: &str = "\
 usage: cargo run --example admin -- --redis URL [OPTIONS] COMMAND
 
 commands:
-  inspect KEY                   what the key looks like (override, suspension, state)
+  inspect KEY                   what the key looks like (override, suspension, state), and
+                                every route where it has state
   set-quota KEY N/DURATION...   replace the key's quotas on every instance, e.g. 10/1s 500/1m
                                 (1 to 8 tiers, checked together)
   clear-quota KEY               back to the callers' own quotas
-  suspend KEY DURATION          deny every request on the key for DURATION (at most 30 days)
+  suspend KEY DURATION          deny every request on the key for DURATION (at most 30 days),
+                                on every route (with --scope: on that route only)
   resume KEY                    end a suspension
-  reset KEY                     forget the key's usage (an override and a suspension stay)
+  reset KEY                     forget the key's usage on every route (with --scope: on that
+                                route only; an override and a suspension stay)
 
 KEY is the key as the layer's extractor returns it, e.g. ip:203.0.113.7.
 DURATION is a whole number and a unit: 500ms, 30s, 10m, 1h.
@@ -75,8 +78,11 @@ DURATION is a whole number and a unit: 500ms, 30s, 10m, 1h.
 options:
   --redis URL               the limiters' Redis (required: no default)
   --prefix PREFIX           the limiters' key prefix [default: redlimit]
-  --scope SCOPE             the layer's scope (RateLimitLayer::scope(), e.g.
-                            default:token-bucket:10/60s) [default: unscoped, as Limiter::check]
+  --scope SCOPE             the route: the layer's scope (its policy name when it has one;
+                            RateLimitLayer::scope(), e.g. default:token-bucket:10/60s)
+                            [default: unscoped, as Limiter::check]
+  --all-routes              set-quota and clear-quota: the override of every route of the key
+                            (a route's own override stays first)
   --algorithm NAME          the limiters' algorithm, one of: ALGORITHMS [default: token-bucket]
   --header NAME             KEY is the value of request header NAME (an API key), hashed as
                             HeaderKey::named(NAME) hashes it
@@ -130,6 +136,7 @@ struct Request {
     url: String,
     prefix: Option<String>,
     scope: Option<String>,
+    all_routes: bool,
     algorithm: Algorithm,
     /// The key as the limiter sees it (hashed when `--header` was given).
     key: String,
@@ -160,6 +167,7 @@ fn parse_args(
     let (mut url, mut prefix, mut scope, mut algorithm, mut header, mut secret) =
         (None, None, None, None, None, None);
     let mut plain = Vec::new();
+    let mut all_routes = false;
     let mut args = Args::new(args.into_iter().collect::<Vec<_>>());
     while let Some(arg) = args.next_arg() {
         let (name, inline) = match arg {
@@ -176,6 +184,7 @@ fn parse_args(
             "--redis" => set_once(&mut url, &name, args.value(&name, inline)?)?,
             "--prefix" => set_once(&mut prefix, &name, args.value(&name, inline)?)?,
             "--scope" => set_once(&mut scope, &name, args.value(&name, inline)?)?,
+            "--all-routes" if inline.is_none() => all_routes = true,
             "--header" => set_once(&mut header, &name, args.value(&name, inline)?)?,
             "--header-secret" => {
                 set_once(&mut secret, &name, args.value(&name, inline)?.into_bytes())?
@@ -252,10 +261,21 @@ fn parse_args(
         None if secret.is_some() => return Err(invalid("--header-secret needs --header NAME")),
         None => (raw_key.clone(), format!("{raw_key:?}")),
     };
+    if all_routes && scope.is_some() {
+        return Err(invalid(
+            "--all-routes names every route: give it without --scope",
+        ));
+    }
+    if all_routes && !matches!(command, Command::SetQuota(_) | Command::ClearQuota) {
+        return Err(invalid(format!(
+            "--all-routes is for set-quota and clear-quota, not {verb}"
+        )));
+    }
     Ok(Request {
         url,
         prefix,
         scope,
+        all_routes,
         algorithm: algorithm.unwrap_or_default(),
         key,
         shown,
@@ -353,8 +373,37 @@ async fn run(request: &Request) -> Result<(), Failure> {
     let limiter = builder.build().map_err(|e| Failure::Input(e.to_string()))?;
     let target = match &request.scope {
         Some(scope) => Target::scoped(scope, &request.key),
+        None if request.all_routes => Target::all_routes(&request.key),
         None => Target::key(&request.key),
     };
+    // Where the key has state: every route, its tenant's controls. An inspect of a key with
+    // none at all, or of a route it has no state on, is an input error (nothing to show).
+    let mut routes = Vec::new();
+    if matches!(request.command, Command::Inspect) {
+        let controls;
+        (routes, controls) = tenant_routes(request, &limiter)
+            .await
+            .map_err(|e| Failure::Store(format!("Redis at {shown_url}: {e}")))?;
+        if routes.is_empty() && !controls {
+            return Err(Failure::Input(format!(
+                "unknown tenant {}: no state under this --prefix (check --prefix, --header and \
+                 --header-secret)",
+                request.shown
+            )));
+        }
+        if let Some(scope) = &request.scope {
+            if !routes
+                .iter()
+                .any(|route| route.as_deref() == Some(scope.as_str()))
+            {
+                return Err(Failure::Input(format!(
+                    "unknown route {scope:?} for {}: it has state on {}",
+                    request.shown,
+                    routes_text(&routes)
+                )));
+            }
+        }
+    }
 
     let shown = &request.shown;
     let (did, result) = match &request.command {
@@ -400,7 +449,122 @@ async fn run(request: &Request) -> Result<(), Failure> {
         "{}",
         status_text(shown, &limiter.target_storage_key(target), &status)
     );
+    if matches!(request.command, Command::Inspect) && request.scope.is_none() {
+        println!("routes: {}", routes_text(&routes));
+        for scope in routes.iter().flatten() {
+            let status = limiter
+                .inspect(Target::scoped(scope, &request.key))
+                .await
+                .map_err(|e| Failure::Store(format!("Redis at {shown_url}: {e}")))?;
+            print!("{}", route_text(scope, &status));
+        }
+    }
     Ok(())
+}
+
+/// The routes where the key has state, by a bounded `SCAN` of its keys (`<prefix>:{<id>}…`):
+/// `None` for the unscoped key, `Some(scope)` for each scope; and whether its tenant's controls
+/// exist. Never blocks Redis: each `SCAN` call looks at a bounded number of keys.
+async fn tenant_routes(
+    request: &Request,
+    limiter: &Limiter,
+) -> Result<(Vec<Option<String>>, bool), String> {
+    let client = redis::Client::open(request.url.as_str()).map_err(|e| e.to_string())?;
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let base = limiter.storage_key(&request.key);
+    let mut pattern = String::new();
+    for c in base.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('*');
+    let mut cursor = 0u64;
+    let (mut routes, mut controls) = (Vec::new(), false);
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        for key in keys {
+            let Some(rest) = key.strip_prefix(&base) else {
+                continue;
+            };
+            if rest == "#t" {
+                controls = true;
+                continue;
+            }
+            let route = match rest.strip_suffix("#m").unwrap_or(rest) {
+                "" => None,
+                scoped => match scoped.strip_prefix(':') {
+                    Some(scope) => Some(scope.to_owned()),
+                    None => continue,
+                },
+            };
+            if !routes.contains(&route) {
+                routes.push(route);
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    routes.sort();
+    Ok((routes, controls))
+}
+
+/// `the unscoped key, api, login`.
+fn routes_text(routes: &[Option<String>]) -> String {
+    let names: Vec<String> = routes
+        .iter()
+        .map(|route| match route {
+            None => "(unscoped)".to_owned(),
+            Some(scope) => scope.clone(),
+        })
+        .collect();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// One route of `inspect`: its override, suspension, expiry and state on one line each.
+fn route_text(scope: &str, status: &KeyStatus) -> String {
+    let mut text = format!("route {scope}\n");
+    let override_text = status
+        .quota_override
+        .as_ref()
+        .map_or("none".to_owned(), quotas_text);
+    let _ = writeln!(text, "  override: {override_text}");
+    let suspended = status.suspended_for.map_or("no".to_owned(), |left| {
+        format!("{} left", seconds_text(left))
+    });
+    let _ = writeln!(text, "  suspended: {suspended}");
+    let reset = status.expires_in.map_or("fresh".to_owned(), |left| {
+        format!("in {}", seconds_text(left))
+    });
+    let _ = writeln!(text, "  back to full: {reset}");
+    if status.tiers.is_empty() {
+        let _ = writeln!(text, "  remaining: full (none stored)");
+    }
+    for (i, tier) in status.tiers.iter().enumerate() {
+        let _ = writeln!(text, "  state of tier {}: {tier}", i + 1);
+    }
+    if let Some(entries) = status.log_entries {
+        let _ = writeln!(text, "  sliding log entries: {entries}");
+    }
+    text
 }
 
 /// What a key looks like, one fact a line.

@@ -796,7 +796,12 @@ async fn an_upstream_retry_after_only_extends_a_suspension_and_is_capped() {
         operator.suspend("partner", hour).await.unwrap();
     })
     .await;
-    let left = limiter.inspect("partner").await.unwrap().suspended_for.unwrap();
+    let left = limiter
+        .inspect("partner")
+        .await
+        .unwrap()
+        .suspended_for
+        .unwrap();
     assert!(left > hour - Duration::from_secs(60), "cut to {left:?}");
 
     // A huge Retry-After: the default cap, 5 minutes.
@@ -813,6 +818,11 @@ async fn an_upstream_retry_after_only_extends_a_suspension_and_is_capped() {
         .build()
         .unwrap();
     call_once(layer, "99999999999", async {}).await;
-    let left = limiter.inspect("edge").await.unwrap().suspended_for.unwrap();
+    let left = limiter
+        .inspect("edge")
+        .await
+        .unwrap()
+        .suspended_for
+        .unwrap();
     assert!(left <= Duration::from_secs(20), "{left:?}");
 }

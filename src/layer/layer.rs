@@ -120,6 +120,13 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         &self.config.scope
     }
 
+    /// The policy name of the `RateLimit` headers (`default` unless
+    /// [set](RateLimitLayerBuilder::policy_name)): an operator names the route by it (it is the
+    /// scope of a named layer).
+    pub fn policy_name(&self) -> &str {
+        &self.config.policy_name
+    }
+
     /// The layer's quotas (with a [resolver](RateLimitLayerBuilder::resolver): its default).
     ///
     /// ```
