@@ -69,6 +69,8 @@ commands:
   suspend KEY DURATION          deny every request on the key for DURATION (at most 30 days),
                                 on every route (with --scope: on that route only)
   resume KEY                    end a suspension
+  limited                       the keys denied now or with under 10 % left, most constrained
+                                first (a bounded SCAN of the prefix)
   reset KEY                     forget the key's usage on every route (with --scope: on that
                                 route only; an override and a suspension stay)
 
@@ -81,6 +83,7 @@ options:
   --scope SCOPE             the route: the layer's scope (its policy name when it has one;
                             RateLimitLayer::scope(), e.g. default:token-bucket:10/60s)
                             [default: unscoped, as Limiter::check]
+  --json                    limited: print JSON
   --all-routes              set-quota and clear-quota: the override of every route of the key
                             (a route's own override stays first)
   --algorithm NAME          the limiters' algorithm, one of: ALGORITHMS [default: token-bucket]
@@ -137,6 +140,8 @@ struct Request {
     prefix: Option<String>,
     scope: Option<String>,
     all_routes: bool,
+    /// Print JSON instead of text (`inspect`, `limited`).
+    json: bool,
     algorithm: Algorithm,
     /// The key as the limiter sees it (hashed when `--header` was given).
     key: String,
@@ -148,6 +153,8 @@ struct Request {
 #[derive(Debug)]
 enum Command {
     Inspect,
+    /// The tenants denied now or with under 10 % left, most constrained first.
+    Limited,
     /// Boxed: a `Quotas` holds its tiers inline.
     SetQuota(Box<Quotas>),
     ClearQuota,
@@ -167,7 +174,7 @@ fn parse_args(
     let (mut url, mut prefix, mut scope, mut algorithm, mut header, mut secret) =
         (None, None, None, None, None, None);
     let mut plain = Vec::new();
-    let mut all_routes = false;
+    let (mut all_routes, mut json) = (false, false);
     let mut args = Args::new(args.into_iter().collect::<Vec<_>>());
     while let Some(arg) = args.next_arg() {
         let (name, inline) = match arg {
@@ -185,6 +192,7 @@ fn parse_args(
             "--prefix" => set_once(&mut prefix, &name, args.value(&name, inline)?)?,
             "--scope" => set_once(&mut scope, &name, args.value(&name, inline)?)?,
             "--all-routes" if inline.is_none() => all_routes = true,
+            "--json" if inline.is_none() => json = true,
             "--header" => set_once(&mut header, &name, args.value(&name, inline)?)?,
             "--header-secret" => {
                 set_once(&mut secret, &name, args.value(&name, inline)?.into_bytes())?
@@ -219,6 +227,25 @@ fn parse_args(
             "give a command: inspect, set-quota, clear-quota, suspend, resume or reset",
         ));
     };
+    if verb == "limited" {
+        if let Some(extra) = plain.next() {
+            return Err(invalid(format!("limited takes no KEY; unexpected {extra:?}")));
+        }
+        if header.is_some() || scope.is_some() || all_routes {
+            return Err(invalid("limited takes no --header, --scope or --all-routes"));
+        }
+        return Ok(Request {
+            url,
+            prefix,
+            scope,
+            all_routes,
+            json,
+            algorithm: algorithm.unwrap_or_default(),
+            key: String::new(),
+            shown: String::new(),
+            command: Command::Limited,
+        });
+    }
     let Some(raw_key) = plain.next().filter(|key| !key.is_empty()) else {
         return Err(invalid(format!("{verb} needs a KEY")));
     };
@@ -276,6 +303,7 @@ fn parse_args(
         prefix,
         scope,
         all_routes,
+        json,
         algorithm: algorithm.unwrap_or_default(),
         key,
         shown,
@@ -371,6 +399,11 @@ async fn run(request: &Request) -> Result<(), Failure> {
         builder = builder.prefix(prefix.as_str());
     }
     let limiter = builder.build().map_err(|e| Failure::Input(e.to_string()))?;
+    if matches!(request.command, Command::Limited) {
+        return limited(request, &limiter)
+            .await
+            .map_err(|e| Failure::Store(format!("Redis at {shown_url}: {e}")));
+    }
     let target = match &request.scope {
         Some(scope) => Target::scoped(scope, &request.key),
         None if request.all_routes => Target::all_routes(&request.key),
@@ -408,6 +441,7 @@ async fn run(request: &Request) -> Result<(), Failure> {
     let shown = &request.shown;
     let (did, result) = match &request.command {
         Command::Inspect => (String::new(), limiter.inspect(target).await),
+        Command::Limited => unreachable!("handled above"),
         Command::SetQuota(quotas) => (
             format!(
                 "set-quota: {shown} now uses {} on every instance",
@@ -646,4 +680,197 @@ fn seconds_text(duration: Duration) -> String {
         let _ = write!(text, " ({days}d {hours}h {}m)", minutes % 60);
     }
     text
+}
+
+/// One constrained route of `limited`.
+struct Limited {
+    tenant: String,
+    route: String,
+    remaining: u64,
+    limit: u64,
+    reset_after: Duration,
+    suspended: Option<Duration>,
+}
+
+/// The quotas a layer's derived scope names (`default:token-bucket:100/60s+5/1s:b10`) and its
+/// algorithm; `None` for a scope that does not name them (a policy name).
+fn scope_quotas(scope: &str) -> Option<(Algorithm, Quotas)> {
+    let mut parts = scope.splitn(3, ':');
+    let (_, algorithm, tiers) = (parts.next()?, parts.next()?, parts.next()?);
+    let algorithm: Algorithm = algorithm.parse().ok()?;
+    let quotas = tiers
+        .split('+')
+        .map(|tier| {
+            let (tier, burst) = match tier.split_once(":b") {
+                Some((tier, burst)) => (tier, Some(burst.parse().ok()?)),
+                None => (tier, None),
+            };
+            let (limit, period) = tier.split_once('/')?;
+            let limit: u64 = limit.parse().ok()?;
+            let micros: u64 = match period.strip_suffix("us") {
+                Some(us) => us.parse().ok()?,
+                None => period.strip_suffix('s')?.parse::<u64>().ok()? * 1_000_000,
+            };
+            Quota::new(limit, Duration::from_micros(micros))
+                .and_then(|quota| quota.with_burst(burst.unwrap_or(limit)))
+                .ok()
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((algorithm, Quotas::new(quotas).ok()?))
+}
+
+/// `limited`: a bounded `SCAN` of the prefix (each call looks at 1000 keys, so Redis is never
+/// blocked), then a peek (cost 0, nothing written) at every route whose quotas are known (a
+/// derived scope names them; a route's override too) and a look at every tenant's suspension.
+async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
+    let client = redis::Client::open(request.url.as_str()).map_err(|e| e.to_string())?;
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let prefix = request.prefix.as_deref().unwrap_or(redlimit::DEFAULT_PREFIX);
+    let head = format!("{prefix}:{{");
+    let mut cursor = 0u64;
+    let mut found = Vec::new();
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{}*", head.replace('[', "\\[").replace('*', "\\*")))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        for key in keys {
+            let Some((id, rest)) = key.strip_prefix(&head).and_then(|k| k.split_once('}')) else {
+                continue;
+            };
+            // A hashed id cannot be named back to its key: skipped.
+            if id.starts_with('#') || rest.ends_with("#m") {
+                continue;
+            }
+            let route = rest.strip_prefix(':').map(str::to_owned);
+            if rest == "#t" || rest.is_empty() || route.is_some() {
+                found.push((id.to_owned(), if rest == "#t" { None } else { Some(route) }));
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let mut rows = Vec::new();
+    for (tenant, route) in found {
+        let Some(route) = route else {
+            // The tenant's controls: a suspension of every route.
+            let status = limiter.inspect(tenant.as_str()).await.map_err(|e| e.to_string())?;
+            if let Some(left) = status.suspended_for {
+                rows.push(Limited {
+                    tenant,
+                    route: "(every route)".to_owned(),
+                    remaining: 0,
+                    limit: 0,
+                    reset_after: left,
+                    suspended: Some(left),
+                });
+            }
+            continue;
+        };
+        let target = match &route {
+            Some(scope) => Target::scoped(scope, &tenant),
+            None => Target::key(&tenant),
+        };
+        let status = limiter.inspect(target).await.map_err(|e| e.to_string())?;
+        let known = route.as_deref().and_then(scope_quotas);
+        let (algorithm, quotas) = match (&status.quota_override, known) {
+            (Some(over), known) => (known.map_or(request.algorithm, |(a, _)| a), over.clone()),
+            (None, Some(known)) => known,
+            (None, None) => continue,
+        };
+        let peeker = Limiter::builder(RedisStore::new(request.url.as_str()).map_err(|e| e.to_string())?)
+            .algorithm(algorithm)
+            .prefix(prefix)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let decision = match &route {
+            Some(scope) => peeker.check_scoped_quotas(scope, &tenant, &quotas, 0).await,
+            None => peeker.check_quotas(&tenant, &quotas, 0).await,
+        };
+        let Some(decision) = decision.decision().copied() else {
+            continue;
+        };
+        let suspended = decision.suspended.then_some(decision.retry_after);
+        if suspended.is_some() || decision.remaining * 10 < decision.limit {
+            rows.push(Limited {
+                tenant,
+                route: route.unwrap_or_else(|| "(unscoped)".to_owned()),
+                remaining: decision.remaining,
+                limit: decision.limit,
+                reset_after: decision.reset_after,
+                suspended,
+            });
+        }
+    }
+    // Most constrained first: suspended (longest first), then the least share left.
+    rows.sort_by(|a, b| {
+        b.suspended.cmp(&a.suspended).then_with(|| {
+            (a.remaining * b.limit.max(1)).cmp(&(b.remaining * a.limit.max(1)))
+        })
+    });
+    if request.json {
+        let items: Vec<String> = rows
+            .iter()
+            .map(|row| {
+                format!(
+                    "{{\"tenant\":{},\"route\":{},\"remaining\":{},\"limit\":{},\"reset_after_ms\":{},\"suspended_ms\":{}}}",
+                    json_string(&row.tenant),
+                    json_string(&row.route),
+                    row.remaining,
+                    row.limit,
+                    row.reset_after.as_millis(),
+                    row.suspended.map_or("null".to_owned(), |s| s.as_millis().to_string()),
+                )
+            })
+            .collect();
+        println!("[{}]", items.join(","));
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no key is denied or under 10 % left");
+    }
+    for row in rows {
+        match row.suspended {
+            Some(left) => println!(
+                "{} {}: suspended, {} left",
+                row.tenant,
+                row.route,
+                seconds_text(left)
+            ),
+            None => println!(
+                "{} {}: {} of {} left, full again in {}",
+                row.tenant,
+                row.route,
+                row.remaining,
+                row.limit,
+                seconds_text(row.reset_after)
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// `value` as a JSON string.
+fn json_string(value: &str) -> String {
+    let mut out = String::from("\"");
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
