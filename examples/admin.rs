@@ -229,10 +229,14 @@ fn parse_args(
     };
     if verb == "limited" {
         if let Some(extra) = plain.next() {
-            return Err(invalid(format!("limited takes no KEY; unexpected {extra:?}")));
+            return Err(invalid(format!(
+                "limited takes no KEY; unexpected {extra:?}"
+            )));
         }
         if header.is_some() || scope.is_some() || all_routes {
-            return Err(invalid("limited takes no --header, --scope or --all-routes"));
+            return Err(invalid(
+                "limited takes no --header, --scope or --all-routes",
+            ));
         }
         return Ok(Request {
             url,
@@ -728,7 +732,10 @@ async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| e.to_string())?;
-    let prefix = request.prefix.as_deref().unwrap_or(redlimit::DEFAULT_PREFIX);
+    let prefix = request
+        .prefix
+        .as_deref()
+        .unwrap_or(redlimit::DEFAULT_PREFIX);
     let head = format!("{prefix}:{{");
     let mut cursor = 0u64;
     let mut found = Vec::new();
@@ -764,7 +771,10 @@ async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
     for (tenant, route) in found {
         let Some(route) = route else {
             // The tenant's controls: a suspension of every route.
-            let status = limiter.inspect(tenant.as_str()).await.map_err(|e| e.to_string())?;
+            let status = limiter
+                .inspect(tenant.as_str())
+                .await
+                .map_err(|e| e.to_string())?;
             if let Some(left) = status.suspended_for {
                 rows.push(Limited {
                     tenant,
@@ -788,11 +798,12 @@ async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
             (None, Some(known)) => known,
             (None, None) => continue,
         };
-        let peeker = Limiter::builder(RedisStore::new(request.url.as_str()).map_err(|e| e.to_string())?)
-            .algorithm(algorithm)
-            .prefix(prefix)
-            .build()
-            .map_err(|e| e.to_string())?;
+        let peeker =
+            Limiter::builder(RedisStore::new(request.url.as_str()).map_err(|e| e.to_string())?)
+                .algorithm(algorithm)
+                .prefix(prefix)
+                .build()
+                .map_err(|e| e.to_string())?;
         let decision = match &route {
             Some(scope) => peeker.check_scoped_quotas(scope, &tenant, &quotas, 0).await,
             None => peeker.check_quotas(&tenant, &quotas, 0).await,
@@ -814,9 +825,9 @@ async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
     }
     // Most constrained first: suspended (longest first), then the least share left.
     rows.sort_by(|a, b| {
-        b.suspended.cmp(&a.suspended).then_with(|| {
-            (a.remaining * b.limit.max(1)).cmp(&(b.remaining * a.limit.max(1)))
-        })
+        b.suspended
+            .cmp(&a.suspended)
+            .then_with(|| (a.remaining * b.limit.max(1)).cmp(&(b.remaining * a.limit.max(1))))
     });
     if request.json {
         let items: Vec<String> = rows

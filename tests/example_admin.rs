@@ -585,28 +585,55 @@ async fn limited_lists_the_most_constrained_keys_first() {
     let redis = RedisServer::start();
     let limiter = limiter(&redis);
     let quota = Quota::per_hour(20).unwrap();
-    let layer = RateLimitLayer::new(limiter.clone(), quota, HeaderKey::named("x-api-key").unwrap());
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        quota,
+        HeaderKey::named("x-api-key").unwrap(),
+    );
     let scope = layer.scope().to_owned();
     // spent: 20 of 20 used (denied); low: 1 left (5 %); fine: 18 left; held: suspended.
     for (key, used) in [("spent", 20), ("low", 19), ("fine", 2)] {
         for _ in 0..used {
-            assert!(limiter.check_scoped(&scope, key, &quota, 1).await.is_allowed());
+            assert!(limiter
+                .check_scoped(&scope, key, &quota, 1)
+                .await
+                .is_allowed());
         }
     }
-    limiter.suspend("held", Duration::from_secs(60)).await.unwrap();
+    limiter
+        .suspend("held", Duration::from_secs(60))
+        .await
+        .unwrap();
     let mut conn = redis.conn();
     let before: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
 
     let text = admin_ok(&redis, &["limited"]);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 3, "{text}");
-    assert!(lines[0].starts_with("held (every route): suspended, "), "{text}");
-    assert!(lines[1].starts_with(&format!("spent {scope}: 0 of 20 left")), "{text}");
-    assert!(lines[2].starts_with(&format!("low {scope}: 1 of 20 left")), "{text}");
+    assert!(
+        lines[0].starts_with("held (every route): suspended, "),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("spent {scope}: 0 of 20 left")),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("low {scope}: 1 of 20 left")),
+        "{text}"
+    );
 
     let json = admin_ok(&redis, &["limited", "--json"]);
-    assert!(json.starts_with("[{\"tenant\":\"held\",\"route\":\"(every route)\""), "{json}");
-    assert!(json.contains(&format!("{{\"tenant\":\"spent\",\"route\":\"{scope}\",\"remaining\":0,\"limit\":20,")), "{json}");
+    assert!(
+        json.starts_with("[{\"tenant\":\"held\",\"route\":\"(every route)\""),
+        "{json}"
+    );
+    assert!(
+        json.contains(&format!(
+            "{{\"tenant\":\"spent\",\"route\":\"{scope}\",\"remaining\":0,\"limit\":20,"
+        )),
+        "{json}"
+    );
     assert!(!json.contains("fine"), "{json}");
     let mut after: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     let mut before = before;
