@@ -102,24 +102,30 @@ if now == -1 then
   now = t[1] * 1000000 + t[2]
 end
 
--- The tenant's controls: absent (one GET of a missing key) unless an operator set one. A key
--- of another type reads as absent; any other error (a NOPERM) is the caller's.
+-- Read the route's string and the tenant's controls (absent unless an operator set one) with
+-- one MGET: one call into Redis costs less than two GETs, and a key of another type reads as
+-- absent (self-healing: only an admission's write replaces it). A caller that sends no tenant's
+-- key reads the route alone, under pcall for the same reason; any other error (a NOPERM) is
+-- the caller's.
+local skey = KEYS[1]
+local s, t
+if tkey then
+  local both = call('MGET', skey, tkey)
+  s, t = both[1], both[2]
+else
+  s = redis.pcall('GET', skey)
+end
 local quotas, tover, reset_us = args, false, 0
-local t = tkey and redis.pcall('GET', tkey)
 if t then
-  if t.err then
-    if string.sub(t.err, 1, 9) ~= 'WRONGTYPE' then
-      return t
-    end
-  elseif string.byte(t, 1) == 77 then
+  if string.byte(t, 1) == 77 then
     local n = string.byte(t, 10)
     local clen = 10 + 24 * (n or 0)
     if n and n <= 8 and #t >= clen then
       local until_us = sunpack('<d', t, 2)
       if until_us > now then
         -- Suspended on every route: denied with the time left (capped: a stored end however
-        -- far ahead still gives a readable reply), from the first tier in force; nothing read
-        -- or written.
+        -- far ahead still gives a readable reply), from the first tier in force; nothing
+        -- written.
         local left = (until_us - now) / 1000
         if left > MAX_REPLY_MS then
           left = MAX_REPLY_MS
@@ -145,11 +151,6 @@ if t then
   end
 end
 
--- The route. A key of another type answers WRONGTYPE and reads as absent (self-healing: only
--- an admission's write replaces it); any other error is the caller's. GET under pcall costs
--- less than an MGET, whose reply is a table.
-local skey = KEYS[1]
-local s = redis.pcall('GET', skey)
 -- The controls, when the string starts with them. A string of 17 or 25 bytes (one tier's
 -- state) never does, so those skip the look: controls take 10 + 24 * n bytes, followed by no
 -- state (10, 34, ...) or by states of which at least one is whole (27 bytes or more; only the

@@ -575,7 +575,7 @@ async fn tenant_controls_reach_every_route(make: impl Fn(Algorithm) -> Limiter) 
             .set_quota(Target::all_routes(&key), &two)
             .await
             .unwrap();
-        assert_eq!(status.all_routes_override, Some(two.clone()));
+        assert_eq!(status.all_routes_override, Some(two));
         assert_eq!(allowed("login", key.clone()).await.limit, 2, "{algorithm}");
         assert_eq!(allowed("", key.clone()).await.limit, 2, "{algorithm}");
         assert_eq!(allowed("api", key.clone()).await.limit, 1, "{algorithm}");

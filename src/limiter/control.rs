@@ -267,7 +267,7 @@ impl KeyStatus {
             tiers.push(TierState { algorithm, fields });
         }
         KeyStatus {
-            quota_override: quota_override.or_else(|| all_routes_override.clone()),
+            quota_override: quota_override.or(all_routes_override),
             all_routes_override,
             suspended_for,
             expires_in: route.expires_in,
