@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! cargo run --example admin -- --redis URL (inspect KEY | set-quota KEY N/DURATION [N/DURATION…]
-//!     | clear-quota KEY | suspend KEY DURATION | resume KEY | reset KEY)
-//!     [--prefix PREFIX] [--scope SCOPE] [--algorithm NAME] [--header NAME] [--header-secret SECRET]
+//!     | clear-quota KEY | suspend KEY DURATION | resume KEY | reset KEY | limited)
+//!     [--prefix PREFIX] [--scope SCOPE] [--all-routes] [--json] [--algorithm NAME]
+//!     [--header NAME] [--header-secret SECRET]
 //! ```
 //!
 //! Each command prints what it did, then what the key now looks like ([`Limiter::inspect`]):
@@ -21,11 +22,17 @@
 //!
 //! # Which key
 //!
-//! `KEY` is the key as the layer's extractor hands it to the limiter: `ip:203.0.113.7` for
-//! [`PeerIp`](redlimit::key::PeerIp), what your closure returns for a `KeyFn`. A layer keeps its
-//! keys in a scope of its own, [`RateLimitLayer::scope`](redlimit::RateLimitLayer::scope):
-//! give it with `--scope` (e.g. `--scope default:token-bucket:10/60s`, the axum example's with its
-//! default flags); without `--scope` the key is the one [`Limiter::check`] uses.
+//! `KEY` is the key as the layer's extractor hands it to the limiter (the tenant):
+//! `ip:203.0.113.7` for [`PeerIp`](redlimit::key::PeerIp), what your closure returns for a
+//! `KeyFn`. `suspend`, `resume` and `reset` reach the tenant on every route. A layer keeps its
+//! keys in a route of its own, [`RateLimitLayer::scope`](redlimit::RateLimitLayer::scope) (a
+//! named layer's policy name; the axum example prints its scope at start): `--scope` names one
+//! route for `set-quota`, `clear-quota`, `inspect` (and a suspension or reset of that route
+//! only), `--all-routes` every route for `set-quota` and `clear-quota`; without either, the key
+//! is the one [`Limiter::check`] uses. `inspect` also lists every route where the key has state
+//! (a bounded `SCAN` of its keys); an unknown key or route exits 2. `limited` lists the keys
+//! denied now or with under 10 % left, most constrained first, from a bounded `SCAN` of the
+//! prefix (routes whose quota the scope or an override names; `--json` for JSON).
 //!
 //! An API key is never stored in clear: [`HeaderKey`] hashes it. With `--header NAME`, `KEY` is
 //! the header's value as the client sends it (`k-123`), hashed exactly as `HeaderKey::named(NAME)`
@@ -794,7 +801,7 @@ async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
         let status = limiter.inspect(target).await.map_err(|e| e.to_string())?;
         let known = route.as_deref().and_then(scope_quotas);
         let (algorithm, quotas) = match (&status.quota_override, known) {
-            (Some(over), known) => (known.map_or(request.algorithm, |(a, _)| a), over.clone()),
+            (Some(over), known) => (known.map_or(request.algorithm, |(a, _)| a), *over),
             (None, Some(known)) => known,
             (None, None) => continue,
         };
