@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! cargo run --example admin -- --redis URL (inspect KEY | set-quota KEY N/DURATION [N/DURATION…]
-//!     | clear-quota KEY | suspend KEY DURATION | resume KEY | reset KEY)
-//!     [--prefix PREFIX] [--scope SCOPE] [--algorithm NAME] [--header NAME] [--header-secret SECRET]
+//!     | clear-quota KEY | suspend KEY DURATION | resume KEY | reset KEY | limited)
+//!     [--prefix PREFIX] [--scope SCOPE] [--all-routes] [--json] [--algorithm NAME]
+//!     [--header NAME] [--header-secret SECRET]
 //! ```
 //!
 //! Each command prints what it did, then what the key now looks like ([`Limiter::inspect`]):
@@ -21,11 +22,17 @@
 //!
 //! # Which key
 //!
-//! `KEY` is the key as the layer's extractor hands it to the limiter: `ip:203.0.113.7` for
-//! [`PeerIp`](redlimit::key::PeerIp), what your closure returns for a `KeyFn`. A layer keeps its
-//! keys in a scope of its own, [`RateLimitLayer::scope`](redlimit::RateLimitLayer::scope):
-//! give it with `--scope` (e.g. `--scope default:token-bucket:10/60s`, the axum example's with its
-//! default flags); without `--scope` the key is the one [`Limiter::check`] uses.
+//! `KEY` is the key as the layer's extractor hands it to the limiter (the tenant):
+//! `ip:203.0.113.7` for [`PeerIp`](redlimit::key::PeerIp), what your closure returns for a
+//! `KeyFn`. `suspend`, `resume` and `reset` reach the tenant on every route. A layer keeps its
+//! keys in a route of its own, [`RateLimitLayer::scope`](redlimit::RateLimitLayer::scope) (a
+//! named layer's policy name; the axum example prints its scope at start): `--scope` names one
+//! route for `set-quota`, `clear-quota`, `inspect` (and a suspension or reset of that route
+//! only), `--all-routes` every route for `set-quota` and `clear-quota`; without either, the key
+//! is the one [`Limiter::check`] uses. `inspect` also lists every route where the key has state
+//! (a bounded `SCAN` of its keys); an unknown key or route exits 2. `limited` lists the keys
+//! denied now or with under 10 % left, most constrained first, from a bounded `SCAN` of the
+//! prefix (routes whose quota the scope or an override names; `--json` for JSON).
 //!
 //! An API key is never stored in clear: [`HeaderKey`] hashes it. With `--header NAME`, `KEY` is
 //! the header's value as the client sends it (`k-123`), hashed exactly as `HeaderKey::named(NAME)`
@@ -61,13 +68,18 @@ const USAGE: &str = "\
 usage: cargo run --example admin -- --redis URL [OPTIONS] COMMAND
 
 commands:
-  inspect KEY                   what the key looks like (override, suspension, state)
+  inspect KEY                   what the key looks like (override, suspension, state), and
+                                every route where it has state
   set-quota KEY N/DURATION...   replace the key's quotas on every instance, e.g. 10/1s 500/1m
                                 (1 to 8 tiers, checked together)
   clear-quota KEY               back to the callers' own quotas
-  suspend KEY DURATION          deny every request on the key for DURATION (at most 30 days)
+  suspend KEY DURATION          deny every request on the key for DURATION (at most 30 days),
+                                on every route (with --scope: on that route only)
   resume KEY                    end a suspension
-  reset KEY                     forget the key's usage (an override and a suspension stay)
+  limited                       the keys denied now or with under 10 % left, most constrained
+                                first (a bounded SCAN of the prefix)
+  reset KEY                     forget the key's usage on every route (with --scope: on that
+                                route only; an override and a suspension stay)
 
 KEY is the key as the layer's extractor returns it, e.g. ip:203.0.113.7.
 DURATION is a whole number and a unit: 500ms, 30s, 10m, 1h.
@@ -75,8 +87,12 @@ DURATION is a whole number and a unit: 500ms, 30s, 10m, 1h.
 options:
   --redis URL               the limiters' Redis (required: no default)
   --prefix PREFIX           the limiters' key prefix [default: redlimit]
-  --scope SCOPE             the layer's scope (RateLimitLayer::scope(), e.g.
-                            default:token-bucket:10/60s) [default: unscoped, as Limiter::check]
+  --scope SCOPE             the route: the layer's scope (its policy name when it has one;
+                            RateLimitLayer::scope(), e.g. default:token-bucket:10/60s)
+                            [default: unscoped, as Limiter::check]
+  --json                    limited: print JSON
+  --all-routes              set-quota and clear-quota: the override of every route of the key
+                            (a route's own override stays first)
   --algorithm NAME          the limiters' algorithm, one of: ALGORITHMS [default: token-bucket]
   --header NAME             KEY is the value of request header NAME (an API key), hashed as
                             HeaderKey::named(NAME) hashes it
@@ -130,6 +146,9 @@ struct Request {
     url: String,
     prefix: Option<String>,
     scope: Option<String>,
+    all_routes: bool,
+    /// Print JSON instead of text (`inspect`, `limited`).
+    json: bool,
     algorithm: Algorithm,
     /// The key as the limiter sees it (hashed when `--header` was given).
     key: String,
@@ -141,6 +160,8 @@ struct Request {
 #[derive(Debug)]
 enum Command {
     Inspect,
+    /// The tenants denied now or with under 10 % left, most constrained first.
+    Limited,
     /// Boxed: a `Quotas` holds its tiers inline.
     SetQuota(Box<Quotas>),
     ClearQuota,
@@ -160,6 +181,7 @@ fn parse_args(
     let (mut url, mut prefix, mut scope, mut algorithm, mut header, mut secret) =
         (None, None, None, None, None, None);
     let mut plain = Vec::new();
+    let (mut all_routes, mut json) = (false, false);
     let mut args = Args::new(args.into_iter().collect::<Vec<_>>());
     while let Some(arg) = args.next_arg() {
         let (name, inline) = match arg {
@@ -176,6 +198,8 @@ fn parse_args(
             "--redis" => set_once(&mut url, &name, args.value(&name, inline)?)?,
             "--prefix" => set_once(&mut prefix, &name, args.value(&name, inline)?)?,
             "--scope" => set_once(&mut scope, &name, args.value(&name, inline)?)?,
+            "--all-routes" if inline.is_none() => all_routes = true,
+            "--json" if inline.is_none() => json = true,
             "--header" => set_once(&mut header, &name, args.value(&name, inline)?)?,
             "--header-secret" => {
                 set_once(&mut secret, &name, args.value(&name, inline)?.into_bytes())?
@@ -210,6 +234,29 @@ fn parse_args(
             "give a command: inspect, set-quota, clear-quota, suspend, resume or reset",
         ));
     };
+    if verb == "limited" {
+        if let Some(extra) = plain.next() {
+            return Err(invalid(format!(
+                "limited takes no KEY; unexpected {extra:?}"
+            )));
+        }
+        if header.is_some() || scope.is_some() || all_routes {
+            return Err(invalid(
+                "limited takes no --header, --scope or --all-routes",
+            ));
+        }
+        return Ok(Request {
+            url,
+            prefix,
+            scope,
+            all_routes,
+            json,
+            algorithm: algorithm.unwrap_or_default(),
+            key: String::new(),
+            shown: String::new(),
+            command: Command::Limited,
+        });
+    }
     let Some(raw_key) = plain.next().filter(|key| !key.is_empty()) else {
         return Err(invalid(format!("{verb} needs a KEY")));
     };
@@ -252,10 +299,22 @@ fn parse_args(
         None if secret.is_some() => return Err(invalid("--header-secret needs --header NAME")),
         None => (raw_key.clone(), format!("{raw_key:?}")),
     };
+    if all_routes && scope.is_some() {
+        return Err(invalid(
+            "--all-routes names every route: give it without --scope",
+        ));
+    }
+    if all_routes && !matches!(command, Command::SetQuota(_) | Command::ClearQuota) {
+        return Err(invalid(format!(
+            "--all-routes is for set-quota and clear-quota, not {verb}"
+        )));
+    }
     Ok(Request {
         url,
         prefix,
         scope,
+        all_routes,
+        json,
         algorithm: algorithm.unwrap_or_default(),
         key,
         shown,
@@ -351,14 +410,49 @@ async fn run(request: &Request) -> Result<(), Failure> {
         builder = builder.prefix(prefix.as_str());
     }
     let limiter = builder.build().map_err(|e| Failure::Input(e.to_string()))?;
+    if matches!(request.command, Command::Limited) {
+        return limited(request, &limiter)
+            .await
+            .map_err(|e| Failure::Store(format!("Redis at {shown_url}: {e}")));
+    }
     let target = match &request.scope {
         Some(scope) => Target::scoped(scope, &request.key),
+        None if request.all_routes => Target::all_routes(&request.key),
         None => Target::key(&request.key),
     };
+    // Where the key has state: every route, its tenant's controls. An inspect of a key with
+    // none at all, or of a route it has no state on, is an input error (nothing to show).
+    let mut routes = Vec::new();
+    if matches!(request.command, Command::Inspect) {
+        let controls;
+        (routes, controls) = tenant_routes(request, &limiter)
+            .await
+            .map_err(|e| Failure::Store(format!("Redis at {shown_url}: {e}")))?;
+        if routes.is_empty() && !controls {
+            return Err(Failure::Input(format!(
+                "unknown tenant {}: no state under this --prefix (check --prefix, --header and \
+                 --header-secret)",
+                request.shown
+            )));
+        }
+        if let Some(scope) = &request.scope {
+            if !routes
+                .iter()
+                .any(|route| route.as_deref() == Some(scope.as_str()))
+            {
+                return Err(Failure::Input(format!(
+                    "unknown route {scope:?} for {}: it has state on {}",
+                    request.shown,
+                    routes_text(&routes)
+                )));
+            }
+        }
+    }
 
     let shown = &request.shown;
     let (did, result) = match &request.command {
         Command::Inspect => (String::new(), limiter.inspect(target).await),
+        Command::Limited => unreachable!("handled above"),
         Command::SetQuota(quotas) => (
             format!(
                 "set-quota: {shown} now uses {} on every instance",
@@ -400,7 +494,122 @@ async fn run(request: &Request) -> Result<(), Failure> {
         "{}",
         status_text(shown, &limiter.target_storage_key(target), &status)
     );
+    if matches!(request.command, Command::Inspect) && request.scope.is_none() {
+        println!("routes: {}", routes_text(&routes));
+        for scope in routes.iter().flatten() {
+            let status = limiter
+                .inspect(Target::scoped(scope, &request.key))
+                .await
+                .map_err(|e| Failure::Store(format!("Redis at {shown_url}: {e}")))?;
+            print!("{}", route_text(scope, &status));
+        }
+    }
     Ok(())
+}
+
+/// The routes where the key has state, by a bounded `SCAN` of its keys (`<prefix>:{<id>}…`):
+/// `None` for the unscoped key, `Some(scope)` for each scope; and whether its tenant's controls
+/// exist. Never blocks Redis: each `SCAN` call looks at a bounded number of keys.
+async fn tenant_routes(
+    request: &Request,
+    limiter: &Limiter,
+) -> Result<(Vec<Option<String>>, bool), String> {
+    let client = redis::Client::open(request.url.as_str()).map_err(|e| e.to_string())?;
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let base = limiter.storage_key(&request.key);
+    let mut pattern = String::new();
+    for c in base.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('*');
+    let mut cursor = 0u64;
+    let (mut routes, mut controls) = (Vec::new(), false);
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        for key in keys {
+            let Some(rest) = key.strip_prefix(&base) else {
+                continue;
+            };
+            if rest == "#t" {
+                controls = true;
+                continue;
+            }
+            let route = match rest.strip_suffix("#m").unwrap_or(rest) {
+                "" => None,
+                scoped => match scoped.strip_prefix(':') {
+                    Some(scope) => Some(scope.to_owned()),
+                    None => continue,
+                },
+            };
+            if !routes.contains(&route) {
+                routes.push(route);
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    routes.sort();
+    Ok((routes, controls))
+}
+
+/// `the unscoped key, api, login`.
+fn routes_text(routes: &[Option<String>]) -> String {
+    let names: Vec<String> = routes
+        .iter()
+        .map(|route| match route {
+            None => "(unscoped)".to_owned(),
+            Some(scope) => scope.clone(),
+        })
+        .collect();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// One route of `inspect`: its override, suspension, expiry and state on one line each.
+fn route_text(scope: &str, status: &KeyStatus) -> String {
+    let mut text = format!("route {scope}\n");
+    let override_text = status
+        .quota_override
+        .as_ref()
+        .map_or("none".to_owned(), quotas_text);
+    let _ = writeln!(text, "  override: {override_text}");
+    let suspended = status.suspended_for.map_or("no".to_owned(), |left| {
+        format!("{} left", seconds_text(left))
+    });
+    let _ = writeln!(text, "  suspended: {suspended}");
+    let reset = status.expires_in.map_or("fresh".to_owned(), |left| {
+        format!("in {}", seconds_text(left))
+    });
+    let _ = writeln!(text, "  back to full: {reset}");
+    if status.tiers.is_empty() {
+        let _ = writeln!(text, "  remaining: full (none stored)");
+    }
+    for (i, tier) in status.tiers.iter().enumerate() {
+        let _ = writeln!(text, "  state of tier {}: {tier}", i + 1);
+    }
+    if let Some(entries) = status.log_entries {
+        let _ = writeln!(text, "  sliding log entries: {entries}");
+    }
+    text
 }
 
 /// What a key looks like, one fact a line.
@@ -482,4 +691,204 @@ fn seconds_text(duration: Duration) -> String {
         let _ = write!(text, " ({days}d {hours}h {}m)", minutes % 60);
     }
     text
+}
+
+/// One constrained route of `limited`.
+struct Limited {
+    tenant: String,
+    route: String,
+    remaining: u64,
+    limit: u64,
+    reset_after: Duration,
+    suspended: Option<Duration>,
+}
+
+/// The quotas a layer's derived scope names (`default:token-bucket:100/60s+5/1s:b10`) and its
+/// algorithm; `None` for a scope that does not name them (a policy name).
+fn scope_quotas(scope: &str) -> Option<(Algorithm, Quotas)> {
+    let mut parts = scope.splitn(3, ':');
+    let (_, algorithm, tiers) = (parts.next()?, parts.next()?, parts.next()?);
+    let algorithm: Algorithm = algorithm.parse().ok()?;
+    let quotas = tiers
+        .split('+')
+        .map(|tier| {
+            let (tier, burst) = match tier.split_once(":b") {
+                Some((tier, burst)) => (tier, Some(burst.parse().ok()?)),
+                None => (tier, None),
+            };
+            let (limit, period) = tier.split_once('/')?;
+            let limit: u64 = limit.parse().ok()?;
+            let micros: u64 = match period.strip_suffix("us") {
+                Some(us) => us.parse().ok()?,
+                None => period.strip_suffix('s')?.parse::<u64>().ok()? * 1_000_000,
+            };
+            Quota::new(limit, Duration::from_micros(micros))
+                .and_then(|quota| quota.with_burst(burst.unwrap_or(limit)))
+                .ok()
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((algorithm, Quotas::new(quotas).ok()?))
+}
+
+/// `limited`: a bounded `SCAN` of the prefix (each call looks at 1000 keys, so Redis is never
+/// blocked), then a peek (cost 0, nothing written) at every route whose quotas are known (a
+/// derived scope names them; a route's override too) and a look at every tenant's suspension.
+async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
+    let client = redis::Client::open(request.url.as_str()).map_err(|e| e.to_string())?;
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let prefix = request
+        .prefix
+        .as_deref()
+        .unwrap_or(redlimit::DEFAULT_PREFIX);
+    let head = format!("{prefix}:{{");
+    let mut cursor = 0u64;
+    let mut found = Vec::new();
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{}*", head.replace('[', "\\[").replace('*', "\\*")))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        for key in keys {
+            let Some((id, rest)) = key.strip_prefix(&head).and_then(|k| k.split_once('}')) else {
+                continue;
+            };
+            // A hashed id cannot be named back to its key: skipped.
+            if id.starts_with('#') || rest.ends_with("#m") {
+                continue;
+            }
+            let route = rest.strip_prefix(':').map(str::to_owned);
+            if rest == "#t" || rest.is_empty() || route.is_some() {
+                found.push((id.to_owned(), if rest == "#t" { None } else { Some(route) }));
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let mut rows = Vec::new();
+    for (tenant, route) in found {
+        let Some(route) = route else {
+            // The tenant's controls: a suspension of every route.
+            let status = limiter
+                .inspect(tenant.as_str())
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(left) = status.suspended_for {
+                rows.push(Limited {
+                    tenant,
+                    route: "(every route)".to_owned(),
+                    remaining: 0,
+                    limit: 0,
+                    reset_after: left,
+                    suspended: Some(left),
+                });
+            }
+            continue;
+        };
+        let target = match &route {
+            Some(scope) => Target::scoped(scope, &tenant),
+            None => Target::key(&tenant),
+        };
+        let status = limiter.inspect(target).await.map_err(|e| e.to_string())?;
+        let known = route.as_deref().and_then(scope_quotas);
+        let (algorithm, quotas) = match (&status.quota_override, known) {
+            (Some(over), known) => (known.map_or(request.algorithm, |(a, _)| a), *over),
+            (None, Some(known)) => known,
+            (None, None) => continue,
+        };
+        let peeker =
+            Limiter::builder(RedisStore::new(request.url.as_str()).map_err(|e| e.to_string())?)
+                .algorithm(algorithm)
+                .prefix(prefix)
+                .build()
+                .map_err(|e| e.to_string())?;
+        let decision = match &route {
+            Some(scope) => peeker.check_scoped_quotas(scope, &tenant, &quotas, 0).await,
+            None => peeker.check_quotas(&tenant, &quotas, 0).await,
+        };
+        let Some(decision) = decision.decision().copied() else {
+            continue;
+        };
+        let suspended = decision.suspended.then_some(decision.retry_after);
+        if suspended.is_some() || decision.remaining * 10 < decision.limit {
+            rows.push(Limited {
+                tenant,
+                route: route.unwrap_or_else(|| "(unscoped)".to_owned()),
+                remaining: decision.remaining,
+                limit: decision.limit,
+                reset_after: decision.reset_after,
+                suspended,
+            });
+        }
+    }
+    // Most constrained first: suspended (longest first), then the least share left.
+    rows.sort_by(|a, b| {
+        b.suspended
+            .cmp(&a.suspended)
+            .then_with(|| (a.remaining * b.limit.max(1)).cmp(&(b.remaining * a.limit.max(1))))
+    });
+    if request.json {
+        let items: Vec<String> = rows
+            .iter()
+            .map(|row| {
+                format!(
+                    "{{\"tenant\":{},\"route\":{},\"remaining\":{},\"limit\":{},\"reset_after_ms\":{},\"suspended_ms\":{}}}",
+                    json_string(&row.tenant),
+                    json_string(&row.route),
+                    row.remaining,
+                    row.limit,
+                    row.reset_after.as_millis(),
+                    row.suspended.map_or("null".to_owned(), |s| s.as_millis().to_string()),
+                )
+            })
+            .collect();
+        println!("[{}]", items.join(","));
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no key is denied or under 10 % left");
+    }
+    for row in rows {
+        match row.suspended {
+            Some(left) => println!(
+                "{} {}: suspended, {} left",
+                row.tenant,
+                row.route,
+                seconds_text(left)
+            ),
+            None => println!(
+                "{} {}: {} of {} left, full again in {}",
+                row.tenant,
+                row.route,
+                row.remaining,
+                row.limit,
+                seconds_text(row.reset_after)
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// `value` as a JSON string.
+fn json_string(value: &str) -> String {
+    let mut out = String::from("\"");
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }

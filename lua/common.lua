@@ -3,9 +3,11 @@
 -- `elseif alg == <tag byte> then <step>`, and the packed-state steps once more at the
 -- `@packed-steps` line (the one-tier path, which spares the usual call the loop's bookkeeping).
 --
--- KEYS  [1] the limiter key's string: its fleet controls (if any) and every tier's state;
---       [2] the sliding log only: its sorted set (KEYS[1] then holds only the controls).
---       Both share one hash tag.
+-- KEYS  [1] the route's string: its own controls (if any) and every tier's state (for the
+--       sliding log only its controls); [2] the sliding log only: its sorted set; then, last,
+--       the tenant's controls (`<prefix>:{<id>}#t`: a suspension, an override of every route,
+--       a reset of every route; a caller that sends no such key has none). All share one
+--       hash tag.
 -- ARGV  one string, packed little-endian (struct.pack): doubles now_us (-1 = Redis server
 --       TIME) and cost (0 = peek), a byte naming the algorithm (its state's tag: 't' token
 --       bucket, 'g' GCRA, 'f' fixed window, 'w' sliding window, 'l' sliding log), then per tier
@@ -19,21 +21,28 @@
 --       override's). The request is admitted only when every tier admits it, and then costs
 --       every tier (all or none). The binding tier: on an admission the one with the least
 --       remaining, on a denial the denying one with the longest wait. One string costs Redis
---       less than converting an array of integers.
+--       less than converting an array of integers. Every time is capped at MAX_REPLY_MS, so
+--       no stored value makes a reply unreadable.
 --       Except: an admission under the caller's one quota (one tier, no controls) replies one
 --       integer, reset_after_ms * (burst + 1) + remaining, when that is below 2^53 (remaining
 --       is whole, from 0 to burst; the caller knows its burst). An integer costs Redis less
 --       than packing a string.
 --
--- The string at KEYS[1]: optional controls, then each tier's state in order.
---   controls  'M', double suspended_until_us (0: not suspended), a byte n (0: no override),
---             then n * doubles limit, period_us, burst: the quotas set by `set_quota`, used
---             instead of the caller's. Written by lua/control.lua; 10 + 24 * n bytes.
+-- The tenant's string (the last key), written by lua/control.lua:
+--   'M', double suspended_until_us (0: not suspended), a byte n (0: no override), n * doubles
+--   limit, period_us, burst (an override of every route without one of its own), then
+--   optionally a double reset_us: every route's states stored before it read as fresh.
+-- The route's string at KEYS[1]: optional controls, then each tier's state in order.
+--   controls  'M', double suspended_until_us (0: not suspended; this route only), a byte n
+--             (0: no override), then n * doubles limit, period_us, burst: the route's own
+--             override, used before the tenant's and the caller's quotas; 10 + 24 * n bytes.
+--             Then, once the tenant was reset, 'E' and a double: the tenant's reset_us the
+--             states were written under (older states read as fresh).
 --   state     a tag byte naming the algorithm and the layout version, followed by
 --             little-endian doubles (17 bytes, 25 for the sliding window), or one 0 byte for a
 --             tier with nothing stored yet. Anything else reads as a fresh tier.
--- A limiter that uses no controls and one tier reads one string and writes one string: the
--- controls cost it nothing.
+-- A limiter that uses no controls and one tier reads one string (and the tenant's absent one)
+-- and writes one string: the controls cost it one GET of a missing key.
 --
 -- A step is pure: it reads `stored` (its tier's state; false when absent), `now`, `cost`,
 -- `limit`, `period`, `burst` (and `key`), and sets
@@ -83,21 +92,72 @@ local log = alg == 108
 if log and not KEYS[2] then
   return redis.error_reply('ERR redlimit: invalid arguments; the sliding log needs its key')
 end
+-- The tenant's key comes last; a caller that sends none has no tenant controls.
+local tkey = KEYS[2]
+if log then
+  tkey = KEYS[3]
+end
 if now == -1 then
   local t = call('TIME')
   now = t[1] * 1000000 + t[2]
 end
 
--- Read. A key of another type answers WRONGTYPE and reads as absent (self-healing: the write
--- replaces it); any other error (a NOPERM) is the caller's. GET under pcall costs less than
--- an MGET, whose reply is a table.
+-- Read the route's string and the tenant's controls (absent unless an operator set one) with
+-- one MGET: one call into Redis costs less than two GETs, and a key of another type reads as
+-- absent (self-healing: only an admission's write replaces it). A caller that sends no tenant's
+-- key reads the route alone, under pcall for the same reason; any other error (a NOPERM) is
+-- the caller's.
 local skey = KEYS[1]
-local s = redis.pcall('GET', skey)
+local s, t
+if tkey then
+  local both = call('MGET', skey, tkey)
+  s, t = both[1], both[2]
+else
+  s = redis.pcall('GET', skey)
+end
+local quotas, tover, reset_us = args, false, 0
+if t then
+  if string.byte(t, 1) == 77 then
+    local n = string.byte(t, 10)
+    local clen = 10 + 24 * (n or 0)
+    if n and n <= 8 and #t >= clen then
+      local until_us = sunpack('<d', t, 2)
+      if until_us > now then
+        -- Suspended on every route: denied with the time left (capped: a stored end however
+        -- far ahead still gives a readable reply), from the first tier in force; nothing
+        -- written.
+        local left = (until_us - now) / 1000
+        if left > MAX_REPLY_MS then
+          left = MAX_REPLY_MS
+        else
+          local frac = left % 1
+          left = left - frac
+          if frac > 0 then
+            left = left + 1
+          end
+        end
+        if n > 0 then
+          return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', t, 11))
+        end
+        return spack('<BBddd', 2, 1, 0, left, left)
+      end
+      if n > 0 then
+        quotas, tover = t, n
+      end
+      if #t >= clen + 8 then
+        reset_us = sunpack('<d', t, clen + 1)
+      end
+    end
+  end
+end
+
 -- The controls, when the string starts with them. A string of 17 or 25 bytes (one tier's
 -- state) never does, so those skip the look: controls take 10 + 24 * n bytes, followed by no
 -- state (10, 34, ...) or by states of which at least one is whole (27 bytes or more; only the
 -- write below and lua/control.lua, which keeps the states it finds, write these strings).
-local controls, quotas, at = false, args, 1
+-- `head`: the controls to write before the states (the route's override, and the tenant's
+-- reset its states now belong to), nil for none.
+local head, rover, stamp, at = nil, false, 0, 1
 if s then
   local len = #s
   if len ~= 17 and len ~= 25 then
@@ -112,24 +172,55 @@ if s then
       if n and n <= 8 and len >= clen then
         local until_us = sunpack('<d', s, 2)
         if until_us > now then
-          -- Suspended: denied with the time left, from the first tier in force; nothing
-          -- written.
-          local left = math.ceil((until_us - now) / 1000)
+          -- This route suspended: as the tenant's suspension above, from the first tier in
+          -- force.
+          local left = (until_us - now) / 1000
+          if left > MAX_REPLY_MS then
+            left = MAX_REPLY_MS
+          else
+            local frac = left % 1
+            left = left - frac
+            if frac > 0 then
+              left = left + 1
+            end
+          end
           if n > 0 then
             return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', s, 11))
+          elseif tover then
+            return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', quotas, 11))
           end
           return spack('<BBddd', 2, 1, 0, left, left)
         end
         if n > 0 then
-          controls, quotas, tiers = string.sub(s, 1, clen), s, n
-          limit, period, burst, pos = sunpack('<ddd', s, 11)
+          head, rover, quotas, tover = string.sub(s, 1, clen), true, s, n
         end
         at = clen + 1
+        -- 'E' and a double: the tenant's reset these states were written under.
+        if string.byte(s, at) == 69 and len >= at + 8 then
+          stamp = sunpack('<d', s, at + 1)
+          at = at + 9
+        end
       else
         s = false
       end
     end
   end
+end
+if tover then
+  tiers = tover
+  limit, period, burst, pos = sunpack('<ddd', quotas, 11)
+end
+if reset_us > 0 then
+  -- The tenant was reset: states stored before it read as fresh (the sliding log's are
+  -- deleted), and what is written now carries the reset.
+  if stamp < reset_us then
+    if log then
+      call('DEL', KEYS[2])
+    elseif s then
+      at = #s + 1
+    end
+  end
+  head = (head or 'M\0\0\0\0\0\0\0\0\0') .. 'E' .. spack('<d', reset_us)
 end
 
 -- Decide. All tiers must admit: on an admission the binding tier is the one with the least
@@ -141,7 +232,7 @@ local deny_i, deny_rem, deny_re -- the denying tier with the longest wait
 local log_write, log_period = nil, -1
 -- One tier and no controls, the usual call: the string is the tier's state and the step's
 -- decision is the call's, without the loop's bookkeeping.
-local plain = at == 1 and tiers == 1 and not log
+local plain = at == 1 and not head and not tover and tiers == 1 and not log
 if plain then
   local stored = s
   local ok, rem, re, rs, state
@@ -164,6 +255,13 @@ else
   -- consumes from none); '\0' for a tier with nothing stored.
   local admitted, denied, admitted_changed, denied_changed = '', '', false, false
   local key = KEYS[2]
+  -- A peek never writes or deletes: one at a sliding log whose key holds another type answers
+  -- as a fresh log would and leaves the key alone (only an admission replaces it).
+  local foreign = false
+  if log and cost == 0 then
+    local kind = call('TYPE', key).ok
+    foreign = kind ~= 'zset' and kind ~= 'none'
+  end
   for i = 1, tiers do
     -- Every tier is checked here, the first again: with an override in force the tiers come
     -- from the stored controls, not from ARGV.
@@ -188,7 +286,9 @@ else
       end
     end
     local ok, rem, re, rs, state
-    if false then
+    if foreign then
+      ok, rem, re, rs = true, burst, 0, 0
+    elseif false then
     -- @steps
     else
       return redis.error_reply('ERR redlimit: unknown algorithm')
@@ -224,9 +324,9 @@ else
     end
   end
   if all_ok and admitted_changed then
-    write = (controls or '') .. admitted
+    write = (head or '') .. admitted
   elseif not all_ok and denied_changed then
-    write = (controls or '') .. denied
+    write = (head or '') .. denied
   end
 end
 
@@ -254,12 +354,18 @@ end
 if log then
   if log_write then
     log_write(ttl, all_ok)
-    if controls and all_ok and cost > 0 then
-      call('PEXPIRE', skey, math.max(ttl, OVERRIDE_IDLE_MS))
+    if head and all_ok and cost > 0 then
+      -- The controls live beside the log: an override as long as its idle time, a reset's
+      -- stamp as long as the log.
+      if rover then
+        call('SET', skey, head, 'PX', math.max(ttl, OVERRIDE_IDLE_MS))
+      else
+        call('SET', skey, head, 'PX', ttl)
+      end
     end
   end
 elseif write then
-  if controls and ttl < OVERRIDE_IDLE_MS then
+  if rover and ttl < OVERRIDE_IDLE_MS then
     ttl = OVERRIDE_IDLE_MS
   end
   call('SET', skey, write, 'PX', ttl)
@@ -268,9 +374,9 @@ end
 -- The reply names the binding tier by its position; an override's tier also by its quota (the
 -- caller does not know it).
 if all_ok then
-  if controls then
+  if tover then
     return spack('<BBdddddd', 5, min_i, min_rem, 0, reset_ms,
-      sunpack('<ddd', s, 11 + 24 * (min_i - 1)))
+      sunpack('<ddd', quotas, 11 + 24 * (min_i - 1)))
   end
   if plain then
     -- One integer when it fits (see the header): packing the string costs Redis more than
@@ -285,8 +391,8 @@ end
 if deny_re > 0 then
   deny_re = math.min(math.ceil(deny_re / 1000), MAX_REPLY_MS)
 end
-if controls then
+if tover then
   return spack('<BBdddddd', 4, deny_i, deny_rem, deny_re, reset_ms,
-    sunpack('<ddd', s, 11 + 24 * (deny_i - 1)))
+    sunpack('<ddd', quotas, 11 + 24 * (deny_i - 1)))
 end
 return spack('<BBddd', 0, deny_i, deny_rem, deny_re, reset_ms)

@@ -1,65 +1,125 @@
--- redlimit: fleet controls of one limiter key (set_quota, clear_quota, suspend, resume, reset,
--- inspect), atomic like a decision. The layout of the string at KEYS[1] is described in
--- lua/common.lua: optional controls ('M', double suspended_until_us, byte n, n * doubles limit,
--- period_us, burst), then the tiers' states.
+-- redlimit: fleet controls (set_quota, clear_quota, suspend, extend, resume, reset, inspect),
+-- atomic like a decision. The layouts of both strings, the tenant's and a route's, are
+-- described in lua/common.lua.
 --
--- KEYS  [1] the limiter key's string; [2] the sliding log's sorted set, when the limiter's
---       algorithm is the sliding log (reset deletes it, inspect counts it).
+-- KEYS  a tenant's control: [1] the tenant's key (`<prefix>:{<id>}#t`).
+--       a route's control: [1] the route's string; [2] the sliding log's sorted set, when the
+--       limiter's algorithm is the sliding log (reset deletes it, inspect counts it).
 -- ARGV  one string, packed little-endian: double now_us (-1 = Redis TIME), a byte naming the
---       operation, then its operand:
+--       operation, a byte naming the algorithm (its tag; 0 on the tenant's key), then its
+--       operand:
 --         'q' set quota: a byte n (1 to 8), then n * doubles limit, period_us, burst
---         'c' clear quota   's' suspend: double duration_us   'r' resume
---         'x' reset (forget the tiers' states)   'i' inspect (change nothing)
+--         'c' clear quota   'x' reset (forget the states; the tenant's: of every route)
+--         'i' inspect (change nothing)
+--         's' suspend: double duration_us (the end is now + duration)
+--         'e' extend: double duration_us (the end is the later of its own and now + duration)
+--         'r' resume
+--       A suspension of the tenant's key reaches every route; one of a route's, that route.
 -- Reply {the string after the operation or false, its PTTL in ms, now_us as a string,
 --        the sorted set's size or -1}.
+-- A route's control on a key that holds another algorithm's state (or another type) is
+-- refused with an error naming what the key holds, and changes nothing.
 
 local MAX_EXACT = 9007199254740992
 local OVERRIDE_IDLE_MS = 2592000000
 local sunpack, spack, byte, sub, call = struct.unpack, struct.pack, string.byte, string.sub,
   redis.call
+local NAMES = { [116] = 'token-bucket', [103] = 'gcra', [102] = 'fixed-window',
+  [119] = 'sliding-window', [108] = 'sliding-log' }
 
 local function invalid(what)
   return redis.error_reply('ERR redlimit: invalid control arguments; ' .. what)
 end
 
 local args = ARGV[1] or ''
-if #ARGV ~= 1 or #KEYS < 1 or #args < 9 then
+if #ARGV ~= 1 or #KEYS < 1 or #args < 10 then
   return invalid('expected one key and one packed argument')
 end
-local now, op, pos = sunpack('<dB', args)
+local now, op, alg, pos = sunpack('<dBB', args)
 if not (now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0) then
   return invalid('now_us must be an integer from 0 below 2^53, or -1')
+end
+local tenant = alg == 0
+if not tenant and not NAMES[alg] then
+  return invalid('unknown algorithm')
 end
 if now == -1 then
   local t = call('TIME')
   now = t[1] * 1000000 + t[2]
 end
 
+local function refused(what)
+  local expected = tenant and 'a tenant\'s controls' or (NAMES[alg] .. ' state')
+  return redis.error_reply('ERR redlimit: refused: the key holds ' .. what .. ', not ' ..
+    expected .. '; nothing changed')
+end
+
+-- What a string of states holds when it is another algorithm's, or nil.
+local function foreign(states)
+  local at = 1
+  while at <= #states do
+    local tag = byte(states, at)
+    if tag == 0 then
+      at = at + 1
+    elseif tag == 69 then
+      at = at + 9 -- the tenant's reset the states belong to
+    else
+      if tag ~= alg and NAMES[tag] then
+        return NAMES[tag] .. ' state'
+      end
+      at = at + (tag == 119 and 25 or 17)
+    end
+  end
+  return nil
+end
+
 local key = KEYS[1]
--- A key of another type reads as absent, as in the decision script; any other error is the
--- caller's.
 local s = redis.pcall('GET', key)
 if s and s.err then
   if sub(s.err, 1, 9) ~= 'WRONGTYPE' then
     return s
   end
+  -- Only an admitted decision may replace a key of another type; a control never does.
+  if op ~= 105 then
+    return refused('a ' .. call('TYPE', key).ok)
+  end
   s = false
 end
 local pttl = call('PTTL', key)
 
--- Split the string into its controls and its states.
-local until_us, override, states = 0, '\0', ''
+-- Split the string into its controls and the rest: a route's states, or the tenant's reset.
+local until_us, override, rest = 0, '\0', ''
 if s then
-  if byte(s, 1) == 77 then
+  if byte(s, 1) == 77 and #s ~= 17 and #s ~= 25 then
     local n = byte(s, 10)
     local len = 10 + 24 * (n or 0)
     if n and n <= 8 and #s >= len then
       until_us = sunpack('<d', s, 2)
       override = sub(s, 10, len)
-      states = sub(s, len + 1)
+      rest = sub(s, len + 1)
     end
-  else
-    states = s
+  elseif not tenant then
+    rest = s
+  end
+end
+local reset_us = 0
+if tenant and #rest >= 8 then
+  reset_us = sunpack('<d', rest)
+end
+
+if not tenant and op ~= 105 then
+  local what = foreign(rest)
+  if not what and KEYS[2] then
+    local kind = call('TYPE', KEYS[2]).ok
+    if kind == 'string' then
+      local other = byte(call('GET', KEYS[2]), 1)
+      what = (NAMES[other] or 'unreadable') .. ' state'
+    elseif kind ~= 'zset' and kind ~= 'none' then
+      what = 'a ' .. kind
+    end
+  end
+  if what then
+    return refused(what)
   end
 end
 
@@ -80,18 +140,35 @@ elseif op == 113 then -- 'q'
   override = sub(args, pos)
 elseif op == 99 then -- 'c'
   override = '\0'
-elseif op == 115 then -- 's'
+elseif op == 115 or op == 101 then -- 's', 'e'
   local duration = #args == pos + 7 and sunpack('<d', args, pos)
   if not (duration and duration >= 1 and duration < MAX_EXACT and duration % 1 == 0) then
     return invalid('the suspension must be an integer of µs from 1 below 2^53')
   end
-  until_us = now + duration
+  -- An extension only ever moves the end later (a late upstream Retry-After never cuts an
+  -- operator's suspension); a stored end that is not a number is replaced.
+  if op == 115 or not (until_us == until_us) or until_us < now + duration then
+    until_us = now + duration
+  end
 elseif op == 114 then -- 'r'
   until_us = 0
 elseif op == 120 then -- 'x'
-  states = ''
-  if KEYS[2] then
-    call('DEL', KEYS[2])
+  if tenant then
+    -- Every route's states stored before this read as fresh. Always later than the last
+    -- reset, so that one under a clock that is behind still resets.
+    local last = reset_us
+    if last ~= last then
+      last = 0
+    end
+    reset_us = now
+    if not (reset_us > last) then
+      reset_us = last + 1
+    end
+  else
+    rest = ''
+    if KEYS[2] then
+      call('DEL', KEYS[2])
+    end
   end
 else
   return invalid('unknown operation')
@@ -100,19 +177,35 @@ end
 if op ~= 105 then
   local suspended = until_us > now
   local has_override = override ~= '\0'
-  local new = states
-  if suspended or has_override then
-    new = 'M' .. spack('<d', suspended and until_us or 0) .. override .. states
+  local new
+  if tenant then
+    new = ''
+    if suspended or has_override or reset_us > 0 then
+      new = 'M' .. spack('<d', suspended and until_us or 0) .. override
+      if reset_us > 0 then
+        new = new .. spack('<d', reset_us)
+      end
+    end
+  else
+    -- The controls go first; the tenant's reset the states belong to ('E') needs them.
+    new = rest
+    if suspended or has_override or byte(rest, 1) == 69 then
+      new = 'M' .. spack('<d', suspended and until_us or 0) .. override .. rest
+    end
   end
   if new == '' then
     call('DEL', key)
   else
-    -- Keep the states for as long as they were to live; the controls for as long as they last.
+    -- Keep what was stored for as long as it was to live; the controls for as long as they
+    -- last.
     local ttl = 1
-    if states ~= '' and pttl > 0 then
+    if pttl > 0 and (tenant or rest ~= '') then
       ttl = pttl
     end
-    if has_override and ttl < OVERRIDE_IDLE_MS then
+    if has_override and (ttl < OVERRIDE_IDLE_MS) and (op == 113 or not tenant) then
+      ttl = OVERRIDE_IDLE_MS
+    end
+    if reset_us > 0 and op == 120 and ttl < OVERRIDE_IDLE_MS then
       ttl = OVERRIDE_IDLE_MS
     end
     if suspended then

@@ -192,7 +192,9 @@ async fn run(
             // Keys the memory store let expire on the simulated clock expire in Redis too: a
             // state stale under its own quota is not fresh under an override's.
             let storage_key = in_memory.storage_key(key);
-            for k in [storage_key.clone(), format!("{storage_key}#m")] {
+            // The tenant's controls (`#t`) as well.
+            let keys = ["", "#m", "#t"].map(|suffix| format!("{storage_key}{suffix}"));
+            for k in keys {
                 if memory.stored_state(&k, now).is_none() {
                     let _: () = redis::cmd("DEL").arg(&k).query_async(conn).await.unwrap();
                 }

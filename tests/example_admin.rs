@@ -420,3 +420,224 @@ fn a_sliding_log_quota_beyond_its_burst_cap_is_refused_before_anything_changes()
     assert!(stderr.contains("sliding-window"), "{stderr}");
     assert_eq!(redis.dbsize(), 0, "nothing stored");
 }
+
+/// One request to an example server with `x-api-key: key`: its status and `Retry-After`.
+async fn get_with_key(addr: std::net::SocketAddr, key: &str) -> (u16, Option<u64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request =
+        format!("GET / HTTP/1.1\r\nhost: test\r\nx-api-key: {key}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
+    let retry_after = raw.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("retry-after")
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    });
+    (status, retry_after)
+}
+
+/// The axum example's arguments for `--limit N --period 1m` on `redis`, keyed by the
+/// `x-api-key` header (`--key api-key` where the example has that flag).
+fn axum_args(redis: &RedisServer, limit: &str) -> Vec<String> {
+    let help = example::run_to_exit("axum", &["--help"]);
+    let mut args: Vec<String> = ["--redis", &redis.url(), "--limit", limit, "--period", "1m"]
+        .map(str::to_owned)
+        .to_vec();
+    if String::from_utf8_lossy(&help.stdout).contains("--key") {
+        args.extend(["--key".to_owned(), "api-key".to_owned()]);
+    }
+    args
+}
+
+/// The operator's contract: `admin --header x-api-key suspend k1 30s` stops the axum example's
+/// client `x-api-key: k1` (429, `Retry-After` close to 30) and no other, without naming a scope;
+/// `resume` lets it through; and a suspension outlives a restart with another quota.
+#[tokio::test]
+async fn admin_suspends_a_tenant_of_the_axum_example_on_every_route_across_a_restart() {
+    let redis = RedisServer::start();
+    let start = |limit: &str| {
+        let args = axum_args(&redis, limit);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        example::Example::start("axum", &args, &[])
+    };
+    let server = start("100");
+    assert!(
+        server.printed("policy: default (scope default:token-bucket:100/60s)"),
+        "{}",
+        server.output()
+    );
+    assert_eq!(get_with_key(server.addr, "k1").await.0, 200);
+
+    let stdout = admin_ok(&redis, &["--header", "x-api-key", "suspend", "k1", "30s"]);
+    assert!(
+        stdout.starts_with("suspend: x-api-key header \"k1\""),
+        "{stdout}"
+    );
+    let (status, retry_after) = get_with_key(server.addr, "k1").await;
+    assert_eq!(status, 429);
+    let retry_after = retry_after.expect("a Retry-After");
+    assert!(
+        (25..=30).contains(&retry_after),
+        "Retry-After {retry_after}"
+    );
+    assert_eq!(
+        get_with_key(server.addr, "k2").await.0,
+        200,
+        "others unaffected"
+    );
+
+    admin_ok(&redis, &["--header", "x-api-key", "resume", "k1"]);
+    assert_eq!(get_with_key(server.addr, "k1").await.0, 200);
+
+    // Suspended again, then a deploy with another quota: still suspended.
+    admin_ok(&redis, &["--header", "x-api-key", "suspend", "k1", "30s"]);
+    drop(server);
+    let server = start("50");
+    assert!(server.printed("policy: default (scope default:token-bucket:50/60s)"));
+    let (status, retry_after) = get_with_key(server.addr, "k1").await;
+    assert_eq!(status, 429);
+    assert!(
+        retry_after.is_some_and(|s| (20..=30).contains(&s)),
+        "{retry_after:?}"
+    );
+    assert_eq!(get_with_key(server.addr, "k2").await.0, 200);
+
+    // inspect lists the routes where k1 has state, with its suspension.
+    let inspected = admin_ok(&redis, &["--header", "x-api-key", "inspect", "k1"]);
+    assert!(
+        inspected.contains("routes: default:token-bucket:100/60s")
+            || inspected.contains("routes: default:token-bucket:50/60s"),
+        "{inspected}"
+    );
+    assert!(
+        inspected.contains("route default:token-bucket:100/60s\n"),
+        "{inspected}"
+    );
+    assert!(
+        field(&inspected, "suspended").ends_with("s left"),
+        "{inspected}"
+    );
+    admin_ok(&redis, &["--header", "x-api-key", "resume", "k1"]);
+    assert_eq!(get_with_key(server.addr, "k1").await.0, 200);
+}
+
+/// `inspect` of a tenant with no state, or of a route it has no state on, and `--all-routes`
+/// where it does not apply: a clear message, exit 2, nothing written.
+#[test]
+fn unknown_tenants_and_routes_exit_2_and_write_nothing() {
+    let redis = RedisServer::start();
+    let cases: [(&[&str], &str); 4] = [
+        (&["inspect", "nobody"], "unknown tenant \"nobody\""),
+        (&["--scope", "api", "inspect", "nobody"], "unknown tenant"),
+        (
+            &["--all-routes", "suspend", "k", "1m"],
+            "--all-routes is for set-quota",
+        ),
+        (
+            &["--all-routes", "--scope", "api", "set-quota", "k", "1/1s"],
+            "without --scope",
+        ),
+    ];
+    for (args, message) in cases {
+        let output = admin(&redis, args, &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+    // A known tenant, an unknown route.
+    admin_ok(&redis, &["--scope", "api", "set-quota", "k", "5/1m"]);
+    let output = admin(&redis, &["--scope", "login", "inspect", "k"], &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown route \"login\""), "{stderr}");
+    assert!(stderr.contains("api"), "{stderr}");
+    let mut conn = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys, ["redlimit:{k}:api"], "nothing else written");
+}
+
+/// `set-quota --all-routes` overrides every route of the tenant, as a layer on any route sees.
+#[tokio::test]
+async fn set_quota_all_routes_reaches_every_route() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    let own = Quota::per_second(1_000).unwrap();
+    let stdout = admin_ok(&redis, &["--all-routes", "set-quota", "t", "2/1m"]);
+    assert_eq!(field(&stdout, "override"), "2/1m", "{stdout}");
+    for scope in ["api", "login"] {
+        for _ in 0..2 {
+            assert!(limiter.check_scoped(scope, "t", &own, 1).await.is_allowed());
+        }
+        assert!(!limiter.check_scoped(scope, "t", &own, 1).await.is_allowed());
+    }
+    admin_ok(&redis, &["--all-routes", "clear-quota", "t"]);
+    assert!(limiter.check_scoped("api", "t", &own, 1).await.is_allowed());
+}
+
+/// `limited` lists the keys denied now or with under 10 % left, most constrained first, in text
+/// and as JSON, and changes nothing.
+#[tokio::test]
+async fn limited_lists_the_most_constrained_keys_first() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    let quota = Quota::per_hour(20).unwrap();
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        quota,
+        HeaderKey::named("x-api-key").unwrap(),
+    );
+    let scope = layer.scope().to_owned();
+    // spent: 20 of 20 used (denied); low: 1 left (5 %); fine: 18 left; held: suspended.
+    for (key, used) in [("spent", 20), ("low", 19), ("fine", 2)] {
+        for _ in 0..used {
+            assert!(limiter
+                .check_scoped(&scope, key, &quota, 1)
+                .await
+                .is_allowed());
+        }
+    }
+    limiter
+        .suspend("held", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut conn = redis.conn();
+    let before: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+
+    let text = admin_ok(&redis, &["limited"]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].starts_with("held (every route): suspended, "),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("spent {scope}: 0 of 20 left")),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("low {scope}: 1 of 20 left")),
+        "{text}"
+    );
+
+    let json = admin_ok(&redis, &["limited", "--json"]);
+    assert!(
+        json.starts_with("[{\"tenant\":\"held\",\"route\":\"(every route)\""),
+        "{json}"
+    );
+    assert!(
+        json.contains(&format!(
+            "{{\"tenant\":\"spent\",\"route\":\"{scope}\",\"remaining\":0,\"limit\":20,"
+        )),
+        "{json}"
+    );
+    assert!(!json.contains("fine"), "{json}");
+    let mut after: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let mut before = before;
+    before.sort();
+    after.sort();
+    assert_eq!(before, after, "limited writes nothing");
+}

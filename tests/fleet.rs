@@ -361,8 +361,12 @@ async fn cluster_keeps_every_key_of_a_limiter_key_in_one_slot() {
             seen += 1;
         }
     }
-    // 12 keys a algorithm, the sliding log's controls in a key of their own.
-    assert_eq!(seen, 12 * Algorithm::ALL.len() + 12);
+    // 12 keys a algorithm, the sliding log's controls in a key of their own, and each
+    // suspended tenant's controls (`…#t`, in the same slot).
+    assert_eq!(
+        seen,
+        12 * Algorithm::ALL.len() + 12 + 12 * Algorithm::ALL.len()
+    );
 }
 
 /// Bad input to every control is a typed error, and changes nothing.
@@ -482,4 +486,343 @@ async fn a_corrupted_first_tier_of_a_stored_override_is_refused() {
             .unwrap();
         assert_eq!(after, before, "{algorithm}: nothing written");
     }
+}
+
+/// The tenant's controls, for `make`'s limiters (one Redis, single node or Cluster): a
+/// suspension and a reset of the tenant reach every route (two scopes and the unscoped key);
+/// an override reaches the route it names, or with `Target::all_routes` every route that has
+/// none of its own; other tenants are untouched. Every algorithm.
+async fn tenant_controls_reach_every_route(make: impl Fn(Algorithm) -> Limiter) {
+    let quota = Quota::per_hour(3).unwrap();
+    for &algorithm in Algorithm::ALL {
+        let (admin, worker) = (make(algorithm), make(algorithm));
+        let key = format!("tenant-{algorithm}");
+        let other = format!("other-{algorithm}");
+        let allowed = |route: &'static str, key: String| {
+            let worker = worker.clone();
+            async move {
+                let decision = match route {
+                    "" => worker.try_check(&key, &quota, 1).await,
+                    scope => {
+                        let verdict = worker.check_scoped(scope, &key, &quota, 1).await;
+                        Ok(*verdict.decision().expect("decided"))
+                    }
+                };
+                decision.unwrap()
+            }
+        };
+        for route in ["api", "login", ""] {
+            assert!(
+                allowed(route, key.clone()).await.allowed,
+                "{algorithm} {route}"
+            );
+        }
+        // A suspension of the tenant: every route.
+        admin
+            .suspend(key.as_str(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        for route in ["api", "login", ""] {
+            let denied = allowed(route, key.clone()).await;
+            assert!(denied.suspended && !denied.allowed, "{algorithm} {route}");
+            assert!(denied.retry_after > Duration::from_secs(50), "{denied:?}");
+            assert!(allowed(route, other.clone()).await.allowed, "{algorithm}");
+        }
+        admin.resume(key.as_str()).await.unwrap();
+        // Spend every route (1 of 3 used above), then reset the tenant.
+        for route in ["api", "login", ""] {
+            for _ in 0..2 {
+                assert!(
+                    allowed(route, key.clone()).await.allowed,
+                    "{algorithm} {route}"
+                );
+            }
+            assert!(
+                !allowed(route, key.clone()).await.allowed,
+                "{algorithm} {route}"
+            );
+        }
+        let status = admin.reset(key.as_str()).await.unwrap();
+        assert!(status.tiers.is_empty(), "{algorithm}: {status:?}");
+        for route in ["api", "login", ""] {
+            for _ in 0..3 {
+                assert!(
+                    allowed(route, key.clone()).await.allowed,
+                    "{algorithm} {route}"
+                );
+            }
+            assert!(
+                !allowed(route, key.clone()).await.allowed,
+                "{algorithm} {route}"
+            );
+        }
+        // A second reset works as the first.
+        admin.reset(key.as_str()).await.unwrap();
+        assert!(allowed("api", key.clone()).await.allowed, "{algorithm}");
+        admin.reset(key.as_str()).await.unwrap();
+
+        // An override of one route: only that route.
+        let one = Quotas::from(Quota::per_hour(1).unwrap());
+        admin
+            .set_quota(Target::scoped("api", &key), &one)
+            .await
+            .unwrap();
+        assert_eq!(allowed("api", key.clone()).await.limit, 1, "{algorithm}");
+        assert_eq!(allowed("login", key.clone()).await.limit, 3, "{algorithm}");
+        // Of every route: the others too; the route's own stays first.
+        let two = Quotas::from(Quota::per_hour(2).unwrap());
+        let status = admin
+            .set_quota(Target::all_routes(&key), &two)
+            .await
+            .unwrap();
+        assert_eq!(status.all_routes_override, Some(two));
+        assert_eq!(allowed("login", key.clone()).await.limit, 2, "{algorithm}");
+        assert_eq!(allowed("", key.clone()).await.limit, 2, "{algorithm}");
+        assert_eq!(allowed("api", key.clone()).await.limit, 1, "{algorithm}");
+        assert_eq!(
+            allowed("login", other.clone()).await.limit,
+            3,
+            "{algorithm}"
+        );
+        admin.clear_quota(Target::all_routes(&key)).await.unwrap();
+        assert_eq!(allowed("login", key.clone()).await.limit, 3, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn tenant_controls_reach_every_route_on_a_single_node() {
+    let redis = RedisServer::start();
+    tenant_controls_reach_every_route(|algorithm| instance(&redis, algorithm)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_controls_reach_every_route_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    tenant_controls_reach_every_route(|algorithm| cluster_instance(&cluster, algorithm)).await;
+}
+
+/// A deploy keeps what the operator did: a layer named by its policy counts in that name, so a
+/// changed quota keeps the usage (capped) and the route's override; a suspension of the tenant
+/// holds whatever the quota or the algorithm.
+#[tokio::test]
+async fn a_deploy_keeps_the_usage_override_and_suspension() {
+    use redlimit::key::GlobalKey;
+    use redlimit::RateLimitLayer;
+    let redis = RedisServer::start();
+    let limiter = instance(&redis, Algorithm::TokenBucket);
+    let layer = |limiter: &Limiter, quota| {
+        RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("k1"))
+            .policy_name("api")
+            .build()
+            .unwrap()
+    };
+    let (old_quota, new_quota) = (Quota::per_hour(100).unwrap(), Quota::per_hour(50).unwrap());
+    let before = layer(&limiter, old_quota);
+    let after = layer(&limiter, new_quota);
+    assert_eq!((before.scope(), after.scope()), ("api", "api"));
+    // 60 used under 100 an hour: 40 left, which 50 an hour keeps (capped at 50).
+    for _ in 0..60 {
+        assert!(limiter
+            .check_scoped(before.scope(), "k1", &old_quota, 1)
+            .await
+            .is_allowed());
+    }
+    let peek = limiter
+        .check_scoped(after.scope(), "k1", &new_quota, 0)
+        .await;
+    assert_eq!(peek.decision().unwrap().remaining, 40, "kept and capped");
+    // The route's override and the tenant's suspension survive the quota, and the algorithm.
+    let tight = Quotas::from(Quota::per_minute(7).unwrap());
+    limiter
+        .set_quota(Target::scoped("api", "k1"), &tight)
+        .await
+        .unwrap();
+    limiter
+        .suspend("k1", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let gcra = instance(&redis, Algorithm::Gcra);
+    for limiter in [&limiter, &gcra] {
+        let decision = limiter
+            .check_scoped("api", "k1", &Quota::per_minute(50).unwrap(), 1)
+            .await;
+        let decision = decision.decision().unwrap();
+        assert!(decision.suspended, "{decision:?}");
+    }
+    limiter.resume("k1").await.unwrap();
+    let decision = limiter
+        .check_scoped("api", "k1", &Quota::per_minute(50).unwrap(), 1)
+        .await;
+    assert_eq!(decision.decision().unwrap().limit, 7);
+}
+
+/// Controls never destroy another algorithm's state: a control aimed at a key with the wrong
+/// algorithm is refused with a typed error naming what the key holds, and changes nothing; a
+/// peek never writes or deletes, a sliding-log peek at a key of another type included.
+#[tokio::test]
+async fn a_control_or_a_peek_never_destroys_state_of_another_type() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let quota = Quota::per_hour(5).unwrap();
+    let dump = |conn: &mut redis::Connection, key: &str| -> Option<Vec<u8>> {
+        redis::cmd("DUMP").arg(key).query(conn).unwrap()
+    };
+    // A sliding log's key, and a token-bucket admin pointed at it.
+    let log = instance(&redis, Algorithm::SlidingLog);
+    for _ in 0..3 {
+        assert!(log.try_check("k", &quota, 1).await.unwrap().allowed);
+    }
+    let before = dump(&mut conn, "redlimit:{k}");
+    assert!(before.is_some());
+    let admin = instance(&redis, Algorithm::TokenBucket);
+    let tight = Quotas::from(Quota::per_hour(1).unwrap());
+    let refusal = admin.set_quota("k", &tight).await.unwrap_err();
+    match &refusal {
+        ControlError::WrongKind(what) => assert!(what.contains("zset"), "{what}"),
+        other => panic!("not refused: {other}"),
+    }
+    assert!(refusal.to_string().contains("token-bucket"), "{refusal}");
+    assert_eq!(dump(&mut conn, "redlimit:{k}"), before, "nothing changed");
+    // The log still counts its 3 of 5.
+    assert_eq!(log.try_check("k", &quota, 0).await.unwrap().remaining, 2);
+
+    // A token bucket's key and a sliding-log admin; a GCRA admin.
+    let bucket = instance(&redis, Algorithm::TokenBucket);
+    assert!(bucket.try_check("b", &quota, 1).await.unwrap().allowed);
+    let state = dump(&mut conn, "redlimit:{b}");
+    for algorithm in [Algorithm::SlidingLog, Algorithm::Gcra] {
+        let error = instance(&redis, algorithm)
+            .set_quota("b", &tight)
+            .await
+            .unwrap_err();
+        match &error {
+            ControlError::WrongKind(what) => {
+                assert!(what.contains("token-bucket state"), "{what}")
+            }
+            other => panic!("{algorithm}: not refused: {other}"),
+        }
+        assert_eq!(dump(&mut conn, "redlimit:{b}"), state, "{algorithm}");
+    }
+    // A sliding-log peek at the token bucket's key: the key is left as it is.
+    let peek = log.try_check("b", &quota, 0).await.unwrap();
+    assert!(peek.allowed);
+    assert_eq!(dump(&mut conn, "redlimit:{b}"), state, "a peek deleted it");
+    // An admission may replace it (self-healing).
+    assert!(log.try_check("b", &quota, 1).await.unwrap().allowed);
+    assert_ne!(dump(&mut conn, "redlimit:{b}"), state);
+}
+
+/// A suspension whose end lies very far ahead (a tenant's or a route's, however it got there)
+/// still denies, with a readable reply: never an unparsable one that fails open.
+#[tokio::test]
+async fn a_suspension_far_ahead_denies_with_a_readable_reply() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let quota = Quota::per_second(100).unwrap();
+    let mut far = vec![b'M'];
+    far.extend_from_slice(&1e300f64.to_le_bytes());
+    far.push(0);
+    // The route's controls: in its string, for the sliding log beside its sorted set.
+    for key in ["redlimit:{t}#t", "redlimit:{r}", "redlimit:{r}#m"] {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(&far)
+            .query(&mut conn)
+            .unwrap();
+    }
+    for &algorithm in Algorithm::ALL {
+        let limiter = instance(&redis, algorithm);
+        for key in ["t", "r"] {
+            let decision = limiter.try_check(key, &quota, 1).await;
+            let decision = decision.unwrap_or_else(|e| panic!("{algorithm} {key}: {e}"));
+            assert!(decision.suspended && !decision.allowed, "{decision:?}");
+            assert!(decision.retry_after > MAX_SUSPENSION, "{decision:?}");
+            // Through the failure policy too: denied, not failed open.
+            assert!(!limiter.check(key, &quota).await.is_allowed());
+        }
+    }
+}
+
+/// An upstream's `Retry-After` (the outbound layer's auto-suspend) only ever extends a
+/// suspension, and is capped: a late `Retry-After: 1` from a request already in flight leaves
+/// an operator's hour as it is, and `Retry-After: 99999999999` suspends for the layer's cap
+/// (5 minutes by default), not for 30 days.
+#[tokio::test]
+async fn an_upstream_retry_after_only_extends_a_suspension_and_is_capped() {
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::Full;
+    use redlimit::outbound::OutboundLayer;
+    use tower::{Service, ServiceBuilder, ServiceExt};
+
+    let redis = RedisServer::start();
+    let quota = Quota::per_second(100).unwrap();
+    // One call through the layer; `during` runs while the request is with the upstream, which
+    // then answers 429 with `retry_after`.
+    async fn call_once(
+        layer: OutboundLayer,
+        retry_after: &'static str,
+        during: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let during = std::sync::Mutex::new(Some(Box::pin(during)));
+        let during = Arc::new(during);
+        let upstream = tower::service_fn(move |_: Request<Full<Bytes>>| {
+            let during = during.lock().unwrap().take();
+            async move {
+                if let Some(during) = during {
+                    during.await;
+                }
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(StatusCode::TOO_MANY_REQUESTS)
+                        .header("retry-after", retry_after)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+            }
+        });
+        let mut client = ServiceBuilder::new().layer(layer).service(upstream);
+        let request = Request::new(Full::new(Bytes::new()));
+        let response = client.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let hour = Duration::from_secs(3600);
+
+    // The operator suspends for an hour while the request is in flight; its late answer says 1 s.
+    let limiter = instance(&redis, Algorithm::TokenBucket);
+    let operator = limiter.clone();
+    let layer = OutboundLayer::new(limiter.clone(), quota, "partner");
+    call_once(layer, "1", async move {
+        operator.suspend("partner", hour).await.unwrap();
+    })
+    .await;
+    let left = limiter
+        .inspect("partner")
+        .await
+        .unwrap()
+        .suspended_for
+        .unwrap();
+    assert!(left > hour - Duration::from_secs(60), "cut to {left:?}");
+
+    // A huge Retry-After: the default cap, 5 minutes.
+    let layer = OutboundLayer::new(limiter.clone(), quota, "cdn");
+    call_once(layer, "99999999999", async {}).await;
+    let left = limiter.inspect("cdn").await.unwrap().suspended_for.unwrap();
+    assert!(
+        left <= Duration::from_secs(300) && left > Duration::from_secs(290),
+        "{left:?}"
+    );
+    // A cap of the layer's own.
+    let layer = OutboundLayer::builder(limiter.clone(), quota, "edge")
+        .max_auto_suspension(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    call_once(layer, "99999999999", async {}).await;
+    let left = limiter
+        .inspect("edge")
+        .await
+        .unwrap()
+        .suspended_for
+        .unwrap();
+    assert!(left <= Duration::from_secs(20), "{left:?}");
 }

@@ -241,8 +241,8 @@ async fn check_free_and_pro(free: Quota, resolver: impl QuotaResolver) {
     .resolver(resolver)
     .build()
     .unwrap();
-    // The scope comes from the default quota, whatever the tier.
-    assert_eq!(layer.scope(), "api:token-bucket:2/60s");
+    // The scope is the layer's own (its policy name), whatever the tier.
+    assert_eq!(layer.scope(), "api");
     let app = app(layer);
 
     let alice = send(&app, 3, || get_with(&[("x-api-key", "alice")])).await;

@@ -24,6 +24,9 @@ const MAX_TTL_MS: i64 = 1 << 53;
 /// The tag byte of the controls at the start of a key's string.
 const CONTROLS: u8 = b'M';
 
+/// The tag of the tenant's reset a route's states were written under (after its controls).
+pub(crate) const STAMP: u8 = b'E';
+
 /// The longest argument: now, cost, the algorithm, and 8 tiers.
 const MAX_ARGS: usize = 17 + 24 * MAX_TIERS;
 
@@ -92,10 +95,42 @@ pub(crate) fn log_controls_key(key: &str) -> String {
     controls
 }
 
+/// The suffix of a tenant's key: no storage key ends its hash tag with `}#` (a scope follows
+/// `}:`), so the tenant's controls are nobody else's.
+const TENANT_SUFFIX: &str = "#t";
+
+/// The key of the tenant's controls (a suspension, an override of every route, a reset of every
+/// route) for a storage key: its hash tag and `#t`, `<prefix>:{<id>}#t`, in the same Cluster
+/// slot as every route of the tenant. A key without a hash tag gets its whole self as the tag
+/// (`{<key>}#t`), which hashes to the same slot.
+pub(crate) fn tenant_key(key: &str) -> String {
+    if is_tenant_key(key) {
+        return key.to_owned();
+    }
+    let tagged = key.find('{').and_then(|open| {
+        let close = open + 1 + key[open + 1..].find('}')?;
+        (close > open + 1).then_some(close)
+    });
+    match tagged {
+        Some(close) => {
+            let mut tenant = String::with_capacity(close + 3);
+            tenant.push_str(&key[..=close]);
+            tenant.push_str(TENANT_SUFFIX);
+            tenant
+        }
+        None => format!("{{{key}}}{TENANT_SUFFIX}"),
+    }
+}
+
+/// Whether `key` is a tenant's key ([`tenant_key`]).
+pub(crate) fn is_tenant_key(key: &str) -> bool {
+    key.ends_with("}#t")
+}
+
 /// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
-/// first argument (the SHA-1 or the body) is already in place: the storage `key` (and for the
-/// sliding log, its controls' key first), the `algorithm`, its `quotas`, the `cost`, and the
-/// client's clock in µs (`None`: Redis `TIME`).
+/// first argument (the SHA-1 or the body) is already in place: the storage `key` (for the
+/// sliding log, its controls' key, then its sorted set), the tenant's key, then the
+/// `algorithm`, its `quotas`, the `cost`, and the client's clock in µs (`None`: Redis `TIME`).
 pub(crate) fn push_call(
     cmd: &mut redis::Cmd,
     key: &str,
@@ -105,12 +140,21 @@ pub(crate) fn push_call(
     now_micros: Option<u64>,
 ) {
     let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
-    push_keys(cmd, key, algorithm);
+    if algorithm == Algorithm::SlidingLog {
+        cmd.arg(3)
+            .arg(log_controls_key(key))
+            .arg(key)
+            .arg(tenant_key(key));
+    } else {
+        cmd.arg(2).arg(key).arg(tenant_key(key));
+    }
     cmd.arg(args.as_bytes());
 }
 
 /// Appends a fleet control's `numkeys`, `KEYS` and `ARGV` (see `lua/control.lua`), as
-/// [`push_call`] does for a decision.
+/// [`push_call`] does for a decision: a tenant's control (`key` a [`tenant_key`]) names the
+/// tenant's key only; a route's names the route's string, and for the
+/// sliding log its controls' string then its sorted set.
 pub(crate) fn push_control(
     cmd: &mut redis::Cmd,
     key: &str,
@@ -118,17 +162,15 @@ pub(crate) fn push_control(
     op: Op<'_>,
     now_micros: Option<u64>,
 ) {
-    push_keys(cmd, key, algorithm);
-    cmd.arg(control_args(op, now_micros));
-}
-
-/// `numkeys` and `KEYS`, the same for both scripts: the key's string, and for the sliding log
-/// its controls' string first and its sorted set second.
-fn push_keys(cmd: &mut redis::Cmd, key: &str, algorithm: Algorithm) {
-    if algorithm == Algorithm::SlidingLog {
+    if op.is_tenant(key) {
+        cmd.arg(1).arg(tenant_key(key));
+        cmd.arg(control_args(op, 0, now_micros));
+    } else if algorithm == Algorithm::SlidingLog {
         cmd.arg(2).arg(log_controls_key(key)).arg(key);
+        cmd.arg(control_args(op, algorithm.tag(), now_micros));
     } else {
         cmd.arg(1).arg(key);
+        cmd.arg(control_args(op, algorithm.tag(), now_micros));
     }
 }
 
@@ -137,25 +179,37 @@ fn push_keys(cmd: &mut redis::Cmd, key: &str, algorithm: Algorithm) {
 pub(crate) enum Op<'a> {
     SetQuota(&'a [Quota]),
     ClearQuota,
-    /// µs.
+    /// µs: the suspension ends then, whatever it was.
     Suspend(u64),
+    /// µs: the suspension ends then at the earliest (it only ever extends).
+    Extend(u64),
     Resume,
     Reset,
     Inspect,
 }
 
-/// The control script's one argument: `'<dB'` now_us and the operation's byte, then its operand.
-fn control_args(op: Op<'_>, now_micros: Option<u64>) -> Vec<u8> {
-    let mut bytes = vec![0; 9];
+impl Op<'_> {
+    /// Whether this control is the tenant's (every route's): when `key` is the tenant's key.
+    pub(crate) fn is_tenant(&self, key: &str) -> bool {
+        is_tenant_key(key)
+    }
+}
+
+/// The control script's one argument: `'<dBB'` now_us, the operation's byte and the algorithm's
+/// tag (0 for the tenant's key), then its operand.
+fn control_args(op: Op<'_>, algorithm: u8, now_micros: Option<u64>) -> Vec<u8> {
+    let mut bytes = vec![0; 10];
     bytes[0..8].copy_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
     bytes[8] = match op {
         Op::SetQuota(_) => b'q',
         Op::ClearQuota => b'c',
         Op::Suspend(_) => b's',
+        Op::Extend(_) => b'e',
         Op::Resume => b'r',
         Op::Reset => b'x',
         Op::Inspect => b'i',
     };
+    bytes[9] = algorithm;
     match op {
         Op::SetQuota(quotas) => {
             bytes.push(quotas.len() as u8);
@@ -166,7 +220,9 @@ fn control_args(op: Op<'_>, now_micros: Option<u64>) -> Vec<u8> {
                 at = put_quota(&mut bytes, at, quota);
             }
         }
-        Op::Suspend(micros) => bytes.extend_from_slice(&exact(micros).to_le_bytes()),
+        Op::Suspend(micros) | Op::Extend(micros) => {
+            bytes.extend_from_slice(&exact(micros).to_le_bytes())
+        }
         _ => {}
     }
     bytes
@@ -481,31 +537,97 @@ impl Gather {
     }
 }
 
-/// A key's string opened: the tiers in force, the controls to keep (an override), and where
-/// the tiers' states begin.
-type Opened<'a> = (Vec<Tier>, Option<&'a [u8]>, usize);
+/// A route's string and its tenant's controls opened, as the opening of `lua/common.lua` reads
+/// them.
+struct Opened<'a> {
+    /// The tiers in force: the route's override, else the tenant's, else the caller's.
+    tiers: Vec<Tier>,
+    /// Whether an override decides (its quotas go back with the reply).
+    overridden: bool,
+    /// The controls to write before the states (`head` in the script).
+    head: Option<Vec<u8>>,
+    /// Whether the route has an override of its own (it keeps the key for its idle time).
+    route_override: bool,
+    /// The states, from where they begin; `None` when absent, corrupt or reset since.
+    states: Option<&'a [u8]>,
+    /// Whether the route's string had no controls at all (`at == 1` in the script).
+    bare: bool,
+    /// Whether the tenant was reset since the route's states were written.
+    stale: bool,
+}
 
-/// The tiers in force and where the states begin, or the suspended reply; `s` set to `None`
-/// when it is corrupt. Mirrors the opening of `lua/common.lua`.
-fn open<'a>(s: &mut Option<&'a [u8]>, now: f64, quotas: &[Quota]) -> Result<Opened<'a>, Reply> {
+/// The tenant's reset, when its string carries one after its controls.
+fn tenant_reset(tenant: &[u8], controls_len: usize) -> f64 {
+    if tenant.len() >= controls_len + 8 {
+        f64_at(tenant, controls_len)
+    } else {
+        0.0
+    }
+}
+
+/// A time left in µs as the reply carries it: whole ms rounded up, at most [`MAX_REPLY_MS`].
+fn reply_ms(us: f64) -> i64 {
+    let ms = us / 1000.0;
+    if ms > MAX_REPLY_MS as f64 {
+        MAX_REPLY_MS
+    } else {
+        ms.ceil() as i64
+    }
+}
+
+/// Opens `stored` (the route's string) under `tenant` (the tenant's string), or answers the
+/// suspended reply. Mirrors the opening of `lua/common.lua`.
+fn open<'a>(
+    stored: Option<&'a [u8]>,
+    tenant: Option<&'a [u8]>,
+    now: f64,
+    quotas: &[Quota],
+) -> Result<Opened<'a>, Reply> {
     let mut tiers: Vec<Tier> = quotas.iter().take(MAX_TIERS).map(Tier::of).collect();
-    let mut controls = None;
-    let mut at = 0;
-    if let Some(bytes) = *s {
-        match Controls::parse(bytes) {
+    let mut overridden = false;
+    let mut reset_us = 0.0;
+    if let Some(Controls::Some { until_us, n, bytes }) = tenant.map(Controls::parse) {
+        if until_us > now {
+            let left = reply_ms(until_us - now);
+            return Err(Reply {
+                allowed: false,
+                suspended: true,
+                tier: 0,
+                overridden: (n > 0).then(|| {
+                    let first = Tier::at(bytes, 10);
+                    (first.limit as u64, first.period as u64, first.burst as u64)
+                }),
+                remaining: 0,
+                retry_after_ms: left,
+                reset_after_ms: left,
+            });
+        }
+        if n > 0 {
+            tiers = (0..n).map(|i| Tier::at(bytes, 10 + 24 * i)).collect();
+            overridden = true;
+        }
+        reset_us = tenant_reset(tenant.unwrap_or_default(), bytes.len());
+    }
+    let (mut head, mut route_override, mut stamp, mut states, mut bare) =
+        (None, false, 0.0, stored, true);
+    if let Some(s) = stored.filter(|s| s.len() != 17 && s.len() != 25) {
+        match Controls::parse(s) {
             Controls::None => {}
-            Controls::Corrupt => *s = None,
+            Controls::Corrupt => states = None,
             Controls::Some { until_us, n, bytes } => {
                 if until_us > now {
-                    let left = ms_up(until_us - now);
+                    let left = reply_ms(until_us - now);
+                    let first = if n > 0 {
+                        Some(Tier::at(bytes, 10))
+                    } else {
+                        overridden.then(|| tiers[0])
+                    };
                     return Err(Reply {
                         allowed: false,
                         suspended: true,
                         tier: 0,
-                        overridden: (n > 0).then(|| {
-                            let first = Tier::at(bytes, 10);
-                            (first.limit as u64, first.period as u64, first.burst as u64)
-                        }),
+                        overridden: first
+                            .map(|t| (t.limit as u64, t.period as u64, t.burst as u64)),
                         remaining: 0,
                         retry_after_ms: left,
                         reset_after_ms: left,
@@ -513,32 +635,66 @@ fn open<'a>(s: &mut Option<&'a [u8]>, now: f64, quotas: &[Quota]) -> Result<Open
                 }
                 if n > 0 {
                     tiers = (0..n).map(|i| Tier::at(bytes, 10 + 24 * i)).collect();
-                    controls = Some(bytes);
+                    overridden = true;
+                    route_override = true;
+                    head = Some(bytes.to_vec());
                 }
-                at = bytes.len();
+                let mut at = bytes.len();
+                if s.get(at) == Some(&STAMP) && s.len() >= at + 9 {
+                    stamp = f64_at(s, at + 1);
+                    at += 9;
+                }
+                states = Some(&s[at..]);
+                bare = false;
             }
         }
     }
-    Ok((tiers, controls, at))
+    let mut stale = false;
+    if reset_us > 0.0 {
+        if stamp < reset_us {
+            stale = true;
+            states = None;
+        }
+        let mut new = head.unwrap_or_else(|| {
+            let mut bare = vec![CONTROLS];
+            bare.extend_from_slice(&[0; 9]);
+            bare
+        });
+        new.push(STAMP);
+        new.extend_from_slice(&reset_us.to_le_bytes());
+        head = Some(new);
+    }
+    Ok(Opened {
+        tiers,
+        overridden,
+        head,
+        route_override,
+        states,
+        bare,
+        stale,
+    })
 }
 
-/// A decision over a key's string with a pure step, as `lua/common.lua` makes it: the reply and
-/// what to write.
+/// A decision over a route's string (`stored`) and its tenant's (`tenant`) with a pure step, as
+/// `lua/common.lua` makes it: the reply and what to write at the route.
 pub(crate) fn decide(
     step: PackedStep,
     stored: Option<&[u8]>,
+    tenant: Option<&[u8]>,
     now: f64,
     cost: f64,
     quotas: &[Quota],
 ) -> Result<(Reply, Write), Refused> {
-    let mut s = stored;
-    let (tiers, controls, mut at) = match open(&mut s, now, quotas) {
+    let opened = match open(stored, tenant, now, quotas) {
         Ok(opened) => opened,
         Err(suspended) => return Ok((suspended, None)),
     };
-    let plain = at == 0 && tiers.len() == 1;
+    let tiers = &opened.tiers;
+    let plain = opened.bare && opened.head.is_none() && !opened.overridden && tiers.len() == 1;
+    let s = opened.states;
+    let mut at = 0;
     let mut gather = Gather::new();
-    gather.overridden = controls.map(|_| tiers.clone());
+    gather.overridden = opened.overridden.then(|| tiers.clone());
     let mut olds: Vec<Option<&[u8]>> = Vec::new();
     let mut news = Vec::new();
     let mut oks = Vec::new();
@@ -590,7 +746,7 @@ pub(crate) fn decide(
         plain_state.map(|state| (Written::Packed(state), ttl))
     } else {
         let mut changed = false;
-        let mut out = controls.map(<[u8]>::to_vec).unwrap_or_default();
+        let mut out = opened.head.clone().unwrap_or_default();
         for ((new, old), ok) in news.iter().zip(&olds).zip(&oks) {
             match new {
                 Some(new) if gather.all_ok || !ok => {
@@ -600,7 +756,7 @@ pub(crate) fn decide(
                 _ => out.extend_from_slice(old.unwrap_or(&[0])),
             }
         }
-        if controls.is_some() {
+        if opened.route_override {
             ttl = ttl.max(OVERRIDE_IDLE_MS);
         }
         changed.then_some((Written::Joined(out), ttl))
@@ -613,26 +769,32 @@ pub(crate) fn decide(
 pub(crate) struct LogWrite {
     /// The log's new TTL in ms (after the log was changed in place).
     pub log_ttl: Option<u64>,
-    /// The controls' key's new TTL (an override refreshed by an admission).
-    pub controls_ttl: Option<u64>,
+    /// The controls' key's new string and TTL (an override refreshed by an admission, or the
+    /// tenant's reset the log now belongs to).
+    pub controls: Option<(Vec<u8>, u64)>,
 }
 
 /// A sliding-log decision, as `lua/common.lua` makes it: `controls` is the string at the
-/// controls' key; the log is changed in place when the decision writes.
+/// controls' key, `tenant` the tenant's; the log is changed in place when the decision writes
+/// (and emptied first when the tenant was reset since it was written).
 pub(crate) fn decide_log(
     controls: Option<&[u8]>,
+    tenant: Option<&[u8]>,
     log: &mut sliding_log::Log,
     now: f64,
     cost: f64,
     quotas: &[Quota],
 ) -> Result<(Reply, LogWrite), Refused> {
-    let mut s = controls;
-    let (tiers, controls, _) = match open(&mut s, now, quotas) {
+    let opened = match open(controls, tenant, now, quotas) {
         Ok(opened) => opened,
         Err(suspended) => return Ok((suspended, LogWrite::default())),
     };
+    if opened.stale {
+        log.clear();
+    }
+    let tiers = &opened.tiers;
     let mut gather = Gather::new();
-    gather.overridden = controls.map(|_| tiers.clone());
+    gather.overridden = opened.overridden.then(|| tiers.clone());
     let mut writer: Option<(f64, bool)> = None; // (period, stepped back) of the longest writer
     for (i, tier) in tiers.iter().enumerate() {
         if !tier.valid() {
@@ -664,38 +826,76 @@ pub(crate) fn decide_log(
         if admit || stepped_back {
             sliding_log::apply(log, now, period, cost, admit, stepped_back);
             write.log_ttl = Some(ttl);
-            if controls.is_some() && admit && cost > 0.0 {
-                write.controls_ttl = Some(ttl.max(OVERRIDE_IDLE_MS));
+            if let Some(head) = opened.head.filter(|_| admit && cost > 0.0) {
+                let ttl = if opened.route_override {
+                    ttl.max(OVERRIDE_IDLE_MS)
+                } else {
+                    ttl
+                };
+                write.controls = Some((head, ttl));
             }
         }
     }
     Ok((gather.reply(), write))
 }
 
+/// The name of the algorithm whose state a route's string holds, when it is not `algorithm`'s
+/// (a control on it is refused, as `lua/control.lua` refuses it).
+pub(crate) fn foreign_state(stored: &[u8], algorithm: Algorithm) -> Option<&'static str> {
+    let states = match Controls::parse(stored) {
+        Controls::Some { bytes, .. } if stored.len() != 17 && stored.len() != 25 => {
+            &stored[bytes.len()..]
+        }
+        Controls::Corrupt if stored.len() != 17 && stored.len() != 25 => &[],
+        _ => stored,
+    };
+    let mut at = 0;
+    while let Some(&tag) = states.get(at) {
+        if tag == 0 || tag == STAMP {
+            at += if tag == 0 { 1 } else { 9 };
+            continue;
+        }
+        match Algorithm::ALL.iter().find(|a| a.tag() == tag) {
+            Some(other) if *other != algorithm => return Some(other.name()),
+            _ => {}
+        }
+        at += if tag == b'w' { 25 } else { 17 };
+    }
+    None
+}
+
 /// A fleet control over a key's string, as `lua/control.lua` makes it: the new string (`None`:
-/// delete it) and its TTL in ms, or `None` when nothing changes (inspect).
+/// delete it) and its TTL in ms, or `None` when nothing changes (inspect). `tenant`: the key
+/// is the tenant's (its string: controls, then its reset).
 pub(crate) fn control(
     stored: Option<&[u8]>,
     pttl_ms: Option<u64>,
     now: f64,
     op: Op<'_>,
+    tenant: bool,
 ) -> Option<(Option<Vec<u8>>, u64)> {
-    let (mut until_us, mut override_bytes, mut states): (f64, Vec<u8>, &[u8]) = (0.0, vec![0], &[]);
+    let (mut until_us, mut override_bytes, mut rest): (f64, Vec<u8>, &[u8]) = (0.0, vec![0], &[]);
     if let Some(s) = stored {
         match Controls::parse(s) {
-            Controls::None => states = s,
             Controls::Some {
                 until_us: until,
                 bytes,
                 ..
-            } => {
+            } if s.len() != 17 && s.len() != 25 => {
                 until_us = until;
                 override_bytes = bytes[9..].to_vec();
-                states = &s[bytes.len()..];
+                rest = &s[bytes.len()..];
             }
-            Controls::Corrupt => {}
+            Controls::Corrupt if s.len() != 17 && s.len() != 25 => {}
+            _ if !tenant => rest = s,
+            _ => {}
         }
     }
+    let mut reset_us = if tenant && rest.len() >= 8 {
+        f64_at(rest, 0)
+    } else {
+        0.0
+    };
     match op {
         Op::Inspect => return None,
         Op::SetQuota(quotas) => {
@@ -708,27 +908,56 @@ pub(crate) fn control(
         }
         Op::ClearQuota => override_bytes = vec![0],
         Op::Suspend(micros) => until_us = now + micros as f64,
+        Op::Extend(micros) => {
+            let end = now + micros as f64;
+            if until_us.is_nan() || until_us < end {
+                until_us = end;
+            }
+        }
         Op::Resume => until_us = 0.0,
-        Op::Reset => states = &[],
+        Op::Reset if tenant => {
+            let last = if reset_us.is_nan() { 0.0 } else { reset_us };
+            reset_us = now;
+            if reset_us <= last {
+                reset_us = last + 1.0;
+            }
+        }
+        Op::Reset => rest = &[],
     }
     let suspended = until_us > now;
     let has_override = override_bytes != [0];
     let mut new = Vec::new();
-    if suspended || has_override {
-        new.push(CONTROLS);
-        let until = if suspended { until_us } else { 0.0 };
-        new.extend_from_slice(&until.to_le_bytes());
-        new.extend_from_slice(&override_bytes);
+    if tenant {
+        if suspended || has_override || reset_us > 0.0 {
+            new.push(CONTROLS);
+            let until = if suspended { until_us } else { 0.0 };
+            new.extend_from_slice(&until.to_le_bytes());
+            new.extend_from_slice(&override_bytes);
+            if reset_us > 0.0 {
+                new.extend_from_slice(&reset_us.to_le_bytes());
+            }
+        }
+    } else {
+        // The controls go first; the tenant's reset the states belong to needs them.
+        if suspended || has_override || rest.first() == Some(&STAMP) {
+            new.push(CONTROLS);
+            let until = if suspended { until_us } else { 0.0 };
+            new.extend_from_slice(&until.to_le_bytes());
+            new.extend_from_slice(&override_bytes);
+        }
+        new.extend_from_slice(rest);
     }
-    new.extend_from_slice(states);
     if new.is_empty() {
         return Some((None, 0));
     }
     let mut ttl = match pttl_ms {
-        Some(pttl) if !states.is_empty() && pttl > 0 => pttl,
+        Some(pttl) if pttl > 0 && (tenant || !rest.is_empty()) => pttl,
         _ => 1,
     };
-    if has_override {
+    if has_override && (matches!(op, Op::SetQuota(_)) || !tenant) {
+        ttl = ttl.max(OVERRIDE_IDLE_MS);
+    }
+    if tenant && reset_us > 0.0 && op == Op::Reset {
         ttl = ttl.max(OVERRIDE_IDLE_MS);
     }
     if suspended {
@@ -817,20 +1046,53 @@ mod tests {
     #[test]
     fn controls_round_trip() {
         let q = Quota::per_second(5).unwrap();
-        let (set, ttl) = control(None, None, 1e6, Op::SetQuota(&[q])).unwrap();
+        let (set, ttl) = control(None, None, 1e6, Op::SetQuota(&[q]), false).unwrap();
         let set = set.unwrap();
         assert_eq!(ttl, OVERRIDE_IDLE_MS);
         let parsed = Controls::parse(&set);
         assert_eq!(parsed.override_quotas(), vec![q]);
-        let (suspended, ttl) = control(Some(&set), Some(ttl), 1e6, Op::Suspend(2_000_000)).unwrap();
+        let (suspended, ttl) =
+            control(Some(&set), Some(ttl), 1e6, Op::Suspend(2_000_000), false).unwrap();
         let suspended = suspended.unwrap();
         assert!(
             matches!(Controls::parse(&suspended), Controls::Some { until_us, n: 1, .. } if until_us == 3e6)
         );
         assert_eq!(ttl, OVERRIDE_IDLE_MS);
-        let (cleared, _) = control(Some(&suspended), Some(ttl), 1e6, Op::ClearQuota).unwrap();
-        let (resumed, _) = control(cleared.as_deref(), Some(ttl), 1e6, Op::Resume).unwrap();
+        let (cleared, _) =
+            control(Some(&suspended), Some(ttl), 1e6, Op::ClearQuota, false).unwrap();
+        let (resumed, _) = control(cleared.as_deref(), Some(ttl), 1e6, Op::Resume, false).unwrap();
         assert_eq!(resumed, None, "nothing left: the key is deleted");
-        assert_eq!(control(Some(&set), None, 1e6, Op::Inspect), None);
+        assert_eq!(control(Some(&set), None, 1e6, Op::Inspect, false), None);
+    }
+
+    #[test]
+    fn tenant_keys_share_the_slot_of_every_route() {
+        assert_eq!(tenant_key("redlimit:{k1}:api"), "redlimit:{k1}#t");
+        assert_eq!(tenant_key("redlimit:{k1}"), "redlimit:{k1}#t");
+        assert_eq!(tenant_key("redlimit:{k1}#t"), "redlimit:{k1}#t");
+        // No hash tag: the whole key becomes it.
+        assert_eq!(tenant_key("plain"), "{plain}#t");
+        assert_eq!(tenant_key("a{}b"), "{a{}b}#t");
+        assert!(is_tenant_key(&tenant_key("x:{y}:z")));
+        assert!(!is_tenant_key("redlimit:{k1}:api"));
+    }
+
+    #[test]
+    fn a_suspension_far_ahead_gives_a_readable_reply() {
+        // A tenant suspended until 1e300 µs: the reply's times are capped, never unreadable.
+        let mut tenant = vec![CONTROLS];
+        tenant.extend_from_slice(&1e300f64.to_le_bytes());
+        tenant.push(0);
+        let quota = Quota::per_minute(10).unwrap();
+        let step = match Algorithm::TokenBucket.kind() {
+            super::super::Kind::Packed(step) => step,
+            super::super::Kind::Log => unreachable!(),
+        };
+        let (reply, write) = decide(step, None, Some(&tenant), 1e6, 1.0, &[quota]).unwrap();
+        assert!(reply.suspended && !reply.allowed && write.is_none());
+        assert_eq!(reply.retry_after_ms, MAX_REPLY_MS);
+        // The same on the route's own controls.
+        let (reply, _) = decide(step, Some(&tenant), None, 1e6, 1.0, &[quota]).unwrap();
+        assert_eq!(reply.retry_after_ms, MAX_REPLY_MS);
     }
 }

@@ -61,8 +61,9 @@ pub(crate) mod testing;
 #[cfg(test)]
 pub(crate) use self::driver::ttl_ms;
 pub(crate) use self::driver::{
-    capped_cost, control, decide, decide_log, log_controls_key, push_call, push_control, Controls,
-    LogWrite, Op, Refused, Reply, Written, OVERRIDE_IDLE_MS,
+    capped_cost, control, decide, decide_log, foreign_state, log_controls_key, push_call,
+    push_control, tenant_key, Controls, LogWrite, Op, Refused, Reply, Written, OVERRIDE_IDLE_MS,
+    STAMP,
 };
 
 /// Which rate-limiting algorithm decides.

@@ -120,6 +120,13 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         &self.config.scope
     }
 
+    /// The policy name of the `RateLimit` headers (`default` unless
+    /// [set](RateLimitLayerBuilder::policy_name)): an operator names the route by it (it is the
+    /// scope of a named layer).
+    pub fn policy_name(&self) -> &str {
+        &self.config.policy_name
+    }
+
     /// The layer's quotas (with a [resolver](RateLimitLayerBuilder::resolver): its default).
     ///
     /// ```
@@ -148,6 +155,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             extractor,
             missing_key: MissingKey::default(),
             policy_name: "default".to_owned(),
+            named: false,
             scope: None,
             legacy_headers: false,
             cost: None,
@@ -191,6 +199,8 @@ pub struct RateLimitLayerBuilder<K> {
     extractor: K,
     missing_key: MissingKey,
     policy_name: String,
+    /// Whether the policy name was given: it is then the scope.
+    named: bool,
     scope: Option<String>,
     legacy_headers: bool,
     cost: Option<Box<CostFn>>,
@@ -216,10 +226,11 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     }
 
     /// The policy name in the `RateLimit` headers (`default` by default): 1 to 64 characters of
-    /// `[A-Za-z0-9._-]`. It is also the start of the layer's scope (see [`scope`](Self::scope)).
+    /// `[A-Za-z0-9._-]`. It is also the layer's scope, its route (see [`scope`](Self::scope)).
     /// Example in the [module docs](crate::layer#builder-options).
     pub fn policy_name(mut self, name: impl Into<String>) -> Self {
         self.policy_name = name.into();
+        self.named = true;
         self
     }
 
@@ -227,9 +238,13 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// [`Limiter::check_scoped`] call) of the same limiter prefix that names it, **whatever
     /// their quotas**: 1 to 64 characters of `[A-Za-z0-9._-]`.
     ///
-    /// Without it the scope is derived from the policy name, the algorithm and the quotas, so
-    /// layers with different quotas never share state; see [Scopes](crate::layer#scopes) for
-    /// the format and an example.
+    /// Without it, a layer with a [policy name](Self::policy_name) counts in a scope of that
+    /// name: its route. A deploy that changes the route's quota keeps the usage, capped to the
+    /// new quota, and the route's override; one that changes the algorithm starts the usage
+    /// afresh (another algorithm's state reads as a fresh key, replaced on the first admission).
+    /// A layer without a policy name derives its scope from the algorithm and the quotas, so
+    /// unnamed layers with different quotas never share state; see [Scopes](crate::layer#scopes)
+    /// for the format and an example.
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
         self.scope = Some(scope.into());
         self
@@ -317,9 +332,13 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
             self.retry_after_jitter,
         )
         .with_constant_policy();
-        let scope = self
-            .scope
-            .unwrap_or_else(|| default_scope(&self.policy_name, algorithm, &self.quotas));
+        // A named policy is its route: its scope holds no quota, so a deploy that changes the
+        // quota keeps the usage (capped to the new quota) and the route's override.
+        let scope = match self.scope {
+            Some(scope) => scope,
+            None if self.named => self.policy_name.clone(),
+            None => default_scope(&self.policy_name, algorithm, &self.quotas),
+        };
         let keys = self.limiter.key_scope(Some(&scope));
         Ok(RateLimitLayer {
             config: Arc::new(Config {

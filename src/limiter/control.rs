@@ -9,7 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{Limiter, StorageKey};
-use crate::algorithm::{Algorithm, Controls, OVERRIDE_IDLE_MS};
+use crate::algorithm::{Algorithm, Controls, OVERRIDE_IDLE_MS, STAMP};
 use crate::key::{scope_id, storage_id};
 use crate::quota::{QuotaError, Quotas};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
@@ -35,16 +35,37 @@ pub const OVERRIDE_IDLE_TTL: Duration = Duration::from_millis(OVERRIDE_IDLE_MS);
 /// let scoped = Target::scoped("login", "tenant-42");
 /// assert_eq!(limiter.target_storage_key(scoped), "redlimit:{tenant-42}:login");
 /// ```
+///
+/// A tenant is a key as the extractor hands it to the limiter. Its suspension and its reset
+/// reach every route (every scope and the unscoped key) when the target names no scope; an
+/// override reaches the route the target names, or every route with [`Target::all_routes`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target<'a> {
     scope: Option<&'a str>,
     key: &'a str,
+    all_routes: bool,
 }
 
 impl<'a> Target<'a> {
     /// `key`, unscoped: what [`Limiter::check`] checks.
     pub fn key(key: &'a str) -> Self {
-        Target { scope: None, key }
+        Target {
+            scope: None,
+            key,
+            all_routes: false,
+        }
+    }
+
+    /// `key` on every route: for [`Limiter::set_quota`] and [`Limiter::clear_quota`], an
+    /// override of every route of the tenant that has none of its own (kept until cleared, or
+    /// for [`OVERRIDE_IDLE_TTL`] after it was set); for the other controls the same as
+    /// [`Target::key`].
+    pub fn all_routes(key: &'a str) -> Self {
+        Target {
+            scope: None,
+            key,
+            all_routes: true,
+        }
     }
 
     /// `key` within `scope`: what [`Limiter::check_scoped`] checks.
@@ -52,6 +73,7 @@ impl<'a> Target<'a> {
         Target {
             scope: Some(scope),
             key,
+            all_routes: false,
         }
     }
 }
@@ -90,17 +112,42 @@ pub enum ControlError {
     /// A suspension of zero, or longer than [`MAX_SUSPENSION`].
     #[error("a suspension must last from 1 µs to 30 days")]
     InvalidDuration,
+    /// The key holds another algorithm's state (or another Redis type) than the limiter's:
+    /// the control was aimed at the wrong key or with the wrong algorithm. Nothing changed.
+    #[error("{0}; give the algorithm of the limiters that use this key")]
+    WrongKind(String),
     /// The store failed (or has no controls).
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
+}
+
+impl From<StoreError> for ControlError {
+    fn from(error: StoreError) -> Self {
+        // The scripts (and the memory store) refuse a control on another algorithm's key by
+        // an error that starts so; anything else is the store's.
+        const REFUSED: &str = "redlimit: refused: ";
+        let text = error.to_string();
+        match text.find(REFUSED) {
+            Some(at) if matches!(error, StoreError::Redis(_) | StoreError::BadReply(_)) => {
+                let what = &text[at + REFUSED.len()..];
+                let what = what.split("; nothing changed").next().unwrap_or(what);
+                ControlError::WrongKind(what.to_owned())
+            }
+            _ => ControlError::Store(error),
+        }
+    }
 }
 
 /// What a key looks like in the store, without consuming anything: see [`Limiter::inspect`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyStatus {
-    /// The quotas set with [`Limiter::set_quota`], used instead of the callers' own.
+    /// The quotas set with [`Limiter::set_quota`] in force on this route, used instead of the
+    /// callers' own: the route's own, else the tenant's for every route.
     pub quota_override: Option<Quotas>,
-    /// The time the suspension has left ([`Limiter::suspend`]); `None` when not suspended.
+    /// The override of every route of the tenant ([`Target::all_routes`]), if any.
+    pub all_routes_override: Option<Quotas>,
+    /// The time the suspension has left ([`Limiter::suspend`]), the tenant's or the route's,
+    /// whichever ends later; `None` when not suspended.
     pub suspended_for: Option<Duration>,
     /// When the key's entry expires; `None` when nothing is stored (a fresh key).
     pub expires_in: Option<Duration>,
@@ -141,21 +188,51 @@ impl fmt::Display for TierState {
 }
 
 impl KeyStatus {
-    fn decode(reply: ControlReply) -> KeyStatus {
-        let now = reply.now_micros as f64;
-        let stored = reply.stored.unwrap_or_default();
-        let (mut suspended_for, mut quota_override, mut at) = (None, None, 0);
-        let controls = Controls::parse(&stored);
+    /// A route's status from its reply and its tenant's.
+    fn decode(route: ControlReply, tenant: &ControlReply) -> KeyStatus {
+        let now = route.now_micros as f64;
+        let left = |until_us: f64| {
+            (until_us > now)
+                .then(|| Duration::from_micros((until_us - now).min(u64::MAX as f64) as u64))
+        };
+        // The tenant's: a suspension, an override of every route, a reset.
+        let tenant_stored = tenant.stored.clone().unwrap_or_default();
+        let (mut suspended_for, mut all_routes_override, mut reset_us) = (None, None, 0.0);
+        let tenant_controls = Controls::parse(&tenant_stored);
         if let Controls::Some {
             until_us, bytes, ..
-        } = controls
+        } = tenant_controls
         {
-            if until_us > now {
-                let left = (until_us - now) as u64;
-                suspended_for = Some(Duration::from_micros(left));
+            suspended_for = left(until_us);
+            all_routes_override = Quotas::new(tenant_controls.override_quotas()).ok();
+            if let Some(b) = tenant_stored.get(bytes.len()..bytes.len() + 8) {
+                reset_us = f64::from_le_bytes(b.try_into().unwrap_or_default());
             }
-            quota_override = Quotas::new(controls.override_quotas()).ok();
-            at = bytes.len();
+        }
+        let stored = route.stored.unwrap_or_default();
+        let (mut quota_override, mut at, mut stamp) = (None, 0, 0.0);
+        let controls = Controls::parse(&stored);
+        match controls {
+            Controls::Some {
+                until_us, bytes, ..
+            } if stored.len() != 17 && stored.len() != 25 => {
+                suspended_for = suspended_for.max(left(until_us));
+                quota_override = Quotas::new(controls.override_quotas()).ok();
+                at = bytes.len();
+                if stored.get(at) == Some(&STAMP) {
+                    if let Some(b) = stored.get(at + 1..at + 9) {
+                        stamp = f64::from_le_bytes(b.try_into().unwrap_or_default());
+                    }
+                    at += 9;
+                }
+            }
+            Controls::Corrupt if stored.len() != 17 && stored.len() != 25 => at = stored.len(),
+            _ => {}
+        }
+        // States written before the tenant's reset read as fresh.
+        let stale = reset_us > 0.0 && stamp < reset_us;
+        if stale {
+            at = stored.len();
         }
         let mut tiers = Vec::new();
         while let Some(&tag) = stored.get(at) {
@@ -190,11 +267,12 @@ impl KeyStatus {
             tiers.push(TierState { algorithm, fields });
         }
         KeyStatus {
-            quota_override,
+            quota_override: quota_override.or(all_routes_override),
+            all_routes_override,
             suspended_for,
-            expires_in: reply.expires_in,
+            expires_in: route.expires_in,
             tiers,
-            log_entries: reply.log_entries,
+            log_entries: route.log_entries.map(|n| if stale { 0 } else { n }),
         }
     }
 }
@@ -212,22 +290,47 @@ impl Limiter {
         key.as_str().to_owned()
     }
 
-    async fn control<'a>(
-        &self,
-        target: impl Into<Target<'a>>,
-        control: Control<'_>,
-    ) -> Result<KeyStatus, ControlError> {
-        let key = self.target_storage_key(target);
+    /// The storage key of a target's route.
+    fn route_key(&self, target: Target<'_>) -> String {
+        self.target_storage_key(Target {
+            all_routes: false,
+            ..target
+        })
+    }
+
+    async fn run(&self, key: &str, control: Control<'_>) -> Result<ControlReply, ControlError> {
         let request = ControlRequest {
-            key: &key,
+            key,
             algorithm: self.inner.algorithm,
             control,
             now_micros: self.inner.clock.now_micros(),
         };
         let reply = self.inner.store.control(request).await;
         // Whatever happened, this process's deny cache must not outlive a change.
-        self.forget_storage_key(&key);
-        Ok(KeyStatus::decode(reply?))
+        self.forget_storage_key(key);
+        Ok(reply?)
+    }
+
+    /// Runs `control` on the tenant's key (`tenant`) or the target's route, then reports the
+    /// route under its tenant's controls.
+    async fn control<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        control: Control<'_>,
+        tenant: bool,
+    ) -> Result<KeyStatus, ControlError> {
+        let target = target.into();
+        let route = self.route_key(target);
+        let tenant_key = crate::algorithm::tenant_key(&route);
+        if tenant {
+            let tenant_reply = self.run(&tenant_key, control).await?;
+            let route_reply = self.run(&route, Control::Inspect).await?;
+            Ok(KeyStatus::decode(route_reply, &tenant_reply))
+        } else {
+            let route_reply = self.run(&route, control).await?;
+            let tenant_reply = self.run(&tenant_key, Control::Inspect).await?;
+            Ok(KeyStatus::decode(route_reply, &tenant_reply))
+        }
     }
 
     /// Replaces the quotas of `target` with `quotas`, fleet-wide: every instance's next check on
@@ -263,7 +366,9 @@ impl Limiter {
         quotas: &Quotas,
     ) -> Result<KeyStatus, ControlError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
-        self.control(target, Control::SetQuota(quotas)).await
+        let target = target.into();
+        self.control(target, Control::SetQuota(quotas), target.all_routes)
+            .await
     }
 
     /// Removes the override set with [`set_quota`](Self::set_quota): the callers' quotas apply
@@ -272,7 +377,9 @@ impl Limiter {
         &self,
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
-        self.control(target, Control::ClearQuota).await
+        let target = target.into();
+        self.control(target, Control::ClearQuota, target.all_routes)
+            .await
     }
 
     /// Suspends `target` fleet-wide for `duration` (1 µs to [`MAX_SUSPENSION`]): until then every
@@ -304,7 +411,26 @@ impl Limiter {
         if duration.as_micros() == 0 || duration > MAX_SUSPENSION {
             return Err(ControlError::InvalidDuration);
         }
-        self.control(target, Control::Suspend(duration)).await
+        let target = target.into();
+        self.control(target, Control::Suspend(duration), target.scope.is_none())
+            .await
+    }
+
+    /// Suspends `target` for at least `duration`, as [`suspend`](Self::suspend) does, except
+    /// that a suspension that ends later stays as it is: the end becomes the later of its own
+    /// and now + `duration`. For automatic suspensions (an upstream's `Retry-After`), which must
+    /// never cut an operator's.
+    pub async fn extend_suspension<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        duration: Duration,
+    ) -> Result<KeyStatus, ControlError> {
+        if duration.as_micros() == 0 || duration > MAX_SUSPENSION {
+            return Err(ControlError::InvalidDuration);
+        }
+        let target = target.into();
+        self.control(target, Control::Extend(duration), target.scope.is_none())
+            .await
     }
 
     /// Ends a suspension of `target`.
@@ -312,7 +438,9 @@ impl Limiter {
         &self,
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
-        self.control(target, Control::Resume).await
+        let target = target.into();
+        self.control(target, Control::Resume, target.scope.is_none())
+            .await
     }
 
     /// Forgets the usage of `target`: every quota starts full again. An override and a
@@ -321,7 +449,9 @@ impl Limiter {
         &self,
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
-        self.control(target, Control::Reset).await
+        let target = target.into();
+        self.control(target, Control::Reset, target.scope.is_none())
+            .await
     }
 
     /// What `target` looks like in the store, without consuming anything: its override, its
@@ -346,6 +476,6 @@ impl Limiter {
         &self,
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
-        self.control(target, Control::Inspect).await
+        self.control(target, Control::Inspect, false).await
     }
 }

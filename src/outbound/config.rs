@@ -34,6 +34,8 @@ pub(crate) struct Limits {
     pub auto_suspend: bool,
     /// What the layer does with the upstream's announcements (learning, its counters).
     pub provider: Provider,
+    /// The cap on one automatic suspension.
+    pub max_auto_suspension: Duration,
 }
 
 /// A pending acquisition.

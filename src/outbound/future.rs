@@ -210,16 +210,20 @@ where
     }
 }
 
-/// Suspends `key` fleet-wide for `wait` (at most [`MAX_SUSPENSION`](crate::limiter::MAX_SUSPENSION)),
-/// and says so in the logs (never with the key: it may be a secret).
+/// Suspends `key` fleet-wide for at least `wait`, capped at the layer's `max_auto_suspension`
+/// (a suspension that ends later stays: a late answer never cuts an operator's), and says so in
+/// the logs (never with the key: it may be a secret).
 async fn suspend(limits: Arc<Limits>, key: Arc<str>, status: StatusCode, wait: Duration) {
-    let wait = wait.min(crate::limiter::MAX_SUSPENSION);
+    let wait = wait
+        .min(limits.max_auto_suspension)
+        .min(crate::limiter::MAX_SUSPENSION)
+        .max(Duration::from_micros(1));
     let target = match &limits.scope {
         Some(scope) => Target::scoped(scope, &key),
         None => Target::key(&key),
     };
     let scope = limits.scope.as_deref().unwrap_or("");
-    match limits.limiter.suspend(target, wait).await {
+    match limits.limiter.extend_suspension(target, wait).await {
         Ok(_) => tracing::warn!(
             status = status.as_u16(),
             suspended_ms = wait.as_millis() as u64,

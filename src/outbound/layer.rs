@@ -16,6 +16,10 @@ use crate::quota::{Quota, Quotas};
 /// How long a request waits for the limiter by default: 10 seconds.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
 
+/// The longest suspension an upstream's `Retry-After` sets by default: 5 minutes (see
+/// [`OutboundLayerBuilder::max_auto_suspension`]).
+pub const DEFAULT_MAX_AUTO_SUSPENSION: Duration = Duration::from_secs(5 * 60);
+
 /// Makes a client [`Service`](tower_service::Service) (an HTTP client) wait for a fleet-wide
 /// quota instead of failing: see the [module docs](super) for the whole story and an example.
 ///
@@ -194,6 +198,7 @@ pub struct OutboundLayerBuilder<K> {
     key: KeySource<K>,
     max_wait: Duration,
     auto_suspend: bool,
+    max_auto_suspension: Duration,
     scope: Option<String>,
     learn: Option<Quota>,
 }
@@ -204,6 +209,7 @@ impl<K: fmt::Debug> fmt::Debug for OutboundLayerBuilder<K> {
             .field("quotas", &self.quotas)
             .field("max_wait", &self.max_wait)
             .field("auto_suspend", &self.auto_suspend)
+            .field("max_auto_suspension", &self.max_auto_suspension)
             .field("scope", &self.scope)
             .field("learn", &self.learn)
             .finish_non_exhaustive()
@@ -218,6 +224,7 @@ impl<K> OutboundLayerBuilder<K> {
             key,
             max_wait: DEFAULT_MAX_WAIT,
             auto_suspend: true,
+            max_auto_suspension: DEFAULT_MAX_AUTO_SUSPENSION,
             scope: None,
             learn: None,
         }
@@ -258,6 +265,15 @@ impl<K> OutboundLayerBuilder<K> {
     /// ```
     pub fn learn_quota(mut self, ceiling: Quota) -> Self {
         self.learn = Some(ceiling);
+        self
+    }
+
+    /// The longest suspension one upstream answer sets ([`DEFAULT_MAX_AUTO_SUSPENSION`], 5
+    /// minutes, by default): a `Retry-After` beyond it (a misbehaving upstream, a CDN's error
+    /// page) suspends the fleet for this long only. An automatic suspension only ever extends
+    /// one in force (an operator's included), never cuts it.
+    pub fn max_auto_suspension(mut self, max: Duration) -> Self {
+        self.max_auto_suspension = max;
         self
     }
 
@@ -303,6 +319,7 @@ impl<K> OutboundLayerBuilder<K> {
                     max_wait: self.max_wait,
                     auto_suspend: self.auto_suspend,
                     provider: Provider::new(self.learn),
+                    max_auto_suspension: self.max_auto_suspension,
                 }),
                 key: self.key,
             }),

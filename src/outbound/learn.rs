@@ -15,10 +15,9 @@ use super::config::Limits;
 use crate::limiter::{ControlError, Limiter, Target};
 use crate::quota::{Quota, Quotas};
 
-/// The longest suspension an announcement sets: 15 minutes. A provider that says "come back in
-/// a year" (or a header that says so by mistake) pauses the fleet for this long, then the fleet
-/// asks again.
-pub(crate) const MAX_AUTO_SUSPENSION: Duration = Duration::from_secs(15 * 60);
+/// The tests' cap on one pause: the layer's default `max_auto_suspension`.
+#[cfg(test)]
+const MAX_AUTO_SUSPENSION: Duration = crate::outbound::DEFAULT_MAX_AUTO_SUSPENSION;
 
 /// What an [`OutboundLayer`](super::OutboundLayer) made of its upstream's announcements, in this
 /// process, since it was built: see [`OutboundLayer::stats`](super::OutboundLayer::stats).
@@ -107,7 +106,9 @@ pub(crate) fn on_response(
         .learn
         .as_ref()
         .and_then(|learn| learn.claim(&announced));
-    let pause = pacing.then(|| pause(&announced)).flatten();
+    let pause = pacing
+        .then(|| pause(&announced, limits.max_auto_suspension))
+        .flatten();
     if learn.is_none() && pause.is_none() {
         return None;
     }
@@ -192,12 +193,12 @@ fn faster(quota: &Quota, ceiling: &Quota) -> bool {
     rate(quota, ceiling) > rate(ceiling, quota)
 }
 
-/// How long the fleet must pause: the reset, when nothing is left (at most
-/// [`MAX_AUTO_SUSPENSION`]).
-fn pause(announced: &Announcement) -> Option<Duration> {
+/// How long the fleet must pause: the reset, when nothing is left (at most `cap`, the layer's
+/// `max_auto_suspension`).
+fn pause(announced: &Announcement, cap: Duration) -> Option<Duration> {
     let left = announced.left?;
     let reset = left.reset.filter(|reset| !reset.is_zero())?;
-    (left.remaining == 0).then(|| reset.min(MAX_AUTO_SUSPENSION))
+    (left.remaining == 0).then(|| reset.min(cap).min(crate::limiter::MAX_SUSPENSION))
 }
 
 fn target<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
@@ -270,10 +271,10 @@ async fn pace(limits: &Limits, key: &str, wait: Duration) {
     }
 }
 
-/// Suspends `target` for `wait` unless its suspension already lasts at least that long: a
-/// suspension only extends. `Ok(true)` when it set one. (Two calls from two instances can
-/// interleave between the look and the write; the later write wins, as with
-/// [`Limiter::suspend`].)
+/// Suspends `target` for at least `wait` unless its suspension already lasts that long:
+/// `Ok(true)` when it set or extended one. The write is [`Limiter::extend_suspension`], atomic
+/// in the store, so a suspension only ever extends even when instances race; the look before it
+/// only spares the write (and the count) when nothing would change.
 async fn suspend_at_least(
     limiter: &Limiter,
     target: Target<'_>,
@@ -283,7 +284,7 @@ async fn suspend_at_least(
     if status.suspended_for.is_some_and(|left| left >= wait) {
         return Ok(false);
     }
-    limiter.suspend(target, wait).await.map(|_| true)
+    limiter.extend_suspension(target, wait).await.map(|_| true)
 }
 
 /// The metrics of announcements (`metrics` feature).
@@ -369,12 +370,15 @@ mod tests {
                 reset: reset.map(Duration::from_secs),
             }),
         };
-        assert_eq!(pause(&with(0, Some(3))), Some(Duration::from_secs(3)));
-        assert_eq!(pause(&with(1, Some(3))), None);
-        assert_eq!(pause(&with(0, Some(0))), None);
-        assert_eq!(pause(&with(0, None)), None);
         assert_eq!(
-            pause(&with(0, Some(86_400 * 365))),
+            pause(&with(0, Some(3)), MAX_AUTO_SUSPENSION),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(pause(&with(1, Some(3)), MAX_AUTO_SUSPENSION), None);
+        assert_eq!(pause(&with(0, Some(0)), MAX_AUTO_SUSPENSION), None);
+        assert_eq!(pause(&with(0, None), MAX_AUTO_SUSPENSION), None);
+        assert_eq!(
+            pause(&with(0, Some(86_400 * 365)), MAX_AUTO_SUSPENSION),
             Some(MAX_AUTO_SUSPENSION)
         );
     }

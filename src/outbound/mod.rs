@@ -24,10 +24,14 @@
 //!
 //! When the upstream answers **429** or **503** with a `Retry-After` (delay-seconds or an
 //! HTTP-date), the layer suspends the key with
-//! [`Limiter::suspend`](crate::Limiter::suspend) for that long (at most
-//! [`MAX_SUSPENSION`](crate::MAX_SUSPENSION)) before handing the answer back: every worker of
-//! the fleet sharing the key stops, not just the one that got the answer, and resumes when the
-//! upstream said it could. The answer itself is returned unchanged. It is logged at warn level
+//! [`Limiter::extend_suspension`](crate::Limiter::extend_suspension) for that long before
+//! handing the answer back: every worker of the fleet sharing the key stops, not just the one
+//! that got the answer, and resumes when the upstream said it could. It only ever extends a
+//! suspension (the end becomes the later of the one in force and now + `Retry-After`), so a late
+//! `Retry-After: 1` never cuts an operator's hour, and it lasts at most
+//! [`max_auto_suspension`](OutboundLayerBuilder::max_auto_suspension)
+//! ([`DEFAULT_MAX_AUTO_SUSPENSION`], 5 minutes), so one CDN error page with
+//! `Retry-After: 99999999999` cannot stop the fleet for 30 days. The answer itself is returned unchanged. It is logged at warn level
 //! (status, duration and scope; never the key). Turn it off with
 //! [`auto_suspend(false)`](OutboundLayerBuilder::auto_suspend).
 //!
@@ -44,7 +48,9 @@
 //! - **Pacing** (with auto-suspend): a response saying nothing is left (`r=0`,
 //!   `X-RateLimit-Remaining: 0`) with a reset suspends the key fleet-wide until the reset, before
 //!   any request draws a `429`. Such a suspension only ever extends one in force, and lasts at
-//!   most 15 minutes. A `Retry-After` on the same response takes precedence.
+//!   most [`max_auto_suspension`](OutboundLayerBuilder::max_auto_suspension) (5 minutes by
+//!   default): a provider that says "come back in a year" pauses the fleet that long, then the
+//!   fleet asks again. A `Retry-After` on the same response takes precedence.
 //! - **Learning** ([`learn_quota(ceiling)`](OutboundLayerBuilder::learn_quota), opt-in): when the
 //!   announced quota differs from the one in force, the layer sets it as the key's fleet-wide
 //!   override ([`Limiter::set_quota`](crate::Limiter::set_quota)), at most the ceiling's rate, so
@@ -147,6 +153,8 @@ mod service;
 
 pub use self::error::OutboundError;
 pub use self::future::ResponseFuture;
-pub use self::layer::{OutboundLayer, OutboundLayerBuilder, DEFAULT_MAX_WAIT};
+pub use self::layer::{
+    OutboundLayer, OutboundLayerBuilder, DEFAULT_MAX_AUTO_SUSPENSION, DEFAULT_MAX_WAIT,
+};
 pub use self::learn::OutboundStats;
 pub use self::service::Outbound;

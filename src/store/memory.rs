@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
-    capped_cost, control, decide, decide_log, log_controls_key, sliding_log, Kind, LogWrite, Op,
-    Packed, Refused, Reply, Written, MAX_SLIDING_LOG_BURST,
+    capped_cost, control, decide, decide_log, foreign_state, log_controls_key, sliding_log,
+    tenant_key, Kind, LogWrite, Op, Packed, Refused, Reply, Written, MAX_SLIDING_LOG_BURST,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
@@ -247,9 +247,11 @@ impl MemoryStore {
         let max = self.max_keys_per_shard;
         let result = match request.algorithm.kind() {
             Kind::Packed(step) => {
+                let tenant = shard.tenant(request.key, now);
                 let (held, live) = shard.find(request.key, now);
                 let stored = live.and_then(|slot| shard.bytes(slot));
-                decide(step, stored, now_f, cost, quotas).map(|(reply, write)| {
+                let decided = decide(step, stored, tenant.as_deref(), now_f, cost, quotas);
+                decided.map(|(reply, write)| {
                     if let Some((written, ttl_ms)) = write {
                         let stored = Stored {
                             state: match written {
@@ -308,10 +310,28 @@ impl MemoryStore {
     /// assert_eq!(reply.expires_in, Some(Duration::from_secs(2)));
     /// ```
     pub fn control_now(&self, request: ControlRequest<'_>) -> ControlReply {
+        match self.try_control(request) {
+            Ok(reply) => reply,
+            // Refused: nothing changed; report the key as it is.
+            Err(_) => self
+                .try_control(ControlRequest {
+                    control: super::Control::Inspect,
+                    ..request
+                })
+                .expect("inspect is never refused"),
+        }
+    }
+
+    /// [`control_now`](Self::control_now), or the refusal of a control on a key that holds
+    /// another algorithm's state (as `lua/control.lua` refuses it; nothing changed).
+    fn try_control(&self, request: ControlRequest<'_>) -> Result<ControlReply, StoreError> {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
         let op = request.control.op();
-        let log = request.algorithm == crate::algorithm::Algorithm::SlidingLog;
-        let controls_key = if log {
+        let tenant = op.is_tenant(request.key);
+        let log = !tenant && request.algorithm == crate::algorithm::Algorithm::SlidingLog;
+        let controls_key = if tenant {
+            tenant_key(request.key)
+        } else if log {
             log_controls_key(request.key)
         } else {
             request.key.to_owned()
@@ -322,9 +342,39 @@ impl MemoryStore {
             .unwrap_or_else(PoisonError::into_inner);
         let shard = &mut *guard;
         let (held, live) = shard.find(&controls_key, now);
+        if !tenant && op != Op::Inspect {
+            let holds = |key: &str| match shard.find(key, now) {
+                (_, Some(slot)) => match &shard.slots[slot].stored.state {
+                    KeyState::Log(_) if !log || key != request.key => Some("a zset".to_owned()),
+                    KeyState::Log(_) => None,
+                    KeyState::Packed(_) | KeyState::Bytes(_) => {
+                        let bytes = shard.bytes(slot).unwrap_or_default();
+                        if log && key == request.key {
+                            let tag = bytes.first().copied().unwrap_or(0);
+                            let name = crate::algorithm::Algorithm::ALL
+                                .iter()
+                                .find(|a| a.tag() == tag)
+                                .map_or("unreadable", |a| a.name());
+                            Some(format!("{name} state"))
+                        } else {
+                            foreign_state(bytes, request.algorithm)
+                                .map(|name| format!("{name} state"))
+                        }
+                    }
+                },
+                _ => None,
+            };
+            let what = holds(&controls_key).or_else(|| log.then(|| holds(request.key)).flatten());
+            if let Some(what) = what {
+                return Err(StoreError::BadReply(format!(
+                    "redlimit: refused: the key holds {what}, not {} state; nothing changed",
+                    request.algorithm
+                )));
+            }
+        }
         let pttl = live.map(|slot| (shard.slots[slot].stored.expires_at - now).div_ceil(1000));
         let stored = live.and_then(|slot| shard.bytes(slot)).map(<[u8]>::to_vec);
-        let after = match control(stored.as_deref(), pttl, now as f64, op) {
+        let after = match control(stored.as_deref(), pttl, now as f64, op, tenant) {
             None => stored,
             Some((None, _)) => {
                 if let Some(slot) = held {
@@ -359,12 +409,12 @@ impl MemoryStore {
             },
             _ => 0,
         });
-        ControlReply {
+        Ok(ControlReply {
             stored: after,
             expires_in,
             now_micros: now,
             log_entries,
-        }
+        })
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
@@ -430,6 +480,13 @@ impl Shard {
     }
 
     /// Where `key` is held (live, expired or of another kind), and whether it is live.
+    /// The string of `key`'s tenant's controls (see `lua/common.lua`), when live: copied, as
+    /// the decision then writes to the shard.
+    fn tenant(&self, key: &str, now: u64) -> Option<Vec<u8>> {
+        let (_, live) = self.find(&tenant_key(key), now);
+        live.and_then(|slot| self.bytes(slot)).map(<[u8]>::to_vec)
+    }
+
     fn find(&self, key: &str, now: u64) -> (Option<usize>, Option<usize>) {
         let held = self.index.get(key).copied();
         (
@@ -459,7 +516,8 @@ impl Shard {
         cost: f64,
         max: usize,
     ) -> Result<Reply, Refused> {
-        let (controls_held, controls_live) = self.find(controls_key, now);
+        let tenant = self.tenant(key, now);
+        let (_, controls_live) = self.find(controls_key, now);
         let controls = controls_live
             .and_then(|slot| self.bytes(slot))
             .map(<[u8]>::to_vec);
@@ -473,10 +531,17 @@ impl Shard {
             None => (&mut fresh, false),
         };
         let before = log.capacity();
-        let (reply, write) = decide_log(controls.as_deref(), log, now as f64, cost, quotas)?;
+        let (reply, write) = decide_log(
+            controls.as_deref(),
+            tenant.as_deref(),
+            log,
+            now as f64,
+            cost,
+            quotas,
+        )?;
         let LogWrite {
             log_ttl,
-            controls_ttl,
+            controls: controls_write,
         } = write;
         if let Some(slot) = live.filter(|_| existing) {
             self.log_entries =
@@ -491,8 +556,14 @@ impl Shard {
             };
             self.put(held, key, stored, now, max);
         }
-        if let (Some(ttl), Some(slot)) = (controls_ttl, controls_held) {
-            self.set_expiry(slot, expiry(now, ttl));
+        if let Some((head, ttl)) = controls_write {
+            let stored = Stored {
+                state: KeyState::Bytes(head),
+                expires_at: expiry(now, ttl),
+            };
+            // The log's slot may have moved: find the controls' again.
+            let (held, _) = self.find(controls_key, now);
+            self.put(held, controls_key, stored, now, max);
         }
         Ok(reply)
     }
@@ -615,7 +686,7 @@ impl Store for MemoryStore {
         &'a self,
         request: ControlRequest<'a>,
     ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.control_now(request))))
+        Box::pin(std::future::ready(self.try_control(request)))
     }
 }
 

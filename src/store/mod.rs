@@ -174,8 +174,11 @@ pub enum Control<'a> {
     SetQuota(&'a Quotas),
     /// Remove the override.
     ClearQuota,
-    /// Deny every decision for this long (at least 1 µs).
+    /// Deny every decision for this long (at least 1 µs), on every route of the key's tenant.
     Suspend(Duration),
+    /// Deny every decision for at least this long: a suspension that ends later stays as it is
+    /// (it only ever extends).
+    Extend(Duration),
     /// End a suspension.
     Resume,
     /// Forget the key's usage (its quotas start full); an override and a suspension stay.
@@ -191,16 +194,20 @@ impl<'a> Control<'a> {
         match self {
             Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
             Control::ClearQuota => Op::ClearQuota,
-            Control::Suspend(duration) => Op::Suspend(
-                u64::try_from(duration.as_micros())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            ),
+            Control::Suspend(duration) => Op::Suspend(micros(duration)),
+            Control::Extend(duration) => Op::Extend(micros(duration)),
             Control::Resume => Op::Resume,
             Control::Reset => Op::Reset,
             Control::Inspect => Op::Inspect,
         }
     }
+}
+
+/// Whole µs, at least 1.
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// What a store reports after a control: the key's string as it now stands, byte for byte (see
