@@ -265,8 +265,9 @@ async fn auto_suspend_works_as_the_least_privileged_user() {
             .algorithm(algorithm)
             .build()
             .unwrap();
-        let key = format!("partner-{algorithm}");
         for scope in [None, Some("search")] {
+            // One key per case: an unscoped suspension is the tenant's and reaches every route.
+            let key = format!("partner-{algorithm}-{}", scope.unwrap_or("tenant"));
             let builder = OutboundLayer::builder(limiter.clone(), quota, key.as_str());
             let layer = match scope {
                 Some(scope) => builder.scope(scope),
