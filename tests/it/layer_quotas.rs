@@ -3,8 +3,7 @@
 //! Each test starts its own `redis-server`; the limiter runs on a `ManualClock` that moves only
 //! when a test says so, so every number in the headers is exact.
 
-#[path = "../../examples/common/greeter.rs"]
-mod greeter;
+use crate::greeter;
 use crate::support;
 
 use std::cell::RefCell;

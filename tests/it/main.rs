@@ -11,6 +11,10 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+// The hand-written gRPC service of the examples, for `layer_quotas` and `tonic` (loaded once).
+#[path = "../../examples/common/greeter.rs"]
+mod greeter;
+
 mod acl;
 mod algorithms;
 mod cluster;

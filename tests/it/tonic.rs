@@ -3,8 +3,7 @@
 //! and that `PeerIp` keys clients by the address tonic's `TcpConnectInfo` reports (the crate's
 //! `tonic` feature).
 
-#[path = "../../examples/common/greeter.rs"]
-mod greeter;
+use crate::greeter;
 use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
