@@ -1,6 +1,6 @@
 //! An example binary (`examples/NAME.rs`) run as a user runs it: built once per test run, started
 //! on a free port, its `listening on ADDR` awaited, its stdout and stderr kept for assertions.
-//! Shared by `tests/example_cli.rs` (axum) and `tests/example_tonic.rs`.
+//! Shared by `tests/examples/cli.rs` (axum) and `tests/examples/tonic.rs`.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};

@@ -17,12 +17,16 @@
 
 mod cluster;
 pub mod example;
+mod limiters;
 pub mod sentinel;
 mod server;
 pub mod service;
 mod tls;
 
 pub use cluster::{key_slot, RedisCluster};
+pub use limiters::{
+    cluster_limiter, memory_limiter, redis_limiter, redis_store, Ctx, PATIENT_TIMEOUT,
+};
 pub use server::RedisServer;
 pub use tls::{TlsFiles, TlsSetup};
 

@@ -1,8 +1,8 @@
-//! Per-route limits (issue 9.1): two layers from one `Limiter`, same key extractor, default
+//! Per-route limits: two layers from one `Limiter`, same key extractor, default
 //! policy name, different quotas, on two routes of one axum server. One client uses both routes
 //! over real TCP; Redis is a private `redis-server` on its own clock (server time).
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,19 +10,14 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use redlimit::key::PeerIp;
-use redlimit::store::RedisStore;
-use redlimit::{Limiter, Quota, RateLimitLayer};
-use support::RedisServer;
+use redlimit::{Quota, RateLimitLayer};
+use support::{Ctx, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `/login` at 5 a minute and `/api` at 1000 a minute, both keyed by the client's address, served
 /// with connect info so `PeerIp` sees it.
 async fn serve(redis: &RedisServer) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let limiter = Limiter::new(store);
+    let limiter = Ctx::default().redis(redis);
     let login = RateLimitLayer::new(
         limiter.clone(),
         Quota::per_minute(5).unwrap(),

@@ -9,7 +9,7 @@
 //! Deadlines for the failover itself are generous (a loaded 2-core machine); what requests see
 //! is asserted strictly: none waits longer than the timeout plus a margin.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

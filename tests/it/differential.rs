@@ -16,7 +16,7 @@
 //! forgets expired keys while Redis still has them; the scripts must then decide exactly as for a
 //! fresh key, and this test holds them to it.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -24,8 +24,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota, Quotas, Target};
-use support::RedisServer;
+use redlimit::{Algorithm, Decision, ManualClock, Quota, Quotas, Target};
+use support::{Ctx, RedisServer};
 
 /// Quota shapes as (limit, period in seconds, burst): burst equal to, above and below the limit;
 /// emission intervals that are whole (6 s, 1 s) and inexact (10/3 s, 10/7 s).
@@ -170,17 +170,10 @@ async fn run(
     let quota = scenario.quota();
     let quotas = scenario.quotas();
     let clock = ManualClock::new(Duration::from_micros(scenario.start_us));
-    let on_redis = Limiter::builder(redis.clone())
-        .algorithm(algorithm)
-        .clock(Clock::Manual(clock.clone()))
-        .build()
-        .unwrap();
+    let ctx = Ctx::new(algorithm).manual(&clock);
+    let on_redis = ctx.limiter(redis.clone());
     let memory = MemoryStore::new();
-    let in_memory = Limiter::builder(memory.clone())
-        .algorithm(algorithm)
-        .clock(Clock::Manual(clock.clone()))
-        .build()
-        .unwrap();
+    let in_memory = ctx.limiter(memory.clone());
 
     let period_us = quota.period().as_micros() as u64;
     let mut now = scenario.start_us;
@@ -396,10 +389,9 @@ fn redis_and_memory_stores_decide_identically() {
         .build()
         .unwrap();
     // A generous timeout: a slow answer on a loaded machine must not look like a divergence.
-    let store = RedisStore::builder(redis.url())
+    let store = Ctx::default()
         .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+        .redis_store(&redis);
     let mut conn = runtime
         .block_on(redis.client().get_multiplexed_async_connection())
         .unwrap();

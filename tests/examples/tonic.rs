@@ -2,9 +2,9 @@
 //! its flags, its store choice, `listening on ADDR`, and the gRPC statuses clients receive. Every
 //! test uses a private Redis (or a dead port), never the machine's.
 
-#[path = "../examples/common/greeter.rs"]
+#[path = "../../examples/common/greeter.rs"]
 mod greeter;
-mod support;
+use crate::support;
 
 use greeter::{GreeterClient, HelloRequest};
 use redlimit::Algorithm;

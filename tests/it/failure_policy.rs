@@ -3,7 +3,7 @@
 //!
 //! The latency bounds are "the timeout plus a generous margin" (1 s), never a performance goal.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

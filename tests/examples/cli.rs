@@ -1,7 +1,7 @@
 //! The example server `examples/axum.rs`, run as a user runs it: its flags, its store choice, and
 //! what HTTP clients see. Every test uses a private Redis (or a dead port), never the machine's.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -3,7 +3,7 @@
 //! and never changes what is admitted (exactness under concurrency, and the same decisions as a
 //! limiter without it over random schedules, for every algorithm).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

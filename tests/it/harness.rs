@@ -1,6 +1,6 @@
 //! Self-test of the real-Redis harness in `tests/support`.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

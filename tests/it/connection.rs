@@ -4,9 +4,9 @@
 //! A TCP proxy in front of real `redis-server` processes plays the network: it freezes the
 //! connections open so far (no RST, no FIN), or sends new connections to another server. Each
 //! test prints how long recovery took; see them with
-//! `cargo test --test connection -- --nocapture`.
+//! `cargo test --test it connection:: -- --nocapture`.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

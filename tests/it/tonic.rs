@@ -3,9 +3,8 @@
 //! and that `PeerIp` keys clients by the address tonic's `TcpConnectInfo` reports (the crate's
 //! `tonic` feature).
 
-#[path = "../examples/common/greeter.rs"]
-mod greeter;
-mod support;
+use crate::greeter;
+use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -14,7 +13,7 @@ use greeter::{GreeterClient, GreeterServer, HelloRequest};
 use redlimit::key::PeerIp;
 use redlimit::store::RedisStore;
 use redlimit::{FailClosed, Limiter, Quota, RateLimitLayer};
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tokio::task::JoinHandle;
 use tonic::{Code, Status};
 
@@ -59,15 +58,6 @@ impl Drop for Server {
     }
 }
 
-/// A limiter on `redis` with a timeout generous enough for a loaded test machine.
-fn limiter(redis: &RedisServer) -> Limiter {
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    Limiter::new(store)
-}
-
 fn hello() -> HelloRequest {
     HelloRequest {
         name: "test".to_owned(),
@@ -99,7 +89,7 @@ fn redis_keys(redis: &RedisServer) -> Vec<String> {
 async fn two_grpc_clients_on_different_addresses_are_keyed_apart() {
     let redis = RedisServer::start();
     let layer = RateLimitLayer::new(
-        limiter(&redis),
+        Ctx::default().redis(&redis),
         Quota::per_minute(2).unwrap(),
         PeerIp::new(),
     );
@@ -136,7 +126,7 @@ async fn two_grpc_clients_on_different_addresses_are_keyed_apart() {
 async fn over_the_quota_is_resource_exhausted_with_retry_hints() {
     let redis = RedisServer::start();
     let layer = RateLimitLayer::new(
-        limiter(&redis),
+        Ctx::default().redis(&redis),
         Quota::per_minute(2).unwrap(),
         PeerIp::new(),
     );
@@ -176,7 +166,7 @@ async fn over_the_quota_is_resource_exhausted_with_retry_hints() {
 async fn a_cost_over_capacity_tells_the_client_not_to_retry() {
     let redis = RedisServer::start();
     let layer = RateLimitLayer::builder(
-        limiter(&redis),
+        Ctx::default().redis(&redis),
         Quota::per_minute(2).unwrap(),
         PeerIp::new(),
     )

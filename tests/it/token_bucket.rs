@@ -3,32 +3,17 @@
 //! Every test starts its own `redis-server`. Time is a `ManualClock` passed to the script, so the
 //! ten simulated minutes of the slow-rate test take a few milliseconds.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlimit::store::RedisStore;
 use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tokio::sync::Barrier;
 
 /// 2023-11-14T22:13:20Z: a realistic epoch for the simulated clock.
 const T0: Duration = Duration::from_secs(1_700_000_000);
-
-/// A token-bucket limiter on its own connection to `redis`, on the manual `clock`. The timeout
-/// is generous: a slow answer on a busy machine must not fail a test about arithmetic.
-fn limiter(redis: &RedisServer, clock: &ManualClock) -> Limiter {
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    Limiter::builder(store)
-        .algorithm(Algorithm::TokenBucket)
-        .clock(Clock::Manual(clock.clone()))
-        .build()
-        .unwrap()
-}
 
 async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
     limiter
@@ -45,7 +30,9 @@ async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decisi
 async fn slow_rate_admits_ten_a_minute_over_ten_simulated_minutes() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let limiter = limiter(&redis, &clock);
+    let limiter = Ctx::new(Algorithm::TokenBucket)
+        .manual(&clock)
+        .redis(&redis);
     let quota = Quota::per_minute(10).unwrap();
 
     let mut per_minute = [0u32; 10];
@@ -83,14 +70,10 @@ async fn five_hundred_concurrent_checks_through_four_connections_admit_exactly_f
     // turn a slow answer into an error).
     let limiters: Vec<Limiter> = (0..4)
         .map(|_| {
-            let store = RedisStore::builder(redis.url())
+            Ctx::default()
+                .manual(&clock)
                 .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap();
-            Limiter::builder(store)
-                .clock(Clock::Manual(clock.clone()))
-                .build()
-                .unwrap()
+                .redis(&redis)
         })
         .collect();
     // Per hour: a token takes 72 s, so nothing refills (the clock does not move anyway).
@@ -154,7 +137,9 @@ async fn five_hundred_concurrent_checks_through_four_connections_admit_exactly_f
 async fn cost_above_capacity_is_never_allowed_and_consumes_nothing() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let limiter = limiter(&redis, &clock);
+    let limiter = Ctx::new(Algorithm::TokenBucket)
+        .manual(&clock)
+        .redis(&redis);
     let quota = Quota::per_minute(10).unwrap();
 
     let never = check(&limiter, "big", &quota, 11).await;
@@ -187,7 +172,9 @@ async fn cost_above_capacity_is_never_allowed_and_consumes_nothing() {
 async fn peek_does_not_consume() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let limiter = limiter(&redis, &clock);
+    let limiter = Ctx::new(Algorithm::TokenBucket)
+        .manual(&clock)
+        .redis(&redis);
     let quota = Quota::per_minute(10).unwrap();
 
     let fresh = check(&limiter, "peek", &quota, 0).await;
@@ -222,14 +209,7 @@ async fn peek_does_not_consume() {
 #[tokio::test]
 async fn server_clock_limits_and_refills() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let limiter = Limiter::builder(store)
-        .clock(Clock::Server)
-        .build()
-        .unwrap();
+    let limiter = Ctx::default().clock(Clock::Server).redis(&redis);
     // 10 per second: a token every 100 ms.
     let quota = Quota::per_second(10).unwrap();
 

@@ -7,7 +7,7 @@
 //! clock; the tests stamp events with the same wall clock (`SystemTime`) to count admissions per
 //! aligned second, as an upstream enforcing fixed windows would.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,7 +19,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use redlimit::key::FnKey;
 use redlimit::outbound::{OutboundError, OutboundLayer};
-use redlimit::store::RedisStore;
 use redlimit::{AcquireError, Algorithm, Limiter, Quota, Quotas};
 use support::RedisServer;
 use tower::buffer::Buffer;
@@ -33,14 +32,7 @@ fn limiters(redis: &RedisServer, algorithm: Algorithm, n: usize) -> Vec<Limiter>
         .map(|_| {
             // A generous timeout: a slow answer on a busy machine must not turn into a
             // fail-open admission (each test also checks that no store call failed).
-            let store = RedisStore::builder(redis.url())
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap();
-            Limiter::builder(store)
-                .algorithm(algorithm)
-                .build()
-                .unwrap()
+            support::redis_limiter(redis, algorithm)
         })
         .collect()
 }

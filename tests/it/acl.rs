@@ -4,7 +4,7 @@
 //! control the server refuses is loud, and a wrong password is a clear error that never loops
 //! hot.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -24,7 +24,7 @@ use tower::{Layer, ServiceExt};
 /// The README's ACL line for the limiter's user (read from the README, so the two cannot
 /// drift apart), with `PASSWORD` replaced by the test's password.
 fn acl_rules() -> String {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let line = readme
         .lines()
         .find_map(|l| l.strip_prefix("ACL SETUSER limiter "))
@@ -318,14 +318,13 @@ impl Write for Captured {
 
 /// A control the server refuses at run time (here: an ACL without `+pttl`, which every control
 /// calls) is loud: an error-level log line and `redlimit_store_errors_total{call="control"}`.
-// One thread: the subscriber set for this test sees every event of the calls it makes.
+// One thread: the subscriber and the recorder set for this test see every event of its calls.
 #[tokio::test(flavor = "current_thread")]
 async fn a_control_that_fails_is_an_error_log_and_a_metric() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this binary");
+    // This thread's recorder (the metrics of the other tests of this binary stay out of it).
+    let _recorder = metrics::set_default_local_recorder(&recorder);
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()

@@ -7,17 +7,15 @@
 //! `remaining`, never-allowed, and for the emission-based algorithms — token bucket and GCRA —
 //! the exact times) are asserted.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redlimit::algorithm::MAX_SLIDING_LOG_BURST;
-use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{
-    Algorithm, Clock, Decision, Limiter, ManualClock, Quota, QuotaError, MAX_COUNT, MAX_PERIOD,
-};
-use support::RedisServer;
+use redlimit::store::RedisStore;
+use redlimit::{Algorithm, Decision, ManualClock, Quota, QuotaError, MAX_COUNT, MAX_PERIOD};
+use support::{Ctx, RedisServer};
 
 /// The simulated start: half a second past 2023-11-14T22:13:20Z, so whole-second windows are
 /// half-way through and millisecond windows start.
@@ -77,10 +75,9 @@ struct Bench {
 impl Bench {
     fn new() -> Self {
         let redis = RedisServer::start();
-        let store = RedisStore::builder(redis.url())
+        let store = Ctx::default()
             .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
+            .redis_store(&redis);
         Bench {
             _redis: redis,
             store,
@@ -136,16 +133,12 @@ impl Bench {
         on_redis: bool,
     ) -> Vec<Decision> {
         let clock = ManualClock::new(Duration::from_micros(T0_US));
-        let builder = if on_redis {
-            Limiter::builder(self.store.clone())
+        let ctx = Ctx::new(algorithm).manual(&clock);
+        let limiter = if on_redis {
+            ctx.limiter(self.store.clone())
         } else {
-            Limiter::builder(MemoryStore::new())
+            ctx.memory()
         };
-        let limiter = builder
-            .algorithm(algorithm)
-            .clock(Clock::Manual(clock.clone()))
-            .build()
-            .unwrap();
         let mut decisions = Vec::new();
         for (i, step) in steps.iter().enumerate() {
             clock.advance(Duration::from_micros(step.advance_us));

@@ -1,7 +1,7 @@
 //! `tracing` events of an outage on a real Redis: a warning when the store keeps failing and the
 //! circuit opens, an info event when a probe finds Redis back and the circuit closes.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

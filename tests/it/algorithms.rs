@@ -8,14 +8,13 @@
 //!
 //! Every test starts its own `redis-server`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
 use redis::Commands;
-use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
-use support::RedisServer;
+use redlimit::{Algorithm, Decision, Limiter, ManualClock, Quota};
+use support::{Ctx, RedisServer};
 
 /// 2023-11-14T22:14:00Z: a whole minute, so minute windows start at T0.
 const T0: Duration = Duration::from_secs(1_700_000_040);
@@ -47,26 +46,6 @@ fn per(limit: u64, period_secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(period_secs)).unwrap()
 }
 
-fn redis_limiter(redis: &RedisServer, algorithm: Algorithm, clock: &ManualClock) -> Limiter {
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .clock(Clock::Manual(clock.clone()))
-        .build()
-        .unwrap()
-}
-
-fn memory_limiter(algorithm: Algorithm, clock: &ManualClock) -> Limiter {
-    Limiter::builder(MemoryStore::new())
-        .algorithm(algorithm)
-        .clock(Clock::Manual(clock.clone()))
-        .build()
-        .unwrap()
-}
-
 async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
     limiter
         .try_check(key, quota, cost)
@@ -77,8 +56,8 @@ async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decisi
 /// Runs `steps` on the fresh key `key`, on Redis and in memory, asserting every decision.
 async fn run(redis: &RedisServer, algorithm: Algorithm, key: &str, steps: &[Step]) {
     let clock = ManualClock::new(T0);
-    let on_redis = redis_limiter(redis, algorithm, &clock);
-    let in_memory = memory_limiter(algorithm, &clock);
+    let on_redis = Ctx::new(algorithm).manual(&clock).redis(redis);
+    let in_memory = Ctx::new(algorithm).manual(&clock).memory();
     for (i, (at, quota, cost, expect)) in steps.iter().enumerate() {
         clock.set(T0 + Duration::from_micros(*at));
         for (store, limiter) in [("redis", &on_redis), ("memory", &in_memory)] {
@@ -241,7 +220,7 @@ async fn fixed_window_sequences() {
     ]).await;
 
     let clock = ManualClock::new(T0);
-    let limiter = redis_limiter(&redis, algorithm, &clock);
+    let limiter = Ctx::new(algorithm).manual(&clock).redis(&redis);
     assert_eq!(check(&limiter, "limit", &q10b3, 1).await.limit, 10);
 }
 
@@ -296,13 +275,21 @@ async fn sliding_log_sequences() {
         (0, q2500, 2500, (true, 0, 0, 10_000)),
         (0, q2500, 1, (false, 0, 10_000, 10_000)),
     ]).await;
-    let log = |key: &str| memory_limiter(algorithm, &ManualClock::new(T0)).storage_key(key);
+    let log = |key: &str| {
+        Ctx::new(algorithm)
+            .manual(&ManualClock::new(T0))
+            .memory()
+            .storage_key(key)
+    };
     let mut conn = redis.conn();
     assert_eq!(conn.zcard::<_, u64>(log("member-name-taken")).unwrap(), 3);
     assert_eq!(conn.zcard::<_, u64>(log("large-cost")).unwrap(), 2500);
 
     // One member per admitted unit, and only units still in the window are kept.
-    let log_key = memory_limiter(algorithm, &ManualClock::new(T0)).storage_key("exact-window");
+    let log_key = Ctx::new(algorithm)
+        .manual(&ManualClock::new(T0))
+        .memory()
+        .storage_key("exact-window");
     let members: Vec<String> = redis.conn().zrange(&log_key, 0, -1).unwrap();
     assert_eq!(members.len(), 3, "{members:?}");
 }
@@ -361,8 +348,8 @@ async fn sliding_window_sequences() {
         .collect();
     let clock = ManualClock::new(T0);
     for (store, limiter) in [
-        ("redis", redis_limiter(&redis, algorithm, &clock)),
-        ("memory", memory_limiter(algorithm, &clock)),
+        ("redis", Ctx::new(algorithm).manual(&clock).redis(&redis)),
+        ("memory", Ctx::new(algorithm).manual(&clock).memory()),
     ] {
         for (at, quota, cost, _) in &steady {
             clock.set(T0 + Duration::from_micros(*at));
@@ -384,8 +371,8 @@ fn state_key(limiter: &Limiter, _algorithm: Algorithm, key: &str) -> String {
 /// Two cost-1 checks on the corrupt key in Redis decide like two on a fresh key in memory.
 async fn decides_like_a_fresh_key(redis: &RedisServer, algorithm: Algorithm, key: &str) {
     let clock = ManualClock::new(T0 + Duration::from_millis(12_345));
-    let on_redis = redis_limiter(redis, algorithm, &clock);
-    let in_memory = memory_limiter(algorithm, &clock);
+    let on_redis = Ctx::new(algorithm).manual(&clock).redis(redis);
+    let in_memory = Ctx::new(algorithm).manual(&clock).memory();
     let quota = per(10, 60);
     for _ in 0..2 {
         let healed = check(&on_redis, key, &quota, 1).await;
@@ -400,7 +387,7 @@ async fn a_key_of_the_wrong_type_heals() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
     for &algorithm in Algorithm::ALL {
-        let limiter = memory_limiter(algorithm, &ManualClock::new(T0));
+        let limiter = Ctx::new(algorithm).manual(&ManualClock::new(T0)).memory();
         let state = state_key(&limiter, algorithm, "wrong-type");
         let _: () = conn.del(&state).unwrap();
         // A string for the sliding log, a hash (the layout before version 2) for the others.
@@ -445,7 +432,7 @@ async fn garbage_in_the_state_heals() {
         // NaN, infinite, negative, 2^53.
         let mut values: Vec<Vec<u8>> = garbage.iter().map(|g| g.as_bytes().to_vec()).collect();
         let clock = ManualClock::new(T0);
-        let limiter = redis_limiter(&redis, algorithm, &clock);
+        let limiter = Ctx::new(algorithm).manual(&clock).redis(&redis);
         check(&limiter, "template", &per(10, 60), 1).await;
         let template: Vec<u8> = conn
             .get(state_key(&limiter, algorithm, "template"))
@@ -471,7 +458,7 @@ async fn garbage_in_the_state_heals() {
     // The sliding log: entries scored long ago or at -inf, under any member name, are out of
     // the window and dropped on the next write.
     let algorithm = Algorithm::SlidingLog;
-    let limiter = memory_limiter(algorithm, &ManualClock::new(T0));
+    let limiter = Ctx::new(algorithm).manual(&ManualClock::new(T0)).memory();
     let state = state_key(&limiter, algorithm, "garbage");
     let _: () = redis::cmd("ZADD")
         .arg(&state)
@@ -517,7 +504,7 @@ async fn memory_per_key() {
         "algorithm", "1 of 100", "100 of 100", "1 of 1000", "1000 of 1000"
     );
     for &algorithm in Algorithm::ALL {
-        let limiter = redis_limiter(&redis, algorithm, &clock);
+        let limiter = Ctx::new(algorithm).manual(&clock).redis(&redis);
         let mut row = Vec::new();
         for limit in [100, 1000] {
             let quota = Quota::per_minute(limit).unwrap();
@@ -560,11 +547,11 @@ async fn memory_per_key() {
 /// as `src/algorithm/mod.rs`).
 fn script_source() -> String {
     let steps = [
-        (b't', include_str!("../lua/token_bucket.lua")),
-        (b'g', include_str!("../lua/gcra.lua")),
-        (b'f', include_str!("../lua/fixed_window.lua")),
-        (b'l', include_str!("../lua/sliding_log.lua")),
-        (b'w', include_str!("../lua/sliding_window.lua")),
+        (b't', include_str!("../../lua/token_bucket.lua")),
+        (b'g', include_str!("../../lua/gcra.lua")),
+        (b'f', include_str!("../../lua/fixed_window.lua")),
+        (b'l', include_str!("../../lua/sliding_log.lua")),
+        (b'w', include_str!("../../lua/sliding_window.lua")),
     ];
     let branches = |packed_only: bool| -> String {
         steps
@@ -573,7 +560,7 @@ fn script_source() -> String {
             .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
             .collect()
     };
-    include_str!("../lua/common.lua")
+    include_str!("../../lua/common.lua")
         .replacen("-- @packed-steps\n", &branches(true), 1)
         .replacen("-- @steps\n", &branches(false), 1)
 }

@@ -4,7 +4,7 @@
 //! Each test starts its own `redis-server`. The limiter runs on a `ManualClock` that never moves,
 //! so every number in the headers is exact.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::future::poll_fn;
@@ -18,13 +18,11 @@ use futures::FutureExt;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use redlimit::key::{GlobalKey, HeaderKey};
-use redlimit::store::RedisStore;
 use redlimit::{
-    Clock, Decision, Limiter, ManualClock, MissingKey, Quota, Quotas, RateLimitLayer, ResponseBody,
-    Target,
+    Decision, Limiter, ManualClock, MissingKey, Quota, Quotas, RateLimitLayer, ResponseBody, Target,
 };
 use support::service::{counting, SEEN};
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tower::buffer::Buffer;
 use tower::limit::ConcurrencyLimit;
 use tower::{Layer, Service, ServiceExt};
@@ -40,15 +38,8 @@ impl Fixture {
         let redis = RedisServer::start();
         let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
         // A generous timeout: these tests are about the layer, and a slow answer on a busy
-        // machine must not turn into a fail-open admission (tests/failure.rs covers timeouts).
-        let store = RedisStore::builder(redis.url())
-            .timeout(Duration::from_secs(5))
-            .build()
-            .unwrap();
-        let limiter = Limiter::builder(store)
-            .clock(Clock::Manual(clock))
-            .build()
-            .unwrap();
+        // machine must not turn into a fail-open admission (failure_policy covers timeouts).
+        let limiter = Ctx::default().manual(&clock).redis(&redis);
         Fixture {
             _redis: redis,
             limiter,
@@ -574,14 +565,7 @@ async fn tonic_server_layer() {
 async fn stacked_layers_keep_separate_counts_and_both_headers() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let limiter = Limiter::builder(store)
-        .clock(Clock::Manual(clock.clone()))
-        .build()
-        .unwrap();
+    let limiter = Ctx::default().manual(&clock).redis(&redis);
     let per_second = RateLimitLayer::builder(
         limiter.clone(),
         Quota::per_second(2).unwrap(),
@@ -643,15 +627,8 @@ async fn tokens_left(limiter: &Limiter, scope: &str, key: &str, tier: usize) -> 
 
 /// A limiter on a private Redis, on a clock that stands still.
 fn still_limiter(redis: &RedisServer) -> Limiter {
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
     let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-    Limiter::builder(store)
-        .clock(Clock::Manual(clock))
-        .build()
-        .unwrap()
+    Ctx::default().manual(&clock).redis(redis)
 }
 
 /// The README's way to stack limits, "2 a second inside 100 a minute", as one layer with

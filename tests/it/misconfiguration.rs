@@ -1,39 +1,26 @@
-//! Misconfiguration is loud (issue 9.8): a quota the algorithm refuses stops the layer from being
+//! Misconfiguration is loud: a quota the algorithm refuses stops the layer from being
 //! built, and requests without a key are counted and logged once, with the likely cause.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
 use redlimit::key::PeerIp;
-use redlimit::store::RedisStore;
-use redlimit::{Algorithm, ConfigError, Limiter, Quota, QuotaError, RateLimitLayer};
+use redlimit::{Algorithm, ConfigError, Quota, QuotaError, RateLimitLayer};
 use support::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn limiter(redis: &RedisServer, algorithm: Algorithm) -> Limiter {
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .build()
-        .unwrap()
-}
-
-/// Before: the layer was built, and answered 429 to every request forever.
+/// Built anyway, the layer would answer 429 to every request forever.
 #[test]
 #[should_panic(expected = "use sliding-window")]
 fn a_layer_with_a_quota_the_algorithm_refuses_is_not_built() {
     let redis = RedisServer::start();
     let huge = Quota::per_second(1_000_000).unwrap();
-    let limiter = limiter(&redis, Algorithm::SlidingLog);
+    let limiter = support::redis_limiter(&redis, Algorithm::SlidingLog);
     let built = RateLimitLayer::builder(limiter.clone(), huge, PeerIp::new()).build();
     assert_eq!(
         built.err(),
@@ -57,7 +44,7 @@ impl Write for Captured {
 }
 
 /// axum served without `into_make_service_with_connect_info`: `PeerIp` sees no address, every
-/// client lands on the shared key. Before: nothing counted it, nothing said so.
+/// client lands on the shared key: it is counted and said once.
 #[tokio::test(flavor = "current_thread")]
 async fn requests_without_a_key_are_counted_and_warned_about_once() {
     let logs = Captured::default();
@@ -70,7 +57,7 @@ async fn requests_without_a_key_are_counted_and_warned_about_once() {
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let redis = RedisServer::start();
-    let limiter = limiter(&redis, Algorithm::TokenBucket);
+    let limiter = support::redis_limiter(&redis, Algorithm::TokenBucket);
     let layer = RateLimitLayer::new(
         limiter.clone(),
         Quota::per_minute(100).unwrap(),

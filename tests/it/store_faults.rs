@@ -2,12 +2,12 @@
 //! requests through the `RateLimitLayer`.
 //!
 //! Each test prints its figures (status mix, worst latency, recovery time); see them with
-//! `cargo test --test faults -- --nocapture`. Latency bounds are the store timeout (100 ms)
-//! plus a 400 ms margin, so that a busy 2-core CI machine does not make them flaky; the real
-//! worst figures are printed.
+//! `cargo test --test it store_faults:: -- --nocapture`. Latency bounds are the store timeout
+//! (100 ms) plus a 400 ms margin, so that a busy 2-core CI machine does not make them flaky;
+//! the real worst figures are printed.
 
 mod load;
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::fmt::Write as _;

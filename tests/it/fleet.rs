@@ -2,7 +2,7 @@
 //! quotas in one atomic call, reset and inspect, on a single node and on a 3-master Cluster, for
 //! every algorithm; and bad input to each of them.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

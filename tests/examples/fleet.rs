@@ -2,7 +2,7 @@
 //! quota in a private Redis use it fully and never trip the mock upstream, and without a Redis it
 //! refuses to start.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};

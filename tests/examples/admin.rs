@@ -2,7 +2,7 @@
 //! changes is what a `Limiter` and a `RateLimitLayer` of the fleet then decide, and bad input
 //! exits 2 with a message.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::process::{Command, Output, Stdio};

@@ -1,6 +1,6 @@
 //! Redis Cluster: a real three-master cluster from tests/support.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

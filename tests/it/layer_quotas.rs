@@ -1,11 +1,10 @@
-//! Several quotas, tiers, suspension and overrides through the layer, on a real Redis (issue 8).
+//! Several quotas, tiers, suspension and overrides through the layer, on a real Redis.
 //!
 //! Each test starts its own `redis-server`; the limiter runs on a `ManualClock` that moves only
 //! when a test says so, so every number in the headers is exact.
 
-#[path = "../examples/common/greeter.rs"]
-mod greeter;
-mod support;
+use crate::greeter;
+use crate::support;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -23,10 +22,10 @@ use proptest::test_runner::TestCaseError;
 use redlimit::key::{GlobalKey, HeaderKey};
 use redlimit::store::RedisStore;
 use redlimit::{
-    resolver_fn, Algorithm, Clock, Decision, Limiter, ManualClock, Quota, QuotaResolver, Quotas,
+    resolver_fn, Algorithm, Decision, Limiter, ManualClock, Quota, QuotaResolver, Quotas,
     RateLimitLayer, Resolved, Target,
 };
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tower::ServiceExt;
 
 /// A private Redis and a limiter on it, on a clock that moves only when told.
@@ -41,15 +40,8 @@ impl Fixture {
         let redis = RedisServer::start();
         let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
         // A generous timeout: a slow answer on a busy machine must not turn into a fail-open
-        // admission (tests/failure.rs covers timeouts).
-        let store = RedisStore::builder(redis.url())
-            .timeout(Duration::from_secs(5))
-            .build()
-            .unwrap();
-        let limiter = Limiter::builder(store)
-            .clock(Clock::Manual(clock.clone()))
-            .build()
-            .unwrap();
+        // admission (failure_policy covers timeouts).
+        let limiter = Ctx::default().manual(&clock).redis(&redis);
         Fixture {
             _redis: redis,
             clock,
@@ -653,11 +645,9 @@ async fn check_headers(
     tally: &mut HeaderTally,
 ) -> Result<(), TestCaseError> {
     let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-    let limiter = Limiter::builder(store.clone())
-        .clock(Clock::Manual(clock.clone()))
-        .algorithm(scenario.algorithm)
-        .build()
-        .unwrap();
+    let limiter = Ctx::new(scenario.algorithm)
+        .manual(&clock)
+        .limiter(store.clone());
     let quotas = Quotas::new(scenario.quotas.iter().copied()).unwrap();
     let layer = RateLimitLayer::builder(limiter.clone(), quotas, GlobalKey::new(key))
         .legacy_headers(true)

@@ -8,14 +8,13 @@
 //! Also the load of many concurrent waiters (`Limiter::acquire`): a herd after a suspension asks
 //! Redis a few times per admission, not once per waiter at every refill.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlimit::store::RedisStore;
 use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tokio::sync::Barrier;
 
 const CHECKS: usize = 500;
@@ -40,15 +39,10 @@ fn limiters(redis: &RedisServer, algorithm: Algorithm, clock: &Clock) -> Vec<Lim
         .map(|_| {
             // A generous timeout: this is about atomicity, not latency; a slow answer on a busy
             // machine must not turn into an error.
-            let store = RedisStore::builder(redis.url())
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap();
-            Limiter::builder(store)
-                .algorithm(algorithm)
+            Ctx::new(algorithm)
                 .clock(clock.clone())
-                .build()
-                .unwrap()
+                .timeout(Duration::from_secs(10))
+                .redis(redis)
         })
         .collect()
 }

@@ -1,0 +1,39 @@
+//! The integration tests, one binary: one module per concern, every test on real Redis
+//! processes of its own (`tests/support`), never a mock and never the machine's Redis.
+//!
+//! Three kinds of test live in binaries of their own: the example-driving tests
+//! (`tests/examples/`: they build and run the examples as a user runs them), the hostile-input
+//! tests (`tests/hostile/`: their million-key flood runs alone), and the metrics test
+//! (`tests/metrics.rs`: its recorder is process-global).
+//!
+//! Run one module with a filter, e.g. `./scripts/test.sh --test it algorithms::`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+// The hand-written gRPC service of the examples, for `layer_quotas` and `tonic` (loaded once).
+#[path = "../../examples/common/greeter.rs"]
+mod greeter;
+
+mod acl;
+mod algorithms;
+mod cluster;
+mod concurrency;
+mod connection;
+mod deny_cache;
+mod differential;
+mod extremes;
+mod failure_policy;
+mod fleet;
+mod harness;
+mod layer;
+mod layer_quotas;
+mod logs;
+mod misconfiguration;
+mod outbound;
+mod route_limits;
+mod sentinel;
+mod store_faults;
+mod tls;
+mod token_bucket;
+mod tonic;
