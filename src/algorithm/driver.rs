@@ -151,6 +151,36 @@ pub(crate) fn push_call(
     cmd.arg(args.as_bytes());
 }
 
+/// Appends the split form of a decision (`lua/common.lua`'s header, "Split"), which a Cluster
+/// slot migration needs: the state's key alone (for the sliding log its sorted set), then the
+/// arguments of [`push_call`] and `extras`, the other keys' strings as the caller read them
+/// (the tenant's, then for the sliding log its controls'; empty for an absent key).
+pub(crate) fn push_split_call(
+    cmd: &mut redis::Cmd,
+    key: &str,
+    algorithm: Algorithm,
+    quotas: &[Quota],
+    cost: u64,
+    now_micros: Option<u64>,
+    extras: &[Vec<u8>],
+) {
+    let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
+    cmd.arg(1).arg(key).arg(args.as_bytes());
+    for extra in extras {
+        cmd.arg(extra.as_slice());
+    }
+}
+
+/// The keys a decision reads besides its state, in the order of [`push_split_call`]'s
+/// `extras`: the tenant's, then for the sliding log its controls'.
+pub(crate) fn split_keys(key: &str, algorithm: Algorithm) -> Vec<String> {
+    if algorithm == Algorithm::SlidingLog {
+        vec![tenant_key(key), log_controls_key(key)]
+    } else {
+        vec![tenant_key(key)]
+    }
+}
+
 /// Appends a fleet control's `numkeys`, `KEYS` and `ARGV` (see `lua/control.lua`), as
 /// [`push_call`] does for a decision: a tenant's control (`key` a [`tenant_key`]) names the
 /// tenant's key only; a route's names the route's string, and for the
