@@ -401,7 +401,10 @@ async fn a_slot_migration_under_traffic_fails_no_decision_open() {
                             }
                         }
                     }
-                    match limiter.try_check(&suspended, &quota, 1).await {
+                    let result = limiter.try_check(&suspended, &quota, 1).await;
+                    counts.decisions += 1;
+                    counts.during_move += u64::from(during);
+                    match result {
                         Ok(decision) if during => {
                             if decision.allowed {
                                 counts.suspended_admitted += 1;
