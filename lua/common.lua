@@ -23,8 +23,11 @@
 --       string. They are used as if read here: controls read a moment before the decision are
 --       the controls of a decision that ran just before a concurrent change to them. Nothing is
 --       written to those keys in this form: the sliding log's admission skips refreshing its
---       controls (an override's idle expiry, a tenant reset's stamp: its states older than the
---       reset are trimmed by score instead of deleted, so that every split call agrees).
+--       controls (an override's idle expiry; a tenant reset's stamp: every split call then
+--       counts only the units admitted since the reset, `forget`, and deletes none, for a
+--       script must not empty a key of a migrating slot and touch it again; the first call in
+--       the normal form after the move still applies the reset, forgetting the units admitted
+--       during the move).
 -- Reply one string, packed '<BBddd': flags (1 allowed, 2 suspended, 4 an override decided),
 --       the binding tier's position (from 1), remaining, retry_after_ms (-1 = never), and
 --       reset_after_ms (when every tier is fresh again); with flag 4, '<ddd' more: the
@@ -56,7 +59,7 @@
 -- and writes one string: the controls cost it one GET of a missing key.
 --
 -- A step is pure: it reads `stored` (its tier's state; false when absent), `now`, `cost`,
--- `limit`, `period`, `burst` (and `key`), and sets
+-- `limit`, `period`, `burst` (and `key`; the sliding log also `forget`), and sets
 --   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
 -- where state is the new state string, or nil when nothing is to be written. The driver reads
 -- the string with one GET (a key of another type reads as absent: self-healing), and writes it
@@ -235,17 +238,17 @@ if tover then
   tiers = tover
   limit, period, burst, pos = sunpack('<ddd', quotas, 11)
 end
+local forget = 0 -- the sliding log's split form: its units before this µs are not counted
 if reset_us > 0 then
   -- The tenant was reset: states stored before it read as fresh (the sliding log's are
-  -- deleted), and what is written now carries the reset.
+  -- deleted; in the split form, which cannot write the stamp, only not counted), and what is
+  -- written now carries the reset.
   if stamp < reset_us then
     if log then
       if skey then
         call('DEL', lkey)
       else
-        -- Split: the stamp cannot be written, so every split call trims what the reset
-        -- forgets (units admitted before it) and keeps what they admitted since.
-        call('ZREMRANGEBYSCORE', lkey, '-inf', '(' .. string.format('%d', reset_us))
+        forget = reset_us
       end
     elseif s then
       at = #s + 1

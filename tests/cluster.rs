@@ -494,3 +494,76 @@ async fn a_slot_migration_under_traffic_fails_no_decision_open() {
     assert!(cluster.keys_in_slot(to, slot) >= keys_before);
     assert_eq!(failed, 0, "no decision fails open during a slot migration");
 }
+
+/// The split form that a migrating slot needs (see the test above) decides exactly as the
+/// normal one: with the slot migrating, for every algorithm, a tenant's override of every
+/// route (5 an hour, over the caller's 100) admits exactly 5 of 10 requests, and a tenant
+/// reset after the route's 5 an hour were used gives exactly 5 more, never the 10 that a reset
+/// applied again on every call would give (the sliding log trims by score there). Half the
+/// requests go while the keys are still on the source, half once they are all on the target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrating_slot_keeps_tenant_controls_exact() {
+    let cluster = RedisCluster::start();
+    let (from, to, slot) = (0, 1, 1000u16);
+    let in_slot: Vec<String> = (0u64..)
+        .map(|i| format!("ctl-{i}"))
+        .filter(|k| support::key_slot(k.as_bytes()) == slot)
+        .take(2)
+        .collect();
+    let (overridden, reset) = (in_slot[0].as_str(), in_slot[1].as_str());
+    let five = Quota::per_hour(5).unwrap();
+    let hundred = Quota::per_hour(100).unwrap();
+    let mut limiters = Vec::new();
+    for &algorithm in Algorithm::ALL {
+        let store = RedisStore::cluster_builder(cluster.urls())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let limiter = Limiter::builder(store)
+            .algorithm(algorithm)
+            .prefix(format!("c-{algorithm}"))
+            .build()
+            .unwrap();
+        limiter
+            .set_quota(
+                redlimit::Target::all_routes(overridden),
+                &redlimit::Quotas::from(&five),
+            )
+            .await
+            .unwrap();
+        for _ in 0..5 {
+            assert!(limiter.try_check(reset, &five, 1).await.unwrap().allowed);
+        }
+        assert!(!limiter.try_check(reset, &five, 1).await.unwrap().allowed);
+        limiter.reset(reset).await.unwrap();
+        limiters.push(limiter);
+    }
+    cluster.begin_slot_migration(slot, from, to);
+    let mut admitted = vec![(0, 0); limiters.len()];
+    for half in 0..2 {
+        if half == 1 {
+            while cluster.migrate_keys(slot, from, to, 10) > 0 {}
+        }
+        for (limiter, admitted) in limiters.iter().zip(&mut admitted) {
+            for _ in 0..5 {
+                let algorithm = limiter.algorithm();
+                let over = limiter.try_check(overridden, &hundred, 1).await;
+                let over = over.unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+                admitted.0 += u32::from(over.allowed);
+                let after_reset = limiter.try_check(reset, &five, 1).await;
+                let after_reset = after_reset.unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+                admitted.1 += u32::from(after_reset.allowed);
+            }
+        }
+    }
+    cluster.finish_slot_migration(slot, from, to);
+    for (limiter, admitted) in limiters.iter().zip(&admitted) {
+        let algorithm = limiter.algorithm();
+        println!(
+            "{algorithm}: in the migrating slot, under the tenant's override {} of 10 admitted, \
+             after the tenant's reset {} of 10",
+            admitted.0, admitted.1
+        );
+        assert_eq!(*admitted, (5, 5), "{algorithm}");
+    }
+}
