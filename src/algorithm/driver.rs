@@ -1108,6 +1108,45 @@ mod tests {
     }
 
     #[test]
+    fn the_split_form_names_the_state_key_alone() {
+        let quota = Quota::per_second(10).unwrap();
+        let args = |cmd: &redis::Cmd| -> Vec<Vec<u8>> {
+            cmd.args_iter()
+                .map(|arg| match arg {
+                    redis::Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        };
+        let packed = PackedArgs::new(Algorithm::SlidingLog, &[quota], 1, Some(7));
+        let extras = [b"tenant".to_vec(), Vec::new()];
+        let mut cmd = redis::cmd("EVALSHA");
+        push_split_call(
+            &mut cmd,
+            "p:{k}",
+            Algorithm::SlidingLog,
+            &[quota],
+            1,
+            Some(7),
+            &extras,
+        );
+        let expected: Vec<Vec<u8>> = vec![
+            b"EVALSHA".to_vec(),
+            b"1".to_vec(),
+            b"p:{k}".to_vec(),
+            packed.as_bytes().to_vec(),
+            b"tenant".to_vec(),
+            Vec::new(),
+        ];
+        assert_eq!(args(&cmd), expected);
+        assert_eq!(
+            split_keys("p:{k}", Algorithm::SlidingLog),
+            ["p:{k}#t", "p:{k}#m"]
+        );
+        assert_eq!(split_keys("p:{k}", Algorithm::Gcra), ["p:{k}#t"]);
+    }
+
+    #[test]
     fn a_suspension_far_ahead_gives_a_readable_reply() {
         // A tenant suspended until 1e300 µs: the reply's times are capped, never unreadable.
         let mut tenant = vec![CONTROLS];

@@ -1199,4 +1199,26 @@ mod tests {
         let other = RedisError::from((ErrorKind::Server(ServerErrorKind::TryAgain), "later"));
         assert!(Redirect::of(&other).is_none());
     }
+
+    #[test]
+    fn only_a_refusal_of_several_keys_takes_the_split_form() {
+        let several = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::TryAgain),
+            "An error was signalled by the server",
+            "Multiple keys request during rehashing of slot".to_owned(),
+        ));
+        assert!(is_rehashing(&several));
+        let other = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::TryAgain),
+            "An error was signalled by the server",
+            "later".to_owned(),
+        ));
+        assert!(!is_rehashing(&other));
+        let ask = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Ask),
+            "An error was signalled by the server",
+            "3999 127.0.0.1:7001".to_owned(),
+        ));
+        assert!(!is_rehashing(&ask));
+    }
 }
