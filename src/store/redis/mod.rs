@@ -63,7 +63,11 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection asks the server's version and logs an error when it is older.
 ///
 /// **Cluster.** [`RedisStore::cluster`] runs on Redis Cluster: all Redis keys of one limiter key
-/// share a hash tag, so each script runs on the one node that owns the slot.
+/// share a hash tag, so each script runs on the one node that owns the slot. While a slot
+/// moves, `ASK` and `MOVED` are followed, and a decision that Redis refuses with `TRYAGAIN
+/// Multiple keys request during rehashing of slot` (some of its keys moved or absent, the
+/// tenant's key usually absent) is decided in an exact split form instead: the other keys read
+/// first, then the script on the state's key alone (`lua/common.lua`'s header, "Split").
 ///
 /// **Sentinel.** [`RedisStore::sentinel`] asks the sentinels for the primary and connects to it;
 /// when that connection is dropped, answers `READONLY`/`MASTERDOWN`, times out 3 times in a
