@@ -85,7 +85,8 @@ local spack, sunpack, call = struct.pack, struct.unpack, redis.call
 
 local args, split = ARGV[1], ARGV[2] -- split: the tenant's string, in the split form
 local tiers = args and (#args - 17) / 24
-if #ARGV ~= 1 and not (split and #ARGV <= 3) or not KEYS[1] or not tiers or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
+if #ARGV ~= 1 and not (split and #ARGV <= 3) or not KEYS[1] or not tiers or tiers < 1 or
+    tiers > 8 or tiers % 1 ~= 0 then
   return redis.error_reply('ERR redlimit: invalid arguments; expected one key and one ' ..
     'argument packing now_us, cost, algorithm, then limit, period_us, burst per tier (1 to 8)')
 end
