@@ -14,6 +14,20 @@
 --       (1 to 8) doubles limit, period_us, burst: '<ddB' .. n * '<ddd', 17 + 24 * n bytes.
 --       Numbers are integers below 2^53 (limit, period and burst at least 1). Packed, because
 --       every ARGV element and every tonumber costs Redis more than the whole unpack.
+-- Split  the form a Cluster slot migration needs: Redis refuses a script on several keys of a
+--       migrating slot while some exist and some do not (`TRYAGAIN Multiple keys request during
+--       rehashing of slot`), and the tenant's key usually does not. On that refusal alone the
+--       caller reads the other keys itself (each with a one-key MGET, an absent key as '') and
+--       sends KEYS [1] the state's key only (the route's string; the sliding log's sorted set),
+--       ARGV [1] as above, [2] the tenant's string, [3] the sliding log only: its controls'
+--       string. They are used as if read here: controls read a moment before the decision are
+--       the controls of a decision that ran just before a concurrent change to them. Nothing is
+--       written to those keys in this form: the sliding log's admission skips refreshing its
+--       controls (an override's idle expiry; a tenant reset's stamp: every split call then
+--       counts only the units admitted since the reset, `forget`, and deletes none, for a
+--       script must not empty a key of a migrating slot and touch it again; the first call in
+--       the normal form after the move still applies the reset, forgetting the units admitted
+--       during the move).
 -- Reply one string, packed '<BBddd': flags (1 allowed, 2 suspended, 4 an override decided),
 --       the binding tier's position (from 1), remaining, retry_after_ms (-1 = never), and
 --       reset_after_ms (when every tier is fresh again); with flag 4, '<ddd' more: the
@@ -45,7 +59,7 @@
 -- and writes one string: the controls cost it one GET of a missing key.
 --
 -- A step is pure: it reads `stored` (its tier's state; false when absent), `now`, `cost`,
--- `limit`, `period`, `burst` (and `key`), and sets
+-- `limit`, `period`, `burst` (and `key`; the sliding log also `forget`), and sets
 --   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
 -- where state is the new state string, or nil when nothing is to be written. The driver reads
 -- the string with one GET (a key of another type reads as absent: self-healing), and writes it
@@ -69,9 +83,10 @@ local OVERRIDE_IDLE_MS = 2592000000
 -- math (floor, ceil, min, max) where it needs it, off the hot path.
 local spack, sunpack, call = struct.pack, struct.unpack, redis.call
 
-local args = ARGV[1]
+local args, split = ARGV[1], ARGV[2] -- split: the tenant's string, in the split form
 local tiers = args and (#args - 17) / 24
-if #ARGV ~= 1 or not KEYS[1] or not tiers or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
+if #ARGV ~= 1 and not (split and #ARGV <= 3) or not KEYS[1] or not tiers or tiers < 1 or
+    tiers > 8 or tiers % 1 ~= 0 then
   return redis.error_reply('ERR redlimit: invalid arguments; expected one key and one ' ..
     'argument packing now_us, cost, algorithm, then limit, period_us, burst per tier (1 to 8)')
 end
@@ -89,12 +104,19 @@ if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
     'must be integers from 1 below 2^53')
 end
 local log = alg == 108
-if log and not KEYS[2] then
-  return redis.error_reply('ERR redlimit: invalid arguments; the sliding log needs its key')
-end
--- The tenant's key comes last; a caller that sends none has no tenant controls.
-local tkey = KEYS[2]
-if log then
+-- skey the route's string, lkey the sliding log's set, tkey the tenant's: it comes last, and a
+-- caller that sends none has no tenant controls.
+local skey, lkey, tkey = KEYS[1], KEYS[2], KEYS[2]
+if split then
+  if KEYS[2] or log and #ARGV ~= 3 or not log and #ARGV ~= 2 then
+    return redis.error_reply('ERR redlimit: invalid arguments; the split form takes the ' ..
+      'state key alone, then the tenant string (and the sliding log controls) in ARGV')
+  end
+  lkey, tkey = skey, false
+elseif log then
+  if not lkey then
+    return redis.error_reply('ERR redlimit: invalid arguments; the sliding log needs its key')
+  end
   tkey = KEYS[3]
 end
 if now == -1 then
@@ -107,9 +129,16 @@ end
 -- absent (self-healing: only an admission's write replaces it). A caller that sends no tenant's
 -- key reads the route alone, under pcall for the same reason; any other error (a NOPERM) is
 -- the caller's.
-local skey = KEYS[1]
 local s, t
-if tkey then
+if split then
+  -- Read by the caller ('' for absent reads as absent below).
+  t = split
+  if log then
+    s, skey = ARGV[3], false
+  else
+    s = redis.pcall('GET', skey)
+  end
+elseif tkey then
   local both = call('MGET', skey, tkey)
   s, t = both[1], both[2]
 else
@@ -210,12 +239,18 @@ if tover then
   tiers = tover
   limit, period, burst, pos = sunpack('<ddd', quotas, 11)
 end
+local forget = 0 -- the sliding log's split form: its units before this µs are not counted
 if reset_us > 0 then
   -- The tenant was reset: states stored before it read as fresh (the sliding log's are
-  -- deleted), and what is written now carries the reset.
+  -- deleted; in the split form, which cannot write the stamp, only not counted), and what is
+  -- written now carries the reset.
   if stamp < reset_us then
     if log then
-      call('DEL', KEYS[2])
+      if skey then
+        call('DEL', lkey)
+      else
+        forget = reset_us
+      end
     elseif s then
       at = #s + 1
     end
@@ -254,7 +289,7 @@ else
   -- the repairs (a tier that would have admitted keeps its stored state: a denied request
   -- consumes from none); '\0' for a tier with nothing stored.
   local admitted, denied, admitted_changed, denied_changed = '', '', false, false
-  local key = KEYS[2]
+  local key = lkey
   -- A peek never writes or deletes: one at a sliding log whose key holds another type answers
   -- as a fresh log would and leaves the key alone (only an admission replaces it).
   local foreign = false
@@ -354,7 +389,7 @@ end
 if log then
   if log_write then
     log_write(ttl, all_ok)
-    if head and all_ok and cost > 0 then
+    if head and all_ok and cost > 0 and skey then
       -- The controls live beside the log: an override as long as its idle time, a reset's
       -- stamp as long as the log.
       if rover then

@@ -30,11 +30,18 @@
     t = newest_t
   end
   local from = t - period + 1 -- the oldest µs inside the window
+  -- The oldest µs counted: the window's, or in the driver's split form after a tenant reset
+  -- the reset's (`forget`, 0 otherwise: lua/common.lua), whose older units are not counted
+  -- though they stay (deleting them could leave a migrating slot without the key).
+  local counted = from
+  if counted < forget then
+    counted = forget
+  end
 
   -- 3. Count the units in the window.
   local count = 0
-  if newest_t ~= nil and newest_t >= from then
-    count = call('ZCOUNT', key, from, '+inf')
+  if newest_t ~= nil and newest_t >= counted then
+    count = call('ZCOUNT', key, counted, '+inf')
   end
 
   -- 4. Decide (a peek always passes, even over a tightened quota). A denied request consumes
@@ -47,7 +54,7 @@
     retry = -1
   else
     -- 5a. Retry: when the (count + cost - burst)-th oldest unit in the window leaves it.
-    local oldest = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT',
+    local oldest = call('ZRANGEBYSCORE', key, counted, '+inf', 'WITHSCORES', 'LIMIT',
       count + cost - burst - 1, 1)
     retry = math.min(tonumber(oldest[2]), t) + period - now
   end

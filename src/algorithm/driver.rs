@@ -151,6 +151,36 @@ pub(crate) fn push_call(
     cmd.arg(args.as_bytes());
 }
 
+/// Appends the split form of a decision (`lua/common.lua`'s header, "Split"), which a Cluster
+/// slot migration needs: the state's key alone (for the sliding log its sorted set), then the
+/// arguments of [`push_call`] and `extras`, the other keys' strings as the caller read them
+/// (the tenant's, then for the sliding log its controls'; empty for an absent key).
+pub(crate) fn push_split_call(
+    cmd: &mut redis::Cmd,
+    key: &str,
+    algorithm: Algorithm,
+    quotas: &[Quota],
+    cost: u64,
+    now_micros: Option<u64>,
+    extras: &[Vec<u8>],
+) {
+    let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
+    cmd.arg(1).arg(key).arg(args.as_bytes());
+    for extra in extras {
+        cmd.arg(extra.as_slice());
+    }
+}
+
+/// The keys a decision reads besides its state, in the order of [`push_split_call`]'s
+/// `extras`: the tenant's, then for the sliding log its controls'.
+pub(crate) fn split_keys(key: &str, algorithm: Algorithm) -> Vec<String> {
+    if algorithm == Algorithm::SlidingLog {
+        vec![tenant_key(key), log_controls_key(key)]
+    } else {
+        vec![tenant_key(key)]
+    }
+}
+
 /// Appends a fleet control's `numkeys`, `KEYS` and `ARGV` (see `lua/control.lua`), as
 /// [`push_call`] does for a decision: a tenant's control (`key` a [`tenant_key`]) names the
 /// tenant's key only; a route's names the route's string, and for the
@@ -1075,6 +1105,45 @@ mod tests {
         assert_eq!(tenant_key("a{}b"), "{a{}b}#t");
         assert!(is_tenant_key(&tenant_key("x:{y}:z")));
         assert!(!is_tenant_key("redlimit:{k1}:api"));
+    }
+
+    #[test]
+    fn the_split_form_names_the_state_key_alone() {
+        let quota = Quota::per_second(10).unwrap();
+        let args = |cmd: &redis::Cmd| -> Vec<Vec<u8>> {
+            cmd.args_iter()
+                .map(|arg| match arg {
+                    redis::Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        };
+        let packed = PackedArgs::new(Algorithm::SlidingLog, &[quota], 1, Some(7));
+        let extras = [b"tenant".to_vec(), Vec::new()];
+        let mut cmd = redis::cmd("EVALSHA");
+        push_split_call(
+            &mut cmd,
+            "p:{k}",
+            Algorithm::SlidingLog,
+            &[quota],
+            1,
+            Some(7),
+            &extras,
+        );
+        let expected: Vec<Vec<u8>> = vec![
+            b"EVALSHA".to_vec(),
+            b"1".to_vec(),
+            b"p:{k}".to_vec(),
+            packed.as_bytes().to_vec(),
+            b"tenant".to_vec(),
+            Vec::new(),
+        ];
+        assert_eq!(args(&cmd), expected);
+        assert_eq!(
+            split_keys("p:{k}", Algorithm::SlidingLog),
+            ["p:{k}#t", "p:{k}#m"]
+        );
+        assert_eq!(split_keys("p:{k}", Algorithm::Gcra), ["p:{k}#t"]);
     }
 
     #[test]

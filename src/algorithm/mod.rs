@@ -62,8 +62,8 @@ pub(crate) mod testing;
 pub(crate) use self::driver::ttl_ms;
 pub(crate) use self::driver::{
     capped_cost, control, decide, decide_log, foreign_state, log_controls_key, push_call,
-    push_control, tenant_key, Controls, LogWrite, Op, Refused, Reply, Written, OVERRIDE_IDLE_MS,
-    STAMP,
+    push_control, push_split_call, split_keys, tenant_key, Controls, LogWrite, Op, Refused, Reply,
+    Written, OVERRIDE_IDLE_MS, STAMP,
 };
 
 /// Which rate-limiting algorithm decides.

@@ -719,3 +719,94 @@ fn several_tiers_are_all_or_none() {
         assert!(!error.contains("redlimit:{t}"), "{why}: {error}");
     }
 }
+
+/// The split form (lua/common.lua's header, "Split": the state's key alone, the tenant's
+/// string and the sliding log's controls as arguments, what a Cluster slot migration needs)
+/// replies exactly as the normal form, call by call, for every algorithm: under a tenant's
+/// override of every route (3 a minute, over the caller's 10), and after a tenant reset that
+/// follows 3 admissions (the sliding log's split form counts from the reset instead of
+/// deleting its set, and must still give exactly 10 more).
+#[test]
+fn the_split_form_decides_as_the_normal_one() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let source = script_source();
+    let t0 = T0.as_micros() as f64;
+    let quota = (10.0, 60e6, 10.0);
+    let override_three = {
+        let mut s = vec![b'M'];
+        s.extend(0f64.to_le_bytes());
+        s.push(1);
+        s.extend([3.0, 60e6, 3.0].map(f64::to_le_bytes).concat());
+        s
+    };
+    let reset_at = |reset_us: f64| {
+        let mut s = vec![b'M'];
+        s.extend(0f64.to_le_bytes());
+        s.push(0);
+        s.extend(reset_us.to_le_bytes());
+        s
+    };
+    for alg in [b't', b'g', b'f', b'l', b'w'] {
+        let log = alg == b'l';
+        let (normal, split) = (
+            format!("redlimit:{{n{alg}}}"),
+            format!("redlimit:{{s{alg}}}"),
+        );
+        let decide = |conn: &mut redis::Connection, now: f64, tenant: Option<&[u8]>| {
+            let args = pack_args(now, 1.0, alg, &[quota]);
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(&source);
+            if log {
+                cmd.arg(3)
+                    .arg(format!("{normal}#m"))
+                    .arg(&normal)
+                    .arg(format!("{normal}#t"));
+            } else {
+                cmd.arg(2).arg(&normal).arg(format!("{normal}#t"));
+            }
+            let normal_reply: redis::Value = cmd.arg(&args).query(conn).unwrap();
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(&source).arg(1).arg(&split).arg(&args);
+            cmd.arg(tenant.unwrap_or_default());
+            if log {
+                // Its controls' string, as the caller would read it (absent: never written
+                // in the split form).
+                cmd.arg(b"".as_slice());
+            }
+            let split_reply: redis::Value = cmd.query(conn).unwrap();
+            assert_eq!(normal_reply, split_reply, "{}", alg as char);
+            normal_reply
+        };
+        let admitted = |reply: &redis::Value| match reply {
+            redis::Value::Int(_) => true,
+            redis::Value::BulkString(bytes) => bytes[0] & 1 == 1,
+            other => panic!("{other:?}"),
+        };
+        // Under the tenant's override: 3 of 5.
+        let _: () = conn.set(format!("{normal}#t"), &override_three).unwrap();
+        let mut now = t0;
+        let mut n = 0;
+        for _ in 0..5 {
+            now += 1000.0;
+            n += u32::from(admitted(&decide(&mut conn, now, Some(&override_three))));
+        }
+        assert_eq!(n, 3, "{}: under the override", alg as char);
+        // Without it: the caller's 10 (what the override used carries over as each algorithm
+        // keeps it; the two forms agree on every reply); then a reset.
+        let _: () = conn.del(format!("{normal}#t")).unwrap();
+        for _ in 0..10 {
+            now += 1000.0;
+            decide(&mut conn, now, None);
+        }
+        now += 1000.0;
+        let reset = reset_at(now);
+        let _: () = conn.set(format!("{normal}#t"), &reset).unwrap();
+        let mut n = 0;
+        for _ in 0..12 {
+            now += 1000.0;
+            n += u32::from(admitted(&decide(&mut conn, now, Some(&reset))));
+        }
+        assert_eq!(n, 10, "{}: after the reset", alg as char);
+    }
+}

@@ -63,7 +63,11 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection asks the server's version and logs an error when it is older.
 ///
 /// **Cluster.** [`RedisStore::cluster`] runs on Redis Cluster: all Redis keys of one limiter key
-/// share a hash tag, so each script runs on the one node that owns the slot.
+/// share a hash tag, so each script runs on the one node that owns the slot. While a slot
+/// moves, `ASK` and `MOVED` are followed, and a decision that Redis refuses with `TRYAGAIN
+/// Multiple keys request during rehashing of slot` (some of its keys moved or absent, the
+/// tenant's key usually absent) is decided in an exact split form instead: the other keys read
+/// first, then the script on the state's key alone (`lua/common.lua`'s header, "Split").
 ///
 /// **Sentinel.** [`RedisStore::sentinel`] asks the sentinels for the primary and connects to it;
 /// when that connection is dropped, answers `READONLY`/`MASTERDOWN`, times out 3 times in a
@@ -407,7 +411,87 @@ async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreE
 /// up the `ASKING`). A `MOVED` (the slot has moved for good) is followed to the node it names
 /// at once, while redis-rs refreshes its slot map (it does so on `MOVED` even without
 /// retries), so later calls go there by slot.
+///
+/// A decision reads two keys of one hash tag (three for the sliding log), and while their slot
+/// moves Redis refuses it with `TRYAGAIN Multiple keys request during rehashing of slot`
+/// whenever some of them exist and some do not, on the source and (after `ASKING`) on the
+/// target alike: the tenant's key usually does not exist, so no resend can help. On that
+/// refusal alone a decision takes [`split_check`] instead; every other call is as it was.
 async fn invoke_on_cluster(
+    connection: &mut ClusterConnection,
+    reloads: &Reloads,
+    request: Call<'_>,
+) -> Result<Answer, StoreError> {
+    match follow(connection, reloads, request).await {
+        Err(StoreError::Redis(error)) if is_rehashing(&error) => match request {
+            Call::Check(check) => split_check(connection, reloads, check).await,
+            _ => Err(error.into()),
+        },
+        result => result,
+    }
+}
+
+/// A decision in two steps, still exact (`lua/common.lua`'s header, "Split"): the keys besides
+/// the state's are read with one-key commands, which a migration never refuses (they follow
+/// `ASK` and `MOVED` as scripts do), then the same script runs on the state's key alone with
+/// those strings as arguments. Controls read a moment before the decision are those of a
+/// decision that ran just before a concurrent change to them, so no decision is wrong for it.
+async fn split_check(
+    connection: &mut ClusterConnection,
+    reloads: &Reloads,
+    check: CheckRequest<'_>,
+) -> Result<Answer, StoreError> {
+    let mut extras = Vec::with_capacity(2);
+    for key in crate::algorithm::split_keys(check.key, check.algorithm) {
+        extras.push(read_string(connection, &key).await?);
+    }
+    follow(connection, reloads, Call::Split(check, &extras)).await
+}
+
+/// One string by a one-key `MGET` (as the script reads it: a key of another type reads as
+/// absent), empty when absent, following `ASK` and `MOVED` as [`follow`] does.
+async fn read_string(connection: &mut ClusterConnection, key: &str) -> Result<Vec<u8>, StoreError> {
+    let mut resends = 0;
+    let mut redirect: Option<Redirect> = None;
+    loop {
+        let mut mget = redis::cmd("MGET");
+        mget.arg(key);
+        let result = match &redirect {
+            None => mget.query_async(connection).await,
+            Some(to) => send_to(connection, to, mget).await,
+        };
+        match result {
+            Ok(redis::Value::Array(mut values)) if values.len() == 1 => {
+                return match values.pop() {
+                    Some(redis::Value::BulkString(bytes)) => Ok(bytes),
+                    Some(redis::Value::Nil) => Ok(Vec::new()),
+                    other => Err(StoreError::BadReply(format!("{other:?}"))),
+                };
+            }
+            Ok(other) => return Err(StoreError::BadReply(format!("{other:?}"))),
+            Err(error) if resends < 4 && did_not_run(&error) => {
+                resends += 1;
+                redirect = Redirect::of(&error);
+                if redirect.is_none() {
+                    tokio::time::sleep(Duration::from_millis(5 * resends)).await;
+                }
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Whether `error` is a migrating slot's refusal of a call on several keys, some missing.
+fn is_rehashing(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)
+        && error
+            .detail()
+            .is_some_and(|detail| detail.starts_with("Multiple keys request during rehashing"))
+}
+
+/// One call with the resends of [`invoke_on_cluster`]: a decision's `TRYAGAIN` on several
+/// keys ([`is_rehashing`]) comes back at once, for the split form.
+async fn follow(
     connection: &mut ClusterConnection,
     reloads: &Reloads,
     request: Call<'_>,
@@ -420,6 +504,11 @@ async fn invoke_on_cluster(
             Some(to) => invoke_redirected(connection, to, request).await,
         };
         match result {
+            Err(StoreError::Redis(error))
+                if is_rehashing(&error) && matches!(request, Call::Check(_)) =>
+            {
+                return Err(error.into());
+            }
             Err(StoreError::Redis(error)) if resends < 4 && did_not_run(&error) => {
                 resends += 1;
                 redirect = Redirect::of(&error);
@@ -573,6 +662,8 @@ where
 #[derive(Debug, Clone, Copy)]
 enum Call<'a> {
     Check(CheckRequest<'a>),
+    /// A decision in the split form ([`split_check`]), with the other keys' strings.
+    Split(CheckRequest<'a>, &'a [Vec<u8>]),
     Control(ControlRequest<'a>),
 }
 
@@ -587,7 +678,9 @@ impl Call<'_> {
     /// The script this call runs, and its body.
     fn script(&self) -> (&'static redis::Script, &'static str) {
         match self {
-            Call::Check(check) => (check.algorithm.script(), check.algorithm.script_source()),
+            Call::Check(check) | Call::Split(check, _) => {
+                (check.algorithm.script(), check.algorithm.script_source())
+            }
             Call::Control(_) => (control_script(), CONTROL_SOURCE),
         }
     }
@@ -595,7 +688,7 @@ impl Call<'_> {
     /// Which script, for [`Reloads`].
     fn which(&self) -> Script {
         match self {
-            Call::Check(_) => Script::Decide,
+            Call::Check(_) | Call::Split(..) => Script::Decide,
             Call::Control(_) => Script::Control,
         }
     }
@@ -611,6 +704,15 @@ impl Call<'_> {
                 request.cost,
                 request.now_micros,
             ),
+            Call::Split(request, extras) => crate::algorithm::push_split_call(
+                cmd,
+                request.key,
+                request.algorithm,
+                request.quotas,
+                request.cost,
+                request.now_micros,
+                extras,
+            ),
             Call::Control(request) => crate::algorithm::push_control(
                 cmd,
                 request.key,
@@ -624,7 +726,7 @@ impl Call<'_> {
     fn answer(&self, reply: redis::Value) -> Result<Answer, StoreError> {
         let bad = |reply: &redis::Value| StoreError::BadReply(format!("{reply:?}"));
         match self {
-            Call::Check(request) => {
+            Call::Check(request) | Call::Split(request, _) => {
                 let parsed = match &reply {
                     redis::Value::BulkString(bytes) => Reply::from_redis(bytes),
                     redis::Value::Int(both) => Reply::from_admission(*both, request.quotas),
@@ -1100,5 +1202,27 @@ mod tests {
         assert_eq!((to.host.as_str(), to.port), ("::1", 7002));
         let other = RedisError::from((ErrorKind::Server(ServerErrorKind::TryAgain), "later"));
         assert!(Redirect::of(&other).is_none());
+    }
+
+    #[test]
+    fn only_a_refusal_of_several_keys_takes_the_split_form() {
+        let several = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::TryAgain),
+            "An error was signalled by the server",
+            "Multiple keys request during rehashing of slot".to_owned(),
+        ));
+        assert!(is_rehashing(&several));
+        let other = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::TryAgain),
+            "An error was signalled by the server",
+            "later".to_owned(),
+        ));
+        assert!(!is_rehashing(&other));
+        let ask = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Ask),
+            "An error was signalled by the server",
+            "3999 127.0.0.1:7001".to_owned(),
+        ));
+        assert!(!is_rehashing(&ask));
     }
 }
