@@ -408,11 +408,7 @@ impl Limiter {
         target: impl Into<Target<'a>>,
         duration: Duration,
     ) -> Result<KeyStatus, ControlError> {
-        if duration.as_micros() == 0 || duration > MAX_SUSPENSION {
-            return Err(ControlError::InvalidDuration);
-        }
-        let target = target.into();
-        self.control(target, Control::Suspend(duration), target.scope.is_none())
+        self.suspension(target.into(), duration, Control::Suspend(duration))
             .await
     }
 
@@ -425,12 +421,22 @@ impl Limiter {
         target: impl Into<Target<'a>>,
         duration: Duration,
     ) -> Result<KeyStatus, ControlError> {
+        self.suspension(target.into(), duration, Control::Extend(duration))
+            .await
+    }
+
+    /// A suspension of `duration` (`control`: set or extend), after checking its bounds; an
+    /// unscoped target is the tenant's, every route.
+    async fn suspension(
+        &self,
+        target: Target<'_>,
+        duration: Duration,
+        control: Control<'_>,
+    ) -> Result<KeyStatus, ControlError> {
         if duration.as_micros() == 0 || duration > MAX_SUSPENSION {
             return Err(ControlError::InvalidDuration);
         }
-        let target = target.into();
-        self.control(target, Control::Extend(duration), target.scope.is_none())
-            .await
+        self.control(target, control, target.scope.is_none()).await
     }
 
     /// Ends a suspension of `target`.
