@@ -2,7 +2,7 @@
 //! resume it, reset it, on every instance at once, while they run.
 //!
 //! ```text
-//! cargo run --example admin -- --redis URL (inspect KEY | set-quota KEY N/DURATION [N/DURATION…]
+//! cargo run --example admin -- (--redis URL | --redis-cluster URL,URL,...) (inspect KEY | set-quota KEY N/DURATION [N/DURATION…]
 //!     | clear-quota KEY | suspend KEY DURATION | resume KEY | reset KEY | limited)
 //!     [--prefix PREFIX] [--scope SCOPE] [--all-routes] [--json] [--algorithm NAME]
 //!     [--header NAME] [--header-secret SECRET]
@@ -32,7 +32,16 @@
 //! is the one [`Limiter::check`] uses. `inspect` also lists every route where the key has state
 //! (a bounded `SCAN` of its keys); an unknown key or route exits 2. `limited` lists the keys
 //! denied now or with under 10 % left, most constrained first, from a bounded `SCAN` of the
-//! prefix (routes whose quota the scope or an override names; `--json` for JSON).
+//! prefix (routes whose quota the scope or an override names). `inspect` and `limited` print
+//! JSON with `--json`.
+//!
+//! # A Redis Cluster
+//!
+//! `--redis-cluster URL,URL,...` (any of its nodes) instead of `--redis URL`: the tool then
+//! builds its limiter on [`RedisStore::cluster`], and `inspect` and `limited` find the masters
+//! with `CLUSTER NODES` (asked of the first node that answers) and `SCAN` each of them, with
+//! `MATCH` and a bounded `COUNT`, over a plain connection to that node: a `SCAN` sent to one node
+//! sees only that node's keys, and a tenant's keys may live on any master.
 //!
 //! An API key is never stored in clear: [`HeaderKey`] hashes it. With `--header NAME`, `KEY` is
 //! the header's value as the client sends it (`k-123`), hashed exactly as `HeaderKey::named(NAME)`
@@ -65,7 +74,8 @@ use redlimit::{
 };
 
 const USAGE: &str = "\
-usage: cargo run --example admin -- --redis URL [OPTIONS] COMMAND
+usage: cargo run --example admin -- (--redis URL | --redis-cluster URL,URL,...) [OPTIONS]
+       COMMAND
 
 commands:
   inspect KEY                   what the key looks like (override, suspension, state), and
@@ -86,11 +96,14 @@ DURATION is a whole number and a unit: 500ms, 30s, 10m, 1h.
 
 options:
   --redis URL               the limiters' Redis (required: no default)
+  --redis-cluster URL,URL,...
+                            the limiters' Redis Cluster, any of its nodes (instead of
+                            --redis); inspect and limited scan every master
   --prefix PREFIX           the limiters' key prefix [default: redlimit]
   --scope SCOPE             the route: the layer's scope (its policy name when it has one;
                             RateLimitLayer::scope(), e.g. default:token-bucket:10/60s)
                             [default: unscoped, as Limiter::check]
-  --json                    limited: print JSON
+  --json                    inspect and limited: print JSON
   --all-routes              set-quota and clear-quota: the override of every route of the key
                             (a route's own override stays first)
   --algorithm NAME          the limiters' algorithm, one of: ALGORITHMS [default: token-bucket]
@@ -143,7 +156,7 @@ fn usage() -> String {
 /// What the command line asks for.
 #[derive(Debug)]
 struct Request {
-    url: String,
+    redis: Redis,
     prefix: Option<String>,
     scope: Option<String>,
     all_routes: bool,
@@ -152,9 +165,163 @@ struct Request {
     algorithm: Algorithm,
     /// The key as the limiter sees it (hashed when `--header` was given).
     key: String,
+    /// The key as given on the command line (before any hashing), for `--json`.
+    given: String,
     /// How the key was given, for printing: `x-api-key header "k-123"` or the key itself.
     shown: String,
     command: Command,
+}
+
+/// The limiters' Redis: `--redis` or `--redis-cluster`.
+#[derive(Debug)]
+enum Redis {
+    Single(String),
+    /// The nodes given (any of the cluster's), not necessarily its masters.
+    Cluster(Vec<String>),
+}
+
+impl Redis {
+    /// The URL(s) without passwords, for messages.
+    fn shown(&self) -> String {
+        match self {
+            Redis::Single(url) => cli::redacted(url),
+            Redis::Cluster(urls) => {
+                let shown: Vec<String> = urls.iter().map(|url| cli::redacted(url)).collect();
+                shown.join(",")
+            }
+        }
+    }
+
+    /// The store the limiters use on this Redis.
+    fn store(&self) -> Result<RedisStore, redis::RedisError> {
+        match self {
+            Redis::Single(url) => RedisStore::new(url.as_str()),
+            Redis::Cluster(urls) => RedisStore::cluster(urls.iter().map(String::as_str)),
+        }
+    }
+
+    /// The keys matching `pattern` on every master, by a bounded `SCAN` of each (each call
+    /// looks at 1000 keys, so Redis is never blocked).
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, String> {
+        let mut keys = Vec::new();
+        for client in self.masters().await? {
+            let mut connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut cursor = 0u64;
+            loop {
+                let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                keys.extend(found);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(keys)
+    }
+
+    /// A plain (non-cluster) client for every node that holds keys: the single node, or each
+    /// master of the cluster from `CLUSTER NODES`, asked of the first given node that answers.
+    async fn masters(&self) -> Result<Vec<redis::Client>, String> {
+        let urls = match self {
+            Redis::Single(url) => {
+                return Ok(vec![
+                    redis::Client::open(url.as_str()).map_err(|e| e.to_string())?
+                ])
+            }
+            Redis::Cluster(urls) => urls,
+        };
+        let mut last_error = String::from("no node given");
+        for url in urls {
+            let seed = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            let nodes: String = match seed.get_multiplexed_async_connection().await {
+                Ok(mut connection) => match redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut connection)
+                    .await
+                {
+                    Ok(nodes) => nodes,
+                    Err(e) => {
+                        last_error = format!("CLUSTER NODES at {}: {e}", cli::redacted(url));
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    last_error = format!("{}: {e}", cli::redacted(url));
+                    continue;
+                }
+            };
+            let info = seed.get_connection_info();
+            return cluster_masters(&nodes)
+                .into_iter()
+                .map(|(host, port)| {
+                    // The given node's credentials and TLS settings, the master's address.
+                    let host = if host.is_empty() {
+                        match info.addr() {
+                            redis::ConnectionAddr::Tcp(host, _)
+                            | redis::ConnectionAddr::TcpTls { host, .. } => host.clone(),
+                            _ => host,
+                        }
+                    } else {
+                        host
+                    };
+                    let addr = match info.addr() {
+                        redis::ConnectionAddr::TcpTls {
+                            insecure,
+                            tls_params,
+                            ..
+                        } => redis::ConnectionAddr::TcpTls {
+                            host,
+                            port,
+                            insecure: *insecure,
+                            tls_params: tls_params.clone(),
+                        },
+                        _ => redis::ConnectionAddr::Tcp(host, port),
+                    };
+                    redis::Client::open(info.clone().set_addr(addr)).map_err(|e| e.to_string())
+                })
+                .collect();
+        }
+        Err(format!("no node of the cluster answers: {last_error}"))
+    }
+}
+
+/// The `(host, port)` of every master serving slots in a `CLUSTER NODES` reply (lines of `id
+/// host:port@bus[,hostname] flags master ping pong epoch link slot...`); a master marked
+/// failed is skipped (its replica takes over its slots and shows as a master).
+fn cluster_masters(nodes: &str) -> Vec<(String, u16)> {
+    let mut masters = Vec::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [_, address, flags, ..] = fields.as_slice() else {
+            continue;
+        };
+        let flags: Vec<&str> = flags.split(',').collect();
+        if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+            continue;
+        }
+        if fields.len() < 9 {
+            continue; // no slots: nothing to scan
+        }
+        let address = address.split(['@', ',']).next().unwrap_or_default();
+        let Some((host, port)) = address.rsplit_once(':') else {
+            continue;
+        };
+        if let Ok(port) = port.parse() {
+            masters.push((host.to_owned(), port));
+        }
+    }
+    masters
 }
 
 #[derive(Debug)]
@@ -180,6 +347,7 @@ fn parse_args(
 ) -> Result<Request, CliError> {
     let (mut url, mut prefix, mut scope, mut algorithm, mut header, mut secret) =
         (None, None, None, None, None, None);
+    let mut cluster: Option<Vec<String>> = None;
     let mut plain = Vec::new();
     let (mut all_routes, mut json) = (false, false);
     let mut args = Args::new(args.into_iter().collect::<Vec<_>>());
@@ -196,6 +364,11 @@ fn parse_args(
         };
         match name.as_str() {
             "--redis" => set_once(&mut url, &name, args.value(&name, inline)?)?,
+            "--redis-cluster" => set_once(
+                &mut cluster,
+                &name,
+                parse_cluster_urls(&args.value(&name, inline)?)?,
+            )?,
             "--prefix" => set_once(&mut prefix, &name, args.value(&name, inline)?)?,
             "--scope" => set_once(&mut scope, &name, args.value(&name, inline)?)?,
             "--all-routes" if inline.is_none() => all_routes = true,
@@ -215,12 +388,26 @@ fn parse_args(
         }
     }
 
-    // Never a default: an operator names the Redis a change goes to.
-    let Some(url) = url else {
-        return Err(invalid("give the limiters' Redis: --redis URL"));
+    // Never a default: an operator names the Redis a change goes to, and only one.
+    let redis = match (url, cluster) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "give one of --redis URL and --redis-cluster URL,URL,..., not both",
+            ))
+        }
+        (None, None) => {
+            return Err(invalid(
+                "give the limiters' Redis: --redis URL (or --redis-cluster URL,URL,...)",
+            ))
+        }
+        (Some(url), None) => {
+            redis::Client::open(url.as_str()).map_err(|e| {
+                invalid(format!("--redis: invalid URL {}: {e}", cli::redacted(&url)))
+            })?;
+            Redis::Single(url)
+        }
+        (None, Some(urls)) => Redis::Cluster(urls),
     };
-    redis::Client::open(url.as_str())
-        .map_err(|e| invalid(format!("--redis: invalid URL {}: {e}", cli::redacted(&url))))?;
     if prefix.as_deref() == Some("") {
         return Err(invalid("--prefix must not be empty"));
     }
@@ -246,13 +433,14 @@ fn parse_args(
             ));
         }
         return Ok(Request {
-            url,
+            redis,
             prefix,
             scope,
             all_routes,
             json,
             algorithm: algorithm.unwrap_or_default(),
             key: String::new(),
+            given: String::new(),
             shown: String::new(),
             command: Command::Limited,
         });
@@ -310,16 +498,47 @@ fn parse_args(
         )));
     }
     Ok(Request {
-        url,
+        redis,
         prefix,
         scope,
         all_routes,
         json,
         algorithm: algorithm.unwrap_or_default(),
         key,
+        given: raw_key,
         shown,
         command,
     })
+}
+
+/// `--redis-cluster`'s comma-separated node URLs, checked as the store checks them (the same
+/// rules as the servers' `--redis-cluster`).
+fn parse_cluster_urls(value: &str) -> Result<Vec<String>, CliError> {
+    let urls: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(invalid("--redis-cluster needs at least one URL"));
+    }
+    RedisStore::cluster(urls.iter().map(String::as_str)).map_err(|e| {
+        let shown: Vec<String> = urls.iter().map(|url| cli::redacted(url)).collect();
+        invalid(format!(
+            "--redis-cluster: invalid URLs {}: {e}",
+            shown.join(",")
+        ))
+    })?;
+    for url in &urls {
+        redis::Client::open(url.as_str()).map_err(|e| {
+            invalid(format!(
+                "--redis-cluster: invalid URL {}: {e}",
+                cli::redacted(url)
+            ))
+        })?;
+    }
+    Ok(urls)
 }
 
 /// The key [`HeaderKey`] makes of header `name` carrying `value`, in the layer.
@@ -398,20 +617,22 @@ enum Failure {
 }
 
 async fn run(request: &Request) -> Result<(), Failure> {
-    let shown_url = cli::redacted(&request.url);
-    let store = RedisStore::new(request.url.as_str())
+    let shown_url = request.redis.shown();
+    let store = request
+        .redis
+        .store()
         .map_err(|e| Failure::Input(format!("invalid Redis URL {shown_url}: {e}")))?;
     store
         .verify()
         .await
         .map_err(|e| Failure::Store(format!("cannot use the Redis at {shown_url}: {e}")))?;
-    let mut builder = Limiter::builder(store).algorithm(request.algorithm);
+    let mut builder = Limiter::builder(store.clone()).algorithm(request.algorithm);
     if let Some(prefix) = &request.prefix {
         builder = builder.prefix(prefix.as_str());
     }
     let limiter = builder.build().map_err(|e| Failure::Input(e.to_string()))?;
     if matches!(request.command, Command::Limited) {
-        return limited(request, &limiter)
+        return limited(request, &limiter, &store)
             .await
             .map_err(|e| Failure::Store(format!("Redis at {shown_url}: {e}")));
     }
@@ -487,6 +708,28 @@ async fn run(request: &Request) -> Result<(), Failure> {
         ControlError::InvalidDuration => Failure::Input(error.to_string()),
         other => Failure::Store(format!("Redis at {shown_url}: {other}")),
     })?;
+    if request.json && matches!(request.command, Command::Inspect) {
+        let mut scoped = Vec::new();
+        if request.scope.is_none() {
+            for scope in routes.iter().flatten() {
+                let status = limiter
+                    .inspect(Target::scoped(scope, &request.key))
+                    .await
+                    .map_err(|e| Failure::Store(format!("Redis at {shown_url}: {e}")))?;
+                scoped.push((scope.as_str(), status));
+            }
+        }
+        println!(
+            "{}",
+            inspect_json(
+                request,
+                &limiter.target_storage_key(target),
+                &status,
+                &scoped
+            )
+        );
+        return Ok(());
+    }
     if !did.is_empty() {
         println!("{did}");
     }
@@ -509,16 +752,12 @@ async fn run(request: &Request) -> Result<(), Failure> {
 
 /// The routes where the key has state, by a bounded `SCAN` of its keys (`<prefix>:{<id>}…`):
 /// `None` for the unscoped key, `Some(scope)` for each scope; and whether its tenant's controls
-/// exist. Never blocks Redis: each `SCAN` call looks at a bounded number of keys.
+/// exist. Never blocks Redis: each `SCAN` call looks at a bounded number of keys (on a
+/// Cluster, of every master).
 async fn tenant_routes(
     request: &Request,
     limiter: &Limiter,
 ) -> Result<(Vec<Option<String>>, bool), String> {
-    let client = redis::Client::open(request.url.as_str()).map_err(|e| e.to_string())?;
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| e.to_string())?;
     let base = limiter.storage_key(&request.key);
     let mut pattern = String::new();
     for c in base.chars() {
@@ -528,44 +767,83 @@ async fn tenant_routes(
         pattern.push(c);
     }
     pattern.push('*');
-    let mut cursor = 0u64;
     let (mut routes, mut controls) = (Vec::new(), false);
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut connection)
-            .await
-            .map_err(|e| e.to_string())?;
-        for key in keys {
-            let Some(rest) = key.strip_prefix(&base) else {
-                continue;
-            };
-            if rest == "#t" {
-                controls = true;
-                continue;
-            }
-            let route = match rest.strip_suffix("#m").unwrap_or(rest) {
-                "" => None,
-                scoped => match scoped.strip_prefix(':') {
-                    Some(scope) => Some(scope.to_owned()),
-                    None => continue,
-                },
-            };
-            if !routes.contains(&route) {
-                routes.push(route);
-            }
+    for key in request.redis.scan(&pattern).await? {
+        let Some(rest) = key.strip_prefix(&base) else {
+            continue;
+        };
+        if rest == "#t" {
+            controls = true;
+            continue;
         }
-        if next == 0 {
-            break;
+        let route = match rest.strip_suffix("#m").unwrap_or(rest) {
+            "" => None,
+            scoped => match scoped.strip_prefix(':') {
+                Some(scope) => Some(scope.to_owned()),
+                None => continue,
+            },
+        };
+        if !routes.contains(&route) {
+            routes.push(route);
         }
-        cursor = next;
     }
     routes.sort();
     Ok((routes, controls))
+}
+
+/// `inspect --json`: the key's own status (the route `--scope` names, else the unscoped key)
+/// and, without `--scope`, every route where the tenant has state.
+fn inspect_json(
+    request: &Request,
+    storage_key: &str,
+    status: &KeyStatus,
+    routes: &[(&str, KeyStatus)],
+) -> String {
+    let routes: Vec<String> = routes
+        .iter()
+        .map(|(scope, status)| {
+            format!(
+                "{{\"route\":{},{}}}",
+                json_string(scope),
+                status_json(status)
+            )
+        })
+        .collect();
+    format!(
+        "{{\"tenant\":{},\"key\":{},\"storage_key\":{},\"route\":{},{},\"routes\":[{}]}}",
+        json_string(&request.given),
+        json_string(&request.key),
+        json_string(storage_key),
+        request
+            .scope
+            .as_deref()
+            .map_or("null".to_owned(), json_string),
+        status_json(status),
+        routes.join(",")
+    )
+}
+
+/// A status's fields as JSON members: override, suspension, time to reset, state.
+fn status_json(status: &KeyStatus) -> String {
+    let millis = |d: Option<Duration>| d.map_or("null".to_owned(), |d| d.as_millis().to_string());
+    let tiers: Vec<String> = status
+        .tiers
+        .iter()
+        .map(|tier| json_string(&tier.to_string()))
+        .collect();
+    format!(
+        "\"override\":{},\"suspended_ms\":{},\"reset_after_ms\":{},\"tiers\":[{}],\"log_entries\":{}",
+        status
+            .quota_override
+            .as_ref()
+            .map_or("null".to_owned(), |q| json_string(&quotas_text(q))),
+        millis(status.suspended_for),
+        millis(status.expires_in),
+        tiers.join(","),
+        status
+            .log_entries
+            .map_or("null".to_owned(), |n| n.to_string()),
+    )
 }
 
 /// `the unscoped key, api, login`.
@@ -733,46 +1011,27 @@ fn scope_quotas(scope: &str) -> Option<(Algorithm, Quotas)> {
 /// `limited`: a bounded `SCAN` of the prefix (each call looks at 1000 keys, so Redis is never
 /// blocked), then a peek (cost 0, nothing written) at every route whose quotas are known (a
 /// derived scope names them; a route's override too) and a look at every tenant's suspension.
-async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
-    let client = redis::Client::open(request.url.as_str()).map_err(|e| e.to_string())?;
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| e.to_string())?;
+/// On a Cluster it scans every master.
+async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Result<(), String> {
     let prefix = request
         .prefix
         .as_deref()
         .unwrap_or(redlimit::DEFAULT_PREFIX);
     let head = format!("{prefix}:{{");
-    let mut cursor = 0u64;
+    let pattern = format!("{}*", head.replace('[', "\\[").replace('*', "\\*"));
     let mut found = Vec::new();
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{}*", head.replace('[', "\\[").replace('*', "\\*")))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut connection)
-            .await
-            .map_err(|e| e.to_string())?;
-        for key in keys {
-            let Some((id, rest)) = key.strip_prefix(&head).and_then(|k| k.split_once('}')) else {
-                continue;
-            };
-            // A hashed id cannot be named back to its key: skipped.
-            if id.starts_with('#') || rest.ends_with("#m") {
-                continue;
-            }
-            let route = rest.strip_prefix(':').map(str::to_owned);
-            if rest == "#t" || rest.is_empty() || route.is_some() {
-                found.push((id.to_owned(), if rest == "#t" { None } else { Some(route) }));
-            }
+    for key in request.redis.scan(&pattern).await? {
+        let Some((id, rest)) = key.strip_prefix(&head).and_then(|k| k.split_once('}')) else {
+            continue;
+        };
+        // A hashed id cannot be named back to its key: skipped.
+        if id.starts_with('#') || rest.ends_with("#m") {
+            continue;
         }
-        if next == 0 {
-            break;
+        let route = rest.strip_prefix(':').map(str::to_owned);
+        if rest == "#t" || rest.is_empty() || route.is_some() {
+            found.push((id.to_owned(), if rest == "#t" { None } else { Some(route) }));
         }
-        cursor = next;
     }
     let mut rows = Vec::new();
     for (tenant, route) in found {
@@ -805,12 +1064,11 @@ async fn limited(request: &Request, limiter: &Limiter) -> Result<(), String> {
             (None, Some(known)) => known,
             (None, None) => continue,
         };
-        let peeker =
-            Limiter::builder(RedisStore::new(request.url.as_str()).map_err(|e| e.to_string())?)
-                .algorithm(algorithm)
-                .prefix(prefix)
-                .build()
-                .map_err(|e| e.to_string())?;
+        let peeker = Limiter::builder(store.clone())
+            .algorithm(algorithm)
+            .prefix(prefix)
+            .build()
+            .map_err(|e| e.to_string())?;
         let decision = match &route {
             Some(scope) => peeker.check_scoped_quotas(scope, &tenant, &quotas, 0).await,
             None => peeker.check_quotas(&tenant, &quotas, 0).await,

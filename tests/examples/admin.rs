@@ -15,7 +15,7 @@ use redlimit::key::HeaderKey;
 use redlimit::store::RedisStore;
 use redlimit::{Decision, Limiter, Quota, RateLimitLayer, Verdict};
 use support::example::{self, dead_redis_url};
-use support::RedisServer;
+use support::{RedisCluster, RedisServer};
 use tower::{ServiceBuilder, ServiceExt};
 
 /// Runs the admin example against `redis` with `args`, `REDIS_URL` pointing nowhere.
@@ -640,4 +640,223 @@ async fn limited_lists_the_most_constrained_keys_first() {
     before.sort();
     after.sort();
     assert_eq!(before, after, "limited writes nothing");
+}
+
+/// Runs the admin example on `cluster` (`--redis-cluster` with every node) and returns its
+/// stdout, asserting success.
+fn admin_cluster_ok(cluster: &RedisCluster, args: &[&str]) -> String {
+    let output = Command::new(example::example_binary("admin"))
+        .arg("--redis-cluster")
+        .arg(cluster.urls().join(","))
+        .args(args)
+        .env("REDIS_URL", dead_redis_url())
+        .env_remove("REDLIMIT_HEADER_SECRET")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the admin example");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{args:?} failed with {}: {stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// A rough check that `text` is one JSON object: braces and brackets balance outside strings
+/// and nothing follows the object (no JSON parser among the dependencies).
+fn assert_one_json_object(text: &str) {
+    let text = text.trim_end();
+    assert!(text.starts_with('{') && text.ends_with('}'), "{text}");
+    let (mut depth, mut in_string, mut escaped) = (0i32, false, false);
+    for (i, c) in text.char_indices() {
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, '"') => in_string = true,
+            (false, _, '{' | '[') => depth += 1,
+            (false, _, '}' | ']') => {
+                depth -= 1;
+                assert!(
+                    depth > 0 || i == text.len() - 1,
+                    "text after the object: {text}"
+                );
+            }
+            _ => {}
+        }
+        assert!(depth >= 0, "unbalanced: {text}");
+    }
+    assert!(depth == 0 && !in_string, "unbalanced: {text}");
+}
+
+/// On a 3-master Cluster, `limited` and `inspect` scan every master: tenants whose keys live on
+/// different masters are all found.
+#[tokio::test]
+async fn limited_and_inspect_scan_every_master_of_a_cluster() {
+    let cluster = RedisCluster::start();
+    let limiter = Limiter::new(
+        RedisStore::cluster(cluster.urls().iter().map(String::as_str)).expect("cluster URLs"),
+    );
+    let quota = Quota::per_hour(5).unwrap();
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        quota,
+        HeaderKey::named("x-api-key").unwrap(),
+    );
+    let scope = layer.scope().to_owned();
+    // One tenant on each master: a key's slot is its hash tag's, `{tenant}`.
+    let mut tenants: Vec<(String, usize)> = Vec::new();
+    for i in 0..1000 {
+        let tenant = format!("t{i}");
+        let node = cluster.node_for_key(&format!("{{{tenant}}}"));
+        if !tenants.iter().any(|(_, n)| *n == node) {
+            tenants.push((tenant, node));
+        }
+        if tenants.len() == cluster.nodes().len() {
+            break;
+        }
+    }
+    assert_eq!(tenants.len(), 3, "a tenant on every master: {tenants:?}");
+    for (tenant, _) in &tenants {
+        for _ in 0..5 {
+            assert!(limiter
+                .check_scoped(&scope, tenant, &quota, 1)
+                .await
+                .is_allowed());
+        }
+    }
+
+    let text = admin_cluster_ok(&cluster, &["limited"]);
+    assert_eq!(text.lines().count(), 3, "{text}");
+    for (tenant, node) in &tenants {
+        assert!(
+            text.contains(&format!("{tenant} {scope}: 0 of 5 left")),
+            "{tenant} (on master {node}) not listed: {text}"
+        );
+    }
+    let json = admin_cluster_ok(&cluster, &["limited", "--json"]);
+    for (tenant, _) in &tenants {
+        assert!(
+            json.contains(&format!(
+                "{{\"tenant\":\"{tenant}\",\"route\":\"{scope}\",\"remaining\":0,\"limit\":5,"
+            )),
+            "{json}"
+        );
+    }
+
+    // A suspension through the tool reaches the tenant on its own master, and shows first.
+    let (held, _) = &tenants[2];
+    admin_cluster_ok(&cluster, &["suspend", held, "1m"]);
+    let text = admin_cluster_ok(&cluster, &["limited"]);
+    assert!(
+        text.starts_with(&format!("{held} (every route): suspended, ")),
+        "{text}"
+    );
+    assert!(!limiter
+        .check_scoped(&scope, held, &quota, 0)
+        .await
+        .is_allowed());
+
+    for (tenant, node) in &tenants {
+        let inspected = admin_cluster_ok(&cluster, &["inspect", tenant]);
+        assert!(
+            inspected.contains(&format!("routes: {scope}\n"))
+                && inspected.contains(&format!("route {scope}\n")),
+            "{tenant} on master {node}: {inspected}"
+        );
+        let json = admin_cluster_ok(&cluster, &["inspect", tenant, "--json"]);
+        assert_one_json_object(&json);
+        assert!(
+            json.contains(&format!("\"routes\":[{{\"route\":\"{scope}\",")),
+            "{json}"
+        );
+    }
+}
+
+/// `inspect --json`: one JSON object naming every route of the tenant with its override,
+/// suspension and time to reset; plain text stays without `--json`.
+#[tokio::test]
+async fn inspect_json_names_the_routes() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    let quota = Quota::per_minute(10).unwrap();
+    for scope in ["api", "login"] {
+        assert!(limiter
+            .check_scoped(scope, "t", &quota, 1)
+            .await
+            .is_allowed());
+    }
+    admin_ok(&redis, &["--scope", "api", "set-quota", "t", "3/1m"]);
+    admin_ok(&redis, &["suspend", "t", "1m"]);
+
+    let json = admin_ok(&redis, &["inspect", "t", "--json"]);
+    assert_eq!(json.lines().count(), 1, "{json}");
+    assert_one_json_object(&json);
+    assert!(
+        json.starts_with(
+            "{\"tenant\":\"t\",\"key\":\"t\",\"storage_key\":\"redlimit:{t}\",\"route\":null,"
+        ),
+        "{json}"
+    );
+    assert!(
+        json.contains("{\"route\":\"api\",\"override\":\"3/1m\",\"suspended_ms\":"),
+        "{json}"
+    );
+    assert!(
+        json.contains("{\"route\":\"login\",\"override\":null,\"suspended_ms\":"),
+        "{json}"
+    );
+    assert!(
+        !json.contains("\"suspended_ms\":null"),
+        "suspended everywhere: {json}"
+    );
+    assert!(json.contains("\"reset_after_ms\":"), "{json}");
+
+    // One route with --scope: its own status, no list.
+    let json = admin_ok(&redis, &["--scope", "login", "inspect", "t", "--json"]);
+    assert_one_json_object(&json);
+    assert!(
+        json.contains("\"route\":\"login\",\"override\":null,"),
+        "{json}"
+    );
+    assert!(json.ends_with("\"routes\":[]}\n"), "{json}");
+
+    let text = admin_ok(&redis, &["inspect", "t"]);
+    assert!(text.starts_with("key \"t\" (redlimit:{t})\n"), "{text}");
+    assert!(text.contains("routes: api, login\n"), "{text}");
+}
+
+/// `--redis` and `--redis-cluster` together: exit 2 with a message, nothing written.
+#[test]
+fn redis_and_redis_cluster_together_exit_2_and_write_nothing() {
+    let redis = RedisServer::start();
+    let output = admin(
+        &redis,
+        &["--redis-cluster", &redis.url(), "suspend", "k", "1m"],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not both"), "{stderr}");
+    assert!(
+        output.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert_eq!(redis.dbsize(), 0, "nothing written");
+
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--redis-cluster", ",", "inspect", "k"],
+            "--redis-cluster needs at least one URL",
+        ),
+        (
+            &["--redis-cluster", "not a url", "inspect", "k"],
+            "--redis-cluster: invalid URL",
+        ),
+    ];
+    example::assert_usage_errors("admin", &cases);
 }
