@@ -69,7 +69,7 @@
 //! with the longest wait, on an admission the one with the least left; its `t` is the wait on a
 //! denial, and on an admission the time until the key is full again,
 //! [`Decision::reset_after`](crate::Decision::reset_after), at most that tier's `w`; see
-//! [`RateLimit`](crate::RateLimit) for what each number means). When an override set
+//! [`RateLimit`] for what each number means). When an override set
 //! with [`Limiter::set_quota`](crate::Limiter::set_quota) is in force, both headers show its
 //! binding quota alone, as `"<policy>"`, never the layer's tiers. A
 //! [`QuotaResolver`] chooses the quotas per request (FREE and PRO plans, see

@@ -104,7 +104,7 @@ impl Limiter {
     /// jitter, uniform in `[0, J]` with `J = wait / 20` and at least 1 ms, so that waiters told
     /// the same time do not wake in lockstep; it never sleeps past `deadline`. Waiters of this
     /// limiter (and its clones) on the same key take turns in arrival order, and only the first
-    /// asks the store (see the [module docs](self)). The first try happens at once when nobody
+    /// asks the store (first come, first served). The first try happens at once when nobody
     /// is ahead, so a deadline of now means "admit me if you can, without waiting".
     ///
     /// One waiter loses at most 5 % of each wait to the jitter (2.5 % on average). A quota with
