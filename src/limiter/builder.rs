@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::deny_cache::DenyCache;
 use super::keys::KeyScope;
+use super::lease::{LeaseTable, Leases, LEASE_DENY_CACHE_KEYS};
 use super::stats::Counters;
 use super::{ConfigError, Inner, Limiter};
 use crate::algorithm::Algorithm;
@@ -38,6 +39,7 @@ pub struct LimiterBuilder {
     pub(super) clock: Clock,
     pub(super) policy: Arc<dyn FailurePolicy>,
     pub(super) deny_cache: Option<usize>,
+    pub(super) leases: Option<Leases>,
 }
 
 impl fmt::Debug for LimiterBuilder {
@@ -46,6 +48,7 @@ impl fmt::Debug for LimiterBuilder {
             .field("algorithm", &self.algorithm)
             .field("prefix", &self.prefix)
             .field("deny_cache", &self.deny_cache)
+            .field("leases", &self.leases)
             .finish_non_exhaustive()
     }
 }
@@ -195,6 +198,38 @@ impl LimiterBuilder {
         self
     }
 
+    /// Turns on token leases for hot keys (off by default): each instance takes several units
+    /// of a busy key's quota in one store call, spends them in process and renews in the
+    /// background; a slow key (k = 1) is checked exactly as without leases. See [`Leases`] and
+    /// the guide's [`leases`](crate::guide::leases) page for the bounds (controls reach a
+    /// leasing instance within one lease interval; at most instances × k units per interval
+    /// end unspent).
+    ///
+    /// Leases need token bucket, GCRA or fixed window; a zero interval or another algorithm is
+    /// refused by [`build`](Self::build) ([`ConfigError::Lease`]). They turn on the deny cache
+    /// (10 000 keys unless [`deny_cache`](Self::deny_cache) says otherwise): a renewal's
+    /// denial is served from it until its `retry_after`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{store::MemoryStore, Leases, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .leases(Leases::new(Duration::from_millis(50)))
+    ///     .build()
+    ///     .unwrap();
+    /// let quota = Quota::per_hour(40).unwrap();
+    /// let admitted = futures::future::join_all((0..100).map(|_| limiter.check("k", &quota))).await;
+    /// assert_eq!(admitted.iter().filter(|v| v.is_allowed()).count(), 40);
+    /// # }
+    /// ```
+    pub fn leases(mut self, leases: Leases) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
     /// Builds the limiter, validating the prefix.
     ///
     /// ```
@@ -213,6 +248,16 @@ impl LimiterBuilder {
         if !valid {
             return Err(ConfigError::InvalidPrefix);
         }
+        if let Some(leases) = &self.leases {
+            leases.validate(self.algorithm)?;
+        }
+        let deny_cache = match (self.deny_cache, self.leases) {
+            (None, Some(_)) => Some(LEASE_DENY_CACHE_KEYS),
+            (keys, _) => keys,
+        };
+        let leases = self
+            .leases
+            .map(|config| LeaseTable::new(config, self.algorithm));
         let unscoped = KeyScope::new(&self.prefix, None);
         Ok(Limiter {
             inner: Arc::new(Inner {
@@ -222,9 +267,10 @@ impl LimiterBuilder {
                 clock: self.clock,
                 policy: self.policy,
                 stats: Counters::default(),
-                deny_cache: self.deny_cache.map(DenyCache::new),
+                deny_cache: deny_cache.map(DenyCache::new),
                 unscoped,
                 waiters: Default::default(),
+                leases,
             }),
         })
     }

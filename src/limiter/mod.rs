@@ -18,6 +18,7 @@ mod builder;
 mod control;
 mod deny_cache;
 mod keys;
+mod lease;
 mod stats;
 
 pub use self::acquire::AcquireError;
@@ -28,6 +29,9 @@ pub use self::control::{
 };
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
+pub use self::lease::{
+    LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_UNITS, MAX_LEASE_INTERVAL,
+};
 use self::keys::{join_storage_key, StorageKey};
 pub(crate) use self::stats::PolicyLabel;
 use self::stats::{Counters, StoreTimer};
@@ -68,6 +72,8 @@ struct Inner {
     unscoped: KeyScope,
     /// The lines of [`acquire`](Limiter::acquire)'s waiters, per key.
     waiters: Waiters,
+    /// Token leases for hot keys, when on ([`LimiterBuilder::leases`]).
+    leases: Option<self::lease::LeaseTable>,
 }
 
 impl fmt::Debug for Limiter {
@@ -79,6 +85,7 @@ impl fmt::Debug for Limiter {
             .field("clock", &self.inner.clock)
             .field("policy", &self.inner.policy)
             .field("deny_cache", &self.inner.deny_cache)
+            .field("leases", &self.inner.leases)
             .finish()
     }
 }
@@ -112,6 +119,7 @@ impl Limiter {
             clock: Clock::default(),
             policy: Arc::new(FailOpen),
             deny_cache: None,
+            leases: None,
         }
     }
 
@@ -290,6 +298,7 @@ impl Limiter {
             cache.forget(storage_key);
         }
         self.inner.waiters.forget(storage_key);
+        self.end_lease(storage_key);
     }
 
     async fn decide(
@@ -314,37 +323,59 @@ impl Limiter {
             self.inner.stats.count_decision(&decision, label);
             return Verdict::Decided(decision);
         }
+        if let Some(leases) = &self.inner.leases {
+            return self
+                .decide_leased(leases, storage_key, quotas, cost, label)
+                .await;
+        }
+        self.decide_direct(storage_key, quotas, cost, label).await
+    }
+
+    /// [`decide`](Self::decide) by one store call (no lease), its failure to the policy.
+    async fn decide_direct(
+        &self,
+        storage_key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Verdict {
         let request = self.request(storage_key, quotas, cost);
-        let stats = &self.inner.stats;
         match self.ask(request, label).await {
             Ok(decision) => Verdict::Decided(decision),
             Err(error) => {
-                stats.count_store_error();
-                let verdict = self.inner.policy.on_store_error(&FailureContext {
-                    error: &error,
-                    request,
-                });
-                stats.count_failure(&verdict, label);
-                // The key is never logged: it may be a secret. While the circuit breaker is open
-                // every request lands here; the breaker itself logs its state changes, so those
-                // are debug-level to keep an outage from flooding the logs.
-                if matches!(error, StoreError::Unavailable(_)) {
-                    tracing::debug!(%error, allowed = verdict.is_allowed(), "rate limit store skipped; the failure policy decided");
-                } else if let Some(suppressed) = crate::store::failure_log_gate() {
-                    // One line a second at most: a poisoned key hammered must not flood.
-                    tracing::warn!(
-                        %error,
-                        transport = error.is_transport(),
-                        algorithm = %self.inner.algorithm,
-                        policy = ?self.inner.policy,
-                        allowed = verdict.is_allowed(),
-                        suppressed,
-                        "rate limit store failed; the failure policy decided"
-                    );
-                }
-                verdict
+                self.inner.stats.count_store_error();
+                self.fail(error, request, label)
             }
         }
+    }
+
+    /// The failure policy's verdict for `request`, whose store call failed with `error`
+    /// (counted already), counted and logged.
+    fn fail(&self, error: StoreError, request: CheckRequest<'_>, label: &PolicyLabel) -> Verdict {
+        let stats = &self.inner.stats;
+        let verdict = self.inner.policy.on_store_error(&FailureContext {
+            error: &error,
+            request,
+        });
+        stats.count_failure(&verdict, label);
+        // The key is never logged: it may be a secret. While the circuit breaker is open
+        // every request lands here; the breaker itself logs its state changes, so those
+        // are debug-level to keep an outage from flooding the logs.
+        if matches!(error, StoreError::Unavailable(_)) {
+            tracing::debug!(%error, allowed = verdict.is_allowed(), "rate limit store skipped; the failure policy decided");
+        } else if let Some(suppressed) = crate::store::failure_log_gate() {
+            // One line a second at most: a poisoned key hammered must not flood.
+            tracing::warn!(
+                %error,
+                transport = error.is_transport(),
+                algorithm = %self.inner.algorithm,
+                policy = ?self.inner.policy,
+                allowed = verdict.is_allowed(),
+                suppressed,
+                "rate limit store failed; the failure policy decided"
+            );
+        }
+        verdict
     }
 
     /// Checks without the failure policy: the store's decision or its error.
@@ -579,6 +610,9 @@ pub enum ConfigError {
     /// The limiter's algorithm cannot serve the layer's quota.
     #[error(transparent)]
     Quota(#[from] crate::quota::QuotaError),
+    /// The lease configuration is refused ([`LimiterBuilder::leases`]).
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
 }
 
 #[cfg(test)]

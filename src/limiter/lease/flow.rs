@@ -1,0 +1,404 @@
+//! The request path under leases, and the background work: renewals, give-backs, sweeps.
+//!
+//! A request spends held units when the key's lease has enough. Otherwise it waits for the
+//! renewal in flight, or, when none is, it renews itself: one store call of cost k (or of its
+//! own cost at k = 1, which is exactly a check without leases), whose decision it gets.
+
+use std::sync::{Arc, Weak};
+
+use super::state::Released;
+use super::{Counters, Lease, LeaseStats, LeaseTable};
+use crate::decision::Decision;
+use crate::limiter::stats::{PolicyLabel, StoreTimer};
+use crate::limiter::{Inner, Limiter};
+use crate::policy::Verdict;
+use crate::quota::Quotas;
+use crate::store::StoreError;
+
+/// What a request on a lease does next.
+enum Step {
+    /// Admitted from held units: the decision, and the size of a background renewal to start.
+    Spent(Decision, Option<u64>),
+    /// Answered without the store (the deny cache, or the failed renewal it waited for).
+    Answered(Verdict),
+    /// Wait for the renewal in flight.
+    Wait,
+    /// Renew now, for this many units.
+    Renew(u64),
+}
+
+impl Limiter {
+    /// Decides a request of `cost` on `storage_key` under leases (see [`Leases`](super::Leases)).
+    pub(in crate::limiter) async fn decide_leased(
+        &self,
+        leases: &LeaseTable,
+        storage_key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Verdict {
+        let now = leases.now(&self.inner.clock);
+        let lease = match leases.applies(quotas, cost) {
+            true => leases.lease(storage_key, quotas, now),
+            false => None,
+        };
+        let Some(lease) = lease else {
+            return self.decide_direct(storage_key, quotas, cost, label).await;
+        };
+        self.start_sweeping(leases);
+        let mut waited_for = None;
+        let ask = loop {
+            let notified = lease.renewed.notified();
+            match self.step(leases, &lease, storage_key, cost, label, &mut waited_for) {
+                Step::Spent(decision, prefetch) => {
+                    self.inner.stats.count_decision(&decision, label);
+                    Counters::add(&leases.counters.spent, cost);
+                    if let Some(ask) = prefetch {
+                        self.spawn_prefetch(lease.clone(), storage_key, ask, label);
+                    }
+                    return Verdict::Decided(decision);
+                }
+                Step::Answered(verdict) => return verdict,
+                // `notified` was made before the lease was read: a renewal ending in between
+                // still wakes it.
+                Step::Wait => notified.await,
+                Step::Renew(ask) => break ask,
+            }
+        };
+        self.renew(leases, &lease, storage_key, ask, cost, label)
+            .await
+    }
+
+    /// One look at the lease, under its lock.
+    fn step(
+        &self,
+        leases: &LeaseTable,
+        lease: &Arc<Lease>,
+        key: &str,
+        cost: u64,
+        label: &PolicyLabel,
+        waited_for: &mut Option<u64>,
+    ) -> Step {
+        let sizing = &leases.sizing;
+        let mut state = lease.state.lock().expect("lease");
+        let now = leases.now(&self.inner.clock);
+        state.last_used = now;
+        let expired = state.expire(now, sizing.interval);
+        let step = if let Some(decision) = state.take(cost, now) {
+            let prefetch = state.wants_prefetch(now, sizing).then(|| {
+                state.renewing = true;
+                state.plan(now, 0, sizing)
+            });
+            Step::Spent(decision, prefetch)
+        } else if waited_for.is_some_and(|g| state.generation > g) && state.last_failed {
+            // The renewal this request waited for failed: the failure policy answers, without
+            // another store call per waiter.
+            let request = self.request(key, &lease.quotas, cost);
+            drop(state);
+            Step::Answered(self.fail(
+                StoreError::Unavailable("the lease renewal this request waited for failed"),
+                request,
+                label,
+            ))
+        } else if state.renewing {
+            *waited_for = Some(state.generation);
+            Step::Wait
+        } else if let Some(decision) = self.cached_denial(key, &lease.quotas, cost, label) {
+            Step::Answered(Verdict::Decided(decision))
+        } else {
+            state.renewing = true;
+            Step::Renew(state.plan(now, cost, sizing))
+        };
+        self.release(leases, key, &lease.quotas, expired);
+        step
+    }
+
+    /// A denial of the deny cache for this request (counted), if it holds one.
+    fn cached_denial(
+        &self,
+        key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Option<Decision> {
+        let cache = self.inner.deny_cache.as_ref()?;
+        let now = cache.now(self.inner.clock.now_micros());
+        let decision = cache.lookup(key, quotas, cost, now)?;
+        self.inner.stats.count_cached_denial(label);
+        Some(decision)
+    }
+
+    /// The renewal a request waits on: `ask` units, `cost` of them its own. A denial of more
+    /// than `cost` is asked again for what is left (so the last units of a quota are leased
+    /// too), then for `cost` alone (so the denial is exactly the one a check would get).
+    async fn renew(
+        &self,
+        leases: &LeaseTable,
+        lease: &Arc<Lease>,
+        key: &str,
+        mut ask: u64,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Verdict {
+        let quotas = &lease.quotas;
+        loop {
+            let sent = leases.now(&self.inner.clock);
+            let result = self.lease_call(leases, key, quotas, ask, label).await;
+            let decision = match result {
+                Ok(decision) => decision,
+                Err(error) => {
+                    self.finish(lease, true);
+                    return self.fail(error, self.request(key, quotas, cost), label);
+                }
+            };
+            if decision.allowed {
+                let mut state = lease.state.lock().expect("lease");
+                let answer = state.granted(ask - cost, cost, &decision, sent, &leases.sizing);
+                let detached = state.detached.then(|| {
+                    state.clear(leases.now(&self.inner.clock), leases.sizing.interval)
+                });
+                state.finish(false);
+                drop(state);
+                lease.renewed.notify_waiters();
+                Counters::add(&leases.counters.spent, cost);
+                if let Some(released) = detached {
+                    self.release(leases, key, quotas, released);
+                }
+                self.inner.stats.count_decision(&answer, label);
+                if let Some(cache) = &self.inner.deny_cache {
+                    cache.admitted(key, quotas, ask);
+                }
+                return Verdict::Decided(answer);
+            }
+            if ask > cost && !decision.suspended {
+                ask = match decision.remaining {
+                    left if left >= cost && left < ask => left,
+                    _ => cost,
+                };
+                continue;
+            }
+            let released = {
+                let mut state = lease.state.lock().expect("lease");
+                let released = decision.suspended.then(|| {
+                    state.clear(leases.now(&self.inner.clock), leases.sizing.interval)
+                });
+                state.finish(false);
+                released
+            };
+            lease.renewed.notify_waiters();
+            if let Some(released) = released {
+                self.release(leases, key, quotas, released);
+            }
+            self.inner.stats.count_decision(&decision, label);
+            if let Some(cache) = &self.inner.deny_cache {
+                let now = cache.now(self.inner.clock.now_micros());
+                cache.remember(key, quotas, cost, &decision, now);
+            }
+            return Verdict::Decided(decision);
+        }
+    }
+
+    /// One store call of cost `ask` for a lease.
+    async fn lease_call(
+        &self,
+        leases: &LeaseTable,
+        key: &str,
+        quotas: &Quotas,
+        ask: u64,
+        label: &PolicyLabel,
+    ) -> Result<Decision, StoreError> {
+        let timer = StoreTimer::start();
+        let result = self.inner.store.check(self.request(key, quotas, ask)).await;
+        timer.stop(label);
+        Counters::add(&leases.counters.renewals, 1);
+        if let Ok(decision) = &result {
+            if decision.allowed {
+                Counters::add(&leases.counters.leased, ask);
+            }
+        } else {
+            self.inner.stats.count_store_error();
+        }
+        result
+    }
+
+    fn finish(&self, lease: &Lease, failed: bool) {
+        lease.state.lock().expect("lease").finish(failed);
+        lease.renewed.notify_waiters();
+    }
+
+    /// Starts a background renewal of `ask` units (the lease is marked renewing already).
+    fn spawn_prefetch(&self, lease: Arc<Lease>, key: &str, ask: u64, label: &PolicyLabel) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.finish(&lease, false);
+            return;
+        };
+        let (limiter, key, label) = (self.clone(), Box::<str>::from(key), label.clone());
+        runtime.spawn(async move { limiter.prefetch(&lease, &key, ask, &label).await });
+    }
+
+    /// A background renewal: like [`renew`](Self::renew) with no request of its own. A denial
+    /// leaves the lease to run out (the next request then renews and gets the denial); a
+    /// suspension ends it at once.
+    async fn prefetch(&self, lease: &Lease, key: &str, mut ask: u64, label: &PolicyLabel) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let quotas = &lease.quotas;
+        loop {
+            let sent = leases.now(&self.inner.clock);
+            let result = self.lease_call(leases, key, quotas, ask, label).await;
+            let mut state = lease.state.lock().expect("lease");
+            let now = leases.now(&self.inner.clock);
+            let released = match result {
+                Ok(decision) if decision.allowed => {
+                    state.granted(ask, 0, &decision, sent, &leases.sizing);
+                    state
+                        .detached
+                        .then(|| state.clear(now, leases.sizing.interval))
+                }
+                Ok(decision) if !decision.suspended && (1..ask).contains(&decision.remaining) => {
+                    ask = decision.remaining;
+                    continue;
+                }
+                Ok(decision) => decision
+                    .suspended
+                    .then(|| state.clear(now, leases.sizing.interval)),
+                Err(_) => {
+                    state.finish(true);
+                    drop(state);
+                    lease.renewed.notify_waiters();
+                    return;
+                }
+            };
+            state.finish(false);
+            drop(state);
+            lease.renewed.notify_waiters();
+            if let Some(released) = released {
+                self.release(leases, key, quotas, released);
+            }
+            return;
+        }
+    }
+
+    /// Gives `released` units of `key` back to the store in the background (the stranded ones
+    /// are only counted).
+    fn release(&self, leases: &LeaseTable, key: &str, quotas: &Quotas, released: Released) {
+        Counters::add(&leases.counters.stranded, released.stranded);
+        if released.returnable == 0 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            Counters::add(&leases.counters.stranded, released.returnable);
+            return;
+        };
+        let (limiter, key, quotas) = (self.clone(), Box::<str>::from(key), *quotas);
+        runtime.spawn(async move { limiter.give_back(&key, &quotas, released.returnable).await });
+    }
+
+    /// Gives `units` of `key` back to the store, never above a tier's capacity.
+    async fn give_back(&self, key: &str, quotas: &Quotas, units: u64) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        // The seam to the store's refund. Until this build has one, units that end unspent are
+        // stranded (never over-admitting: they were paid for and are not spent).
+        let _ = (key, quotas);
+        Counters::add(&leases.counters.stranded, units);
+    }
+
+    /// Starts the sweeper once: every interval it ends expired batches and idle leases, giving
+    /// their units back. It holds the limiter weakly and stops when the limiter is dropped.
+    fn start_sweeping(&self, leases: &LeaseTable) {
+        if leases.sweeping.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            leases.sweeping.store(false, std::sync::atomic::Ordering::Relaxed);
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        let every = leases.config.interval;
+        runtime.spawn(sweep(weak, every));
+    }
+
+    /// Ends every lease of this limiter and gives its unspent units back to the store (never
+    /// above a tier's capacity): call it on shutdown. Returns the units given back. Without
+    /// leases it does nothing.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Leases, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new()).leases(Leases::default()).build().unwrap();
+    /// limiter.check("k", &Quota::per_second(100).unwrap()).await;
+    /// limiter.release_leases().await;
+    /// assert_eq!(limiter.lease_stats().held, 0);
+    /// # }
+    /// ```
+    pub async fn release_leases(&self) -> u64 {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return 0;
+        };
+        let now = leases.now(&self.inner.clock);
+        let mut returned = 0;
+        for (key, quotas, released) in leases.drain(now) {
+            Counters::add(&leases.counters.stranded, released.stranded);
+            self.give_back(&key, &quotas, released.returnable).await;
+            returned += released.returnable;
+        }
+        returned
+    }
+
+    /// What this limiter's leases did so far (all zero without leases).
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Leases, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new()).leases(Leases::default()).build().unwrap();
+    /// limiter.check("k", &Quota::per_second(100).unwrap()).await;
+    /// let stats = limiter.lease_stats();
+    /// // A first request on a key is one store call of its own cost, as without leases.
+    /// assert_eq!((stats.renewals, stats.leased, stats.spent), (1, 1, 1));
+    /// # }
+    /// ```
+    pub fn lease_stats(&self) -> LeaseStats {
+        self.inner
+            .leases
+            .as_ref()
+            .map(LeaseTable::snapshot)
+            .unwrap_or_default()
+    }
+
+    /// Ends `storage_key`'s lease, giving its units back (the forget hook).
+    pub(in crate::limiter) fn end_lease(&self, storage_key: &str) {
+        if let Some(leases) = &self.inner.leases {
+            let now = leases.now(&self.inner.clock);
+            if let Some((quotas, released)) = leases.remove(storage_key, now) {
+                self.release(leases, storage_key, &quotas, released);
+            }
+        }
+    }
+}
+
+/// The sweeper's loop (see [`Limiter::start_sweeping`]).
+async fn sweep(weak: Weak<Inner>, every: std::time::Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        let limiter = Limiter { inner };
+        let Some(leases) = limiter.inner.leases.as_ref() else {
+            return;
+        };
+        let now = leases.now(&limiter.inner.clock);
+        for (key, quotas, released) in leases.sweep(now) {
+            limiter.release(leases, &key, &quotas, released);
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! Token leases for hot keys (opt-in, [`LimiterBuilder::leases`](super::LimiterBuilder::leases)):
+//! an instance takes k units of a key's quota in one store call, consumed in every tier first
+//! (all or none, as any check of cost k), spends them in process, and renews in the background
+//! when they run low. See the guide's [`leases`](crate::guide::leases) page.
+//!
+//! - [`Leases`]: the configuration (the lease interval, the most units one renewal takes, the
+//!   idle time after which a key's lease ends);
+//! - `state.rs`: one key's lease (its batches, the rate that sizes k), pure bookkeeping;
+//! - `flow.rs`: the request path (spend, wait for the renewal in flight, or renew) and the
+//!   background renewals, give-backs and sweeps.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::algorithm::Algorithm;
+use crate::clock::Clock;
+use crate::quota::Quotas;
+
+mod flow;
+mod state;
+
+use self::state::{Sizing, State};
+
+/// The most units one renewal takes by default.
+pub const DEFAULT_MAX_LEASE_UNITS: u64 = 65_536;
+
+/// The longest lease interval: controls (a suspension, an override, a reset) reach a leasing
+/// instance within one interval, so it stays short.
+pub const MAX_LEASE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Shards of the lease table.
+const SHARDS: usize = 16;
+
+/// Keys the deny cache holds when leases turn it on (a renewal's denial is served from it).
+pub(super) const LEASE_DENY_CACHE_KEYS: usize = 10_000;
+
+/// Token leases for hot keys: the configuration given to
+/// [`LimiterBuilder::leases`](super::LimiterBuilder::leases).
+///
+/// With leases on, an instance takes k units of a key's quota in one store call, consumed in
+/// Redis first in every tier (all or none), spends them in process, and renews in the
+/// background when half are spent, with at most one renewal in flight per key. k follows this
+/// instance's own rate on the key, about rate × `interval`, at least 1, at most
+/// [`max_units`](Self::max_units) and a tenth of the smallest capacity of the key's quotas; at
+/// k = 1 every request is one store call, as without leases, with the same decisions and
+/// headers. Units are spendable for one `interval` after their renewal was sent, so a control
+/// set anywhere (a suspension, an override, a reset) reaches this instance within one
+/// `interval`. Unspent units (at most instances × k per interval) go back to the store when a
+/// lease ends early: idle, [`Limiter::forget`](crate::Limiter::forget),
+/// [`Limiter::release_leases`](crate::Limiter::release_leases).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::{store::MemoryStore, Leases, Limiter, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .leases(Leases::new(Duration::from_millis(50)).max_units(10_000))
+///     .build()
+///     .unwrap();
+/// let quota = Quota::per_second(1_000_000).unwrap();
+/// for _ in 0..1_000 {
+///     assert!(limiter.check("hot", &quota).await.is_allowed());
+/// }
+/// let leases = limiter.lease_stats();
+/// assert!(leases.renewals < 1_000, "most decisions were served from a lease");
+/// assert_eq!(leases.spent, 1_000);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leases {
+    interval: Duration,
+    max_units: u64,
+    idle_after: Option<Duration>,
+}
+
+impl Default for Leases {
+    /// A 50 ms lease interval.
+    fn default() -> Self {
+        Leases::new(Duration::from_millis(50))
+    }
+}
+
+impl Leases {
+    /// Leases of `interval` (50 ms is a good start): the target time one lease lasts, the
+    /// longest a unit stays spendable, and the delay within which controls reach this
+    /// instance. Zero, or more than [`MAX_LEASE_INTERVAL`], is refused at build time.
+    pub fn new(interval: Duration) -> Self {
+        Leases {
+            interval,
+            max_units: DEFAULT_MAX_LEASE_UNITS,
+            idle_after: None,
+        }
+    }
+
+    /// The most units one renewal takes ([`DEFAULT_MAX_LEASE_UNITS`] by default; at least 1).
+    pub fn max_units(self, max_units: u64) -> Self {
+        Leases { max_units, ..self }
+    }
+
+    /// How long a key may go unused before its lease ends and its rate is forgotten (20 lease
+    /// intervals by default; at least one interval). Its unspent units go back to the store.
+    pub fn idle_after(self, idle_after: Duration) -> Self {
+        Leases {
+            idle_after: Some(idle_after),
+            ..self
+        }
+    }
+
+    /// The lease interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    fn idle(&self) -> Duration {
+        self.idle_after.unwrap_or(self.interval.saturating_mul(20))
+    }
+
+    /// The configuration's errors under `algorithm`, checked by the builder.
+    pub(super) fn validate(&self, algorithm: Algorithm) -> Result<(), LeaseError> {
+        if self.interval.is_zero() {
+            return Err(LeaseError::ZeroInterval);
+        }
+        if self.interval > MAX_LEASE_INTERVAL {
+            return Err(LeaseError::IntervalTooLong);
+        }
+        if self.max_units == 0 {
+            return Err(LeaseError::ZeroMaxUnits);
+        }
+        if self.idle() < self.interval {
+            return Err(LeaseError::IdleShorterThanInterval);
+        }
+        if !leases_exactly(algorithm) {
+            return Err(LeaseError::Unsupported(algorithm));
+        }
+        Ok(())
+    }
+}
+
+/// Whether units of `algorithm` consumed now and spent within one interval admit no more than
+/// the store would have: token bucket and GCRA (a unit is a unit whenever spent), fixed window
+/// (a lease ends with its window). The sliding log records each request's time, and the
+/// sliding window counter weighs a unit by when it is spent: neither leases exactly.
+fn leases_exactly(algorithm: Algorithm) -> bool {
+    matches!(
+        algorithm,
+        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow
+    )
+}
+
+/// A lease configuration the builder refuses (inside
+/// [`ConfigError::Lease`](crate::ConfigError::Lease)).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::{store::MemoryStore, Algorithm, ConfigError, LeaseError, Leases, Limiter};
+///
+/// let zero = Limiter::builder(MemoryStore::new()).leases(Leases::new(Duration::ZERO)).build();
+/// assert_eq!(zero.err(), Some(ConfigError::Lease(LeaseError::ZeroInterval)));
+///
+/// let log = Limiter::builder(MemoryStore::new())
+///     .algorithm(Algorithm::SlidingLog)
+///     .leases(Leases::default())
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(log, ConfigError::Lease(LeaseError::Unsupported(Algorithm::SlidingLog)));
+/// assert!(log.to_string().contains("token-bucket, gcra or fixed-window"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// The lease interval is zero.
+    #[error("the lease interval must be above zero (50 ms is a good start)")]
+    ZeroInterval,
+    /// The lease interval is above [`MAX_LEASE_INTERVAL`].
+    #[error("the lease interval must be at most 10 s: controls reach a leasing instance only within one interval")]
+    IntervalTooLong,
+    /// `max_units` is zero.
+    #[error("a lease must be allowed at least 1 unit (max_units)")]
+    ZeroMaxUnits,
+    /// `idle_after` is shorter than the lease interval.
+    #[error("a lease's idle time must be at least its interval")]
+    IdleShorterThanInterval,
+    /// The algorithm cannot lease exactly.
+    #[error("{0} cannot lease exactly; leases need token-bucket, gcra or fixed-window")]
+    Unsupported(Algorithm),
+}
+
+/// What this limiter's leases did since it was built; see
+/// [`Limiter::lease_stats`](crate::Limiter::lease_stats).
+///
+/// Every unit Redis granted is spent, held, given back or stranded:
+/// `leased = spent + held + returned + stranded`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// Store calls that took a lease (each of cost k).
+    pub renewals: u64,
+    /// Units the store granted, over every renewal.
+    pub leased: u64,
+    /// Units admitted (each admitted request spends its cost).
+    pub spent: u64,
+    /// Units held now, spendable until their lease ends.
+    pub held: u64,
+    /// Units given back to the store.
+    pub returned: u64,
+    /// Units that ended unspent and could not go back (a fixed window's that ended, a store
+    /// error, a renewal that came back after its key was forgotten): the price of leasing,
+    /// at most instances × k per interval.
+    pub stranded: u64,
+}
+
+/// The live counters behind [`LeaseStats`].
+#[derive(Debug, Default)]
+struct Counters {
+    renewals: AtomicU64,
+    leased: AtomicU64,
+    spent: AtomicU64,
+    returned: AtomicU64,
+    stranded: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One key's lease, shared by the requests on it and its renewal.
+#[derive(Debug)]
+struct Lease {
+    /// The quotas it was taken under (also in its state, which sizes k from them).
+    quotas: Quotas,
+    state: Mutex<State>,
+    /// Wakes the requests waiting for the renewal in flight.
+    renewed: Notify,
+}
+
+type Shard = Mutex<HashMap<Box<str>, Arc<Lease>>>;
+
+/// Every key's lease in this limiter.
+pub(super) struct LeaseTable {
+    config: Leases,
+    sizing: Sizing,
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+    origin: Instant,
+    counters: Counters,
+    sweeping: AtomicBool,
+}
+
+impl std::fmt::Debug for LeaseTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseTable")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseTable {
+    pub(super) fn new(config: Leases, algorithm: Algorithm) -> LeaseTable {
+        LeaseTable {
+            config,
+            sizing: Sizing {
+                interval: micros(config.interval),
+                max_units: config.max_units,
+                algorithm,
+            },
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+            origin: Instant::now(),
+            counters: Counters::default(),
+            sweeping: AtomicBool::new(false),
+        }
+    }
+
+    /// The leases' time in µs: the client clock's when there is one (so a
+    /// [`ManualClock`](crate::ManualClock) drives them in tests), else a local monotonic clock.
+    fn now(&self, clock: &Clock) -> u64 {
+        clock
+            .now_micros()
+            .unwrap_or_else(|| micros(self.origin.elapsed()))
+    }
+
+    fn shard(&self, key: &str) -> &Shard {
+        &self.shards[self.hasher.hash_one(key) as usize % self.shards.len()]
+    }
+
+    /// Whether a check of `cost` under `quotas` leases: it consumes, and a fixed window has one
+    /// tier (the reply names the end of the longest window only).
+    fn applies(&self, quotas: &Quotas, cost: u64) -> bool {
+        cost > 0 && (self.sizing.algorithm != Algorithm::FixedWindow || quotas.len() == 1)
+    }
+
+    /// The lease of `key` under `quotas`, made when there is none; `None` when the key's lease
+    /// was taken under other quotas (that check goes to the store as without leases).
+    fn lease(&self, key: &str, quotas: &Quotas, now: u64) -> Option<Arc<Lease>> {
+        let mut shard = self.shard(key).lock().expect("lease shard");
+        if let Some(lease) = shard.get(key) {
+            return (lease.quotas == *quotas).then(|| lease.clone());
+        }
+        let lease = Arc::new(Lease {
+            quotas: *quotas,
+            state: Mutex::new(State::new(*quotas, now)),
+            renewed: Notify::new(),
+        });
+        shard.insert(key.into(), lease.clone());
+        Some(lease)
+    }
+
+    /// Removes `key`'s lease; its quotas and its units to give back.
+    fn remove(&self, key: &str, now: u64) -> Option<(Quotas, state::Released)> {
+        let lease = self.shard(key).lock().expect("lease shard").remove(key)?;
+        let mut state = lease.state.lock().expect("lease");
+        state.detached = true;
+        Some((state.quotas, state.clear(now, self.sizing.interval)))
+    }
+
+    /// Removes every lease (for [`Limiter::release_leases`](crate::Limiter::release_leases)).
+    fn drain(&self, now: u64) -> Vec<(Box<str>, Quotas, state::Released)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            for (key, lease) in shard.lock().expect("lease shard").drain() {
+                let mut state = lease.state.lock().expect("lease");
+                state.detached = true;
+                out.push((key, state.quotas, state.clear(now, self.sizing.interval)));
+            }
+        }
+        out
+    }
+
+    /// Ends the leases past their time: expired batches out, idle keys removed. What to give
+    /// back.
+    fn sweep(&self, now: u64) -> Vec<(Box<str>, Quotas, state::Released)> {
+        let idle = micros(self.config.idle());
+        let interval = self.sizing.interval;
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().expect("lease shard");
+            shard.retain(|key, lease| {
+                let mut state = lease.state.lock().expect("lease");
+                let gone = !state.renewing && now.saturating_sub(state.last_used) >= idle;
+                let released = if gone {
+                    state.detached = true;
+                    state.clear(now, interval)
+                } else {
+                    state.expire(now, interval)
+                };
+                if released != state::Released::default() {
+                    out.push((key.clone(), state.quotas, released));
+                }
+                !gone
+            });
+        }
+        out
+    }
+
+    fn snapshot(&self) -> LeaseStats {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let held = self
+            .shards
+            .iter()
+            .map(|shard| {
+                let shard = shard.lock().expect("lease shard");
+                shard
+                    .values()
+                    .map(|l| l.state.lock().expect("lease").held())
+                    .sum::<u64>()
+            })
+            .sum();
+        let c = &self.counters;
+        LeaseStats {
+            renewals: load(&c.renewals),
+            leased: load(&c.leased),
+            spent: load(&c.spent),
+            held,
+            returned: load(&c.returned),
+            stranded: load(&c.stranded),
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,428 @@
+//! One key's lease in this process: the batches of units it holds, what Redis said at the last
+//! renewal, and the rate that sizes the next one. Pure bookkeeping: no store, no locks, no
+//! clock of its own (every call is given `now`, in the lease table's microseconds).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::quota::{Quota, Quotas};
+
+/// An instance holds at most this share of a tier's capacity in one lease (1 / `SHARE`), so a
+/// binding quota is shared out in small bites and the stranding bound stays small.
+pub(super) const SHARE: u64 = 10;
+
+/// k grows at most this much from one renewal to the next: a burst does not take a whole
+/// interval's worth on the evidence of a few microseconds.
+const GROWTH: u64 = 8;
+
+/// Units leased in one renewal, spendable until `until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Batch {
+    pub(super) units: u64,
+    /// The end of its validity: one lease interval after the renewal was sent (for a fixed
+    /// window, no later than the window's end either).
+    pub(super) until: u64,
+    /// Fixed window only: when the window it was paid in ends. Giving units back after that
+    /// would hand them to the next window.
+    pub(super) window_end: Option<u64>,
+}
+
+/// What Redis reported at the last renewal, for the headers of local admissions.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// Redis's `remaining` after the lease was taken: it does not count the units any instance
+    /// holds.
+    remaining: u64,
+    reset_after: Duration,
+    at: u64,
+    limit: u64,
+    quota: Quota,
+    overridden: bool,
+}
+
+/// Units to give back to the store: their count and whether the store may still take them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Released {
+    /// Units the store may take back now.
+    pub(super) returnable: u64,
+    /// Units that cannot go back (a fixed window's that ended, or is about to): stranded.
+    pub(super) stranded: u64,
+}
+
+impl Released {
+    fn add(&mut self, batch: &Batch, now: u64, interval: u64) {
+        // A give-back lands within a round trip; one interval of margin keeps a fixed window's
+        // units from reaching the next window.
+        let returnable = batch
+            .window_end
+            .is_none_or(|end| end.saturating_sub(now) > interval);
+        if returnable {
+            self.returnable += batch.units;
+        } else {
+            self.stranded += batch.units;
+        }
+    }
+}
+
+/// The lease configuration one state needs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sizing {
+    /// The lease interval in µs.
+    pub(super) interval: u64,
+    /// The most units one renewal takes.
+    pub(super) max_units: u64,
+    pub(super) algorithm: Algorithm,
+}
+
+/// One key's lease.
+#[derive(Debug)]
+pub(super) struct State {
+    /// The quotas the lease was taken under: a check under others does not use it.
+    pub(super) quotas: Quotas,
+    batches: VecDeque<Batch>,
+    /// Units held, over every batch.
+    held: u64,
+    seen: Option<Seen>,
+    /// The size of the next renewal.
+    k: u64,
+    /// Units spent per µs, smoothed over renewals.
+    rate: f64,
+    /// Units spent since `since` (the last renewal's start).
+    spent_since: u64,
+    since: u64,
+    /// A renewal is in flight (one at most per key per instance).
+    pub(super) renewing: bool,
+    /// Counts finished renewals, so a waiter can tell that the one it waited for ended.
+    pub(super) generation: u64,
+    /// The last finished renewal failed (the store erred).
+    pub(super) last_failed: bool,
+    pub(super) last_used: u64,
+    /// Removed from the table (forgotten, idle, released): units granted now go straight back.
+    pub(super) detached: bool,
+}
+
+impl State {
+    pub(super) fn new(quotas: Quotas, now: u64) -> State {
+        State {
+            quotas,
+            batches: VecDeque::new(),
+            held: 0,
+            seen: None,
+            k: 1,
+            rate: 0.0,
+            spent_since: 0,
+            since: now,
+            renewing: false,
+            generation: 0,
+            last_failed: false,
+            last_used: now,
+            detached: false,
+        }
+    }
+
+    /// Units held.
+    pub(super) fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// Drops the batches whose validity ended.
+    pub(super) fn expire(&mut self, now: u64, interval: u64) -> Released {
+        let mut released = Released::default();
+        while let Some(batch) = self.batches.front() {
+            if batch.until > now {
+                break;
+            }
+            released.add(batch, now, interval);
+            self.held -= batch.units;
+            self.batches.pop_front();
+        }
+        released
+    }
+
+    /// Drops every batch (the lease ends).
+    pub(super) fn clear(&mut self, now: u64, interval: u64) -> Released {
+        let mut released = Released::default();
+        for batch in self.batches.drain(..) {
+            released.add(&batch, now, interval);
+        }
+        self.held = 0;
+        released
+    }
+
+    /// Spends `cost` held units, oldest first, and answers as an admission; `None` when fewer
+    /// than `cost` are held (or none were ever leased). Call [`expire`](Self::expire) first.
+    pub(super) fn take(&mut self, cost: u64, now: u64) -> Option<Decision> {
+        let seen = self.seen?;
+        if cost == 0 || self.held < cost {
+            return None;
+        }
+        let mut left = cost;
+        while left > 0 {
+            let front = self.batches.front_mut().expect("held counts the batches");
+            let spend = left.min(front.units);
+            front.units -= spend;
+            left -= spend;
+            if front.units == 0 {
+                self.batches.pop_front();
+            }
+        }
+        self.held -= cost;
+        self.spent_since += cost;
+        Some(self.report(&seen, now))
+    }
+
+    /// The decision a local admission reports: Redis's `remaining` at the last renewal plus
+    /// the units this instance still holds (both as of that renewal, less what this instance
+    /// spent since), and the time to full counted down from the renewal.
+    fn report(&self, seen: &Seen, now: u64) -> Decision {
+        let elapsed = Duration::from_micros(now.saturating_sub(seen.at));
+        Decision {
+            allowed: true,
+            limit: seen.limit,
+            remaining: seen.remaining.saturating_add(self.held),
+            retry_after: Duration::ZERO,
+            reset_after: round_up_ms(seen.reset_after.saturating_sub(elapsed)),
+            suspended: false,
+            quota: seen.quota,
+            overridden: seen.overridden,
+        }
+    }
+
+    /// Whether to renew in the background now: the lease is large enough to be worth it
+    /// (k ≥ 2) and runs low (half of k left) or its oldest units near their end.
+    pub(super) fn wants_prefetch(&self, now: u64, sizing: &Sizing) -> bool {
+        if self.renewing || self.detached || self.k < 2 || self.seen.is_none() {
+            return false;
+        }
+        let low = self.held <= self.k / 2;
+        let ending = self
+            .batches
+            .front()
+            .is_some_and(|b| b.until.saturating_sub(now) <= sizing.interval / 2);
+        low || ending
+    }
+
+    /// Sizes the next renewal from the rate spent since the last one: about rate × interval,
+    /// at least 1 (and at least `cost`, the request waiting for it; 0 for a prefetch), at most
+    /// [`Sizing::max_units`] and a [`SHARE`] of the smallest capacity in play.
+    pub(super) fn plan(&mut self, now: u64, cost: u64, sizing: &Sizing) -> u64 {
+        let elapsed = now.saturating_sub(self.since).max(1);
+        let sample = self.spent_since as f64 / elapsed as f64;
+        self.rate = if self.rate == 0.0 {
+            sample
+        } else {
+            (self.rate + sample) / 2.0
+        };
+        self.spent_since = 0;
+        self.since = now;
+        let want = (self.rate * sizing.interval as f64).ceil();
+        let want = if want.is_finite() && want >= 1.0 {
+            want.min(u64::MAX as f64) as u64
+        } else {
+            1
+        };
+        self.k = want
+            .min(self.k.saturating_mul(GROWTH))
+            .min(self.cap(sizing))
+            .max(1);
+        self.k.max(cost)
+    }
+
+    /// The most one renewal takes.
+    fn cap(&self, sizing: &Sizing) -> u64 {
+        let mut capacity = self.quotas.iter().map(Quota::burst).min().unwrap_or(1);
+        if let Some(seen) = &self.seen {
+            if seen.overridden {
+                capacity = capacity.min(seen.quota.burst());
+                if sizing.algorithm == Algorithm::FixedWindow {
+                    // An override may hold several windows; the reply names the end of none but
+                    // the longest, so a fixed window under an override is not leased.
+                    return 1;
+                }
+            }
+        }
+        (capacity / SHARE).clamp(1, sizing.max_units)
+    }
+
+    /// Records a renewal Redis admitted: `units` more held (the renewal's cost less what the
+    /// request that waited for it spends at once, `spent`), valid from `sent` (when it was
+    /// sent: earlier than Redis decided). Returns the decision the waiting request gets.
+    pub(super) fn granted(
+        &mut self,
+        units: u64,
+        spent: u64,
+        decision: &Decision,
+        sent: u64,
+        sizing: &Sizing,
+    ) -> Decision {
+        let reset_us = u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX);
+        let window_end = (sizing.algorithm == Algorithm::FixedWindow)
+            .then(|| sent.saturating_add(reset_us));
+        let until = sent
+            .saturating_add(sizing.interval)
+            .min(window_end.unwrap_or(u64::MAX));
+        if units > 0 {
+            self.batches.push_back(Batch {
+                units,
+                until,
+                window_end,
+            });
+            self.held += units;
+        }
+        self.spent_since += spent;
+        self.seen = Some(Seen {
+            remaining: decision.remaining,
+            reset_after: decision.reset_after,
+            at: sent,
+            limit: decision.limit,
+            quota: decision.quota,
+            overridden: decision.overridden,
+        });
+        Decision {
+            remaining: decision.remaining.saturating_add(self.held),
+            ..*decision
+        }
+    }
+
+    /// A renewal ended: wake the waiters' bookkeeping.
+    pub(super) fn finish(&mut self, failed: bool) {
+        self.renewing = false;
+        self.generation += 1;
+        self.last_failed = failed;
+    }
+}
+
+/// A duration rounded up to whole milliseconds, as every [`Decision`] reports.
+fn round_up_ms(d: Duration) -> Duration {
+    let ms = d.as_micros().div_ceil(1_000);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTERVAL: u64 = 50_000;
+
+    fn sizing(algorithm: Algorithm) -> Sizing {
+        Sizing {
+            interval: INTERVAL,
+            max_units: 1_000,
+            algorithm,
+        }
+    }
+
+    fn admitted(remaining: u64, reset_ms: u64, quota: Quota) -> Decision {
+        Decision {
+            allowed: true,
+            limit: quota.limit(),
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::from_millis(reset_ms),
+            suspended: false,
+            quota,
+            overridden: false,
+        }
+    }
+
+    #[test]
+    fn a_renewal_of_one_unit_reports_exactly_what_redis_said() {
+        let quota = Quota::per_second(100).unwrap();
+        let mut state = State::new(quota.into(), 0);
+        let s = sizing(Algorithm::TokenBucket);
+        assert_eq!(state.plan(1_000_000, 1, &s), 1);
+        let redis = admitted(99, 10, quota);
+        assert_eq!(state.granted(0, 1, &redis, 0, &s), redis);
+        assert_eq!(state.held(), 0);
+        assert_eq!(state.take(1, 10), None);
+    }
+
+    #[test]
+    fn local_admissions_count_down_from_redis_remaining_plus_held_units() {
+        let quota = Quota::per_second(1_000).unwrap();
+        let mut state = State::new(quota.into(), 0);
+        let s = sizing(Algorithm::Gcra);
+        // Redis admitted 10 (one for the waiting request): 990 left in Redis, 9 held.
+        let first = state.granted(9, 1, &admitted(990, 10, quota), 100, &s);
+        assert_eq!(first.remaining, 999);
+        let next = state.take(1, 200).unwrap();
+        assert_eq!((next.remaining, next.allowed), (998, true));
+        assert_eq!(next.reset_after, Duration::from_millis(10));
+        assert_eq!(state.take(8, 300).unwrap().remaining, 990);
+        assert_eq!(state.take(1, 400), None);
+    }
+
+    #[test]
+    fn batches_end_one_interval_after_they_were_sent_and_are_spent_oldest_first() {
+        let quota = Quota::per_second(1_000).unwrap();
+        let mut state = State::new(quota.into(), 0);
+        let s = sizing(Algorithm::TokenBucket);
+        state.granted(5, 0, &admitted(900, 100, quota), 0, &s);
+        state.granted(5, 0, &admitted(890, 100, quota), 30_000, &s);
+        assert!(state.take(7, 40_000).is_some()); // 5 of the first, 2 of the second
+        assert_eq!(state.expire(INTERVAL, INTERVAL), Released::default());
+        assert_eq!(state.held(), 3);
+        let released = state.expire(30_000 + INTERVAL, INTERVAL);
+        assert_eq!(released.returnable, 3);
+        assert_eq!(state.held(), 0);
+    }
+
+    #[test]
+    fn a_fixed_window_lease_never_outlives_its_window_nor_goes_back_into_the_next() {
+        let quota = Quota::per_second(1_000).unwrap();
+        let mut state = State::new(quota.into(), 0);
+        let s = sizing(Algorithm::FixedWindow);
+        // 20 ms left in the window: the batch ends then, not one interval later.
+        state.granted(10, 0, &admitted(500, 20, quota), 0, &s);
+        assert!(state.take(1, 19_999).is_some());
+        let released = state.expire(20_000, INTERVAL);
+        assert_eq!(released, Released { returnable: 0, stranded: 9 });
+        // With the window's end far off, units go back.
+        state.granted(10, 0, &admitted(400, 900, quota), 100_000, &s);
+        assert_eq!(state.clear(100_000, INTERVAL).returnable, 10);
+    }
+
+    #[test]
+    fn k_follows_the_rate_grows_in_steps_and_stays_within_a_share_of_the_capacity() {
+        let quota = Quota::per_second(1_000_000).unwrap();
+        let mut state = State::new(quota.into(), 0);
+        let s = sizing(Algorithm::TokenBucket);
+        // 1 unit per ms: 50 per 50 ms interval.
+        let mut now = 0;
+        let mut asks = Vec::new();
+        for _ in 0..6 {
+            state.granted(0, 0, &admitted(1, 1, quota), now, &s);
+            state.spent_since = 10;
+            now += 10_000;
+            asks.push(state.plan(now, 0, &s));
+        }
+        assert_eq!(asks, [8, 50, 50, 50, 50, 50]);
+        // A slow key (one a second) leases one unit at a time.
+        let mut slow = State::new(quota.into(), 0);
+        slow.spent_since = 1;
+        assert_eq!(slow.plan(1_000_000, 1, &s), 1);
+        // Capacity 40: at most 4 at once.
+        let small = Quota::per_hour(40).unwrap();
+        let mut state = State::new(small.into(), 0);
+        state.spent_since = 1_000;
+        assert_eq!(state.plan(1_000, 1, &s), 4.min(8));
+    }
+
+    #[test]
+    fn prefetch_starts_at_low_water_only_for_leases_of_two_or_more() {
+        let quota = Quota::per_second(1_000_000).unwrap();
+        let mut state = State::new(quota.into(), 0);
+        let s = sizing(Algorithm::TokenBucket);
+        state.granted(0, 1, &admitted(10, 1, quota), 0, &s);
+        assert!(!state.wants_prefetch(1, &s), "k = 1: never in the background");
+        state.k = 10;
+        state.granted(10, 0, &admitted(10, 1, quota), 0, &s);
+        assert!(!state.wants_prefetch(1, &s));
+        state.take(5, 2).unwrap();
+        assert!(state.wants_prefetch(3, &s));
+        state.renewing = true;
+        assert!(!state.wants_prefetch(3, &s), "one renewal in flight at most");
+    }
+}
