@@ -14,6 +14,7 @@
 //! | [`fleet`] | several quotas at once, limits changed at run time, suspension, reset and inspect |
 //! | [`outbound`] | wait mode: `Limiter::acquire`, `OutboundLayer`, auto-suspend |
 //! | [`headers`] | `RateLimit-Policy` / `RateLimit`, `Retry-After`, tiers, overrides, jitter, gRPC |
+//! | [`modes`] | production modes: shadow rollout, cost settled after the response and refunds, block on abuse, concurrency limits |
 //!
 //! How the crate is built inside (the data flow, the script format, where each concept lives)
 //! is in `ARCHITECTURE.md`, and the benchmarks in `benches/README.md`, in the repository.
@@ -44,6 +45,9 @@ pub mod outbound {}
 
 #[doc = include_str!("../docs/headers.md")]
 pub mod headers {}
+
+#[doc = include_str!("../docs/modes.md")]
+pub mod modes {}
 
 // The README's Rust examples are compiled with the doctests too (never documented).
 #[cfg(doctest)]

@@ -18,6 +18,7 @@ mod builder;
 mod control;
 mod deny_cache;
 mod keys;
+mod refund;
 mod stats;
 
 pub use self::acquire::AcquireError;
