@@ -15,6 +15,7 @@
 //! | [`outbound`] | wait mode: `Limiter::acquire`, `OutboundLayer`, auto-suspend |
 //! | [`headers`] | `RateLimit-Policy` / `RateLimit`, `Retry-After`, tiers, overrides, jitter, gRPC |
 //! | [`leases`] | token leases for hot keys: exactness, stranding, the controls' delay, headers |
+//! | [`modes`] | production modes: shadow rollout, cost settled after the response and refunds, block on abuse, concurrency limits |
 //!
 //! How the crate is built inside (the data flow, the script format, where each concept lives)
 //! is in `ARCHITECTURE.md`, and the benchmarks in `benches/README.md`, in the repository.
@@ -48,6 +49,9 @@ pub mod headers {}
 
 #[doc = include_str!("../docs/leases.md")]
 pub mod leases {}
+
+#[doc = include_str!("../docs/modes.md")]
+pub mod modes {}
 
 // The README's Rust examples are compiled with the doctests too (never documented).
 #[cfg(doctest)]

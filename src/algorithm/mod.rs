@@ -51,6 +51,7 @@ use crate::quota::{Quota, QuotaError};
 mod driver;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+mod refund;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
@@ -65,6 +66,7 @@ pub(crate) use self::driver::{
     push_control, push_split_call, split_keys, tenant_key, Controls, LogWrite, Op, Refused, Reply,
     Written, OVERRIDE_IDLE_MS, STAMP,
 };
+pub(crate) use self::refund::{refund, refund_args, refund_script, REFUND_SOURCE};
 
 /// Which rate-limiting algorithm decides.
 ///

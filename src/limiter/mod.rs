@@ -19,6 +19,7 @@ mod control;
 mod deny_cache;
 mod keys;
 mod lease;
+mod refund;
 mod stats;
 
 pub use self::acquire::AcquireError;

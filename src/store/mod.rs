@@ -36,10 +36,12 @@ use crate::quota::Quotas;
 
 mod breaker;
 mod memory;
+mod modes;
 mod redis;
 
 pub use self::breaker::CircuitBreaker;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
+pub use self::modes::RefundRequest;
 pub use self::redis::{
     RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
 };
@@ -144,6 +146,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let _ = request;
         Box::pin(std::future::ready(Err(StoreError::Unsupported(
             "this store has no fleet controls",
+        ))))
+    }
+
+    /// Gives units back to a route's tiers in one atomic call, never above a tier's capacity;
+    /// answers how many tiers (for the sliding log, entries) got units back. The default
+    /// answers [`StoreError::Unsupported`].
+    fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = request;
+        Box::pin(std::future::ready(Err(StoreError::Unsupported(
+            "this store has no refunds",
         ))))
     }
 }

@@ -65,6 +65,8 @@ enum Step {
     Suspend(u64),
     Resume,
     Reset,
+    /// Give this many units back (`Limiter::refund`).
+    Refund(u64),
 }
 
 fn quota_of(shape: usize) -> Quota {
@@ -119,6 +121,7 @@ fn step(burst: u64, period_us: u64) -> impl Strategy<Value = Step> {
         1 => (1..=2 * period_us).prop_map(Step::Suspend),
         1 => Just(Step::Resume),
         1 => Just(Step::Reset),
+        2 => (1..=burst + 2).prop_map(Step::Refund),
     ]
 }
 
@@ -195,6 +198,16 @@ async fn run(
         }
         let cost = match step {
             Step::Check(cost) => cost,
+            Step::Refund(units) => {
+                plain = false;
+                let (a, b) = (
+                    on_redis.refund(key, &quotas, units).await,
+                    in_memory.refund(key, &quotas, units).await,
+                );
+                a.map_err(|e| TestCaseError::fail(format!("{algorithm} step {i}: redis: {e}")))?;
+                b.unwrap();
+                continue;
+            }
             control => {
                 plain = false;
                 let target = Target::key(key);
@@ -222,7 +235,7 @@ async fn run(
                         in_memory.resume(target).await,
                     ),
                     Step::Reset => (on_redis.reset(target).await, in_memory.reset(target).await),
-                    Step::Check(_) => unreachable!(),
+                    Step::Check(_) | Step::Refund(_) => unreachable!(),
                 };
                 let (a, b) = (
                     a.map_err(|e| {

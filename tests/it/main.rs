@@ -30,6 +30,7 @@ mod layer;
 mod layer_quotas;
 mod logs;
 mod misconfiguration;
+mod modes;
 mod outbound;
 mod route_limits;
 mod sentinel;

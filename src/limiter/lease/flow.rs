@@ -13,7 +13,7 @@ use crate::limiter::stats::{PolicyLabel, StoreTimer};
 use crate::limiter::{Inner, Limiter};
 use crate::policy::Verdict;
 use crate::quota::Quotas;
-use crate::store::StoreError;
+use crate::store::{RefundRequest, StoreError};
 
 /// What a request on a lease does next.
 enum Step {
@@ -295,15 +295,34 @@ impl Limiter {
         runtime.spawn(async move { limiter.give_back(&key, &quotas, released.returnable).await });
     }
 
-    /// Gives `units` of `key` back to the store, never above a tier's capacity.
+    /// Gives `units` of `key` back to the store, never above a tier's capacity: the store's
+    /// refund (as [`Limiter::refund`] does), without ending the key's lease as `refund` would.
     async fn give_back(&self, key: &str, quotas: &Quotas, units: u64) {
         let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
-        // The seam to the store's refund. Until this build has one, units that end unspent are
-        // stranded (never over-admitting: they were paid for and are not spent).
-        let _ = (key, quotas);
-        Counters::add(&leases.counters.stranded, units);
+        if units == 0 {
+            return;
+        }
+        let request = RefundRequest {
+            key,
+            algorithm: self.inner.algorithm,
+            quotas,
+            units,
+            now_micros: self.inner.clock.now_micros(),
+        };
+        match self.inner.store.refund(request).await {
+            Ok(_) => Counters::add(&leases.counters.returned, units),
+            // Never retried: a give-back landing late could reach a fixed window's next window.
+            Err(error) => {
+                tracing::debug!(%error, units, "lease give-back failed; its units are stranded");
+                Counters::add(&leases.counters.stranded, units);
+            }
+        }
+        if let Some(cache) = &self.inner.deny_cache {
+            // A cached denial may now be too long.
+            cache.forget(key);
+        }
     }
 
     /// Starts the sweeper once: every interval it ends expired batches and idle leases, giving

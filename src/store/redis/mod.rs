@@ -2,6 +2,7 @@
 //! Cluster, or a primary found through Sentinel).
 
 mod connection;
+mod modes;
 mod reload;
 mod sentinel;
 mod server;
@@ -665,6 +666,8 @@ enum Call<'a> {
     /// A decision in the split form ([`split_check`]), with the other keys' strings.
     Split(CheckRequest<'a>, &'a [Vec<u8>]),
     Control(ControlRequest<'a>),
+    /// A production mode's script (`modes.rs`): a refund, a decision that blocks, a slot.
+    Mode(modes::ModeCall<'a>),
 }
 
 /// What a script call answers.
@@ -672,6 +675,8 @@ enum Call<'a> {
 enum Answer {
     Decision(Decision),
     Control(ControlReply),
+    /// A production mode's reply, parsed by `modes.rs`.
+    Mode(redis::Value),
 }
 
 impl Call<'_> {
@@ -682,6 +687,7 @@ impl Call<'_> {
                 (check.algorithm.script(), check.algorithm.script_source())
             }
             Call::Control(_) => (control_script(), CONTROL_SOURCE),
+            Call::Mode(mode) => mode.script(),
         }
     }
 
@@ -690,6 +696,7 @@ impl Call<'_> {
         match self {
             Call::Check(_) | Call::Split(..) => Script::Decide,
             Call::Control(_) => Script::Control,
+            Call::Mode(mode) => mode.which(),
         }
     }
 
@@ -720,6 +727,7 @@ impl Call<'_> {
                 request.control.op(),
                 request.now_micros,
             ),
+            Call::Mode(mode) => mode.push_call(cmd),
         }
     }
 
@@ -748,6 +756,7 @@ impl Call<'_> {
                     log_entries: u64::try_from(count).ok(),
                 }))
             }
+            Call::Mode(_) => Ok(Answer::Mode(reply)),
         }
     }
 }
@@ -790,9 +799,16 @@ impl Store for RedisStore {
             }
             match result? {
                 Answer::Decision(decision) => Ok(decision),
-                Answer::Control(reply) => Err(StoreError::BadReply(format!("{reply:?}"))),
+                other => Err(StoreError::BadReply(format!("{other:?}"))),
             }
         })
+    }
+
+    fn refund<'a>(
+        &'a self,
+        request: super::RefundRequest<'a>,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.refund_call(request)
     }
 
     /// Controls go to Redis even while the circuit breaker is open: an operator's change is
@@ -804,9 +820,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let result = match self.run_script(Call::Control(request)).await {
                 Ok(Answer::Control(reply)) => Ok(reply),
-                Ok(Answer::Decision(decision)) => {
-                    Err(StoreError::BadReply(format!("{decision:?}")))
-                }
+                Ok(other) => Err(StoreError::BadReply(format!("{other:?}"))),
                 Err(error) => Err(error),
             };
             if let Err(error) = &result {

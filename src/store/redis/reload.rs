@@ -21,17 +21,21 @@ use redis::{ErrorKind, RedisError};
 /// How long one background `SCRIPT LOAD` may take; calls wait for it within their own timeout.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Which of the two scripts: every decision runs one, every control the other.
+/// Which script: every decision runs one, every control another; the production modes
+/// (`super::modes`) one each.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Script {
     Decide = 0,
     Control = 1,
+    Refund = 2,
+    Block = 3,
+    Slots = 4,
 }
 
 /// The reload state of both scripts, shared by every clone of a store.
 #[derive(Default)]
 pub(super) struct Reloads {
-    scripts: [Arc<Reload>; 2],
+    scripts: [Arc<Reload>; 5],
 }
 
 /// A load under way, awaited by every call that saw `NOSCRIPT` meanwhile.

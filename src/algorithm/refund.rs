@@ -1,0 +1,174 @@
+//! A refund: the Rust mirror of `lua/refund.lua`, step for step, over the same bytes.
+//!
+//! Gives units back to every tier of one route, never above a tier's capacity (the script's
+//! header states the rule per algorithm).
+
+use crate::quota::Quota;
+
+/// The refund script's one argument: `'<dBd' .. n * '<ddd'`: now_us (-1: Redis `TIME`), the
+/// algorithm's tag, the units, then the caller's tiers.
+pub(crate) fn refund_args(
+    tag: u8,
+    units: u64,
+    quotas: &[Quota],
+    now_micros: Option<u64>,
+) -> Vec<u8> {
+    let exact = |v: u64| {
+        if (v as f64) < super::MAX_EXACT {
+            v as f64
+        } else {
+            f64::NAN
+        }
+    };
+    let mut bytes = Vec::with_capacity(17 + 24 * quotas.len());
+    bytes.extend_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
+    bytes.push(tag);
+    bytes.extend_from_slice(&exact(units).to_le_bytes());
+    for quota in quotas.iter().take(8) {
+        for v in [quota.limit(), quota.period_micros(), quota.burst()] {
+            bytes.extend_from_slice(&exact(v).to_le_bytes());
+        }
+    }
+    bytes
+}
+
+fn f64_at(s: &[u8], at: usize) -> Option<f64> {
+    s.get(at..at + 8)
+        .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
+/// What a refund of `units` does to a route's string `route` under its tenant's string
+/// `tenant`, for the algorithm tagged `tag` (not the sliding log: its refund removes the
+/// newest entries of its log). `None`: nothing changes; else the new string and the number of
+/// tiers that got units back.
+pub(crate) fn refund(
+    route: Option<&[u8]>,
+    tenant: Option<&[u8]>,
+    tag: u8,
+    units: f64,
+    quotas: &[Quota],
+) -> Option<(Vec<u8>, u64)> {
+    let mut bursts: Vec<f64> = quotas.iter().map(|q| q.burst() as f64).collect();
+    let reset_us = tenant_reset(tenant);
+    if let Some(over) = reset_us.1 {
+        bursts = over;
+    }
+    let s = route?;
+    let (mut at, mut stamp) = (0, 0.0);
+    if s.len() != 17 && s.len() != 25 && s.first() == Some(&b'M') {
+        let n = usize::from(*s.get(9)?);
+        let clen = 10 + 24 * n;
+        if n > 8 || s.len() < clen {
+            return None;
+        }
+        if n > 0 {
+            bursts = (0..n)
+                .map(|i| f64_at(s, 10 + 24 * i + 16))
+                .collect::<Option<_>>()?;
+        }
+        at = clen;
+        if s.get(at) == Some(&super::STAMP) && s.len() >= at + 9 {
+            stamp = f64_at(s, at + 1)?;
+            at += 9;
+        }
+    }
+    if reset_us.0 > 0.0 && stamp < reset_us.0 {
+        return None;
+    }
+    let mut out = s[..at].to_vec();
+    let (mut changed, mut i) = (0, 0);
+    while at < s.len() {
+        let tag_at = s[at];
+        if tag_at == 0 {
+            out.push(0);
+            at += 1;
+            i += 1;
+            continue;
+        }
+        let len = if tag_at == b'w' { 25 } else { 17 };
+        let state = &s[at..(at + len).min(s.len())];
+        at += len;
+        i += 1;
+        let new = match bursts.get(i - 1) {
+            Some(&burst) if state.len() == len && tag_at == tag => {
+                refund_state(state, units, burst)
+            }
+            _ => None,
+        };
+        match new {
+            Some(new) if new != state => {
+                out.extend_from_slice(&new);
+                changed += 1;
+            }
+            _ => out.extend_from_slice(state),
+        }
+    }
+    (changed > 0).then_some((out, changed))
+}
+
+/// The tenant's reset (0: none) and its override's bursts, if any.
+fn tenant_reset(tenant: Option<&[u8]>) -> (f64, Option<Vec<f64>>) {
+    let Some(t) = tenant.filter(|t| t.first() == Some(&b'M')) else {
+        return (0.0, None);
+    };
+    let Some(&n) = t.get(9) else {
+        return (0.0, None);
+    };
+    let n = usize::from(n);
+    let clen = 10 + 24 * n;
+    if n > 8 || t.len() < clen {
+        return (0.0, None);
+    }
+    let over = (n > 0)
+        .then(|| (0..n).map(|i| f64_at(t, 10 + 24 * i + 16)).collect())
+        .flatten();
+    (f64_at(t, clen).unwrap_or(0.0), over)
+}
+
+/// One tier's state after a refund, as `lua/refund.lua` computes it; `None` when it does not
+/// parse.
+fn refund_state(state: &[u8], units: f64, burst: f64) -> Option<Vec<u8>> {
+    let ok = |v: f64| (0.0..super::MAX_EXACT).contains(&v);
+    let tag = state[0];
+    let a = f64_at(state, 1)?;
+    let b = f64_at(state, 9)?;
+    let mut new = vec![tag];
+    let mut push = |v: f64| new.extend_from_slice(&v.to_le_bytes());
+    if tag == b'w' {
+        let c = b;
+        let p = f64_at(state, 17)?;
+        if !(ok(c) && ok(p)) {
+            return None;
+        }
+        let take = c.min(units);
+        push(a);
+        push(c - take);
+        push((p - (units - take)).max(0.0));
+    } else {
+        if !(ok(a) && ok(b)) {
+            return None;
+        }
+        match tag {
+            b't' => {
+                push((a - super::lua_mod(a, 1.0) + units).min(burst));
+                push(b);
+            }
+            b'g' | b'f' => {
+                push(a);
+                push((b - units).max(0.0));
+            }
+            _ => return None,
+        }
+    }
+    Some(new)
+}
+
+/// The refund script's body (`lua/refund.lua`).
+pub(crate) const REFUND_SOURCE: &str = include_str!("../../lua/refund.lua");
+
+/// The refund script, loaded once per process.
+pub(crate) fn refund_script() -> &'static redis::Script {
+    static SCRIPT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(REFUND_SOURCE));
+    &SCRIPT
+}

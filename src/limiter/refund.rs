@@ -1,0 +1,74 @@
+//! [`Limiter::refund`]: units given back after the fact, in one atomic store call.
+
+use super::Limiter;
+use crate::limiter::{ControlError, Target};
+use crate::quota::Quotas;
+use crate::store::{RefundRequest, StoreError};
+
+impl Limiter {
+    /// Gives `units` back to every tier of `target` under `quotas` (the quotas it was checked
+    /// against; an override in the store replaces them, as in a check), in one atomic store
+    /// call, never above a tier's capacity. For a request that reserved more than it used (see
+    /// the [modes guide](crate::guide::modes)): reserve at request time with the cost, give the
+    /// rest back once it is known.
+    ///
+    /// What a refund does per algorithm: the token bucket gets the tokens back (at most its
+    /// burst), GCRA's debt shrinks (at least to 0), the fixed window's count shrinks, the
+    /// sliding window's current count and then its previous one, and the sliding log loses its
+    /// newest entries. A key with nothing stored, or stored before a tenant's
+    /// [`reset`](Self::reset) (full already), is left as it is. Refunding 0 units does nothing.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let quota = Quota::per_minute(10)?;
+    /// // Reserve 8 for a job, which then used 3: give 5 back.
+    /// assert!(limiter.check_cost("tenant-42", &quota, 8).await.is_allowed());
+    /// limiter.refund("tenant-42", &Quotas::from(quota), 5).await?;
+    /// let peek = *limiter.check_cost("tenant-42", &quota, 0).await.decision().unwrap();
+    /// assert_eq!(peek.remaining, 7);
+    /// // Never above capacity.
+    /// limiter.refund("tenant-42", &Quotas::from(quota), 100).await?;
+    /// let peek = *limiter.check_cost("tenant-42", &quota, 0).await.decision().unwrap();
+    /// assert_eq!(peek.remaining, 10);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn refund<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        quotas: &Quotas,
+        units: u64,
+    ) -> Result<(), ControlError> {
+        self.supports(quotas).map_err(|(_, error)| error)?;
+        let key = self.target_storage_key(target.into());
+        self.refund_storage_key(&key, quotas, units).await?;
+        Ok(())
+    }
+
+    /// [`refund`](Self::refund) on a storage key, as the layer's settlement gives units back.
+    pub(crate) async fn refund_storage_key(
+        &self,
+        storage_key: &str,
+        quotas: &Quotas,
+        units: u64,
+    ) -> Result<(), StoreError> {
+        if units == 0 {
+            return Ok(());
+        }
+        let request = RefundRequest {
+            key: storage_key,
+            algorithm: self.inner.algorithm,
+            quotas,
+            units,
+            now_micros: self.inner.clock.now_micros(),
+        };
+        let result = self.inner.store.refund(request).await;
+        // A cached denial may now be too long.
+        self.forget_storage_key(storage_key);
+        result.map(|_| ())
+    }
+}

@@ -1,0 +1,103 @@
+//! The production modes on Redis: each a script of its own (`lua/refund.lua`, ...), run through
+//! the same connection, timeout, breaker and `NOSCRIPT` handling as a decision.
+
+use futures::future::BoxFuture;
+
+use super::reload::Script;
+use super::{count_error, Answer, Call, RedisStore, Unsettled};
+use crate::algorithm::REFUND_SOURCE;
+use crate::algorithm::{log_controls_key, refund_args, refund_script, tenant_key, Algorithm};
+use crate::store::breaker::Admission;
+use crate::store::{RefundRequest, StoreError};
+
+/// A production mode's script call.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum ModeCall<'a> {
+    Refund(RefundRequest<'a>),
+}
+
+impl ModeCall<'_> {
+    pub(super) fn script(&self) -> (&'static redis::Script, &'static str) {
+        match self {
+            ModeCall::Refund(_) => (refund_script(), REFUND_SOURCE),
+        }
+    }
+
+    pub(super) fn which(&self) -> Script {
+        match self {
+            ModeCall::Refund(_) => Script::Refund,
+        }
+    }
+
+    /// Appends `numkeys`, `KEYS` and `ARGV`.
+    pub(super) fn push_call(&self, cmd: &mut redis::Cmd) {
+        match self {
+            ModeCall::Refund(r) => {
+                if r.algorithm == Algorithm::SlidingLog {
+                    cmd.arg(3)
+                        .arg(log_controls_key(r.key))
+                        .arg(r.key)
+                        .arg(tenant_key(r.key));
+                } else {
+                    cmd.arg(2).arg(r.key).arg(tenant_key(r.key));
+                }
+                cmd.arg(refund_args(
+                    r.algorithm.tag(),
+                    r.units,
+                    r.quotas,
+                    r.now_micros,
+                ));
+            }
+        }
+    }
+}
+
+impl RedisStore {
+    /// Runs a mode's call as [`Store::check`](crate::store::Store::check) runs a decision:
+    /// skipped while the breaker is open, transport trouble counted toward it.
+    pub(super) async fn run_mode(
+        &self,
+        call: ModeCall<'_>,
+        name: &'static str,
+    ) -> Result<redis::Value, StoreError> {
+        let admission = match &self.breaker {
+            Some(breaker) => breaker.admit(),
+            None => Admission::Call,
+        };
+        if admission == Admission::Skip {
+            return Err(StoreError::Unavailable("circuit breaker open"));
+        }
+        let mut unsettled = Unsettled {
+            breaker: self.breaker.as_deref(),
+            admission,
+        };
+        let result = self.run_script(Call::Mode(call)).await;
+        unsettled.breaker = None;
+        let transport = result.as_ref().err().map(StoreError::is_transport);
+        if let Some(breaker) = &self.breaker {
+            match transport {
+                Some(true) => breaker.on_failure(admission),
+                _ => breaker.on_success(admission),
+            }
+        }
+        if let Some(transport) = transport {
+            count_error(name, transport);
+        }
+        match result? {
+            Answer::Mode(value) => Ok(value),
+            other => Err(StoreError::BadReply(format!("{other:?}"))),
+        }
+    }
+
+    pub(super) fn refund_call<'a>(
+        &'a self,
+        request: RefundRequest<'a>,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            match self.run_mode(ModeCall::Refund(request), "refund").await? {
+                redis::Value::Int(n) if n >= 0 => Ok(n as u64),
+                other => Err(StoreError::BadReply(format!("{other:?}"))),
+            }
+        })
+    }
+}

@@ -1,0 +1,167 @@
+//! `Limiter::refund`: units given back in one atomic script, never above a tier's capacity.
+
+use std::time::Duration;
+
+use redlimit::{Algorithm, Limiter, ManualClock, Quota, Quotas};
+
+use crate::support::{Ctx, RedisCluster, RedisServer};
+
+const START: Duration = Duration::from_secs(1_700_000_000);
+
+async fn remaining(limiter: &Limiter, key: &str, quotas: &Quotas) -> u64 {
+    limiter
+        .try_check_quotas(key, quotas, 0)
+        .await
+        .unwrap()
+        .remaining
+}
+
+/// Reserve 4 of 5, give 3 back, then far too many: 4 left, then 5, never more.
+async fn gives_back_up_to_capacity(limiter: &Limiter) {
+    let quotas = Quotas::from(Quota::per_minute(5).unwrap());
+    let key = "refund-me";
+    assert!(
+        limiter
+            .try_check_quotas(key, &quotas, 4)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(remaining(limiter, key, &quotas).await, 1);
+    limiter.refund(key, &quotas, 3).await.unwrap();
+    assert_eq!(
+        remaining(limiter, key, &quotas).await,
+        4,
+        "{}",
+        limiter.algorithm()
+    );
+    limiter.refund(key, &quotas, 1_000).await.unwrap();
+    assert_eq!(
+        remaining(limiter, key, &quotas).await,
+        5,
+        "{}",
+        limiter.algorithm()
+    );
+    // Exactly capacity: five pass, the sixth is denied.
+    for i in 0..5 {
+        assert!(
+            limiter
+                .try_check_quotas(key, &quotas, 1)
+                .await
+                .unwrap()
+                .allowed,
+            "#{i}"
+        );
+    }
+    assert!(
+        !limiter
+            .try_check_quotas(key, &quotas, 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    // A fresh key: nothing to give back, nothing stored.
+    limiter.refund("fresh", &quotas, 2).await.unwrap();
+    assert!(limiter.inspect("fresh").await.unwrap().tiers.is_empty());
+    // Zero units: nothing at all.
+    limiter.refund(key, &quotas, 0).await.unwrap();
+}
+
+/// Two tiers: both get the units back, each capped at its own capacity.
+async fn every_tier_gets_units_back(limiter: &Limiter) {
+    let quotas = Quotas::new([
+        Quota::per_second(3).unwrap(),
+        Quota::per_minute(10).unwrap(),
+    ])
+    .unwrap();
+    let key = "tiers";
+    assert!(
+        limiter
+            .try_check_quotas(key, &quotas, 3)
+            .await
+            .unwrap()
+            .allowed
+    );
+    limiter.refund(key, &quotas, 2).await.unwrap();
+    // The per-second tier is back to 2 of 3, the per-minute one to 9 of 10.
+    if limiter.algorithm() != Algorithm::SlidingLog {
+        assert_eq!(limiter.inspect(key).await.unwrap().tiers.len(), 2);
+    }
+    assert!(
+        limiter
+            .try_check_quotas(key, &quotas, 2)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !limiter
+            .try_check_quotas(key, &quotas, 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[tokio::test]
+async fn refunds_on_redis_for_every_algorithm() {
+    let redis = RedisServer::start();
+    for &algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(START);
+        let ctx = Ctx::new(algorithm).manual(&clock);
+        let limiter = Limiter::builder(ctx.redis_store(&redis))
+            .algorithm(algorithm)
+            .clock(ctx.clock.clone())
+            .prefix(&format!("r-{}", algorithm.name()))
+            .build()
+            .unwrap();
+        gives_back_up_to_capacity(&limiter).await;
+        every_tier_gets_units_back(&limiter).await;
+    }
+}
+
+#[tokio::test]
+async fn refunds_in_memory_for_every_algorithm() {
+    for &algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(START);
+        let limiter = Ctx::new(algorithm).manual(&clock).memory();
+        gives_back_up_to_capacity(&limiter).await;
+        every_tier_gets_units_back(&limiter).await;
+    }
+}
+
+#[tokio::test]
+async fn refunds_on_cluster() {
+    let cluster = RedisCluster::start();
+    for &algorithm in Algorithm::ALL {
+        let limiter = Limiter::builder(Ctx::new(algorithm).cluster_store(&cluster))
+            .algorithm(algorithm)
+            .prefix(&format!("c-{}", algorithm.name()))
+            .build()
+            .unwrap();
+        gives_back_up_to_capacity(&limiter).await;
+    }
+}
+
+/// An override in the store decides the capacity a refund stops at, as it decides checks.
+#[tokio::test]
+async fn a_refund_stops_at_the_override_capacity() {
+    let redis = RedisServer::start();
+    let memory = Ctx::default().memory();
+    let on_redis = Ctx::default().redis(&redis);
+    for limiter in [&on_redis, &memory] {
+        let own = Quotas::from(Quota::per_minute(100).unwrap());
+        let tight = Quotas::from(Quota::per_minute(3).unwrap());
+        limiter.set_quota("o", &tight).await.unwrap();
+        assert!(
+            limiter
+                .try_check_quotas("o", &own, 2)
+                .await
+                .unwrap()
+                .allowed
+        );
+        limiter.refund("o", &own, 50).await.unwrap();
+        let status = limiter.inspect("o").await.unwrap();
+        assert_eq!(status.tiers[0].fields[0], ("tokens", 3.0));
+    }
+}
