@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --bench throughput                # full run (a few minutes)
 //! cargo bench --bench throughput -- --quick     # under 2 minutes
+//! cargo bench --bench throughput -- --quick lease   # only the lease scenario (lease.rs)
 //! REDIS_URL=redis://10.0.0.5:6379/ cargo bench --bench throughput -- --quick
 //! ```
 //!
@@ -69,6 +70,10 @@ use redlimit::{
 use tower::{Layer, Service, ServiceExt};
 
 mod support;
+
+// The lease scenario (`lease speedup`, `lease redis calls per decision`).
+#[path = "throughput/lease.rs"]
+mod lease;
 use support::PrivateRedis;
 // The TLS tests' certificates (a private CA, a server certificate for 127.0.0.1).
 #[allow(dead_code)]
@@ -1436,6 +1441,9 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    if std::env::args().any(|arg| arg == "lease") {
+        return runtime.block_on(lease::only(settings));
+    }
     runtime.block_on(bench(settings));
 }
 
@@ -1746,6 +1754,7 @@ async fn bench(settings: Settings) {
         Some(speedup) => println!("deny-cache speedup: {speedup:.2}"),
         None => println!("deny-cache speedup: n/a (this build has no deny cache)"),
     }
+    lease::lease_bench(&bench.settings, &bench.admin).await;
 }
 
 /// The TLS overhead: token-bucket `Limiter::check` on one hot key through a `redis-server` that

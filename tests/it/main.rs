@@ -28,6 +28,7 @@ mod fleet;
 mod harness;
 mod layer;
 mod layer_quotas;
+mod leases;
 mod logs;
 mod misconfiguration;
 mod modes;

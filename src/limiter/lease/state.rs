@@ -204,9 +204,11 @@ impl State {
         low || ending
     }
 
-    /// Sizes the next renewal from the rate spent since the last one: about rate × interval,
-    /// at least 1 (and at least `cost`, the request waiting for it; 0 for a prefetch), at most
-    /// [`Sizing::max_units`] and a [`SHARE`] of the smallest capacity in play.
+    /// Sizes the lease from the rate spent since the last renewal: k is about rate × half an
+    /// interval (so units are spent well within their interval), at least 1, at most
+    /// [`Sizing::max_units`] and a [`SHARE`] of the smallest capacity in play. Returns what
+    /// to ask for: enough to hold k again (an instance never holds more than k units), and at
+    /// least `cost`, the request waiting for it (0 for a background renewal).
     pub(super) fn plan(&mut self, now: u64, cost: u64, sizing: &Sizing) -> u64 {
         let elapsed = now.saturating_sub(self.since).max(1);
         let sample = self.spent_since as f64 / elapsed as f64;
@@ -217,7 +219,7 @@ impl State {
         };
         self.spent_since = 0;
         self.since = now;
-        let want = (self.rate * sizing.interval as f64).ceil();
+        let want = (self.rate * sizing.interval as f64 / 2.0).ceil();
         let want = if want.is_finite() && want >= 1.0 {
             want.min(u64::MAX as f64) as u64
         } else {
@@ -227,7 +229,7 @@ impl State {
             .min(self.k.saturating_mul(GROWTH))
             .min(self.cap(sizing))
             .max(1);
-        self.k.max(cost)
+        self.k.saturating_sub(self.held).max(cost)
     }
 
     /// The most one renewal takes.
@@ -389,7 +391,7 @@ mod tests {
         let quota = Quota::per_second(1_000_000).unwrap();
         let mut state = State::new(quota.into(), 0);
         let s = sizing(Algorithm::TokenBucket);
-        // 1 unit per ms: 50 per 50 ms interval.
+        // 1 unit per ms: 25 per half a 50 ms interval.
         let mut now = 0;
         let mut asks = Vec::new();
         for _ in 0..6 {
@@ -398,7 +400,11 @@ mod tests {
             now += 10_000;
             asks.push(state.plan(now, 0, &s));
         }
-        assert_eq!(asks, [8, 50, 50, 50, 50, 50]);
+        assert_eq!(asks, [8, 25, 25, 25, 25, 25]);
+        // A renewal tops the lease up to k: an instance never holds more than k units.
+        state.granted(10, 0, &admitted(1, 1, quota), now, &s);
+        state.spent_since = 10;
+        assert_eq!(state.plan(now + 10_000, 0, &s), 15);
         // A slow key (one a second) leases one unit at a time.
         let mut slow = State::new(quota.into(), 0);
         slow.spent_since = 1;

@@ -1,0 +1,226 @@
+//! The lease scenario (`LimiterBuilder::leases`): one hot key, 3 limiter instances (each on a
+//! store of its own), concurrency 64 each, with and without leases, interleaved round by
+//! round.
+//!
+//! - admitting (token bucket, 10^9 a second): decisions a second both ways, their ratio (the
+//!   median of the per-round ratios, `lease speedup`), and the leased side's Redis script calls
+//!   per decision from `INFO commandstats` (`EVALSHA` + `EVAL`, renewals and give-backs alike);
+//! - binding (fixed window, [`BINDING`] a second): each round runs inside one window on a key
+//!   of its own and counts what the 3 instances admitted: never above the quota, and at most
+//!   the documented stranding bound (instances × k, k at most a tenth of the capacity) below.
+//!
+//! `cargo bench --bench throughput -- --quick lease` runs only this scenario.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redlimit::store::RedisStore;
+use redlimit::{Algorithm, Leases, Limiter, Quota};
+
+use super::{info_field, median, Admin, Settings};
+
+/// Instances, and tasks per instance.
+const INSTANCES: usize = 3;
+const CONCURRENCY: usize = 64;
+/// The lease interval.
+const INTERVAL: Duration = Duration::from_millis(50);
+/// The binding quota: units per one-second fixed window.
+const BINDING: u64 = 20_000;
+
+/// One instance: a limiter on a store of its own.
+fn instance(url: &str, algorithm: Algorithm, leases: bool) -> Limiter {
+    let store = RedisStore::builder(url)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a valid Redis URL");
+    let builder = Limiter::builder(store)
+        .algorithm(algorithm)
+        .prefix(if leases {
+            "redlimit-bench-leased"
+        } else {
+            "redlimit-bench-plain"
+        });
+    let builder = if leases {
+        builder.leases(Leases::new(INTERVAL))
+    } else {
+        builder
+    };
+    builder.build().expect("a valid limiter")
+}
+
+/// Checks `key` from `CONCURRENCY` tasks per instance until `until`: (decisions, admitted).
+async fn drive(instances: &[Limiter], key: &str, quota: Quota, until: Instant) -> (u64, u64) {
+    let decisions = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for limiter in instances {
+        for _ in 0..CONCURRENCY {
+            let (limiter, key) = (limiter.clone(), key.to_owned());
+            let (decisions, admitted) = (decisions.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                let (mut n, mut ok) = (0, 0);
+                while Instant::now() < until {
+                    ok += u64::from(limiter.check(&key, &quota).await.is_allowed());
+                    n += 1;
+                    // A check from a lease never waits: the other tasks get their turn, as a
+                    // server's I/O would give it (both sides alike).
+                    tokio::task::yield_now().await;
+                }
+                decisions.fetch_add(n, Ordering::Relaxed);
+                admitted.fetch_add(ok, Ordering::Relaxed);
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("a bench task");
+    }
+    (decisions.load(Ordering::Relaxed), admitted.load(Ordering::Relaxed))
+}
+
+/// Script calls (`EVALSHA` + `EVAL`) since the last `CONFIG RESETSTAT`.
+async fn script_calls(admin: &Admin) -> Option<u64> {
+    if !admin.stats {
+        return None;
+    }
+    let info = admin.info("commandstats").await;
+    let calls = |name| {
+        info_field(&info, name)
+            .and_then(|line| {
+                line.split(',')
+                    .find_map(|kv| kv.strip_prefix("calls=")?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    Some(calls("cmdstat_evalsha") + calls("cmdstat_eval"))
+}
+
+/// Sleeps until just after the next whole second of the system clock (Redis on this machine
+/// shares it): the start of a one-second fixed window.
+async fn next_window() -> Instant {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let into = Duration::from_nanos(u64::from(now.subsec_nanos()));
+    let wait = Duration::from_secs(1) - into + Duration::from_millis(5);
+    tokio::time::sleep(wait).await;
+    Instant::now()
+}
+
+/// Runs the scenario and prints its table and lines.
+pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) {
+    let admitting = Quota::per_second(1_000_000_000).expect("a valid quota");
+    let plain: Vec<Limiter> = (0..INSTANCES)
+        .map(|_| instance(&admin.url, Algorithm::TokenBucket, false))
+        .collect();
+    let leased: Vec<Limiter> = (0..INSTANCES)
+        .map(|_| instance(&admin.url, Algorithm::TokenBucket, true))
+        .collect();
+    for side in [&plain, &leased] {
+        drive(side, "warm-up", admitting, Instant::now() + settings.warm_up).await;
+    }
+    let (mut ratios, mut plain_rates, mut leased_rates) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut calls, mut leased_decisions, mut plain_calls, mut plain_decisions) = (0, 0, 0, 0);
+    for round in 0..settings.rounds {
+        let mut rates = [0.0; 2];
+        for i in 0..2 {
+            // Alternate which side runs first.
+            let side = (i + round) % 2;
+            let instances = if side == 0 { &plain } else { &leased };
+            admin.reset_stats().await;
+            let start = Instant::now();
+            let (decisions, admitted) =
+                drive(instances, "hot", admitting, start + settings.run).await;
+            let elapsed = start.elapsed().as_secs_f64();
+            assert_eq!(admitted, decisions, "the admitting quota admits everything");
+            let script = script_calls(admin).await.unwrap_or(0);
+            if side == 0 {
+                plain_calls += script;
+                plain_decisions += decisions;
+            } else {
+                calls += script;
+                leased_decisions += decisions;
+            }
+            rates[side] = decisions as f64 / elapsed;
+        }
+        plain_rates.push(rates[0]);
+        leased_rates.push(rates[1]);
+        ratios.push(rates[1] / rates[0]);
+    }
+    for limiter in &leased {
+        limiter.release_leases().await;
+    }
+
+    // Binding: a fixed window each round, on a key of its own.
+    let binding = Quota::per_second(BINDING).expect("a valid quota");
+    let binders: Vec<Limiter> = (0..INSTANCES)
+        .map(|_| instance(&admin.url, Algorithm::FixedWindow, true))
+        .collect();
+    // k is at most a tenth of the capacity (and the default max_units).
+    let bound = INSTANCES as u64 * (BINDING / 10).min(redlimit::DEFAULT_MAX_LEASE_UNITS);
+    let windows = settings.deny_rounds.max(3);
+    let mut per_window = Vec::new();
+    for window in 0..windows {
+        let start = next_window().await;
+        let key = format!("binding-{window}-{}", std::process::id());
+        let (_, admitted) = drive(&binders, &key, binding, start + Duration::from_millis(900)).await;
+        per_window.push(admitted);
+    }
+    let stranded: u64 = binders.iter().map(|l| l.lease_stats().stranded).sum();
+
+    let has_stats = admin.stats;
+    println!();
+    println!(
+        "lease scenario: token bucket, one hot key, {INSTANCES} instances (a store each) x \
+         concurrency {CONCURRENCY}, lease interval {INTERVAL:?}, {} interleaved rounds",
+        settings.rounds
+    );
+    println!(
+        "{:<16} {:>16} {:>16} {:>22}",
+        "side", "decisions/s", "(median of N)", "redis calls/decision"
+    );
+    let per = |c: u64, d: u64| {
+        if has_stats && d > 0 {
+            format!("{:.4}", c as f64 / d as f64)
+        } else {
+            "n/a".to_owned()
+        }
+    };
+    println!(
+        "{:<16} {:>16.0} {:>16} {:>22}",
+        "without leases",
+        median(plain_rates),
+        settings.rounds,
+        per(plain_calls, plain_decisions)
+    );
+    println!(
+        "{:<16} {:>16.0} {:>16} {:>22}",
+        "with leases",
+        median(leased_rates),
+        settings.rounds,
+        per(calls, leased_decisions)
+    );
+    println!(
+        "lease binding: fixed window {BINDING}/s, {INSTANCES} instances, admitted per window {:?} \
+         (never above {BINDING}; stranding bound {bound}, so at least {}), stranded units {stranded}",
+        per_window,
+        BINDING - bound
+    );
+    let exact = per_window
+        .iter()
+        .all(|&a| a <= BINDING && a + bound >= BINDING);
+    assert!(exact, "a binding quota over-admitted or stranded more than the bound: {per_window:?}");
+    println!("lease speedup: {:.2}", median(ratios));
+    if has_stats {
+        println!(
+            "lease redis calls per decision: {:.4}",
+            calls as f64 / leased_decisions.max(1) as f64
+        );
+    } else {
+        println!("lease redis calls per decision: n/a (CONFIG RESETSTAT refused by this Redis)");
+    }
+}
+
+/// `cargo bench --bench throughput -- lease`: only this scenario.
+pub(super) async fn only(settings: Settings) {
+    let admin = Admin::connect().await;
+    lease_bench(&settings, &admin).await;
+}

@@ -1,0 +1,391 @@
+//! Token leases for hot keys (`LimiterBuilder::leases`) on real Redis: exactness across
+//! instances (single node and Cluster), the same admissions as without leases for a steady
+//! client, controls reaching leasing instances within one lease interval, a Redis killed
+//! mid-lease, give-backs, and the configurations refused at build time.
+
+use crate::support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlimit::policy::FailClosed;
+use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::{
+    Algorithm, Clock, ConfigError, Decision, LeaseError, Leases, Limiter, ManualClock, Quota,
+    Verdict,
+};
+use support::{Ctx, RedisCluster, RedisServer};
+
+const INTERVAL: Duration = Duration::from_millis(50);
+const T0: Duration = Duration::from_secs(1_700_003_600);
+
+fn leasing(store: RedisStore, algorithm: Algorithm) -> Limiter {
+    Limiter::builder(store)
+        .algorithm(algorithm)
+        .leases(Leases::new(INTERVAL))
+        .build()
+        .unwrap()
+}
+
+/// 3 instances × 200 concurrent callers on one key of 40 an hour.
+async fn admitted_by_three_instances(instances: [Limiter; 3]) -> (u64, Vec<redlimit::LeaseStats>) {
+    let quota = Quota::per_hour(40).unwrap();
+    let mut tasks = Vec::new();
+    for limiter in &instances {
+        for _ in 0..200 {
+            let limiter = limiter.clone();
+            tasks.push(tokio::spawn(async move {
+                limiter.check("hot-40", &quota).await.is_allowed()
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += u64::from(task.await.unwrap());
+    }
+    let stats = instances.iter().map(Limiter::lease_stats).collect();
+    (admitted, stats)
+}
+
+fn assert_accounted(stats: &[redlimit::LeaseStats]) {
+    for s in stats {
+        assert_eq!(s.leased, s.spent + s.held + s.returned + s.stranded, "{s:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_leasing_instances_admit_exactly_forty_of_forty_an_hour() {
+    let redis = RedisServer::start();
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+        redis.flushall();
+        let instances = [(); 3].map(|_| leasing(support::redis_store(&redis), algorithm));
+        let (admitted, stats) = admitted_by_three_instances(instances).await;
+        assert_eq!(admitted, 40, "{algorithm}: {stats:?}");
+        assert_eq!(stats.iter().map(|s| s.spent).sum::<u64>(), 40);
+        assert_accounted(&stats);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_leasing_instances_admit_exactly_forty_of_forty_an_hour_on_cluster() {
+    let cluster = RedisCluster::start();
+    let ctx = Ctx::default();
+    let instances = [(); 3].map(|_| leasing(ctx.cluster_store(&cluster), Algorithm::TokenBucket));
+    let (admitted, stats) = admitted_by_three_instances(instances).await;
+    assert_eq!(admitted, 40, "{stats:?}");
+    assert_accounted(&stats);
+}
+
+/// Every decision of a client sending exactly at the rate, `steps` times, on a manual clock.
+async fn steady(limiter: &Limiter, key: &str, quota: &Quota, clock: &ManualClock, steps: u32) -> Vec<Decision> {
+    let gap = quota.period() / quota.limit() as u32;
+    let mut decisions = Vec::new();
+    for _ in 0..steps {
+        decisions.push(*limiter.check(key, quota).await.decision().unwrap());
+        clock.advance(gap);
+    }
+    decisions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_client_at_the_rate_sees_the_same_admissions_as_without_leases() {
+    let redis = RedisServer::start();
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+        let clock = ManualClock::new(T0);
+        let ctx = Ctx::new(algorithm).manual(&clock);
+        let plain = ctx.redis(&redis);
+        let leased = Limiter::builder(ctx.redis_store(&redis))
+            .algorithm(algorithm)
+            .clock(Clock::Manual(clock.clone()))
+            .prefix("leased")
+            .leases(Leases::new(INTERVAL))
+            .build()
+            .unwrap();
+        // Slow: one request every 100 ms, so k stays 1: the very same decisions and headers.
+        let slow = Quota::per_second(10).unwrap();
+        let key = format!("slow-{algorithm}");
+        let start = clock.now_micros();
+        let without = steady(&plain, &key, &slow, &clock, 60).await;
+        clock.set(Duration::from_micros(start));
+        let with = steady(&leased, &key, &slow, &clock, 60).await;
+        assert_eq!(with, without, "{algorithm}");
+        assert_eq!(leased.lease_stats().renewals, 60, "k = 1: one store call each");
+
+        // Fast: 1 000 a second, so k grows: the same admissions, far fewer store calls.
+        let fast = Quota::per_second(1_000).unwrap();
+        let key = format!("fast-{algorithm}");
+        let start = clock.now_micros();
+        let without = steady(&plain, &key, &fast, &clock, 2_000).await;
+        clock.set(Duration::from_micros(start));
+        let with = steady(&leased, &key, &fast, &clock, 2_000).await;
+        let allowed = |d: &[Decision]| d.iter().map(|d| d.allowed).collect::<Vec<_>>();
+        assert_eq!(allowed(&with), allowed(&without), "{algorithm}");
+        let stats = leased.lease_stats();
+        assert!(stats.renewals < 60 + 2_000 / 10, "{algorithm}: {stats:?}");
+        // Never more remaining than Redis plus this instance's units: the headers' bound.
+        for (w, p) in with.iter().zip(&without) {
+            assert!(w.remaining <= fast.burst(), "{w:?} / {p:?}");
+        }
+    }
+}
+
+/// Runs `instances` × 64 tasks checking `key` until `stop`; the start of every admitted check.
+fn hot_burst(
+    instances: &[Limiter],
+    key: &'static str,
+    quota: Quota,
+    stop: Arc<AtomicBool>,
+) -> (Vec<tokio::task::JoinHandle<()>>, Arc<Mutex<Vec<Instant>>>, Arc<AtomicU64>) {
+    let admitted = Arc::new(Mutex::new(Vec::new()));
+    let refused = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for limiter in instances {
+        for _ in 0..64 {
+            let (limiter, stop) = (limiter.clone(), stop.clone());
+            let (admitted, refused) = (admitted.clone(), refused.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut mine = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    if limiter.check(key, &quota).await.is_allowed() {
+                        mine.push(start);
+                    } else {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    // A check served from a lease never waits: give the other tasks a turn, as
+                    // a server's I/O would.
+                    tokio::task::yield_now().await;
+                }
+                admitted.lock().unwrap().extend(mine);
+            }));
+        }
+    }
+    (tasks, admitted, refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspension_during_a_hot_burst_stops_every_instance_within_one_lease_interval() {
+    let redis = RedisServer::start();
+    let instances: Vec<Limiter> = (0..3)
+        .map(|_| leasing(support::redis_store(&redis), Algorithm::TokenBucket))
+        .collect();
+    let operator = support::redis_limiter(&redis, Algorithm::TokenBucket);
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tasks, admitted, refused) = hot_burst(&instances, "hot-suspend", quota, stop.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    operator
+        .suspend("hot-suspend", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let suspended_at = Instant::now();
+    tokio::time::sleep(INTERVAL * 4).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let admitted = admitted.lock().unwrap();
+    let before = admitted.iter().filter(|t| **t < suspended_at).count();
+    let late: Vec<_> = admitted
+        .iter()
+        .filter(|t| **t > suspended_at + INTERVAL)
+        .map(|t| t.duration_since(suspended_at))
+        .collect();
+    assert!(before > 1_000, "a hot burst: {before} admitted before the suspension");
+    assert!(late.is_empty(), "admitted after one lease interval: {late:?}");
+    assert!(refused.load(Ordering::Relaxed) > 0);
+    for limiter in &instances {
+        let (stats, leases) = (limiter.stats(), limiter.lease_stats());
+        assert!(stats.suspended > 0, "every instance saw the suspension: {stats:?}");
+        assert!(
+            leases.renewals * 10 < stats.allowed,
+            "the burst was served from leases: {leases:?} {stats:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_lease_goes_to_the_failure_policy_admitting_only_leased_units() {
+    let mut redis = RedisServer::start();
+    let instances: Vec<Limiter> = (0..3)
+        .map(|_| {
+            let store = RedisStore::builder(redis.url())
+                .timeout(Duration::from_millis(200))
+                .build()
+                .unwrap();
+            Limiter::builder(store)
+                .leases(Leases::new(INTERVAL))
+                .failure_policy(FailClosed {
+                    retry_after: Duration::from_secs(1),
+                })
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tasks, admitted, _) = hot_burst(&instances, "hot-kill", quota, stop.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.stop();
+    let killed_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let admitted = admitted.lock().unwrap();
+    let late = admitted
+        .iter()
+        .filter(|t| **t > killed_at + INTERVAL)
+        .count();
+    assert_eq!(late, 0, "admitted after the last lease ended");
+    let mut total = 0;
+    for limiter in &instances {
+        let (stats, leases) = (limiter.stats(), limiter.lease_stats());
+        assert!(stats.failed_closed > 0, "the failure policy decided: {stats:?}");
+        assert_eq!(stats.failed_open, 0);
+        // Every admission was paid for in Redis: spent from leased units.
+        assert_eq!(stats.allowed, leases.spent, "{stats:?} {leases:?}");
+        assert!(leases.spent <= leases.leased, "{leases:?}");
+        total += stats.allowed;
+    }
+    assert_eq!(total as usize, admitted.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_denial_is_served_from_the_deny_cache_until_its_retry_after() {
+    let redis = RedisServer::start();
+    let limiter = leasing(support::redis_store(&redis), Algorithm::TokenBucket);
+    let quota = Quota::per_hour(5).unwrap();
+    let verdicts = futures::future::join_all((0..100).map(|_| limiter.check("k", &quota))).await;
+    assert_eq!(verdicts.iter().filter(|v| v.is_allowed()).count(), 5);
+    let before = redis.command_calls("evalsha");
+    for _ in 0..100 {
+        let verdict = limiter.check("k", &quota).await;
+        let decision = verdict.decision().unwrap();
+        assert!(!decision.allowed && decision.retry_after > Duration::from_secs(600));
+    }
+    assert_eq!(redis.command_calls("evalsha"), before, "no store call while denied");
+    assert!(limiter.stats().deny_cached >= 100);
+}
+
+/// A limiter on `store` leasing on a manual clock.
+fn manual(store: MemoryStore, clock: &ManualClock) -> Limiter {
+    Limiter::builder(store)
+        .clock(Clock::Manual(clock.clone()))
+        .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
+        .build()
+        .unwrap()
+}
+
+async fn peek(limiter: &Limiter, key: &str, quota: &Quota) -> u64 {
+    limiter.check_cost(key, quota, 0).await.decision().unwrap().remaining
+}
+
+/// Waits until the background give-backs have landed (`held` units returned or stranded).
+async fn settled(limiter: &Limiter) -> redlimit::LeaseStats {
+    for _ in 0..200 {
+        let s = limiter.lease_stats();
+        if s.leased == s.spent + s.held + s.returned + s.stranded && s.held == 0 {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("give-backs never landed: {:?}", limiter.lease_stats());
+}
+
+/// Builds up a lease of several units on `key` (bursts at one instant), leaving units held.
+async fn hold_units(limiter: &Limiter, key: &str, quota: &Quota, clock: &ManualClock) -> u64 {
+    for _ in 0..6 {
+        futures::future::join_all((0..50).map(|_| limiter.check(key, quota))).await;
+        clock.advance(Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(2)).await; // let a prefetch land
+    }
+    let held = limiter.lease_stats().held;
+    assert!(held > 0, "{:?}", limiter.lease_stats());
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_release_and_idle_give_unspent_units_back_never_above_capacity() {
+    let quota = Quota::per_second(1_000).unwrap();
+    for end in ["forget", "release", "idle"] {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::new();
+        let observer = Limiter::builder(store.clone())
+            .clock(Clock::Manual(clock.clone()))
+            .build()
+            .unwrap();
+        let limiter = manual(store, &clock);
+        let held = hold_units(&limiter, "k", &quota, &clock).await;
+        let spent = limiter.lease_stats().spent;
+        let in_store = peek(&observer, "k", &quota).await;
+        match end {
+            "forget" => limiter.forget("k"),
+            "release" => assert_eq!(limiter.release_leases().await, held),
+            _ => clock.advance(INTERVAL / 5), // still valid, but idle past idle_after below
+        }
+        if end == "idle" {
+            clock.advance(INTERVAL * 2);
+        }
+        let stats = settled(&limiter).await;
+        assert_eq!(stats.returned, held, "{end}: {stats:?}");
+        let after = peek(&observer, "k", &quota).await;
+        assert!(after >= (in_store + held).min(quota.burst()), "{end}");
+        assert!(after <= quota.burst(), "{end}: never above capacity");
+        assert!(spent >= 300);
+    }
+}
+
+#[tokio::test]
+async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
+    let build = |algorithm, leases| {
+        Limiter::builder(MemoryStore::new())
+            .algorithm(algorithm)
+            .leases(leases)
+            .build()
+            .err()
+    };
+    let tb = Algorithm::TokenBucket;
+    let cases = [
+        (tb, Leases::new(Duration::ZERO), LeaseError::ZeroInterval, "above zero"),
+        (tb, Leases::new(Duration::from_secs(11)), LeaseError::IntervalTooLong, "at most 10 s"),
+        (tb, Leases::default().max_units(0), LeaseError::ZeroMaxUnits, "at least 1 unit"),
+        (
+            tb,
+            Leases::default().idle_after(Duration::from_millis(1)),
+            LeaseError::IdleShorterThanInterval,
+            "idle time",
+        ),
+        (
+            Algorithm::SlidingLog,
+            Leases::default(),
+            LeaseError::Unsupported(Algorithm::SlidingLog),
+            "cannot lease exactly",
+        ),
+        (
+            Algorithm::SlidingWindow,
+            Leases::default(),
+            LeaseError::Unsupported(Algorithm::SlidingWindow),
+            "cannot lease exactly",
+        ),
+    ];
+    for (algorithm, leases, error, message) in cases {
+        let refused = build(algorithm, leases).expect("refused");
+        assert_eq!(refused, ConfigError::Lease(error));
+        assert!(refused.to_string().contains(message), "{refused}");
+    }
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+        assert_eq!(build(algorithm, Leases::default()), None);
+    }
+    // Checks that cannot lease go to the store as without leases: a peek consumes nothing.
+    let limiter = Limiter::builder(MemoryStore::new())
+        .leases(Leases::default())
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(10).unwrap();
+    assert!(matches!(limiter.check_cost("k", &quota, 0).await, Verdict::Decided(d) if d.remaining == 10));
+    assert_eq!(limiter.lease_stats().renewals, 0);
+}
