@@ -75,7 +75,10 @@ async fn drive(instances: &[Limiter], key: &str, quota: Quota, until: Instant) -
     for task in tasks {
         task.await.expect("a bench task");
     }
-    (decisions.load(Ordering::Relaxed), admitted.load(Ordering::Relaxed))
+    (
+        decisions.load(Ordering::Relaxed),
+        admitted.load(Ordering::Relaxed),
+    )
 }
 
 /// Script calls (`EVALSHA` + `EVAL`) since the last `CONFIG RESETSTAT`.
@@ -98,7 +101,9 @@ async fn script_calls(admin: &Admin) -> Option<u64> {
 /// Sleeps until just after the next whole second of the system clock (Redis on this machine
 /// shares it): the start of a one-second fixed window.
 async fn next_window() -> Instant {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let into = Duration::from_nanos(u64::from(now.subsec_nanos()));
     let wait = Duration::from_secs(1) - into + Duration::from_millis(5);
     tokio::time::sleep(wait).await;
@@ -115,7 +120,13 @@ pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) {
         .map(|_| instance(&admin.url, Algorithm::TokenBucket, true))
         .collect();
     for side in [&plain, &leased] {
-        drive(side, "warm-up", admitting, Instant::now() + settings.warm_up).await;
+        drive(
+            side,
+            "warm-up",
+            admitting,
+            Instant::now() + settings.warm_up,
+        )
+        .await;
     }
     let (mut ratios, mut plain_rates, mut leased_rates) = (Vec::new(), Vec::new(), Vec::new());
     let (mut calls, mut leased_decisions, mut plain_calls, mut plain_decisions) = (0, 0, 0, 0);
@@ -161,7 +172,8 @@ pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) {
     for window in 0..windows {
         let start = next_window().await;
         let key = format!("binding-{window}-{}", std::process::id());
-        let (_, admitted) = drive(&binders, &key, binding, start + Duration::from_millis(900)).await;
+        let (_, admitted) =
+            drive(&binders, &key, binding, start + Duration::from_millis(900)).await;
         per_window.push(admitted);
     }
     let stranded: u64 = binders.iter().map(|l| l.lease_stats().stranded).sum();
@@ -207,7 +219,10 @@ pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) {
     let exact = per_window
         .iter()
         .all(|&a| a <= BINDING && a + bound >= BINDING);
-    assert!(exact, "a binding quota over-admitted or stranded more than the bound: {per_window:?}");
+    assert!(
+        exact,
+        "a binding quota over-admitted or stranded more than the bound: {per_window:?}"
+    );
     println!("lease speedup: {:.2}", median(ratios));
     if has_stats {
         println!(

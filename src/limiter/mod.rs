@@ -30,10 +30,10 @@ pub use self::control::{
 };
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
+use self::keys::{join_storage_key, StorageKey};
 pub use self::lease::{
     LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_UNITS, MAX_LEASE_INTERVAL,
 };
-use self::keys::{join_storage_key, StorageKey};
 pub(crate) use self::stats::PolicyLabel;
 use self::stats::{Counters, StoreTimer};
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};

@@ -50,14 +50,22 @@ async fn admitted_by_three_instances(instances: [Limiter; 3]) -> (u64, Vec<redli
 
 fn assert_accounted(stats: &[redlimit::LeaseStats]) {
     for s in stats {
-        assert_eq!(s.leased, s.spent + s.held + s.returned + s.stranded, "{s:?}");
+        assert_eq!(
+            s.leased,
+            s.spent + s.held + s.returned + s.stranded,
+            "{s:?}"
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_leasing_instances_admit_exactly_forty_of_forty_an_hour() {
     let redis = RedisServer::start();
-    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+    ] {
         redis.flushall();
         let instances = [(); 3].map(|_| leasing(support::redis_store(&redis), algorithm));
         let (admitted, stats) = admitted_by_three_instances(instances).await;
@@ -78,7 +86,13 @@ async fn three_leasing_instances_admit_exactly_forty_of_forty_an_hour_on_cluster
 }
 
 /// Every decision of a client sending exactly at the rate, `steps` times, on a manual clock.
-async fn steady(limiter: &Limiter, key: &str, quota: &Quota, clock: &ManualClock, steps: u32) -> Vec<Decision> {
+async fn steady(
+    limiter: &Limiter,
+    key: &str,
+    quota: &Quota,
+    clock: &ManualClock,
+    steps: u32,
+) -> Vec<Decision> {
     let gap = quota.period() / quota.limit() as u32;
     let mut decisions = Vec::new();
     for _ in 0..steps {
@@ -91,7 +105,11 @@ async fn steady(limiter: &Limiter, key: &str, quota: &Quota, clock: &ManualClock
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_client_at_the_rate_sees_the_same_admissions_as_without_leases() {
     let redis = RedisServer::start();
-    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+    ] {
         let clock = ManualClock::new(T0);
         let ctx = Ctx::new(algorithm).manual(&clock);
         let plain = ctx.redis(&redis);
@@ -110,7 +128,11 @@ async fn a_steady_client_at_the_rate_sees_the_same_admissions_as_without_leases(
         clock.set(Duration::from_micros(start));
         let with = steady(&leased, &key, &slow, &clock, 60).await;
         assert_eq!(with, without, "{algorithm}");
-        assert_eq!(leased.lease_stats().renewals, 60, "k = 1: one store call each");
+        assert_eq!(
+            leased.lease_stats().renewals,
+            60,
+            "k = 1: one store call each"
+        );
 
         // Fast: 1 000 a second, so k grows: the same admissions, far fewer store calls.
         let fast = Quota::per_second(1_000).unwrap();
@@ -130,39 +152,59 @@ async fn a_steady_client_at_the_rate_sees_the_same_admissions_as_without_leases(
     }
 }
 
-/// Runs `instances` × 64 tasks checking `key` until `stop`; the start of every admitted check.
-fn hot_burst(
-    instances: &[Limiter],
-    key: &'static str,
-    quota: Quota,
+/// `instances` × 64 tasks checking one key until [`Burst::finish`].
+struct Burst {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     stop: Arc<AtomicBool>,
-) -> (Vec<tokio::task::JoinHandle<()>>, Arc<Mutex<Vec<Instant>>>, Arc<AtomicU64>) {
-    let admitted = Arc::new(Mutex::new(Vec::new()));
-    let refused = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for limiter in instances {
-        for _ in 0..64 {
-            let (limiter, stop) = (limiter.clone(), stop.clone());
-            let (admitted, refused) = (admitted.clone(), refused.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut mine = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let start = Instant::now();
-                    if limiter.check(key, &quota).await.is_allowed() {
-                        mine.push(start);
-                    } else {
-                        refused.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(1)).await;
+    admitted: Arc<Mutex<Vec<Instant>>>,
+    refused: Arc<AtomicU64>,
+}
+
+impl Burst {
+    fn start(instances: &[Limiter], key: &'static str, quota: Quota) -> Burst {
+        let stop = Arc::new(AtomicBool::new(false));
+        let admitted = Arc::new(Mutex::new(Vec::new()));
+        let refused = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for limiter in instances {
+            for _ in 0..64 {
+                let (limiter, stop) = (limiter.clone(), stop.clone());
+                let (admitted, refused) = (admitted.clone(), refused.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut mine = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let start = Instant::now();
+                        if limiter.check(key, &quota).await.is_allowed() {
+                            mine.push(start);
+                        } else {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        // A check served from a lease never waits: give the other tasks a
+                        // turn, as a server's I/O would.
+                        tokio::task::yield_now().await;
                     }
-                    // A check served from a lease never waits: give the other tasks a turn, as
-                    // a server's I/O would.
-                    tokio::task::yield_now().await;
-                }
-                admitted.lock().unwrap().extend(mine);
-            }));
+                    admitted.lock().unwrap().extend(mine);
+                }));
+            }
+        }
+        Burst {
+            tasks,
+            stop,
+            admitted,
+            refused,
         }
     }
-    (tasks, admitted, refused)
+
+    /// Stops the tasks: the start of every admitted check, and the count of refused ones.
+    async fn finish(self) -> (Vec<Instant>, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        let admitted = std::mem::take(&mut *self.admitted.lock().unwrap());
+        (admitted, self.refused.load(Ordering::Relaxed))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,8 +215,7 @@ async fn a_suspension_during_a_hot_burst_stops_every_instance_within_one_lease_i
         .collect();
     let operator = support::redis_limiter(&redis, Algorithm::TokenBucket);
     let quota = Quota::per_second(1_000_000).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tasks, admitted, refused) = hot_burst(&instances, "hot-suspend", quota, stop.clone());
+    let burst = Burst::start(&instances, "hot-suspend", quota);
     tokio::time::sleep(Duration::from_millis(300)).await;
     operator
         .suspend("hot-suspend", Duration::from_secs(30))
@@ -182,23 +223,28 @@ async fn a_suspension_during_a_hot_burst_stops_every_instance_within_one_lease_i
         .unwrap();
     let suspended_at = Instant::now();
     tokio::time::sleep(INTERVAL * 4).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let admitted = admitted.lock().unwrap();
+    let (admitted, refused) = burst.finish().await;
     let before = admitted.iter().filter(|t| **t < suspended_at).count();
     let late: Vec<_> = admitted
         .iter()
         .filter(|t| **t > suspended_at + INTERVAL)
         .map(|t| t.duration_since(suspended_at))
         .collect();
-    assert!(before > 1_000, "a hot burst: {before} admitted before the suspension");
-    assert!(late.is_empty(), "admitted after one lease interval: {late:?}");
-    assert!(refused.load(Ordering::Relaxed) > 0);
+    assert!(
+        before > 1_000,
+        "a hot burst: {before} admitted before the suspension"
+    );
+    assert!(
+        late.is_empty(),
+        "admitted after one lease interval: {late:?}"
+    );
+    assert!(refused > 0);
     for limiter in &instances {
         let (stats, leases) = (limiter.stats(), limiter.lease_stats());
-        assert!(stats.suspended > 0, "every instance saw the suspension: {stats:?}");
+        assert!(
+            stats.suspended > 0,
+            "every instance saw the suspension: {stats:?}"
+        );
         assert!(
             leases.renewals * 10 < stats.allowed,
             "the burst was served from leases: {leases:?} {stats:?}"
@@ -225,17 +271,12 @@ async fn redis_killed_mid_lease_goes_to_the_failure_policy_admitting_only_leased
         })
         .collect();
     let quota = Quota::per_second(1_000_000).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tasks, admitted, _) = hot_burst(&instances, "hot-kill", quota, stop.clone());
+    let burst = Burst::start(&instances, "hot-kill", quota);
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.stop();
     let killed_at = Instant::now();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let admitted = admitted.lock().unwrap();
+    let (admitted, _) = burst.finish().await;
     let late = admitted
         .iter()
         .filter(|t| **t > killed_at + INTERVAL)
@@ -244,7 +285,10 @@ async fn redis_killed_mid_lease_goes_to_the_failure_policy_admitting_only_leased
     let mut total = 0;
     for limiter in &instances {
         let (stats, leases) = (limiter.stats(), limiter.lease_stats());
-        assert!(stats.failed_closed > 0, "the failure policy decided: {stats:?}");
+        assert!(
+            stats.failed_closed > 0,
+            "the failure policy decided: {stats:?}"
+        );
         assert_eq!(stats.failed_open, 0);
         // Every admission was paid for in Redis: spent from leased units.
         assert_eq!(stats.allowed, leases.spent, "{stats:?} {leases:?}");
@@ -267,7 +311,11 @@ async fn a_renewal_denial_is_served_from_the_deny_cache_until_its_retry_after() 
         let decision = verdict.decision().unwrap();
         assert!(!decision.allowed && decision.retry_after > Duration::from_secs(600));
     }
-    assert_eq!(redis.command_calls("evalsha"), before, "no store call while denied");
+    assert_eq!(
+        redis.command_calls("evalsha"),
+        before,
+        "no store call while denied"
+    );
     assert!(limiter.stats().deny_cached >= 100);
 }
 
@@ -281,7 +329,12 @@ fn manual(store: MemoryStore, clock: &ManualClock) -> Limiter {
 }
 
 async fn peek(limiter: &Limiter, key: &str, quota: &Quota) -> u64 {
-    limiter.check_cost(key, quota, 0).await.decision().unwrap().remaining
+    limiter
+        .check_cost(key, quota, 0)
+        .await
+        .decision()
+        .unwrap()
+        .remaining
 }
 
 /// Waits until the background give-backs have landed (`held` units returned or stranded).
@@ -350,9 +403,24 @@ async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
     };
     let tb = Algorithm::TokenBucket;
     let cases = [
-        (tb, Leases::new(Duration::ZERO), LeaseError::ZeroInterval, "above zero"),
-        (tb, Leases::new(Duration::from_secs(11)), LeaseError::IntervalTooLong, "at most 10 s"),
-        (tb, Leases::default().max_units(0), LeaseError::ZeroMaxUnits, "at least 1 unit"),
+        (
+            tb,
+            Leases::new(Duration::ZERO),
+            LeaseError::ZeroInterval,
+            "above zero",
+        ),
+        (
+            tb,
+            Leases::new(Duration::from_secs(11)),
+            LeaseError::IntervalTooLong,
+            "at most 10 s",
+        ),
+        (
+            tb,
+            Leases::default().max_units(0),
+            LeaseError::ZeroMaxUnits,
+            "at least 1 unit",
+        ),
         (
             tb,
             Leases::default().idle_after(Duration::from_millis(1)),
@@ -377,7 +445,11 @@ async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
         assert_eq!(refused, ConfigError::Lease(error));
         assert!(refused.to_string().contains(message), "{refused}");
     }
-    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+    ] {
         assert_eq!(build(algorithm, Leases::default()), None);
     }
     // Checks that cannot lease go to the store as without leases: a peek consumes nothing.
@@ -386,6 +458,8 @@ async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
         .build()
         .unwrap();
     let quota = Quota::per_second(10).unwrap();
-    assert!(matches!(limiter.check_cost("k", &quota, 0).await, Verdict::Decided(d) if d.remaining == 10));
+    assert!(
+        matches!(limiter.check_cost("k", &quota, 0).await, Verdict::Decided(d) if d.remaining == 10)
+    );
     assert_eq!(limiter.lease_stats().renewals, 0);
 }

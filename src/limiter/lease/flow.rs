@@ -154,9 +154,9 @@ impl Limiter {
             if decision.allowed {
                 let mut state = lease.state.lock().expect("lease");
                 let answer = state.granted(ask - cost, cost, &decision, sent, &leases.sizing);
-                let detached = state.detached.then(|| {
-                    state.clear(leases.now(&self.inner.clock), leases.sizing.interval)
-                });
+                let detached = state
+                    .detached
+                    .then(|| state.clear(leases.now(&self.inner.clock), leases.sizing.interval));
                 state.finish(false);
                 drop(state);
                 lease.renewed.notify_waiters();
@@ -179,9 +179,9 @@ impl Limiter {
             }
             let released = {
                 let mut state = lease.state.lock().expect("lease");
-                let released = decision.suspended.then(|| {
-                    state.clear(leases.now(&self.inner.clock), leases.sizing.interval)
-                });
+                let released = decision
+                    .suspended
+                    .then(|| state.clear(leases.now(&self.inner.clock), leases.sizing.interval));
                 state.finish(false);
                 released
             };
@@ -328,11 +328,16 @@ impl Limiter {
     /// Starts the sweeper once: every interval it ends expired batches and idle leases, giving
     /// their units back. It holds the limiter weakly and stops when the limiter is dropped.
     fn start_sweeping(&self, leases: &LeaseTable) {
-        if leases.sweeping.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if leases
+            .sweeping
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            leases.sweeping.store(false, std::sync::atomic::Ordering::Relaxed);
+            leases
+                .sweeping
+                .store(false, std::sync::atomic::Ordering::Relaxed);
             return;
         };
         let weak = Arc::downgrade(&self.inner);
