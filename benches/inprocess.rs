@@ -75,13 +75,19 @@ fn request() -> Request<Body> {
 }
 
 /// Drives `service` with `n` requests; panics on a response other than 200 or without headers.
-async fn drive<S>(mut service: S, n: u64, header: &str)
+async fn drive<S, B>(mut service: S, n: u64, header: &str)
 where
-    S: Service<Request<Body>, Response = Response<Body>>,
+    S: Service<Request<Body>, Response = Response<B>>,
     S::Error: std::fmt::Debug,
 {
     for _ in 0..n {
-        let response = service.ready().await.unwrap().call(request()).await.unwrap();
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .unwrap();
         assert!(response.status().is_success());
         assert!(header.is_empty() || response.headers().contains_key(header));
     }
@@ -162,7 +168,10 @@ fn instructions(side: &str, n: u64) -> Option<u64> {
     }
     let text = std::fs::read_to_string(out).ok()?;
     text.lines()
-        .find_map(|line| line.strip_prefix("summary:").or(line.strip_prefix("totals:")))
+        .find_map(|line| {
+            line.strip_prefix("summary:")
+                .or(line.strip_prefix("totals:"))
+        })
         .and_then(|v| v.trim().parse().ok())
 }
 
@@ -181,7 +190,9 @@ fn main() {
             .and_then(|i| args.get(i + 1))
     };
     if let Some(side) = value("--side") {
-        let n = value("--requests").and_then(|n| n.parse().ok()).unwrap_or(N1);
+        let n = value("--requests")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(N1);
         runtime().block_on(run_side(side, n));
         return;
     }

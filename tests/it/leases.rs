@@ -156,6 +156,8 @@ async fn a_steady_client_at_the_rate_sees_the_same_admissions_as_without_leases(
 struct Burst {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     stop: Arc<AtomicBool>,
+    /// Set: each task pauses 10 ms between checks, so held units would outlive their lease.
+    slow: Arc<AtomicBool>,
     admitted: Arc<Mutex<Vec<Instant>>>,
     refused: Arc<AtomicU64>,
 }
@@ -163,12 +165,13 @@ struct Burst {
 impl Burst {
     fn start(instances: &[Limiter], key: &'static str, quota: Quota) -> Burst {
         let stop = Arc::new(AtomicBool::new(false));
+        let slow = Arc::new(AtomicBool::new(false));
         let admitted = Arc::new(Mutex::new(Vec::new()));
         let refused = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         for limiter in instances {
             for _ in 0..64 {
-                let (limiter, stop) = (limiter.clone(), stop.clone());
+                let (limiter, stop, slow) = (limiter.clone(), stop.clone(), slow.clone());
                 let (admitted, refused) = (admitted.clone(), refused.clone());
                 tasks.push(tokio::spawn(async move {
                     let mut mine = Vec::new();
@@ -179,6 +182,9 @@ impl Burst {
                         } else {
                             refused.fetch_add(1, Ordering::Relaxed);
                             tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        if slow.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                         // A check served from a lease never waits: give the other tasks a
                         // turn, as a server's I/O would.
@@ -191,9 +197,16 @@ impl Burst {
         Burst {
             tasks,
             stop,
+            slow,
             admitted,
             refused,
         }
+    }
+
+    /// From now on each task pauses between checks: units still held would last well past
+    /// their lease interval, unless the lease ends them.
+    fn slow_down(&self) {
+        self.slow.store(true, Ordering::Relaxed);
     }
 
     /// Stops the tasks: the start of every admitted check, and the count of refused ones.
@@ -217,6 +230,7 @@ async fn a_suspension_during_a_hot_burst_stops_every_instance_within_one_lease_i
     let quota = Quota::per_second(1_000_000).unwrap();
     let burst = Burst::start(&instances, "hot-suspend", quota);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    burst.slow_down();
     operator
         .suspend("hot-suspend", Duration::from_secs(30))
         .await
@@ -273,6 +287,7 @@ async fn redis_killed_mid_lease_goes_to_the_failure_policy_admitting_only_leased
     let quota = Quota::per_second(1_000_000).unwrap();
     let burst = Burst::start(&instances, "hot-kill", quota);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    burst.slow_down();
     redis.stop();
     let killed_at = Instant::now();
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -317,6 +332,19 @@ async fn a_renewal_denial_is_served_from_the_deny_cache_until_its_retry_after() 
         "no store call while denied"
     );
     assert!(limiter.stats().deny_cached >= 100);
+
+    // Until its retry_after, and not longer: on a manual clock, one more unit 200 ms later.
+    let clock = ManualClock::new(T0);
+    let limiter = manual(MemoryStore::new(), &clock);
+    let quota = Quota::per_second(5).unwrap();
+    let verdicts = futures::future::join_all((0..20).map(|_| limiter.check("k", &quota))).await;
+    assert_eq!(verdicts.iter().filter(|v| v.is_allowed()).count(), 5);
+    let denial = *limiter.check("k", &quota).await.decision().unwrap();
+    assert_eq!(denial.retry_after, Duration::from_millis(200));
+    clock.advance(Duration::from_millis(199));
+    assert!(!limiter.check("k", &quota).await.is_allowed());
+    clock.advance(Duration::from_millis(1));
+    assert!(limiter.check("k", &quota).await.is_allowed());
 }
 
 /// A limiter on `store` leasing on a manual clock.
