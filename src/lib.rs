@@ -129,7 +129,8 @@ pub use crate::limiter::{
     Target, TierState, DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
 pub use crate::limiter::{
-    LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_UNITS, MAX_LEASE_INTERVAL,
+    LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
+    MAX_LEASE_INTERVAL,
 };
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 pub use crate::quota::{Quota, QuotaError, Quotas, MAX_COUNT, MAX_PERIOD, MAX_TIERS};

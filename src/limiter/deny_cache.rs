@@ -122,7 +122,7 @@ struct Slot {
 
 /// The index's keys are hashes already: used as they are.
 #[derive(Default)]
-struct Prehashed(u64);
+pub(super) struct Prehashed(u64);
 
 impl Hasher for Prehashed {
     fn finish(&self) -> u64 {

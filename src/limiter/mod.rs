@@ -32,7 +32,8 @@ use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
 use self::keys::{join_storage_key, StorageKey};
 pub use self::lease::{
-    LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_UNITS, MAX_LEASE_INTERVAL,
+    LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
+    MAX_LEASE_INTERVAL,
 };
 pub(crate) use self::stats::PolicyLabel;
 use self::stats::{Counters, StoreTimer};

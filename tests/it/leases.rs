@@ -451,6 +451,12 @@ async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
         ),
         (
             tb,
+            Leases::default().max_keys(15),
+            LeaseError::TooFewKeys,
+            "at least 16 keys",
+        ),
+        (
+            tb,
             Leases::default().idle_after(Duration::from_millis(1)),
             LeaseError::IdleShorterThanInterval,
             "idle time",
@@ -490,4 +496,19 @@ async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
         matches!(limiter.check_cost("k", &quota, 0).await, Verdict::Decided(d) if d.remaining == 10)
     );
     assert_eq!(limiter.lease_stats().renewals, 0);
+
+    // The table is bounded: keys beyond `max_keys` are checked as without leases.
+    let limiter = Limiter::builder(MemoryStore::new())
+        .leases(Leases::default().max_keys(16))
+        .build()
+        .unwrap();
+    for i in 0..200 {
+        assert!(limiter.check(&format!("k{i}"), &quota).await.is_allowed());
+    }
+    assert_eq!(limiter.stats().allowed, 200);
+    assert!(
+        limiter.lease_stats().renewals <= 16,
+        "{:?}",
+        limiter.lease_stats()
+    );
 }

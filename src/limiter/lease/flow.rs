@@ -6,6 +6,8 @@
 
 use std::sync::{Arc, Weak};
 
+use tokio::sync::futures::Notified;
+
 use super::state::Released;
 use super::{Counters, Lease, LeaseStats, LeaseTable};
 use crate::decision::Decision;
@@ -16,13 +18,14 @@ use crate::quota::Quotas;
 use crate::store::{RefundRequest, StoreError};
 
 /// What a request on a lease does next.
-enum Step {
+enum Step<'a> {
     /// Admitted from held units: the decision, and the size of a background renewal to start.
     Spent(Decision, Option<u64>),
     /// Answered without the store (the deny cache, or the failed renewal it waited for).
     Answered(Verdict),
-    /// Wait for the renewal in flight.
-    Wait,
+    /// Wait for the renewal in flight (made under the lease's lock, so a renewal that ends
+    /// after the look wakes it).
+    Wait(Notified<'a>),
     /// Renew now, for this many units.
     Renew(u64),
 }
@@ -47,9 +50,18 @@ impl Limiter {
         };
         self.start_sweeping(leases);
         let mut waited_for = None;
+        let mut now = Some(now);
         let ask = loop {
-            let notified = lease.renewed.notified();
-            match self.step(leases, &lease, storage_key, cost, label, &mut waited_for) {
+            let now = now.take().unwrap_or_else(|| leases.now(&self.inner.clock));
+            match self.step(
+                leases,
+                &lease,
+                storage_key,
+                cost,
+                label,
+                now,
+                &mut waited_for,
+            ) {
                 Step::Spent(decision, prefetch) => {
                     self.inner.stats.count_decision(&decision, label);
                     Counters::add(&leases.counters.spent, cost);
@@ -59,9 +71,7 @@ impl Limiter {
                     return Verdict::Decided(decision);
                 }
                 Step::Answered(verdict) => return verdict,
-                // `notified` was made before the lease was read: a renewal ending in between
-                // still wakes it.
-                Step::Wait => notified.await,
+                Step::Wait(notified) => notified.await,
                 Step::Renew(ask) => break ask,
             }
         };
@@ -69,19 +79,20 @@ impl Limiter {
             .await
     }
 
-    /// One look at the lease, under its lock.
-    fn step(
+    /// One look at the lease, under its lock, at `now`.
+    #[allow(clippy::too_many_arguments)]
+    fn step<'a>(
         &self,
         leases: &LeaseTable,
-        lease: &Arc<Lease>,
+        lease: &'a Lease,
         key: &str,
         cost: u64,
         label: &PolicyLabel,
+        now: u64,
         waited_for: &mut Option<u64>,
-    ) -> Step {
+    ) -> Step<'a> {
         let sizing = &leases.sizing;
         let mut state = lease.state.lock().expect("lease");
-        let now = leases.now(&self.inner.clock);
         state.last_used = now;
         let expired = state.expire(now, sizing.interval);
         let step = if let Some(decision) = state.take(cost, now) {
@@ -102,7 +113,7 @@ impl Limiter {
             ))
         } else if state.renewing {
             *waited_for = Some(state.generation);
-            Step::Wait
+            Step::Wait(lease.renewed.notified())
         } else if let Some(decision) = self.cached_denial(key, &lease.quotas, cost, label) {
             Step::Answered(Verdict::Decided(decision))
         } else {

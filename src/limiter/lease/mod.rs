@@ -11,13 +11,14 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::deny_cache::Prehashed;
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::quota::Quotas;
@@ -29,6 +30,9 @@ use self::state::{Sizing, State};
 
 /// The most units one renewal takes by default.
 pub const DEFAULT_MAX_LEASE_UNITS: u64 = 65_536;
+
+/// The most keys with a lease in one limiter by default.
+pub const DEFAULT_MAX_LEASE_KEYS: usize = 100_000;
 
 /// The longest lease interval: controls (a suspension, an override, a reset) reach a leasing
 /// instance within one interval, so it stays short.
@@ -78,6 +82,7 @@ pub(super) const LEASE_DENY_CACHE_KEYS: usize = 10_000;
 pub struct Leases {
     interval: Duration,
     max_units: u64,
+    max_keys: usize,
     idle_after: Option<Duration>,
 }
 
@@ -96,6 +101,7 @@ impl Leases {
         Leases {
             interval,
             max_units: DEFAULT_MAX_LEASE_UNITS,
+            max_keys: DEFAULT_MAX_LEASE_KEYS,
             idle_after: None,
         }
     }
@@ -103,6 +109,13 @@ impl Leases {
     /// The most units one renewal takes ([`DEFAULT_MAX_LEASE_UNITS`] by default; at least 1).
     pub fn max_units(self, max_units: u64) -> Self {
         Leases { max_units, ..self }
+    }
+
+    /// The most keys with a lease at once ([`DEFAULT_MAX_LEASE_KEYS`] by default; at least
+    /// 16): a key beyond them is checked as without leases until idle leases end (memory stays
+    /// bounded whatever keys clients send).
+    pub fn max_keys(self, max_keys: usize) -> Self {
+        Leases { max_keys, ..self }
     }
 
     /// How long a key may go unused before its lease ends and its rate is forgotten (20 lease
@@ -133,6 +146,9 @@ impl Leases {
         }
         if self.max_units == 0 {
             return Err(LeaseError::ZeroMaxUnits);
+        }
+        if self.max_keys < SHARDS {
+            return Err(LeaseError::TooFewKeys);
         }
         if self.idle() < self.interval {
             return Err(LeaseError::IdleShorterThanInterval);
@@ -185,6 +201,9 @@ pub enum LeaseError {
     /// `max_units` is zero.
     #[error("a lease must be allowed at least 1 unit (max_units)")]
     ZeroMaxUnits,
+    /// `max_keys` is below 16.
+    #[error("leases need room for at least 16 keys (max_keys)")]
+    TooFewKeys,
     /// `idle_after` is shorter than the lease interval.
     #[error("a lease's idle time must be at least its interval")]
     IdleShorterThanInterval,
@@ -238,6 +257,8 @@ impl Counters {
 /// One key's lease, shared by the requests on it and its renewal.
 #[derive(Debug)]
 struct Lease {
+    /// Its storage key (the table indexes leases by the key's hash).
+    key: Box<str>,
     /// The quotas it was taken under (also in its state, which sizes k from them).
     quotas: Quotas,
     state: Mutex<State>,
@@ -245,13 +266,17 @@ struct Lease {
     renewed: Notify,
 }
 
-type Shard = Mutex<HashMap<Box<str>, Arc<Lease>>>;
+/// Leases by their key's hash (hashed once per request; a key whose hash another key's lease
+/// holds is checked as without leases).
+type Shard = Mutex<HashMap<u64, Arc<Lease>, BuildHasherDefault<Prehashed>>>;
 
 /// Every key's lease in this limiter.
 pub(super) struct LeaseTable {
     config: Leases,
     sizing: Sizing,
     shards: Box<[Shard]>,
+    /// The most leases in one shard.
+    per_shard: usize,
     hasher: RandomState,
     origin: Instant,
     counters: Counters,
@@ -276,6 +301,7 @@ impl LeaseTable {
                 algorithm,
             },
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            per_shard: config.max_keys / SHARDS,
             hasher: RandomState::new(),
             origin: Instant::now(),
             counters: Counters::default(),
@@ -291,8 +317,15 @@ impl LeaseTable {
             .unwrap_or_else(|| micros(self.origin.elapsed()))
     }
 
-    fn shard(&self, key: &str) -> &Shard {
-        &self.shards[self.hasher.hash_one(key) as usize % self.shards.len()]
+    /// The hash of `key` and its shard.
+    fn slot(&self, key: &str) -> (u64, &Shard) {
+        let hash = self.hasher.hash_one(key);
+        // Middle bits pick the shard: the map's buckets come from the low bits, its tags from
+        // the high ones.
+        (
+            hash,
+            &self.shards[(hash >> 32) as usize % self.shards.len()],
+        )
     }
 
     /// Whether a check of `cost` under `quotas` leases: it consumes, and a fixed window has one
@@ -302,24 +335,37 @@ impl LeaseTable {
     }
 
     /// The lease of `key` under `quotas`, made when there is none; `None` when the key's lease
-    /// was taken under other quotas (that check goes to the store as without leases).
+    /// was taken under other quotas, or the table is full (that check goes to the store as
+    /// without leases).
     fn lease(&self, key: &str, quotas: &Quotas, now: u64) -> Option<Arc<Lease>> {
-        let mut shard = self.shard(key).lock().expect("lease shard");
-        if let Some(lease) = shard.get(key) {
-            return (lease.quotas == *quotas).then(|| lease.clone());
+        let (hash, shard) = self.slot(key);
+        let mut shard = shard.lock().expect("lease shard");
+        if let Some(lease) = shard.get(&hash) {
+            return (*lease.key == *key && lease.quotas == *quotas).then(|| lease.clone());
+        }
+        if shard.len() >= self.per_shard {
+            return None;
         }
         let lease = Arc::new(Lease {
+            key: key.into(),
             quotas: *quotas,
             state: Mutex::new(State::new(*quotas, now)),
             renewed: Notify::new(),
         });
-        shard.insert(key.into(), lease.clone());
+        shard.insert(hash, lease.clone());
         Some(lease)
     }
 
     /// Removes `key`'s lease; its quotas and its units to give back.
     fn remove(&self, key: &str, now: u64) -> Option<(Quotas, state::Released)> {
-        let lease = self.shard(key).lock().expect("lease shard").remove(key)?;
+        let (hash, shard) = self.slot(key);
+        let lease = {
+            let mut shard = shard.lock().expect("lease shard");
+            if shard.get(&hash).is_none_or(|lease| *lease.key != *key) {
+                return None;
+            }
+            shard.remove(&hash)?
+        };
         let mut state = lease.state.lock().expect("lease");
         state.detached = true;
         Some((state.quotas, state.clear(now, self.sizing.interval)))
@@ -329,10 +375,11 @@ impl LeaseTable {
     fn drain(&self, now: u64) -> Vec<(Box<str>, Quotas, state::Released)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            for (key, lease) in shard.lock().expect("lease shard").drain() {
+            for (_, lease) in shard.lock().expect("lease shard").drain() {
                 let mut state = lease.state.lock().expect("lease");
                 state.detached = true;
-                out.push((key, state.quotas, state.clear(now, self.sizing.interval)));
+                let released = state.clear(now, self.sizing.interval);
+                out.push((lease.key.clone(), state.quotas, released));
             }
         }
         out
@@ -346,7 +393,7 @@ impl LeaseTable {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().expect("lease shard");
-            shard.retain(|key, lease| {
+            shard.retain(|_, lease| {
                 let mut state = lease.state.lock().expect("lease");
                 let gone = !state.renewing && now.saturating_sub(state.last_used) >= idle;
                 let released = if gone {
@@ -356,7 +403,7 @@ impl LeaseTable {
                     state.expire(now, interval)
                 };
                 if released != state::Released::default() {
-                    out.push((key.clone(), state.quotas, released));
+                    out.push((lease.key.clone(), state.quotas, released));
                 }
                 !gone
             });
