@@ -79,6 +79,47 @@ impl Limiter {
             .await
     }
 
+    /// The decision for a request of `cost` on `storage_key` when the key's lease holds enough
+    /// units: no store call, nothing to await, so a caller (the layer) need not box a future
+    /// for it. `None` when it must be checked as usual ([`check_storage_key`]).
+    ///
+    /// [`check_storage_key`]: Limiter::check_storage_key
+    #[allow(dead_code)] // the layer's fast path, wired once the layer's restructuring lands
+    pub(crate) fn check_leased_now(
+        &self,
+        storage_key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Option<Verdict> {
+        let leases = self.inner.leases.as_ref()?;
+        if !leases.applies(quotas, cost) {
+            return None;
+        }
+        let lease = leases.find(storage_key, quotas)?;
+        let now = leases.now(&self.inner.clock);
+        let sizing = &leases.sizing;
+        let (decision, prefetch, expired) = {
+            let mut state = lease.state.lock().expect("lease");
+            state.last_used = now;
+            let expired = state.expire(now, sizing.interval);
+            let decision = state.take(cost, now);
+            let prefetch = (decision.is_some() && state.wants_prefetch(now, sizing)).then(|| {
+                state.renewing = true;
+                state.plan(now, 0, sizing)
+            });
+            (decision, prefetch, expired)
+        };
+        self.release(leases, storage_key, quotas, expired);
+        let decision = decision?;
+        self.inner.stats.count_decision(&decision, label);
+        Counters::add(&leases.counters.spent, cost);
+        if let Some(ask) = prefetch {
+            self.spawn_prefetch(lease, storage_key, ask, label);
+        }
+        Some(Verdict::Decided(decision))
+    }
+
     /// One look at the lease, under its lock, at `now`.
     #[allow(clippy::too_many_arguments)]
     fn step<'a>(
@@ -435,5 +476,44 @@ async fn sweep(weak: Weak<Inner>, every: std::time::Duration) {
         for (key, quotas, released) in leases.sweep(now) {
             limiter.release(leases, &key, &quotas, released);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::limiter::stats::PolicyLabel;
+    use crate::store::MemoryStore;
+    use crate::{Leases, Limiter, Quota, Quotas};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_held_lease_answers_without_a_future_and_anything_else_is_left_to_the_check() {
+        let limiter = Limiter::builder(MemoryStore::new())
+            .leases(Leases::default())
+            .build()
+            .unwrap();
+        let quotas = Quotas::from(Quota::per_second(1_000_000).unwrap());
+        let key = limiter.storage_key("hot");
+        let label = PolicyLabel::direct();
+        assert!(
+            limiter.check_leased_now(&key, &quotas, 1, &label).is_none(),
+            "no lease yet"
+        );
+        for _ in 0..100 {
+            limiter.check_storage_key(&key, &quotas, 1, &label).await;
+        }
+        let held = limiter.lease_stats().held;
+        assert!(held > 0);
+        let verdict = limiter.check_leased_now(&key, &quotas, 1, &label).unwrap();
+        assert!(verdict.is_allowed());
+        let stats = limiter.lease_stats();
+        assert_eq!(stats.spent, 101);
+        assert_eq!(limiter.stats().allowed, 101);
+        // Other quotas, a peek, a cost above what is held: the usual check.
+        let other = Quotas::from(Quota::per_second(999_999).unwrap());
+        assert!(limiter.check_leased_now(&key, &other, 1, &label).is_none());
+        assert!(limiter.check_leased_now(&key, &quotas, 0, &label).is_none());
+        assert!(limiter
+            .check_leased_now(&key, &quotas, u64::MAX, &label)
+            .is_none());
     }
 }
