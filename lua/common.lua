@@ -81,7 +81,7 @@ local MAX_REPLY_MS = 4611686018427387904
 local OVERRIDE_IDLE_MS = 2592000000
 -- Only what every call uses is looked up here: each lookup costs every call. A step reaches
 -- math (floor, ceil, min, max) where it needs it, off the hot path.
-local spack, sunpack, call = struct.pack, struct.unpack, redis.call
+local spack, sunpack, call, rpcall = struct.pack, struct.unpack, redis.call, redis.pcall
 
 local args, split = ARGV[1], ARGV[2] -- split: the tenant's string, in the split form
 -- One tier packs 41 bytes: that usual length skips the arithmetic. (ARGV is a sequence: with
@@ -109,7 +109,8 @@ end
 local log = alg == 108
 -- skey the route's string, lkey the sliding log's set, tkey the tenant's: it comes last, and a
 -- caller that sends none has no tenant controls.
-local skey, lkey, tkey = KEYS[1], KEYS[2], KEYS[2]
+local skey, lkey = KEYS[1], KEYS[2]
+local tkey = lkey
 if split then
   if KEYS[2] or log and #ARGV ~= 3 or not log and #ARGV ~= 2 then
     return redis.error_reply('ERR redlimit: invalid arguments; the split form takes the ' ..
@@ -139,10 +140,10 @@ if split then
   if log then
     s, skey = ARGV[3], false
   else
-    s = redis.pcall('GET', skey)
+    s = rpcall('GET', skey)
   end
 elseif tkey then
-  s, t = redis.pcall('GET', skey), redis.pcall('GET', tkey)
+  s, t = rpcall('GET', skey), rpcall('GET', tkey)
   if t and t.err then
     if string.sub(t.err, 1, 9) ~= 'WRONGTYPE' then
       return t
@@ -150,7 +151,7 @@ elseif tkey then
     t = false
   end
 else
-  s = redis.pcall('GET', skey)
+  s = rpcall('GET', skey)
 end
 local quotas, tover, reset_us = args, false, 0
 if t then
