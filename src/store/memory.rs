@@ -328,7 +328,7 @@ impl MemoryStore {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
         let op = request.control.op();
         let tenant = op.is_tenant(request.key);
-        let log = !tenant && request.algorithm == crate::algorithm::Algorithm::SlidingLog;
+        let log = !tenant && request.algorithm.spec().is_log();
         let controls_key = if tenant {
             tenant_key(request.key)
         } else if log {
