@@ -543,26 +543,9 @@ async fn memory_per_key() {
     }
 }
 
-/// The script as the crate builds it: the driver with every step spliced in (the same splice
-/// as `src/algorithm/mod.rs`).
-fn script_source() -> String {
-    let steps = [
-        (b't', include_str!("../../lua/token_bucket.lua")),
-        (b'g', include_str!("../../lua/gcra.lua")),
-        (b'f', include_str!("../../lua/fixed_window.lua")),
-        (b'l', include_str!("../../lua/sliding_log.lua")),
-        (b'w', include_str!("../../lua/sliding_window.lua")),
-    ];
-    let branches = |packed_only: bool| -> String {
-        steps
-            .iter()
-            .filter(|(tag, _)| !packed_only || *tag != b'l')
-            .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
-            .collect()
-    };
-    include_str!("../../lua/common.lua")
-        .replacen("-- @packed-steps\n", &branches(true), 1)
-        .replacen("-- @steps\n", &branches(false), 1)
+/// The script as the crate sends it: the driver with every step spliced in.
+fn script_source() -> &'static str {
+    redlimit::algorithm::script_source()
 }
 
 /// The script's one argument: doubles now_us and cost, the algorithm's byte, then per tier
