@@ -238,7 +238,8 @@ mod tests {
         assert!(SOURCE.contains(&format!("local log = alg == {}\n", log.spec().tag)));
     }
 
-    /// Every packed step writes a state of its spec's length, under its spec's tag.
+    /// Every packed step, in Rust and in Lua, writes a state of its spec's length under its spec's
+    /// tag.
     #[test]
     fn every_step_writes_its_specs_state() {
         for a in Algorithm::ALL {
@@ -256,6 +257,21 @@ mod tests {
             let state = step(None, &args).state.expect("an admission writes");
             assert_eq!(Some(state.as_bytes().len()), spec.state_len(), "{a}");
             assert_eq!(state.as_bytes()[0], spec.tag, "{a}");
+            // Its Lua step writes and reads the same layout under the same tag.
+            let doubles = "d".repeat(spec.fields.len());
+            let write = format!("state = spack('<B{doubles}', {}, ", spec.tag);
+            assert!(
+                spec.lua.contains(&write),
+                "{a}: its Lua step lacks {write:?}"
+            );
+            let len = spec.state_len().unwrap_or_default();
+            let sized = format!("if stored and #stored == {len} then");
+            assert!(
+                spec.lua.contains(&sized),
+                "{a}: its Lua step lacks {sized:?}"
+            );
+            let read = format!("tag == {} and ", spec.tag);
+            assert!(spec.lua.contains(&read), "{a}: its Lua step lacks {read:?}");
         }
     }
 
