@@ -29,8 +29,7 @@
 //!
 //! A state of a length no algorithm has yet (today 17 and 25 bytes) also needs the driver's
 //! split of a key's string by tag (`lua/common.lua` and `lua/control.lua`); the unit test
-//! `the_scripts_tags_and_state_lengths_are_the_specs` prints the lines they must hold, and
-//! `lua/control.lua`'s `NAMES` must name the new tag.
+//! `the_scripts_tags_and_state_lengths_are_the_specs` prints the lines they must hold.
 //!
 //! # Examples
 //!

@@ -22,7 +22,7 @@ use crate::store::{CheckRequest, ControlReply, ControlRequest, StoreError};
 static DECIDE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&SOURCE));
 
 /// The fleet controls' script (`lua/control.lua`).
-static CONTROL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CONTROL_SOURCE));
+static CONTROL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&CONTROL_SOURCE));
 
 /// One script call: a decision, or a fleet control.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +38,7 @@ impl Call<'_> {
     fn script(&self) -> (&'static redis::Script, &'static str, Script) {
         match self {
             Call::Check(_) | Call::Split(..) => (&DECIDE, &SOURCE, Script::Decide),
-            Call::Control(_) => (&CONTROL, CONTROL_SOURCE, Script::Control),
+            Call::Control(_) => (&CONTROL, &CONTROL_SOURCE, Script::Control),
         }
     }
 
