@@ -44,7 +44,7 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// after failures. A connection attempt runs as a task of its own, so one that takes longer
 /// than the call timeout (TLS, another zone, Cluster slot discovery) is still made while calls
 /// go to the failure policy. Every call is bounded by a timeout (100 ms by default), so a hung
-/// Redis never hangs a request, and a [`CircuitBreaker`] skips Redis for a cool-down after
+/// Redis never hangs a request, and a [`CircuitBreaker`](crate::store::CircuitBreaker) skips Redis for a cool-down after
 /// repeated failures. Errors go to the limiter's failure policy; a timeout is always
 /// [`StoreError::Timeout`].
 ///
