@@ -225,8 +225,8 @@ fn micros(duration: Duration) -> u64 {
 /// What a store reports after a control, for the [`Limiter`](crate::Limiter) to read into a
 /// [`KeyStatus`](crate::KeyStatus).
 ///
-/// Opaque: it holds the key's string in the scripts' own layout, which is no contract, so only
-/// [`RedisStore`] and [`MemoryStore`] make one. A custom store forwards its inner store's (see
+/// Opaque but for its typed accessors: it holds the key's string in the scripts' own layout,
+/// which is no contract, so only [`RedisStore`] and [`MemoryStore`] make one. A custom store forwards its inner store's (see
 /// [`Store`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlReply {
@@ -238,6 +238,23 @@ pub struct ControlReply {
     pub(crate) now_micros: u64,
     /// The sliding log's entries (`None` for other algorithms).
     pub(crate) log_entries: Option<u64>,
+}
+
+impl ControlReply {
+    /// When the key's string expires, `None` when absent.
+    pub fn expires_in(&self) -> Option<Duration> {
+        self.expires_in
+    }
+
+    /// The store's time of the control, µs since the Unix epoch.
+    pub fn now_micros(&self) -> u64 {
+        self.now_micros
+    }
+
+    /// The sliding log's entries (`None` for other algorithms).
+    pub fn log_entries(&self) -> Option<u64> {
+        self.log_entries
+    }
 }
 
 /// Why a store could not decide. The [`FailurePolicy`](crate::FailurePolicy) turns it into an

@@ -262,7 +262,7 @@ impl MemoryStore {
     ///     now_micros: Some(1_000_000),
     /// };
     /// let reply = store.control_now(request);
-    /// assert_eq!(reply.expires_in, Some(Duration::from_secs(2)));
+    /// assert_eq!(reply.expires_in(), Some(Duration::from_secs(2)));
     /// ```
     pub fn control_now(&self, request: ControlRequest<'_>) -> ControlReply {
         match self.try_control(request) {
