@@ -9,8 +9,8 @@
 //! numbers are doubles) over the same state strings, so both give identical decisions and store
 //! identical bytes; the differential tests hold them to that.
 //!
-//! Each algorithm is declared once, in a `Spec` beside its Rust step: its name,
-//! tag byte, kind, state fields, Lua step and header window. Everything else (the spliced
+//! Each algorithm is declared once, in a `Spec` beside its Rust step: its name, tag byte, kind,
+//! state fields, Lua step, header window and largest burst. Everything else (the spliced
 //! script, the argument byte, the split of a key's string into tiers, `inspect`, the
 //! `RateLimit-Policy` window) reads the spec; `Algorithm::spec` is the one exhaustive `match`.
 //!
@@ -22,10 +22,17 @@
 //! 2. **A Rust step**, `src/algorithm/<algorithm>.rs`: the mirror of the Lua step, line for
 //!    line, and its `pub(crate) const SPEC: Spec` naming the name, tag, `Kind::Packed(step)`,
 //!    field names, `include_str!` of the Lua step and the `Window`.
-//! 3. **One registration**: the variant of [`Algorithm`] (with its doc) and its place in
-//!    [`Algorithm::ALL`]. The compiler then names the missing arm of `Algorithm::spec`; the
-//!    unit tests in `spec.rs` fail until `ALL` lists every step file in `lua/`, and check the
-//!    step's state length and tag against the spec.
+//! 3. **One registration**, in this file: `pub(crate) mod <algorithm>;`, the variant of
+//!    [`Algorithm`] (with its doc), and its place in [`Algorithm::ALL`]. The compiler then
+//!    names the missing arm of `Algorithm::spec` (add it: `Algorithm::New => &new::SPEC`).
+//!
+//! The tests name the rest: the unit tests in `spec.rs` fail until `ALL` lists every step file
+//! in `lua/`, and hold the Lua step's tag, `#stored` length and `spack` layout to the spec;
+//! `names_parse_back_and_every_algorithm_has_its_step` below lists the public names; and
+//! `tests/it/fleet.rs` asks for the new state's expected field
+//! (`several_quotas_are_exact_under_concurrency_across_instances`). A throwaway copy of the
+//! fixed window took exactly these: two new files, four lines here (module, variant, `ALL`,
+//! `spec` arm), the names list, one line in `tests/it/fleet.rs`.
 //!
 //! A state of a length no algorithm has yet (today 17 and 25 bytes) also needs the driver's
 //! split of a key's string by tag (`lua/common.lua` and `lua/control.lua`); the unit test
