@@ -21,8 +21,8 @@ pub(crate) const OVERRIDE_IDLE_MS: u64 = 30 * 24 * 3600 * 1000;
 /// The longest time a reply carries (`MAX_REPLY_MS` in `lua/common.lua`): 2^62 ms.
 pub(crate) const MAX_REPLY_MS: i64 = 1 << 62;
 
-/// The longest expiry: 2^53 ms, 285 000 years.
-pub(crate) const MAX_TTL_MS: i64 = 1 << 53;
+/// The longest expiry: 2^53 ms, 285 000 years (the script caps its TTL at `MAX_EXACT`).
+pub(crate) const MAX_TTL_MS: i64 = MAX_EXACT as i64;
 
 /// The tag byte of the controls at the start of a key's string.
 pub(crate) const CONTROLS: u8 = b'M';
