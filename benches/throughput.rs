@@ -63,8 +63,8 @@ use redis::aio::MultiplexedConnection;
 use redlimit::key::HeaderKey;
 use redlimit::store::{CheckRequest, RedisStore, Store, StoreError};
 use redlimit::{
-    Algorithm, Decision, Limiter, LimiterBuilder, LimiterStats, Quota, Quotas, RateLimitLayer,
-    Verdict,
+    limiter::{LimiterBuilder, LimiterStats},
+    Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Verdict,
 };
 use tower::{Layer, Service, ServiceExt};
 

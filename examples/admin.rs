@@ -53,7 +53,7 @@
 //! Durations are a whole number and a unit: `500ms`, `30s`, `10m`, `1h`. A suspension lasts at
 //! most 30 days ([`MAX_SUSPENSION`]). `set-quota` takes one to eight `N/DURATION` tiers, all
 //! checked together (`10/1s 500/1m`); the override lives until `clear-quota`, or until the key
-//! has admitted nothing for 30 days ([`OVERRIDE_IDLE_TTL`](redlimit::OVERRIDE_IDLE_TTL)).
+//! has admitted nothing for 30 days ([`OVERRIDE_IDLE_TTL`](redlimit::limiter::OVERRIDE_IDLE_TTL)).
 //!
 //! A bad command line exits with status 2 and says why; a Redis that fails exits with 1.
 
@@ -69,8 +69,9 @@ use common::flags::{set_once, Arg, Args};
 use redlimit::key::{HeaderKey, KeyExtractor};
 use redlimit::store::RedisStore;
 use redlimit::{
-    Algorithm, ControlError, KeyStatus, Limiter, Quota, QuotaError, Quotas, Target, MAX_SUSPENSION,
-    MAX_TIERS,
+    limiter::{ControlError, KeyStatus, MAX_SUSPENSION},
+    quota::{QuotaError, MAX_TIERS},
+    Algorithm, Limiter, Quota, Quotas, Target,
 };
 
 const USAGE: &str = "\
@@ -1016,7 +1017,7 @@ async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Re
     let prefix = request
         .prefix
         .as_deref()
-        .unwrap_or(redlimit::DEFAULT_PREFIX);
+        .unwrap_or(redlimit::limiter::DEFAULT_PREFIX);
     let head = format!("{prefix}:{{");
     let pattern = format!("{}*", head.replace('[', "\\[").replace('*', "\\*"));
     let mut found = Vec::new();

@@ -15,8 +15,9 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redlimit::key::{HeaderKey, PeerIp};
 use redlimit::store::{CircuitBreaker, MemoryStore, RedisStore};
 use redlimit::{
-    FailClosed, FailOpen, FailurePolicy, Limiter, LocalFallback, Quota, RateLimitLayer,
-    DIRECT_POLICY_LABEL,
+    limiter::DIRECT_POLICY_LABEL,
+    policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
+    Limiter, Quota, RateLimitLayer,
 };
 use support::example::dead_redis_url;
 use support::service::counting;

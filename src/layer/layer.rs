@@ -176,7 +176,7 @@ impl<S, K> Layer<S> for RateLimitLayer<K> {
 ///
 /// ```
 /// use http::StatusCode;
-/// use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+/// use redlimit::{key::HeaderKey, layer::MissingKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
 ///
 /// let layer = RateLimitLayer::builder(
 ///     Limiter::new(MemoryStore::new()),
@@ -252,7 +252,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
 
     /// Chooses each request's quotas with `resolver` (tiers: FREE 10 a minute, PRO 1000, chosen
     /// from a header or looked up in your own store); the quotas given to the builder are the
-    /// default, used when it answers [`Resolved::Default`](crate::Resolved::Default).
+    /// default, used when it answers [`Resolved::Default`](crate::layer::Resolved::Default).
     ///
     /// Every tier of a key counts in the layer's one scope, and an override set with
     /// [`Limiter::set_quota`](crate::Limiter::set_quota) wins over the resolver; see
@@ -302,8 +302,8 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// can serve the quota (the fallible form of [`RateLimitLayer::new`]).
     ///
     /// ```
-    /// use redlimit::{key::GlobalKey, store::MemoryStore, Algorithm, ConfigError, Limiter};
-    /// use redlimit::{Quota, QuotaError, RateLimitLayer};
+    /// use redlimit::{key::GlobalKey, limiter::ConfigError, store::MemoryStore, Algorithm, Limiter};
+    /// use redlimit::{quota::QuotaError, Quota, RateLimitLayer};
     ///
     /// let log = Limiter::builder(MemoryStore::new())
     ///     .algorithm(Algorithm::SlidingLog)

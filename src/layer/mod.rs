@@ -223,7 +223,7 @@
 //! # use http::{Request, Response, StatusCode};
 //! # use tower::{ServiceBuilder, ServiceExt};
 //! use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-//! use redlimit::resolver_fn;
+//! use redlimit::layer::resolver_fn;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -13,7 +13,7 @@
 //! `X-RateLimit-Limit / -Remaining / -Reset` too.
 //!
 //! What `q`, `w`, `r` and `t` mean, and why they never contradict each other, is told in the
-//! docs of [`RateLimit`](crate::RateLimit) (`# The numbers in the headers`).
+//! docs of [`RateLimit`](crate::layer::RateLimit) (`# The numbers in the headers`).
 //!
 //! # gRPC and gRPC-Web
 //!

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::Limiter;
-use crate::policy::Verdict;
+use crate::decision::Verdict;
 use crate::quota::Quotas;
 
 /// The shortest jitter bound, and the shortest sleep between two tries.
@@ -54,7 +54,7 @@ const MIN_JITTER: Duration = Duration::from_millis(1);
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use redlimit::{store::MemoryStore, AcquireError, Limiter, Quota, Quotas};
+/// use redlimit::{limiter::AcquireError, store::MemoryStore, Limiter, Quota, Quotas};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -113,7 +113,7 @@ impl Limiter {
     /// of 20 a second for one waiter, 98 % with a burst of 2); several waiters fill the gaps.
     ///
     /// Every try is one check: the denials met while waiting count in
-    /// [`LimiterStats::denied`](crate::LimiterStats::denied) (and the metrics) like any other.
+    /// [`LimiterStats::denied`](crate::limiter::LimiterStats::denied) (and the metrics) like any other.
     ///
     /// The result is the admitting verdict: [`Verdict::Decided`] with an allowed decision, or
     /// [`Verdict::FailedOpen`] when the store failed and the failure policy let the request
@@ -151,7 +151,7 @@ impl Limiter {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use redlimit::{store::MemoryStore, AcquireError, Limiter, Quota, Quotas};
+    /// use redlimit::{limiter::AcquireError, store::MemoryStore, Limiter, Quota, Quotas};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -20,7 +20,7 @@ use crate::store::Store;
 /// ```
 /// use redlimit::policy::LocalFallback;
 /// use redlimit::store::RedisStore;
-/// use redlimit::{Algorithm, Clock, Limiter};
+/// use redlimit::{clock::Clock, Algorithm, Limiter};
 ///
 /// let limiter = Limiter::builder(RedisStore::new("redis://127.0.0.1:6379")?)
 ///     .algorithm(Algorithm::SlidingWindow)
@@ -73,7 +73,7 @@ impl LimiterBuilder {
     /// Give limiters that share a Redis different prefixes, so their keys never meet.
     ///
     /// ```
-    /// use redlimit::{store::MemoryStore, ConfigError, Limiter};
+    /// use redlimit::{limiter::ConfigError, store::MemoryStore, Limiter};
     ///
     /// let search = Limiter::builder(MemoryStore::new()).prefix("rl:search").build().unwrap();
     /// assert_eq!(search.storage_key("u1"), "rl:search:{u1}");
@@ -88,11 +88,11 @@ impl LimiterBuilder {
 
     /// Whose clock decides (Redis server time by default).
     ///
-    /// A [`ManualClock`](crate::ManualClock) makes refills deterministic in tests:
+    /// A [`ManualClock`](crate::clock::ManualClock) makes refills deterministic in tests:
     ///
     /// ```
     /// use std::time::Duration;
-    /// use redlimit::{store::MemoryStore, Clock, Limiter, ManualClock, Quota};
+    /// use redlimit::{clock::{Clock, ManualClock}, store::MemoryStore, Limiter, Quota};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -169,7 +169,7 @@ impl LimiterBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use redlimit::{store::MemoryStore, Clock, Limiter, ManualClock, Quota};
+    /// use redlimit::{clock::{Clock, ManualClock}, store::MemoryStore, Limiter, Quota};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -198,7 +198,7 @@ impl LimiterBuilder {
     /// Builds the limiter, validating the prefix.
     ///
     /// ```
-    /// use redlimit::{store::MemoryStore, ConfigError, Limiter};
+    /// use redlimit::{limiter::ConfigError, store::MemoryStore, Limiter};
     ///
     /// assert!(Limiter::builder(MemoryStore::new()).build().is_ok());
     /// let braces = Limiter::builder(MemoryStore::new()).prefix("a{b}").build();

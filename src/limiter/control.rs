@@ -94,7 +94,7 @@ impl<'a> From<&'a String> for Target<'a> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlimit::{store::MemoryStore, ControlError, Limiter};
+/// use redlimit::{limiter::ControlError, store::MemoryStore, Limiter};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

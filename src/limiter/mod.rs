@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, Verdict};
 use crate::key::{scope_id, storage_id};
-use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
+use crate::policy::{FailOpen, FailureContext, FailurePolicy};
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
@@ -162,7 +162,7 @@ impl Limiter {
     /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), redlimit::QuotaError> {
+    /// # async fn main() -> Result<(), redlimit::quota::QuotaError> {
     /// let limiter = Limiter::new(MemoryStore::new());
     /// let per_second = Quota::per_second(5)?;
     /// let per_minute = Quota::per_minute(3)?;
@@ -354,7 +354,7 @@ impl Limiter {
     ///
     /// ```
     /// use redlimit::store::{MemoryStore, StoreError};
-    /// use redlimit::{Algorithm, Limiter, Quota, QuotaError};
+    /// use redlimit::{quota::QuotaError, Algorithm, Limiter, Quota};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -497,7 +497,7 @@ impl Limiter {
     /// Counts of what this limiter (and its clones) decided so far.
     ///
     /// ```
-    /// use redlimit::{store::MemoryStore, Limiter, LimiterStats, Quota};
+    /// use redlimit::{limiter::LimiterStats, store::MemoryStore, Limiter, Quota};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -539,7 +539,7 @@ pub(crate) fn is_name(name: &str) -> bool {
 /// ```
 /// use redlimit::key::GlobalKey;
 /// use redlimit::store::MemoryStore;
-/// use redlimit::{Algorithm, ConfigError, Limiter, Quota, QuotaError, RateLimitLayer};
+/// use redlimit::{limiter::ConfigError, quota::QuotaError, Algorithm, Limiter, Quota, RateLimitLayer};
 ///
 /// let empty_prefix = Limiter::builder(MemoryStore::new()).prefix("").build();
 /// assert_eq!(empty_prefix.err(), Some(ConfigError::InvalidPrefix));
@@ -571,7 +571,7 @@ pub enum ConfigError {
     /// characters other than ASCII letters, digits, `-`, `_` and `.`.
     #[error("policy name must be 1 to 64 characters of [A-Za-z0-9._-]")]
     InvalidPolicyName,
-    /// The scope given to [`RateLimitLayerBuilder::scope`](crate::RateLimitLayerBuilder::scope)
+    /// The scope given to [`RateLimitLayerBuilder::scope`](crate::layer::RateLimitLayerBuilder::scope)
     /// is empty, longer than 64 bytes, or has characters other than ASCII letters, digits, `-`,
     /// `_` and `.`.
     #[error("scope must be 1 to 64 characters of [A-Za-z0-9._-]")]

@@ -212,7 +212,7 @@ fn micros(duration: Duration) -> u64 {
 
 /// What a store reports after a control: the key's string as it now stands, byte for byte (see
 /// `lua/common.lua`: the controls, then every tier's state; the
-/// [`Limiter`](crate::Limiter) decodes it into a [`KeyStatus`](crate::KeyStatus)).
+/// [`Limiter`](crate::Limiter) decodes it into a [`KeyStatus`](crate::limiter::KeyStatus)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlReply {
     /// The key's string (for the sliding log, its controls' string), `None` when absent.
@@ -225,7 +225,7 @@ pub struct ControlReply {
     pub log_entries: Option<u64>,
 }
 
-/// Why a store could not decide. The [`FailurePolicy`](crate::FailurePolicy) turns it into an
+/// Why a store could not decide. The [`FailurePolicy`](crate::policy::FailurePolicy) turns it into an
 /// outcome.
 ///
 /// [`Limiter::try_check`](crate::Limiter::try_check) returns it as it is:

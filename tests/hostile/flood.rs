@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use redis::aio::MultiplexedConnection;
 use redlimit::store::MemoryStore;
-use redlimit::{Algorithm, Clock, Limiter, ManualClock, Quota, Verdict};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Limiter, Quota, Verdict,
+};
 
 use crate::support::RedisServer;
 use crate::{

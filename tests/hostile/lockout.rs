@@ -4,7 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redlimit::store::MemoryStore;
-use redlimit::{Algorithm, Clock, Limiter, ManualClock, Quota};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Limiter, Quota,
+};
 
 use crate::support::RedisServer;
 use crate::{assert_sane, burst, first_admission, manual_limiter, shared, Probe, T0};

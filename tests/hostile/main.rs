@@ -37,7 +37,10 @@ use http::{Request, Response, StatusCode};
 use redis::aio::MultiplexedConnection;
 use redlimit::key::KeyExtractor;
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota, RateLimitLayer};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Decision, Limiter, Quota, RateLimitLayer,
+};
 use support::RedisServer;
 use tower::{Layer, ServiceExt};
 

@@ -13,7 +13,10 @@
 use std::time::Duration;
 
 use redlimit::store::MemoryStore;
-use redlimit::{Algorithm, Clock, Limiter, ManualClock, Quota};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Limiter, Quota,
+};
 
 use crate::support::RedisServer;
 use crate::{shared, T0};

@@ -13,7 +13,7 @@ use crate::support;
 use std::time::Duration;
 
 use redis::Commands;
-use redlimit::{Algorithm, Decision, Limiter, ManualClock, Quota};
+use redlimit::{clock::ManualClock, Algorithm, Decision, Limiter, Quota};
 use support::{Ctx, RedisServer};
 
 /// 2023-11-14T22:14:00Z: a whole minute, so minute windows start at T0.

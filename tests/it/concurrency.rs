@@ -13,7 +13,10 @@ use crate::support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Decision, Limiter, Quota,
+};
 use support::{Ctx, RedisServer};
 use tokio::sync::Barrier;
 
@@ -200,7 +203,7 @@ async fn a_herd_after_a_suspension_asks_redis_a_few_times_per_admission() {
                         assert!(verdict.decision().is_some_and(|d| d.allowed));
                         admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
-                    Err(redlimit::AcquireError::DeadlineExceeded { .. }) => {}
+                    Err(redlimit::limiter::AcquireError::DeadlineExceeded { .. }) => {}
                     Err(error) => panic!("{error}"),
                 }
             })

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota, Quotas};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Decision, Limiter, Quota, Quotas,
+};
 use support::RedisServer;
 use tokio::sync::Barrier;
 

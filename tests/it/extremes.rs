@@ -14,7 +14,11 @@ use std::time::{Duration, Instant};
 
 use redlimit::algorithm::MAX_SLIDING_LOG_BURST;
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Decision, ManualClock, Quota, QuotaError, MAX_COUNT, MAX_PERIOD};
+use redlimit::{
+    clock::ManualClock,
+    quota::{QuotaError, MAX_COUNT, MAX_PERIOD},
+    Algorithm, Decision, Quota,
+};
 use support::{Ctx, RedisServer};
 
 /// The simulated start: half a second past 2023-11-14T22:13:20Z, so whole-second windows are

@@ -13,9 +13,16 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use redlimit::key::GlobalKey;
-use redlimit::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 use redlimit::store::RedisStore;
-use redlimit::{Clock, Limiter, LimiterStats, ManualClock, Quota, RateLimitLayer};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    limiter::LimiterStats,
+    Limiter, Quota, RateLimitLayer,
+};
+use redlimit::{
+    policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
+    Verdict,
+};
 use support::service::counting;
 use support::RedisServer;
 use tower::{Layer, ServiceExt};

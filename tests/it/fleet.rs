@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use redlimit::store::RedisStore;
 use redlimit::{
-    Algorithm, ControlError, Limiter, Quota, QuotaError, Quotas, Target, MAX_SUSPENSION,
+    limiter::{ControlError, MAX_SUSPENSION},
+    quota::QuotaError,
+    Algorithm, Limiter, Quota, Quotas, Target,
 };
 use support::{RedisCluster, RedisServer};
 use tokio::sync::Barrier;

@@ -19,7 +19,9 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use redlimit::key::{GlobalKey, HeaderKey};
 use redlimit::{
-    Decision, Limiter, ManualClock, MissingKey, Quota, Quotas, RateLimitLayer, ResponseBody, Target,
+    clock::ManualClock,
+    layer::{MissingKey, ResponseBody},
+    Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
 };
 use support::service::{counting, SEEN};
 use support::{Ctx, RedisServer};

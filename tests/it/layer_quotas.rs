@@ -22,8 +22,9 @@ use proptest::test_runner::TestCaseError;
 use redlimit::key::{GlobalKey, HeaderKey};
 use redlimit::store::RedisStore;
 use redlimit::{
-    resolver_fn, Algorithm, Decision, Limiter, ManualClock, Quota, QuotaResolver, Quotas,
-    RateLimitLayer, Resolved, Target,
+    clock::ManualClock,
+    layer::{resolver_fn, QuotaResolver, Resolved},
+    Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
 };
 use support::{Ctx, RedisServer};
 use tower::ServiceExt;

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redlimit::policy::Verdict;
 use redlimit::store::{RedisStore, StoreError, DEFAULT_TIMEOUT};
+use redlimit::Verdict;
 use redlimit::{Limiter, Quota};
 use support::sentinel::{RedisSentinel, DOWN_AFTER, MASTER_NAME};
 use tokio::runtime::Runtime;

@@ -19,7 +19,10 @@ use http::{Request, Response};
 use load::{ms, Load, Run};
 use redlimit::key::GlobalKey;
 use redlimit::store::{CircuitBreaker, RedisStore};
-use redlimit::{FailClosed, FailOpen, Limiter, LocalFallback, Quota, RateLimitLayer, Verdict};
+use redlimit::{
+    policy::{FailClosed, FailOpen, LocalFallback},
+    Limiter, Quota, RateLimitLayer, Verdict,
+};
 use support::RedisServer;
 use tokio::time::sleep;
 use tower::{service_fn, Layer};

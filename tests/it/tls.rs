@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use redlimit::store::{RedisStore, StoreError};
-use redlimit::{FailClosed, FailOpen, Limiter, Quota, Verdict};
+use redlimit::{
+    policy::{FailClosed, FailOpen},
+    Limiter, Quota, Verdict,
+};
 use support::{RedisCluster, RedisServer, TlsFiles, TlsSetup};
 
 /// The store's default timeout plus a margin for a loaded machine.

@@ -8,7 +8,10 @@ use crate::support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Decision, Limiter, Quota,
+};
 use support::{Ctx, RedisServer};
 use tokio::sync::Barrier;
 

@@ -10,7 +10,10 @@
 use std::time::Duration;
 
 use redlimit::store::{MemoryStore, RedisStore, Store};
-use redlimit::{Algorithm, Clock, Limiter, ManualClock};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Limiter,
+};
 
 use super::{RedisCluster, RedisServer};
 
