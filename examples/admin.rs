@@ -67,7 +67,7 @@ use std::time::Duration;
 use common::cli::{self, CliError};
 use common::flags::{set_once, Arg, Args};
 use redlimit::key::{HeaderKey, KeyExtractor};
-use redlimit::store::RedisStore;
+use redlimit::store::{BuildError, RedisStore};
 use redlimit::{
     limiter::{ControlError, KeyStatus, MAX_SUSPENSION},
     quota::{QuotaError, MAX_TIERS},
@@ -194,7 +194,7 @@ impl Redis {
     }
 
     /// The store the limiters use on this Redis.
-    fn store(&self) -> Result<RedisStore, redis::RedisError> {
+    fn store(&self) -> Result<RedisStore, BuildError> {
         match self {
             Redis::Single(url) => RedisStore::new(url.as_str()),
             Redis::Cluster(urls) => RedisStore::cluster(urls.iter().map(String::as_str)),

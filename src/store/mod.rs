@@ -41,7 +41,7 @@ mod redis;
 pub use self::breaker::CircuitBreaker;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::redis::{
-    RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
+    BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
 };
 
 /// One decision to make: which key, under which algorithm and quota, at what cost.

@@ -2,6 +2,7 @@
 //! Cluster, or a primary found through Sentinel).
 
 mod connection;
+mod error;
 mod reload;
 mod sentinel;
 mod server;
@@ -24,6 +25,7 @@ use redis::{
 use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
 use self::reload::{Reloads, Script};
 use self::sentinel::{PrimaryConnection, SentinelOptions, SentinelTarget};
+pub use self::error::BuildError;
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
@@ -89,7 +91,7 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 ///     .timeout(Duration::from_millis(50))
 ///     .build()?;
 /// let cluster = RedisStore::cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])?;
-/// # Ok::<(), redis::RedisError>(())
+/// # Ok::<(), redlimit::store::BuildError>(())
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
@@ -130,14 +132,14 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// A store on the Redis at `url` with the defaults. Fails only on a malformed URL; Redis
     /// itself may be down.
-    pub fn new<T: IntoConnectionInfo>(url: T) -> Result<Self, RedisError> {
+    pub fn new<T: IntoConnectionInfo>(url: T) -> Result<Self, BuildError> {
         Self::builder(url).build()
     }
 
     /// A store on the Redis Cluster reachable through `nodes` (any subset of its nodes).
     pub fn cluster<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
-    ) -> Result<Self, RedisError> {
+    ) -> Result<Self, BuildError> {
         Self::cluster_builder(nodes).build()
     }
 
@@ -159,7 +161,7 @@ impl RedisStore {
     ///     .timeout(Duration::from_millis(50))
     ///     .build()?;
     /// assert_eq!(store.timeout(), Duration::from_millis(50));
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn cluster_builder<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
@@ -181,12 +183,12 @@ impl RedisStore {
     ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
     ///     "mymaster",
     /// )?;
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn sentinel<T: IntoConnectionInfo>(
         sentinels: impl IntoIterator<Item = T>,
         master_name: impl Into<String>,
-    ) -> Result<Self, RedisError> {
+    ) -> Result<Self, BuildError> {
         Self::sentinel_builder(sentinels, master_name).build()
     }
 
@@ -207,7 +209,7 @@ impl RedisStore {
     ///     .build()?;
     /// assert_eq!(store.timeout(), Duration::from_millis(50));
     /// assert!(RedisStore::sentinel_builder(Vec::<String>::new(), "mymaster").build().is_err());
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn sentinel_builder<T: IntoConnectionInfo>(
         sentinels: impl IntoIterator<Item = T>,
@@ -230,7 +232,7 @@ impl RedisStore {
     ///
     /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
     /// assert_eq!(store.timeout(), DEFAULT_TIMEOUT);
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -243,7 +245,7 @@ impl RedisStore {
     ///
     /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
     /// assert!(!store.circuit_open()); // closed until calls fail
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn circuit_open(&self) -> bool {
         self.breaker.as_ref().is_some_and(|b| b.is_open())
@@ -872,7 +874,7 @@ impl Drop for Unsettled<'_> {
 ///     .build()?;
 /// assert_eq!(store.timeout(), Duration::from_millis(20));
 /// assert!(RedisStore::builder("not a url").build().is_err());
-/// # Ok::<(), redis::RedisError>(())
+/// # Ok::<(), redlimit::store::BuildError>(())
 /// ```
 pub struct RedisStoreBuilder {
     target: Result<Target, RedisError>,
@@ -923,7 +925,7 @@ impl RedisStoreBuilder {
     ///     .timeout(Duration::ZERO)
     ///     .build()
     ///     .unwrap_err();
-    /// assert_eq!(error.kind(), redis::ErrorKind::InvalidClientConfig);
+    /// assert!(matches!(error, redlimit::store::BuildError::ZeroTimeout));
     /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -953,7 +955,7 @@ impl RedisStoreBuilder {
     /// let store = RedisStore::builder("redis://127.0.0.1:6379")
     ///     .credentials(Some("limiter"), password)
     ///     .build()?;
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn credentials(mut self, username: Option<&str>, password: impl Into<String>) -> Self {
         self.credentials = Some((username.map(str::to_owned), password.into()));
@@ -1012,18 +1014,22 @@ impl RedisStoreBuilder {
     }
 
     /// Builds the store. Fails only on malformed URLs, TLS settings for a URL without TLS, or a
-    /// zero timeout (all of kind [`ErrorKind::InvalidClientConfig`] but the URL's own).
-    pub fn build(self) -> Result<RedisStore, RedisError> {
-        let timeout = self.timeout;
-        if timeout.is_zero() {
-            return Err(RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "the store timeout must be above zero",
-                "with a zero timeout every call times out and goes to the failure policy; \
-                 leave the default (100 ms) or give the longest a decision may wait"
-                    .to_owned(),
-            )));
+    /// zero timeout: see [`BuildError`].
+    pub fn build(self) -> Result<RedisStore, BuildError> {
+        if self.timeout.is_zero() {
+            return Err(BuildError::ZeroTimeout);
         }
+        let mut builder = self;
+        let target = std::mem::replace(&mut builder.target, Ok(Target::Cluster(Vec::new())));
+        let target = target.map_err(|error| BuildError::InvalidUrl(error.into()))?;
+        builder
+            .build_on(target)
+            .map_err(|error| BuildError::InvalidSettings(error.into()))
+    }
+
+    /// [`build`](Self::build) once the URLs are known good.
+    fn build_on(self, target: Target) -> Result<RedisStore, RedisError> {
+        let timeout = self.timeout;
         let with_credentials = |info: ConnectionInfo| match &self.credentials {
             Some((username, password)) => {
                 let mut redis = info.redis_settings().clone().set_password(password);
@@ -1034,7 +1040,7 @@ impl RedisStoreBuilder {
             }
             None => info,
         };
-        let backend = match self.target? {
+        let backend = match target {
             Target::Single(info) => {
                 let info = with_credentials(*info);
                 let addr = match info.addr() {
@@ -1172,7 +1178,7 @@ mod tests {
             RedisStore::sentinel_builder(["redis://127.0.0.1:26379"], "mymaster"),
         ] {
             let error = builder.timeout(Duration::ZERO).build().unwrap_err();
-            assert_eq!(error.kind(), ErrorKind::InvalidClientConfig);
+            assert!(matches!(error, BuildError::ZeroTimeout));
             assert!(error.to_string().contains("timeout"), "{error}");
         }
         let store = RedisStore::builder("redis://127.0.0.1:6379")
