@@ -799,7 +799,7 @@ impl Admin {
         };
         let limiter = builder.build().expect("a valid limiter");
         limiter
-            .try_check("warm-up", &admitting(algorithm), 1)
+            .try_check_quotas("warm-up", &admitting(algorithm).into(), 1)
             .await
             .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
         limiter
@@ -849,7 +849,7 @@ impl Admin {
         // One check per connection, so that each is open before the runs.
         for _ in 0..connections {
             limiter
-                .try_check("warm-up", &admitting(algorithm), 1)
+                .try_check_quotas("warm-up", &admitting(algorithm).into(), 1)
                 .await
                 .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
         }
@@ -1815,7 +1815,8 @@ async fn tls_overhead(settings: &Settings) {
                     tokio::spawn(async move {
                         let mut done = 0u64;
                         while Instant::now() < stop {
-                            let decision = limiter.try_check("tls-hot", &quota, 1).await;
+                            let decision =
+                                limiter.try_check_quotas("tls-hot", &quota.into(), 1).await;
                             assert!(decision.expect("a decision").allowed, "admitted");
                             done += 1;
                         }

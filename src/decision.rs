@@ -68,9 +68,9 @@ impl Decision {
     /// # async fn main() {
     /// let limiter = Limiter::new(MemoryStore::new());
     /// let quota = Quota::per_minute(10).unwrap();
-    /// let too_big = limiter.check_cost("k", &quota, 11).await;
+    /// let too_big = limiter.check_quotas("k", &quota.into(), 11).await;
     /// assert!(too_big.decision().unwrap().never_allowed());
-    /// let fits = limiter.check_cost("k", &quota, 10).await;
+    /// let fits = limiter.check_quotas("k", &quota.into(), 10).await;
     /// assert!(!fits.decision().unwrap().never_allowed());
     /// # }
     /// ```

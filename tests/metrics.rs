@@ -254,10 +254,13 @@ async fn metrics_follow_real_traffic() {
         .unwrap();
     let limiter = Limiter::new(store);
     let quota = Quota::per_minute(100).unwrap();
-    assert!(limiter.try_check("b", &quota, 1).await.is_ok());
+    assert!(limiter
+        .try_check_quotas("b", &quota.into(), 1)
+        .await
+        .is_ok());
     redis.stop();
     for _ in 0..5 {
-        let _ = limiter.try_check("b", &quota, 1).await;
+        let _ = limiter.try_check_quotas("b", &quota.into(), 1).await;
     }
     assert_eq!(
         Metrics::take(&snapshotter).gauge("redlimit_circuit_breaker_open"),
@@ -266,7 +269,11 @@ async fn metrics_follow_real_traffic() {
     redis.restart();
     let mut back = false;
     for _ in 0..200 {
-        if limiter.try_check("b", &quota, 1).await.is_ok() {
+        if limiter
+            .try_check_quotas("b", &quota.into(), 1)
+            .await
+            .is_ok()
+        {
             back = true;
             break;
         }

@@ -102,7 +102,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     }
 
     /// The scope of this layer's keys in the store: the storage key of `key` is
-    /// [`Limiter::scoped_storage_key`]`(scope, key)`.
+    /// [`Limiter::storage_key`]`(Target::scoped(scope, key))`.
     ///
     /// ```
     /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
@@ -235,7 +235,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     }
 
     /// Counts in exactly this scope, shared with every layer (and
-    /// [`Limiter::check_scoped`] call) of the same limiter prefix that names it, **whatever
+    /// [`Limiter::check_quotas`] call on a [`Target::scoped`](crate::Target::scoped)) of the same limiter prefix that names it, **whatever
     /// their quotas**: 1 to 64 characters of `[A-Za-z0-9._-]`.
     ///
     /// Without it, a layer with a [policy name](Self::policy_name) counts in a scope of that

@@ -278,7 +278,7 @@ impl<K> OutboundLayerBuilder<K> {
     }
 
     /// Counts the layer's keys in `scope` (1 to 64 characters of `[A-Za-z0-9._-]`), as
-    /// [`Limiter::acquire_scoped`] does: apart from the same keys used unscoped or in other
+    /// [`Limiter::acquire_cost`] does with a [`Target::scoped`](crate::Target::scoped): apart from the same keys used unscoped or in other
     /// scopes. Unscoped by default, so a layer shares its key's quota with direct
     /// [`Limiter::acquire`] calls.
     pub fn scope(mut self, scope: impl Into<String>) -> Self {

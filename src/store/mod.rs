@@ -228,7 +228,7 @@ pub struct ControlReply {
 /// Why a store could not decide. The [`FailurePolicy`](crate::policy::FailurePolicy) turns it into an
 /// outcome.
 ///
-/// [`Limiter::try_check`](crate::Limiter::try_check) returns it as it is:
+/// [`Limiter::try_check_quotas`](crate::Limiter::try_check_quotas) returns it as it is:
 ///
 /// ```
 /// use std::time::Duration;
@@ -250,7 +250,7 @@ pub struct ControlReply {
 /// # async fn main() {
 /// let limiter = Limiter::new(Down);
 /// let quota = Quota::per_second(1).unwrap();
-/// let error = limiter.try_check("k", &quota, 1).await.unwrap_err();
+/// let error = limiter.try_check_quotas("k", &quota.into(), 1).await.unwrap_err();
 /// assert!(matches!(error, StoreError::Timeout(_)));
 /// assert_eq!(error.to_string(), "store timed out after 100ms");
 /// // `check` hands the same error to the failure policy, which fails open by default.

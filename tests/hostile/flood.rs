@@ -223,7 +223,7 @@ async fn every_algorithm_expires_its_keys() {
                             let limiter = limiter.clone();
                             async move {
                                 limiter
-                                    .try_check(&format!("{i}"), &quota, 1)
+                                    .try_check_quotas(&format!("{i}"), &quota.into(), 1)
                                     .await
                                     .map(|d| d.allowed)
                             }

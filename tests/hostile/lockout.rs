@@ -211,7 +211,7 @@ async fn tightened_quota_never_locks_out() {
                 );
                 // Peek: what the key looks like under the new quota, consuming nothing.
                 let peek = limiter
-                    .try_check(&key, &new, 0)
+                    .try_check_quotas(&key, &new.into(), 0)
                     .await
                     .unwrap_or_else(|e| panic!("{context}: peek failed: {e}"));
                 assert_sane(&peek, &new, &context);

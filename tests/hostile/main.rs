@@ -289,7 +289,7 @@ pub(crate) fn assert_sane(d: &Decision, quota: &Quota, context: &str) {
 
 pub(crate) async fn decide(limiter: &Limiter, key: &str, quota: &Quota, context: &str) -> Decision {
     let d = limiter
-        .try_check(key, quota, 1)
+        .try_check_quotas(key, &quota.into(), 1)
         .await
         .unwrap_or_else(|e| panic!("{context}: the check failed: {e}"));
     assert_sane(&d, quota, context);

@@ -48,7 +48,7 @@ fn per(limit: u64, period_secs: u64) -> Quota {
 
 async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
     limiter
-        .try_check(key, quota, cost)
+        .try_check_quotas(key, &quota.into(), cost)
         .await
         .unwrap_or_else(|e| panic!("store failed: {e}"))
 }

@@ -42,7 +42,7 @@ fn script_calls(redis: &RedisServer) -> u64 {
 
 async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
     limiter
-        .try_check(key, quota, cost)
+        .try_check_quotas(key, &quota.into(), cost)
         .await
         .unwrap_or_else(|e| panic!("store failed: {e}"))
 }

@@ -148,7 +148,7 @@ impl Bench {
             clock.advance(Duration::from_micros(step.advance_us));
             let store = if on_redis { "redis" } else { "memory" };
             let decision = limiter
-                .try_check(key, quota, step.cost)
+                .try_check_quotas(key, &quota.into(), step.cost)
                 .await
                 .unwrap_or_else(|e| {
                     panic!("{algorithm} {quota:?} step {i} {step:?} on {store}: {e}")

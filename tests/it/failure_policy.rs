@@ -229,14 +229,18 @@ async fn script_flush_next_call_succeeds() {
     let quota = Quota::per_minute(10).unwrap();
 
     assert_eq!(
-        limiter.try_check("k", &quota, 1).await.unwrap().remaining,
+        limiter
+            .try_check_quotas("k", &quota.into(), 1)
+            .await
+            .unwrap()
+            .remaining,
         9
     );
     let loads = redis.command_calls("script|load");
     redis.script_flush();
 
     let after = limiter
-        .try_check("k", &quota, 1)
+        .try_check_quotas("k", &quota.into(), 1)
         .await
         .expect("the call after SCRIPT FLUSH must succeed");
     assert!(after.allowed);

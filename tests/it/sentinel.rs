@@ -209,7 +209,7 @@ async fn admitted_until_denied(limiter: &Limiter, key: &str, quota: &Quota) -> u
     let deadline = Instant::now() + FAILOVER_DEADLINE;
     let mut admitted = 0;
     loop {
-        match limiter.try_check(key, quota, 1).await {
+        match limiter.try_check_quotas(key, &quota.into(), 1).await {
             Ok(decision) if decision.allowed => admitted += 1,
             Ok(_) => return admitted,
             Err(StoreError::Timeout(timeout)) => {
@@ -437,7 +437,13 @@ async fn min_replicas_to_write_refuses_decisions_without_a_replica() {
         .unwrap();
     let limiter = Limiter::new(store);
     let quota = Quota::per_hour(LIMIT).unwrap();
-    assert!(limiter.try_check("k", &quota, 1).await.unwrap().allowed);
+    assert!(
+        limiter
+            .try_check_quotas("k", &quota.into(), 1)
+            .await
+            .unwrap()
+            .allowed
+    );
 
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -445,7 +451,10 @@ async fn min_replicas_to_write_refuses_decisions_without_a_replica() {
         .arg(1)
         .query(&mut redis.conn())
         .unwrap();
-    let error = limiter.try_check("k", &quota, 1).await.unwrap_err();
+    let error = limiter
+        .try_check_quotas("k", &quota.into(), 1)
+        .await
+        .unwrap_err();
     assert!(error.to_string().contains("NOREPLICAS"), "{error}");
     assert!(matches!(
         limiter.check("k", &quota).await,

@@ -28,13 +28,13 @@ async fn admits_exactly(limiter: &Limiter, key: &str, limit: u64) {
     let quota = Quota::per_hour(limit).unwrap();
     for i in 0..limit {
         let decision = limiter
-            .try_check(key, &quota, 1)
+            .try_check_quotas(key, &quota.into(), 1)
             .await
             .expect("store answers");
         assert!(decision.allowed, "request {i} of {limit} refused");
     }
     let decision = limiter
-        .try_check(key, &quota, 1)
+        .try_check_quotas(key, &quota.into(), 1)
         .await
         .expect("store answers");
     assert!(
@@ -117,7 +117,7 @@ async fn a_server_signed_by_another_ca_is_refused_with_a_clear_error() {
     );
     let limiter = Limiter::new(store);
     let error = limiter
-        .try_check("k", &Quota::per_hour(5).unwrap(), 1)
+        .try_check_quotas("k", &Quota::per_hour(5).unwrap().into(), 1)
         .await
         .expect_err("calls fail too");
     assert!(error.to_string().contains("certificate"), "{error}");

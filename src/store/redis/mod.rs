@@ -23,9 +23,9 @@ use redis::{
 };
 
 use self::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
+pub use self::error::BuildError;
 use self::reload::{Reloads, Script};
 use self::sentinel::{PrimaryConnection, SentinelOptions, SentinelTarget};
-pub use self::error::BuildError;
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState, CircuitBreaker};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
