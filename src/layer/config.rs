@@ -9,8 +9,8 @@ use std::sync::{Arc, RwLock};
 use http::request::Parts;
 use http::StatusCode;
 
+use super::headers::HeaderStyle;
 use super::resolver::QuotaResolver;
-use super::response::HeaderStyle;
 use crate::key::KeyExtractor;
 use crate::limiter::{KeyScope, Limiter, PolicyLabel};
 use crate::quota::Quotas;

@@ -13,7 +13,8 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::config::Config;
-use super::response::{self, HeaderStyle, Wire};
+use super::headers::HeaderStyle;
+use super::response::{self, Wire};
 use crate::decision::Decision;
 use crate::decision::Verdict;
 

@@ -9,8 +9,8 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use super::config::{Config, CostFn, MissingKey, SkipFn};
+use super::headers::HeaderStyle;
 use super::resolver::QuotaResolver;
-use super::response::HeaderStyle;
 use super::service::RateLimit;
 use crate::algorithm::Algorithm;
 use crate::key::KeyExtractor;

@@ -257,6 +257,7 @@
 mod body;
 mod config;
 mod future;
+mod headers;
 #[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
 mod layer;
 mod resolver;
