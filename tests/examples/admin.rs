@@ -69,7 +69,7 @@ fn seconds(value: &str) -> f64 {
 }
 
 fn limiter(redis: &RedisServer) -> Limiter {
-    Limiter::new(RedisStore::new(redis.url().as_str()).expect("a Redis URL"))
+    support::Ctx::default().redis(redis)
 }
 
 async fn decide(limiter: &Limiter, key: &str, quota: &Quota) -> Decision {

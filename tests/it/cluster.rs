@@ -11,20 +11,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use redlimit::store::RedisStore;
 use redlimit::{Algorithm, Limiter, Quota};
-use support::RedisCluster;
-
-fn cluster_limiter(cluster: &RedisCluster, algorithm: Algorithm) -> Limiter {
-    // Correctness tests, not latency tests: a generous timeout keeps a loaded CI machine from
-    // turning a slow first connection into a failure.
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .expect("valid urls");
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .build()
-        .expect("valid limiter")
-}
+use support::{cluster_limiter, RedisCluster};
 
 /// Many keys land on every node, and every key admits exactly its limit even when 4 limiters on
 /// 4 cluster connections race on it.

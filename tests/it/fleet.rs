@@ -13,31 +13,19 @@ use redlimit::{
     quota::QuotaError,
     Algorithm, Limiter, Quota, Quotas, Target,
 };
-use support::{RedisCluster, RedisServer};
+use support::{Ctx, RedisCluster, RedisServer};
 use tokio::sync::Barrier;
+
+/// Correctness, not latency: a generous timeout keeps a loaded machine from failing calls.
+const FLEET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A limiter on its own connection to `redis` (each instance of a fleet has its own).
 fn instance(redis: &RedisServer, algorithm: Algorithm) -> Limiter {
-    // Correctness, not latency: a generous timeout keeps a loaded machine from failing calls.
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .build()
-        .unwrap()
+    Ctx::new(algorithm).timeout(FLEET_TIMEOUT).redis(redis)
 }
 
 fn cluster_instance(cluster: &RedisCluster, algorithm: Algorithm) -> Limiter {
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .build()
-        .unwrap()
+    Ctx::new(algorithm).timeout(FLEET_TIMEOUT).cluster(cluster)
 }
 
 async fn admitted(limiter: &Limiter, key: &str, quotas: &Quotas, n: usize) -> usize {
