@@ -1,7 +1,5 @@
 //! The latency histogram.
 
-use super::*;
-
 /// Log-linear histogram of nanoseconds: 32 buckets per power of two (about 3 % wide).
 pub(crate) struct Histogram {
     pub(crate) counts: Box<[u32; Histogram::BUCKETS]>,

@@ -278,3 +278,58 @@ impl StorageKey {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn every_key_a_limiter_builds_or_a_store_derives_reads_back() {
+        fn read<'k>(limiter: &Limiter, key: &'k str) -> Option<StoredKey<'k>> {
+            limiter.stored_key(key)
+        }
+        let limiter = Limiter::builder(MemoryStore::new())
+            .prefix("p")
+            .build()
+            .unwrap();
+        let route = limiter.storage_key("t");
+        let scoped = limiter.storage_key(Target::scoped("login", "t"));
+        let hashed = limiter.storage_key("{t}");
+        let tenant = crate::algorithm::tenant_key(&scoped);
+        let log = crate::algorithm::log_controls_key(&scoped);
+        let hashed_id = &hashed["p:{".len()..hashed.len() - 1];
+        assert_eq!(
+            read(&limiter, &route),
+            Some(StoredKey::Route {
+                id: "t",
+                scope: None
+            })
+        );
+        assert_eq!(
+            read(&limiter, &scoped),
+            Some(StoredKey::Route {
+                id: "t",
+                scope: Some("login")
+            })
+        );
+        assert_eq!(read(&limiter, &tenant), Some(StoredKey::Tenant { id: "t" }));
+        assert_eq!(
+            read(&limiter, &log),
+            Some(StoredKey::LogControls {
+                id: "t",
+                scope: Some("login")
+            })
+        );
+        assert_eq!(
+            read(&limiter, &hashed),
+            Some(StoredKey::Route {
+                id: hashed_id,
+                scope: None
+            })
+        );
+        for foreign in ["q:{t}", "p:t", "p:{t}x", "p:{t"] {
+            assert_eq!(read(&limiter, foreign), None, "{foreign}");
+        }
+    }
+}
