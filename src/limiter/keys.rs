@@ -48,7 +48,7 @@ impl<'a> Target<'a> {
 
     /// `key` on every route: for [`Limiter::set_quota`] and [`Limiter::clear_quota`], an
     /// override of every route of the tenant that has none of its own (kept until cleared, or
-    /// for [`OVERRIDE_IDLE_TTL`] after it was set); for the other controls the same as
+    /// for [`OVERRIDE_IDLE_TTL`](super::OVERRIDE_IDLE_TTL) after it was set); for the other controls the same as
     /// [`Target::key`].
     pub fn all_routes(key: &'a str) -> Self {
         Target {
@@ -213,7 +213,9 @@ impl StoredKey<'_> {
 
 impl Limiter {
     /// The storage key of `target`: `<prefix>:{<id>}`, or `<prefix>:{<id>}:<scope>` within a
-    /// scope (see the [module docs](self)).
+    /// scope. The braces make a Redis Cluster hash tag shared by every key of one limiter key;
+    /// `<id>` is the key itself when short and printable, or its SHA-256 otherwise (see
+    /// [`key`](crate::key)). [`StoredKey`] reads a key back.
     ///
     /// ```
     /// use redlimit::{store::MemoryStore, Limiter, Target};
