@@ -95,13 +95,7 @@ async fn a_suspension_is_seen_by_every_instance_with_its_time_left() {
     for &algorithm in Algorithm::ALL {
         let fleet: Vec<Limiter> = (0..3).map(|_| instance(&redis, algorithm)).collect();
         let key = format!("upstream-{algorithm}");
-        assert!(
-            fleet[1]
-                .try_check_quotas(&key, &quota.into(), 1)
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(support::admits(&fleet[1], &key, &quota).await);
         let status = fleet[0]
             .suspend(key.as_str(), Duration::from_secs(30))
             .await
@@ -287,13 +281,7 @@ async fn controls_address_scoped_keys() {
         .copied()
         .unwrap();
     assert!(login.suspended);
-    assert!(
-        limiter
-            .try_check_quotas("alice", &quota.into(), 1)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(support::admits(&limiter, "alice", &quota).await);
     assert!(limiter
         .check_quotas(Target::scoped("api", "alice"), &quota.into(), 1)
         .await
@@ -389,13 +377,7 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
     let redis = RedisServer::start();
     let limiter = instance(&redis, Algorithm::TokenBucket);
     let quota = Quota::per_hour(3).unwrap();
-    assert!(
-        limiter
-            .try_check_quotas("k", &quota.into(), 1)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(support::admits(&limiter, "k", &quota).await);
     let before = limiter.inspect("k").await.unwrap();
 
     assert_eq!(Quotas::new([]), Err(QuotaError::NoQuotas));
@@ -729,13 +711,7 @@ async fn a_control_or_a_peek_never_destroys_state_of_another_type() {
 
     // A token bucket's key and a sliding-log admin; a GCRA admin.
     let bucket = instance(&redis, Algorithm::TokenBucket);
-    assert!(
-        bucket
-            .try_check_quotas("b", &quota.into(), 1)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(support::admits(&bucket, "b", &quota).await);
     let state = dump(&mut conn, "redlimit:{b}");
     for algorithm in [Algorithm::SlidingLog, Algorithm::Gcra] {
         let error = instance(&redis, algorithm)
