@@ -177,7 +177,7 @@ impl Limiter {
         cost: u64,
     ) -> Verdict {
         let storage_key = self.target_key(target.into());
-        self.decide(storage_key.as_str(), quotas, cost, &PolicyLabel::direct())
+        self.check_storage_key(storage_key.as_str(), quotas, cost, &PolicyLabel::direct())
             .await
     }
 
@@ -186,18 +186,6 @@ impl Limiter {
     /// allocation and no formatting.
     pub(crate) fn key_scope(&self, scope: Option<&str>) -> KeyScope {
         KeyScope::new(&self.inner.prefix, scope)
-    }
-
-    /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`];
-    /// `label` names the layer's policy in metrics.
-    pub(crate) async fn check_storage_key(
-        &self,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        label: &PolicyLabel,
-    ) -> Verdict {
-        self.decide(storage_key, quotas, cost, label).await
     }
 
     /// Counts a request that had no key and was checked against a shared one.
@@ -241,7 +229,9 @@ impl Limiter {
         self.inner.waiters.forget(storage_key);
     }
 
-    async fn decide(
+    /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`] (or
+    /// [`Target`]'s); `label` names the layer's policy in metrics.
+    pub(crate) async fn check_storage_key(
         &self,
         storage_key: &str,
         quotas: &Quotas,
