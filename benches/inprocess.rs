@@ -25,8 +25,9 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{HeaderName, HeaderValue, Request, Response};
 use redlimit::key::HeaderKey;
+use redlimit::limiter::Leases;
 use redlimit::store::MemoryStore;
-use redlimit::{Leases, Limiter, Quota, RateLimitLayer};
+use redlimit::{Limiter, Quota, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
 struct CountingAlloc;

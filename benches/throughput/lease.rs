@@ -15,10 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use redlimit::algorithm::Algorithm;
+use redlimit::limiter::Leases;
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Leases, Limiter, Quota};
+use redlimit::{Limiter, Quota};
 
-use super::{info_field, median, Admin, Settings};
+use crate::scenarios::median;
+use crate::server::{info_field, Admin};
+use crate::settings::Settings;
 
 /// Instances, and tasks per instance.
 const INSTANCES: usize = 3;
@@ -166,7 +170,7 @@ pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) {
         .map(|_| instance(&admin.url, Algorithm::FixedWindow, true))
         .collect();
     // k is at most a tenth of the capacity (and the default max_units).
-    let bound = INSTANCES as u64 * (BINDING / 10).min(redlimit::DEFAULT_MAX_LEASE_UNITS);
+    let bound = INSTANCES as u64 * (BINDING / 10).min(redlimit::limiter::DEFAULT_MAX_LEASE_UNITS);
     let windows = settings.deny_rounds.max(3);
     let mut per_window = Vec::new();
     for window in 0..windows {

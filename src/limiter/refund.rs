@@ -44,7 +44,7 @@ impl Limiter {
         units: u64,
     ) -> Result<(), ControlError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
-        let key = self.target_storage_key(target.into());
+        let key = self.storage_key(target);
         self.refund_storage_key(&key, quotas, units).await?;
         Ok(())
     }

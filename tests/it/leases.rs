@@ -9,12 +9,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redlimit::clock::{Clock, ManualClock};
+use redlimit::limiter::{ConfigError, LeaseError, LeaseStats, Leases};
 use redlimit::policy::FailClosed;
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{
-    Algorithm, Clock, ConfigError, Decision, LeaseError, Leases, Limiter, ManualClock, Quota,
-    Verdict,
-};
+use redlimit::{Algorithm, Decision, Limiter, Quota, Verdict};
 use support::{Ctx, RedisCluster, RedisServer};
 
 const INTERVAL: Duration = Duration::from_millis(50);
@@ -29,7 +28,7 @@ fn leasing(store: RedisStore, algorithm: Algorithm) -> Limiter {
 }
 
 /// 3 instances × 200 concurrent callers on one key of 40 an hour.
-async fn admitted_by_three_instances(instances: [Limiter; 3]) -> (u64, Vec<redlimit::LeaseStats>) {
+async fn admitted_by_three_instances(instances: [Limiter; 3]) -> (u64, Vec<LeaseStats>) {
     let quota = Quota::per_hour(40).unwrap();
     let mut tasks = Vec::new();
     for limiter in &instances {
@@ -48,7 +47,7 @@ async fn admitted_by_three_instances(instances: [Limiter; 3]) -> (u64, Vec<redli
     (admitted, stats)
 }
 
-fn assert_accounted(stats: &[redlimit::LeaseStats]) {
+fn assert_accounted(stats: &[LeaseStats]) {
     for s in stats {
         assert_eq!(
             s.leased,
@@ -358,7 +357,7 @@ fn manual(store: MemoryStore, clock: &ManualClock) -> Limiter {
 
 async fn peek(limiter: &Limiter, key: &str, quota: &Quota) -> u64 {
     limiter
-        .check_cost(key, quota, 0)
+        .check_quotas(key, &(*quota).into(), 0)
         .await
         .decision()
         .unwrap()
@@ -366,7 +365,7 @@ async fn peek(limiter: &Limiter, key: &str, quota: &Quota) -> u64 {
 }
 
 /// Waits until the background give-backs have landed (`held` units returned or stranded).
-async fn settled(limiter: &Limiter) -> redlimit::LeaseStats {
+async fn settled(limiter: &Limiter) -> LeaseStats {
     for _ in 0..200 {
         let s = limiter.lease_stats();
         if s.leased == s.spent + s.held + s.returned + s.stranded && s.held == 0 {
@@ -493,7 +492,7 @@ async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
         .unwrap();
     let quota = Quota::per_second(10).unwrap();
     assert!(
-        matches!(limiter.check_cost("k", &quota, 0).await, Verdict::Decided(d) if d.remaining == 10)
+        matches!(limiter.check_quotas("k", &quota.into(), 0).await, Verdict::Decided(d) if d.remaining == 10)
     );
     assert_eq!(limiter.lease_stats().renewals, 0);
 

@@ -11,9 +11,9 @@ use tokio::sync::futures::Notified;
 use super::state::Released;
 use super::{Counters, Lease, LeaseStats, LeaseTable};
 use crate::decision::Decision;
+use crate::decision::Verdict;
 use crate::limiter::stats::{PolicyLabel, StoreTimer};
 use crate::limiter::{Inner, Limiter};
-use crate::policy::Verdict;
 use crate::quota::Quotas;
 use crate::store::{RefundRequest, StoreError};
 
@@ -402,7 +402,7 @@ impl Limiter {
     /// leases it does nothing.
     ///
     /// ```
-    /// use redlimit::{store::MemoryStore, Leases, Limiter, Quota};
+    /// use redlimit::{limiter::Leases, store::MemoryStore, Limiter, Quota};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -429,7 +429,7 @@ impl Limiter {
     /// What this limiter's leases did so far (all zero without leases).
     ///
     /// ```
-    /// use redlimit::{store::MemoryStore, Leases, Limiter, Quota};
+    /// use redlimit::{limiter::Leases, store::MemoryStore, Limiter, Quota};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -482,8 +482,9 @@ async fn sweep(weak: Weak<Inner>, every: std::time::Duration) {
 #[cfg(test)]
 mod tests {
     use crate::limiter::stats::PolicyLabel;
+    use crate::limiter::Leases;
     use crate::store::MemoryStore;
-    use crate::{Leases, Limiter, Quota, Quotas};
+    use crate::{Limiter, Quota, Quotas};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_held_lease_answers_without_a_future_and_anything_else_is_left_to_the_check() {

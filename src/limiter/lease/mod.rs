@@ -61,7 +61,7 @@ pub(super) const LEASE_DENY_CACHE_KEYS: usize = 10_000;
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlimit::{store::MemoryStore, Leases, Limiter, Quota};
+/// use redlimit::{limiter::Leases, store::MemoryStore, Limiter, Quota};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -172,11 +172,12 @@ fn leases_exactly(algorithm: Algorithm) -> bool {
 }
 
 /// A lease configuration the builder refuses (inside
-/// [`ConfigError::Lease`](crate::ConfigError::Lease)).
+/// [`ConfigError::Lease`](crate::limiter::ConfigError::Lease)).
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlimit::{store::MemoryStore, Algorithm, ConfigError, LeaseError, Leases, Limiter};
+/// use redlimit::limiter::{ConfigError, LeaseError, Leases};
+/// use redlimit::{store::MemoryStore, Algorithm, Limiter};
 ///
 /// let zero = Limiter::builder(MemoryStore::new()).leases(Leases::new(Duration::ZERO)).build();
 /// assert_eq!(zero.err(), Some(ConfigError::Lease(LeaseError::ZeroInterval)));
@@ -310,7 +311,7 @@ impl LeaseTable {
     }
 
     /// The leases' time in µs: the client clock's when there is one (so a
-    /// [`ManualClock`](crate::ManualClock) drives them in tests), else a local monotonic clock.
+    /// [`ManualClock`](crate::clock::ManualClock) drives them in tests), else a local monotonic clock.
     fn now(&self, clock: &Clock) -> u64 {
         clock
             .now_micros()

@@ -4,7 +4,8 @@
 use futures::future::BoxFuture;
 
 use super::reload::Script;
-use super::{count_error, Answer, Call, RedisStore, Unsettled};
+use super::script::Call;
+use super::{count_error, RedisStore, Unsettled};
 use crate::algorithm::REFUND_SOURCE;
 use crate::algorithm::{log_controls_key, refund_args, refund_script, tenant_key, Algorithm};
 use crate::store::breaker::Admission;
@@ -71,7 +72,7 @@ impl RedisStore {
             breaker: self.breaker.as_deref(),
             admission,
         };
-        let result = self.run_script(Call::Mode(call)).await;
+        let result = self.run_script(Call::Mode(call), Ok).await;
         unsettled.breaker = None;
         let transport = result.as_ref().err().map(StoreError::is_transport);
         if let Some(breaker) = &self.breaker {
@@ -83,10 +84,7 @@ impl RedisStore {
         if let Some(transport) = transport {
             count_error(name, transport);
         }
-        match result? {
-            Answer::Mode(value) => Ok(value),
-            other => Err(StoreError::BadReply(format!("{other:?}"))),
-        }
+        result
     }
 
     pub(super) fn refund_call<'a>(
