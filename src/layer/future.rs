@@ -147,6 +147,25 @@ where
         }
     }
 
+    /// A request admitted already (from a lease): the inner service is called at once, with
+    /// the decision in the request's extensions, as after a check.
+    pub(crate) fn admitted(
+        decision: Decision,
+        headers: Headers<K>,
+        mut request: Request<ReqBody>,
+        mut inner: S,
+    ) -> Self {
+        debug_assert!(decision.allowed);
+        request.extensions_mut().insert(decision);
+        ResponseFuture {
+            state: State::Calling {
+                future: inner.call(request),
+                headers: Some((decision, headers)),
+            },
+            wire: Wire::Http,
+        }
+    }
+
     pub(crate) fn pass_through(future: S::Future) -> Self {
         ResponseFuture {
             state: State::Calling {

@@ -12,6 +12,7 @@ use super::config::{Config, MissingKey};
 use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
 use super::response::Wire;
+use crate::decision::Verdict;
 use crate::key::KeyExtractor;
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
@@ -249,6 +250,23 @@ where
             }
         };
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
+        // A lease that holds enough answers at once: no future to box, nothing to await.
+        if let Resolved::Default = resolved {
+            let leased = config.limiter.check_leased_now(
+                storage_key.as_str(),
+                &config.quotas,
+                cost,
+                &config.metrics_label,
+            );
+            if let Some(Verdict::Decided(decision)) = leased {
+                let headers = future::Headers {
+                    config: config.clone(),
+                    style: None,
+                };
+                let request = Request::from_parts(parts, body);
+                return ResponseFuture::admitted(decision, headers, request, inner);
+            }
+        }
 
         // The one clone of the shared config per request: the check owns it, and hands it back
         // with the verdict for the response headers. The quotas a resolver chose are replaced

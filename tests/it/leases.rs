@@ -511,3 +511,40 @@ async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
         limiter.lease_stats()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_answers_from_a_lease_with_its_decision_and_headers_and_exactly_the_quota() {
+    use http_body_util::Full;
+    use redlimit::key::GlobalKey;
+    use redlimit::RateLimitLayer;
+    use std::sync::atomic::AtomicUsize;
+    use support::service::{counting, SEEN};
+    use tower::{Layer, ServiceExt};
+
+    let limiter = Limiter::builder(MemoryStore::new())
+        .leases(Leases::new(INTERVAL))
+        .build()
+        .unwrap();
+    let quota = Quota::per_hour(400).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("g"))
+        .build()
+        .unwrap();
+    let service = layer.layer(counting(calls.clone()));
+    let mut admitted = 0;
+    for _ in 0..1_000 {
+        let request = http::Request::new(Full::default());
+        let response = service.clone().oneshot(request).await.unwrap();
+        if response.status() == http::StatusCode::OK {
+            admitted += 1;
+            // The handler saw the decision, and the header tells the client the same.
+            let seen = response.headers()[SEEN].to_str().unwrap().to_owned();
+            let header = response.headers()["ratelimit"].to_str().unwrap();
+            assert!(header.contains(&format!(";r={seen};")), "{header} / {seen}");
+        }
+    }
+    assert_eq!(admitted, 400);
+    assert_eq!(calls.load(Ordering::SeqCst), 400);
+    let stats = limiter.lease_stats();
+    assert!(stats.renewals < 100, "served from the lease: {stats:?}");
+}

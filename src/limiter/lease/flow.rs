@@ -84,7 +84,6 @@ impl Limiter {
     /// for it. `None` when it must be checked as usual ([`check_storage_key`]).
     ///
     /// [`check_storage_key`]: Limiter::check_storage_key
-    #[allow(dead_code)] // the layer's fast path, wired once the layer's restructuring lands
     pub(crate) fn check_leased_now(
         &self,
         storage_key: &str,

@@ -358,7 +358,6 @@ impl LeaseTable {
     }
 
     /// The lease of `key` under `quotas`, if there is one (made by nothing).
-    #[allow(dead_code)] // see `Limiter::check_leased_now`
     fn find(&self, key: &str, quotas: &Quotas) -> Option<Arc<Lease>> {
         let (hash, shard) = self.slot(key);
         let shard = shard.lock().expect("lease shard");
