@@ -1,5 +1,6 @@
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
@@ -11,6 +12,12 @@ const DIGITS: usize = 32;
 /// The longest key built on the stack: `<name>:<digits>` for names up to 95 bytes.
 const STACK_KEY: usize = 128;
 
+/// Slots of the cache of recent values' hashes.
+const RECENT: usize = 64;
+
+/// Values longer than this are hashed every time (an API key or a token is far shorter).
+const RECENT_MAX_VALUE: usize = 256;
+
 /// The value of a request header (an API key, a bearer token), **hashed** with SHA-256 before it
 /// reaches Redis, logs or traces.
 ///
@@ -19,6 +26,8 @@ const STACK_KEY: usize = 128;
 /// per-process secret: instances would count the same client under different keys.
 ///
 /// Any byte sequence works, including non-UTF-8 values. A request without the header has no key.
+/// The extractor (and its clones) remembers the hashes of up to 64 recently seen values, in
+/// this process only, so a busy client's value is hashed once rather than on every request.
 ///
 /// **A header key limits only what has been authenticated.** The client chooses its headers:
 /// keyed on an unchecked `x-api-key`, a client sending a fresh value with every request gets a
@@ -99,12 +108,63 @@ const STACK_KEY: usize = 128;
 pub struct HeaderKey {
     name: HeaderName,
     secret: Option<Vec<u8>>,
+    /// The hashes of recently seen values, shared by clones: a busy client's header is hashed
+    /// once, not on every request (SHA-256 was a third of the layer's instructions per request).
+    recent: Arc<Recent>,
+}
+
+/// A small direct-mapped cache: a value's slot is picked by a cheap hash of it, and holds the
+/// last value seen there with its hex digits. It holds values this process has seen in
+/// requests (never sent anywhere), at most [`RECENT`] of them; a collision only costs a hash.
+struct Recent {
+    slots: Box<[Mutex<Option<(Box<[u8]>, [u8; DIGITS])>>]>,
+}
+
+impl Recent {
+    fn new() -> Arc<Recent> {
+        Arc::new(Recent {
+            slots: (0..RECENT).map(|_| Mutex::new(None)).collect(),
+        })
+    }
+
+    fn slot(&self, value: &[u8]) -> &Mutex<Option<(Box<[u8]>, [u8; DIGITS])>> {
+        // FNV-1a: a few instructions a byte, against SHA-256's thousands a block.
+        let hash = value.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        &self.slots[(hash >> 32) as usize % self.slots.len()]
+    }
+
+    /// Writes the digits of `value` into `out` (exactly [`DIGITS`] bytes), from the cache when
+    /// it holds them.
+    fn digits(&self, out: &mut [u8], secret: Option<&[u8]>, value: &[u8]) {
+        if value.len() > RECENT_MAX_VALUE {
+            return write_sha256_hex(out, secret, value);
+        }
+        // Never waits: a slot another thread holds is skipped.
+        let Ok(mut slot) = self.slot(value).try_lock() else {
+            return write_sha256_hex(out, secret, value);
+        };
+        match &*slot {
+            Some((seen, digits)) if **seen == *value => out.copy_from_slice(digits),
+            _ => {
+                write_sha256_hex(out, secret, value);
+                let mut digits = [0u8; DIGITS];
+                digits.copy_from_slice(out);
+                *slot = Some((value.into(), digits));
+            }
+        }
+    }
 }
 
 impl HeaderKey {
     /// The value of header `name`, hashed.
     pub fn new(name: HeaderName) -> Self {
-        HeaderKey { name, secret: None }
+        HeaderKey {
+            name,
+            secret: None,
+            recent: Recent::new(),
+        }
     }
 
     /// The value of the header called `name` (case-insensitive), hashed.
@@ -132,6 +192,8 @@ impl HeaderKey {
     /// ```
     pub fn with_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
         self.secret = Some(secret.into());
+        // Digits cached under another secret are not this one's.
+        self.recent = Recent::new();
         self
     }
 }
@@ -153,7 +215,8 @@ impl HeaderKey {
         let (head, digits) = out.split_at_mut(name.len() + 1);
         head[..name.len()].copy_from_slice(name);
         head[name.len()] = b':';
-        write_sha256_hex(digits, self.secret.as_deref(), value.as_bytes());
+        self.recent
+            .digits(digits, self.secret.as_deref(), value.as_bytes());
         // A header name and hex digits: ASCII.
         std::str::from_utf8(out).expect("header names and hex digits are ASCII")
     }
@@ -207,6 +270,31 @@ mod tests {
         let none = http::Request::new(()).into_parts().0;
         assert_eq!(extractor.extract(&none), None);
         extractor.with_key(&none, |key| assert_eq!(key, None));
+    }
+
+    #[test]
+    fn cached_digits_are_the_hash_of_that_value_under_that_secret() {
+        let plain = HeaderKey::named("x-api-key").unwrap();
+        let secret = plain.clone().with_secret("s");
+        for round in 0..3 {
+            for i in 0..200 {
+                let value = format!("k-{i}");
+                let hash = super::super::sha256_hex(None, value.as_bytes());
+                let expected = format!("x-api-key:{}", &hash[..DIGITS]);
+                let request = parts(&value);
+                let key = plain.extract(&request);
+                assert_eq!(key.as_deref(), Some(&*expected), "round {round}");
+                let hash = super::super::sha256_hex(Some(b"s"), value.as_bytes());
+                let expected = format!("x-api-key:{}", &hash[..DIGITS]);
+                assert_eq!(secret.extract(&request).as_deref(), Some(&*expected));
+            }
+        }
+        // A value too long to cache is hashed as it is.
+        let long = "v".repeat(RECENT_MAX_VALUE + 1);
+        let hash = super::super::sha256_hex(None, long.as_bytes());
+        let request = parts(&long);
+        let key = plain.extract(&request).unwrap();
+        assert_eq!(key, format!("x-api-key:{}", &hash[..DIGITS]));
     }
 
     #[test]
