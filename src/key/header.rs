@@ -117,8 +117,11 @@ pub struct HeaderKey {
 /// last value seen there with its hex digits. It holds values this process has seen in
 /// requests (never sent anywhere), at most [`RECENT`] of them; a collision only costs a hash.
 struct Recent {
-    slots: Box<[Mutex<Option<(Box<[u8]>, [u8; DIGITS])>>]>,
+    slots: Box<[Mutex<Option<Seen>>]>,
 }
+
+/// A value seen, and its hex digits.
+type Seen = (Box<[u8]>, [u8; DIGITS]);
 
 impl Recent {
     fn new() -> Arc<Recent> {
@@ -127,7 +130,7 @@ impl Recent {
         })
     }
 
-    fn slot(&self, value: &[u8]) -> &Mutex<Option<(Box<[u8]>, [u8; DIGITS])>> {
+    fn slot(&self, value: &[u8]) -> &Mutex<Option<Seen>> {
         // FNV-1a: a few instructions a byte, against SHA-256's thousands a block.
         let hash = value.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
             (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
