@@ -48,6 +48,7 @@ use std::sync::LazyLock;
 
 use crate::quota::{Quota, QuotaError};
 
+mod block;
 mod driver;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -59,12 +60,13 @@ pub(crate) mod token_bucket;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub(crate) use self::block::{block_args, block_script, block_us, offences_key, BLOCK_SOURCE};
 #[cfg(test)]
 pub(crate) use self::driver::ttl_ms;
 pub(crate) use self::driver::{
     capped_cost, control, decide, decide_log, foreign_state, log_controls_key, push_call,
-    push_control, push_split_call, split_keys, tenant_key, Controls, LogWrite, Op, Refused, Reply,
-    Written, OVERRIDE_IDLE_MS, STAMP,
+    push_control, push_split_call, split_keys, tenant_key, Controls, LogWrite, Op, PackedArgs,
+    Refused, Reply, Written, OVERRIDE_IDLE_MS, STAMP,
 };
 pub(crate) use self::refund::{refund, refund_args, refund_script, REFUND_SOURCE};
 

@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::config::Config;
+use super::modes::{self, Settlement, ShadowLimited};
 use super::response::{self, HeaderStyle, Wire};
 use crate::decision::Decision;
 use crate::policy::Verdict;
@@ -65,6 +66,10 @@ pub(crate) type Check<K> = BoxFuture<'static, Checked<K>>;
 pub(crate) struct Checked<K> {
     pub verdict: Verdict,
     pub headers: Headers<K>,
+    /// The shadow tiers' denial, if they would have denied (`modes.rs`).
+    pub shadow: Option<Decision>,
+    /// The settlement due after the response (`modes.rs`).
+    pub settlement: Option<Settlement>,
 }
 
 /// Asks the limiter about the request stored under `storage_key`, against the quotas of
@@ -78,13 +83,46 @@ pub(crate) async fn check<K>(
     cost: u64,
 ) -> Checked<K> {
     let quotas = style.as_deref().map_or(&config.quotas, HeaderStyle::quotas);
+    let modes = &config.modes;
     let verdict = config
         .limiter
-        .check_storage_key(storage_key, quotas, cost, &config.metrics_label)
+        .check_storage_key_blocking(
+            storage_key,
+            quotas,
+            cost,
+            &config.metrics_label,
+            modes.block.as_ref(),
+        )
         .await;
+    let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
+    let mut shadow = None;
+    if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
+        let key = [storage_key, modes::SHADOW_SCOPE_SUFFIX].concat();
+        let label = modes::shadow_label(&config);
+        if let Verdict::Decided(decision) = config
+            .limiter
+            .check_storage_key(&key, tiers, cost, &label)
+            .await
+        {
+            shadow = (!decision.allowed).then_some(decision);
+        }
+    }
+    let settlement = match &modes.settle {
+        Some(settle) if admitted => Some(Settlement {
+            limiter: config.limiter.clone(),
+            storage_key: storage_key.to_owned(),
+            quotas: quotas.clone(),
+            reserved: cost,
+            settle: Arc::clone(settle),
+            label: config.metrics_label.clone(),
+        }),
+        _ => None,
+    };
     Checked {
         verdict,
         headers: Headers { config, style },
+        shadow,
+        settlement,
     }
 }
 
@@ -118,6 +156,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             headers: Option<(Decision, Headers<K>)>,
+            settlement: Option<Settlement>,
         },
         // Answering without the inner service.
         Rejecting { rejection: Option<Rejection<K>> },
@@ -151,6 +190,7 @@ where
             state: State::Calling {
                 future,
                 headers: None,
+                settlement: None,
             },
             wire: Wire::Http,
         }
@@ -181,11 +221,17 @@ where
                     request,
                     inner,
                 } => {
-                    let Checked { verdict, headers } = ready!(check.as_mut().poll(cx));
+                    let Checked {
+                        verdict,
+                        headers,
+                        shadow,
+                        settlement,
+                    } = ready!(check.as_mut().poll(cx));
                     let (mut request, mut inner) = match (request.take(), inner.take()) {
                         (Some(request), Some(inner)) => (request, inner),
                         _ => panic!("ResponseFuture polled after completion"),
                     };
+                    let modes = &headers.config.modes;
                     if !verdict.is_allowed() {
                         *this.wire = Wire::of(request.headers());
                     }
@@ -193,9 +239,36 @@ where
                         Verdict::Decided(decision) if decision.allowed => {
                             // Handlers can read what is left.
                             request.extensions_mut().insert(decision);
+                            if let Some(denial) = shadow {
+                                modes::note_shadow_denial(
+                                    &headers.config.policy_name,
+                                    &denial,
+                                    true,
+                                );
+                                request.extensions_mut().insert(ShadowLimited(denial));
+                            }
+                            let headers = (!modes.shadow || modes.shadow_headers)
+                                .then_some((decision, headers));
                             State::Calling {
                                 future: inner.call(request),
-                                headers: Some((decision, headers)),
+                                headers,
+                                settlement,
+                            }
+                        }
+                        // Shadow: recorded as a denial, forwarded all the same.
+                        Verdict::Decided(decision) if modes.shadow => {
+                            modes::note_shadow_denial(
+                                &headers.config.policy_name,
+                                &decision,
+                                false,
+                            );
+                            request.extensions_mut().insert(decision);
+                            request.extensions_mut().insert(ShadowLimited(decision));
+                            let headers = modes.shadow_headers.then_some((decision, headers));
+                            State::Calling {
+                                future: inner.call(request),
+                                headers,
+                                settlement: None,
                             }
                         }
                         Verdict::Decided(decision) => State::Rejecting {
@@ -204,14 +277,27 @@ where
                         Verdict::FailedOpen => State::Calling {
                             future: inner.call(request),
                             headers: None,
+                            settlement: None,
+                        },
+                        Verdict::FailedClosed { .. } if modes.shadow => State::Calling {
+                            future: inner.call(request),
+                            headers: None,
+                            settlement: None,
                         },
                         Verdict::FailedClosed { retry_after } => State::Rejecting {
                             rejection: Some(Rejection::Unavailable(retry_after)),
                         },
                     }
                 }
-                StateProj::Calling { future, headers } => {
-                    let response = ready!(future.poll(cx))?;
+                StateProj::Calling {
+                    future,
+                    headers,
+                    settlement,
+                } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some(settlement) = settlement.take() {
+                        response = settlement.settle(response);
+                    }
                     let mut response = response.map(ResponseBody::inner);
                     if let Some((decision, headers)) = headers.take() {
                         headers.style().apply(response.headers_mut(), &decision);

@@ -259,6 +259,7 @@ mod config;
 mod future;
 #[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
 mod layer;
+mod modes;
 mod resolver;
 mod response;
 mod service;
@@ -267,5 +268,6 @@ pub use self::body::ResponseBody;
 pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use self::modes::ShadowLimited;
 pub use self::resolver::{resolver_fn, FnResolver, QuotaResolver, Resolved};
 pub use self::service::RateLimit;

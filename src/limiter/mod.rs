@@ -14,6 +14,7 @@ use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod acquire;
+mod block;
 mod builder;
 mod control;
 mod deny_cache;
@@ -23,6 +24,7 @@ mod stats;
 
 pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
+pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
 pub use self::control::{
     ControlError, KeyStatus, Target, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
@@ -30,9 +32,9 @@ pub use self::control::{
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
 use self::keys::{join_storage_key, StorageKey};
-pub(crate) use self::stats::PolicyLabel;
 use self::stats::{Counters, StoreTimer};
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
+pub(crate) use self::stats::{PolicyLabel, Shadow};
 
 /// The default prefix of every Redis key.
 pub const DEFAULT_PREFIX: &str = "redlimit";
@@ -300,6 +302,19 @@ impl Limiter {
         cost: u64,
         label: &PolicyLabel,
     ) -> Verdict {
+        self.decide_with(storage_key, quotas, cost, label, None)
+            .await
+    }
+
+    /// [`decide`](Self::decide), blocking the key on a denial when `block` is given.
+    async fn decide_with(
+        &self,
+        storage_key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+        block: Option<crate::store::Block>,
+    ) -> Verdict {
         if let Err((quota, error)) = self.supports(quotas) {
             tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
             let decision = Decision {
@@ -317,7 +332,7 @@ impl Limiter {
         }
         let request = self.request(storage_key, quotas, cost);
         let stats = &self.inner.stats;
-        match self.ask(request, label).await {
+        match self.ask_with(request, label, block).await {
             Ok(decision) => Verdict::Decided(decision),
             Err(error) => {
                 stats.count_store_error();
@@ -435,6 +450,16 @@ impl Limiter {
         request: CheckRequest<'_>,
         label: &PolicyLabel,
     ) -> Result<Decision, StoreError> {
+        self.ask_with(request, label, None).await
+    }
+
+    /// [`ask`](Self::ask), blocking the key on a denial when `block` is given.
+    async fn ask_with(
+        &self,
+        request: CheckRequest<'_>,
+        label: &PolicyLabel,
+        block: Option<crate::store::Block>,
+    ) -> Result<Decision, StoreError> {
         let stats = &self.inner.stats;
         let cache = self.inner.deny_cache.as_ref();
         let CheckRequest {
@@ -448,7 +473,10 @@ impl Limiter {
             }
         }
         let timer = StoreTimer::start();
-        let result = self.inner.store.check(request).await;
+        let result = match block {
+            Some(block) => self.inner.store.check_blocking(request, block).await,
+            None => self.inner.store.check(request).await,
+        };
         timer.stop(label);
         let decision = result?;
         stats.count_decision(&decision, label);

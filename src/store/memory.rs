@@ -691,6 +691,16 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(self.try_control(request)))
     }
 
+    fn check_blocking<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: super::Block,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(std::future::ready(Ok(
+            self.check_blocking_now(request, block)
+        )))
+    }
+
     fn refund<'a>(
         &'a self,
         request: super::RefundRequest<'a>,

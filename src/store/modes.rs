@@ -22,9 +22,12 @@ pub struct RefundRequest<'a> {
     pub now_micros: Option<u64>,
 }
 
-/// Whole µs, at least 1.
-pub(crate) fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros())
-        .unwrap_or(u64::MAX)
-        .max(1)
+/// A block on abuse for [`Store::check_blocking`](super::Store::check_blocking): a denial by a
+/// quota suspends the key's tenant for `duration`, doubled per repeated offence up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// The first offence's block.
+    pub duration: Duration,
+    /// The longest block (equal to `duration`: no doubling).
+    pub max: Duration,
 }

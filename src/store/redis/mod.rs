@@ -804,6 +804,14 @@ impl Store for RedisStore {
         })
     }
 
+    fn check_blocking<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: super::Block,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.block_call(request, block)
+    }
+
     fn refund<'a>(
         &'a self,
         request: super::RefundRequest<'a>,

@@ -5,27 +5,35 @@ use futures::future::BoxFuture;
 
 use super::reload::Script;
 use super::{count_error, Answer, Call, RedisStore, Unsettled};
-use crate::algorithm::REFUND_SOURCE;
-use crate::algorithm::{log_controls_key, refund_args, refund_script, tenant_key, Algorithm};
+use crate::algorithm::{
+    block_args, block_script, log_controls_key, offences_key, refund_args, refund_script,
+    tenant_key, Algorithm, PackedArgs, Reply, BLOCK_SOURCE, REFUND_SOURCE,
+};
+use crate::decision::Decision;
 use crate::store::breaker::Admission;
-use crate::store::{RefundRequest, StoreError};
+use crate::store::micros;
+use crate::store::{Block, CheckRequest, RefundRequest, StoreError};
 
 /// A production mode's script call.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum ModeCall<'a> {
     Refund(RefundRequest<'a>),
+    /// A decision that blocks on a denial.
+    Block(CheckRequest<'a>, Block),
 }
 
 impl ModeCall<'_> {
     pub(super) fn script(&self) -> (&'static redis::Script, &'static str) {
         match self {
             ModeCall::Refund(_) => (refund_script(), REFUND_SOURCE),
+            ModeCall::Block(..) => (block_script(), &BLOCK_SOURCE),
         }
     }
 
     pub(super) fn which(&self) -> Script {
         match self {
             ModeCall::Refund(_) => Script::Refund,
+            ModeCall::Block(..) => Script::Block,
         }
     }
 
@@ -47,6 +55,17 @@ impl ModeCall<'_> {
                     r.quotas,
                     r.now_micros,
                 ));
+            }
+            ModeCall::Block(r, block) => {
+                let args = PackedArgs::new(r.algorithm, r.quotas, r.cost, r.now_micros);
+                if r.algorithm == Algorithm::SlidingLog {
+                    cmd.arg(4).arg(log_controls_key(r.key)).arg(r.key);
+                } else {
+                    cmd.arg(3).arg(r.key);
+                }
+                cmd.arg(tenant_key(r.key)).arg(offences_key(r.key));
+                cmd.arg(args.as_bytes())
+                    .arg(block_args(micros(block.duration), micros(block.max)));
             }
         }
     }
@@ -98,6 +117,28 @@ impl RedisStore {
                 redis::Value::Int(n) if n >= 0 => Ok(n as u64),
                 other => Err(StoreError::BadReply(format!("{other:?}"))),
             }
+        })
+    }
+}
+
+impl RedisStore {
+    pub(super) fn block_call<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: Block,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let reply = self
+                .run_mode(ModeCall::Block(request, block), "check")
+                .await?;
+            let parsed = match &reply {
+                redis::Value::BulkString(bytes) => Reply::from_redis(bytes),
+                redis::Value::Int(both) => Reply::from_admission(*both, request.quotas),
+                _ => None,
+            };
+            parsed
+                .and_then(|parsed| parsed.into_decision(request.quotas))
+                .ok_or_else(|| StoreError::BadReply(format!("{reply:?}")))
         })
     }
 }
