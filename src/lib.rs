@@ -125,9 +125,9 @@ pub use crate::layer::{
     RateLimitLayerBuilder, Resolved, ResponseBody, ResponseFuture,
 };
 pub use crate::limiter::{
-    AcquireError, BlockFor, ConfigError, ControlError, KeyStatus, Limiter, LimiterBuilder,
-    LimiterStats, Target, TierState, DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_SUSPENSION,
-    OVERRIDE_IDLE_TTL,
+    AcquireError, BlockFor, ConcurrencyLimiter, ConfigError, ControlError, KeyStatus, Limiter,
+    LimiterBuilder, LimiterStats, Slot, SlotOutcome, Target, TierState, DEFAULT_PREFIX,
+    DEFAULT_SLOT_LEASE, DIRECT_POLICY_LABEL, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
 pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 pub use crate::quota::{Quota, QuotaError, Quotas, MAX_COUNT, MAX_PERIOD, MAX_TIERS};

@@ -55,6 +55,7 @@ pub(crate) mod gcra;
 mod refund;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
+mod slots;
 pub(crate) mod token_bucket;
 
 #[cfg(test)]
@@ -69,6 +70,9 @@ pub(crate) use self::driver::{
     Refused, Reply, Written, OVERRIDE_IDLE_MS, STAMP,
 };
 pub(crate) use self::refund::{refund, refund_args, refund_script, REFUND_SOURCE};
+pub(crate) use self::slots::{
+    slot_args, slots_script, slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE,
+};
 
 /// Which rate-limiting algorithm decides.
 ///

@@ -255,6 +255,7 @@
 //! ```
 
 mod body;
+mod concurrency;
 mod config;
 mod future;
 #[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
@@ -265,6 +266,9 @@ mod response;
 mod service;
 
 pub use self::body::ResponseBody;
+pub use self::concurrency::{
+    ConcurrencyBody, ConcurrencyFuture, ConcurrencyLimit, ConcurrencyLimitLayer,
+};
 pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};

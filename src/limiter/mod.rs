@@ -16,6 +16,7 @@ use crate::store::{CheckRequest, Store, StoreError};
 mod acquire;
 mod block;
 mod builder;
+mod concurrency;
 mod control;
 mod deny_cache;
 mod keys;
@@ -26,6 +27,7 @@ pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
+pub use self::concurrency::{ConcurrencyLimiter, Slot, SlotOutcome, DEFAULT_SLOT_LEASE};
 pub use self::control::{
     ControlError, KeyStatus, Target, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
@@ -608,6 +610,9 @@ pub enum ConfigError {
     /// The limiter's algorithm cannot serve the layer's quota.
     #[error(transparent)]
     Quota(#[from] crate::quota::QuotaError),
+    /// A concurrency slot's lease shorter than 1 ms or longer than 30 days.
+    #[error("a concurrency slot's lease must last from 1 ms to 30 days")]
+    InvalidLease,
 }
 
 #[cfg(test)]

@@ -707,6 +707,13 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(std::future::ready(Ok(self.refund_now(request))))
     }
+
+    fn slots<'a>(
+        &'a self,
+        request: super::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<super::SlotReply, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.slots_now(request))))
+    }
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ mod redis;
 
 pub use self::breaker::CircuitBreaker;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
-pub use self::modes::{Block, RefundRequest};
+pub use self::modes::{Block, RefundRequest, SlotOp, SlotReply, SlotRequest};
 pub use self::redis::{
     RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
 };
@@ -182,6 +182,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let _ = request;
         Box::pin(std::future::ready(Err(StoreError::Unsupported(
             "this store has no refunds",
+        ))))
+    }
+
+    /// Takes, renews or gives back a fleet-wide concurrency slot, atomically
+    /// (`lua/slots.lua`). The default answers [`StoreError::Unsupported`].
+    fn slots<'a>(
+        &'a self,
+        request: SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
+        let _ = request;
+        Box::pin(std::future::ready(Err(StoreError::Unsupported(
+            "this store has no concurrency slots",
         ))))
     }
 }

@@ -3,6 +3,7 @@
 //! block on abuse, and fleet-wide concurrency limits.
 
 mod block;
+mod concurrency;
 mod refund;
 mod settle;
 mod shadow;

@@ -6,13 +6,70 @@ use std::time::Duration;
 
 use super::{expiry, KeyState, MemoryStore, Stored};
 use crate::algorithm::{
-    block_us, log_controls_key, offences_key, refund, tenant_key, Algorithm, Controls, STAMP,
+    block_us, log_controls_key, offences_key, refund, slots_step, tenant_key, Algorithm, Controls,
+    ACQUIRE, RENEW, STAMP,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
-use crate::store::{micros, Block, CheckRequest, Control, ControlRequest, RefundRequest};
+use crate::store::{
+    micros, Block, CheckRequest, Control, ControlRequest, RefundRequest, SlotReply, SlotRequest,
+};
 
 impl MemoryStore {
+    /// A slot call (`lua/slots.lua`), synchronously.
+    pub(super) fn slots_now(&self, request: SlotRequest<'_>) -> SlotReply {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let (op, limit) = crate::store::modes::slot_op(request.op);
+        let lease_us = micros(request.lease);
+        let id = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut hasher = self.hasher.build_hasher();
+            hasher.write(request.id.as_bytes());
+            hasher.finish()
+        };
+        let mut guard = self
+            .shard(request.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shard = &mut *guard;
+        let (held, live) = shard.find(request.key, now);
+        let bytes = live.and_then(|slot| shard.bytes(slot)).unwrap_or_default();
+        if live.is_none() && op != ACQUIRE {
+            return SlotReply {
+                ok: false,
+                remaining: 0,
+                wait: Duration::ZERO,
+            };
+        }
+        let ((ok, remaining, wait_us), after) = slots_step(bytes, op, limit, lease_us, id, now);
+        let changed = op != ACQUIRE || ok;
+        match after {
+            Some(bytes) if changed => {
+                // The set expires one lease after the lease it last began or renewed.
+                let expires_at = match (op, ok) {
+                    (ACQUIRE | RENEW, true) => now + lease_us.div_ceil(1000) * 1000,
+                    _ => live.map_or(now, |slot| shard.slots[slot].stored.expires_at),
+                };
+                let stored = Stored {
+                    state: KeyState::Bytes(bytes),
+                    expires_at,
+                };
+                shard.put(held, request.key, stored, now, self.max_keys_per_shard);
+            }
+            None => {
+                if let Some(slot) = held {
+                    shard.remove_slot(slot);
+                }
+            }
+            Some(_) => {}
+        }
+        SlotReply {
+            ok,
+            remaining,
+            wait: Duration::from_millis(wait_us.div_ceil(1000)),
+        }
+    }
+
     /// A decision that blocks on a denial (`lua/block.lua`), synchronously: the decision, then
     /// the block at the same time (a memory store serves one process: nothing comes between
     /// that could tell the two apart).

@@ -819,6 +819,13 @@ impl Store for RedisStore {
         self.refund_call(request)
     }
 
+    fn slots<'a>(
+        &'a self,
+        request: super::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<super::SlotReply, StoreError>> {
+        self.slots_call(request)
+    }
+
     /// Controls go to Redis even while the circuit breaker is open: an operator's change is
     /// worth a try, and it is bounded by the same timeout.
     fn control<'a>(

@@ -7,12 +7,14 @@ use super::reload::Script;
 use super::{count_error, Answer, Call, RedisStore, Unsettled};
 use crate::algorithm::{
     block_args, block_script, log_controls_key, offences_key, refund_args, refund_script,
-    tenant_key, Algorithm, PackedArgs, Reply, BLOCK_SOURCE, REFUND_SOURCE,
+    slot_args, slots_script, tenant_key, Algorithm, PackedArgs, Reply, BLOCK_SOURCE, REFUND_SOURCE,
+    SLOTS_SOURCE,
 };
 use crate::decision::Decision;
 use crate::store::breaker::Admission;
 use crate::store::micros;
-use crate::store::{Block, CheckRequest, RefundRequest, StoreError};
+use crate::store::modes::slot_op;
+use crate::store::{Block, CheckRequest, RefundRequest, SlotReply, SlotRequest, StoreError};
 
 /// A production mode's script call.
 #[derive(Debug, Clone, Copy)]
@@ -20,6 +22,7 @@ pub(super) enum ModeCall<'a> {
     Refund(RefundRequest<'a>),
     /// A decision that blocks on a denial.
     Block(CheckRequest<'a>, Block),
+    Slots(SlotRequest<'a>),
 }
 
 impl ModeCall<'_> {
@@ -27,6 +30,7 @@ impl ModeCall<'_> {
         match self {
             ModeCall::Refund(_) => (refund_script(), REFUND_SOURCE),
             ModeCall::Block(..) => (block_script(), &BLOCK_SOURCE),
+            ModeCall::Slots(_) => (slots_script(), SLOTS_SOURCE),
         }
     }
 
@@ -34,6 +38,7 @@ impl ModeCall<'_> {
         match self {
             ModeCall::Refund(_) => Script::Refund,
             ModeCall::Block(..) => Script::Block,
+            ModeCall::Slots(_) => Script::Slots,
         }
     }
 
@@ -66,6 +71,16 @@ impl ModeCall<'_> {
                 cmd.arg(tenant_key(r.key)).arg(offences_key(r.key));
                 cmd.arg(args.as_bytes())
                     .arg(block_args(micros(block.duration), micros(block.max)));
+            }
+            ModeCall::Slots(r) => {
+                let (op, limit) = slot_op(r.op);
+                cmd.arg(1).arg(r.key).arg(slot_args(
+                    op,
+                    limit,
+                    micros(r.lease),
+                    r.id,
+                    r.now_micros,
+                ));
             }
         }
     }
@@ -139,6 +154,24 @@ impl RedisStore {
             parsed
                 .and_then(|parsed| parsed.into_decision(request.quotas))
                 .ok_or_else(|| StoreError::BadReply(format!("{reply:?}")))
+        })
+    }
+}
+
+impl RedisStore {
+    pub(super) fn slots_call<'a>(
+        &'a self,
+        request: SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
+        Box::pin(async move {
+            let reply = self.run_mode(ModeCall::Slots(request), "slots").await?;
+            let (ok, remaining, wait_ms): (i64, i64, i64) = redis::from_redis_value_ref(&reply)
+                .map_err(|_| StoreError::BadReply(format!("{reply:?}")))?;
+            Ok(SlotReply {
+                ok: ok == 1,
+                remaining: u64::try_from(remaining).unwrap_or(0),
+                wait: std::time::Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0)),
+            })
         })
     }
 }
