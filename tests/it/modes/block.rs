@@ -145,3 +145,63 @@ async fn redis_and_memory_block_byte_for_byte() {
         clock.advance(Duration::from_secs(8));
     }
 }
+
+/// The layer's `block_for`: the denial's Retry-After is the block, and the tenant's other
+/// routes (another layer, on another instance) are blocked too.
+#[tokio::test]
+async fn a_layer_blocks_the_tenant_on_every_route() {
+    use bytes::Bytes;
+    use http::{Request, StatusCode};
+    use http_body_util::Full;
+    use redlimit::key::GlobalKey;
+    use redlimit::RateLimitLayer;
+    use tower::{Layer, ServiceExt};
+
+    let redis = RedisServer::start();
+    let login = RateLimitLayer::builder(
+        Ctx::default().redis(&redis),
+        Quota::per_minute(2).unwrap(),
+        GlobalKey::new("mallory"),
+    )
+    .policy_name("login")
+    .block_for(Duration::from_secs(120))
+    .build()
+    .unwrap();
+    let search = RateLimitLayer::builder(
+        Ctx::default().redis(&redis),
+        Quota::per_second(100).unwrap(),
+        GlobalKey::new("mallory"),
+    )
+    .policy_name("search")
+    .build()
+    .unwrap();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let login = login.layer(crate::support::service::counting(calls.clone()));
+    let search = search.layer(crate::support::service::counting(calls.clone()));
+    let request = || Request::new(Full::new(Bytes::new()));
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for _ in 0..3 {
+        let response = login.clone().oneshot(request()).await.unwrap();
+        statuses.push(response.status());
+        last = Some(response);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(last.unwrap().headers()["retry-after"], "120");
+    let elsewhere = search.clone().oneshot(request()).await.unwrap();
+    assert_eq!(elsewhere.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = elsewhere.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((118..=120).contains(&retry), "{retry}");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
