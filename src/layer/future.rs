@@ -111,7 +111,7 @@ pub(crate) async fn check<K>(
         Some(settle) if admitted => Some(Settlement {
             limiter: config.limiter.clone(),
             storage_key: storage_key.to_owned(),
-            quotas: quotas.clone(),
+            quotas: *quotas,
             reserved: cost,
             settle: Arc::clone(settle),
             label: config.metrics_label.clone(),
