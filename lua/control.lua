@@ -24,8 +24,9 @@ local MAX_EXACT = 9007199254740992
 local OVERRIDE_IDLE_MS = 2592000000
 local sunpack, spack, byte, sub, call = struct.unpack, struct.pack, string.byte, string.sub,
   redis.call
-local NAMES = { [116] = 'token-bucket', [103] = 'gcra', [102] = 'fixed-window',
-  [119] = 'sliding-window', [108] = 'sliding-log' }
+-- NAMES: every algorithm's name under its tag byte, written here by Rust from the algorithms'
+-- specs (`local NAMES = { [116] = 'token-bucket', ... }`).
+-- @names
 
 local function invalid(what)
   return redis.error_reply('ERR redlimit: invalid control arguments; ' .. what)

@@ -1,9 +1,10 @@
 //! Block on abuse: the decision script wrapped by `lua/block.lua`, and what its Rust mirror
-//! (the memory store) shares with it.
+//! (the memory store) shares with it. Its wire (arguments, the script) is in
+//! `src/store/redis/modes.rs`.
 
 use std::sync::LazyLock;
 
-use super::{tenant_key, Algorithm};
+use super::tenant_key;
 
 /// The key of a tenant's offence count: its hash tag and `#b`, beside its controls (`#t`).
 pub(crate) fn offences_key(key: &str) -> String {
@@ -11,14 +12,6 @@ pub(crate) fn offences_key(key: &str) -> String {
     tenant.pop();
     tenant.push('b');
     tenant
-}
-
-/// The block script's second argument: `'<dd'` block_us, max_us.
-pub(crate) fn block_args(block_us: u64, max_us: u64) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(16);
-    bytes.extend_from_slice(&(block_us.min(1 << 53) as f64).to_le_bytes());
-    bytes.extend_from_slice(&(max_us.min(1 << 53) as f64).to_le_bytes());
-    bytes
 }
 
 /// The block for the offence after `offences` earlier ones: `min(block * 2^n, max)` in µs, as
@@ -31,16 +24,9 @@ pub(crate) fn block_us(block_us: u64, max_us: u64, offences: f64) -> f64 {
 }
 
 /// The block script: the decision script as a function, spliced into `lua/block.lua`.
-pub(crate) static BLOCK_SOURCE: LazyLock<String> = LazyLock::new(|| {
+pub(crate) static BLOCK_WRAPPER: LazyLock<String> = LazyLock::new(|| {
     let wrapper = include_str!("../../lua/block.lua");
-    let decide = Algorithm::TokenBucket.script_source();
-    let spliced = wrapper.replacen("-- @decide\n", decide, 1);
+    let spliced = wrapper.replacen("-- @decide\n", &super::SOURCE, 1);
     assert_ne!(spliced, wrapper, "lua/block.lua has its @decide line");
     spliced
 });
-
-/// The block script, loaded once per process.
-pub(crate) fn block_script() -> &'static redis::Script {
-    static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&BLOCK_SOURCE));
-    &SCRIPT
-}

@@ -1,9 +1,20 @@
 //! Fixed window: the Rust mirror of `lua/fixed_window.lua`, step for step.
 
-use super::{lua_mod, sane, unpack, window_time, Args, Outcome, Packed};
+use super::{lua_mod, sane, unpack, window_time, Args, Kind, Outcome, Packed, Spec, Window};
+
+/// Fixed window's specification: its registration (see the module docs of `algorithm`).
+pub(crate) const SPEC: Spec = Spec {
+    name: "fixed-window",
+    tag: b'f',
+    kind: Kind::Packed(step),
+    fields: &["window", "count"],
+    lua: include_str!("../../lua/fixed_window.lua"),
+    window: Window::Period,
+    max_burst: None,
+};
 
 /// The state tag: `f`, layout 1 (w, n).
-const TAG: u8 = b'f';
+const TAG: u8 = SPEC.tag;
 
 /// One step over the stored state (`f` + the window's µs start `w` + the units `n` admitted in
 /// it).

@@ -1,9 +1,20 @@
 //! GCRA: the Rust mirror of `lua/gcra.lua`, step for step.
 
-use super::{decision_time, sane, unpack, Args, Outcome, Packed};
+use super::{decision_time, sane, unpack, Args, Kind, Outcome, Packed, Spec, Window};
+
+/// GCRA's specification: its registration (see the module docs of `algorithm`).
+pub(crate) const SPEC: Spec = Spec {
+    name: "gcra",
+    tag: b'g',
+    kind: Kind::Packed(step),
+    fields: &["at", "debt"],
+    lua: include_str!("../../lua/gcra.lua"),
+    window: Window::Refill,
+    max_burst: None,
+};
 
 /// The state tag: `g`, layout 1 (at, d).
-const TAG: u8 = b'g';
+const TAG: u8 = SPEC.tag;
 
 /// One step over the stored state (`g` + the debt `d`, in emission intervals, i.e. requests,
 /// measured at the µs time `at`; the theoretical arrival time is `at + d * period / limit`).

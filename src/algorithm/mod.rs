@@ -9,10 +9,34 @@
 //! numbers are doubles) over the same state strings, so both give identical decisions and store
 //! identical bytes; the differential tests hold them to that.
 //!
-//! Adding an algorithm: a Lua step, its Rust mirror, and its registration (the variant with its
-//! [`name`](Algorithm::name), its `kind`, and its line in `LUA_STEPS`); every `match` over
-//! [`Algorithm`] is exhaustive, so the compiler lists what is missing, and a unit test checks
-//! that every name has its Lua step.
+//! Each algorithm is declared once, in a `Spec` beside its Rust step: its name, tag byte, kind,
+//! state fields, Lua step, header window and largest burst. Everything else (the spliced
+//! script, the argument byte, the split of a key's string into tiers, `inspect`, the
+//! `RateLimit-Policy` window) reads the spec; `Algorithm::spec` is the one exhaustive `match`.
+//!
+//! # Adding an algorithm
+//!
+//! 1. **A Lua step**, `lua/<algorithm>.lua`: pure, reading `stored`, `now`, `cost`, `limit`,
+//!    `period`, `burst` and setting `ok`, `rem`, `re`, `rs`, `state` (see `lua/common.lua`'s
+//!    header). Its state is a new tag byte and doubles.
+//! 2. **A Rust step**, `src/algorithm/<algorithm>.rs`: the mirror of the Lua step, line for
+//!    line, and its `pub(crate) const SPEC: Spec` naming the name, tag, `Kind::Packed(step)`,
+//!    field names, `include_str!` of the Lua step and the `Window`.
+//! 3. **One registration**, in this file: `pub(crate) mod <algorithm>;`, the variant of
+//!    [`Algorithm`] (with its doc), and its place in [`Algorithm::ALL`]. The compiler then
+//!    names the missing arm of `Algorithm::spec` (add it: `Algorithm::New => &new::SPEC`).
+//!
+//! The tests name the rest: the unit tests in `spec.rs` fail until `ALL` lists every step file
+//! in `lua/`, and hold the Lua step's tag, `#stored` length and `spack` layout to the spec;
+//! `names_parse_back_and_every_algorithm_has_its_step` below lists the public names; and
+//! `tests/it/fleet.rs` asks for the new state's expected field
+//! (`several_quotas_are_exact_under_concurrency_across_instances`). A throwaway copy of the
+//! fixed window took exactly these: two new files, four lines here (module, variant, `ALL`,
+//! `spec` arm), the names list, one line in `tests/it/fleet.rs`.
+//!
+//! A state of a length no algorithm has yet (today 17 and 25 bytes) also needs the driver's
+//! split of a key's string by tag (`lua/common.lua` and `lua/control.lua`); the unit test
+//! `the_scripts_tags_and_state_lengths_are_the_specs` prints the lines they must hold.
 //!
 //! # Examples
 //!
@@ -44,35 +68,52 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::LazyLock;
 
 use crate::quota::{Quota, QuotaError};
 
 mod block;
-mod driver;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+pub(crate) mod layout;
+mod mirror;
 mod refund;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 mod slots;
+mod spec;
 pub(crate) mod token_bucket;
 
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub(crate) use self::block::{block_args, block_script, block_us, offences_key, BLOCK_SOURCE};
+pub(crate) use self::block::{block_us, offences_key, BLOCK_WRAPPER};
+pub(crate) use self::layout::{
+    capped_cost, log_controls_key, tenant_key, Controls, Op, Reply, OVERRIDE_IDLE_MS, STAMP,
+};
 #[cfg(test)]
-pub(crate) use self::driver::ttl_ms;
-pub(crate) use self::driver::{
-    capped_cost, control, decide, decide_log, foreign_state, log_controls_key, push_call,
-    push_control, push_split_call, split_keys, tenant_key, Controls, LogWrite, Op, PackedArgs,
-    Refused, Reply, Written, OVERRIDE_IDLE_MS, STAMP,
+pub(crate) use self::mirror::ttl_ms;
+pub(crate) use self::mirror::{
+    control, decide, decide_log, foreign_state, LogWrite, Refused, Written,
 };
-pub(crate) use self::refund::{refund, refund_args, refund_script, REFUND_SOURCE};
-pub(crate) use self::slots::{
-    slot_args, slots_script, slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE,
+pub(crate) use self::refund::{refund, REFUND_SOURCE};
+pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};
+pub(crate) use self::spec::{
+    is_one_state, packed_by_tag, state_len_of, Kind, Spec, Window, CONTROL_SOURCE, SOURCE,
 };
+
+/// The decision script as the crate sends it (`lua/common.lua` with every step spliced in),
+/// for tests that run it by hand.
+#[doc(hidden)]
+pub fn script_source() -> &'static str {
+    &SOURCE
+}
+
+/// The keys a decision on the storage key `key` names besides it, as the crate builds them:
+/// the sliding log's controls (`<key>#m`), then the tenant's (`<prefix>:{<id>}#t`). For tests.
+#[doc(hidden)]
+pub fn control_keys(key: &str) -> [String; 2] {
+    [log_controls_key(key), tenant_key(key)]
+}
 
 /// Which rate-limiting algorithm decides.
 ///
@@ -140,50 +181,31 @@ impl Algorithm {
     /// assert_eq!("gcra".parse::<Algorithm>(), Ok(Algorithm::Gcra));
     /// ```
     pub fn name(&self) -> &'static str {
+        self.spec().name
+    }
+
+    /// Its specification: the one exhaustive `match` over the algorithms, so the compiler
+    /// names a new variant's missing registration here (see the module docs).
+    pub(crate) const fn spec(self) -> &'static Spec {
         match self {
-            Algorithm::TokenBucket => "token-bucket",
-            Algorithm::Gcra => "gcra",
-            Algorithm::FixedWindow => "fixed-window",
-            Algorithm::SlidingLog => "sliding-log",
-            Algorithm::SlidingWindow => "sliding-window",
+            Algorithm::TokenBucket => &token_bucket::SPEC,
+            Algorithm::Gcra => &gcra::SPEC,
+            Algorithm::FixedWindow => &fixed_window::SPEC,
+            Algorithm::SlidingLog => &sliding_log::SPEC,
+            Algorithm::SlidingWindow => &sliding_window::SPEC,
         }
     }
 
     /// The byte naming this algorithm in the script's arguments: its state strings' tag byte
     /// (`lua/common.lua` dispatches on it).
     pub(crate) fn tag(&self) -> u8 {
-        match self {
-            Algorithm::TokenBucket => b't',
-            Algorithm::Gcra => b'g',
-            Algorithm::FixedWindow => b'f',
-            Algorithm::SlidingLog => b'l',
-            Algorithm::SlidingWindow => b'w',
-        }
+        self.spec().tag
     }
 
-    /// The Lua script: one for every algorithm (the driver in `lua/common.lua` and every
-    /// step), loaded once per process; the arguments name the algorithm.
-    pub(crate) fn script(&self) -> &'static redis::Script {
-        static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&SOURCE));
-        &SCRIPT
-    }
-
-    /// The Lua source of [`Algorithm::script`], for `SCRIPT LOAD` and the `EVAL` fallback.
-    pub(crate) fn script_source(&self) -> &'static str {
-        &SOURCE
-    }
-
-    /// How the driver runs this algorithm: its registration. Each algorithm is a pure step
-    /// over a packed state string (`lua/<algorithm>.lua` and its mirror here), except the
-    /// sliding log, which keeps a sorted set.
+    /// How the driver runs this algorithm: a pure step over a packed state string
+    /// (`lua/<algorithm>.lua` and its mirror here), or the sliding log's sorted set.
     pub(crate) fn kind(&self) -> Kind {
-        match self {
-            Algorithm::TokenBucket => Kind::Packed(token_bucket::step),
-            Algorithm::Gcra => Kind::Packed(gcra::step),
-            Algorithm::FixedWindow => Kind::Packed(fixed_window::step),
-            Algorithm::SlidingWindow => Kind::Packed(sliding_window::step),
-            Algorithm::SlidingLog => Kind::Log,
-        }
+        self.spec().kind
     }
 
     /// Whether this algorithm can serve `quota`. Only the sliding log has a limit: its burst is
@@ -197,61 +219,12 @@ impl Algorithm {
     /// assert_eq!(Algorithm::SlidingLog.supports(&huge), Err(QuotaError::BurstTooLargeForSlidingLog));
     /// ```
     pub fn supports(&self, quota: &Quota) -> Result<(), QuotaError> {
-        match self {
-            Algorithm::SlidingLog if quota.burst() > MAX_SLIDING_LOG_BURST => {
-                Err(QuotaError::BurstTooLargeForSlidingLog)
-            }
+        match self.spec().max_burst {
+            Some(max) if quota.burst() > max => Err(QuotaError::BurstTooLargeForSlidingLog),
             _ => Ok(()),
         }
     }
 }
-
-/// Each algorithm's Lua step under its byte ([`Algorithm::tag`]): the registration of the Lua
-/// side.
-const LUA_STEPS: &[(u8, &str)] = &[
-    (b't', include_str!("../../lua/token_bucket.lua")),
-    (b'g', include_str!("../../lua/gcra.lua")),
-    (b'f', include_str!("../../lua/fixed_window.lua")),
-    (b'l', include_str!("../../lua/sliding_log.lua")),
-    (b'w', include_str!("../../lua/sliding_window.lua")),
-];
-
-/// The whole script: the driver with every step spliced in as a branch at its `@steps` line
-/// (the loop over tiers), and every packed step once more at its `@packed-steps` line (the
-/// one-tier path, which runs the step without the loop's bookkeeping).
-static SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let branches = |only_packed: bool| -> String {
-        LUA_STEPS
-            .iter()
-            .filter(|(tag, _)| {
-                let packed = Algorithm::ALL
-                    .iter()
-                    .any(|a| a.tag() == *tag && matches!(a.kind(), Kind::Packed(_)));
-                !only_packed || packed
-            })
-            .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
-            .collect()
-    };
-    let driver = include_str!("../../lua/common.lua");
-    let spliced = driver
-        .replacen("-- @packed-steps\n", &branches(true), 1)
-        .replacen("-- @steps\n", &branches(false), 1);
-    assert_eq!(
-        spliced.matches("elseif alg == 116 then").count(),
-        2,
-        "lua/common.lua has its @packed-steps and @steps lines"
-    );
-    spliced
-});
-
-/// The fleet controls' script (`lua/control.lua`), loaded once per process.
-pub(crate) fn control_script() -> &'static redis::Script {
-    static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CONTROL_SOURCE));
-    &SCRIPT
-}
-
-/// The Lua source of [`control_script`].
-pub(crate) const CONTROL_SOURCE: &str = include_str!("../../lua/control.lua");
 
 /// The driver for one tier without controls, as the tests of each step run it: the step on the
 /// stored state, and the state to write with its TTL in ms.
@@ -264,15 +237,6 @@ pub(crate) fn drive(
     let outcome = step(stored, args);
     let reply = outcome.reply(args);
     (reply, outcome.state.map(|s| (s, ttl_ms(outcome.reset_us))))
-}
-
-/// How the driver runs an algorithm (see [`Algorithm::kind`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Kind {
-    /// A pure step over the packed state string.
-    Packed(PackedStep),
-    /// The sliding log: a log of admission times (a sorted set in Redis).
-    Log,
 }
 
 /// A pure step: (stored state, now, cost, quota) -> decision and the new state to store.
@@ -468,7 +432,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{Algorithm, LUA_STEPS, MAX_SKEW_US, SOURCE};
+    use super::{Algorithm, MAX_SKEW_US, SOURCE};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -516,8 +480,9 @@ mod tests {
     #[test]
     fn every_step_uses_the_clocks_max_skew() {
         let line = format!("local MAX_SKEW, t = {}, now", MAX_SKEW_US as u64);
-        for (tag, step) in LUA_STEPS {
-            assert!(step.contains(&line), "step {tag} lacks {line:?}");
+        for algorithm in Algorithm::ALL {
+            let step = algorithm.spec().lua;
+            assert!(step.contains(&line), "{algorithm} lacks {line:?}");
         }
     }
 

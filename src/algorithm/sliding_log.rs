@@ -5,7 +5,19 @@
 
 use std::collections::VecDeque;
 
-use super::{decision_time, Args, Outcome};
+use super::Outcome;
+use super::{decision_time, Args, Kind, Spec, Window, MAX_SLIDING_LOG_BURST};
+
+/// The sliding log's specification: its registration (see the module docs of `algorithm`).
+pub(crate) const SPEC: Spec = Spec {
+    name: "sliding-log",
+    tag: b'l',
+    kind: Kind::Log,
+    fields: &[],
+    lua: include_str!("../../lua/sliding_log.lua"),
+    window: Window::Period,
+    max_burst: Some(MAX_SLIDING_LOG_BURST),
+};
 
 /// The log: the µs time each admitted unit was admitted, oldest first (the sorted set's
 /// scores; its member names never affect a decision).

@@ -8,10 +8,21 @@
 //! limit", for `k = 1`). At most `2 * burst` pass in any interval of one period, and at most
 //! `burst` in one fixed window.
 
-use super::{lua_mod, sane, unpack, window_time, Args, Outcome, Packed};
+use super::{lua_mod, sane, unpack, window_time, Args, Kind, Outcome, Packed, Spec, Window};
+
+/// Sliding window counter's specification: its registration (see the module docs of `algorithm`).
+pub(crate) const SPEC: Spec = Spec {
+    name: "sliding-window",
+    tag: b'w',
+    kind: Kind::Packed(step),
+    fields: &["window", "current", "previous"],
+    lua: include_str!("../../lua/sliding_window.lua"),
+    window: Window::TwoPeriods,
+    max_burst: None,
+};
 
 /// The state tag: `w`, layout 1 (w, c, p).
-const TAG: u8 = b'w';
+const TAG: u8 = SPEC.tag;
 
 /// The fade of the script (step 4d, inlined there so that no closure is built per call): the
 /// first elapsed µs of a window at which `count` units of the previous window weigh at most

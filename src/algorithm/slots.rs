@@ -2,45 +2,13 @@
 //! store's encoding of the sorted set (16 bytes per slot: the lease's end as a little-endian
 //! double, then the id's 8-byte hash; the ids themselves are the holders' business).
 
-use std::sync::LazyLock;
-
 /// The slots script's body.
 pub(crate) const SLOTS_SOURCE: &str = include_str!("../../lua/slots.lua");
-
-/// The slots script, loaded once per process.
-pub(crate) fn slots_script() -> &'static redis::Script {
-    static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SLOTS_SOURCE));
-    &SCRIPT
-}
 
 /// The operations' bytes.
 pub(crate) const ACQUIRE: u8 = b'a';
 pub(crate) const RENEW: u8 = b'n';
 pub(crate) const RELEASE: u8 = b'r';
-
-/// `'<dBdd'` now_us, op, limit, lease_us, then the id.
-pub(crate) fn slot_args(
-    op: u8,
-    limit: u64,
-    lease_us: u64,
-    id: &str,
-    now_micros: Option<u64>,
-) -> Vec<u8> {
-    let exact = |v: u64| {
-        if (v as f64) < super::MAX_EXACT {
-            v as f64
-        } else {
-            f64::NAN
-        }
-    };
-    let mut bytes = Vec::with_capacity(25 + id.len());
-    bytes.extend_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
-    bytes.push(op);
-    bytes.extend_from_slice(&exact(limit).to_le_bytes());
-    bytes.extend_from_slice(&exact(lease_us).to_le_bytes());
-    bytes.extend_from_slice(id.as_bytes());
-    bytes
-}
 
 /// One slot call on the memory store's encoding `held`: the reply `(ok, remaining, wait_us)`
 /// and the new encoding (`None`: nothing held, the key is deleted).

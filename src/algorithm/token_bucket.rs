@@ -1,9 +1,20 @@
 //! Token bucket: the Rust mirror of `lua/token_bucket.lua`, step for step.
 
-use super::{decision_time, sane, unpack, Args, Outcome, Packed};
+use super::{decision_time, sane, unpack, Args, Kind, Outcome, Packed, Spec, Window};
+
+/// Token bucket's specification: its registration (see the module docs of `algorithm`).
+pub(crate) const SPEC: Spec = Spec {
+    name: "token-bucket",
+    tag: b't',
+    kind: Kind::Packed(step),
+    fields: &["tokens", "ts"],
+    lua: include_str!("../../lua/token_bucket.lua"),
+    window: Window::Refill,
+    max_burst: None,
+};
 
 /// The state tag: `t`, layout 1 (tokens, ts).
-const TAG: u8 = b't';
+const TAG: u8 = SPEC.tag;
 
 /// One step over the stored state (`t` + whole tokens + the µs time up to which refill is
 /// accounted).

@@ -279,28 +279,13 @@ impl StackValue {
 /// under a second is scaled to one second.
 fn policy_window(quota: &Quota, algorithm: Algorithm) -> (u64, u64) {
     let capacity = quota.burst();
-    let window_us = full_again_us(quota, algorithm).max(1);
+    let window_us = algorithm.spec().window.full_again_us(quota).max(1);
     if window_us >= 1_000_000 {
         let w = window_us.div_ceil(1_000_000);
         (capacity, u64::try_from(w).unwrap_or(u64::MAX))
     } else {
         let per_second = u128::from(capacity) * 1_000_000 / window_us;
         (u64::try_from(per_second).unwrap_or(u64::MAX), 1)
-    }
-}
-
-/// The longest time, in µs, from an empty key back to its full capacity: the bound of every
-/// `reset_after` (and of every finite `retry_after`) the algorithm's step can answer.
-fn full_again_us(quota: &Quota, algorithm: Algorithm) -> u128 {
-    let period = quota.period().as_micros();
-    match algorithm {
-        // `burst` units at `limit` per `period`, rounded up to the µs as the steps do.
-        Algorithm::TokenBucket | Algorithm::Gcra => {
-            (u128::from(quota.burst()) * period).div_ceil(u128::from(quota.limit().max(1)))
-        }
-        Algorithm::FixedWindow | Algorithm::SlidingLog => period,
-        // The current window's count weighs on through the next window.
-        Algorithm::SlidingWindow => 2 * period,
     }
 }
 

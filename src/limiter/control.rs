@@ -9,7 +9,9 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{Limiter, StorageKey};
-use crate::algorithm::{Algorithm, Controls, OVERRIDE_IDLE_MS, STAMP};
+use crate::algorithm::{
+    is_one_state, packed_by_tag, state_len_of, Algorithm, Controls, OVERRIDE_IDLE_MS, STAMP,
+};
 use crate::key::{scope_id, storage_id};
 use crate::quota::{QuotaError, Quotas};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
@@ -215,7 +217,7 @@ impl KeyStatus {
         match controls {
             Controls::Some {
                 until_us, bytes, ..
-            } if stored.len() != 17 && stored.len() != 25 => {
+            } if !is_one_state(stored.len()) => {
                 suspended_for = suspended_for.max(left(until_us));
                 quota_override = Quotas::new(controls.override_quotas()).ok();
                 at = bytes.len();
@@ -226,7 +228,7 @@ impl KeyStatus {
                     at += 9;
                 }
             }
-            Controls::Corrupt if stored.len() != 17 && stored.len() != 25 => at = stored.len(),
+            Controls::Corrupt if !is_one_state(stored.len()) => at = stored.len(),
             _ => {}
         }
         // States written before the tenant's reset read as fresh.
@@ -236,11 +238,7 @@ impl KeyStatus {
         }
         let mut tiers = Vec::new();
         while let Some(&tag) = stored.get(at) {
-            let len = match tag {
-                0 => 1,
-                b'w' => 25,
-                _ => 17,
-            };
+            let len = state_len_of(tag);
             let state = &stored[at..(at + len).min(stored.len())];
             at += len;
             let value = |i: usize| {
@@ -249,16 +247,8 @@ impl KeyStatus {
                     .and_then(|b| b.try_into().ok())
                     .map_or(f64::NAN, f64::from_le_bytes)
             };
-            let (algorithm, names): (Option<Algorithm>, &[&'static str]) = match tag {
-                b't' => (Some(Algorithm::TokenBucket), &["tokens", "ts"]),
-                b'g' => (Some(Algorithm::Gcra), &["at", "debt"]),
-                b'f' => (Some(Algorithm::FixedWindow), &["window", "count"]),
-                b'w' => (
-                    Some(Algorithm::SlidingWindow),
-                    &["window", "current", "previous"],
-                ),
-                _ => (None, &[]),
-            };
+            let algorithm = packed_by_tag(tag);
+            let names = algorithm.map_or(&[][..], |a| a.spec().fields);
             let fields = names
                 .iter()
                 .enumerate()

@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::config::{Acquire, Limits};
 use super::error::OutboundError;
-use super::learn;
+use super::react;
 use super::retry_after::upstream_backoff;
 use crate::limiter::Target;
 
@@ -170,13 +170,13 @@ where
                         .and_then(|_| {
                             upstream_backoff(status, response.headers(), SystemTime::now())
                         });
-                    // The quota and what is left, as the upstream announces them (`learn.rs`).
+                    // The quota and what is left, as the upstream announces them (`react.rs`).
                     let announced = this.backoff.as_ref().and_then(|(limits, key)| {
-                        learn::on_response(limits, key, response.headers(), wait.is_some())
+                        react::on_response(limits, key, response.headers(), wait.is_some())
                     });
                     match (wait, this.backoff.take()) {
                         (Some(wait), Some((limits, key))) => State::Suspending {
-                            suspend: learn::then(
+                            suspend: react::then(
                                 Box::pin(suspend(limits, key, status, wait)),
                                 announced,
                             ),

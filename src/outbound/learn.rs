@@ -4,15 +4,10 @@
 //! [module docs](super#provider-announcements).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
-use futures::future::BoxFuture;
-use http::HeaderMap;
-
-use super::announce::{self, Announcement};
-use super::config::Limits;
-use crate::limiter::{ControlError, Limiter, Target};
+use super::announce::Announcement;
 use crate::quota::{Quota, Quotas};
 
 /// The tests' cap on one pause: the layer's default `max_auto_suspension`.
@@ -73,6 +68,34 @@ impl Provider {
         self.learn.as_ref().map(|learn| learn.ceiling)
     }
 
+    /// Counts a response that announced something readable.
+    pub(crate) fn count_announcement(&self) {
+        self.announcements.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The quotas to learn from `announced` (see [`Learn::claim`]); `None` when the layer does
+    /// not learn or they are in force already.
+    pub(crate) fn claim(&self, announced: &Announcement) -> Option<Quotas> {
+        self.learn.as_ref().and_then(|learn| learn.claim(announced))
+    }
+
+    /// Forgets what is in force after a failed change: the next announcement tries again.
+    pub(crate) fn forget(&self, target: Quotas) {
+        if let Some(learn) = &self.learn {
+            learn.forget(target);
+        }
+    }
+
+    /// Counts a quota learned (a fleet-wide override set by this process).
+    pub(crate) fn count_learned(&self) {
+        self.learned.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a suspension set or extended because the upstream said nothing is left.
+    pub(crate) fn count_paced(&self) {
+        self.paced.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The counters.
     pub(crate) fn stats(&self) -> OutboundStats {
         OutboundStats {
@@ -80,60 +103,6 @@ impl Provider {
             learned: self.learned.load(Ordering::Relaxed),
             paced: self.paced.load(Ordering::Relaxed),
         }
-    }
-}
-
-/// Reads what a response announces and returns the work it calls for (learning, pacing), if
-/// any: the response future runs it before handing the response back. `retry_after`: the
-/// response's `Retry-After` already suspends the key (it takes precedence over the fields).
-pub(crate) fn on_response(
-    limits: &Arc<Limits>,
-    key: &Arc<str>,
-    headers: &HeaderMap,
-    retry_after: bool,
-) -> Option<BoxFuture<'static, ()>> {
-    let provider = &limits.provider;
-    let pacing = limits.auto_suspend && !retry_after;
-    if !provider.learns() && !pacing {
-        return None;
-    }
-    let announced = announce::read(headers, SystemTime::now());
-    if announced.is_empty() {
-        return None;
-    }
-    provider.announcements.fetch_add(1, Ordering::Relaxed);
-    let learn = provider
-        .learn
-        .as_ref()
-        .and_then(|learn| learn.claim(&announced));
-    let pause = pacing
-        .then(|| pause(&announced, limits.max_auto_suspension))
-        .flatten();
-    if learn.is_none() && pause.is_none() {
-        return None;
-    }
-    let (limits, key) = (limits.clone(), key.clone());
-    Some(Box::pin(async move {
-        if let Some(quotas) = learn {
-            learn_quota(&limits, &key, quotas).await;
-        }
-        if let Some(wait) = pause {
-            pace(&limits, &key, wait).await;
-        }
-    }))
-}
-
-/// Runs `first`, then `then` (when there is one).
-pub(crate) fn then(
-    first: BoxFuture<'static, ()>,
-    then: Option<BoxFuture<'static, ()>>,
-) -> BoxFuture<'static, ()> {
-    match then {
-        None => first,
-        Some(then) => Box::pin(async move {
-            first.await;
-            then.await;
-        }),
     }
 }
 
@@ -195,106 +164,10 @@ fn faster(quota: &Quota, ceiling: &Quota) -> bool {
 
 /// How long the fleet must pause: the reset, when nothing is left (at most `cap`, the layer's
 /// `max_auto_suspension`).
-fn pause(announced: &Announcement, cap: Duration) -> Option<Duration> {
+pub(super) fn pause(announced: &Announcement, cap: Duration) -> Option<Duration> {
     let left = announced.left?;
     let reset = left.reset.filter(|reset| !reset.is_zero())?;
     (left.remaining == 0).then(|| reset.min(cap).min(crate::limiter::MAX_SUSPENSION))
-}
-
-fn target<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
-    match &limits.scope {
-        Some(scope) => Target::scoped(scope, key),
-        None => Target::key(key),
-    }
-}
-
-/// Sets `quotas` as the key's fleet-wide override, unless they are in force already (another
-/// instance learned them first, or they are the layer's own); logs and counts a change once.
-async fn learn_quota(limits: &Limits, key: &str, quotas: Quotas) {
-    let Some(learn) = &limits.provider.learn else {
-        return;
-    };
-    let scope = limits.scope.as_deref().unwrap_or("");
-    let limiter = &limits.limiter;
-    let status = match limiter.inspect(target(limits, key)).await {
-        Ok(status) => status,
-        Err(error) => {
-            learn.forget(quotas);
-            tracing::warn!(%error, scope, "upstream announced a quota, but the store could not be read: not learned");
-            return;
-        }
-    };
-    let in_force = status.quota_override.unwrap_or(limits.quotas);
-    if in_force == quotas {
-        return;
-    }
-    match limiter.set_quota(target(limits, key), &quotas).await {
-        Ok(_) => {
-            limits.provider.learned.fetch_add(1, Ordering::Relaxed);
-            #[cfg(feature = "metrics")]
-            metrics::counter!(names::LEARNED, "scope" => scope.to_owned()).increment(1);
-            tracing::info!(
-                scope,
-                quotas = ?quotas.as_slice(),
-                previous = ?in_force.as_slice(),
-                "upstream announced a different quota: learned for the whole fleet"
-            );
-        }
-        Err(error) => {
-            learn.forget(quotas);
-            tracing::warn!(%error, scope, quotas = ?quotas.as_slice(), "upstream announced a quota that could not be set: not learned");
-        }
-    }
-}
-
-/// Suspends the key fleet-wide for `wait`, unless it already is for longer.
-async fn pace(limits: &Limits, key: &str, wait: Duration) {
-    let scope = limits.scope.as_deref().unwrap_or("");
-    match suspend_at_least(&limits.limiter, target(limits, key), wait).await {
-        Ok(false) => {}
-        Ok(true) => {
-            limits.provider.paced.fetch_add(1, Ordering::Relaxed);
-            #[cfg(feature = "metrics")]
-            metrics::counter!(names::PACED, "scope" => scope.to_owned()).increment(1);
-            tracing::debug!(
-                scope,
-                suspended_ms = wait.as_millis() as u64,
-                "upstream announced nothing left until its reset: key suspended for the whole fleet"
-            );
-        }
-        Err(error) => tracing::warn!(
-            %error,
-            scope,
-            "upstream announced nothing left, but the key could not be suspended: \
-             the other workers keep calling"
-        ),
-    }
-}
-
-/// Suspends `target` for at least `wait` unless its suspension already lasts that long:
-/// `Ok(true)` when it set or extended one. The write is [`Limiter::extend_suspension`], atomic
-/// in the store, so a suspension only ever extends even when instances race; the look before it
-/// only spares the write (and the count) when nothing would change.
-async fn suspend_at_least(
-    limiter: &Limiter,
-    target: Target<'_>,
-    wait: Duration,
-) -> Result<bool, ControlError> {
-    let status = limiter.inspect(target).await?;
-    if status.suspended_for.is_some_and(|left| left >= wait) {
-        return Ok(false);
-    }
-    limiter.extend_suspension(target, wait).await.map(|_| true)
-}
-
-/// The metrics of announcements (`metrics` feature).
-#[cfg(feature = "metrics")]
-pub(crate) mod names {
-    /// Counter: quotas learned from an upstream (fleet-wide overrides set), labelled `scope`.
-    pub const LEARNED: &str = "redlimit_outbound_quota_learned_total";
-    /// Counter: suspensions set or extended because an upstream said nothing is left until
-    /// its reset, labelled `scope`.
-    pub const PACED: &str = "redlimit_outbound_paced_total";
 }
 
 #[cfg(test)]
@@ -380,61 +253,6 @@ mod tests {
         assert_eq!(
             pause(&with(0, Some(86_400 * 365)), MAX_AUTO_SUSPENSION),
             Some(MAX_AUTO_SUSPENSION)
-        );
-    }
-
-    #[cfg(feature = "metrics")]
-    #[test]
-    fn a_learned_quota_and_a_pause_are_counted_in_the_metrics() {
-        use crate::outbound::OutboundLayer;
-        use crate::store::MemoryStore;
-        use http::HeaderValue;
-        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        metrics::with_local_recorder(&recorder, || {
-            runtime.block_on(async {
-                let limiter = Limiter::new(MemoryStore::new());
-                let layer = OutboundLayer::builder(limiter.clone(), quota(50, 1), "api")
-                    .learn_quota(quota(50, 1))
-                    .build()
-                    .unwrap();
-                let limits = layer.limits();
-                let mut headers = HeaderMap::new();
-                headers.insert("ratelimit-policy", HeaderValue::from_static("p;q=20;w=1"));
-                headers.insert("ratelimit", HeaderValue::from_static("p;r=0;t=30"));
-                let key: Arc<str> = "api".into();
-                on_response(&limits, &key, &headers, false).unwrap().await;
-                // A shorter reset: nothing to learn, the suspension already lasts longer.
-                headers.insert("ratelimit", HeaderValue::from_static("p;r=0;t=5"));
-                if let Some(work) = on_response(&limits, &key, &headers, false) {
-                    work.await;
-                }
-                let stats = layer.stats();
-                assert_eq!((stats.announcements, stats.learned, stats.paced), (2, 1, 1));
-            })
-        });
-        let counters: Vec<(String, u64)> = snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter_map(|(key, _, _, value)| match value {
-                DebugValue::Counter(n) => Some((key.key().name().to_owned(), n)),
-                _ => None,
-            })
-            .collect();
-        assert!(
-            counters.contains(&(names::LEARNED.to_owned(), 1)),
-            "{counters:?}"
-        );
-        assert!(
-            counters.contains(&(names::PACED.to_owned(), 1)),
-            "{counters:?}"
         );
     }
 }

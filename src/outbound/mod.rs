@@ -148,6 +148,7 @@ mod error;
 mod future;
 mod layer;
 mod learn;
+mod react;
 mod retry_after;
 mod service;
 

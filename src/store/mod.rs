@@ -91,6 +91,18 @@ pub struct CheckRequest<'a> {
 /// Implemented by [`RedisStore`] (one Lua script per decision) and [`MemoryStore`] (the same
 /// algorithms in process). The future is boxed so a limiter can hold any store behind `dyn`.
 ///
+/// # Implementing a store
+///
+/// Decisions are typed: a store takes a [`CheckRequest`] (key, algorithm, quotas, cost, time)
+/// and answers a [`Decision`], so any store can decide (a test double, a store that denies
+/// everything, a router over several stores). The fleet controls are not: they are sealed to
+/// [`RedisStore`] and [`MemoryStore`], because their state is the scripts' byte layout (every
+/// tier's state, the overrides, the tenant's reset), which must match `lua/common.lua` byte
+/// for byte to mean anything and is no public contract. [`ControlReply`] has no public
+/// constructor, so a custom store keeps the default [`control`](Store::control) (the controls
+/// are refused) or forwards to a store it wraps. `MemoryStore` is the reference for what a
+/// decision must answer.
+///
 /// A custom store usually wraps one of them, e.g. to count or route calls:
 ///
 /// ```
@@ -260,19 +272,39 @@ fn micros(duration: Duration) -> u64 {
         .max(1)
 }
 
-/// What a store reports after a control: the key's string as it now stands, byte for byte (see
-/// `lua/common.lua`: the controls, then every tier's state; the
-/// [`Limiter`](crate::Limiter) decodes it into a [`KeyStatus`](crate::KeyStatus)).
+/// What a store reports after a control, for the [`Limiter`](crate::Limiter) to read into a
+/// [`KeyStatus`](crate::KeyStatus).
+///
+/// Opaque but for its typed accessors: it holds the key's string in the scripts' own layout,
+/// which is no contract, so only [`RedisStore`] and [`MemoryStore`] make one. A custom store forwards its inner store's (see
+/// [`Store`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlReply {
     /// The key's string (for the sliding log, its controls' string), `None` when absent.
-    pub stored: Option<Vec<u8>>,
+    pub(crate) stored: Option<Vec<u8>>,
     /// When that string expires, `None` when absent.
-    pub expires_in: Option<Duration>,
+    pub(crate) expires_in: Option<Duration>,
     /// The store's time of the control, µs since the Unix epoch.
-    pub now_micros: u64,
+    pub(crate) now_micros: u64,
     /// The sliding log's entries (`None` for other algorithms).
-    pub log_entries: Option<u64>,
+    pub(crate) log_entries: Option<u64>,
+}
+
+impl ControlReply {
+    /// When the key's string expires, `None` when absent.
+    pub fn expires_in(&self) -> Option<Duration> {
+        self.expires_in
+    }
+
+    /// The store's time of the control, µs since the Unix epoch.
+    pub fn now_micros(&self) -> u64 {
+        self.now_micros
+    }
+
+    /// The sliding log's entries (`None` for other algorithms).
+    pub fn log_entries(&self) -> Option<u64> {
+        self.log_entries
+    }
 }
 
 /// Why a store could not decide. The [`FailurePolicy`](crate::FailurePolicy) turns it into an

@@ -349,3 +349,74 @@ async fn corrupt_or_wrong_type_state_self_heals() {
     });
     futures::future::join_all(runs).await;
 }
+
+/// The tenant's controls key (written by an operator's suspension) replaced by a value of
+/// another type or by garbage bytes reads as absent, for every algorithm: no error, the burst
+/// admitted as on a fresh key, and the key left as it was (only an operator's control
+/// replaces it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_or_corrupt_tenant_key_reads_as_absent() {
+    let _machine = shared().await;
+    let redis = RedisServer::start();
+    let quota = Quota::per_minute(10).unwrap();
+    let mut conn = aconn(&redis).await;
+    for &algorithm in Algorithm::ALL {
+        let (limiter, _clock) = manual_limiter(&redis, algorithm);
+        let replacements: Vec<(&str, Vec<Vec<u8>>)> = vec![
+            ("RPUSH", vec![b"a".to_vec()]),
+            ("SADD", vec![b"a".to_vec()]),
+            ("HSET", vec![b"f".to_vec(), b"v".to_vec()]),
+            ("ZADD", vec![b"1".to_vec(), b"a".to_vec()]),
+            ("SET", vec![b"M".to_vec()]),
+            (
+                "SET",
+                vec![b"M\xff\xff\xff\xff\xff\xff\xef\x7f\x09".to_vec()],
+            ),
+            ("SET", vec![vec![b'M'; 300]]),
+        ];
+        for (case, (command, args)) in replacements.into_iter().enumerate() {
+            let key = format!("{algorithm}-tenant-{case}");
+            let context = format!("{algorithm} {command} {args:?}");
+            // The tenant's key is the one an operator's suspension adds.
+            let storage = limiter.storage_key(&key);
+            let before = keys_of(&mut conn, &storage).await;
+            limiter
+                .suspend(key.as_str(), Duration::from_secs(60))
+                .await
+                .unwrap();
+            let tenant: Vec<String> = keys_of(&mut conn, &storage)
+                .await
+                .into_iter()
+                .filter(|k| !before.contains(k))
+                .collect();
+            assert_eq!(
+                tenant.len(),
+                1,
+                "{context}: the suspension's key: {tenant:?}"
+            );
+            let tenant = &tenant[0];
+            let _: () = redis::cmd("DEL")
+                .arg(tenant)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let mut cmd = redis::cmd(command);
+            cmd.arg(tenant);
+            for arg in &args {
+                cmd.arg(arg.as_slice());
+            }
+            let _: () = cmd.query_async(&mut conn).await.unwrap();
+            let kind = key_type(&mut conn, tenant).await;
+            assert_eq!(
+                burst(&limiter, &key, &quota, 20, &context).await,
+                10,
+                "{context}"
+            );
+            assert_eq!(
+                key_type(&mut conn, tenant).await,
+                kind,
+                "{context}: left as it was"
+            );
+        }
+    }
+}

@@ -543,26 +543,9 @@ async fn memory_per_key() {
     }
 }
 
-/// The script as the crate builds it: the driver with every step spliced in (the same splice
-/// as `src/algorithm/mod.rs`).
-fn script_source() -> String {
-    let steps = [
-        (b't', include_str!("../../lua/token_bucket.lua")),
-        (b'g', include_str!("../../lua/gcra.lua")),
-        (b'f', include_str!("../../lua/fixed_window.lua")),
-        (b'l', include_str!("../../lua/sliding_log.lua")),
-        (b'w', include_str!("../../lua/sliding_window.lua")),
-    ];
-    let branches = |packed_only: bool| -> String {
-        steps
-            .iter()
-            .filter(|(tag, _)| !packed_only || *tag != b'l')
-            .map(|(tag, step)| format!("  elseif alg == {tag} then\n{step}"))
-            .collect()
-    };
-    include_str!("../../lua/common.lua")
-        .replacen("-- @packed-steps\n", &branches(true), 1)
-        .replacen("-- @steps\n", &branches(false), 1)
+/// The script as the crate sends it: the driver with every step spliced in.
+fn script_source() -> &'static str {
+    redlimit::algorithm::script_source()
 }
 
 /// The script's one argument: doubles now_us and cost, the algorithm's byte, then per tier
@@ -587,7 +570,7 @@ fn one_quota_admission_replies_one_integer() {
     let now = T0.as_micros() as f64;
     let call = |conn: &mut redis::Connection, key: &str, tier: (f64, f64, f64)| {
         redis::cmd("EVAL")
-            .arg(&source)
+            .arg(source)
             .arg(1)
             .arg(key)
             .arg(pack_args(now, 1.0, b't', &[tier]))
@@ -646,7 +629,7 @@ fn several_tiers_are_all_or_none() {
     let call = |conn: &mut redis::Connection, cost: f64| -> [i64; 5] {
         unpack(
             redis::cmd("EVAL")
-                .arg(&source)
+                .arg(source)
                 .arg(1)
                 .arg("redlimit:{t}")
                 .arg(pack(cost, b't', &tiers))
@@ -668,7 +651,7 @@ fn several_tiers_are_all_or_none() {
     // Malformed arguments: a clear error, never the key.
     let eval = |conn: &mut redis::Connection, keys: usize, args: &[&[u8]]| {
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(&source).arg(keys);
+        cmd.arg(source).arg(keys);
         for k in 0..keys {
             cmd.arg(format!("redlimit:{{t}}:{k}"));
         }
@@ -756,7 +739,7 @@ fn the_split_form_decides_as_the_normal_one() {
         let decide = |conn: &mut redis::Connection, now: f64, tenant: Option<&[u8]>| {
             let args = pack_args(now, 1.0, alg, &[quota]);
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(&source);
+            cmd.arg(source);
             if log {
                 cmd.arg(3)
                     .arg(format!("{normal}#m"))
@@ -767,7 +750,7 @@ fn the_split_form_decides_as_the_normal_one() {
             }
             let normal_reply: redis::Value = cmd.arg(&args).query(conn).unwrap();
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(&source).arg(1).arg(&split).arg(&args);
+            cmd.arg(source).arg(1).arg(&split).arg(&args);
             cmd.arg(tenant.unwrap_or_default());
             if log {
                 // Its controls' string, as the caller would read it (absent: never written

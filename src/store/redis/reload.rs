@@ -92,9 +92,7 @@ impl Reloads {
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
         let task = tokio::spawn(async move {
-            let mut cmd = redis::cmd("SCRIPT");
-            cmd.arg("LOAD").arg(source);
-            let load = cmd.exec_async(&mut connection);
+            let load = super::script::load(&mut connection, source);
             let result = match tokio::time::timeout(LOAD_TIMEOUT, load).await {
                 Ok(result) => result,
                 Err(_) => Err(RedisError::from((

@@ -1,0 +1,281 @@
+//! The layout the scripts and their mirror share: the controls at the start of a key's string,
+//! the keys a call names, the reply's values, and the numbers every script keeps (see
+//! `lua/common.lua`'s header for the format itself).
+//!
+//! Everything of one storage key lives in one string: the optional controls (an override of
+//! the quotas, a suspension), then every tier's state (see `lua/common.lua`). The sliding log
+//! keeps its sorted set next to it, under `<key>`, and its controls under `<key>#m`.
+
+use std::time::Duration;
+
+use super::MAX_EXACT;
+#[cfg(test)]
+use super::{ms_up, Args};
+use crate::decision::Decision;
+use crate::quota::{Quota, MAX_TIERS};
+
+/// An override lives until no request was admitted on its key for this long: 30 days
+/// (`OVERRIDE_IDLE_MS` in the scripts).
+pub(crate) const OVERRIDE_IDLE_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// The longest time a reply carries (`MAX_REPLY_MS` in `lua/common.lua`): 2^62 ms.
+pub(crate) const MAX_REPLY_MS: i64 = 1 << 62;
+
+/// The longest expiry: 2^53 ms, 285 000 years (the script caps its TTL at `MAX_EXACT`).
+pub(crate) const MAX_TTL_MS: i64 = MAX_EXACT as i64;
+
+/// The tag byte of the controls at the start of a key's string.
+pub(crate) const CONTROLS: u8 = b'M';
+
+/// The tag of the tenant's reset a route's states were written under (after its controls).
+pub(crate) const STAMP: u8 = b'E';
+
+/// A number Lua holds exactly, or NaN, which the scripts refuse by name.
+pub(crate) fn exact(v: u64) -> f64 {
+    if (v as f64) < MAX_EXACT {
+        v as f64
+    } else {
+        f64::NAN
+    }
+}
+
+/// Any cost above the largest burst a quota can have is never allowed, whatever the quotas in
+/// force (an override may have a larger burst than the caller's): capped there, so Lua stays
+/// below 2^53.
+pub(crate) fn capped_cost(cost: u64) -> u64 {
+    cost.min(crate::quota::MAX_COUNT + 1)
+}
+
+/// Writes a quota's doubles limit, period_us, burst at `at`; returns the end.
+pub(crate) fn put_quota(bytes: &mut [u8], at: usize, quota: &Quota) -> usize {
+    bytes[at..at + 8].copy_from_slice(&exact(quota.limit()).to_le_bytes());
+    bytes[at + 8..at + 16].copy_from_slice(&exact(quota.period_micros()).to_le_bytes());
+    bytes[at + 16..at + 24].copy_from_slice(&exact(quota.burst()).to_le_bytes());
+    at + 24
+}
+
+/// The key of the sliding log's controls: `<key>#m` (no storage key holds a `#` after its
+/// hash tag, so it is nobody else's).
+pub(crate) fn log_controls_key(key: &str) -> String {
+    let mut controls = String::with_capacity(key.len() + 2);
+    controls.push_str(key);
+    controls.push_str("#m");
+    controls
+}
+
+/// The suffix of a tenant's key: no storage key ends its hash tag with `}#` (a scope follows
+/// `}:`), so the tenant's controls are nobody else's.
+const TENANT_SUFFIX: &str = "#t";
+
+/// The key of the tenant's controls (a suspension, an override of every route, a reset of every
+/// route) for a storage key: its hash tag and `#t`, `<prefix>:{<id>}#t`, in the same Cluster
+/// slot as every route of the tenant. A key without a hash tag gets its whole self as the tag
+/// (`{<key>}#t`), which hashes to the same slot.
+pub(crate) fn tenant_key(key: &str) -> String {
+    if is_tenant_key(key) {
+        return key.to_owned();
+    }
+    let tagged = key.find('{').and_then(|open| {
+        let close = open + 1 + key[open + 1..].find('}')?;
+        (close > open + 1).then_some(close)
+    });
+    match tagged {
+        Some(close) => {
+            let mut tenant = String::with_capacity(close + 3);
+            tenant.push_str(&key[..=close]);
+            tenant.push_str(TENANT_SUFFIX);
+            tenant
+        }
+        None => format!("{{{key}}}{TENANT_SUFFIX}"),
+    }
+}
+
+/// Whether `key` is a tenant's key ([`tenant_key`]).
+pub(crate) fn is_tenant_key(key: &str) -> bool {
+    key.ends_with("}#t")
+}
+
+/// A fleet control (`lua/control.lua`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Op<'a> {
+    SetQuota(&'a [Quota]),
+    ClearQuota,
+    /// µs: the suspension ends then, whatever it was.
+    Suspend(u64),
+    /// µs: the suspension ends then at the earliest (it only ever extends).
+    Extend(u64),
+    Resume,
+    Reset,
+    Inspect,
+}
+
+impl Op<'_> {
+    /// Whether this control is the tenant's (every route's): when `key` is the tenant's key.
+    pub(crate) fn is_tenant(&self, key: &str) -> bool {
+        is_tenant_key(key)
+    }
+}
+
+/// The reply of a decision, packed into one string (see [`Reply::from_redis`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reply {
+    pub allowed: bool,
+    pub suspended: bool,
+    /// The binding tier's position (from 0) among the quotas in force.
+    pub tier: usize,
+    /// When an override decided: its binding quota as numbers (limit, period_us, burst).
+    pub overridden: Option<(u64, u64, u64)>,
+    pub remaining: u64,
+    pub retry_after_ms: i64,
+    pub reset_after_ms: i64,
+}
+
+impl Reply {
+    /// One tier's reply from µs: times become whole ms, rounded up.
+    #[cfg(test)]
+    pub(crate) fn new(
+        allowed: bool,
+        _args: &Args,
+        remaining: f64,
+        retry_us: f64,
+        reset_us: f64,
+    ) -> Self {
+        Reply {
+            allowed,
+            suspended: false,
+            tier: 0,
+            overridden: None,
+            remaining: remaining as u64,
+            retry_after_ms: if retry_us >= 0.0 {
+                ms_up(retry_us).min(MAX_REPLY_MS)
+            } else {
+                -1
+            },
+            reset_after_ms: ms_up(reset_us).min(MAX_REPLY_MS),
+        }
+    }
+
+    /// The decision, under the caller's `quotas` (the binding one named by position), or an
+    /// override's; `None` when the reply names no valid quota.
+    pub(crate) fn into_decision(self, quotas: &[Quota]) -> Option<Decision> {
+        let quota = match self.overridden {
+            Some((limit, period_us, burst)) => Quota::from_micros(limit, period_us, burst).ok()?,
+            None => *quotas.get(self.tier)?,
+        };
+        Some(Decision {
+            allowed: self.allowed,
+            limit: quota.limit(),
+            remaining: self.remaining,
+            retry_after: if self.retry_after_ms < 0 {
+                Decision::NEVER
+            } else {
+                Duration::from_millis(self.retry_after_ms as u64)
+            },
+            reset_after: Duration::from_millis(self.reset_after_ms.max(0) as u64),
+            suspended: self.suspended,
+            quota,
+            overridden: self.overridden.is_some(),
+        })
+    }
+}
+
+pub(crate) fn f64_at(bytes: &[u8], at: usize) -> f64 {
+    let mut b = [0; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    f64::from_le_bytes(b)
+}
+
+/// A tier's numbers, as the script reads them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Tier {
+    pub limit: f64,
+    pub period: f64,
+    pub burst: f64,
+}
+
+impl Tier {
+    pub(crate) fn of(quota: &Quota) -> Tier {
+        Tier {
+            limit: exact(quota.limit()),
+            period: exact(quota.period_micros()),
+            burst: exact(quota.burst()),
+        }
+    }
+
+    pub(crate) fn at(bytes: &[u8], at: usize) -> Tier {
+        Tier {
+            limit: f64_at(bytes, at),
+            period: f64_at(bytes, at + 8),
+            burst: f64_at(bytes, at + 16),
+        }
+    }
+
+    pub(crate) fn valid(&self) -> bool {
+        let ok = |v: f64| (1.0..MAX_EXACT).contains(&v) && v.fract() == 0.0;
+        ok(self.limit) && ok(self.period) && ok(self.burst)
+    }
+}
+
+/// The controls at the start of a key's string, as the scripts parse them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Controls<'a> {
+    /// The string does not start with controls: the states begin at its first byte.
+    None,
+    /// Controls of `len` bytes: a suspension until `until_us` (0: none) and the override's
+    /// tiers (`n` of them, from byte 10).
+    Some {
+        until_us: f64,
+        n: usize,
+        bytes: &'a [u8],
+    },
+    /// It starts like controls but is cut short: the whole string reads as absent.
+    Corrupt,
+}
+
+impl<'a> Controls<'a> {
+    pub(crate) fn parse(s: &'a [u8]) -> Self {
+        if s.first() != Some(&CONTROLS) {
+            return Controls::None;
+        }
+        match s.get(9) {
+            Some(&n) if usize::from(n) <= MAX_TIERS && s.len() >= 10 + 24 * usize::from(n) => {
+                let n = usize::from(n);
+                Controls::Some {
+                    until_us: f64_at(s, 1),
+                    n,
+                    bytes: &s[..10 + 24 * n],
+                }
+            }
+            _ => Controls::Corrupt,
+        }
+    }
+
+    /// The override's quotas (empty when none, or when one does not make a valid quota).
+    pub(crate) fn override_quotas(&self) -> Vec<Quota> {
+        let Controls::Some { n, bytes, .. } = *self else {
+            return Vec::new();
+        };
+        (0..n)
+            .map(|i| Tier::at(bytes, 10 + 24 * i))
+            .map(|t| Quota::from_micros(t.limit as u64, t.period as u64, t.burst as u64))
+            .collect::<Result<_, _>>()
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_keys_share_the_slot_of_every_route() {
+        assert_eq!(tenant_key("redlimit:{k1}:api"), "redlimit:{k1}#t");
+        assert_eq!(tenant_key("redlimit:{k1}"), "redlimit:{k1}#t");
+        assert_eq!(tenant_key("redlimit:{k1}#t"), "redlimit:{k1}#t");
+        // No hash tag: the whole key becomes it.
+        assert_eq!(tenant_key("plain"), "{plain}#t");
+        assert_eq!(tenant_key("a{}b"), "{a{}b}#t");
+        assert!(is_tenant_key(&tenant_key("x:{y}:z")));
+        assert!(!is_tenant_key("redlimit:{k1}:api"));
+    }
+}

@@ -1,0 +1,343 @@
+//! [`RedisStoreBuilder`]: the address (single node, Cluster, Sentinel), the timeout, the
+//! circuit breaker, credentials and TLS; building never connects.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::FutureExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
+
+use super::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
+use super::sentinel::{self, SentinelOptions, SentinelTarget};
+use super::server::{self, ServerInfo};
+use super::{Backend, RedisStore, DEFAULT_TIMEOUT};
+use crate::store::breaker::{BreakerState, CircuitBreaker};
+
+/// Builds a [`RedisStore`]; see [`RedisStore::builder`], [`RedisStore::cluster_builder`] and
+/// [`RedisStore::sentinel_builder`].
+///
+/// Building never connects: only a malformed URL (or TLS settings for a URL without TLS) fails.
+///
+/// ```
+/// use redlimit::store::RedisStore;
+/// use std::time::Duration;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .timeout(Duration::from_millis(20))
+///     .without_circuit_breaker()
+///     .build()?;
+/// assert_eq!(store.timeout(), Duration::from_millis(20));
+/// assert!(RedisStore::builder("not a url").build().is_err());
+/// # Ok::<(), redis::RedisError>(())
+/// ```
+pub struct RedisStoreBuilder {
+    target: Result<Target, RedisError>,
+    timeout: Duration,
+    breaker: Option<CircuitBreaker>,
+    credentials: Option<(Option<String>, String)>,
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
+}
+
+/// What the builder connects to.
+pub(super) enum Target {
+    Single(Box<ConnectionInfo>),
+    Cluster(Vec<ConnectionInfo>),
+    Sentinel(SentinelTarget),
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    pub(super) fn new(target: Result<Target, RedisError>) -> Self {
+        RedisStoreBuilder {
+            target,
+            timeout: DEFAULT_TIMEOUT,
+            breaker: Some(CircuitBreaker::default()),
+            credentials: None,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// The time one call (a script reload included) may take; 100 ms by default. Zero is
+    /// refused by [`build`](Self::build): every call would time out and go to the failure
+    /// policy.
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    /// use std::time::Duration;
+    ///
+    /// let error = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .timeout(Duration::ZERO)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(error.kind(), redis::ErrorKind::InvalidClientConfig);
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The circuit breaker's settings (on by default with [`CircuitBreaker::default`]).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// Calls Redis even when it keeps failing (each call still has its timeout).
+    pub fn without_circuit_breaker(mut self) -> Self {
+        self.breaker = None;
+        self
+    }
+
+    /// Authenticates as the ACL user `username` (`None`: the `default` user) with `password`,
+    /// instead of what the URL says (`redis://user:pass@host`). On Cluster it applies to every
+    /// node.
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let password = std::env::var("REDIS_PASSWORD").unwrap_or_default();
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .credentials(Some("limiter"), password)
+    ///     .build()?;
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn credentials(mut self, username: Option<&str>, password: impl Into<String>) -> Self {
+        self.credentials = Some((username.map(str::to_owned), password.into()));
+        self
+    }
+
+    /// Trusts the certificate authorities in `pem` (PEM, one or more certificates) for
+    /// `rediss://` instead of the system's roots: a private CA.
+    ///
+    /// ```no_run
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let ca = std::fs::read("/etc/redis/ca.pem")?;
+    /// let store = RedisStore::builder("rediss://redis.internal:6380").tls_ca_pem(ca).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_certificates().root_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and key (both PEM) to the server: mutual TLS
+    /// (`tls-auth-clients yes`).
+    ///
+    /// ```no_run
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let store = RedisStore::builder("rediss://redis.internal:6380")
+    ///     .tls_ca_pem(std::fs::read("ca.pem")?)
+    ///     .tls_client_cert_pem(std::fs::read("client.pem")?, std::fs::read("client.key")?)
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_cert_pem(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls_certificates().client_tls = Some(redis::ClientTlsConfig {
+            client_cert: certificate.into(),
+            client_key: key.into(),
+        });
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls_certificates(&mut self) -> &mut redis::TlsCertificates {
+        self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        })
+    }
+
+    /// Builds the store. Fails only on malformed URLs, TLS settings for a URL without TLS, or a
+    /// zero timeout (all of kind [`ErrorKind::InvalidClientConfig`] but the URL's own).
+    pub fn build(self) -> Result<RedisStore, RedisError> {
+        let timeout = self.timeout;
+        if timeout.is_zero() {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "the store timeout must be above zero",
+                "with a zero timeout every call times out and goes to the failure policy; \
+                 leave the default (100 ms) or give the longest a decision may wait"
+                    .to_owned(),
+            )));
+        }
+        let with_credentials = |info: ConnectionInfo| match &self.credentials {
+            Some((username, password)) => {
+                let mut redis = info.redis_settings().clone().set_password(password);
+                if let Some(username) = username {
+                    redis = redis.set_username(username);
+                }
+                info.set_redis_settings(redis)
+            }
+            None => info,
+        };
+        let backend = match self.target? {
+            Target::Single(info) => {
+                let info = with_credentials(*info);
+                let addr = match info.addr() {
+                    ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+                    ConnectionAddr::TcpTls { host, port, .. } => format!("tls {host}:{port}"),
+                    other => other.to_string(),
+                };
+                #[cfg(feature = "tls")]
+                let client = match self.tls {
+                    Some(certificates) => {
+                        require_tls(&info)?;
+                        Client::build_with_tls(info, certificates)?
+                    }
+                    None => Client::open(info)?,
+                };
+                #[cfg(not(feature = "tls"))]
+                let client = Client::open(info)?;
+                Backend::Single {
+                    addr,
+                    connection: Replaceable::new(Box::new(move || {
+                        connect_single(client.clone()).boxed()
+                    })),
+                }
+            }
+            Target::Cluster(nodes) => {
+                let nodes: Vec<ConnectionInfo> = nodes.into_iter().map(with_credentials).collect();
+                let builder = ClusterClient::builder(nodes.clone())
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    // Never resend a script that may have run: see `invoke_on_cluster`.
+                    .retries(0);
+                #[cfg(feature = "tls")]
+                let builder = match self.tls {
+                    Some(certificates) => {
+                        nodes.iter().try_for_each(require_tls)?;
+                        builder.certs(certificates)
+                    }
+                    None => builder,
+                };
+                let client = builder.build()?;
+                Backend::Cluster {
+                    connection: Replaceable::new(Box::new(move || {
+                        let client = client.clone();
+                        async move {
+                            let mut connection =
+                                client.get_async_connection().await.map_err(explain_tls)?;
+                            let server = server::inspect(&mut connection).await;
+                            Ok((connection, server))
+                        }
+                        .boxed()
+                    })),
+                }
+            }
+            Target::Sentinel(target) => {
+                let options = SentinelOptions {
+                    credentials: self.credentials.as_ref(),
+                    #[cfg(feature = "tls")]
+                    tls: self.tls.clone(),
+                };
+                let client = sentinel::client(&target, options)?;
+                #[cfg(feature = "tls")]
+                let connect = sentinel::connect(client, &target, self.tls);
+                #[cfg(not(feature = "tls"))]
+                let connect = sentinel::connect(client, &target);
+                Backend::Sentinel {
+                    master: target.master,
+                    connection: Replaceable::with_stale(connect, stale_server_or_dropped),
+                }
+            }
+        };
+        Ok(RedisStore {
+            backend: Arc::new(backend),
+            timeout,
+            breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
+            reloads: Arc::default(),
+        })
+    }
+}
+
+/// Opens the single-node connection: a `ConnectionManager` that reconnects by itself.
+async fn connect_single(client: Client) -> Result<(ConnectionManager, ServerInfo), RedisError> {
+    let config = ConnectionManagerConfig::new()
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(500))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        // One timer per call: the store's. (redis-rs would otherwise cut every reply at its
+        // own 500 ms default, whatever the store's timeout.)
+        .set_response_timeout(None);
+    let mut connection = ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(explain_tls)?;
+    let server = server::inspect(&mut connection).await;
+    Ok((connection, server))
+}
+
+/// A failed TLS handshake said as such, with what to check (rustls's own words kept).
+pub(super) fn explain_tls(error: RedisError) -> RedisError {
+    let text = error.to_string();
+    if text.contains("certificate") || text.contains("fatal alert") {
+        RedisError::from((
+            error.kind(),
+            "TLS handshake failed",
+            format!(
+                "{text} (check that the CA given with tls_ca_pem, or the system's roots, signed \
+                 the server's certificate, and the client certificate if the server asks for one)"
+            ),
+        ))
+    } else {
+        error
+    }
+}
+
+/// TLS settings only make sense for a `rediss://` URL.
+#[cfg(feature = "tls")]
+pub(super) fn require_tls(info: &ConnectionInfo) -> Result<(), RedisError> {
+    match info.addr() {
+        ConnectionAddr::TcpTls { .. } => Ok(()),
+        _ => Err(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "TLS certificates were given for a URL without TLS",
+            "use rediss:// (or drop the CA and client certificate)".to_owned(),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_timeout_is_refused_at_build_time() {
+        for builder in [
+            RedisStore::builder("redis://127.0.0.1:6379"),
+            RedisStore::cluster_builder(["redis://127.0.0.1:7000"]),
+            RedisStore::sentinel_builder(["redis://127.0.0.1:26379"], "mymaster"),
+        ] {
+            let error = builder.timeout(Duration::ZERO).build().unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::InvalidClientConfig);
+            assert!(error.to_string().contains("timeout"), "{error}");
+        }
+        let store = RedisStore::builder("redis://127.0.0.1:6379")
+            .timeout(Duration::from_micros(1))
+            .build()
+            .unwrap();
+        assert_eq!(store.timeout(), Duration::from_micros(1));
+    }
+}

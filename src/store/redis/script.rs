@@ -1,0 +1,539 @@
+//! The Redis side of the scripts: what a call sends (`EVALSHA` with the packed arguments) and
+//! how its reply is read, the one `SCRIPT LOAD`, and the `NOSCRIPT` fallback (see
+//! `lua/common.lua`'s header for the format, `src/algorithm/` for what the scripts decide).
+
+use std::future::Future;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use super::reload::{Reloads, Script};
+use super::sentinel::PrimaryConnection;
+use crate::algorithm::layout::{exact, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS};
+use crate::algorithm::{capped_cost, log_controls_key, Algorithm, CONTROL_SOURCE, SOURCE};
+use crate::decision::Decision;
+use crate::quota::{Quota, MAX_TIERS};
+use crate::store::{CheckRequest, ControlReply, ControlRequest, StoreError};
+
+/// The decision script (every algorithm's; the arguments name the algorithm), hashed once per
+/// process.
+static DECIDE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&SOURCE));
+
+/// The fleet controls' script (`lua/control.lua`).
+static CONTROL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&CONTROL_SOURCE));
+
+/// One script call: a decision, or a fleet control.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Call<'a> {
+    Check(CheckRequest<'a>),
+    /// A decision in the split form (see `cluster.rs`), with the other keys' strings.
+    Split(CheckRequest<'a>, &'a [Vec<u8>]),
+    Control(ControlRequest<'a>),
+    /// A production mode's script (`modes.rs`): a refund, a decision that blocks, a slot.
+    Mode(super::modes::ModeCall<'a>),
+}
+
+impl Call<'_> {
+    /// The script this call runs, its body, and which it is for [`Reloads`].
+    fn script(&self) -> (&'static redis::Script, &'static str, Script) {
+        match self {
+            Call::Check(_) | Call::Split(..) => (&DECIDE, &SOURCE, Script::Decide),
+            Call::Control(_) => (&CONTROL, &CONTROL_SOURCE, Script::Control),
+            Call::Mode(mode) => mode.script(),
+        }
+    }
+
+    /// An `EVALSHA` of this call (the SHA-1, `numkeys`, `KEYS` and `ARGV`).
+    pub(super) fn evalsha(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script().0.get_hash());
+        self.push_keys_and_args(&mut cmd);
+        cmd
+    }
+
+    /// The same call as an `EVAL` with the script's body, which cannot fail with `NOSCRIPT`.
+    pub(super) fn eval(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.script().1);
+        self.push_keys_and_args(&mut cmd);
+        cmd
+    }
+
+    /// Appends `numkeys`, `KEYS` and `ARGV` after the SHA-1 or the body.
+    fn push_keys_and_args(&self, cmd: &mut redis::Cmd) {
+        match self {
+            Call::Check(request) => push_call(
+                cmd,
+                request.key,
+                request.algorithm,
+                request.quotas,
+                request.cost,
+                request.now_micros,
+            ),
+            Call::Split(request, extras) => push_split_call(
+                cmd,
+                request.key,
+                request.algorithm,
+                request.quotas,
+                request.cost,
+                request.now_micros,
+                extras,
+            ),
+            Call::Control(request) => push_control(
+                cmd,
+                request.key,
+                request.algorithm,
+                request.control.op(),
+                request.now_micros,
+            ),
+            Call::Mode(mode) => mode.push_call(cmd),
+        }
+    }
+}
+
+/// A decision's reply read under the caller's quotas.
+pub(super) fn read_decision(
+    reply: redis::Value,
+    request: &CheckRequest<'_>,
+) -> Result<Decision, StoreError> {
+    let parsed = match &reply {
+        redis::Value::BulkString(bytes) => Reply::from_redis(bytes),
+        redis::Value::Int(both) => Reply::from_admission(*both, request.quotas),
+        _ => None,
+    };
+    parsed
+        .and_then(|parsed| parsed.into_decision(request.quotas))
+        .ok_or_else(|| StoreError::BadReply(format!("{reply:?}")))
+}
+
+/// A control's reply: the key's string after the operation, its PTTL, the script's `now_us`
+/// and the sorted set's size (or -1).
+pub(super) fn read_control(reply: redis::Value) -> Result<ControlReply, StoreError> {
+    let bad = || StoreError::BadReply(format!("{reply:?}"));
+    let (stored, pttl, now, count): (Option<Vec<u8>>, i64, String, i64) =
+        redis::from_redis_value_ref(&reply).map_err(|_| bad())?;
+    let now_micros = now.parse().map_err(|_| bad())?;
+    Ok(ControlReply {
+        stored,
+        expires_in: u64::try_from(pttl).ok().map(Duration::from_millis),
+        now_micros,
+        log_entries: u64::try_from(count).ok(),
+    })
+}
+
+/// How each backend's connection sends a script call: the one place they differ.
+pub(super) trait ScriptConnection: ConnectionLike + Clone + Send + Sync + 'static {
+    fn run(
+        &mut self,
+        reloads: &Reloads,
+        call: Call<'_>,
+    ) -> impl Future<Output = Result<redis::Value, StoreError>> + Send;
+}
+
+impl ScriptConnection for ConnectionManager {
+    async fn run(&mut self, reloads: &Reloads, call: Call<'_>) -> Result<redis::Value, StoreError> {
+        match invoke(self, reloads, call).await {
+            // The manager may still hold a connection attempt that failed while Redis was down.
+            // Nothing was sent, so one retry is safe, and it reconnects now instead of one
+            // cool-down later.
+            Err(StoreError::Redis(error)) if error.is_connection_refusal() => {
+                invoke(self, reloads, call).await
+            }
+            result => result,
+        }
+    }
+}
+
+impl ScriptConnection for PrimaryConnection {
+    async fn run(&mut self, reloads: &Reloads, call: Call<'_>) -> Result<redis::Value, StoreError> {
+        // No resend: a dropped connection is replaced, and the next call goes to the primary
+        // the sentinels name then.
+        invoke(self, reloads, call).await
+    }
+}
+
+/// `SCRIPT LOAD` of `source`: the one load, at [`check_server`] and after `NOSCRIPT`.
+pub(super) async fn load(
+    connection: &mut impl ConnectionLike,
+    source: &str,
+) -> Result<(), RedisError> {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .exec_async(connection)
+        .await
+}
+
+/// `PING` and `SCRIPT LOAD` of the decision script: what a decision needs besides `EVALSHA`.
+pub(super) async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreError> {
+    redis::cmd("PING").exec_async(connection).await?;
+    load(connection, &SOURCE).await?;
+    Ok(())
+}
+
+/// One EVALSHA of the call's script. On `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
+/// the script is loaded once for every call that saw it ([`Reloads`]) and this call retries; if
+/// `NOSCRIPT` comes back again (another flush landed between the load and the retry, or the
+/// retry reached a replica promoted without the script), or the load failed, it sends the
+/// script body with `EVAL`, which cannot fail that way. A `NOSCRIPT` reply means the script
+/// did not run, so each of these resends is safe.
+pub(super) async fn invoke<C>(
+    connection: &mut C,
+    reloads: &Reloads,
+    call: Call<'_>,
+) -> Result<redis::Value, StoreError>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let (_, source, which) = call.script();
+    let evalsha = call.evalsha();
+    let seen = reloads.seen(which);
+    let reply: redis::Value = match evalsha.query_async(connection).await {
+        Err(error) if is_noscript(&error) => {
+            let (retried, load_failed) = match reloads.reload(which, seen, connection, source).await
+            {
+                Ok(()) => (evalsha.query_async(connection).await, false),
+                Err(error) => (Err(error), true),
+            };
+            match retried {
+                // NOSCRIPT again, or the load failed (e.g. an ACL without `script|load`); never
+                // after any other reply, which may come from a script that ran.
+                Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => {
+                    call.eval().query_async(connection).await?
+                }
+                result => result?,
+            }
+        }
+        result => result?,
+    };
+    Ok(reply)
+}
+
+pub(super) fn is_noscript(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// The longest argument: now, cost, the algorithm, and 8 tiers.
+const MAX_ARGS: usize = HEADER + 24 * MAX_TIERS;
+
+/// The arguments' header: doubles now_us and cost, and the algorithm's byte.
+const HEADER: usize = 17;
+
+/// The decision script's one argument: `'<ddB' .. n * '<ddd'` (see `lua/common.lua`).
+pub(super) struct PackedArgs {
+    len: usize,
+    bytes: [u8; MAX_ARGS],
+}
+
+impl PackedArgs {
+    pub(crate) fn new(
+        algorithm: Algorithm,
+        quotas: &[Quota],
+        cost: u64,
+        now_micros: Option<u64>,
+    ) -> Self {
+        let quotas = &quotas[..quotas.len().min(MAX_TIERS)];
+        let now = now_micros.map_or(-1.0, exact);
+        let cost = exact(capped_cost(cost));
+        let mut bytes = [0; MAX_ARGS];
+        bytes[0..8].copy_from_slice(&now.to_le_bytes());
+        bytes[8..16].copy_from_slice(&cost.to_le_bytes());
+        bytes[16] = algorithm.tag();
+        let mut at = HEADER;
+        for quota in quotas {
+            at = put_quota(&mut bytes, at, quota);
+        }
+        PackedArgs { len: at, bytes }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
+/// first argument (the SHA-1 or the body) is already in place: the storage `key` (for the
+/// sliding log, its controls' key, then its sorted set), the tenant's key, then the
+/// `algorithm`, its `quotas`, the `cost`, and the client's clock in µs (`None`: Redis `TIME`).
+pub(super) fn push_call(
+    cmd: &mut redis::Cmd,
+    key: &str,
+    algorithm: Algorithm,
+    quotas: &[Quota],
+    cost: u64,
+    now_micros: Option<u64>,
+) {
+    let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
+    if algorithm.spec().is_log() {
+        cmd.arg(3)
+            .arg(log_controls_key(key))
+            .arg(key)
+            .arg(tenant_key(key));
+    } else {
+        cmd.arg(2).arg(key).arg(tenant_key(key));
+    }
+    cmd.arg(args.as_bytes());
+}
+
+/// Appends the split form of a decision (`lua/common.lua`'s header, "Split"), which a Cluster
+/// slot migration needs: the state's key alone (for the sliding log its sorted set), then the
+/// arguments of [`push_call`] and `extras`, the other keys' strings as the caller read them
+/// (the tenant's, then for the sliding log its controls'; empty for an absent key).
+pub(super) fn push_split_call(
+    cmd: &mut redis::Cmd,
+    key: &str,
+    algorithm: Algorithm,
+    quotas: &[Quota],
+    cost: u64,
+    now_micros: Option<u64>,
+    extras: &[Vec<u8>],
+) {
+    let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
+    cmd.arg(1).arg(key).arg(args.as_bytes());
+    for extra in extras {
+        cmd.arg(extra.as_slice());
+    }
+}
+
+/// The keys a decision reads besides its state, in the order of [`push_split_call`]'s
+/// `extras`: the tenant's, then for the sliding log its controls'.
+pub(super) fn split_keys(key: &str, algorithm: Algorithm) -> Vec<String> {
+    if algorithm.spec().is_log() {
+        vec![tenant_key(key), log_controls_key(key)]
+    } else {
+        vec![tenant_key(key)]
+    }
+}
+
+/// Appends a fleet control's `numkeys`, `KEYS` and `ARGV` (see `lua/control.lua`), as
+/// [`push_call`] does for a decision: a tenant's control (`key` a [`tenant_key`]) names the
+/// tenant's key only; a route's names the route's string, and for the
+/// sliding log its controls' string then its sorted set.
+pub(super) fn push_control(
+    cmd: &mut redis::Cmd,
+    key: &str,
+    algorithm: Algorithm,
+    op: Op<'_>,
+    now_micros: Option<u64>,
+) {
+    if op.is_tenant(key) {
+        cmd.arg(1).arg(tenant_key(key));
+        cmd.arg(control_args(op, 0, now_micros));
+    } else if algorithm.spec().is_log() {
+        cmd.arg(2).arg(log_controls_key(key)).arg(key);
+        cmd.arg(control_args(op, algorithm.tag(), now_micros));
+    } else {
+        cmd.arg(1).arg(key);
+        cmd.arg(control_args(op, algorithm.tag(), now_micros));
+    }
+}
+
+/// The control script's one argument: `'<dBB'` now_us, the operation's byte and the algorithm's
+/// tag (0 for the tenant's key), then its operand.
+fn control_args(op: Op<'_>, algorithm: u8, now_micros: Option<u64>) -> Vec<u8> {
+    let mut bytes = vec![0; 10];
+    bytes[0..8].copy_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
+    bytes[8] = match op {
+        Op::SetQuota(_) => b'q',
+        Op::ClearQuota => b'c',
+        Op::Suspend(_) => b's',
+        Op::Extend(_) => b'e',
+        Op::Resume => b'r',
+        Op::Reset => b'x',
+        Op::Inspect => b'i',
+    };
+    bytes[9] = algorithm;
+    match op {
+        Op::SetQuota(quotas) => {
+            bytes.push(quotas.len() as u8);
+            let at = bytes.len();
+            bytes.resize(at + 24 * quotas.len(), 0);
+            let mut at = at;
+            for quota in quotas {
+                at = put_quota(&mut bytes, at, quota);
+            }
+        }
+        Op::Suspend(micros) | Op::Extend(micros) => {
+            bytes.extend_from_slice(&exact(micros).to_le_bytes())
+        }
+        _ => {}
+    }
+    bytes
+}
+
+impl Reply {
+    /// Parses an admission under the caller's one quota, which the script replies as one
+    /// integer, `reset_after_ms * (burst + 1) + remaining` (see `lua/common.lua`). `None` when
+    /// the caller sent more than one quota or the integer is negative.
+    pub(crate) fn from_admission(both: i64, quotas: &[Quota]) -> Option<Self> {
+        let [quota] = quotas else {
+            return None;
+        };
+        let both = u64::try_from(both).ok()?;
+        let radix = quota.burst() + 1;
+        Some(Reply {
+            allowed: true,
+            suspended: false,
+            tier: 0,
+            overridden: None,
+            remaining: both % radix,
+            retry_after_ms: 0,
+            reset_after_ms: i64::try_from(both / radix).ok()?,
+        })
+    }
+
+    /// Parses a script's reply: one string packed `'<BBddd'` (flags: 1 allowed, 2 suspended,
+    /// 4 an override decided; the binding tier's position from 1; remaining, retry_after_ms
+    /// with -1 for never, reset_after_ms), followed with flag 4 by `'<ddd'` (the override
+    /// tier's limit, period_us, burst); every number an integer. Anything else is `None`.
+    pub(crate) fn from_redis(reply: &[u8]) -> Option<Self> {
+        let [flags, tier, rest @ ..] = reply else {
+            return None;
+        };
+        let overridden = flags & 4 == 4;
+        if rest.len() != if overridden { 48 } else { 24 } || *flags > 7 || *tier == 0 {
+            return None;
+        }
+        let v = |i: usize| {
+            let mut bytes = [0; 8];
+            bytes.copy_from_slice(&rest[8 * i..8 * i + 8]);
+            let v = f64::from_le_bytes(bytes);
+            // Integers inside an i64 (NaN fails the range).
+            ((-1.0..=MAX_REPLY_MS as f64).contains(&v) && v.fract() == 0.0).then_some(v as i64)
+        };
+        let unsigned = |i: usize| v(i).and_then(|v| u64::try_from(v).ok());
+        Some(Reply {
+            allowed: flags & 1 == 1,
+            suspended: flags & 2 == 2,
+            tier: usize::from(*tier) - 1,
+            overridden: if overridden {
+                Some((unsigned(3)?, unsigned(4)?, unsigned(5)?))
+            } else {
+                None
+            },
+            remaining: unsigned(0)?,
+            retry_after_ms: v(1)?,
+            reset_after_ms: unsigned(2)? as i64,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::layout::f64_at;
+
+    #[test]
+    fn packed_arguments_and_reply() {
+        let quota = Quota::per_minute(10).unwrap();
+        let args = PackedArgs::new(Algorithm::Gcra, &[quota], u64::MAX, None);
+        let args = args.as_bytes();
+        assert_eq!(args.len(), 17 + 24);
+        let f = |i: usize| f64_at(args, i);
+        // Server clock, a cost capped above any burst, the algorithm, then the tier.
+        assert_eq!((f(0), f(8), args[16]), (-1.0, 1e15 + 1.0, b'g'));
+        assert_eq!((f(17), f(25), f(33)), (10.0, 60e6, 10.0));
+        // A client time Lua cannot hold exactly is refused by the script, not rounded.
+        let late = PackedArgs::new(Algorithm::Gcra, &[quota], 1, Some(1 << 53));
+        assert!(f64_at(late.as_bytes(), 0).is_nan());
+
+        let reply = |flags: u8, tier: u8, v: &[f64]| -> Vec<u8> {
+            let mut r = vec![flags, tier];
+            r.extend(v.iter().flat_map(|v| v.to_le_bytes()));
+            r
+        };
+        let ok = Reply::from_redis(&reply(1, 1, &[9.0, 0.0, 6000.0])).unwrap();
+        assert!(ok.allowed && !ok.suspended);
+        assert_eq!(
+            (ok.tier, ok.remaining, ok.retry_after_ms, ok.reset_after_ms),
+            (0, 9, 0, 6000)
+        );
+        assert_eq!(ok.into_decision(&[quota]).unwrap().quota, quota);
+        // The second of two tiers.
+        let second = Quota::per_hour(100).unwrap();
+        let ok = Reply::from_redis(&reply(1, 2, &[9.0, 0.0, 6000.0])).unwrap();
+        assert_eq!(ok.into_decision(&[quota, second]).unwrap().quota, second);
+        // A position beyond the caller's tiers is no decision.
+        assert_eq!(ok.into_decision(&[quota]), None);
+        let never = Reply::from_redis(&reply(0, 1, &[0.0, -1.0, 1.0])).unwrap();
+        assert!(!never.allowed && never.retry_after_ms == -1);
+        let suspended = Reply::from_redis(&reply(2, 1, &[0.0, 5.0, 5.0])).unwrap();
+        assert!(suspended.suspended && !suspended.allowed);
+        // An override's quota comes with the reply.
+        let overridden =
+            Reply::from_redis(&reply(5, 1, &[9.0, 0.0, 6000.0, 3.0, 60e6, 3.0])).unwrap();
+        let decision = overridden.into_decision(&[second]).unwrap();
+        assert_eq!(decision.quota, Quota::per_minute(3).unwrap());
+        assert_eq!(decision.limit, 3);
+        // Anything else is a bad reply, never a made-up decision.
+        for bad in [
+            reply(8, 1, &[9.0, 0.0, 1.0]),
+            reply(1, 0, &[9.0, 0.0, 1.0]),
+            reply(1, 1, &[0.5, 0.0, 1.0]),
+            reply(1, 1, &[9.0, f64::NAN, 1.0]),
+            reply(1, 1, &[9.0, 0.0, -1.0]),
+            reply(1, 1, &[9.0, 0.0, 1e300]),
+            reply(1, 1, &[9.0, 0.0]),
+            reply(5, 1, &[9.0, 0.0, 1.0]),
+            reply(1, 1, &[9.0, 0.0, 1.0, 3.0, 60e6, 3.0]),
+            Vec::new(),
+        ] {
+            assert_eq!(Reply::from_redis(&bad), None, "{bad:?}");
+        }
+        // An admission under one quota as one integer: reset 6000 ms, 9 left of a burst of 10.
+        let ok = Reply::from_admission(6000 * 11 + 9, &[quota]).unwrap();
+        assert_eq!(
+            ok,
+            Reply::from_redis(&reply(1, 1, &[9.0, 0.0, 6000.0])).unwrap()
+        );
+        let full = Reply::from_admission(10, &[quota]).unwrap();
+        assert_eq!((full.remaining, full.reset_after_ms), (10, 0));
+        // Only for one quota, never negative.
+        assert_eq!(Reply::from_admission(9, &[quota, second]), None);
+        assert_eq!(Reply::from_admission(-1, &[quota]), None);
+        // A reply naming no valid quota is no decision.
+        let zero = Reply::from_redis(&reply(5, 1, &[9.0, 0.0, 1.0, 0.0, 60e6, 3.0])).unwrap();
+        assert_eq!(zero.into_decision(&[quota]), None);
+    }
+
+    #[test]
+    fn the_split_form_names_the_state_key_alone() {
+        let quota = Quota::per_second(10).unwrap();
+        let args = |cmd: &redis::Cmd| -> Vec<Vec<u8>> {
+            cmd.args_iter()
+                .map(|arg| match arg {
+                    redis::Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        };
+        let packed = PackedArgs::new(Algorithm::SlidingLog, &[quota], 1, Some(7));
+        let extras = [b"tenant".to_vec(), Vec::new()];
+        let mut cmd = redis::cmd("EVALSHA");
+        push_split_call(
+            &mut cmd,
+            "p:{k}",
+            Algorithm::SlidingLog,
+            &[quota],
+            1,
+            Some(7),
+            &extras,
+        );
+        let expected: Vec<Vec<u8>> = vec![
+            b"EVALSHA".to_vec(),
+            b"1".to_vec(),
+            b"p:{k}".to_vec(),
+            packed.as_bytes().to_vec(),
+            b"tenant".to_vec(),
+            Vec::new(),
+        ];
+        assert_eq!(args(&cmd), expected);
+        assert_eq!(
+            split_keys("p:{k}", Algorithm::SlidingLog),
+            ["p:{k}#t", "p:{k}#m"]
+        );
+        assert_eq!(split_keys("p:{k}", Algorithm::Gcra), ["p:{k}#t"]);
+    }
+}
