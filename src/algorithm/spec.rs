@@ -298,7 +298,13 @@ mod tests {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
             // The drivers, and the production modes' scripts (src/store/redis/modes.rs).
-            let scripts = ["common.lua", "control.lua", "refund.lua", "block.lua", "slots.lua"];
+            let scripts = [
+                "common.lua",
+                "control.lua",
+                "refund.lua",
+                "block.lua",
+                "slots.lua",
+            ];
             if scripts.contains(&name.as_str()) {
                 continue;
             }
