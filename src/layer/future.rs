@@ -95,7 +95,7 @@ pub(crate) async fn check<K>(
         )
         .await;
     let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
-    let mut shadow = None;
+    let (mut shadow, mut shadow_admitted) = (None, None);
     if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
         let key = [storage_key, modes::SHADOW_SCOPE_SUFFIX].concat();
         let label = modes::shadow_label(&config);
@@ -104,7 +104,12 @@ pub(crate) async fn check<K>(
             .check_storage_key(&key, tiers, cost, &label)
             .await
         {
-            shadow = (!decision.allowed).then_some(decision);
+            if decision.allowed {
+                // Settled like the enforced tiers, when the layer settles.
+                shadow_admitted = Some((key, *tiers));
+            } else {
+                shadow = Some(decision);
+            }
         }
     }
     let settlement = match &modes.settle {
@@ -115,6 +120,7 @@ pub(crate) async fn check<K>(
             reserved: cost,
             settle: Arc::clone(settle),
             label: config.metrics_label.clone(),
+            shadow: shadow_admitted,
         }),
         _ => None,
     };

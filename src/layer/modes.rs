@@ -238,6 +238,8 @@ pub(crate) struct Settlement {
     pub reserved: u64,
     pub settle: Arc<Settle>,
     pub label: PolicyLabel,
+    /// The shadow tiers' storage key and quotas, when they admitted (and so reserved) too.
+    pub shadow: Option<(String, Quotas)>,
 }
 
 impl Settlement {
@@ -252,7 +254,8 @@ impl Settlement {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
                     runtime.spawn(async move {
-                        self.limiter
+                        let limiter = &self.limiter;
+                        limiter
                             .settle_storage_key(
                                 &self.storage_key,
                                 &self.quotas,
@@ -261,6 +264,12 @@ impl Settlement {
                                 &self.label,
                             )
                             .await;
+                        if let Some((key, quotas)) = &self.shadow {
+                            let label = self.label.shadowed(Shadow::Tiers);
+                            limiter
+                                .settle_storage_key(key, quotas, refund, charge, &label)
+                                .await;
+                        }
                     });
                 }
                 Err(_) => self.limiter.count_settle_failure("no tokio runtime"),

@@ -227,3 +227,36 @@ async fn a_failed_settlement_never_blocks_the_response() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(limiter.stats().settle_failures, 1);
 }
+
+/// Shadow tiers are settled too: a shadow tier of 2 a minute beside an enforced 5 a minute,
+/// counting only 401s: six successes are free in both, so the shadow tier never "denies".
+#[tokio::test]
+async fn shadow_tiers_are_settled_like_the_enforced_ones() {
+    let limiter = Ctx::default().memory();
+    let layer = RateLimitLayer::builder(
+        limiter.clone(),
+        Quota::per_minute(5).unwrap(),
+        GlobalKey::new("alice"),
+    )
+    .policy_name("login")
+    .shadow_quotas(Quota::per_minute(2).unwrap())
+    .cost_from_status([StatusCode::UNAUTHORIZED])
+    .build()
+    .unwrap();
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut svc = layer.layer(login(failures));
+    for i in 0..6 {
+        let response = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(attempt("right"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "#{i}");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(limiter.stats().shadow_limited, 0);
+    let shadow = Quotas::from(Quota::per_minute(2).unwrap());
+    assert_eq!(left(&limiter, "login.shadow", "alice", &shadow).await, 2);
+}
