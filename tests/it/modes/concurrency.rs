@@ -210,3 +210,29 @@ async fn slots_in_memory() {
     tokio::task::yield_now().await;
     assert!(matches!(slots.acquire("k").await, SlotOutcome::Acquired(_)));
 }
+
+/// On Cluster: the slots of a key live in one slot (its hash tag), taken and given back.
+#[tokio::test]
+async fn slots_on_cluster() {
+    let cluster = crate::support::RedisCluster::start();
+    let limiter = Ctx::default().cluster(&cluster);
+    let slots = ConcurrencyLimiter::with_options(limiter, 2, Duration::from_secs(5), "c").unwrap();
+    for key in ["a", "b", "tenant-42"] {
+        let SlotOutcome::Acquired(first) = slots.acquire(key).await else {
+            panic!("{key}")
+        };
+        let SlotOutcome::Acquired(_second) = slots.acquire(key).await else {
+            panic!("{key}")
+        };
+        assert!(
+            matches!(slots.acquire(key).await, SlotOutcome::Full { .. }),
+            "{key}"
+        );
+        drop(first);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            matches!(slots.acquire(key).await, SlotOutcome::Acquired(_)),
+            "{key}"
+        );
+    }
+}
