@@ -91,7 +91,8 @@ pub(crate) async fn check<K>(
             quotas,
             cost,
             &config.metrics_label,
-            modes.block.as_ref(),
+            // A shadow layer has no effects: its would-be denials block nobody.
+            modes.block.as_ref().filter(|_| !modes.shadow),
         )
         .await;
     let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);

@@ -215,7 +215,8 @@ impl<K> RateLimitLayerBuilder<K> {
     /// Blocks abusers: a request denied by a quota suspends the key's tenant, fleet-wide and on
     /// every route, for the block's duration, in the same store call as the decision (see
     /// [`BlockFor`]; repeated offences may double it up to a cap). The suspension shows in
-    /// [`Limiter::inspect`] and ends early with [`Limiter::resume`].
+    /// [`Limiter::inspect`] and ends early with [`Limiter::resume`]. A layer in
+    /// [`shadow`](Self::shadow) mode blocks nobody (its denials have no effects).
     pub fn block_for(mut self, block: impl Into<BlockFor>) -> Self {
         self.modes.block = Some(block.into());
         self

@@ -234,3 +234,25 @@ async fn shadow_denials_are_logged_at_a_bounded_rate() {
         "{text}"
     );
 }
+
+/// A shadow layer with `block_for` blocks nobody: its would-be denials write no suspension.
+#[tokio::test]
+async fn a_shadow_layer_never_blocks() {
+    let limiter = Ctx::default().memory();
+    let layer = RateLimitLayer::builder(
+        limiter.clone(),
+        Quota::per_minute(1).unwrap(),
+        GlobalKey::new("s"),
+    )
+    .shadow(true)
+    .block_for(std::time::Duration::from_secs(600))
+    .build()
+    .unwrap();
+    let mut svc = layer.layer(counting(Arc::new(AtomicUsize::new(0))));
+    for _ in 0..3 {
+        let response = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(limiter.stats().shadow_limited, 2);
+    assert_eq!(limiter.inspect("s").await.unwrap().suspended_for, None);
+}
