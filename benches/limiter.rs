@@ -273,7 +273,7 @@ impl BenchRedis {
             .expect("a valid Redis URL");
         let limiter = limiter(store, algorithm);
         runtime
-            .block_on(limiter.try_check("warm-up", &quota(algorithm), 1))
+            .block_on(limiter.try_check_quotas("warm-up", &quota(algorithm).into(), 1))
             .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
         limiter
     }

@@ -53,7 +53,7 @@
 //! Durations are a whole number and a unit: `500ms`, `30s`, `10m`, `1h`. A suspension lasts at
 //! most 30 days ([`MAX_SUSPENSION`]). `set-quota` takes one to eight `N/DURATION` tiers, all
 //! checked together (`10/1s 500/1m`); the override lives until `clear-quota`, or until the key
-//! has admitted nothing for 30 days ([`OVERRIDE_IDLE_TTL`](redlimit::OVERRIDE_IDLE_TTL)).
+//! has admitted nothing for 30 days ([`OVERRIDE_IDLE_TTL`](redlimit::limiter::OVERRIDE_IDLE_TTL)).
 //!
 //! A bad command line exits with status 2 and says why; a Redis that fails exits with 1.
 
@@ -67,10 +67,11 @@ use std::time::Duration;
 use common::cli::{self, CliError};
 use common::flags::{set_once, Arg, Args};
 use redlimit::key::{HeaderKey, KeyExtractor};
-use redlimit::store::RedisStore;
+use redlimit::store::{BuildError, RedisStore};
 use redlimit::{
-    Algorithm, ControlError, KeyStatus, Limiter, Quota, QuotaError, Quotas, Target, MAX_SUSPENSION,
-    MAX_TIERS,
+    limiter::{ControlError, KeyStatus, StoredKey, MAX_SUSPENSION},
+    quota::{QuotaError, MAX_TIERS},
+    Algorithm, Limiter, Quota, Quotas, Target,
 };
 
 const USAGE: &str = "\
@@ -193,7 +194,7 @@ impl Redis {
     }
 
     /// The store the limiters use on this Redis.
-    fn store(&self) -> Result<RedisStore, redis::RedisError> {
+    fn store(&self) -> Result<RedisStore, BuildError> {
         match self {
             Redis::Single(url) => RedisStore::new(url.as_str()),
             Redis::Cluster(urls) => RedisStore::cluster(urls.iter().map(String::as_str)),
@@ -721,12 +722,7 @@ async fn run(request: &Request) -> Result<(), Failure> {
         }
         println!(
             "{}",
-            inspect_json(
-                request,
-                &limiter.target_storage_key(target),
-                &status,
-                &scoped
-            )
+            inspect_json(request, &limiter.storage_key(target), &status, &scoped)
         );
         return Ok(());
     }
@@ -735,7 +731,7 @@ async fn run(request: &Request) -> Result<(), Failure> {
     }
     print!(
         "{}",
-        status_text(shown, &limiter.target_storage_key(target), &status)
+        status_text(shown, &limiter.storage_key(target), &status)
     );
     if matches!(request.command, Command::Inspect) && request.scope.is_none() {
         println!("routes: {}", routes_text(&routes));
@@ -759,6 +755,10 @@ async fn tenant_routes(
     limiter: &Limiter,
 ) -> Result<(Vec<Option<String>>, bool), String> {
     let base = limiter.storage_key(&request.key);
+    let tenant_id = match limiter.stored_key(&base) {
+        Some(StoredKey::Route { id, .. }) => id,
+        _ => unreachable!("a limiter reads its own storage keys"),
+    };
     let mut pattern = String::new();
     for c in base.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -769,19 +769,18 @@ async fn tenant_routes(
     pattern.push('*');
     let (mut routes, mut controls) = (Vec::new(), false);
     for key in request.redis.scan(&pattern).await? {
-        let Some(rest) = key.strip_prefix(&base) else {
-            continue;
-        };
-        if rest == "#t" {
-            controls = true;
-            continue;
-        }
-        let route = match rest.strip_suffix("#m").unwrap_or(rest) {
-            "" => None,
-            scoped => match scoped.strip_prefix(':') {
-                Some(scope) => Some(scope.to_owned()),
-                None => continue,
-            },
+        // The pattern also matches the keys of tenants whose id starts with this one's.
+        let route = match limiter.stored_key(&key) {
+            Some(StoredKey::Tenant { id }) if id == tenant_id => {
+                controls = true;
+                continue;
+            }
+            Some(StoredKey::Route { id, scope } | StoredKey::LogControls { id, scope })
+                if id == tenant_id =>
+            {
+                scope.map(str::to_owned)
+            }
+            _ => continue,
         };
         if !routes.contains(&route) {
             routes.push(route);
@@ -1016,21 +1015,22 @@ async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Re
     let prefix = request
         .prefix
         .as_deref()
-        .unwrap_or(redlimit::DEFAULT_PREFIX);
-    let head = format!("{prefix}:{{");
-    let pattern = format!("{}*", head.replace('[', "\\[").replace('*', "\\*"));
+        .unwrap_or(redlimit::limiter::DEFAULT_PREFIX);
+    // Every storage key of this limiter starts as the empty key's does, up to its hash tag.
+    let base = limiter.storage_key("");
+    let head = base.split_once('{').map_or(base.as_str(), |(head, _)| head);
+    let pattern = format!("{}{{*", head.replace('[', "\\[").replace('*', "\\*"));
     let mut found = Vec::new();
     for key in request.redis.scan(&pattern).await? {
-        let Some((id, rest)) = key.strip_prefix(&head).and_then(|k| k.split_once('}')) else {
-            continue;
-        };
-        // A hashed id cannot be named back to its key: skipped.
-        if id.starts_with('#') || rest.ends_with("#m") {
-            continue;
-        }
-        let route = rest.strip_prefix(':').map(str::to_owned);
-        if rest == "#t" || rest.is_empty() || route.is_some() {
-            found.push((id.to_owned(), if rest == "#t" { None } else { Some(route) }));
+        match limiter.stored_key(&key) {
+            // A hashed id cannot be named back to its key: skipped.
+            Some(StoredKey::Tenant { id }) if !id.starts_with('#') => {
+                found.push((id.to_owned(), None));
+            }
+            Some(StoredKey::Route { id, scope }) if !id.starts_with('#') => {
+                found.push((id.to_owned(), Some(scope.map(str::to_owned))));
+            }
+            _ => {}
         }
     }
     let mut rows = Vec::new();
@@ -1070,7 +1070,11 @@ async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Re
             .build()
             .map_err(|e| e.to_string())?;
         let decision = match &route {
-            Some(scope) => peeker.check_scoped_quotas(scope, &tenant, &quotas, 0).await,
+            Some(scope) => {
+                peeker
+                    .check_quotas(Target::scoped(scope, &tenant), &quotas, 0)
+                    .await
+            }
             None => peeker.check_quotas(&tenant, &quotas, 0).await,
         };
         let Some(decision) = decision.decision().copied() else {

@@ -40,7 +40,7 @@
 //! requests right next to it, and a millisecond of network jitter moves one across.
 //!
 //! So the workers use the **fixed-window** algorithm on the **same windows**: the same epoch
-//! alignment, on Redis's clock (the default, [`Clock::Server`](redlimit::Clock::Server)): one
+//! alignment, on Redis's clock (the default, [`Clock::Server`](redlimit::clock::Clock::Server)): one
 //! clock for every worker, so no skew between them, and the upstream's clock too when Redis runs
 //! on this machine, as the mock upstream does (a Redis elsewhere may be a little off: leave the
 //! margin below). The limiter admits at most `limit` per window, and a saturated fleet spends
@@ -102,7 +102,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, FailClosed, Limiter, Quota};
+use redlimit::{policy::FailClosed, Algorithm, Limiter, Quota};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -269,7 +269,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, CliError> {
     }
     let period = period.unwrap_or(Duration::from_secs(1));
     let quota = Quota::new(limit.unwrap_or(20), period).map_err(|e| {
-        let flag = if period.is_zero() || period > redlimit::MAX_PERIOD {
+        let flag = if period.is_zero() || period > redlimit::quota::MAX_PERIOD {
             "--period"
         } else {
             "--limit"

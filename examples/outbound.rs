@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use redlimit::policy::LocalFallback;
 use redlimit::store::RedisStore;
-use redlimit::{AcquireError, Limiter, Quota, Quotas};
+use redlimit::{limiter::AcquireError, Limiter, Quota, Quotas};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -36,7 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// synchronised (NTP), or use the server clock.
 ///
 /// ```
-/// use redlimit::{Clock, ManualClock};
+/// use redlimit::clock::{Clock, ManualClock};
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new(Duration::from_secs(1_000));
@@ -88,11 +88,11 @@ pub(crate) fn system_now_micros() -> u64 {
 
 /// A shared clock moved by hand, for deterministic tests. Clones share the same time.
 ///
-/// Use it as [`Clock::Manual`]; see [`LimiterBuilder::clock`](crate::LimiterBuilder::clock)
+/// Use it as [`Clock::Manual`]; see [`LimiterBuilder::clock`](crate::limiter::LimiterBuilder::clock)
 /// for a limiter driven by one.
 ///
 /// ```
-/// use redlimit::ManualClock;
+/// use redlimit::clock::ManualClock;
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new(Duration::from_secs(10));

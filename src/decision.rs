@@ -1,4 +1,5 @@
-//! [`Decision`]: what the limiter answered for one request.
+//! [`Decision`]: what the limiter answered for one request, and [`Verdict`]: a decision or what
+//! the failure policy chose when the store failed.
 
 use std::time::Duration;
 
@@ -67,9 +68,9 @@ impl Decision {
     /// # async fn main() {
     /// let limiter = Limiter::new(MemoryStore::new());
     /// let quota = Quota::per_minute(10).unwrap();
-    /// let too_big = limiter.check_cost("k", &quota, 11).await;
+    /// let too_big = limiter.check_quotas("k", &quota.into(), 11).await;
     /// assert!(too_big.decision().unwrap().never_allowed());
-    /// let fits = limiter.check_cost("k", &quota, 10).await;
+    /// let fits = limiter.check_quotas("k", &quota.into(), 10).await;
     /// assert!(!fits.decision().unwrap().never_allowed());
     /// # }
     /// ```
@@ -126,6 +127,78 @@ impl Decision {
     /// ```
     pub fn reset_after_secs(&self) -> u64 {
         secs_rounded_up(self.reset_after)
+    }
+}
+
+/// The outcome of a check: a real decision, or what the failure policy chose when the store
+/// failed.
+///
+/// ```
+/// use redlimit::{store::MemoryStore, Limiter, Quota, Verdict};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let quota = Quota::per_minute(1).unwrap();
+/// assert!(limiter.check("k", &quota).await.is_allowed());
+/// match limiter.check("k", &quota).await {
+///     Verdict::Decided(decision) => {
+///         assert!(!decision.allowed);
+///         assert_eq!(decision.retry_after_secs(), 60); // one request a minute
+///     }
+///     other => panic!("the memory store never fails, got {other:?}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// A decision: from the store, or from a local fallback limiter.
+    Decided(Decision),
+    /// The store failed and the policy admits the request unchecked.
+    FailedOpen,
+    /// The store failed and the policy rejects the request (HTTP 503, gRPC `UNAVAILABLE`).
+    FailedClosed {
+        /// How long the client should wait before retrying.
+        retry_after: Duration,
+    },
+}
+
+impl Verdict {
+    /// Whether the request may proceed.
+    ///
+    /// ```
+    /// use redlimit::Verdict;
+    /// use std::time::Duration;
+    ///
+    /// assert!(Verdict::FailedOpen.is_allowed());
+    /// assert!(!Verdict::FailedClosed { retry_after: Duration::from_secs(1) }.is_allowed());
+    /// ```
+    pub fn is_allowed(&self) -> bool {
+        match self {
+            Verdict::Decided(decision) => decision.allowed,
+            Verdict::FailedOpen => true,
+            Verdict::FailedClosed { .. } => false,
+        }
+    }
+
+    /// The decision, when there is one.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Quota, Verdict};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let verdict = limiter.check("k", &Quota::per_second(5).unwrap()).await;
+    /// assert_eq!(verdict.decision().map(|d| d.remaining), Some(4));
+    /// assert_eq!(Verdict::FailedOpen.decision(), None);
+    /// # }
+    /// ```
+    pub fn decision(&self) -> Option<&Decision> {
+        match self {
+            Verdict::Decided(decision) => Some(decision),
+            _ => None,
+        }
     }
 }
 

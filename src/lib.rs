@@ -24,7 +24,7 @@
 //!
 //! A denied request gets `429 Too Many Requests` with `Retry-After` and the IETF
 //! `RateLimit-Policy` / `RateLimit` headers (which allowed responses carry too); a gRPC request
-//! gets `RESOURCE_EXHAUSTED`. When Redis fails, the [`FailurePolicy`] decides: fail open (the
+//! gets `RESOURCE_EXHAUSTED`. When Redis fails, the [`FailurePolicy`](policy::FailurePolicy) decides: fail open (the
 //! default), fail closed, or a local in-process limiter.
 //!
 //! Without tower, use the [`Limiter`] directly:
@@ -82,7 +82,7 @@
 //! # Metrics
 //!
 //! With the `metrics` feature the limiter records, labelled by the layer's policy name (or
-//! [`DIRECT_POLICY_LABEL`], `direct`, for [`Limiter::check`] and its siblings outside a layer),
+//! [`DIRECT_POLICY_LABEL`](limiter::DIRECT_POLICY_LABEL), `direct`, for [`Limiter::check`] and its siblings outside a layer),
 //! never by key:
 //!
 //! - `redlimit_decisions_total` (counter; labels `policy`, `outcome`: `allowed`, `limited`,
@@ -105,29 +105,21 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
-mod clock;
-mod decision;
+pub mod clock;
+pub mod decision;
 pub mod guide;
 mod intern;
 pub mod key;
 pub mod layer;
-mod limiter;
+pub mod limiter;
 pub mod outbound;
 pub mod policy;
-mod quota;
+pub mod quota;
 pub mod store;
 
+// The quick start's and the common paths' names; everything else lives in its module.
 pub use crate::algorithm::Algorithm;
-pub use crate::clock::{Clock, ManualClock};
-pub use crate::decision::Decision;
-pub use crate::layer::{
-    resolver_fn, FnResolver, MissingKey, QuotaResolver, RateLimit, RateLimitLayer,
-    RateLimitLayerBuilder, Resolved, ResponseBody, ResponseFuture,
-};
-pub use crate::limiter::{
-    AcquireError, BlockFor, ConcurrencyLimiter, ConfigError, ControlError, KeyStatus, Limiter,
-    LimiterBuilder, LimiterStats, Slot, SlotOutcome, Target, TierState, DEFAULT_PREFIX,
-    DEFAULT_SLOT_LEASE, DIRECT_POLICY_LABEL, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
-};
-pub use crate::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
-pub use crate::quota::{Quota, QuotaError, Quotas, MAX_COUNT, MAX_PERIOD, MAX_TIERS};
+pub use crate::decision::{Decision, Verdict};
+pub use crate::layer::RateLimitLayer;
+pub use crate::limiter::{Limiter, Target};
+pub use crate::quota::{Quota, Quotas};

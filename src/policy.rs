@@ -2,7 +2,7 @@
 //!
 //! Every store error (Redis down, a timeout, an open circuit) goes through the limiter's policy,
 //! which is logged with `tracing` (never with the key: it may be a secret) and counted in
-//! [`LimiterStats`](crate::LimiterStats).
+//! [`LimiterStats`](crate::limiter::LimiterStats).
 //!
 //! ```
 //! use redlimit::{policy::FailClosed, store::RedisStore, Limiter};
@@ -21,7 +21,7 @@
 //! ```
 //! use std::time::Duration;
 //! use futures::future::BoxFuture;
-//! use redlimit::policy::{FailClosed, LocalFallback, Verdict};
+//! use redlimit::{policy::{FailClosed, LocalFallback}, Verdict};
 //! use redlimit::store::{CheckRequest, Store, StoreError};
 //! use redlimit::{Decision, Limiter, Quota};
 //!
@@ -59,81 +59,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::decision::Decision;
+use crate::decision::Verdict;
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, MemoryStore, StoreError};
-
-/// The outcome of a check: a real decision, or what the failure policy chose when the store
-/// failed.
-///
-/// ```
-/// use redlimit::{store::MemoryStore, Limiter, Quota, Verdict};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let limiter = Limiter::new(MemoryStore::new());
-/// let quota = Quota::per_minute(1).unwrap();
-/// assert!(limiter.check("k", &quota).await.is_allowed());
-/// match limiter.check("k", &quota).await {
-///     Verdict::Decided(decision) => {
-///         assert!(!decision.allowed);
-///         assert_eq!(decision.retry_after_secs(), 60); // one request a minute
-///     }
-///     other => panic!("the memory store never fails, got {other:?}"),
-/// }
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// A decision: from the store, or from a local fallback limiter.
-    Decided(Decision),
-    /// The store failed and the policy admits the request unchecked.
-    FailedOpen,
-    /// The store failed and the policy rejects the request (HTTP 503, gRPC `UNAVAILABLE`).
-    FailedClosed {
-        /// How long the client should wait before retrying.
-        retry_after: Duration,
-    },
-}
-
-impl Verdict {
-    /// Whether the request may proceed.
-    ///
-    /// ```
-    /// use redlimit::Verdict;
-    /// use std::time::Duration;
-    ///
-    /// assert!(Verdict::FailedOpen.is_allowed());
-    /// assert!(!Verdict::FailedClosed { retry_after: Duration::from_secs(1) }.is_allowed());
-    /// ```
-    pub fn is_allowed(&self) -> bool {
-        match self {
-            Verdict::Decided(decision) => decision.allowed,
-            Verdict::FailedOpen => true,
-            Verdict::FailedClosed { .. } => false,
-        }
-    }
-
-    /// The decision, when there is one.
-    ///
-    /// ```
-    /// use redlimit::{store::MemoryStore, Limiter, Quota, Verdict};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let limiter = Limiter::new(MemoryStore::new());
-    /// let verdict = limiter.check("k", &Quota::per_second(5).unwrap()).await;
-    /// assert_eq!(verdict.decision().map(|d| d.remaining), Some(4));
-    /// assert_eq!(Verdict::FailedOpen.decision(), None);
-    /// # }
-    /// ```
-    pub fn decision(&self) -> Option<&Decision> {
-        match self {
-            Verdict::Decided(decision) => Some(decision),
-            _ => None,
-        }
-    }
-}
 
 /// What the policy knows about a failed check.
 ///
@@ -141,7 +69,7 @@ impl Verdict {
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlimit::policy::{FailureContext, FailurePolicy, Verdict};
+/// use redlimit::{policy::{FailureContext, FailurePolicy}, Verdict};
 /// use redlimit::store::{CheckRequest, StoreError};
 /// use redlimit::{Algorithm, Quota};
 ///
@@ -184,7 +112,7 @@ pub struct FailureContext<'a> {
 /// for expensive endpoints).
 ///
 /// ```
-/// use redlimit::policy::{FailureContext, FailurePolicy, Verdict};
+/// use redlimit::{policy::{FailureContext, FailurePolicy}, Verdict};
 ///
 /// /// Admits cheap requests, rejects the rest, while Redis is away.
 /// #[derive(Debug)]
@@ -222,7 +150,7 @@ pub trait FailurePolicy: Send + Sync + fmt::Debug + 'static {
 /// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
 /// #     }
 /// # }
-/// use redlimit::{policy::{FailOpen, Verdict}, Limiter, Quota};
+/// use redlimit::{policy::FailOpen, Limiter, Quota, Verdict};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -353,7 +281,7 @@ impl LocalFallback {
     /// assert_eq!((share.limit(), share.burst(), share.period()), (25, 2, quota.period()));
     /// // Never less than one request.
     /// assert_eq!(LocalFallback::new(1_000).share(&quota).limit(), 1);
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn share(&self, quota: &Quota) -> Quota {
         let limit = (quota.limit() / self.instances).max(1);

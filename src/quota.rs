@@ -16,7 +16,7 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Why a quota could not be built.
 ///
 /// ```
-/// use redlimit::{Quota, QuotaError};
+/// use redlimit::{quota::QuotaError, Quota};
 ///
 /// assert_eq!(Quota::per_second(0), Err(QuotaError::ZeroLimit));
 /// let error = Quota::per_second(1).unwrap().with_burst(0).unwrap_err();
@@ -70,7 +70,7 @@ pub const MAX_TIERS: usize = 8;
 /// assert_eq!(bursty.burst(), 50);
 /// assert_eq!(custom.period(), Duration::from_millis(500));
 /// assert!(Quota::per_second(0).is_err());
-/// # Ok::<(), redlimit::QuotaError>(())
+/// # Ok::<(), redlimit::quota::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
@@ -86,7 +86,7 @@ impl Quota {
     /// rate is never faster than asked).
     ///
     /// ```
-    /// use redlimit::{Quota, QuotaError};
+    /// use redlimit::{quota::QuotaError, Quota};
     /// use std::time::Duration;
     ///
     /// let quota = Quota::new(5, Duration::from_millis(500))?;
@@ -123,7 +123,7 @@ impl Quota {
     ///
     /// let quota = Quota::per_second(100)?;
     /// assert_eq!((quota.limit(), quota.period()), (100, Duration::from_secs(1)));
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn per_second(requests: u64) -> Result<Self, QuotaError> {
         Self::new(requests, Duration::from_secs(1))
@@ -137,7 +137,7 @@ impl Quota {
     ///
     /// let quota = Quota::per_minute(100)?;
     /// assert_eq!((quota.limit(), quota.period()), (100, Duration::from_secs(60)));
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn per_minute(requests: u64) -> Result<Self, QuotaError> {
         Self::new(requests, Duration::from_secs(60))
@@ -151,7 +151,7 @@ impl Quota {
     ///
     /// let quota = Quota::per_hour(100)?;
     /// assert_eq!((quota.limit(), quota.period()), (100, Duration::from_secs(3600)));
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn per_hour(requests: u64) -> Result<Self, QuotaError> {
         Self::new(requests, Duration::from_secs(3600))
@@ -165,7 +165,7 @@ impl Quota {
     ///
     /// let quota = Quota::per_day(100)?;
     /// assert_eq!((quota.limit(), quota.period()), (100, Duration::from_secs(86_400)));
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn per_day(requests: u64) -> Result<Self, QuotaError> {
         Self::new(requests, Duration::from_secs(24 * 3600))
@@ -175,7 +175,7 @@ impl Quota {
     /// spell. Window algorithms use it as the number of requests per window.
     ///
     /// ```
-    /// use redlimit::{Quota, QuotaError};
+    /// use redlimit::{quota::QuotaError, Quota};
     ///
     /// // On average 1 request a second, but up to 30 at once after a quiet half-minute.
     /// let quota = Quota::per_second(1)?.with_burst(30)?;
@@ -199,7 +199,7 @@ impl Quota {
     /// use redlimit::Quota;
     ///
     /// assert_eq!(Quota::per_minute(100)?.with_burst(10)?.limit(), 100);
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn limit(&self) -> u64 {
         self.limit
@@ -212,7 +212,7 @@ impl Quota {
     /// use std::time::Duration;
     ///
     /// assert_eq!(Quota::per_hour(100)?.period(), Duration::from_secs(3600));
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn period(&self) -> Duration {
         self.period
@@ -226,7 +226,7 @@ impl Quota {
     /// let quota = Quota::per_minute(100)?;
     /// assert_eq!(quota.burst(), 100); // the limit, unless set
     /// assert_eq!(quota.with_burst(5)?.burst(), 5);
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn burst(&self) -> u64 {
         self.burst
@@ -253,7 +253,7 @@ impl Quota {
 /// check. A single [`Quota`] converts into one.
 ///
 /// ```
-/// use redlimit::{Quota, QuotaError, Quotas};
+/// use redlimit::{quota::QuotaError, Quota, Quotas};
 ///
 /// let tiers = Quotas::new([Quota::per_second(10)?, Quota::per_minute(500)?])?;
 /// assert_eq!(tiers.len(), 2);
@@ -295,7 +295,7 @@ impl Quotas {
     ///
     /// let tiers = Quotas::from(Quota::per_second(1)?);
     /// assert_eq!(tiers.as_slice(), &[Quota::per_second(1)?]);
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn as_slice(&self) -> &[Quota] {
         &self.tiers[..usize::from(self.len)]

@@ -15,8 +15,9 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redlimit::key::{HeaderKey, PeerIp};
 use redlimit::store::{CircuitBreaker, MemoryStore, RedisStore};
 use redlimit::{
-    FailClosed, FailOpen, FailurePolicy, Limiter, LocalFallback, Quota, RateLimitLayer,
-    DIRECT_POLICY_LABEL,
+    limiter::DIRECT_POLICY_LABEL,
+    policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
+    Limiter, Quota, RateLimitLayer,
 };
 use support::example::dead_redis_url;
 use support::service::counting;
@@ -253,10 +254,13 @@ async fn metrics_follow_real_traffic() {
         .unwrap();
     let limiter = Limiter::new(store);
     let quota = Quota::per_minute(100).unwrap();
-    assert!(limiter.try_check("b", &quota, 1).await.is_ok());
+    assert!(limiter
+        .try_check_quotas("b", &quota.into(), 1)
+        .await
+        .is_ok());
     redis.stop();
     for _ in 0..5 {
-        let _ = limiter.try_check("b", &quota, 1).await;
+        let _ = limiter.try_check_quotas("b", &quota.into(), 1).await;
     }
     assert_eq!(
         Metrics::take(&snapshotter).gauge("redlimit_circuit_breaker_open"),
@@ -265,7 +269,11 @@ async fn metrics_follow_real_traffic() {
     redis.restart();
     let mut back = false;
     for _ in 0..200 {
-        if limiter.try_check("b", &quota, 1).await.is_ok() {
+        if limiter
+            .try_check_quotas("b", &quota.into(), 1)
+            .await
+            .is_ok()
+        {
             back = true;
             break;
         }

@@ -22,7 +22,9 @@ use http::request::Parts;
 use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
 use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
 use redlimit::{
-    Algorithm, FailClosed, FailOpen, Limiter, LocalFallback, Quota, QuotaError, RateLimitLayer,
+    policy::{FailClosed, FailOpen, LocalFallback},
+    quota::QuotaError,
+    Algorithm, Limiter, Quota, RateLimitLayer,
 };
 
 /// What differs between the examples that share this command line.

@@ -45,7 +45,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use redlimit::{store::MemoryStore, Algorithm, Clock, Limiter, ManualClock, Quota};
+//! use redlimit::{clock::{Clock, ManualClock}, store::MemoryStore, Algorithm, Limiter, Quota};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -212,7 +212,7 @@ impl Algorithm {
     /// at most [`MAX_SLIDING_LOG_BURST`], because it stores (and scans) one entry per unit.
     ///
     /// ```
-    /// use redlimit::{Algorithm, Quota, QuotaError};
+    /// use redlimit::{quota::QuotaError, Algorithm, Quota};
     ///
     /// let huge = Quota::per_second(1_000_000).unwrap();
     /// assert!(Algorithm::TokenBucket.supports(&huge).is_ok());
@@ -393,7 +393,7 @@ pub(crate) fn sane(v: f64) -> bool {
 /// 2^53: every number the scripts handle stays an exact integer below it.
 pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
-/// [`Clock::MAX_SKEW`](crate::Clock::MAX_SKEW) in µs: `MAX_SKEW` in every Lua step.
+/// [`Clock::MAX_SKEW`](crate::clock::Clock::MAX_SKEW) in µs: `MAX_SKEW` in every Lua step.
 pub(crate) const MAX_SKEW_US: f64 = crate::clock::Clock::MAX_SKEW.as_micros() as f64;
 
 /// How a step reads a stored time (its state's reference: a token bucket's `ts`, GCRA's `at`, a

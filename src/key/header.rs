@@ -50,7 +50,7 @@ const STACK_KEY: usize = 128;
 /// use axum::{body::Body, routing::get, Router};
 /// use http::{request::Parts, Request, StatusCode};
 /// use redlimit::key::FnKey;
-/// use redlimit::{store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+/// use redlimit::{layer::MissingKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// /// Who the authentication layer says the caller is.

@@ -8,7 +8,7 @@
 //! | [`FnKey`] | your closure | anything in the request head |
 //!
 //! An extractor returns `None` when a request has no key (no such header, no peer address). What
-//! happens then is never a silent bypass: see [`MissingKey`](crate::MissingKey).
+//! happens then is never a silent bypass: see [`MissingKey`](crate::layer::MissingKey).
 //!
 //! **Storage keys are bounded.** Whatever an extractor returns, the limiter stores it as
 //! `<prefix>:{<id>}`: `<id>` is the key itself when it is 1 to 200 bytes of printable ASCII
@@ -33,7 +33,7 @@
 //! ```
 //! use std::convert::Infallible;
 //! use http::{Request, Response, StatusCode};
-//! use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+//! use redlimit::{key::HeaderKey, layer::MissingKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -146,7 +146,7 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
     /// Why requests may come without a key, in the words of a log line: the layer logs it once,
     /// at warn level, when it first counts such a request against the shared key of
-    /// [`MissingKey::Shared`](crate::MissingKey::Shared).
+    /// [`MissingKey::Shared`](crate::layer::MissingKey::Shared).
     ///
     /// ```
     /// use redlimit::key::{KeyExtractor, PeerIp};
@@ -173,7 +173,7 @@ pub(crate) fn storage_id(key: &str) -> Cow<'_, str> {
     }
 }
 
-/// How the id of the shared key of [`MissingKey::Shared`](crate::MissingKey::Shared) starts: `#:`
+/// How the id of the shared key of [`MissingKey::Shared`](crate::layer::MissingKey::Shared) starts: `#:`
 /// then the name's [`storage_id`]. No key a [`KeyExtractor`] returns (nor any key given to a
 /// [`Limiter`](crate::Limiter)) gets such an id: [`storage_id`] keeps a key only when it does not
 /// start with `#`, and otherwise makes it `#` and hex digits. So the shared bucket never meets a

@@ -8,7 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 pin_project! {
-    /// The body of a response from [`RateLimit`](crate::RateLimit): the inner service's body, or
+    /// The body of a response from [`RateLimit`](crate::layer::RateLimit): the inner service's body, or
     /// the short text of a 429 / 503 (empty for gRPC, whose status travels in headers).
     ///
     /// **The bound:** the inner body must be `http_body::Body<Data = bytes::Bytes>`. That is what

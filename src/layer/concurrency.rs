@@ -36,7 +36,8 @@ const UNKEYED: &str = "#:unkeyed";
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
 /// use redlimit::layer::ConcurrencyLimitLayer;
-/// use redlimit::{key::GlobalKey, store::MemoryStore, ConcurrencyLimiter, Limiter};
+/// use redlimit::limiter::ConcurrencyLimiter;
+/// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter};
 /// use tower::{Service, ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -9,8 +9,8 @@ use std::sync::{Arc, RwLock};
 use http::request::Parts;
 use http::StatusCode;
 
+use super::headers::HeaderStyle;
 use super::resolver::QuotaResolver;
-use super::response::HeaderStyle;
 use crate::key::KeyExtractor;
 use crate::limiter::{KeyScope, Limiter, PolicyLabel};
 use crate::quota::Quotas;
@@ -24,7 +24,7 @@ use crate::quota::Quotas;
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+/// use redlimit::{key::HeaderKey, layer::MissingKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -13,20 +13,21 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::config::Config;
+use super::headers::HeaderStyle;
 use super::modes::{self, Settlement, ShadowLimited};
-use super::response::{self, HeaderStyle, Wire};
+use super::response::{self, Wire};
 use crate::decision::Decision;
-use crate::policy::Verdict;
+use crate::decision::Verdict;
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit): it waits for the limiter's
+    /// The response future of [`RateLimit`](crate::layer::RateLimit): it waits for the limiter's
     /// verdict, then calls the inner service or answers by itself.
     ///
     /// ```
     /// use std::convert::Infallible;
     /// use http::{Request, Response, StatusCode};
     /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota};
-    /// use redlimit::{RateLimitLayer, ResponseFuture};
+    /// use redlimit::{layer::ResponseFuture, RateLimitLayer};
     /// use tower::{Service, ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")]

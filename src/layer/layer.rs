@@ -9,8 +9,8 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use super::config::{Config, CostFn, MissingKey, SkipFn};
+use super::headers::HeaderStyle;
 use super::resolver::QuotaResolver;
-use super::response::HeaderStyle;
 use super::service::RateLimit;
 use crate::algorithm::Algorithm;
 use crate::key::KeyExtractor;
@@ -102,7 +102,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     }
 
     /// The scope of this layer's keys in the store: the storage key of `key` is
-    /// [`Limiter::scoped_storage_key`]`(scope, key)`.
+    /// [`Limiter::storage_key`]`(Target::scoped(scope, key))`.
     ///
     /// ```
     /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
@@ -177,7 +177,7 @@ impl<S, K> Layer<S> for RateLimitLayer<K> {
 ///
 /// ```
 /// use http::StatusCode;
-/// use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, MissingKey, Quota, RateLimitLayer};
+/// use redlimit::{key::HeaderKey, layer::MissingKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
 ///
 /// let layer = RateLimitLayer::builder(
 ///     Limiter::new(MemoryStore::new()),
@@ -237,43 +237,22 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
         self
     }
 
-    /// Counts in exactly this scope, shared with every layer (and
-    /// [`Limiter::check_scoped`] call) of the same limiter prefix that names it, **whatever
-    /// their quotas**: 1 to 64 characters of `[A-Za-z0-9._-]`.
-    ///
-    /// Without it, a layer with a [policy name](Self::policy_name) counts in a scope of that
-    /// name: its route. A deploy that changes the route's quota keeps the usage, capped to the
-    /// new quota, and the route's override; one that changes the algorithm starts the usage
-    /// afresh (another algorithm's state reads as a fresh key, replaced on the first admission).
-    /// A layer without a policy name derives its scope from the algorithm and the quotas, so
-    /// unnamed layers with different quotas never share state; see [Scopes](crate::layer#scopes)
-    /// for the format and an example.
+    /// Counts in exactly this scope (1 to 64 characters of `[A-Za-z0-9._-]`), shared with every
+    /// layer and check of the same limiter prefix that names it; see [Scopes](crate::layer#scopes).
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
         self.scope = Some(scope.into());
         self
     }
 
-    /// Chooses each request's quotas with `resolver` (tiers: FREE 10 a minute, PRO 1000, chosen
-    /// from a header or looked up in your own store); the quotas given to the builder are the
-    /// default, used when it answers [`Resolved::Default`](crate::Resolved::Default).
-    ///
-    /// Every tier of a key counts in the layer's one scope, and an override set with
-    /// [`Limiter::set_quota`](crate::Limiter::set_quota) wins over the resolver; see
-    /// [Tiers per request](crate::layer#tiers-per-request) for an example.
+    /// Chooses each request's quotas with `resolver`; the builder's quotas are the default. See
+    /// [Tiers per request](crate::layer#tiers-per-request).
     pub fn resolver(mut self, resolver: impl QuotaResolver) -> Self {
         self.resolver = Some(Box::new(resolver));
         self
     }
 
-    /// Adds a random amount between zero and `max` to the `Retry-After` (and
-    /// `grpc-retry-pushback-ms`) of each denial, so the clients denied together do not all
-    /// come back in the same second (off by default).
-    ///
-    /// Only that hint moves, and only later: `Retry-After` is at least the true wait (it is
-    /// rounded up after the jitter is added), never more than the true wait plus `max`, and
-    /// the `RateLimit` header's `t` and the [`Decision`](crate::Decision) keep the exact
-    /// values. A cost the quota can never hold (its hint is the whole period) gets none.
-    /// Example in the [module docs](crate::layer#builder-options).
+    /// Adds a random amount up to `max` to each denial's `Retry-After` (off by default); see
+    /// [Builder options](crate::layer#builder-options).
     pub fn retry_after_jitter(mut self, max: Duration) -> Self {
         self.retry_after_jitter = max;
         self
@@ -305,8 +284,8 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
     /// can serve the quota (the fallible form of [`RateLimitLayer::new`]).
     ///
     /// ```
-    /// use redlimit::{key::GlobalKey, store::MemoryStore, Algorithm, ConfigError, Limiter};
-    /// use redlimit::{Quota, QuotaError, RateLimitLayer};
+    /// use redlimit::{key::GlobalKey, limiter::ConfigError, store::MemoryStore, Algorithm, Limiter};
+    /// use redlimit::{quota::QuotaError, Quota, RateLimitLayer};
     ///
     /// let log = Limiter::builder(MemoryStore::new())
     ///     .algorithm(Algorithm::SlidingLog)

@@ -123,7 +123,10 @@
 //!   unchecked and carry no rate-limit headers;
 //! - [`retry_after_jitter`](RateLimitLayerBuilder::retry_after_jitter) adds up to a given time
 //!   to each denial's `Retry-After`, so clients denied together do not come back together; the
-//!   `RateLimit` header keeps the exact `t`;
+//!   `RateLimit` header keeps the exact `t`. Only that hint moves, and only later:
+//!   `Retry-After` is at least the true wait (it is rounded up after the jitter is added),
+//!   never more than the true wait plus the jitter, and the [`Decision`](crate::Decision) keeps
+//!   the exact values; a cost the quota can never hold gets none;
 //! - [`on_missing_key`](RateLimitLayerBuilder::on_missing_key) sets the [`MissingKey`] rule.
 //!
 //! ```
@@ -182,6 +185,11 @@
 //! joined with `+` (`default:token-bucket:10/1s+500/60s`). With a resolver the scope comes from
 //! the default quotas: every tier of a key counts in it.
 //!
+//! A layer with a [policy name](RateLimitLayerBuilder::policy_name) counts in a scope of that
+//! name: its route. A deploy that changes the route's quota keeps the usage, capped to the new
+//! quota, and the route's override; one that changes the algorithm starts the usage afresh
+//! (another algorithm's state reads as a fresh key, replaced on the first admission).
+//!
 //! Name a scope only to share one count between layers on purpose, e.g. several routes that
 //! together get 2 requests a minute:
 //!
@@ -223,7 +231,7 @@
 //! # use http::{Request, Response, StatusCode};
 //! # use tower::{ServiceBuilder, ServiceExt};
 //! use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-//! use redlimit::resolver_fn;
+//! use redlimit::layer::resolver_fn;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -258,6 +266,7 @@ mod body;
 mod concurrency;
 mod config;
 mod future;
+mod headers;
 #[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
 mod layer;
 mod modes;

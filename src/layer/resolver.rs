@@ -13,9 +13,9 @@ use crate::quota::{Quota, Quotas};
 ///
 /// The layer calls [`resolve`](Self::resolve) once per limited request, after the key was
 /// extracted (skipped requests and keyless requests that are allowed or rejected by
-/// [`MissingKey`](crate::MissingKey) never reach it), and checks the quotas it returns in one
+/// [`MissingKey`](crate::layer::MissingKey) never reach it), and checks the quotas it returns in one
 /// store call, all or none. Set it with
-/// [`RateLimitLayerBuilder::resolver`](crate::RateLimitLayerBuilder::resolver); the quotas given
+/// [`RateLimitLayerBuilder::resolver`](crate::layer::RateLimitLayerBuilder::resolver); the quotas given
 /// to the builder are the layer's default, the ones [`Resolved::Default`] stands for.
 ///
 /// **Overrides win.** A quota set for a key with [`Limiter::set_quota`](crate::Limiter::set_quota)
@@ -24,7 +24,7 @@ use crate::quota::{Quota, Quotas};
 /// **Scope.** A resolver does not change where a key's state lives: every tier of a layer counts
 /// in the layer's one scope ([`RateLimitLayer::scope`](crate::RateLimitLayer::scope), derived
 /// from the policy name and the *default* quotas, or named with
-/// [`scope`](crate::RateLimitLayerBuilder::scope)). So the admin operations address a key the same
+/// [`scope`](crate::layer::RateLimitLayerBuilder::scope)). So the admin operations address a key the same
 /// way whatever its tier (`Target::scoped(layer.scope(), key)`), and a key that changes tier
 /// keeps its suspension, its override and its count (a FREE client upgraded to PRO starts from
 /// what it had left, refilled at the PRO rate; a downgrade caps it at the FREE capacity; the
@@ -41,7 +41,7 @@ use crate::quota::{Quota, Quotas};
 /// use std::collections::HashMap;
 /// use std::sync::Arc;
 /// use http::request::Parts;
-/// use redlimit::{Quota, QuotaResolver, Quotas, Resolved};
+/// use redlimit::{layer::{QuotaResolver, Resolved}, Quota, Quotas};
 ///
 /// /// Plans by API key, as the billing service knows them.
 /// struct Plans {
@@ -68,7 +68,7 @@ use crate::quota::{Quota, Quotas};
 /// ```
 pub trait QuotaResolver: Send + Sync + 'static {
     /// The quotas of the request with these `parts` and this `key`: the key as the extractor
-    /// yields it (or the shared key of [`MissingKey::Shared`](crate::MissingKey::Shared)). A
+    /// yields it (or the shared key of [`MissingKey::Shared`](crate::layer::MissingKey::Shared)). A
     /// [`HeaderKey`](crate::key::HeaderKey) yields a hash of the header, so to look up an API
     /// key's plan read the header from `parts`.
     fn resolve(&self, parts: &Parts, key: &str) -> Resolved;
@@ -77,8 +77,8 @@ pub trait QuotaResolver: Send + Sync + 'static {
 /// What a [`QuotaResolver`] answers: the quotas now, or a future that finds them.
 ///
 /// An enum rather than an associated future type: an associated type would put the resolver's
-/// type into [`RateLimitLayer`](crate::RateLimitLayer), [`RateLimit`](crate::RateLimit) and
-/// [`ResponseFuture`](crate::ResponseFuture) (a new generic parameter on each) and every lookup
+/// type into [`RateLimitLayer`](crate::RateLimitLayer), [`RateLimit`](crate::layer::RateLimit) and
+/// [`ResponseFuture`](crate::layer::ResponseFuture) (a new generic parameter on each) and every lookup
 /// would still need boxing to be stored behind the layer's shared config. With the enum the
 /// resolver is a trait object, the common case (a choice made from a header or the key:
 /// [`Ready`](Self::Ready) or [`Default`](Self::Default)) allocates no future at all, and only a
@@ -86,7 +86,7 @@ pub trait QuotaResolver: Send + Sync + 'static {
 /// allocates nothing either: the sync path is allocation-free.)
 ///
 /// ```
-/// use redlimit::{Quota, Quotas, Resolved};
+/// use redlimit::{layer::Resolved, Quota, Quotas};
 ///
 /// let free: Resolved = Quota::per_minute(10).unwrap().into(); // one tier
 /// assert!(matches!(free, Resolved::Ready(_)));
@@ -111,7 +111,7 @@ impl Resolved {
     /// [`Resolved::Pending`] with `lookup`, boxed.
     ///
     /// ```
-    /// use redlimit::{Quota, Resolved};
+    /// use redlimit::{layer::Resolved, Quota};
     ///
     /// let pro = Quota::per_minute(1000).unwrap();
     /// let lookup = Resolved::pending(async move { Some(pro.into()) });
@@ -174,7 +174,7 @@ impl<F> fmt::Debug for FnResolver<F> {
 /// # use http::{Request, Response, StatusCode};
 /// # use tower::{ServiceBuilder, ServiceExt};
 /// use redlimit::{key::HeaderKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
-/// use redlimit::{resolver_fn, Resolved};
+/// use redlimit::layer::{Resolved, resolver_fn};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::Limiter;
-use crate::policy::Verdict;
+use super::{Limiter, Target};
+use crate::decision::Verdict;
 use crate::quota::Quotas;
 
 /// The shortest jitter bound, and the shortest sleep between two tries.
@@ -54,7 +54,7 @@ const MIN_JITTER: Duration = Duration::from_millis(1);
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use redlimit::{store::MemoryStore, AcquireError, Limiter, Quota, Quotas};
+/// use redlimit::{limiter::AcquireError, store::MemoryStore, Limiter, Quota, Quotas};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -113,7 +113,7 @@ impl Limiter {
     /// of 20 a second for one waiter, 98 % with a burst of 2); several waiters fill the gaps.
     ///
     /// Every try is one check: the denials met while waiting count in
-    /// [`LimiterStats::denied`](crate::LimiterStats::denied) (and the metrics) like any other.
+    /// [`LimiterStats::denied`](crate::limiter::LimiterStats::denied) (and the metrics) like any other.
     ///
     /// The result is the admitting verdict: [`Verdict::Decided`] with an allowed decision, or
     /// [`Verdict::FailedOpen`] when the store failed and the failure policy let the request
@@ -138,20 +138,20 @@ impl Limiter {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn acquire(
+    pub async fn acquire<'a>(
         &self,
-        key: &str,
+        target: impl Into<Target<'a>>,
         quotas: &Quotas,
         deadline: Instant,
     ) -> Result<Verdict, AcquireError> {
-        self.acquire_cost(key, quotas, 1, deadline).await
+        self.acquire_cost(target, quotas, 1, deadline).await
     }
 
     /// [`acquire`](Self::acquire) for a request of `cost` units.
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use redlimit::{store::MemoryStore, AcquireError, Limiter, Quota, Quotas};
+    /// use redlimit::{limiter::AcquireError, store::MemoryStore, Limiter, Quota, Quotas, Target};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -163,54 +163,22 @@ impl Limiter {
     /// let error = limiter.acquire_cost("export", &quotas, 5, deadline).await.unwrap_err();
     /// assert!(matches!(error, AcquireError::DeadlineExceeded { .. }));
     /// assert_eq!(limiter.check_quotas("export", &quotas, 0).await.decision().unwrap().remaining, 2);
+    /// // Another scope counts apart: what the outbound layer uses when given a scope.
+    /// limiter.acquire_cost(Target::scoped("upload", "export"), &quotas, 10, deadline).await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn acquire_cost(
+    pub async fn acquire_cost<'a>(
         &self,
-        key: &str,
+        target: impl Into<Target<'a>>,
         quotas: &Quotas,
         cost: u64,
         deadline: Instant,
     ) -> Result<Verdict, AcquireError> {
-        let storage_key = self.storage_key(key);
+        let target = target.into();
+        let storage_key = self.storage_key(target);
         wait_for(&self.inner.waiters, &storage_key, cost, deadline, || {
-            self.check_quotas(key, quotas, cost)
-        })
-        .await
-    }
-
-    /// [`acquire_cost`](Self::acquire_cost) for `key` within `scope` (see
-    /// [`check_scoped`](Self::check_scoped)): what the [outbound layer](crate::outbound) uses
-    /// when given a scope.
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limiter = Limiter::new(MemoryStore::new());
-    /// let quotas = Quotas::from(Quota::per_minute(1)?);
-    /// let now = Instant::now();
-    /// limiter.acquire_scoped("search", "api", &quotas, 1, now).await?;
-    /// // Another scope counts apart.
-    /// limiter.acquire_scoped("upload", "api", &quotas, 1, now).await?;
-    /// assert!(limiter.acquire_scoped("search", "api", &quotas, 1, now).await.is_err());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn acquire_scoped(
-        &self,
-        scope: &str,
-        key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        deadline: Instant,
-    ) -> Result<Verdict, AcquireError> {
-        let storage_key = self.scoped_storage_key(scope, key);
-        wait_for(&self.inner.waiters, &storage_key, cost, deadline, || {
-            self.check_scoped_quotas(scope, key, quotas, cost)
+            self.check_quotas(target, quotas, cost)
         })
         .await
     }

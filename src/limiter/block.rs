@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use super::{ControlError, Limiter, PolicyLabel, MAX_SUSPENSION};
-use crate::policy::Verdict;
+use super::{ControlError, Limiter, PolicyLabel, Target, MAX_SUSPENSION};
+use crate::decision::Verdict;
 use crate::quota::Quotas;
 
 /// How long a key denied by a quota is blocked: its tenant is suspended, fleet-wide and on
@@ -17,7 +17,7 @@ use crate::quota::Quotas;
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlimit::BlockFor;
+/// use redlimit::limiter::BlockFor;
 ///
 /// let block = BlockFor::new(Duration::from_secs(60))?
 ///     .doubling_up_to(Duration::from_secs(3600))?;
@@ -25,7 +25,7 @@ use crate::quota::Quotas;
 /// assert_eq!(block.max(), Duration::from_secs(3600));
 /// // 1 µs to 30 days.
 /// assert!(BlockFor::new(Duration::ZERO).is_err());
-/// # Ok::<(), redlimit::ControlError>(())
+/// # Ok::<(), redlimit::limiter::ControlError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockFor {
@@ -103,7 +103,8 @@ impl Limiter {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use redlimit::{store::MemoryStore, BlockFor, Limiter, Quota, Quotas};
+    /// use redlimit::limiter::BlockFor;
+    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -122,14 +123,14 @@ impl Limiter {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn check_blocking(
+    pub async fn check_blocking<'a>(
         &self,
-        key: &str,
+        target: impl Into<Target<'a>>,
         quotas: &Quotas,
         cost: u64,
         block: &BlockFor,
     ) -> Verdict {
-        let storage_key = self.inner.unscoped.storage_key(key);
+        let storage_key = self.target_key(target.into());
         self.check_storage_key_blocking(
             storage_key.as_str(),
             quotas,
@@ -149,7 +150,7 @@ impl Limiter {
         label: &PolicyLabel,
         block: Option<&BlockFor>,
     ) -> Verdict {
-        self.decide_with(
+        self.check_storage_key_with(
             storage_key,
             quotas,
             cost,

@@ -14,13 +14,13 @@ use crate::store::Store;
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
 ///
-/// Every option has a default: token bucket, prefix [`DEFAULT_PREFIX`](super::DEFAULT_PREFIX), Redis server time,
-/// [`FailOpen`](crate::policy::FailOpen).
+/// Every option has a default: token bucket, prefix [`DEFAULT_PREFIX`](super::DEFAULT_PREFIX),
+/// Redis server time, [`FailOpen`](crate::policy::FailOpen), no deny cache.
 ///
 /// ```
 /// use redlimit::policy::LocalFallback;
 /// use redlimit::store::RedisStore;
-/// use redlimit::{Algorithm, Clock, Limiter};
+/// use redlimit::{clock::Clock, Algorithm, Limiter};
 ///
 /// let limiter = Limiter::builder(RedisStore::new("redis://127.0.0.1:6379")?)
 ///     .algorithm(Algorithm::SlidingWindow)
@@ -30,6 +30,126 @@ use crate::store::Store;
 ///     .build()?;
 /// assert_eq!(limiter.algorithm(), Algorithm::SlidingWindow);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Algorithm and prefix
+///
+/// Give limiters that share a Redis different prefixes, so their keys never meet. A prefix is
+/// 1 to 64 printable ASCII characters, without `{` or `}`.
+///
+/// ```
+/// use redlimit::{limiter::ConfigError, store::MemoryStore, Algorithm, Limiter};
+///
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .algorithm("fixed-window".parse().unwrap())
+///     .build()
+///     .unwrap();
+/// assert_eq!(limiter.algorithm(), Algorithm::FixedWindow);
+///
+/// let search = Limiter::builder(MemoryStore::new()).prefix("rl:search").build().unwrap();
+/// assert_eq!(search.storage_key("u1"), "rl:search:{u1}");
+///
+/// let bad = Limiter::builder(MemoryStore::new()).prefix("has space").build();
+/// assert_eq!(bad.err(), Some(ConfigError::InvalidPrefix));
+/// let braces = Limiter::builder(MemoryStore::new()).prefix("a{b}").build();
+/// assert_eq!(braces.err(), Some(ConfigError::InvalidPrefix));
+/// ```
+///
+/// # A manual clock
+///
+/// A [`ManualClock`](crate::clock::ManualClock) makes refills deterministic in tests:
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::{clock::{Clock, ManualClock}, store::MemoryStore, Limiter, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let clock = ManualClock::new(Duration::from_secs(1_000));
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .clock(Clock::Manual(clock.clone()))
+///     .build()
+///     .unwrap();
+/// let quota = Quota::per_second(1).unwrap();
+/// assert!(limiter.check("k", &quota).await.is_allowed());
+/// assert!(!limiter.check("k", &quota).await.is_allowed());
+/// clock.advance(Duration::from_secs(1)); // one token refills
+/// assert!(limiter.check("k", &quota).await.is_allowed());
+/// # }
+/// ```
+///
+/// # A failure policy
+///
+/// ```
+/// # use std::time::Duration;
+/// # use futures::future::BoxFuture;
+/// # use redlimit::{store::{CheckRequest, Store, StoreError}, Decision};
+/// # #[derive(Debug)]
+/// # struct Down;
+/// # impl Store for Down {
+/// #     fn check<'a>(
+/// #         &'a self,
+/// #         _: CheckRequest<'a>,
+/// #     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+/// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
+/// #     }
+/// # }
+/// use redlimit::{policy::FailClosed, Limiter, Quota, Verdict};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // `Down` is a store whose every call times out (see the `policy` module docs).
+/// let limiter = Limiter::builder(Down)
+///     .failure_policy(FailClosed { retry_after: Duration::from_secs(2) })
+///     .build()
+///     .unwrap();
+/// let verdict = limiter.check("k", &Quota::per_second(1).unwrap()).await;
+/// assert_eq!(verdict, Verdict::FailedClosed { retry_after: Duration::from_secs(2) });
+/// # }
+/// ```
+///
+/// # The deny cache
+///
+/// A denial with `retry_after` r is answered in this process, without the store, until r has
+/// passed: a client hammering an over-limit key costs Redis nothing until it may pass again.
+/// It caches denials only, so it never admits more than the store would; it answers only
+/// requests of the same quota and the same cost as the denied one (so its `retry_after` is
+/// exact for them), and never caches a denial that can never pass (cost above the capacity).
+/// Other instances are unaffected: they admit nothing the store would not either. A change
+/// this process makes to a key drops its entry ([`Limiter::forget`]).
+///
+/// Memory: about 200 bytes per entry with storage keys of about 30 bytes (measured as the
+/// growth of the process's RSS over a full cache: 211 bytes per entry at 10 000 keys, 194 at
+/// 1 000 000), plus a longer key's extra length, plus 32 bytes per quota beyond the first when
+/// checks pass several. A full cache makes room for a new denial in constant time (it evicts an
+/// ended entry, or the one that ends first, among a few), so keys minted to be denied once each
+/// cost no more when it is full.
+///
+/// Denials from the cache are counted in
+/// [`LimiterStats::deny_cached`](super::LimiterStats::deny_cached) (and `denied`).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::{clock::{Clock, ManualClock}, store::MemoryStore, Limiter, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let clock = ManualClock::new(Duration::from_secs(1_000));
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .clock(Clock::Manual(clock.clone()))
+///     .deny_cache(10_000)
+///     .build()
+///     .unwrap();
+/// let quota = Quota::per_second(1).unwrap();
+/// assert!(limiter.check("k", &quota).await.is_allowed());
+/// for _ in 0..100 {
+///     assert!(!limiter.check("k", &quota).await.is_allowed());
+/// }
+/// // One denial came from the store, 99 from the cache.
+/// assert_eq!(limiter.stats().deny_cached, 99);
+/// clock.advance(Duration::from_secs(1)); // retry_after has passed
+/// assert!(limiter.check("k", &quota).await.is_allowed());
+/// # }
 /// ```
 pub struct LimiterBuilder {
     pub(super) store: Arc<dyn Store>,
@@ -51,159 +171,41 @@ impl fmt::Debug for LimiterBuilder {
 }
 
 impl LimiterBuilder {
-    /// The algorithm (token bucket by default).
-    ///
-    /// ```
-    /// use redlimit::{store::MemoryStore, Algorithm, Limiter};
-    ///
-    /// let limiter = Limiter::builder(MemoryStore::new())
-    ///     .algorithm("fixed-window".parse().unwrap())
-    ///     .build()
-    ///     .unwrap();
-    /// assert_eq!(limiter.algorithm(), Algorithm::FixedWindow);
-    /// ```
+    /// The algorithm (token bucket by default); see [the examples](Self#algorithm-and-prefix).
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
         self
     }
 
     /// The prefix of every Redis key (`redlimit` by default): 1 to 64 printable ASCII
-    /// characters, without `{` or `}`.
-    ///
-    /// Give limiters that share a Redis different prefixes, so their keys never meet.
-    ///
-    /// ```
-    /// use redlimit::{store::MemoryStore, ConfigError, Limiter};
-    ///
-    /// let search = Limiter::builder(MemoryStore::new()).prefix("rl:search").build().unwrap();
-    /// assert_eq!(search.storage_key("u1"), "rl:search:{u1}");
-    ///
-    /// let bad = Limiter::builder(MemoryStore::new()).prefix("has space").build();
-    /// assert_eq!(bad.err(), Some(ConfigError::InvalidPrefix));
-    /// ```
+    /// characters, without `{` or `}`; see [the examples](Self#algorithm-and-prefix).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
-    /// Whose clock decides (Redis server time by default).
-    ///
-    /// A [`ManualClock`](crate::ManualClock) makes refills deterministic in tests:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use redlimit::{store::MemoryStore, Clock, Limiter, ManualClock, Quota};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let clock = ManualClock::new(Duration::from_secs(1_000));
-    /// let limiter = Limiter::builder(MemoryStore::new())
-    ///     .clock(Clock::Manual(clock.clone()))
-    ///     .build()
-    ///     .unwrap();
-    /// let quota = Quota::per_second(1).unwrap();
-    /// assert!(limiter.check("k", &quota).await.is_allowed());
-    /// assert!(!limiter.check("k", &quota).await.is_allowed());
-    /// clock.advance(Duration::from_secs(1)); // one token refills
-    /// assert!(limiter.check("k", &quota).await.is_allowed());
-    /// # }
-    /// ```
+    /// Whose clock decides (Redis server time by default); see [a manual
+    /// clock](Self#a-manual-clock).
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
     }
 
-    /// What a store failure means ([`FailOpen`](crate::policy::FailOpen) by default).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use futures::future::BoxFuture;
-    /// # use redlimit::{store::{CheckRequest, Store, StoreError}, Decision};
-    /// # #[derive(Debug)]
-    /// # struct Down;
-    /// # impl Store for Down {
-    /// #     fn check<'a>(
-    /// #         &'a self,
-    /// #         _: CheckRequest<'a>,
-    /// #     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-    /// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
-    /// #     }
-    /// # }
-    /// use redlimit::{policy::FailClosed, Limiter, Quota, Verdict};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // `Down` is a store whose every call times out (see the `policy` module docs).
-    /// let limiter = Limiter::builder(Down)
-    ///     .failure_policy(FailClosed { retry_after: Duration::from_secs(2) })
-    ///     .build()
-    ///     .unwrap();
-    /// let verdict = limiter.check("k", &Quota::per_second(1).unwrap()).await;
-    /// assert_eq!(verdict, Verdict::FailedClosed { retry_after: Duration::from_secs(2) });
-    /// # }
-    /// ```
+    /// What a store failure means ([`FailOpen`](crate::policy::FailOpen) by default); see [a
+    /// failure policy](Self#a-failure-policy).
     pub fn failure_policy(mut self, policy: impl FailurePolicy) -> Self {
         self.policy = Arc::new(policy);
         self
     }
 
-    /// Turns on the local deny cache, holding at most `max_keys` keys (off by default).
-    ///
-    /// A denial with `retry_after` r is then answered in this process, without the store, until
-    /// r has passed: a client hammering an over-limit key costs Redis nothing until it may pass
-    /// again. It caches denials only, so it never admits more than the store would; it answers
-    /// only requests of the same quota and the same cost as the denied one (so its
-    /// `retry_after` is exact for them), and never caches a denial that can never pass (cost
-    /// above the capacity). Other instances are unaffected:
-    /// they admit nothing the store would not either. A change this process makes to a key
-    /// drops its entry ([`Limiter::forget`]).
-    ///
-    /// Memory: about 200 bytes per entry with storage keys of about 30 bytes (measured as the
-    /// growth of the process's RSS over a full cache: 211 bytes per entry at 10 000 keys, 194 at
-    /// 1 000 000), plus a longer key's extra length, plus 32 bytes per quota beyond the first
-    /// when checks pass several. A full cache makes room for a new denial in constant time (it
-    /// evicts an ended entry, or the one that ends first, among a few), so keys minted to be
-    /// denied once each cost no more when it is full.
-    ///
-    /// Denials from the cache are counted in [`LimiterStats::deny_cached`](super::LimiterStats::deny_cached) (and `denied`).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use redlimit::{store::MemoryStore, Clock, Limiter, ManualClock, Quota};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let clock = ManualClock::new(Duration::from_secs(1_000));
-    /// let limiter = Limiter::builder(MemoryStore::new())
-    ///     .clock(Clock::Manual(clock.clone()))
-    ///     .deny_cache(10_000)
-    ///     .build()
-    ///     .unwrap();
-    /// let quota = Quota::per_second(1).unwrap();
-    /// assert!(limiter.check("k", &quota).await.is_allowed());
-    /// for _ in 0..100 {
-    ///     assert!(!limiter.check("k", &quota).await.is_allowed());
-    /// }
-    /// // One denial came from the store, 99 from the cache.
-    /// assert_eq!(limiter.stats().deny_cached, 99);
-    /// clock.advance(Duration::from_secs(1)); // retry_after has passed
-    /// assert!(limiter.check("k", &quota).await.is_allowed());
-    /// # }
-    /// ```
+    /// Turns on the local deny cache, holding at most `max_keys` keys (off by default); see
+    /// [the deny cache](Self#the-deny-cache).
     pub fn deny_cache(mut self, max_keys: usize) -> Self {
         self.deny_cache = Some(max_keys);
         self
     }
 
-    /// Builds the limiter, validating the prefix.
-    ///
-    /// ```
-    /// use redlimit::{store::MemoryStore, ConfigError, Limiter};
-    ///
-    /// assert!(Limiter::builder(MemoryStore::new()).build().is_ok());
-    /// let braces = Limiter::builder(MemoryStore::new()).prefix("a{b}").build();
-    /// assert_eq!(braces.err(), Some(ConfigError::InvalidPrefix));
-    /// ```
+    /// Builds the limiter, validating the prefix ([`ConfigError::InvalidPrefix`]).
     pub fn build(self) -> Result<Limiter, ConfigError> {
         let valid = (1..=64).contains(&self.prefix.len())
             && self

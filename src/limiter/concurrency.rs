@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use super::{ConfigError, Limiter, StorageKey};
-use crate::key::{scope_id, storage_id};
-use crate::policy::{FailureContext, Verdict};
+use super::{ConfigError, Limiter, Target};
+use crate::decision::Verdict;
+use crate::policy::FailureContext;
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, SlotOp, SlotReply, SlotRequest, StoreError};
 
@@ -31,7 +31,8 @@ pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(30);
 /// rate (a rate, not a count of requests in flight: the closest an in-process stand-in gets).
 ///
 /// ```
-/// use redlimit::{store::MemoryStore, ConcurrencyLimiter, Limiter, SlotOutcome};
+/// use redlimit::limiter::{ConcurrencyLimiter, SlotOutcome};
+/// use redlimit::{store::MemoryStore, Limiter};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -217,11 +218,11 @@ impl ConcurrencyLimiter {
 
     /// The storage key of `key`'s slots: `<prefix>:{<id>}:<scope>#c` (a sorted set).
     pub fn slots_key(&self, key: &str) -> String {
-        let prefix = &self.inner.limiter.inner.prefix;
-        let scope = scope_id(&self.inner.scope);
-        StorageKey::join(&[prefix, ":{", &storage_id(key), "}:", &scope, "#c"])
-            .as_str()
-            .to_owned()
+        let route = self
+            .inner
+            .limiter
+            .target_key(Target::scoped(&self.inner.scope, key));
+        [route.as_str(), "#c"].concat()
     }
 
     /// Takes a slot for `key` if fewer than [`limit`](Self::limit) are held fleet-wide.

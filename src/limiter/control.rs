@@ -8,11 +8,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{Limiter, StorageKey};
+use super::{Limiter, Target};
 use crate::algorithm::{
     is_one_state, packed_by_tag, state_len_of, Algorithm, Controls, OVERRIDE_IDLE_MS, STAMP,
 };
-use crate::key::{scope_id, storage_id};
 use crate::quota::{QuotaError, Quotas};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
 
@@ -24,79 +23,11 @@ pub const MAX_SUSPENSION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// evaporates, override included, like any idle key.
 pub const OVERRIDE_IDLE_TTL: Duration = Duration::from_millis(OVERRIDE_IDLE_MS);
 
-/// Which limiter key a control addresses: a key as [`Limiter::check`] takes it, or a key within
-/// a scope as [`Limiter::check_scoped`] and a [`RateLimitLayer`](crate::RateLimitLayer) use it
-/// (see [`RateLimitLayer::scope`](crate::RateLimitLayer::scope)).
-///
-/// ```
-/// use redlimit::{store::MemoryStore, Limiter, Target};
-///
-/// let limiter = Limiter::new(MemoryStore::new());
-/// let plain: Target = "tenant-42".into();
-/// assert_eq!(limiter.target_storage_key(plain), "redlimit:{tenant-42}");
-/// let scoped = Target::scoped("login", "tenant-42");
-/// assert_eq!(limiter.target_storage_key(scoped), "redlimit:{tenant-42}:login");
-/// ```
-///
-/// A tenant is a key as the extractor hands it to the limiter. Its suspension and its reset
-/// reach every route (every scope and the unscoped key) when the target names no scope; an
-/// override reaches the route the target names, or every route with [`Target::all_routes`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Target<'a> {
-    scope: Option<&'a str>,
-    key: &'a str,
-    all_routes: bool,
-}
-
-impl<'a> Target<'a> {
-    /// `key`, unscoped: what [`Limiter::check`] checks.
-    pub fn key(key: &'a str) -> Self {
-        Target {
-            scope: None,
-            key,
-            all_routes: false,
-        }
-    }
-
-    /// `key` on every route: for [`Limiter::set_quota`] and [`Limiter::clear_quota`], an
-    /// override of every route of the tenant that has none of its own (kept until cleared, or
-    /// for [`OVERRIDE_IDLE_TTL`] after it was set); for the other controls the same as
-    /// [`Target::key`].
-    pub fn all_routes(key: &'a str) -> Self {
-        Target {
-            scope: None,
-            key,
-            all_routes: true,
-        }
-    }
-
-    /// `key` within `scope`: what [`Limiter::check_scoped`] checks.
-    pub fn scoped(scope: &'a str, key: &'a str) -> Self {
-        Target {
-            scope: Some(scope),
-            key,
-            all_routes: false,
-        }
-    }
-}
-
-impl<'a> From<&'a str> for Target<'a> {
-    fn from(key: &'a str) -> Self {
-        Target::key(key)
-    }
-}
-
-impl<'a> From<&'a String> for Target<'a> {
-    fn from(key: &'a String) -> Self {
-        Target::key(key)
-    }
-}
-
 /// Why a control was refused or failed. Nothing was changed by a refused control.
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlimit::{store::MemoryStore, ControlError, Limiter};
+/// use redlimit::{limiter::ControlError, store::MemoryStore, Limiter};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -268,21 +199,9 @@ impl KeyStatus {
 }
 
 impl Limiter {
-    /// The storage key a [`Target`] names.
-    pub fn target_storage_key<'a>(&self, target: impl Into<Target<'a>>) -> String {
-        let target = target.into();
-        let prefix = &self.inner.prefix;
-        let id = storage_id(target.key);
-        let key = match target.scope {
-            Some(scope) => StorageKey::join(&[prefix, ":{", &id, "}:", &scope_id(scope)]),
-            None => StorageKey::join(&[prefix, ":{", &id, "}"]),
-        };
-        key.as_str().to_owned()
-    }
-
     /// The storage key of a target's route.
     fn route_key(&self, target: Target<'_>) -> String {
-        self.target_storage_key(Target {
+        self.storage_key(Target {
             all_routes: false,
             ..target
         })
@@ -452,7 +371,7 @@ impl Limiter {
 
     /// What `target` looks like in the store, without consuming anything: its override, its
     /// suspension, its expiry and each tier's stored state. To see what a request would be told,
-    /// peek with cost 0 ([`check_cost`](Self::check_cost)).
+    /// peek with cost 0 ([`check_quotas`](Self::check_quotas)).
     ///
     /// ```
     /// use redlimit::{store::MemoryStore, Algorithm, Limiter, Quota};

@@ -27,8 +27,8 @@
 //! (32 bytes each). The earlier entry held a whole `Quotas` (264 bytes, room for 8 tiers) and
 //! the map's buckets were 368 bytes: 648 and 802 bytes per entry, measured the same way.
 //!
-//! Time: with a client clock ([`Clock::System`](crate::Clock::System) or a
-//! [`ManualClock`](crate::ManualClock)) the cache uses the time the store decided at, so the key
+//! Time: with a client clock ([`Clock::System`](crate::clock::Clock::System) or a
+//! [`ManualClock`](crate::clock::ManualClock)) the cache uses the time the store decided at, so the key
 //! is answered by the store again exactly when `retry_after` has passed. With Redis server time
 //! it uses a local monotonic clock started when the reply arrived: the entry lives at most one
 //! round trip longer than the denial, never shorter.

@@ -1,10 +1,88 @@
-//! Storage keys: the constant parts of a scope, computed once, and the key of one check, built
-//! without allocating when it is short.
+//! Storage keys, built here and nowhere else: `<prefix>:{<id>}` for a key, `<prefix>:{<id>}:<scope>`
+//! for a key within a scope, and `<prefix>:{#:<id>}:<scope>` for the shared key of requests
+//! without one. The stores derive the keys beside a storage key (a tenant's controls, the
+//! sliding log's); [`StoredKey`] reads any of them back.
+//!
+//! The braces make a Redis Cluster hash tag shared by every key of one limiter key; `<id>` is
+//! the key itself when short and printable, or its SHA-256 otherwise (see [`key`](crate::key)).
 
 use crate::key::{scope_id, storage_id, SHARED_ID_PREFIX};
 
+use super::Limiter;
+
+/// Which limiter key a check or a control addresses: a key as [`Limiter::check`] takes it, or a
+/// key within a scope as a [`RateLimitLayer`](crate::RateLimitLayer) uses it (see
+/// [`RateLimitLayer::scope`](crate::RateLimitLayer::scope)). Each scope keeps its own state, so
+/// several quotas can apply to the same key; the scope is stored after the hash tag
+/// (`redlimit:{tenant-42}:per-minute`), so all scopes of a key share a Cluster slot.
+///
+/// ```
+/// use redlimit::{store::MemoryStore, Limiter, Target};
+///
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let plain: Target = "tenant-42".into();
+/// assert_eq!(limiter.storage_key(plain), "redlimit:{tenant-42}");
+/// let scoped = Target::scoped("login", "tenant-42");
+/// assert_eq!(limiter.storage_key(scoped), "redlimit:{tenant-42}:login");
+/// ```
+///
+/// A tenant is a key as the extractor hands it to the limiter. Its suspension and its reset
+/// reach every route (every scope and the unscoped key) when the target names no scope; an
+/// override reaches the route the target names, or every route with [`Target::all_routes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub(super) scope: Option<&'a str>,
+    pub(super) key: &'a str,
+    pub(super) all_routes: bool,
+}
+
+impl<'a> Target<'a> {
+    /// `key`, unscoped: what [`Limiter::check`] checks.
+    pub fn key(key: &'a str) -> Self {
+        Target {
+            scope: None,
+            key,
+            all_routes: false,
+        }
+    }
+
+    /// `key` on every route: for [`Limiter::set_quota`] and [`Limiter::clear_quota`], an
+    /// override of every route of the tenant that has none of its own (kept until cleared, or
+    /// for [`OVERRIDE_IDLE_TTL`](super::OVERRIDE_IDLE_TTL) after it was set); for the other controls the same as
+    /// [`Target::key`].
+    pub fn all_routes(key: &'a str) -> Self {
+        Target {
+            scope: None,
+            key,
+            all_routes: true,
+        }
+    }
+
+    /// `key` within `scope`: what a layer with that [scope](crate::RateLimitLayer::scope) checks.
+    pub fn scoped(scope: &'a str, key: &'a str) -> Self {
+        Target {
+            scope: Some(scope),
+            key,
+            all_routes: false,
+        }
+    }
+}
+
+impl<'a> From<&'a str> for Target<'a> {
+    fn from(key: &'a str) -> Self {
+        Target::key(key)
+    }
+}
+
+impl<'a> From<&'a String> for Target<'a> {
+    fn from(key: &'a String) -> Self {
+        Target::key(key)
+    }
+}
+
 /// The constant parts of the storage keys of one scope: `<prefix>:{` and `}:<scope>` (or `}`
-/// unscoped).
+/// unscoped), computed once, so that a caller checking many keys in one scope builds each
+/// storage key with one allocation and no formatting.
 #[derive(Debug, Clone)]
 pub(crate) struct KeyScope {
     head: String,
@@ -13,18 +91,12 @@ pub(crate) struct KeyScope {
 
 impl KeyScope {
     pub(super) fn new(prefix: &str, scope: Option<&str>) -> KeyScope {
-        let tail = match scope {
-            Some(scope) => format!("}}:{}", scope_id(scope)),
-            None => "}".to_owned(),
-        };
         KeyScope {
-            head: format!("{prefix}:{{"),
-            tail,
+            head: head(prefix),
+            tail: tail(scope),
         }
     }
-}
 
-impl KeyScope {
     /// The storage key of `key` in this scope, without allocating when it fits inline.
     pub(crate) fn storage_key(&self, key: &str) -> StorageKey {
         StorageKey::join(&[&self.head, &storage_id(key), &self.tail])
@@ -34,6 +106,141 @@ impl KeyScope {
     /// no key gets (see [`SHARED_ID_PREFIX`]).
     pub(crate) fn shared_storage_key(&self, name: &str) -> StorageKey {
         StorageKey::join(&[&self.head, SHARED_ID_PREFIX, &storage_id(name), &self.tail])
+    }
+}
+
+/// `<prefix>:{`: what every storage key of a limiter starts with.
+fn head(prefix: &str) -> String {
+    format!("{prefix}:{{")
+}
+
+/// `}:<scope>`, or `}` unscoped: what follows the id.
+fn tail(scope: Option<&str>) -> String {
+    match scope {
+        Some(scope) => format!("}}:{}", scope_id(scope)),
+        None => "}".to_owned(),
+    }
+}
+
+/// The storage key of `target` under `unscoped`'s prefix (the limiter's, precomputed).
+pub(super) fn target_key(unscoped: &KeyScope, target: Target<'_>) -> StorageKey {
+    match target.scope {
+        None => unscoped.storage_key(target.key),
+        Some(scope) => StorageKey::join(&[
+            &unscoped.head,
+            &storage_id(target.key),
+            "}:",
+            &scope_id(scope),
+        ]),
+    }
+}
+
+/// What a key found in the store is, read back from its name by [`Limiter::stored_key`]:
+/// a tool that scans the store (such as the `admin` example) needs no knowledge of the format.
+///
+/// ```
+/// use redlimit::limiter::StoredKey;
+/// use redlimit::{store::MemoryStore, Limiter, Target};
+///
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let key = limiter.storage_key(Target::scoped("login", "tenant-42"));
+/// assert_eq!(
+///     limiter.stored_key(&key),
+///     Some(StoredKey::Route { id: "tenant-42", scope: Some("login") })
+/// );
+/// assert_eq!(limiter.stored_key("redlimit:{tenant-42}#t"), Some(StoredKey::Tenant { id: "tenant-42" }));
+/// assert_eq!(limiter.stored_key("other:{tenant-42}"), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoredKey<'a> {
+    /// A route's state: the unscoped key (`scope: None`) or a scope's. `id` is the key itself,
+    /// or `#` and its SHA-256 when it was hashed (`#:` and the name for a shared key).
+    Route {
+        /// The key's id, between the braces.
+        id: &'a str,
+        /// The scope, if any.
+        scope: Option<&'a str>,
+    },
+    /// A tenant's controls (a suspension, an override of every route, a reset): `<key>#t`.
+    Tenant {
+        /// The key's id, between the braces.
+        id: &'a str,
+    },
+    /// The sliding log's controls, beside its log: `<route key>#m`.
+    LogControls {
+        /// The key's id, between the braces.
+        id: &'a str,
+        /// The route's scope, if any.
+        scope: Option<&'a str>,
+    },
+}
+
+/// The suffix of a tenant's controls and of the sliding log's, as the stores derive them.
+fn suffixes() -> (String, String) {
+    let bare = "p:{k}";
+    let tenant = crate::algorithm::tenant_key(bare);
+    let log = crate::algorithm::log_controls_key(bare);
+    (
+        tenant[bare.len()..].to_owned(),
+        log[bare.len()..].to_owned(),
+    )
+}
+
+impl StoredKey<'_> {
+    /// Reads `key` under `prefix`'s head.
+    fn parse<'k>(head: &str, key: &'k str) -> Option<StoredKey<'k>> {
+        let (id, rest) = key.strip_prefix(head)?.split_once('}')?;
+        let (tenant, log) = suffixes();
+        if rest == tenant {
+            return Some(StoredKey::Tenant { id });
+        }
+        let (route, controls) = match rest.strip_suffix(log.as_str()) {
+            Some(route) => (route, true),
+            None => (rest, false),
+        };
+        let scope = match route {
+            "" => None,
+            scoped => Some(scoped.strip_prefix(':')?),
+        };
+        Some(if controls {
+            StoredKey::LogControls { id, scope }
+        } else {
+            StoredKey::Route { id, scope }
+        })
+    }
+}
+
+impl Limiter {
+    /// The storage key of `target`: `<prefix>:{<id>}`, or `<prefix>:{<id>}:<scope>` within a
+    /// scope. The braces make a Redis Cluster hash tag shared by every key of one limiter key;
+    /// `<id>` is the key itself when short and printable, or its SHA-256 otherwise (see
+    /// [`key`](crate::key)). [`StoredKey`] reads a key back.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter, Target};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// assert_eq!(limiter.storage_key("tenant-42"), "redlimit:{tenant-42}");
+    /// assert_eq!(limiter.storage_key(Target::scoped("login", "t")), "redlimit:{t}:login");
+    /// // Braces would break the hash tag, and huge keys would bloat Redis: both are hashed.
+    /// let hashed = limiter.storage_key(&"{x}".repeat(10_000));
+    /// assert!(hashed.starts_with("redlimit:{#"));
+    /// assert_eq!(hashed.len(), "redlimit:{#}".len() + 64);
+    /// ```
+    pub fn storage_key<'a>(&self, target: impl Into<Target<'a>>) -> String {
+        self.target_key(target.into()).as_str().to_owned()
+    }
+
+    /// What `key`, a key found in the store, is to this limiter (its prefix); `None` when it is
+    /// not one of its keys. See [`StoredKey`].
+    pub fn stored_key<'k>(&self, key: &'k str) -> Option<StoredKey<'k>> {
+        StoredKey::parse(&self.inner.unscoped.head, key)
+    }
+
+    /// The storage key of `target`, inline when short.
+    pub(super) fn target_key(&self, target: Target<'_>) -> StorageKey {
+        target_key(&self.inner.unscoped, target)
     }
 }
 
@@ -49,7 +256,7 @@ pub(crate) enum StorageKey {
 }
 
 impl StorageKey {
-    pub(super) fn join(parts: &[&str]) -> StorageKey {
+    fn join(parts: &[&str]) -> StorageKey {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len > INLINE_KEY {
             return StorageKey::Heap(parts.concat());
@@ -74,11 +281,57 @@ impl StorageKey {
     }
 }
 
-pub(super) fn join_storage_key(a: &str, b: &str, id: &str, tail: &str) -> String {
-    let mut key = String::with_capacity(a.len() + b.len() + id.len() + tail.len());
-    key.push_str(a);
-    key.push_str(b);
-    key.push_str(id);
-    key.push_str(tail);
-    key
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn every_key_a_limiter_builds_or_a_store_derives_reads_back() {
+        fn read<'k>(limiter: &Limiter, key: &'k str) -> Option<StoredKey<'k>> {
+            limiter.stored_key(key)
+        }
+        let limiter = Limiter::builder(MemoryStore::new())
+            .prefix("p")
+            .build()
+            .unwrap();
+        let route = limiter.storage_key("t");
+        let scoped = limiter.storage_key(Target::scoped("login", "t"));
+        let hashed = limiter.storage_key("{t}");
+        let tenant = crate::algorithm::tenant_key(&scoped);
+        let log = crate::algorithm::log_controls_key(&scoped);
+        let hashed_id = &hashed["p:{".len()..hashed.len() - 1];
+        assert_eq!(
+            read(&limiter, &route),
+            Some(StoredKey::Route {
+                id: "t",
+                scope: None
+            })
+        );
+        assert_eq!(
+            read(&limiter, &scoped),
+            Some(StoredKey::Route {
+                id: "t",
+                scope: Some("login")
+            })
+        );
+        assert_eq!(read(&limiter, &tenant), Some(StoredKey::Tenant { id: "t" }));
+        assert_eq!(
+            read(&limiter, &log),
+            Some(StoredKey::LogControls {
+                id: "t",
+                scope: Some("login")
+            })
+        );
+        assert_eq!(
+            read(&limiter, &hashed),
+            Some(StoredKey::Route {
+                id: hashed_id,
+                scope: None
+            })
+        );
+        for foreign in ["q:{t}", "p:t", "p:{t}x", "p:{t"] {
+            assert_eq!(read(&limiter, foreign), None, "{foreign}");
+        }
+    }
 }

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
-use crate::decision::Decision;
-use crate::key::{scope_id, storage_id};
-use crate::policy::{FailOpen, FailureContext, FailurePolicy, Verdict};
+use crate::decision::{Decision, Verdict};
+use crate::policy::{FailOpen, FailureContext, FailurePolicy};
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
@@ -19,6 +18,7 @@ mod builder;
 mod concurrency;
 mod control;
 mod deny_cache;
+mod deprecated;
 mod keys;
 mod refund;
 mod stats;
@@ -28,12 +28,10 @@ use self::acquire::Waiters;
 pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
 pub use self::concurrency::{ConcurrencyLimiter, Slot, SlotOutcome, DEFAULT_SLOT_LEASE};
-pub use self::control::{
-    ControlError, KeyStatus, Target, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
-};
+pub use self::control::{ControlError, KeyStatus, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL};
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
-use self::keys::{join_storage_key, StorageKey};
+pub use self::keys::{StoredKey, Target};
 use self::stats::{Counters, StoreTimer};
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
 pub(crate) use self::stats::{PolicyLabel, Shadow};
@@ -53,7 +51,7 @@ pub const DEFAULT_PREFIX: &str = "redlimit";
 /// assert!(verdict.is_allowed());
 /// assert_eq!(verdict.decision().unwrap().remaining, 9);
 /// // A heavy call costs 5 units.
-/// assert!(limiter.check_cost("tenant-42", &quota, 5).await.is_allowed());
+/// assert!(limiter.check_quotas("tenant-42", &quota.into(), 5).await.is_allowed());
 /// # }
 /// ```
 #[derive(Clone)]
@@ -120,54 +118,33 @@ impl Limiter {
         }
     }
 
-    /// Checks one request of cost 1.
+    /// Checks one request of cost 1 for `key` against `quota`: the quick start's check. For a
+    /// cost, a scope or several quotas at once, see [`check_quotas`](Self::check_quotas).
     ///
     /// The state of a key belongs to its quotas: checking the same key under two different
     /// quotas would mix their counts. To apply several quotas to one key (2 a second and 100 a
     /// minute), check them together with [`check_quotas`](Self::check_quotas) (one store call,
-    /// all or none), or each in its own scope with [`check_scoped`](Self::check_scoped), as
+    /// all or none), or each in its own scope ([`Target::scoped`]), as a
     /// [`RateLimitLayer`](crate::RateLimitLayer) does with its scope.
     pub async fn check(&self, key: &str, quota: &Quota) -> Verdict {
-        self.check_cost(key, quota, 1).await
+        self.check_quotas(key, &Quotas::from(quota), 1).await
     }
 
-    /// Checks one request of `cost` units (0 peeks: reports the state without consuming).
-    /// Store failures go through the failure policy.
+    /// Checks one request of `cost` units (0 peeks: reports the state without consuming) for
+    /// `target` (a key, or a key within a scope: [`Target`]) against several quotas at once, in
+    /// **one** store call, all or none: a request denied by one quota consumes from none. The
+    /// decision is the most restrictive: on a denial the longest `retry_after`, on an admission
+    /// the least `remaining` ([`Decision::quota`] names the quota that decided). Store failures
+    /// go through the failure policy.
     ///
     /// A quota the algorithm cannot serve (see [`Algorithm::supports`]) is a programming error:
     /// it is logged and the request denied as never allowed, never waved through.
     ///
     /// ```
-    /// use redlimit::{store::MemoryStore, Limiter, Quota};
+    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas, Target};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let limiter = Limiter::new(MemoryStore::new());
-    /// let quota = Quota::per_minute(10).unwrap();
-    /// // An export costs 8 of the 10 requests a minute.
-    /// assert!(limiter.check_cost("tenant-42", &quota, 8).await.is_allowed());
-    /// // Cost 0 peeks: what is left, without consuming it.
-    /// let peek = limiter.check_cost("tenant-42", &quota, 0).await;
-    /// assert_eq!(peek.decision().unwrap().remaining, 2);
-    /// // A cost above the burst can never pass.
-    /// let never = limiter.check_cost("tenant-42", &quota, 11).await;
-    /// assert!(never.decision().unwrap().never_allowed());
-    /// # }
-    /// ```
-    pub async fn check_cost(&self, key: &str, quota: &Quota, cost: u64) -> Verdict {
-        self.check_quotas(key, &Quotas::from(quota), cost).await
-    }
-
-    /// Checks one request of `cost` units against several quotas at once, in **one** store
-    /// call, all or none: a request denied by one quota consumes from none. The decision is
-    /// the most restrictive: on a denial the longest `retry_after`, on an admission the least
-    /// `remaining` ([`Decision::quota`] names the quota that decided).
-    ///
-    /// ```
-    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), redlimit::QuotaError> {
+    /// # async fn main() -> Result<(), redlimit::quota::QuotaError> {
     /// let limiter = Limiter::new(MemoryStore::new());
     /// let per_second = Quota::per_second(5)?;
     /// let per_minute = Quota::per_minute(3)?;
@@ -181,54 +158,31 @@ impl Limiter {
     /// let fourth = *limiter.check_quotas("t", &tiers, 1).await.decision().unwrap();
     /// assert!(!fourth.allowed);
     /// assert_eq!(fourth.quota, per_minute);
+    ///
+    /// // One quota, a cost: an export costs 8 of the 10 requests a minute.
+    /// let quota = Quotas::from(Quota::per_minute(10)?);
+    /// assert!(limiter.check_quotas("tenant-42", &quota, 8).await.is_allowed());
+    /// // Cost 0 peeks: what is left, without consuming it.
+    /// let peek = limiter.check_quotas("tenant-42", &quota, 0).await;
+    /// assert_eq!(peek.decision().unwrap().remaining, 2);
+    /// // A cost above the burst can never pass.
+    /// let never = limiter.check_quotas("tenant-42", &quota, 11).await;
+    /// assert!(never.decision().unwrap().never_allowed());
+    ///
+    /// // Within a scope the key keeps a state of its own.
+    /// let login = Target::scoped("login", "tenant-42");
+    /// assert_eq!(limiter.check_quotas(login, &quota, 1).await.decision().unwrap().remaining, 9);
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn check_quotas(&self, key: &str, quotas: &Quotas, cost: u64) -> Verdict {
-        let storage_key = self.inner.unscoped.storage_key(key);
-        self.decide(storage_key.as_str(), quotas, cost, &PolicyLabel::direct())
-            .await
-    }
-
-    /// [`check_quotas`](Self::check_quotas) for `key` within `scope` (see
-    /// [`check_scoped`](Self::check_scoped)).
-    pub async fn check_scoped_quotas(
+    pub async fn check_quotas<'a>(
         &self,
-        scope: &str,
-        key: &str,
+        target: impl Into<Target<'a>>,
         quotas: &Quotas,
         cost: u64,
     ) -> Verdict {
-        let (prefix, id, scope) = (&self.inner.prefix, storage_id(key), scope_id(scope));
-        let storage_key = StorageKey::join(&[prefix, ":{", &id, "}:", &scope]);
-        self.decide(storage_key.as_str(), quotas, cost, &PolicyLabel::direct())
-            .await
-    }
-
-    /// Checks one request of `cost` units for `key` within `scope`: each scope keeps its own
-    /// state, so several quotas can apply to the same key. The scope is stored after the hash
-    /// tag (`redlimit:{tenant-42}:per-minute`), so all scopes of a key share a Cluster slot.
-    ///
-    /// ```
-    /// use redlimit::{store::MemoryStore, Limiter, Quota};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let limiter = Limiter::new(MemoryStore::new());
-    /// let per_second = Quota::per_second(2).unwrap();
-    /// let per_minute = Quota::per_minute(3).unwrap();
-    /// for _ in 0..2 {
-    ///     assert!(limiter.check_scoped("second", "t", &per_second, 1).await.is_allowed());
-    ///     assert!(limiter.check_scoped("minute", "t", &per_minute, 1).await.is_allowed());
-    /// }
-    /// // The per-second scope is spent; the per-minute one still has one left.
-    /// assert!(!limiter.check_scoped("second", "t", &per_second, 1).await.is_allowed());
-    /// assert!(limiter.check_scoped("minute", "t", &per_minute, 1).await.is_allowed());
-    /// assert_eq!(limiter.scoped_storage_key("minute", "t"), "redlimit:{t}:minute");
-    /// # }
-    /// ```
-    pub async fn check_scoped(&self, scope: &str, key: &str, quota: &Quota, cost: u64) -> Verdict {
-        self.check_scoped_quotas(scope, key, &Quotas::from(quota), cost)
+        let storage_key = self.target_key(target.into());
+        self.check_storage_key(storage_key.as_str(), quotas, cost, &PolicyLabel::direct())
             .await
     }
 
@@ -239,24 +193,12 @@ impl Limiter {
         KeyScope::new(&self.inner.prefix, scope)
     }
 
-    /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`];
-    /// `label` names the layer's policy in metrics.
-    pub(crate) async fn check_storage_key(
-        &self,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        label: &PolicyLabel,
-    ) -> Verdict {
-        self.decide(storage_key, quotas, cost, label).await
-    }
-
     /// Counts a request that had no key and was checked against a shared one.
     pub(crate) fn count_unkeyed(&self, label: &PolicyLabel) {
         self.inner.stats.count_unkeyed(label);
     }
 
-    /// Drops what this process remembers about `key` in its deny cache (see
+    /// Drops what this process remembers about `target` in its deny cache (see
     /// [`LimiterBuilder::deny_cache`]), so its next check goes to the store.
     ///
     /// Every operation of this limiter that changes a key's state or quota calls it; call it
@@ -280,13 +222,8 @@ impl Limiter {
     /// assert_eq!(limiter.stats().deny_cached, 1);
     /// # }
     /// ```
-    pub fn forget(&self, key: &str) {
-        self.forget_storage_key(&self.storage_key(key));
-    }
-
-    /// [`forget`](Self::forget) for `key` within `scope` (see [`check_scoped`](Self::check_scoped)).
-    pub fn forget_scoped(&self, scope: &str, key: &str) {
-        self.forget_storage_key(&self.scoped_storage_key(scope, key));
+    pub fn forget<'a>(&self, target: impl Into<Target<'a>>) {
+        self.forget_storage_key(self.target_key(target.into()).as_str());
     }
 
     /// The hook every state or quota change of a storage key goes through.
@@ -297,19 +234,22 @@ impl Limiter {
         self.inner.waiters.forget(storage_key);
     }
 
-    async fn decide(
+    /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`] (or
+    /// [`Target`]'s); `label` names the layer's policy in metrics.
+    pub(crate) async fn check_storage_key(
         &self,
         storage_key: &str,
         quotas: &Quotas,
         cost: u64,
         label: &PolicyLabel,
     ) -> Verdict {
-        self.decide_with(storage_key, quotas, cost, label, None)
+        self.check_storage_key_with(storage_key, quotas, cost, label, None)
             .await
     }
 
-    /// [`decide`](Self::decide), blocking the key on a denial when `block` is given.
-    async fn decide_with(
+    /// [`check_storage_key`](Self::check_storage_key), blocking the key on a denial when
+    /// `block` is given (`block.rs`).
+    async fn check_storage_key_with(
         &self,
         storage_key: &str,
         quotas: &Quotas,
@@ -365,64 +305,42 @@ impl Limiter {
         }
     }
 
-    /// Checks without the failure policy: the store's decision or its error.
-    ///
-    /// Unlike [`check_cost`](Self::check_cost), a quota the algorithm cannot serve is an error
-    /// here ([`StoreError::InvalidQuota`]).
-    ///
-    /// ```
-    /// use redlimit::store::{MemoryStore, StoreError};
-    /// use redlimit::{Algorithm, Limiter, Quota, QuotaError};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let limiter = Limiter::builder(MemoryStore::new())
-    ///     .algorithm(Algorithm::SlidingLog)
-    ///     .build()
-    ///     .unwrap();
-    /// let decision = limiter.try_check("k", &Quota::per_second(5).unwrap(), 1).await.unwrap();
-    /// assert_eq!(decision.remaining, 4);
-    ///
-    /// // The sliding log keeps one entry per request: a burst of a million is refused.
-    /// let huge = Quota::per_second(1_000_000).unwrap();
-    /// assert!(matches!(
-    ///     limiter.try_check("k", &huge, 1).await,
-    ///     Err(StoreError::InvalidQuota(QuotaError::BurstTooLargeForSlidingLog))
-    /// ));
-    /// # }
-    /// ```
-    pub async fn try_check(
-        &self,
-        key: &str,
-        quota: &Quota,
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
-        self.try_check_quotas(key, &Quotas::from(quota), cost).await
-    }
-
     /// [`check_quotas`](Self::check_quotas) without the failure policy: the store's decision or
     /// its error.
     ///
+    /// Unlike [`check_quotas`](Self::check_quotas), a quota the algorithm cannot serve is an
+    /// error here ([`StoreError::InvalidQuota`]).
+    ///
     /// ```
-    /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
+    /// use redlimit::store::{MemoryStore, StoreError};
+    /// use redlimit::{quota::QuotaError, Algorithm, Limiter, Quota, Quotas};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .algorithm(Algorithm::SlidingLog)
+    ///     .build()?;
     /// let tiers = Quotas::new([Quota::per_second(10)?, Quota::per_minute(500)?])?;
     /// let decision = limiter.try_check_quotas("k", &tiers, 1).await?;
     /// assert_eq!(decision.remaining, 9);
+    ///
+    /// // The sliding log keeps one entry per request: a burst of a million is refused.
+    /// let huge = Quotas::from(Quota::per_second(1_000_000)?);
+    /// assert!(matches!(
+    ///     limiter.try_check_quotas("k", &huge, 1).await,
+    ///     Err(StoreError::InvalidQuota(QuotaError::BurstTooLargeForSlidingLog))
+    /// ));
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn try_check_quotas(
+    pub async fn try_check_quotas<'a>(
         &self,
-        key: &str,
+        target: impl Into<Target<'a>>,
         quotas: &Quotas,
         cost: u64,
     ) -> Result<Decision, StoreError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
-        let storage_key = self.inner.unscoped.storage_key(key);
+        let storage_key = self.target_key(target.into());
         self.ask(
             self.request(storage_key.as_str(), quotas, cost),
             &PolicyLabel::direct(),
@@ -495,31 +413,6 @@ impl Limiter {
         Ok(decision)
     }
 
-    /// The Redis key for `key`: `<prefix>:{<id>}`, where the braces make a Redis Cluster hash tag
-    /// shared by every key of this limiter key, and `<id>` is the key itself when short and
-    /// printable, or its SHA-256 otherwise (see [`key`](crate::key)).
-    ///
-    /// ```
-    /// use redlimit::{store::MemoryStore, Limiter};
-    ///
-    /// let limiter = Limiter::new(MemoryStore::new());
-    /// assert_eq!(limiter.storage_key("tenant-42"), "redlimit:{tenant-42}");
-    /// // Braces would break the hash tag, and huge keys would bloat Redis: both are hashed.
-    /// let hashed = limiter.storage_key(&"{x}".repeat(10_000));
-    /// assert!(hashed.starts_with("redlimit:{#"));
-    /// assert_eq!(hashed.len(), "redlimit:{#}".len() + 64);
-    /// ```
-    pub fn storage_key(&self, key: &str) -> String {
-        join_storage_key(&self.inner.prefix, ":{", &storage_id(key), "}")
-    }
-
-    /// The Redis key for `key` within `scope` (see [`check_scoped`](Self::check_scoped)):
-    /// `<prefix>:{<id>}:<scope>`, the scope bounded like a key.
-    pub fn scoped_storage_key(&self, scope: &str, key: &str) -> String {
-        let tail = format!("}}:{}", scope_id(scope));
-        join_storage_key(&self.inner.prefix, ":{", &storage_id(key), &tail)
-    }
-
     /// The algorithm that decides.
     pub fn algorithm(&self) -> Algorithm {
         self.inner.algorithm
@@ -528,7 +421,7 @@ impl Limiter {
     /// Counts of what this limiter (and its clones) decided so far.
     ///
     /// ```
-    /// use redlimit::{store::MemoryStore, Limiter, LimiterStats, Quota};
+    /// use redlimit::{limiter::LimiterStats, store::MemoryStore, Limiter, Quota};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -570,7 +463,7 @@ pub(crate) fn is_name(name: &str) -> bool {
 /// ```
 /// use redlimit::key::GlobalKey;
 /// use redlimit::store::MemoryStore;
-/// use redlimit::{Algorithm, ConfigError, Limiter, Quota, QuotaError, RateLimitLayer};
+/// use redlimit::{limiter::ConfigError, quota::QuotaError, Algorithm, Limiter, Quota, RateLimitLayer};
 ///
 /// let empty_prefix = Limiter::builder(MemoryStore::new()).prefix("").build();
 /// assert_eq!(empty_prefix.err(), Some(ConfigError::InvalidPrefix));
@@ -602,7 +495,7 @@ pub enum ConfigError {
     /// characters other than ASCII letters, digits, `-`, `_` and `.`.
     #[error("policy name must be 1 to 64 characters of [A-Za-z0-9._-]")]
     InvalidPolicyName,
-    /// The scope given to [`RateLimitLayerBuilder::scope`](crate::RateLimitLayerBuilder::scope)
+    /// The scope given to [`RateLimitLayerBuilder::scope`](crate::layer::RateLimitLayerBuilder::scope)
     /// is empty, longer than 64 bytes, or has characters other than ASCII letters, digits, `-`,
     /// `_` and `.`.
     #[error("scope must be 1 to 64 characters of [A-Za-z0-9._-]")]
@@ -636,7 +529,7 @@ mod tests {
         assert!(!verdict.is_allowed());
         assert!(verdict.decision().unwrap().never_allowed());
         assert!(matches!(
-            limiter.try_check("k", &huge, 1).await,
+            limiter.try_check_quotas("k", &huge.into(), 1).await,
             Err(StoreError::InvalidQuota(
                 QuotaError::BurstTooLargeForSlidingLog
             ))

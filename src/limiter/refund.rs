@@ -25,15 +25,15 @@ impl Limiter {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = Limiter::new(MemoryStore::new());
-    /// let quota = Quota::per_minute(10)?;
+    /// let quotas = Quotas::from(Quota::per_minute(10)?);
     /// // Reserve 8 for a job, which then used 3: give 5 back.
-    /// assert!(limiter.check_cost("tenant-42", &quota, 8).await.is_allowed());
-    /// limiter.refund("tenant-42", &Quotas::from(quota), 5).await?;
-    /// let peek = *limiter.check_cost("tenant-42", &quota, 0).await.decision().unwrap();
+    /// assert!(limiter.check_quotas("tenant-42", &quotas, 8).await.is_allowed());
+    /// limiter.refund("tenant-42", &quotas, 5).await?;
+    /// let peek = *limiter.check_quotas("tenant-42", &quotas, 0).await.decision().unwrap();
     /// assert_eq!(peek.remaining, 7);
     /// // Never above capacity.
-    /// limiter.refund("tenant-42", &Quotas::from(quota), 100).await?;
-    /// let peek = *limiter.check_cost("tenant-42", &quota, 0).await.decision().unwrap();
+    /// limiter.refund("tenant-42", &quotas, 100).await?;
+    /// let peek = *limiter.check_quotas("tenant-42", &quotas, 0).await.decision().unwrap();
     /// assert_eq!(peek.remaining, 10);
     /// # Ok(())
     /// # }
@@ -45,8 +45,8 @@ impl Limiter {
         units: u64,
     ) -> Result<(), ControlError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
-        let key = self.target_storage_key(target.into());
-        self.refund_storage_key(&key, quotas, units).await?;
+        let key = self.target_key(target.into());
+        self.refund_storage_key(key.as_str(), quotas, units).await?;
         Ok(())
     }
 

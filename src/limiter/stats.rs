@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::decision::Decision;
-use crate::policy::Verdict;
+use crate::decision::Verdict;
 
 /// The `policy` label of checks made outside a layer ([`Limiter::check`](super::Limiter::check)
 /// and its siblings) in the `metrics` feature's metrics; a layer's checks carry its policy name.
@@ -113,7 +113,7 @@ impl StoreTimer {
 ///
 /// Export it to your metrics: a rising `store_errors` means Redis is in trouble while the
 /// failure policy keeps requests flowing; a rising `unkeyed` means requests reach the layer
-/// without a key (see [`MissingKey`](crate::MissingKey)).
+/// without a key (see [`MissingKey`](crate::layer::MissingKey)).
 ///
 /// ```
 /// # use std::time::Duration;
@@ -129,7 +129,7 @@ impl StoreTimer {
 /// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
 /// #     }
 /// # }
-/// use redlimit::{Limiter, LimiterStats, Quota};
+/// use redlimit::{limiter::LimiterStats, Limiter, Quota};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -159,7 +159,7 @@ pub struct LimiterStats {
     /// Failures the policy decided locally (e.g. [`LocalFallback`](crate::policy::LocalFallback)).
     pub fallback_decisions: u64,
     /// Requests a [`RateLimitLayer`](crate::RateLimitLayer) found no key for and counted against
-    /// the shared key of [`MissingKey::Shared`](crate::MissingKey::Shared). Usually a
+    /// the shared key of [`MissingKey::Shared`](crate::layer::MissingKey::Shared). Usually a
     /// misconfiguration: `PeerIp` without a peer address.
     pub unkeyed: u64,
     /// Denials because the key was suspended ([`Limiter::suspend`](crate::Limiter::suspend));

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 
 use super::learn::Provider;
-use crate::limiter::{AcquireError, Limiter};
-use crate::policy::Verdict;
+use crate::decision::Verdict;
+use crate::limiter::{AcquireError, Limiter, Target};
 use crate::quota::Quotas;
 
 /// Which key a request is acquired for.
@@ -63,10 +63,10 @@ impl Limits {
             match &limits.scope {
                 Some(scope) => {
                     limiter
-                        .acquire_scoped(scope, &key, quotas, 1, deadline)
+                        .acquire_cost(Target::scoped(scope, &key), quotas, 1, deadline)
                         .await
                 }
-                None => limiter.acquire(&key, quotas, deadline).await,
+                None => limiter.acquire(&*key, quotas, deadline).await,
             }
         })
     }

@@ -18,7 +18,7 @@ use crate::limiter::AcquireError;
 /// use std::time::Duration;
 /// use http::{Request, Response};
 /// use redlimit::outbound::{OutboundError, OutboundLayer};
-/// use redlimit::{store::MemoryStore, AcquireError, Limiter, Quota};
+/// use redlimit::{limiter::AcquireError, store::MemoryStore, Limiter, Quota};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -71,7 +71,7 @@ impl OutboundLayer {
     /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
     ///
     /// let layer = OutboundLayer::new(Limiter::new(MemoryStore::new()), Quota::per_second(5)?, "maps-api");
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     #[track_caller]
     pub fn new(limiter: Limiter, quotas: impl Into<Quotas>, key: impl Into<String>) -> Self {
@@ -158,7 +158,7 @@ impl<K> OutboundLayer<K> {
     ///
     /// let layer = OutboundLayer::new(Limiter::new(MemoryStore::new()), Quota::per_second(5)?, "api");
     /// assert_eq!(layer.stats().learned, 0);
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn stats(&self) -> OutboundStats {
         self.config.limits.provider.stats()
@@ -232,7 +232,7 @@ impl<K> OutboundLayerBuilder<K> {
 
     /// How long one request may wait for the limiter, from the moment it starts waiting
     /// ([`DEFAULT_MAX_WAIT`], 10 s, by default). When the next admission would come later, the
-    /// request fails at once with [`AcquireError::DeadlineExceeded`](crate::AcquireError::DeadlineExceeded) and consumes nothing.
+    /// request fails at once with [`AcquireError::DeadlineExceeded`](crate::limiter::AcquireError::DeadlineExceeded) and consumes nothing.
     /// Zero: never wait.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
@@ -278,7 +278,7 @@ impl<K> OutboundLayerBuilder<K> {
     }
 
     /// Counts the layer's keys in `scope` (1 to 64 characters of `[A-Za-z0-9._-]`), as
-    /// [`Limiter::acquire_scoped`] does: apart from the same keys used unscoped or in other
+    /// [`Limiter::acquire_cost`] does with a [`Target::scoped`](crate::Target::scoped): apart from the same keys used unscoped or in other
     /// scopes. Unscoped by default, so a layer shares its key's quota with direct
     /// [`Limiter::acquire`] calls.
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
@@ -291,12 +291,12 @@ impl<K> OutboundLayerBuilder<K> {
     /// ([`ConfigError::Quota`]).
     ///
     /// ```
-    /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, ConfigError, Limiter, Quota};
+    /// use redlimit::{limiter::ConfigError, outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
     ///
     /// let limiter = Limiter::new(MemoryStore::new());
     /// let built = OutboundLayer::builder(limiter, Quota::per_second(5)?, "api").scope("no spaces").build();
     /// assert_eq!(built.err(), Some(ConfigError::InvalidScope));
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn build(self) -> Result<OutboundLayer<K>, ConfigError> {
         if self.scope.as_deref().is_some_and(|scope| !is_name(scope)) {

@@ -71,7 +71,7 @@ impl<S, K> Outbound<S, K> {
     /// let _client = limited.get_ref();
     /// let _client = limited.get_mut(); // calls made through it skip the limiter
     /// let _client = limited.into_inner();
-    /// # Ok::<(), redlimit::QuotaError>(())
+    /// # Ok::<(), redlimit::quota::QuotaError>(())
     /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 /// let store = RedisStore::builder("redis://127.0.0.1:6379")
 ///     .circuit_breaker(CircuitBreaker { failure_threshold: 3, cool_down: Duration::from_secs(1) })
 ///     .build()?;
-/// # Ok::<(), redis::RedisError>(())
+/// # Ok::<(), redlimit::store::BuildError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CircuitBreaker {

@@ -43,7 +43,7 @@ pub use self::breaker::CircuitBreaker;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::modes::{Block, RefundRequest, SlotOp, SlotReply, SlotRequest};
 pub use self::redis::{
-    RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
+    BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
 };
 
 /// One decision to make: which key, under which algorithm and quota, at what cost.
@@ -273,11 +273,11 @@ fn micros(duration: Duration) -> u64 {
 }
 
 /// What a store reports after a control, for the [`Limiter`](crate::Limiter) to read into a
-/// [`KeyStatus`](crate::KeyStatus).
+/// [`KeyStatus`](crate::limiter::KeyStatus).
 ///
 /// Opaque but for its typed accessors: it holds the key's string in the scripts' own layout,
-/// which is no contract, so only [`RedisStore`] and [`MemoryStore`] make one. A custom store forwards its inner store's (see
-/// [`Store`]).
+/// which is no contract, so only [`RedisStore`] and [`MemoryStore`] make one. A custom store
+/// forwards its inner store's (see [`Store`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlReply {
     /// The key's string (for the sliding log, its controls' string), `None` when absent.
@@ -307,10 +307,10 @@ impl ControlReply {
     }
 }
 
-/// Why a store could not decide. The [`FailurePolicy`](crate::FailurePolicy) turns it into an
+/// Why a store could not decide. The [`FailurePolicy`](crate::policy::FailurePolicy) turns it into an
 /// outcome.
 ///
-/// [`Limiter::try_check`](crate::Limiter::try_check) returns it as it is:
+/// [`Limiter::try_check_quotas`](crate::Limiter::try_check_quotas) returns it as it is:
 ///
 /// ```
 /// use std::time::Duration;
@@ -332,7 +332,7 @@ impl ControlReply {
 /// # async fn main() {
 /// let limiter = Limiter::new(Down);
 /// let quota = Quota::per_second(1).unwrap();
-/// let error = limiter.try_check("k", &quota, 1).await.unwrap_err();
+/// let error = limiter.try_check_quotas("k", &quota.into(), 1).await.unwrap_err();
 /// assert!(matches!(error, StoreError::Timeout(_)));
 /// assert_eq!(error.to_string(), "store timed out after 100ms");
 /// // `check` hands the same error to the failure policy, which fails open by default.

@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use redlimit::key::HeaderKey;
 use redlimit::store::RedisStore;
-use redlimit::{Decision, Limiter, Quota, RateLimitLayer, Verdict};
+use redlimit::{Decision, Limiter, Quota, RateLimitLayer, Target, Verdict};
 use support::example::{self, dead_redis_url};
 use support::{RedisCluster, RedisServer};
 use tower::{ServiceBuilder, ServiceExt};
@@ -69,7 +69,7 @@ fn seconds(value: &str) -> f64 {
 }
 
 fn limiter(redis: &RedisServer) -> Limiter {
-    Limiter::new(RedisStore::new(redis.url().as_str()).expect("a Redis URL"))
+    support::Ctx::default().redis(redis)
 }
 
 async fn decide(limiter: &Limiter, key: &str, quota: &Quota) -> Decision {
@@ -570,12 +570,21 @@ async fn set_quota_all_routes_reaches_every_route() {
     assert_eq!(field(&stdout, "override"), "2/1m", "{stdout}");
     for scope in ["api", "login"] {
         for _ in 0..2 {
-            assert!(limiter.check_scoped(scope, "t", &own, 1).await.is_allowed());
+            assert!(limiter
+                .check_quotas(Target::scoped(scope, "t"), &own.into(), 1)
+                .await
+                .is_allowed());
         }
-        assert!(!limiter.check_scoped(scope, "t", &own, 1).await.is_allowed());
+        assert!(!limiter
+            .check_quotas(Target::scoped(scope, "t"), &own.into(), 1)
+            .await
+            .is_allowed());
     }
     admin_ok(&redis, &["--all-routes", "clear-quota", "t"]);
-    assert!(limiter.check_scoped("api", "t", &own, 1).await.is_allowed());
+    assert!(limiter
+        .check_quotas(Target::scoped("api", "t"), &own.into(), 1)
+        .await
+        .is_allowed());
 }
 
 /// `limited` lists the keys denied now or with under 10 % left, most constrained first, in text
@@ -595,7 +604,7 @@ async fn limited_lists_the_most_constrained_keys_first() {
     for (key, used) in [("spent", 20), ("low", 19), ("fine", 2)] {
         for _ in 0..used {
             assert!(limiter
-                .check_scoped(&scope, key, &quota, 1)
+                .check_quotas(Target::scoped(&scope, key), &quota.into(), 1)
                 .await
                 .is_allowed());
         }
@@ -723,7 +732,7 @@ async fn limited_and_inspect_scan_every_master_of_a_cluster() {
     for (tenant, _) in &tenants {
         for _ in 0..5 {
             assert!(limiter
-                .check_scoped(&scope, tenant, &quota, 1)
+                .check_quotas(Target::scoped(&scope, tenant), &quota.into(), 1)
                 .await
                 .is_allowed());
         }
@@ -756,7 +765,7 @@ async fn limited_and_inspect_scan_every_master_of_a_cluster() {
         "{text}"
     );
     assert!(!limiter
-        .check_scoped(&scope, held, &quota, 0)
+        .check_quotas(Target::scoped(&scope, held), &quota.into(), 0)
         .await
         .is_allowed());
 
@@ -785,7 +794,7 @@ async fn inspect_json_names_the_routes() {
     let quota = Quota::per_minute(10).unwrap();
     for scope in ["api", "login"] {
         assert!(limiter
-            .check_scoped(scope, "t", &quota, 1)
+            .check_quotas(Target::scoped(scope, "t"), &quota.into(), 1)
             .await
             .is_allowed());
     }
@@ -868,7 +877,7 @@ async fn a_block_on_abuse_shows_in_inspect_and_resume_ends_it() {
     let redis = RedisServer::start();
     let limiter = limiter(&redis);
     let quotas = redlimit::Quotas::from(Quota::per_minute(1).unwrap());
-    let block = redlimit::BlockFor::new(Duration::from_secs(900)).unwrap();
+    let block = redlimit::limiter::BlockFor::new(Duration::from_secs(900)).unwrap();
     assert!(limiter
         .check_blocking("abuser", &quotas, 1, &block)
         .await

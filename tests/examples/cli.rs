@@ -189,7 +189,7 @@ fn bad_flags_exit_non_zero_with_a_message() {
         ),
         (&["--key", "cookie"], "--key: expected ip or api-key"),
         (&["--key"], "--key needs a value"),
-        // A flag given twice is refused, not "the last one wins" (issue 21).
+        // A flag given twice is refused, not "the last one wins".
         (&["--limit", "3", "--limit", "4"], "give --limit once"),
         (&["--period=1s", "--period", "2s"], "give --period once"),
         (&["--key", "ip", "--key", "api-key"], "give --key once"),
@@ -754,7 +754,7 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
 }
 
 /// The default key is the client's IP address: an unchecked `x-api-key`, fresh on every
-/// request, no longer buys a fresh quota (issue 21: the example counted any key a client sent).
+/// request, buys no fresh quota (the example must not count any key a client sends).
 #[test]
 fn the_default_key_is_the_ip_and_a_fresh_api_key_does_not_evade_it() {
     let dead = dead_redis_url();

@@ -107,7 +107,7 @@ fn bad_flags_exit_non_zero_with_a_message() {
         (&["--bind", "localhost"], "--bind"),
         (&["--redis", "not a url"], "--redis"),
         (&["--key", "metadata"], "--key: expected ip or api-key"),
-        // A flag given twice is refused, not "the last one wins" (issue 21).
+        // A flag given twice is refused, not "the last one wins".
         (&["--limit", "3", "--limit", "4"], "give --limit once"),
         (&["--key=ip", "--key", "ip"], "give --key once"),
         (
@@ -276,7 +276,7 @@ async fn without_redis_it_says_memory_and_still_limits() {
 }
 
 /// The default key is the client's IP address: fresh `x-api-key` metadata on every call buys
-/// no fresh quota (issue 21); `--key api-key` counts each key apart.
+/// no fresh quota; `--key api-key` counts each key apart.
 #[tokio::test]
 async fn the_default_key_is_the_ip_and_a_fresh_api_key_does_not_evade_it() {
     let dead = dead_redis_url();

@@ -8,7 +8,7 @@ use http::{HeaderValue, Request, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use redlimit::key::{Cidr, FnKey, HeaderKey, KeyExtractor, PeerIp};
-use redlimit::{Limiter, Quota, RateLimitLayer};
+use redlimit::{Limiter, Quota, RateLimitLayer, Target};
 
 use crate::support::RedisServer;
 use crate::{
@@ -250,7 +250,7 @@ fn prop_key_extraction_paths_stay_bounded() {
             });
             prop_assert_eq!(statuses, [StatusCode::OK; 3]);
             for (path, key, _) in &keys {
-                let storage = limiter.scoped_storage_key(&scope, key.as_deref().unwrap());
+                let storage = limiter.storage_key(Target::scoped(&scope, key.as_deref().unwrap()));
                 let exists: bool = redis::cmd("EXISTS")
                     .arg(&storage)
                     .query(&mut *conn.borrow_mut())

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use redis::aio::MultiplexedConnection;
 use redlimit::store::MemoryStore;
-use redlimit::{Algorithm, Clock, Limiter, ManualClock, Quota, Verdict};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Limiter, Quota, Verdict,
+};
 
 use crate::support::RedisServer;
 use crate::{
@@ -220,7 +223,7 @@ async fn every_algorithm_expires_its_keys() {
                             let limiter = limiter.clone();
                             async move {
                                 limiter
-                                    .try_check(&format!("{i}"), &quota, 1)
+                                    .try_check_quotas(&format!("{i}"), &quota.into(), 1)
                                     .await
                                     .map(|d| d.allowed)
                             }

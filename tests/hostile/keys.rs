@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use http::{HeaderValue, Request, StatusCode};
 use redis::aio::MultiplexedConnection;
 use redlimit::key::{Cidr, FnKey, HeaderKey, KeyExtractor, PeerIp};
-use redlimit::{Algorithm, Quota, RateLimitLayer, DEFAULT_PREFIX};
+use redlimit::{limiter::DEFAULT_PREFIX, Algorithm, Quota, RateLimitLayer};
 
 use crate::support::RedisServer;
 use crate::{

@@ -4,7 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redlimit::store::MemoryStore;
-use redlimit::{Algorithm, Clock, Limiter, ManualClock, Quota};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Limiter, Quota,
+};
 
 use crate::support::RedisServer;
 use crate::{assert_sane, burst, first_admission, manual_limiter, shared, Probe, T0};
@@ -208,7 +211,7 @@ async fn tightened_quota_never_locks_out() {
                 );
                 // Peek: what the key looks like under the new quota, consuming nothing.
                 let peek = limiter
-                    .try_check(&key, &new, 0)
+                    .try_check_quotas(&key, &new.into(), 0)
                     .await
                     .unwrap_or_else(|e| panic!("{context}: peek failed: {e}"));
                 assert_sane(&peek, &new, &context);

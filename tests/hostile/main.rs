@@ -37,7 +37,10 @@ use http::{Request, Response, StatusCode};
 use redis::aio::MultiplexedConnection;
 use redlimit::key::KeyExtractor;
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota, RateLimitLayer};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Decision, Limiter, Quota, RateLimitLayer,
+};
 use support::RedisServer;
 use tower::{Layer, ServiceExt};
 
@@ -286,7 +289,7 @@ pub(crate) fn assert_sane(d: &Decision, quota: &Quota, context: &str) {
 
 pub(crate) async fn decide(limiter: &Limiter, key: &str, quota: &Quota, context: &str) -> Decision {
     let d = limiter
-        .try_check(key, quota, 1)
+        .try_check_quotas(key, &quota.into(), 1)
         .await
         .unwrap_or_else(|e| panic!("{context}: the check failed: {e}"));
     assert_sane(&d, quota, context);

@@ -13,7 +13,10 @@
 use std::time::Duration;
 
 use redlimit::store::MemoryStore;
-use redlimit::{Algorithm, Clock, Limiter, ManualClock, Quota};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Limiter, Quota,
+};
 
 use crate::support::RedisServer;
 use crate::{shared, T0};
@@ -95,7 +98,7 @@ async fn run(
         for ((limiter, clock), offset) in limiters.iter().zip(offsets) {
             clock.set(start + case.tick * i + offset);
             let d = limiter
-                .try_check(key, &case.quota, 1)
+                .try_check_quotas(key, &case.quota.into(), 1)
                 .await
                 .unwrap_or_else(|e| panic!("{key}: the check failed: {e}"));
             decisions.push((d.allowed, d.remaining, d.retry_after, d.reset_after));
@@ -127,7 +130,7 @@ async fn counts(redis_url: String, algorithm: Algorithm, case: Case) -> Counts {
     // those would outlast the short TTL of the call before it.
     for (limiter, _) in &on_redis {
         limiter
-            .try_check("skew-warm-up", &case.quota, 0)
+            .try_check_quotas("skew-warm-up", &case.quota.into(), 0)
             .await
             .expect("Redis answers");
     }

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redlimit::{Algorithm, Limiter, ManualClock, Quota};
+use redlimit::{clock::ManualClock, Algorithm, Limiter, Quota};
 
 use crate::support::RedisServer;
 use crate::{aconn, burst, decide, first_admission, key_type, keys_of, manual_limiter, shared};

@@ -17,7 +17,7 @@ use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use redlimit::outbound::OutboundLayer;
 use redlimit::store::{RedisStore, StoreError};
-use redlimit::{Algorithm, FailClosed, Limiter, Quota, Quotas, Target, Verdict};
+use redlimit::{policy::FailClosed, Algorithm, Limiter, Quota, Quotas, Target, Verdict};
 use support::{info_field, RedisServer};
 use tower::{Layer, ServiceExt};
 
@@ -72,11 +72,14 @@ async fn the_limiter_works_as_the_least_privileged_user() {
             // Decided on Redis's clock (the default): `TIME` runs inside the script.
             let key = format!("acl-{algorithm}-{i}");
             for _ in 0..3 {
-                let decision = limiter.try_check(&key, &quota, 1).await;
+                let decision = limiter.try_check_quotas(&key, &quota.into(), 1).await;
                 let decision = decision.unwrap_or_else(|e| panic!("{algorithm}: {e}"));
                 assert!(decision.allowed, "{algorithm}");
             }
-            let denied = limiter.try_check(&key, &quota, 1).await.unwrap();
+            let denied = limiter
+                .try_check_quotas(&key, &quota.into(), 1)
+                .await
+                .unwrap();
             assert!(!denied.allowed, "{algorithm}: the limit holds");
         }
     }
@@ -190,7 +193,7 @@ async fn every_control_works_as_the_least_privileged_user() {
         let fail = |control: &str, error: &dyn std::fmt::Display| -> ! {
             panic!("{algorithm}: {control} as the ACL user: {error}")
         };
-        assert!(limiter.try_check(key, &quota, 1).await.unwrap().allowed);
+        assert!(support::admits(&limiter, key, &quota).await);
 
         let status = limiter
             .set_quota(key, &tight)
@@ -212,7 +215,10 @@ async fn every_control_works_as_the_least_privileged_user() {
             .await
             .unwrap_or_else(|e| fail("suspend", &e));
         assert!(status.suspended_for.is_some(), "{algorithm}: {status:?}");
-        let denied = limiter.try_check(key, &quota, 1).await.unwrap();
+        let denied = limiter
+            .try_check_quotas(key, &quota.into(), 1)
+            .await
+            .unwrap();
         assert!(
             !denied.allowed && denied.suspended,
             "{algorithm}: {denied:?}"
@@ -233,7 +239,10 @@ async fn every_control_works_as_the_least_privileged_user() {
             .await
             .unwrap_or_else(|e| fail("reset", &e));
         for _ in 0..3 {
-            let decision = limiter.try_check(key, &quota, 1).await.unwrap();
+            let decision = limiter
+                .try_check_quotas(key, &quota.into(), 1)
+                .await
+                .unwrap();
             assert!(
                 decision.allowed,
                 "{algorithm}: reset gives the full quota back"
@@ -399,7 +408,7 @@ async fn the_cluster_addendum_is_enough_on_cluster() {
         // Keys on every master.
         for i in 0..12 {
             let key = format!("acl-cluster-{algorithm}-{i}");
-            assert!(limiter.try_check(&key, &quota, 1).await.unwrap().allowed);
+            assert!(support::admits(&limiter, &key, &quota).await);
             let status = limiter
                 .suspend(key.as_str(), Duration::from_secs(60))
                 .await
@@ -414,7 +423,7 @@ async fn the_cluster_addendum_is_enough_on_cluster() {
 /// needs `+zpopmax`), a block that doubles, and a concurrency slot taken and given back (`+zrem`).
 #[tokio::test]
 async fn the_production_modes_work_as_the_least_privileged_user() {
-    use redlimit::{BlockFor, ConcurrencyLimiter, SlotOutcome};
+    use redlimit::limiter::{BlockFor, ConcurrencyLimiter, SlotOutcome};
     let redis = RedisServer::start();
     create_user(&redis);
     let quotas = Quotas::from(Quota::per_minute(3).unwrap());

@@ -13,7 +13,7 @@ use crate::support;
 use std::time::Duration;
 
 use redis::Commands;
-use redlimit::{Algorithm, Decision, Limiter, ManualClock, Quota};
+use redlimit::{clock::ManualClock, Algorithm, Decision, Limiter, Quota};
 use support::{Ctx, RedisServer};
 
 /// 2023-11-14T22:14:00Z: a whole minute, so minute windows start at T0.
@@ -48,7 +48,7 @@ fn per(limit: u64, period_secs: u64) -> Quota {
 
 async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
     limiter
-        .try_check(key, quota, cost)
+        .try_check_quotas(key, &quota.into(), cost)
         .await
         .unwrap_or_else(|e| panic!("store failed: {e}"))
 }

@@ -11,20 +11,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use redlimit::store::RedisStore;
 use redlimit::{Algorithm, Limiter, Quota};
-use support::RedisCluster;
-
-fn cluster_limiter(cluster: &RedisCluster, algorithm: Algorithm) -> Limiter {
-    // Correctness tests, not latency tests: a generous timeout keeps a loaded CI machine from
-    // turning a slow first connection into a failure.
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .expect("valid urls");
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .build()
-        .expect("valid limiter")
-}
+use support::{cluster_limiter, RedisCluster};
 
 /// Many keys land on every node, and every key admits exactly its limit even when 4 limiters on
 /// 4 cluster connections race on it.
@@ -53,7 +40,9 @@ async fn keys_spread_over_all_nodes_and_counts_are_exact() {
                 .iter()
                 .cycle()
                 .take(30)
-                .map(move |limiter| async move { (key, limiter.try_check(key, &quota, 1).await) })
+                .map(move |limiter| async move {
+                    (key, limiter.try_check_quotas(key, &quota.into(), 1).await)
+                })
         });
         let results = join_all(checks).await;
         for key in &keys {
@@ -82,14 +71,14 @@ async fn script_flush_on_all_nodes_reloads() {
     let quota = Quota::per_hour(1000).unwrap();
     for i in 0..20 {
         limiter
-            .try_check(&format!("k{i}"), &quota, 1)
+            .try_check_quotas(&format!("k{i}"), &quota.into(), 1)
             .await
             .expect("first round");
     }
     cluster.script_flush_all();
     for i in 0..20 {
         let decision = limiter
-            .try_check(&format!("k{i}"), &quota, 1)
+            .try_check_quotas(&format!("k{i}"), &quota.into(), 1)
             .await
             .expect("a NOSCRIPT reply reloads the script");
         assert_eq!(decision.remaining, 998);
@@ -108,17 +97,24 @@ async fn restarted_node_recovers() {
         .map(|i| format!("victim-{i}"))
         .find(|k| cluster.node_for_key(&limiter.storage_key(k)) == 0)
         .unwrap();
-    limiter.try_check(&key, &quota, 1).await.expect("before");
+    limiter
+        .try_check_quotas(&key, &quota.into(), 1)
+        .await
+        .expect("before");
 
     cluster.node_mut(0).stop();
-    let down = limiter.try_check(&key, &quota, 1).await;
+    let down = limiter.try_check_quotas(&key, &quota.into(), 1).await;
     assert!(down.is_err(), "a dead master cannot decide: {down:?}");
 
     cluster.restart_node(0);
     let restarted = Instant::now();
     let deadline = restarted + Duration::from_secs(10);
     let recovered = loop {
-        if limiter.try_check(&key, &quota, 1).await.is_ok() {
+        if limiter
+            .try_check_quotas(&key, &quota.into(), 1)
+            .await
+            .is_ok()
+        {
             break restarted.elapsed();
         }
         assert!(
@@ -133,7 +129,10 @@ async fn restarted_node_recovers() {
         .map(|i| format!("bystander-{i}"))
         .find(|k| cluster.node_for_key(&limiter.storage_key(k)) == 1)
         .unwrap();
-    assert!(limiter.try_check(&other, &quota, 1).await.is_ok());
+    assert!(limiter
+        .try_check_quotas(&other, &quota.into(), 1)
+        .await
+        .is_ok());
 }
 
 /// A TCP proxy in front of one cluster node that, while `cut` is set, forwards a script call
@@ -259,12 +258,12 @@ async fn a_script_that_may_have_run_is_not_sent_again() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     limiter
-        .try_check(&warm, &quota, 1)
+        .try_check_quotas(&warm, &quota.into(), 1)
         .await
         .expect("works through the proxy");
 
     proxy.cut.store(true, Ordering::SeqCst);
-    let cut = limiter.try_check(&key, &quota, 1).await;
+    let cut = limiter.try_check_quotas(&key, &quota.into(), 1).await;
     proxy.cut.store(false, Ordering::SeqCst);
     println!(
         "connection dropped after the script call: {cut:?}, {} cut(s), {} proxied connections",
@@ -279,7 +278,7 @@ async fn a_script_that_may_have_run_is_not_sent_again() {
     // Peek (cost 0) once the connection is back.
     let deadline = Instant::now() + Duration::from_secs(10);
     let remaining = loop {
-        match limiter.try_check(&key, &quota, 0).await {
+        match limiter.try_check_quotas(&key, &quota.into(), 0).await {
             Ok(decision) => break decision.remaining,
             Err(e) if Instant::now() > deadline => panic!("no recovery: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -359,7 +358,7 @@ async fn a_slot_migration_under_traffic_fails_no_decision_open() {
     for limiter in &limiters {
         for key in &existing {
             limiter
-                .try_check(key, &quota, 1)
+                .try_check_quotas(key, &quota.into(), 1)
                 .await
                 .expect("before the move");
         }
@@ -389,7 +388,7 @@ async fn a_slot_migration_under_traffic_fails_no_decision_open() {
                         fresh_seen += 1;
                     }
                     for key in existing.iter().chain(&fresh[..fresh_seen]) {
-                        let result = limiter.try_check(key, &quota, 1).await;
+                        let result = limiter.try_check_quotas(key, &quota.into(), 1).await;
                         counts.decisions += 1;
                         counts.during_move += u64::from(during);
                         if let Err(error) = result {
@@ -401,7 +400,7 @@ async fn a_slot_migration_under_traffic_fails_no_decision_open() {
                             }
                         }
                     }
-                    let result = limiter.try_check(&suspended, &quota, 1).await;
+                    let result = limiter.try_check_quotas(&suspended, &quota.into(), 1).await;
                     counts.decisions += 1;
                     counts.during_move += u64::from(during);
                     match result {
@@ -532,9 +531,15 @@ async fn a_migrating_slot_keeps_tenant_controls_exact() {
             .await
             .unwrap();
         for _ in 0..5 {
-            assert!(limiter.try_check(reset, &five, 1).await.unwrap().allowed);
+            assert!(support::admits(&limiter, reset, &five).await);
         }
-        assert!(!limiter.try_check(reset, &five, 1).await.unwrap().allowed);
+        assert!(
+            !limiter
+                .try_check_quotas(reset, &five.into(), 1)
+                .await
+                .unwrap()
+                .allowed
+        );
         limiter.reset(reset).await.unwrap();
         limiters.push(limiter);
     }
@@ -547,10 +552,12 @@ async fn a_migrating_slot_keeps_tenant_controls_exact() {
         for (limiter, admitted) in limiters.iter().zip(&mut admitted) {
             for _ in 0..5 {
                 let algorithm = limiter.algorithm();
-                let over = limiter.try_check(overridden, &hundred, 1).await;
+                let over = limiter
+                    .try_check_quotas(overridden, &hundred.into(), 1)
+                    .await;
                 let over = over.unwrap_or_else(|e| panic!("{algorithm}: {e}"));
                 admitted.0 += u32::from(over.allowed);
-                let after_reset = limiter.try_check(reset, &five, 1).await;
+                let after_reset = limiter.try_check_quotas(reset, &five.into(), 1).await;
                 let after_reset = after_reset.unwrap_or_else(|e| panic!("{algorithm}: {e}"));
                 admitted.1 += u32::from(after_reset.allowed);
             }

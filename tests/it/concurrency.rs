@@ -13,7 +13,10 @@ use crate::support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Decision, Limiter, Quota,
+};
 use support::{Ctx, RedisServer};
 use tokio::sync::Barrier;
 
@@ -59,7 +62,7 @@ async fn round(limiters: &[Limiter], key: &str, quota: Quota) -> Round {
             tokio::spawn(async move {
                 barrier.wait().await;
                 limiter
-                    .try_check(&key, &quota, 1)
+                    .try_check_quotas(&key, &quota.into(), 1)
                     .await
                     .unwrap_or_else(|e| panic!("{}: store failed: {e}", limiter.algorithm()))
             })
@@ -175,7 +178,7 @@ async fn a_herd_after_a_suspension_asks_redis_a_few_times_per_admission() {
     // Connect every limiter first: the first call of a fresh store is not part of the herd.
     for limiter in &limiters {
         limiter
-            .try_check("warm-up", &Quota::per_second(10).unwrap(), 0)
+            .try_check_quotas("warm-up", &Quota::per_second(10).unwrap().into(), 0)
             .await
             .unwrap();
     }
@@ -200,7 +203,7 @@ async fn a_herd_after_a_suspension_asks_redis_a_few_times_per_admission() {
                         assert!(verdict.decision().is_some_and(|d| d.allowed));
                         admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
-                    Err(redlimit::AcquireError::DeadlineExceeded { .. }) => {}
+                    Err(redlimit::limiter::AcquireError::DeadlineExceeded { .. }) => {}
                     Err(error) => panic!("{error}"),
                 }
             })

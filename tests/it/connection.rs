@@ -132,7 +132,7 @@ impl Proxy {
 async fn until_working(limiter: &Limiter) -> Result<(), StoreError> {
     let started = Instant::now();
     loop {
-        match limiter.try_check("k", &quota(), 1).await {
+        match limiter.try_check_quotas("k", &quota().into(), 1).await {
             Ok(_) => return Ok(()),
             Err(e) if started.elapsed() > RECOVERY_BOUND => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -146,7 +146,7 @@ async fn recover(limiter: &Limiter) -> (Option<Duration>, Vec<String>) {
     let started = Instant::now();
     let mut errors = Vec::new();
     while started.elapsed() < RECOVERY_BOUND {
-        match limiter.try_check("k", &quota(), 1).await {
+        match limiter.try_check_quotas("k", &quota().into(), 1).await {
             Ok(_) => return (Some(started.elapsed()), errors),
             Err(e) => errors.push(e.to_string()),
         }
@@ -158,7 +158,7 @@ async fn recover(limiter: &Limiter) -> (Option<Duration>, Vec<String>) {
 /// `n` checks in a row; panics on the first failure.
 async fn keeps_working(limiter: &Limiter, n: usize) {
     for i in 0..n {
-        if let Err(e) = limiter.try_check("k", &quota(), 1).await {
+        if let Err(e) = limiter.try_check_quotas("k", &quota().into(), 1).await {
             panic!("check {i} after recovery failed: {e}");
         }
     }
@@ -215,7 +215,11 @@ async fn concurrent_timeouts_replace_the_connection_once() {
         async move {
             let mut recovered = None;
             while started.elapsed() < RECOVERY_BOUND {
-                if limiter.try_check("k", &quota(), 1).await.is_ok() {
+                if limiter
+                    .try_check_quotas("k", &quota().into(), 1)
+                    .await
+                    .is_ok()
+                {
                     recovered.get_or_insert(started.elapsed());
                     if started.elapsed() > Duration::from_secs(2) {
                         break;
@@ -296,7 +300,7 @@ async fn every_timeout_is_store_error_timeout() {
     // Well inside the sleep: every call must fail.
     while asleep.elapsed() < sleep - Duration::from_millis(500) {
         let started = Instant::now();
-        match limiter.try_check("k", &quota(), 1).await {
+        match limiter.try_check_quotas("k", &quota().into(), 1).await {
             Err(StoreError::Timeout(after)) => {
                 assert_eq!(after, DEFAULT_TIMEOUT);
                 timeouts += 1;
@@ -329,7 +333,7 @@ async fn first_success(limiter: &Limiter) -> (Option<Duration>, usize, Vec<Strin
     let started = Instant::now();
     let mut errors = Vec::new();
     while started.elapsed() < RECOVERY_BOUND {
-        match limiter.try_check("k", &quota(), 1).await {
+        match limiter.try_check_quotas("k", &quota().into(), 1).await {
             Ok(_) => return (Some(started.elapsed()), errors.len(), errors),
             Err(e) => errors.push(e.to_string()),
         }

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota, Quotas};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Decision, Limiter, Quota, Quotas,
+};
 use support::RedisServer;
 use tokio::sync::Barrier;
 
@@ -39,7 +42,7 @@ fn script_calls(redis: &RedisServer) -> u64 {
 
 async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
     limiter
-        .try_check(key, quota, cost)
+        .try_check_quotas(key, &quota.into(), cost)
         .await
         .unwrap_or_else(|e| panic!("store failed: {e}"))
 }

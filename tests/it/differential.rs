@@ -24,7 +24,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Algorithm, Decision, ManualClock, Quota, Quotas, Target};
+use redlimit::{clock::ManualClock, Algorithm, Decision, Quota, Quotas, Target};
 use support::{Ctx, RedisServer};
 
 /// Quota shapes as (limit, period in seconds, burst): burst equal to, above and below the limit;

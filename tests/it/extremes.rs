@@ -14,7 +14,11 @@ use std::time::{Duration, Instant};
 
 use redlimit::algorithm::MAX_SLIDING_LOG_BURST;
 use redlimit::store::RedisStore;
-use redlimit::{Algorithm, Decision, ManualClock, Quota, QuotaError, MAX_COUNT, MAX_PERIOD};
+use redlimit::{
+    clock::ManualClock,
+    quota::{QuotaError, MAX_COUNT, MAX_PERIOD},
+    Algorithm, Decision, Quota,
+};
 use support::{Ctx, RedisServer};
 
 /// The simulated start: half a second past 2023-11-14T22:13:20Z, so whole-second windows are
@@ -144,7 +148,7 @@ impl Bench {
             clock.advance(Duration::from_micros(step.advance_us));
             let store = if on_redis { "redis" } else { "memory" };
             let decision = limiter
-                .try_check(key, quota, step.cost)
+                .try_check_quotas(key, &quota.into(), step.cost)
                 .await
                 .unwrap_or_else(|e| {
                     panic!("{algorithm} {quota:?} step {i} {step:?} on {store}: {e}")

@@ -13,9 +13,16 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use redlimit::key::GlobalKey;
-use redlimit::policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback, Verdict};
 use redlimit::store::RedisStore;
-use redlimit::{Clock, Limiter, LimiterStats, ManualClock, Quota, RateLimitLayer};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    limiter::LimiterStats,
+    Limiter, Quota, RateLimitLayer,
+};
+use redlimit::{
+    policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
+    Verdict,
+};
 use support::service::counting;
 use support::RedisServer;
 use tower::{Layer, ServiceExt};
@@ -222,14 +229,18 @@ async fn script_flush_next_call_succeeds() {
     let quota = Quota::per_minute(10).unwrap();
 
     assert_eq!(
-        limiter.try_check("k", &quota, 1).await.unwrap().remaining,
+        limiter
+            .try_check_quotas("k", &quota.into(), 1)
+            .await
+            .unwrap()
+            .remaining,
         9
     );
     let loads = redis.command_calls("script|load");
     redis.script_flush();
 
     let after = limiter
-        .try_check("k", &quota, 1)
+        .try_check_quotas("k", &quota.into(), 1)
         .await
         .expect("the call after SCRIPT FLUSH must succeed");
     assert!(after.allowed);

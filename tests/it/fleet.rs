@@ -9,33 +9,23 @@ use std::time::Duration;
 
 use redlimit::store::RedisStore;
 use redlimit::{
-    Algorithm, ControlError, Limiter, Quota, QuotaError, Quotas, Target, MAX_SUSPENSION,
+    limiter::{ControlError, MAX_SUSPENSION},
+    quota::QuotaError,
+    Algorithm, Limiter, Quota, Quotas, Target,
 };
-use support::{RedisCluster, RedisServer};
+use support::{Ctx, RedisCluster, RedisServer};
 use tokio::sync::Barrier;
+
+/// Correctness, not latency: a generous timeout keeps a loaded machine from failing calls.
+const FLEET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A limiter on its own connection to `redis` (each instance of a fleet has its own).
 fn instance(redis: &RedisServer, algorithm: Algorithm) -> Limiter {
-    // Correctness, not latency: a generous timeout keeps a loaded machine from failing calls.
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .build()
-        .unwrap()
+    Ctx::new(algorithm).timeout(FLEET_TIMEOUT).redis(redis)
 }
 
 fn cluster_instance(cluster: &RedisCluster, algorithm: Algorithm) -> Limiter {
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .build()
-        .unwrap()
+    Ctx::new(algorithm).timeout(FLEET_TIMEOUT).cluster(cluster)
 }
 
 async fn admitted(limiter: &Limiter, key: &str, quotas: &Quotas, n: usize) -> usize {
@@ -105,7 +95,7 @@ async fn a_suspension_is_seen_by_every_instance_with_its_time_left() {
     for &algorithm in Algorithm::ALL {
         let fleet: Vec<Limiter> = (0..3).map(|_| instance(&redis, algorithm)).collect();
         let key = format!("upstream-{algorithm}");
-        assert!(fleet[1].try_check(&key, &quota, 1).await.unwrap().allowed);
+        assert!(support::admits(&fleet[1], &key, &quota).await);
         let status = fleet[0]
             .suspend(key.as_str(), Duration::from_secs(30))
             .await
@@ -113,7 +103,10 @@ async fn a_suspension_is_seen_by_every_instance_with_its_time_left() {
         let left = status.suspended_for.unwrap();
         assert!(left <= Duration::from_secs(30) && left > Duration::from_secs(25));
         for limiter in &fleet {
-            let decision = limiter.try_check(&key, &quota, 1).await.unwrap();
+            let decision = limiter
+                .try_check_quotas(&key, &quota.into(), 1)
+                .await
+                .unwrap();
             assert!(!decision.allowed && decision.suspended, "{algorithm}");
             assert_eq!(decision.remaining, 0);
             assert!(
@@ -126,7 +119,10 @@ async fn a_suspension_is_seen_by_every_instance_with_its_time_left() {
         }
         fleet[2].resume(key.as_str()).await.unwrap();
         // One was admitted before the suspension; the denials cost nothing.
-        let after = fleet[1].try_check(&key, &quota, 1).await.unwrap();
+        let after = fleet[1]
+            .try_check_quotas(&key, &quota.into(), 1)
+            .await
+            .unwrap();
         assert!(after.allowed && !after.suspended, "{algorithm}");
         assert_eq!(after.remaining, 98, "{algorithm}");
     }
@@ -142,10 +138,16 @@ async fn a_suspension_ends_by_itself() {
         .suspend("k", Duration::from_millis(300))
         .await
         .unwrap();
-    let denied = limiter.try_check("k", &quota, 1).await.unwrap();
+    let denied = limiter
+        .try_check_quotas("k", &quota.into(), 1)
+        .await
+        .unwrap();
     assert!(denied.suspended);
     tokio::time::sleep(denied.retry_after).await;
-    let decision = limiter.try_check("k", &quota, 1).await.unwrap();
+    let decision = limiter
+        .try_check_quotas("k", &quota.into(), 1)
+        .await
+        .unwrap();
     assert!(decision.allowed, "{decision:?}");
 }
 
@@ -273,15 +275,15 @@ async fn controls_address_scoped_keys() {
         .await
         .unwrap();
     let login = limiter
-        .check_scoped("login", "alice", &quota, 1)
+        .check_quotas(Target::scoped("login", "alice"), &quota.into(), 1)
         .await
         .decision()
         .copied()
         .unwrap();
     assert!(login.suspended);
-    assert!(limiter.try_check("alice", &quota, 1).await.unwrap().allowed);
+    assert!(support::admits(&limiter, "alice", &quota).await);
     assert!(limiter
-        .check_scoped("api", "alice", &quota, 1)
+        .check_quotas(Target::scoped("api", "alice"), &quota.into(), 1)
         .await
         .is_allowed());
 }
@@ -375,7 +377,7 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
     let redis = RedisServer::start();
     let limiter = instance(&redis, Algorithm::TokenBucket);
     let quota = Quota::per_hour(3).unwrap();
-    assert!(limiter.try_check("k", &quota, 1).await.unwrap().allowed);
+    assert!(support::admits(&limiter, "k", &quota).await);
     let before = limiter.inspect("k").await.unwrap();
 
     assert_eq!(Quotas::new([]), Err(QuotaError::NoQuotas));
@@ -424,7 +426,7 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
         .unwrap();
     assert!(
         limiter
-            .try_check(&hostile, &quota, 1)
+            .try_check_quotas(&hostile, &quota.into(), 1)
             .await
             .unwrap()
             .suspended
@@ -502,9 +504,11 @@ async fn tenant_controls_reach_every_route(make: impl Fn(Algorithm) -> Limiter) 
             let worker = worker.clone();
             async move {
                 let decision = match route {
-                    "" => worker.try_check(&key, &quota, 1).await,
+                    "" => worker.try_check_quotas(&key, &quota.into(), 1).await,
                     scope => {
-                        let verdict = worker.check_scoped(scope, &key, &quota, 1).await;
+                        let verdict = worker
+                            .check_quotas(Target::scoped(scope, &key), &quota.into(), 1)
+                            .await;
                         Ok(*verdict.decision().expect("decided"))
                     }
                 };
@@ -623,12 +627,12 @@ async fn a_deploy_keeps_the_usage_override_and_suspension() {
     // 60 used under 100 an hour: 40 left, which 50 an hour keeps (capped at 50).
     for _ in 0..60 {
         assert!(limiter
-            .check_scoped(before.scope(), "k1", &old_quota, 1)
+            .check_quotas(Target::scoped(before.scope(), "k1"), &old_quota.into(), 1)
             .await
             .is_allowed());
     }
     let peek = limiter
-        .check_scoped(after.scope(), "k1", &new_quota, 0)
+        .check_quotas(Target::scoped(after.scope(), "k1"), &new_quota.into(), 0)
         .await;
     assert_eq!(peek.decision().unwrap().remaining, 40, "kept and capped");
     // The route's override and the tenant's suspension survive the quota, and the algorithm.
@@ -644,14 +648,22 @@ async fn a_deploy_keeps_the_usage_override_and_suspension() {
     let gcra = instance(&redis, Algorithm::Gcra);
     for limiter in [&limiter, &gcra] {
         let decision = limiter
-            .check_scoped("api", "k1", &Quota::per_minute(50).unwrap(), 1)
+            .check_quotas(
+                Target::scoped("api", "k1"),
+                &Quota::per_minute(50).unwrap().into(),
+                1,
+            )
             .await;
         let decision = decision.decision().unwrap();
         assert!(decision.suspended, "{decision:?}");
     }
     limiter.resume("k1").await.unwrap();
     let decision = limiter
-        .check_scoped("api", "k1", &Quota::per_minute(50).unwrap(), 1)
+        .check_quotas(
+            Target::scoped("api", "k1"),
+            &Quota::per_minute(50).unwrap().into(),
+            1,
+        )
         .await;
     assert_eq!(decision.decision().unwrap().limit, 7);
 }
@@ -670,7 +682,12 @@ async fn a_control_or_a_peek_never_destroys_state_of_another_type() {
     // A sliding log's key, and a token-bucket admin pointed at it.
     let log = instance(&redis, Algorithm::SlidingLog);
     for _ in 0..3 {
-        assert!(log.try_check("k", &quota, 1).await.unwrap().allowed);
+        assert!(
+            log.try_check_quotas("k", &quota.into(), 1)
+                .await
+                .unwrap()
+                .allowed
+        );
     }
     let before = dump(&mut conn, "redlimit:{k}");
     assert!(before.is_some());
@@ -684,11 +701,17 @@ async fn a_control_or_a_peek_never_destroys_state_of_another_type() {
     assert!(refusal.to_string().contains("token-bucket"), "{refusal}");
     assert_eq!(dump(&mut conn, "redlimit:{k}"), before, "nothing changed");
     // The log still counts its 3 of 5.
-    assert_eq!(log.try_check("k", &quota, 0).await.unwrap().remaining, 2);
+    assert_eq!(
+        log.try_check_quotas("k", &quota.into(), 0)
+            .await
+            .unwrap()
+            .remaining,
+        2
+    );
 
     // A token bucket's key and a sliding-log admin; a GCRA admin.
     let bucket = instance(&redis, Algorithm::TokenBucket);
-    assert!(bucket.try_check("b", &quota, 1).await.unwrap().allowed);
+    assert!(support::admits(&bucket, "b", &quota).await);
     let state = dump(&mut conn, "redlimit:{b}");
     for algorithm in [Algorithm::SlidingLog, Algorithm::Gcra] {
         let error = instance(&redis, algorithm)
@@ -704,11 +727,16 @@ async fn a_control_or_a_peek_never_destroys_state_of_another_type() {
         assert_eq!(dump(&mut conn, "redlimit:{b}"), state, "{algorithm}");
     }
     // A sliding-log peek at the token bucket's key: the key is left as it is.
-    let peek = log.try_check("b", &quota, 0).await.unwrap();
+    let peek = log.try_check_quotas("b", &quota.into(), 0).await.unwrap();
     assert!(peek.allowed);
     assert_eq!(dump(&mut conn, "redlimit:{b}"), state, "a peek deleted it");
     // An admission may replace it (self-healing).
-    assert!(log.try_check("b", &quota, 1).await.unwrap().allowed);
+    assert!(
+        log.try_check_quotas("b", &quota.into(), 1)
+            .await
+            .unwrap()
+            .allowed
+    );
     assert_ne!(dump(&mut conn, "redlimit:{b}"), state);
 }
 
@@ -733,7 +761,7 @@ async fn a_suspension_far_ahead_denies_with_a_readable_reply() {
     for &algorithm in Algorithm::ALL {
         let limiter = instance(&redis, algorithm);
         for key in ["t", "r"] {
-            let decision = limiter.try_check(key, &quota, 1).await;
+            let decision = limiter.try_check_quotas(key, &quota.into(), 1).await;
             let decision = decision.unwrap_or_else(|e| panic!("{algorithm} {key}: {e}"));
             assert!(decision.suspended && !decision.allowed, "{decision:?}");
             assert!(decision.retry_after > MAX_SUSPENSION, "{decision:?}");

@@ -19,7 +19,9 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use redlimit::key::{GlobalKey, HeaderKey};
 use redlimit::{
-    Decision, Limiter, ManualClock, MissingKey, Quota, Quotas, RateLimitLayer, ResponseBody, Target,
+    clock::ManualClock,
+    layer::{MissingKey, ResponseBody},
+    Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
 };
 use support::service::{counting, SEEN};
 use support::{Ctx, RedisServer};
@@ -633,7 +635,7 @@ fn still_limiter(redis: &RedisServer) -> Limiter {
 
 /// The README's way to stack limits, "2 a second inside 100 a minute", as one layer with
 /// `Quotas`: 30 requests at once admit 2, and the minute's budget goes down by exactly those 2
-/// (100 -> 98): a request one tier denies consumes from none (issue 21).
+/// (100 -> 98): a request one tier denies consumes from none.
 #[tokio::test]
 async fn one_layer_with_quotas_charges_the_outer_budget_only_for_admissions() {
     let redis = RedisServer::start();

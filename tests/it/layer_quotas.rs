@@ -22,8 +22,9 @@ use proptest::test_runner::TestCaseError;
 use redlimit::key::{GlobalKey, HeaderKey};
 use redlimit::store::RedisStore;
 use redlimit::{
-    resolver_fn, Algorithm, Decision, Limiter, ManualClock, Quota, QuotaResolver, Quotas,
-    RateLimitLayer, Resolved, Target,
+    clock::ManualClock,
+    layer::{resolver_fn, QuotaResolver, Resolved},
+    Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
 };
 use support::{Ctx, RedisServer};
 use tower::ServiceExt;
@@ -128,7 +129,7 @@ async fn two_tiers_list_both_name_the_binding_one_and_deny_all_or_none() {
     assert_eq!(header(h, "ratelimit-policy"), Some(BOTH_TIERS));
     // 9 left this second, 19 this minute: the per-second tier binds. The key is full in every
     // tier in 3 s (the minute's token), but the per-second tier's own `t` is at most its
-    // `w=1` (issue 21: `t=3` and `t=30` under `w=1` contradicted the policy).
+    // `w=1` (`t=3` or `t=30` under `w=1` would contradict the policy).
     assert_eq!(header(h, "ratelimit"), Some(r#""default-1";r=9;t=1"#));
     let last = first.into_iter().last().unwrap();
     assert_eq!(
@@ -719,7 +720,7 @@ async fn check_headers(
 }
 
 /// `r ≤ q` and `t ≤ w` on every response, for every algorithm, with and without an override
-/// (issue 21: a token bucket of 10 a minute with a burst of 50 sent `q=10` with `r=49`).
+/// (a token bucket of 10 a minute with a burst of 50 must not send `q=10` with `r=49`).
 #[test]
 fn headers_never_contradict_themselves() {
     let redis = RedisServer::start();

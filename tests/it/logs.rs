@@ -61,11 +61,17 @@ async fn outage_warns_once_and_recovery_is_an_info_event() {
         .unwrap();
     let limiter = Limiter::new(store);
     let quota = Quota::per_minute(100).unwrap();
-    assert!(limiter.try_check("k", &quota, 1).await.is_ok());
+    assert!(limiter
+        .try_check_quotas("k", &quota.into(), 1)
+        .await
+        .is_ok());
 
     redis.stop();
     for _ in 0..6 {
-        assert!(limiter.try_check("k", &quota, 1).await.is_err());
+        assert!(limiter
+            .try_check_quotas("k", &quota.into(), 1)
+            .await
+            .is_err());
     }
     let text = captured.text();
     let opened = lines_with(&text, "WARN", "circuit opened");
@@ -78,7 +84,11 @@ async fn outage_warns_once_and_recovery_is_an_info_event() {
     redis.restart();
     let mut back = false;
     for _ in 0..200 {
-        if limiter.try_check("k", &quota, 1).await.is_ok() {
+        if limiter
+            .try_check_quotas("k", &quota.into(), 1)
+            .await
+            .is_ok()
+        {
             back = true;
             break;
         }

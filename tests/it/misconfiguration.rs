@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use axum::routing::get;
 use axum::Router;
 use redlimit::key::PeerIp;
-use redlimit::{Algorithm, ConfigError, Quota, QuotaError, RateLimitLayer};
+use redlimit::{limiter::ConfigError, quota::QuotaError, Algorithm, Quota, RateLimitLayer};
 use support::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -19,7 +19,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use redlimit::key::FnKey;
 use redlimit::outbound::{OutboundError, OutboundLayer};
-use redlimit::{AcquireError, Algorithm, Limiter, Quota, Quotas};
+use redlimit::{limiter::AcquireError, Algorithm, Limiter, Quota, Quotas};
 use support::RedisServer;
 use tower::buffer::Buffer;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redlimit::policy::Verdict;
 use redlimit::store::{RedisStore, StoreError, DEFAULT_TIMEOUT};
+use redlimit::Verdict;
 use redlimit::{Limiter, Quota};
 use support::sentinel::{RedisSentinel, DOWN_AFTER, MASTER_NAME};
 use tokio::runtime::Runtime;
@@ -209,7 +209,7 @@ async fn admitted_until_denied(limiter: &Limiter, key: &str, quota: &Quota) -> u
     let deadline = Instant::now() + FAILOVER_DEADLINE;
     let mut admitted = 0;
     loop {
-        match limiter.try_check(key, quota, 1).await {
+        match limiter.try_check_quotas(key, &quota.into(), 1).await {
             Ok(decision) if decision.allowed => admitted += 1,
             Ok(_) => return admitted,
             Err(StoreError::Timeout(timeout)) => {
@@ -437,7 +437,7 @@ async fn min_replicas_to_write_refuses_decisions_without_a_replica() {
         .unwrap();
     let limiter = Limiter::new(store);
     let quota = Quota::per_hour(LIMIT).unwrap();
-    assert!(limiter.try_check("k", &quota, 1).await.unwrap().allowed);
+    assert!(support::admits(&limiter, "k", &quota).await);
 
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -445,7 +445,10 @@ async fn min_replicas_to_write_refuses_decisions_without_a_replica() {
         .arg(1)
         .query(&mut redis.conn())
         .unwrap();
-    let error = limiter.try_check("k", &quota, 1).await.unwrap_err();
+    let error = limiter
+        .try_check_quotas("k", &quota.into(), 1)
+        .await
+        .unwrap_err();
     assert!(error.to_string().contains("NOREPLICAS"), "{error}");
     assert!(matches!(
         limiter.check("k", &quota).await,

@@ -19,7 +19,10 @@ use http::{Request, Response};
 use load::{ms, Load, Run};
 use redlimit::key::GlobalKey;
 use redlimit::store::{CircuitBreaker, RedisStore};
-use redlimit::{FailClosed, FailOpen, Limiter, LocalFallback, Quota, RateLimitLayer, Verdict};
+use redlimit::{
+    policy::{FailClosed, FailOpen, LocalFallback},
+    Limiter, Quota, RateLimitLayer, Verdict,
+};
 use support::RedisServer;
 use tokio::time::sleep;
 use tower::{service_fn, Layer};
@@ -89,7 +92,10 @@ fn start_load(limiter: &Limiter, max: Duration) -> Load {
 async fn warm_up(limiter: &Limiter) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match limiter.try_check("warm-up", &quota(), 0).await {
+        match limiter
+            .try_check_quotas("warm-up", &quota().into(), 0)
+            .await
+        {
             Ok(_) => return,
             Err(e) if Instant::now() > deadline => panic!("Redis never answered: {e}"),
             Err(_) => sleep(Duration::from_millis(20)).await,
@@ -354,7 +360,10 @@ async fn script_flush_every_millisecond_has_no_errors() {
         .unwrap();
     let limiter = Limiter::new(store);
     let quota = Quota::per_second(1_000_000).unwrap();
-    limiter.try_check("warm", &quota, 1).await.expect("warm-up");
+    limiter
+        .try_check_quotas("warm", &quota.into(), 1)
+        .await
+        .expect("warm-up");
     blocking(|| redis.reset_stats());
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -380,7 +389,10 @@ async fn script_flush_every_millisecond_has_no_errors() {
         async move {
             let mut errors = Vec::new();
             for i in 0..250 {
-                if let Err(e) = limiter.try_check(&format!("w{w}-{i}"), &quota, 1).await {
+                if let Err(e) = limiter
+                    .try_check_quotas(&format!("w{w}-{i}"), &quota.into(), 1)
+                    .await
+                {
                     errors.push(e.to_string());
                 }
             }
@@ -809,7 +821,10 @@ async fn local_fallback_while_down_then_redis_again() {
             .build()
             .unwrap(),
     );
-    let spent = other.try_check("tenant", &quota, 10).await.unwrap();
+    let spent = other
+        .try_check_quotas("tenant", &quota.into(), 10)
+        .await
+        .unwrap();
     // ... and this instance sees it.
     let next = match limiter.check("tenant", &quota).await {
         Verdict::Decided(d) => d,
@@ -877,7 +892,7 @@ async fn a_timeout_above_500_ms_is_honoured() {
     let sleeper = blocking(|| redis.debug_sleep(Duration::from_secs(1)));
     sleep(Duration::from_millis(50)).await;
     let started = Instant::now();
-    let result = limiter.try_check("slow", &quota(), 1).await;
+    let result = limiter.try_check_quotas("slow", &quota().into(), 1).await;
     let took = started.elapsed();
     tokio::task::spawn_blocking(move || sleeper.join())
         .await
@@ -916,7 +931,10 @@ async fn a_poisoned_key_does_not_open_the_circuit_for_other_keys() {
             }
         }
         support::poison_key(&redis, &limiter, "poisoned").await;
-        let error = limiter.try_check("poisoned", &quota, 1).await.unwrap_err();
+        let error = limiter
+            .try_check_quotas("poisoned", &quota.into(), 1)
+            .await
+            .unwrap_err();
         assert!(!error.is_transport(), "{algorithm}: {error}");
         let (mut poisoned_failed_open, mut denied, mut others_failed_open, mut opened) =
             (0, 0, 0, 0);
@@ -971,7 +989,10 @@ async fn a_flush_under_512_concurrent_calls_loads_the_script_once() {
     let quota = Quota::per_hour(1_000).unwrap();
     for round in 0..3 {
         // Warm: the script is loaded and the connection open.
-        limiter.try_check("warm", &quota, 1).await.unwrap();
+        limiter
+            .try_check_quotas("warm", &quota.into(), 1)
+            .await
+            .unwrap();
         // The flush, then Redis busy for a moment: all 512 EVALSHAs are sent before Redis runs
         // the first, so each of them answers NOSCRIPT.
         let sleeper = blocking(|| {
@@ -981,7 +1002,12 @@ async fn a_flush_under_512_concurrent_calls_loads_the_script_once() {
         });
         sleep(Duration::from_millis(50)).await;
         let keys: Vec<String> = (0..CALLS).map(|i| format!("k{round}-{}", i % 64)).collect();
-        let results = join_all(keys.iter().map(|key| limiter.try_check(key, &quota, 1))).await;
+        let quotas = quota.into();
+        let results = join_all(
+            keys.iter()
+                .map(|key| limiter.try_check_quotas(key, &quotas, 1)),
+        )
+        .await;
         tokio::task::spawn_blocking(move || sleeper.join())
             .await
             .unwrap()

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use redlimit::store::{RedisStore, StoreError};
-use redlimit::{FailClosed, FailOpen, Limiter, Quota, Verdict};
+use redlimit::{
+    policy::{FailClosed, FailOpen},
+    Limiter, Quota, Verdict,
+};
 use support::{RedisCluster, RedisServer, TlsFiles, TlsSetup};
 
 /// The store's default timeout plus a margin for a loaded machine.
@@ -25,13 +28,13 @@ async fn admits_exactly(limiter: &Limiter, key: &str, limit: u64) {
     let quota = Quota::per_hour(limit).unwrap();
     for i in 0..limit {
         let decision = limiter
-            .try_check(key, &quota, 1)
+            .try_check_quotas(key, &quota.into(), 1)
             .await
             .expect("store answers");
         assert!(decision.allowed, "request {i} of {limit} refused");
     }
     let decision = limiter
-        .try_check(key, &quota, 1)
+        .try_check_quotas(key, &quota.into(), 1)
         .await
         .expect("store answers");
     assert!(
@@ -114,7 +117,7 @@ async fn a_server_signed_by_another_ca_is_refused_with_a_clear_error() {
     );
     let limiter = Limiter::new(store);
     let error = limiter
-        .try_check("k", &Quota::per_hour(5).unwrap(), 1)
+        .try_check_quotas("k", &Quota::per_hour(5).unwrap().into(), 1)
         .await
         .expect_err("calls fail too");
     assert!(error.to_string().contains("certificate"), "{error}");

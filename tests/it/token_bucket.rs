@@ -8,7 +8,10 @@ use crate::support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlimit::{Algorithm, Clock, Decision, Limiter, ManualClock, Quota};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Decision, Limiter, Quota,
+};
 use support::{Ctx, RedisServer};
 use tokio::sync::Barrier;
 
@@ -17,7 +20,7 @@ const T0: Duration = Duration::from_secs(1_700_000_000);
 
 async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decision {
     limiter
-        .try_check(key, quota, cost)
+        .try_check_quotas(key, &quota.into(), cost)
         .await
         .unwrap_or_else(|e| panic!("redis store failed: {e}"))
 }

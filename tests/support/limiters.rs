@@ -10,7 +10,10 @@
 use std::time::Duration;
 
 use redlimit::store::{MemoryStore, RedisStore, Store};
-use redlimit::{Algorithm, Clock, Limiter, ManualClock};
+use redlimit::{
+    clock::{Clock, ManualClock},
+    Algorithm, Limiter, Quota,
+};
 
 use super::{RedisCluster, RedisServer};
 
@@ -121,4 +124,11 @@ pub fn cluster_limiter(cluster: &RedisCluster, algorithm: Algorithm) -> Limiter 
 /// A limiter under `algorithm` on a `MemoryStore` of its own.
 pub fn memory_limiter(algorithm: Algorithm) -> Limiter {
     Ctx::new(algorithm).memory()
+}
+
+/// Whether `limiter` admits one request of `key` under `quota`: the store's own decision, without
+/// the failure policy, so a store error fails the test.
+pub async fn admits(limiter: &Limiter, key: &str, quota: &Quota) -> bool {
+    let decision = limiter.try_check_quotas(key, &quota.into(), 1).await;
+    decision.expect("the store decides").allowed
 }

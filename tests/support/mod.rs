@@ -25,7 +25,7 @@ mod tls;
 
 pub use cluster::{key_slot, RedisCluster};
 pub use limiters::{
-    cluster_limiter, memory_limiter, redis_limiter, redis_store, Ctx, PATIENT_TIMEOUT,
+    admits, cluster_limiter, memory_limiter, redis_limiter, redis_store, Ctx, PATIENT_TIMEOUT,
 };
 pub use server::RedisServer;
 pub use tls::{TlsFiles, TlsSetup};

@@ -13,7 +13,7 @@ use redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
 use super::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
 use super::sentinel::{self, SentinelOptions, SentinelTarget};
 use super::server::{self, ServerInfo};
-use super::{Backend, RedisStore, DEFAULT_TIMEOUT};
+use super::{Backend, BuildError, RedisStore, DEFAULT_TIMEOUT};
 use crate::store::breaker::{BreakerState, CircuitBreaker};
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`], [`RedisStore::cluster_builder`] and
@@ -31,7 +31,7 @@ use crate::store::breaker::{BreakerState, CircuitBreaker};
 ///     .build()?;
 /// assert_eq!(store.timeout(), Duration::from_millis(20));
 /// assert!(RedisStore::builder("not a url").build().is_err());
-/// # Ok::<(), redis::RedisError>(())
+/// # Ok::<(), redlimit::store::BuildError>(())
 /// ```
 pub struct RedisStoreBuilder {
     target: Result<Target, RedisError>,
@@ -82,7 +82,7 @@ impl RedisStoreBuilder {
     ///     .timeout(Duration::ZERO)
     ///     .build()
     ///     .unwrap_err();
-    /// assert_eq!(error.kind(), redis::ErrorKind::InvalidClientConfig);
+    /// assert!(matches!(error, redlimit::store::BuildError::ZeroTimeout));
     /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -112,7 +112,7 @@ impl RedisStoreBuilder {
     /// let store = RedisStore::builder("redis://127.0.0.1:6379")
     ///     .credentials(Some("limiter"), password)
     ///     .build()?;
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn credentials(mut self, username: Option<&str>, password: impl Into<String>) -> Self {
         self.credentials = Some((username.map(str::to_owned), password.into()));
@@ -171,18 +171,22 @@ impl RedisStoreBuilder {
     }
 
     /// Builds the store. Fails only on malformed URLs, TLS settings for a URL without TLS, or a
-    /// zero timeout (all of kind [`ErrorKind::InvalidClientConfig`] but the URL's own).
-    pub fn build(self) -> Result<RedisStore, RedisError> {
-        let timeout = self.timeout;
-        if timeout.is_zero() {
-            return Err(RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "the store timeout must be above zero",
-                "with a zero timeout every call times out and goes to the failure policy; \
-                 leave the default (100 ms) or give the longest a decision may wait"
-                    .to_owned(),
-            )));
+    /// zero timeout: see [`BuildError`].
+    pub fn build(self) -> Result<RedisStore, BuildError> {
+        if self.timeout.is_zero() {
+            return Err(BuildError::ZeroTimeout);
         }
+        let mut builder = self;
+        let target = std::mem::replace(&mut builder.target, Ok(Target::Cluster(Vec::new())));
+        let target = target.map_err(|error| BuildError::InvalidUrl(error.into()))?;
+        builder
+            .build_on(target)
+            .map_err(|error| BuildError::InvalidSettings(error.into()))
+    }
+
+    /// [`build`](Self::build) once the URLs are known good.
+    fn build_on(self, target: Target) -> Result<RedisStore, RedisError> {
+        let timeout = self.timeout;
         let with_credentials = |info: ConnectionInfo| match &self.credentials {
             Some((username, password)) => {
                 let mut redis = info.redis_settings().clone().set_password(password);
@@ -193,7 +197,7 @@ impl RedisStoreBuilder {
             }
             None => info,
         };
-        let backend = match self.target? {
+        let backend = match target {
             Target::Single(info) => {
                 let info = with_credentials(*info);
                 let addr = match info.addr() {
@@ -331,7 +335,7 @@ mod tests {
             RedisStore::sentinel_builder(["redis://127.0.0.1:26379"], "mymaster"),
         ] {
             let error = builder.timeout(Duration::ZERO).build().unwrap_err();
-            assert_eq!(error.kind(), ErrorKind::InvalidClientConfig);
+            assert!(matches!(error, BuildError::ZeroTimeout));
             assert!(error.to_string().contains("timeout"), "{error}");
         }
         let store = RedisStore::builder("redis://127.0.0.1:6379")

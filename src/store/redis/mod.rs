@@ -4,6 +4,7 @@
 mod builder;
 mod cluster;
 mod connection;
+mod error;
 mod modes;
 mod reload;
 mod script;
@@ -23,6 +24,7 @@ use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::connection::Replaceable;
+pub use self::error::BuildError;
 use self::reload::Reloads;
 use self::script::{check_server, read_control, read_decision, Call, ScriptConnection};
 use self::sentinel::{PrimaryConnection, SentinelTarget};
@@ -90,7 +92,7 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 ///     .timeout(Duration::from_millis(50))
 ///     .build()?;
 /// let cluster = RedisStore::cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])?;
-/// # Ok::<(), redis::RedisError>(())
+/// # Ok::<(), redlimit::store::BuildError>(())
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
@@ -152,14 +154,14 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// A store on the Redis at `url` with the defaults. Fails only on a malformed URL; Redis
     /// itself may be down.
-    pub fn new<T: IntoConnectionInfo>(url: T) -> Result<Self, RedisError> {
+    pub fn new<T: IntoConnectionInfo>(url: T) -> Result<Self, BuildError> {
         Self::builder(url).build()
     }
 
     /// A store on the Redis Cluster reachable through `nodes` (any subset of its nodes).
     pub fn cluster<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
-    ) -> Result<Self, RedisError> {
+    ) -> Result<Self, BuildError> {
         Self::cluster_builder(nodes).build()
     }
 
@@ -181,7 +183,7 @@ impl RedisStore {
     ///     .timeout(Duration::from_millis(50))
     ///     .build()?;
     /// assert_eq!(store.timeout(), Duration::from_millis(50));
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn cluster_builder<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
@@ -203,12 +205,12 @@ impl RedisStore {
     ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
     ///     "mymaster",
     /// )?;
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn sentinel<T: IntoConnectionInfo>(
         sentinels: impl IntoIterator<Item = T>,
         master_name: impl Into<String>,
-    ) -> Result<Self, RedisError> {
+    ) -> Result<Self, BuildError> {
         Self::sentinel_builder(sentinels, master_name).build()
     }
 
@@ -229,7 +231,7 @@ impl RedisStore {
     ///     .build()?;
     /// assert_eq!(store.timeout(), Duration::from_millis(50));
     /// assert!(RedisStore::sentinel_builder(Vec::<String>::new(), "mymaster").build().is_err());
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn sentinel_builder<T: IntoConnectionInfo>(
         sentinels: impl IntoIterator<Item = T>,
@@ -252,7 +254,7 @@ impl RedisStore {
     ///
     /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
     /// assert_eq!(store.timeout(), DEFAULT_TIMEOUT);
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -265,7 +267,7 @@ impl RedisStore {
     ///
     /// let store = RedisStore::new("redis://127.0.0.1:6379")?;
     /// assert!(!store.circuit_open()); // closed until calls fail
-    /// # Ok::<(), redis::RedisError>(())
+    /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn circuit_open(&self) -> bool {
         self.breaker.as_ref().is_some_and(|b| b.is_open())

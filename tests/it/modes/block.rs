@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use redlimit::{BlockFor, Limiter, ManualClock, Quota, Quotas, Target};
+use redlimit::clock::ManualClock;
+use redlimit::limiter::BlockFor;
+use redlimit::{Limiter, Quota, Quotas, Target};
 
 use crate::support::{Ctx, RedisCluster, RedisServer};
 
@@ -38,7 +40,7 @@ async fn blocks_and_doubles(limiter: &Limiter, clock: &ManualClock) {
         );
         // Fleet-wide, every route: a check on another scope is suspended too.
         let elsewhere = *limiter
-            .check_scoped_quotas("search", "abuser", &other, 1)
+            .check_quotas(redlimit::Target::scoped("search", "abuser"), &other, 1)
             .await
             .decision()
             .unwrap();

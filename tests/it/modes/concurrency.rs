@@ -10,7 +10,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use redlimit::key::GlobalKey;
 use redlimit::layer::ConcurrencyLimitLayer;
-use redlimit::{ConcurrencyLimiter, SlotOutcome};
+use redlimit::limiter::{ConcurrencyLimiter, SlotOutcome};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::support::{Ctx, RedisServer};

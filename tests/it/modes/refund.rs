@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use redlimit::{Algorithm, Limiter, ManualClock, Quota, Quotas};
+use redlimit::clock::ManualClock;
+use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
 use crate::support::{Ctx, RedisCluster, RedisServer};
 

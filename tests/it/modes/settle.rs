@@ -53,7 +53,9 @@ fn login(
 
 /// What a peek at `key` in `scope` says is left.
 async fn left(limiter: &Limiter, scope: &str, key: &str, quotas: &Quotas) -> u64 {
-    let verdict = limiter.check_scoped_quotas(scope, key, quotas, 0).await;
+    let verdict = limiter
+        .check_quotas(redlimit::Target::scoped(scope, key), quotas, 0)
+        .await;
     verdict.decision().expect("decided").remaining
 }
 

@@ -79,7 +79,7 @@ async fn the_request_knows_it_would_have_been_denied() {
     let first = svc.ready().await.unwrap().call(request()).await.unwrap();
     let second = svc.ready().await.unwrap().call(request()).await.unwrap();
     use http_body_util::BodyExt;
-    let body = |r: http::Response<redlimit::ResponseBody<String>>| async move {
+    let body = |r: http::Response<redlimit::layer::ResponseBody<String>>| async move {
         String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
     };
     assert_eq!(body(first).await, "true -");
@@ -156,7 +156,7 @@ async fn a_shadow_layer_forwards_when_the_store_fails_closed() {
         .build()
         .unwrap();
     let limiter = Limiter::builder(store)
-        .failure_policy(redlimit::FailClosed::default())
+        .failure_policy(redlimit::policy::FailClosed::default())
         .build()
         .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));

@@ -208,7 +208,7 @@ async fn call(layer: &OutboundLayer, upstream: &Upstream) -> Response<Bytes> {
 
 /// The quota `limiter` decides `KEY` with now (a peek: cost 0).
 async fn quota_in_force(limiter: &Limiter, configured: Quota) -> Quota {
-    let verdict = limiter.check_cost(KEY, &configured, 0).await;
+    let verdict = limiter.check_quotas(KEY, &configured.into(), 0).await;
     verdict.decision().expect("a store decision").quota
 }
 
