@@ -107,8 +107,8 @@ pub(crate) const SHADOW_SCOPE_SUFFIX: &str = ".shadow";
 impl<K> RateLimitLayerBuilder<K> {
     /// Shadow mode (dark launch): every request is decided and recorded exactly as it would
     /// be, and always goes on to the service. A denial is counted (in
-    /// [`LimiterStats::denied`](crate::LimiterStats) and
-    /// [`shadow_limited`](crate::LimiterStats::shadow_limited); the `metrics` feature's
+    /// [`LimiterStats::denied`](crate::limiter::LimiterStats) and
+    /// [`shadow_limited`](crate::limiter::LimiterStats::shadow_limited); the `metrics` feature's
     /// outcome `shadow_limited` instead of `limited`), logged at a bounded rate (one line a
     /// second at most, saying how many it left out), and marked in the request extensions:
     /// the [`Decision`] there is the denial, with a [`ShadowLimited`] beside it. A denied
@@ -145,8 +145,8 @@ impl<K> RateLimitLayerBuilder<K> {
     /// tier at most (see the [modes guide](crate::guide::modes) for what that delays, per
     /// algorithm). The settlement runs as a task of its own: it never delays nor fails the
     /// response. A settlement that fails (Redis down) is counted in
-    /// [`LimiterStats::settle_failures`](crate::LimiterStats::settle_failures) and logged; a
-    /// charge then goes to the failure policy (a [`LocalFallback`](crate::LocalFallback)
+    /// [`LimiterStats::settle_failures`](crate::limiter::LimiterStats::settle_failures) and logged; a
+    /// charge then goes to the failure policy (a [`LocalFallback`](crate::policy::LocalFallback)
     /// charges its local share), a refund is lost (the units stay spent: the safe side).
     ///
     /// Exact under concurrency, as the reservation is taken at admission: a login limiter of 5

@@ -8,7 +8,7 @@ use crate::quota::Quotas;
 
 /// How long a key denied by a quota is blocked: its tenant is suspended, fleet-wide and on
 /// every route, for this long, in the same atomic store call as the denial (see
-/// [`RateLimitLayerBuilder::block_for`](crate::RateLimitLayerBuilder::block_for) and
+/// [`RateLimitLayerBuilder::block_for`](crate::layer::RateLimitLayerBuilder::block_for) and
 /// [`Limiter::check_blocking`](crate::Limiter::check_blocking)).
 ///
 /// With [`doubling_up_to`](Self::doubling_up_to), each repeated offence doubles the block, up

@@ -26,8 +26,8 @@ pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(30);
 /// instance is killed) is not given back either: its lease runs out.
 ///
 /// **When the store fails**, the limiter's failure policy decides as for a check of `limit`
-/// per lease: [`FailOpen`](crate::FailOpen) admits without a slot, [`FailClosed`](crate::FailClosed)
-/// refuses, [`LocalFallback`](crate::LocalFallback) admits within its local share of that
+/// per lease: [`FailOpen`](crate::policy::FailOpen) admits without a slot, [`FailClosed`](crate::policy::FailClosed)
+/// refuses, [`LocalFallback`](crate::policy::LocalFallback) admits within its local share of that
 /// rate (a rate, not a count of requests in flight: the closest an in-process stand-in gets).
 ///
 /// ```
@@ -169,7 +169,7 @@ impl ConcurrencyLimiter {
 
     /// [`new`](Self::new) with a slot's `lease` (at least 1 ms; renewed every third of it
     /// while held) and a `scope` of its own (a name as
-    /// [`RateLimitLayerBuilder::scope`](crate::RateLimitLayerBuilder::scope) takes it), so
+    /// [`RateLimitLayerBuilder::scope`](crate::layer::RateLimitLayerBuilder::scope) takes it), so
     /// that several concurrency limits on one key stay apart.
     pub fn with_options(
         limiter: Limiter,

@@ -169,7 +169,7 @@ pub struct LimiterStats {
     /// request went on to the service. A shadow layer's are also counted in `denied`.
     pub shadow_limited: u64,
     /// Settlements after the response (a refund or a charge) that failed; see
-    /// [`RateLimitLayerBuilder::cost_from_response`](crate::RateLimitLayerBuilder::cost_from_response).
+    /// [`RateLimitLayerBuilder::cost_from_response`](crate::layer::RateLimitLayerBuilder::cost_from_response).
     pub settle_failures: u64,
 }
 

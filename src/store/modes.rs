@@ -48,7 +48,7 @@ pub enum SlotOp {
 }
 
 /// One call on a key's concurrency slots (see
-/// [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)): `lua/slots.lua`.
+/// [`ConcurrencyLimiter`](crate::limiter::ConcurrencyLimiter)): `lua/slots.lua`.
 #[derive(Debug, Clone, Copy)]
 pub struct SlotRequest<'a> {
     /// The slots' storage key (`<prefix>:{<id>}:<scope>#c`).
