@@ -1093,9 +1093,13 @@ async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Re
         }
     }
     // Most constrained first: suspended (longest first), then the least share left.
+    // Suspensions compare in whole ms (a peek's retry_after is rounded up, the tenant's
+    // time left is exact), and the tenant's own row goes first among equals.
+    let ms = |d: &Option<Duration>| d.map(|d| d.as_micros().div_ceil(1000));
     rows.sort_by(|a, b| {
-        b.suspended
-            .cmp(&a.suspended)
+        ms(&b.suspended)
+            .cmp(&ms(&a.suspended))
+            .then_with(|| (b.route == "(every route)").cmp(&(a.route == "(every route)")))
             .then_with(|| (a.remaining * b.limit.max(1)).cmp(&(b.remaining * a.limit.max(1))))
     });
     if request.json {

@@ -70,6 +70,9 @@ options:
                                 behind a layer that has authenticated the key: unchecked, a
                                 client sending a fresh key per request gets a fresh quota
                                 [default: ip]
+  --shadow                      shadow mode: decide and count every request, deny none (a
+                                would-be denial is counted as shadow_limited; no RateLimit
+                                headers)
 METRICS  -h, --help                    print this help
 
 A client is its IP address (--key ip), or its authenticated x-api-key (--key api-key).
@@ -102,6 +105,8 @@ pub struct Options {
     pub on_redis_error: OnRedisError,
     /// `--key`: who a client is.
     pub key: KeyChoice,
+    /// `--shadow`: decide and count, never deny.
+    pub shadow: bool,
 }
 
 /// `--key`: what the layer counts a client by.
@@ -232,6 +237,7 @@ pub fn parse_args(
     let mut metrics_bind = None;
     let mut sentinel_master: Option<String> = None;
     let mut key = KeyChoice::default();
+    let mut shadow = false;
     // A flag given twice is a mistake, not "the last one wins" (as in the fleet and admin
     // examples).
     let mut seen = HashSet::new();
@@ -256,6 +262,8 @@ pub fn parse_args(
         };
         match flag.as_str() {
             "--bind" => bind = value()?,
+            "--shadow" if inline.is_none() => shadow = true,
+            "--shadow" => return Err(invalid("--shadow takes no value")),
             "--redis-cluster" => backend.set(Backend::Cluster(parse_cluster_urls(&value()?)?))?,
             "--redis-sentinel" => {
                 let sentinels = parse_url_list(&flag, &value()?)?;
@@ -372,6 +380,7 @@ pub fn parse_args(
         algorithm,
         on_redis_error,
         key,
+        shadow,
     })
 }
 
@@ -575,11 +584,13 @@ pub async fn layer(options: &Options) -> Result<RateLimitLayer<ExampleKey>, Stri
         options.algorithm,
         options.on_redis_error,
     );
-    Ok(RateLimitLayer::new(
-        limiter,
-        quota,
-        ExampleKey::new(options.key),
-    ))
+    if options.shadow {
+        println!("shadow: on (every request is decided and counted, none is denied)");
+    }
+    RateLimitLayer::builder(limiter, quota, ExampleKey::new(options.key))
+        .shadow(options.shadow)
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 /// The Redis to try when no store flag is given: `REDIS_URL`, or [`DEFAULT_REDIS_URL`].

@@ -71,6 +71,7 @@ use std::str::FromStr;
 
 use crate::quota::{Quota, QuotaError};
 
+mod block;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod layout;
@@ -78,12 +79,14 @@ mod mirror;
 mod refund;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
+mod slots;
 mod spec;
 pub(crate) mod token_bucket;
 
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub(crate) use self::block::{block_us, offences_key, BLOCK_WRAPPER};
 pub(crate) use self::layout::{
     capped_cost, log_controls_key, tenant_key, Controls, Op, Reply, OVERRIDE_IDLE_MS, STAMP,
 };
@@ -92,7 +95,8 @@ pub(crate) use self::mirror::ttl_ms;
 pub(crate) use self::mirror::{
     control, decide, decide_log, foreign_state, LogWrite, Refused, Written,
 };
-pub(crate) use self::refund::{refund, refund_args, refund_script, REFUND_SOURCE};
+pub(crate) use self::refund::{refund, REFUND_SOURCE};
+pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};
 pub(crate) use self::spec::{
     is_one_state, packed_by_tag, state_len_of, Kind, Spec, Window, CONTROL_SOURCE, SOURCE,
 };

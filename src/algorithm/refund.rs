@@ -1,36 +1,10 @@
-//! A refund: the Rust mirror of `lua/refund.lua`, step for step, over the same bytes.
+//! A refund: the Rust mirror of `lua/refund.lua`, step for step, over the same bytes (its
+//! wire is in `src/store/redis/modes.rs`).
 //!
 //! Gives units back to every tier of one route, never above a tier's capacity (the script's
 //! header states the rule per algorithm).
 
 use crate::quota::Quota;
-
-/// The refund script's one argument: `'<dBd' .. n * '<ddd'`: now_us (-1: Redis `TIME`), the
-/// algorithm's tag, the units, then the caller's tiers.
-pub(crate) fn refund_args(
-    tag: u8,
-    units: u64,
-    quotas: &[Quota],
-    now_micros: Option<u64>,
-) -> Vec<u8> {
-    let exact = |v: u64| {
-        if (v as f64) < super::MAX_EXACT {
-            v as f64
-        } else {
-            f64::NAN
-        }
-    };
-    let mut bytes = Vec::with_capacity(17 + 24 * quotas.len());
-    bytes.extend_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
-    bytes.push(tag);
-    bytes.extend_from_slice(&exact(units).to_le_bytes());
-    for quota in quotas.iter().take(8) {
-        for v in [quota.limit(), quota.period_micros(), quota.burst()] {
-            bytes.extend_from_slice(&exact(v).to_le_bytes());
-        }
-    }
-    bytes
-}
 
 fn f64_at(s: &[u8], at: usize) -> Option<f64> {
     s.get(at..at + 8)
@@ -165,10 +139,3 @@ fn refund_state(state: &[u8], units: f64, burst: f64) -> Option<Vec<u8>> {
 
 /// The refund script's body (`lua/refund.lua`).
 pub(crate) const REFUND_SOURCE: &str = include_str!("../../lua/refund.lua");
-
-/// The refund script, loaded once per process.
-pub(crate) fn refund_script() -> &'static redis::Script {
-    static SCRIPT: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new(REFUND_SOURCE));
-    &SCRIPT
-}

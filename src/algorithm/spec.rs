@@ -297,8 +297,15 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            // The drivers and the production modes' scripts are no algorithm's step.
-            if matches!(name.as_str(), "common.lua" | "control.lua" | "refund.lua") {
+            // The drivers, and the production modes' scripts (src/store/redis/modes.rs).
+            let scripts = [
+                "common.lua",
+                "control.lua",
+                "refund.lua",
+                "block.lua",
+                "slots.lua",
+            ];
+            if scripts.contains(&name.as_str()) {
                 continue;
             }
             let source = std::fs::read_to_string(&path).unwrap();

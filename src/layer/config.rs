@@ -98,6 +98,8 @@ pub(crate) struct Config<K> {
     pub skip: Option<Box<SkipFn>>,
     /// Whether the first request counted against the shared key was logged.
     pub unkeyed_logged: AtomicBool,
+    /// Shadow, settlement, block on abuse (`modes.rs`).
+    pub modes: super::modes::Modes,
 }
 
 impl<K: KeyExtractor> Config<K> {

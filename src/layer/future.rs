@@ -14,6 +14,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::config::Config;
 use super::headers::HeaderStyle;
+use super::modes::{self, Settlement, ShadowLimited};
 use super::response::{self, Wire};
 use crate::decision::Decision;
 use crate::decision::Verdict;
@@ -66,6 +67,10 @@ pub(crate) type Check<K> = BoxFuture<'static, Checked<K>>;
 pub(crate) struct Checked<K> {
     pub verdict: Verdict,
     pub headers: Headers<K>,
+    /// The shadow tiers' denial, if they would have denied (`modes.rs`).
+    pub shadow: Option<Decision>,
+    /// The settlement due after the response (`modes.rs`).
+    pub settlement: Option<Settlement>,
 }
 
 /// Asks the limiter about the request stored under `storage_key`, against the quotas of
@@ -79,13 +84,53 @@ pub(crate) async fn check<K>(
     cost: u64,
 ) -> Checked<K> {
     let quotas = style.as_deref().map_or(&config.quotas, HeaderStyle::quotas);
+    let modes = &config.modes;
     let verdict = config
         .limiter
-        .check_storage_key(storage_key, quotas, cost, &config.metrics_label)
+        .check_storage_key_blocking(
+            storage_key,
+            quotas,
+            cost,
+            &config.metrics_label,
+            // A shadow layer has no effects: its would-be denials block nobody.
+            modes.block.as_ref().filter(|_| !modes.shadow),
+        )
         .await;
+    let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
+    let (mut shadow, mut shadow_admitted) = (None, None);
+    if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
+        let key = [storage_key, modes::SHADOW_SCOPE_SUFFIX].concat();
+        let label = modes::shadow_label(&config);
+        if let Verdict::Decided(decision) = config
+            .limiter
+            .check_storage_key(&key, tiers, cost, &label)
+            .await
+        {
+            if decision.allowed {
+                // Settled like the enforced tiers, when the layer settles.
+                shadow_admitted = Some((key, *tiers));
+            } else {
+                shadow = Some(decision);
+            }
+        }
+    }
+    let settlement = match &modes.settle {
+        Some(settle) if admitted => Some(Settlement {
+            limiter: config.limiter.clone(),
+            storage_key: storage_key.to_owned(),
+            quotas: *quotas,
+            reserved: cost,
+            settle: Arc::clone(settle),
+            label: config.metrics_label.clone(),
+            shadow: shadow_admitted,
+        }),
+        _ => None,
+    };
     Checked {
         verdict,
         headers: Headers { config, style },
+        shadow,
+        settlement,
     }
 }
 
@@ -119,6 +164,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             headers: Option<(Decision, Headers<K>)>,
+            settlement: Option<Settlement>,
         },
         // Answering without the inner service.
         Rejecting { rejection: Option<Rejection<K>> },
@@ -161,6 +207,7 @@ where
             state: State::Calling {
                 future: inner.call(request),
                 headers: Some((decision, headers)),
+                settlement: None,
             },
             wire: Wire::Http,
         }
@@ -171,6 +218,7 @@ where
             state: State::Calling {
                 future,
                 headers: None,
+                settlement: None,
             },
             wire: Wire::Http,
         }
@@ -201,11 +249,17 @@ where
                     request,
                     inner,
                 } => {
-                    let Checked { verdict, headers } = ready!(check.as_mut().poll(cx));
+                    let Checked {
+                        verdict,
+                        headers,
+                        shadow,
+                        settlement,
+                    } = ready!(check.as_mut().poll(cx));
                     let (mut request, mut inner) = match (request.take(), inner.take()) {
                         (Some(request), Some(inner)) => (request, inner),
                         _ => panic!("ResponseFuture polled after completion"),
                     };
+                    let modes = &headers.config.modes;
                     if !verdict.is_allowed() {
                         *this.wire = Wire::of(request.headers());
                     }
@@ -213,9 +267,36 @@ where
                         Verdict::Decided(decision) if decision.allowed => {
                             // Handlers can read what is left.
                             request.extensions_mut().insert(decision);
+                            if let Some(denial) = shadow {
+                                modes::note_shadow_denial(
+                                    &headers.config.policy_name,
+                                    &denial,
+                                    true,
+                                );
+                                request.extensions_mut().insert(ShadowLimited(denial));
+                            }
+                            let headers = (!modes.shadow || modes.shadow_headers)
+                                .then_some((decision, headers));
                             State::Calling {
                                 future: inner.call(request),
-                                headers: Some((decision, headers)),
+                                headers,
+                                settlement,
+                            }
+                        }
+                        // Shadow: recorded as a denial, forwarded all the same.
+                        Verdict::Decided(decision) if modes.shadow => {
+                            modes::note_shadow_denial(
+                                &headers.config.policy_name,
+                                &decision,
+                                false,
+                            );
+                            request.extensions_mut().insert(decision);
+                            request.extensions_mut().insert(ShadowLimited(decision));
+                            let headers = modes.shadow_headers.then_some((decision, headers));
+                            State::Calling {
+                                future: inner.call(request),
+                                headers,
+                                settlement: None,
                             }
                         }
                         Verdict::Decided(decision) => State::Rejecting {
@@ -224,14 +305,27 @@ where
                         Verdict::FailedOpen => State::Calling {
                             future: inner.call(request),
                             headers: None,
+                            settlement: None,
+                        },
+                        Verdict::FailedClosed { .. } if modes.shadow => State::Calling {
+                            future: inner.call(request),
+                            headers: None,
+                            settlement: None,
                         },
                         Verdict::FailedClosed { retry_after } => State::Rejecting {
                             rejection: Some(Rejection::Unavailable(retry_after)),
                         },
                     }
                 }
-                StateProj::Calling { future, headers } => {
-                    let response = ready!(future.poll(cx))?;
+                StateProj::Calling {
+                    future,
+                    headers,
+                    settlement,
+                } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some(settlement) = settlement.take() {
+                        response = settlement.settle(response);
+                    }
                     let mut response = response.map(ResponseBody::inner);
                     if let Some((decision, headers)) = headers.take() {
                         headers.style().apply(response.headers_mut(), &decision);

@@ -14,7 +14,7 @@ use super::resolver::QuotaResolver;
 use super::service::RateLimit;
 use crate::algorithm::Algorithm;
 use crate::key::KeyExtractor;
-use crate::limiter::{is_name, ConfigError, Limiter, PolicyLabel};
+use crate::limiter::{is_name, ConfigError, Limiter, PolicyLabel, Shadow};
 use crate::quota::{Quota, Quotas};
 
 /// Rate-limits requests per key across every instance sharing the limiter's store.
@@ -160,6 +160,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             legacy_headers: false,
             cost: None,
             skip: None,
+            modes: Default::default(),
         }
     }
 }
@@ -205,6 +206,8 @@ pub struct RateLimitLayerBuilder<K> {
     legacy_headers: bool,
     cost: Option<Box<CostFn>>,
     skip: Option<Box<SkipFn>>,
+    /// Shadow, settlement, block on abuse (`modes.rs`).
+    pub(super) modes: super::modes::Modes,
 }
 
 impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
@@ -302,6 +305,9 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
         self.limiter
             .supports(&self.quotas)
             .map_err(|(_, error)| error)?;
+        if let Some(shadow) = &self.modes.shadow_tiers {
+            self.limiter.supports(shadow).map_err(|(_, error)| error)?;
+        }
         let algorithm = self.limiter.algorithm();
         let headers = HeaderStyle::new(
             &self.policy_name,
@@ -327,7 +333,10 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
                 resolved_headers: Default::default(),
                 extractor: self.extractor,
                 missing_key: self.missing_key,
-                metrics_label: PolicyLabel::new(&self.policy_name),
+                metrics_label: match self.modes.shadow {
+                    true => PolicyLabel::new(&self.policy_name).shadowed(Shadow::Layer),
+                    false => PolicyLabel::new(&self.policy_name),
+                },
                 policy_name: self.policy_name,
                 scope,
                 keys,
@@ -335,6 +344,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
                 cost: self.cost,
                 skip: self.skip,
                 unkeyed_logged: AtomicBool::new(false),
+                modes: self.modes,
             }),
         })
     }

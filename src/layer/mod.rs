@@ -263,18 +263,24 @@
 //! ```
 
 mod body;
+mod concurrency;
 mod config;
 mod future;
 mod headers;
 #[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
 mod layer;
+mod modes;
 mod resolver;
 mod response;
 mod service;
 
 pub use self::body::ResponseBody;
+pub use self::concurrency::{
+    ConcurrencyBody, ConcurrencyFuture, ConcurrencyLimit, ConcurrencyLimitLayer,
+};
 pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use self::modes::ShadowLimited;
 pub use self::resolver::{resolver_fn, FnResolver, QuotaResolver, Resolved};
 pub use self::service::RateLimit;

@@ -250,8 +250,9 @@ where
             }
         };
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
-        // A lease that holds enough answers at once: no future to box, nothing to await.
-        if let Resolved::Default = resolved {
+        // A lease that holds enough answers at once: no future to box, nothing to await (a
+        // layer with a production mode on takes the usual check, which runs the modes).
+        if matches!(resolved, Resolved::Default) && config.modes.none() {
             let leased = config.limiter.check_leased_now(
                 storage_key.as_str(),
                 &config.quotas,

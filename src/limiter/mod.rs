@@ -13,7 +13,9 @@ use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod acquire;
+mod block;
 mod builder;
+mod concurrency;
 mod control;
 mod deny_cache;
 mod deprecated;
@@ -24,7 +26,9 @@ mod stats;
 
 pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
+pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
+pub use self::concurrency::{ConcurrencyLimiter, Slot, SlotOutcome, DEFAULT_SLOT_LEASE};
 pub use self::control::{ControlError, KeyStatus, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL};
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
@@ -33,9 +37,9 @@ pub use self::lease::{
     LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
     MAX_LEASE_INTERVAL,
 };
-pub(crate) use self::stats::PolicyLabel;
 use self::stats::{Counters, StoreTimer};
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
+pub(crate) use self::stats::{PolicyLabel, Shadow};
 
 /// The default prefix of every Redis key.
 pub const DEFAULT_PREFIX: &str = "redlimit";
@@ -249,6 +253,20 @@ impl Limiter {
         cost: u64,
         label: &PolicyLabel,
     ) -> Verdict {
+        self.check_storage_key_with(storage_key, quotas, cost, label, None)
+            .await
+    }
+
+    /// [`check_storage_key`](Self::check_storage_key), blocking the key on a denial when
+    /// `block` is given (`block.rs`).
+    async fn check_storage_key_with(
+        &self,
+        storage_key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+        block: Option<crate::store::Block>,
+    ) -> Verdict {
         if let Err((quota, error)) = self.supports(quotas) {
             tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
             let decision = Decision {
@@ -264,12 +282,14 @@ impl Limiter {
             self.inner.stats.count_decision(&decision, label);
             return Verdict::Decided(decision);
         }
-        if let Some(leases) = &self.inner.leases {
+        // A check that blocks on a denial is one store call: the block is the script's.
+        if let (Some(leases), None) = (&self.inner.leases, block) {
             return self
                 .decide_leased(leases, storage_key, quotas, cost, label)
                 .await;
         }
-        self.decide_direct(storage_key, quotas, cost, label).await
+        self.decide_direct(storage_key, quotas, cost, label, block)
+            .await
     }
 
     /// [`check_storage_key`](Self::check_storage_key) by one store call (no lease), its
@@ -280,9 +300,10 @@ impl Limiter {
         quotas: &Quotas,
         cost: u64,
         label: &PolicyLabel,
+        block: Option<crate::store::Block>,
     ) -> Verdict {
         let request = self.request(storage_key, quotas, cost);
-        match self.ask(request, label).await {
+        match self.ask_with(request, label, block).await {
             Ok(decision) => Verdict::Decided(decision),
             Err(error) => {
                 self.inner.stats.count_store_error();
@@ -385,6 +406,16 @@ impl Limiter {
         request: CheckRequest<'_>,
         label: &PolicyLabel,
     ) -> Result<Decision, StoreError> {
+        self.ask_with(request, label, None).await
+    }
+
+    /// [`ask`](Self::ask), blocking the key on a denial when `block` is given.
+    async fn ask_with(
+        &self,
+        request: CheckRequest<'_>,
+        label: &PolicyLabel,
+        block: Option<crate::store::Block>,
+    ) -> Result<Decision, StoreError> {
         let stats = &self.inner.stats;
         let cache = self.inner.deny_cache.as_ref();
         let CheckRequest {
@@ -398,7 +429,10 @@ impl Limiter {
             }
         }
         let timer = StoreTimer::start();
-        let result = self.inner.store.check(request).await;
+        let result = match block {
+            Some(block) => self.inner.store.check_blocking(request, block).await,
+            None => self.inner.store.check(request).await,
+        };
         timer.stop(label);
         let decision = result?;
         stats.count_decision(&decision, label);
@@ -508,6 +542,9 @@ pub enum ConfigError {
     /// The lease configuration is refused ([`LimiterBuilder::leases`]).
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    /// A concurrency slot's lease shorter than 1 ms or longer than 30 days.
+    #[error("a concurrency slot's lease must last from 1 ms to 30 days")]
+    InvalidLease,
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! [`Limiter::refund`]: units given back after the fact, in one atomic store call.
 
-use super::Limiter;
+use super::{Limiter, PolicyLabel, Shadow};
 use crate::limiter::{ControlError, Target};
+use crate::policy::FailureContext;
 use crate::quota::Quotas;
 use crate::store::{RefundRequest, StoreError};
 
@@ -24,15 +25,15 @@ impl Limiter {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = Limiter::new(MemoryStore::new());
-    /// let quota = Quota::per_minute(10)?;
+    /// let quotas = Quotas::from(Quota::per_minute(10)?);
     /// // Reserve 8 for a job, which then used 3: give 5 back.
-    /// assert!(limiter.check_cost("tenant-42", &quota, 8).await.is_allowed());
-    /// limiter.refund("tenant-42", &Quotas::from(quota), 5).await?;
-    /// let peek = *limiter.check_cost("tenant-42", &quota, 0).await.decision().unwrap();
+    /// assert!(limiter.check_quotas("tenant-42", &quotas, 8).await.is_allowed());
+    /// limiter.refund("tenant-42", &quotas, 5).await?;
+    /// let peek = *limiter.check_quotas("tenant-42", &quotas, 0).await.decision().unwrap();
     /// assert_eq!(peek.remaining, 7);
     /// // Never above capacity.
-    /// limiter.refund("tenant-42", &Quotas::from(quota), 100).await?;
-    /// let peek = *limiter.check_cost("tenant-42", &quota, 0).await.decision().unwrap();
+    /// limiter.refund("tenant-42", &quotas, 100).await?;
+    /// let peek = *limiter.check_quotas("tenant-42", &quotas, 0).await.decision().unwrap();
     /// assert_eq!(peek.remaining, 10);
     /// # Ok(())
     /// # }
@@ -44,8 +45,8 @@ impl Limiter {
         units: u64,
     ) -> Result<(), ControlError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
-        let key = self.storage_key(target);
-        self.refund_storage_key(&key, quotas, units).await?;
+        let key = self.target_key(target.into());
+        self.refund_storage_key(key.as_str(), quotas, units).await?;
         Ok(())
     }
 
@@ -70,5 +71,70 @@ impl Limiter {
         // A cached denial may now be too long.
         self.forget_storage_key(storage_key);
         result.map(|_| ())
+    }
+}
+
+impl Limiter {
+    /// A layer's settlement after the response: `refund` units given back, or `charge` more
+    /// taken (what is left of it at most: a tier is emptied, never driven below). A failure is
+    /// counted and logged; a charge that failed goes to the failure policy (a local fallback
+    /// charges its share), a refund that failed is lost (the units stay spent).
+    pub(crate) async fn settle_storage_key(
+        &self,
+        storage_key: &str,
+        quotas: &Quotas,
+        refund: u64,
+        charge: u64,
+        label: &PolicyLabel,
+    ) {
+        let result = if refund > 0 {
+            self.refund_storage_key(storage_key, quotas, refund).await
+        } else {
+            self.charge_storage_key(storage_key, quotas, charge).await
+        };
+        let Err(error) = result else { return };
+        self.inner.stats.count_store_error();
+        if charge > 0 {
+            let request = self.request(storage_key, quotas, charge);
+            let verdict = self.inner.policy.on_store_error(&FailureContext {
+                error: &error,
+                request,
+            });
+            self.inner.stats.count_failure(&verdict, label);
+        }
+        self.count_settle_failure(&error.to_string());
+    }
+
+    /// Counts a settlement that failed, and logs it at a bounded rate (never the key).
+    pub(crate) fn count_settle_failure(&self, error: &str) {
+        self.inner.stats.count_settle_failure();
+        if let Some(suppressed) = crate::store::failure_log_gate() {
+            tracing::warn!(
+                error,
+                suppressed,
+                "rate limit settlement after the response failed; the response was not delayed"
+            );
+        }
+    }
+
+    /// Takes `units` more from a storage key after the fact: what is left of them, at most (a
+    /// peek, then a check of that cost; a check that a concurrent request beat to the units is
+    /// denied and consumes nothing, so this never takes more than was left).
+    async fn charge_storage_key(
+        &self,
+        storage_key: &str,
+        quotas: &Quotas,
+        units: u64,
+    ) -> Result<(), StoreError> {
+        let label = PolicyLabel::direct().shadowed(Shadow::Uncounted);
+        let peek = self
+            .ask(self.request(storage_key, quotas, 0), &label)
+            .await?;
+        let take = units.min(peek.remaining);
+        if take > 0 {
+            self.ask(self.request(storage_key, quotas, take), &label)
+                .await?;
+        }
+        Ok(())
     }
 }

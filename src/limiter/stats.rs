@@ -15,6 +15,23 @@ pub const DIRECT_POLICY_LABEL: &str = "direct";
 pub(crate) struct PolicyLabel {
     #[cfg(feature = "metrics")]
     name: metrics::SharedString,
+    /// A shadow check's (`src/layer/shadow.rs`): its denials are counted as `shadow_limited`.
+    shadow: Shadow,
+}
+
+/// Whether a label's checks enforce, and how a shadow's are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shadow {
+    /// Enforced: the usual counts.
+    No,
+    /// A layer in shadow: every decision counted as usual, a denial's metric outcome
+    /// `shadow_limited` (and `LimiterStats::shadow_limited`).
+    Layer,
+    /// Shadow tiers beside enforced ones: only their denials are counted (the enforced check
+    /// already counted the request), as `shadow_limited`.
+    Tiers,
+    /// A settlement's own checks after the response: not decisions, never counted as such.
+    Uncounted,
 }
 
 impl PolicyLabel {
@@ -26,6 +43,15 @@ impl PolicyLabel {
             // Interned: a label that clones for free (an owned one was copied by each of
             // the two clones per decision, a shared one had every core bump one count).
             name: metrics::SharedString::const_str(crate::intern::interned(policy_name)),
+            shadow: Shadow::No,
+        }
+    }
+
+    /// The same label for checks made in shadow.
+    pub(crate) fn shadowed(&self, shadow: Shadow) -> Self {
+        PolicyLabel {
+            shadow,
+            ..self.clone()
         }
     }
 
@@ -34,6 +60,7 @@ impl PolicyLabel {
         PolicyLabel {
             #[cfg(feature = "metrics")]
             name: metrics::SharedString::const_str(DIRECT_POLICY_LABEL),
+            shadow: Shadow::No,
         }
     }
 }
@@ -138,6 +165,12 @@ pub struct LimiterStats {
     /// Denials because the key was suspended ([`Limiter::suspend`](crate::Limiter::suspend));
     /// included in `denied`.
     pub suspended: u64,
+    /// Denials of checks made in shadow (a layer's `shadow(true)`, or its shadow tiers): the
+    /// request went on to the service. A shadow layer's are also counted in `denied`.
+    pub shadow_limited: u64,
+    /// Settlements after the response (a refund or a charge) that failed; see
+    /// [`RateLimitLayerBuilder::cost_from_response`](crate::layer::RateLimitLayerBuilder::cost_from_response).
+    pub settle_failures: u64,
 }
 
 /// One counter on a cache line of its own (128 bytes: x86-64 prefetches lines in pairs), so
@@ -169,11 +202,16 @@ pub(crate) struct Counters {
     fallback_decisions: Padded,
     unkeyed: Padded,
     suspended: Padded,
+    shadow_limited: Padded,
+    settle_failures: Padded,
 }
 
 impl Counters {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn count_decision(&self, decision: &Decision, label: &PolicyLabel) {
+        if label.shadow != Shadow::No {
+            return self.count_shadow(decision.allowed, decision.suspended, label);
+        }
         if decision.allowed {
             self.allowed.add();
         } else {
@@ -196,8 +234,43 @@ impl Counters {
     }
 
     /// A denial answered from the deny cache.
+    /// A decision made in shadow (see [`Shadow`]).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn count_shadow(&self, allowed: bool, suspended: bool, label: &PolicyLabel) {
+        if label.shadow == Shadow::Uncounted {
+            return;
+        }
+        let tiers = label.shadow == Shadow::Tiers;
+        if allowed {
+            if !tiers {
+                self.allowed.add();
+                #[cfg(feature = "metrics")]
+                record_outcome(label, "allowed");
+            }
+            return;
+        }
+        self.shadow_limited.add();
+        if !tiers {
+            self.denied.add();
+            if suspended {
+                self.suspended.add();
+            }
+        }
+        #[cfg(feature = "metrics")]
+        record_outcome(label, "shadow_limited");
+    }
+
+    /// A settlement that failed.
+    pub(crate) fn count_settle_failure(&self) {
+        self.settle_failures.add();
+    }
+
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn count_cached_denial(&self, label: &PolicyLabel) {
+        if label.shadow != Shadow::No {
+            self.deny_cached.add();
+            return self.count_shadow(false, false, label);
+        }
         self.denied.add();
         self.deny_cached.add();
         #[cfg(feature = "metrics")]
@@ -238,6 +311,8 @@ impl Counters {
             fallback_decisions: self.fallback_decisions.load(),
             unkeyed: self.unkeyed.load(),
             suspended: self.suspended.load(),
+            shadow_limited: self.shadow_limited.load(),
+            settle_failures: self.settle_failures.load(),
         }
     }
 }
@@ -249,6 +324,6 @@ mod tests {
     #[test]
     fn counters_sit_on_their_own_cache_lines() {
         assert_eq!(std::mem::align_of::<Padded>(), 128);
-        assert!(std::mem::size_of::<Counters>() >= 9 * 128);
+        assert!(std::mem::size_of::<Counters>() >= 11 * 128);
     }
 }

@@ -41,7 +41,7 @@ mod redis;
 
 pub use self::breaker::CircuitBreaker;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
-pub use self::modes::RefundRequest;
+pub use self::modes::{Block, RefundRequest, SlotOp, SlotReply, SlotRequest};
 pub use self::redis::{
     BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
 };
@@ -161,6 +161,32 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         ))))
     }
 
+    /// Decides like [`check`](Self::check), and when a quota denies (not a suspension), suspends
+    /// the key's tenant for the `block` in the same atomic call (`lua/block.lua`). The default
+    /// runs `check` then extends the tenant's suspension with [`control`](Self::control): two
+    /// calls, and no doubling.
+    fn check_blocking<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: Block,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let mut decision = self.check(request).await?;
+            if !decision.allowed && !decision.suspended {
+                let tenant = crate::algorithm::tenant_key(request.key);
+                self.control(ControlRequest {
+                    key: &tenant,
+                    algorithm: request.algorithm,
+                    control: Control::Extend(block.duration),
+                    now_micros: request.now_micros,
+                })
+                .await?;
+                decision.retry_after = decision.retry_after.max(block.duration);
+            }
+            Ok(decision)
+        })
+    }
+
     /// Gives units back to a route's tiers in one atomic call, never above a tier's capacity;
     /// answers how many tiers (for the sliding log, entries) got units back. The default
     /// answers [`StoreError::Unsupported`].
@@ -168,6 +194,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let _ = request;
         Box::pin(std::future::ready(Err(StoreError::Unsupported(
             "this store has no refunds",
+        ))))
+    }
+
+    /// Takes, renews or gives back a fleet-wide concurrency slot, atomically
+    /// (`lua/slots.lua`). The default answers [`StoreError::Unsupported`].
+    fn slots<'a>(
+        &'a self,
+        request: SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
+        let _ = request;
+        Box::pin(std::future::ready(Err(StoreError::Unsupported(
+            "this store has no concurrency slots",
         ))))
     }
 }

@@ -869,3 +869,33 @@ fn redis_and_redis_cluster_together_exit_2_and_write_nothing() {
     ];
     example::assert_usage_errors("admin", &cases);
 }
+
+/// A block on abuse (`BlockFor`) shows in the admin tool as the tenant's suspension, with the
+/// block's time left, and `resume` ends it early.
+#[tokio::test]
+async fn a_block_on_abuse_shows_in_inspect_and_resume_ends_it() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    let quotas = redlimit::Quotas::from(Quota::per_minute(1).unwrap());
+    let block = redlimit::limiter::BlockFor::new(Duration::from_secs(900)).unwrap();
+    assert!(limiter
+        .check_blocking("abuser", &quotas, 1, &block)
+        .await
+        .is_allowed());
+    let blocked = std::time::Instant::now();
+    assert!(!limiter
+        .check_blocking("abuser", &quotas, 1, &block)
+        .await
+        .is_allowed());
+    let inspected = admin_ok(&redis, &["inspect", "abuser"]);
+    let left = seconds(field(&inspected, "suspended"));
+    // (The first run builds the admin example in between.)
+    let since = blocked.elapsed().as_secs_f64();
+    assert!(
+        left <= 900.0 && left >= 900.0 - since - 1.0,
+        "{since}: {inspected}"
+    );
+    admin_ok(&redis, &["resume", "abuser"]);
+    let status = limiter.inspect("abuser").await.unwrap();
+    assert_eq!(status.suspended_for, None);
+}

@@ -114,6 +114,7 @@ fn bad_flags_exit_non_zero_with_a_message() {
             "use sliding-window",
         ),
         (&["--frobnicate"], "unknown argument"),
+        (&["--shadow=yes"], "--shadow takes no value"),
         (&["--period", "10x"], "--period"),
         (&["--period", "1.5s"], "--period"),
         (&["--period", "0s"], "--period"),
@@ -229,6 +230,7 @@ fn help_prints_usage_and_every_algorithm() {
         "--redis-ca",
         "--metrics-bind",
         "--key ip|api-key",
+        "--shadow",
     ] {
         assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
     }
@@ -677,6 +679,59 @@ fn metrics_bind_serves_prometheus_text_after_real_requests() {
         "no latency in:\n{body}"
     );
     assert!(!body.contains("secret-key-9"), "{body}");
+}
+
+/// `--shadow`: every request answered 200, the would-be denials counted as `shadow_limited`
+/// in `/metrics`, no `RateLimit` headers.
+#[test]
+fn shadow_answers_every_request_and_counts_shadow_limited() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let example = Example::start(
+        &[
+            "--redis",
+            &url,
+            "--limit",
+            "2",
+            "--metrics-bind",
+            "127.0.0.1:0",
+            "--shadow",
+        ],
+        &[],
+    );
+    assert!(
+        example.printed_starting("shadow: on"),
+        "{}",
+        example.output()
+    );
+    let line = example
+        .stdout
+        .iter()
+        .find_map(|l| l.strip_prefix("metrics on http://"))
+        .unwrap_or_else(|| panic!("no `metrics on` line; {}", example.output()));
+    let metrics_addr: SocketAddr = line.strip_suffix("/metrics").unwrap().parse().unwrap();
+    let responses: Vec<_> = (0..5).map(|_| example.get(&[])).collect();
+    let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200; 5]);
+    for response in &responses {
+        assert_eq!(response.header("ratelimit"), None);
+        assert_eq!(response.header("ratelimit-policy"), None);
+    }
+    let body = http_get(metrics_addr, "/metrics", &[]).unwrap().body;
+    for line in [
+        "redlimit_decisions_total{policy=\"default\",outcome=\"allowed\"} 2",
+        "redlimit_decisions_total{policy=\"default\",outcome=\"shadow_limited\"} 3",
+    ] {
+        assert!(body.lines().any(|l| l == line), "no {line:?} in:\n{body}");
+    }
+    assert!(!body.contains("outcome=\"limited\""), "{body}");
+    eprintln!("--shadow: statuses {statuses:?}; /metrics:");
+    for line in body
+        .lines()
+        .filter(|l| l.starts_with("redlimit_decisions_total"))
+    {
+        eprintln!("  {line}");
+    }
 }
 
 #[test]

@@ -418,3 +418,58 @@ async fn the_cluster_addendum_is_enough_on_cluster() {
         }
     }
 }
+
+/// The production modes as the README's user: a refund on every algorithm (the sliding log's
+/// needs `+zpopmax`), a block that doubles, and a concurrency slot taken and given back (`+zrem`).
+#[tokio::test]
+async fn the_production_modes_work_as_the_least_privileged_user() {
+    use redlimit::limiter::{BlockFor, ConcurrencyLimiter, SlotOutcome};
+    let redis = RedisServer::start();
+    create_user(&redis);
+    let quotas = Quotas::from(Quota::per_minute(3).unwrap());
+    for &algorithm in Algorithm::ALL {
+        let limiter = Limiter::builder(patient_store(&redis))
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let key = format!("modes-{algorithm}");
+        assert!(
+            limiter
+                .try_check_quotas(&key, &quotas, 3)
+                .await
+                .unwrap()
+                .allowed
+        );
+        limiter
+            .refund(key.as_str(), &quotas, 2)
+            .await
+            .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+        assert_eq!(
+            limiter
+                .try_check_quotas(&key, &quotas, 0)
+                .await
+                .unwrap()
+                .remaining,
+            2
+        );
+        let block = BlockFor::new(Duration::from_secs(5))
+            .unwrap()
+            .doubling_up_to(Duration::from_secs(20))
+            .unwrap();
+        // Two pass, the third is denied and blocks.
+        for _ in 0..3 {
+            limiter.check_blocking(&key, &quotas, 1, &block).await;
+        }
+        let denied = limiter.try_check_quotas(&key, &quotas, 1).await.unwrap();
+        assert!(denied.suspended, "{algorithm}: {denied:?}");
+        assert_eq!(limiter.stats().store_errors, 0, "{algorithm}");
+    }
+    let slots = ConcurrencyLimiter::new(Limiter::new(patient_store(&redis)), 1).unwrap();
+    let SlotOutcome::Acquired(slot) = slots.acquire("k").await else {
+        panic!("no slot as the ACL user")
+    };
+    assert!(matches!(slots.acquire("k").await, SlotOutcome::Full { .. }));
+    drop(slot);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(matches!(slots.acquire("k").await, SlotOutcome::Acquired(_)));
+}

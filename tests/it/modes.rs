@@ -2,4 +2,8 @@
 //! matters) and on the memory store: refunds, shadow rollout, cost settled after the response,
 //! block on abuse, and fleet-wide concurrency limits.
 
+mod block;
+mod concurrency;
 mod refund;
+mod settle;
+mod shadow;

@@ -46,7 +46,9 @@ impl Limiter {
             false => None,
         };
         let Some(lease) = lease else {
-            return self.decide_direct(storage_key, quotas, cost, label).await;
+            return self
+                .decide_direct(storage_key, quotas, cost, label, None)
+                .await;
         };
         self.start_sweeping(leases);
         let mut waited_for = None;

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::BoxFuture;
 
 mod modes;
-
 mod shard;
 
 use self::shard::{expiry, KeyState, Shard, Stored};
@@ -431,11 +430,28 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(self.try_control(request)))
     }
 
+    fn check_blocking<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: super::Block,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(std::future::ready(Ok(
+            self.check_blocking_now(request, block)
+        )))
+    }
+
     fn refund<'a>(
         &'a self,
         request: super::RefundRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(std::future::ready(Ok(self.refund_now(request))))
+    }
+
+    fn slots<'a>(
+        &'a self,
+        request: super::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<super::SlotReply, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.slots_now(request))))
     }
 }
 

@@ -2,12 +2,129 @@
 
 use std::sync::PoisonError;
 
-use super::{KeyState, MemoryStore, Stored};
-use crate::algorithm::{log_controls_key, refund, Algorithm, STAMP};
+use std::time::Duration;
+
+use super::{expiry, KeyState, MemoryStore, Stored};
+use crate::algorithm::{
+    block_us, log_controls_key, offences_key, refund, slots_step, tenant_key, Algorithm, Controls,
+    ACQUIRE, RENEW, STAMP,
+};
 use crate::clock::system_now_micros;
-use crate::store::RefundRequest;
+use crate::decision::Decision;
+use crate::store::{
+    micros, Block, CheckRequest, Control, ControlRequest, RefundRequest, SlotReply, SlotRequest,
+};
 
 impl MemoryStore {
+    /// A slot call (`lua/slots.lua`), synchronously.
+    pub(super) fn slots_now(&self, request: SlotRequest<'_>) -> SlotReply {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let (op, limit) = crate::store::modes::slot_op(request.op);
+        let lease_us = micros(request.lease);
+        let id = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut hasher = self.hasher.build_hasher();
+            hasher.write(request.id.as_bytes());
+            hasher.finish()
+        };
+        let mut guard = self
+            .shard(request.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shard = &mut *guard;
+        let (held, live) = shard.find(request.key, now);
+        let bytes = live.and_then(|slot| shard.bytes(slot)).unwrap_or_default();
+        if live.is_none() && op != ACQUIRE {
+            return SlotReply {
+                ok: false,
+                remaining: 0,
+                wait: Duration::ZERO,
+            };
+        }
+        let ((ok, remaining, wait_us), after) = slots_step(bytes, op, limit, lease_us, id, now);
+        let changed = op != ACQUIRE || ok;
+        match after {
+            Some(bytes) if changed => {
+                // The set expires one lease after the lease it last began or renewed.
+                let expires_at = match (op, ok) {
+                    (ACQUIRE | RENEW, true) => now + lease_us.div_ceil(1000) * 1000,
+                    _ => live.map_or(now, |slot| shard.slots[slot].stored.expires_at),
+                };
+                let stored = Stored {
+                    state: KeyState::Bytes(bytes),
+                    expires_at,
+                };
+                shard.put(held, request.key, stored, now, self.max_keys_per_shard);
+            }
+            None => {
+                if let Some(slot) = held {
+                    shard.remove_slot(slot);
+                }
+            }
+            Some(_) => {}
+        }
+        SlotReply {
+            ok,
+            remaining,
+            wait: Duration::from_millis(wait_us.div_ceil(1000)),
+        }
+    }
+
+    /// A decision that blocks on a denial (`lua/block.lua`), synchronously: the decision, then
+    /// the block at the same time (a memory store serves one process: nothing comes between
+    /// that could tell the two apart).
+    pub(super) fn check_blocking_now(&self, request: CheckRequest<'_>, block: Block) -> Decision {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let mut decision = self.check_now(CheckRequest {
+            now_micros: Some(now),
+            ..request
+        });
+        if decision.allowed || decision.suspended {
+            return decision;
+        }
+        let (base, max) = (micros(block.duration), micros(block.max));
+        let okey = offences_key(request.key);
+        let offences = if max > base {
+            let guard = self
+                .shard(request.key)
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (_, live) = guard.find(&okey, now);
+            live.and_then(|slot| guard.bytes(slot))
+                .and_then(|b| std::str::from_utf8(b).ok()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        let d = block_us(base, max, offences);
+        let tenant = tenant_key(request.key);
+        let reply = self.control_now(ControlRequest {
+            key: &tenant,
+            algorithm: request.algorithm,
+            control: Control::Extend(Duration::from_micros(d as u64)),
+            now_micros: Some(now),
+        });
+        if max > base {
+            let mut guard = self
+                .shard(request.key)
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (held, _) = guard.find(&okey, now);
+            let stored = Stored {
+                state: KeyState::Bytes(format!("{}", offences as u64 + 1).into_bytes()),
+                expires_at: expiry(now, ((d + max as f64) / 1000.0).ceil() as u64),
+            };
+            guard.put(held, &okey, stored, now, self.max_keys_per_shard);
+        }
+        if let Controls::Some { until_us, .. } =
+            Controls::parse(reply.stored.as_deref().unwrap_or_default())
+        {
+            let left = ((until_us - now as f64) / 1000.0).ceil().max(0.0);
+            decision.retry_after = Duration::from_millis(left as u64);
+        }
+        decision
+    }
+
     /// A refund (`lua/refund.lua`), synchronously.
     pub(super) fn refund_now(&self, request: RefundRequest<'_>) -> u64 {
         let now = request.now_micros.unwrap_or_else(system_now_micros);

@@ -392,11 +392,26 @@ impl Store for RedisStore {
         })
     }
 
+    fn check_blocking<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: super::Block,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.block_call(request, block)
+    }
+
     fn refund<'a>(
         &'a self,
         request: super::RefundRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.refund_call(request)
+    }
+
+    fn slots<'a>(
+        &'a self,
+        request: super::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<super::SlotReply, StoreError>> {
+        self.slots_call(request)
     }
 
     /// Controls go to Redis even while the circuit breaker is open: an operator's change is

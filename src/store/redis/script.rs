@@ -31,7 +31,7 @@ pub(super) enum Call<'a> {
     /// A decision in the split form (see `cluster.rs`), with the other keys' strings.
     Split(CheckRequest<'a>, &'a [Vec<u8>]),
     Control(ControlRequest<'a>),
-    /// A production mode's script (`modes.rs`): a refund.
+    /// A production mode's script (`modes.rs`): a refund, a decision that blocks, a slot.
     Mode(super::modes::ModeCall<'a>),
 }
 
@@ -41,10 +41,7 @@ impl Call<'_> {
         match self {
             Call::Check(_) | Call::Split(..) => (&DECIDE, &SOURCE, Script::Decide),
             Call::Control(_) => (&CONTROL, &CONTROL_SOURCE, Script::Control),
-            Call::Mode(mode) => {
-                let (script, source) = mode.script();
-                (script, source, mode.which())
-            }
+            Call::Mode(mode) => mode.script(),
         }
     }
 

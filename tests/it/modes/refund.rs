@@ -113,7 +113,7 @@ async fn refunds_on_redis_for_every_algorithm() {
         let limiter = Limiter::builder(ctx.redis_store(&redis))
             .algorithm(algorithm)
             .clock(ctx.clock.clone())
-            .prefix(&format!("r-{}", algorithm.name()))
+            .prefix(format!("r-{}", algorithm.name()))
             .build()
             .unwrap();
         gives_back_up_to_capacity(&limiter).await;
@@ -137,7 +137,7 @@ async fn refunds_on_cluster() {
     for &algorithm in Algorithm::ALL {
         let limiter = Limiter::builder(Ctx::new(algorithm).cluster_store(&cluster))
             .algorithm(algorithm)
-            .prefix(&format!("c-{}", algorithm.name()))
+            .prefix(format!("c-{}", algorithm.name()))
             .build()
             .unwrap();
         gives_back_up_to_capacity(&limiter).await;

@@ -1,0 +1,66 @@
+//! Concurrency slots: the argument of `lua/slots.lua` and its Rust mirror over the memory
+//! store's encoding of the sorted set (16 bytes per slot: the lease's end as a little-endian
+//! double, then the id's 8-byte hash; the ids themselves are the holders' business).
+
+/// The slots script's body.
+pub(crate) const SLOTS_SOURCE: &str = include_str!("../../lua/slots.lua");
+
+/// The operations' bytes.
+pub(crate) const ACQUIRE: u8 = b'a';
+pub(crate) const RENEW: u8 = b'n';
+pub(crate) const RELEASE: u8 = b'r';
+
+/// One slot call on the memory store's encoding `held`: the reply `(ok, remaining, wait_us)`
+/// and the new encoding (`None`: nothing held, the key is deleted).
+pub(crate) fn slots_step(
+    held: &[u8],
+    op: u8,
+    limit: u64,
+    lease_us: u64,
+    id: u64,
+    now: u64,
+) -> ((bool, u64, u64), Option<Vec<u8>>) {
+    // Leases that have ended are free (as ZREMRANGEBYSCORE -inf now).
+    let mut slots: Vec<(f64, u64)> = held
+        .chunks_exact(16)
+        .map(|c| {
+            let end = f64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
+            let id = u64::from_le_bytes(c[8..].try_into().expect("8 bytes"));
+            (end, id)
+        })
+        .filter(|&(end, _)| end > now as f64)
+        .collect();
+    let end = (now + lease_us) as f64;
+    let reply = match op {
+        ACQUIRE => {
+            let before = slots.len() as u64;
+            if before >= limit {
+                let oldest = slots.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+                (false, 0, (oldest - now as f64).max(0.0) as u64)
+            } else {
+                match slots.iter_mut().find(|s| s.1 == id) {
+                    Some(slot) => slot.0 = end,
+                    None => slots.push((end, id)),
+                }
+                (true, limit - before - 1, 0)
+            }
+        }
+        RENEW => match slots.iter_mut().find(|s| s.1 == id) {
+            Some(slot) => {
+                slot.0 = end;
+                (true, 0, 0)
+            }
+            None => (false, 0, 0),
+        },
+        _ => {
+            let before = slots.len();
+            slots.retain(|s| s.1 != id);
+            (slots.len() < before, 0, 0)
+        }
+    };
+    let bytes: Vec<u8> = slots
+        .iter()
+        .flat_map(|(end, id)| end.to_le_bytes().into_iter().chain(id.to_le_bytes()))
+        .collect();
+    (reply, (!bytes.is_empty()).then_some(bytes))
+}

@@ -1,0 +1,310 @@
+//! [`ConcurrencyLimiter`]: at most N requests in flight per key across the fleet.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use super::{ConfigError, Limiter, Target};
+use crate::decision::Verdict;
+use crate::policy::FailureContext;
+use crate::quota::{Quota, Quotas};
+use crate::store::{CheckRequest, SlotOp, SlotReply, SlotRequest, StoreError};
+
+/// The default lease of a slot: a holder that dies frees its slots this long after its last
+/// renewal at the latest.
+pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(30);
+
+/// At most `limit` requests in flight per key, fleet-wide: each request takes a slot in the
+/// store (one atomic script call, `lua/slots.lua`) and gives it back when it is done.
+///
+/// **Crash-safe.** Each slot carries a lease (30 s by default): a live holder renews the leases
+/// of its slots in the background (every third of a lease, one call per slot), so a slot held
+/// by a dead instance (or one cut off from Redis) is free again one lease after its last
+/// renewal, by itself. A [`Slot`] whose limiter is gone (every clone dropped, as when an
+/// instance is killed) is not given back either: its lease runs out.
+///
+/// **When the store fails**, the limiter's failure policy decides as for a check of `limit`
+/// per lease: [`FailOpen`](crate::policy::FailOpen) admits without a slot, [`FailClosed`](crate::policy::FailClosed)
+/// refuses, [`LocalFallback`](crate::policy::LocalFallback) admits within its local share of that
+/// rate (a rate, not a count of requests in flight: the closest an in-process stand-in gets).
+///
+/// ```
+/// use redlimit::limiter::{ConcurrencyLimiter, SlotOutcome};
+/// use redlimit::{store::MemoryStore, Limiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let slots = ConcurrencyLimiter::new(Limiter::new(MemoryStore::new()), 2)?;
+/// let SlotOutcome::Acquired(first) = slots.acquire("tenant-42").await else { panic!() };
+/// let SlotOutcome::Acquired(_second) = slots.acquire("tenant-42").await else { panic!() };
+/// assert!(matches!(slots.acquire("tenant-42").await, SlotOutcome::Full { .. }));
+/// drop(first); // given back (as a task of its own)
+/// # tokio::task::yield_now().await;
+/// assert!(matches!(slots.acquire("tenant-42").await, SlotOutcome::Acquired(_)));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ConcurrencyLimiter {
+    inner: Arc<SlotsInner>,
+}
+
+struct SlotsInner {
+    limiter: Limiter,
+    limit: u64,
+    lease: Duration,
+    scope: String,
+    /// The slots this process holds, for their renewals: number → (storage key, id).
+    held: Mutex<HashMap<u64, (String, String)>>,
+    next: AtomicU64,
+    /// This process's part of every slot id, so that no two holders share one.
+    process: u64,
+    renewing: AtomicBool,
+}
+
+impl fmt::Debug for ConcurrencyLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimiter")
+            .field("limiter", &self.inner.limiter)
+            .field("limit", &self.inner.limit)
+            .field("lease", &self.inner.lease)
+            .field("scope", &self.inner.scope)
+            .finish()
+    }
+}
+
+/// What [`ConcurrencyLimiter::acquire`] answers.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SlotOutcome {
+    /// A slot is held until the [`Slot`] is dropped.
+    Acquired(Slot),
+    /// Every slot is taken. `wait`: the longest a slot can stay taken (until the oldest lease
+    /// ends); one usually frees much sooner.
+    Full {
+        /// Until the oldest lease ends.
+        wait: Duration,
+    },
+    /// The store failed and the failure policy admitted the request: no slot is held.
+    FailedOpen,
+    /// The store failed and the failure policy refused the request.
+    FailedClosed {
+        /// When to try again.
+        retry_after: Duration,
+    },
+}
+
+/// A concurrency slot held; given back when dropped (see [`ConcurrencyLimiter`]).
+pub struct Slot {
+    number: u64,
+    key: String,
+    id: String,
+    remaining: u64,
+    owner: Weak<SlotsInner>,
+}
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key: it may be a secret.
+        f.debug_struct("Slot")
+            .field("id", &self.id)
+            .field("remaining", &self.remaining)
+            .finish()
+    }
+}
+
+impl Slot {
+    /// The slots left for the key when this one was taken.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // A limiter that is gone gives nothing back: the lease runs out, as for a crash.
+        let Some(inner) = self.owner.upgrade() else {
+            return;
+        };
+        inner.held().remove(&self.number);
+        let (key, id) = (std::mem::take(&mut self.key), std::mem::take(&mut self.id));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = inner.call(&key, &id, SlotOp::Release).await {
+                    tracing::debug!(%error, "concurrency slot not given back; its lease will end");
+                }
+            });
+        }
+    }
+}
+
+impl SlotsInner {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (String, String)>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn call(&self, key: &str, id: &str, op: SlotOp) -> Result<SlotReply, StoreError> {
+        let inner = &self.limiter.inner;
+        inner
+            .store
+            .slots(SlotRequest {
+                key,
+                op,
+                id,
+                lease: self.lease,
+                now_micros: inner.clock.now_micros(),
+            })
+            .await
+    }
+}
+
+impl ConcurrencyLimiter {
+    /// At most `limit` (at least 1) requests in flight per key, on `limiter`'s store, with
+    /// [`DEFAULT_SLOT_LEASE`] and the scope `concurrency`.
+    pub fn new(limiter: Limiter, limit: u64) -> Result<Self, ConfigError> {
+        Self::with_options(limiter, limit, DEFAULT_SLOT_LEASE, "concurrency")
+    }
+
+    /// [`new`](Self::new) with a slot's `lease` (at least 1 ms; renewed every third of it
+    /// while held) and a `scope` of its own (a name as
+    /// [`RateLimitLayerBuilder::scope`](crate::layer::RateLimitLayerBuilder::scope) takes it), so
+    /// that several concurrency limits on one key stay apart.
+    pub fn with_options(
+        limiter: Limiter,
+        limit: u64,
+        lease: Duration,
+        scope: &str,
+    ) -> Result<Self, ConfigError> {
+        if limit == 0 || limit > crate::quota::MAX_COUNT {
+            return Err(ConfigError::Quota(crate::quota::QuotaError::ZeroLimit));
+        }
+        if lease < Duration::from_millis(1) || lease > super::MAX_SUSPENSION {
+            return Err(ConfigError::InvalidLease);
+        }
+        if !super::is_name(scope) {
+            return Err(ConfigError::InvalidScope);
+        }
+        let process = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u128(crate::clock::system_now_micros() as u128);
+            hasher.finish()
+        };
+        Ok(ConcurrencyLimiter {
+            inner: Arc::new(SlotsInner {
+                limiter,
+                limit,
+                lease,
+                scope: scope.to_owned(),
+                held: Mutex::default(),
+                next: AtomicU64::new(0),
+                process,
+                renewing: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The most requests in flight per key.
+    pub fn limit(&self) -> u64 {
+        self.inner.limit
+    }
+
+    /// How long a slot is held without a renewal.
+    pub fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// The storage key of `key`'s slots: `<prefix>:{<id>}:<scope>#c` (a sorted set).
+    pub fn slots_key(&self, key: &str) -> String {
+        let route = self
+            .inner
+            .limiter
+            .target_key(Target::scoped(&self.inner.scope, key));
+        [route.as_str(), "#c"].concat()
+    }
+
+    /// Takes a slot for `key` if fewer than [`limit`](Self::limit) are held fleet-wide.
+    pub async fn acquire(&self, key: &str) -> SlotOutcome {
+        let inner = &self.inner;
+        let storage_key = self.slots_key(key);
+        let number = inner.next.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{:016x}-{number}", inner.process);
+        let op = SlotOp::Acquire { limit: inner.limit };
+        match inner.call(&storage_key, &id, op).await {
+            Ok(reply) if reply.ok => {
+                inner
+                    .held()
+                    .insert(number, (storage_key.clone(), id.clone()));
+                self.start_renewing();
+                SlotOutcome::Acquired(Slot {
+                    number,
+                    key: storage_key,
+                    id,
+                    remaining: reply.remaining,
+                    owner: Arc::downgrade(inner),
+                })
+            }
+            Ok(reply) => SlotOutcome::Full { wait: reply.wait },
+            Err(error) => self.on_store_error(&storage_key, &error),
+        }
+    }
+
+    /// A failed acquisition, as the failure policy sees a check of `limit` per lease.
+    fn on_store_error(&self, storage_key: &str, error: &StoreError) -> SlotOutcome {
+        let inner = &self.inner;
+        let limiter = &inner.limiter.inner;
+        limiter.stats.count_store_error();
+        let quota = Quota::new(inner.limit, inner.lease).ok();
+        let Some(quotas) = quota.map(Quotas::from) else {
+            return SlotOutcome::FailedOpen;
+        };
+        let request = CheckRequest {
+            key: storage_key,
+            algorithm: limiter.algorithm,
+            quotas: &quotas,
+            cost: 1,
+            now_micros: limiter.clock.now_micros(),
+        };
+        let verdict = limiter
+            .policy
+            .on_store_error(&FailureContext { error, request });
+        if let Some(suppressed) = crate::store::failure_log_gate() {
+            tracing::warn!(%error, allowed = verdict.is_allowed(), suppressed, "concurrency slot store failed; the failure policy decided");
+        }
+        match verdict {
+            Verdict::FailedClosed { retry_after } => SlotOutcome::FailedClosed { retry_after },
+            Verdict::Decided(decision) if !decision.allowed => SlotOutcome::FailedClosed {
+                retry_after: decision.retry_after,
+            },
+            _ => SlotOutcome::FailedOpen,
+        }
+    }
+
+    /// Starts the background renewal of this limiter's slots, once: every third of a lease,
+    /// each held slot's lease is extended. It ends when the limiter is gone.
+    fn start_renewing(&self) {
+        if self.inner.renewing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.renewing.store(false, Ordering::Release);
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        let every = (self.inner.lease / 3).max(Duration::from_millis(1));
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let held: Vec<(String, String)> = inner.held().values().cloned().collect();
+                for (key, id) in held {
+                    if let Err(error) = inner.call(&key, &id, SlotOp::Renew).await {
+                        tracing::debug!(%error, "concurrency slot lease not renewed");
+                    }
+                }
+            }
+        });
+    }
+}

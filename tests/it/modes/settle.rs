@@ -1,0 +1,264 @@
+//! Cost settled after the response: by status (a login limiter counting only failures), and
+//! reserve-then-settle to a response header; settlements that fail never block a response.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use redlimit::key::GlobalKey;
+use redlimit::{Limiter, Quota, Quotas, RateLimitLayer};
+use tower::{Layer, Service, ServiceExt};
+
+use crate::support::{Ctx, RedisServer};
+
+/// The login route's inner service: 200 for the password "right", 401 otherwise; counts the
+/// failures it answered.
+fn login(
+    failures: Arc<AtomicUsize>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = std::convert::Infallible,
+    Future = impl std::future::Future<
+        Output = Result<Response<Full<Bytes>>, std::convert::Infallible>,
+    > + Send,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let failures = failures.clone();
+        async move {
+            let right = req
+                .headers()
+                .get("x-password")
+                .is_some_and(|p| p == "right");
+            // Slow enough that concurrent attempts overlap.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let status = if right {
+                StatusCode::OK
+            } else {
+                failures.fetch_add(1, Ordering::SeqCst);
+                StatusCode::UNAUTHORIZED
+            };
+            Ok(Response::builder()
+                .status(status)
+                .body(Full::new(Bytes::new()))
+                .unwrap())
+        }
+    })
+}
+
+/// What a peek at `key` in `scope` says is left.
+async fn left(limiter: &Limiter, scope: &str, key: &str, quotas: &Quotas) -> u64 {
+    let verdict = limiter
+        .check_quotas(redlimit::Target::scoped(scope, key), quotas, 0)
+        .await;
+    verdict.decision().expect("decided").remaining
+}
+
+fn attempt(password: &str) -> Request<Full<Bytes>> {
+    Request::builder()
+        .header("x-user", "alice")
+        .header("x-password", password)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+fn login_layer(limiter: Limiter) -> RateLimitLayer<GlobalKey> {
+    // One user's login route (a global key names it in clear, for the peeks below).
+    RateLimitLayer::builder(
+        limiter,
+        Quota::per_minute(5).unwrap(),
+        GlobalKey::new("alice"),
+    )
+    .policy_name("login")
+    .cost_from_status([StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN])
+    .build()
+    .unwrap()
+}
+
+/// Three instances on one Redis, a login route whose 401s cost 1 at 5 a minute: 12
+/// successes (free), then 30 concurrent failures from all three instances: exactly 5 reach the
+/// service, 25 are answered 429; the successes all passed.
+#[tokio::test]
+async fn exactly_five_failed_logins_pass_across_three_instances() {
+    let redis = RedisServer::start();
+    let failures = Arc::new(AtomicUsize::new(0));
+    let instances: Vec<_> = (0..3)
+        .map(|_| {
+            let limiter = Ctx::default().redis(&redis);
+            (
+                limiter.clone(),
+                login_layer(limiter).layer(login(failures.clone())),
+            )
+        })
+        .collect();
+    for i in 0..12 {
+        let mut svc = instances[i % 3].1.clone();
+        let response = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(attempt("right"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "success #{i}");
+    }
+    // The successes' reservations are given back (settled as tasks of their own).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let quotas = Quotas::from(Quota::per_minute(5).unwrap());
+    let peek = left(&instances[0].0, "login", "alice", &quotas).await;
+    assert_eq!(peek, 5, "successes are free");
+
+    let mut attempts = Vec::new();
+    for i in 0..30 {
+        let mut svc = instances[i % 3].1.clone();
+        attempts.push(tokio::spawn(async move {
+            svc.ready()
+                .await
+                .unwrap()
+                .call(attempt("wrong"))
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    let mut statuses = Vec::new();
+    for attempt in attempts {
+        statuses.push(attempt.await.unwrap());
+    }
+    let unauthorized = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::UNAUTHORIZED)
+        .count();
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((unauthorized, limited), (5, 25));
+    assert_eq!(failures.load(Ordering::SeqCst), 5);
+    let settle_failures: u64 = instances
+        .iter()
+        .map(|(l, _)| l.stats().settle_failures)
+        .sum();
+    assert_eq!(settle_failures, 0);
+}
+
+/// An LLM gateway: reserve 1 000 tokens, settle to `x-tokens-used`: 300 gives 700 back, 1 500
+/// takes 500 more.
+#[tokio::test]
+async fn reserve_then_settle_to_a_response_header() {
+    let redis = RedisServer::start();
+    for limiter in [Ctx::default().redis(&redis), Ctx::default().memory()] {
+        let layer = RateLimitLayer::builder(
+            limiter.clone(),
+            Quota::per_hour(10_000).unwrap(),
+            GlobalKey::new("bob"),
+        )
+        .policy_name("llm")
+        .cost(|_| 1_000)
+        .cost_from_response(|response| {
+            response
+                .headers()
+                .get("x-tokens-used")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1_000)
+        })
+        .build()
+        .unwrap();
+        let mut svc = layer.layer(tower::service_fn(|req: Request<Full<Bytes>>| async move {
+            let used = req.headers()["x-want"].clone();
+            Ok::<_, std::convert::Infallible>(
+                Response::builder()
+                    .header("x-tokens-used", used)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        }));
+        let quotas = Quotas::from(Quota::per_hour(10_000).unwrap());
+        let call = |want: &'static str| {
+            Request::builder()
+                .header("x-user", "bob")
+                .header("x-want", want)
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        };
+        let response = svc.ready().await.unwrap().call(call("300")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let remaining = left(&limiter, "llm", "bob", &quotas).await;
+        // 10 000 - 300, give or take the refill of a few ms (10 000 an hour: 2.8 a second).
+        assert!((9_700..=9_702).contains(&remaining), "{remaining}");
+        svc.ready().await.unwrap().call(call("1500")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let remaining = left(&limiter, "llm", "bob", &quotas).await;
+        assert!((8_200..=8_203).contains(&remaining), "{remaining}");
+    }
+}
+
+/// Redis goes down while the service answers: the response is not delayed nor failed, and the
+/// failed settlement is counted.
+#[tokio::test]
+async fn a_failed_settlement_never_blocks_the_response() {
+    let mut redis = RedisServer::start();
+    let store = redlimit::store::RedisStore::builder(redis.url())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(store);
+    let slow = tower::service_fn(|_: Request<Full<Bytes>>| async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+    });
+    let mut svc = login_layer(limiter.clone()).layer(slow);
+    let call = svc.ready().await.unwrap().call(attempt("right"));
+    let pending = tokio::spawn(call);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    redis.stop();
+    let started = std::time::Instant::now();
+    let response = pending.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        started.elapsed() < Duration::from_millis(290),
+        "{:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(limiter.stats().settle_failures, 1);
+}
+
+/// Shadow tiers are settled too: a shadow tier of 2 a minute beside an enforced 5 a minute,
+/// counting only 401s: six successes are free in both, so the shadow tier never "denies".
+#[tokio::test]
+async fn shadow_tiers_are_settled_like_the_enforced_ones() {
+    let limiter = Ctx::default().memory();
+    let layer = RateLimitLayer::builder(
+        limiter.clone(),
+        Quota::per_minute(5).unwrap(),
+        GlobalKey::new("alice"),
+    )
+    .policy_name("login")
+    .shadow_quotas(Quota::per_minute(2).unwrap())
+    .cost_from_status([StatusCode::UNAUTHORIZED])
+    .build()
+    .unwrap();
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut svc = layer.layer(login(failures));
+    for i in 0..6 {
+        let response = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(attempt("right"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "#{i}");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(limiter.stats().shadow_limited, 0);
+    let shadow = Quotas::from(Quota::per_minute(2).unwrap());
+    assert_eq!(left(&limiter, "login.shadow", "alice", &shadow).await, 2);
+}
