@@ -6,6 +6,9 @@ impl Bench {
     /// A fleet feature on the token bucket, concurrency 64, hot key: its own limiter and key,
     /// the feature set up (or set again) before the run and checked with one decision.
     pub(crate) async fn fleet(&mut self, fleet: Fleet) -> Run {
+        if fleet == Fleet::Untenanted {
+            return self.untenanted().await;
+        }
         let algorithm = Algorithm::TokenBucket;
         let prefix = format!("{PREFIX}-fleet-{}", fleet.name().replace(' ', "-"));
         let limiter = self.admin.limiter(algorithm, &prefix, false).await;
@@ -29,6 +32,7 @@ impl Bench {
                 let tiers = Quotas::new([admitting, per_minute]).expect("two valid quotas");
                 (tiers, false)
             }
+            Fleet::Untenanted => unreachable!("measured by Bench::untenanted"),
             Fleet::Suspended => {
                 limiter
                     .suspend(key, Duration::from_secs(3600))
@@ -63,6 +67,58 @@ impl Bench {
             Shape::RATIO,
             run.clone(),
         );
+        run
+    }
+
+    /// [`Fleet::Untenanted`]: the token bucket's `check` of [`Bench::check`] (same keys, same
+    /// quota, the server's clock), but the crate's script sent by hand without the tenant's key.
+    async fn untenanted(&mut self) -> Run {
+        let algorithm = Algorithm::TokenBucket;
+        let prefix = format!("{PREFIX}-fleet-untenanted");
+        let limiter = self.admin.limiter(algorithm, &prefix, false).await;
+        let mut connection = connect(&self.admin.url).await;
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(redlimit::algorithm::script_source())
+            .query_async(&mut connection)
+            .await
+            .expect("SCRIPT LOAD of the crate's script");
+        let keys: Vec<String> = self
+            .keys
+            .plain
+            .iter()
+            .map(|key| limiter.storage_key(key.as_str()))
+            .collect();
+        // '<ddBddd': now_us (-1: the server's clock), cost, the algorithm's tag, then the one
+        // tier's limit, period_us and burst (lua/common.lua's header).
+        let quota = admitting(algorithm);
+        let mut args = Vec::with_capacity(41);
+        args.extend_from_slice(&(-1f64).to_le_bytes());
+        args.extend_from_slice(&1f64.to_le_bytes());
+        args.push(b't'); // the token bucket's tag (lua/common.lua's header)
+        for number in [
+            quota.limit() as f64,
+            quota.period().as_micros() as f64,
+            quota.burst() as f64,
+        ] {
+            args.extend_from_slice(&number.to_le_bytes());
+        }
+        let (sha, keys, args): (Arc<str>, _, Arc<[u8]>) = (sha.into(), Arc::new(keys), args.into());
+        let shape = Shape::RATIO;
+        let ops = (0..shape.concurrency)
+            .map(|task| UntenantedOp {
+                connection: connection.clone(),
+                sha: sha.clone(),
+                keys: keys.clone(),
+                args: args.clone(),
+                shape,
+                task,
+            })
+            .collect();
+        let (run, ops) = measure(&self.settings, &self.admin, ops).await;
+        drop(ops);
+        assert!(run.ops > 0, "fleet no tenant key: nothing measured");
+        self.record("fleet no tenant key", shape, run.clone());
         run
     }
 }

@@ -73,16 +73,26 @@ pub(crate) enum Fleet {
     TwoTiers,
     /// The key suspended with `Limiter::suspend`: every decision is a denial.
     Suspended,
+    /// The crate's decision script sent by hand on the route's key alone, without the tenant's
+    /// key every limiter sends: what the tenant's controls cost a limiter that uses none
+    /// (`plain` over this is the price of reading them).
+    Untenanted,
 }
 
 impl Fleet {
-    pub(crate) const ALL: [Fleet; 3] = [Fleet::Override, Fleet::TwoTiers, Fleet::Suspended];
+    pub(crate) const ALL: [Fleet; 4] = [
+        Fleet::Override,
+        Fleet::TwoTiers,
+        Fleet::Suspended,
+        Fleet::Untenanted,
+    ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
             Fleet::Override => "override",
             Fleet::TwoTiers => "two tiers",
             Fleet::Suspended => "suspended",
+            Fleet::Untenanted => "no tenant key",
         }
     }
 }
@@ -108,6 +118,32 @@ impl Op for FleetOp {
             }
             _ => false,
         }
+    }
+}
+
+/// The crate's decision script by hand on a route's storage key alone (no tenant key), with
+/// the packed arguments a token-bucket `check` sends; `true` on an admission (one integer).
+pub(crate) struct UntenantedOp {
+    pub(crate) connection: MultiplexedConnection,
+    pub(crate) sha: Arc<str>,
+    /// The storage keys of `KeySet::plain`, in its order.
+    pub(crate) keys: Arc<Vec<String>>,
+    pub(crate) args: Arc<[u8]>,
+    pub(crate) shape: Shape,
+    pub(crate) task: usize,
+}
+
+impl Op for UntenantedOp {
+    async fn run(&mut self, n: u64) -> bool {
+        let key = &self.keys[self.shape.key(self.task, n)];
+        let reply: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
+            .arg(&*self.sha)
+            .arg(1)
+            .arg(key)
+            .arg(&*self.args)
+            .query_async(&mut self.connection)
+            .await;
+        matches!(reply, Ok(redis::Value::Int(_)))
     }
 }
 
