@@ -12,7 +12,7 @@ use http::StatusCode;
 use super::headers::HeaderStyle;
 use super::resolver::QuotaResolver;
 use crate::key::KeyExtractor;
-use crate::limiter::{KeyScope, Limiter, PolicyLabel};
+use crate::limiter::{KeyScope, Limiter, PolicyLabel, Shadow};
 use crate::quota::Quotas;
 
 /// What happens to a request whose key cannot be extracted (no API-key header, no peer address).
@@ -257,5 +257,12 @@ mod tests {
             let id = storage_id(key);
             assert!(!id.starts_with(SHARED_ID_PREFIX), "{key:?} -> {id}");
         }
+    }
+}
+
+impl<K> Config<K> {
+    /// The label for checks of the layer's shadow tiers.
+    pub(crate) fn shadow_label(&self) -> PolicyLabel {
+        self.metrics_label.shadowed(Shadow::Tiers)
     }
 }

@@ -100,7 +100,7 @@ pub(crate) async fn check<K>(
     let (mut shadow, mut shadow_admitted) = (None, None);
     if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
         let key = [storage_key, modes::SHADOW_SCOPE_SUFFIX].concat();
-        let label = modes::shadow_label(&config);
+        let label = config.shadow_label();
         if let Verdict::Decided(decision) = config
             .limiter
             .check_storage_key(&key, tiers, cost, &label)
