@@ -134,7 +134,7 @@ impl ScriptConnection for ConnectionManager {
             // The manager may still hold a connection attempt that failed while Redis was down.
             // Nothing was sent, so one retry is safe, and it reconnects now instead of one
             // cool-down later.
-            Err(StoreError::Redis(error)) if error.is_connection_refusal() => {
+            Err(StoreError::Redis(error)) if error.inner().is_connection_refusal() => {
                 invoke(self, reloads, call).await
             }
             result => result,
@@ -164,8 +164,13 @@ pub(super) async fn load(
 
 /// `PING` and `SCRIPT LOAD` of the decision script: what a decision needs besides `EVALSHA`.
 pub(super) async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreError> {
-    redis::cmd("PING").exec_async(connection).await?;
-    load(connection, &SOURCE).await?;
+    redis::cmd("PING")
+        .exec_async(connection)
+        .await
+        .map_err(StoreError::redis)?;
+    load(connection, &SOURCE)
+        .await
+        .map_err(StoreError::redis)?;
     Ok(())
 }
 
@@ -197,12 +202,15 @@ where
                 // NOSCRIPT again, or the load failed (e.g. an ACL without `script|load`); never
                 // after any other reply, which may come from a script that ran.
                 Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => {
-                    call.eval().query_async(connection).await?
+                    call.eval()
+                        .query_async(connection)
+                        .await
+                        .map_err(StoreError::redis)?
                 }
-                result => result?,
+                result => result.map_err(StoreError::redis)?,
             }
         }
-        result => result?,
+        result => result.map_err(StoreError::redis)?,
     };
     Ok(reply)
 }
