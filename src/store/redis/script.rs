@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use super::reload::{Reloads, Script};
+use super::reload::{load, Reloads, Script};
 use super::sentinel::PrimaryConnection;
 use crate::algorithm::layout::{exact, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS};
 use crate::algorithm::{capped_cost, log_controls_key, Algorithm, CONTROL_SOURCE, SOURCE};
@@ -148,18 +148,6 @@ impl ScriptConnection for PrimaryConnection {
         // the sentinels name then.
         invoke(self, reloads, call).await
     }
-}
-
-/// `SCRIPT LOAD` of `source`: the one load, at [`check_server`] and after `NOSCRIPT`.
-pub(super) async fn load(
-    connection: &mut impl ConnectionLike,
-    source: &str,
-) -> Result<(), RedisError> {
-    redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(source)
-        .exec_async(connection)
-        .await
 }
 
 /// `PING` and `SCRIPT LOAD` of the decision script: what a decision needs besides `EVALSHA`.
