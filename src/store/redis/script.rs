@@ -11,7 +11,9 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::reload::{load, Reloads, Script};
 use super::sentinel::PrimaryConnection;
-use crate::algorithm::layout::{exact, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS};
+use crate::algorithm::layout::{
+    exact, put_quota, tenant_key, Op, Reply, ARGS_HEADER, MAX_REPLY_MS, QUOTA_BYTES,
+};
 use crate::algorithm::{capped_cost, log_controls_key, Algorithm, CONTROL_SOURCE, SOURCE};
 use crate::decision::Decision;
 use crate::quota::{Quota, MAX_TIERS};
@@ -208,10 +210,7 @@ pub(super) fn is_noscript(error: &RedisError) -> bool {
 }
 
 /// The longest argument: now, cost, the algorithm, and 8 tiers.
-const MAX_ARGS: usize = HEADER + 24 * MAX_TIERS;
-
-/// The arguments' header: doubles now_us and cost, and the algorithm's byte.
-const HEADER: usize = 17;
+const MAX_ARGS: usize = ARGS_HEADER + QUOTA_BYTES * MAX_TIERS;
 
 /// The decision script's one argument: `'<ddB' .. n * '<ddd'` (see `lua/common.lua`).
 pub(super) struct PackedArgs {
@@ -233,7 +232,7 @@ impl PackedArgs {
         bytes[0..8].copy_from_slice(&now.to_le_bytes());
         bytes[8..16].copy_from_slice(&cost.to_le_bytes());
         bytes[16] = algorithm.tag();
-        let mut at = HEADER;
+        let mut at = ARGS_HEADER;
         for quota in quotas {
             at = put_quota(&mut bytes, at, quota);
         }
