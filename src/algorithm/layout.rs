@@ -246,7 +246,9 @@ impl<'a> Controls<'a> {
             return Controls::None;
         }
         match s.get(9) {
-            Some(&n) if usize::from(n) <= MAX_TIERS && s.len() >= 10 + QUOTA_BYTES * usize::from(n) => {
+            Some(&n)
+                if usize::from(n) <= MAX_TIERS && s.len() >= 10 + QUOTA_BYTES * usize::from(n) =>
+            {
                 let n = usize::from(n);
                 Controls::Some {
                     until_us: f64_at(s, 1),

@@ -672,7 +672,11 @@ fn several_tiers_are_all_or_none() {
     let log_one_key = pack(1.0, tag(Algorithm::SlidingLog), &[(1.0, 1.0, 1.0)]);
     let nine = pack(1.0, tag(Algorithm::TokenBucket), &[(1.0, 1.0, 1.0); 9]);
     for (keys, args, why) in [
-        (1, vec![pack(1.0, tag(Algorithm::TokenBucket), &[(0.0, 1.0, 1.0)])], "limit 0"),
+        (
+            1,
+            vec![pack(1.0, tag(Algorithm::TokenBucket), &[(0.0, 1.0, 1.0)])],
+            "limit 0",
+        ),
         (
             1,
             vec![pack(1.0, tag(Algorithm::TokenBucket), &[(1.5, 1.0, 1.0)])],
@@ -680,12 +684,20 @@ fn several_tiers_are_all_or_none() {
         ),
         (
             1,
-            vec![pack(1.0, tag(Algorithm::TokenBucket), &[(1.0, f64::NAN, 1.0)])],
+            vec![pack(
+                1.0,
+                tag(Algorithm::TokenBucket),
+                &[(1.0, f64::NAN, 1.0)],
+            )],
             "period NaN",
         ),
         (
             1,
-            vec![pack(1.0, tag(Algorithm::TokenBucket), &[(1.0, 1.0, 2f64.powi(53))])],
+            vec![pack(
+                1.0,
+                tag(Algorithm::TokenBucket),
+                &[(1.0, 1.0, 2f64.powi(53))],
+            )],
             "burst 2^53",
         ),
         (
@@ -693,13 +705,21 @@ fn several_tiers_are_all_or_none() {
             vec![pack(-2.0, tag(Algorithm::TokenBucket), &[(1.0, 1.0, 1.0)])],
             "negative cost",
         ),
-        (1, vec![pack(1.0, tag(Algorithm::TokenBucket), &[])], "no tier"),
+        (
+            1,
+            vec![pack(1.0, tag(Algorithm::TokenBucket), &[])],
+            "no tier",
+        ),
         (1, vec![nine], "nine tiers"),
         (1, vec![log_one_key], "the sliding log without its key"),
         (1, vec![b"1".to_vec(), b"1".to_vec()], "the old protocol"),
         (1, vec![b"12345678901234567".to_vec()], "cut short"),
         (1, vec![], "no argument"),
-        (0, vec![pack(1.0, tag(Algorithm::TokenBucket), &tiers)], "no key"),
+        (
+            0,
+            vec![pack(1.0, tag(Algorithm::TokenBucket), &tiers)],
+            "no key",
+        ),
     ] {
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let error = eval(&mut conn, keys, &args);

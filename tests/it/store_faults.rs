@@ -23,7 +23,7 @@ use redlimit::{
     policy::{FailClosed, FailOpen, LocalFallback},
     Limiter, Quota, RateLimitLayer, Verdict,
 };
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tokio::time::sleep;
 use tower::{service_fn, Layer};
 
@@ -51,13 +51,15 @@ enum Policy {
 
 impl Policy {
     fn limiter(self, store: RedisStore) -> Limiter {
-        let builder = Limiter::builder(store);
+        self.ctx().limiter(store)
+    }
+
+    /// Limiters under this policy (the default algorithm and clock).
+    fn ctx(self) -> Ctx {
         match self {
-            Policy::Open => builder.failure_policy(FailOpen),
-            Policy::Closed => builder.failure_policy(FailClosed::default()),
+            Policy::Open => Ctx::default().failure_policy(FailOpen),
+            Policy::Closed => Ctx::default().failure_policy(FailClosed::default()),
         }
-        .build()
-        .unwrap()
     }
 
     /// What every request gets while Redis is away.
@@ -304,11 +306,10 @@ async fn script_flush_under_load_has_no_errors() {
     let redis = RedisServer::start();
     // Errors are what this test measures, not latency: a generous timeout keeps a loaded
     // machine from turning a slow reply into a store error.
-    let store = RedisStore::builder(redis.url())
+    let limiter = Policy::Closed
+        .ctx()
         .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    let limiter = Policy::Closed.limiter(store);
+        .redis(&redis);
     warm_up(&limiter).await;
 
     let load = start_load(&limiter, Duration::from_secs(10));
@@ -353,12 +354,10 @@ async fn script_flush_under_load_has_no_errors() {
 async fn script_flush_every_millisecond_has_no_errors() {
     let redis = RedisServer::start();
     // Errors are what this test measures, not latency.
-    let store = RedisStore::builder(redis.url())
+    let limiter = Ctx::default()
         .timeout(Duration::from_secs(2))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    let limiter = Limiter::new(store);
+        .without_breaker()
+        .redis(&redis);
     let quota = Quota::per_second(1_000_000).unwrap();
     limiter
         .try_check_quotas("warm", &quota.into(), 1)
@@ -546,14 +545,13 @@ async fn probe_check(limiter: &Limiter) -> Verdict {
 /// A FailClosed limiter on a store with a breaker of 3 failures, and the store (for
 /// `circuit_open`).
 fn breaker_limiter(redis: &RedisServer, cool_down: Duration) -> (Limiter, RedisStore) {
-    let store = RedisStore::builder(redis.url())
+    let store = Ctx::default()
         .timeout(TIMEOUT)
-        .circuit_breaker(CircuitBreaker {
+        .breaker(CircuitBreaker {
             failure_threshold: 3,
             cool_down,
         })
-        .build()
-        .unwrap();
+        .redis_store(redis);
     (Policy::Closed.limiter(store.clone()), store)
 }
 
@@ -815,12 +813,7 @@ async fn local_fallback_while_down_then_redis_again() {
     let back_after = up.elapsed();
     let first = first.expect("decisions come from Redis again");
     // Another instance, without fallback, spends 10 on the same key in Redis...
-    let other = Limiter::new(
-        RedisStore::builder(redis.url())
-            .timeout(Duration::from_secs(2))
-            .build()
-            .unwrap(),
-    );
+    let other = Ctx::default().timeout(Duration::from_secs(2)).redis(&redis);
     let spent = other
         .try_check_quotas("tenant", &quota.into(), 10)
         .await
@@ -882,12 +875,10 @@ async fn local_fallback_while_down_then_redis_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_timeout_above_500_ms_is_honoured() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
+    let limiter = Ctx::default()
         .timeout(Duration::from_secs(2))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    let limiter = Limiter::new(store);
+        .without_breaker()
+        .redis(&redis);
     warm_up(&limiter).await;
     let sleeper = blocking(|| redis.debug_sleep(Duration::from_secs(1)));
     sleep(Duration::from_millis(50)).await;
@@ -981,11 +972,7 @@ async fn a_flush_under_512_concurrent_calls_loads_the_script_once() {
     let redis = RedisServer::start();
     // Loads are what this test counts, not latency: a generous timeout keeps a loaded machine
     // from turning a slow reply into a store error.
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let limiter = Policy::Closed.limiter(store);
+    let limiter = Policy::Closed.ctx().redis(&redis);
     let quota = Quota::per_hour(1_000).unwrap();
     for round in 0..3 {
         // Warm: the script is loaded and the connection open.

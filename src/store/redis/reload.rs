@@ -138,4 +138,3 @@ pub(super) async fn load(
         .exec_async(connection)
         .await
 }
-

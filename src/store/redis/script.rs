@@ -158,9 +158,7 @@ pub(super) async fn check_server(connection: &mut impl ConnectionLike) -> Result
         .exec_async(connection)
         .await
         .map_err(StoreError::redis)?;
-    load(connection, &SOURCE)
-        .await
-        .map_err(StoreError::redis)?;
+    load(connection, &SOURCE).await.map_err(StoreError::redis)?;
     Ok(())
 }
 
@@ -191,12 +189,11 @@ where
             match retried {
                 // NOSCRIPT again, or the load failed (e.g. an ACL without `script|load`); never
                 // after any other reply, which may come from a script that ran.
-                Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => {
-                    call.eval()
-                        .query_async(connection)
-                        .await
-                        .map_err(StoreError::redis)?
-                }
+                Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => call
+                    .eval()
+                    .query_async(connection)
+                    .await
+                    .map_err(StoreError::redis)?,
                 result => result.map_err(StoreError::redis)?,
             }
         }

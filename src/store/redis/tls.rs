@@ -1,9 +1,9 @@
 //! TLS at connection time, for every topology: settings refused for a URL without TLS, and a
 //! failed handshake said as such.
 
+use redis::RedisError;
 #[cfg(feature = "tls")]
 use redis::{ConnectionAddr, ConnectionInfo, ErrorKind};
-use redis::RedisError;
 
 /// A failed TLS handshake said as such, with what to check (rustls's own words kept).
 pub(super) fn explain_tls(error: RedisError) -> RedisError {
