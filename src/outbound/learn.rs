@@ -23,7 +23,7 @@ pub struct OutboundStats {
     /// learning or auto-suspend is on.
     pub announcements: u64,
     /// Quotas learned: each a fleet-wide override set by this process
-    /// ([`Limiter::set_quota`]).
+    /// ([`Limiter::set_quota`](crate::Limiter::set_quota)).
     pub learned: u64,
     /// Suspensions set or extended because the upstream said nothing is left until a reset.
     pub paced: u64,

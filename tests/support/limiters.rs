@@ -30,43 +30,42 @@ pub const PATIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a test varies about its limiters: the algorithm, the clock, the store timeout, and
 /// the options most tests leave at the crate's defaults.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Ctx {
     pub algorithm: Algorithm,
     pub clock: Clock,
     pub timeout: Duration,
-    /// `None`: the store's default breaker; `Some(None)`: none; `Some(Some(b))`: `b`.
+    pub options: Options,
+}
+
+/// What most tests leave at the crate's defaults (`None`: the default).
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `Some(None)`: no circuit breaker; `Some(Some(b))`: `b`.
     pub breaker: Option<Option<CircuitBreaker>>,
-    /// The limiter's failure policy, when not the default.
-    policy: Option<Arc<dyn Fn(LimiterBuilder) -> LimiterBuilder + Send + Sync>>,
+    policy: Option<SetPolicy>,
     pub deny_cache: Option<usize>,
     pub prefix: Option<String>,
 }
 
-impl fmt::Debug for Ctx {
+/// Sets a failure policy on a limiter builder (the policy's type is the test's).
+#[derive(Clone)]
+struct SetPolicy(Arc<dyn Fn(LimiterBuilder) -> LimiterBuilder + Send + Sync>);
+
+impl fmt::Debug for SetPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ctx")
-            .field("algorithm", &self.algorithm)
-            .field("timeout", &self.timeout)
-            .field("breaker", &self.breaker)
-            .field("policy", &self.policy.is_some())
-            .field("deny_cache", &self.deny_cache)
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
+        f.write_str("SetPolicy")
     }
 }
 
 impl Default for Ctx {
-    /// The crate's default algorithm and clock, and [`PATIENT_TIMEOUT`].
+    /// The crate's default algorithm, clock and options, and [`PATIENT_TIMEOUT`].
     fn default() -> Self {
         Ctx {
             algorithm: Algorithm::default(),
             clock: Clock::default(),
             timeout: PATIENT_TIMEOUT,
-            breaker: None,
-            policy: None,
-            deny_cache: None,
-            prefix: None,
+            options: Options::default(),
         }
     }
 }
@@ -96,45 +95,34 @@ impl Ctx {
     }
 
     /// The same, with stores that have no circuit breaker.
-    pub fn without_breaker(self) -> Self {
-        Ctx {
-            breaker: Some(None),
-            ..self
-        }
+    pub fn without_breaker(mut self) -> Self {
+        self.options.breaker = Some(None);
+        self
     }
 
     /// The same, with stores behind `breaker`.
-    pub fn breaker(self, breaker: CircuitBreaker) -> Self {
-        Ctx {
-            breaker: Some(Some(breaker)),
-            ..self
-        }
+    pub fn breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.options.breaker = Some(Some(breaker));
+        self
     }
 
     /// The same, with limiters under `policy` when the store fails.
-    pub fn failure_policy(self, policy: impl FailurePolicy + Clone) -> Self {
-        let policy =
-            Arc::new(move |builder: LimiterBuilder| builder.failure_policy(policy.clone()));
-        Ctx {
-            policy: Some(policy),
-            ..self
-        }
+    pub fn failure_policy(mut self, policy: impl FailurePolicy + Clone) -> Self {
+        let set = move |builder: LimiterBuilder| builder.failure_policy(policy.clone());
+        self.options.policy = Some(SetPolicy(Arc::new(set)));
+        self
     }
 
     /// The same, with a deny cache of `max_keys` keys.
-    pub fn deny_cache(self, max_keys: usize) -> Self {
-        Ctx {
-            deny_cache: Some(max_keys),
-            ..self
-        }
+    pub fn deny_cache(mut self, max_keys: usize) -> Self {
+        self.options.deny_cache = Some(max_keys);
+        self
     }
 
     /// The same, with storage keys under `prefix`.
-    pub fn prefix(self, prefix: impl Into<String>) -> Self {
-        Ctx {
-            prefix: Some(prefix.into()),
-            ..self
-        }
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.options.prefix = Some(prefix.into());
+        self
     }
 
     /// A limiter on `store`.
@@ -142,13 +130,14 @@ impl Ctx {
         let mut builder = Limiter::builder(store)
             .algorithm(self.algorithm)
             .clock(self.clock.clone());
-        if let Some(policy) = &self.policy {
-            builder = policy(builder);
+        let options = &self.options;
+        if let Some(SetPolicy(set)) = &options.policy {
+            builder = set(builder);
         }
-        if let Some(max_keys) = self.deny_cache {
+        if let Some(max_keys) = options.deny_cache {
             builder = builder.deny_cache(max_keys);
         }
-        if let Some(prefix) = &self.prefix {
+        if let Some(prefix) = &options.prefix {
             builder = builder.prefix(prefix.as_str());
         }
         builder.build().expect("valid limiter")
@@ -157,7 +146,7 @@ impl Ctx {
     /// The store options of this context on `builder`.
     fn store(&self, builder: RedisStoreBuilder) -> RedisStore {
         let builder = builder.timeout(self.timeout);
-        let builder = match self.breaker {
+        let builder = match self.options.breaker {
             None => builder,
             Some(None) => builder.without_circuit_breaker(),
             Some(Some(breaker)) => builder.circuit_breaker(breaker),
