@@ -146,6 +146,17 @@ fn since(at: Duration, later: Duration) -> String {
     ms(later.saturating_sub(at))
 }
 
+/// The app enforced again (`enforcing`, when it first did) within `RECOVERY` of `from`, the
+/// end of the fault `after` names.
+fn assert_recovered(enforcing: Option<Duration>, from: Duration, after: &str) {
+    let enforcing = enforcing.unwrap_or_else(|| panic!("the app enforces again {after}"));
+    assert!(
+        enforcing.saturating_sub(from) < RECOVERY,
+        "enforcing again {} {after}",
+        since(from, enforcing)
+    );
+}
+
 /// No request hung, and none waited longer than the timeout plus the margin.
 fn assert_bounded(run: &Run, what: &str) {
     let all = run.all();
@@ -220,12 +231,7 @@ async fn kill_then_restart(policy: Policy) {
         );
     }
     assert_bounded(&run, "kill -9");
-    let first_429 = first_429.expect("the app enforces again after the restart");
-    assert!(
-        first_429.saturating_sub(up_at) < RECOVERY,
-        "enforcing again {} after the restart",
-        since(up_at, first_429)
-    );
+    assert_recovered(first_429, up_at, "after the restart");
     assert!(evalsha > 0, "the restarted Redis receives the checks");
 }
 
@@ -291,12 +297,7 @@ async fn debug_sleep_1_answers_within_the_timeout() {
         "while Redis sleeps every request gets FailClosed's 503: {asleep}"
     );
     assert_bounded(&run, "DEBUG SLEEP 1");
-    let first_429 = first_429.expect("enforcement resumes after the sleep");
-    assert!(
-        first_429.saturating_sub(woke_at) < RECOVERY,
-        "enforcing again {} after the sleep",
-        since(woke_at, first_429)
-    );
+    assert_recovered(first_429, woke_at, "after the sleep");
 }
 
 /// `SCRIPT FLUSH` (three times) under load: the scripts reload by themselves, no store error,
@@ -463,12 +464,8 @@ async fn client_kill_recovers() {
     report.print();
 
     assert_bounded(&run, "CLIENT KILL");
-    let steady = steady.expect("the app enforces again after CLIENT KILL");
-    assert!(
-        steady.saturating_sub(kill_at) < RECOVERY,
-        "enforcing again {} after the kill",
-        since(kill_at, steady)
-    );
+    assert_recovered(steady, kill_at, "after CLIENT KILL");
+    let steady = steady.expect("checked just above");
     assert!(run.slice(steady, run.end()).too_many > 0);
 }
 
@@ -517,12 +514,7 @@ async fn started_while_down(policy: Policy) {
         );
     }
     assert_bounded(&run, "started while down");
-    let first_429 = first_429.expect("the app enforces once Redis is up");
-    assert!(
-        first_429.saturating_sub(up_at) < RECOVERY,
-        "enforcing {} after Redis is up",
-        since(up_at, first_429)
-    );
+    assert_recovered(first_429, up_at, "once Redis is up");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
