@@ -21,7 +21,7 @@ use redlimit::{
 };
 use support::example::dead_redis_url;
 use support::service::counting;
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tower::{Layer, ServiceExt};
 
 /// A metric's labels as `(name, value)`.
@@ -154,11 +154,7 @@ async fn metrics_follow_real_traffic() {
 
     // A layer on a real Redis: 2 allowed, then limited, labelled by the policy name.
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let api = api_key_layer(Limiter::new(store), "api", 2);
+    let api = api_key_layer(Ctx::default().redis(&redis), "api", 2);
     assert_eq!(
         statuses(&api, Some("secret-tenant-key"), 3).await,
         [200, 200, 429]
@@ -245,14 +241,13 @@ async fn metrics_follow_real_traffic() {
 
     // The circuit breaker's gauge: 1 once Redis is gone, 0 once a probe finds it back.
     let mut redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .circuit_breaker(CircuitBreaker {
+    let limiter = Ctx::default()
+        .timeout(redlimit::store::DEFAULT_TIMEOUT)
+        .breaker(CircuitBreaker {
             failure_threshold: 1,
             cool_down: Duration::from_millis(50),
         })
-        .build()
-        .unwrap();
-    let limiter = Limiter::new(store);
+        .redis(&redis);
     let quota = Quota::per_minute(100).unwrap();
     assert!(limiter
         .try_check_quotas("b", &quota.into(), 1)

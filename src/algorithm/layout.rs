@@ -46,12 +46,20 @@ pub(crate) fn capped_cost(cost: u64) -> u64 {
     cost.min(crate::quota::MAX_COUNT + 1)
 }
 
+/// The decision script's argument before its tiers: doubles now_us and cost, and the
+/// algorithm's byte.
+pub(crate) const ARGS_HEADER: usize = 17;
+
+/// One quota packed (doubles limit, period_us, burst): a tier of the script's argument, and of
+/// an override in the controls.
+pub(crate) const QUOTA_BYTES: usize = 24;
+
 /// Writes a quota's doubles limit, period_us, burst at `at`; returns the end.
 pub(crate) fn put_quota(bytes: &mut [u8], at: usize, quota: &Quota) -> usize {
     bytes[at..at + 8].copy_from_slice(&exact(quota.limit()).to_le_bytes());
     bytes[at + 8..at + 16].copy_from_slice(&exact(quota.period_micros()).to_le_bytes());
     bytes[at + 16..at + 24].copy_from_slice(&exact(quota.burst()).to_le_bytes());
-    at + 24
+    at + QUOTA_BYTES
 }
 
 /// The key of the sliding log's controls: `<key>#m` (no storage key holds a `#` after its
@@ -238,12 +246,14 @@ impl<'a> Controls<'a> {
             return Controls::None;
         }
         match s.get(9) {
-            Some(&n) if usize::from(n) <= MAX_TIERS && s.len() >= 10 + 24 * usize::from(n) => {
+            Some(&n)
+                if usize::from(n) <= MAX_TIERS && s.len() >= 10 + QUOTA_BYTES * usize::from(n) =>
+            {
                 let n = usize::from(n);
                 Controls::Some {
                     until_us: f64_at(s, 1),
                     n,
-                    bytes: &s[..10 + 24 * n],
+                    bytes: &s[..10 + QUOTA_BYTES * n],
                 }
             }
             _ => Controls::Corrupt,
@@ -256,7 +266,7 @@ impl<'a> Controls<'a> {
             return Vec::new();
         };
         (0..n)
-            .map(|i| Tier::at(bytes, 10 + 24 * i))
+            .map(|i| Tier::at(bytes, 10 + QUOTA_BYTES * i))
             .map(|t| Quota::from_micros(t.limit as u64, t.period as u64, t.burst as u64))
             .collect::<Result<_, _>>()
             .unwrap_or_default()

@@ -115,6 +115,13 @@ pub fn control_keys(key: &str) -> [String; 2] {
     [log_controls_key(key), tenant_key(key)]
 }
 
+/// The byte naming `algorithm` in the script's arguments (its state strings' first byte), for
+/// tests that run the script by hand.
+#[doc(hidden)]
+pub fn script_tag(algorithm: Algorithm) -> u8 {
+    algorithm.tag()
+}
+
 /// Which rate-limiting algorithm decides.
 ///
 /// All share the same contract: `cost` (0 peeks without consuming), a denied request consumes

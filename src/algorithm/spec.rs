@@ -169,8 +169,9 @@ pub(crate) static CONTROL_SOURCE: LazyLock<String> = LazyLock::new(|| {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::layout::{MAX_REPLY_MS, OVERRIDE_IDLE_MS};
+    use crate::algorithm::layout::{ARGS_HEADER, MAX_REPLY_MS, OVERRIDE_IDLE_MS, QUOTA_BYTES};
     use crate::algorithm::{Args, MAX_EXACT};
+    use crate::quota::MAX_TIERS;
 
     /// The number in the script's `local NAME = <number>` line.
     fn lua_constant(source: &str, name: &str) -> u64 {
@@ -192,6 +193,26 @@ mod tests {
             assert_eq!(lua_constant(source, "OVERRIDE_IDLE_MS"), OVERRIDE_IDLE_MS);
         }
         assert_eq!(lua_constant(&SOURCE, "MAX_REPLY_MS"), MAX_REPLY_MS as u64);
+    }
+
+    /// The argument lengths the driver accepts (one tier's, the shortest and longest of
+    /// several, and the count of tiers) are the ones Rust packs: the header, a quota's size,
+    /// and 1 to `MAX_TIERS` tiers.
+    #[test]
+    fn the_scripts_argument_lengths_are_rusts() {
+        let len = |tiers: usize| ARGS_HEADER + QUOTA_BYTES * tiers;
+        let check = format!(
+            "len ~= {} and (len < {} or len > {} or (len - {ARGS_HEADER}) % {QUOTA_BYTES} ~= 0)",
+            len(1),
+            len(2),
+            len(MAX_TIERS),
+        );
+        assert!(SOURCE.contains(&check), "lua/common.lua checks `{check}`");
+        let tiers = format!("local tiers = (len - {ARGS_HEADER}) / {QUOTA_BYTES}\n");
+        assert!(SOURCE.contains(&tiers), "lua/common.lua has `{tiers}`");
+        let told = format!("per tier (1 to {MAX_TIERS})");
+        assert!(SOURCE.contains(&told), "the error names `{told}`");
+        assert!(SOURCE.contains(&format!("One tier packs {} bytes", len(1))));
     }
 
     /// The tag bytes and state lengths the scripts spell out are the specs'.

@@ -1,6 +1,20 @@
-//! The rate-limit headers: `RateLimit-Policy`, `RateLimit` and the legacy `X-RateLimit-*`
-//! (see the [`response`](super::response) module docs for their format), written once per layer
-//! and per response without allocating.
+//! The rate-limit headers: `RateLimit-Policy`, `RateLimit` and the legacy `X-RateLimit-*`,
+//! written once per layer and per response without allocating.
+//!
+//! Headers follow draft-ietf-httpapi-ratelimit-headers-11:
+//! `RateLimit-Policy: "name";q=100;w=60` (the quota) and `RateLimit: "name";r=42;t=5` (what is
+//! left, and seconds until it resets), on allowed and rejected responses alike. A layer with
+//! several tiers lists them all in `RateLimit-Policy`, named `"name-1"`, `"name-2"`… in order
+//! (one field line, a structured-field list), and names the binding one
+//! ([`Decision::quota`]) in `RateLimit`. An override set with `Limiter::set_quota`
+//! ([`Decision::overridden`]) is advertised as itself: its binding quota alone, as `"name"`,
+//! never as one of the layer's tiers (whose other items would describe quotas not in force),
+//! even when it equals one of them. A rejection adds `Retry-After` in delay-seconds (rounded
+//! up, at least 1, plus the optional jitter). Optionally the legacy
+//! `X-RateLimit-Limit / -Remaining / -Reset` too.
+//!
+//! What `q`, `w`, `r` and `t` mean, and why they never contradict each other, is told in the
+//! docs of [`RateLimit`](crate::layer::RateLimit) (`# The numbers in the headers`).
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -8,7 +22,6 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
 
-use super::response::policy_window;
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::intern::interned;
@@ -19,6 +32,21 @@ static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy"
 static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `q` and `w` of `RateLimit-Policy` (see the module docs): the capacity `r` counts against,
+/// and the longest a key takes from empty back to it, in whole seconds rounded up; a window
+/// under a second is scaled to one second.
+fn policy_window(quota: &Quota, algorithm: Algorithm) -> (u64, u64) {
+    let capacity = quota.burst();
+    let window_us = algorithm.spec().window.full_again_us(quota).max(1);
+    if window_us >= 1_000_000 {
+        let w = window_us.div_ceil(1_000_000);
+        (capacity, u64::try_from(w).unwrap_or(u64::MAX))
+    } else {
+        let per_second = u128::from(capacity) * 1_000_000 / window_us;
+        (u64::try_from(per_second).unwrap_or(u64::MAX), 1)
+    }
+}
+
 /// How the layer writes its headers for one list of quotas; built once per layer (and once per
 /// resolved list of quotas, see `Config::style_for`).
 #[derive(Debug, Clone)]
@@ -245,6 +273,18 @@ impl StackValue {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn policy_window_in_whole_seconds() {
+        assert_eq!(
+            policy_window(&Quota::per_minute(100).unwrap(), Algorithm::TokenBucket),
+            (100, 60)
+        );
+        let half_second = Quota::new(5, Duration::from_millis(500)).unwrap();
+        assert_eq!(policy_window(&half_second, Algorithm::TokenBucket), (10, 1));
+        let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
+        assert_eq!(policy_window(&odd, Algorithm::TokenBucket), (3, 2));
+    }
 
     pub(crate) fn style(name: &str, quotas: &[Quota], legacy: bool) -> HeaderStyle {
         let quotas = Quotas::new(quotas.iter().copied()).unwrap();

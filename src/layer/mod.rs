@@ -17,7 +17,8 @@
 //! | `future.rs` | [`ResponseFuture`], the state machine of one request |
 //! | `resolver.rs` | [`QuotaResolver`]: the quotas chosen per request (tiers) |
 //! | `body.rs` | [`ResponseBody`] |
-//! | `response.rs` | the 429 / 503 / gRPC answers and the headers |
+//! | `headers.rs` | the `RateLimit` / `RateLimit-Policy` / `X-RateLimit-*` headers and their format |
+//! | `response.rs` | the 429 / 503 / gRPC answers |
 //!
 //! # Example
 //!

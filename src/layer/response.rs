@@ -1,20 +1,5 @@
-//! The responses the layer builds itself (rejections), and the format of the rate-limit headers
-//! (written by [`headers`](super::headers)).
-//!
-//! Headers follow draft-ietf-httpapi-ratelimit-headers-11:
-//! `RateLimit-Policy: "name";q=100;w=60` (the quota) and `RateLimit: "name";r=42;t=5` (what is
-//! left, and seconds until it resets), on allowed and rejected responses alike. A layer with
-//! several tiers lists them all in `RateLimit-Policy`, named `"name-1"`, `"name-2"`… in order
-//! (one field line, a structured-field list), and names the binding one
-//! ([`Decision::quota`]) in `RateLimit`. An override set with `Limiter::set_quota`
-//! ([`Decision::overridden`]) is advertised as itself: its binding quota alone, as `"name"`,
-//! never as one of the layer's tiers (whose other items would describe quotas not in force),
-//! even when it equals one of them. A rejection adds `Retry-After` in delay-seconds (rounded
-//! up, at least 1, plus the optional jitter). Optionally the legacy
-//! `X-RateLimit-Limit / -Remaining / -Reset` too.
-//!
-//! What `q`, `w`, `r` and `t` mean, and why they never contradict each other, is told in the
-//! docs of [`RateLimit`](crate::layer::RateLimit) (`# The numbers in the headers`).
+//! The responses the layer builds itself (rejections), with the rate-limit headers that
+//! [`headers`](super::headers) writes (its module docs give their format).
 //!
 //! # gRPC and gRPC-Web
 //!
@@ -34,9 +19,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use super::body::ResponseBody;
 use super::headers::HeaderStyle;
-use crate::algorithm::Algorithm;
 use crate::decision::{secs_rounded_up, Decision};
-use crate::quota::Quota;
 
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
@@ -51,21 +34,6 @@ const GRPC_UNAVAILABLE: &str = "14";
 const EXCEEDED: &str = "rate limit exceeded";
 /// The body (and `grpc-message`) of a request denied because its key is suspended.
 const SUSPENDED: &str = "rate limit: suspended, retry later";
-
-/// `q` and `w` of `RateLimit-Policy` (see the module docs): the capacity `r` counts against,
-/// and the longest a key takes from empty back to it, in whole seconds rounded up; a window
-/// under a second is scaled to one second.
-pub(super) fn policy_window(quota: &Quota, algorithm: Algorithm) -> (u64, u64) {
-    let capacity = quota.burst();
-    let window_us = algorithm.spec().window.full_again_us(quota).max(1);
-    if window_us >= 1_000_000 {
-        let w = window_us.div_ceil(1_000_000);
-        (capacity, u64::try_from(w).unwrap_or(u64::MAX))
-    } else {
-        let per_second = u128::from(capacity) * 1_000_000 / window_us;
-        (u64::try_from(per_second).unwrap_or(u64::MAX), 1)
-    }
-}
 
 /// How a request speaks, which decides how the layer answers it itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,19 +187,9 @@ fn grpc_response<B>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
     use crate::layer::headers::tests::{denied, style};
-
-    #[test]
-    fn policy_window_in_whole_seconds() {
-        assert_eq!(
-            policy_window(&Quota::per_minute(100).unwrap(), Algorithm::TokenBucket),
-            (100, 60)
-        );
-        let half_second = Quota::new(5, Duration::from_millis(500)).unwrap();
-        assert_eq!(policy_window(&half_second, Algorithm::TokenBucket), (10, 1));
-        let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
-        assert_eq!(policy_window(&odd, Algorithm::TokenBucket), (3, 2));
-    }
+    use crate::quota::Quota;
 
     #[test]
     fn grpc_web_is_answered_in_grpc_web() {

@@ -35,11 +35,13 @@ use crate::decision::Decision;
 use crate::quota::Quotas;
 
 mod breaker;
+mod failure;
 mod memory;
 mod modes;
 mod redis;
 
 pub use self::breaker::CircuitBreaker;
+pub use self::failure::RedisFailure;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::modes::{Block, RefundRequest, SlotOp, SlotReply, SlotRequest};
 pub use self::redis::{
@@ -347,7 +349,7 @@ pub enum StoreError {
     Timeout(Duration),
     /// Redis answered with an error or the connection failed.
     #[error("redis error: {0}")]
-    Redis(#[from] ::redis::RedisError),
+    Redis(#[source] RedisFailure),
     /// The store answered something the crate does not understand.
     #[error("unexpected reply from the store: {0}")]
     BadReply(String),
@@ -363,6 +365,11 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Wraps the Redis client's error; crate-internal so redis-rs's types stay out of the API.
+    pub(crate) fn redis(error: ::redis::RedisError) -> Self {
+        StoreError::Redis(RedisFailure::new(error))
+    }
+
     /// Whether this is transport trouble, which says the store as a whole cannot decide now
     /// (so it counts toward the [`CircuitBreaker`]): a timeout, an I/O error or a refused or
     /// dropped connection, a server that cannot take the call (`BUSY`, `LOADING`,
@@ -380,34 +387,11 @@ impl StoreError {
     ///
     /// assert!(StoreError::Timeout(Duration::from_millis(100)).is_transport());
     /// assert!(!StoreError::BadReply("?".into()).is_transport());
-    /// let script = redis::RedisError::from((
-    ///     redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-    ///     "ERR redlimit: invalid arguments",
-    /// ));
-    /// assert!(!StoreError::Redis(script).is_transport());
     /// ```
     pub fn is_transport(&self) -> bool {
-        use ::redis::{ErrorKind, ServerErrorKind};
         match self {
             StoreError::Timeout(_) | StoreError::Unavailable(_) => true,
-            StoreError::Redis(error) => {
-                error.is_io_error()
-                    || error.is_connection_refusal()
-                    || error.is_connection_dropped()
-                    || error.is_timeout()
-                    || matches!(
-                        error.kind(),
-                        ErrorKind::Server(
-                            ServerErrorKind::BusyLoading
-                                | ServerErrorKind::MasterDown
-                                | ServerErrorKind::ReadOnly
-                                | ServerErrorKind::TryAgain
-                                | ServerErrorKind::ClusterDown
-                        ) | ErrorKind::ClusterConnectionNotFound
-                    )
-                    // A script running past `busy-reply-threshold` (no kind of its own).
-                    || error.code() == Some("BUSY")
-            }
+            StoreError::Redis(failure) => failure.is_transport(),
             StoreError::BadReply(_) | StoreError::InvalidQuota(_) | StoreError::Unsupported(_) => {
                 false
             }
@@ -446,7 +430,7 @@ mod tests {
     use ::redis::{ErrorKind, RedisError, ServerErrorKind};
 
     fn server(kind: ServerErrorKind) -> StoreError {
-        StoreError::Redis(RedisError::from((
+        StoreError::redis(RedisError::from((
             ErrorKind::Server(kind),
             "from the server",
         )))
@@ -454,7 +438,7 @@ mod tests {
 
     #[test]
     fn only_transport_trouble_is_transport() {
-        let io = |kind| StoreError::Redis(RedisError::from(std::io::Error::from(kind)));
+        let io = |kind| StoreError::redis(RedisError::from(std::io::Error::from(kind)));
         let transport = [
             StoreError::Timeout(Duration::from_millis(100)),
             StoreError::Unavailable("circuit breaker open"),
@@ -466,11 +450,11 @@ mod tests {
             server(ServerErrorKind::ReadOnly),
             server(ServerErrorKind::TryAgain),
             server(ServerErrorKind::ClusterDown),
-            StoreError::Redis(::redis::make_extension_error(
+            StoreError::redis(::redis::make_extension_error(
                 "BUSY".to_owned(),
                 Some("Redis is busy running a script".to_owned()),
             )),
-            StoreError::Redis(RedisError::from((
+            StoreError::redis(RedisError::from((
                 ErrorKind::ClusterConnectionNotFound,
                 "no connection",
             ))),
@@ -484,8 +468,8 @@ mod tests {
             server(ServerErrorKind::NoScript),
             server(ServerErrorKind::Ask),
             server(ServerErrorKind::Moved),
-            StoreError::Redis(::redis::make_extension_error("WRONGTYPE".to_owned(), None)),
-            StoreError::Redis(RedisError::from((ErrorKind::UnexpectedReturnType, "bad"))),
+            StoreError::redis(::redis::make_extension_error("WRONGTYPE".to_owned(), None)),
+            StoreError::redis(RedisError::from((ErrorKind::UnexpectedReturnType, "bad"))),
             StoreError::BadReply("Int(-1)".to_owned()),
             StoreError::Unsupported("no controls"),
         ];

@@ -37,11 +37,8 @@ use http::{Request, Response, StatusCode};
 use redis::aio::MultiplexedConnection;
 use redlimit::key::KeyExtractor;
 use redlimit::store::RedisStore;
-use redlimit::{
-    clock::{Clock, ManualClock},
-    Algorithm, Decision, Limiter, Quota, RateLimitLayer,
-};
-use support::RedisServer;
+use redlimit::{clock::ManualClock, Algorithm, Decision, Limiter, Quota, RateLimitLayer};
+use support::{Ctx, RedisServer};
 use tower::{Layer, ServiceExt};
 
 // ---------------------------------------------------------------------------------------------
@@ -73,32 +70,26 @@ pub(crate) fn shared_blocking() -> tokio::sync::RwLockReadGuard<'static, ()> {
 /// An arbitrary fixed instant for the manual clocks (2023-11-14).
 pub(crate) const T0: Duration = Duration::from_secs(1_700_000_000);
 
-pub(crate) fn redis_store(redis: &RedisServer) -> RedisStore {
-    // Correctness tests, not latency tests: a generous timeout so a loaded 2-core machine does
-    // not turn a slow call into a fail-open.
-    RedisStore::builder(redis.url())
+/// Correctness tests, not latency tests: a generous timeout so a loaded 2-core machine does
+/// not turn a slow call into a fail-open, and no breaker.
+fn ctx(algorithm: Algorithm) -> Ctx {
+    Ctx::new(algorithm)
         .timeout(Duration::from_secs(2))
-        .without_circuit_breaker()
-        .build()
-        .expect("valid url")
+        .without_breaker()
+}
+
+pub(crate) fn redis_store(redis: &RedisServer) -> RedisStore {
+    ctx(Algorithm::default()).redis_store(redis)
 }
 
 pub(crate) fn redis_limiter(redis: &RedisServer, algorithm: Algorithm) -> Limiter {
-    Limiter::builder(redis_store(redis))
-        .algorithm(algorithm)
-        .build()
-        .expect("valid limiter")
+    ctx(algorithm).redis(redis)
 }
 
 /// A limiter on the client clock `clock` (a manual clock standing at `T0`).
 pub(crate) fn manual_limiter(redis: &RedisServer, algorithm: Algorithm) -> (Limiter, ManualClock) {
     let clock = ManualClock::new(T0);
-    let limiter = Limiter::builder(redis_store(redis))
-        .algorithm(algorithm)
-        .clock(Clock::Manual(clock.clone()))
-        .build()
-        .expect("valid limiter");
-    (limiter, clock)
+    (ctx(algorithm).manual(&clock).redis(redis), clock)
 }
 
 pub(crate) async fn aconn(redis: &RedisServer) -> MultiplexedConnection {

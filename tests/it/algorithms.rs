@@ -548,6 +548,11 @@ fn script_source() -> &'static str {
     redlimit::algorithm::script_source()
 }
 
+/// The byte naming `algorithm` in the script's arguments, as the crate sends it.
+fn tag(algorithm: Algorithm) -> u8 {
+    redlimit::algorithm::script_tag(algorithm)
+}
+
 /// The script's one argument: doubles now_us and cost, the algorithm's byte, then per tier
 /// doubles limit, period_us, burst (little-endian).
 fn pack_args(now: f64, cost: f64, alg: u8, tiers: &[(f64, f64, f64)]) -> Vec<u8> {
@@ -573,7 +578,7 @@ fn one_quota_admission_replies_one_integer() {
             .arg(source)
             .arg(1)
             .arg(key)
-            .arg(pack_args(now, 1.0, b't', &[tier]))
+            .arg(pack_args(now, 1.0, tag(Algorithm::TokenBucket), &[tier]))
             .query::<redis::Value>(conn)
             .unwrap()
     };
@@ -632,7 +637,7 @@ fn several_tiers_are_all_or_none() {
                 .arg(source)
                 .arg(1)
                 .arg("redlimit:{t}")
-                .arg(pack(cost, b't', &tiers))
+                .arg(pack(cost, tag(Algorithm::TokenBucket), &tiers))
                 .query(conn)
                 .unwrap(),
         )
@@ -664,37 +669,57 @@ fn several_tiers_are_all_or_none() {
     let error = eval(&mut conn, 1, &[&unknown]);
     assert!(error.contains("unknown algorithm"), "{error}");
     assert!(!error.contains("redlimit:{t}"), "{error}");
-    let log_one_key = pack(1.0, b'l', &[(1.0, 1.0, 1.0)]);
-    let nine = pack(1.0, b't', &[(1.0, 1.0, 1.0); 9]);
+    let log_one_key = pack(1.0, tag(Algorithm::SlidingLog), &[(1.0, 1.0, 1.0)]);
+    let nine = pack(1.0, tag(Algorithm::TokenBucket), &[(1.0, 1.0, 1.0); 9]);
     for (keys, args, why) in [
-        (1, vec![pack(1.0, b't', &[(0.0, 1.0, 1.0)])], "limit 0"),
         (
             1,
-            vec![pack(1.0, b't', &[(1.5, 1.0, 1.0)])],
+            vec![pack(1.0, tag(Algorithm::TokenBucket), &[(0.0, 1.0, 1.0)])],
+            "limit 0",
+        ),
+        (
+            1,
+            vec![pack(1.0, tag(Algorithm::TokenBucket), &[(1.5, 1.0, 1.0)])],
             "limit not whole",
         ),
         (
             1,
-            vec![pack(1.0, b't', &[(1.0, f64::NAN, 1.0)])],
+            vec![pack(
+                1.0,
+                tag(Algorithm::TokenBucket),
+                &[(1.0, f64::NAN, 1.0)],
+            )],
             "period NaN",
         ),
         (
             1,
-            vec![pack(1.0, b't', &[(1.0, 1.0, 2f64.powi(53))])],
+            vec![pack(
+                1.0,
+                tag(Algorithm::TokenBucket),
+                &[(1.0, 1.0, 2f64.powi(53))],
+            )],
             "burst 2^53",
         ),
         (
             1,
-            vec![pack(-2.0, b't', &[(1.0, 1.0, 1.0)])],
+            vec![pack(-2.0, tag(Algorithm::TokenBucket), &[(1.0, 1.0, 1.0)])],
             "negative cost",
         ),
-        (1, vec![pack(1.0, b't', &[])], "no tier"),
+        (
+            1,
+            vec![pack(1.0, tag(Algorithm::TokenBucket), &[])],
+            "no tier",
+        ),
         (1, vec![nine], "nine tiers"),
         (1, vec![log_one_key], "the sliding log without its key"),
         (1, vec![b"1".to_vec(), b"1".to_vec()], "the old protocol"),
         (1, vec![b"12345678901234567".to_vec()], "cut short"),
         (1, vec![], "no argument"),
-        (0, vec![pack(1.0, b't', &tiers)], "no key"),
+        (
+            0,
+            vec![pack(1.0, tag(Algorithm::TokenBucket), &tiers)],
+            "no key",
+        ),
     ] {
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let error = eval(&mut conn, keys, &args);
@@ -730,23 +755,22 @@ fn the_split_form_decides_as_the_normal_one() {
         s.extend(reset_us.to_le_bytes());
         s
     };
-    for alg in [b't', b'g', b'f', b'l', b'w'] {
-        let log = alg == b'l';
+    for &algorithm in Algorithm::ALL {
+        let alg = tag(algorithm);
+        let log = algorithm == Algorithm::SlidingLog;
         let (normal, split) = (
-            format!("redlimit:{{n{alg}}}"),
-            format!("redlimit:{{s{alg}}}"),
+            format!("redlimit:{{n-{algorithm}}}"),
+            format!("redlimit:{{s-{algorithm}}}"),
         );
+        let [log_controls, tenant_key] = redlimit::algorithm::control_keys(&normal);
         let decide = |conn: &mut redis::Connection, now: f64, tenant: Option<&[u8]>| {
             let args = pack_args(now, 1.0, alg, &[quota]);
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(source);
             if log {
-                cmd.arg(3)
-                    .arg(format!("{normal}#m"))
-                    .arg(&normal)
-                    .arg(format!("{normal}#t"));
+                cmd.arg(3).arg(&log_controls).arg(&normal).arg(&tenant_key);
             } else {
-                cmd.arg(2).arg(&normal).arg(format!("{normal}#t"));
+                cmd.arg(2).arg(&normal).arg(&tenant_key);
             }
             let normal_reply: redis::Value = cmd.arg(&args).query(conn).unwrap();
             let mut cmd = redis::cmd("EVAL");
@@ -758,7 +782,7 @@ fn the_split_form_decides_as_the_normal_one() {
                 cmd.arg(b"".as_slice());
             }
             let split_reply: redis::Value = cmd.query(conn).unwrap();
-            assert_eq!(normal_reply, split_reply, "{}", alg as char);
+            assert_eq!(normal_reply, split_reply, "{algorithm}");
             normal_reply
         };
         let admitted = |reply: &redis::Value| match reply {
@@ -767,29 +791,29 @@ fn the_split_form_decides_as_the_normal_one() {
             other => panic!("{other:?}"),
         };
         // Under the tenant's override: 3 of 5.
-        let _: () = conn.set(format!("{normal}#t"), &override_three).unwrap();
+        let _: () = conn.set(&tenant_key, &override_three).unwrap();
         let mut now = t0;
         let mut n = 0;
         for _ in 0..5 {
             now += 1000.0;
             n += u32::from(admitted(&decide(&mut conn, now, Some(&override_three))));
         }
-        assert_eq!(n, 3, "{}: under the override", alg as char);
+        assert_eq!(n, 3, "{algorithm}: under the override");
         // Without it: the caller's 10 (what the override used carries over as each algorithm
         // keeps it; the two forms agree on every reply); then a reset.
-        let _: () = conn.del(format!("{normal}#t")).unwrap();
+        let _: () = conn.del(&tenant_key).unwrap();
         for _ in 0..10 {
             now += 1000.0;
             decide(&mut conn, now, None);
         }
         now += 1000.0;
         let reset = reset_at(now);
-        let _: () = conn.set(format!("{normal}#t"), &reset).unwrap();
+        let _: () = conn.set(&tenant_key, &reset).unwrap();
         let mut n = 0;
         for _ in 0..12 {
             now += 1000.0;
             n += u32::from(admitted(&decide(&mut conn, now, Some(&reset))));
         }
-        assert_eq!(n, 10, "{}: after the reset", alg as char);
+        assert_eq!(n, 10, "{algorithm}: after the reset");
     }
 }

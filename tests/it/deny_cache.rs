@@ -8,31 +8,22 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlimit::store::RedisStore;
 use redlimit::{
     clock::{Clock, ManualClock},
     Algorithm, Decision, Limiter, Quota, Quotas,
 };
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tokio::sync::Barrier;
 
 const T0: Duration = Duration::from_secs(1_700_001_800);
 
 fn limiter(redis: &RedisServer, algorithm: Algorithm, clock: Clock, cache: bool) -> Limiter {
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    let builder = Limiter::builder(store)
-        .algorithm(algorithm)
+    let ctx = Ctx::new(algorithm)
         .clock(clock)
+        .timeout(Duration::from_secs(10))
         .prefix(if cache { "cached" } else { "plain" });
-    let builder = if cache {
-        builder.deny_cache(1_000)
-    } else {
-        builder
-    };
-    builder.build().unwrap()
+    let ctx = if cache { ctx.deny_cache(1_000) } else { ctx };
+    ctx.redis(redis)
 }
 
 /// Script calls Redis has run (EVALSHA, and EVAL should a store fall back to it).

@@ -445,7 +445,7 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
 /// The tiers of a stored override are checked like the caller's, the first one too: an
 /// override whose first tier was corrupted in Redis (a limit of 0) is refused with a typed
 /// error, and the stored string is left as it was; every algorithm (the sliding log keeps its
-/// controls in the same layout, under `<key>#m`).
+/// controls in the same layout, in a key beside its log).
 #[tokio::test]
 async fn a_corrupted_first_tier_of_a_stored_override_is_refused() {
     let redis = RedisServer::start();
@@ -460,7 +460,9 @@ async fn a_corrupted_first_tier_of_a_stored_override_is_refused() {
         // period_us and burst as little-endian doubles: the first limit is at byte 11.
         let storage_key = match algorithm {
             // The sliding log keeps its sorted set under the key, its controls beside it.
-            Algorithm::SlidingLog => format!("{}#m", limiter.storage_key(&key)),
+            Algorithm::SlidingLog => {
+                redlimit::algorithm::control_keys(&limiter.storage_key(&key))[0].clone()
+            }
             _ => limiter.storage_key(&key),
         };
         let mut conn = redis.conn();
@@ -751,7 +753,9 @@ async fn a_suspension_far_ahead_denies_with_a_readable_reply() {
     far.extend_from_slice(&1e300f64.to_le_bytes());
     far.push(0);
     // The route's controls: in its string, for the sliding log beside its sorted set.
-    for key in ["redlimit:{t}#t", "redlimit:{r}", "redlimit:{r}#m"] {
+    let [_, tenant] = redlimit::algorithm::control_keys("redlimit:{t}");
+    let [log_controls, _] = redlimit::algorithm::control_keys("redlimit:{r}");
+    for key in [tenant.as_str(), "redlimit:{r}", log_controls.as_str()] {
         let _: () = redis::cmd("SET")
             .arg(key)
             .arg(&far)

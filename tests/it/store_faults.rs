@@ -23,7 +23,7 @@ use redlimit::{
     policy::{FailClosed, FailOpen, LocalFallback},
     Limiter, Quota, RateLimitLayer, Verdict,
 };
-use support::RedisServer;
+use support::{Ctx, RedisServer};
 use tokio::time::sleep;
 use tower::{service_fn, Layer};
 
@@ -51,13 +51,15 @@ enum Policy {
 
 impl Policy {
     fn limiter(self, store: RedisStore) -> Limiter {
-        let builder = Limiter::builder(store);
+        self.ctx().limiter(store)
+    }
+
+    /// Limiters under this policy (the default algorithm and clock).
+    fn ctx(self) -> Ctx {
         match self {
-            Policy::Open => builder.failure_policy(FailOpen),
-            Policy::Closed => builder.failure_policy(FailClosed::default()),
+            Policy::Open => Ctx::default().failure_policy(FailOpen),
+            Policy::Closed => Ctx::default().failure_policy(FailClosed::default()),
         }
-        .build()
-        .unwrap()
     }
 
     /// What every request gets while Redis is away.
@@ -144,6 +146,17 @@ fn since(at: Duration, later: Duration) -> String {
     ms(later.saturating_sub(at))
 }
 
+/// The app enforced again (`enforcing`, when it first did) within `RECOVERY` of `from`, the
+/// end of the fault `after` names.
+fn assert_recovered(enforcing: Option<Duration>, from: Duration, after: &str) {
+    let enforcing = enforcing.unwrap_or_else(|| panic!("the app enforces again {after}"));
+    assert!(
+        enforcing.saturating_sub(from) < RECOVERY,
+        "enforcing again {} {after}",
+        since(from, enforcing)
+    );
+}
+
 /// No request hung, and none waited longer than the timeout plus the margin.
 fn assert_bounded(run: &Run, what: &str) {
     let all = run.all();
@@ -218,12 +231,7 @@ async fn kill_then_restart(policy: Policy) {
         );
     }
     assert_bounded(&run, "kill -9");
-    let first_429 = first_429.expect("the app enforces again after the restart");
-    assert!(
-        first_429.saturating_sub(up_at) < RECOVERY,
-        "enforcing again {} after the restart",
-        since(up_at, first_429)
-    );
+    assert_recovered(first_429, up_at, "after the restart");
     assert!(evalsha > 0, "the restarted Redis receives the checks");
 }
 
@@ -289,12 +297,7 @@ async fn debug_sleep_1_answers_within_the_timeout() {
         "while Redis sleeps every request gets FailClosed's 503: {asleep}"
     );
     assert_bounded(&run, "DEBUG SLEEP 1");
-    let first_429 = first_429.expect("enforcement resumes after the sleep");
-    assert!(
-        first_429.saturating_sub(woke_at) < RECOVERY,
-        "enforcing again {} after the sleep",
-        since(woke_at, first_429)
-    );
+    assert_recovered(first_429, woke_at, "after the sleep");
 }
 
 /// `SCRIPT FLUSH` (three times) under load: the scripts reload by themselves, no store error,
@@ -304,11 +307,10 @@ async fn script_flush_under_load_has_no_errors() {
     let redis = RedisServer::start();
     // Errors are what this test measures, not latency: a generous timeout keeps a loaded
     // machine from turning a slow reply into a store error.
-    let store = RedisStore::builder(redis.url())
+    let limiter = Policy::Closed
+        .ctx()
         .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    let limiter = Policy::Closed.limiter(store);
+        .redis(&redis);
     warm_up(&limiter).await;
 
     let load = start_load(&limiter, Duration::from_secs(10));
@@ -353,12 +355,10 @@ async fn script_flush_under_load_has_no_errors() {
 async fn script_flush_every_millisecond_has_no_errors() {
     let redis = RedisServer::start();
     // Errors are what this test measures, not latency.
-    let store = RedisStore::builder(redis.url())
+    let limiter = Ctx::default()
         .timeout(Duration::from_secs(2))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    let limiter = Limiter::new(store);
+        .without_breaker()
+        .redis(&redis);
     let quota = Quota::per_second(1_000_000).unwrap();
     limiter
         .try_check_quotas("warm", &quota.into(), 1)
@@ -464,12 +464,8 @@ async fn client_kill_recovers() {
     report.print();
 
     assert_bounded(&run, "CLIENT KILL");
-    let steady = steady.expect("the app enforces again after CLIENT KILL");
-    assert!(
-        steady.saturating_sub(kill_at) < RECOVERY,
-        "enforcing again {} after the kill",
-        since(kill_at, steady)
-    );
+    assert_recovered(steady, kill_at, "after CLIENT KILL");
+    let steady = steady.expect("checked just above");
     assert!(run.slice(steady, run.end()).too_many > 0);
 }
 
@@ -518,12 +514,7 @@ async fn started_while_down(policy: Policy) {
         );
     }
     assert_bounded(&run, "started while down");
-    let first_429 = first_429.expect("the app enforces once Redis is up");
-    assert!(
-        first_429.saturating_sub(up_at) < RECOVERY,
-        "enforcing {} after Redis is up",
-        since(up_at, first_429)
-    );
+    assert_recovered(first_429, up_at, "once Redis is up");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -546,14 +537,13 @@ async fn probe_check(limiter: &Limiter) -> Verdict {
 /// A FailClosed limiter on a store with a breaker of 3 failures, and the store (for
 /// `circuit_open`).
 fn breaker_limiter(redis: &RedisServer, cool_down: Duration) -> (Limiter, RedisStore) {
-    let store = RedisStore::builder(redis.url())
+    let store = Ctx::default()
         .timeout(TIMEOUT)
-        .circuit_breaker(CircuitBreaker {
+        .breaker(CircuitBreaker {
             failure_threshold: 3,
             cool_down,
         })
-        .build()
-        .unwrap();
+        .redis_store(redis);
     (Policy::Closed.limiter(store.clone()), store)
 }
 
@@ -815,12 +805,7 @@ async fn local_fallback_while_down_then_redis_again() {
     let back_after = up.elapsed();
     let first = first.expect("decisions come from Redis again");
     // Another instance, without fallback, spends 10 on the same key in Redis...
-    let other = Limiter::new(
-        RedisStore::builder(redis.url())
-            .timeout(Duration::from_secs(2))
-            .build()
-            .unwrap(),
-    );
+    let other = Ctx::default().timeout(Duration::from_secs(2)).redis(&redis);
     let spent = other
         .try_check_quotas("tenant", &quota.into(), 10)
         .await
@@ -882,12 +867,10 @@ async fn local_fallback_while_down_then_redis_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_timeout_above_500_ms_is_honoured() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
+    let limiter = Ctx::default()
         .timeout(Duration::from_secs(2))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    let limiter = Limiter::new(store);
+        .without_breaker()
+        .redis(&redis);
     warm_up(&limiter).await;
     let sleeper = blocking(|| redis.debug_sleep(Duration::from_secs(1)));
     sleep(Duration::from_millis(50)).await;
@@ -981,11 +964,7 @@ async fn a_flush_under_512_concurrent_calls_loads_the_script_once() {
     let redis = RedisServer::start();
     // Loads are what this test counts, not latency: a generous timeout keeps a loaded machine
     // from turning a slow reply into a store error.
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let limiter = Policy::Closed.limiter(store);
+    let limiter = Policy::Closed.ctx().redis(&redis);
     let quota = Quota::per_hour(1_000).unwrap();
     for round in 0..3 {
         // Warm: the script is loaded and the connection open.

@@ -1,15 +1,21 @@
 //! Limiters as most tests want them, on each backend: a private Redis, a private Cluster or a
-//! `MemoryStore`, under the test's algorithm, clock and store timeout. Tests that need other
-//! store options (a short timeout, a circuit breaker, ACL credentials, TLS) build their own.
+//! `MemoryStore`, under the test's algorithm, clock, store timeout, circuit breaker, failure
+//! policy, deny cache and prefix. Tests that need other store options (ACL credentials, TLS)
+//! build their own.
 //!
 //! ```ignore
 //! let limiter = support::redis_limiter(&redis, Algorithm::Gcra);
 //! let limiter = Ctx::new(algorithm).manual(&clock).redis(&redis);
+//! let limiter = Ctx::default().without_breaker().failure_policy(FailClosed::default()).redis(&redis);
 //! ```
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-use redlimit::store::{MemoryStore, RedisStore, Store};
+use redlimit::limiter::LimiterBuilder;
+use redlimit::policy::FailurePolicy;
+use redlimit::store::{CircuitBreaker, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 use redlimit::{
     clock::{Clock, ManualClock},
     Algorithm, Limiter, Quota,
@@ -22,21 +28,44 @@ use super::{RedisCluster, RedisServer};
 /// fail-open admission (the failure tests set their own timeouts).
 pub const PATIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What a test varies about its limiters: the algorithm, the clock and the store timeout.
+/// What a test varies about its limiters: the algorithm, the clock, the store timeout, and
+/// the options most tests leave at the crate's defaults.
 #[derive(Clone, Debug)]
 pub struct Ctx {
     pub algorithm: Algorithm,
     pub clock: Clock,
     pub timeout: Duration,
+    pub options: Options,
+}
+
+/// What most tests leave at the crate's defaults (`None`: the default).
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `Some(None)`: no circuit breaker; `Some(Some(b))`: `b`.
+    pub breaker: Option<Option<CircuitBreaker>>,
+    policy: Option<SetPolicy>,
+    pub deny_cache: Option<usize>,
+    pub prefix: Option<String>,
+}
+
+/// Sets a failure policy on a limiter builder (the policy's type is the test's).
+#[derive(Clone)]
+struct SetPolicy(Arc<dyn Fn(LimiterBuilder) -> LimiterBuilder + Send + Sync>);
+
+impl fmt::Debug for SetPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SetPolicy")
+    }
 }
 
 impl Default for Ctx {
-    /// The crate's default algorithm and clock, and [`PATIENT_TIMEOUT`].
+    /// The crate's default algorithm, clock and options, and [`PATIENT_TIMEOUT`].
     fn default() -> Self {
         Ctx {
             algorithm: Algorithm::default(),
             clock: Clock::default(),
             timeout: PATIENT_TIMEOUT,
+            options: Options::default(),
         }
     }
 }
@@ -65,29 +94,74 @@ impl Ctx {
         Ctx { timeout, ..self }
     }
 
+    /// The same, with stores that have no circuit breaker.
+    pub fn without_breaker(mut self) -> Self {
+        self.options.breaker = Some(None);
+        self
+    }
+
+    /// The same, with stores behind `breaker`.
+    pub fn breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.options.breaker = Some(Some(breaker));
+        self
+    }
+
+    /// The same, with limiters under `policy` when the store fails.
+    pub fn failure_policy(mut self, policy: impl FailurePolicy + Clone) -> Self {
+        let set = move |builder: LimiterBuilder| builder.failure_policy(policy.clone());
+        self.options.policy = Some(SetPolicy(Arc::new(set)));
+        self
+    }
+
+    /// The same, with a deny cache of `max_keys` keys.
+    pub fn deny_cache(mut self, max_keys: usize) -> Self {
+        self.options.deny_cache = Some(max_keys);
+        self
+    }
+
+    /// The same, with storage keys under `prefix`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.options.prefix = Some(prefix.into());
+        self
+    }
+
     /// A limiter on `store`.
     pub fn limiter(&self, store: impl Store) -> Limiter {
-        Limiter::builder(store)
+        let mut builder = Limiter::builder(store)
             .algorithm(self.algorithm)
-            .clock(self.clock.clone())
-            .build()
-            .expect("valid limiter")
+            .clock(self.clock.clone());
+        let options = &self.options;
+        if let Some(SetPolicy(set)) = &options.policy {
+            builder = set(builder);
+        }
+        if let Some(max_keys) = options.deny_cache {
+            builder = builder.deny_cache(max_keys);
+        }
+        if let Some(prefix) = &options.prefix {
+            builder = builder.prefix(prefix.as_str());
+        }
+        builder.build().expect("valid limiter")
+    }
+
+    /// The store options of this context on `builder`.
+    fn store(&self, builder: RedisStoreBuilder) -> RedisStore {
+        let builder = builder.timeout(self.timeout);
+        let builder = match self.options.breaker {
+            None => builder,
+            Some(None) => builder.without_circuit_breaker(),
+            Some(Some(breaker)) => builder.circuit_breaker(breaker),
+        };
+        builder.build().expect("valid store")
     }
 
     /// A store on its own connection to `server`.
     pub fn redis_store(&self, server: &RedisServer) -> RedisStore {
-        RedisStore::builder(server.url())
-            .timeout(self.timeout)
-            .build()
-            .expect("valid url")
+        self.store(RedisStore::builder(server.url()))
     }
 
     /// A store on its own connections to `cluster`.
     pub fn cluster_store(&self, cluster: &RedisCluster) -> RedisStore {
-        RedisStore::cluster_builder(cluster.urls())
-            .timeout(self.timeout)
-            .build()
-            .expect("valid urls")
+        self.store(RedisStore::cluster_builder(cluster.urls()))
     }
 
     /// A limiter on its own connection to `server`.

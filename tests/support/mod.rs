@@ -182,7 +182,7 @@ pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
 /// first tier's limit is overwritten with 0 in Redis. The controls' layout: 'M', the
 /// suspended-until (8 bytes), the tier count, then per tier limit, period_us and burst as
 /// little-endian doubles, so the first limit starts at byte 11 (offset 10); the sliding log
-/// keeps its controls beside its sorted set, under `<key>#m`.
+/// keeps its controls beside its sorted set (the first of `control_keys`).
 pub async fn poison_key(redis: &RedisServer, limiter: &redlimit::Limiter, key: &str) {
     let quotas = redlimit::Quotas::from(redlimit::Quota::per_hour(3).unwrap());
     limiter
@@ -190,7 +190,10 @@ pub async fn poison_key(redis: &RedisServer, limiter: &redlimit::Limiter, key: &
         .await
         .expect("set_quota before the poisoning");
     let storage_key = match limiter.algorithm() {
-        redlimit::Algorithm::SlidingLog => format!("{}#m", limiter.storage_key(key)),
+        redlimit::Algorithm::SlidingLog => {
+            let [log_controls, _] = redlimit::algorithm::control_keys(&limiter.storage_key(key));
+            log_controls
+        }
         _ => limiter.storage_key(key),
     };
     let _: () = redis::cmd("SETRANGE")

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use super::server::{spawn_logged, wait_until_ready};
 use super::{free_port, info_field, RedisServer, REDIS_MISSING};
 
 /// The name the sentinels monitor the primary under.
@@ -23,8 +24,6 @@ pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 const FAILOVER_TIMEOUT: Duration = Duration::from_millis(3000);
 /// How long the setup may take to settle (replication up, sentinels aware of each other).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long a fresh sentinel process gets to answer PING.
-const READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A primary, its replica and three sentinels that monitor it as [`MASTER_NAME`] with quorum 2.
 ///
@@ -239,7 +238,7 @@ impl SentinelProcess {
             std::fs::write(&config, sentinel_config(port, master_port, dir.path()))
                 .expect("write sentinel.conf");
             let mut child = spawn(&config, dir.path());
-            match wait_until_ready(&mut child, port) {
+            match wait_until_ready(&mut child, port, "redis sentinel") {
                 Ok(()) => return SentinelProcess { port, child, dir },
                 Err(e) => {
                     let _ = child.kill();
@@ -305,21 +304,8 @@ fn sentinel_config(port: u16, master_port: u16, dir: &Path) -> String {
 }
 
 fn spawn(config: &Path, dir: &Path) -> Child {
-    let log = log_file(dir);
-    let log_err = log.try_clone().expect("clone log file handle");
-    Command::new(super::server_binary())
-        .arg(config)
-        .arg("--sentinel")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .spawn()
-        .unwrap_or_else(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                panic!("{REDIS_MISSING}");
-            }
-            panic!("could not run redis-server --sentinel: {e}");
-        })
+    let args = [config.as_os_str(), "--sentinel".as_ref()];
+    spawn_logged(args, log_file(dir), "redis-server --sentinel")
 }
 
 fn log_file(dir: &Path) -> File {
@@ -328,39 +314,4 @@ fn log_file(dir: &Path) -> File {
         .append(true)
         .open(dir.join("sentinel.log"))
         .expect("open sentinel log file")
-}
-
-/// Polls until the sentinel on `port` answers PING and is `child` (its `process_id`).
-fn wait_until_ready(child: &mut Child, port: u16) -> Result<(), String> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    let mut last_error = String::from("no attempt made");
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("redis sentinel exited early ({status})"));
-        }
-        match sentinel_pid(port) {
-            Ok(pid) if pid == child.id() => return Ok(()),
-            Ok(pid) => {
-                return Err(format!(
-                    "port {port} is served by another process (pid {pid})"
-                ))
-            }
-            Err(e) => last_error = e.to_string(),
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    Err(format!(
-        "no PING answer within {READY_TIMEOUT:?} (last error: {last_error})"
-    ))
-}
-
-fn sentinel_pid(port: u16) -> redis::RedisResult<u32> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-    let mut conn = client.get_connection_with_timeout(Duration::from_millis(500))?;
-    conn.set_read_timeout(Some(Duration::from_secs(1)))?;
-    let _: String = redis::cmd("PING").query(&mut conn)?;
-    let info: String = redis::cmd("INFO").arg("server").query(&mut conn)?;
-    Ok(info_field(&info, "process_id")
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or(0))
 }

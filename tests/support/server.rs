@@ -332,7 +332,7 @@ impl RedisServer {
     /// one answering PING there. On failure the process is killed.
     fn spawn_and_wait(&self) -> Result<Child, String> {
         let mut child = self.spawn();
-        match wait_until_ready(&mut child, self.port) {
+        match wait_until_ready(&mut child, self.port, "redis-server") {
             Ok(()) => Ok(child),
             Err(e) => {
                 let _ = child.kill();
@@ -344,20 +344,7 @@ impl RedisServer {
 
     /// Spawns the process with stdout and stderr appended to the log file.
     fn spawn(&self) -> Child {
-        let log = self.open_log();
-        let log_err = log.try_clone().expect("clone log file handle");
-        Command::new(super::server_binary())
-            .args(self.args())
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            .spawn()
-            .unwrap_or_else(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    panic!("{REDIS_MISSING}");
-                }
-                panic!("could not run redis-server: {e}");
-            })
+        spawn_logged(self.args(), self.open_log(), "redis-server")
     }
 
     fn open_log(&self) -> File {
@@ -375,20 +362,42 @@ impl Drop for RedisServer {
     }
 }
 
-/// Polls until the server on `port` answers PING and reports `child`'s pid
-/// (so a Redis of another process that holds the port does not count).
-fn wait_until_ready(child: &mut Child, port: u16) -> Result<(), String> {
+/// Runs the server binary with `args`, its stdout and stderr appended to `log`; `what` names
+/// it in the panic when it cannot start.
+pub(super) fn spawn_logged<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+    log: File,
+    what: &str,
+) -> Child {
+    let log_err = log.try_clone().expect("clone log file handle");
+    Command::new(super::server_binary())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .spawn()
+        .unwrap_or_else(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                panic!("{REDIS_MISSING}");
+            }
+            panic!("could not run {what}: {e}");
+        })
+}
+
+/// Polls until the server on `port` (a `redis-server` or a sentinel, `what` says) answers PING
+/// and reports `child`'s pid (so a Redis of another process that holds the port does not count).
+pub(super) fn wait_until_ready(child: &mut Child, port: u16, what: &str) -> Result<(), String> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let mut last_error = String::from("no attempt made");
     while Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("redis-server exited early ({status})"));
+            return Err(format!("{what} exited early ({status})"));
         }
         match server_pid(port) {
             Ok(pid) if pid == child.id() => return Ok(()),
             Ok(pid) => {
                 return Err(format!(
-                    "port {port} is served by another redis (pid {pid})"
+                    "port {port} is served by another process (pid {pid})"
                 ))
             }
             Err(e) => last_error = e.to_string(),

@@ -8,11 +8,14 @@ use std::time::Duration;
 use futures::future::FutureExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
+use redis::{Client, ConnectionAddr, ConnectionInfo, RedisError};
 
 use super::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
 use super::sentinel::{self, SentinelOptions, SentinelTarget};
 use super::server::{self, ServerInfo};
+use super::tls::explain_tls;
+#[cfg(feature = "tls")]
+use super::tls::require_tls;
 use super::{Backend, BuildError, RedisStore, DEFAULT_TIMEOUT};
 use crate::store::breaker::{BreakerState, CircuitBreaker};
 
@@ -291,36 +294,6 @@ async fn connect_single(client: Client) -> Result<(ConnectionManager, ServerInfo
         .map_err(explain_tls)?;
     let server = server::inspect(&mut connection).await;
     Ok((connection, server))
-}
-
-/// A failed TLS handshake said as such, with what to check (rustls's own words kept).
-pub(super) fn explain_tls(error: RedisError) -> RedisError {
-    let text = error.to_string();
-    if text.contains("certificate") || text.contains("fatal alert") {
-        RedisError::from((
-            error.kind(),
-            "TLS handshake failed",
-            format!(
-                "{text} (check that the CA given with tls_ca_pem, or the system's roots, signed \
-                 the server's certificate, and the client certificate if the server asks for one)"
-            ),
-        ))
-    } else {
-        error
-    }
-}
-
-/// TLS settings only make sense for a `rediss://` URL.
-#[cfg(feature = "tls")]
-pub(super) fn require_tls(info: &ConnectionInfo) -> Result<(), RedisError> {
-    match info.addr() {
-        ConnectionAddr::TcpTls { .. } => Ok(()),
-        _ => Err(RedisError::from((
-            ErrorKind::InvalidClientConfig,
-            "TLS certificates were given for a URL without TLS",
-            "use rediss:// (or drop the CA and client certificate)".to_owned(),
-        ))),
-    }
 }
 
 #[cfg(test)]

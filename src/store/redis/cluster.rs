@@ -57,9 +57,9 @@ async fn invoke_on_cluster(
     request: Call<'_>,
 ) -> Result<redis::Value, StoreError> {
     match follow(connection, reloads, request).await {
-        Err(StoreError::Redis(error)) if is_rehashing(&error) => match request {
+        Err(StoreError::Redis(error)) if is_rehashing(error.inner()) => match request {
             Call::Check(check) => split_check(connection, reloads, check).await,
-            _ => Err(error.into()),
+            _ => Err(StoreError::Redis(error)),
         },
         result => result,
     }
@@ -110,7 +110,7 @@ async fn read_string(connection: &mut ClusterConnection, key: &str) -> Result<Ve
                     tokio::time::sleep(Duration::from_millis(5 * resends)).await;
                 }
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => return Err(StoreError::redis(error)),
         }
     }
 }
@@ -139,13 +139,13 @@ async fn follow(
         };
         match result {
             Err(StoreError::Redis(error))
-                if is_rehashing(&error) && matches!(request, Call::Check(_)) =>
+                if is_rehashing(error.inner()) && matches!(request, Call::Check(_)) =>
             {
-                return Err(error.into());
+                return Err(StoreError::Redis(error));
             }
-            Err(StoreError::Redis(error)) if resends < 4 && did_not_run(&error) => {
+            Err(StoreError::Redis(error)) if resends < 4 && did_not_run(error.inner()) => {
                 resends += 1;
-                redirect = Redirect::of(&error);
+                redirect = Redirect::of(error.inner());
                 if redirect.is_none() {
                     // The slot map refresh that the refusal started needs a moment.
                     tokio::time::sleep(Duration::from_millis(5 * resends)).await;
@@ -191,8 +191,10 @@ async fn invoke_redirected(
     request: Call<'_>,
 ) -> Result<redis::Value, StoreError> {
     let reply = match send_to(connection, to, request.evalsha()).await {
-        Err(error) if is_noscript(&error) => send_to(connection, to, request.eval()).await?,
-        result => result?,
+        Err(error) if is_noscript(&error) => send_to(connection, to, request.eval())
+            .await
+            .map_err(StoreError::redis)?,
+        result => result.map_err(StoreError::redis)?,
     };
     Ok(reply)
 }

@@ -155,7 +155,7 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
                     error,
                     failures,
                 } if at.elapsed() < backoff(*failures) => {
-                    return Err(StoreError::Redis(error.clone()));
+                    return Err(StoreError::redis(error.clone()));
                 }
                 Attempt::Failed { failures, .. } | Attempt::Idle { failures } => {
                     let failures = *failures;
@@ -170,7 +170,7 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
             return Ok((ready.connection.clone(), ready.server.clone()));
         }
         let result = match &*slot.attempt() {
-            Attempt::Failed { error, .. } => Err(StoreError::Redis(error.clone())),
+            Attempt::Failed { error, .. } => Err(StoreError::redis(error.clone())),
             _ => Err(StoreError::Unavailable("connection attempt abandoned")),
         };
         result
@@ -246,7 +246,7 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
                 }
                 "consecutive timeouts"
             }
-            Err(StoreError::Redis(error)) => match (self.stale)(error) {
+            Err(StoreError::Redis(error)) => match (self.stale)(error.inner()) {
                 Some(reason) => reason,
                 None => return,
             },
@@ -340,7 +340,7 @@ mod tests {
     }
 
     fn server_error(code: &str) -> Result<Decision, StoreError> {
-        Err(StoreError::Redis(redis::make_extension_error(
+        Err(StoreError::redis(redis::make_extension_error(
             code.to_owned(),
             None,
         )))
@@ -351,7 +351,7 @@ mod tests {
             ErrorKind::Server(ServerErrorKind::ReadOnly),
             "You can't write against a read only replica.",
         ));
-        Err(StoreError::Redis(error))
+        Err(StoreError::redis(error))
     }
 
     fn never() -> Replaceable<()> {
@@ -408,7 +408,7 @@ mod tests {
             ErrorKind::Server(ServerErrorKind::MasterDown),
             "Link with MASTER is down",
         ));
-        connection.settle::<()>(second, &Err(StoreError::Redis(masterdown)));
+        connection.settle::<()>(second, &Err(StoreError::redis(masterdown)));
         assert_ne!(connection.current_generation(), second);
     }
 
@@ -443,7 +443,7 @@ mod tests {
 
     fn dropped() -> Result<Decision, StoreError> {
         let error = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
-        Err(StoreError::Redis(error))
+        Err(StoreError::redis(error))
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod reload;
 mod script;
 mod sentinel;
 mod server;
+mod tls;
 
 use std::fmt;
 use std::future::Future;

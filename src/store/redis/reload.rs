@@ -92,7 +92,7 @@ impl Reloads {
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
         let task = tokio::spawn(async move {
-            let load = super::script::load(&mut connection, source);
+            let load = load(&mut connection, source);
             let result = match tokio::time::timeout(LOAD_TIMEOUT, load).await {
                 Ok(result) => result,
                 Err(_) => Err(RedisError::from((
@@ -128,4 +128,17 @@ impl Reload {
         // Nothing panics while the lock is held: a poisoned lock still holds a valid state.
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// `SCRIPT LOAD` of `source`: the one load, at [`check_server`](super::script::check_server)
+/// and after `NOSCRIPT`.
+pub(super) async fn load(
+    connection: &mut impl ConnectionLike,
+    source: &str,
+) -> Result<(), RedisError> {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .exec_async(connection)
+        .await
 }

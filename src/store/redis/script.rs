@@ -9,9 +9,11 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use super::reload::{Reloads, Script};
+use super::reload::{load, Reloads, Script};
 use super::sentinel::PrimaryConnection;
-use crate::algorithm::layout::{exact, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS};
+use crate::algorithm::layout::{
+    exact, put_quota, tenant_key, Op, Reply, ARGS_HEADER, MAX_REPLY_MS, QUOTA_BYTES,
+};
 use crate::algorithm::{capped_cost, log_controls_key, Algorithm, CONTROL_SOURCE, SOURCE};
 use crate::decision::Decision;
 use crate::quota::{Quota, MAX_TIERS};
@@ -138,7 +140,7 @@ impl ScriptConnection for ConnectionManager {
             // The manager may still hold a connection attempt that failed while Redis was down.
             // Nothing was sent, so one retry is safe, and it reconnects now instead of one
             // cool-down later.
-            Err(StoreError::Redis(error)) if error.is_connection_refusal() => {
+            Err(StoreError::Redis(error)) if error.inner().is_connection_refusal() => {
                 invoke(self, reloads, call).await
             }
             result => result,
@@ -154,22 +156,13 @@ impl ScriptConnection for PrimaryConnection {
     }
 }
 
-/// `SCRIPT LOAD` of `source`: the one load, at [`check_server`] and after `NOSCRIPT`.
-pub(super) async fn load(
-    connection: &mut impl ConnectionLike,
-    source: &str,
-) -> Result<(), RedisError> {
-    redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(source)
-        .exec_async(connection)
-        .await
-}
-
 /// `PING` and `SCRIPT LOAD` of the decision script: what a decision needs besides `EVALSHA`.
 pub(super) async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreError> {
-    redis::cmd("PING").exec_async(connection).await?;
-    load(connection, &SOURCE).await?;
+    redis::cmd("PING")
+        .exec_async(connection)
+        .await
+        .map_err(StoreError::redis)?;
+    load(connection, &SOURCE).await.map_err(StoreError::redis)?;
     Ok(())
 }
 
@@ -200,13 +193,15 @@ where
             match retried {
                 // NOSCRIPT again, or the load failed (e.g. an ACL without `script|load`); never
                 // after any other reply, which may come from a script that ran.
-                Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => {
-                    call.eval().query_async(connection).await?
-                }
-                result => result?,
+                Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => call
+                    .eval()
+                    .query_async(connection)
+                    .await
+                    .map_err(StoreError::redis)?,
+                result => result.map_err(StoreError::redis)?,
             }
         }
-        result => result?,
+        result => result.map_err(StoreError::redis)?,
     };
     Ok(reply)
 }
@@ -216,10 +211,7 @@ pub(super) fn is_noscript(error: &RedisError) -> bool {
 }
 
 /// The longest argument: now, cost, the algorithm, and 8 tiers.
-const MAX_ARGS: usize = HEADER + 24 * MAX_TIERS;
-
-/// The arguments' header: doubles now_us and cost, and the algorithm's byte.
-const HEADER: usize = 17;
+const MAX_ARGS: usize = ARGS_HEADER + QUOTA_BYTES * MAX_TIERS;
 
 /// The decision script's one argument: `'<ddB' .. n * '<ddd'` (see `lua/common.lua`).
 pub(super) struct PackedArgs {
@@ -241,7 +233,7 @@ impl PackedArgs {
         bytes[0..8].copy_from_slice(&now.to_le_bytes());
         bytes[8..16].copy_from_slice(&cost.to_le_bytes());
         bytes[16] = algorithm.tag();
-        let mut at = HEADER;
+        let mut at = ARGS_HEADER;
         for quota in quotas {
             at = put_quota(&mut bytes, at, quota);
         }

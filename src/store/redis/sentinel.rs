@@ -114,7 +114,7 @@ pub(super) fn client(
     #[cfg(feature = "tls")]
     if let Some(certificates) = options.tls {
         for info in &target.sentinels {
-            super::builder::require_tls(info)?;
+            super::tls::require_tls(info)?;
         }
         builder = builder
             .set_client_to_sentinel_certificates(certificates.clone())
@@ -211,7 +211,7 @@ async fn connect_once(
     let mut connection = primary
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(super::builder::explain_tls)?;
+        .map_err(super::tls::explain_tls)?;
     let server = server::inspect(&mut connection).await;
     tracing::info!(primary = %address, "rate limit store: Sentinel names this primary");
     let moved = Arc::new(AtomicBool::new(false));
