@@ -173,6 +173,13 @@ impl<K: fmt::Debug> fmt::Debug for Config<K> {
     }
 }
 
+impl<K> Config<K> {
+    /// The label for checks of the layer's shadow tiers.
+    pub(crate) fn shadow_label(&self) -> PolicyLabel {
+        self.metrics_label.shadowed(Shadow::Tiers)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
@@ -257,12 +264,5 @@ mod tests {
             let id = storage_id(key);
             assert!(!id.starts_with(SHARED_ID_PREFIX), "{key:?} -> {id}");
         }
-    }
-}
-
-impl<K> Config<K> {
-    /// The label for checks of the layer's shadow tiers.
-    pub(crate) fn shadow_label(&self) -> PolicyLabel {
-        self.metrics_label.shadowed(Shadow::Tiers)
     }
 }

@@ -375,47 +375,6 @@ fn default_scope(policy_name: &str, algorithm: Algorithm, quotas: &[Quota]) -> S
     scope
 }
 
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn default_scopes_tell_quotas_apart() {
-        let minute = Quota::per_minute(5).unwrap();
-        let tb = Algorithm::TokenBucket;
-        assert_eq!(
-            default_scope("default", tb, &[minute]),
-            "default:token-bucket:5/60s"
-        );
-        let burst = minute.with_burst(10).unwrap();
-        assert_eq!(
-            default_scope("api", Algorithm::Gcra, &[burst]),
-            "api:gcra:5/60s:b10"
-        );
-        let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
-        assert_eq!(default_scope("x", tb, &[odd]), "x:token-bucket:3/1500000us");
-        let second = Quota::per_second(10).unwrap();
-        assert_eq!(
-            default_scope("default", tb, &[second, burst]),
-            "default:token-bucket:10/1s+5/60s:b10"
-        );
-        let scopes = [
-            default_scope("d", tb, &[minute]),
-            default_scope("d", tb, &[burst]),
-            default_scope("d", tb, &[odd]),
-            default_scope("d", Algorithm::FixedWindow, &[minute]),
-            default_scope("e", tb, &[minute]),
-            default_scope("d", tb, &[minute, second]),
-            default_scope("d", tb, &[second, minute]),
-            default_scope("d", tb, &[second, burst]),
-        ];
-        let distinct: std::collections::BTreeSet<_> = scopes.iter().collect();
-        assert_eq!(distinct.len(), scopes.len());
-    }
-}
-
 impl<K> RateLimitLayerBuilder<K> {
     /// Shadow mode (dark launch): every request is decided and recorded exactly as it would
     /// be, and always goes on to the service. A denial is counted (in
@@ -532,5 +491,46 @@ impl<K> RateLimitLayerBuilder<K> {
     pub fn block_for(mut self, block: impl Into<BlockFor>) -> Self {
         self.modes.block = Some(block.into());
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn default_scopes_tell_quotas_apart() {
+        let minute = Quota::per_minute(5).unwrap();
+        let tb = Algorithm::TokenBucket;
+        assert_eq!(
+            default_scope("default", tb, &[minute]),
+            "default:token-bucket:5/60s"
+        );
+        let burst = minute.with_burst(10).unwrap();
+        assert_eq!(
+            default_scope("api", Algorithm::Gcra, &[burst]),
+            "api:gcra:5/60s:b10"
+        );
+        let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
+        assert_eq!(default_scope("x", tb, &[odd]), "x:token-bucket:3/1500000us");
+        let second = Quota::per_second(10).unwrap();
+        assert_eq!(
+            default_scope("default", tb, &[second, burst]),
+            "default:token-bucket:10/1s+5/60s:b10"
+        );
+        let scopes = [
+            default_scope("d", tb, &[minute]),
+            default_scope("d", tb, &[burst]),
+            default_scope("d", tb, &[odd]),
+            default_scope("d", Algorithm::FixedWindow, &[minute]),
+            default_scope("e", tb, &[minute]),
+            default_scope("d", tb, &[minute, second]),
+            default_scope("d", tb, &[second, minute]),
+            default_scope("d", tb, &[second, burst]),
+        ];
+        let distinct: std::collections::BTreeSet<_> = scopes.iter().collect();
+        assert_eq!(distinct.len(), scopes.len());
     }
 }

@@ -1,10 +1,12 @@
 //! [`RedisStore`]: every decision is one Lua script run atomically in Redis (single node,
 //! Cluster, or a primary found through Sentinel).
 
+mod args;
 mod builder;
 mod cluster;
 mod connection;
 mod error;
+mod mode_call;
 mod modes;
 mod reload;
 mod script;

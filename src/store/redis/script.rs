@@ -9,14 +9,14 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
+use super::args::PackedArgs;
+use super::mode_call::ModeCall;
 use super::reload::{load, Reloads, Script};
 use super::sentinel::PrimaryConnection;
-use crate::algorithm::layout::{
-    exact, put_quota, tenant_key, Op, Reply, ARGS_HEADER, MAX_REPLY_MS, QUOTA_BYTES,
-};
-use crate::algorithm::{capped_cost, log_controls_key, Algorithm, CONTROL_SOURCE, SOURCE};
+use crate::algorithm::layout::{exact, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS};
+use crate::algorithm::{log_controls_key, Algorithm, CONTROL_SOURCE, SOURCE};
 use crate::decision::Decision;
-use crate::quota::{Quota, MAX_TIERS};
+use crate::quota::Quota;
 use crate::store::{CheckRequest, ControlReply, ControlRequest, StoreError};
 
 /// The decision script (every algorithm's; the arguments name the algorithm), hashed once per
@@ -34,7 +34,7 @@ pub(super) enum Call<'a> {
     Split(CheckRequest<'a>, &'a [Vec<u8>]),
     Control(ControlRequest<'a>),
     /// A production mode's script (`modes.rs`): a refund, a decision that blocks, a slot.
-    Mode(super::modes::ModeCall<'a>),
+    Mode(ModeCall<'a>),
 }
 
 impl Call<'_> {
@@ -208,41 +208,6 @@ where
 
 pub(super) fn is_noscript(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-}
-
-/// The longest argument: now, cost, the algorithm, and 8 tiers.
-const MAX_ARGS: usize = ARGS_HEADER + QUOTA_BYTES * MAX_TIERS;
-
-/// The decision script's one argument: `'<ddB' .. n * '<ddd'` (see `lua/common.lua`).
-pub(super) struct PackedArgs {
-    len: usize,
-    bytes: [u8; MAX_ARGS],
-}
-
-impl PackedArgs {
-    pub(crate) fn new(
-        algorithm: Algorithm,
-        quotas: &[Quota],
-        cost: u64,
-        now_micros: Option<u64>,
-    ) -> Self {
-        let quotas = &quotas[..quotas.len().min(MAX_TIERS)];
-        let now = now_micros.map_or(-1.0, exact);
-        let cost = exact(capped_cost(cost));
-        let mut bytes = [0; MAX_ARGS];
-        bytes[0..8].copy_from_slice(&now.to_le_bytes());
-        bytes[8..16].copy_from_slice(&cost.to_le_bytes());
-        bytes[16] = algorithm.tag();
-        let mut at = ARGS_HEADER;
-        for quota in quotas {
-            at = put_quota(&mut bytes, at, quota);
-        }
-        PackedArgs { len: at, bytes }
-    }
-
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
 }
 
 /// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
