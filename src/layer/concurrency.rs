@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::body::ResponseBody;
+use super::response::{self, Wire};
 use crate::key::KeyExtractor;
 use crate::limiter::{is_name, ConcurrencyLimiter, ConfigError, Slot, SlotOutcome};
 
@@ -30,7 +31,8 @@ const UNKEYED: &str = "#:unkeyed";
 /// `Retry-After` (1 s: a slot usually frees sooner than any lease ends) and the IETF headers
 /// with the quota unit of the draft, `RateLimit-Policy: "<name>";q=<N>;qu="concurrent-requests"`
 /// and `RateLimit: "<name>";r=0;t=1`; an admitted one gets `RateLimit: "<name>";r=<left>` on
-/// its response. Requests without a key share one.
+/// its response. A gRPC request gets a trailers-only `RESOURCE_EXHAUSTED` instead of the 429,
+/// as [`RateLimitLayer`](crate::RateLimitLayer) answers it. Requests without a key share one.
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -262,10 +264,12 @@ where
                             headers: None,
                         },
                         SlotOutcome::Full { .. } => {
-                            return Poll::Ready(Ok(full(&shared)));
+                            let wire = Wire::of(request.headers());
+                            return Poll::Ready(Ok(full(&shared, wire)));
                         }
                         SlotOutcome::FailedClosed { retry_after } => {
-                            return Poll::Ready(Ok(unavailable(retry_after)));
+                            let wire = Wire::of(request.headers());
+                            return Poll::Ready(Ok(unavailable(retry_after, wire)));
                         }
                     }
                 }
@@ -293,15 +297,11 @@ where
     }
 }
 
-/// 429: every slot taken.
-fn full<B, K>(shared: &Shared<K>) -> Response<ConcurrencyBody<B>> {
-    let mut response = Response::new(ConcurrencyBody {
-        inner: ResponseBody::rejection("too many concurrent requests\n"),
-        slot: None,
-    });
-    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+/// 429 (gRPC: RESOURCE_EXHAUSTED): every slot taken.
+fn full<B, K>(shared: &Shared<K>, wire: Wire) -> Response<ConcurrencyBody<B>> {
+    let mut response =
+        response::too_many_concurrent(wire).map(|inner| ConcurrencyBody { inner, slot: None });
     let headers = response.headers_mut();
-    headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
     headers.insert("ratelimit-policy", shared.policy.clone());
     if let Ok(value) = HeaderValue::from_str(&format!("\"{}\";r=0;t=1", shared.name)) {
         headers.insert("ratelimit", value);
@@ -309,20 +309,9 @@ fn full<B, K>(shared: &Shared<K>) -> Response<ConcurrencyBody<B>> {
     response
 }
 
-/// 503: the store failed and the policy refused.
-fn unavailable<B>(retry_after: Duration) -> Response<ConcurrencyBody<B>> {
-    let mut response = Response::new(ConcurrencyBody {
-        inner: ResponseBody::rejection("rate limiter unavailable\n"),
-        slot: None,
-    });
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let seconds = retry_after.as_millis().div_ceil(1000).max(1);
-    if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-        response
-            .headers_mut()
-            .insert(http::header::RETRY_AFTER, value);
-    }
-    response
+/// 503 (gRPC: UNAVAILABLE): the store failed and the policy refused.
+fn unavailable<B>(retry_after: Duration, wire: Wire) -> Response<ConcurrencyBody<B>> {
+    response::unavailable(retry_after, wire).map(|inner| ConcurrencyBody { inner, slot: None })
 }
 
 pin_project! {

@@ -34,6 +34,8 @@ const GRPC_UNAVAILABLE: &str = "14";
 const EXCEEDED: &str = "rate limit exceeded";
 /// The body (and `grpc-message`) of a request denied because its key is suspended.
 const SUSPENDED: &str = "rate limit: suspended, retry later";
+/// The `grpc-message` when every concurrency slot is taken.
+const TOO_MANY_CONCURRENT: &str = "too many concurrent requests";
 
 /// How a request speaks, which decides how the layer answers it itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +122,28 @@ pub(crate) fn too_many_requests<B>(
 fn pushback_ms(retry_after: Duration) -> u64 {
     let millis = retry_after.as_nanos().div_ceil(1_000_000).max(1);
     u64::try_from(millis).unwrap_or(u64::MAX)
+}
+
+/// The answer when every concurrency slot is taken: 429 (or gRPC RESOURCE_EXHAUSTED) with
+/// `Retry-After: 1` (a slot frees when a request ends, which no one can foretell).
+pub(crate) fn too_many_concurrent<B>(wire: Wire) -> Response<ResponseBody<B>> {
+    let mut response = if wire.is_grpc() {
+        grpc_response(wire, GRPC_RESOURCE_EXHAUSTED, TOO_MANY_CONCURRENT)
+    } else {
+        text_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many concurrent requests\n",
+        )
+    };
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    if wire.is_grpc() {
+        headers.insert(
+            GRPC_RETRY_PUSHBACK_MS.clone(),
+            HeaderValue::from_static("1000"),
+        );
+    }
+    response
 }
 
 /// The answer when the store failed and the policy rejects: 503 (or gRPC UNAVAILABLE).

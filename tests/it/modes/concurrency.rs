@@ -236,3 +236,59 @@ async fn slots_on_cluster() {
         );
     }
 }
+
+/// A gRPC request that finds every slot taken gets a trailers-only RESOURCE_EXHAUSTED (HTTP
+/// 200, `grpc-status: 8`, the retry hint in `grpc-retry-pushback-ms`), as the rate layer
+/// answers it; a plain HTTP one gets 429. Both carry `Retry-After` and the policy's
+/// `qu="concurrent-requests"`.
+#[tokio::test]
+async fn a_full_key_answers_grpc_in_grpc() {
+    let slots =
+        ConcurrencyLimiter::with_options(Ctx::default().memory(), 1, Duration::from_secs(5), "g")
+            .unwrap();
+    let counts = Arc::new(InFlight::default());
+    let layer = ConcurrencyLimitLayer::new(slots, GlobalKey::new("k"), "grpc").unwrap();
+    let svc = layer.layer(slow(counts.clone(), Duration::from_secs(3_600)));
+    let holder = {
+        let svc = svc.clone();
+        tokio::spawn(async move { svc.oneshot(Request::new(Full::new(Bytes::new()))).await })
+    };
+    while counts.now.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let grpc = Request::builder()
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let answer = svc.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let header = |name: &str| {
+        answer
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(header("grpc-status").as_deref(), Some("8"));
+    assert_eq!(header("content-type").as_deref(), Some("application/grpc"));
+    assert_eq!(header("grpc-retry-pushback-ms").as_deref(), Some("1000"));
+    assert_eq!(header("retry-after").as_deref(), Some("1"));
+    assert!(
+        header("ratelimit-policy")
+            .unwrap()
+            .contains("qu=\"concurrent-requests\""),
+        "{:?}",
+        answer.headers()
+    );
+    let http = svc
+        .clone()
+        .oneshot(Request::new(Full::new(Bytes::new())))
+        .await
+        .unwrap();
+    assert_eq!(http.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        http.headers().get("retry-after").unwrap().to_str().unwrap(),
+        "1"
+    );
+    assert_eq!(counts.served.load(Ordering::SeqCst), 0);
+    holder.abort();
+}
