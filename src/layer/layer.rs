@@ -382,7 +382,7 @@ impl<K> RateLimitLayerBuilder<K> {
     /// [`shadow_limited`](crate::limiter::LimiterStats::shadow_limited); the `metrics` feature's
     /// outcome `shadow_limited` instead of `limited`), logged at a bounded rate (one line a
     /// second at most, saying how many it left out), and marked in the request extensions:
-    /// the [`Decision`] there is the denial, with a [`ShadowLimited`] beside it. A denied
+    /// the [`Decision`](crate::Decision) there is the denial, with a [`ShadowLimited`](super::ShadowLimited) beside it. A denied
     /// request consumes nothing, as always. No `RateLimit` headers are sent, so that clients
     /// do not react to a limit that is not enforced; [`shadow_headers`](Self::shadow_headers)
     /// turns them on. A store failure that the policy would answer with 503 is forwarded too.
@@ -401,7 +401,7 @@ impl<K> RateLimitLayerBuilder<K> {
     /// live traffic. After the enforced tiers admit a request, these are checked (one more
     /// store call, in the scope `<scope>.shadow` of their own): they admit and consume as a
     /// real check would, and when they would deny, they consume nothing, the request goes on,
-    /// and a [`ShadowLimited`] with their denial is in its extensions (counted as in
+    /// and a [`ShadowLimited`](super::ShadowLimited) with their denial is in its extensions (counted as in
     /// [`shadow`](Self::shadow)). A request the enforced tiers deny never reaches them. They
     /// never block the enforced tiers, and they send no headers.
     pub fn shadow_quotas(mut self, quotas: impl Into<Quotas>) -> Self {
