@@ -7,8 +7,6 @@
 use crate::support;
 
 use std::convert::Infallible;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -310,21 +308,6 @@ async fn auto_suspend_works_as_the_least_privileged_user() {
     }
 }
 
-/// Everything the subscriber wrote.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A control the server refuses at run time (here: an ACL without `+pttl`, which every control
 /// calls) is loud: an error-level log line and `redlimit_store_errors_total{call="control"}`.
 // One thread: the subscriber and the recorder set for this test see every event of its calls.
@@ -334,14 +317,7 @@ async fn a_control_that_fails_is_an_error_log_and_a_metric() {
     let snapshotter = recorder.snapshotter();
     // This thread's recorder (the metrics of the other tests of this binary stay out of it).
     let _recorder = metrics::set_default_local_recorder(&recorder);
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = crate::support::logs::capture(tracing::Level::INFO);
 
     let redis = RedisServer::start();
     create_user_with(&redis, &acl_rules().replace(" +pttl", ""));
@@ -353,7 +329,7 @@ async fn a_control_that_fails_is_an_error_log_and_a_metric() {
         .expect_err("PTTL is not granted");
     println!("suspend without +pttl: {error}");
 
-    let text = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let text = captured.text();
     let errors: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("ERROR") && l.contains("rate limit control failed"))

@@ -3,34 +3,11 @@
 
 use crate::support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redlimit::store::{CircuitBreaker, RedisStore};
 use redlimit::{Limiter, Quota};
 use support::RedisServer;
-
-/// Everything the subscriber wrote.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// The lines of `text` at `level` that contain `message`.
 fn lines_with<'a>(text: &'a str, level: &str, message: &str) -> Vec<&'a str> {
@@ -42,14 +19,7 @@ fn lines_with<'a>(text: &'a str, level: &str, message: &str) -> Vec<&'a str> {
 // One thread: the subscriber set for this test sees every event of the calls it makes.
 #[tokio::test(flavor = "current_thread")]
 async fn outage_warns_once_and_recovery_is_an_info_event() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = crate::support::logs::capture(tracing::Level::INFO);
 
     let mut redis = RedisServer::start();
     let store = RedisStore::builder(redis.url())

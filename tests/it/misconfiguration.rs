@@ -3,9 +3,7 @@
 
 use crate::support;
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 use axum::routing::get;
 use axum::Router;
@@ -29,32 +27,11 @@ fn a_layer_with_a_quota_the_algorithm_refuses_is_not_built() {
     RateLimitLayer::new(limiter, huge, PeerIp::new());
 }
 
-/// Log lines, captured.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// axum served without `into_make_service_with_connect_info`: `PeerIp` sees no address, every
 /// client lands on the shared key: it is counted and said once.
 #[tokio::test(flavor = "current_thread")]
 async fn requests_without_a_key_are_counted_and_warned_about_once() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = crate::support::logs::capture(tracing::Level::WARN);
 
     let redis = RedisServer::start();
     let limiter = support::redis_limiter(&redis, Algorithm::TokenBucket);
@@ -84,7 +61,7 @@ async fn requests_without_a_key_are_counted_and_warned_about_once() {
 
     let stats = limiter.stats();
     assert_eq!((stats.unkeyed, stats.allowed), (3, 3));
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     let warnings: Vec<&str> = logs
         .lines()
         .filter(|line| line.contains("MissingKey::Shared"))

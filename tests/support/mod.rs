@@ -18,6 +18,7 @@
 mod cluster;
 pub mod example;
 mod limiters;
+pub mod logs;
 pub mod sentinel;
 mod server;
 pub mod service;

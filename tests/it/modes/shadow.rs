@@ -175,35 +175,13 @@ async fn a_shadow_layer_forwards_when_the_store_fails_closed() {
     assert_eq!(limiter.stats().failed_closed, 1);
 }
 
-/// Everything a test's subscriber wrote.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Shadow denials are logged at a bounded rate: about 250 of them over 2.5 s give one line a
 /// second at most (the gate is process-wide, so another test may take a second's line), each
 /// saying how many it left out.
 // One thread: the subscriber set for this test sees every event of the calls it makes.
 #[tokio::test(flavor = "current_thread")]
 async fn shadow_denials_are_logged_at_a_bounded_rate() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = crate::support::logs::capture(tracing::Level::INFO);
     let layer = RateLimitLayer::builder(
         Ctx::default().memory(),
         Quota::per_minute(1).unwrap(),
@@ -220,7 +198,7 @@ async fn shadow_denials_are_logged_at_a_bounded_rate() {
         denials += 1;
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    let text = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let text = captured.text();
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("shadow rate limit would have denied"))
