@@ -155,6 +155,42 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// Runs one script call behind the circuit breaker: skipped while it is open, its outcome
+    /// heard by the breaker (even when this future is dropped first), and only transport
+    /// trouble counted toward it: a script's error or an unreadable reply concerns this key
+    /// alone, and the server did answer. Errors are counted under `name`.
+    async fn guarded<T>(
+        &self,
+        call: Call<'_>,
+        name: &'static str,
+        read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let admission = match &self.breaker {
+            Some(breaker) => breaker.admit(),
+            None => Admission::Call,
+        };
+        if admission == Admission::Skip {
+            return Err(StoreError::Unavailable("circuit breaker open"));
+        }
+        let mut unsettled = Unsettled {
+            breaker: self.breaker.as_deref(),
+            admission,
+        };
+        let result = self.run_script(call, read).await;
+        unsettled.breaker = None;
+        let transport = result.as_ref().err().map(StoreError::is_transport);
+        if let Some(breaker) = &self.breaker {
+            match transport {
+                Some(true) => breaker.on_failure(admission),
+                _ => breaker.on_success(admission),
+            }
+        }
+        if let Some(transport) = transport {
+            count_error(name, transport);
+        }
+        result
+    }
+
     /// A store on the Redis at `url` with the defaults. Fails only on a malformed URL; Redis
     /// itself may be down.
     pub fn new<T: IntoConnectionInfo>(url: T) -> Result<Self, BuildError> {
@@ -362,37 +398,9 @@ impl Store for RedisStore {
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            let admission = match &self.breaker {
-                Some(breaker) => breaker.admit(),
-                None => Admission::Call,
-            };
-            if admission == Admission::Skip {
-                return Err(StoreError::Unavailable("circuit breaker open"));
-            }
-            // If this future is dropped before the call finishes, the breaker hears of it.
-            let mut unsettled = Unsettled {
-                breaker: self.breaker.as_deref(),
-                admission,
-            };
-            let result = self
-                .run_script(Call::Check(request), |reply| read_decision(reply, &request))
-                .await;
-            unsettled.breaker = None;
-            // Only transport trouble counts toward the breaker: a script's error or an
-            // unreadable reply concerns this key alone, and the server did answer.
-            let transport = result.as_ref().err().map(StoreError::is_transport);
-            if let Some(breaker) = &self.breaker {
-                match transport {
-                    Some(true) => breaker.on_failure(admission),
-                    _ => breaker.on_success(admission),
-                }
-            }
-            if let Some(transport) = transport {
-                count_error("check", transport);
-            }
-            result
-        })
+        Box::pin(self.guarded(Call::Check(request), "check", move |reply| {
+            read_decision(reply, &request)
+        }))
     }
 
     fn check_blocking<'a>(
