@@ -3,12 +3,17 @@
 //!
 //! # gRPC and gRPC-Web
 //!
-//! A request whose `content-type` starts with `application/grpc` is answered the gRPC way: HTTP
-//! 200, trailers-only, `grpc-status: 8` (RESOURCE_EXHAUSTED) or `14` (UNAVAILABLE) and a
-//! `grpc-message`, with the same hint headers plus `grpc-retry-pushback-ms` (gRPC's retry hint,
-//! proposal A6: milliseconds, rounded up; `-1`, "do not retry", for a cost the quota can never
-//! hold). A gRPC-Web request (`application/grpc-web…`) gets the same trailers-only answer in
-//! its own protocol: `content-type: application/grpc-web` (or `application/grpc-web-text` for
+//! A request is gRPC by its media type, the `content-type` without its parameters and the
+//! whitespace around it, in any case: `application/grpc` or `application/grpc+<codec>` (`+proto`,
+//! `+json`, ...). `application/grpc-web[+<codec>]` and `application/grpc-web-text[+<codec>]` are
+//! gRPC-Web; anything else, `application/grpcfoo` included, is plain HTTP. `RateLimitLayer` and
+//! `ConcurrencyLimitLayer` read it with the same function (`Wire::of`).
+//!
+//! A gRPC request is answered the gRPC way: HTTP 200, trailers-only, `grpc-status: 8`
+//! (RESOURCE_EXHAUSTED) or `14` (UNAVAILABLE) and a `grpc-message`, with the same hint headers
+//! plus `grpc-retry-pushback-ms` (gRPC's retry hint, proposal A6: milliseconds, rounded up; `-1`,
+//! "do not retry", for a cost the quota can never hold). A gRPC-Web request gets the same
+//! trailers-only answer in its own protocol: `content-type: application/grpc-web` (or `application/grpc-web-text` for
 //! the text encoding), the status in the headers and an empty body, which gRPC-Web clients read
 //! as a trailers-only response; a browser's gRPC-Web client cannot read `application/grpc`.
 
@@ -53,19 +58,37 @@ pub(crate) enum Wire {
 impl Wire {
     /// The wire of a request, from its `content-type`.
     pub(crate) fn of(headers: &HeaderMap) -> Wire {
-        let Some(value) = headers.get(CONTENT_TYPE) else {
+        headers
+            .get(CONTENT_TYPE)
+            .map_or(Wire::Http, |value| Wire::of_media_type(value.as_bytes()))
+    }
+
+    /// The wire of a `content-type` value. Only the media type counts, compared without regard
+    /// to case (RFC 9110, 8.3.1), with its parameters (`; charset=utf-8`) and the whitespace
+    /// around it ignored: `application/grpc` or `application/grpc+<codec>` is gRPC,
+    /// `application/grpc-web[+<codec>]` and `application/grpc-web-text[+<codec>]` are
+    /// gRPC-Web, anything else (`application/grpcfoo`) is plain HTTP.
+    pub(crate) fn of_media_type(value: &[u8]) -> Wire {
+        let essence = value.split(|&b| b == b';').next().unwrap_or_default();
+        let essence = essence.trim_ascii();
+        let Some(subtype) = strip_prefix_ignore_case(essence, b"application/") else {
             return Wire::Http;
         };
-        let value = value.as_bytes();
-        if value.starts_with(b"application/grpc-web-text") {
-            Wire::GrpcWebText
-        } else if value.starts_with(b"application/grpc-web") {
-            Wire::GrpcWeb
-        } else if value.starts_with(b"application/grpc") {
-            Wire::Grpc
-        } else {
-            Wire::Http
+        // Longest name first: `grpc-web-text` also starts with `grpc-web` and `grpc`.
+        for (name, wire) in [
+            (&b"grpc-web-text"[..], Wire::GrpcWebText),
+            (b"grpc-web", Wire::GrpcWeb),
+            (b"grpc", Wire::Grpc),
+        ] {
+            if let Some(rest) = strip_prefix_ignore_case(subtype, name) {
+                return match rest {
+                    [] => wire,
+                    [b'+', codec @ ..] if is_token(codec) => wire,
+                    _ => Wire::Http,
+                };
+            }
         }
+        Wire::Http
     }
 
     /// Whether the answer is a gRPC status (gRPC or gRPC-Web).
@@ -81,6 +104,20 @@ impl Wire {
             _ => "application/grpc",
         })
     }
+}
+
+/// `value` without `prefix`, compared without regard to ASCII case.
+fn strip_prefix_ignore_case<'a>(value: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    let (head, rest) = value.split_at_checked(prefix.len())?;
+    head.eq_ignore_ascii_case(prefix).then_some(rest)
+}
+
+/// Whether `name` is a non-empty HTTP token (RFC 9110, 5.6.2), as a codec's name must be.
+fn is_token(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// The answer to a denied request: 429 (or gRPC RESOURCE_EXHAUSTED) with `Retry-After`; the
@@ -257,6 +294,52 @@ mod tests {
             assert_eq!(keyless.headers()[CONTENT_TYPE], answered, "{content_type}");
         }
         assert_eq!(Wire::of(&HeaderMap::new()), Wire::Http);
+    }
+
+    #[test]
+    fn the_wire_is_read_from_the_media_type() {
+        use Wire::{Grpc, GrpcWeb, GrpcWebText, Http};
+        for (content_type, wire) in [
+            ("application/grpc", Grpc),
+            ("application/grpc+proto", Grpc),
+            ("application/grpc+json", Grpc),
+            ("Application/GRPC", Grpc),
+            ("APPLICATION/Grpc+Proto", Grpc),
+            ("application/grpc; charset=utf-8", Grpc),
+            ("application/grpc+proto ;charset=utf-8", Grpc),
+            ("  application/grpc\t", Grpc),
+            ("application/grpc-web", GrpcWeb),
+            ("application/grpc-web+proto", GrpcWeb),
+            ("Application/gRPC-Web+Thrift; x=y", GrpcWeb),
+            ("application/grpc-web-text", GrpcWebText),
+            ("application/grpc-web-text+proto", GrpcWebText),
+            ("APPLICATION/GRPC-WEB-TEXT", GrpcWebText),
+            ("application/grpcfoo", Http),
+            ("application/grpc-webfoo", Http),
+            ("application/grpc-web-textfoo", Http),
+            ("application/grpc-web-", Http),
+            ("application/grpc+", Http),
+            ("application/grpc+pro to", Http),
+            ("application/grpc+proto+", Grpc),
+            ("application/grpc/x", Http),
+            ("application/ grpc", Http),
+            ("application/json", Http),
+            ("text/grpc", Http),
+            ("grpc", Http),
+            ("application/", Http),
+            ("", Http),
+            ("; application/grpc", Http),
+            ("text/plain; a=application/grpc", Http),
+        ] {
+            assert_eq!(
+                Wire::of_media_type(content_type.as_bytes()),
+                wire,
+                "{content_type:?}"
+            );
+        }
+        // Not UTF-8: plain HTTP, never a panic.
+        assert_eq!(Wire::of_media_type(b"application/grpc+\xff"), Http);
+        assert_eq!(Wire::of_media_type(b"\xffapplication/grpc"), Http);
     }
 
     #[test]

@@ -700,3 +700,86 @@ async fn stacked_layers_charge_the_outer_budget_for_inner_denials() {
     println!("two stacked layers: 30 requests, {admitted} admitted, minute budget 100 -> {minute}");
     assert_eq!(minute, 70.0);
 }
+
+/// gRPC is told by its media type, in any case, with parameters and surrounding whitespace; a
+/// type that merely starts like gRPC's is plain HTTP. `RateLimitLayer` and
+/// `ConcurrencyLimitLayer` answer each of them alike.
+#[tokio::test]
+async fn grpc_is_told_by_its_media_type_in_both_layers() {
+    use redlimit::layer::ConcurrencyLimitLayer;
+    use redlimit::limiter::{ConcurrencyLimiter, SlotOutcome};
+
+    // The request's content-type, and the content-type of a gRPC answer (None: HTTP 429).
+    let cases = [
+        ("Application/GRPC", Some("application/grpc")),
+        ("application/grpc+proto", Some("application/grpc")),
+        (
+            "APPLICATION/gRPC+Proto ; charset=utf-8",
+            Some("application/grpc"),
+        ),
+        (" application/grpc-web+json", Some("application/grpc-web")),
+        (
+            "Application/gRPC-Web-Text",
+            Some("application/grpc-web-text"),
+        ),
+        ("application/grpcfoo", None),
+        ("application/grpc-webfoo", None),
+        ("application/grpc+", None),
+        ("text/plain; x=application/grpc", None),
+    ];
+    let fx = Fixture::new();
+    let rate = fx.layer().layer(counting(Arc::new(AtomicUsize::new(0))));
+    for _ in 0..2 {
+        let ok = rate.clone().oneshot(get("/")).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+    }
+    let slots = ConcurrencyLimiter::new(fx.limiter.clone(), 1).unwrap();
+    let SlotOutcome::Acquired(_held) = slots.acquire("busy").await else {
+        panic!("the only slot of \"busy\" is free");
+    };
+    let concurrency = ConcurrencyLimitLayer::new(slots, GlobalKey::new("busy"), "busy")
+        .unwrap()
+        .layer(counting(Arc::new(AtomicUsize::new(0))));
+    let request = |content_type: &str| {
+        Request::post("/pkg.Service/Method")
+            .header("content-type", content_type)
+            .body(Full::default())
+            .unwrap()
+    };
+    let mut wrong = Vec::new();
+    for (content_type, answered) in cases {
+        let by_rate = rate.clone().oneshot(request(content_type)).await.unwrap();
+        let by_slots = concurrency
+            .clone()
+            .oneshot(request(content_type))
+            .await
+            .unwrap();
+        for (layer, status, headers) in [
+            ("rate", by_rate.status(), by_rate.headers()),
+            ("concurrency", by_slots.status(), by_slots.headers()),
+        ] {
+            let seen = match header(headers, "grpc-status") {
+                Some(code) => format!(
+                    "{status} grpc-status {code} {:?}",
+                    header(headers, "content-type")
+                ),
+                None => format!("{status} {:?}", header(headers, "content-type")),
+            };
+            let expected = match answered {
+                Some(answer) => format!("200 OK grpc-status 8 Some({answer:?})"),
+                None => "429 Too Many Requests Some(\"text/plain; charset=utf-8\")".to_owned(),
+            };
+            if seen != expected {
+                wrong.push(format!(
+                    "{layer} {content_type:?}: {seen}, expected {expected}"
+                ));
+            }
+        }
+    }
+    println!(
+        "media types answered wrongly: {} of {}",
+        wrong.len(),
+        2 * cases.len()
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
