@@ -56,6 +56,13 @@
 //! has admitted nothing for 30 days ([`OVERRIDE_IDLE_TTL`](redlimit::limiter::OVERRIDE_IDLE_TTL)).
 //!
 //! A bad command line exits with status 2 and says why; a Redis that fails exits with 1.
+//!
+//! # Its Redis user
+//!
+//! The README's operator line (`ACL SETUSER operator ...`): the service's least-privilege line
+//! plus `+scan` for `inspect` and `limited`, and on Cluster `+cluster|nodes` besides the
+//! service's `+cluster|slots +asking`. The service's own user has no `SCAN`: as that user,
+//! `inspect` and `limited` exit 1 with `NOPERM`.
 
 #[allow(dead_code)] // the admin tool uses the parsing helpers, not the servers' layer
 mod common;

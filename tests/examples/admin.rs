@@ -899,3 +899,248 @@ async fn a_block_on_abuse_shows_in_inspect_and_resume_ends_it() {
     let status = limiter.inspect("abuser").await.unwrap();
     assert_eq!(status.suspended_for, None);
 }
+
+/// The README's `ACL SETUSER <user> ...` line for `user` (read from the README, so the docs and
+/// the tests cannot drift apart), with `PASSWORD` replaced by `password`.
+fn readme_acl_rules(user: &str, password: &str) -> String {
+    let readme = include_str!("../../README.md");
+    let prefix = format!("ACL SETUSER {user} ");
+    let line = readme
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("the README gives the ACL SETUSER line for {user:?}"));
+    line.replace(">PASSWORD", &format!(">{password}"))
+}
+
+/// What the README adds to both lines on Cluster, and to the operator's line only.
+const CLUSTER_ADDENDUM: &str = "+cluster|slots +asking";
+const OPERATOR_CLUSTER_ADDENDUM: &str = "+cluster|nodes";
+
+fn create_acl_user(node: &RedisServer, user: &str, rules: &str) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg(user);
+    for rule in rules.split_whitespace() {
+        cmd.arg(rule);
+    }
+    let _: () = cmd.query(&mut node.conn()).expect("ACL SETUSER");
+}
+
+/// Runs the admin example as `user` on `nodes` (one: `--redis`; more: `--redis-cluster`).
+fn admin_as(nodes: &[RedisServer], user: &str, args: &[&str]) -> Output {
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|node| format!("redis://{user}:pw-{user}@127.0.0.1:{}/", node.port()))
+        .collect();
+    let target = if nodes.len() == 1 {
+        "--redis"
+    } else {
+        "--redis-cluster"
+    };
+    Command::new(example::example_binary("admin"))
+        .arg(target)
+        .arg(urls.join(","))
+        .args(args)
+        .env("REDIS_URL", dead_redis_url())
+        .env_remove("REDLIMIT_HEADER_SECRET")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the admin example")
+}
+
+/// Every admin command as the README's operator user, on `nodes` (a single node or a Cluster's
+/// masters), with `limiter` (a full-privilege one on the same Redis) to set up and check: each
+/// exits 0 and does what it says. The service's user stays without `SCAN`: the tool's scans
+/// exit 1 with `NOPERM`. What the operator can see beyond the prefix: key names, not values.
+async fn every_admin_command_works_as_the_operator(
+    nodes: &[RedisServer],
+    limiter: &Limiter,
+    outside_node: usize,
+) {
+    let cluster = nodes.len() > 1;
+    let readme = include_str!("../../README.md");
+    let service = readme_acl_rules("limiter", "pw-limiter");
+    let operator = readme_acl_rules("operator", "pw-operator");
+    // The operator's line is the service's plus what the tool itself runs.
+    assert_eq!(
+        operator,
+        format!("{} +scan", service.replace("pw-limiter", "pw-operator")),
+        "the README's operator line is the service's line plus +scan"
+    );
+    assert!(
+        readme.contains(&format!(
+            "On Cluster add `{CLUSTER_ADDENDUM}` to both lines"
+        )) && readme.contains(&format!(
+            "and `{OPERATOR_CLUSTER_ADDENDUM}` to the operator's"
+        )),
+        "the README names the Cluster addenda this test uses"
+    );
+    for node in nodes {
+        let (mut service, mut operator) = (service.clone(), operator.clone());
+        if cluster {
+            service = format!("{service} {CLUSTER_ADDENDUM}");
+            operator = format!("{operator} {CLUSTER_ADDENDUM} {OPERATOR_CLUSTER_ADDENDUM}");
+        }
+        create_acl_user(node, "limiter", &service);
+        create_acl_user(node, "operator", &operator);
+    }
+
+    let quota = Quota::per_hour(5).unwrap();
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        quota,
+        HeaderKey::named("x-api-key").unwrap(),
+    );
+    let scope = layer.scope().to_owned();
+    for _ in 0..5 {
+        assert!(limiter
+            .check_quotas(Target::scoped(&scope, "acme"), &quota.into(), 1)
+            .await
+            .is_allowed());
+    }
+    let run = |args: &[&str]| {
+        let output = admin_as(nodes, "operator", args);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "as the operator, {args:?} exited {}: {stdout}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+
+    let inspected = run(&["inspect", "acme"]);
+    assert!(
+        inspected.contains(&format!("routes: {scope}\n")),
+        "{inspected}"
+    );
+    let json = run(&["--json", "inspect", "acme"]);
+    assert!(
+        json.contains(&format!("\"routes\":[{{\"route\":\"{scope}\",")),
+        "{json}"
+    );
+    let limited = run(&["limited"]);
+    assert_eq!(limited.lines().count(), 1, "{limited}");
+    assert!(
+        limited.starts_with(&format!("acme {scope}: 0 of 5 left, full again in ")),
+        "{limited}"
+    );
+    let json = run(&["--json", "limited"]);
+    assert!(
+        json.starts_with(&format!(
+            "[{{\"tenant\":\"acme\",\"route\":\"{scope}\",\"remaining\":0,\"limit\":5,"
+        )),
+        "{json}"
+    );
+
+    run(&["set-quota", "acme", "--scope", &scope, "7/1m"]);
+    let status = limiter
+        .inspect(Target::scoped(&scope, "acme"))
+        .await
+        .unwrap();
+    assert_eq!(
+        status.quota_override,
+        Some(Quota::per_minute(7).unwrap().into()),
+        "set-quota as the operator"
+    );
+    run(&["clear-quota", "acme", "--scope", &scope]);
+    let status = limiter
+        .inspect(Target::scoped(&scope, "acme"))
+        .await
+        .unwrap();
+    assert_eq!(status.quota_override, None, "clear-quota as the operator");
+
+    run(&["suspend", "acme", "1m"]);
+    let status = limiter.inspect("acme").await.unwrap();
+    assert!(status.suspended_for.is_some(), "suspend as the operator");
+    run(&["resume", "acme"]);
+    let status = limiter.inspect("acme").await.unwrap();
+    assert_eq!(status.suspended_for, None, "resume as the operator");
+
+    run(&["reset", "acme"]);
+    assert!(
+        limiter
+            .check_quotas(Target::scoped(&scope, "acme"), &quota.into(), 1)
+            .await
+            .is_allowed(),
+        "reset as the operator forgot the usage"
+    );
+
+    // The service's line stays least privilege: no SCAN (nor, on Cluster, CLUSTER NODES), so the
+    // tool's scans fail loudly.
+    let refused = if cluster { "cluster|nodes" } else { "scan" };
+    for args in [&["inspect", "acme"][..], &["limited"]] {
+        let output = admin_as(nodes, "limiter", args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?} as the service: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("no permissions to run the '{refused}' command")),
+            "{args:?} as the service: {stderr}"
+        );
+    }
+    for node in nodes {
+        let url = format!("redis://limiter:pw-limiter@127.0.0.1:{}/", node.port());
+        let mut as_service = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let scan: redis::RedisResult<(u64, Vec<String>)> =
+            redis::cmd("SCAN").arg(0).query(&mut as_service);
+        let error = scan.expect_err("the service's user may not SCAN");
+        assert_eq!(
+            error.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        );
+    }
+
+    // What SCAN shows the operator: the name of every key in the database, outside the prefix
+    // too (a key pattern does not restrict SCAN), but no value outside the prefix.
+    let node = &nodes[outside_node];
+    let _: () = redis::cmd("SET")
+        .arg(OUTSIDE)
+        .arg("token")
+        .query(&mut node.conn())
+        .unwrap();
+    let url = format!("redis://operator:pw-operator@127.0.0.1:{}/", node.port());
+    let mut as_operator = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let (_, names): (u64, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("COUNT")
+        .arg(1000)
+        .query(&mut as_operator)
+        .unwrap();
+    assert!(
+        names.iter().any(|n| n == OUTSIDE),
+        "SCAN as the operator: {names:?}"
+    );
+    let read: redis::RedisResult<Option<String>> =
+        redis::cmd("GET").arg(OUTSIDE).query(&mut as_operator);
+    let error = read.expect_err("no value outside the prefix");
+    assert_eq!(
+        error.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+    );
+}
+
+/// A key outside the limiters' prefix.
+const OUTSIDE: &str = "sessions:alice";
+
+/// Every admin command as the README's operator user on a single node.
+#[tokio::test]
+async fn every_admin_command_works_as_the_readmes_operator_user() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    every_admin_command_works_as_the_operator(std::slice::from_ref(&redis), &limiter, 0).await;
+}
+
+/// The same on a 3-master Cluster, with the README's Cluster addenda.
+#[tokio::test]
+async fn every_admin_command_works_as_the_readmes_operator_user_on_cluster() {
+    let cluster = RedisCluster::start();
+    let limiter = Limiter::new(
+        RedisStore::cluster(cluster.urls().iter().map(String::as_str)).expect("cluster URLs"),
+    );
+    let outside = cluster.node_for_key(OUTSIDE);
+    every_admin_command_works_as_the_operator(cluster.nodes(), &limiter, outside).await;
+}
