@@ -31,9 +31,12 @@
 //! only), `--all-routes` every route for `set-quota` and `clear-quota`; without either, the key
 //! is the one [`Limiter::check`] uses. `inspect` also lists every route where the key has state
 //! (a bounded `SCAN` of its keys); an unknown key or route exits 2. `limited` lists the keys
-//! denied now or with under 10 % left, most constrained first, from a bounded `SCAN` of the
-//! prefix (routes whose quota the scope or an override names). `inspect` and `limited` print
-//! JSON with `--json`.
+//! denied now or with under 10 % left, from a bounded `SCAN` of the prefix (routes whose quota
+//! the scope or an override names): tenant by tenant, the most constrained tenant first (a
+//! suspension, the longest first, then the least share left on any of its routes), and within
+//! a tenant its own row (`(every route)`, its suspension) first, then its routes by name. The
+//! rows of one tenant never move with the times left, which are read at different moments.
+//! `inspect` and `limited` print JSON with `--json`.
 //!
 //! # A Redis Cluster
 //!
@@ -94,8 +97,9 @@ commands:
   suspend KEY DURATION          deny every request on the key for DURATION (at most 30 days),
                                 on every route (with --scope: on that route only)
   resume KEY                    end a suspension
-  limited                       the keys denied now or with under 10 % left, most constrained
-                                first (a bounded SCAN of the prefix)
+  limited                       the keys denied now or with under 10 % left, the most
+                                constrained tenant first, each tenant's own row first, then
+                                its routes by name (a bounded SCAN of the prefix)
   reset KEY                     forget the key's usage on every route (with --scope: on that
                                 route only; an override and a suspension stay)
 
@@ -1040,6 +1044,9 @@ async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Re
             _ => {}
         }
     }
+    // SCAN may return a key more than once.
+    found.sort();
+    found.dedup();
     let mut rows = Vec::new();
     for (tenant, route) in found {
         let Some(route) = route else {
@@ -1051,7 +1058,7 @@ async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Re
             if let Some(left) = status.suspended_for {
                 rows.push(Limited {
                     tenant,
-                    route: "(every route)".to_owned(),
+                    route: EVERY_ROUTE.to_owned(),
                     remaining: 0,
                     limit: 0,
                     reset_after: left,
@@ -1099,16 +1106,7 @@ async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Re
             });
         }
     }
-    // Most constrained first: suspended (longest first), then the least share left.
-    // Suspensions compare in whole ms (a peek's retry_after is rounded up, the tenant's
-    // time left is exact), and the tenant's own row goes first among equals.
-    let ms = |d: &Option<Duration>| d.map(|d| d.as_micros().div_ceil(1000));
-    rows.sort_by(|a, b| {
-        ms(&b.suspended)
-            .cmp(&ms(&a.suspended))
-            .then_with(|| (b.route == "(every route)").cmp(&(a.route == "(every route)")))
-            .then_with(|| (a.remaining * b.limit.max(1)).cmp(&(b.remaining * a.limit.max(1))))
-    });
+    let rows = by_constraint(rows);
     if request.json {
         let items: Vec<String> = rows
             .iter()
@@ -1149,6 +1147,48 @@ async fn limited(request: &Request, limiter: &Limiter, store: &RedisStore) -> Re
         }
     }
     Ok(())
+}
+
+/// A tenant's own row (its suspension of every route).
+const EVERY_ROUTE: &str = "(every route)";
+
+/// The rows tenant by tenant, the most constrained tenant first: by its most constrained row
+/// (suspended, longest first, in whole ms; then the least share left), ties by name. Within a
+/// tenant, its own row first, then its routes by name: an order no clock can flip, although
+/// the tenant's row and a suspended route's row are read at different moments.
+fn by_constraint(rows: Vec<Limited>) -> Vec<Limited> {
+    let mut tenants: std::collections::BTreeMap<String, Vec<Limited>> = Default::default();
+    for row in rows {
+        tenants.entry(row.tenant.clone()).or_default().push(row);
+    }
+    let mut groups: Vec<Vec<Limited>> = tenants.into_values().collect();
+    for group in &mut groups {
+        group.sort_by(|a, b| {
+            (b.route == EVERY_ROUTE)
+                .cmp(&(a.route == EVERY_ROUTE))
+                .then_with(|| a.route.cmp(&b.route))
+        });
+    }
+    // Every group holds a row; the `BTreeMap` already ordered them by name.
+    fn most(group: &[Limited]) -> Option<&Limited> {
+        group.iter().min_by(|a, b| more_constrained(a, b))
+    }
+    groups.sort_by(|a, b| match (most(a), most(b)) {
+        (Some(a), Some(b)) => more_constrained(a, b),
+        _ => std::cmp::Ordering::Equal,
+    });
+    groups.into_iter().flatten().collect()
+}
+
+/// Which of two rows is more constrained: a suspension (the longer in whole ms: a peek's
+/// `retry_after` is rounded up, a tenant's time left is exact), then the smaller share left.
+fn more_constrained(a: &Limited, b: &Limited) -> std::cmp::Ordering {
+    let ms = |d: &Option<Duration>| d.map(|d| d.as_micros().div_ceil(1000));
+    let share =
+        |row: &Limited, other: &Limited| u128::from(row.remaining) * u128::from(other.limit.max(1));
+    ms(&b.suspended)
+        .cmp(&ms(&a.suspended))
+        .then_with(|| share(a, b).cmp(&share(b, a)))
 }
 
 /// `value` as a JSON string.

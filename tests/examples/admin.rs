@@ -651,6 +651,65 @@ async fn limited_lists_the_most_constrained_keys_first() {
     assert_eq!(before, after, "limited writes nothing");
 }
 
+/// `limited` keeps each tenant's rows together, its own row (a suspension of every route) first
+/// and then its routes by name: the times left are read at different moments, so an order by
+/// them could flip between runs. Tenants go most constrained first.
+#[tokio::test]
+async fn limited_lists_a_tenants_own_row_first_then_its_routes() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    let scope_of = |quota: Quota| {
+        let layer = RateLimitLayer::new(
+            limiter.clone(),
+            quota,
+            HeaderKey::named("x-api-key").unwrap(),
+        );
+        layer.scope().to_owned()
+    };
+    let (five, forty) = (Quota::per_hour(5).unwrap(), Quota::per_hour(40).unwrap());
+    let (scope5, scope40) = (scope_of(five), scope_of(forty));
+    // low: 0 of 5 left on one route, 2 of 40 on the other (the first by name); held: 0 of 5,
+    // then suspended for a minute on every route; long: suspended for 5 minutes.
+    for (tenant, quota, scope, used) in [
+        ("low", five, &scope5, 5),
+        ("low", forty, &scope40, 38),
+        ("held", five, &scope5, 5),
+    ] {
+        for _ in 0..used {
+            assert!(limiter
+                .check_quotas(Target::scoped(scope, tenant), &quota.into(), 1)
+                .await
+                .is_allowed());
+        }
+    }
+    admin_ok(&redis, &["suspend", "held", "1m"]);
+    admin_ok(&redis, &["suspend", "long", "5m"]);
+
+    let expected = [
+        ("long", "(every route)"),
+        ("held", "(every route)"),
+        ("held", scope5.as_str()),
+        ("low", scope40.as_str()),
+        ("low", scope5.as_str()),
+    ];
+    let text = admin_ok(&redis, &["limited"]);
+    let rows: Vec<&str> = text
+        .lines()
+        .map(|line| line.split_once(": ").map_or(line, |(row, _)| row))
+        .collect();
+    let want: Vec<String> = expected.iter().map(|(t, r)| format!("{t} {r}")).collect();
+    assert_eq!(rows, want, "{text}");
+    let json = admin_ok(&redis, &["limited", "--json"]);
+    let at: Vec<Option<usize>> = expected
+        .iter()
+        .map(|(t, r)| json.find(&format!("{{\"tenant\":\"{t}\",\"route\":\"{r}\"")))
+        .collect();
+    assert!(
+        at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]),
+        "{json}"
+    );
+}
+
 /// Runs the admin example on `cluster` (`--redis-cluster` with every node) and returns its
 /// stdout, asserting success.
 fn admin_cluster_ok(cluster: &RedisCluster, args: &[&str]) -> String {
