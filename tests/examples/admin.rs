@@ -1108,6 +1108,22 @@ async fn every_admin_command_works_as_the_operator(
         .await
         .unwrap();
     assert_eq!(status.quota_override, None, "clear-quota as the operator");
+    run(&["set-quota", "acme", "--all-routes", "9/1m"]);
+    let status = limiter
+        .inspect(Target::scoped(&scope, "acme"))
+        .await
+        .unwrap();
+    assert_eq!(
+        status.all_routes_override,
+        Some(Quota::per_minute(9).unwrap().into()),
+        "set-quota --all-routes as the operator"
+    );
+    run(&["clear-quota", "acme", "--all-routes"]);
+    let status = limiter
+        .inspect(Target::scoped(&scope, "acme"))
+        .await
+        .unwrap();
+    assert_eq!(status.all_routes_override, None, "clear-quota --all-routes");
 
     run(&["suspend", "acme", "1m"]);
     let status = limiter.inspect("acme").await.unwrap();
