@@ -308,7 +308,10 @@ async fn until_entered(entered: &AtomicUsize, n: usize) {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    panic!("only {} of {n} requests reached the service", entered.load(Ordering::SeqCst));
+    panic!(
+        "only {} of {n} requests reached the service",
+        entered.load(Ordering::SeqCst)
+    );
 }
 
 /// A fixed window of 5 failed logins per 2 s: five slow successes reserved late in window 1
@@ -343,7 +346,12 @@ async fn a_refund_never_reaches_the_window_after_its_reservation() {
             .map(|_| {
                 let mut svc = svc.clone();
                 tokio::spawn(async move {
-                    svc.ready().await.unwrap().call(attempt("right")).await.unwrap()
+                    svc.ready()
+                        .await
+                        .unwrap()
+                        .call(attempt("right"))
+                        .await
+                        .unwrap()
                 })
             })
             .collect();
@@ -352,7 +360,12 @@ async fn a_refund_never_reaches_the_window_after_its_reservation() {
         clock.set(boundary + Duration::from_millis(100));
         let mut unauthorized = 0;
         for _ in 0..5 {
-            let status = svc.clone().oneshot(attempt("wrong")).await.unwrap().status();
+            let status = svc
+                .clone()
+                .oneshot(attempt("wrong"))
+                .await
+                .unwrap()
+                .status();
             unauthorized += usize::from(status == StatusCode::UNAUTHORIZED);
         }
         gate.add_permits(5);
@@ -361,7 +374,12 @@ async fn a_refund_never_reaches_the_window_after_its_reservation() {
         }
         limiter.flush_settlements().await;
         for _ in 0..10 {
-            let status = svc.clone().oneshot(attempt("wrong")).await.unwrap().status();
+            let status = svc
+                .clone()
+                .oneshot(attempt("wrong"))
+                .await
+                .unwrap()
+                .status();
             unauthorized += usize::from(status == StatusCode::UNAUTHORIZED);
         }
         assert_eq!(
@@ -449,15 +467,28 @@ async fn a_fallback_admission_is_never_refunded_into_redis() {
     }
     let mut admitted = 0;
     for _ in 0..2 {
-        let status = svc.clone().oneshot(call("5", false)).await.unwrap().status();
+        let status = svc
+            .clone()
+            .oneshot(call("5", false))
+            .await
+            .unwrap()
+            .status();
         admitted += 5 * u64::from(status == StatusCode::OK);
     }
     gate.add_permits(1);
     assert_eq!(held.await.unwrap().status(), StatusCode::OK);
     limiter.flush_settlements().await;
-    let status = svc.clone().oneshot(call("5", false)).await.unwrap().status();
+    let status = svc
+        .clone()
+        .oneshot(call("5", false))
+        .await
+        .unwrap()
+        .status();
     admitted += 5 * u64::from(status == StatusCode::OK);
-    assert_eq!(admitted, 10, "Redis admitted {admitted} units against a quota of 10");
+    assert_eq!(
+        admitted, 10,
+        "Redis admitted {admitted} units against a quota of 10"
+    );
 }
 
 /// A settlement pending when the runtime shuts down is counted as failed; one awaited with
@@ -505,6 +536,37 @@ fn a_settlement_lost_at_shutdown_is_counted_and_flush_lands_it() {
             1,
             "{backend}: a settlement lost at shutdown must be counted"
         );
-        let _ = svc;
+        drop((limiter, svc));
+
+        // The same, flushed before the runtime goes: the 200 are back.
+        runtime().block_on(async {
+            let limiter = match backend {
+                "redis" => Ctx::default().redis(&redis),
+                _ => Ctx::default().memory(),
+            };
+            let layer = RateLimitLayer::builder(
+                limiter.clone(),
+                Quota::per_hour(1_000).unwrap(),
+                GlobalKey::new("frank"),
+            )
+            .policy_name("llm")
+            .cost(|_| 200)
+            .cost_from_response(|_| 0)
+            .build()
+            .unwrap();
+            let svc = layer.layer(tower::service_fn(|_: Request<Full<Bytes>>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+            }));
+            assert_eq!(left(&limiter, "llm", "frank", &quotas).await, 1_000);
+            let response = svc.oneshot(Request::new(Full::new(Bytes::new())));
+            assert_eq!(response.await.unwrap().status(), StatusCode::OK);
+            limiter.flush_settlements().await;
+            assert_eq!(
+                left(&limiter, "llm", "frank", &quotas).await,
+                1_000,
+                "{backend}"
+            );
+            assert_eq!(limiter.stats().settle_failures, 0, "{backend}");
+        });
     }
 }
