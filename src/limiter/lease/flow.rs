@@ -409,8 +409,9 @@ impl Limiter {
     }
 
     /// Ends every lease of this limiter and gives its unspent units back to the store (never
-    /// above a tier's capacity): call it on shutdown. Returns the units given back. Without
-    /// leases it does nothing.
+    /// above a tier's capacity): call it on shutdown, with
+    /// [`flush_settlements`](Self::flush_settlements) when layers settle costs. Returns the
+    /// units given back. Without leases it does nothing.
     ///
     /// ```
     /// use redlimit::{limiter::Leases, store::MemoryStore, Limiter, Quota};
