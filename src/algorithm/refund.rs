@@ -159,7 +159,7 @@ fn refund_state(state: &[u8], units: f64, start: f64, period: f64, burst: f64) -
 
 /// The sliding log's refund of `units` reserved at `reserved`: the `units` oldest entries
 /// scored at or after `reserved` removed from `log` (sorted oldest first), as
-/// `ZCOUNT`/`ZREMRANGEBYRANK` do in `lua/refund.lua`. Returns the entries removed.
+/// `ZRANGEBYSCORE … LIMIT` and `ZREM` do in `lua/refund.lua`. Returns the entries removed.
 pub(crate) fn log_refund(log: &mut super::sliding_log::Log, units: f64, reserved: f64) -> u64 {
     let older = log.partition_point(|&score| score < reserved);
     let n = (units.min(usize::MAX as f64) as usize).min(log.len() - older);

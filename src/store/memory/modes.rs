@@ -155,8 +155,9 @@ impl MemoryStore {
             let KeyState::Log(entries) = &mut shard.slots[slot].stored.state else {
                 return 0;
             };
-            if reserved < tenant_reset_us(tenant.as_deref()) {
-                return 0;
+            let reset = tenant_reset_us(tenant.as_deref());
+            if reset > 0.0 && reserved < reset {
+                return 0; // reserved before the tenant's reset
             }
             return log_refund(entries, units, reserved);
         }
