@@ -88,7 +88,7 @@ pub(crate) async fn check<K>(
     let modes = &config.modes;
     let limiter = &config.limiter;
     // When and where the units are reserved: a settlement gives them back there, or nowhere.
-    let reserved = limiter.reserving();
+    let reserved = limiter.mark_reservation();
     let (verdict, origin) = Origin::of(limiter.check_storage_key_blocking(
         storage_key,
         quotas,
@@ -103,7 +103,7 @@ pub(crate) async fn check<K>(
     if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
         let key = [storage_key, modes::SHADOW_SCOPE_SUFFIX].concat();
         let label = config.shadow_label();
-        let shadow_reserved = limiter.reserving();
+        let shadow_reserved = limiter.mark_reservation();
         if let (Verdict::Decided(decision), shadow_origin) =
             Origin::of(limiter.check_storage_key(&key, tiers, cost, &label)).await
         {

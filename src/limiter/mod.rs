@@ -37,7 +37,8 @@ pub use self::lease::{
     LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
     MAX_LEASE_INTERVAL,
 };
-pub(crate) use self::refund::{Origin, Reserved};
+pub(crate) use self::refund::Origin;
+pub use self::refund::Reserved;
 use self::stats::{Counters, StoreTimer};
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
 pub(crate) use self::stats::{PolicyLabel, Shadow};

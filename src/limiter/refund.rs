@@ -16,9 +16,10 @@ use crate::quota::Quotas;
 use crate::store::{RefundRequest, StoreError};
 
 /// When units were reserved, so that a refund gives them back to the window (and the reset
-/// epoch) they were charged to and to no other.
+/// epoch) they were charged to and to no other: take it with [`Limiter::mark_reservation`]
+/// just before the check that reserves, give it to [`Limiter::refund_reserved`].
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Reserved {
+pub struct Reserved {
     /// Taken before the reservation's store call was sent: the age measured from it is never
     /// less than the true age.
     sent: Instant,
@@ -128,9 +129,8 @@ impl Limiter {
     /// sliding window give them back to the window of this call, the sliding log removes its
     /// oldest entries still in its window (the longest tier's), and a tenant's reset before
     /// this call does not stop it. So refund within the window of the reservation, and not
-    /// across a reset. The layer's settlements and the leases' give-backs know when their
-    /// units were reserved and give them back to that window only (see the
-    /// [modes guide](crate::guide::modes)).
+    /// across a reset; else use [`refund_reserved`](Self::refund_reserved), as the layer's
+    /// settlements and the leases' give-backs do (see the [modes guide](crate::guide::modes)).
     ///
     /// ```
     /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
@@ -159,7 +159,7 @@ impl Limiter {
     ) -> Result<(), ControlError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
         let key = self.target_key(target.into());
-        let mut reserved = self.reserving();
+        let mut reserved = self.mark_reservation();
         if self.inner.algorithm == crate::algorithm::Algorithm::SlidingLog {
             // Reserved at some time in the log's window: its oldest entries in it go.
             let longest = quotas.iter().map(|q| q.period_micros()).max().unwrap_or(1);
@@ -170,8 +170,54 @@ impl Limiter {
         Ok(())
     }
 
-    /// The time of a reservation about to be made: take it before its store call is sent.
-    pub(crate) fn reserving(&self) -> Reserved {
+    /// [`refund`](Self::refund) of units reserved at `reserved`: they go back only to the
+    /// window they were charged to (the fixed window's, the sliding window's current or, in the
+    /// next window, its previous count; the sliding log's entries from then on), and not at all
+    /// when the tenant was [`reset`](Self::reset) since. Nothing is ever given to a window that
+    /// did not hold them; a refund can be lost near a window's start (see the
+    /// [modes guide](crate::guide::modes) for the bound).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{clock::{Clock, ManualClock}, store::MemoryStore, Algorithm, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .algorithm(Algorithm::FixedWindow)
+    ///     .clock(Clock::Manual(clock.clone()))
+    ///     .build()?;
+    /// let quotas = Quota::per_minute(10)?.into();
+    /// let reserved = limiter.mark_reservation();
+    /// assert!(limiter.check_quotas("job", &quotas, 8).await.is_allowed());
+    /// clock.advance(Duration::from_secs(60)); // the job ran into the next window
+    /// assert!(limiter.check_quotas("job", &quotas, 10).await.is_allowed());
+    /// limiter.refund_reserved("job", &quotas, 5, reserved).await?;
+    /// // Nothing went to this window: it never held those units.
+    /// assert!(!limiter.check_quotas("job", &quotas, 1).await.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn refund_reserved<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        quotas: &Quotas,
+        units: u64,
+        reserved: Reserved,
+    ) -> Result<(), ControlError> {
+        self.supports(quotas).map_err(|(_, error)| error)?;
+        let key = self.target_key(target.into());
+        self.refund_storage_key(key.as_str(), quotas, units, reserved)
+            .await?;
+        Ok(())
+    }
+
+    /// The time of a reservation about to be made, for
+    /// [`refund_reserved`](Self::refund_reserved): take it just before the check that reserves
+    /// (with a client clock its time, with the store's clock this instant, from which the
+    /// refund measures the reservation's age).
+    pub fn mark_reservation(&self) -> Reserved {
         Reserved {
             sent: Instant::now(),
             client_micros: self.inner.clock.now_micros(),
