@@ -1,44 +1,63 @@
 -- redlimit: a refund. Gives `units` back to every tier of one route, atomically, never above a
--- tier's capacity: the units a request reserved and did not use (a settlement after its
--- response, a lease given back). The layouts of the strings are described in lua/common.lua.
+-- tier's capacity, and only to the window they were reserved in: the units a request reserved
+-- and did not use (a settlement after its response, a lease given back). The layouts of the
+-- strings are described in lua/common.lua.
 --
 -- KEYS  [1] the route's string (the sliding log: its controls' string `<key>#m`); [2] the
 --       sliding log only: its sorted set; last, the tenant's string (`<prefix>:{<id>}#t`).
 --       All share one hash tag.
--- ARGV  one string, packed little-endian: double now_us (-1 = Redis TIME; unused but
---       validated, so the argument shape matches a decision's), a byte naming the algorithm
---       (its state's tag), double units (from 1 below 2^53), then per tier (1 to 8) doubles
---       limit, period_us, burst: '<dBd' .. n * '<ddd', 17 + 24 * n bytes.
+-- ARGV  one string, packed little-endian: double now_us (-1 = Redis TIME), a byte naming the
+--       algorithm (its state's tag), doubles units (from 1 below 2^53) and age_us, then per
+--       tier (1 to 8) doubles limit, period_us, burst: '<dBdd' .. n * '<ddd', 25 + 24 * n
+--       bytes. `reserved = now_us - age_us` is when the units were reserved: the caller's
+--       client time of the reservation (age 0), or with Redis time the µs its own monotonic
+--       clock measured since before it sent the reservation's call, so `reserved` is never
+--       later than the reservation's true time.
 -- Reply the number of tiers that got units back (the sliding log: the entries removed).
 --
 -- The tiers in force are the route's override, else the tenant's, else the caller's, as in a
--- decision. States stored before a tenant's reset read as fresh (full): nothing to give back.
--- Per algorithm, a refund of u:
+-- decision. Nothing is given back when `reserved` is before the tenant's reset (the units were
+-- paid for in state the reset forgot), nor to states stored before it (fresh: full).
+-- Per algorithm, a refund of u reserved at `reserved`:
 --   token bucket  tokens + u, at most burst (refill needs no accounting first: the next
 --                 decision refills from the same ts and caps at burst either way)
 --   gcra          debt - u, at least 0 (draining commutes with the subtraction the same way)
---   fixed window  count - u, at least 0 (a window that has passed reads as empty anyway)
---   sliding win.  current count - u, the rest from the previous window's, each at least 0
---   sliding log   the u newest entries removed (ZPOPMAX)
--- A state of another algorithm, or one that does not parse, is left as it is. The key keeps
--- its TTL: a refund never makes a state last longer than the admission that wrote it.
+--   fixed window  count - u, at least 0, only when the stored window is the one `reserved`
+--                 falls in (another window never got these units)
+--   sliding win.  the count of the window `reserved` falls in, at least 0: the current one's
+--                 when the stored window is it, the previous one's when the stored window is
+--                 the next; nothing otherwise
+--   sliding log   the u oldest entries scored at or after `reserved` removed (its own entries
+--                 are among them; an older one removed in their place leaves the log counting
+--                 a newer unit, never fewer units in any window to come)
+-- An estimate of `reserved` earlier than the truth can only lose a refund (a reservation made
+-- within that error after a window starts or after a reset gives nothing back), never give one
+-- to the wrong window. A state of another algorithm, or one that does not parse, is left as it
+-- is. The key keeps its TTL: a refund never makes a state last longer than the admission that
+-- wrote it.
 
 local MAX_EXACT = 9007199254740992
 local sunpack, spack, byte, sub, call = struct.unpack, struct.pack, string.byte, string.sub,
   redis.call
 
 local args = ARGV[1] or ''
-local tiers = (#args - 17) / 24
+local tiers = (#args - 25) / 24
 if #ARGV ~= 1 or not KEYS[1] or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
   return redis.error_reply('ERR redlimit: invalid refund arguments; expected the keys and ' ..
-    'one argument packing now_us, algorithm, units, then limit, period_us, burst per tier')
+    'one argument packing now_us, algorithm, units, age_us, then limit, period_us, burst ' ..
+    'per tier')
 end
-local now, alg, units = sunpack('<dBd', args)
+local now, alg, units, age = sunpack('<dBdd', args)
 if not ((now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0) and units >= 1 and
-    units < MAX_EXACT and units % 1 == 0) then
-  return redis.error_reply('ERR redlimit: invalid refund arguments; now_us and units must ' ..
-    'be integers below 2^53 (units at least 1)')
+    units < MAX_EXACT and units % 1 == 0 and age >= 0 and age < MAX_EXACT and age % 1 == 0) then
+  return redis.error_reply('ERR redlimit: invalid refund arguments; now_us, units and age_us ' ..
+    'must be integers below 2^53 (units at least 1)')
 end
+if now == -1 then
+  local t = call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local reserved = now - age
 local log = alg == 108
 local skey, tkey = KEYS[1], KEYS[2]
 if log then
@@ -49,7 +68,7 @@ if not tkey then
 end
 
 -- The quotas in force: `quotas` holds them from byte `qat` on (the caller's, after its header).
-local quotas, qat = args, 18
+local quotas, qat = args, 26
 local t = redis.pcall('GET', tkey)
 local reset_us = 0
 if t and not t.err and byte(t, 1) == 77 then
@@ -84,16 +103,28 @@ if s and #s ~= 17 and #s ~= 25 and byte(s, 1) == 77 then
     at = at + 9
   end
 end
-if reset_us > 0 and stamp < reset_us then
-  return 0 -- stored before the tenant's reset: fresh already
+if reset_us > 0 and (stamp < reset_us or reserved < reset_us) then
+  return 0 -- stored before the tenant's reset (fresh already), or reserved before it
 end
 
 if log then
-  local popped = redis.pcall('ZPOPMAX', KEYS[2], units)
-  if type(popped) ~= 'table' then
-    return 0
+  -- The oldest `units` entries scored from the reservation on, removed 1000 at a time (an
+  -- unpack of more could overflow Lua's stack).
+  local from = string.format('%d', reserved)
+  local gone = 0
+  while gone < units do
+    local n = math.min(units - gone, 1000)
+    local oldest = redis.pcall('ZRANGEBYSCORE', KEYS[2], from, '+inf', 'LIMIT', 0, n)
+    if type(oldest) ~= 'table' or #oldest == 0 then
+      break
+    end
+    call('ZREM', KEYS[2], unpack(oldest))
+    gone = gone + #oldest
+    if #oldest < n then
+      break
+    end
   end
-  return #popped / 2
+  return gone
 end
 if not s then
   return 0
@@ -108,14 +139,22 @@ while at <= #s do
     local len = tag == 119 and 25 or 17
     local state = sub(s, at, at + len - 1)
     at, i = at + len, i + 1
-    local burst = i <= tiers and sunpack('<d', quotas, qat + 24 * (i - 1) + 16)
+    local period, burst
+    if i <= tiers then
+      period, burst = sunpack('<dd', quotas, qat + 24 * (i - 1) + 8)
+    end
     local new
     if #state == len and burst and tag == alg then
+      -- The start of the fixed window the units were reserved in.
+      local start = reserved - reserved % period
       if tag == 119 then
         local _, w, c, p = sunpack('<Bddd', state)
         if c >= 0 and p >= 0 and c < MAX_EXACT and p < MAX_EXACT then
-          local take = math.min(c, units)
-          new = spack('<Bddd', 119, w, c - take, math.max(p - (units - take), 0))
+          if w == start then
+            new = spack('<Bddd', 119, w, math.max(c - units, 0), p)
+          elseif w == start + period then
+            new = spack('<Bddd', 119, w, c, math.max(p - units, 0))
+          end
         end
       else
         local _, a, b = sunpack('<Bdd', state)
@@ -124,7 +163,7 @@ while at <= #s do
             new = spack('<Bdd', 116, math.min(a - a % 1 + units, burst), b)
           elseif tag == 103 then
             new = spack('<Bdd', 103, a, math.max(b - units, 0))
-          elseif tag == 102 then
+          elseif tag == 102 and a == start then
             new = spack('<Bdd', 102, a, math.max(b - units, 0))
           end
         end

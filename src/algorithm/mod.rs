@@ -95,7 +95,7 @@ pub(crate) use self::mirror::ttl_ms;
 pub(crate) use self::mirror::{
     control, decide, decide_log, foreign_state, LogWrite, Refused, Written,
 };
-pub(crate) use self::refund::{refund, REFUND_SOURCE};
+pub(crate) use self::refund::{log_refund, refund, REFUND_SOURCE};
 pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};
 pub(crate) use self::spec::{
     is_one_state, packed_by_tag, state_len_of, Kind, Spec, Window, CONTROL_SOURCE, SOURCE,

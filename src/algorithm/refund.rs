@@ -1,8 +1,8 @@
 //! A refund: the Rust mirror of `lua/refund.lua`, step for step, over the same bytes (its
 //! wire is in `src/store/redis/modes.rs`).
 //!
-//! Gives units back to every tier of one route, never above a tier's capacity (the script's
-//! header states the rule per algorithm).
+//! Gives units back to every tier of one route, never above a tier's capacity, and only to the
+//! window they were reserved in (the script's header states the rule per algorithm).
 
 use crate::quota::Quota;
 
@@ -11,21 +11,25 @@ fn f64_at(s: &[u8], at: usize) -> Option<f64> {
         .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
 }
 
-/// What a refund of `units` does to a route's string `route` under its tenant's string
-/// `tenant`, for the algorithm tagged `tag` (not the sliding log: its refund removes the
-/// newest entries of its log). `None`: nothing changes; else the new string and the number of
-/// tiers that got units back.
+/// What a refund of `units` reserved at `reserved` (µs) does to a route's string `route` under
+/// its tenant's string `tenant`, for the algorithm tagged `tag` (not the sliding log: see
+/// [`log_refund`]). `None`: nothing changes; else the new string and the number of tiers that
+/// got units back.
 pub(crate) fn refund(
     route: Option<&[u8]>,
     tenant: Option<&[u8]>,
     tag: u8,
     units: f64,
+    reserved: f64,
     quotas: &[Quota],
 ) -> Option<(Vec<u8>, u64)> {
-    let mut bursts: Vec<f64> = quotas.iter().map(|q| q.burst() as f64).collect();
+    let mut tiers: Vec<(f64, f64)> = quotas
+        .iter()
+        .map(|q| (q.period_micros() as f64, q.burst() as f64))
+        .collect();
     let reset_us = tenant_reset(tenant);
     if let Some(over) = reset_us.1 {
-        bursts = over;
+        tiers = over;
     }
     let s = route?;
     let (mut at, mut stamp) = (0, 0.0);
@@ -36,8 +40,8 @@ pub(crate) fn refund(
             return None;
         }
         if n > 0 {
-            bursts = (0..n)
-                .map(|i| f64_at(s, 10 + 24 * i + 16))
+            tiers = (0..n)
+                .map(|i| Some((f64_at(s, 10 + 24 * i + 8)?, f64_at(s, 10 + 24 * i + 16)?)))
                 .collect::<Option<_>>()?;
         }
         at = clen;
@@ -46,7 +50,7 @@ pub(crate) fn refund(
             at += 9;
         }
     }
-    if reset_us.0 > 0.0 && stamp < reset_us.0 {
+    if reset_us.0 > 0.0 && (stamp < reset_us.0 || reserved < reset_us.0) {
         return None;
     }
     let mut out = s[..at].to_vec();
@@ -63,9 +67,11 @@ pub(crate) fn refund(
         let state = &s[at..(at + len).min(s.len())];
         at += len;
         i += 1;
-        let new = match bursts.get(i - 1) {
-            Some(&burst) if state.len() == len && tag_at == tag => {
-                refund_state(state, units, burst)
+        let new = match tiers.get(i - 1) {
+            Some(&(period, burst)) if state.len() == len && tag_at == tag => {
+                // The start of the fixed window the units were reserved in.
+                let start = reserved - super::lua_mod(reserved, period);
+                refund_state(state, units, start, period, burst)
             }
             _ => None,
         };
@@ -80,8 +86,8 @@ pub(crate) fn refund(
     (changed > 0).then_some((out, changed))
 }
 
-/// The tenant's reset (0: none) and its override's bursts, if any.
-fn tenant_reset(tenant: Option<&[u8]>) -> (f64, Option<Vec<f64>>) {
+/// The tenant's reset (0: none) and its override's periods and bursts, if any.
+fn tenant_reset(tenant: Option<&[u8]>) -> (f64, Option<Vec<(f64, f64)>>) {
     let Some(t) = tenant.filter(|t| t.first() == Some(&b'M')) else {
         return (0.0, None);
     };
@@ -94,14 +100,18 @@ fn tenant_reset(tenant: Option<&[u8]>) -> (f64, Option<Vec<f64>>) {
         return (0.0, None);
     }
     let over = (n > 0)
-        .then(|| (0..n).map(|i| f64_at(t, 10 + 24 * i + 16)).collect())
+        .then(|| {
+            (0..n)
+                .map(|i| Some((f64_at(t, 10 + 24 * i + 8)?, f64_at(t, 10 + 24 * i + 16)?)))
+                .collect()
+        })
         .flatten();
     (f64_at(t, clen).unwrap_or(0.0), over)
 }
 
-/// One tier's state after a refund, as `lua/refund.lua` computes it; `None` when it does not
-/// parse.
-fn refund_state(state: &[u8], units: f64, burst: f64) -> Option<Vec<u8>> {
+/// One tier's state after a refund of units reserved in the fixed window starting at `start`,
+/// as `lua/refund.lua` computes it; `None` when it does not parse or has nothing to give back.
+fn refund_state(state: &[u8], units: f64, start: f64, period: f64, burst: f64) -> Option<Vec<u8>> {
     let ok = |v: f64| (0.0..super::MAX_EXACT).contains(&v);
     let tag = state[0];
     let a = f64_at(state, 1)?;
@@ -114,10 +124,16 @@ fn refund_state(state: &[u8], units: f64, burst: f64) -> Option<Vec<u8>> {
         if !(ok(c) && ok(p)) {
             return None;
         }
-        let take = c.min(units);
         push(a);
-        push(c - take);
-        push((p - (units - take)).max(0.0));
+        if a == start {
+            push((c - units).max(0.0));
+            push(p);
+        } else if a == start + period {
+            push(c);
+            push((p - units).max(0.0));
+        } else {
+            return None;
+        }
     } else {
         if !(ok(a) && ok(b)) {
             return None;
@@ -127,7 +143,11 @@ fn refund_state(state: &[u8], units: f64, burst: f64) -> Option<Vec<u8>> {
                 push((a - super::lua_mod(a, 1.0) + units).min(burst));
                 push(b);
             }
-            b'g' | b'f' => {
+            b'g' => {
+                push(a);
+                push((b - units).max(0.0));
+            }
+            b'f' if a == start => {
                 push(a);
                 push((b - units).max(0.0));
             }
@@ -135,6 +155,16 @@ fn refund_state(state: &[u8], units: f64, burst: f64) -> Option<Vec<u8>> {
         }
     }
     Some(new)
+}
+
+/// The sliding log's refund of `units` reserved at `reserved`: the `units` oldest entries
+/// scored at or after `reserved` removed from `log` (sorted oldest first), as
+/// `ZRANGEBYSCORE … LIMIT` and `ZREM` do in `lua/refund.lua`. Returns the entries removed.
+pub(crate) fn log_refund(log: &mut super::sliding_log::Log, units: f64, reserved: f64) -> u64 {
+    let older = log.partition_point(|&score| score < reserved);
+    let n = (units.min(usize::MAX as f64) as usize).min(log.len() - older);
+    log.drain(older..older + n);
+    n as u64
 }
 
 /// The refund script's body (`lua/refund.lua`).

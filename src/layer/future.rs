@@ -18,6 +18,7 @@ use super::modes::{self, Settlement, ShadowLimited};
 use super::response::{self, Wire};
 use crate::decision::Decision;
 use crate::decision::Verdict;
+use crate::limiter::Origin;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::layer::RateLimit): it waits for the limiter's
@@ -85,41 +86,45 @@ pub(crate) async fn check<K>(
 ) -> Checked<K> {
     let quotas = style.as_deref().map_or(&config.quotas, HeaderStyle::quotas);
     let modes = &config.modes;
-    let verdict = config
-        .limiter
-        .check_storage_key_blocking(
-            storage_key,
-            quotas,
-            cost,
-            &config.metrics_label,
-            // A shadow layer has no effects: its would-be denials block nobody.
-            modes.block.as_ref().filter(|_| !modes.shadow),
-        )
-        .await;
+    let limiter = &config.limiter;
+    // When and where the units are reserved: a settlement gives them back there, or nowhere.
+    let reserved = limiter.mark_reservation();
+    let (verdict, origin) = Origin::of(limiter.check_storage_key_blocking(
+        storage_key,
+        quotas,
+        cost,
+        &config.metrics_label,
+        // A shadow layer has no effects: its would-be denials block nobody.
+        modes.block.as_ref().filter(|_| !modes.shadow),
+    ))
+    .await;
     let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
     let (mut shadow, mut shadow_admitted) = (None, None);
     if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
         let key = [storage_key, modes::SHADOW_SCOPE_SUFFIX].concat();
         let label = config.shadow_label();
-        if let Verdict::Decided(decision) = config
-            .limiter
-            .check_storage_key(&key, tiers, cost, &label)
-            .await
+        let shadow_reserved = limiter.mark_reservation();
+        if let (Verdict::Decided(decision), shadow_origin) =
+            Origin::of(limiter.check_storage_key(&key, tiers, cost, &label)).await
         {
             if decision.allowed {
-                // Settled like the enforced tiers, when the layer settles.
-                shadow_admitted = Some((key, *tiers));
+                // Settled like the enforced tiers, when the layer settles (if the store, not
+                // the failure policy, reserved the units).
+                shadow_admitted =
+                    (shadow_origin == Origin::Store).then_some((key, *tiers, shadow_reserved));
             } else {
                 shadow = Some(decision);
             }
         }
     }
+    // A request the failure policy admitted is settled nowhere: the store never reserved it.
     let settlement = match &modes.settle {
-        Some(settle) if admitted => Some(Settlement {
+        Some(settle) if admitted && origin == Origin::Store => Some(Settlement {
             limiter: config.limiter.clone(),
             storage_key: storage_key.to_owned(),
             quotas: *quotas,
             reserved: cost,
+            reserved_at: reserved,
             settle: Arc::clone(settle),
             label: config.metrics_label.clone(),
             shadow: shadow_admitted,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::{Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::limiter::{BlockFor, Limiter, PolicyLabel, Shadow};
+use crate::limiter::{BlockFor, Limiter, PolicyLabel, Reserved, Shadow};
 use crate::quota::Quotas;
 
 /// In the request extensions when a check made in shadow would have denied the request: the
@@ -124,14 +124,19 @@ pub(crate) struct Settlement {
     pub storage_key: String,
     pub quotas: Quotas,
     pub reserved: u64,
+    /// When the store reserved them (the settlement gives back to that window only).
+    pub reserved_at: Reserved,
     pub settle: Arc<Settle>,
     pub label: PolicyLabel,
-    /// The shadow tiers' storage key and quotas, when they admitted (and so reserved) too.
-    pub shadow: Option<(String, Quotas)>,
+    /// The shadow tiers' storage key, quotas and reservation time, when the store admitted
+    /// (and so reserved) there too.
+    pub shadow: Option<(String, Quotas, Reserved)>,
 }
 
 impl Settlement {
-    /// Settles against `response`, as a task of its own (never delaying the response).
+    /// Settles against `response`, as a task of its own (never delaying the response), which
+    /// [`Limiter::flush_settlements`] waits for; one that never ends (its runtime shut down)
+    /// is counted as a failed settlement.
     pub(crate) fn settle<B>(self, response: Response<B>) -> Response<B> {
         let (parts, body) = response.into_parts();
         let probe = Response::from_parts(parts, ());
@@ -141,23 +146,26 @@ impl Settlement {
         if refund > 0 || charge > 0 {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
+                    let pending = self.limiter.settlement_started();
                     runtime.spawn(async move {
                         let limiter = &self.limiter;
+                        let units = (refund, charge);
                         limiter
                             .settle_storage_key(
                                 &self.storage_key,
                                 &self.quotas,
-                                refund,
-                                charge,
+                                units,
+                                self.reserved_at,
                                 &self.label,
                             )
                             .await;
-                        if let Some((key, quotas)) = &self.shadow {
+                        if let Some((key, quotas, reserved)) = &self.shadow {
                             let label = self.label.shadowed(Shadow::Tiers);
                             limiter
-                                .settle_storage_key(key, quotas, refund, charge, &label)
+                                .settle_storage_key(key, quotas, units, *reserved, &label)
                                 .await;
                         }
+                        pending.finish();
                     });
                 }
                 Err(_) => self.limiter.count_settle_failure("no tokio runtime"),

@@ -273,6 +273,7 @@ impl LimiterBuilder {
                 unscoped,
                 waiters: Default::default(),
                 leases,
+                settlements: Default::default(),
             }),
         })
     }

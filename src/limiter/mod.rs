@@ -37,6 +37,8 @@ pub use self::lease::{
     LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
     MAX_LEASE_INTERVAL,
 };
+pub(crate) use self::refund::Origin;
+pub use self::refund::Reserved;
 use self::stats::{Counters, StoreTimer};
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
 pub(crate) use self::stats::{PolicyLabel, Shadow};
@@ -78,6 +80,8 @@ struct Inner {
     waiters: Waiters,
     /// Token leases for hot keys, when on ([`LimiterBuilder::leases`]).
     leases: Option<self::lease::LeaseTable>,
+    /// The layer's settlements still running (`refund.rs`).
+    settlements: self::refund::Settlements,
 }
 
 impl fmt::Debug for Limiter {
@@ -320,6 +324,7 @@ impl Limiter {
             error: &error,
             request,
         });
+        self::refund::Origin::policy_answered();
         stats.count_failure(&verdict, label);
         // The key is never logged: it may be a secret. While the circuit breaker is open
         // every request lands here; the breaker itself logs its state changes, so those

@@ -1,10 +1,116 @@
-//! [`Limiter::refund`]: units given back after the fact, in one atomic store call.
+//! [`Limiter::refund`]: units given back after the fact, in one atomic store call; the layer's
+//! settlements, which remember when and where their units were reserved, and
+//! [`Limiter::flush_settlements`].
+
+use std::cell::Cell;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use tokio::sync::Notify;
 
 use super::{Limiter, PolicyLabel, Shadow};
 use crate::limiter::{ControlError, Target};
 use crate::policy::FailureContext;
 use crate::quota::Quotas;
 use crate::store::{RefundRequest, StoreError};
+
+/// When units were reserved, so that a refund gives them back to the window (and the reset
+/// epoch) they were charged to and to no other: take it with [`Limiter::mark_reservation`]
+/// just before the check that reserves, give it to [`Limiter::refund_reserved`].
+#[derive(Debug, Clone, Copy)]
+pub struct Reserved {
+    /// Taken before the reservation's store call was sent: the age measured from it is never
+    /// less than the true age.
+    sent: Instant,
+    /// The client clock's time at that moment, when the limiter has a client clock.
+    client_micros: Option<u64>,
+    /// µs before that moment the reservation may have been made (0 for the layer's).
+    earlier: u64,
+}
+
+impl Reserved {
+    /// The refund's `now_micros` and `age_micros`: the reservation's own client time, or the
+    /// store's time less the age measured here.
+    fn clock_args(&self) -> (Option<u64>, u64) {
+        match self.client_micros {
+            Some(at) => (Some(at.saturating_sub(self.earlier)), 0),
+            None => {
+                let age = u64::try_from(self.sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                (None, age.saturating_add(self.earlier))
+            }
+        }
+    }
+}
+
+/// Which store made a reservation: the limiter's own, or its failure policy's (a
+/// [`LocalFallback`](crate::policy::LocalFallback)'s memory). A settlement goes to the first,
+/// or nowhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    Store,
+    Policy,
+}
+
+tokio::task_local! {
+    /// Set within [`Origin::of`] when the failure policy answered the check.
+    static POLICY_ANSWERED: Cell<bool>;
+}
+
+impl Origin {
+    /// Marks the check running in [`Origin::of`] as the policy's (`Limiter::fail`).
+    pub(super) fn policy_answered() {
+        let _ = POLICY_ANSWERED.try_with(|answered| answered.set(true));
+    }
+
+    /// Runs `check` and tells whether the failure policy answered it.
+    pub(crate) async fn of<T>(check: impl Future<Output = T>) -> (T, Origin) {
+        POLICY_ANSWERED
+            .scope(Cell::new(false), async {
+                let out = check.await;
+                match POLICY_ANSWERED.with(Cell::get) {
+                    true => (out, Origin::Policy),
+                    false => (out, Origin::Store),
+                }
+            })
+            .await
+    }
+}
+
+/// The layer's settlements still running, for [`Limiter::flush_settlements`].
+#[derive(Debug, Default)]
+pub(crate) struct Settlements {
+    pending: AtomicUsize,
+    idle: Notify,
+}
+
+/// One settlement in flight: dropped unfinished (its task never ran, or was cancelled when the
+/// runtime shut down), it is counted as a failed settlement.
+pub(crate) struct Pending {
+    limiter: Limiter,
+    finished: bool,
+}
+
+impl Pending {
+    /// The settlement ran to its end (it may still have failed: counted where it did).
+    pub(crate) fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.limiter.count_settle_failure(
+                "the settlement was dropped before it ended (runtime shut down)",
+            );
+        }
+        let settlements = &self.limiter.inner.settlements;
+        if settlements.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            settlements.idle.notify_waiters();
+        }
+    }
+}
 
 impl Limiter {
     /// Gives `units` back to every tier of `target` under `quotas` (the quotas it was checked
@@ -15,9 +121,16 @@ impl Limiter {
     ///
     /// What a refund does per algorithm: the token bucket gets the tokens back (at most its
     /// burst), GCRA's debt shrinks (at least to 0), the fixed window's count shrinks, the
-    /// sliding window's current count and then its previous one, and the sliding log loses its
-    /// newest entries. A key with nothing stored, or stored before a tenant's
+    /// sliding window's count of the window the units were reserved in, and the sliding log
+    /// loses its oldest entries from the reservation on. A key with nothing stored, or stored before a tenant's
     /// [`reset`](Self::reset) (full already), is left as it is. Refunding 0 units does nothing.
+    ///
+    /// The units are taken as reserved in the current window: the fixed window and the
+    /// sliding window give them back to the window of this call, the sliding log removes its
+    /// oldest entries still in its window (the longest tier's), and a tenant's reset before
+    /// this call does not stop it. So refund within the window of the reservation, and not
+    /// across a reset; else use [`refund_reserved`](Self::refund_reserved), as the layer's
+    /// settlements and the leases' give-backs do (see the [modes guide](crate::guide::modes)).
     ///
     /// ```
     /// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
@@ -46,26 +159,92 @@ impl Limiter {
     ) -> Result<(), ControlError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
         let key = self.target_key(target.into());
-        self.refund_storage_key(key.as_str(), quotas, units).await?;
+        let mut reserved = self.mark_reservation();
+        if self.inner.algorithm == crate::algorithm::Algorithm::SlidingLog {
+            // Reserved at some time in the log's window: its oldest entries in it go.
+            let longest = quotas.iter().map(|q| q.period_micros()).max().unwrap_or(1);
+            reserved.earlier = longest - 1;
+        }
+        self.refund_storage_key(key.as_str(), quotas, units, reserved)
+            .await?;
         Ok(())
     }
 
-    /// [`refund`](Self::refund) on a storage key, as the layer's settlement gives units back.
+    /// [`refund`](Self::refund) of units reserved at `reserved`: they go back only to the
+    /// window they were charged to (the fixed window's, the sliding window's current or, in the
+    /// next window, its previous count; the sliding log's entries from then on), and not at all
+    /// when the tenant was [`reset`](Self::reset) since. Nothing is ever given to a window that
+    /// did not hold them; a refund can be lost near a window's start (see the
+    /// [modes guide](crate::guide::modes) for the bound).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{clock::{Clock, ManualClock}, store::MemoryStore, Algorithm, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .algorithm(Algorithm::FixedWindow)
+    ///     .clock(Clock::Manual(clock.clone()))
+    ///     .build()?;
+    /// let quotas = Quota::per_minute(10)?.into();
+    /// let reserved = limiter.mark_reservation();
+    /// assert!(limiter.check_quotas("job", &quotas, 8).await.is_allowed());
+    /// clock.advance(Duration::from_secs(60)); // the job ran into the next window
+    /// assert!(limiter.check_quotas("job", &quotas, 10).await.is_allowed());
+    /// limiter.refund_reserved("job", &quotas, 5, reserved).await?;
+    /// // Nothing went to this window: it never held those units.
+    /// assert!(!limiter.check_quotas("job", &quotas, 1).await.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn refund_reserved<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        quotas: &Quotas,
+        units: u64,
+        reserved: Reserved,
+    ) -> Result<(), ControlError> {
+        self.supports(quotas).map_err(|(_, error)| error)?;
+        let key = self.target_key(target.into());
+        self.refund_storage_key(key.as_str(), quotas, units, reserved)
+            .await?;
+        Ok(())
+    }
+
+    /// The time of a reservation about to be made, for
+    /// [`refund_reserved`](Self::refund_reserved): take it just before the check that reserves
+    /// (with a client clock its time, with the store's clock this instant, from which the
+    /// refund measures the reservation's age).
+    pub fn mark_reservation(&self) -> Reserved {
+        Reserved {
+            sent: Instant::now(),
+            client_micros: self.inner.clock.now_micros(),
+            earlier: 0,
+        }
+    }
+
+    /// [`refund`](Self::refund) on a storage key, of units reserved at `reserved`, as the
+    /// layer's settlement gives units back.
     pub(crate) async fn refund_storage_key(
         &self,
         storage_key: &str,
         quotas: &Quotas,
         units: u64,
+        reserved: Reserved,
     ) -> Result<(), StoreError> {
         if units == 0 {
             return Ok(());
         }
+        let (now_micros, age_micros) = reserved.clock_args();
         let request = RefundRequest {
             key: storage_key,
             algorithm: self.inner.algorithm,
             quotas,
             units,
-            now_micros: self.inner.clock.now_micros(),
+            now_micros,
+            age_micros,
         };
         let result = self.inner.store.refund(request).await;
         // A cached denial may now be too long.
@@ -75,20 +254,77 @@ impl Limiter {
 }
 
 impl Limiter {
-    /// A layer's settlement after the response: `refund` units given back, or `charge` more
-    /// taken (what is left of it at most: a tier is emptied, never driven below). A failure is
-    /// counted and logged; a charge that failed goes to the failure policy (a local fallback
-    /// charges its share), a refund that failed is lost (the units stay spent).
+    /// Waits until every settlement the layers on this limiter started has ended (given its
+    /// units back or taken its charge, or failed and been counted in
+    /// [`settle_failures`](crate::limiter::LimiterStats::settle_failures)). Settlements run as
+    /// tasks of their own after each response; call this on shutdown, with
+    /// [`release_leases`](Self::release_leases), before the runtime goes: a settlement still
+    /// pending when the runtime drops it is lost, and counted as a failure.
+    ///
+    /// ```
+    /// use redlimit::{key::GlobalKey, store::MemoryStore, Limiter, Quota, RateLimitLayer};
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let layer = RateLimitLayer::builder(limiter.clone(), Quota::per_hour(10)?, GlobalKey::new("all"))
+    ///     .policy_name("api")
+    ///     .cost(|_| 5)
+    ///     .cost_from_response(|_| 0) // nothing used: the 5 go back
+    ///     .build()?;
+    /// let svc = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    /// }));
+    /// svc.oneshot(http::Request::new(())).await?;
+    /// limiter.flush_settlements().await;
+    /// let key = redlimit::Target::scoped("api", "all");
+    /// let peek = limiter.check_quotas(key, &Quota::per_hour(10)?.into(), 0).await;
+    /// assert_eq!(peek.decision().unwrap().remaining, 10);
+    /// assert_eq!(limiter.stats().settle_failures, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn flush_settlements(&self) {
+        let settlements = &self.inner.settlements;
+        loop {
+            let mut idle = std::pin::pin!(settlements.idle.notified());
+            idle.as_mut().enable();
+            if settlements.pending.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// Counts a settlement about to be spawned, until its [`Pending`] is finished or dropped.
+    pub(crate) fn settlement_started(&self) -> Pending {
+        self.inner
+            .settlements
+            .pending
+            .fetch_add(1, Ordering::AcqRel);
+        Pending {
+            limiter: self.clone(),
+            finished: false,
+        }
+    }
+
+    /// A layer's settlement after the response: `refund` units of a reservation made at
+    /// `reserved` given back, or `charge` more taken (what is left of it at most: a tier is
+    /// emptied, never driven below). A failure is counted and logged; a charge that failed goes
+    /// to the failure policy (a local fallback charges its share), a refund that failed is lost
+    /// (the units stay spent).
     pub(crate) async fn settle_storage_key(
         &self,
         storage_key: &str,
         quotas: &Quotas,
-        refund: u64,
-        charge: u64,
+        (refund, charge): (u64, u64),
+        reserved: Reserved,
         label: &PolicyLabel,
     ) {
         let result = if refund > 0 {
-            self.refund_storage_key(storage_key, quotas, refund).await
+            self.refund_storage_key(storage_key, quotas, refund, reserved)
+                .await
         } else {
             self.charge_storage_key(storage_key, quotas, charge).await
         };

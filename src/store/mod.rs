@@ -189,8 +189,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         })
     }
 
-    /// Gives units back to a route's tiers in one atomic call, never above a tier's capacity;
-    /// answers how many tiers (for the sliding log, entries) got units back. The default
+    /// Gives units back to a route's tiers in one atomic call, never above a tier's capacity,
+    /// and only to the window (and reset epoch) of their reservation
+    /// ([`RefundRequest::age_micros`]); answers how many tiers (for the sliding log, entries)
+    /// got units back. The default
     /// answers [`StoreError::Unsupported`].
     fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
         let _ = request;

@@ -20,6 +20,12 @@ pub struct RefundRequest<'a> {
     pub units: u64,
     /// Client time in µs since the Unix epoch; `None` means the store's own clock.
     pub now_micros: Option<u64>,
+    /// How long ago the units were reserved, in µs: the reservation was made at
+    /// `now - age_micros`, and the units go back only to the window that holds that time, and
+    /// not at all when it is before a reset of the tenant. Never less than the true age (it
+    /// may only lose a refund, never give one to the wrong window): measured from before the
+    /// reservation's store call was sent. 0 when `now_micros` is the reservation's own time.
+    pub age_micros: u64,
 }
 
 /// A block on abuse for [`Store::check_blocking`](super::Store::check_blocking): a denial by a

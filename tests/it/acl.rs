@@ -396,7 +396,7 @@ async fn the_cluster_addendum_is_enough_on_cluster() {
 }
 
 /// The production modes as the README's user: a refund on every algorithm (the sliding log's
-/// needs `+zpopmax`), a block that doubles, and a concurrency slot taken and given back (`+zrem`).
+/// needs `+zrem`), a block that doubles, and a concurrency slot taken and given back (`+zrem`).
 #[tokio::test]
 async fn the_production_modes_work_as_the_least_privileged_user() {
     use redlimit::limiter::{BlockFor, ConcurrencyLimiter, SlotOutcome};

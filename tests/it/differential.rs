@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
-use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::store::{MemoryStore, RedisStore, RefundRequest, Store};
 use redlimit::{clock::ManualClock, Algorithm, Decision, Quota, Quotas, Target};
 use support::{Ctx, RedisServer};
 
@@ -67,6 +67,9 @@ enum Step {
     Reset,
     /// Give this many units back (`Limiter::refund`).
     Refund(u64),
+    /// Give this many units back, reserved this many µs ago (`Store::refund`: the client time
+    /// of the reservation when the flag is set, else now and the reservation's age).
+    RefundReserved(u64, u64, bool),
 }
 
 fn quota_of(shape: usize) -> Quota {
@@ -122,6 +125,8 @@ fn step(burst: u64, period_us: u64) -> impl Strategy<Value = Step> {
         1 => Just(Step::Resume),
         1 => Just(Step::Reset),
         2 => (1..=burst + 2).prop_map(Step::Refund),
+        2 => (1..=burst + 2, 0..=2 * period_us, any::<bool>())
+            .prop_map(|(units, back, at)| Step::RefundReserved(units, back, at)),
     ]
 }
 
@@ -208,6 +213,33 @@ async fn run(
                 b.unwrap();
                 continue;
             }
+            Step::RefundReserved(units, back, at) => {
+                plain = false;
+                let storage_key = in_memory.storage_key(key);
+                let (now_micros, age_micros) = match at {
+                    true => (Some(now.saturating_sub(back)), 0),
+                    false => (Some(now), back.min(now)),
+                };
+                let request = RefundRequest {
+                    key: &storage_key,
+                    algorithm,
+                    quotas: &quotas,
+                    units,
+                    now_micros,
+                    age_micros,
+                };
+                // (What Redis still holds after the memory store forgot it is compared through
+                // the decisions that follow.)
+                let held = memory.stored_state(&storage_key, now).is_some();
+                let (a, b) = (redis.refund(request).await, memory.refund(request).await);
+                let a = a.map_err(|e| {
+                    TestCaseError::fail(format!("{algorithm} step {i}: redis: {e}"))
+                })?;
+                if held {
+                    prop_assert_eq!(a, b.unwrap(), "{} step {}: refunded", algorithm, i);
+                }
+                continue;
+            }
             control => {
                 plain = false;
                 let target = Target::key(key);
@@ -235,7 +267,9 @@ async fn run(
                         in_memory.resume(target).await,
                     ),
                     Step::Reset => (on_redis.reset(target).await, in_memory.reset(target).await),
-                    Step::Check(_) | Step::Refund(_) => unreachable!(),
+                    Step::Check(_) | Step::Refund(_) | Step::RefundReserved(..) => {
+                        unreachable!()
+                    }
                 };
                 let (a, b) = (
                     a.map_err(|e| {

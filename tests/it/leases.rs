@@ -548,3 +548,50 @@ async fn the_layer_answers_from_a_lease_with_its_decision_and_headers_and_exactl
     let stats = limiter.lease_stats();
     assert!(stats.renewals < 100, "served from the lease: {stats:?}");
 }
+
+/// 1000 a day: a leasing instance holds units when another process resets the key; the units
+/// it gives back afterwards were paid for before the reset and never land in the state written
+/// after it, so the fleet admits at most 1000 after the reset (on Redis and in memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_leased_before_a_reset_are_never_given_back_after_it() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_day(1_000).unwrap();
+    for backend in ["redis", "memory"] {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::new();
+        let (leasing, other) = match backend {
+            "redis" => {
+                let ctx = Ctx::default().manual(&clock);
+                let leasing = Limiter::builder(ctx.redis_store(&redis))
+                    .clock(Clock::Manual(clock.clone()))
+                    .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
+                    .build()
+                    .unwrap();
+                (leasing, ctx.redis(&redis))
+            }
+            _ => (
+                manual(store.clone(), &clock),
+                Ctx::default().manual(&clock).limiter(store),
+            ),
+        };
+        let held = hold_units(&leasing, "k", &quota, &clock).await;
+        clock.advance(Duration::from_millis(1));
+        other.reset("k").await.unwrap();
+        // The other process admits after the reset (its state is written under the reset).
+        let mut admitted = 0;
+        for _ in 0..200 {
+            admitted += u64::from(other.check("k", &quota).await.is_allowed());
+        }
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(leasing.release_leases().await, held, "{backend}");
+        settled(&leasing).await;
+        for _ in 0..1_200 {
+            admitted += u64::from(other.check("k", &quota).await.is_allowed());
+        }
+        assert!(
+            admitted <= 1_000,
+            "{backend}: the fleet admitted {admitted} after a reset, of 1000 (held {held})"
+        );
+        assert_eq!(admitted, 1_000, "{backend}");
+    }
+}

@@ -345,24 +345,34 @@ impl Limiter {
             return;
         };
         let (limiter, key, quotas) = (self.clone(), Box::<str>::from(key), *quotas);
-        runtime.spawn(async move { limiter.give_back(&key, &quotas, released.returnable).await });
+        runtime.spawn(async move { limiter.give_back(&key, &quotas, released).await });
     }
 
-    /// Gives `units` of `key` back to the store, never above a tier's capacity: the store's
-    /// refund (as [`Limiter::refund`] does), without ending the key's lease as `refund` would.
-    async fn give_back(&self, key: &str, quotas: &Quotas, units: u64) {
+    /// Gives the returnable units of `released` back to the store, never above a tier's
+    /// capacity, and only to the window (and reset) their oldest renewal was sent in: the
+    /// store's refund (as [`Limiter::refund`] does), without ending the key's lease as `refund`
+    /// would.
+    async fn give_back(&self, key: &str, quotas: &Quotas, released: Released) {
         let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
+        let units = released.returnable;
         if units == 0 {
             return;
         }
+        // The lease table's µs: the client clock's, or its own monotonic ones (then the age).
+        let reserved = released.reserved.unwrap_or(0);
+        let (now_micros, age_micros) = match self.inner.clock.now_micros() {
+            Some(_) => (Some(reserved), 0),
+            None => (None, leases.now(&self.inner.clock).saturating_sub(reserved)),
+        };
         let request = RefundRequest {
             key,
             algorithm: self.inner.algorithm,
             quotas,
             units,
-            now_micros: self.inner.clock.now_micros(),
+            now_micros,
+            age_micros,
         };
         match self.inner.store.refund(request).await {
             Ok(_) => Counters::add(&leases.counters.returned, units),
@@ -399,8 +409,9 @@ impl Limiter {
     }
 
     /// Ends every lease of this limiter and gives its unspent units back to the store (never
-    /// above a tier's capacity): call it on shutdown. Returns the units given back. Without
-    /// leases it does nothing.
+    /// above a tier's capacity): call it on shutdown, with
+    /// [`flush_settlements`](Self::flush_settlements) when layers settle costs. Returns the
+    /// units given back. Without leases it does nothing.
     ///
     /// ```
     /// use redlimit::{limiter::Leases, store::MemoryStore, Limiter, Quota};
@@ -421,7 +432,7 @@ impl Limiter {
         let mut returned = 0;
         for (key, quotas, released) in leases.drain(now) {
             Counters::add(&leases.counters.stranded, released.stranded);
-            self.give_back(&key, &quotas, released.returnable).await;
+            self.give_back(&key, &quotas, released).await;
             returned += released.returnable;
         }
         returned

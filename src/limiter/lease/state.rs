@@ -27,6 +27,8 @@ pub(super) struct Batch {
     /// Fixed window only: when the window it was paid in ends. Giving units back after that
     /// would hand them to the next window.
     pub(super) window_end: Option<u64>,
+    /// When its renewal was sent: no later than the store took the units.
+    pub(super) sent: u64,
 }
 
 /// What Redis reported at the last renewal, for the headers of local admissions.
@@ -49,6 +51,9 @@ pub(super) struct Released {
     pub(super) returnable: u64,
     /// Units that cannot go back (a fixed window's that ended, or is about to): stranded.
     pub(super) stranded: u64,
+    /// When the oldest returnable batch's renewal was sent: the give-back's reservation time
+    /// (the store gives nothing back into a window or a reset after it).
+    pub(super) reserved: Option<u64>,
 }
 
 impl Released {
@@ -60,6 +65,7 @@ impl Released {
             .is_none_or(|end| end.saturating_sub(now) > interval);
         if returnable {
             self.returnable += batch.units;
+            self.reserved = Some(self.reserved.map_or(batch.sent, |r| r.min(batch.sent)));
         } else {
             self.stranded += batch.units;
         }
@@ -270,6 +276,7 @@ impl State {
                 units,
                 until,
                 window_end,
+                sent,
             });
             self.held += units;
         }
@@ -384,7 +391,8 @@ mod tests {
             released,
             Released {
                 returnable: 0,
-                stranded: 9
+                stranded: 9,
+                reserved: None,
             }
         );
         // With the window's end far off, units go back.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::{expiry, KeyState, MemoryStore, Stored};
 use crate::algorithm::{
-    block_us, log_controls_key, offences_key, refund, slots_step, tenant_key, Algorithm, Controls,
-    ACQUIRE, RENEW, STAMP,
+    block_us, log_controls_key, log_refund, offences_key, refund, slots_step, tenant_key,
+    Algorithm, Controls, ACQUIRE, RENEW, STAMP,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
@@ -129,6 +129,7 @@ impl MemoryStore {
     pub(super) fn refund_now(&self, request: RefundRequest<'_>) -> u64 {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
         let units = crate::algorithm::capped_cost(request.units) as f64;
+        let reserved = now as f64 - crate::algorithm::capped_cost(request.age_micros) as f64;
         let log = request.algorithm == Algorithm::SlidingLog;
         let mut guard = self
             .shard(request.key)
@@ -154,17 +155,18 @@ impl MemoryStore {
             let KeyState::Log(entries) = &mut shard.slots[slot].stored.state else {
                 return 0;
             };
-            let n = (units as usize).min(entries.len());
-            for _ in 0..n {
-                entries.pop_back();
+            let reset = tenant_reset_us(tenant.as_deref());
+            if reset > 0.0 && reserved < reset {
+                return 0; // reserved before the tenant's reset
             }
-            return n as u64;
+            return log_refund(entries, units, reserved);
         }
         let Some((bytes, changed)) = refund(
             route.as_deref(),
             tenant.as_deref(),
             request.algorithm.tag(),
             units,
+            reserved,
             request.quotas,
         ) else {
             return 0;
@@ -183,19 +185,25 @@ impl MemoryStore {
     }
 }
 
+/// The tenant's reset in µs (0: none).
+fn tenant_reset_us(tenant: Option<&[u8]>) -> f64 {
+    match tenant {
+        Some(t) if t.first() == Some(&b'M') && t.len() >= 10 => {
+            let clen = 10 + 24 * usize::from(t[9]);
+            t.get(clen..clen + 8)
+                .map_or(0.0, |b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+        }
+        _ => 0.0,
+    }
+}
+
 /// Whether the states under `route`'s controls were written before its tenant's reset.
 fn stale(route: Option<&[u8]>, tenant: Option<&[u8]>) -> bool {
     let f = |s: &[u8], at: usize| {
         s.get(at..at + 8)
             .map_or(0.0, |b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
     };
-    let reset = match tenant {
-        Some(t) if t.first() == Some(&b'M') && t.len() >= 10 => {
-            let clen = 10 + 24 * usize::from(t[9]);
-            f(t, clen)
-        }
-        _ => 0.0,
-    };
+    let reset = tenant_reset_us(tenant);
     if reset <= 0.0 {
         return false;
     }

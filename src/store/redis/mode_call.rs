@@ -50,12 +50,7 @@ impl ModeCall<'_> {
                 } else {
                     cmd.arg(2).arg(r.key).arg(tenant_key(r.key));
                 }
-                cmd.arg(refund_args(
-                    r.algorithm.tag(),
-                    r.units,
-                    r.quotas,
-                    r.now_micros,
-                ));
+                cmd.arg(refund_args(r));
             }
             ModeCall::Block(r, block) => {
                 let args = PackedArgs::new(r.algorithm, r.quotas, r.cost, r.now_micros);
@@ -82,13 +77,15 @@ impl ModeCall<'_> {
     }
 }
 
-/// The refund script's one argument: `'<dBd' .. n * '<ddd'`: now_us (-1: Redis `TIME`), the
-/// algorithm's tag, the units, then the caller's tiers.
-fn refund_args(tag: u8, units: u64, quotas: &[Quota], now_micros: Option<u64>) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(17 + 24 * quotas.len());
-    bytes.extend_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
-    bytes.push(tag);
-    bytes.extend_from_slice(&exact(units).to_le_bytes());
+/// The refund script's one argument: `'<dBdd' .. n * '<ddd'`: now_us (-1: Redis `TIME`), the
+/// algorithm's tag, the units, the reservation's age, then the caller's tiers.
+fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
+    let quotas: &[Quota] = r.quotas;
+    let mut bytes = Vec::with_capacity(25 + 24 * quotas.len());
+    bytes.extend_from_slice(&r.now_micros.map_or(-1.0, exact).to_le_bytes());
+    bytes.push(r.algorithm.tag());
+    bytes.extend_from_slice(&exact(r.units).to_le_bytes());
+    bytes.extend_from_slice(&exact(r.age_micros).to_le_bytes());
     for quota in quotas.iter().take(crate::quota::MAX_TIERS) {
         for v in [quota.limit(), quota.period_micros(), quota.burst()] {
             bytes.extend_from_slice(&exact(v).to_le_bytes());

@@ -166,3 +166,84 @@ async fn a_refund_stops_at_the_override_capacity() {
         assert_eq!(status.tiers[0].fields[0], ("tokens", 3.0));
     }
 }
+
+/// Redis's time, in µs.
+fn redis_now(redis: &RedisServer) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
+    secs * 1_000_000 + micros
+}
+
+/// On Redis's clock a refund sends its reservation's age: a fixed window of 5 a second gets a
+/// refund made in the reservation's window, and none made in the next window (which it would
+/// empty). Each case is retried when Redis's clock crossed a window it must not cross.
+#[tokio::test]
+async fn on_redis_time_a_refund_reaches_only_its_reservations_window() {
+    use redlimit::store::{RefundRequest, Store};
+    use std::time::Instant;
+    let redis = RedisServer::start();
+    let period = 1_000_000;
+    let quotas = Quotas::from(Quota::new(5, Duration::from_micros(period)).unwrap());
+    let algorithm = Algorithm::FixedWindow;
+    let store = Ctx::new(algorithm).redis_store(&redis);
+    let limiter = Limiter::builder(store.clone())
+        .algorithm(algorithm)
+        .build()
+        .unwrap();
+    let reserve = |key: String| {
+        let limiter = limiter.clone();
+        async move {
+            let sent = Instant::now();
+            let decision = limiter.try_check_quotas(key.as_str(), &quotas, 5).await;
+            assert!(decision.unwrap().allowed);
+            sent
+        }
+    };
+    let refund = |key: String, sent: Instant| {
+        let (store, storage_key) = (store.clone(), limiter.storage_key(key.as_str()));
+        async move {
+            let request = RefundRequest {
+                key: &storage_key,
+                algorithm,
+                quotas: &quotas,
+                units: 5,
+                now_micros: None,
+                age_micros: sent.elapsed().as_micros() as u64,
+            };
+            store.refund(request).await.unwrap()
+        }
+    };
+    let mut same = None;
+    for attempt in 0..5 {
+        let key = format!("same-{attempt}");
+        let before = redis_now(&redis);
+        let sent = reserve(key.clone()).await;
+        let given = refund(key.clone(), sent).await;
+        if before / period == redis_now(&redis) / period {
+            same = Some((given, remaining(&limiter, &key, &quotas).await));
+            break;
+        }
+    }
+    assert_eq!(
+        same,
+        Some((1, 5)),
+        "a refund in its reservation's window lands"
+    );
+    let mut next = None;
+    for attempt in 0..5 {
+        let key = format!("next-{attempt}");
+        let sent = reserve(key.clone()).await;
+        let reserved_in = redis_now(&redis) / period; // the reservation's window, or later
+        while redis_now(&redis) / period == reserved_in {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let before = redis_now(&redis);
+        reserve(key.clone()).await; // the next window's own 5
+        let given = refund(key.clone(), sent).await;
+        let left = remaining(&limiter, &key, &quotas).await;
+        if before / period == redis_now(&redis) / period {
+            next = Some((given, left));
+            break;
+        }
+    }
+    assert_eq!(next, Some((0, 0)), "a refund never reaches the next window");
+}

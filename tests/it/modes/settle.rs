@@ -262,3 +262,311 @@ async fn shadow_tiers_are_settled_like_the_enforced_ones() {
     let shadow = Quotas::from(Quota::per_minute(2).unwrap());
     assert_eq!(left(&limiter, "login.shadow", "alice", &shadow).await, 2);
 }
+
+/// A gated login service: "right" waits for a permit of `gate` (counted in `entered` first)
+/// and answers 200, anything else 401 at once.
+fn gated_login(
+    gate: Arc<tokio::sync::Semaphore>,
+    entered: Arc<AtomicUsize>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = std::convert::Infallible,
+    Future = impl std::future::Future<
+        Output = Result<Response<Full<Bytes>>, std::convert::Infallible>,
+    > + Send,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let (gate, entered) = (gate.clone(), entered.clone());
+        async move {
+            let right = req
+                .headers()
+                .get("x-password")
+                .is_some_and(|p| p == "right");
+            let status = if right {
+                entered.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                StatusCode::OK
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            Ok(Response::builder()
+                .status(status)
+                .body(Full::new(Bytes::new()))
+                .unwrap())
+        }
+    })
+}
+
+/// Waits (up to 10 s) until `n` requests are inside the gated service.
+async fn until_entered(entered: &AtomicUsize, n: usize) {
+    for _ in 0..2_000 {
+        if entered.load(Ordering::SeqCst) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!(
+        "only {} of {n} requests reached the service",
+        entered.load(Ordering::SeqCst)
+    );
+}
+
+/// A fixed window of 5 failed logins per 2 s: five slow successes reserved late in window 1
+/// and answered early in window 2 give nothing back to window 2, so window 2 lets exactly 5
+/// failures through (on Redis and in memory, on a manual clock at the boundary).
+#[tokio::test]
+async fn a_refund_never_reaches_the_window_after_its_reservation() {
+    let redis = RedisServer::start();
+    let period = Duration::from_secs(2);
+    // A window boundary: 1 700 000 000 s is a multiple of 2 s.
+    let boundary = Duration::from_secs(1_700_000_000);
+    for backend in ["redis", "memory"] {
+        let clock = redlimit::clock::ManualClock::new(boundary - Duration::from_millis(100));
+        let ctx = Ctx::new(redlimit::Algorithm::FixedWindow).manual(&clock);
+        let limiter = match backend {
+            "redis" => ctx.redis(&redis),
+            _ => ctx.memory(),
+        };
+        let layer = RateLimitLayer::builder(
+            limiter.clone(),
+            Quota::new(5, period).unwrap(),
+            GlobalKey::new("carol"),
+        )
+        .policy_name("login")
+        .cost_from_status([StatusCode::UNAUTHORIZED])
+        .build()
+        .unwrap();
+        let (gate, entered) = (Arc::new(tokio::sync::Semaphore::new(0)), Arc::default());
+        let svc = layer.layer(gated_login(gate.clone(), Arc::clone(&entered)));
+        // Window 1, its last 100 ms: five slow successes reserve the whole window.
+        let slow: Vec<_> = (0..5)
+            .map(|_| {
+                let mut svc = svc.clone();
+                tokio::spawn(async move {
+                    svc.ready()
+                        .await
+                        .unwrap()
+                        .call(attempt("right"))
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        until_entered(&entered, 5).await;
+        // Window 2: five failures fill it, then the successes answer and settle.
+        clock.set(boundary + Duration::from_millis(100));
+        let mut unauthorized = 0;
+        for _ in 0..5 {
+            let status = svc
+                .clone()
+                .oneshot(attempt("wrong"))
+                .await
+                .unwrap()
+                .status();
+            unauthorized += usize::from(status == StatusCode::UNAUTHORIZED);
+        }
+        gate.add_permits(5);
+        for call in slow {
+            assert_eq!(call.await.unwrap().status(), StatusCode::OK, "{backend}");
+        }
+        limiter.flush_settlements().await;
+        for _ in 0..10 {
+            let status = svc
+                .clone()
+                .oneshot(attempt("wrong"))
+                .await
+                .unwrap()
+                .status();
+            unauthorized += usize::from(status == StatusCode::UNAUTHORIZED);
+        }
+        assert_eq!(
+            unauthorized, 5,
+            "{backend}: {unauthorized} failed logins reached the service in one window of 5"
+        );
+        assert_eq!(limiter.stats().settle_failures, 0, "{backend}");
+    }
+}
+
+/// 10 an hour, cost 5 settled to `x-used`: a request admitted by the local fallback while
+/// Redis was down, answered after Redis came back with 0 used, gives nothing to Redis, which
+/// then admits exactly its 10.
+#[tokio::test]
+async fn a_fallback_admission_is_never_refunded_into_redis() {
+    let mut redis = RedisServer::start();
+    let limiter = Ctx::default()
+        .without_breaker()
+        .timeout(Duration::from_millis(500))
+        .failure_policy(redlimit::policy::LocalFallback::new(1))
+        .redis(&redis);
+    let layer = RateLimitLayer::builder(
+        limiter.clone(),
+        Quota::per_hour(10).unwrap(),
+        GlobalKey::new("dave"),
+    )
+    .policy_name("api")
+    .cost(|_| 5)
+    .cost_from_response(|response| {
+        response
+            .headers()
+            .get("x-used")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(5)
+    })
+    .build()
+    .unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let entered = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let (gate, entered) = (gate.clone(), entered.clone());
+        tower::service_fn(move |req: Request<Full<Bytes>>| {
+            let (gate, entered) = (gate.clone(), entered.clone());
+            async move {
+                let used = req.headers()["x-used"].clone();
+                if req.headers().contains_key("x-slow") {
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    gate.acquire().await.unwrap().forget();
+                }
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .header("x-used", used)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+            }
+        })
+    };
+    let svc = layer.layer(inner);
+    let call = |used: &'static str, slow: bool| {
+        let mut request = Request::builder().header("x-used", used);
+        if slow {
+            request = request.header("x-slow", "1");
+        }
+        request.body(Full::new(Bytes::new())).unwrap()
+    };
+    redis.stop();
+    let held = {
+        let svc = svc.clone();
+        tokio::spawn(async move { svc.oneshot(call("0", true)).await.unwrap() })
+    };
+    until_entered(&entered, 1).await;
+    assert_eq!(limiter.stats().fallback_decisions, 1);
+    redis.restart();
+    let quotas = Quotas::from(Quota::per_hour(10).unwrap());
+    // Until the store answers again (it reconnects in the background).
+    for _ in 0..200 {
+        let peek = limiter
+            .try_check_quotas(redlimit::Target::scoped("api", "dave"), &quotas, 0)
+            .await;
+        if peek.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut admitted = 0;
+    for _ in 0..2 {
+        let status = svc
+            .clone()
+            .oneshot(call("5", false))
+            .await
+            .unwrap()
+            .status();
+        admitted += 5 * u64::from(status == StatusCode::OK);
+    }
+    gate.add_permits(1);
+    assert_eq!(held.await.unwrap().status(), StatusCode::OK);
+    limiter.flush_settlements().await;
+    let status = svc
+        .clone()
+        .oneshot(call("5", false))
+        .await
+        .unwrap()
+        .status();
+    admitted += 5 * u64::from(status == StatusCode::OK);
+    assert_eq!(
+        admitted, 10,
+        "Redis admitted {admitted} units against a quota of 10"
+    );
+}
+
+/// A settlement pending when the runtime shuts down is counted as failed; one awaited with
+/// `flush_settlements` lands (memory and Redis).
+#[test]
+fn a_settlement_lost_at_shutdown_is_counted_and_flush_lands_it() {
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_hour(1_000).unwrap());
+    for backend in ["redis", "memory"] {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let rt = runtime();
+        let (limiter, svc) = rt.block_on(async {
+            let limiter = match backend {
+                "redis" => Ctx::default().redis(&redis),
+                _ => Ctx::default().memory(),
+            };
+            let layer = RateLimitLayer::builder(
+                limiter.clone(),
+                Quota::per_hour(1_000).unwrap(),
+                GlobalKey::new("erin"),
+            )
+            .policy_name("llm")
+            .cost(|_| 200)
+            .cost_from_response(|_| 0)
+            .build()
+            .unwrap();
+            let svc = layer.layer(tower::service_fn(|_: Request<Full<Bytes>>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+            }));
+            // Connected, so the reservation is Redis's.
+            assert_eq!(left(&limiter, "llm", "erin", &quotas).await, 1_000);
+            let response = svc.clone().oneshot(Request::new(Full::new(Bytes::new())));
+            assert_eq!(response.await.unwrap().status(), StatusCode::OK);
+            (limiter, svc)
+        });
+        // The refund of 200 was spawned and never ran.
+        drop(rt);
+        assert_eq!(
+            limiter.stats().settle_failures,
+            1,
+            "{backend}: a settlement lost at shutdown must be counted"
+        );
+        drop((limiter, svc));
+
+        // The same, flushed before the runtime goes: the 200 are back.
+        runtime().block_on(async {
+            let limiter = match backend {
+                "redis" => Ctx::default().redis(&redis),
+                _ => Ctx::default().memory(),
+            };
+            let layer = RateLimitLayer::builder(
+                limiter.clone(),
+                Quota::per_hour(1_000).unwrap(),
+                GlobalKey::new("frank"),
+            )
+            .policy_name("llm")
+            .cost(|_| 200)
+            .cost_from_response(|_| 0)
+            .build()
+            .unwrap();
+            let svc = layer.layer(tower::service_fn(|_: Request<Full<Bytes>>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+            }));
+            assert_eq!(left(&limiter, "llm", "frank", &quotas).await, 1_000);
+            let response = svc.oneshot(Request::new(Full::new(Bytes::new())));
+            assert_eq!(response.await.unwrap().status(), StatusCode::OK);
+            limiter.flush_settlements().await;
+            assert_eq!(
+                left(&limiter, "llm", "frank", &quotas).await,
+                1_000,
+                "{backend}"
+            );
+            assert_eq!(limiter.stats().settle_failures, 0, "{backend}");
+        });
+    }
+}
