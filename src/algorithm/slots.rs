@@ -64,3 +64,19 @@ pub(crate) fn slots_step(
         .collect();
     (reply, (!bytes.is_empty()).then_some(bytes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{slots_step, ACQUIRE, RENEW};
+
+    /// A renewal of a slot the store lost (the key gone) puts it back, with its id.
+    #[test]
+    fn a_renewal_puts_a_lost_slot_back() {
+        let ((ok, _, _), after) = slots_step(&[], RENEW, 1, 1_000, 7, 5_000);
+        let held = after.unwrap_or_default();
+        assert_eq!(held.len(), 16, "{} bytes held after the renewal (ok {ok})", held.len());
+        // It counts against the limit again.
+        let ((admitted, _, _), _) = slots_step(&held, ACQUIRE, 1, 1_000, 8, 5_001);
+        assert!(!admitted);
+    }
+}

@@ -308,3 +308,29 @@ impl ConcurrencyLimiter {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::ConcurrencyLimiter;
+    use crate::limiter::ConfigError;
+    use crate::store::MemoryStore;
+    use crate::Limiter;
+
+    /// A lease too short to be renewed in time (a third of it between renewals, less than
+    /// one store timeout) is refused when the limiter is built.
+    #[test]
+    fn a_lease_too_short_to_renew_is_refused() {
+        let build = |ms| {
+            let limiter = Limiter::new(MemoryStore::new());
+            ConcurrencyLimiter::with_options(limiter, 1, Duration::from_millis(ms), "s")
+        };
+        let accepted: Vec<u64> = [1, 2, 3, 299]
+            .into_iter()
+            .filter(|&ms| !matches!(build(ms), Err(ConfigError::InvalidLease)))
+            .collect();
+        assert!(accepted.is_empty(), "leases accepted (ms): {accepted:?}");
+        assert!(build(300).is_ok());
+    }
+}

@@ -15,6 +15,8 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::support::{Ctx, RedisServer};
 
+mod faults;
+
 /// What the inner service counts: requests in it now, the most at once, and all it served.
 #[derive(Default)]
 struct InFlight {
