@@ -83,7 +83,12 @@ mod tests {
     fn a_renewal_puts_a_lost_slot_back() {
         let ((ok, _, _), after) = slots_step(&[], RENEW, 1, 1_000, &[7], 5_000);
         let held = after.unwrap_or_default();
-        assert_eq!(held.len(), 16, "{} bytes held after the renewal (ok {ok})", held.len());
+        assert_eq!(
+            held.len(),
+            16,
+            "{} bytes held after the renewal (ok {ok})",
+            held.len()
+        );
         // It counts against the limit again.
         let ((admitted, _, _), _) = slots_step(&held, ACQUIRE, 1, 1_000, &[8], 5_001);
         assert!(!admitted);

@@ -204,7 +204,9 @@ impl SlotsInner {
     }
 
     fn releasing(&self) -> MutexGuard<'_, HashMap<String, Vec<(String, Instant)>>> {
-        self.releasing.lock().unwrap_or_else(PoisonError::into_inner)
+        self.releasing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Queues `id` of `key` for the release task.

@@ -44,13 +44,20 @@ impl RedisStore {
         request: SlotRequest<'a>,
     ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
         let op = request.op;
-        Box::pin(
-            self.guarded(Call::Mode(ModeCall::Slots(request)), "slots", move |reply| {
+        Box::pin(self.guarded(
+            Call::Mode(ModeCall::Slots(request)),
+            "slots",
+            move |reply| {
                 let (ok, n, wait_ms): (i64, i64, i64) = redis::from_redis_value_ref(&reply)
                     .map_err(|_| StoreError::BadReply(format!("{reply:?}")))?;
                 let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
-                Ok(SlotReply::of(op, ok == 1, u64::try_from(n).unwrap_or(0), wait))
-            }),
-        )
+                Ok(SlotReply::of(
+                    op,
+                    ok == 1,
+                    u64::try_from(n).unwrap_or(0),
+                    wait,
+                ))
+            },
+        ))
     }
 }

@@ -117,10 +117,7 @@ async fn a_dropped_acquire_gives_its_slot_back() {
     assert!(dropped.is_err(), "the acquire finished during the sleep");
     join(sleeper).await;
     let freed = acquired_within(&slots, "k", Duration::from_secs(5)).await;
-    eprintln!(
-        "a dropped acquire's slot: {freed:?} after Redis answered (ZCARD now {})",
-        zcard(&redis, &slots, "k")
-    );
+    eprintln!("a dropped acquire's slot: {freed:?} after Redis answered (lease 30 s)");
     freed.expect("the slot of the dropped acquire is still taken");
 }
 
@@ -189,9 +186,8 @@ async fn a_client_clock_ahead_does_not_evict_live_slots() {
 async fn slots_of_a_key_renew_in_one_call() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(600);
-    let slots =
-        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 1000, lease, "bulk")
-            .unwrap();
+    let slots = ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 1000, lease, "bulk")
+        .unwrap();
     let mut held = Vec::new();
     for _ in 0..300 {
         let SlotOutcome::Acquired(slot) = slots.acquire("k").await else {
