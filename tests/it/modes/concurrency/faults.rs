@@ -80,6 +80,62 @@ async fn slots_lost_by_redis_are_put_back_at_the_next_renewal() {
     }
 }
 
+/// Waits until `slots` counts `n` for `key`, or `within` has passed: what it counts then.
+async fn counted(
+    redis: &RedisServer,
+    slots: &ConcurrencyLimiter,
+    key: &str,
+    n: u64,
+    within: Duration,
+) -> u64 {
+    let started = Instant::now();
+    loop {
+        let counted = zcard(redis, slots, key);
+        if counted == n || started.elapsed() >= within {
+            return counted;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The transient bound after a loss: slots taken while the key counted nothing stay, the lost
+/// ones are put back beside them (the key over N), nobody is admitted until requests end, and
+/// the key then counts exactly the slots held.
+#[tokio::test]
+async fn a_slot_put_back_over_the_limit_stays_until_requests_end() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let holder =
+        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 2, lease, "over").unwrap();
+    let other =
+        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 2, lease, "over").unwrap();
+    let (SlotOutcome::Acquired(a), SlotOutcome::Acquired(_b)) =
+        (holder.acquire("k").await, holder.acquire("k").await)
+    else {
+        panic!("two slots")
+    };
+    redis.flushall();
+    // Before the next renewal (usually): the key counts nothing, the other instance takes 2.
+    let mut taken = Vec::new();
+    while let SlotOutcome::Acquired(slot) = other.acquire("k").await {
+        taken.push(slot);
+    }
+    let over = 2 + taken.len() as u64;
+    let after_renewal = counted(&redis, &holder, "k", over, lease * 5 / 3).await;
+    eprintln!(
+        "after FLUSHALL: {} taken meanwhile, then ZCARD {after_renewal} (limit 2)",
+        taken.len()
+    );
+    assert_eq!(after_renewal, over);
+    assert!(matches!(other.acquire("k").await, SlotOutcome::Full { .. }));
+    drop(taken);
+    assert_eq!(counted(&redis, &holder, "k", 2, lease).await, 2);
+    assert!(matches!(other.acquire("k").await, SlotOutcome::Full { .. }));
+    drop(a);
+    assert_eq!(counted(&redis, &holder, "k", 1, lease).await, 1);
+    assert!(matches!(other.acquire("k").await, SlotOutcome::Acquired(_)));
+}
+
 /// An acquisition that times out (Redis in `DEBUG SLEEP` past the 100 ms timeout) may have taken
 /// its slot: it is given back as soon as Redis answers again, not one 30 s lease later.
 #[tokio::test]
