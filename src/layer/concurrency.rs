@@ -187,7 +187,8 @@ where
 
 pin_project! {
     /// The response future of [`ConcurrencyLimit`]: takes a slot, then calls the inner service
-    /// or answers 429 (503 when the store failed closed).
+    /// or answers 429 (503 when the store failed closed). Dropped while it takes the slot, it
+    /// gives back the slot its call may take ([`ConcurrencyLimiter::acquire`]).
     pub struct ConcurrencyFuture<S, ReqBody, K>
     where
         S: Service<Request<ReqBody>>,

@@ -28,7 +28,9 @@ pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
-pub use self::concurrency::{ConcurrencyLimiter, Slot, SlotOutcome, DEFAULT_SLOT_LEASE};
+pub use self::concurrency::{
+    ConcurrencyLimiter, Slot, SlotOutcome, DEFAULT_SLOT_LEASE, MIN_SLOT_LEASE,
+};
 pub use self::control::{ControlError, KeyStatus, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL};
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
@@ -547,8 +549,9 @@ pub enum ConfigError {
     /// The lease configuration is refused ([`LimiterBuilder::leases`]).
     #[error(transparent)]
     Lease(#[from] LeaseError),
-    /// A concurrency slot's lease shorter than 1 ms or longer than 30 days.
-    #[error("a concurrency slot's lease must last from 1 ms to 30 days")]
+    /// A concurrency slot's lease shorter than [`MIN_SLOT_LEASE`] (300 ms) or longer than 30
+    /// days.
+    #[error("a concurrency slot's lease must last from 300 ms to 30 days")]
     InvalidLease,
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{expiry, KeyState, MemoryStore, Stored};
 use crate::algorithm::{
     block_us, log_controls_key, log_refund, offences_key, refund, slots_step, tenant_key,
-    Algorithm, Controls, ACQUIRE, RENEW, STAMP,
+    Algorithm, Controls, ACQUIRE, RELEASE, RENEW, STAMP,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
@@ -21,12 +21,16 @@ impl MemoryStore {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
         let (op, limit) = crate::store::modes::slot_op(request.op);
         let lease_us = micros(request.lease);
-        let id = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut hasher = self.hasher.build_hasher();
-            hasher.write(request.id.as_bytes());
-            hasher.finish()
-        };
+        let ids: Vec<u64> = request
+            .ids
+            .iter()
+            .map(|id| {
+                use std::hash::{BuildHasher, Hasher};
+                let mut hasher = self.hasher.build_hasher();
+                hasher.write(id.as_bytes());
+                hasher.finish()
+            })
+            .collect();
         let mut guard = self
             .shard(request.key)
             .lock()
@@ -34,20 +38,16 @@ impl MemoryStore {
         let shard = &mut *guard;
         let (held, live) = shard.find(request.key, now);
         let bytes = live.and_then(|slot| shard.bytes(slot)).unwrap_or_default();
-        if live.is_none() && op != ACQUIRE {
-            return SlotReply {
-                ok: false,
-                remaining: 0,
-                wait: Duration::ZERO,
-            };
+        if live.is_none() && op == RELEASE {
+            return SlotReply::of(request.op, false, 0, Duration::ZERO);
         }
-        let ((ok, remaining, wait_us), after) = slots_step(bytes, op, limit, lease_us, id, now);
+        let ((ok, n, wait_us), after) = slots_step(bytes, op, limit, lease_us, &ids, now);
         let changed = op != ACQUIRE || ok;
         match after {
             Some(bytes) if changed => {
                 // The set expires one lease after the lease it last began or renewed.
-                let expires_at = match (op, ok) {
-                    (ACQUIRE | RENEW, true) => now + lease_us.div_ceil(1000) * 1000,
+                let expires_at = match op {
+                    ACQUIRE | RENEW => now + lease_us.div_ceil(1000) * 1000,
                     _ => live.map_or(now, |slot| shard.slots[slot].stored.expires_at),
                 };
                 let stored = Stored {
@@ -63,11 +63,12 @@ impl MemoryStore {
             }
             Some(_) => {}
         }
-        SlotReply {
+        SlotReply::of(
+            request.op,
             ok,
-            remaining,
-            wait: Duration::from_millis(wait_us.div_ceil(1000)),
-        }
+            n,
+            Duration::from_millis(wait_us.div_ceil(1000)),
+        )
     }
 
     /// A decision that blocks on a denial (`lua/block.lua`), synchronously: the decision, then

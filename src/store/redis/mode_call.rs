@@ -65,13 +65,12 @@ impl ModeCall<'_> {
             }
             ModeCall::Slots(r) => {
                 let (op, limit) = slot_op(r.op);
-                cmd.arg(1).arg(r.key).arg(slot_args(
-                    op,
-                    limit,
-                    micros(r.lease),
-                    r.id,
-                    r.now_micros,
-                ));
+                cmd.arg(1)
+                    .arg(r.key)
+                    .arg(slot_args(op, limit, micros(r.lease), r.now_micros));
+                for id in r.ids {
+                    cmd.arg(*id);
+                }
             }
         }
     }
@@ -102,13 +101,12 @@ fn block_args(block_us: u64, max_us: u64) -> Vec<u8> {
     bytes
 }
 
-/// The slots script's argument: `'<dBdd'` now_us, op, limit, lease_us, then the id.
-fn slot_args(op: u8, limit: u64, lease_us: u64, id: &str, now_micros: Option<u64>) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(25 + id.len());
+/// The slots script's first argument: `'<dBdd'` now_us, op, limit, lease_us (the ids follow).
+fn slot_args(op: u8, limit: u64, lease_us: u64, now_micros: Option<u64>) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(25);
     bytes.extend_from_slice(&now_micros.map_or(-1.0, exact).to_le_bytes());
     bytes.push(op);
     bytes.extend_from_slice(&exact(limit).to_le_bytes());
     bytes.extend_from_slice(&exact(lease_us).to_le_bytes());
-    bytes.extend_from_slice(id.as_bytes());
     bytes
 }

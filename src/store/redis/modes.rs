@@ -43,16 +43,21 @@ impl RedisStore {
         &'a self,
         request: SlotRequest<'a>,
     ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
-        Box::pin(
-            self.guarded(Call::Mode(ModeCall::Slots(request)), "slots", |reply| {
-                let (ok, remaining, wait_ms): (i64, i64, i64) = redis::from_redis_value_ref(&reply)
+        let op = request.op;
+        Box::pin(self.guarded(
+            Call::Mode(ModeCall::Slots(request)),
+            "slots",
+            move |reply| {
+                let (ok, n, wait_ms): (i64, i64, i64) = redis::from_redis_value_ref(&reply)
                     .map_err(|_| StoreError::BadReply(format!("{reply:?}")))?;
-                Ok(SlotReply {
-                    ok: ok == 1,
-                    remaining: u64::try_from(remaining).unwrap_or(0),
-                    wait: Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0)),
-                })
-            }),
-        )
+                let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
+                Ok(SlotReply::of(
+                    op,
+                    ok == 1,
+                    u64::try_from(n).unwrap_or(0),
+                    wait,
+                ))
+            },
+        ))
     }
 }

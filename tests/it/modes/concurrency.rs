@@ -11,9 +11,13 @@ use http_body_util::{BodyExt, Full};
 use redlimit::key::GlobalKey;
 use redlimit::layer::ConcurrencyLimitLayer;
 use redlimit::limiter::{ConcurrencyLimiter, SlotOutcome};
+use redlimit::store::MemoryStore;
+use redlimit::{Limiter, Quota};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::support::{Ctx, RedisServer};
+
+mod faults;
 
 /// What the inner service counts: requests in it now, the most at once, and all it served.
 #[derive(Default)]
@@ -209,6 +213,50 @@ async fn slots_in_memory() {
     drop(a);
     tokio::task::yield_now().await;
     assert!(matches!(slots.acquire("k").await, SlotOutcome::Acquired(_)));
+}
+
+/// The memory store loses slots too (a key evicted at its cap of keys): the holder puts them
+/// back at its next renewal, as on Redis, and the key counts them again.
+#[tokio::test]
+async fn slots_evicted_from_memory_are_put_back() {
+    let store = MemoryStore::with_max_keys(64); // one key per shard
+    let lease = Duration::from_millis(300);
+    let slots =
+        ConcurrencyLimiter::with_options(Ctx::default().limiter(store.clone()), 2, lease, "m")
+            .unwrap();
+    let (SlotOutcome::Acquired(_a), SlotOutcome::Acquired(_b)) =
+        (slots.acquire("k").await, slots.acquire("k").await)
+    else {
+        panic!("two slots")
+    };
+    let key = slots.slots_key("k");
+    let held = |store: &MemoryStore| {
+        let now = redlimit::clock::Clock::System.now_micros().unwrap();
+        store
+            .stored_state(&key, now)
+            .map_or(0, |bytes| bytes.len() / 16)
+    };
+    // A flood of other keys evicts the slots' key.
+    let flood = Limiter::new(store.clone());
+    let quota = Quota::per_hour(10).unwrap();
+    for client in 0..2_000 {
+        flood.check(&format!("client-{client}"), &quota).await;
+    }
+    // No await yields in between (the memory store answers at once): no renewal ran yet.
+    let lost = held(&store);
+    assert_eq!(lost, 0, "the flood evicted the slots' key");
+    let started = Instant::now();
+    let mut counted = lost;
+    while counted < 2 && started.elapsed() < lease * 5 / 3 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        counted = held(&store);
+    }
+    eprintln!(
+        "memory: {lost} slots counted after the flood, {counted} after {:?} (2 held)",
+        started.elapsed()
+    );
+    assert_eq!(counted, 2);
+    assert!(matches!(slots.acquire("k").await, SlotOutcome::Full { .. }));
 }
 
 /// On Cluster: the slots of a key live in one slot (its hash tag), taken and given back.

@@ -3,8 +3,12 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+mod background;
 
 use super::{ConfigError, Limiter, Target};
 use crate::decision::Verdict;
@@ -16,14 +20,34 @@ use crate::store::{CheckRequest, SlotOp, SlotReply, SlotRequest, StoreError};
 /// renewal at the latest.
 pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(30);
 
+/// The shortest lease of a slot: three times the default store timeout
+/// ([`DEFAULT_TIMEOUT`](crate::store::DEFAULT_TIMEOUT), 100 ms), so that with renewals every
+/// third of a lease a slot outlives one renewal that times out.
+pub const MIN_SLOT_LEASE: Duration = Duration::from_millis(300);
+
 /// At most `limit` requests in flight per key, fleet-wide: each request takes a slot in the
 /// store (one atomic script call, `lua/slots.lua`) and gives it back when it is done.
 ///
-/// **Crash-safe.** Each slot carries a lease (30 s by default): a live holder renews the leases
-/// of its slots in the background (every third of a lease, one call per slot), so a slot held
-/// by a dead instance (or one cut off from Redis) is free again one lease after its last
-/// renewal, by itself. A [`Slot`] whose limiter is gone (every clone dropped, as when an
-/// instance is killed) is not given back either: its lease runs out.
+/// **Crash-safe.** Each slot carries a lease (30 s by default, at least [`MIN_SLOT_LEASE`]): a
+/// live holder renews the leases of its slots in the background, every third of a lease, in one
+/// call per key (the keys at once), so a slot held by a dead instance (or one cut off from
+/// Redis) is free again one lease after its last renewal, by itself. A [`Slot`] whose limiter is
+/// gone (every clone dropped, as when an instance is killed) is not given back either: its lease
+/// runs out. Leases are timed by the store's clock (Redis `TIME`), never by the limiter's
+/// client clock: an instance whose clock runs ahead cannot evict the others' live slots.
+///
+/// **Slots that Redis lost** (`FLUSHALL`, a restart without persistence, a failover to a
+/// replica that lagged, or leases that ran out while Redis was unreachable) are put back under
+/// their ids at their next renewal. So within one renewal period after the loss (a third of a
+/// lease, plus that round's call) every request in flight is counted again. Requests admitted
+/// in between, while the key counted fewer, stay admitted: the key is then over `limit` until
+/// enough requests end, and admits nobody while it is.
+///
+/// **A slot exists only while its request is in flight**, plus the time to reach the store. A
+/// slot given back (the [`Slot`] dropped), an acquisition that failed (a timeout: the script may
+/// have run) and an acquisition dropped at its await (a client gone, `tower::timeout`) are given
+/// back by a background task, in bulk, retried every 10 to 250 ms until the store answers; one
+/// still not answered for after a lease is left to its lease, which has ended by then.
 ///
 /// **When the store fails**, the limiter's failure policy decides as for a check of `limit`
 /// per lease: [`FailOpen`](crate::policy::FailOpen) admits without a slot, [`FailClosed`](crate::policy::FailClosed)
@@ -40,7 +64,7 @@ pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(30);
 /// let SlotOutcome::Acquired(first) = slots.acquire("tenant-42").await else { panic!() };
 /// let SlotOutcome::Acquired(_second) = slots.acquire("tenant-42").await else { panic!() };
 /// assert!(matches!(slots.acquire("tenant-42").await, SlotOutcome::Full { .. }));
-/// drop(first); // given back (as a task of its own)
+/// drop(first); // given back (by a task of the limiter's)
 /// # tokio::task::yield_now().await;
 /// assert!(matches!(slots.acquire("tenant-42").await, SlotOutcome::Acquired(_)));
 /// # Ok(())
@@ -58,10 +82,21 @@ struct SlotsInner {
     scope: String,
     /// The slots this process holds, for their renewals: number → (storage key, id).
     held: Mutex<HashMap<u64, (String, String)>>,
+    /// Slots to give back, per storage key: each id and when it was queued.
+    releasing: Mutex<HashMap<String, Vec<(String, Instant)>>>,
+    /// Wakes the task that gives slots back (also when the limiter is gone, so that it ends).
+    wake: Arc<Notify>,
     next: AtomicU64,
     /// This process's part of every slot id, so that no two holders share one.
     process: u64,
-    renewing: AtomicBool,
+    /// Whether the renewal and release tasks run.
+    started: AtomicBool,
+}
+
+impl Drop for SlotsInner {
+    fn drop(&mut self) {
+        self.wake.notify_one();
+    }
 }
 
 impl fmt::Debug for ConcurrencyLimiter {
@@ -87,7 +122,8 @@ pub enum SlotOutcome {
         /// Until the oldest lease ends.
         wait: Duration,
     },
-    /// The store failed and the failure policy admitted the request: no slot is held.
+    /// The store failed and the failure policy admitted the request: no slot is held (one the
+    /// failed call may have taken is given back once the store answers).
     FailedOpen,
     /// The store failed and the failure policy refused the request.
     FailedClosed {
@@ -96,20 +132,42 @@ pub enum SlotOutcome {
     },
 }
 
+/// A slot the store may hold for this process: given back in the background when dropped,
+/// unless disarmed (the store answered that it took none).
+struct Claim {
+    key: String,
+    id: String,
+    owner: Weak<SlotsInner>,
+}
+
+impl Claim {
+    fn disarm(mut self) {
+        self.owner = Weak::new();
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // A limiter that is gone gives nothing back: the lease runs out, as for a crash.
+        if let Some(inner) = self.owner.upgrade() {
+            let (key, id) = (std::mem::take(&mut self.key), std::mem::take(&mut self.id));
+            inner.give_back(key, id);
+        }
+    }
+}
+
 /// A concurrency slot held; given back when dropped (see [`ConcurrencyLimiter`]).
 pub struct Slot {
     number: u64,
-    key: String,
-    id: String,
     remaining: u64,
-    owner: Weak<SlotsInner>,
+    claim: Claim,
 }
 
 impl fmt::Debug for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never the key: it may be a secret.
         f.debug_struct("Slot")
-            .field("id", &self.id)
+            .field("id", &self.claim.id)
             .field("remaining", &self.remaining)
             .finish()
     }
@@ -124,37 +182,44 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // A limiter that is gone gives nothing back: the lease runs out, as for a crash.
-        let Some(inner) = self.owner.upgrade() else {
-            return;
-        };
-        inner.held().remove(&self.number);
-        let (key, id) = (std::mem::take(&mut self.key), std::mem::take(&mut self.id));
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(error) = inner.call(&key, &id, SlotOp::Release).await {
-                    tracing::debug!(%error, "concurrency slot not given back; its lease will end");
-                }
-            });
+        // No longer renewed; the claim, dropped next, gives it back.
+        if let Some(inner) = self.claim.owner.upgrade() {
+            inner.held().remove(&self.number);
         }
     }
 }
 
 impl SlotsInner {
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (String, String)>> {
+    fn held(&self) -> MutexGuard<'_, HashMap<u64, (String, String)>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn call(&self, key: &str, id: &str, op: SlotOp) -> Result<SlotReply, StoreError> {
-        let inner = &self.limiter.inner;
-        inner
+    fn releasing(&self) -> MutexGuard<'_, HashMap<String, Vec<(String, Instant)>>> {
+        self.releasing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `id` of `key` for the release task.
+    fn give_back(&self, key: String, id: String) {
+        self.releasing()
+            .entry(key)
+            .or_default()
+            .push((id, Instant::now()));
+        self.wake.notify_one();
+    }
+
+    async fn call(&self, key: &str, ids: &[&str], op: SlotOp) -> Result<SlotReply, StoreError> {
+        self.limiter
+            .inner
             .store
             .slots(SlotRequest {
                 key,
                 op,
-                id,
+                ids,
                 lease: self.lease,
-                now_micros: inner.clock.now_micros(),
+                // The store's clock: every instance must time one key's leases by one clock.
+                now_micros: None,
             })
             .await
     }
@@ -167,8 +232,8 @@ impl ConcurrencyLimiter {
         Self::with_options(limiter, limit, DEFAULT_SLOT_LEASE, "concurrency")
     }
 
-    /// [`new`](Self::new) with a slot's `lease` (at least 1 ms; renewed every third of it
-    /// while held) and a `scope` of its own (a name as
+    /// [`new`](Self::new) with a slot's `lease` ([`MIN_SLOT_LEASE`] to 30 days; renewed every
+    /// third of it while held) and a `scope` of its own (a name as
     /// [`RateLimitLayerBuilder::scope`](crate::layer::RateLimitLayerBuilder::scope) takes it), so
     /// that several concurrency limits on one key stay apart.
     pub fn with_options(
@@ -180,7 +245,7 @@ impl ConcurrencyLimiter {
         if limit == 0 || limit > crate::quota::MAX_COUNT {
             return Err(ConfigError::Quota(crate::quota::QuotaError::ZeroLimit));
         }
-        if lease < Duration::from_millis(1) || lease > super::MAX_SUSPENSION {
+        if lease < MIN_SLOT_LEASE || lease > super::MAX_SUSPENSION {
             return Err(ConfigError::InvalidLease);
         }
         if !super::is_name(scope) {
@@ -199,9 +264,11 @@ impl ConcurrencyLimiter {
                 lease,
                 scope: scope.to_owned(),
                 held: Mutex::default(),
+                releasing: Mutex::default(),
+                wake: Arc::new(Notify::new()),
                 next: AtomicU64::new(0),
                 process,
-                renewing: AtomicBool::new(false),
+                started: AtomicBool::new(false),
             }),
         })
     }
@@ -226,28 +293,37 @@ impl ConcurrencyLimiter {
     }
 
     /// Takes a slot for `key` if fewer than [`limit`](Self::limit) are held fleet-wide.
+    ///
+    /// Cancel-safe: dropped while its call is on the way, it gives back the slot the call may
+    /// take (see [`ConcurrencyLimiter`]).
     pub async fn acquire(&self, key: &str) -> SlotOutcome {
         let inner = &self.inner;
-        let storage_key = self.slots_key(key);
+        // Before the call: a claim dropped during it needs the release task.
+        self.start_background();
         let number = inner.next.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{:016x}-{number}", inner.process);
+        let claim = Claim {
+            key: self.slots_key(key),
+            id: format!("{:016x}-{number}", inner.process),
+            owner: Arc::downgrade(inner),
+        };
         let op = SlotOp::Acquire { limit: inner.limit };
-        match inner.call(&storage_key, &id, op).await {
+        match inner.call(&claim.key, &[claim.id.as_str()], op).await {
             Ok(reply) if reply.ok => {
                 inner
                     .held()
-                    .insert(number, (storage_key.clone(), id.clone()));
-                self.start_renewing();
+                    .insert(number, (claim.key.clone(), claim.id.clone()));
                 SlotOutcome::Acquired(Slot {
                     number,
-                    key: storage_key,
-                    id,
                     remaining: reply.remaining,
-                    owner: Arc::downgrade(inner),
+                    claim,
                 })
             }
-            Ok(reply) => SlotOutcome::Full { wait: reply.wait },
-            Err(error) => self.on_store_error(&storage_key, &error),
+            Ok(reply) => {
+                claim.disarm();
+                SlotOutcome::Full { wait: reply.wait }
+            }
+            // The script may have run: the claim, dropped, gives its slot back.
+            Err(error) => self.on_store_error(&claim.key, &error),
         }
     }
 
@@ -281,30 +357,30 @@ impl ConcurrencyLimiter {
             _ => SlotOutcome::FailedOpen,
         }
     }
+}
 
-    /// Starts the background renewal of this limiter's slots, once: every third of a lease,
-    /// each held slot's lease is extended. It ends when the limiter is gone.
-    fn start_renewing(&self) {
-        if self.inner.renewing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.inner.renewing.store(false, Ordering::Release);
-            return;
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::ConcurrencyLimiter;
+    use crate::limiter::ConfigError;
+    use crate::store::MemoryStore;
+    use crate::Limiter;
+
+    /// A lease too short to be renewed in time (a third of it between renewals, less than
+    /// one store timeout) is refused when the limiter is built.
+    #[test]
+    fn a_lease_too_short_to_renew_is_refused() {
+        let build = |ms| {
+            let limiter = Limiter::new(MemoryStore::new());
+            ConcurrencyLimiter::with_options(limiter, 1, Duration::from_millis(ms), "s")
         };
-        let weak = Arc::downgrade(&self.inner);
-        let every = (self.inner.lease / 3).max(Duration::from_millis(1));
-        runtime.spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(inner) = weak.upgrade() else { return };
-                let held: Vec<(String, String)> = inner.held().values().cloned().collect();
-                for (key, id) in held {
-                    if let Err(error) = inner.call(&key, &id, SlotOp::Renew).await {
-                        tracing::debug!(%error, "concurrency slot lease not renewed");
-                    }
-                }
-            }
-        });
+        let accepted: Vec<u64> = [1, 2, 3, 299]
+            .into_iter()
+            .filter(|&ms| !matches!(build(ms), Err(ConfigError::InvalidLease)))
+            .collect();
+        assert!(accepted.is_empty(), "leases accepted (ms): {accepted:?}");
+        assert!(build(300).is_ok());
     }
 }
