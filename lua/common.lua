@@ -128,6 +128,26 @@ if now == -1 then
   now = t[1] * 1000000 + t[2]
 end
 
+-- The reply of a suspended key: denied until `until_us` (the time left capped, so a stored end
+-- however far ahead still gives a readable reply), naming the first tier of `over` (a string
+-- of controls holding the override in force), or none; nothing written.
+local function suspended(until_us, over)
+  local left = (until_us - now) / 1000
+  if left > MAX_REPLY_MS then
+    left = MAX_REPLY_MS
+  else
+    local frac = left % 1
+    left = left - frac
+    if frac > 0 then
+      left = left + 1
+    end
+  end
+  if over then
+    return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', over, 11))
+  end
+  return spack('<BBddd', 2, 1, 0, left, left)
+end
+
 -- Read the route's string and the tenant's controls (absent unless an operator set one) with
 -- two GETs under pcall: a key of another type answers WRONGTYPE and reads as absent
 -- (self-healing: only an admission's write replaces it); any other error (a NOPERM) is the
@@ -153,32 +173,15 @@ elseif tkey then
 else
   s = rpcall('GET', skey)
 end
-local quotas, tover, reset_us = args, false, 0
+local quotas, tover, reset_us, tuntil = args, false, 0, 0
 if t then
   if string.byte(t, 1) == 77 then
     local n = string.byte(t, 10)
     local clen = 10 + 24 * (n or 0)
     if n and n <= 8 and #t >= clen then
-      local until_us = sunpack('<d', t, 2)
-      if until_us > now then
-        -- Suspended on every route: denied with the time left (capped: a stored end however
-        -- far ahead still gives a readable reply), from the first tier in force; nothing
-        -- written.
-        local left = (until_us - now) / 1000
-        if left > MAX_REPLY_MS then
-          left = MAX_REPLY_MS
-        else
-          local frac = left % 1
-          left = left - frac
-          if frac > 0 then
-            left = left + 1
-          end
-        end
-        if n > 0 then
-          return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', t, 11))
-        end
-        return spack('<BBddd', 2, 1, 0, left, left)
-      end
+      -- Suspended on every route: answered below, after the route's own controls (a route
+      -- suspended for longer answers with its own end).
+      tuntil = sunpack('<d', t, 2)
       if n > 0 then
         quotas, tover = t, n
       end
@@ -209,25 +212,16 @@ if s then
       local clen = 10 + 24 * (n or 0)
       if n and n <= 8 and len >= clen then
         local until_us = sunpack('<d', s, 2)
+        if tuntil > until_us then
+          until_us = tuntil
+        end
         if until_us > now then
-          -- This route suspended: as the tenant's suspension above, from the first tier in
-          -- force.
-          local left = (until_us - now) / 1000
-          if left > MAX_REPLY_MS then
-            left = MAX_REPLY_MS
-          else
-            local frac = left % 1
-            left = left - frac
-            if frac > 0 then
-              left = left + 1
-            end
-          end
+          -- Suspended (this route, or its tenant), until the later end: the first tier in
+          -- force is the route's override, else the tenant's.
           if n > 0 then
-            return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', s, 11))
-          elseif tover then
-            return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', quotas, 11))
+            return suspended(until_us, s)
           end
-          return spack('<BBddd', 2, 1, 0, left, left)
+          return suspended(until_us, tover and quotas)
         end
         if n > 0 then
           head, rover, quotas, tover = string.sub(s, 1, clen), true, s, n
@@ -243,6 +237,9 @@ if s then
       end
     end
   end
+end
+if tuntil > now then
+  return suspended(tuntil, tover and quotas)
 end
 if tover then
   tiers = tover

@@ -155,6 +155,21 @@ fn reply_ms(us: f64) -> i64 {
     }
 }
 
+/// The reply of a key suspended until `until_us`, naming `first`, the first tier of the
+/// override in force (if any). Mirrors `suspended` in `lua/common.lua`.
+fn suspended(until_us: f64, now: f64, first: Option<Tier>) -> Reply {
+    let left = reply_ms(until_us - now);
+    Reply {
+        allowed: false,
+        suspended: true,
+        tier: 0,
+        overridden: first.map(|t| (t.limit as u64, t.period as u64, t.burst as u64)),
+        remaining: 0,
+        retry_after_ms: left,
+        reset_after_ms: left,
+    }
+}
+
 /// Opens `stored` (the route's string) under `tenant` (the tenant's string), or answers the
 /// suspended reply. Mirrors the opening of `lua/common.lua`.
 fn open<'a>(
@@ -166,22 +181,11 @@ fn open<'a>(
     let mut tiers: Vec<Tier> = quotas.iter().take(MAX_TIERS).map(Tier::of).collect();
     let mut overridden = false;
     let mut reset_us = 0.0;
+    // The tenant's suspension is answered after the route's controls: a route suspended for
+    // longer answers with its own end.
+    let mut tenant_until = 0.0;
     if let Some(Controls::Some { until_us, n, bytes }) = tenant.map(Controls::parse) {
-        if until_us > now {
-            let left = reply_ms(until_us - now);
-            return Err(Reply {
-                allowed: false,
-                suspended: true,
-                tier: 0,
-                overridden: (n > 0).then(|| {
-                    let first = Tier::at(bytes, 10);
-                    (first.limit as u64, first.period as u64, first.burst as u64)
-                }),
-                remaining: 0,
-                retry_after_ms: left,
-                reset_after_ms: left,
-            });
-        }
+        tenant_until = until_us;
         if n > 0 {
             tiers = (0..n).map(|i| Tier::at(bytes, 10 + 24 * i)).collect();
             overridden = true;
@@ -195,23 +199,14 @@ fn open<'a>(
             Controls::None => {}
             Controls::Corrupt => states = None,
             Controls::Some { until_us, n, bytes } => {
+                let until_us = until_us.max(tenant_until);
                 if until_us > now {
-                    let left = reply_ms(until_us - now);
                     let first = if n > 0 {
                         Some(Tier::at(bytes, 10))
                     } else {
                         overridden.then(|| tiers[0])
                     };
-                    return Err(Reply {
-                        allowed: false,
-                        suspended: true,
-                        tier: 0,
-                        overridden: first
-                            .map(|t| (t.limit as u64, t.period as u64, t.burst as u64)),
-                        remaining: 0,
-                        retry_after_ms: left,
-                        reset_after_ms: left,
-                    });
+                    return Err(suspended(until_us, now, first));
                 }
                 if n > 0 {
                     tiers = (0..n).map(|i| Tier::at(bytes, 10 + 24 * i)).collect();
@@ -228,6 +223,9 @@ fn open<'a>(
                 bare = false;
             }
         }
+    }
+    if tenant_until > now {
+        return Err(suspended(tenant_until, now, overridden.then(|| tiers[0])));
     }
     let mut stale = false;
     if reset_us > 0.0 {

@@ -288,6 +288,48 @@ async fn controls_address_scoped_keys() {
         .is_allowed());
 }
 
+/// A key under two suspensions, its tenant's and its route's, is denied until the later one
+/// ends, whichever of the two that is: a client is never told to come back while its route is
+/// still suspended. Redis and the memory store's mirror alike.
+#[tokio::test]
+async fn a_route_suspended_longer_than_its_tenant_answers_with_its_own_end() {
+    let redis = RedisServer::start();
+    let limiters = [
+        ("redis", instance(&redis, Algorithm::TokenBucket)),
+        ("memory", Ctx::new(Algorithm::TokenBucket).memory()),
+    ];
+    let quota = Quota::per_hour(10).unwrap();
+    for (store, limiter) in &limiters {
+        for (tenant_secs, route_secs) in [(60, 120), (120, 60)] {
+            let key = format!("k-{tenant_secs}-{route_secs}");
+            let route = Target::scoped("login", &key);
+            limiter
+                .suspend(Target::all_routes(&key), Duration::from_secs(tenant_secs))
+                .await
+                .unwrap();
+            limiter
+                .suspend(route, Duration::from_secs(route_secs))
+                .await
+                .unwrap();
+            let decision = limiter
+                .check_quotas(route, &quota.into(), 1)
+                .await
+                .decision()
+                .copied()
+                .unwrap();
+            let later = Duration::from_secs(tenant_secs.max(route_secs));
+            assert!(decision.suspended && !decision.allowed, "{store}: {decision:?}");
+            assert!(
+                decision.retry_after > later - Duration::from_secs(5)
+                    && decision.retry_after <= later,
+                "{store}: tenant suspended {tenant_secs} s, route {route_secs} s: told to retry \
+                 after {:?}",
+                decision.retry_after
+            );
+        }
+    }
+}
+
 /// On a Cluster every key of one limiter key lives in one slot, several tiers and controls
 /// included, and every control works there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
