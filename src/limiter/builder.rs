@@ -269,7 +269,10 @@ impl LimiterBuilder {
                 clock: self.clock,
                 policy: self.policy,
                 stats: Counters::default(),
-                deny_cache: deny_cache.map(DenyCache::new),
+                // A leasing limiter's entries answer one lease interval at most: a control made
+                // elsewhere reaches it within that delay, even on a denied key.
+                deny_cache: deny_cache
+                    .map(|keys| DenyCache::new(keys, self.leases.map(|l| l.interval()))),
                 unscoped,
                 waiters: Default::default(),
                 leases,

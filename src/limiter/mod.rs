@@ -244,6 +244,19 @@ impl Limiter {
         self.end_lease(storage_key);
     }
 
+    /// The hook every control goes through, once its store call returned: drops what this
+    /// limiter holds of the tenant of `storage_key`, on every scope (its deny cache's entries,
+    /// what its waiters learned, its leases), and keeps any denial decided before out of the
+    /// deny cache.
+    pub(crate) fn forget_tenant(&self, storage_key: &str) {
+        let tenant = self::keys::tenant_route(storage_key);
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget_tenant(tenant);
+        }
+        self.inner.waiters.forget(tenant);
+        self.end_tenant_leases(tenant);
+    }
+
     /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`] (or
     /// [`Target`]'s); `label` names the layer's policy in metrics.
     pub(crate) async fn check_storage_key(
@@ -428,6 +441,9 @@ impl Limiter {
                 return Ok(decision);
             }
         }
+        // Taken before the store call: a control that returns while it is in flight keeps its
+        // denial out of the cache.
+        let since = cache.map(|cache| cache.generation(key));
         let timer = StoreTimer::start();
         let result = match block {
             Some(block) => self.inner.store.check_blocking(request, block).await,
@@ -436,11 +452,11 @@ impl Limiter {
         timer.stop(label);
         let decision = result?;
         stats.count_decision(&decision, label);
-        if let Some(cache) = cache {
+        if let (Some(cache), Some(since)) = (cache, since) {
             if !decision.allowed {
                 // The store decided at `now_micros` (client clock), or before its reply came.
                 let now = cache.now(request.now_micros);
-                cache.remember(key, quotas, cost, &decision, now);
+                cache.remember(key, quotas, cost, &decision, now, since);
             } else if cost > 0 {
                 // An admission consumed: a cached wait for another cost may now be too short.
                 cache.admitted(key, quotas, cost);

@@ -196,6 +196,7 @@ impl Limiter {
         let quotas = &lease.quotas;
         loop {
             let sent = leases.now(&self.inner.clock);
+            let since = self.inner.deny_cache.as_ref().map(|c| c.generation(key));
             let result = self.lease_call(leases, key, quotas, ask, label).await;
             let decision = match result {
                 Ok(decision) => decision,
@@ -243,9 +244,9 @@ impl Limiter {
                 self.release(leases, key, quotas, released);
             }
             self.inner.stats.count_decision(&decision, label);
-            if let Some(cache) = &self.inner.deny_cache {
+            if let (Some(cache), Some(since)) = (&self.inner.deny_cache, since) {
                 let now = cache.now(self.inner.clock.now_micros());
-                cache.remember(key, quotas, cost, &decision, now);
+                cache.remember(key, quotas, cost, &decision, now, since);
             }
             return Verdict::Decided(decision);
         }
@@ -447,6 +448,18 @@ impl Limiter {
             .as_ref()
             .map(LeaseTable::snapshot)
             .unwrap_or_default()
+    }
+
+    /// Ends the leases of every scope of `tenant` (a tenant's unscoped storage key), giving
+    /// their units back (the control hook): nothing that starts after it is admitted from
+    /// units leased before.
+    pub(in crate::limiter) fn end_tenant_leases(&self, tenant: &str) {
+        if let Some(leases) = &self.inner.leases {
+            let now = leases.now(&self.inner.clock);
+            for (key, quotas, released) in leases.remove_tenant(tenant, now) {
+                self.release(leases, &key, &quotas, released);
+            }
+        }
     }
 
     /// Ends `storage_key`'s lease, giving its units back (the forget hook).

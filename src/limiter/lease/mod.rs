@@ -380,6 +380,26 @@ impl LeaseTable {
         Some((state.quotas, state.clear(now, self.sizing.interval)))
     }
 
+    /// Removes the leases of every key that starts with `tenant` (a tenant's unscoped storage
+    /// key: its own lease and its scopes'), for a control: a look at every lease, since
+    /// controls are rare and leases are indexed by their whole key.
+    fn remove_tenant(&self, tenant: &str, now: u64) -> Vec<(Box<str>, Quotas, state::Released)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            shard.lock().expect("lease shard").retain(|_, lease| {
+                if !lease.key.starts_with(tenant) {
+                    return true;
+                }
+                let mut state = lease.state.lock().expect("lease");
+                state.detached = true;
+                let released = state.clear(now, self.sizing.interval);
+                out.push((lease.key.clone(), state.quotas, released));
+                false
+            });
+        }
+        out
+    }
+
     /// Removes every lease (for [`Limiter::release_leases`](crate::Limiter::release_leases)).
     fn drain(&self, now: u64) -> Vec<(Box<str>, Quotas, state::Released)> {
         let mut out = Vec::new();
