@@ -54,11 +54,19 @@ const EVICTION_SAMPLE: usize = 8;
 /// ends every entry of the tenants in that stripe (a neighbour's entry only costs a store call).
 const GENERATIONS: usize = 1024;
 
-/// The generation of a key's tenant when a check started ([`DenyCache::generation`]): a denial
-/// is remembered, and answers, only while its tenant's stripe is still there, so no control
-/// ran between the check's start and the answer.
+/// The control generation of a key's tenant's stripe: a denial is remembered, and answers, only
+/// while its stripe is still at the generation its check started at, so no control ran on the
+/// tenant between the check's start and the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Generation(u32);
+struct Generation(u32);
+
+/// When a check started, for [`DenyCache::remember`]: its tenant's generation, and the cache's
+/// time before the store call (a leasing limiter's entry answers one interval from then).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Started {
+    generation: Generation,
+    at: u64,
+}
 
 /// One cached denial.
 #[derive(Debug)]
@@ -302,9 +310,17 @@ impl DenyCache {
         &self.generations[(hash >> 32) as usize % GENERATIONS]
     }
 
-    /// The generation of `key`'s tenant now: taken when a check starts, before its store call,
-    /// and given to [`remember`](Self::remember) with its denial.
-    pub(crate) fn generation(&self, key: &str) -> Generation {
+    /// A check on `key` starts at `now` (the cache's time), before its store call: what
+    /// [`remember`](Self::remember) needs with its denial.
+    pub(crate) fn start(&self, key: &str, now: u64) -> Started {
+        Started {
+            generation: self.generation(key),
+            at: now,
+        }
+    }
+
+    /// The generation of `key`'s tenant now.
+    fn generation(&self, key: &str) -> Generation {
         // Truncated: an entry could answer again only after exactly 2^32 controls on its
         // stripe within its life.
         Generation(self.stripe(key).load(Ordering::SeqCst) as u32)
@@ -362,9 +378,9 @@ impl DenyCache {
         })
     }
 
-    /// Remembers the store's `decision` for a request of `cost` decided at `now`, when it is a
-    /// denial that will end and no control ran on its tenant since `since` (the generation
-    /// taken when the check started).
+    /// Remembers the store's `decision` for a request of `cost` decided at `now` (the end of its
+    /// `retry_after` is counted from then), when it is a denial that will end and no control ran
+    /// on its tenant since the check started (`started`).
     pub(crate) fn remember(
         &self,
         key: &str,
@@ -372,20 +388,20 @@ impl DenyCache {
         cost: u64,
         decision: &Decision,
         now: u64,
-        since: Generation,
+        started: Started,
     ) {
         if decision.allowed
             || decision.never_allowed()
             || cost == 0
             || decision.retry_after.is_zero()
-            || since != self.generation(key)
+            || started.generation != self.generation(key)
         {
             return;
         }
         let until = now.saturating_add(micros(decision.retry_after));
         let fresh_until = self
             .max_life
-            .map_or(until, |life| until.min(now.saturating_add(life)));
+            .map_or(until, |life| until.min(started.at.saturating_add(life)));
         let entry = Entry::new(
             quotas,
             cost,
@@ -395,7 +411,7 @@ impl DenyCache {
                 fresh_until,
                 now.saturating_add(micros(decision.reset_after)),
             ),
-            since,
+            started.generation,
         );
         let (hash, shard) = self.locate(key);
         let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
@@ -480,7 +496,7 @@ mod tests {
             decision: &Decision,
             now: u64,
         ) {
-            self.remember(key, quotas, cost, decision, now, self.generation(key));
+            self.remember(key, quotas, cost, decision, now, self.start(key, now));
         }
     }
 
@@ -745,9 +761,9 @@ mod tests {
     fn a_denial_from_before_a_control_is_not_remembered() {
         let cache = DenyCache::new(100, None);
         let quota = Quotas::from(Quota::per_minute(5).unwrap());
-        let since = cache.generation("p:{t}:api");
+        let started = cache.start("p:{t}:api", 0);
         cache.forget_tenant("p:{t}");
-        cache.remember("p:{t}:api", &quota, 1, &denied(12_000), 0, since);
+        cache.remember("p:{t}:api", &quota, 1, &denied(12_000), 0, started);
         assert!(!cache.shard_holds("p:{t}:api"));
         assert!(cache.lookup("p:{t}:api", &quota, 1, 0).is_none());
     }
@@ -762,6 +778,12 @@ mod tests {
         let hit = cache.lookup("k", &quota, 1, 1_049_999).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(11_951));
         assert!(cache.lookup("k", &quota, 1, 1_050_000).is_none());
+        // The life counts from the check's start, the retry_after from its decision.
+        let started = cache.start("late", 1_000_000);
+        cache.remember("late", &quota, 1, &denied(12_000), 1_030_000, started);
+        let hit = cache.lookup("late", &quota, 1, 1_049_999).unwrap();
+        assert_eq!(hit.retry_after, Duration::from_millis(11_981));
+        assert!(cache.lookup("late", &quota, 1, 1_050_000).is_none());
         // A denial shorter than the life ends with itself.
         cache.remember_now("s", &quota, 1, &denied(10), 1_000_000);
         assert!(cache.lookup("s", &quota, 1, 1_009_999).is_some());

@@ -443,7 +443,7 @@ impl Limiter {
         }
         // Taken before the store call: a control that returns while it is in flight keeps its
         // denial out of the cache.
-        let since = cache.map(|cache| cache.generation(key));
+        let started = cache.map(|cache| cache.start(key, cache.now(request.now_micros)));
         let timer = StoreTimer::start();
         let result = match block {
             Some(block) => self.inner.store.check_blocking(request, block).await,
@@ -452,11 +452,11 @@ impl Limiter {
         timer.stop(label);
         let decision = result?;
         stats.count_decision(&decision, label);
-        if let (Some(cache), Some(since)) = (cache, since) {
+        if let (Some(cache), Some(started)) = (cache, started) {
             if !decision.allowed {
                 // The store decided at `now_micros` (client clock), or before its reply came.
                 let now = cache.now(request.now_micros);
-                cache.remember(key, quotas, cost, &decision, now, since);
+                cache.remember(key, quotas, cost, &decision, now, started);
             } else if cost > 0 {
                 // An admission consumed: a cached wait for another cost may now be too short.
                 cache.admitted(key, quotas, cost);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use redlimit::limiter::BlockFor;
 use redlimit::store::{CheckRequest, ControlReply, ControlRequest, MemoryStore, Store, StoreError};
 use redlimit::{
     clock::{Clock, ManualClock},
@@ -360,6 +361,47 @@ async fn a_tenant_control_drops_the_cached_denials_of_every_scope() {
     assert!(
         stale.is_empty(),
         "cached denials outlived a control: {stale:#?}"
+    );
+}
+
+/// A layer's block on abuse (`block_for`) suspends the tenant; `resume` then `reset` through
+/// the same limiter lift it at once, though the block's denial (600 s) was cached on the scope.
+#[tokio::test]
+async fn a_block_lifted_by_resume_and_reset_is_not_answered_from_the_cache() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let quota = Quotas::from(Quota::per_minute(1).unwrap());
+    let block = BlockFor::new(Duration::from_secs(600)).unwrap();
+    let mut stale = Vec::new();
+    for (store, limiter) in cached_on_each_store(&redis, &clock) {
+        let target = Target::scoped("api", "abuser");
+        let mut verdicts = Vec::new();
+        for _ in 0..4 {
+            let verdict = limiter.check_blocking(target, &quota, 1, &block).await;
+            verdicts.push(*verdict.decision().unwrap());
+        }
+        assert!(verdicts[0].allowed, "{store}");
+        assert!(verdicts[1..]
+            .iter()
+            .all(|d| !d.allowed && d.retry_after >= block.duration()));
+        assert!(limiter.stats().deny_cached >= 2, "{store}: cached");
+        limiter.resume("abuser").await.unwrap();
+        limiter.reset("abuser").await.unwrap();
+        let after = *limiter
+            .check_blocking(target, &quota, 1, &block)
+            .await
+            .decision()
+            .unwrap();
+        if !after.allowed {
+            stale.push(format!(
+                "{store}: denied, retry_after {:?}",
+                after.retry_after
+            ));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "a lifted block still answered: {stale:#?}"
     );
 }
 

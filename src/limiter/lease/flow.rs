@@ -196,7 +196,8 @@ impl Limiter {
         let quotas = &lease.quotas;
         loop {
             let sent = leases.now(&self.inner.clock);
-            let since = self.inner.deny_cache.as_ref().map(|c| c.generation(key));
+            let started = (self.inner.deny_cache.as_ref())
+                .map(|c| c.start(key, c.now(self.inner.clock.now_micros())));
             let result = self.lease_call(leases, key, quotas, ask, label).await;
             let decision = match result {
                 Ok(decision) => decision,
@@ -244,9 +245,9 @@ impl Limiter {
                 self.release(leases, key, quotas, released);
             }
             self.inner.stats.count_decision(&decision, label);
-            if let (Some(cache), Some(since)) = (&self.inner.deny_cache, since) {
+            if let (Some(cache), Some(started)) = (&self.inner.deny_cache, started) {
                 let now = cache.now(self.inner.clock.now_micros());
-                cache.remember(key, quotas, cost, &decision, now, since);
+                cache.remember(key, quotas, cost, &decision, now, started);
             }
             return Verdict::Decided(decision);
         }
