@@ -7,6 +7,21 @@
 //! sooner), so any other cost, or a peek, goes to the store. Denials that can never pass (cost
 //! above the capacity) are not cached.
 //!
+//! **Controls.** Every entry carries the control generation of its tenant (the storage key up
+//! to its hash tag's `}`, shared by every scope and by the tenant's controls), one of
+//! [`GENERATIONS`] stripes of tenants. A control through the limiter bumps its tenant's stripe
+//! after its store call returned and before it returns ([`DenyCache::forget_tenant`]): every
+//! entry of the tenant, on every scope, stops answering, with one atomic add whatever the cache
+//! holds. A check takes the generation before its store call ([`DenyCache::start`]) and its
+//! denial is remembered only if the generation is unchanged, so a denial decided before a
+//! control is never cached after it. A lookup compares one atomic load, and only when an entry
+//! would answer. Tenants sharing a stripe lose their entries too (one store call each).
+//!
+//! **Under leases** an entry answers for one lease interval at most from the start of the check
+//! that was denied (the `max_life` given to [`DenyCache::new`]), with the denial's own
+//! `retry_after` counted down: a denied key goes back to the store once per interval, so a
+//! control made elsewhere reaches it within that delay.
+//!
 //! Memory is bounded: at most `max_keys` entries, spread over 16 shards. A new key in a full
 //! shard makes room in constant time, like Redis's `maxmemory` sampling: the shard looks at its
 //! next [`EVICTION_SAMPLE`] entries in a rotating order and evicts the first that has ended, or
@@ -20,8 +35,9 @@
 //!
 //! **Memory per entry**, measured as the growth of the process's RSS while a cache fills
 //! (`cargo bench --bench limiter -- deny-cache-full` prints it; 28-byte storage keys, one quota):
-//! 211 bytes per entry at 10 000 keys, 194 at 1 000 000. That is the slot, 112 bytes (the key's
-//! pointer, the first quota inline, the entry's numbers), the index, 16 bytes a bucket at a load
+//! 211 bytes per entry at 10 000 keys, 194 at 1 000 000, with a 112-byte slot. The slot is 120
+//! bytes (the key's pointer, the first quota inline, the entry's numbers, its generation and
+//! its end under leases), so expect 8 bytes more; then the index, 16 bytes a bucket at a load
 //! of 7/16 to 7/8, and the key's own heap allocation (its length rounded up to the allocator's
 //! size class, plus the allocator's header). Several quotas add a boxed slice of the others
 //! (32 bytes each). The earlier entry held a whole `Quotas` (264 bytes, room for 8 tiers) and
@@ -421,7 +437,7 @@ impl DenyCache {
     /// Records that the store admitted a request of `cost` under `quota` on `key`: a cached
     /// denial of another cost or quota may now wait too little, so it is dropped. A denial of
     /// this same cost and quota is kept: while it holds, the store cannot admit that cost (short
-    /// of a reset or a new quota, which call [`DenyCache::forget`]), so the admission was decided
+    /// of a control, which ends it through [`DenyCache::forget_tenant`]), so the admission was decided
     /// before the denial and merely answered after it (concurrent calls on one connection).
     pub(crate) fn admitted(&self, key: &str, quotas: &Quotas, cost: u64) {
         let (hash, shard) = self.locate(key);
@@ -722,7 +738,7 @@ mod tests {
         assert_eq!(shard.slots.len(), 1);
     }
 
-    /// What an entry costs, inline: the slot (key pointer and entry) is 112 bytes; the index adds
+    /// What an entry costs, inline: the slot (key pointer and entry) is 120 bytes; the index adds
     /// 16 bytes per bucket and the key its own allocation (see the module docs for the measured
     /// total). The earlier entry held a whole `Quotas`: 264 bytes for the quotas alone.
     #[test]

@@ -210,9 +210,10 @@ impl Limiter {
     /// Drops what this process remembers about `target` in its deny cache (see
     /// [`LimiterBuilder::deny_cache`]), so its next check goes to the store.
     ///
-    /// Every operation of this limiter that changes a key's state or quota calls it; call it
-    /// yourself after changing a key in the store by other means (e.g. deleting it by hand in
-    /// Redis). Without a deny cache it does nothing.
+    /// Every operation of this limiter that changes a key's state or quota drops what it
+    /// changed (a control: every scope of the tenant); call it yourself after changing a key in
+    /// the store by other means (e.g. deleting it by hand in Redis). It ends the key's lease
+    /// too (see [`LimiterBuilder::leases`]). Without a deny cache or leases it does nothing.
     ///
     /// ```
     /// use redlimit::{store::MemoryStore, Limiter, Quota};
