@@ -674,3 +674,49 @@ async fn a_suspension_through_this_limiter_ends_the_leases_of_every_scope_at_onc
         "admitted after suspend returned: {admitted_after:#?}"
     );
 }
+
+/// A layer's lease (on its scoped key) ends when the limiter behind it suspends the tenant:
+/// no request sent after `suspend` returns is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_admits_nothing_after_its_limiter_suspends_the_tenant() {
+    use http_body_util::Full;
+    use redlimit::key::GlobalKey;
+    use redlimit::RateLimitLayer;
+    use std::sync::atomic::AtomicUsize;
+    use support::service::counting;
+    use tower::{Layer, ServiceExt};
+
+    let clock = ManualClock::new(T0);
+    let limiter = leasing_on(MemoryStore::new(), &clock);
+    let quota = Quota::per_second(1_000).unwrap();
+    let layer = RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("hot"))
+        .build()
+        .unwrap();
+    let service = layer.layer(counting(Arc::new(AtomicUsize::new(0))));
+    let send = || {
+        let service = service.clone();
+        async move {
+            let response = service.oneshot(http::Request::new(Full::default())).await;
+            response.unwrap().status() == http::StatusCode::OK
+        }
+    };
+    for _ in 0..6 {
+        futures::future::join_all((0..50).map(|_| send())).await;
+        clock.advance(Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(2)).await; // let a prefetch land
+    }
+    assert!(
+        limiter.lease_stats().held > 0,
+        "{:?}",
+        limiter.lease_stats()
+    );
+    limiter
+        .suspend("hot", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += usize::from(send().await);
+    }
+    assert_eq!(admitted, 0, "admitted after suspend returned, of 100");
+}
