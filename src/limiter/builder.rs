@@ -127,9 +127,10 @@ use crate::store::Store;
 /// Memory: about 210 bytes per entry with storage keys of about 30 bytes (measured as the
 /// growth of the process's RSS over a full cache: 211 bytes per entry at 10 000 keys, 194 at
 /// 1 000 000 with a 112-byte slot; the slot is 120 bytes, so expect 8 more), plus a longer
-/// key's extra length, plus 32 bytes per quota beyond the first when checks pass several. A full cache makes room for a new denial in constant time (it evicts an
-/// ended entry, or the one that ends first, among a few), so keys minted to be denied once each
-/// cost no more when it is full.
+/// key's extra length, plus 32 bytes per quota beyond the first when checks pass several. A
+/// full cache makes room for a new denial in constant time (it evicts an ended entry, or the
+/// one that ends first, among a few), so keys minted to be denied once each cost no more when
+/// it is full.
 ///
 /// Denials from the cache are counted in
 /// [`LimiterStats::deny_cached`](super::LimiterStats::deny_cached) (and `denied`).

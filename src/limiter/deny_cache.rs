@@ -437,8 +437,9 @@ impl DenyCache {
     /// Records that the store admitted a request of `cost` under `quota` on `key`: a cached
     /// denial of another cost or quota may now wait too little, so it is dropped. A denial of
     /// this same cost and quota is kept: while it holds, the store cannot admit that cost (short
-    /// of a control, which ends it through [`DenyCache::forget_tenant`]), so the admission was decided
-    /// before the denial and merely answered after it (concurrent calls on one connection).
+    /// of a control, which ends it through [`DenyCache::forget_tenant`]), so the admission was
+    /// decided before the denial and merely answered after it (concurrent calls on one
+    /// connection).
     pub(crate) fn admitted(&self, key: &str, quotas: &Quotas, cost: u64) {
         let (hash, shard) = self.locate(key);
         let stale = |shard: &Shard| {
