@@ -218,7 +218,7 @@ impl Limiter {
         // Whatever happened (a failed call may have run), nothing this process holds of the
         // tenant may outlive a change: every scope, before the caller learns it is done.
         if !matches!(control, Control::Inspect) {
-            self.forget_tenant(key);
+            self.forget_tenant(key, matches!(control, Control::Reset));
         }
         Ok(reply?)
     }

@@ -247,15 +247,15 @@ impl Limiter {
 
     /// The hook every control goes through, once its store call returned: drops what this
     /// limiter holds of the tenant of `storage_key`, on every scope (its deny cache's entries,
-    /// what its waiters learned, its leases), and keeps any denial decided before out of the
-    /// deny cache.
-    pub(crate) fn forget_tenant(&self, storage_key: &str) {
+    /// what its waiters learned, its leases, whose units go back unless `reset`), and keeps any
+    /// denial decided before out of the deny cache.
+    pub(crate) fn forget_tenant(&self, storage_key: &str, reset: bool) {
         let tenant = self::keys::tenant_route(storage_key);
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget_tenant(tenant);
         }
         self.inner.waiters.forget(tenant);
-        self.end_tenant_leases(tenant);
+        self.end_tenant_leases(tenant, !reset);
     }
 
     /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`] (or

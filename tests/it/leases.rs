@@ -720,3 +720,27 @@ async fn a_layer_admits_nothing_after_its_limiter_suspends_the_tenant() {
     }
     assert_eq!(admitted, 0, "admitted after suspend returned, of 100");
 }
+
+/// A reset through the leasing limiter ends its lease without giving the units back: they were
+/// taken before the reset and must not come back into the state after it, where another
+/// instance has already spent from the full quota.
+#[tokio::test(flavor = "current_thread")]
+async fn units_leased_before_a_reset_never_come_back_after_it() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::new();
+    let leasing = manual(store.clone(), &clock);
+    let other = Ctx::default().manual(&clock).limiter(store);
+    let quota = Quota::per_second(1_000).unwrap();
+    let held = hold_units(&leasing, "t", &quota, &clock).await;
+    leasing.reset("t").await.unwrap();
+    // Before any background give-back can run (one thread, no await that yields).
+    for _ in 0..500 {
+        assert!(other.check("t", &quota).await.is_allowed());
+    }
+    let stats = settled(&leasing).await;
+    assert_eq!(
+        peek(&other, "t", &quota).await,
+        500,
+        "{held} units held at the reset; {stats:?}"
+    );
+}

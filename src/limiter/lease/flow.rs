@@ -452,13 +452,19 @@ impl Limiter {
     }
 
     /// Ends the leases of every scope of `tenant` (a tenant's unscoped storage key), giving
-    /// their units back (the control hook): nothing that starts after it is admitted from
-    /// units leased before.
-    pub(in crate::limiter) fn end_tenant_leases(&self, tenant: &str) {
+    /// their units back unless `give_back` is false (the control hook; a reset's units were
+    /// leased before it and must not come back after it: they are stranded): nothing that
+    /// starts after it is admitted from units leased before.
+    pub(in crate::limiter) fn end_tenant_leases(&self, tenant: &str, give_back: bool) {
         if let Some(leases) = &self.inner.leases {
             let now = leases.now(&self.inner.clock);
             for (key, quotas, released) in leases.remove_tenant(tenant, now) {
-                self.release(leases, &key, &quotas, released);
+                if give_back {
+                    self.release(leases, &key, &quotas, released);
+                } else {
+                    let units = released.stranded + released.returnable;
+                    Counters::add(&leases.counters.stranded, units);
+                }
             }
         }
     }

@@ -232,7 +232,8 @@ pub struct LeaseStats {
     /// Units given back to the store.
     pub returned: u64,
     /// Units that ended unspent and could not go back (a fixed window's that ended, a store
-    /// error, a renewal that came back after its key was forgotten): the price of leasing,
+    /// error, a renewal that came back after its key was forgotten, a lease a reset through
+    /// this limiter ended): the price of leasing,
     /// at most instances × k per interval.
     pub stranded: u64,
 }
