@@ -116,15 +116,21 @@ use crate::store::Store;
 /// It caches denials only, so it never admits more than the store would; it answers only
 /// requests of the same quota and the same cost as the denied one (so its `retry_after` is
 /// exact for them), and never caches a denial that can never pass (cost above the capacity).
-/// Other instances are unaffected: they admit nothing the store would not either. A change
-/// this process makes to a key drops its entry ([`Limiter::forget`]).
+/// Other instances are unaffected: they admit nothing the store would not either. A control
+/// this limiter makes ([`Limiter::set_quota`], [`Limiter::suspend`], [`Limiter::resume`],
+/// [`Limiter::reset`], ...) drops its tenant's entries on every scope before it returns, and a
+/// denial whose check started before the control returned is never cached; any other change
+/// this process makes to a key drops its entry ([`Limiter::forget`]). A control made elsewhere
+/// is seen when the cached denial ends, or within one lease interval on a leasing limiter (its
+/// entries answer one interval at most).
 ///
-/// Memory: about 200 bytes per entry with storage keys of about 30 bytes (measured as the
+/// Memory: about 210 bytes per entry with storage keys of about 30 bytes (measured as the
 /// growth of the process's RSS over a full cache: 211 bytes per entry at 10 000 keys, 194 at
-/// 1 000 000), plus a longer key's extra length, plus 32 bytes per quota beyond the first when
-/// checks pass several. A full cache makes room for a new denial in constant time (it evicts an
-/// ended entry, or the one that ends first, among a few), so keys minted to be denied once each
-/// cost no more when it is full.
+/// 1 000 000 with a 112-byte slot; the slot is 120 bytes, so expect 8 more), plus a longer
+/// key's extra length, plus 32 bytes per quota beyond the first when checks pass several. A
+/// full cache makes room for a new denial in constant time (it evicts an ended entry, or the
+/// one that ends first, among a few), so keys minted to be denied once each cost no more when
+/// it is full.
 ///
 /// Denials from the cache are counted in
 /// [`LimiterStats::deny_cached`](super::LimiterStats::deny_cached) (and `denied`).
@@ -218,7 +224,7 @@ impl LimiterBuilder {
     /// Leases need token bucket, GCRA or fixed window; a zero interval or another algorithm is
     /// refused by [`build`](Self::build) ([`ConfigError::Lease`]). They turn on the deny cache
     /// (10 000 keys unless [`deny_cache`](Self::deny_cache) says otherwise): a renewal's
-    /// denial is served from it until its `retry_after`.
+    /// denial is served from it until its `retry_after`, for one lease interval at most.
     ///
     /// ```
     /// use std::time::Duration;
@@ -269,7 +275,10 @@ impl LimiterBuilder {
                 clock: self.clock,
                 policy: self.policy,
                 stats: Counters::default(),
-                deny_cache: deny_cache.map(DenyCache::new),
+                // A leasing limiter's entries answer one lease interval at most: a control made
+                // elsewhere reaches it within that delay, even on a denied key.
+                deny_cache: deny_cache
+                    .map(|keys| DenyCache::new(keys, self.leases.map(|l| l.interval()))),
                 unscoped,
                 waiters: Default::default(),
                 leases,

@@ -215,8 +215,11 @@ impl Limiter {
             now_micros: self.inner.clock.now_micros(),
         };
         let reply = self.inner.store.control(request).await;
-        // Whatever happened, this process's deny cache must not outlive a change.
-        self.forget_storage_key(key);
+        // Whatever happened (a failed call may have run), nothing this process holds of the
+        // tenant may outlive a change: every scope, before the caller learns it is done.
+        if !matches!(control, Control::Inspect) {
+            self.forget_tenant(key, matches!(control, Control::Reset));
+        }
         Ok(reply?)
     }
 

@@ -7,6 +7,21 @@
 //! sooner), so any other cost, or a peek, goes to the store. Denials that can never pass (cost
 //! above the capacity) are not cached.
 //!
+//! **Controls.** Every entry carries the control generation of its tenant (the storage key up
+//! to its hash tag's `}`, shared by every scope and by the tenant's controls), one of
+//! [`GENERATIONS`] stripes of tenants. A control through the limiter bumps its tenant's stripe
+//! after its store call returned and before it returns ([`DenyCache::forget_tenant`]): every
+//! entry of the tenant, on every scope, stops answering, with one atomic add whatever the cache
+//! holds. A check takes the generation before its store call ([`DenyCache::start`]) and its
+//! denial is remembered only if the generation is unchanged, so a denial decided before a
+//! control is never cached after it. A lookup compares one atomic load, and only when an entry
+//! would answer. Tenants sharing a stripe lose their entries too (one store call each).
+//!
+//! **Under leases** an entry answers for one lease interval at most from the start of the check
+//! that was denied (the `max_life` given to [`DenyCache::new`]), with the denial's own
+//! `retry_after` counted down: a denied key goes back to the store once per interval, so a
+//! control made elsewhere reaches it within that delay.
+//!
 //! Memory is bounded: at most `max_keys` entries, spread over 16 shards. A new key in a full
 //! shard makes room in constant time, like Redis's `maxmemory` sampling: the shard looks at its
 //! next [`EVICTION_SAMPLE`] entries in a rotating order and evicts the first that has ended, or
@@ -20,8 +35,9 @@
 //!
 //! **Memory per entry**, measured as the growth of the process's RSS while a cache fills
 //! (`cargo bench --bench limiter -- deny-cache-full` prints it; 28-byte storage keys, one quota):
-//! 211 bytes per entry at 10 000 keys, 194 at 1 000 000. That is the slot, 112 bytes (the key's
-//! pointer, the first quota inline, the entry's numbers), the index, 16 bytes a bucket at a load
+//! 211 bytes per entry at 10 000 keys, 194 at 1 000 000, with a 112-byte slot. The slot is 120
+//! bytes (the key's pointer, the first quota inline, the entry's numbers, its generation and
+//! its end under leases), so expect 8 bytes more; then the index, 16 bytes a bucket at a load
 //! of 7/16 to 7/8, and the key's own heap allocation (its length rounded up to the allocator's
 //! size class, plus the allocator's header). Several quotas add a boxed slice of the others
 //! (32 bytes each). The earlier entry held a whole `Quotas` (264 bytes, room for 8 tiers) and
@@ -36,9 +52,11 @@
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
+use super::keys::tenant_route;
 use crate::decision::Decision;
 use crate::quota::{Quota, Quotas};
 
@@ -47,6 +65,24 @@ const SHARDS: usize = 16;
 
 /// How many entries a full shard looks at to make room for a new key.
 const EVICTION_SAMPLE: usize = 8;
+
+/// Control generations, one per stripe of tenants: a control bumps its tenant's stripe, which
+/// ends every entry of the tenants in that stripe (a neighbour's entry only costs a store call).
+const GENERATIONS: usize = 1024;
+
+/// The control generation of a key's tenant's stripe: a denial is remembered, and answers, only
+/// while its stripe is still at the generation its check started at, so no control ran on the
+/// tenant between the check's start and the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Generation(u32);
+
+/// When a check started, for [`DenyCache::remember`]: its tenant's generation, and the cache's
+/// time before the store call (a leasing limiter's entry answers one interval from then).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Started {
+    generation: Generation,
+    at: u64,
+}
 
 /// One cached denial.
 #[derive(Debug)]
@@ -62,8 +98,13 @@ struct Entry {
     remaining: u64,
     /// When the denial ends, in the cache's microseconds.
     until: u64,
+    /// When the entry stops answering, at `until` at the latest: sooner under leases, whose
+    /// instances must see a control made elsewhere within one lease interval.
+    fresh_until: u64,
     /// When the key is full again, in the cache's microseconds.
     reset_at: u64,
+    /// The generation of the key's tenant when the denied check started.
+    generation: Generation,
     /// How many quotas the request had (at most [`MAX_TIERS`](crate::quota::MAX_TIERS)).
     tiers: u8,
     /// The denial's quota: index 0 is `first`, `i` is `more[i - 1]`.
@@ -73,7 +114,13 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(quotas: &Quotas, cost: u64, decision: &Decision, until: u64, reset_at: u64) -> Entry {
+    fn new(
+        quotas: &Quotas,
+        cost: u64,
+        decision: &Decision,
+        (until, fresh_until, reset_at): (u64, u64, u64),
+        generation: Generation,
+    ) -> Entry {
         let tiers = quotas.as_slice();
         let found = tiers.iter().position(|q| *q == decision.quota);
         let mut more = Vec::with_capacity(tiers.len() - 1 + usize::from(found.is_none()));
@@ -89,7 +136,9 @@ impl Entry {
             limit: decision.limit,
             remaining: decision.remaining,
             until,
+            fresh_until,
             reset_at,
+            generation,
             tiers: tiers.len() as u8,
             binding: binding as u8,
             suspended: decision.suspended,
@@ -207,13 +256,13 @@ impl Shard {
         let mut looked = 0;
         for offset in 0..EVICTION_SAMPLE.min(len) {
             let slot = (start + offset) % len;
-            let until = self.slots[slot].entry.until;
+            let until = self.slots[slot].entry.fresh_until;
             looked = offset + 1;
             if until <= now {
                 victim = slot;
                 break;
             }
-            if until < self.slots[victim].entry.until {
+            if until < self.slots[victim].entry.fresh_until {
                 victim = slot;
             }
         }
@@ -240,6 +289,10 @@ pub(crate) struct DenyCache {
     hasher: RandomState,
     /// The origin of the local monotonic clock (Redis server time mode).
     origin: Instant,
+    /// The tenants' control generations, by stripe ([`GENERATIONS`]).
+    generations: Box<[AtomicU64]>,
+    /// The longest an entry answers, in µs (a leasing limiter's lease interval).
+    max_life: Option<u64>,
 }
 
 impl std::fmt::Debug for DenyCache {
@@ -251,8 +304,9 @@ impl std::fmt::Debug for DenyCache {
 }
 
 impl DenyCache {
-    /// A cache of at most `max_keys` entries (at least 1).
-    pub(crate) fn new(max_keys: usize) -> Self {
+    /// A cache of at most `max_keys` entries (at least 1), each answering for `max_life` at
+    /// most when given.
+    pub(crate) fn new(max_keys: usize, max_life: Option<Duration>) -> Self {
         let max_keys = max_keys.max(1);
         let shards = SHARDS.min(max_keys);
         DenyCache {
@@ -260,7 +314,39 @@ impl DenyCache {
             per_shard: max_keys / shards,
             hasher: RandomState::new(),
             origin: Instant::now(),
+            generations: (0..GENERATIONS).map(|_| AtomicU64::new(0)).collect(),
+            max_life: max_life.map(micros),
         }
+    }
+
+    /// The control generation of the stripe of `key`'s tenant (every scope of a tenant shares
+    /// it).
+    fn stripe(&self, key: &str) -> &AtomicU64 {
+        let hash = self.hasher.hash_one(tenant_route(key));
+        &self.generations[(hash >> 32) as usize % GENERATIONS]
+    }
+
+    /// A check on `key` starts at `now` (the cache's time), before its store call: what
+    /// [`remember`](Self::remember) needs with its denial.
+    pub(crate) fn start(&self, key: &str, now: u64) -> Started {
+        Started {
+            generation: self.generation(key),
+            at: now,
+        }
+    }
+
+    /// The generation of `key`'s tenant now.
+    fn generation(&self, key: &str) -> Generation {
+        // Truncated: an entry could answer again only after exactly 2^32 controls on its
+        // stripe within its life.
+        Generation(self.stripe(key).load(Ordering::SeqCst) as u32)
+    }
+
+    /// Ends every entry of `key`'s tenant, every scope: a control changed it. Called after
+    /// the control's store call returned, before the control returns to its caller, so a
+    /// denial decided before the control (its check started before this) never answers after.
+    pub(crate) fn forget_tenant(&self, key: &str) {
+        self.stripe(key).fetch_add(1, Ordering::SeqCst);
     }
 
     /// The cache's time: the client clock's when there is one, else a local monotonic clock.
@@ -288,7 +374,10 @@ impl DenyCache {
         let (hash, shard) = self.locate(key);
         let shard = shard.read().unwrap_or_else(|e| e.into_inner());
         let entry = &shard.slots[shard.find(hash, key)?].entry;
-        if now >= entry.until || !entry.answers(quotas, cost) {
+        if now >= entry.fresh_until
+            || !entry.answers(quotas, cost)
+            || entry.generation != self.generation(key)
+        {
             return None;
         }
         let retry_after = micros_rounded_up_to_ms(entry.until - now);
@@ -305,8 +394,9 @@ impl DenyCache {
         })
     }
 
-    /// Remembers the store's `decision` for a request of `cost` decided at `now`, when it is a
-    /// denial that will end.
+    /// Remembers the store's `decision` for a request of `cost` decided at `now` (the end of its
+    /// `retry_after` is counted from then), when it is a denial that will end and no control ran
+    /// on its tenant since the check started (`started`).
     pub(crate) fn remember(
         &self,
         key: &str,
@@ -314,21 +404,30 @@ impl DenyCache {
         cost: u64,
         decision: &Decision,
         now: u64,
+        started: Started,
     ) {
         if decision.allowed
             || decision.never_allowed()
             || cost == 0
             || decision.retry_after.is_zero()
+            || started.generation != self.generation(key)
         {
             return;
         }
-        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let until = now.saturating_add(micros(decision.retry_after));
+        let fresh_until = self
+            .max_life
+            .map_or(until, |life| until.min(started.at.saturating_add(life)));
         let entry = Entry::new(
             quotas,
             cost,
             decision,
-            now.saturating_add(micros(decision.retry_after)),
-            now.saturating_add(micros(decision.reset_after)),
+            (
+                until,
+                fresh_until,
+                now.saturating_add(micros(decision.reset_after)),
+            ),
+            started.generation,
         );
         let (hash, shard) = self.locate(key);
         let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
@@ -338,8 +437,9 @@ impl DenyCache {
     /// Records that the store admitted a request of `cost` under `quota` on `key`: a cached
     /// denial of another cost or quota may now wait too little, so it is dropped. A denial of
     /// this same cost and quota is kept: while it holds, the store cannot admit that cost (short
-    /// of a reset or a new quota, which call [`DenyCache::forget`]), so the admission was decided
-    /// before the denial and merely answered after it (concurrent calls on one connection).
+    /// of a control, which ends it through [`DenyCache::forget_tenant`]), so the admission was
+    /// decided before the denial and merely answered after it (concurrent calls on one
+    /// connection).
     pub(crate) fn admitted(&self, key: &str, quotas: &Quotas, cost: u64) {
         let (hash, shard) = self.locate(key);
         let stale = |shard: &Shard| {
@@ -391,6 +491,10 @@ impl DenyCache {
     }
 }
 
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 fn micros_rounded_up_to_ms(micros: u64) -> Duration {
     Duration::from_millis(micros.div_ceil(1_000))
 }
@@ -398,6 +502,20 @@ fn micros_rounded_up_to_ms(micros: u64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl DenyCache {
+        /// [`remember`](DenyCache::remember) for a check that started now.
+        fn remember_now(
+            &self,
+            key: &str,
+            quotas: &Quotas,
+            cost: u64,
+            decision: &Decision,
+            now: u64,
+        ) {
+            self.remember(key, quotas, cost, decision, now, self.start(key, now));
+        }
+    }
 
     fn denied(retry_ms: u64) -> Decision {
         Decision {
@@ -414,9 +532,9 @@ mod tests {
 
     #[test]
     fn a_denial_holds_until_retry_after_for_its_cost_only() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, None);
         let quota = Quotas::from(Quota::per_minute(5).unwrap());
-        cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
+        cache.remember_now("k", &quota, 2, &denied(12_000), 1_000_000);
         let hit = cache.lookup("k", &quota, 2, 1_000_000).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(12_000));
         let later = cache
@@ -443,40 +561,40 @@ mod tests {
 
     #[test]
     fn an_admission_drops_only_a_denial_it_could_outdate() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, None);
         let quota = Quotas::from(Quota::per_minute(5).unwrap());
-        cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
+        cache.remember_now("k", &quota, 2, &denied(12_000), 1_000_000);
         // Same cost and quota: decided before the denial, answered after it. Kept.
         cache.admitted("k", &quota, 2);
         assert!(cache.lookup("k", &quota, 2, 1_000_000).is_some());
         // Another cost consumed after the denial: its wait may be too short now. Dropped.
         cache.admitted("k", &quota, 1);
         assert!(cache.lookup("k", &quota, 2, 1_000_000).is_none());
-        cache.remember("k", &quota, 2, &denied(12_000), 1_000_000);
+        cache.remember_now("k", &quota, 2, &denied(12_000), 1_000_000);
         cache.admitted("k", &Quotas::from(Quota::per_minute(6).unwrap()), 2);
         assert!(cache.lookup("k", &quota, 2, 1_000_000).is_none());
     }
 
     #[test]
     fn admissions_peeks_and_never_are_not_cached() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, None);
         let quota = Quotas::from(Quota::per_minute(5).unwrap());
         let mut allowed = denied(0);
         allowed.allowed = true;
-        cache.remember("a", &quota, 1, &allowed, 0);
+        cache.remember_now("a", &quota, 1, &allowed, 0);
         let mut never = denied(0);
         never.retry_after = Decision::NEVER;
-        cache.remember("n", &quota, 9, &never, 0);
-        cache.remember("p", &quota, 0, &denied(5), 0);
+        cache.remember_now("n", &quota, 9, &never, 0);
+        cache.remember_now("p", &quota, 0, &denied(5), 0);
         assert_eq!(cache.len(), 0);
     }
 
     #[test]
     fn memory_is_bounded() {
-        let cache = DenyCache::new(64);
+        let cache = DenyCache::new(64, None);
         let quota = Quotas::from(Quota::per_minute(5).unwrap());
         for i in 0..10_000 {
-            cache.remember(&format!("k{i}"), &quota, 1, &denied(60_000), 0);
+            cache.remember_now(&format!("k{i}"), &quota, 1, &denied(60_000), 0);
         }
         assert!(cache.len() <= 64, "{}", cache.len());
         // The newest key is always in.
@@ -500,15 +618,15 @@ mod tests {
     fn a_full_shard_evicts_the_entry_that_ends_first() {
         let quota = Quotas::from(Quota::per_minute(5).unwrap());
         for round in 0..40 {
-            let cache = DenyCache::new(SHARDS * EVICTION_SAMPLE);
+            let cache = DenyCache::new(SHARDS * EVICTION_SAMPLE, None);
             assert_eq!(cache.per_shard, EVICTION_SAMPLE);
             let keys = keys_in_shard_of(&cache, "x", "k", EVICTION_SAMPLE + 1);
             let soon = round % EVICTION_SAMPLE;
             for (i, key) in keys[..EVICTION_SAMPLE].iter().enumerate() {
                 let retry_ms = if i == soon { 1_000 } else { 3_600_000 };
-                cache.remember(key, &quota, 1, &denied(retry_ms), 0);
+                cache.remember_now(key, &quota, 1, &denied(retry_ms), 0);
             }
-            cache.remember(&keys[EVICTION_SAMPLE], &quota, 1, &denied(3_600_000), 0);
+            cache.remember_now(&keys[EVICTION_SAMPLE], &quota, 1, &denied(3_600_000), 0);
             for (i, key) in keys.iter().enumerate() {
                 let held = cache.lookup(key, &quota, 1, 0).is_some();
                 assert_eq!(held, i != soon, "round {round}: {key}");
@@ -516,9 +634,9 @@ mod tests {
             // An entry that has ended goes before one that ends first.
             let ended = (soon + 1) % EVICTION_SAMPLE;
             let now = 2_000_000;
-            cache.remember(&keys[ended], &quota, 1, &denied(1), now - 5_000);
+            cache.remember_now(&keys[ended], &quota, 1, &denied(1), now - 5_000);
             let newer = keys_in_shard_of(&cache, "x", "n", 1);
-            cache.remember(&newer[0], &quota, 1, &denied(3_600_000), now);
+            cache.remember_now(&newer[0], &quota, 1, &denied(3_600_000), now);
             assert!(cache.lookup(&newer[0], &quota, 1, now).is_some());
             let held = keys
                 .iter()
@@ -534,11 +652,11 @@ mod tests {
     #[test]
     fn an_insert_into_a_full_cache_looks_at_a_bounded_sample() {
         const PER_SHARD: usize = 10_000;
-        let cache = DenyCache::new(SHARDS * PER_SHARD);
+        let cache = DenyCache::new(SHARDS * PER_SHARD, None);
         let quota = Quotas::from(Quota::per_minute(5).unwrap());
         let mut i = 0;
         while cache.len() < SHARDS * PER_SHARD {
-            cache.remember(&format!("fill{i}"), &quota, 1, &denied(60_000), 0);
+            cache.remember_now(&format!("fill{i}"), &quota, 1, &denied(60_000), 0);
             i += 1;
         }
         let examined = |cache: &DenyCache| -> usize {
@@ -551,7 +669,7 @@ mod tests {
         let before = examined(&cache);
         const NEW: usize = 10_000;
         for n in 0..NEW {
-            cache.remember(&format!("new{n}"), &quota, 1, &denied(60_000), 0);
+            cache.remember_now(&format!("new{n}"), &quota, 1, &denied(60_000), 0);
         }
         let per_insert = (examined(&cache) - before) as f64 / NEW as f64;
         assert!(
@@ -568,13 +686,13 @@ mod tests {
     /// kept exactly: the entry answers that list only, with the denial's own quota.
     #[test]
     fn tiers_and_the_deciding_quota_are_kept_exactly() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, None);
         let second = Quota::per_second(2).unwrap();
         let minute = Quota::per_minute(5).unwrap();
         let tiers = Quotas::new([second, minute]).unwrap();
         let mut by_minute = denied(12_000);
         by_minute.quota = minute;
-        cache.remember("k", &tiers, 1, &by_minute, 0);
+        cache.remember_now("k", &tiers, 1, &by_minute, 0);
         assert_eq!(cache.lookup("k", &tiers, 1, 0).unwrap().quota, minute);
         for other in [
             Quotas::from(second),
@@ -587,7 +705,7 @@ mod tests {
         let overridden = Quota::per_hour(7).unwrap();
         let mut by_override = denied(12_000);
         by_override.quota = overridden;
-        cache.remember("o", &Quotas::from(minute), 1, &by_override, 0);
+        cache.remember_now("o", &Quotas::from(minute), 1, &by_override, 0);
         let hit = cache.lookup("o", &Quotas::from(minute), 1, 0).unwrap();
         assert_eq!(
             hit,
@@ -602,10 +720,18 @@ mod tests {
     /// first is never answered with the second's denial.
     #[test]
     fn keys_that_share_a_hash_never_answer_for_each_other() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, None);
         let quota = Quotas::from(Quota::per_minute(5).unwrap());
         let mut shard = Shard::default();
-        let entry = || Entry::new(&quota, 1, &denied(5_000), 5_000_000, 25_000_000);
+        let entry = || {
+            Entry::new(
+                &quota,
+                1,
+                &denied(5_000),
+                (5_000_000, 5_000_000, 25_000_000),
+                Generation(0),
+            )
+        };
         shard.put(&cache.hasher, 42, "a", entry(), 0, 10);
         assert_eq!(shard.find(42, "a"), Some(0));
         shard.put(&cache.hasher, 42, "b", entry(), 0, 10);
@@ -613,13 +739,71 @@ mod tests {
         assert_eq!(shard.slots.len(), 1);
     }
 
-    /// What an entry costs, inline: the slot (key pointer and entry) is 112 bytes; the index adds
+    /// What an entry costs, inline: the slot (key pointer and entry) is 120 bytes; the index adds
     /// 16 bytes per bucket and the key its own allocation (see the module docs for the measured
     /// total). The earlier entry held a whole `Quotas`: 264 bytes for the quotas alone.
     #[test]
     fn an_entry_is_small() {
         assert_eq!(std::mem::size_of::<Quota>(), 32);
-        assert_eq!(std::mem::size_of::<Slot>(), 112);
+        assert_eq!(std::mem::size_of::<Slot>(), 120);
         assert_eq!(std::mem::size_of::<(u64, usize)>(), 16);
+    }
+
+    /// A control on a tenant ends the entries of every scope of it (and of the tenant's own
+    /// key), and no other tenant's outside its stripe.
+    #[test]
+    fn a_control_ends_every_scope_of_its_tenant() {
+        let cache = DenyCache::new(100, None);
+        let quota = Quotas::from(Quota::per_minute(5).unwrap());
+        let other = (0..)
+            .map(|i| format!("p:{{u{i}}}:api"))
+            .find(|key| !std::ptr::eq(cache.stripe(key), cache.stripe("p:{t}")))
+            .unwrap();
+        for key in ["p:{t}", "p:{t}:api", "p:{t}:login", other.as_str()] {
+            cache.remember_now(key, &quota, 1, &denied(12_000), 0);
+            assert!(cache.lookup(key, &quota, 1, 0).is_some(), "{key}");
+        }
+        cache.forget_tenant("p:{t}#t");
+        for key in ["p:{t}", "p:{t}:api", "p:{t}:login"] {
+            assert!(cache.lookup(key, &quota, 1, 0).is_none(), "{key}");
+        }
+        assert!(cache.lookup(&other, &quota, 1, 0).is_some());
+        // A denial of a check that started after the control is cached again.
+        cache.remember_now("p:{t}:api", &quota, 1, &denied(12_000), 0);
+        assert!(cache.lookup("p:{t}:api", &quota, 1, 0).is_some());
+    }
+
+    /// A denial whose check started before a control is not remembered after it.
+    #[test]
+    fn a_denial_from_before_a_control_is_not_remembered() {
+        let cache = DenyCache::new(100, None);
+        let quota = Quotas::from(Quota::per_minute(5).unwrap());
+        let started = cache.start("p:{t}:api", 0);
+        cache.forget_tenant("p:{t}");
+        cache.remember("p:{t}:api", &quota, 1, &denied(12_000), 0, started);
+        assert!(!cache.shard_holds("p:{t}:api"));
+        assert!(cache.lookup("p:{t}:api", &quota, 1, 0).is_none());
+    }
+
+    /// With a longest life (a leasing limiter's interval) an entry stops answering then, and
+    /// until then it answers with the store's own `retry_after`, counted down.
+    #[test]
+    fn a_longest_life_ends_an_entry_early_but_keeps_its_retry_after() {
+        let cache = DenyCache::new(100, Some(Duration::from_millis(50)));
+        let quota = Quotas::from(Quota::per_minute(5).unwrap());
+        cache.remember_now("k", &quota, 1, &denied(12_000), 1_000_000);
+        let hit = cache.lookup("k", &quota, 1, 1_049_999).unwrap();
+        assert_eq!(hit.retry_after, Duration::from_millis(11_951));
+        assert!(cache.lookup("k", &quota, 1, 1_050_000).is_none());
+        // The life counts from the check's start, the retry_after from its decision.
+        let started = cache.start("late", 1_000_000);
+        cache.remember("late", &quota, 1, &denied(12_000), 1_030_000, started);
+        let hit = cache.lookup("late", &quota, 1, 1_049_999).unwrap();
+        assert_eq!(hit.retry_after, Duration::from_millis(11_981));
+        assert!(cache.lookup("late", &quota, 1, 1_050_000).is_none());
+        // A denial shorter than the life ends with itself.
+        cache.remember_now("s", &quota, 1, &denied(10), 1_000_000);
+        assert!(cache.lookup("s", &quota, 1, 1_009_999).is_some());
+        assert!(cache.lookup("s", &quota, 1, 1_010_000).is_none());
     }
 }

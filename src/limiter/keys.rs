@@ -122,6 +122,13 @@ fn tail(scope: Option<&str>) -> String {
     }
 }
 
+/// The unscoped storage key of `key`'s tenant, `<prefix>:{<id>}`: what every storage key of
+/// the tenant starts with (its scopes', and its controls' `<prefix>:{<id>}#t`). A key without
+/// a hash tag is its own tenant.
+pub(crate) fn tenant_route(key: &str) -> &str {
+    key.find('}').map_or(key, |close| &key[..=close])
+}
+
 /// The storage key of `target` under `unscoped`'s prefix (the limiter's, precomputed).
 pub(super) fn target_key(unscoped: &KeyScope, target: Target<'_>) -> StorageKey {
     match target.scope {

@@ -216,9 +216,10 @@ impl Limiter {
     /// Drops what this process remembers about `target` in its deny cache (see
     /// [`LimiterBuilder::deny_cache`]), so its next check goes to the store.
     ///
-    /// Every operation of this limiter that changes a key's state or quota calls it; call it
-    /// yourself after changing a key in the store by other means (e.g. deleting it by hand in
-    /// Redis). Without a deny cache it does nothing.
+    /// Every operation of this limiter that changes a key's state or quota drops what it
+    /// changed (a control: every scope of the tenant); call it yourself after changing a key in
+    /// the store by other means (e.g. deleting it by hand in Redis). It ends the key's lease
+    /// too (see [`LimiterBuilder::leases`]). Without a deny cache or leases it does nothing.
     ///
     /// ```
     /// use redlimit::{store::MemoryStore, Limiter, Quota};
@@ -248,6 +249,19 @@ impl Limiter {
         }
         self.inner.waiters.forget(storage_key);
         self.end_lease(storage_key);
+    }
+
+    /// The hook every control goes through, once its store call returned: drops what this
+    /// limiter holds of the tenant of `storage_key`, on every scope (its deny cache's entries,
+    /// what its waiters learned, its leases, whose units go back unless `reset`), and keeps any
+    /// denial decided before out of the deny cache.
+    pub(crate) fn forget_tenant(&self, storage_key: &str, reset: bool) {
+        let tenant = self::keys::tenant_route(storage_key);
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget_tenant(tenant);
+        }
+        self.inner.waiters.forget(tenant);
+        self.end_tenant_leases(tenant, !reset);
     }
 
     /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`] (or
@@ -435,6 +449,9 @@ impl Limiter {
                 return Ok(decision);
             }
         }
+        // Taken before the store call: a control that returns while it is in flight keeps its
+        // denial out of the cache.
+        let started = cache.map(|cache| cache.start(key, cache.now(request.now_micros)));
         let timer = StoreTimer::start();
         let result = match block {
             Some(block) => self.inner.store.check_blocking(request, block).await,
@@ -443,11 +460,11 @@ impl Limiter {
         timer.stop(label);
         let decision = result?;
         stats.count_decision(&decision, label);
-        if let Some(cache) = cache {
+        if let (Some(cache), Some(started)) = (cache, started) {
             if !decision.allowed {
                 // The store decided at `now_micros` (client clock), or before its reply came.
                 let now = cache.now(request.now_micros);
-                cache.remember(key, quotas, cost, &decision, now);
+                cache.remember(key, quotas, cost, &decision, now, started);
             } else if cost > 0 {
                 // An admission consumed: a cached wait for another cost may now be too short.
                 cache.admitted(key, quotas, cost);

@@ -8,9 +8,12 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use redlimit::limiter::BlockFor;
+use redlimit::store::{CheckRequest, ControlReply, ControlRequest, MemoryStore, Store, StoreError};
 use redlimit::{
     clock::{Clock, ManualClock},
-    Algorithm, Decision, Limiter, Quota, Quotas,
+    Algorithm, Decision, Limiter, Quota, Quotas, Target,
 };
 use support::{Ctx, RedisServer};
 use tokio::sync::Barrier;
@@ -282,5 +285,259 @@ async fn a_cached_denial_repeats_the_stores_decision_with_tiers_and_overrides() 
         let one = Quotas::from(tiers[1]);
         limiter.try_check_quotas(key, &one, 1).await.unwrap();
         assert_eq!(limiter.stats().deny_cached, cached_before + 1, "{key}");
+    }
+}
+
+/// The limiters the control tests run on: one with a deny cache on each store, on `clock`.
+fn cached_on_each_store(redis: &RedisServer, clock: &ManualClock) -> Vec<(&'static str, Limiter)> {
+    let ctx = Ctx::new(Algorithm::TokenBucket)
+        .manual(clock)
+        .timeout(Duration::from_secs(10))
+        .deny_cache(1_000);
+    vec![("redis", ctx.redis(redis)), ("memory", ctx.memory())]
+}
+
+/// A tenant's control through a limiter drops its cached denials on every scope, the layer's
+/// scoped keys included: a suspension lifted early, a reset and a raised override of every
+/// route are each seen by the very next check, on Redis and on the memory store.
+#[tokio::test]
+async fn a_tenant_control_drops_the_cached_denials_of_every_scope() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let quota = Quotas::from(Quota::per_minute(1).unwrap());
+    let mut stale = Vec::new();
+    for (store, limiter) in cached_on_each_store(&redis, &clock) {
+        for control in ["resume", "reset", "all-routes override"] {
+            let tenant = format!("{store}-{control}");
+            let targets = [Target::scoped("api", &tenant), Target::key(&tenant)];
+            if control == "resume" {
+                limiter
+                    .suspend(tenant.as_str(), Duration::from_secs(600))
+                    .await
+                    .unwrap();
+            }
+            for target in targets {
+                let first = limiter.try_check_quotas(target, &quota, 1).await.unwrap();
+                assert_eq!(first.allowed, control != "resume", "{store} {control}");
+                let cached = limiter.stats().deny_cached;
+                for _ in 0..2 {
+                    assert!(
+                        !limiter
+                            .try_check_quotas(target, &quota, 1)
+                            .await
+                            .unwrap()
+                            .allowed
+                    );
+                }
+                assert!(
+                    limiter.stats().deny_cached > cached,
+                    "{store} {control}: cached"
+                );
+            }
+            match control {
+                "resume" => drop(limiter.resume(tenant.as_str()).await.unwrap()),
+                "reset" => drop(limiter.reset(tenant.as_str()).await.unwrap()),
+                _ => {
+                    let raised = Quotas::from(Quota::per_minute(1_000).unwrap());
+                    limiter
+                        .set_quota(Target::all_routes(&tenant), &raised)
+                        .await
+                        .unwrap();
+                    // A few tokens under the raised quota, well within the cached 60 s.
+                    clock.advance(Duration::from_millis(100));
+                }
+            }
+            for (name, target) in ["scoped", "unscoped"].into_iter().zip(targets) {
+                let after = limiter.try_check_quotas(target, &quota, 1).await.unwrap();
+                if !after.allowed {
+                    stale.push(format!(
+                        "{store} {control} {name}: denied, retry_after {:?}",
+                        after.retry_after
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "cached denials outlived a control: {stale:#?}"
+    );
+}
+
+/// A layer's block on abuse (`block_for`) suspends the tenant; `resume` then `reset` through
+/// the same limiter lift it at once, though the block's denial (600 s) was cached on the scope.
+#[tokio::test]
+async fn a_block_lifted_by_resume_and_reset_is_not_answered_from_the_cache() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let quota = Quotas::from(Quota::per_minute(1).unwrap());
+    let block = BlockFor::new(Duration::from_secs(600)).unwrap();
+    let mut stale = Vec::new();
+    for (store, limiter) in cached_on_each_store(&redis, &clock) {
+        let target = Target::scoped("api", "abuser");
+        let mut verdicts = Vec::new();
+        for _ in 0..4 {
+            let verdict = limiter.check_blocking(target, &quota, 1, &block).await;
+            verdicts.push(*verdict.decision().unwrap());
+        }
+        assert!(verdicts[0].allowed, "{store}");
+        assert!(verdicts[1..]
+            .iter()
+            .all(|d| !d.allowed && d.retry_after >= block.duration()));
+        assert!(limiter.stats().deny_cached >= 2, "{store}: cached");
+        limiter.resume("abuser").await.unwrap();
+        limiter.reset("abuser").await.unwrap();
+        let after = *limiter
+            .check_blocking(target, &quota, 1, &block)
+            .await
+            .decision()
+            .unwrap();
+        if !after.allowed {
+            stale.push(format!(
+                "{store}: denied, retry_after {:?}",
+                after.retry_after
+            ));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "a lifted block still answered: {stale:#?}"
+    );
+}
+
+/// A store whose check replies wait at a gate once armed: the decision is made (and counted)
+/// at once, its reply delivered only when the gate opens. The test orders events with it, not
+/// with sleeps.
+#[derive(Debug)]
+struct Gated<S> {
+    inner: S,
+    armed: std::sync::atomic::AtomicBool,
+    decided: tokio::sync::Semaphore,
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl<S: Store> Gated<S> {
+    fn new(inner: S) -> Arc<Self> {
+        Arc::new(Gated {
+            inner,
+            armed: false.into(),
+            decided: tokio::sync::Semaphore::new(0),
+            gate: tokio::sync::watch::channel(false).0,
+        })
+    }
+}
+
+/// The limiter's store is an `Arc` of the gated one, so the test keeps a handle on it.
+#[derive(Debug)]
+struct Shared<S>(Arc<Gated<S>>);
+
+impl<S: Store> Store for Shared<S> {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let gated = &self.0;
+            let decision = gated.inner.check(request).await;
+            if gated.armed.load(std::sync::atomic::Ordering::SeqCst) {
+                gated.decided.add_permits(1);
+                let mut open = gated.gate.subscribe();
+                let _ = open.wait_for(|open| *open).await;
+            }
+            decision
+        })
+    }
+
+    fn control<'a>(
+        &'a self,
+        request: ControlRequest<'a>,
+    ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
+        self.0.inner.control(request)
+    }
+}
+
+/// A denial the store decided before a control, whose reply comes back after the control
+/// returned, is never cached: 200 keys at 1/min, each with a check decided (denied, 60 s) before
+/// `set_quota(key, 1 000 000/min)` through the same limiter and answered after it; the next check
+/// of every key is the store's, under the new quota. On Redis and on the memory store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_decided_before_a_control_is_not_cached_after_it() {
+    let redis = RedisServer::start();
+    let ctx = Ctx::new(Algorithm::TokenBucket)
+        .timeout(Duration::from_secs(10))
+        .deny_cache(2_000);
+    let mut stale = race_a_control(&ctx, "redis", ctx.redis_store(&redis)).await;
+    stale.extend(race_a_control(&ctx, "memory", MemoryStore::new()).await);
+    assert!(
+        stale.is_empty(),
+        "denials from before the control: {stale:#?}"
+    );
+}
+
+/// [`a_denial_decided_before_a_control_is_not_cached_after_it`] on `inner`: what went wrong.
+async fn race_a_control(ctx: &Ctx, store: &str, inner: impl Store) -> Vec<String> {
+    const KEYS: usize = 200;
+    let quota = Quotas::from(Quota::per_minute(1).unwrap());
+    let raised = Quotas::from(Quota::per_minute(1_000_000).unwrap());
+    let gated = Gated::new(inner);
+    let clock = ManualClock::new(T0);
+    let limiter = ctx.clone().manual(&clock).limiter(Shared(gated.clone()));
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("{store}-race-{i}")).collect();
+    for key in &keys {
+        assert!(
+            limiter
+                .try_check_quotas(key.as_str(), &quota, 1)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    gated.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let in_flight: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (limiter, key) = (limiter.clone(), key.clone());
+            tokio::spawn(async move { limiter.try_check_quotas(key.as_str(), &quota, 1).await })
+        })
+        .collect();
+    // Every check decided by the store (denied), none answered yet.
+    gated
+        .decided
+        .acquire_many(KEYS as u32)
+        .await
+        .unwrap()
+        .forget();
+    gated
+        .armed
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let controls = keys
+        .iter()
+        .map(|key| limiter.set_quota(key.as_str(), &raised));
+    for status in futures::future::join_all(controls).await {
+        status.unwrap();
+    }
+    gated.gate.send_replace(true);
+    for check in in_flight {
+        let decision = check.await.unwrap().unwrap();
+        assert!(!decision.allowed, "{store}: decided under the old quota");
+    }
+    // A few tokens under the new quota; the old denial had 60 s left.
+    clock.advance(Duration::from_millis(1));
+    let mut denied = Vec::new();
+    for key in &keys {
+        let after = limiter
+            .try_check_quotas(key.as_str(), &quota, 1)
+            .await
+            .unwrap();
+        if !after.allowed {
+            denied.push(after.retry_after);
+        }
+    }
+    match denied.first() {
+        None => Vec::new(),
+        Some(retry_after) => vec![format!(
+            "{store}: {} of {KEYS} keys still denied, the first with retry_after {retry_after:?}",
+            denied.len()
+        )],
     }
 }

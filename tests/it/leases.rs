@@ -13,7 +13,7 @@ use redlimit::clock::{Clock, ManualClock};
 use redlimit::limiter::{ConfigError, LeaseError, LeaseStats, Leases};
 use redlimit::policy::FailClosed;
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Algorithm, Decision, Limiter, Quota, Verdict};
+use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, Target, Verdict};
 use support::{Ctx, RedisCluster, RedisServer};
 
 const INTERVAL: Duration = Duration::from_millis(50);
@@ -594,4 +594,200 @@ async fn units_leased_before_a_reset_are_never_given_back_after_it() {
         );
         assert_eq!(admitted, 1_000, "{backend}");
     }
+}
+
+/// A limiter on `store` leasing on the manual `clock` (any store).
+fn leasing_on(store: impl redlimit::store::Store, clock: &ManualClock) -> Limiter {
+    Limiter::builder(store)
+        .clock(Clock::Manual(clock.clone()))
+        .leases(Leases::new(INTERVAL))
+        .build()
+        .unwrap()
+}
+
+/// A control made by another process (an operator's, on the same store) reaches a leasing
+/// instance whose key is denied, cached with a long `retry_after`, within one lease interval:
+/// a suspension lifted early, a reset, a raised override. On Redis and on the memory store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_made_elsewhere_reaches_a_denied_leasing_key_within_one_interval() {
+    let redis = RedisServer::start();
+    let memory = MemoryStore::new();
+    let clock = ManualClock::new(T0);
+    let pairs = [
+        (
+            "redis",
+            leasing_on(support::redis_store(&redis), &clock),
+            Ctx::default().manual(&clock).redis(&redis),
+        ),
+        (
+            "memory",
+            leasing_on(memory.clone(), &clock),
+            Ctx::default().manual(&clock).limiter(memory),
+        ),
+    ];
+    let quota = Quota::per_hour(5).unwrap();
+    let mut late = Vec::new();
+    for (store, leasing, operator) in &pairs {
+        for control in ["resume", "reset", "override"] {
+            let key = format!("{store}-{control}");
+            let key = key.as_str();
+            if control == "resume" {
+                operator
+                    .suspend(key, Duration::from_secs(600))
+                    .await
+                    .unwrap();
+            }
+            let first =
+                futures::future::join_all((0..20).map(|_| leasing.check(key, &quota))).await;
+            let admitted = first.iter().filter(|v| v.is_allowed()).count();
+            assert_eq!(
+                admitted,
+                if control == "resume" { 0 } else { 5 },
+                "{store} {control}"
+            );
+            let cached = leasing.stats().deny_cached;
+            assert!(!leasing.check(key, &quota).await.is_allowed());
+            assert!(
+                leasing.stats().deny_cached > cached,
+                "{store} {control}: cached"
+            );
+            match control {
+                "resume" => drop(operator.resume(key).await.unwrap()),
+                "reset" => drop(operator.reset(key).await.unwrap()),
+                _ => {
+                    let raised = Quota::per_second(1_000).unwrap();
+                    operator.set_quota(key, &raised.into()).await.unwrap();
+                }
+            }
+            clock.advance(INTERVAL);
+            let after = *leasing.check(key, &quota).await.decision().unwrap();
+            if !after.allowed {
+                late.push(format!(
+                    "{store} {control}: denied one interval later, retry_after {:?}",
+                    after.retry_after
+                ));
+            }
+        }
+    }
+    assert!(
+        late.is_empty(),
+        "controls not seen within one interval: {late:#?}"
+    );
+}
+
+/// A suspension through the leasing limiter itself ends its leases on every scope of the
+/// tenant at once (a layer's scoped key included): nothing that starts after `suspend`
+/// returns is admitted from held units. On Redis and on the memory store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspension_through_this_limiter_ends_the_leases_of_every_scope_at_once() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let quota = Quotas::from(Quota::per_second(1_000).unwrap());
+    let mut admitted_after = Vec::new();
+    for (store, limiter) in [
+        ("redis", leasing_on(support::redis_store(&redis), &clock)),
+        ("memory", leasing_on(MemoryStore::new(), &clock)),
+    ] {
+        let targets = [Target::scoped("api", "hot"), Target::key("hot")];
+        for _ in 0..6 {
+            for target in targets {
+                futures::future::join_all((0..50).map(|_| limiter.check_quotas(target, &quota, 1)))
+                    .await;
+            }
+            clock.advance(Duration::from_millis(1));
+            tokio::time::sleep(Duration::from_millis(2)).await; // let a prefetch land
+        }
+        assert!(
+            limiter.lease_stats().held > 0,
+            "{store}: {:?}",
+            limiter.lease_stats()
+        );
+        limiter
+            .suspend("hot", Duration::from_secs(60))
+            .await
+            .unwrap();
+        for (name, target) in ["scoped", "unscoped"].into_iter().zip(targets) {
+            let mut admitted = 0;
+            for _ in 0..100 {
+                admitted += usize::from(limiter.check_quotas(target, &quota, 1).await.is_allowed());
+            }
+            if admitted > 0 {
+                admitted_after.push(format!("{store} {name}: {admitted} of 100 admitted"));
+            }
+        }
+    }
+    assert!(
+        admitted_after.is_empty(),
+        "admitted after suspend returned: {admitted_after:#?}"
+    );
+}
+
+/// A layer's lease (on its scoped key) ends when the limiter behind it suspends the tenant:
+/// no request sent after `suspend` returns is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_admits_nothing_after_its_limiter_suspends_the_tenant() {
+    use http_body_util::Full;
+    use redlimit::key::GlobalKey;
+    use redlimit::RateLimitLayer;
+    use std::sync::atomic::AtomicUsize;
+    use support::service::counting;
+    use tower::{Layer, ServiceExt};
+
+    let clock = ManualClock::new(T0);
+    let limiter = leasing_on(MemoryStore::new(), &clock);
+    let quota = Quota::per_second(1_000).unwrap();
+    let layer = RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("hot"))
+        .build()
+        .unwrap();
+    let service = layer.layer(counting(Arc::new(AtomicUsize::new(0))));
+    let send = || {
+        let service = service.clone();
+        async move {
+            let response = service.oneshot(http::Request::new(Full::default())).await;
+            response.unwrap().status() == http::StatusCode::OK
+        }
+    };
+    for _ in 0..6 {
+        futures::future::join_all((0..50).map(|_| send())).await;
+        clock.advance(Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(2)).await; // let a prefetch land
+    }
+    assert!(
+        limiter.lease_stats().held > 0,
+        "{:?}",
+        limiter.lease_stats()
+    );
+    limiter
+        .suspend("hot", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += usize::from(send().await);
+    }
+    assert_eq!(admitted, 0, "admitted after suspend returned, of 100");
+}
+
+/// A reset through the leasing limiter ends its lease without giving the units back: they were
+/// taken before the reset and must not come back into the state after it, where another
+/// instance has already spent from the full quota.
+#[tokio::test(flavor = "current_thread")]
+async fn units_leased_before_a_reset_never_come_back_after_it() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::new();
+    let leasing = manual(store.clone(), &clock);
+    let other = Ctx::default().manual(&clock).limiter(store);
+    let quota = Quota::per_second(1_000).unwrap();
+    let held = hold_units(&leasing, "t", &quota, &clock).await;
+    leasing.reset("t").await.unwrap();
+    // Before any background give-back can run (one thread, no await that yields).
+    for _ in 0..500 {
+        assert!(other.check("t", &quota).await.is_allowed());
+    }
+    let stats = settled(&leasing).await;
+    assert_eq!(
+        peek(&other, "t", &quota).await,
+        500,
+        "{held} units held at the reset; {stats:?}"
+    );
 }

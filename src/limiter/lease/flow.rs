@@ -196,6 +196,8 @@ impl Limiter {
         let quotas = &lease.quotas;
         loop {
             let sent = leases.now(&self.inner.clock);
+            let started = (self.inner.deny_cache.as_ref())
+                .map(|c| c.start(key, c.now(self.inner.clock.now_micros())));
             let result = self.lease_call(leases, key, quotas, ask, label).await;
             let decision = match result {
                 Ok(decision) => decision,
@@ -243,9 +245,9 @@ impl Limiter {
                 self.release(leases, key, quotas, released);
             }
             self.inner.stats.count_decision(&decision, label);
-            if let Some(cache) = &self.inner.deny_cache {
+            if let (Some(cache), Some(started)) = (&self.inner.deny_cache, started) {
                 let now = cache.now(self.inner.clock.now_micros());
-                cache.remember(key, quotas, cost, &decision, now);
+                cache.remember(key, quotas, cost, &decision, now, started);
             }
             return Verdict::Decided(decision);
         }
@@ -458,6 +460,24 @@ impl Limiter {
             .as_ref()
             .map(LeaseTable::snapshot)
             .unwrap_or_default()
+    }
+
+    /// Ends the leases of every scope of `tenant` (a tenant's unscoped storage key), giving
+    /// their units back unless `give_back` is false (the control hook; a reset's units were
+    /// leased before it and must not come back after it: they are stranded): nothing that
+    /// starts after it is admitted from units leased before.
+    pub(in crate::limiter) fn end_tenant_leases(&self, tenant: &str, give_back: bool) {
+        if let Some(leases) = &self.inner.leases {
+            let now = leases.now(&self.inner.clock);
+            for (key, quotas, released) in leases.remove_tenant(tenant, now) {
+                if give_back {
+                    self.release(leases, &key, &quotas, released);
+                } else {
+                    let units = released.stranded + released.returnable;
+                    Counters::add(&leases.counters.stranded, units);
+                }
+            }
+        }
     }
 
     /// Ends `storage_key`'s lease, giving its units back (the forget hook).

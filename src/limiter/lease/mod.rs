@@ -232,7 +232,8 @@ pub struct LeaseStats {
     /// Units given back to the store.
     pub returned: u64,
     /// Units that ended unspent and could not go back (a fixed window's that ended, a store
-    /// error, a renewal that came back after its key was forgotten): the price of leasing,
+    /// error, a renewal that came back after its key was forgotten, a lease a reset through
+    /// this limiter ended): the price of leasing,
     /// at most instances × k per interval.
     pub stranded: u64,
 }
@@ -378,6 +379,26 @@ impl LeaseTable {
         let mut state = lease.state.lock().expect("lease");
         state.detached = true;
         Some((state.quotas, state.clear(now, self.sizing.interval)))
+    }
+
+    /// Removes the leases of every key that starts with `tenant` (a tenant's unscoped storage
+    /// key: its own lease and its scopes'), for a control: a look at every lease, since
+    /// controls are rare and leases are indexed by their whole key.
+    fn remove_tenant(&self, tenant: &str, now: u64) -> Vec<(Box<str>, Quotas, state::Released)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            shard.lock().expect("lease shard").retain(|_, lease| {
+                if !lease.key.starts_with(tenant) {
+                    return true;
+                }
+                let mut state = lease.state.lock().expect("lease");
+                state.detached = true;
+                let released = state.clear(now, self.sizing.interval);
+                out.push((lease.key.clone(), state.quotas, released));
+                false
+            });
+        }
+        out
     }
 
     /// Removes every lease (for [`Limiter::release_leases`](crate::Limiter::release_leases)).
