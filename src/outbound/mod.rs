@@ -157,5 +157,7 @@ pub use self::future::ResponseFuture;
 pub use self::layer::{
     OutboundLayer, OutboundLayerBuilder, DEFAULT_MAX_AUTO_SUSPENSION, DEFAULT_MAX_WAIT,
 };
-pub use self::learn::OutboundStats;
+pub use self::learn::{
+    OutboundStats, DEFAULT_LEARNED_TTL, DEFAULT_LEARN_PERIOD, DEFAULT_MAX_LEARNED_WINDOW,
+};
 pub use self::service::Outbound;

@@ -47,7 +47,6 @@ async fn a_hundred_year_window_is_not_learned_and_never_locks_the_key_out() {
     assert_eq!(layer.stats().learned, 0);
 }
 
-#[cfg(any())]
 #[tokio::test]
 async fn a_learned_quota_expires_without_a_confirming_answer() {
     let redis = RedisServer::start();
@@ -96,8 +95,8 @@ async fn a_learned_quota_never_exceeds_the_ceiling_in_any_second() {
         .max_wait(Duration::from_secs(2))
         .build()
         .unwrap();
-    // The ceiling's rate, over a day: a burst of 4.32 million.
-    upstream.announce(policy(4_320_000, 86_400));
+    // The ceiling's rate over the longest window learning accepts: a burst of 15 000.
+    upstream.announce(policy(15_000, 300));
     let until = Instant::now() + Duration::from_secs(3);
     let workers: Vec<_> = (0..8)
         .map(|_| {
@@ -116,6 +115,7 @@ async fn a_learned_quota_never_exceeds_the_ceiling_in_any_second() {
         worker.await.unwrap();
     }
     let seconds = per_aligned_second(&upstream.hits());
+    println!("upstream calls per aligned second: {seconds:?}");
     assert!(layer.stats().learned >= 1);
     assert!(seconds.iter().all(|&n| n <= 50), "{seconds:?}");
     assert_eq!(limiter.stats().store_errors, 0);
@@ -198,6 +198,7 @@ async fn a_flapping_upstream_costs_one_write_per_period() {
     }
     let per_call = (script_calls(&redis) - before) as f64 / 100.0;
     let learned = layer.stats().learned;
+    println!("{learned} writes, {per_call:.2} script calls per upstream call");
     // 100 calls at 200 a second take well under the default period (30 s).
     assert!(learned <= 2, "{learned} writes, {per_call:.2} script calls per upstream call");
     assert!(per_call <= 1.2, "{per_call:.2} script calls per upstream call");
@@ -247,6 +248,7 @@ async fn the_response_does_not_wait_for_learning() {
         .await
         .unwrap();
     let waited = started.elapsed();
+    println!("the response waited {waited:?}");
     assert!(response.status().is_success());
     asleep.recv().unwrap().join().unwrap();
     assert!(waited < Duration::from_secs(2), "the response waited {waited:?}");
