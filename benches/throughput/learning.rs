@@ -60,7 +60,9 @@ async fn script_calls(admin: &Admin) -> u64 {
 /// Runs the scenario and prints its line.
 pub(super) async fn learning_bench(settings: &Settings, admin: &Admin) {
     if !admin.stats {
-        println!("learning redis calls per upstream call: n/a (CONFIG RESETSTAT refused by this Redis)");
+        println!(
+            "learning redis calls per upstream call: n/a (CONFIG RESETSTAT refused by this Redis)"
+        );
         return;
     }
     let per_instance: u64 = if settings.quick { 500 } else { 2000 };
@@ -75,7 +77,11 @@ pub(super) async fn learning_bench(settings: &Settings, admin: &Admin) {
         tower::service_fn(move |_: Request<()>| {
             let n = answers.fetch_add(1, Ordering::Relaxed);
             async move {
-                let policy = if n % 2 == 0 { "p;q=2000;w=1" } else { "p;q=3000;w=1" };
+                let policy = if n.is_multiple_of(2) {
+                    "p;q=2000;w=1"
+                } else {
+                    "p;q=3000;w=1"
+                };
                 let mut response = Response::new(());
                 response
                     .headers_mut()

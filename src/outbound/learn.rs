@@ -149,8 +149,7 @@ impl Provider {
         if let Some(state) = keys.get_mut(key) {
             state.touched = now;
             let expired = state.learned_until.is_some_and(|until| until <= now);
-            if state.pending.is_some() || now < state.next_round || target.is_none() && !expired
-            {
+            if state.pending.is_some() || now < state.next_round || target.is_none() && !expired {
                 return None;
             }
         } else {
@@ -205,7 +204,9 @@ impl Provider {
             return Vec::new();
         };
         let keys = learn.lock();
-        keys.values().filter_map(|state| state.pending.clone()).collect()
+        keys.values()
+            .filter_map(|state| state.pending.clone())
+            .collect()
     }
 
     /// Counts a quota learned (a fleet-wide override set by this process).
@@ -374,7 +375,10 @@ mod tests {
         assert_eq!(t(&[(100, Some(1))]), tiers(&[quota(50, 1)]));
         assert_eq!(t(&[(3001, Some(60))]), tiers(&[quota(50, 1)]));
         // A longer window at the ceiling's rate or below keeps the ceiling as a cap.
-        assert_eq!(t(&[(3000, Some(60))]), tiers(&[quota(50, 1), quota(3000, 60)]));
+        assert_eq!(
+            t(&[(3000, Some(60))]),
+            tiers(&[quota(50, 1), quota(3000, 60)])
+        );
         // Several tiers; duplicates once; unusable ones skipped.
         assert_eq!(
             t(&[(10, Some(1)), (500, Some(60)), (10, Some(1)), (0, Some(1))]),
@@ -400,8 +404,14 @@ mod tests {
         };
         let t = |p: &[(u64, Option<u64>)]| b.target(&announced(p)).map(|q| q.as_slice().to_vec());
         assert_eq!(t(&[(5, None)]), tiers(&[quota(5, 1), quota(500, 60)]));
-        assert_eq!(t(&[(800, Some(60))]), tiers(&[quota(10, 1), quota(500, 60)]));
-        assert_eq!(t(&[(100, Some(60))]), tiers(&[quota(10, 1), quota(100, 60)]));
+        assert_eq!(
+            t(&[(800, Some(60))]),
+            tiers(&[quota(10, 1), quota(500, 60)])
+        );
+        assert_eq!(
+            t(&[(100, Some(60))]),
+            tiers(&[quota(10, 1), quota(100, 60)])
+        );
         assert!(same_tiers(
             &Quotas::new([quota(500, 60), quota(10, 1)]).unwrap(),
             &b.configured

@@ -178,7 +178,11 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
 
 /// Renews the record's time: the learned quota lasts `ttl` from now.
 async fn renew(limits: &Limits, record: Target<'_>, ttl: Duration) -> Result<(), ControlError> {
-    limits.limiter.suspend(record, record_ttl(ttl)).await.map(|_| ())
+    limits
+        .limiter
+        .suspend(record, record_ttl(ttl))
+        .await
+        .map(|_| ())
 }
 
 /// Sets `quotas` as the key's learned override for `ttl`: the record first, then the key.

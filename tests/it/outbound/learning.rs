@@ -12,9 +12,9 @@ use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::{Algorithm, Quota, Quotas};
 use tower::{BoxError, Layer, ServiceExt};
 
+use super::provider::{call, header, layer, per_second, Upstream, KEY};
 use super::support::RedisServer;
 use super::{limiters, Body};
-use super::provider::{call, header, layer, per_second, Upstream, KEY};
 
 /// `n` calls through `layer`, each after the previous one: the outcome of each.
 async fn outcomes(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> Vec<Result<(), String>> {
@@ -24,7 +24,11 @@ async fn outcomes(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> Vec<R
             .layer(upstream.client())
             .oneshot(Request::new(Body::default()))
             .await;
-        out.push(result.map(|_| ()).map_err(|e: OutboundError<BoxError>| e.to_string()));
+        out.push(
+            result
+                .map(|_| ())
+                .map_err(|e: OutboundError<BoxError>| e.to_string()),
+        );
     }
     out
 }
@@ -138,8 +142,14 @@ async fn each_key_learns_its_own_quota() {
     // Twice each: a key's second call waits for its first one's learning.
     for _ in 0..2 {
         for key in keys {
-            let request = Request::get(format!("/{key}")).body(Body::default()).unwrap();
-            layer.layer(upstream.client()).oneshot(request).await.unwrap();
+            let request = Request::get(format!("/{key}"))
+                .body(Body::default())
+                .unwrap();
+            layer
+                .layer(upstream.client())
+                .oneshot(request)
+                .await
+                .unwrap();
         }
     }
     let mut learned = Vec::new();
@@ -176,7 +186,14 @@ fn script_calls(redis: &RedisServer) -> u64 {
         .unwrap();
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum()
 }
 
@@ -200,8 +217,14 @@ async fn a_flapping_upstream_costs_one_write_per_period() {
     let learned = layer.stats().learned;
     println!("{learned} writes, {per_call:.2} script calls per upstream call");
     // 100 calls at 200 a second take well under the default period (30 s).
-    assert!(learned <= 2, "{learned} writes, {per_call:.2} script calls per upstream call");
-    assert!(per_call <= 1.2, "{per_call:.2} script calls per upstream call");
+    assert!(
+        learned <= 2,
+        "{learned} writes, {per_call:.2} script calls per upstream call"
+    );
+    assert!(
+        per_call <= 1.2,
+        "{per_call:.2} script calls per upstream call"
+    );
 }
 
 #[tokio::test]
@@ -235,7 +258,10 @@ async fn the_response_does_not_wait_for_learning() {
     let (sent, asleep) = std::sync::mpsc::channel();
     upstream.on_next_request(move || {
         let mut conn = client.get_connection().unwrap();
-        let command = redis::cmd("DEBUG").arg("SLEEP").arg("3").get_packed_command();
+        let command = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("3")
+            .get_packed_command();
         conn.send_packed_command(&command).unwrap();
         let _ = sent.send(std::thread::spawn(move || {
             let _ = conn.recv_response();
@@ -251,7 +277,10 @@ async fn the_response_does_not_wait_for_learning() {
     println!("the response waited {waited:?}");
     assert!(response.status().is_success());
     asleep.recv().unwrap().join().unwrap();
-    assert!(waited < Duration::from_secs(2), "the response waited {waited:?}");
+    assert!(
+        waited < Duration::from_secs(2),
+        "the response waited {waited:?}"
+    );
     // The learning still happened: this instance's next call waited for it.
     outcomes(&layer, &upstream, 1).await;
     let status = limiter.inspect(KEY).await.unwrap();
