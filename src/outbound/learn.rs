@@ -26,8 +26,9 @@ pub struct OutboundStats {
     /// Responses that announced something readable (a quota, or what is left), counted when
     /// learning or auto-suspend is on.
     pub announcements: u64,
-    /// Quotas learned: each a fleet-wide override set by this process
-    /// ([`Limiter::set_quota`](crate::Limiter::set_quota)).
+    /// Changes of a key's learned quota made by this process: a fleet-wide override set
+    /// ([`Limiter::set_quota`](crate::Limiter::set_quota)), or a learned one cleared (it
+    /// expired, or the upstream announced the layer's own tiers again).
     pub learned: u64,
     /// Suspensions set or extended because the upstream said nothing is left until a reset.
     pub paced: u64,

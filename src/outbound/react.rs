@@ -160,12 +160,19 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
                 limits.provider.count_learned();
                 #[cfg(feature = "metrics")]
                 metrics::counter!(names::LEARNED, "scope" => scope.to_owned()).increment(1);
-                tracing::info!(
-                    scope,
-                    quotas = ?wanted.map(|q| q.as_slice().to_vec()),
-                    previous = ?in_force.map(|q| q.as_slice().to_vec()),
-                    "upstream announced a different quota: learned for the whole fleet"
-                );
+                match wanted {
+                    Some(quotas) => tracing::info!(
+                        scope,
+                        quotas = ?quotas.as_slice(),
+                        previous = ?in_force.map(|q| q.as_slice().to_vec()),
+                        "upstream announced a different quota: learned for the whole fleet"
+                    ),
+                    None => tracing::info!(
+                        scope,
+                        previous = ?in_force.map(|q| q.as_slice().to_vec()),
+                        "learned quota expired or withdrawn: the key is back to its own tiers"
+                    ),
+                }
             }
             wanted.map(|_| bounds.ttl)
         }

@@ -126,7 +126,10 @@ async fn a_learned_quota_never_exceeds_the_ceiling(algorithm: Algorithm, most: u
     let seconds = per_aligned_second(&hits[2..]);
     println!("{algorithm:?}: upstream calls per aligned second: {seconds:?}");
     assert!(layer.stats().learned >= 1);
-    assert!(seconds.iter().all(|&n| n <= most), "{algorithm:?}: {seconds:?}");
+    assert!(
+        seconds.iter().all(|&n| n <= most),
+        "{algorithm:?}: {seconds:?}"
+    );
     assert_eq!(limiter.stats().store_errors, 0);
 }
 
