@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use http::Request;
 use redlimit::key::FnKey;
 use redlimit::outbound::{OutboundError, OutboundLayer};
-use redlimit::{Algorithm, Quota, Quotas};
+use redlimit::{Algorithm, Quota, Quotas, Target};
 use tower::{BoxError, Layer, ServiceExt};
 
 use super::provider::{call, header, layer, per_second, Upstream, KEY};
@@ -69,6 +69,10 @@ async fn a_learned_quota_expires_without_a_confirming_answer() {
     outcomes(&layer, &upstream, 2).await;
     let learned = limiter.inspect(KEY).await.unwrap().quota_override;
     assert_eq!(learned, Some(Quotas::from(per_second(5))));
+    // Its record tells it from an operator's: what learning set, and the time it has left.
+    let record = limiter.inspect(Target::scoped("learned", KEY)).await.unwrap();
+    assert_eq!(record.quota_override, learned);
+    assert!(record.suspended_for.is_some_and(|left| left <= Duration::from_secs(2)));
     // The upstream stops announcing: nothing confirms the quota any more.
     upstream.announce(Vec::new());
     tokio::time::sleep(Duration::from_millis(2500)).await;
