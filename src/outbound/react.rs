@@ -147,7 +147,7 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
             renew(limits, record, bounds.ttl).await.map(|_| false)
         }
         (_, Some(_)) if young => return left,
-        (Some(wanted), _) => set_learned(limits, key, record, wanted, bounds.ttl)
+        (Some(wanted), _) => set_learned(limits, key, record, wanted, ours, bounds.ttl)
             .await
             .map(|_| true),
         (None, None) => return None,
@@ -192,19 +192,28 @@ async fn renew(limits: &Limits, record: Target<'_>, ttl: Duration) -> Result<(),
         .map(|_| ())
 }
 
-/// Sets `quotas` as the key's learned override for `ttl`: the record first, then the key.
+/// Sets `quotas` as the key's learned override for `ttl`: the record first, then the key. When
+/// the key's write fails, the record names the learned quotas in force again (`previous`), so
+/// they are not taken for an operator's at the next round.
 async fn set_learned(
     limits: &Limits,
     key: &str,
     record: Target<'_>,
     quotas: Quotas,
+    previous: Option<Quotas>,
     ttl: Duration,
 ) -> Result<(), ControlError> {
     let limiter = &limits.limiter;
     limiter.set_quota(record, &quotas).await?;
     limiter.suspend(record, record_ttl(ttl)).await?;
-    limiter.set_quota(target_of(limits, key), &quotas).await?;
-    Ok(())
+    let written = limiter.set_quota(target_of(limits, key), &quotas).await;
+    if written.is_err() {
+        let _ = match previous {
+            Some(previous) => limiter.set_quota(record, &previous).await,
+            None => limiter.clear_quota(record).await,
+        };
+    }
+    written.map(|_| ())
 }
 
 /// Clears the key's learned override, then its record.

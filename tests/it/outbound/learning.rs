@@ -70,9 +70,14 @@ async fn a_learned_quota_expires_without_a_confirming_answer() {
     let learned = limiter.inspect(KEY).await.unwrap().quota_override;
     assert_eq!(learned, Some(Quotas::from(per_second(5))));
     // Its record tells it from an operator's: what learning set, and the time it has left.
-    let record = limiter.inspect(Target::scoped("learned", KEY)).await.unwrap();
+    let record = limiter
+        .inspect(Target::scoped("learned", KEY))
+        .await
+        .unwrap();
     assert_eq!(record.quota_override, learned);
-    assert!(record.suspended_for.is_some_and(|left| left <= Duration::from_secs(2)));
+    assert!(record
+        .suspended_for
+        .is_some_and(|left| left <= Duration::from_secs(2)));
     // The upstream stops announcing: nothing confirms the quota any more.
     upstream.announce(Vec::new());
     tokio::time::sleep(Duration::from_millis(2500)).await;
