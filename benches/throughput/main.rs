@@ -6,6 +6,7 @@
 //! cargo bench --bench throughput                # full run (a few minutes)
 //! cargo bench --bench throughput -- --quick     # under 2 minutes
 //! cargo bench --bench throughput -- --quick lease   # only the lease scenario (lease.rs)
+//! cargo bench --bench throughput -- --quick learning   # only the learning scenario (learning.rs)
 //! REDIS_URL=redis://10.0.0.5:6379/ cargo bench --bench throughput -- --quick
 //! ```
 //!
@@ -83,6 +84,8 @@ mod fleet;
 mod histogram;
 // The lease scenario (`lease speedup`, `lease redis calls per decision`).
 mod lease;
+// The learning scenario (`learning redis calls per upstream call`).
+mod learning;
 mod ops;
 mod output;
 mod runner;
@@ -110,6 +113,9 @@ fn main() {
         .expect("a tokio runtime");
     if std::env::args().any(|arg| arg == "lease") {
         return runtime.block_on(lease::only(settings));
+    }
+    if std::env::args().any(|arg| arg == "learning") {
+        return runtime.block_on(learning::only(settings));
     }
     runtime.block_on(bench(settings));
 }
@@ -422,4 +428,5 @@ async fn bench(settings: Settings) {
         None => println!("deny-cache speedup: n/a (this build has no deny cache)"),
     }
     lease::lease_bench(&bench.settings, &bench.admin).await;
+    learning::learning_bench(&bench.settings, &bench.admin).await;
 }

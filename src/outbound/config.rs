@@ -57,6 +57,10 @@ impl Limits {
             .unwrap_or(now);
         let limits = self.clone();
         Box::pin(async move {
+            // A learning round in flight for the key: decide under what it sets.
+            if let Some(pending) = limits.provider.pending(&key) {
+                pending.await;
+            }
             let Limits {
                 limiter, quotas, ..
             } = &*limits;

@@ -7,7 +7,10 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::config::{Config, KeySource, Limits};
-use super::learn::{OutboundStats, Provider};
+use super::learn::{
+    Bounds, OutboundStats, Provider, DEFAULT_LEARNED_TTL, DEFAULT_LEARN_PERIOD,
+    DEFAULT_MAX_LEARNED_WINDOW,
+};
 use super::service::Outbound;
 use crate::key::{GlobalKey, KeyExtractor};
 use crate::limiter::{is_name, ConfigError, Limiter};
@@ -164,6 +167,15 @@ impl<K> OutboundLayer<K> {
         self.config.limits.provider.stats()
     }
 
+    /// Waits until no learning round of this layer is in flight: each runs in a task of its
+    /// own after a response (see the [module docs](super#provider-announcements)). For a
+    /// graceful shutdown, or to read the store right after a response.
+    pub async fn settled(&self) {
+        for pending in self.config.limits.provider.all_pending() {
+            pending.await;
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn limits(&self) -> Arc<Limits> {
         self.config.limits.clone()
@@ -201,6 +213,9 @@ pub struct OutboundLayerBuilder<K> {
     max_auto_suspension: Duration,
     scope: Option<String>,
     learn: Option<Quota>,
+    max_learned_window: Duration,
+    learned_ttl: Duration,
+    learn_period: Duration,
 }
 
 impl<K: fmt::Debug> fmt::Debug for OutboundLayerBuilder<K> {
@@ -212,6 +227,9 @@ impl<K: fmt::Debug> fmt::Debug for OutboundLayerBuilder<K> {
             .field("max_auto_suspension", &self.max_auto_suspension)
             .field("scope", &self.scope)
             .field("learn", &self.learn)
+            .field("max_learned_window", &self.max_learned_window)
+            .field("learned_ttl", &self.learned_ttl)
+            .field("learn_period", &self.learn_period)
             .finish_non_exhaustive()
     }
 }
@@ -227,6 +245,9 @@ impl<K> OutboundLayerBuilder<K> {
             max_auto_suspension: DEFAULT_MAX_AUTO_SUSPENSION,
             scope: None,
             learn: None,
+            max_learned_window: DEFAULT_MAX_LEARNED_WINDOW,
+            learned_ttl: DEFAULT_LEARNED_TTL,
+            learn_period: DEFAULT_LEARN_PERIOD,
         }
     }
 
@@ -251,8 +272,9 @@ impl<K> OutboundLayerBuilder<K> {
     /// the upstream announces (`RateLimit-Policy`, or `X-RateLimit-Limit` per the ceiling's
     /// period) a quota other than the one in force, the layer sets it as the key's fleet-wide
     /// override ([`Limiter::set_quota`]), so every worker obeys it on its next call. A provider
-    /// can lower the rate freely; a quota faster than `ceiling` is learned as `ceiling`. See the
-    /// [module docs](super#provider-announcements).
+    /// can lower the rate freely; a quota faster than `ceiling` is learned as `ceiling`, and the
+    /// override always keeps `ceiling` and every configured tier as caps. Never over an
+    /// operator's override. See the [module docs](super#provider-announcements) for every bound.
     ///
     /// ```
     /// use redlimit::{outbound::OutboundLayer, store::MemoryStore, Limiter, Quota};
@@ -265,6 +287,31 @@ impl<K> OutboundLayerBuilder<K> {
     /// ```
     pub fn learn_quota(mut self, ceiling: Quota) -> Self {
         self.learn = Some(ceiling);
+        self
+    }
+
+    /// The longest window a learned quota may have ([`DEFAULT_MAX_LEARNED_WINDOW`], 5 minutes,
+    /// by default; never more than [`max_auto_suspension`](Self::max_auto_suspension)): an
+    /// announced quota over a longer window is not learned, so a learned quota never stops a
+    /// key for longer than that.
+    pub fn max_learned_window(mut self, max: Duration) -> Self {
+        self.max_learned_window = max;
+        self
+    }
+
+    /// How long a learned quota lasts without an answer that confirms it
+    /// ([`DEFAULT_LEARNED_TTL`], 10 minutes, by default); then the key is back to its own tiers.
+    pub fn learned_ttl(mut self, ttl: Duration) -> Self {
+        self.learned_ttl = ttl;
+        self
+    }
+
+    /// How often one instance runs a learning round on one key ([`DEFAULT_LEARN_PERIOD`], 30
+    /// seconds, by default; at most half the [`learned_ttl`](Self::learned_ttl)): at most one
+    /// change of a key's learned quota per period, whatever the upstream announces in between.
+    /// Zero: a round after every response.
+    pub fn learn_period(mut self, period: Duration) -> Self {
+        self.learn_period = period;
         self
     }
 
@@ -318,7 +365,13 @@ impl<K> OutboundLayerBuilder<K> {
                     scope: self.scope,
                     max_wait: self.max_wait,
                     auto_suspend: self.auto_suspend,
-                    provider: Provider::new(self.learn),
+                    provider: Provider::new(self.learn.map(|ceiling| Bounds {
+                        ceiling,
+                        configured: self.quotas,
+                        max_window: self.max_learned_window.min(self.max_auto_suspension),
+                        ttl: self.learned_ttl,
+                        period: self.learn_period.min(self.learned_ttl / 2),
+                    })),
                     max_auto_suspension: self.max_auto_suspension,
                 }),
                 key: self.key,

@@ -3,12 +3,16 @@
 //! (a `remaining` of 0 with a reset suspends the key until then). See the
 //! [module docs](super#provider-announcements).
 
+use std::collections::HashMap;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::future::{BoxFuture, Shared};
 
 use super::announce::Announcement;
-use crate::quota::{Quota, Quotas};
+use crate::quota::{Quota, Quotas, MAX_TIERS};
 
 /// The tests' cap on one pause: the layer's default `max_auto_suspension`.
 #[cfg(test)]
@@ -22,12 +26,32 @@ pub struct OutboundStats {
     /// Responses that announced something readable (a quota, or what is left), counted when
     /// learning or auto-suspend is on.
     pub announcements: u64,
-    /// Quotas learned: each a fleet-wide override set by this process
-    /// ([`Limiter::set_quota`](crate::Limiter::set_quota)).
+    /// Changes of a key's learned quota made by this process: a fleet-wide override set
+    /// ([`Limiter::set_quota`](crate::Limiter::set_quota)), or a learned one cleared (it
+    /// expired, or the upstream announced the layer's own tiers again).
     pub learned: u64,
     /// Suspensions set or extended because the upstream said nothing is left until a reset.
     pub paced: u64,
 }
+
+/// The longest window learning accepts by default: 5 minutes (see
+/// [`OutboundLayerBuilder::max_learned_window`](super::OutboundLayerBuilder::max_learned_window)).
+pub const DEFAULT_MAX_LEARNED_WINDOW: Duration = Duration::from_secs(5 * 60);
+
+/// How long a learned quota lasts without an answer that confirms it, by default: 10 minutes
+/// (see [`OutboundLayerBuilder::learned_ttl`](super::OutboundLayerBuilder::learned_ttl)).
+pub const DEFAULT_LEARNED_TTL: Duration = Duration::from_secs(10 * 60);
+
+/// How often one instance looks at (and may write) a key's learned quota, by default: every 30
+/// seconds (see [`OutboundLayerBuilder::learn_period`](super::OutboundLayerBuilder::learn_period)).
+pub const DEFAULT_LEARN_PERIOD: Duration = Duration::from_secs(30);
+
+/// The keys one layer remembers what it learned for; past it, the longest idle is forgotten (and
+/// read again from the store at its next response).
+pub(crate) const MAX_LEARNING_KEYS: usize = 4096;
+
+/// A learning round in flight for a key: the key's next acquisition in this process waits for it.
+pub(crate) type Pending = Shared<BoxFuture<'static, ()>>;
 
 /// The layer's side of announcements, shared by every clone and response future.
 #[derive(Debug, Default)]
@@ -38,21 +62,58 @@ pub(crate) struct Provider {
     paced: AtomicU64,
 }
 
-/// Learning: the ceiling, and the quotas this process believes in force (`None`: not known yet,
-/// the store is asked first).
+/// What learning is allowed: the ceiling, the layer's own tiers (kept as caps), the longest
+/// window, the learned quota's lifetime and the period between two rounds on one key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub ceiling: Quota,
+    pub configured: Quotas,
+    pub max_window: Duration,
+    pub ttl: Duration,
+    pub period: Duration,
+}
+
+/// Learning: its bounds, and what this process knows of each key it called.
 #[derive(Debug)]
 struct Learn {
-    ceiling: Quota,
-    in_force: Mutex<Option<Quotas>>,
+    bounds: Bounds,
+    keys: Mutex<HashMap<Arc<str>, KeyState>>,
+}
+
+/// What this process knows of one key's learning.
+struct KeyState {
+    /// No round starts before this (the damping period after the last one).
+    next_round: Instant,
+    /// When the learned quota in force ends, as the last round read it (`None`: none in force).
+    learned_until: Option<Instant>,
+    /// The round in flight.
+    pending: Option<Pending>,
+    /// For forgetting the longest idle key first.
+    touched: Instant,
+}
+
+impl fmt::Debug for KeyState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyState")
+            .field("learned_until", &self.learned_until)
+            .field("pending", &self.pending.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A learning round to run for a key: what the announcement calls for (`None`: nothing usable
+/// was announced; the round only expires a learned quota past its time).
+pub(crate) struct Round {
+    pub target: Option<Quotas>,
 }
 
 impl Provider {
-    /// A provider side that learns below `ceiling`, or only paces (`None`).
-    pub(crate) fn new(ceiling: Option<Quota>) -> Self {
+    /// A provider side that learns within `bounds`, or only paces (`None`).
+    pub(crate) fn new(bounds: Option<Bounds>) -> Self {
         Provider {
-            learn: ceiling.map(|ceiling| Learn {
-                ceiling,
-                in_force: Mutex::new(None),
+            learn: bounds.map(|bounds| Learn {
+                bounds,
+                keys: Mutex::new(HashMap::new()),
             }),
             ..Provider::default()
         }
@@ -65,7 +126,12 @@ impl Provider {
 
     /// The ceiling learning stays under, if it learns.
     pub(crate) fn ceiling(&self) -> Option<Quota> {
-        self.learn.as_ref().map(|learn| learn.ceiling)
+        self.learn.as_ref().map(|learn| learn.bounds.ceiling)
+    }
+
+    /// Learning's bounds, if it learns.
+    pub(crate) fn bounds(&self) -> Option<Bounds> {
+        self.learn.as_ref().map(|learn| learn.bounds)
     }
 
     /// Counts a response that announced something readable.
@@ -73,17 +139,75 @@ impl Provider {
         self.announcements.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The quotas to learn from `announced` (see [`Learn::claim`]); `None` when the layer does
-    /// not learn or they are in force already.
-    pub(crate) fn claim(&self, announced: &Announcement) -> Option<Quotas> {
-        self.learn.as_ref().and_then(|learn| learn.claim(announced))
+    /// The round to run for `key` after a response that announced `announced`, when one is due:
+    /// at most one per key per period, none while one is in flight, and without a usable
+    /// announcement only for a key not read yet or whose learned quota is past its time.
+    pub(crate) fn round(&self, key: &Arc<str>, announced: &Announcement) -> Option<Round> {
+        let learn = self.learn.as_ref()?;
+        let target = learn.bounds.target(announced);
+        let now = Instant::now();
+        let mut keys = learn.lock();
+        if let Some(state) = keys.get_mut(key) {
+            state.touched = now;
+            let expired = state.learned_until.is_some_and(|until| until <= now);
+            if state.pending.is_some() || now < state.next_round || target.is_none() && !expired {
+                return None;
+            }
+        } else {
+            if keys.len() >= MAX_LEARNING_KEYS {
+                forget_the_longest_idle(&mut keys);
+            }
+            keys.insert(
+                key.clone(),
+                KeyState {
+                    next_round: now,
+                    learned_until: None,
+                    pending: None,
+                    touched: now,
+                },
+            );
+        }
+        Some(Round { target })
     }
 
-    /// Forgets what is in force after a failed change: the next announcement tries again.
-    pub(crate) fn forget(&self, target: Quotas) {
+    /// Records the round in flight for `key`: its next acquisition waits for it.
+    pub(crate) fn start(&self, key: &Arc<str>, pending: Pending) {
         if let Some(learn) = &self.learn {
-            learn.forget(target);
+            if let Some(state) = learn.lock().get_mut(key) {
+                state.pending = Some(pending);
+            }
         }
+    }
+
+    /// Records the end of a round for `key`: when the learned quota in force ends (`None`:
+    /// none), and the next round not before a period from now.
+    pub(crate) fn finish(&self, key: &Arc<str>, learned_for: Option<Duration>) {
+        if let Some(learn) = &self.learn {
+            let now = Instant::now();
+            if let Some(state) = learn.lock().get_mut(key) {
+                state.pending = None;
+                state.next_round = now + learn.bounds.period;
+                state.learned_until = learned_for.map(|left| now + left);
+            }
+        }
+    }
+
+    /// The round in flight for `key`, if any.
+    pub(crate) fn pending(&self, key: &str) -> Option<Pending> {
+        let learn = self.learn.as_ref()?;
+        let keys = learn.lock();
+        keys.get(key).and_then(|state| state.pending.clone())
+    }
+
+    /// Every round in flight.
+    pub(crate) fn all_pending(&self) -> Vec<Pending> {
+        let Some(learn) = &self.learn else {
+            return Vec::new();
+        };
+        let keys = learn.lock();
+        keys.values()
+            .filter_map(|state| state.pending.clone())
+            .collect()
     }
 
     /// Counts a quota learned (a fleet-wide override set by this process).
@@ -107,14 +231,37 @@ impl Provider {
 }
 
 impl Learn {
-    /// The quotas `announced` calls for, each at most the ceiling's rate: a policy without a
-    /// window (`X-RateLimit-Limit`) counts per the ceiling's period, and keeps the ceiling's
-    /// burst-to-limit ratio. `None` when it announced no usable quota.
-    fn target(&self, announced: &Announcement) -> Option<Quotas> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, KeyState>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Forgets the key idle longest without a round in flight (one scan, only when the map is full).
+fn forget_the_longest_idle(keys: &mut HashMap<Arc<str>, KeyState>) {
+    let oldest = keys
+        .iter()
+        .filter(|(_, state)| state.pending.is_none())
+        .min_by_key(|(_, state)| state.touched)
+        .map(|(key, _)| key.clone());
+    if let Some(key) = oldest {
+        keys.remove(&key);
+    }
+}
+
+impl Bounds {
+    /// The quotas `announced` calls for: each announced quota with a window of at most
+    /// `max_window` (a policy without one, `X-RateLimit-Limit`, counts per the ceiling's
+    /// period), at most the ceiling's rate and with the ceiling's burst-to-limit ratio; then
+    /// every configured tier and the ceiling as caps, the tightest limit and burst per period,
+    /// in order of period. `None` when it announced no usable quota.
+    pub(crate) fn target(&self, announced: &Announcement) -> Option<Quotas> {
         let ceiling = self.ceiling;
-        let mut tiers: Vec<Quota> = Vec::new();
+        let mut learned: Vec<Quota> = Vec::new();
         for policy in &announced.policies {
             let window = policy.window.unwrap_or(ceiling.period());
+            if window > self.max_window {
+                continue;
+            }
             let Ok(quota) = Quota::new(policy.limit, window) else {
                 continue;
             };
@@ -128,32 +275,43 @@ impl Learn {
             } else {
                 quota
             };
-            if !tiers.contains(&quota) {
-                tiers.push(quota);
-            }
+            learned.push(quota);
         }
-        Quotas::new(tiers).ok()
-    }
-
-    /// The quotas to learn from `announced`, when they differ from what this process believes
-    /// in force; from then on it believes them (so the responses in flight do not all learn).
-    fn claim(&self, announced: &Announcement) -> Option<Quotas> {
-        let target = self.target(announced)?;
-        let mut in_force = self.in_force.lock().unwrap_or_else(PoisonError::into_inner);
-        if *in_force == Some(target) {
+        if learned.is_empty() {
             return None;
         }
-        *in_force = Some(target);
-        Some(target)
-    }
-
-    /// Forgets what is in force after a failed change: the next announcement tries again.
-    fn forget(&self, target: Quotas) {
-        let mut in_force = self.in_force.lock().unwrap_or_else(PoisonError::into_inner);
-        if *in_force == Some(target) {
-            *in_force = None;
+        // The caps first, so that the learned tiers are the ones left out past MAX_TIERS.
+        let mut tiers: Vec<Quota> = Vec::new();
+        let caps = self.configured.as_slice().iter().chain([&ceiling]);
+        for quota in caps.chain(learned.iter()) {
+            match tiers.iter().position(|t| t.period() == quota.period()) {
+                Some(at) => tiers[at] = tightest(&tiers[at], quota),
+                None if tiers.len() < MAX_TIERS => tiers.push(*quota),
+                None => {}
+            }
         }
+        tiers.sort_by_key(Quota::period);
+        Quotas::new(tiers).ok()
     }
+}
+
+/// The tighter of two quotas of one period: the lower limit, and the lower burst.
+fn tightest(a: &Quota, b: &Quota) -> Quota {
+    let limit = a.limit().min(b.limit());
+    let burst = a.burst().min(b.burst()).min(limit);
+    Quota::new(limit, a.period())
+        .and_then(|q| q.with_burst(burst))
+        .unwrap_or(*a)
+}
+
+/// Whether two lists of tiers hold the same quotas, in any order.
+pub(crate) fn same_tiers(a: &Quotas, b: &Quotas) -> bool {
+    let sorted = |q: &Quotas| {
+        let mut v = q.as_slice().to_vec();
+        v.sort_by_key(|q| (q.period(), q.limit(), q.burst()));
+        v
+    };
+    sorted(a) == sorted(b)
 }
 
 /// Whether `quota` allows more per second than `ceiling` (exact: cross-multiplied).
@@ -174,6 +332,7 @@ pub(super) fn pause(announced: &Announcement, cap: Duration) -> Option<Duration>
 mod tests {
     use super::*;
     use crate::outbound::announce::{Left, Policy};
+    use futures::FutureExt;
 
     fn quota(limit: u64, secs: u64) -> Quota {
         Quota::new(limit, Duration::from_secs(secs)).unwrap()
@@ -192,46 +351,100 @@ mod tests {
         }
     }
 
-    fn learn(ceiling: Quota) -> Learn {
-        Learn {
+    fn bounds(ceiling: Quota) -> Bounds {
+        Bounds {
             ceiling,
-            in_force: Mutex::new(None),
+            configured: Quotas::from(ceiling),
+            max_window: DEFAULT_MAX_LEARNED_WINDOW,
+            ttl: DEFAULT_LEARNED_TTL,
+            period: DEFAULT_LEARN_PERIOD,
         }
     }
 
+    fn tiers(quotas: &[Quota]) -> Option<Vec<Quota>> {
+        Some(quotas.to_vec())
+    }
+
     #[test]
-    fn the_target_is_the_announced_quota_at_most_the_ceiling() {
-        let l = learn(quota(50, 1));
-        let t = |p: &[(u64, Option<u64>)]| l.target(&announced(p)).map(|q| q.as_slice().to_vec());
-        assert_eq!(t(&[(20, Some(1))]), Some(vec![quota(20, 1)]));
+    fn the_target_is_the_announced_quota_under_every_cap() {
+        let b = bounds(quota(50, 1));
+        let t = |p: &[(u64, Option<u64>)]| b.target(&announced(p)).map(|q| q.as_slice().to_vec());
+        assert_eq!(t(&[(20, Some(1))]), tiers(&[quota(20, 1)]));
         // No window: the ceiling's.
-        assert_eq!(t(&[(20, None)]), Some(vec![quota(20, 1)]));
+        assert_eq!(t(&[(20, None)]), tiers(&[quota(20, 1)]));
         // Faster than the ceiling: the ceiling.
-        assert_eq!(t(&[(100, Some(1))]), Some(vec![quota(50, 1)]));
-        assert_eq!(t(&[(3001, Some(60))]), Some(vec![quota(50, 1)]));
-        assert_eq!(t(&[(3000, Some(60))]), Some(vec![quota(3000, 60)]));
+        assert_eq!(t(&[(100, Some(1))]), tiers(&[quota(50, 1)]));
+        assert_eq!(t(&[(3001, Some(60))]), tiers(&[quota(50, 1)]));
+        // A longer window at the ceiling's rate or below keeps the ceiling as a cap.
+        assert_eq!(
+            t(&[(3000, Some(60))]),
+            tiers(&[quota(50, 1), quota(3000, 60)])
+        );
         // Several tiers; duplicates once; unusable ones skipped.
         assert_eq!(
             t(&[(10, Some(1)), (500, Some(60)), (10, Some(1)), (0, Some(1))]),
-            Some(vec![quota(10, 1), quota(500, 60)])
+            tiers(&[quota(10, 1), quota(500, 60)])
         );
         assert_eq!(t(&[(0, Some(1))]), None);
         assert_eq!(t(&[]), None);
+        // A window past the bound is not learned.
+        assert_eq!(t(&[(1, Some(301))]), None);
+        assert_eq!(t(&[(1, Some(300))]), tiers(&[quota(50, 1), quota(1, 300)]));
+        assert_eq!(t(&[(1, Some(3_153_600_000))]), None);
         // The ceiling's burst ratio is kept.
-        let smooth = learn(quota(50, 1).with_burst(5).unwrap());
+        let smooth = bounds(quota(50, 1).with_burst(5).unwrap());
         let got = smooth.target(&announced(&[(20, Some(1))])).unwrap();
         assert_eq!(got[0], quota(20, 1).with_burst(2).unwrap());
     }
 
     #[test]
-    fn a_quota_is_claimed_once_until_it_changes() {
-        let l = learn(quota(50, 1));
+    fn every_configured_tier_stays_a_cap() {
+        let b = Bounds {
+            configured: Quotas::new([quota(10, 1), quota(500, 60)]).unwrap(),
+            ..bounds(quota(10, 1))
+        };
+        let t = |p: &[(u64, Option<u64>)]| b.target(&announced(p)).map(|q| q.as_slice().to_vec());
+        assert_eq!(t(&[(5, None)]), tiers(&[quota(5, 1), quota(500, 60)]));
+        assert_eq!(
+            t(&[(800, Some(60))]),
+            tiers(&[quota(10, 1), quota(500, 60)])
+        );
+        assert_eq!(
+            t(&[(100, Some(60))]),
+            tiers(&[quota(10, 1), quota(100, 60)])
+        );
+        assert!(same_tiers(
+            &Quotas::new([quota(500, 60), quota(10, 1)]).unwrap(),
+            &b.configured
+        ));
+    }
+
+    #[test]
+    fn a_key_gets_one_round_per_period_and_none_in_flight() {
+        let provider = Provider::new(Some(bounds(quota(50, 1))));
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
         let twenty = announced(&[(20, Some(1))]);
-        assert!(l.claim(&twenty).is_some());
-        assert!(l.claim(&twenty).is_none());
-        assert!(l.claim(&announced(&[(30, Some(1))])).is_some());
-        l.forget(Quotas::from(quota(30, 1)));
-        assert!(l.claim(&announced(&[(30, Some(1))])).is_some());
+        assert!(provider.round(&a, &twenty).is_some());
+        provider.start(&a, futures::future::pending().boxed().shared());
+        assert!(provider.round(&a, &twenty).is_none());
+        // Another key has its own.
+        assert!(provider.round(&b, &twenty).is_some());
+        provider.finish(&a, None);
+        // Within the period: none, whatever is announced.
+        assert!(provider.round(&a, &announced(&[(30, Some(1))])).is_none());
+        assert!(provider.pending("a").is_none());
+    }
+
+    #[test]
+    fn the_keys_remembered_are_bounded() {
+        let provider = Provider::new(Some(bounds(quota(50, 1))));
+        let twenty = announced(&[(20, Some(1))]);
+        for i in 0..MAX_LEARNING_KEYS + 10 {
+            let key: Arc<str> = format!("k{i}").into();
+            provider.round(&key, &twenty);
+        }
+        let len = provider.learn.as_ref().unwrap().lock().len();
+        assert_eq!(len, MAX_LEARNING_KEYS);
     }
 
     #[test]

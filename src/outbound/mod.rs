@@ -51,12 +51,41 @@
 //!   most [`max_auto_suspension`](OutboundLayerBuilder::max_auto_suspension) (5 minutes by
 //!   default): a provider that says "come back in a year" pauses the fleet that long, then the
 //!   fleet asks again. A `Retry-After` on the same response takes precedence.
-//! - **Learning** ([`learn_quota(ceiling)`](OutboundLayerBuilder::learn_quota), opt-in): when the
-//!   announced quota differs from the one in force, the layer sets it as the key's fleet-wide
-//!   override ([`Limiter::set_quota`](crate::Limiter::set_quota)), at most the ceiling's rate, so
-//!   every worker obeys it on its next call. Each change is logged once (info) by the instance
-//!   that made it. A policy without a window (`X-RateLimit-Limit`, or no `w`) counts per the
-//!   ceiling's period. The override replaces all the layer's tiers with the announced ones.
+//! - **Learning** ([`learn_quota(ceiling)`](OutboundLayerBuilder::learn_quota), opt-in): the
+//!   layer sets the announced quota as the key's fleet-wide override
+//!   ([`Limiter::set_quota`](crate::Limiter::set_quota)), so every worker obeys it on its next
+//!   call. The headers are untrusted input, so what learning may set is bounded:
+//!   - **window**: an announced quota over a window longer than
+//!     [`max_learned_window`](OutboundLayerBuilder::max_learned_window)
+//!     ([`DEFAULT_MAX_LEARNED_WINDOW`], 5 minutes, never more than `max_auto_suspension`) is
+//!     not learned, so a learned quota stops a key for at most that long before the next
+//!     request goes out and its answer is read again. A policy without a window
+//!     (`X-RateLimit-Limit`, or no `w`) counts per the ceiling's period.
+//!   - **rate and burst**: at most the ceiling's rate, with the ceiling's burst-to-limit ratio,
+//!     and the override always holds the ceiling and every configured tier as caps (per
+//!     period, the tightest limit and burst), so in any of the ceiling's windows a learned
+//!     quota admits no more than the ceiling itself would, and no configured tier is lost.
+//!   - **expiry**: a learned quota lasts [`learned_ttl`](OutboundLayerBuilder::learned_ttl)
+//!     ([`DEFAULT_LEARNED_TTL`], 10 minutes) from the last answer that confirmed it; the
+//!     first round after that without a confirming answer clears it, and the key is back to
+//!     its own tiers. An announcement equal to the layer's own tiers clears it at once.
+//!   - **writes**: each instance runs at most one learning round per key per
+//!     [`learn_period`](OutboundLayerBuilder::learn_period) ([`DEFAULT_LEARN_PERIOD`], 30 s):
+//!     two reads, and a write only on a change or to renew a confirmed quota; a round that
+//!     finds the learned quota set less than a period ago (by any instance) changes nothing.
+//!     A change is logged (info) by the round that made it, so at most once per key per period
+//!     per instance. This process remembers at most 4 096 keys (the longest idle is forgotten
+//!     first, and read again at its next response).
+//!   - **operator first**: an override learning did not set (an operator's, or one of every
+//!     route) is never changed, tightened or loosened.
+//!
+//!   Learning runs in a task of its own: the caller gets the upstream's answer without waiting
+//!   for it, and this instance's next acquisition for the key waits for the round in flight, so
+//!   it decides under what the round set; other instances obey from their first call after the
+//!   write. [`OutboundLayer::settled`] waits for every round in flight. A learned override is
+//!   told apart by its record: the same key in the scope `learned` (`<scope>.learned` for a
+//!   scoped layer), whose override is what learning set and whose suspension the time it has
+//!   left (`inspect` it as any key).
 //!
 //! [`OutboundLayer::stats`] counts announcements, learned quotas and pauses; with the `metrics`
 //! feature, `redlimit_outbound_quota_learned_total` and `redlimit_outbound_paced_total`
@@ -157,5 +186,7 @@ pub use self::future::ResponseFuture;
 pub use self::layer::{
     OutboundLayer, OutboundLayerBuilder, DEFAULT_MAX_AUTO_SUSPENSION, DEFAULT_MAX_WAIT,
 };
-pub use self::learn::OutboundStats;
+pub use self::learn::{
+    OutboundStats, DEFAULT_LEARNED_TTL, DEFAULT_LEARN_PERIOD, DEFAULT_MAX_LEARNED_WINDOW,
+};
 pub use self::service::Outbound;

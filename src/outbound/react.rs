@@ -6,18 +6,20 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt};
 use http::HeaderMap;
 
 use super::announce;
 use super::config::Limits;
-use super::learn::pause;
+use super::learn::{pause, same_tiers, Round};
 use crate::limiter::{ControlError, Limiter, Target};
 use crate::quota::Quotas;
 
-/// Reads what a response announces and returns the work it calls for (learning, pacing), if
-/// any: the response future runs it before handing the response back. `retry_after`: the
-/// response's `Retry-After` already suspends the key (it takes precedence over the fields).
+/// Reads what a response announces and returns the pacing it calls for, if any: the response
+/// future runs it before handing the response back. Learning runs in a task of its own (the
+/// response does not wait for its writes); this instance's next acquisition for the key waits
+/// for it. `retry_after`: the response's `Retry-After` already suspends the key (it takes
+/// precedence over the fields).
 pub(crate) fn on_response(
     limits: &Arc<Limits>,
     key: &Arc<str>,
@@ -30,26 +32,34 @@ pub(crate) fn on_response(
         return None;
     }
     let announced = announce::read(headers, SystemTime::now());
-    if announced.is_empty() {
-        return None;
+    if !announced.is_empty() {
+        provider.count_announcement();
     }
-    provider.count_announcement();
-    let learn = provider.claim(&announced);
+    if let Some(round) = provider.round(key, &announced) {
+        spawn_round(limits, key, round);
+    }
     let pause = pacing
         .then(|| pause(&announced, limits.max_auto_suspension))
-        .flatten();
-    if learn.is_none() && pause.is_none() {
-        return None;
-    }
+        .flatten()?;
     let (limits, key) = (limits.clone(), key.clone());
-    Some(Box::pin(async move {
-        if let Some(quotas) = learn {
-            learn_quota(&limits, &key, quotas).await;
-        }
-        if let Some(wait) = pause {
-            pace(&limits, &key, wait).await;
-        }
-    }))
+    Some(Box::pin(async move { pace(&limits, &key, pause).await }))
+}
+
+/// Runs `round` in a task of its own, registered as the key's round in flight.
+fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        limits.provider.finish(key, None);
+        return;
+    };
+    let (task_limits, task_key) = (limits.clone(), key.clone());
+    let task = runtime.spawn(async move {
+        let learned_for = learn_round(&task_limits, &task_key, round.target).await;
+        task_limits.provider.finish(&task_key, learned_for);
+    });
+    let pending: BoxFuture<'static, ()> = Box::pin(async move {
+        let _ = task.await;
+    });
+    limits.provider.start(key, pending.shared());
 }
 
 /// Runs `first`, then `then` (when there is one).
@@ -66,57 +76,164 @@ pub(crate) fn then(
     }
 }
 
-fn target<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
+fn target_of<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
     match &limits.scope {
         Some(scope) => Target::scoped(scope, key),
         None => Target::key(key),
     }
 }
 
-/// Sets `quotas` as the key's fleet-wide override, unless they are in force already (another
-/// instance learned them first, or they are the layer's own); logs and counts a change once.
-async fn learn_quota(limits: &Limits, key: &str, quotas: Quotas) {
-    let provider = &limits.provider;
-    if !provider.learns() {
-        return;
+/// The scope of the key's learning record: `learned`, or `<scope>.learned`.
+fn record_scope(limits: &Limits) -> String {
+    match &limits.scope {
+        Some(scope) => format!("{scope}.{RECORD_SCOPE}"),
+        None => RECORD_SCOPE.to_owned(),
     }
+}
+
+/// The scope that holds learning records (see [`learn_round`]).
+pub(crate) const RECORD_SCOPE: &str = "learned";
+
+/// One learning round for `key` (at most one per key per period in this process): reads the
+/// key's override and its learning record, then
+/// - leaves an operator's override alone (one the record does not name);
+/// - sets `target` as the key's override when it differs from the one in force, or only
+///   renews the record's time when it is the same (the answer confirmed it);
+/// - clears a learned override whose time is over when nothing usable confirms it, and one the
+///   announcement no longer calls for (the target is the layer's own tiers).
+///
+/// The record is the same key in the scope `learned` (or `<scope>.learned`): its override is
+/// the quotas learning set, its suspension the time they have left. It is written before the
+/// key's override, so an override learning set is always named by it. Returns how long the
+/// learned quota in force lasts (`None`: none).
+async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Option<Duration> {
+    let bounds = limits.provider.bounds()?;
     let scope = limits.scope.as_deref().unwrap_or("");
-    let limiter = &limits.limiter;
-    let status = match limiter.inspect(target(limits, key)).await {
-        Ok(status) => status,
+    let record_scope = record_scope(limits);
+    let record = Target::scoped(&record_scope, key);
+    let read = async {
+        let key_status = limits.limiter.inspect(target_of(limits, key)).await?;
+        let record_status = limits.limiter.inspect(record).await?;
+        Ok::<_, ControlError>((key_status, record_status))
+    };
+    let (key_status, record_status) = match read.await {
+        Ok(read) => read,
         Err(error) => {
-            provider.forget(quotas);
-            tracing::warn!(%error, scope, "upstream announced a quota, but the store could not be read: not learned");
-            return;
+            tracing::warn!(%error, scope, "could not read the key's quota: nothing learned this period");
+            return None;
         }
     };
-    let in_force = status.quota_override.unwrap_or(limits.quotas);
-    if in_force == quotas {
-        return;
+    let in_force = key_status.quota_override;
+    // The record's own override (its tenant's is the key's, not the record's).
+    let recorded = record_status
+        .quota_override
+        .filter(|q| Some(*q) != record_status.all_routes_override);
+    let ours = recorded.filter(|q| Some(*q) == in_force);
+    if in_force.is_some() && ours.is_none() {
+        // An operator's override: learning never changes it.
+        tracing::debug!(scope, "an operator's override is in force: not learned");
+        return None;
     }
-    match limiter.set_quota(target(limits, key), &quotas).await {
-        Ok(_) => {
-            provider.count_learned();
-            #[cfg(feature = "metrics")]
-            metrics::counter!(names::LEARNED, "scope" => scope.to_owned()).increment(1);
-            tracing::info!(
-                scope,
-                quotas = ?quotas.as_slice(),
-                previous = ?in_force.as_slice(),
-                "upstream announced a different quota: learned for the whole fleet"
-            );
+    let left = record_status.suspended_for.filter(|_| ours.is_some());
+    // Set less than a period ago (by any instance): no change before the period is over.
+    let young = left.is_some_and(|left| bounds.ttl.saturating_sub(left) < bounds.period);
+    let wanted = target.filter(|t| !same_tiers(t, &limits.quotas));
+    let result = match (wanted, ours) {
+        (Some(wanted), Some(ours)) if wanted == ours => {
+            // Confirmed: renew its time once a period has passed since it was set.
+            if young {
+                return left;
+            }
+            renew(limits, record, bounds.ttl).await.map(|_| false)
+        }
+        (_, Some(_)) if young => return left,
+        (Some(wanted), _) => set_learned(limits, key, record, wanted, ours, bounds.ttl)
+            .await
+            .map(|_| true),
+        (None, None) => return None,
+        (None, Some(_)) if target.is_none() && left.is_some() => return left,
+        (None, Some(_)) => clear_learned(limits, key, record).await.map(|_| true),
+    };
+    match result {
+        Ok(changed) => {
+            if changed {
+                limits.provider.count_learned();
+                #[cfg(feature = "metrics")]
+                metrics::counter!(names::LEARNED, "scope" => scope.to_owned()).increment(1);
+                match wanted {
+                    Some(quotas) => tracing::info!(
+                        scope,
+                        quotas = ?quotas.as_slice(),
+                        previous = ?in_force.map(|q| q.as_slice().to_vec()),
+                        "upstream announced a different quota: learned for the whole fleet"
+                    ),
+                    None => tracing::info!(
+                        scope,
+                        previous = ?in_force.map(|q| q.as_slice().to_vec()),
+                        "learned quota expired or withdrawn: the key is back to its own tiers"
+                    ),
+                }
+            }
+            wanted.map(|_| bounds.ttl)
         }
         Err(error) => {
-            provider.forget(quotas);
-            tracing::warn!(%error, scope, quotas = ?quotas.as_slice(), "upstream announced a quota that could not be set: not learned");
+            tracing::warn!(%error, scope, "upstream announced a quota that could not be set: not learned");
+            None
         }
     }
+}
+
+/// Renews the record's time: the learned quota lasts `ttl` from now.
+async fn renew(limits: &Limits, record: Target<'_>, ttl: Duration) -> Result<(), ControlError> {
+    limits
+        .limiter
+        .suspend(record, record_ttl(ttl))
+        .await
+        .map(|_| ())
+}
+
+/// Sets `quotas` as the key's learned override for `ttl`: the record first, then the key. When
+/// the key's write fails, the record names the learned quotas in force again (`previous`), so
+/// they are not taken for an operator's at the next round.
+async fn set_learned(
+    limits: &Limits,
+    key: &str,
+    record: Target<'_>,
+    quotas: Quotas,
+    previous: Option<Quotas>,
+    ttl: Duration,
+) -> Result<(), ControlError> {
+    let limiter = &limits.limiter;
+    limiter.set_quota(record, &quotas).await?;
+    limiter.suspend(record, record_ttl(ttl)).await?;
+    let written = limiter.set_quota(target_of(limits, key), &quotas).await;
+    if written.is_err() {
+        let _ = match previous {
+            Some(previous) => limiter.set_quota(record, &previous).await,
+            None => limiter.clear_quota(record).await,
+        };
+    }
+    written.map(|_| ())
+}
+
+/// Clears the key's learned override, then its record.
+async fn clear_learned(limits: &Limits, key: &str, record: Target<'_>) -> Result<(), ControlError> {
+    let limiter = &limits.limiter;
+    limiter.clear_quota(target_of(limits, key)).await?;
+    limiter.clear_quota(record).await?;
+    limiter.resume(record).await?;
+    Ok(())
+}
+
+/// A TTL the store takes as a suspension (1 ms to 30 days).
+fn record_ttl(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_millis(1), crate::limiter::MAX_SUSPENSION)
 }
 
 /// Suspends the key fleet-wide for `wait`, unless it already is for longer.
 async fn pace(limits: &Limits, key: &str, wait: Duration) {
     let scope = limits.scope.as_deref().unwrap_or("");
-    match suspend_at_least(&limits.limiter, target(limits, key), wait).await {
+    match suspend_at_least(&limits.limiter, target_of(limits, key), wait).await {
         Ok(false) => {}
         Ok(true) => {
             limits.provider.count_paced();
@@ -196,6 +313,7 @@ mod tests {
                 headers.insert("ratelimit", HeaderValue::from_static("p;r=0;t=30"));
                 let key: Arc<str> = "api".into();
                 on_response(&limits, &key, &headers, false).unwrap().await;
+                layer.settled().await;
                 // A shorter reset: nothing to learn, the suspension already lasts longer.
                 headers.insert("ratelimit", HeaderValue::from_static("p;r=0;t=5"));
                 if let Some(work) = on_response(&limits, &key, &headers, false) {

@@ -701,3 +701,6 @@ async fn a_large_cost_is_not_starved_by_small_ones() {
 // The upstream announces its limit (RateLimit-Policy / RateLimit / X-RateLimit-*), over real HTTP.
 #[path = "outbound/provider.rs"]
 mod provider;
+// What learning may do with those announcements (untrusted input).
+#[path = "outbound/learning.rs"]
+mod learning;

@@ -1,0 +1,125 @@
+//! The learning scenario (`OutboundLayer::learn_quota`): what learning costs Redis when the
+//! upstream contradicts itself. 3 instances (each a limiter on a store of its own) call an
+//! in-process upstream that announces `q=2000;w=1` and `q=3000;w=1` on alternate answers, under a
+//! ceiling of 5 000 a second, with the default learning period; after every instance's rounds
+//! are settled, the Redis script calls (`EVALSHA` + `EVAL` from `INFO commandstats`: the checks
+//! and learning's reads and writes) are divided by the upstream calls:
+//! `learning redis calls per upstream call`. Without learning it is 1 (one check per call).
+//!
+//! `cargo bench --bench throughput -- --quick learning` runs only this scenario.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response};
+use redlimit::outbound::OutboundLayer;
+use redlimit::store::RedisStore;
+use redlimit::{Algorithm, Limiter, Quota};
+use tower::{Layer, ServiceExt};
+
+use crate::server::{info_field, Admin};
+use crate::settings::Settings;
+
+/// Instances, each calling the upstream in sequence.
+const INSTANCES: usize = 3;
+
+/// One instance's layer: a limiter on a store of its own, learning under `ceiling`.
+fn instance(url: &str, ceiling: Quota) -> OutboundLayer {
+    let store = RedisStore::builder(url)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a valid Redis URL");
+    let limiter = Limiter::builder(store)
+        .algorithm(Algorithm::TokenBucket)
+        .prefix("redlimit-bench-learning")
+        .build()
+        .expect("a valid limiter");
+    OutboundLayer::builder(limiter, ceiling, "flapping-api")
+        .learn_quota(ceiling)
+        .max_wait(Duration::from_secs(10))
+        .build()
+        .expect("a valid layer")
+}
+
+/// Script calls (`EVALSHA` + `EVAL`) since the last `CONFIG RESETSTAT`.
+async fn script_calls(admin: &Admin) -> u64 {
+    let info = admin.info("commandstats").await;
+    let calls = |name| {
+        info_field(&info, name)
+            .and_then(|line| {
+                line.split(',')
+                    .find_map(|kv| kv.strip_prefix("calls=")?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    calls("cmdstat_evalsha") + calls("cmdstat_eval")
+}
+
+/// Runs the scenario and prints its line.
+pub(super) async fn learning_bench(settings: &Settings, admin: &Admin) {
+    if !admin.stats {
+        println!(
+            "learning redis calls per upstream call: n/a (CONFIG RESETSTAT refused by this Redis)"
+        );
+        return;
+    }
+    let per_instance: u64 = if settings.quick { 500 } else { 2000 };
+    let ceiling = Quota::per_second(5000).expect("a valid quota");
+    let layers: Vec<_> = (0..INSTANCES)
+        .map(|_| instance(&admin.url, ceiling))
+        .collect();
+    // The upstream: alternate answers contradict each other.
+    let answers = Arc::new(AtomicU64::new(0));
+    let upstream = {
+        let answers = answers.clone();
+        tower::service_fn(move |_: Request<()>| {
+            let n = answers.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let policy = if n.is_multiple_of(2) {
+                    "p;q=2000;w=1"
+                } else {
+                    "p;q=3000;w=1"
+                };
+                let mut response = Response::new(());
+                response
+                    .headers_mut()
+                    .insert("ratelimit-policy", HeaderValue::from_static(policy));
+                Ok::<_, Infallible>(response)
+            }
+        })
+    };
+    admin.reset_stats().await;
+    let tasks: Vec<_> = layers
+        .iter()
+        .map(|layer| {
+            let (layer, upstream) = (layer.clone(), upstream.clone());
+            tokio::spawn(async move {
+                for _ in 0..per_instance {
+                    layer
+                        .layer(upstream.clone())
+                        .oneshot(Request::new(()))
+                        .await
+                        .expect("an upstream call within max_wait");
+                }
+                layer.settled().await;
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a bench task");
+    }
+    let calls = script_calls(admin).await;
+    let upstream_calls = answers.load(Ordering::Relaxed);
+    println!(
+        "learning redis calls per upstream call: {:.2}",
+        calls as f64 / upstream_calls.max(1) as f64
+    );
+}
+
+/// `cargo bench --bench throughput -- learning`: only this scenario.
+pub(super) async fn only(settings: Settings) {
+    let admin = Admin::connect().await;
+    learning_bench(&settings, &admin).await;
+}

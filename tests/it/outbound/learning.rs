@@ -1,0 +1,316 @@
+//! What learning may do with an upstream's announcements, which are untrusted input: the window
+//! it accepts is bounded, a learned quota never admits more than the ceiling in any of the
+//! ceiling's windows and keeps every configured tier, each key learns its own, an operator's
+//! override is never loosened, a flapping upstream costs one write per period, and the caller
+//! gets the upstream's answer without waiting for learning's writes.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use http::Request;
+use redlimit::key::FnKey;
+use redlimit::outbound::{OutboundError, OutboundLayer};
+use redlimit::{Algorithm, Quota, Quotas, Target};
+use tower::{BoxError, Layer, ServiceExt};
+
+use super::provider::{call, header, layer, per_second, Upstream, KEY};
+use super::support::RedisServer;
+use super::{limiters, Body};
+
+/// `n` calls through `layer`, each after the previous one: the outcome of each.
+async fn outcomes(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> Vec<Result<(), String>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let result = layer
+            .layer(upstream.client())
+            .oneshot(Request::new(Body::default()))
+            .await;
+        out.push(
+            result
+                .map(|_| ())
+                .map_err(|e: OutboundError<BoxError>| e.to_string()),
+        );
+    }
+    out
+}
+
+fn policy(q: u64, w: u64) -> Vec<super::provider::Header> {
+    vec![header("ratelimit-policy", format!("p;q={q};w={w}"))]
+}
+
+#[tokio::test]
+async fn a_hundred_year_window_is_not_learned_and_never_locks_the_key_out() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let layer = layer(&limiter, per_second(50), Some(per_second(50)));
+    upstream.announce(policy(1, 3_153_600_000));
+    let got = outcomes(&layer, &upstream, 5).await;
+    assert!(got.iter().all(Result::is_ok), "{got:?}");
+    let status = limiter.inspect(KEY).await.unwrap();
+    assert_eq!(status.quota_override, None);
+    assert_eq!(layer.stats().learned, 0);
+}
+
+#[tokio::test]
+async fn a_learned_quota_expires_without_a_confirming_answer() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let layer = OutboundLayer::builder(limiter.clone(), ceiling, KEY)
+        .learn_quota(ceiling)
+        .learned_ttl(Duration::from_secs(2))
+        .learn_period(Duration::from_millis(500))
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    upstream.announce(policy(5, 1));
+    // The second call waits for the first one's learning.
+    outcomes(&layer, &upstream, 2).await;
+    let learned = limiter.inspect(KEY).await.unwrap().quota_override;
+    assert_eq!(learned, Some(Quotas::from(per_second(5))));
+    // Its record tells it from an operator's: what learning set, and the time it has left.
+    let record = limiter
+        .inspect(Target::scoped("learned", KEY))
+        .await
+        .unwrap();
+    assert_eq!(record.quota_override, learned);
+    assert!(record
+        .suspended_for
+        .is_some_and(|left| left <= Duration::from_secs(2)));
+    // The upstream stops announcing: nothing confirms the quota any more.
+    upstream.announce(Vec::new());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    outcomes(&layer, &upstream, 2).await;
+    let status = limiter.inspect(KEY).await.unwrap();
+    assert_eq!(status.quota_override, None, "still learned after its TTL");
+}
+
+/// Admissions per aligned second of the wall clock.
+fn per_aligned_second(hits: &[SystemTime]) -> Vec<usize> {
+    let secs = |t: &SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let (Some(first), Some(last)) = (hits.first().map(secs), hits.last().map(secs)) else {
+        return Vec::new();
+    };
+    (first..=last)
+        .map(|s| hits.iter().filter(|t| secs(t) == s).count())
+        .collect()
+}
+
+/// Under a ceiling of 50 a second, an upstream announces the same rate over 5 minutes (a burst
+/// of 15 000): after one call has learned it and the key idled 1.5 s, 8 workers call as fast as
+/// the limiter lets them for 3 s. In no aligned second does the upstream see more than
+/// `most`, what the ceiling itself admits there.
+async fn a_learned_quota_never_exceeds_the_ceiling(algorithm: Algorithm, most: usize) {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, algorithm, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let layer = OutboundLayer::builder(limiter.clone(), ceiling, KEY)
+        .learn_quota(ceiling)
+        .max_wait(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    upstream.announce(policy(15_000, 300));
+    outcomes(&layer, &upstream, 2).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let until = Instant::now() + Duration::from_secs(3);
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (layer, client) = (layer.clone(), upstream.client());
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    let _ = layer
+                        .layer(client.clone())
+                        .oneshot(Request::new(Body::default()))
+                        .await;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let hits = upstream.hits();
+    let seconds = per_aligned_second(&hits[2..]);
+    println!("{algorithm:?}: upstream calls per aligned second: {seconds:?}");
+    assert!(layer.stats().learned >= 1);
+    assert!(
+        seconds.iter().all(|&n| n <= most),
+        "{algorithm:?}: {seconds:?}"
+    );
+    assert_eq!(limiter.stats().store_errors, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learned_quota_never_exceeds_the_ceiling_in_any_second() {
+    a_learned_quota_never_exceeds_the_ceiling(Algorithm::FixedWindow, 50).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learned_token_bucket_never_exceeds_the_ceilings_burst_and_rate() {
+    // The ceiling's own bucket: its burst of 50, then 50 a second.
+    a_learned_quota_never_exceeds_the_ceiling(Algorithm::TokenBucket, 100).await;
+}
+
+#[tokio::test]
+async fn each_key_learns_its_own_quota() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let per_path = FnKey::new(|parts| Some(parts.uri.path().trim_start_matches('/').to_owned()));
+    let layer = OutboundLayer::builder_with_extractor(limiter.clone(), ceiling, per_path)
+        .learn_quota(ceiling)
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    upstream.announce(policy(5, 1));
+    let keys = ["t1", "t2", "t3"];
+    // Twice each: a key's second call waits for its first one's learning.
+    for _ in 0..2 {
+        for key in keys {
+            let request = Request::get(format!("/{key}"))
+                .body(Body::default())
+                .unwrap();
+            layer
+                .layer(upstream.client())
+                .oneshot(request)
+                .await
+                .unwrap();
+        }
+    }
+    let mut learned = Vec::new();
+    for key in keys {
+        learned.push(limiter.inspect(key).await.unwrap().quota_override);
+    }
+    let five = Some(Quotas::from(per_second(5)));
+    assert!(learned.iter().all(|q| *q == five), "{learned:?}");
+    assert_eq!(layer.stats().learned, 3);
+}
+
+#[tokio::test]
+async fn learning_never_loosens_an_operators_override() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let operators = Quotas::from(per_second(5));
+    limiter.set_quota(KEY, &operators).await.unwrap();
+    upstream.announce(policy(20, 1));
+    // The second call waits for the first one's learning.
+    outcomes(&layer, &upstream, 2).await;
+    let status = limiter.inspect(KEY).await.unwrap();
+    assert_eq!(status.quota_override, Some(operators));
+    assert_eq!(layer.stats().learned, 0);
+}
+
+/// `cmdstat_evalsha` plus `cmdstat_eval` calls so far.
+fn script_calls(redis: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_flapping_upstream_costs_one_write_per_period() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(1000);
+    let layer = OutboundLayer::builder(limiter.clone(), ceiling, KEY)
+        .learn_quota(ceiling)
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let before = script_calls(&redis);
+    for i in 0..100 {
+        upstream.announce(policy(if i % 2 == 0 { 200 } else { 300 }, 1));
+        call(&layer, &upstream).await;
+    }
+    let per_call = (script_calls(&redis) - before) as f64 / 100.0;
+    let learned = layer.stats().learned;
+    println!("{learned} writes, {per_call:.2} script calls per upstream call");
+    // 100 calls at 200 a second take well under the default period (30 s).
+    assert!(
+        learned <= 2,
+        "{learned} writes, {per_call:.2} script calls per upstream call"
+    );
+    assert!(
+        per_call <= 1.2,
+        "{per_call:.2} script calls per upstream call"
+    );
+}
+
+#[tokio::test]
+async fn learning_keeps_every_configured_tier_as_a_cap() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let configured = Quotas::new([per_second(10), Quota::per_minute(500).unwrap()]).unwrap();
+    let layer = OutboundLayer::builder(limiter.clone(), configured, KEY)
+        .learn_quota(per_second(10))
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    upstream.announce(vec![header("x-ratelimit-limit", "5")]);
+    outcomes(&layer, &upstream, 2).await;
+    let status = limiter.inspect(KEY).await.unwrap();
+    let expected = Quotas::new([per_second(5), Quota::per_minute(500).unwrap()]).unwrap();
+    assert_eq!(status.quota_override, Some(expected));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_does_not_wait_for_learning() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let layer = layer(&limiter, ceiling, Some(ceiling));
+    upstream.announce(policy(5, 1));
+    // Redis stops answering for 3 s just as the upstream answers (after the admission).
+    let client = redis.client();
+    let (sent, asleep) = std::sync::mpsc::channel();
+    upstream.on_next_request(move || {
+        let mut conn = client.get_connection().unwrap();
+        let command = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("3")
+            .get_packed_command();
+        conn.send_packed_command(&command).unwrap();
+        let _ = sent.send(std::thread::spawn(move || {
+            let _ = conn.recv_response();
+        }));
+    });
+    let started = Instant::now();
+    let response = layer
+        .layer(upstream.client())
+        .oneshot(Request::new(Body::default()))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    println!("the response waited {waited:?}");
+    assert!(response.status().is_success());
+    asleep.recv().unwrap().join().unwrap();
+    assert!(
+        waited < Duration::from_secs(2),
+        "the response waited {waited:?}"
+    );
+    // The learning still happened: this instance's next call waited for it.
+    outcomes(&layer, &upstream, 1).await;
+    let status = limiter.inspect(KEY).await.unwrap();
+    assert_eq!(status.quota_override, Some(Quotas::from(per_second(5))));
+}
