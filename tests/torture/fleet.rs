@@ -46,6 +46,32 @@ pub fn clock_start_us() -> u64 {
     CLOCK_START.as_micros() as u64
 }
 
+/// Moves `manual` with real time (plus the schedule's jumps), until the handle is dropped:
+/// Redis expires a key in real time after a TTL computed on the client clock, so a client
+/// clock slower than real time would see a window's count vanish before the window ends.
+pub struct Follow(tokio::task::JoinHandle<()>);
+
+impl Follow {
+    pub fn start(manual: &ManualClock) -> Follow {
+        let manual = manual.clone();
+        Follow(tokio::spawn(async move {
+            let mut last = Instant::now();
+            loop {
+                sleep(Duration::from_millis(1)).await;
+                let now = Instant::now();
+                manual.advance(now - last);
+                last = now;
+            }
+        }))
+    }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How a check or a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -71,8 +97,9 @@ pub struct Event {
     pub used: u64,
     /// The manual clock when it started, in µs.
     pub clock_us: u64,
-    /// Whether the manual clock moved while it ran (its window is then unknown).
-    pub clock_moved: bool,
+    /// The manual clock when it had been decided, in µs (the window is unknown when the two
+    /// differ in it).
+    pub end_us: u64,
     /// Resets and data losses of its key before it started.
     pub epoch: u32,
     pub started: Instant,
@@ -120,6 +147,8 @@ pub struct Run {
     pub lockouts: Vec<(usize, String)>,
     pub operations: u64,
     pub cancellations: u64,
+    /// The schedule's limit (for the reports).
+    pub limit: u64,
 }
 
 /// The fixture shared by every schedule: one private Redis (restarted by faults).
@@ -224,14 +253,17 @@ fn data_loss(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: u64
     }
 }
 
+/// Injects `fault`, recorded with the moment it was over (a restarted server is back; a
+/// `DEBUG SLEEP` has just begun).
 async fn fault(run: &mut Run, redis: &Fixture, fault: Fault) {
-    run.faults.push((Instant::now(), fault));
     faults::inject(redis, fault).await;
+    run.faults.push((Instant::now(), fault));
 }
 
 async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     let config = &schedule.config;
     let manual = ManualClock::new(CLOCK_START);
+    let _follow = Follow::start(&manual);
     let (fleet, operator) = limiters(schedule, redis, Clock::Manual(manual.clone()), true);
     let quotas = quotas(config);
     let mut run = Run::default();
@@ -248,11 +280,11 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                 cancel_us,
             } => {
                 let name = key_name(schedule, key);
-                let clock_us = manual.now_micros();
                 let checks = (0..n).map(|_| {
-                    let (limiter, quotas, name) = (&fleet[inst], &quotas, &name);
+                    let (limiter, quotas, name, manual) = (&fleet[inst], &quotas, &name, &manual);
                     async move {
                         let started = Instant::now();
+                        let start_us = manual.now_micros();
                         let check = limiter.check_quotas(name.as_str(), quotas, cost);
                         let bound = cancel_us.map(Duration::from_micros).unwrap_or(BOUND);
                         let outcome = match timeout(bound, check).await {
@@ -260,12 +292,12 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                             Err(_) if cancel_us.is_some() => Outcome::Cancelled,
                             Err(_) => return Err(format!("check of {cost} still pending after {BOUND:?}")),
                         };
-                        Ok((started, outcome))
+                        Ok((started, start_us, manual.now_micros(), outcome))
                     }
                 });
                 for result in futures::future::join_all(checks).await {
                     match result {
-                        Ok((started, outcome)) => {
+                        Ok((started, clock_us, end_us, outcome)) => {
                             run.cancellations += u64::from(outcome == Outcome::Cancelled);
                             run.events.push(Event {
                                 op: i,
@@ -274,7 +306,7 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                                 cost,
                                 used: cost,
                                 clock_us,
-                                clock_moved: false,
+                                end_us,
                                 epoch: epochs[key],
                                 started,
                                 outcome,
@@ -368,7 +400,10 @@ async fn concurrency(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     let over = Arc::new(Mutex::new(Vec::new()));
     let hangs = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
-    let mut run = Run::default();
+    let mut run = Run {
+        limit: config.limit,
+        ..Run::default()
+    };
     // The in-flight count over time, not only at admissions: a holder whose slot was lost
     // stays in flight while others take its place.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -444,6 +479,7 @@ type Admitted = Arc<Mutex<Vec<Event>>>;
 async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     let config = &schedule.config;
     let manual = ManualClock::new(CLOCK_START);
+    let _follow = Follow::start(&manual);
     let (fleet, _) = limiters(schedule, redis, Clock::Manual(manual.clone()), false);
     let admitted: Admitted = Arc::default();
     let header = |parts: &http::request::Parts, name: &str| -> u64 {
@@ -480,7 +516,7 @@ async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                         cost: header(&parts, "x-reserve"),
                         used: header(&parts, "x-used"),
                         clock_us,
-                        clock_moved: manual.now_micros() != clock_us,
+                        end_us: manual.now_micros(),
                         epoch: 0,
                         started: Instant::now(),
                         outcome: Outcome::Allowed,
@@ -651,6 +687,11 @@ async fn outbound(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
         run.lockouts.push((inst, what));
     }
     run
+}
+
+/// Whether `event` started and was decided in one window of `period_us`.
+pub fn one_window(event: &Event, period_us: u64) -> bool {
+    event.clock_us / period_us == event.end_us / period_us
 }
 
 /// Per key and window, the units the events of `keep` charged, summed by `units`.

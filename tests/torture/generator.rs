@@ -166,6 +166,8 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
         limit: match family {
             Family::Concurrency => rng.u64(1..5),
             Family::Outbound => 20,
+            // Leases take at most a tenth of the capacity: large enough limits lease k > 1.
+            Family::Rate => rng.u64(5..120),
             _ => rng.u64(5..60),
         },
         period_ms: [1_000, 10_000, 60_000][rng.usize(0..3)],

@@ -6,6 +6,8 @@
 //!   `TORTURE_SECS` seconds (60 by default, so CI stays under 90 s with Redis's startup);
 //!   `TORTURE_BASE=<n>` repeats a run's seed sequence.
 //! - `TORTURE_SEED=<seed>`: replays one schedule.
+//! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound>` runs one family alone,
+//!   `TORTURE_VERBOSE=1` prints a line per schedule.
 //! - `TORTURE_KEEP_GOING=1`: does not stop at the first violation; prints each distinct oracle
 //!   that fired with its first seed and the seconds it took to find.
 //!
@@ -69,6 +71,9 @@ async fn torture_run() {
     ));
     let replay = env_u64("TORTURE_SEED");
     let keep_going = std::env::var("TORTURE_KEEP_GOING").is_ok_and(|v| v != "0" && !v.is_empty());
+    // A family (`rate`, `settle`, `concurrency`, `outbound`) to run alone, and a line per schedule.
+    let family = std::env::var("TORTURE_FAMILY").ok();
+    let verbose = std::env::var("TORTURE_VERBOSE").is_ok();
     let budget = Duration::from_secs(env_u64("TORTURE_SECS").unwrap_or(60));
     let base = env_u64("TORTURE_BASE").unwrap_or_else(|| {
         SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() % 1_000_000 * 1_000
@@ -91,6 +96,9 @@ async fn torture_run() {
             None => base + n,
         };
         let schedule = generator::schedule(seed);
+        if family.as_ref().is_some_and(|f| *f != format!("{:?}", schedule.config.family).to_lowercase()) {
+            continue;
+        }
         clean(&redis).await;
         let run = fleet::run(&schedule, &schedule.ops, &redis).await;
         schedules += 1;
@@ -98,6 +106,15 @@ async fn torture_run() {
         faults += run.faults.len() as u64;
         cancellations += run.cancellations;
         let found_here = oracles::check(&schedule, &run);
+        if verbose {
+            let allowed = run.events.iter().filter(|e| e.outcome == fleet::Outcome::Allowed).count();
+            println!(
+                "torture: seed {seed} {:?}: {} events, {allowed} allowed, {} violations",
+                schedule.config,
+                run.events.len(),
+                found_here.len()
+            );
+        }
         if found_here.is_empty() {
             continue;
         }
@@ -112,8 +129,12 @@ async fn torture_run() {
         }
         let first = &found_here[0];
         let shrunk = shrink::shrink(&schedule, first.oracle, &redis).await;
+        let mut distinct: BTreeMap<(&str, &str), usize> = BTreeMap::new();
         for v in &found_here {
-            reports.push(format!("violation: {} (seed {seed}): {}", v.oracle, v.detail));
+            *distinct.entry((v.oracle, v.detail.as_str())).or_default() += 1;
+        }
+        for ((oracle, detail), times) in distinct {
+            reports.push(format!("violation: {oracle} (seed {seed}, {times}x): {detail}"));
         }
         reports.push(format!(
             "shortest failing prefix for {} ({} of {} operations; TORTURE_SEED={seed} replays the whole):\n{shrunk}",

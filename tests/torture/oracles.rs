@@ -6,13 +6,13 @@
 //! named after the promise, citing the doc line it restates, and a line in [`check`].
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redlimit::limiter::{LeaseStats, LimiterStats};
 use redlimit::Algorithm;
 
 use crate::faults::Fault;
-use crate::fleet::{per_window, Outcome, Run, SLOT_LEASE};
+use crate::fleet::{one_window, per_window, Outcome, Run, SLOT_LEASE};
 use crate::generator::{Family, Schedule};
 
 /// A broken promise.
@@ -97,8 +97,10 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     let allowed = |e: &crate::fleet::Event| e.outcome == Outcome::Allowed;
     match config.algorithm {
         Algorithm::FixedWindow => {
+            // A check that straddled a window's end is left out (its window is unknown).
+            let keep = |e: &crate::fleet::Event| allowed(e) && one_window(e, period_us);
             for ((key, window, epoch), units) in
-                per_window(&run.events, period_us, allowed, |e| e.cost)
+                per_window(&run.events, period_us, keep, |e| e.cost)
             {
                 // A segment's slack is for the window it began in: a fixed window's units end
                 // with their window.
@@ -126,7 +128,7 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             for e in run.events.iter().filter(|e| allowed(e)) {
                 let entry = segments.entry((e.key, e.epoch)).or_insert((0, 0));
                 entry.0 += e.cost;
-                entry.1 = entry.1.max(e.clock_us);
+                entry.1 = entry.1.max(e.end_us);
             }
             for ((key, epoch), (units, last_us)) in segments {
                 let start_us = run
@@ -238,7 +240,7 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
 fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     let config = &schedule.config;
     let period_us = config.period_ms * 1_000;
-    let used = per_window(&run.events, period_us, |e| !e.clock_moved, |e| e.used);
+    let used = per_window(&run.events, period_us, |e| one_window(e, period_us), |e| e.used);
     for ((key, window, _), units) in used {
         let losses = run
             .segments
@@ -250,7 +252,7 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             let reserved: u64 = run
                 .events
                 .iter()
-                .filter(|e| e.key == key && e.clock_us / period_us == window && !e.clock_moved)
+                .filter(|e| e.key == key && e.clock_us / period_us == window && one_window(e, period_us))
                 .map(|e| e.cost)
                 .sum();
             out.push(Violation {
@@ -269,18 +271,37 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 /// a data loss or of a stall that stops renewals (`DEBUG SLEEP`, a restart).
 fn in_flight(run: &Run, out: &mut Vec<Violation>) {
     let allowance = SLOT_LEASE + Duration::from_millis(300);
-    let excused = |at: std::time::Instant| {
-        run.faults.iter().any(|(when, fault)| {
-            let stalls = fault.loses_data() || matches!(fault, Fault::DebugSleep { .. });
-            stalls && *when <= at && at <= *when + allowance
+    // The end of each fault's allowance: a data loss's or a stall's (renewals stop during a
+    // `DEBUG SLEEP`).
+    let ends: Vec<Instant> = run
+        .faults
+        .iter()
+        .filter_map(|(when, fault)| match fault {
+            Fault::DebugSleep { ms } => Some(*when + Duration::from_millis(*ms) + allowance),
+            f if f.loses_data() => Some(*when + allowance),
+            _ => None,
         })
+        .collect();
+    let excused = |at: Instant| {
+        run.faults
+            .iter()
+            .zip(&ends)
+            .any(|((when, _), end)| *when <= at && at <= *end)
     };
     let late: Vec<_> = run.over.iter().filter(|(at, ..)| !excused(*at)).collect();
-    if let Some((_, key, n, op)) = late.iter().max_by_key(|(_, _, n, _)| *n) {
+    if let Some((at, key, n, _)) = late.iter().max_by_key(|(_, _, n, _)| *n) {
+        let since = run
+            .faults
+            .iter()
+            .filter(|(when, f)| f.loses_data() && when <= at)
+            .map(|(when, f)| format!("{:?} after {f:?}", *at - *when))
+            .next_back()
+            .unwrap_or_else(|| "no data loss before".to_owned());
         out.push(Violation {
             oracle: "concurrency",
             detail: format!(
-                "key {key}: {n} in flight (limit in config), {} samples over the limit outside the data-loss allowance, worst after op {op}",
+                "key {key}: {n} in flight over a limit of {}, {} samples over it outside the allowance ({since})",
+                run.limit,
                 late.len()
             ),
         });
