@@ -321,6 +321,8 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
             Op::Reset { key } => {
                 let name = key_name(schedule, key);
                 let before: Vec<u64> = fleet.iter().map(|l| l.lease_stats().held).collect();
+                // The segment starts no later than the call (the refill counts from there).
+                let clock_us = manual.now_micros();
                 if timeout(BOUND, operator.reset(name.as_str())).await.is_err() {
                     run.hangs.push((i, "reset still pending".into()));
                 }
@@ -336,12 +338,17 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                 run.segments.push(Segment {
                     key,
                     epoch: epochs[key],
-                    clock_us: manual.now_micros(),
+                    clock_us,
                     at,
                     held,
                 });
             }
             Op::Suspend { key, ms } => {
+                // A suspension replaces the one in force (it may shorten it).
+                let started = Instant::now();
+                for s in run.suspensions.iter_mut().filter(|s| s.key == key) {
+                    s.ended.get_or_insert(started);
+                }
                 let name = key_name(schedule, key);
                 let set = operator.suspend(name.as_str(), Duration::from_millis(ms));
                 match timeout(BOUND, set).await {
@@ -373,9 +380,10 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                 }
             }
             Op::Fault(f) => {
+                let clock_us = manual.now_micros();
                 fault(&mut run, redis, f).await;
                 if f.loses_data() {
-                    data_loss(&mut run, &mut epochs, &fleet, manual.now_micros());
+                    data_loss(&mut run, &mut epochs, &fleet, clock_us);
                 }
             }
             _ => {}
@@ -575,10 +583,11 @@ async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
             Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
             Op::Fault(f) => {
+                let clock_us = manual.now_micros();
                 fault(&mut run, redis, f).await;
                 if f.loses_data() {
                     let mut epochs = vec![0; config.keys];
-                    data_loss(&mut run, &mut epochs, &fleet, manual.now_micros());
+                    data_loss(&mut run, &mut epochs, &fleet, clock_us);
                 }
             }
             _ => {}
