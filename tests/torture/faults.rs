@@ -62,5 +62,7 @@ pub async fn inject(redis: &std::sync::Arc<std::sync::Mutex<RedisServer>>, fault
             Fault::Restart => redis.restart(),
         }
     };
-    tokio::task::spawn_blocking(run).await.expect("fault injected");
+    tokio::task::spawn_blocking(run)
+        .await
+        .expect("fault injected");
 }

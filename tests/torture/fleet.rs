@@ -197,7 +197,9 @@ fn limiters(
         }
         builder.build().expect("valid limiter")
     };
-    let fleet = (0..schedule.config.instances).map(|_| make(leases)).collect();
+    let fleet = (0..schedule.config.instances)
+        .map(|_| make(leases))
+        .collect();
     (fleet, make(false))
 }
 
@@ -290,7 +292,11 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                         let outcome = match timeout(bound, check).await {
                             Ok(verdict) => outcome(&verdict),
                             Err(_) if cancel_us.is_some() => Outcome::Cancelled,
-                            Err(_) => return Err(format!("check of {cost} still pending after {BOUND:?}")),
+                            Err(_) => {
+                                return Err(format!(
+                                    "check of {cost} still pending after {BOUND:?}"
+                                ))
+                            }
                         };
                         Ok((started, start_us, manual.now_micros(), outcome))
                     }
@@ -369,14 +375,19 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                     s.ended.get_or_insert(started);
                 }
                 let name = key_name(schedule, key);
-                if timeout(BOUND, operator.resume(name.as_str())).await.is_err() {
+                if timeout(BOUND, operator.resume(name.as_str()))
+                    .await
+                    .is_err()
+                {
                     run.hangs.push((i, "resume still pending".into()));
                 }
             }
             Op::Forget { inst, key } => fleet[inst].forget(key_name(schedule, key).as_str()),
             Op::Release { inst } => {
-                if timeout(BOUND, fleet[inst].release_leases()).await.is_err() {
-                    run.hangs.push((i, format!("instance {inst}: release_leases still pending")));
+                let released = timeout(BOUND, fleet[inst].release_leases()).await;
+                if released.is_err() {
+                    let what = format!("instance {inst}: release_leases still pending");
+                    run.hangs.push((i, what));
                 }
             }
             Op::Fault(f) => {
@@ -404,7 +415,8 @@ async fn concurrency(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
         .map(|l| ConcurrencyLimiter::with_options(l.clone(), config.limit, SLOT_LEASE, "c"))
         .collect::<Result<_, _>>()
         .expect("valid concurrency limiter");
-    let in_flight: Arc<Vec<AtomicI64>> = Arc::new((0..config.keys).map(|_| AtomicI64::new(0)).collect());
+    let in_flight: Arc<Vec<AtomicI64>> =
+        Arc::new((0..config.keys).map(|_| AtomicI64::new(0)).collect());
     let over = Arc::new(Mutex::new(Vec::new()));
     let hangs = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
@@ -423,7 +435,9 @@ async fn concurrency(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                 for (key, count) in in_flight.iter().enumerate() {
                     let now = count.load(Ordering::SeqCst);
                     if now > limit {
-                        over.lock().unwrap().push((Instant::now(), key, now, usize::MAX));
+                        over.lock()
+                            .unwrap()
+                            .push((Instant::now(), key, now, usize::MAX));
                     }
                 }
                 sleep(Duration::from_millis(50)).await;
@@ -452,7 +466,9 @@ async fn concurrency(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                             Ok(_) => return,
                             Err(_) if cancel_us.is_some() => return,
                             Err(_) => {
-                                let what = format!("instance {inst}: acquire still pending after {BOUND:?}");
+                                let what = format!(
+                                    "instance {inst}: acquire still pending after {BOUND:?}"
+                                );
                                 hangs.lock().unwrap().push((i, what));
                                 return;
                             }
@@ -476,7 +492,8 @@ async fn concurrency(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     done.store(true, Ordering::Relaxed);
     sampler.await.expect("sampler");
     run.over = std::mem::take(&mut *over.lock().unwrap());
-    run.hangs.extend(std::mem::take(&mut *hangs.lock().unwrap()));
+    run.hangs
+        .extend(std::mem::take(&mut *hangs.lock().unwrap()));
     run
 }
 
@@ -491,14 +508,21 @@ async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     let (fleet, _) = limiters(schedule, redis, Clock::Manual(manual.clone()), false);
     let admitted: Admitted = Arc::default();
     let header = |parts: &http::request::Parts, name: &str| -> u64 {
-        parts.headers.get(name).and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0)
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0)
     };
     let services: Vec<_> = fleet
         .iter()
         .enumerate()
         .map(|(inst, limiter)| {
             let key = FnKey::new(|parts: &http::request::Parts| {
-                parts.headers.get("x-key").and_then(|v| Some(v.to_str().ok()?.to_owned()))
+                parts
+                    .headers
+                    .get("x-key")
+                    .and_then(|v| Some(v.to_str().ok()?.to_owned()))
             });
             let layer = RateLimitLayer::builder(limiter.clone(), quotas(config), key)
                 .cost(move |parts| header(parts, "x-reserve"))
@@ -532,7 +556,9 @@ async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                     sleep(Duration::from_millis(header(&parts, "x-hold"))).await;
                     let mut response = Response::new(String::new());
                     let used = header(&parts, "x-used").to_string();
-                    response.headers_mut().insert("x-used", used.parse().unwrap());
+                    response
+                        .headers_mut()
+                        .insert("x-used", used.parse().unwrap());
                     Ok::<_, Infallible>(response)
                 }
             });
@@ -570,10 +596,18 @@ async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                         match timeout(bound, svc.oneshot(request)).await {
                             Ok(Ok(response)) => {
                                 let status = response.status();
-                                assert!(status == StatusCode::OK || status.as_u16() == 429 || status.as_u16() == 503, "{status}");
+                                assert!(
+                                    status == StatusCode::OK
+                                        || status.as_u16() == 429
+                                        || status.as_u16() == 503,
+                                    "{status}"
+                                );
                             }
                             Ok(Err(_)) => {}
-                            Err(_) => hangs.lock().unwrap().push((i, format!("instance {inst}: request still pending after {bound:?}"))),
+                            Err(_) => hangs.lock().unwrap().push((
+                                i,
+                                format!("instance {inst}: request still pending after {bound:?}"),
+                            )),
                         }
                     });
                 }
@@ -595,7 +629,8 @@ async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     }
     while tasks.join_next().await.is_some() {}
     run.events = std::mem::take(&mut *admitted.lock().unwrap());
-    run.hangs.extend(std::mem::take(&mut *hangs.lock().unwrap()));
+    run.hangs
+        .extend(std::mem::take(&mut *hangs.lock().unwrap()));
     run
 }
 
@@ -665,7 +700,10 @@ async fn outbound(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
                         svc.call(Request::new(String::new())).await
                     };
                     if timeout(bound, call).await.is_err() {
-                        run.hangs.push((i, format!("instance {inst}: call still pending after {bound:?}")));
+                        run.hangs.push((
+                            i,
+                            format!("instance {inst}: call still pending after {bound:?}"),
+                        ));
                     }
                 }
             }

@@ -77,16 +77,32 @@ pub enum Op {
         cancel_us: Option<u64>,
     },
     /// Moves the manual clock forward.
-    Advance { ms: u64 },
+    Advance {
+        ms: u64,
+    },
     /// Lets real time pass (leases expire, renewals run, slots are renewed).
-    Sleep { ms: u64 },
+    Sleep {
+        ms: u64,
+    },
     /// Operator controls, from a limiter of their own.
-    Reset { key: usize },
-    Suspend { key: usize, ms: u64 },
-    Resume { key: usize },
+    Reset {
+        key: usize,
+    },
+    Suspend {
+        key: usize,
+        ms: u64,
+    },
+    Resume {
+        key: usize,
+    },
     /// `Limiter::forget` and `Limiter::release_leases` on one instance.
-    Forget { inst: usize, key: usize },
-    Release { inst: usize },
+    Forget {
+        inst: usize,
+        key: usize,
+    },
+    Release {
+        inst: usize,
+    },
     /// `n` slots taken on `inst` and held for `hold_ms` (in the background); with
     /// `cancel_us`, the `acquire` future is dropped after that long.
     Hold {
@@ -109,7 +125,10 @@ pub enum Op {
     /// The scripted upstream answers this way from now on.
     SetUpstream(Upstream),
     /// `n` calls through instance `inst`'s outbound layer.
-    Call { inst: usize, n: usize },
+    Call {
+        inst: usize,
+        n: usize,
+    },
     /// A fault on the store.
     Fault(Fault),
 }
@@ -155,7 +174,11 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
     let algorithm = match family {
         // Settlement's refund per window is the fixed window's subtle case.
         Family::Settle => Algorithm::FixedWindow,
-        _ => [Algorithm::FixedWindow, Algorithm::TokenBucket, Algorithm::Gcra][rng.usize(0..3)],
+        _ => [
+            Algorithm::FixedWindow,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ][rng.usize(0..3)],
     };
     let lease_ms = (family == Family::Rate && rng.bool()).then(|| rng.u64(30..300));
     Config {
@@ -211,7 +234,11 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
                 cost: if rng.u32(0..4) == 0 { rng.u64(1..4) } else { 1 },
                 // Fewer cancellations here: a broken key stops deciding, which hides what a
                 // schedule would find after it.
-                cancel_us: if rng.u32(0..3) == 0 { cancel(rng) } else { None },
+                cancel_us: if rng.u32(0..3) == 0 {
+                    cancel(rng)
+                } else {
+                    None
+                },
             },
             46..=52 => Op::Advance {
                 ms: advance(rng, config),
@@ -284,7 +311,17 @@ fn advance(rng: &mut fastrand::Rng, config: &Config) -> u64 {
 fn upstream(rng: &mut fastrand::Rng) -> Upstream {
     // Magnitudes from honest to absurd.
     let any = |rng: &mut fastrand::Rng| {
-        [0, 1, 2, 20, 60, 3_600, 86_400, 1_000_000_000, 999_999_999_999_999][rng.usize(0..9)]
+        [
+            0,
+            1,
+            2,
+            20,
+            60,
+            3_600,
+            86_400,
+            1_000_000_000,
+            999_999_999_999_999,
+        ][rng.usize(0..9)]
     };
     match rng.u32(0..3) {
         0 => Upstream::Honest,

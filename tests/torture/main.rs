@@ -76,11 +76,18 @@ async fn torture_run() {
     let verbose = std::env::var("TORTURE_VERBOSE").is_ok();
     let budget = Duration::from_secs(env_u64("TORTURE_SECS").unwrap_or(60));
     let base = env_u64("TORTURE_BASE").unwrap_or_else(|| {
-        SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() % 1_000_000 * 1_000
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 1_000_000
+            * 1_000
     });
     match replay {
         Some(seed) => println!("torture: replaying seed {seed}"),
-        None => println!("torture: base seed {base} (TORTURE_BASE={base} repeats this run), budget {budget:?}"),
+        None => println!(
+            "torture: base seed {base} (TORTURE_BASE={base} repeats this run), budget {budget:?}"
+        ),
     }
     let started = Instant::now();
     let (mut schedules, mut operations, mut faults, mut cancellations) = (0u64, 0, 0, 0);
@@ -96,7 +103,10 @@ async fn torture_run() {
             None => base + n,
         };
         let schedule = generator::schedule(seed);
-        if family.as_ref().is_some_and(|f| *f != format!("{:?}", schedule.config.family).to_lowercase()) {
+        if family
+            .as_ref()
+            .is_some_and(|f| *f != format!("{:?}", schedule.config.family).to_lowercase())
+        {
             continue;
         }
         clean(&redis).await;
@@ -107,7 +117,11 @@ async fn torture_run() {
         cancellations += run.cancellations;
         let found_here = oracles::check(&schedule, &run);
         if verbose {
-            let allowed = run.events.iter().filter(|e| e.outcome == fleet::Outcome::Allowed).count();
+            let allowed = run
+                .events
+                .iter()
+                .filter(|e| e.outcome == fleet::Outcome::Allowed)
+                .count();
             println!(
                 "torture: seed {seed} {:?}: {} events, {allowed} allowed, {} violations",
                 schedule.config,
@@ -123,7 +137,9 @@ async fn torture_run() {
             for v in &found_here {
                 let name = format!("{} ({:?})", v.oracle, schedule.config.family);
                 let secs = started.elapsed().as_secs_f64();
-                found.entry(name).or_insert_with(|| (seed, secs, v.detail.clone()));
+                found
+                    .entry(name)
+                    .or_insert_with(|| (seed, secs, v.detail.clone()));
             }
             continue;
         }
@@ -134,7 +150,9 @@ async fn torture_run() {
             *distinct.entry((v.oracle, v.detail.as_str())).or_default() += 1;
         }
         for ((oracle, detail), times) in distinct {
-            reports.push(format!("violation: {oracle} (seed {seed}, {times}x): {detail}"));
+            reports.push(format!(
+                "violation: {oracle} (seed {seed}, {times}x): {detail}"
+            ));
         }
         reports.push(format!(
             "shortest failing prefix for {} ({} of {} operations; TORTURE_SEED={seed} replays the whole):\n{shrunk}",

@@ -104,9 +104,10 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             {
                 // A segment's slack is for the window it began in: a fixed window's units end
                 // with their window.
-                let began_here = run.segments.iter().any(|s| {
-                    s.key == key && s.epoch == epoch && s.clock_us / period_us == window
-                });
+                let began_here = run
+                    .segments
+                    .iter()
+                    .any(|s| s.key == key && s.epoch == epoch && s.clock_us / period_us == window);
                 let slack = if began_here {
                     lease_slack(schedule, run, key, epoch)
                 } else {
@@ -211,8 +212,14 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
     for (inst, samples) in run.stats.iter().enumerate() {
         for pair in samples.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
-            let limiter = limiter_counts(&a.0).iter().zip(limiter_counts(&b.0)).any(|(x, y)| *x > y);
-            let lease = lease_counts(&a.1).iter().zip(lease_counts(&b.1)).any(|(x, y)| *x > y);
+            let limiter = limiter_counts(&a.0)
+                .iter()
+                .zip(limiter_counts(&b.0))
+                .any(|(x, y)| *x > y);
+            let lease = lease_counts(&a.1)
+                .iter()
+                .zip(lease_counts(&b.1))
+                .any(|(x, y)| *x > y);
             if limiter || lease {
                 out.push(Violation {
                     oracle: "counters",
@@ -240,7 +247,12 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
 fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     let config = &schedule.config;
     let period_us = config.period_ms * 1_000;
-    let used = per_window(&run.events, period_us, |e| one_window(e, period_us), |e| e.used);
+    let used = per_window(
+        &run.events,
+        period_us,
+        |e| one_window(e, period_us),
+        |e| e.used,
+    );
     for ((key, window, _), units) in used {
         let losses = run
             .segments
@@ -252,7 +264,9 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             let reserved: u64 = run
                 .events
                 .iter()
-                .filter(|e| e.key == key && e.clock_us / period_us == window && one_window(e, period_us))
+                .filter(|e| {
+                    e.key == key && e.clock_us / period_us == window && one_window(e, period_us)
+                })
                 .map(|e| e.cost)
                 .sum();
             out.push(Violation {

@@ -15,7 +15,10 @@ async fn fails(schedule: &Schedule, len: usize, oracle: &str, redis: &Fixture) -
     for _ in 0..TRIES {
         crate::clean(redis).await;
         let run = fleet::run(schedule, &schedule.ops[..len], redis).await;
-        if oracles::check(schedule, &run).iter().any(|v| v.oracle == oracle) {
+        if oracles::check(schedule, &run)
+            .iter()
+            .any(|v| v.oracle == oracle)
+        {
             return true;
         }
     }
