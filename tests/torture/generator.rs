@@ -154,14 +154,14 @@ impl fmt::Display for Schedule {
 /// The schedule of `seed`.
 pub fn schedule(seed: u64) -> Schedule {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let family = match rng.u32(0..8) {
-        0..=2 => Family::Rate,
-        3..=4 => Family::Settle,
-        5..=6 => Family::Concurrency,
+    let family = match rng.u32(0..9) {
+        0..=3 => Family::Rate,
+        4..=5 => Family::Settle,
+        6..=7 => Family::Concurrency,
         _ => Family::Outbound,
     };
     let config = config(&mut rng, family);
-    let len = rng.usize(8..40);
+    let len = rng.usize(8..32);
     let ops = (0..len).map(|_| draw(&mut rng, &config)).collect();
     Schedule { seed, config, ops }
 }
@@ -260,7 +260,7 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
                 inst,
                 key,
                 n: rng.usize(1..6),
-                hold_ms: rng.u64(10..5_000),
+                hold_ms: rng.u64(10..4_000),
                 cancel_us: cancel(rng),
             },
             _ => Op::Sleep {
