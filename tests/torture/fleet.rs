@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use http::{Request, Response, StatusCode};
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::key::FnKey;
+use redlimit::limiter::AcquireError;
 use redlimit::limiter::{ConcurrencyLimiter, LeaseStats, Leases, LimiterStats, SlotOutcome};
-use redlimit::outbound::OutboundLayer;
+use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::policy::FailClosed;
 use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{Limiter, Quota, Quotas, RateLimitLayer, Verdict};
@@ -36,6 +37,9 @@ pub const BOUND: Duration = Duration::from_secs(3);
 pub const SLOT_LEASE: Duration = Duration::from_millis(1_500);
 /// The outbound layer's cap on a suspension an upstream asks for.
 pub const MAX_AUTO_SUSPENSION: Duration = Duration::from_secs(1);
+/// Past the cap on suspensions, how long a refusal may still last before it is a lockout: an
+/// announced quota with a window of up to a minute is one an upstream may really have.
+pub const LOCKOUT: Duration = Duration::from_secs(60);
 /// The outbound layer's longest wait for the quota.
 pub const MAX_WAIT: Duration = Duration::from_secs(2);
 /// Where the manual clock starts: a multiple of every period the generator draws.
@@ -715,8 +719,8 @@ async fn outbound(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     }
     // Recovery: the upstream is honest again. docs/outbound.md: a pause an upstream asks for
     // is "capped at `max_auto_suspension`" and the learned quota is "never faster than the
-    // ceiling" (and, docs/../DESIGN §6c, bounded): past the cap, each instance must reach the
-    // upstream within its `max_wait`.
+    // ceiling" (and, DESIGN §6c, bounded): past the cap, each instance must reach the upstream
+    // within its `max_wait`, or be told its next unit is at most LOCKOUT away.
     *upstream.lock().unwrap() = Upstream::Honest;
     sleep(MAX_AUTO_SUSPENSION + Duration::from_millis(200)).await;
     for (inst, svc) in services.iter_mut().enumerate() {
@@ -728,6 +732,11 @@ async fn outbound(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
         let what = match timeout(bound, call).await {
             Ok(Ok(_)) if calls.load(Ordering::Relaxed) > before => continue,
             Ok(Ok(_)) => "answered without reaching the upstream".to_owned(),
+            // A quota an upstream may really have (its next unit within LOCKOUT) is followed,
+            // not a lockout.
+            Ok(Err(OutboundError::Acquire(AcquireError::DeadlineExceeded {
+                retry_after, ..
+            }))) if retry_after <= LOCKOUT => continue,
             Ok(Err(error)) => format!("refused: {error}"),
             Err(_) => format!("still pending after {bound:?}"),
         };

@@ -324,7 +324,8 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
 
 /// docs/outbound.md: an upstream's pause is "capped at `max_auto_suspension`", a learned quota
 /// is "never faster than the ceiling" and (DESIGN §6c) what learning may set is bounded: once
-/// the upstream is honest again, past the cap, every instance reaches it within `max_wait`.
+/// the upstream is honest again, past the cap, every instance reaches it within `max_wait` or
+/// is told its next unit is at most `fleet::LOCKOUT` (a minute) away.
 fn recovery(run: &Run, out: &mut Vec<Violation>) {
     for (inst, what) in &run.lockouts {
         out.push(Violation {
