@@ -1,0 +1,338 @@
+//! Schedules from a seed: a configuration and a list of operations, both drawn from one
+//! `fastrand` generator, so a seed is the whole schedule.
+//!
+//! To add an operation: a variant of [`Op`], a line in the family's `draw_*` that picks it, and
+//! its arm in `fleet.rs`.
+
+use std::fmt;
+
+use redlimit::Algorithm;
+
+use crate::faults::Fault;
+
+/// What a schedule exercises: each family has its fleet, its operations and its oracles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Checks (leases on or off, deny cache on or off) and operator controls.
+    Rate,
+    /// `ConcurrencyLimiter` slots held for a while.
+    Concurrency,
+    /// `RateLimitLayer` reserving a cost and settling it from the response.
+    Settle,
+    /// `OutboundLayer` against a scripted upstream.
+    Outbound,
+}
+
+/// Where the fleet's state lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Redis,
+    Memory,
+}
+
+/// One schedule's configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub family: Family,
+    pub backend: Backend,
+    pub algorithm: Algorithm,
+    pub instances: usize,
+    /// Units per period (the quota), or slots (concurrency).
+    pub limit: u64,
+    /// The quota's period on the manual clock, in ms.
+    pub period_ms: u64,
+    /// The lease interval in ms, when leases are on.
+    pub lease_ms: Option<u64>,
+    pub deny_cache: bool,
+    /// How many keys the schedule spreads over (key 0 is the hot one).
+    pub keys: usize,
+}
+
+/// How an outbound upstream answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Upstream {
+    /// `RateLimit-Policy` and `RateLimit` as the ceiling says, with units left.
+    Honest,
+    /// Announcement fields drawn at random (windows and resets from 0 to absurd).
+    Lying {
+        quota: u64,
+        window_s: u64,
+        remaining: u64,
+        reset_s: u64,
+    },
+    /// `429` with a `Retry-After` of this many seconds.
+    TooMany { retry_after_s: u64 },
+}
+
+/// One operation of a schedule.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// `n` concurrent checks of `cost` on instance `inst`; with `cancel_us`, each is dropped
+    /// after that long (some before the store call, some during it, some after).
+    Burst {
+        inst: usize,
+        key: usize,
+        n: usize,
+        cost: u64,
+        cancel_us: Option<u64>,
+    },
+    /// Moves the manual clock forward.
+    Advance {
+        ms: u64,
+    },
+    /// Lets real time pass (leases expire, renewals run, slots are renewed).
+    Sleep {
+        ms: u64,
+    },
+    /// Operator controls, from a limiter of their own.
+    Reset {
+        key: usize,
+    },
+    Suspend {
+        key: usize,
+        ms: u64,
+    },
+    Resume {
+        key: usize,
+    },
+    /// `Limiter::forget` and `Limiter::release_leases` on one instance.
+    Forget {
+        inst: usize,
+        key: usize,
+    },
+    Release {
+        inst: usize,
+    },
+    /// `n` slots taken on `inst` and held for `hold_ms` (in the background); with
+    /// `cancel_us`, the `acquire` future is dropped after that long.
+    Hold {
+        inst: usize,
+        key: usize,
+        n: usize,
+        hold_ms: u64,
+        cancel_us: Option<u64>,
+    },
+    /// `n` layer requests reserving `reserve` and reporting `used`, each answered after
+    /// `hold_ms` of real time (in the background).
+    Request {
+        inst: usize,
+        key: usize,
+        n: usize,
+        reserve: u64,
+        used: u64,
+        hold_ms: u64,
+    },
+    /// The scripted upstream answers this way from now on.
+    SetUpstream(Upstream),
+    /// `n` calls through instance `inst`'s outbound layer.
+    Call {
+        inst: usize,
+        n: usize,
+    },
+    /// A fault on the store.
+    Fault(Fault),
+}
+
+/// A seed's schedule.
+#[derive(Clone)]
+pub struct Schedule {
+    pub seed: u64,
+    pub config: Config,
+    pub ops: Vec<Op>,
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "seed {} config {:?}", self.seed, self.config)?;
+        for (i, op) in self.ops.iter().enumerate() {
+            writeln!(f, "  {i:3}: {op:?}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The schedule of `seed`.
+pub fn schedule(seed: u64) -> Schedule {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let family = match rng.u32(0..9) {
+        0..=3 => Family::Rate,
+        4..=5 => Family::Settle,
+        6..=7 => Family::Concurrency,
+        _ => Family::Outbound,
+    };
+    let config = config(&mut rng, family);
+    let len = rng.usize(8..32);
+    let ops = (0..len).map(|_| draw(&mut rng, &config)).collect();
+    Schedule { seed, config, ops }
+}
+
+fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
+    let backend = match family {
+        Family::Rate if rng.u32(0..4) == 0 => Backend::Memory,
+        _ => Backend::Redis,
+    };
+    let algorithm = match family {
+        // Settlement's refund per window is the fixed window's subtle case.
+        Family::Settle => Algorithm::FixedWindow,
+        _ => [
+            Algorithm::FixedWindow,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ][rng.usize(0..3)],
+    };
+    let lease_ms = (family == Family::Rate && rng.bool()).then(|| rng.u64(30..300));
+    Config {
+        family,
+        backend,
+        algorithm,
+        instances: rng.usize(2..=4),
+        limit: match family {
+            Family::Concurrency => rng.u64(1..5),
+            Family::Outbound => 20,
+            // Leases take at most a tenth of the capacity: large enough limits lease k > 1.
+            Family::Rate => rng.u64(5..120),
+            _ => rng.u64(5..60),
+        },
+        period_ms: [1_000, 10_000, 60_000][rng.usize(0..3)],
+        lease_ms,
+        deny_cache: rng.bool(),
+        keys: rng.usize(1..4),
+    }
+}
+
+/// A key index, hot (key 0) most of the time.
+fn key(rng: &mut fastrand::Rng, config: &Config) -> usize {
+    if rng.u32(0..3) == 0 {
+        rng.usize(0..config.keys)
+    } else {
+        0
+    }
+}
+
+/// A cancellation delay: most are short (before or during the store call), some long.
+fn cancel(rng: &mut fastrand::Rng) -> Option<u64> {
+    match rng.u32(0..4) {
+        0 => Some(rng.u64(0..200)),
+        1 => Some(rng.u64(200..3_000)),
+        _ => None,
+    }
+}
+
+fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
+    let inst = rng.usize(0..config.instances);
+    let key = key(rng, config);
+    let roll = rng.u32(0..100);
+    if roll < 6 {
+        return Op::Fault(crate::faults::draw(rng, config.backend));
+    }
+    match config.family {
+        Family::Rate => match roll {
+            6..=45 => Op::Burst {
+                inst,
+                key,
+                n: rng.usize(1..40),
+                cost: if rng.u32(0..4) == 0 { rng.u64(1..4) } else { 1 },
+                // Fewer cancellations here: a broken key stops deciding, which hides what a
+                // schedule would find after it.
+                cancel_us: if rng.u32(0..3) == 0 {
+                    cancel(rng)
+                } else {
+                    None
+                },
+            },
+            46..=52 => Op::Advance {
+                ms: advance(rng, config),
+            },
+            53..=60 => Op::Sleep {
+                ms: rng.u64(1..400),
+            },
+            61..=72 => Op::Reset { key },
+            73..=75 => Op::Suspend {
+                key,
+                ms: rng.u64(1..2_000),
+            },
+            76..=77 => Op::Resume { key },
+            78..=88 => Op::Forget { inst, key },
+            _ => Op::Release { inst },
+        },
+        Family::Concurrency => match roll {
+            6..=65 => Op::Hold {
+                inst,
+                key,
+                n: rng.usize(1..6),
+                hold_ms: rng.u64(10..4_000),
+                cancel_us: cancel(rng),
+            },
+            _ => Op::Sleep {
+                ms: rng.u64(1..600),
+            },
+        },
+        Family::Settle => match roll {
+            6..=60 => {
+                let reserve = rng.u64(1..6);
+                Op::Request {
+                    inst,
+                    key,
+                    n: rng.usize(1..25),
+                    reserve,
+                    used: rng.u64(0..=reserve),
+                    hold_ms: rng.u64(0..300),
+                }
+            }
+            61..=80 => Op::Advance {
+                ms: advance(rng, config),
+            },
+            _ => Op::Sleep {
+                ms: rng.u64(1..400),
+            },
+        },
+        Family::Outbound => match roll {
+            6..=60 => Op::Call {
+                inst,
+                n: rng.usize(1..6),
+            },
+            61..=85 => Op::SetUpstream(upstream(rng)),
+            _ => Op::Sleep {
+                ms: rng.u64(1..300),
+            },
+        },
+    }
+}
+
+/// A clock step: within a window, to its edge, or across several.
+fn advance(rng: &mut fastrand::Rng, config: &Config) -> u64 {
+    match rng.u32(0..3) {
+        0 => rng.u64(1..config.period_ms / 4),
+        1 => config.period_ms,
+        _ => rng.u64(1..3 * config.period_ms),
+    }
+}
+
+fn upstream(rng: &mut fastrand::Rng) -> Upstream {
+    // Magnitudes from honest to absurd.
+    let any = |rng: &mut fastrand::Rng| {
+        [
+            0,
+            1,
+            2,
+            20,
+            60,
+            3_600,
+            86_400,
+            1_000_000_000,
+            999_999_999_999_999,
+        ][rng.usize(0..9)]
+    };
+    match rng.u32(0..3) {
+        0 => Upstream::Honest,
+        1 => Upstream::Lying {
+            quota: any(rng),
+            window_s: any(rng),
+            remaining: any(rng),
+            reset_s: any(rng),
+        },
+        _ => Upstream::TooMany {
+            retry_after_s: any(rng),
+        },
+    }
+}

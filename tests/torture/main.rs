@@ -1,0 +1,178 @@
+//! The torture test: random schedules of a fleet of limiter instances, an operator, cancelled
+//! futures and injected faults, against a private `redis-server` (and `MemoryStore`), each run
+//! checked by oracles that restate the docs' promises.
+//!
+//! - `cargo test --test torture -- --nocapture`: schedules from a printed base seed for
+//!   `TORTURE_SECS` seconds (60 by default, so CI stays under 90 s with Redis's startup);
+//!   `TORTURE_BASE=<n>` repeats a run's seed sequence.
+//! - `TORTURE_SEED=<seed>`: replays one schedule.
+//! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound>` runs one family alone,
+//!   `TORTURE_VERBOSE=1` prints a line per schedule.
+//! - `TORTURE_KEEP_GOING=1`: does not stop at the first violation; prints each distinct oracle
+//!   that fired with its first seed and the seconds it took to find.
+//!
+//! It prints, last, `torture: schedules N, operations N, faults N, cancellations N,
+//! violations N`, and fails when a violation was found, after printing each with its oracle,
+//! seed, configuration and shrunk schedule.
+//!
+//! Modules: `generator` (seed to configuration and operations), `fleet` (builds the instances
+//! and runs the operations, recording every decision), `faults` (what can happen to Redis),
+//! `oracles` (one per promise) and `shrink` (the shortest failing prefix).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod faults;
+mod fleet;
+mod generator;
+mod oracles;
+mod shrink;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fleet::Fixture;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// Between schedules: the server is up and empty (a schedule may have killed it).
+async fn clean(redis: &Fixture) {
+    let redis = redis.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut redis = redis.lock().unwrap();
+        if !redis.is_running() {
+            redis.restart();
+        }
+        // A `DEBUG SLEEP` may still run: FLUSHALL waits for it.
+        redis.flushall();
+    })
+    .await
+    .expect("clean");
+}
+
+#[test]
+fn torture() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(torture_run());
+}
+
+async fn torture_run() {
+    let redis: Fixture = Arc::new(Mutex::new(
+        tokio::task::spawn_blocking(support::RedisServer::start)
+            .await
+            .expect("redis"),
+    ));
+    let replay = env_u64("TORTURE_SEED");
+    let keep_going = std::env::var("TORTURE_KEEP_GOING").is_ok_and(|v| v != "0" && !v.is_empty());
+    // A family (`rate`, `settle`, `concurrency`, `outbound`) to run alone, and a line per schedule.
+    let family = std::env::var("TORTURE_FAMILY").ok();
+    let verbose = std::env::var("TORTURE_VERBOSE").is_ok();
+    let budget = Duration::from_secs(env_u64("TORTURE_SECS").unwrap_or(60));
+    let base = env_u64("TORTURE_BASE").unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 1_000_000
+            * 1_000
+    });
+    match replay {
+        Some(seed) => println!("torture: replaying seed {seed}"),
+        None => println!(
+            "torture: base seed {base} (TORTURE_BASE={base} repeats this run), budget {budget:?}"
+        ),
+    }
+    let started = Instant::now();
+    let (mut schedules, mut operations, mut faults, mut cancellations) = (0u64, 0, 0, 0);
+    let mut violations = 0u64;
+    // Oracle and family -> (first seed, seconds to find, detail).
+    let mut found: BTreeMap<String, (u64, f64, String)> = BTreeMap::new();
+    let mut reports = Vec::new();
+    for n in 0.. {
+        let seed = match replay {
+            Some(seed) if n == 0 => seed,
+            Some(_) => break,
+            None if started.elapsed() >= budget => break,
+            None => base + n,
+        };
+        let schedule = generator::schedule(seed);
+        if family
+            .as_ref()
+            .is_some_and(|f| *f != format!("{:?}", schedule.config.family).to_lowercase())
+        {
+            continue;
+        }
+        clean(&redis).await;
+        let run = fleet::run(&schedule, &schedule.ops, &redis).await;
+        schedules += 1;
+        operations += run.operations;
+        faults += run.faults.len() as u64;
+        cancellations += run.cancellations;
+        let found_here = oracles::check(&schedule, &run);
+        if verbose {
+            let allowed = run
+                .events
+                .iter()
+                .filter(|e| e.outcome == fleet::Outcome::Allowed)
+                .count();
+            println!(
+                "torture: seed {seed} {:?}: {} events, {allowed} allowed, {} violations",
+                schedule.config,
+                run.events.len(),
+                found_here.len()
+            );
+        }
+        if found_here.is_empty() {
+            continue;
+        }
+        violations += found_here.len() as u64;
+        if keep_going {
+            for v in &found_here {
+                let name = format!("{} ({:?})", v.oracle, schedule.config.family);
+                let secs = started.elapsed().as_secs_f64();
+                found
+                    .entry(name)
+                    .or_insert_with(|| (seed, secs, v.detail.clone()));
+            }
+            continue;
+        }
+        let first = &found_here[0];
+        let shrunk = shrink::shrink(&schedule, first.oracle, &redis).await;
+        let mut distinct: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        for v in &found_here {
+            *distinct.entry((v.oracle, v.detail.as_str())).or_default() += 1;
+        }
+        for ((oracle, detail), times) in distinct {
+            reports.push(format!(
+                "violation: {oracle} (seed {seed}, {times}x): {detail}"
+            ));
+        }
+        reports.push(format!(
+            "shortest failing prefix for {} ({} of {} operations; TORTURE_SEED={seed} replays the whole):\n{shrunk}",
+            first.oracle,
+            shrunk.ops.len(),
+            schedule.ops.len()
+        ));
+        break;
+    }
+    for report in &reports {
+        println!("{report}");
+    }
+    if keep_going {
+        println!("torture: findings (oracle (family), first seed, seconds to find, detail)");
+        for (name, (seed, secs, detail)) in &found {
+            println!("  {name}: seed {seed}, {secs:.1} s: {detail}");
+        }
+    }
+    println!(
+        "torture: schedules {schedules}, operations {operations}, faults {faults}, cancellations {cancellations}, violations {violations}"
+    );
+    assert_eq!(violations, 0, "the torture test found violations (above)");
+}
