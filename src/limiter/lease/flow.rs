@@ -482,10 +482,114 @@ async fn sweep(weak: Weak<Inner>, every: std::time::Duration) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures::future::BoxFuture;
+
+    use crate::clock::{Clock, ManualClock};
+    use crate::decision::Decision;
     use crate::limiter::stats::PolicyLabel;
     use crate::limiter::Leases;
-    use crate::store::MemoryStore;
+    use crate::store::{CheckRequest, MemoryStore, RefundRequest, Store, StoreError};
     use crate::{Limiter, Quota, Quotas};
+
+    /// A memory store that counts its checks and peeks (checks of cost 0), and can leave its
+    /// first check unanswered for good (a store that breaks its own timeout).
+    #[derive(Debug, Default)]
+    struct Probe {
+        memory: MemoryStore,
+        checks: Arc<AtomicU64>,
+        peeks: Arc<AtomicU64>,
+        hang_first: Arc<AtomicBool>,
+        timeout: Option<Duration>,
+    }
+
+    impl Store for Probe {
+        fn check<'a>(
+            &'a self,
+            request: CheckRequest<'a>,
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            self.checks.fetch_add(1, Ordering::Relaxed);
+            if request.cost == 0 {
+                self.peeks.fetch_add(1, Ordering::Relaxed);
+            }
+            if self.hang_first.swap(false, Ordering::Relaxed) {
+                return Box::pin(std::future::pending());
+            }
+            self.memory.check(request)
+        }
+
+        fn refund<'a>(
+            &'a self,
+            request: RefundRequest<'a>,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            self.memory.refund(request)
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn background_renewals_never_peek_after_the_rate_falls() {
+        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+        let probe = Probe::default();
+        let (checks, peeks) = (probe.checks.clone(), probe.peeks.clone());
+        let limiter = Limiter::builder(probe)
+            .clock(Clock::Manual(clock.clone()))
+            .leases(Leases::new(Duration::from_millis(50)))
+            .build()
+            .unwrap();
+        let quota = Quota::per_second(1_000_000).unwrap();
+        // One request every 10 µs for 100 ms, then one every 80 µs for 400 ms: the rate falls
+        // eightfold.
+        for (every, for_) in [(10, 100_000), (80, 400_000)] {
+            for _ in 0..for_ / every {
+                assert!(limiter.check("hot", &quota).await.is_allowed());
+                clock.advance(Duration::from_micros(every));
+                // Lets a background renewal run.
+                tokio::task::yield_now().await;
+            }
+        }
+        let (checks, peeks) = (checks.load(Ordering::Relaxed), peeks.load(Ordering::Relaxed));
+        assert!(checks > 10, "the lease was renewed: {checks}");
+        assert_eq!(peeks, 0, "{peeks} of {checks} store calls were peeks");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn forgetting_a_key_wakes_the_requests_waiting_for_its_renewal() {
+        let probe = Probe {
+            hang_first: Arc::new(AtomicBool::new(true)),
+            ..Probe::default()
+        };
+        let probe_checks = probe.checks.clone();
+        let limiter = Limiter::builder(probe)
+            .leases(Leases::default())
+            .build()
+            .unwrap();
+        let quota = Quota::per_hour(1_000).unwrap();
+        let checks = probe_checks;
+        // The first request's renewal is never answered; the second waits for it.
+        let first = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.check("k", &quota).await }
+        });
+        while checks.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let second = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.check("k", &quota).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!second.is_finished(), "it waits for the renewal in flight");
+        limiter.forget("k");
+        let second = tokio::time::timeout(Duration::from_secs(5), second).await;
+        assert!(
+            second.is_ok_and(|verdict| verdict.unwrap().is_allowed()),
+            "the waiting request was still pending 5 s after its key was forgotten"
+        );
+        first.abort();
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_held_lease_answers_without_a_future_and_anything_else_is_left_to_the_check() {
