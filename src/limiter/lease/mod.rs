@@ -263,7 +263,7 @@ struct Lease {
     /// The quotas it was taken under (also in its state, which sizes k from them).
     quotas: Quotas,
     state: Mutex<State>,
-    /// Wakes the requests waiting for the renewal in flight.
+    /// Wakes the requests waiting for the renewal in flight, when it ends or the lease does.
     renewed: Notify,
 }
 
@@ -377,7 +377,11 @@ impl LeaseTable {
         };
         let mut state = lease.state.lock().expect("lease");
         state.detached = true;
-        Some((state.quotas, state.clear(now, self.sizing.interval)))
+        let released = state.clear(now, self.sizing.interval);
+        drop(state);
+        // Its waiters check as without leases.
+        lease.renewed.notify_waiters();
+        Some((lease.quotas, released))
     }
 
     /// Removes every lease (for [`Limiter::release_leases`](crate::Limiter::release_leases)).
@@ -388,7 +392,9 @@ impl LeaseTable {
                 let mut state = lease.state.lock().expect("lease");
                 state.detached = true;
                 let released = state.clear(now, self.sizing.interval);
-                out.push((lease.key.clone(), state.quotas, released));
+                drop(state);
+                lease.renewed.notify_waiters();
+                out.push((lease.key.clone(), lease.quotas, released));
             }
         }
         out
@@ -413,6 +419,10 @@ impl LeaseTable {
                 };
                 if released != state::Released::default() {
                     out.push((lease.key.clone(), state.quotas, released));
+                }
+                if gone {
+                    drop(state);
+                    lease.renewed.notify_waiters();
                 }
                 !gone
             });
