@@ -19,9 +19,24 @@ const BOUND: Duration = Duration::from_secs(2);
 /// How long Redis is held with `DEBUG SLEEP` so that a renewal is in flight when it is dropped.
 const HELD: Duration = Duration::from_millis(400);
 
-/// A slow key: every request is a renewal of one unit (k = 1).
+/// A slow key: every request is a renewal of one unit (k = 1), and the quota refills too
+/// slowly to blur a count of units.
 fn slow() -> Quota {
-    Quota::per_hour(1_000).unwrap()
+    Quota::per_day(1_000).unwrap()
+}
+
+/// The units Redis holds consumed on `key`, once they equal `expected` or after 5 s (a unit
+/// that goes back to Redis does so in the background).
+async fn consumed(limiter: &Limiter, key: &str, expected: u64) -> u64 {
+    let started = std::time::Instant::now();
+    loop {
+        let peek = limiter.check_quotas(key, &slow().into(), 0).await;
+        let consumed = 1_000 - peek.decision().unwrap().remaining;
+        if consumed == expected || started.elapsed() > Duration::from_secs(5) {
+            return consumed;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn leasing(redis: &RedisServer) -> Limiter {
@@ -90,6 +105,10 @@ async fn a_request_dropped_during_its_renewal_never_hangs_the_later_requests_on_
             }
         }
         hung.push((point, pending));
+        // What the dropped request's renewal took was spent by a later request or went back:
+        // Redis counts exactly the admitted requests.
+        let admitted = 5 - pending + u64::from(matches!(point, DropPoint::AfterAnswer));
+        assert_eq!(consumed(&limiter, &key, admitted).await, admitted, "{point:?}");
     }
     assert!(
         hung.iter().all(|&(_, pending)| pending == 0),
