@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 mod modes;
 mod shard;
 
-use self::shard::{expiry, KeyState, Shard, Stored};
+use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
     capped_cost, control, decide, foreign_state, log_controls_key, tenant_key, Kind, Op, Refused,
@@ -216,7 +216,8 @@ impl MemoryStore {
                             },
                             expires_at: expiry(now, ttl_ms),
                         };
-                        shard.put(held, request.key, stored, now, max);
+                        let slot = shard.put(held, request.key, stored, now, max);
+                        shard.set_used(slot, used_share(&reply, quotas));
                     }
                     reply
                 })
