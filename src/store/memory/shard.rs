@@ -475,6 +475,45 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_full_shard_evicts_the_key_that_loses_the_least_and_controls_last() {
+        let now = 1_000;
+        let mut shard = Shard::default();
+        let controls = |expires_at| Stored {
+            state: KeyState::Bytes(vec![CONTROLS; 10]),
+            expires_at,
+        };
+        // Closest to expiry first: a tenant's suspension, a route's override, a spent key, then
+        // two keys with a tenth of their quota in use.
+        shard.insert("{a}#t", controls(now + 10), now, 5);
+        shard.insert("{b}", controls(now + 20), now, 5);
+        let spent = shard.insert("spent", stored(now + 30), now, 5);
+        shard.set_used(spent, 1.0);
+        for (key, at) in [("light-1", now + 40), ("light-2", now + 50)] {
+            let slot = shard.insert(key, stored(at), now, 5);
+            shard.set_used(slot, 0.1);
+        }
+        let light = |shard: &mut Shard, key: &str| {
+            let slot = shard.insert(key, stored(now + 1_000), now, 5);
+            shard.set_used(slot, 0.1);
+        };
+        light(&mut shard, "new-1");
+        assert_eq!(keys(&shard), ["light-2", "new-1", "spent", "{a}#t", "{b}"]);
+        light(&mut shard, "new-2");
+        light(&mut shard, "new-3");
+        // The barely used keys go among themselves, closest to expiry first; the spent key and
+        // the controls stay.
+        assert_eq!(keys(&shard), ["new-2", "new-3", "spent", "{a}#t", "{b}"]);
+        // A shard of nothing but controls: the one closest to expiry goes.
+        let mut only_controls = Shard::default();
+        only_controls.insert("{a}#t", controls(now + 10), now, 2);
+        only_controls.insert("{b}", controls(now + 20), now, 2);
+        only_controls.insert("x", stored(now + 1_000), now, 2);
+        assert_eq!(keys(&only_controls), ["x", "{b}"]);
+        assert_consistent(&shard);
+        assert_consistent(&only_controls);
+    }
+
+    #[test]
     fn a_full_shard_drops_every_expired_key_in_its_sample() {
         let now = 1_000;
         let mut shard = Shard::default();
