@@ -108,7 +108,11 @@ async fn a_request_dropped_during_its_renewal_never_hangs_the_later_requests_on_
         // What the dropped request's renewal took was spent by a later request or went back:
         // Redis counts exactly the admitted requests.
         let admitted = 5 - pending + u64::from(matches!(point, DropPoint::AfterAnswer));
-        assert_eq!(consumed(&limiter, &key, admitted).await, admitted, "{point:?}");
+        assert_eq!(
+            consumed(&limiter, &key, admitted).await,
+            admitted,
+            "{point:?}"
+        );
     }
     assert!(
         hung.iter().all(|&(_, pending)| pending == 0),
@@ -124,8 +128,7 @@ async fn a_request_dropped_during_its_renewal_never_hangs_the_later_requests_on_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_response_future_dropped_by_a_timeout_never_hangs_the_later_requests_through_the_layer()
-{
+async fn a_response_future_dropped_by_a_timeout_never_hangs_the_later_requests_through_the_layer() {
     use http_body_util::Full;
     use redlimit::key::GlobalKey;
     use redlimit::RateLimitLayer;
@@ -143,8 +146,11 @@ async fn a_response_future_dropped_by_a_timeout_never_hangs_the_later_requests_t
     let request = || http::Request::new(Full::default());
 
     let sleeping = redis.debug_sleep(HELD);
-    let dropped =
-        tokio::time::timeout(Duration::from_millis(50), service.clone().oneshot(request())).await;
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        service.clone().oneshot(request()),
+    )
+    .await;
     assert!(dropped.is_err(), "Redis sleeps: the renewal is in flight");
     tokio::task::spawn_blocking(move || sleeping.join().unwrap())
         .await
@@ -157,5 +163,8 @@ async fn a_response_future_dropped_by_a_timeout_never_hangs_the_later_requests_t
             Err(_) => hung += 1,
         }
     }
-    assert_eq!(hung, 0, "{hung} of 5 later requests still pending after {BOUND:?}");
+    assert_eq!(
+        hung, 0,
+        "{hung} of 5 later requests still pending after {BOUND:?}"
+    );
 }

@@ -706,7 +706,10 @@ mod tests {
                 tokio::task::yield_now().await;
             }
         }
-        let (checks, peeks) = (checks.load(Ordering::Relaxed), peeks.load(Ordering::Relaxed));
+        let (checks, peeks) = (
+            checks.load(Ordering::Relaxed),
+            peeks.load(Ordering::Relaxed),
+        );
         assert!(checks > 10, "the lease was renewed: {checks}");
         assert_eq!(peeks, 0, "{peeks} of {checks} store calls were peeks");
     }

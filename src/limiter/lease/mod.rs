@@ -49,7 +49,10 @@ pub(super) const LEASE_DENY_CACHE_KEYS: usize = 10_000;
 ///
 /// With leases on, an instance takes k units of a key's quota in one store call, consumed in
 /// Redis first in every tier (all or none), spends them in process, and renews in the
-/// background when half are spent, with at most one renewal in flight per key. k follows this
+/// background when half are spent, with at most one renewal in flight per key. A request that
+/// waits for another's renewal waits at most the store's
+/// [`call_timeout`](crate::store::Store::call_timeout) before the failure policy answers it,
+/// and a renewal outlives a request dropped during it (see the guide). k follows this
 /// instance's own rate on the key, about rate × `interval`, at least 1, at most
 /// [`max_units`](Self::max_units) and a tenth of the smallest capacity of the key's quotas; at
 /// k = 1 every request is one store call, as without leases, with the same decisions and

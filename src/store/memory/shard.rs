@@ -60,7 +60,11 @@ impl Slot {
     /// refill; an estimate for the windows).
     fn loss(&self, now: u64) -> f32 {
         let left = self.stored.expires_at.saturating_sub(now);
-        let span = self.stored.expires_at.saturating_sub(self.written_at).max(1);
+        let span = self
+            .stored
+            .expires_at
+            .saturating_sub(self.written_at)
+            .max(1);
         self.used * (left.min(span) as f32 / span as f32)
     }
 
@@ -639,7 +643,11 @@ pub(super) mod tests {
             limiter.check(&format!("flood-{i}"), &per_hour).await;
         }
         let suspended = *limiter.check("tenant", &per_hour).await.decision().unwrap();
-        let spent = *limiter.check("spent", &per_minute).await.decision().unwrap();
+        let spent = *limiter
+            .check("spent", &per_minute)
+            .await
+            .decision()
+            .unwrap();
         assert_eq!(
             (suspended.allowed, suspended.suspended, spent.allowed),
             (false, true, false),
