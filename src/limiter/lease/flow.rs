@@ -98,13 +98,16 @@ impl Limiter {
                 }
                 Step::Renew(ask) => break ask,
                 Step::Direct => {
+                    let direct = self.decide_direct(storage_key, quotas, cost, label, None);
                     return self
-                        .decide_direct(storage_key, quotas, cost, label, None)
-                        .await
+                        .within(deadline, direct, storage_key, quotas, cost, label)
+                        .await;
                 }
             }
         };
-        self.renew(&lease, storage_key, ask, cost, label).await
+        let renewal = self.renew(&lease, storage_key, ask, cost, label);
+        self.within(deadline, renewal, storage_key, quotas, cost, label)
+            .await
     }
 
     /// Waits for the renewal in flight, until the store's call timeout after this request
@@ -112,16 +115,42 @@ impl Limiter {
     async fn wait_for_renewal(
         &self,
         notified: Notified<'_>,
-        deadline: &mut Option<tokio::time::Instant>,
+        deadline: &mut Option<(tokio::time::Instant, Duration)>,
     ) -> Result<(), Duration> {
         let Some(timeout) = self.inner.store.call_timeout() else {
             notified.await;
             return Ok(());
         };
-        let deadline = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+        let (deadline, _) =
+            *deadline.get_or_insert_with(|| (tokio::time::Instant::now() + timeout, timeout));
         tokio::time::timeout_at(deadline, notified)
             .await
             .map_err(|_| timeout)
+    }
+
+    /// `decided` for a request that waited (so has a `deadline`): within the store's call
+    /// timeout of its first wait, else the failure policy's answer (a renewal it started goes
+    /// on in a task).
+    async fn within(
+        &self,
+        deadline: Option<(tokio::time::Instant, Duration)>,
+        decided: impl Future<Output = Verdict>,
+        key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Verdict {
+        let Some((deadline, timeout)) = deadline else {
+            return decided.await;
+        };
+        match tokio::time::timeout_at(deadline, decided).await {
+            Ok(verdict) => verdict,
+            Err(_) => self.fail(
+                StoreError::Timeout(timeout),
+                self.request(key, quotas, cost),
+                label,
+            ),
+        }
     }
 
     /// The decision for a request of `cost` on `storage_key` when the key's lease holds enough
