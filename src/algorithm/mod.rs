@@ -88,7 +88,8 @@ pub(crate) mod testing;
 
 pub(crate) use self::block::{block_us, offences_key, BLOCK_WRAPPER};
 pub(crate) use self::layout::{
-    capped_cost, log_controls_key, tenant_key, Controls, Op, Reply, OVERRIDE_IDLE_MS, STAMP,
+    capped_cost, is_tenant_key, log_controls_key, tenant_key, Controls, Op, Reply, CONTROLS,
+    OVERRIDE_IDLE_MS, STAMP,
 };
 #[cfg(test)]
 pub(crate) use self::mirror::ttl_ms;

@@ -201,6 +201,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         ))))
     }
 
+    /// The longest one call takes before it fails with [`StoreError::Timeout`], when the store
+    /// bounds its calls; `None` (the default) when it does not say. A request waiting for
+    /// another request's lease renewal waits no longer than this before the failure policy
+    /// answers it.
+    fn call_timeout(&self) -> Option<Duration> {
+        None
+    }
+
     /// Takes, renews or gives back a fleet-wide concurrency slot, atomically
     /// (`lua/slots.lua`). The default answers [`StoreError::Unsupported`].
     fn slots<'a>(

@@ -29,6 +29,7 @@ mod harness;
 mod layer;
 mod layer_quotas;
 mod leases;
+mod leases_cancel;
 mod logs;
 mod misconfiguration;
 mod modes;

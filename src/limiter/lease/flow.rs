@@ -3,9 +3,23 @@
 //! A request spends held units when the key's lease has enough. Otherwise it waits for the
 //! renewal in flight, or, when none is, it renews itself: one store call of cost k (or of its
 //! own cost at k = 1, which is exactly a check without leases), whose decision it gets.
+//!
+//! A request's future may be dropped at any await (a client that disconnects, a timeout, a
+//! `select!`), so no request waits on a renewal that nobody will finish: a renewal a request
+//! started is handed to a task when that request is dropped ([`HandOn`]), and keeps the units
+//! it would have spent; any renewal's future that is dropped before its end ends it
+//! ([`Unfinished`]), which wakes the waiters to renew themselves. A waiter also waits no longer
+//! than the store's [`call_timeout`](crate::store::Store::call_timeout): past it the failure
+//! policy answers. A lease that ends (forgotten, released, idle) wakes its waiters, which then
+//! check as without leases.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::sync::futures::Notified;
 
 use super::state::Released;
@@ -28,6 +42,8 @@ enum Step<'a> {
     Wait(Notified<'a>),
     /// Renew now, for this many units.
     Renew(u64),
+    /// The lease ended while this request waited: check as without leases.
+    Direct,
 }
 
 impl Limiter {
@@ -52,6 +68,7 @@ impl Limiter {
         };
         self.start_sweeping(leases);
         let mut waited_for = None;
+        let mut deadline = None;
         let mut now = Some(now);
         let ask = loop {
             let now = now.take().unwrap_or_else(|| leases.now(&self.inner.clock));
@@ -73,12 +90,67 @@ impl Limiter {
                     return Verdict::Decided(decision);
                 }
                 Step::Answered(verdict) => return verdict,
-                Step::Wait(notified) => notified.await,
+                Step::Wait(notified) => {
+                    if let Err(timeout) = self.wait_for_renewal(notified, &mut deadline).await {
+                        let request = self.request(storage_key, quotas, cost);
+                        return self.fail(StoreError::Timeout(timeout), request, label);
+                    }
+                }
                 Step::Renew(ask) => break ask,
+                Step::Direct => {
+                    let direct = self.decide_direct(storage_key, quotas, cost, label, None);
+                    return self
+                        .within(deadline, direct, storage_key, quotas, cost, label)
+                        .await;
+                }
             }
         };
-        self.renew(leases, &lease, storage_key, ask, cost, label)
+        let renewal = self.renew(&lease, storage_key, ask, cost, label);
+        self.within(deadline, renewal, storage_key, quotas, cost, label)
             .await
+    }
+
+    /// Waits for the renewal in flight, until the store's call timeout after this request
+    /// first waited; the timeout when it ran out (that renewal should have ended by then).
+    async fn wait_for_renewal(
+        &self,
+        notified: Notified<'_>,
+        deadline: &mut Option<(tokio::time::Instant, Duration)>,
+    ) -> Result<(), Duration> {
+        let Some(timeout) = self.inner.store.call_timeout() else {
+            notified.await;
+            return Ok(());
+        };
+        let (deadline, _) =
+            *deadline.get_or_insert_with(|| (tokio::time::Instant::now() + timeout, timeout));
+        tokio::time::timeout_at(deadline, notified)
+            .await
+            .map_err(|_| timeout)
+    }
+
+    /// `decided` for a request that waited (so has a `deadline`): within the store's call
+    /// timeout of its first wait, else the failure policy's answer (a renewal it started goes
+    /// on in a task).
+    async fn within(
+        &self,
+        deadline: Option<(tokio::time::Instant, Duration)>,
+        decided: impl Future<Output = Verdict>,
+        key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Verdict {
+        let Some((deadline, timeout)) = deadline else {
+            return decided.await;
+        };
+        match tokio::time::timeout_at(deadline, decided).await {
+            Ok(verdict) => verdict,
+            Err(_) => self.fail(
+                StoreError::Timeout(timeout),
+                self.request(key, quotas, cost),
+                label,
+            ),
+        }
     }
 
     /// The decision for a request of `cost` on `storage_key` when the key's lease holds enough
@@ -105,10 +177,10 @@ impl Limiter {
             state.last_used = now;
             let expired = state.expire(now, sizing.interval);
             let decision = state.take(cost, now);
-            let prefetch = (decision.is_some() && state.wants_prefetch(now, sizing)).then(|| {
-                state.renewing = true;
-                state.plan(now, 0, sizing)
-            });
+            let prefetch = decision
+                .is_some()
+                .then(|| state.start_prefetch(now, sizing))
+                .flatten();
             (decision, prefetch, expired)
         };
         self.release(leases, storage_key, quotas, expired);
@@ -138,11 +210,7 @@ impl Limiter {
         state.last_used = now;
         let expired = state.expire(now, sizing.interval);
         let step = if let Some(decision) = state.take(cost, now) {
-            let prefetch = state.wants_prefetch(now, sizing).then(|| {
-                state.renewing = true;
-                state.plan(now, 0, sizing)
-            });
-            Step::Spent(decision, prefetch)
+            Step::Spent(decision, state.start_prefetch(now, sizing))
         } else if waited_for.is_some_and(|g| state.generation > g) && state.last_failed {
             // The renewal this request waited for failed: the failure policy answers, without
             // another store call per waiter.
@@ -153,6 +221,8 @@ impl Limiter {
                 request,
                 label,
             ))
+        } else if state.detached {
+            Step::Direct
         } else if state.renewing {
             *waited_for = Some(state.generation);
             Step::Wait(lease.renewed.notified())
@@ -181,18 +251,49 @@ impl Limiter {
         Some(decision)
     }
 
-    /// The renewal a request waits on: `ask` units, `cost` of them its own. A denial of more
-    /// than `cost` is asked again for what is left (so the last units of a quota are leased
-    /// too), then for `cost` alone (so the denial is exactly the one a check would get).
+    /// The renewal a request waits on: `ask` units, `cost` of them its own (see
+    /// [`renewal`](Self::renewal)). Handed to a task if the request is dropped first.
     async fn renew(
         &self,
-        leases: &LeaseTable,
         lease: &Arc<Lease>,
+        key: &str,
+        ask: u64,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Verdict {
+        let (limiter, owned, key, label) = (
+            self.clone(),
+            lease.clone(),
+            Box::<str>::from(key),
+            label.clone(),
+        );
+        let renewal = async move {
+            let unfinished = Unfinished::new(&owned);
+            let verdict = limiter.renewal(&owned, &key, ask, cost, &label).await;
+            unfinished.disarm();
+            verdict
+        };
+        HandOn {
+            renewal: Some(Box::pin(renewal)),
+            lease: lease.clone(),
+        }
+        .await
+    }
+
+    /// A renewal of `ask` units, `cost` of them for the request that started it. A denial of
+    /// more than `cost` is asked again for what is left (so the last units of a quota are
+    /// leased too), then for `cost` alone (so the denial is exactly the one a check would
+    /// get). The request's decision, or `None` when the request was dropped meanwhile (its
+    /// units then stay held).
+    async fn renewal(
+        &self,
+        lease: &Lease,
         key: &str,
         mut ask: u64,
         cost: u64,
         label: &PolicyLabel,
-    ) -> Verdict {
+    ) -> Option<Verdict> {
+        let leases = self.inner.leases.as_ref()?;
         let quotas = &lease.quotas;
         loop {
             let sent = leases.now(&self.inner.clock);
@@ -202,54 +303,70 @@ impl Limiter {
             let decision = match result {
                 Ok(decision) => decision,
                 Err(error) => {
-                    self.finish(lease, true);
-                    return self.fail(error, self.request(key, quotas, cost), label);
+                    let abandoned = {
+                        let mut state = lease.state.lock().expect("lease");
+                        let abandoned = state.abandoned;
+                        state.finish(true);
+                        abandoned
+                    };
+                    lease.renewed.notify_waiters();
+                    return (!abandoned)
+                        .then(|| self.fail(error, self.request(key, quotas, cost), label));
                 }
             };
             if decision.allowed {
                 let mut state = lease.state.lock().expect("lease");
-                let answer = state.granted(ask - cost, cost, &decision, sent, &leases.sizing);
+                let abandoned = state.abandoned;
+                let spent = if abandoned { 0 } else { cost };
+                let answer = state.granted(ask - spent, spent, &decision, sent, &leases.sizing);
                 let detached = state
                     .detached
                     .then(|| state.clear(leases.now(&self.inner.clock), leases.sizing.interval));
                 state.finish(false);
                 drop(state);
                 lease.renewed.notify_waiters();
-                Counters::add(&leases.counters.spent, cost);
+                Counters::add(&leases.counters.spent, spent);
                 if let Some(released) = detached {
                     self.release(leases, key, quotas, released);
                 }
-                self.inner.stats.count_decision(&answer, label);
                 if let Some(cache) = &self.inner.deny_cache {
                     cache.admitted(key, quotas, ask);
                 }
-                return Verdict::Decided(answer);
+                if abandoned {
+                    return None;
+                }
+                self.inner.stats.count_decision(&answer, label);
+                return Some(Verdict::Decided(answer));
             }
-            if ask > cost && !decision.suspended {
-                ask = match decision.remaining {
-                    left if left >= cost && left < ask => left,
-                    _ => cost,
-                };
-                continue;
-            }
-            let released = {
+            let (released, abandoned) = {
                 let mut state = lease.state.lock().expect("lease");
+                let abandoned = state.abandoned;
+                if ask > cost && !decision.suspended && !abandoned {
+                    ask = match decision.remaining {
+                        left if left >= cost && left < ask => left,
+                        _ => cost,
+                    };
+                    continue;
+                }
                 let released = decision
                     .suspended
                     .then(|| state.clear(leases.now(&self.inner.clock), leases.sizing.interval));
                 state.finish(false);
-                released
+                (released, abandoned)
             };
             lease.renewed.notify_waiters();
             if let Some(released) = released {
                 self.release(leases, key, quotas, released);
             }
-            self.inner.stats.count_decision(&decision, label);
             if let (Some(cache), Some(started)) = (&self.inner.deny_cache, started) {
                 let now = cache.now(self.inner.clock.now_micros());
                 cache.remember(key, quotas, cost, &decision, now, started);
             }
-            return Verdict::Decided(decision);
+            if abandoned {
+                return None;
+            }
+            self.inner.stats.count_decision(&decision, label);
+            return Some(Verdict::Decided(decision));
         }
     }
 
@@ -288,7 +405,11 @@ impl Limiter {
             return;
         };
         let (limiter, key, label) = (self.clone(), Box::<str>::from(key), label.clone());
-        runtime.spawn(async move { limiter.prefetch(&lease, &key, ask, &label).await });
+        runtime.spawn(async move {
+            let unfinished = Unfinished::new(&lease);
+            limiter.prefetch(&lease, &key, ask, &label).await;
+            unfinished.disarm();
+        });
     }
 
     /// A background renewal: like [`renew`](Self::renew) with no request of its own. A denial
@@ -491,6 +612,66 @@ impl Limiter {
     }
 }
 
+/// A renewal a request started and waits on. Dropped before its end (the request's future
+/// was), it hands the renewal to a task, which ends it and keeps the request's units held;
+/// without a runtime to take it, the renewal is dropped and [`Unfinished`] ends it.
+struct HandOn {
+    renewal: Option<BoxFuture<'static, Option<Verdict>>>,
+    lease: Arc<Lease>,
+}
+
+impl Future for HandOn {
+    type Output = Verdict;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
+        let renewal = self.renewal.as_mut().expect("polled after its answer");
+        let verdict = std::task::ready!(renewal.as_mut().poll(cx));
+        self.renewal = None;
+        // Only a dropped request's renewal answers `None`, and this one is still polled.
+        Poll::Ready(verdict.expect("a renewal answers the request that waits for it"))
+    }
+}
+
+impl Drop for HandOn {
+    fn drop(&mut self) {
+        let Some(renewal) = self.renewal.take() else {
+            return;
+        };
+        if let Ok(mut state) = self.lease.state.lock() {
+            state.abandoned = true;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(renewal);
+        }
+    }
+}
+
+/// Ends a lease's renewal if the future running it is dropped first (a task cancelled at
+/// shutdown, a renewal that could not be handed on): the waiters wake and renew themselves.
+struct Unfinished<'a>(Option<&'a Lease>);
+
+impl<'a> Unfinished<'a> {
+    fn new(lease: &'a Lease) -> Self {
+        Unfinished(Some(lease))
+    }
+
+    /// The renewal ended itself.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.take() {
+            if let Ok(mut state) = lease.state.lock() {
+                state.finish(false);
+            }
+            lease.renewed.notify_waiters();
+        }
+    }
+}
+
 /// The sweeper's loop (see [`Limiter::start_sweeping`]).
 async fn sweep(weak: Weak<Inner>, every: std::time::Duration) {
     let mut tick = tokio::time::interval(every);
@@ -513,10 +694,156 @@ async fn sweep(weak: Weak<Inner>, every: std::time::Duration) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures::future::BoxFuture;
+
+    use crate::clock::{Clock, ManualClock};
+    use crate::decision::Decision;
     use crate::limiter::stats::PolicyLabel;
     use crate::limiter::Leases;
-    use crate::store::MemoryStore;
+    use crate::store::{CheckRequest, MemoryStore, RefundRequest, Store, StoreError};
     use crate::{Limiter, Quota, Quotas};
+
+    /// A memory store that counts its checks and peeks (checks of cost 0), and can leave its
+    /// first check unanswered for good (a store that breaks its own timeout).
+    #[derive(Debug, Default)]
+    struct Probe {
+        memory: MemoryStore,
+        checks: Arc<AtomicU64>,
+        peeks: Arc<AtomicU64>,
+        hang_first: Arc<AtomicBool>,
+        timeout: Option<Duration>,
+    }
+
+    impl Store for Probe {
+        fn check<'a>(
+            &'a self,
+            request: CheckRequest<'a>,
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            self.checks.fetch_add(1, Ordering::Relaxed);
+            if request.cost == 0 {
+                self.peeks.fetch_add(1, Ordering::Relaxed);
+            }
+            if self.hang_first.swap(false, Ordering::Relaxed) {
+                return Box::pin(std::future::pending());
+            }
+            self.memory.check(request)
+        }
+
+        fn refund<'a>(
+            &'a self,
+            request: RefundRequest<'a>,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            self.memory.refund(request)
+        }
+
+        fn call_timeout(&self) -> Option<Duration> {
+            self.timeout
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn background_renewals_never_peek_after_the_rate_falls() {
+        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+        let probe = Probe::default();
+        let (checks, peeks) = (probe.checks.clone(), probe.peeks.clone());
+        let limiter = Limiter::builder(probe)
+            .clock(Clock::Manual(clock.clone()))
+            .leases(Leases::new(Duration::from_millis(50)))
+            .build()
+            .unwrap();
+        let quota = Quota::per_second(1_000_000).unwrap();
+        // One request every 10 µs for 100 ms, then one every 80 µs for 400 ms: the rate falls
+        // eightfold.
+        for (every, for_) in [(10, 100_000), (80, 400_000)] {
+            for _ in 0..for_ / every {
+                assert!(limiter.check("hot", &quota).await.is_allowed());
+                clock.advance(Duration::from_micros(every));
+                // Lets a background renewal run.
+                tokio::task::yield_now().await;
+            }
+        }
+        let (checks, peeks) = (
+            checks.load(Ordering::Relaxed),
+            peeks.load(Ordering::Relaxed),
+        );
+        assert!(checks > 10, "the lease was renewed: {checks}");
+        assert_eq!(peeks, 0, "{peeks} of {checks} store calls were peeks");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_request_waits_for_a_renewal_no_longer_than_the_store_timeout_then_the_policy_answers(
+    ) {
+        let timeout = Duration::from_millis(100);
+        let probe = Probe {
+            hang_first: Arc::new(AtomicBool::new(true)),
+            timeout: Some(timeout),
+            ..Probe::default()
+        };
+        let checks = probe.checks.clone();
+        let limiter = Limiter::builder(probe)
+            .leases(Leases::default())
+            .build()
+            .unwrap();
+        let quota = Quota::per_hour(1_000).unwrap();
+        // The first request's renewal is never answered, whatever the store's timeout says.
+        let first = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.check("k", &quota).await }
+        });
+        while checks.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for _ in 0..3 {
+            let waited = tokio::time::timeout(timeout * 20, limiter.check("k", &quota)).await;
+            assert_eq!(
+                waited.ok(),
+                Some(crate::Verdict::FailedOpen),
+                "a waiter was still pending after 20 store timeouts"
+            );
+        }
+        assert_eq!(limiter.stats().failed_open, 3);
+        first.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn forgetting_a_key_wakes_the_requests_waiting_for_its_renewal() {
+        let probe = Probe {
+            hang_first: Arc::new(AtomicBool::new(true)),
+            ..Probe::default()
+        };
+        let probe_checks = probe.checks.clone();
+        let limiter = Limiter::builder(probe)
+            .leases(Leases::default())
+            .build()
+            .unwrap();
+        let quota = Quota::per_hour(1_000).unwrap();
+        let checks = probe_checks;
+        // The first request's renewal is never answered; the second waits for it.
+        let first = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.check("k", &quota).await }
+        });
+        while checks.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let second = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.check("k", &quota).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!second.is_finished(), "it waits for the renewal in flight");
+        limiter.forget("k");
+        let second = tokio::time::timeout(Duration::from_secs(5), second).await;
+        assert!(
+            second.is_ok_and(|verdict| verdict.unwrap().is_allowed()),
+            "the waiting request was still pending 5 s after its key was forgotten"
+        );
+        first.abort();
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_held_lease_answers_without_a_future_and_anything_else_is_left_to_the_check() {

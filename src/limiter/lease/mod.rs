@@ -49,7 +49,10 @@ pub(super) const LEASE_DENY_CACHE_KEYS: usize = 10_000;
 ///
 /// With leases on, an instance takes k units of a key's quota in one store call, consumed in
 /// Redis first in every tier (all or none), spends them in process, and renews in the
-/// background when half are spent, with at most one renewal in flight per key. k follows this
+/// background when half are spent, with at most one renewal in flight per key. A request that
+/// waits for another's renewal waits at most the store's
+/// [`call_timeout`](crate::store::Store::call_timeout) before the failure policy answers it,
+/// and a renewal outlives a request dropped during it (see the guide). k follows this
 /// instance's own rate on the key, about rate × `interval`, at least 1, at most
 /// [`max_units`](Self::max_units) and a tenth of the smallest capacity of the key's quotas; at
 /// k = 1 every request is one store call, as without leases, with the same decisions and
@@ -264,7 +267,7 @@ struct Lease {
     /// The quotas it was taken under (also in its state, which sizes k from them).
     quotas: Quotas,
     state: Mutex<State>,
-    /// Wakes the requests waiting for the renewal in flight.
+    /// Wakes the requests waiting for the renewal in flight, when it ends or the lease does.
     renewed: Notify,
 }
 
@@ -378,7 +381,11 @@ impl LeaseTable {
         };
         let mut state = lease.state.lock().expect("lease");
         state.detached = true;
-        Some((state.quotas, state.clear(now, self.sizing.interval)))
+        let released = state.clear(now, self.sizing.interval);
+        drop(state);
+        // Its waiters check as without leases.
+        lease.renewed.notify_waiters();
+        Some((lease.quotas, released))
     }
 
     /// Removes the leases of every key that starts with `tenant` (a tenant's unscoped storage
@@ -409,7 +416,9 @@ impl LeaseTable {
                 let mut state = lease.state.lock().expect("lease");
                 state.detached = true;
                 let released = state.clear(now, self.sizing.interval);
-                out.push((lease.key.clone(), state.quotas, released));
+                drop(state);
+                lease.renewed.notify_waiters();
+                out.push((lease.key.clone(), lease.quotas, released));
             }
         }
         out
@@ -434,6 +443,10 @@ impl LeaseTable {
                 };
                 if released != state::Released::default() {
                     out.push((lease.key.clone(), state.quotas, released));
+                }
+                if gone {
+                    drop(state);
+                    lease.renewed.notify_waiters();
                 }
                 !gone
             });

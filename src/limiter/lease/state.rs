@@ -104,6 +104,9 @@ pub(super) struct State {
     pub(super) generation: u64,
     /// The last finished renewal failed (the store erred).
     pub(super) last_failed: bool,
+    /// The request that started the renewal in flight is gone (dropped): what it would have
+    /// spent stays held.
+    pub(super) abandoned: bool,
     pub(super) last_used: u64,
     /// Removed from the table (forgotten, idle, released): units granted now go straight back.
     pub(super) detached: bool,
@@ -123,6 +126,7 @@ impl State {
             renewing: false,
             generation: 0,
             last_failed: false,
+            abandoned: false,
             last_used: now,
             detached: false,
         }
@@ -214,28 +218,59 @@ impl State {
     /// interval (so units are spent well within their interval), at least 1, at most
     /// [`Sizing::max_units`] and a [`SHARE`] of the smallest capacity in play. Returns what
     /// to ask for: enough to hold k again (an instance never holds more than k units), and at
-    /// least `cost`, the request waiting for it (0 for a background renewal).
+    /// least `cost`, the request waiting for it.
     pub(super) fn plan(&mut self, now: u64, cost: u64, sizing: &Sizing) -> u64 {
+        let (rate, k) = self.sized(now, sizing);
+        self.commit(rate, k, now);
+        k.saturating_sub(self.held).max(cost)
+    }
+
+    /// Starts a background renewal when one is due ([`wants_prefetch`](Self::wants_prefetch))
+    /// and would take at least one unit: marks the lease renewing and returns what to ask for
+    /// (as [`plan`](Self::plan) with no request waiting). After the rate falls the lease may
+    /// hold k units already; then nothing is sent and the rate's sample keeps growing.
+    pub(super) fn start_prefetch(&mut self, now: u64, sizing: &Sizing) -> Option<u64> {
+        if !self.wants_prefetch(now, sizing) {
+            return None;
+        }
+        let (rate, k) = self.sized(now, sizing);
+        let ask = k.saturating_sub(self.held);
+        if ask == 0 {
+            return None;
+        }
+        self.commit(rate, k, now);
+        self.renewing = true;
+        Some(ask)
+    }
+
+    /// The smoothed rate and the k a renewal sent at `now` would set (see [`plan`](Self::plan)).
+    fn sized(&self, now: u64, sizing: &Sizing) -> (f64, u64) {
         let elapsed = now.saturating_sub(self.since).max(1);
         let sample = self.spent_since as f64 / elapsed as f64;
-        self.rate = if self.rate == 0.0 {
+        let rate = if self.rate == 0.0 {
             sample
         } else {
             (self.rate + sample) / 2.0
         };
-        self.spent_since = 0;
-        self.since = now;
-        let want = (self.rate * sizing.interval as f64 / 2.0).ceil();
+        let want = (rate * sizing.interval as f64 / 2.0).ceil();
         let want = if want.is_finite() && want >= 1.0 {
             want.min(u64::MAX as f64) as u64
         } else {
             1
         };
-        self.k = want
+        let k = want
             .min(self.k.saturating_mul(GROWTH))
             .min(self.cap(sizing))
             .max(1);
-        self.k.saturating_sub(self.held).max(cost)
+        (rate, k)
+    }
+
+    /// Records the sizing of a renewal sent at `now`; the next rate sample starts then.
+    fn commit(&mut self, rate: f64, k: u64, now: u64) {
+        self.rate = rate;
+        self.k = k;
+        self.spent_since = 0;
+        self.since = now;
     }
 
     /// The most one renewal takes.
@@ -298,6 +333,7 @@ impl State {
     /// A renewal ended: wake the waiters' bookkeeping.
     pub(super) fn finish(&mut self, failed: bool) {
         self.renewing = false;
+        self.abandoned = false;
         self.generation += 1;
         self.last_failed = failed;
     }
@@ -450,5 +486,35 @@ mod tests {
             !state.wants_prefetch(3, &s),
             "one renewal in flight at most"
         );
+    }
+
+    #[test]
+    fn after_the_rate_falls_a_lease_that_holds_enough_sends_no_background_renewal() {
+        let quota = Quota::per_second(1_000_000).unwrap();
+        let mut state = State::new(quota.into(), 0);
+        let s = sizing(Algorithm::TokenBucket);
+        // 1 unit per µs for a while: k = 25 000 capped at max_units, 1 000.
+        let mut now = 0;
+        for _ in 0..4 {
+            state.spent_since = 10_000;
+            now += 10_000;
+            let ask = state.plan(now, 1, &s);
+            state.granted(ask - 1, 1, &admitted(900_000, 1, quota), now, &s);
+        }
+        assert_eq!(state.held(), 999);
+        state.take(600, now).unwrap();
+        // The rate fell to one unit per 100 µs over the last renewals, and stays there: the
+        // 399 held outlast half an interval at it (k = 250).
+        state.rate = 0.01;
+        now += 60_000;
+        assert!(state.wants_prefetch(now, &s), "low water");
+        assert_eq!(state.start_prefetch(now, &s), None);
+        assert!(!state.renewing);
+        // The rate picks up again (10 units per µs since the last renewal): a renewal tops
+        // the lease up to the new k.
+        state.spent_since = 1_000_000;
+        let ask = state.start_prefetch(now + 100_000, &s).unwrap();
+        assert!(state.renewing);
+        assert_eq!(ask, 1_000 - 399);
     }
 }

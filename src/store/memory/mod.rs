@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 mod modes;
 mod shard;
 
-use self::shard::{expiry, KeyState, Shard, Stored};
+use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
     capped_cost, control, decide, foreign_state, log_controls_key, tenant_key, Kind, Op, Refused,
@@ -39,17 +39,26 @@ const EVICTION_BATCH: usize = 32;
 ///
 /// **Bounded memory.** An idle key expires exactly when its Redis twin would (when its state is
 /// back to "fresh"). At most `max_keys` keys are held (100 000 by default, spread evenly over the
-/// shards), and never more. A new key in a full shard first makes room: each shard keeps its
-/// keys' expiry times in a min-heap, so it drops the keys that have expired (up to 32 at once,
-/// the longest expired first), and only when none has it evicts the live key closest to expiry
-/// (the one nearest to a fresh state, so evicting it loses the least). An expired key's state
-/// equals a fresh key's, so evicting it loses nothing: as long as the shard holds one, no live
-/// key is evicted, and a flood of new keys cannot reset a busy key that is over its limit (an
-/// earlier version looked only at a sample of 32 keys and could evict it while expired keys
-/// waited elsewhere in the shard). The heap is updated lazily: a write that moves a key's expiry
-/// later (nearly all of them) does not touch it, the key's pair is moved up when it reaches the
-/// top; new keys and earlier expiries push a pair, and outdated pairs are compacted away once
-/// they outnumber the keys. A new key in a full shard costs O(log n) amortized. A flood of
+/// shards), and never more. A new key in a full shard first makes room, evicting what loses the
+/// least:
+/// 1. the keys that have expired (up to 32 at once, the longest expired first): an expired
+///    key's state equals a fresh key's, so evicting it loses nothing, and as long as the shard
+///    holds one no live key is evicted;
+/// 2. else one ordinary live key: of the 16 closest to expiry, the one with the smallest share
+///    of its quota in use (the share after its last decision, falling linearly to 0 at its
+///    expiry, when it is fresh again; a key whose share is unknown, such as a sliding log or a
+///    concurrency slot, counts as fully used), the closest to expiry among equals;
+/// 3. only when the shard holds no other live key, a key holding an operator's control (an
+///    override, a suspension, a tenant's reset) or a block, the closest to expiry first.
+///
+/// So a flood of new keys cannot lift a suspension or a block while the shard holds any other
+/// live key, and resets a key that spent its quota only when none of the 16 candidates uses
+/// less. Each shard keeps its keys' expiry times in two
+/// min-heaps (controls and blocks; the others), updated lazily: a write that moves a key's expiry
+/// later (nearly all of them) does not touch them, the key's pair is moved up when it reaches the
+/// top; new keys, earlier expiries and a key changing class push a pair, and outdated pairs are
+/// compacted away once they outnumber the keys. A new key in a full shard costs O(log n)
+/// amortized (16 heap pops and pushes when it evicts a live key). A flood of
 /// distinct keys therefore cannot grow memory nor slow the store down.
 /// Every algorithm keeps a few numbers per key, except the sliding log: one `f64` per admitted
 /// unit, up to `burst` per key.
@@ -216,7 +225,8 @@ impl MemoryStore {
                             },
                             expires_at: expiry(now, ttl_ms),
                         };
-                        shard.put(held, request.key, stored, now, max);
+                        let slot = shard.put(held, request.key, stored, now, max);
+                        shard.set_used(slot, used_share(&reply, quotas));
                     }
                     reply
                 })

@@ -1,24 +1,43 @@
 //! The keys of one [`MemoryStore`](super::MemoryStore) shard: a `Vec` of slots, an index from
-//! key to slot, and a min-heap of expiry times, so a full shard reclaims an expired key before
-//! it evicts a live one.
+//! key to slot, and two min-heaps of expiry times (one for keys holding controls or a block,
+//! one for the others), so a full shard reclaims an expired key before it evicts a live one,
+//! and evicts what loses the least.
+//!
+//! Eviction, when a new key finds the shard full: the expired keys go first (up to
+//! [`EVICTION_BATCH`], the longest expired first). When none has expired, one live key goes:
+//! of the [`CANDIDATES`] ordinary keys closest to expiry, the one with the least
+//! [`loss`](Slot::loss) (the share of its quota in use: the share used at its last write,
+//! falling linearly to 0 at its expiry, when its state is a fresh key's again). A key holding
+//! controls (an override, a suspension, a tenant's reset) or a block's offences is evicted only
+//! when the shard holds no other live key, the one closest to expiry first.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use super::EVICTION_BATCH;
-use crate::algorithm::{decide_log, sliding_log, tenant_key, LogWrite, Packed, Refused, Reply};
+use crate::algorithm::{
+    decide_log, is_tenant_key, sliding_log, tenant_key, LogWrite, Packed, Refused, Reply, CONTROLS,
+};
+
+/// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
+pub(super) const CANDIDATES: usize = 16;
+
+/// A key's eviction class: the index of its heap.
+const ORDINARY: usize = 0;
+const PROTECTED: usize = 1;
 
 /// The keys of one shard: stored in a `Vec`, with an index from key to slot and a min-heap of
-/// their expiry times.
+/// their expiry times per class.
 #[derive(Default)]
 pub(super) struct Shard {
     pub(super) index: HashMap<Arc<str>, usize>,
     pub(super) slots: Vec<Slot>,
-    /// `(expires_at, slot)` pairs: every slot has one at or before its expiry (see
-    /// [`Shard::set_expiry`]), plus outdated ones (another key moved in, or the key's expiry
-    /// moved) corrected or dropped when they come to the top.
-    pub(super) expiries: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Per class (ordinary, protected), `(expires_at, slot)` pairs: every slot has one at or
+    /// before its expiry in its class's heap (see [`Shard::set_expiry`]), plus outdated ones
+    /// (another key moved in, the key's expiry moved, or its class changed) corrected or
+    /// dropped when they come to the top.
+    pub(super) expiries: [BinaryHeap<Reverse<(u64, usize)>>; 2],
     /// Sliding-log entries allocated by the logs in `slots`.
     pub(super) log_entries: usize,
 }
@@ -26,6 +45,47 @@ pub(super) struct Shard {
 pub(super) struct Slot {
     pub(super) key: Arc<str>,
     pub(super) stored: Stored,
+    /// When the key was last written (µs).
+    written_at: u64,
+    /// The share of its quota in use at its last write, from 0 to 1 (1 when the writer did not
+    /// say, so a key of unknown use goes after those known to use less).
+    used: f32,
+    /// Holds controls or a block: evicted last.
+    protected: bool,
+}
+
+impl Slot {
+    /// The share of the key's quota in use at `now`, as evicting it would lose it: what was in
+    /// use at the last write, falling linearly to 0 at the key's expiry (a token bucket's
+    /// refill; an estimate for the windows).
+    fn loss(&self, now: u64) -> f32 {
+        let left = self.stored.expires_at.saturating_sub(now);
+        let span = self
+            .stored
+            .expires_at
+            .saturating_sub(self.written_at)
+            .max(1);
+        self.used * (left.min(span) as f32 / span as f32)
+    }
+
+    fn class(&self) -> usize {
+        if self.protected {
+            PROTECTED
+        } else {
+            ORDINARY
+        }
+    }
+}
+
+/// Whether `key` holding `state` is an operator's control or a block's: a tenant's controls,
+/// a block's offences, or a route's string that starts with its controls.
+fn protected(key: &str, state: &KeyState) -> bool {
+    let controls = match state {
+        KeyState::Packed(packed) => packed.as_bytes().first() == Some(&CONTROLS),
+        KeyState::Bytes(bytes) => bytes.first() == Some(&CONTROLS),
+        KeyState::Log(_) => false,
+    };
+    controls || is_tenant_key(key) || key.ends_with("}#b")
 }
 
 pub(super) struct Stored {
@@ -55,13 +115,24 @@ impl KeyState {
     }
 }
 
+/// The share of its binding quota a decision's key has in use after it (`reply`): 1 less
+/// remaining over burst.
+pub(super) fn used_share(reply: &Reply, quotas: &[crate::quota::Quota]) -> f32 {
+    let burst = match reply.overridden {
+        Some((_, _, burst)) => burst,
+        None => quotas.get(reply.tier).map_or(1, crate::quota::Quota::burst),
+    };
+    1.0 - (reply.remaining.min(burst) as f64 / burst.max(1) as f64) as f32
+}
+
 /// The µs time at which a key written at `now` with a TTL of `ttl_ms` expires.
 pub(super) fn expiry(now: u64, ttl_ms: u64) -> u64 {
     now.saturating_add(ttl_ms.saturating_mul(1000))
 }
 
 impl Shard {
-    /// Stores `stored` under `key`, held at `held` (live, expired or of another algorithm) or new.
+    /// Stores `stored` under `key`, held at `held` (live, expired or of another algorithm) or
+    /// new, as fully used (see [`set_used`](Self::set_used)); returns its slot.
     pub(super) fn put(
         &mut self,
         held: Option<usize>,
@@ -69,17 +140,35 @@ impl Shard {
         stored: Stored,
         now: u64,
         max: usize,
-    ) {
+    ) -> usize {
         match held {
             Some(slot) => {
                 self.log_entries -= self.slots[slot].stored.state.log_entries();
                 self.log_entries += stored.state.log_entries();
                 let expires_at = stored.expires_at;
-                self.slots[slot].stored.state = stored.state;
-                self.set_expiry(slot, expires_at);
+                let was = self.slots[slot].class();
+                let held = &mut self.slots[slot];
+                held.protected = protected(key, &stored.state);
+                held.stored.state = stored.state;
+                held.written_at = now;
+                held.used = 1.0;
+                if held.class() != was {
+                    // Its pairs are in the other heap now: give it one in its own.
+                    held.stored.expires_at = expires_at;
+                    self.note_expiry(slot, expires_at);
+                } else {
+                    self.set_expiry(slot, expires_at);
+                }
+                slot
             }
             None => self.insert(key, stored, now, max),
         }
+    }
+
+    /// Records the share of its quota the key at `slot` has in use as of its last write (0 to
+    /// 1), which orders eviction.
+    pub(super) fn set_used(&mut self, slot: usize, used: f32) {
+        self.slots[slot].used = used.clamp(0.0, 1.0);
     }
 
     /// Where `key` is held (live, expired or of another kind), and whether it is live.
@@ -190,19 +279,27 @@ impl Shard {
     }
 
     /// Stores `key`, which the shard does not hold, keeping the shard within `max` keys (never
-    /// above): while it is full, make room.
-    pub(super) fn insert(&mut self, key: &str, stored: Stored, now: u64, max: usize) {
+    /// above): while it is full, make room. Returns its slot.
+    pub(super) fn insert(&mut self, key: &str, stored: Stored, now: u64, max: usize) -> usize {
         debug_assert!(!self.index.contains_key(key));
         while self.slots.len() >= max.max(1) {
             self.make_room(now);
         }
+        let protected = protected(key, &stored.state);
         let key: Arc<str> = Arc::from(key);
         let slot = self.slots.len();
         self.log_entries += stored.state.log_entries();
         self.index.insert(Arc::clone(&key), slot);
         let expires_at = stored.expires_at;
-        self.slots.push(Slot { key, stored });
+        self.slots.push(Slot {
+            key,
+            stored,
+            written_at: now,
+            used: 1.0,
+            protected,
+        });
         self.note_expiry(slot, expires_at);
+        slot
     }
 
     /// Sets the expiry of the key at `slot`. A later expiry (nearly every write: a key's state
@@ -217,49 +314,110 @@ impl Shard {
         }
     }
 
-    /// Records in the heap that `slot` now expires at `expires_at`; compacts the heap once its
-    /// outdated pairs outnumber the keys (O(n) every n writes or more: O(1) amortized).
+    /// Records in its class's heap that `slot` now expires at `expires_at`; compacts the heaps
+    /// once their outdated pairs outnumber the keys (O(n) every n writes or more: O(1)
+    /// amortized).
     pub(super) fn note_expiry(&mut self, slot: usize, expires_at: u64) {
-        if self.expiries.len() > 2 * self.slots.len() + 64 {
-            let mut pairs = std::mem::take(&mut self.expiries).into_vec();
-            pairs.clear();
-            pairs.extend(
-                (self.slots.iter().enumerate())
-                    .map(|(s, held)| Reverse((held.stored.expires_at, s))),
-            );
-            self.expiries = BinaryHeap::from(pairs);
+        let pairs: usize = self.expiries.iter().map(BinaryHeap::len).sum();
+        if pairs > 2 * self.slots.len() + 64 {
+            for (class, heap) in self.expiries.iter_mut().enumerate() {
+                let mut pairs = std::mem::take(heap).into_vec();
+                pairs.clear();
+                pairs.extend(
+                    (self.slots.iter().enumerate())
+                        .filter(|(_, held)| held.class() == class)
+                        .map(|(s, held)| Reverse((held.stored.expires_at, s))),
+                );
+                *heap = BinaryHeap::from(pairs);
+            }
         } else {
-            self.expiries.push(Reverse((expires_at, slot)));
+            let class = self.slots[slot].class();
+            self.expiries[class].push(Reverse((expires_at, slot)));
         }
     }
 
-    /// Removes at least one key: the expired ones, longest expired first (up to
-    /// [`EVICTION_BATCH`]), or when none has expired the one closest to expiry.
+    /// The top of `class`'s heap once its outdated pairs are corrected or dropped: the key of
+    /// that class closest to expiry, and its expiry.
+    fn top(&mut self, class: usize) -> Option<(u64, usize)> {
+        let heap = &mut self.expiries[class];
+        while let Some(&Reverse((expires_at, slot))) = heap.peek() {
+            let current = self
+                .slots
+                .get(slot)
+                .filter(|held| held.class() == class)
+                .map(|held| held.stored.expires_at);
+            if current == Some(expires_at) {
+                return Some((expires_at, slot));
+            }
+            heap.pop();
+            // Its key expires later now: the pair moves there. An earlier expiry, another
+            // class, or no key, has a pair of its own.
+            if let Some(later) = current.filter(|&c| c > expires_at) {
+                heap.push(Reverse((later, slot)));
+            }
+        }
+        None
+    }
+
+    /// Removes at least one key (see the module docs): the expired ones, longest expired first
+    /// (up to [`EVICTION_BATCH`]); when none has expired, the ordinary key that loses the least
+    /// among the [`CANDIDATES`] closest to expiry; when the shard holds none, the protected key
+    /// closest to expiry.
     pub(super) fn make_room(&mut self, now: u64) {
         let mut removed = 0;
-        while let Some(&Reverse((expires_at, slot))) = self.expiries.peek() {
-            let current = self.slots.get(slot).map(|held| held.stored.expires_at);
-            if current != Some(expires_at) {
-                self.expiries.pop();
-                // Its key expires later now: the pair moves there. An earlier expiry, or no key,
-                // has a pair of its own.
-                if let Some(later) = current.filter(|&c| c > expires_at) {
-                    self.expiries.push(Reverse((later, slot)));
+        while removed < EVICTION_BATCH {
+            let expired = [ORDINARY, PROTECTED]
+                .into_iter()
+                .filter_map(|class| self.top(class).map(|top| (top, class)))
+                .min();
+            match expired {
+                Some(((expires_at, slot), class)) if expires_at <= now => {
+                    self.expiries[class].pop();
+                    self.remove_slot(slot);
+                    removed += 1;
                 }
-                continue;
+                _ => break,
             }
-            if removed > 0 && (expires_at > now || removed == EVICTION_BATCH) {
-                return;
-            }
-            self.expiries.pop();
-            self.remove_slot(slot);
-            removed += 1;
         }
-        if removed == 0 && !self.slots.is_empty() {
-            // Unreachable (every slot has its pair in the heap); never loop forever on a bug.
+        if removed > 0 {
+            return;
+        }
+        if let Some(slot) = self.least_loss(now) {
+            self.remove_slot(slot);
+        } else if let Some((_, slot)) = self.top(PROTECTED) {
+            self.expiries[PROTECTED].pop();
+            self.remove_slot(slot);
+        } else if !self.slots.is_empty() {
+            // Unreachable (every slot has its pair in its heap); never loop forever on a bug.
             debug_assert!(false, "a held key without its expiry in the heap");
             self.remove_slot(0);
         }
+    }
+
+    /// Of the [`CANDIDATES`] ordinary keys closest to expiry, the one with the least loss (the
+    /// closest to expiry among equals). The others' pairs go back into the heap.
+    fn least_loss(&mut self, now: u64) -> Option<usize> {
+        let mut looked = Vec::with_capacity(CANDIDATES);
+        while looked.len() < CANDIDATES {
+            let Some(pair) = self.top(ORDINARY) else {
+                break;
+            };
+            self.expiries[ORDINARY].pop();
+            looked.push(pair);
+        }
+        let victim = looked
+            .iter()
+            .enumerate()
+            .min_by(|(_, a), (_, b)| {
+                let (la, lb) = (self.slots[a.1].loss(now), self.slots[b.1].loss(now));
+                la.total_cmp(&lb).then(a.0.cmp(&b.0))
+            })
+            .map(|(i, _)| i)?;
+        let (_, slot) = looked.swap_remove(victim);
+        for (expires_at, kept) in looked {
+            self.expiries[ORDINARY].push(Reverse((expires_at, kept)));
+        }
+        Some(slot)
     }
 
     pub(super) fn remove_slot(&mut self, slot: usize) {
@@ -318,6 +476,45 @@ pub(super) mod tests {
         shard.insert("newer", stored(now + 1_000), now, 4);
         assert_consistent(&shard);
         assert_eq!(keys(&shard), ["late", "later", "new", "newer"]);
+    }
+
+    #[test]
+    fn a_full_shard_evicts_the_key_that_loses_the_least_and_controls_last() {
+        let now = 1_000;
+        let mut shard = Shard::default();
+        let controls = |expires_at| Stored {
+            state: KeyState::Bytes(vec![CONTROLS; 10]),
+            expires_at,
+        };
+        // Closest to expiry first: a tenant's suspension, a route's override, a spent key, then
+        // two keys with a tenth of their quota in use.
+        shard.insert("{a}#t", controls(now + 10), now, 5);
+        shard.insert("{b}", controls(now + 20), now, 5);
+        let spent = shard.insert("spent", stored(now + 30), now, 5);
+        shard.set_used(spent, 1.0);
+        for (key, at) in [("light-1", now + 40), ("light-2", now + 50)] {
+            let slot = shard.insert(key, stored(at), now, 5);
+            shard.set_used(slot, 0.1);
+        }
+        let light = |shard: &mut Shard, key: &str| {
+            let slot = shard.insert(key, stored(now + 1_000), now, 5);
+            shard.set_used(slot, 0.1);
+        };
+        light(&mut shard, "new-1");
+        assert_eq!(keys(&shard), ["light-2", "new-1", "spent", "{a}#t", "{b}"]);
+        light(&mut shard, "new-2");
+        light(&mut shard, "new-3");
+        // The barely used keys go among themselves, closest to expiry first; the spent key and
+        // the controls stay.
+        assert_eq!(keys(&shard), ["new-2", "new-3", "spent", "{a}#t", "{b}"]);
+        // A shard of nothing but controls: the one closest to expiry goes.
+        let mut only_controls = Shard::default();
+        only_controls.insert("{a}#t", controls(now + 10), now, 2);
+        only_controls.insert("{b}", controls(now + 20), now, 2);
+        only_controls.insert("x", stored(now + 1_000), now, 2);
+        assert_eq!(keys(&only_controls), ["x", "{b}"]);
+        assert_consistent(&shard);
+        assert_consistent(&only_controls);
     }
 
     #[test]
@@ -422,5 +619,40 @@ pub(super) mod tests {
         assert!(!shard.index.contains_key("k42"));
         assert_eq!(shard.slots.len(), 100);
         assert_consistent(&shard);
+    }
+
+    /// A flood of new keys into a full store (the probe: 1 024 keys, then 20 000 new ones at
+    /// 1 of 10 an hour) evicts the barely used keys, never a tenant's suspension nor a key that
+    /// spent its quota.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_key_flood_evicts_the_barely_used_keys_before_a_suspension_or_a_spent_key() {
+        use crate::{store::MemoryStore, Limiter, Quota};
+        use std::time::Duration;
+
+        let limiter = Limiter::new(MemoryStore::with_max_keys(1_024));
+        limiter
+            .suspend("tenant", Duration::from_secs(120))
+            .await
+            .unwrap();
+        let per_minute = Quota::per_minute(3).unwrap();
+        for _ in 0..3 {
+            assert!(limiter.check("spent", &per_minute).await.is_allowed());
+        }
+        let per_hour = Quota::per_hour(10).unwrap();
+        for i in 0..20_000 {
+            limiter.check(&format!("flood-{i}"), &per_hour).await;
+        }
+        let suspended = *limiter.check("tenant", &per_hour).await.decision().unwrap();
+        let spent = *limiter
+            .check("spent", &per_minute)
+            .await
+            .decision()
+            .unwrap();
+        assert_eq!(
+            (suspended.allowed, suspended.suspended, spent.allowed),
+            (false, true, false),
+            "(suspended key: allowed, suspended; spent key: allowed, with {} remaining)",
+            spent.remaining
+        );
     }
 }

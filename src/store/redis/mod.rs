@@ -394,6 +394,10 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(self.timeout)
+    }
+
     fn check<'a>(
         &'a self,
         request: CheckRequest<'a>,
