@@ -463,19 +463,29 @@ impl Limiter {
         if released.returnable == 0 {
             return;
         }
+        let returning = Returning::start(self.clone(), released.returnable);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            Counters::add(&leases.counters.stranded, released.returnable);
+            returning.end(false);
             return;
         };
-        let (limiter, key, quotas) = (self.clone(), Box::<str>::from(key), *quotas);
-        runtime.spawn(async move { limiter.give_back(&key, &quotas, released).await });
+        let (key, quotas) = (Box::<str>::from(key), *quotas);
+        runtime.spawn(async move {
+            let limiter = returning.limiter.clone();
+            limiter.give_back(&key, &quotas, released, returning).await
+        });
     }
 
     /// Gives the returnable units of `released` back to the store, never above a tier's
     /// capacity, and only to the window (and reset) their oldest renewal was sent in: the
     /// store's refund (as [`Limiter::refund`] does), without ending the key's lease as `refund`
     /// would.
-    async fn give_back(&self, key: &str, quotas: &Quotas, released: Released) {
+    async fn give_back(
+        &self,
+        key: &str,
+        quotas: &Quotas,
+        released: Released,
+        returning: Returning,
+    ) {
         let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
@@ -498,11 +508,11 @@ impl Limiter {
             age_micros,
         };
         match self.inner.store.refund(request).await {
-            Ok(_) => Counters::add(&leases.counters.returned, units),
+            Ok(_) => returning.end(true),
             // Never retried: a give-back landing late could reach a fixed window's next window.
             Err(error) => {
                 tracing::debug!(%error, units, "lease give-back failed; its units are stranded");
-                Counters::add(&leases.counters.stranded, units);
+                returning.end(false);
             }
         }
         if let Some(cache) = &self.inner.deny_cache {
@@ -552,10 +562,20 @@ impl Limiter {
             return 0;
         };
         let now = leases.now(&self.inner.clock);
+        // Every drained unit is accounted for at once (held until its give-back is answered),
+        // so a caller that drops this future mid-way strands the rest instead of losing them.
+        let drained: Vec<_> = leases
+            .drain(now)
+            .into_iter()
+            .map(|(key, quotas, released)| {
+                Counters::add(&leases.counters.stranded, released.stranded);
+                let returning = Returning::start(self.clone(), released.returnable);
+                (key, quotas, released, returning)
+            })
+            .collect();
         let mut returned = 0;
-        for (key, quotas, released) in leases.drain(now) {
-            Counters::add(&leases.counters.stranded, released.stranded);
-            self.give_back(&key, &quotas, released).await;
+        for (key, quotas, released, returning) in drained {
+            self.give_back(&key, &quotas, released, returning).await;
             returned += released.returnable;
         }
         returned
@@ -692,6 +712,52 @@ async fn sweep(weak: Weak<Inner>, every: std::time::Duration) {
     }
 }
 
+/// Units given back to the store and not yet answered: counted as held until the store answers
+/// (then returned, or stranded when it failed), and stranded when the give-back is dropped
+/// first, so `leased = spent + held + returned + stranded` holds while it is in flight.
+pub(super) struct Returning {
+    limiter: Limiter,
+    units: u64,
+}
+
+impl Returning {
+    fn start(limiter: Limiter, units: u64) -> Self {
+        if let Some(leases) = &limiter.inner.leases {
+            Counters::add(&leases.counters.returning, units);
+        }
+        Returning { limiter, units }
+    }
+
+    /// The store answered: the units went back (`returned`), or not (`stranded`).
+    fn end(mut self, returned: bool) {
+        self.settle(returned);
+    }
+
+    fn settle(&mut self, returned: bool) {
+        let units = std::mem::take(&mut self.units);
+        if let (Some(leases), true) = (&self.limiter.inner.leases, units > 0) {
+            let counters = &leases.counters;
+            Counters::add(
+                if returned {
+                    &counters.returned
+                } else {
+                    &counters.stranded
+                },
+                units,
+            );
+            counters
+                .returning
+                .fetch_sub(units, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        self.settle(false);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -704,7 +770,9 @@ mod tests {
     use crate::decision::Decision;
     use crate::limiter::stats::PolicyLabel;
     use crate::limiter::Leases;
-    use crate::store::{CheckRequest, MemoryStore, RefundRequest, Store, StoreError};
+    use crate::store::{
+        CheckRequest, ControlReply, ControlRequest, MemoryStore, RefundRequest, Store, StoreError,
+    };
     use crate::{Limiter, Quota, Quotas};
 
     /// A memory store that counts its checks and peeks (checks of cost 0), and can leave its
@@ -715,6 +783,7 @@ mod tests {
         checks: Arc<AtomicU64>,
         peeks: Arc<AtomicU64>,
         hang_first: Arc<AtomicBool>,
+        hang_refunds: Arc<AtomicBool>,
         timeout: Option<Duration>,
     }
 
@@ -737,7 +806,17 @@ mod tests {
             &'a self,
             request: RefundRequest<'a>,
         ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            if self.hang_refunds.load(Ordering::Relaxed) {
+                return Box::pin(std::future::pending());
+            }
             self.memory.refund(request)
+        }
+
+        fn control<'a>(
+            &'a self,
+            request: ControlRequest<'a>,
+        ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
+            self.memory.control(request)
         }
 
         fn call_timeout(&self) -> Option<Duration> {
@@ -807,6 +886,90 @@ mod tests {
         }
         assert_eq!(limiter.stats().failed_open, 3);
         first.abort();
+    }
+
+    /// A control through the limiter ends the tenant's leases on every scope, and wakes the
+    /// requests waiting on them, as `forget` does (this store states no timeout, so nothing
+    /// else would).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_control_wakes_the_requests_waiting_for_its_tenants_renewal() {
+        let probe = Probe {
+            hang_first: Arc::new(AtomicBool::new(true)),
+            ..Probe::default()
+        };
+        let checks = probe.checks.clone();
+        let limiter = Limiter::builder(probe)
+            .leases(Leases::default())
+            .build()
+            .unwrap();
+        let quota = Quota::per_hour(1_000).unwrap();
+        let key = crate::Target::scoped("api", "k");
+        let first = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.check_quotas(key, &quota.into(), 1).await }
+        });
+        while checks.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let second = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.check_quotas(key, &quota.into(), 1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!second.is_finished(), "it waits for the renewal in flight");
+        limiter.resume("k").await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(5), second).await;
+        assert!(
+            second.is_ok_and(|verdict| verdict.unwrap().is_allowed()),
+            "the waiting request was still pending 5 s after a control on its tenant"
+        );
+        first.abort();
+    }
+
+    /// Units on their way back to the store still balance the counters: held until the store
+    /// answers, and stranded when the give-back is dropped unanswered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn lease_counters_balance_while_a_give_back_is_in_flight_and_after_it_is_dropped() {
+        let probe = Probe::default();
+        let hang = probe.hang_refunds.clone();
+        let limiter = Limiter::builder(probe)
+            .leases(Leases::default())
+            .build()
+            .unwrap();
+        let quota = Quota::per_second(1_000_000).unwrap();
+        for _ in 0..200 {
+            assert!(limiter.check("hot", &quota).await.is_allowed());
+            tokio::task::yield_now().await;
+        }
+        let balanced =
+            |s: crate::limiter::LeaseStats| s.leased == s.spent + s.held + s.returned + s.stranded;
+        hang.store(true, Ordering::Relaxed);
+        let held = limiter.lease_stats().held;
+        assert!(
+            held > 0,
+            "the lease holds units: {:?}",
+            limiter.lease_stats()
+        );
+        // A give-back that never answers (in a task), then one dropped by its caller.
+        limiter.forget("hot");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let stats = limiter.lease_stats();
+        assert!(balanced(stats), "a give-back in flight: {stats:?}");
+        for _ in 0..200 {
+            assert!(limiter.check("hot", &quota).await.is_allowed());
+            tokio::task::yield_now().await;
+        }
+        let release = tokio::time::timeout(Duration::from_millis(50), limiter.release_leases());
+        assert!(release.await.is_err(), "the give-back never answers");
+        let stats = limiter.lease_stats();
+        assert!(
+            balanced(stats),
+            "a release_leases dropped by its caller: {stats:?}"
+        );
+        assert!(
+            stats.stranded > 0,
+            "the dropped give-back's units are stranded: {stats:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]

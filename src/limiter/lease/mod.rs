@@ -230,7 +230,8 @@ pub struct LeaseStats {
     pub leased: u64,
     /// Units admitted (each admitted request spends its cost).
     pub spent: u64,
-    /// Units held now, spendable until their lease ends.
+    /// Units held now, spendable until their lease ends, and units on their way back to the
+    /// store (a give-back not yet answered).
     pub held: u64,
     /// Units given back to the store.
     pub returned: u64,
@@ -249,6 +250,8 @@ struct Counters {
     spent: AtomicU64,
     returned: AtomicU64,
     stranded: AtomicU64,
+    /// Units on their way back to the store (a give-back in flight): still counted as held.
+    returning: AtomicU64,
 }
 
 impl Counters {
@@ -402,6 +405,9 @@ impl LeaseTable {
                 state.detached = true;
                 let released = state.clear(now, self.sizing.interval);
                 out.push((lease.key.clone(), state.quotas, released));
+                drop(state);
+                // Its waiters decide again without it, as after `remove`.
+                lease.renewed.notify_waiters();
                 false
             });
         }
@@ -466,7 +472,8 @@ impl LeaseTable {
                     .map(|l| l.state.lock().expect("lease").held())
                     .sum::<u64>()
             })
-            .sum();
+            .sum::<u64>()
+            + self.counters.returning.load(Ordering::Relaxed);
         let c = &self.counters;
         LeaseStats {
             renewals: load(&c.renewals),
