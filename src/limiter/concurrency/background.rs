@@ -16,15 +16,15 @@ const IDS_PER_CALL: usize = 512;
 /// Keys renewed or released at once, so that a round over many keys during an outage takes
 /// about one timeout, not one per key.
 const KEYS_AT_ONCE: usize = 32;
-/// The first and the longest pause between attempts to give back slots the store did not
-/// answer for.
+/// The first and the longest pause between attempts to give back (or renew) slots the store
+/// did not answer for.
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 const RETRY_MAX: Duration = Duration::from_millis(250);
 
 impl SlotsInner {
     /// One renewal round: every held slot's lease, one call per key (and per
-    /// [`IDS_PER_CALL`] ids), the keys at once.
-    async fn renew_held(&self) {
+    /// [`IDS_PER_CALL`] ids), the keys at once; answers whether every call was answered.
+    async fn renew_held(&self) -> bool {
         let mut by_key: HashMap<String, Vec<(u64, String)>> = HashMap::new();
         for (&number, (key, id)) in self.held().iter() {
             by_key
@@ -32,15 +32,16 @@ impl SlotsInner {
                 .or_default()
                 .push((number, id.clone()));
         }
-        let restored: u64 = stream::iter(by_key)
+        let (restored, answered): (u64, bool) = stream::iter(by_key)
             .map(|(key, slots)| async move {
-                let mut restored = 0;
+                let (mut restored, mut answered) = (0, true);
                 for chunk in slots.chunks(IDS_PER_CALL) {
                     let ids: Vec<&str> = chunk.iter().map(|(_, id)| id.as_str()).collect();
                     match self.call(&key, &ids, SlotOp::Renew).await {
                         Ok(reply) => restored += reply.restored,
                         Err(error) => {
                             tracing::debug!(%error, "concurrency slot leases not renewed");
+                            answered = false;
                         }
                     }
                     // A slot given back while its renewal was on the way may have been put
@@ -57,10 +58,12 @@ impl SlotsInner {
                         self.give_back(key.clone(), id);
                     }
                 }
-                restored
+                (restored, answered)
             })
             .buffer_unordered(KEYS_AT_ONCE)
-            .fold(0, |sum, n| async move { sum + n })
+            .fold((0, true), |(sum, all), (n, answered)| async move {
+                (sum + n, all && answered)
+            })
             .await;
         if restored > 0 {
             tracing::warn!(
@@ -68,6 +71,7 @@ impl SlotsInner {
                 "concurrency slots lost by the store were put back at their renewal"
             );
         }
+        answered
     }
 
     /// Gives back every queued slot, one call per key (and per [`IDS_PER_CALL`] ids), the
@@ -121,8 +125,19 @@ impl ConcurrencyLimiter {
             tick.tick().await; // the first tick is now
             loop {
                 tick.tick().await;
-                let Some(inner) = weak.upgrade() else { return };
-                inner.renew_held().await;
+                // A round the store did not answer (a restart: the connection is new) is
+                // retried soon, not a period later, so slots Redis lost are back within one
+                // renewal period of its answering again.
+                let mut pause = RETRY_FIRST;
+                loop {
+                    let Some(inner) = weak.upgrade() else { return };
+                    if inner.renew_held().await {
+                        break;
+                    }
+                    drop(inner);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
             }
         });
         let (weak, wake) = (Arc::downgrade(&self.inner), Arc::clone(&self.inner.wake));

@@ -258,3 +258,38 @@ async fn slots_of_a_key_renew_in_one_call() {
     assert!(calls <= 10, "{calls} script calls in 1 s");
     assert_eq!(zcard(&redis, &slots, "k"), 300);
 }
+
+/// A restart without persistence loses the slots and the connection: the holder's renewals
+/// reconnect and put its slots back within one renewal period of Redis answering again (a
+/// third of the lease, plus that round's call), not a period later.
+#[tokio::test]
+async fn slots_lost_by_a_restart_are_put_back_within_one_renewal_period() {
+    let mut redis = RedisServer::start();
+    let lease = Duration::from_millis(1_500);
+    let holder =
+        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 2, lease, "restart")
+            .unwrap();
+    let (SlotOutcome::Acquired(_a), SlotOutcome::Acquired(_b)) =
+        (holder.acquire("k").await, holder.acquire("k").await)
+    else {
+        panic!("two slots")
+    };
+    redis.restart();
+    let back = Instant::now();
+    let count = counted(&redis, &holder, "k", 2, lease * 2).await;
+    let took = back.elapsed();
+    eprintln!(
+        "slots lost by a restart: ZCARD {count} after {took:?} (renewal every {:?})",
+        lease / 3
+    );
+    assert_eq!(
+        count, 2,
+        "ZCARD {count} with 2 slots held, {took:?} after the restart"
+    );
+    // One renewal period, plus a generous round trip on a loaded machine (a reconnection).
+    assert!(
+        took <= lease / 3 + Duration::from_millis(400),
+        "the slots came back {took:?} after Redis answered again, renewal every {:?}",
+        lease / 3
+    );
+}
