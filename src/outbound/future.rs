@@ -174,21 +174,27 @@ where
                     let announced = this.backoff.as_ref().and_then(|(limits, key)| {
                         react::on_response(limits, key, response.headers(), wait.is_some())
                     });
-                    match (wait, this.backoff.take()) {
-                        (Some(wait), Some((limits, key))) => State::Suspending {
-                            suspend: react::then(
-                                Box::pin(suspend(limits, key, status, wait)),
+                    let pacing = match (wait, this.backoff.take()) {
+                        (Some(wait), Some((limits, key))) => {
+                            let write = react::then(
+                                Box::pin(suspend(limits.clone(), key.clone(), status, wait)),
                                 announced,
-                            ),
+                            );
+                            react::spawn_pacing(&limits, &key, write)
+                        }
+                        (_, Some((limits, key))) => {
+                            announced.and_then(|write| react::spawn_pacing(&limits, &key, write))
+                        }
+                        _ => announced,
+                    };
+                    // The pacing runs in a task of its own (the key's next acquisition waits
+                    // for it); only without a runtime does the response wait for it here.
+                    match pacing {
+                        Some(pacing) => State::Suspending {
+                            suspend: pacing,
                             response: Some(response),
                         },
-                        _ => match announced {
-                            Some(announced) => State::Suspending {
-                                suspend: announced,
-                                response: Some(response),
-                            },
-                            None => return Poll::Ready(Ok(response)),
-                        },
+                        None => return Poll::Ready(Ok(response)),
                     }
                 }
                 StateProj::Suspending { suspend, response } => {
