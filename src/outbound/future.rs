@@ -24,8 +24,10 @@ pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
 pin_project! {
     /// The response future of [`Outbound`](super::Outbound): for a per-request key it waits for
     /// the limiter first, then for its clone of the inner service to be ready; then it calls
-    /// the inner service and, when the answer is `429` or `503` with `Retry-After`, suspends
-    /// the key before handing the answer back (see the [module docs](super#auto-suspend)).
+    /// the inner service and hands its answer back; when it is `429` or `503` with
+    /// `Retry-After` (or announces nothing left), the key's suspension is written in a task of
+    /// its own that the key's next acquisition waits for (see the
+    /// [module docs](super#auto-suspend)).
     ///
     /// ```
     /// use std::convert::Infallible;

@@ -16,7 +16,7 @@ use crate::limiter::{ControlError, Limiter, Target};
 use crate::quota::Quotas;
 
 /// Reads what a response announces and returns the pacing it calls for, if any: the response
-/// future runs it before handing the response back. Learning runs in a task of its own (the
+/// future runs it after the response ([`spawn_pacing`]). Learning runs in a task of its own (the
 /// response does not wait for its writes); this instance's next acquisition for the key waits
 /// for it. `retry_after`: the response's `Retry-After` already suspends the key (it takes
 /// precedence over the fields).
