@@ -314,3 +314,86 @@ async fn the_response_does_not_wait_for_learning() {
     let status = limiter.inspect(KEY).await.unwrap();
     assert_eq!(status.quota_override, Some(Quotas::from(per_second(5))));
 }
+
+/// The upstream answers `status` with `headers`, after putting the private Redis to sleep for
+/// `sleep` (after the admission, before the layer's pacing write).
+fn sleepy_upstream(
+    redis: &RedisServer,
+    status: u16,
+    headers: Vec<super::provider::Header>,
+    sleep: &'static str,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = http::Response<Body>,
+    Error = BoxError,
+    Future = impl std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send,
+> + Clone
+       + Send
+       + 'static {
+    let client = redis.client();
+    tower::service_fn(move |_: Request<Body>| {
+        let (client, headers) = (client.clone(), headers.clone());
+        async move {
+            let mut conn = client.get_connection().unwrap();
+            let command = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(sleep)
+                .get_packed_command();
+            conn.send_packed_command(&command).unwrap();
+            std::thread::spawn(move || {
+                let _ = conn.recv_response();
+            });
+            let mut response = http::Response::new(Body::default());
+            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            response.headers_mut().extend(headers);
+            Ok::<_, BoxError>(response)
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_does_not_wait_for_pacing() {
+    let redis = RedisServer::start();
+    let instances = limiters(&redis, Algorithm::TokenBucket, 2);
+    let answers = [
+        (200, vec![header("ratelimit", "p;r=0;t=30")]),
+        (429, vec![header("retry-after", "30")]),
+    ];
+    for (status, headers) in answers {
+        let key = format!("paced-{status}");
+        let layer = OutboundLayer::builder(instances[0].clone(), per_second(50), key.clone())
+            .max_wait(Duration::ZERO)
+            .build()
+            .unwrap();
+        // Redis sleeps 3 s just as the upstream answers: the pacing write waits for it.
+        let upstream = sleepy_upstream(&redis, status, headers, "3");
+        let started = Instant::now();
+        let response = layer
+            .layer(upstream.clone())
+            .oneshot(Request::new(Body::default()))
+            .await
+            .unwrap();
+        let waited = started.elapsed();
+        println!("{status}: the response waited {waited:?}");
+        assert_eq!(response.status().as_u16(), status);
+        assert!(
+            waited < Duration::from_secs(2),
+            "{status}: the response waited {waited:?}"
+        );
+        // This instance's next call waits for the pacing write, and is paced: refused.
+        let next = layer
+            .layer(upstream)
+            .oneshot(Request::new(Body::default()))
+            .await;
+        assert!(
+            matches!(next, Err(OutboundError::Acquire(_))),
+            "{status}: the next call went out"
+        );
+        let left = instances[1].inspect(&*key).await.unwrap().suspended_for;
+        assert!(
+            left.is_some_and(|left| left > Duration::from_secs(20)),
+            "{status}: {left:?}"
+        );
+        layer.settled().await;
+    }
+}
