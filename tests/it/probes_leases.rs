@@ -139,11 +139,9 @@ async fn probe_hot_key_random_drops_redis_count_equals_admissions_and_counters_b
     let spent: u64 = stats.iter().map(|s| s.spent).sum();
     let stranded: u64 = stats.iter().map(|s| s.stranded).sum();
     let in_redis = consumed(&instances[0], "hot", &quota).await;
-    assert_eq!(
-        spent, admitted,
-        "spent {spent} vs {admitted} admissions seen (dropped {}): {stats:?}",
-        dropped.load(Ordering::Relaxed)
-    );
+    // Admissions beyond `spent` are direct checks (a lease ended while a request waited):
+    // paid in Redis, never from a lease, so only `spent <= admitted` holds.
+    assert!(spent <= admitted, "spent {spent} > {admitted} admissions seen: {stats:?}");
     assert_eq!(
         in_redis,
         admitted + stranded,
