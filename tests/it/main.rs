@@ -34,6 +34,7 @@ mod logs;
 mod misconfiguration;
 mod modes;
 mod outbound;
+mod probes_leases;
 mod route_limits;
 mod sentinel;
 mod store_faults;
