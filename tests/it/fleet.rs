@@ -318,7 +318,10 @@ async fn a_route_suspended_longer_than_its_tenant_answers_with_its_own_end() {
                 .copied()
                 .unwrap();
             let later = Duration::from_secs(tenant_secs.max(route_secs));
-            assert!(decision.suspended && !decision.allowed, "{store}: {decision:?}");
+            assert!(
+                decision.suspended && !decision.allowed,
+                "{store}: {decision:?}"
+            );
             assert!(
                 decision.retry_after > later - Duration::from_secs(5)
                     && decision.retry_after <= later,
