@@ -222,14 +222,21 @@ fn outcome(verdict: &Verdict) -> Outcome {
     }
 }
 
-/// Runs `ops` of `schedule` (a prefix of its operations when shrinking).
-pub async fn run(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
+/// Runs `ops` of `schedule` (a prefix of its operations when shrinking), stopping before the
+/// first operation that would start at or after `deadline`.
+pub async fn run(schedule: &Schedule, ops: &[Op], redis: &Fixture, deadline: Instant) -> Run {
+    let ops = cut(ops, deadline);
     match schedule.config.family {
         Family::Rate => rate(schedule, ops, redis).await,
         Family::Concurrency => concurrency(schedule, ops, redis).await,
         Family::Settle => settle(schedule, ops, redis).await,
         Family::Outbound => outbound(schedule, ops, redis).await,
     }
+}
+
+/// `ops`, ending at the first one reached at or after `deadline` (each yields `None` then).
+fn cut(ops: &[Op], deadline: Instant) -> impl Iterator<Item = &Op> + '_ {
+    ops.iter().take_while(move |_| Instant::now() < deadline)
 }
 
 /// Samples every instance's counters.
@@ -266,7 +273,7 @@ async fn fault(run: &mut Run, redis: &Fixture, fault: Fault) {
     run.faults.push((Instant::now(), fault));
 }
 
-async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
+async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis: &Fixture) -> Run {
     let config = &schedule.config;
     let manual = ManualClock::new(CLOCK_START);
     let _follow = Follow::start(&manual);
@@ -275,7 +282,7 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     let mut run = Run::default();
     let mut epochs = vec![0u32; config.keys];
     sample(&mut run, &fleet);
-    for (i, op) in ops.iter().enumerate() {
+    for (i, op) in ops.enumerate() {
         run.operations += 1;
         match *op {
             Op::Burst {
@@ -411,7 +418,11 @@ async fn rate(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     run
 }
 
-async fn concurrency(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
+async fn concurrency<'a>(
+    schedule: &Schedule,
+    ops: impl Iterator<Item = &'a Op>,
+    redis: &Fixture,
+) -> Run {
     let config = &schedule.config;
     let (fleet, _) = limiters(schedule, redis, Clock::default(), false);
     let slots: Vec<ConcurrencyLimiter> = fleet
@@ -448,7 +459,7 @@ async fn concurrency(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
             }
         })
     };
-    for (i, op) in ops.iter().enumerate() {
+    for (i, op) in ops.enumerate() {
         run.operations += 1;
         match *op {
             Op::Hold {
@@ -505,7 +516,11 @@ async fn concurrency(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
 /// `x-used` units, and records each admitted request.
 type Admitted = Arc<Mutex<Vec<Event>>>;
 
-async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
+async fn settle<'a>(
+    schedule: &Schedule,
+    ops: impl Iterator<Item = &'a Op>,
+    redis: &Fixture,
+) -> Run {
     let config = &schedule.config;
     let manual = ManualClock::new(CLOCK_START);
     let _follow = Follow::start(&manual);
@@ -572,7 +587,7 @@ async fn settle(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
     let hangs = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
     let mut run = Run::default();
-    for (i, op) in ops.iter().enumerate() {
+    for (i, op) in ops.enumerate() {
         run.operations += 1;
         match *op {
             Op::Request {
@@ -669,7 +684,11 @@ fn answer(upstream: &Upstream) -> Response<String> {
     response
 }
 
-async fn outbound(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
+async fn outbound<'a>(
+    schedule: &Schedule,
+    ops: impl Iterator<Item = &'a Op>,
+    redis: &Fixture,
+) -> Run {
     let (fleet, _) = limiters(schedule, redis, Clock::default(), false);
     let upstream = Arc::new(Mutex::new(Upstream::Honest));
     let calls = Arc::new(AtomicU64::new(0));
@@ -694,7 +713,7 @@ async fn outbound(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Run {
         .collect();
     let mut run = Run::default();
     let bound = MAX_WAIT + BOUND;
-    for (i, op) in ops.iter().enumerate() {
+    for (i, op) in ops.enumerate() {
         run.operations += 1;
         match op {
             Op::Call { inst, n } => {

@@ -1,7 +1,10 @@
 //! Shrinking: the shortest prefix of a failing schedule that still breaks the same promise.
 //!
 //! Runs are not deterministic (real time, real Redis), so a prefix counts as failing when one
-//! of [`TRIES`] runs of it fails; the search is a bisection over the prefix length.
+//! of [`TRIES`] runs of it fails; the search is a bisection over the prefix length, stopped
+//! (with the shortest prefix found so far) at a deadline.
+
+use std::time::Instant;
 
 use crate::fleet::{self, Fixture};
 use crate::generator::Schedule;
@@ -11,10 +14,16 @@ use crate::oracles;
 const TRIES: usize = 2;
 
 /// Whether the first `len` operations of `schedule` break `oracle`.
-async fn fails(schedule: &Schedule, len: usize, oracle: &str, redis: &Fixture) -> bool {
+async fn fails(
+    schedule: &Schedule,
+    len: usize,
+    oracle: &str,
+    redis: &Fixture,
+    deadline: Instant,
+) -> bool {
     for _ in 0..TRIES {
         crate::clean(redis).await;
-        let run = fleet::run(schedule, &schedule.ops[..len], redis).await;
+        let run = fleet::run(schedule, &schedule.ops[..len], redis, deadline).await;
         if oracles::check(schedule, &run)
             .iter()
             .any(|v| v.oracle == oracle)
@@ -26,12 +35,17 @@ async fn fails(schedule: &Schedule, len: usize, oracle: &str, redis: &Fixture) -
 }
 
 /// The shortest prefix of `schedule` found to break `oracle` (the whole schedule if none is
-/// shorter).
-pub async fn shrink(schedule: &Schedule, oracle: &str, redis: &Fixture) -> Schedule {
+/// shorter, or none was found by `deadline`).
+pub async fn shrink(
+    schedule: &Schedule,
+    oracle: &str,
+    redis: &Fixture,
+    deadline: Instant,
+) -> Schedule {
     let (mut lo, mut hi) = (1, schedule.ops.len());
-    while lo < hi {
+    while lo < hi && Instant::now() < deadline {
         let mid = (lo + hi) / 2;
-        if fails(schedule, mid, oracle, redis).await {
+        if fails(schedule, mid, oracle, redis, deadline).await {
             hi = mid;
         } else {
             lo = mid + 1;
