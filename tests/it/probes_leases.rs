@@ -141,7 +141,10 @@ async fn probe_hot_key_random_drops_redis_count_equals_admissions_and_counters_b
     let in_redis = consumed(&instances[0], "hot", &quota).await;
     // Admissions beyond `spent` are direct checks (a lease ended while a request waited):
     // paid in Redis, never from a lease, so only `spent <= admitted` holds.
-    assert!(spent <= admitted, "spent {spent} > {admitted} admissions seen: {stats:?}");
+    assert!(
+        spent <= admitted,
+        "spent {spent} > {admitted} admissions seen: {stats:?}"
+    );
     assert_eq!(
         in_redis,
         admitted + stranded,
