@@ -24,17 +24,14 @@
 //!
 //! When the upstream answers **429** or **503** with a `Retry-After` (delay-seconds or an
 //! HTTP-date), the layer suspends the key with
-//! [`Limiter::extend_suspension`](crate::Limiter::extend_suspension) for that long: every worker of the fleet sharing the key stops, not just the one
+//! [`Limiter::extend_suspension`](crate::Limiter::extend_suspension) for that long before
+//! handing the answer back: every worker of the fleet sharing the key stops, not just the one
 //! that got the answer, and resumes when the upstream said it could. It only ever extends a
 //! suspension (the end becomes the later of the one in force and now + `Retry-After`), so a late
 //! `Retry-After: 1` never cuts an operator's hour, and it lasts at most
 //! [`max_auto_suspension`](OutboundLayerBuilder::max_auto_suspension)
 //! ([`DEFAULT_MAX_AUTO_SUSPENSION`], 5 minutes), so one CDN error page with
-//! `Retry-After: 99999999999` cannot stop the fleet for 30 days. The answer itself is returned unchanged, without waiting for the
-//! suspension's write (nor for pacing's below): the write runs in a task of its own, and this
-//! instance's next acquisition for the key that starts after the answer was handed back waits
-//! for it (at most the store's timeout), so it decides under the suspension; other instances
-//! obey from their first call after the write. It is logged at warn level
+//! `Retry-After: 99999999999` cannot stop the fleet for 30 days. The answer itself is returned unchanged. It is logged at warn level
 //! (status, duration and scope; never the key). Turn it off with
 //! [`auto_suspend(false)`](OutboundLayerBuilder::auto_suspend).
 //!

@@ -16,7 +16,7 @@ use crate::limiter::{ControlError, Limiter, Target};
 use crate::quota::Quotas;
 
 /// Reads what a response announces and returns the pacing it calls for, if any: the response
-/// future runs it after the response ([`spawn_pacing`]). Learning runs in a task of its own (the
+/// future runs it before handing the response back. Learning runs in a task of its own (the
 /// response does not wait for its writes); this instance's next acquisition for the key waits
 /// for it. `retry_after`: the response's `Retry-After` already suspends the key (it takes
 /// precedence over the fields).
@@ -60,34 +60,6 @@ fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
         let _ = task.await;
     });
     limits.provider.start(key, pending.shared());
-}
-
-/// Runs the pacing `write` for `key` in a task of its own, registered as the key's pacing in
-/// flight: the response does not wait for it, this instance's next acquisition for the key
-/// does. Without a runtime to spawn on, the write is handed back for the caller to run.
-pub(crate) fn spawn_pacing(
-    limits: &Arc<Limits>,
-    key: &Arc<str>,
-    write: BoxFuture<'static, ()>,
-) -> Option<BoxFuture<'static, ()>> {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return Some(write);
-    };
-    limits.provider.start_pacing(key, |earlier, id| {
-        let (limits, key) = (limits.clone(), key.clone());
-        let task = runtime.spawn(async move {
-            if let Some(earlier) = earlier {
-                earlier.await;
-            }
-            write.await;
-            limits.provider.paced(&key, id);
-        });
-        let pending: BoxFuture<'static, ()> = Box::pin(async move {
-            let _ = task.await;
-        });
-        pending.shared()
-    });
-    None
 }
 
 /// Runs `first`, then `then` (when there is one).
