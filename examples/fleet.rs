@@ -102,7 +102,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::store::RedisStore;
-use redlimit::{policy::FailClosed, Algorithm, Limiter, Quota};
+use redlimit::{failure_policy::FailClosed, Algorithm, Limiter, Quota};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};

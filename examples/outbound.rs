@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use redlimit::policy::LocalFallback;
+use redlimit::failure_policy::LocalFallback;
 use redlimit::store::RedisStore;
 use redlimit::{limiter::AcquireError, Limiter, Quota, Quotas};
 

@@ -24,7 +24,7 @@
 //!
 //! A denied request gets `429 Too Many Requests` with `Retry-After` and the IETF
 //! `RateLimit-Policy` / `RateLimit` headers (which allowed responses carry too); a gRPC request
-//! gets `RESOURCE_EXHAUSTED`. When Redis fails, the [`FailurePolicy`](policy::FailurePolicy) decides: fail open (the
+//! gets `RESOURCE_EXHAUSTED`. When Redis fails, the [`FailurePolicy`](failure_policy::FailurePolicy) decides: fail open (the
 //! default), fail closed, or a local in-process limiter.
 //!
 //! Without tower, use the [`Limiter`] directly:
@@ -106,14 +106,15 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod concurrency;
 pub mod decision;
+pub mod failure_policy;
 pub mod guide;
 mod intern;
 pub mod key;
 pub mod layer;
 pub mod limiter;
 pub mod outbound;
-pub mod policy;
 pub mod quota;
 pub mod store;
 

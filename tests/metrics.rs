@@ -15,8 +15,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redlimit::key::{HeaderKey, PeerIp};
 use redlimit::store::{CircuitBreaker, MemoryStore, RedisStore};
 use redlimit::{
+    failure_policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
     limiter::DIRECT_POLICY_LABEL,
-    policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
     Limiter, Quota, RateLimitLayer,
 };
 use support::example::dead_redis_url;

@@ -22,7 +22,7 @@ use http::request::Parts;
 use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
 use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
 use redlimit::{
-    policy::{FailClosed, FailOpen, LocalFallback},
+    failure_policy::{FailClosed, FailOpen, LocalFallback},
     quota::QuotaError,
     Algorithm, Limiter, Quota, RateLimitLayer,
 };

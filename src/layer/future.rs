@@ -89,15 +89,15 @@ pub(crate) async fn check<K>(
     let limiter = &config.limiter;
     // When and where the units are reserved: a settlement gives them back there, or nowhere.
     let reserved = limiter.mark_reservation();
-    let (verdict, origin) = Origin::of(limiter.check_storage_key_blocking(
-        storage_key,
-        quotas,
-        cost,
-        &config.metrics_label,
-        // A shadow layer has no effects: its would-be denials block nobody.
-        modes.block.as_ref().filter(|_| !modes.shadow),
-    ))
-    .await;
+    let label = &config.metrics_label;
+    // A shadow layer has no effects: its would-be denials block nobody.
+    let (verdict, origin) = match modes.block.as_ref().filter(|_| !modes.shadow) {
+        Some(block) => {
+            let check = limiter.check_storage_key_blocking(storage_key, quotas, cost, label, block);
+            Origin::of(check).await
+        }
+        None => Origin::of(limiter.check_storage_key(storage_key, quotas, cost, label)).await,
+    };
     let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
     let (mut shadow, mut shadow_admitted) = (None, None);
     if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {

@@ -417,7 +417,7 @@ impl<K> RateLimitLayerBuilder<K> {
     /// algorithm). The settlement runs as a task of its own: it never delays nor fails the
     /// response. A settlement that fails (Redis down) is counted in
     /// [`LimiterStats::settle_failures`](crate::limiter::LimiterStats::settle_failures) and logged; a
-    /// charge then goes to the failure policy (a [`LocalFallback`](crate::policy::LocalFallback)
+    /// charge then goes to the failure policy (a [`LocalFallback`](crate::failure_policy::LocalFallback)
     /// charges its local share), a refund is lost (the units stay spent: the safe side).
     ///
     /// Exact under concurrency, as the reservation is taken at admission: a login limiter of 5

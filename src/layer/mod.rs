@@ -264,7 +264,6 @@
 //! ```
 
 mod body;
-mod concurrency;
 mod config;
 mod future;
 mod headers;
@@ -272,13 +271,10 @@ mod headers;
 mod layer;
 mod modes;
 mod resolver;
-mod response;
+pub(crate) mod response;
 mod service;
 
 pub use self::body::ResponseBody;
-pub use self::concurrency::{
-    ConcurrencyBody, ConcurrencyFuture, ConcurrencyLimit, ConcurrencyLimitLayer,
-};
 pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};

@@ -136,27 +136,22 @@ impl Limiter {
             quotas,
             cost,
             &PolicyLabel::direct(),
-            Some(block),
+            block,
         )
         .await
     }
 
-    /// A layer's check, blocking on a denial when `block` is given.
+    /// A layer's check that blocks the key on a denial (the layer's plain path is
+    /// [`check_storage_key`](Self::check_storage_key)).
     pub(crate) async fn check_storage_key_blocking(
         &self,
         storage_key: &str,
         quotas: &Quotas,
         cost: u64,
         label: &PolicyLabel,
-        block: Option<&BlockFor>,
+        block: &BlockFor,
     ) -> Verdict {
-        self.check_storage_key_with(
-            storage_key,
-            quotas,
-            cost,
-            label,
-            block.map(BlockFor::store_block),
-        )
-        .await
+        self.check_storage_key_with(storage_key, quotas, cost, label, Some(block.store_block()))
+            .await
     }
 }

@@ -10,16 +10,16 @@ use super::stats::Counters;
 use super::{ConfigError, Inner, Limiter};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
-use crate::policy::FailurePolicy;
+use crate::failure_policy::FailurePolicy;
 use crate::store::Store;
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
 ///
 /// Every option has a default: token bucket, prefix [`DEFAULT_PREFIX`](super::DEFAULT_PREFIX),
-/// Redis server time, [`FailOpen`](crate::policy::FailOpen), no deny cache.
+/// Redis server time, [`FailOpen`](crate::failure_policy::FailOpen), no deny cache.
 ///
 /// ```
-/// use redlimit::policy::LocalFallback;
+/// use redlimit::failure_policy::LocalFallback;
 /// use redlimit::store::RedisStore;
 /// use redlimit::{clock::Clock, Algorithm, Limiter};
 ///
@@ -95,7 +95,7 @@ use crate::store::Store;
 /// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
 /// #     }
 /// # }
-/// use redlimit::{policy::FailClosed, Limiter, Quota, Verdict};
+/// use redlimit::{failure_policy::FailClosed, Limiter, Quota, Verdict};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -200,7 +200,7 @@ impl LimiterBuilder {
         self
     }
 
-    /// What a store failure means ([`FailOpen`](crate::policy::FailOpen) by default); see [a
+    /// What a store failure means ([`FailOpen`](crate::failure_policy::FailOpen) by default); see [a
     /// failure policy](Self#a-failure-policy).
     pub fn failure_policy(mut self, policy: impl FailurePolicy) -> Self {
         self.policy = Arc::new(policy);

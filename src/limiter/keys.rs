@@ -246,7 +246,7 @@ impl Limiter {
     }
 
     /// The storage key of `target`, inline when short.
-    pub(super) fn target_key(&self, target: Target<'_>) -> StorageKey {
+    pub(crate) fn target_key(&self, target: Target<'_>) -> StorageKey {
         target_key(&self.inner.unscoped, target)
     }
 }

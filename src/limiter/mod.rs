@@ -8,14 +8,13 @@ use std::time::Duration;
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, Verdict};
-use crate::policy::{FailOpen, FailureContext, FailurePolicy};
+use crate::failure_policy::{FailOpen, FailureContext, FailurePolicy};
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod acquire;
 mod block;
 mod builder;
-mod concurrency;
 mod control;
 mod deny_cache;
 mod deprecated;
@@ -28,9 +27,6 @@ pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
-pub use self::concurrency::{
-    ConcurrencyLimiter, Slot, SlotOutcome, DEFAULT_SLOT_LEASE, MIN_SLOT_LEASE,
-};
 pub use self::control::{ControlError, KeyStatus, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL};
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
@@ -65,16 +61,18 @@ pub const DEFAULT_PREFIX: &str = "redlimit";
 /// ```
 #[derive(Clone)]
 pub struct Limiter {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    store: Arc<dyn Store>,
-    algorithm: Algorithm,
+/// What every clone of a [`Limiter`] shares; the feature modules beside `limiter` (the
+/// concurrency limit) read its store, clock, policy and counters.
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) algorithm: Algorithm,
     prefix: String,
-    clock: Clock,
-    policy: Arc<dyn FailurePolicy>,
-    stats: Counters,
+    pub(crate) clock: Clock,
+    pub(crate) policy: Arc<dyn FailurePolicy>,
+    pub(crate) stats: Counters,
     deny_cache: Option<DenyCache>,
     /// The constant parts of unscoped storage keys.
     unscoped: KeyScope,

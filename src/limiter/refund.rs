@@ -10,8 +10,8 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use super::{Limiter, PolicyLabel, Shadow};
+use crate::failure_policy::FailureContext;
 use crate::limiter::{ControlError, Target};
-use crate::policy::FailureContext;
 use crate::quota::Quotas;
 use crate::store::{RefundRequest, StoreError};
 
@@ -44,7 +44,7 @@ impl Reserved {
 }
 
 /// Which store made a reservation: the limiter's own, or its failure policy's (a
-/// [`LocalFallback`](crate::policy::LocalFallback)'s memory). A settlement goes to the first,
+/// [`LocalFallback`](crate::failure_policy::LocalFallback)'s memory). A settlement goes to the first,
 /// or nowhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {

@@ -156,7 +156,7 @@ pub struct LimiterStats {
     pub failed_open: u64,
     /// Failures the policy rejected.
     pub failed_closed: u64,
-    /// Failures the policy decided locally (e.g. [`LocalFallback`](crate::policy::LocalFallback)).
+    /// Failures the policy decided locally (e.g. [`LocalFallback`](crate::failure_policy::LocalFallback)).
     pub fallback_decisions: u64,
     /// Requests a [`RateLimitLayer`](crate::RateLimitLayer) found no key for and counted against
     /// the shared key of [`MissingKey::Shared`](crate::layer::MissingKey::Shared). Usually a

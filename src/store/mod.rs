@@ -3,7 +3,7 @@
 //! A [`Limiter`](crate::Limiter) holds one store. [`RedisStore`] shares every limit across the
 //! fleet; [`MemoryStore`] runs the same algorithms in this process and gives the same decisions,
 //! for a single instance, for tests, and for the
-//! [`LocalFallback`](crate::policy::LocalFallback) policy.
+//! [`LocalFallback`](crate::failure_policy::LocalFallback) policy.
 //!
 //! # Examples
 //!
@@ -34,19 +34,23 @@ use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::quota::Quotas;
 
+mod block;
 mod breaker;
 mod failure;
 mod memory;
-mod modes;
 mod redis;
+mod refund;
+pub(crate) mod slots;
 
+pub use self::block::Block;
 pub use self::breaker::CircuitBreaker;
 pub use self::failure::RedisFailure;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
-pub use self::modes::{Block, RefundRequest, SlotOp, SlotReply, SlotRequest};
 pub use self::redis::{
     BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
 };
+pub use self::refund::RefundRequest;
+pub use self::slots::{SlotOp, SlotReply, SlotRequest};
 
 /// One decision to make: which key, under which algorithm and quota, at what cost.
 ///
@@ -319,7 +323,7 @@ impl ControlReply {
     }
 }
 
-/// Why a store could not decide. The [`FailurePolicy`](crate::policy::FailurePolicy) turns it into an
+/// Why a store could not decide. The [`FailurePolicy`](crate::failure_policy::FailurePolicy) turns it into an
 /// outcome.
 ///
 /// [`Limiter::try_check_quotas`](crate::Limiter::try_check_quotas) returns it as it is:

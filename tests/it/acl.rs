@@ -15,7 +15,7 @@ use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use redlimit::outbound::OutboundLayer;
 use redlimit::store::{RedisStore, StoreError};
-use redlimit::{policy::FailClosed, Algorithm, Limiter, Quota, Quotas, Target, Verdict};
+use redlimit::{failure_policy::FailClosed, Algorithm, Limiter, Quota, Quotas, Target, Verdict};
 use support::{info_field, RedisServer};
 use tower::{Layer, ServiceExt};
 

@@ -20,7 +20,7 @@ use redlimit::{
     Limiter, Quota, RateLimitLayer,
 };
 use redlimit::{
-    policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
+    failure_policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
     Verdict,
 };
 use support::service::counting;

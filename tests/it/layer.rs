@@ -706,8 +706,8 @@ async fn stacked_layers_charge_the_outer_budget_for_inner_denials() {
 /// `ConcurrencyLimitLayer` answer each of them alike.
 #[tokio::test]
 async fn grpc_is_told_by_its_media_type_in_both_layers() {
-    use redlimit::layer::ConcurrencyLimitLayer;
-    use redlimit::limiter::{ConcurrencyLimiter, SlotOutcome};
+    use redlimit::concurrency::ConcurrencyLimitLayer;
+    use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
 
     // The request's content-type, and the content-type of a gRPC answer (None: HTTP 429).
     let cases = [

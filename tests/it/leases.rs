@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlimit::clock::{Clock, ManualClock};
+use redlimit::failure_policy::FailClosed;
 use redlimit::limiter::{ConfigError, LeaseError, LeaseStats, Leases};
-use redlimit::policy::FailClosed;
 use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, Target, Verdict};
 use support::{Ctx, RedisCluster, RedisServer};

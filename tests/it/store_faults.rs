@@ -20,7 +20,7 @@ use load::{ms, Load, Run};
 use redlimit::key::GlobalKey;
 use redlimit::store::{CircuitBreaker, RedisStore};
 use redlimit::{
-    policy::{FailClosed, FailOpen, LocalFallback},
+    failure_policy::{FailClosed, FailOpen, LocalFallback},
     Limiter, Quota, RateLimitLayer, Verdict,
 };
 use support::{Ctx, RedisServer};

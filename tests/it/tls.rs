@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use redlimit::store::{RedisStore, StoreError};
 use redlimit::{
-    policy::{FailClosed, FailOpen},
+    failure_policy::{FailClosed, FailOpen},
     Limiter, Quota, Verdict,
 };
 use support::{RedisCluster, RedisServer, TlsFiles, TlsSetup};

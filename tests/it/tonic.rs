@@ -12,7 +12,7 @@ use std::time::Duration;
 use greeter::{GreeterClient, GreeterServer, HelloRequest};
 use redlimit::key::PeerIp;
 use redlimit::store::RedisStore;
-use redlimit::{policy::FailClosed, Limiter, Quota, RateLimitLayer};
+use redlimit::{failure_policy::FailClosed, Limiter, Quota, RateLimitLayer};
 use support::{Ctx, RedisServer};
 use tokio::task::JoinHandle;
 use tonic::{Code, Status};

@@ -13,8 +13,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redlimit::failure_policy::FailurePolicy;
 use redlimit::limiter::LimiterBuilder;
-use redlimit::policy::FailurePolicy;
 use redlimit::store::{CircuitBreaker, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 use redlimit::{
     clock::{Clock, ManualClock},

@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 
-mod modes;
+mod block;
+mod refund;
 mod shard;
+mod slots;
 
 use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
@@ -31,7 +33,7 @@ const SHARDS: usize = 64;
 const EVICTION_BATCH: usize = 32;
 
 /// A [`Store`] in process memory, for one instance, tests, and the
-/// [`LocalFallback`](crate::policy::LocalFallback) policy.
+/// [`LocalFallback`](crate::failure_policy::LocalFallback) policy.
 ///
 /// It runs the Rust mirror of each Lua script, so it gives the same [`Decision`]s as
 /// [`RedisStore`](super::RedisStore). Keys are spread over 64 independently locked shards, so
@@ -83,7 +85,7 @@ pub struct MemoryStore {
 }
 
 /// Shows the configuration only: counting the keys would lock every shard, and this is logged
-/// on every store failure under [`LocalFallback`](crate::policy::LocalFallback).
+/// on every store failure under [`LocalFallback`](crate::failure_policy::LocalFallback).
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")

@@ -2,16 +2,17 @@
 //! Cluster, or a primary found through Sentinel).
 
 mod args;
+mod block;
 mod builder;
 mod cluster;
 mod connection;
 mod error;
-mod mode_call;
-mod modes;
+mod refund;
 mod reload;
 mod script;
 mod sentinel;
 mod server;
+mod slots;
 mod tls;
 
 use std::fmt;

@@ -10,14 +10,20 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::args::PackedArgs;
-use super::mode_call::ModeCall;
+use super::block::{push_block, BLOCK};
+use super::refund::{push_refund, REFUND};
 use super::reload::{load, Reloads, Script};
 use super::sentinel::PrimaryConnection;
+use super::slots::{push_slots, SLOTS};
 use crate::algorithm::layout::{exact, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS};
-use crate::algorithm::{log_controls_key, Algorithm, CONTROL_SOURCE, SOURCE};
+use crate::algorithm::{
+    log_controls_key, Algorithm, BLOCK_WRAPPER, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
+};
 use crate::decision::Decision;
 use crate::quota::Quota;
-use crate::store::{CheckRequest, ControlReply, ControlRequest, StoreError};
+use crate::store::{
+    Block, CheckRequest, ControlReply, ControlRequest, RefundRequest, SlotRequest, StoreError,
+};
 
 /// The decision script (every algorithm's; the arguments name the algorithm), hashed once per
 /// process.
@@ -33,8 +39,12 @@ pub(super) enum Call<'a> {
     /// A decision in the split form (see `cluster.rs`), with the other keys' strings.
     Split(CheckRequest<'a>, &'a [Vec<u8>]),
     Control(ControlRequest<'a>),
-    /// A production mode's script (`modes.rs`): a refund, a decision that blocks, a slot.
-    Mode(ModeCall<'a>),
+    /// Settlement's refund (`refund.rs`).
+    Refund(RefundRequest<'a>),
+    /// A decision that blocks the key on a denial (`block.rs`).
+    Block(CheckRequest<'a>, Block),
+    /// A concurrency slot operation (`slots.rs`).
+    Slots(SlotRequest<'a>),
 }
 
 impl Call<'_> {
@@ -43,7 +53,9 @@ impl Call<'_> {
         match self {
             Call::Check(_) | Call::Split(..) => (&DECIDE, &SOURCE, Script::Decide),
             Call::Control(_) => (&CONTROL, &CONTROL_SOURCE, Script::Control),
-            Call::Mode(mode) => mode.script(),
+            Call::Refund(_) => (&REFUND, REFUND_SOURCE, Script::Refund),
+            Call::Block(..) => (&BLOCK, &BLOCK_WRAPPER, Script::Block),
+            Call::Slots(_) => (&SLOTS, SLOTS_SOURCE, Script::Slots),
         }
     }
 
@@ -90,7 +102,9 @@ impl Call<'_> {
                 request.control.op(),
                 request.now_micros,
             ),
-            Call::Mode(mode) => mode.push_call(cmd),
+            Call::Refund(request) => push_refund(cmd, request),
+            Call::Block(request, block) => push_block(cmd, request, block),
+            Call::Slots(request) => push_slots(cmd, request),
         }
     }
 }

@@ -399,7 +399,7 @@ async fn a_fallback_admission_is_never_refunded_into_redis() {
     let limiter = Ctx::default()
         .without_breaker()
         .timeout(Duration::from_millis(500))
-        .failure_policy(redlimit::policy::LocalFallback::new(1))
+        .failure_policy(redlimit::failure_policy::LocalFallback::new(1))
         .redis(&redis);
     let layer = RateLimitLayer::builder(
         limiter.clone(),

@@ -156,7 +156,7 @@ async fn a_shadow_layer_forwards_when_the_store_fails_closed() {
         .build()
         .unwrap();
     let limiter = Limiter::builder(store)
-        .failure_policy(redlimit::policy::FailClosed::default())
+        .failure_policy(redlimit::failure_policy::FailClosed::default())
         .build()
         .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use redlimit::clock::ManualClock;
-use redlimit::limiter::{ConcurrencyLimiter, SlotOutcome};
+use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
 use redlimit::store::CircuitBreaker;
 
 use crate::support::{Ctx, RedisServer};

@@ -1,42 +1,6 @@
-//! The production modes' store calls: a refund (units given back after a settlement), a
-//! decision that blocks the key on a denial, and fleet-wide concurrency slots. Each is one
-//! atomic script call in Redis and the same steps under the shard lock in memory.
+//! The concurrency limit's store call: slots taken, renewed and given back.
 
 use std::time::Duration;
-
-use crate::algorithm::Algorithm;
-use crate::quota::Quotas;
-
-/// Units to give back to one route's tiers (see [`Limiter::refund`](crate::Limiter::refund)).
-#[derive(Debug, Clone, Copy)]
-pub struct RefundRequest<'a> {
-    /// The route's storage key, as in [`CheckRequest::key`](super::CheckRequest::key).
-    pub key: &'a str,
-    /// The limiter's algorithm.
-    pub algorithm: Algorithm,
-    /// The caller's quotas (an override in the store replaces them, as in a decision).
-    pub quotas: &'a Quotas,
-    /// The units to give back (at least 1).
-    pub units: u64,
-    /// Client time in µs since the Unix epoch; `None` means the store's own clock.
-    pub now_micros: Option<u64>,
-    /// How long ago the units were reserved, in µs: the reservation was made at
-    /// `now - age_micros`, and the units go back only to the window that holds that time, and
-    /// not at all when it is before a reset of the tenant. Never less than the true age (it
-    /// may only lose a refund, never give one to the wrong window): measured from before the
-    /// reservation's store call was sent. 0 when `now_micros` is the reservation's own time.
-    pub age_micros: u64,
-}
-
-/// A block on abuse for [`Store::check_blocking`](super::Store::check_blocking): a denial by a
-/// quota suspends the key's tenant for `duration`, doubled per repeated offence up to `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Block {
-    /// The first offence's block.
-    pub duration: Duration,
-    /// The longest block (equal to `duration`: no doubling).
-    pub max: Duration,
-}
 
 /// What to do with concurrency slots (see [`SlotRequest`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +21,7 @@ pub enum SlotOp {
 }
 
 /// One call on a key's concurrency slots (see
-/// [`ConcurrencyLimiter`](crate::limiter::ConcurrencyLimiter)): `lua/slots.lua`.
+/// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)): `lua/slots.lua`.
 #[derive(Debug, Clone, Copy)]
 pub struct SlotRequest<'a> {
     /// The slots' storage key (`<prefix>:{<id>}:<scope>#c`).
@@ -70,7 +34,7 @@ pub struct SlotRequest<'a> {
     /// How long a slot is held without a renewal: a dead holder's slot is free after it.
     pub lease: Duration,
     /// Client time in µs since the Unix epoch; `None` means the store's own clock.
-    /// [`ConcurrencyLimiter`](crate::limiter::ConcurrencyLimiter) always sends `None`: the
+    /// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) always sends `None`: the
     /// instances of a fleet must time one key's leases by one clock, or an instance whose
     /// clock runs ahead by more than a lease would evict the others' live slots.
     pub now_micros: Option<u64>,

@@ -1,4 +1,5 @@
-//! [`ConcurrencyLimiter`]: at most N requests in flight per key across the fleet.
+//! [`ConcurrencyLimiter`]: at most N requests in flight per key across the fleet; the slots and
+//! their background work (renewals, lost slots put back, give-backs).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -10,9 +11,9 @@ use tokio::sync::Notify;
 
 mod background;
 
-use super::{ConfigError, Limiter, Target};
 use crate::decision::Verdict;
-use crate::policy::FailureContext;
+use crate::failure_policy::FailureContext;
+use crate::limiter::{ConfigError, Limiter, Target};
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, SlotOp, SlotReply, SlotRequest, StoreError};
 
@@ -50,12 +51,12 @@ pub const MIN_SLOT_LEASE: Duration = Duration::from_millis(300);
 /// still not answered for after a lease is left to its lease, which has ended by then.
 ///
 /// **When the store fails**, the limiter's failure policy decides as for a check of `limit`
-/// per lease: [`FailOpen`](crate::policy::FailOpen) admits without a slot, [`FailClosed`](crate::policy::FailClosed)
-/// refuses, [`LocalFallback`](crate::policy::LocalFallback) admits within its local share of that
+/// per lease: [`FailOpen`](crate::failure_policy::FailOpen) admits without a slot, [`FailClosed`](crate::failure_policy::FailClosed)
+/// refuses, [`LocalFallback`](crate::failure_policy::LocalFallback) admits within its local share of that
 /// rate (a rate, not a count of requests in flight: the closest an in-process stand-in gets).
 ///
 /// ```
-/// use redlimit::limiter::{ConcurrencyLimiter, SlotOutcome};
+/// use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
 /// use redlimit::{store::MemoryStore, Limiter};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -245,10 +246,10 @@ impl ConcurrencyLimiter {
         if limit == 0 || limit > crate::quota::MAX_COUNT {
             return Err(ConfigError::Quota(crate::quota::QuotaError::ZeroLimit));
         }
-        if lease < MIN_SLOT_LEASE || lease > super::MAX_SUSPENSION {
+        if lease < MIN_SLOT_LEASE || lease > crate::limiter::MAX_SUSPENSION {
             return Err(ConfigError::InvalidLease);
         }
-        if !super::is_name(scope) {
+        if !crate::limiter::is_name(scope) {
             return Err(ConfigError::InvalidScope);
         }
         let process = {

@@ -5,7 +5,7 @@
 //! [`LimiterStats`](crate::limiter::LimiterStats).
 //!
 //! ```
-//! use redlimit::{policy::FailClosed, store::RedisStore, Limiter};
+//! use redlimit::{failure_policy::FailClosed, store::RedisStore, Limiter};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let limiter = Limiter::builder(RedisStore::new("redis://127.0.0.1:6379")?)
@@ -21,7 +21,7 @@
 //! ```
 //! use std::time::Duration;
 //! use futures::future::BoxFuture;
-//! use redlimit::{policy::{FailClosed, LocalFallback}, Verdict};
+//! use redlimit::{failure_policy::{FailClosed, LocalFallback}, Verdict};
 //! use redlimit::store::{CheckRequest, Store, StoreError};
 //! use redlimit::{Decision, Limiter, Quota};
 //!
@@ -69,7 +69,7 @@ use crate::store::{CheckRequest, MemoryStore, StoreError};
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlimit::{policy::{FailureContext, FailurePolicy}, Verdict};
+/// use redlimit::{failure_policy::{FailureContext, FailurePolicy}, Verdict};
 /// use redlimit::store::{CheckRequest, StoreError};
 /// use redlimit::{Algorithm, Quota};
 ///
@@ -112,7 +112,7 @@ pub struct FailureContext<'a> {
 /// for expensive endpoints).
 ///
 /// ```
-/// use redlimit::{policy::{FailureContext, FailurePolicy}, Verdict};
+/// use redlimit::{failure_policy::{FailureContext, FailurePolicy}, Verdict};
 ///
 /// /// Admits cheap requests, rejects the rest, while Redis is away.
 /// #[derive(Debug)]
@@ -150,7 +150,7 @@ pub trait FailurePolicy: Send + Sync + fmt::Debug + 'static {
 /// #         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(100))) })
 /// #     }
 /// # }
-/// use redlimit::{policy::FailOpen, Limiter, Quota, Verdict};
+/// use redlimit::{failure_policy::FailOpen, Limiter, Quota, Verdict};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -188,7 +188,7 @@ impl FailurePolicy for FailOpen {
 /// # }
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use redlimit::{key::GlobalKey, policy::FailClosed, Limiter, Quota, RateLimitLayer};
+/// use redlimit::{key::GlobalKey, failure_policy::FailClosed, Limiter, Quota, RateLimitLayer};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -239,7 +239,7 @@ impl FailurePolicy for FailClosed {
 /// it was.
 ///
 /// ```
-/// use redlimit::{policy::LocalFallback, store::RedisStore, Limiter};
+/// use redlimit::{failure_policy::LocalFallback, store::RedisStore, Limiter};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// // Four instances share the quota while Redis is away.
@@ -274,7 +274,7 @@ impl LocalFallback {
     /// This instance's share of `quota`.
     ///
     /// ```
-    /// use redlimit::{policy::LocalFallback, Quota};
+    /// use redlimit::{failure_policy::LocalFallback, Quota};
     ///
     /// let quota = Quota::per_minute(100)?.with_burst(10)?;
     /// let share = LocalFallback::new(4).share(&quota);

@@ -1,0 +1,105 @@
+//! Settlement's refund in memory: the mirror of `lua/refund.lua`, under the key's shard lock.
+
+use std::sync::PoisonError;
+
+use super::{KeyState, MemoryStore, Stored};
+use crate::algorithm::{log_controls_key, log_refund, refund, Algorithm, STAMP};
+use crate::clock::system_now_micros;
+use crate::store::RefundRequest;
+
+impl MemoryStore {
+    /// A refund (`lua/refund.lua`), synchronously.
+    pub(super) fn refund_now(&self, request: RefundRequest<'_>) -> u64 {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let units = crate::algorithm::capped_cost(request.units) as f64;
+        let reserved = now as f64 - crate::algorithm::capped_cost(request.age_micros) as f64;
+        let log = request.algorithm == Algorithm::SlidingLog;
+        let mut guard = self
+            .shard(request.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shard = &mut *guard;
+        let tenant = shard.tenant(request.key, now);
+        let route_key = if log {
+            log_controls_key(request.key)
+        } else {
+            request.key.to_owned()
+        };
+        let (held, live) = shard.find(&route_key, now);
+        let route = live.and_then(|slot| shard.bytes(slot)).map(<[u8]>::to_vec);
+        if log {
+            // Only the controls' string: its stamp against the tenant's reset.
+            let stale = stale(route.as_deref(), tenant.as_deref());
+            if stale {
+                return 0;
+            }
+            let (_, live) = shard.find(request.key, now);
+            let Some(slot) = live else { return 0 };
+            let KeyState::Log(entries) = &mut shard.slots[slot].stored.state else {
+                return 0;
+            };
+            let reset = tenant_reset_us(tenant.as_deref());
+            if reset > 0.0 && reserved < reset {
+                return 0; // reserved before the tenant's reset
+            }
+            return log_refund(entries, units, reserved);
+        }
+        let Some((bytes, changed)) = refund(
+            route.as_deref(),
+            tenant.as_deref(),
+            request.algorithm.tag(),
+            units,
+            reserved,
+            request.quotas,
+        ) else {
+            return 0;
+        };
+        let (Some(slot), Some(_)) = (held, live) else {
+            return 0;
+        };
+        let expires_at = shard.slots[slot].stored.expires_at;
+        let stored = Stored {
+            state: KeyState::Bytes(bytes),
+            expires_at,
+        };
+        // The key keeps its expiry, as `SET … PX <its PTTL>` does.
+        shard.put(held, &route_key, stored, now, self.max_keys_per_shard);
+        changed
+    }
+}
+
+/// The tenant's reset in µs (0: none).
+fn tenant_reset_us(tenant: Option<&[u8]>) -> f64 {
+    match tenant {
+        Some(t) if t.first() == Some(&b'M') && t.len() >= 10 => {
+            let clen = 10 + 24 * usize::from(t[9]);
+            t.get(clen..clen + 8)
+                .map_or(0.0, |b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+        }
+        _ => 0.0,
+    }
+}
+
+/// Whether the states under `route`'s controls were written before its tenant's reset.
+fn stale(route: Option<&[u8]>, tenant: Option<&[u8]>) -> bool {
+    let f = |s: &[u8], at: usize| {
+        s.get(at..at + 8)
+            .map_or(0.0, |b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
+    let reset = tenant_reset_us(tenant);
+    if reset <= 0.0 {
+        return false;
+    }
+    let stamp = match route {
+        Some(s) if s.first() == Some(&b'M') && s.len() >= 10 => {
+            let clen = 10 + 24 * usize::from(s[9]);
+            if s.get(clen) == Some(&STAMP) {
+                f(s, clen + 1)
+            } else {
+                0.0
+            }
+        }
+        _ => 0.0,
+    };
+    stamp < reset
+}

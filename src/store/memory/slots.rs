@@ -1,0 +1,66 @@
+//! Concurrency slots in memory: the mirror of `lua/slots.lua`, under the key's shard lock.
+
+use std::sync::PoisonError;
+use std::time::Duration;
+
+use super::{KeyState, MemoryStore, Stored};
+use crate::algorithm::{slots_step, ACQUIRE, RELEASE, RENEW};
+use crate::clock::system_now_micros;
+use crate::store::{micros, SlotReply, SlotRequest};
+
+impl MemoryStore {
+    /// A slot call (`lua/slots.lua`), synchronously.
+    pub(super) fn slots_now(&self, request: SlotRequest<'_>) -> SlotReply {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let (op, limit) = crate::store::slots::slot_op(request.op);
+        let lease_us = micros(request.lease);
+        let ids: Vec<u64> = request
+            .ids
+            .iter()
+            .map(|id| {
+                use std::hash::{BuildHasher, Hasher};
+                let mut hasher = self.hasher.build_hasher();
+                hasher.write(id.as_bytes());
+                hasher.finish()
+            })
+            .collect();
+        let mut guard = self
+            .shard(request.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shard = &mut *guard;
+        let (held, live) = shard.find(request.key, now);
+        let bytes = live.and_then(|slot| shard.bytes(slot)).unwrap_or_default();
+        if live.is_none() && op == RELEASE {
+            return SlotReply::of(request.op, false, 0, Duration::ZERO);
+        }
+        let ((ok, n, wait_us), after) = slots_step(bytes, op, limit, lease_us, &ids, now);
+        let changed = op != ACQUIRE || ok;
+        match after {
+            Some(bytes) if changed => {
+                // The set expires one lease after the lease it last began or renewed.
+                let expires_at = match op {
+                    ACQUIRE | RENEW => now + lease_us.div_ceil(1000) * 1000,
+                    _ => live.map_or(now, |slot| shard.slots[slot].stored.expires_at),
+                };
+                let stored = Stored {
+                    state: KeyState::Bytes(bytes),
+                    expires_at,
+                };
+                shard.put(held, request.key, stored, now, self.max_keys_per_shard);
+            }
+            None => {
+                if let Some(slot) = held {
+                    shard.remove_slot(slot);
+                }
+            }
+            Some(_) => {}
+        }
+        SlotReply::of(
+            request.op,
+            ok,
+            n,
+            Duration::from_millis(wait_us.div_ceil(1000)),
+        )
+    }
+}

@@ -1,0 +1,53 @@
+//! Block on abuse on the wire (`lua/block.lua`, the decision script wrapped): its script,
+//! keys and packed arguments, and [`RedisStore`]'s call.
+
+use std::sync::LazyLock;
+
+use futures::future::BoxFuture;
+
+use super::args::PackedArgs;
+use super::script::{read_decision, Call};
+use super::RedisStore;
+use crate::algorithm::layout::exact;
+use crate::algorithm::{log_controls_key, offences_key, tenant_key, Algorithm, BLOCK_WRAPPER};
+use crate::decision::Decision;
+use crate::store::micros;
+use crate::store::{Block, CheckRequest, StoreError};
+
+pub(super) static BLOCK: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&BLOCK_WRAPPER));
+
+/// Appends a blocking decision's `numkeys`, `KEYS` and `ARGV`.
+pub(super) fn push_block(cmd: &mut redis::Cmd, r: &CheckRequest<'_>, block: &Block) {
+    let args = PackedArgs::new(r.algorithm, r.quotas, r.cost, r.now_micros);
+    if r.algorithm == Algorithm::SlidingLog {
+        cmd.arg(4).arg(log_controls_key(r.key)).arg(r.key);
+    } else {
+        cmd.arg(3).arg(r.key);
+    }
+    cmd.arg(tenant_key(r.key)).arg(offences_key(r.key));
+    cmd.arg(args.as_bytes())
+        .arg(block_args(micros(block.duration), micros(block.max)));
+}
+
+/// The block script's second argument: `'<dd'` block_us, max_us.
+fn block_args(block_us: u64, max_us: u64) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(16);
+    bytes.extend_from_slice(&exact(block_us).to_le_bytes());
+    bytes.extend_from_slice(&exact(max_us).to_le_bytes());
+    bytes
+}
+
+impl RedisStore {
+    pub(super) fn block_call<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: Block,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(
+            self.guarded(Call::Block(request, block), "check", move |reply| {
+                read_decision(reply, &request)
+            }),
+        )
+    }
+}

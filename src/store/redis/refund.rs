@@ -1,0 +1,60 @@
+//! Settlement's refund on the wire (`lua/refund.lua`): its script, keys and packed argument,
+//! and [`RedisStore`]'s call.
+
+use std::sync::LazyLock;
+
+use futures::future::BoxFuture;
+
+use super::script::Call;
+use super::RedisStore;
+use crate::algorithm::layout::exact;
+use crate::algorithm::{log_controls_key, tenant_key, Algorithm, REFUND_SOURCE};
+use crate::quota::Quota;
+use crate::store::{RefundRequest, StoreError};
+
+pub(super) static REFUND: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(REFUND_SOURCE));
+
+/// Appends a refund's `numkeys`, `KEYS` and `ARGV`.
+pub(super) fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {
+    if r.algorithm == Algorithm::SlidingLog {
+        cmd.arg(3)
+            .arg(log_controls_key(r.key))
+            .arg(r.key)
+            .arg(tenant_key(r.key));
+    } else {
+        cmd.arg(2).arg(r.key).arg(tenant_key(r.key));
+    }
+    cmd.arg(refund_args(r));
+}
+
+/// The refund script's one argument: `'<dBdd' .. n * '<ddd'`: now_us (-1: Redis `TIME`), the
+/// algorithm's tag, the units, the reservation's age, then the caller's tiers.
+fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
+    let quotas: &[Quota] = r.quotas;
+    let mut bytes = Vec::with_capacity(25 + 24 * quotas.len());
+    bytes.extend_from_slice(&r.now_micros.map_or(-1.0, exact).to_le_bytes());
+    bytes.push(r.algorithm.tag());
+    bytes.extend_from_slice(&exact(r.units).to_le_bytes());
+    bytes.extend_from_slice(&exact(r.age_micros).to_le_bytes());
+    for quota in quotas.iter().take(crate::quota::MAX_TIERS) {
+        for v in [quota.limit(), quota.period_micros(), quota.burst()] {
+            bytes.extend_from_slice(&exact(v).to_le_bytes());
+        }
+    }
+    bytes
+}
+
+impl RedisStore {
+    pub(super) fn refund_call<'a>(
+        &'a self,
+        request: RefundRequest<'a>,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(
+            self.guarded(Call::Refund(request), "refund", |reply| match reply {
+                redis::Value::Int(n) if n >= 0 => Ok(n as u64),
+                other => Err(StoreError::BadReply(format!("{other:?}"))),
+            }),
+        )
+    }
+}
