@@ -11,8 +11,9 @@ use http::StatusCode;
 
 use super::headers::HeaderStyle;
 use super::resolver::QuotaResolver;
+use super::settle::Settle;
 use crate::key::KeyExtractor;
-use crate::limiter::{KeyScope, Limiter, PolicyLabel, Shadow};
+use crate::limiter::{BlockFor, KeyScope, Limiter, PolicyLabel, Shadow};
 use crate::quota::Quotas;
 
 /// What happens to a request whose key cannot be extracted (no API-key header, no peer address).
@@ -99,7 +100,7 @@ pub(crate) struct Config<K> {
     /// Whether the first request counted against the shared key was logged.
     pub unkeyed_logged: AtomicBool,
     /// Shadow, settlement, block on abuse (`modes.rs`).
-    pub modes: super::modes::Modes,
+    pub modes: Modes,
 }
 
 impl<K: KeyExtractor> Config<K> {
@@ -264,5 +265,40 @@ mod tests {
             let id = storage_id(key);
             assert!(!id.starts_with(SHARED_ID_PREFIX), "{key:?} -> {id}");
         }
+    }
+}
+
+/// The modes a layer runs in; all off by default.
+#[derive(Default)]
+pub(crate) struct Modes {
+    /// Decide and record, always forward.
+    pub shadow: bool,
+    /// The `RateLimit` headers in shadow (off by default).
+    pub shadow_headers: bool,
+    /// Tiers checked in shadow after the enforced ones admitted, in a scope of their own.
+    pub shadow_tiers: Option<Quotas>,
+    /// The cost taken from the response; the request's cost is the reservation.
+    pub settle: Option<Arc<Settle>>,
+    /// A denial suspends the key's tenant for this long.
+    pub block: Option<BlockFor>,
+}
+
+impl Modes {
+    /// No mode is on: a check's verdict is all a request needs (so a lease may answer it in
+    /// `call`, see `service.rs`).
+    pub(crate) fn none(&self) -> bool {
+        !self.shadow && self.shadow_tiers.is_none() && self.settle.is_none() && self.block.is_none()
+    }
+}
+
+impl std::fmt::Debug for Modes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Modes")
+            .field("shadow", &self.shadow)
+            .field("shadow_headers", &self.shadow_headers)
+            .field("shadow_tiers", &self.shadow_tiers)
+            .field("settle", &self.settle.is_some())
+            .field("block", &self.block)
+            .finish()
     }
 }

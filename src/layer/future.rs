@@ -14,8 +14,9 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::config::Config;
 use super::headers::HeaderStyle;
-use super::modes::{self, Settlement, ShadowLimited};
 use super::response::{self, Wire};
+use super::settle::Settlement;
+use super::shadow::{self, ShadowLimited};
 use crate::decision::Decision;
 use crate::decision::Verdict;
 use crate::limiter::Origin;
@@ -101,7 +102,7 @@ pub(crate) async fn check<K>(
     let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
     let (mut shadow, mut shadow_admitted) = (None, None);
     if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
-        let key = [storage_key, modes::SHADOW_SCOPE_SUFFIX].concat();
+        let key = [storage_key, shadow::SHADOW_SCOPE_SUFFIX].concat();
         let label = config.shadow_label();
         let shadow_reserved = limiter.mark_reservation();
         if let (Verdict::Decided(decision), shadow_origin) =
@@ -273,7 +274,7 @@ where
                             // Handlers can read what is left.
                             request.extensions_mut().insert(decision);
                             if let Some(denial) = shadow {
-                                modes::note_shadow_denial(
+                                shadow::note_shadow_denial(
                                     &headers.config.policy_name,
                                     &denial,
                                     true,
@@ -290,7 +291,7 @@ where
                         }
                         // Shadow: recorded as a denial, forwarded all the same.
                         Verdict::Decided(decision) if modes.shadow => {
-                            modes::note_shadow_denial(
+                            shadow::note_shadow_denial(
                                 &headers.config.policy_name,
                                 &decision,
                                 false,

@@ -11,9 +11,9 @@ use tower_layer::Layer;
 
 use super::config::{Config, CostFn, MissingKey, SkipFn};
 use super::headers::HeaderStyle;
-use super::modes::Settle;
 use super::resolver::QuotaResolver;
 use super::service::RateLimit;
+use super::settle::Settle;
 use crate::algorithm::Algorithm;
 use crate::key::KeyExtractor;
 use crate::limiter::{is_name, BlockFor, ConfigError, Limiter, PolicyLabel, Shadow};
@@ -209,7 +209,7 @@ pub struct RateLimitLayerBuilder<K> {
     cost: Option<Box<CostFn>>,
     skip: Option<Box<SkipFn>>,
     /// Shadow, settlement, block on abuse (`modes.rs`).
-    pub(super) modes: super::modes::Modes,
+    pub(super) modes: super::config::Modes,
 }
 
 impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {

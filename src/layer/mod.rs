@@ -269,15 +269,16 @@ mod future;
 mod headers;
 #[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
 mod layer;
-mod modes;
 mod resolver;
 pub(crate) mod response;
 mod service;
+mod settle;
+mod shadow;
 
 pub use self::body::ResponseBody;
 pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use self::modes::ShadowLimited;
 pub use self::resolver::{resolver_fn, FnResolver, QuotaResolver, Resolved};
 pub use self::service::RateLimit;
+pub use self::shadow::ShadowLimited;

@@ -20,7 +20,7 @@ mod deny_cache;
 mod deprecated;
 mod keys;
 mod lease;
-mod refund;
+mod settle;
 mod stats;
 
 pub use self::acquire::AcquireError;
@@ -35,8 +35,8 @@ pub use self::lease::{
     LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
     MAX_LEASE_INTERVAL,
 };
-pub(crate) use self::refund::Origin;
-pub use self::refund::Reserved;
+pub(crate) use self::settle::Origin;
+pub use self::settle::Reserved;
 use self::stats::{Counters, StoreTimer};
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
 pub(crate) use self::stats::{PolicyLabel, Shadow};
@@ -80,8 +80,8 @@ pub(crate) struct Inner {
     waiters: Waiters,
     /// Token leases for hot keys, when on ([`LimiterBuilder::leases`]).
     leases: Option<self::lease::LeaseTable>,
-    /// The layer's settlements still running (`refund.rs`).
-    settlements: self::refund::Settlements,
+    /// The layer's settlements still running (`settle.rs`).
+    settlements: self::settle::Settlements,
 }
 
 impl fmt::Debug for Limiter {
@@ -338,7 +338,7 @@ impl Limiter {
             error: &error,
             request,
         });
-        self::refund::Origin::policy_answered();
+        self::settle::Origin::policy_answered();
         stats.count_failure(&verdict, label);
         // The key is never logged: it may be a secret. While the circuit breaker is open
         // every request lands here; the breaker itself logs its state changes, so those
