@@ -18,7 +18,7 @@ use crate::key::KeyExtractor;
 /// default).
 const UNKEYED: &str = "#:unkeyed";
 
-/// The service of [`ConcurrencyLimitLayer`].
+/// The service of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer).
 pub struct ConcurrencyLimit<S, K> {
     pub(super) inner: S,
     pub(super) shared: Arc<Shared<K>>,

@@ -564,7 +564,7 @@ pub enum ConfigError {
     /// The lease configuration is refused ([`LimiterBuilder::leases`]).
     #[error(transparent)]
     Lease(#[from] LeaseError),
-    /// A concurrency slot's lease shorter than [`MIN_SLOT_LEASE`] (300 ms) or longer than 30
+    /// A concurrency slot's lease shorter than [`MIN_SLOT_LEASE`](crate::concurrency::MIN_SLOT_LEASE) (300 ms) or longer than 30
     /// days.
     #[error("a concurrency slot's lease must last from 300 ms to 30 days")]
     InvalidLease,

@@ -16,7 +16,7 @@
 //!   future waits for its key's quota first, then for a clone of the inner service to be ready,
 //!   so a key waiting for quota holds no connection or concurrency slot of the inner service.
 //!
-//! When the store fails, the limiter's [failure policy](crate::policy) decides: `FailOpen`
+//! When the store fails, the limiter's [failure policy](crate::failure_policy) decides: `FailOpen`
 //! sends the request unchecked, `FailClosed` makes it wait the policy's `retry_after` like a
 //! denial, `LocalFallback` waits for the in-process share of the quota.
 //!

@@ -399,7 +399,8 @@ async fn the_cluster_addendum_is_enough_on_cluster() {
 /// needs `+zrem`), a block that doubles, and a concurrency slot taken and given back (`+zrem`).
 #[tokio::test]
 async fn the_production_modes_work_as_the_least_privileged_user() {
-    use redlimit::limiter::{BlockFor, ConcurrencyLimiter, SlotOutcome};
+    use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
+    use redlimit::limiter::BlockFor;
     let redis = RedisServer::start();
     create_user(&redis);
     let quotas = Quotas::from(Quota::per_minute(3).unwrap());

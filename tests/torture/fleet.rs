@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use http::{Request, Response, StatusCode};
 use redlimit::clock::{Clock, ManualClock};
+use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
 use redlimit::failure_policy::FailClosed;
 use redlimit::key::FnKey;
 use redlimit::limiter::AcquireError;
-use redlimit::limiter::{ConcurrencyLimiter, LeaseStats, Leases, LimiterStats, SlotOutcome};
+use redlimit::limiter::{LeaseStats, Leases, LimiterStats};
 use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{Limiter, Quota, Quotas, RateLimitLayer, Verdict};
