@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::ConcurrencyBody;
-use super::layer::Shared;
+use super::config::Shared;
 use super::{Slot, SlotOutcome};
 use crate::layer::response::{self, Wire};
 use crate::layer::ResponseBody;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 use tower_layer::Layer;
 
+use super::config::Shared;
 use super::service::ConcurrencyLimit;
 use super::ConcurrencyLimiter;
 use crate::key::KeyExtractor;
@@ -46,13 +47,6 @@ use crate::limiter::{is_name, ConfigError};
 /// ```
 pub struct ConcurrencyLimitLayer<K> {
     shared: Arc<Shared<K>>,
-}
-
-pub(super) struct Shared<K> {
-    pub(super) slots: ConcurrencyLimiter,
-    pub(super) extractor: K,
-    pub(super) name: String,
-    pub(super) policy: HeaderValue,
 }
 
 impl<K> Clone for ConcurrencyLimitLayer<K> {

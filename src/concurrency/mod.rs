@@ -30,6 +30,7 @@
 //! ```
 
 mod body;
+mod config;
 mod future;
 mod layer;
 mod limiter;

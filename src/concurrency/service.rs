@@ -9,8 +9,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::ConcurrencyBody;
+use super::config::Shared;
 use super::future::{ConcurrencyFuture, State};
-use super::layer::Shared;
 use super::SlotOutcome;
 use crate::key::KeyExtractor;
 

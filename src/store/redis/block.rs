@@ -1,18 +1,13 @@
-//! Block on abuse on the wire (`lua/block.lua`, the decision script wrapped): its script,
-//! keys and packed arguments, and [`RedisStore`]'s call.
+//! Block on abuse on the wire (`lua/block.lua`, the decision script wrapped): its script, keys
+//! and packed arguments.
 
 use std::sync::LazyLock;
 
-use futures::future::BoxFuture;
-
 use super::args::PackedArgs;
-use super::script::{read_decision, Call};
-use super::RedisStore;
 use crate::algorithm::layout::exact;
 use crate::algorithm::{log_controls_key, offences_key, tenant_key, Algorithm, BLOCK_WRAPPER};
-use crate::decision::Decision;
 use crate::store::micros;
-use crate::store::{Block, CheckRequest, StoreError};
+use crate::store::{Block, CheckRequest};
 
 pub(super) static BLOCK: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&BLOCK_WRAPPER));
@@ -36,18 +31,4 @@ fn block_args(block_us: u64, max_us: u64) -> Vec<u8> {
     bytes.extend_from_slice(&exact(block_us).to_le_bytes());
     bytes.extend_from_slice(&exact(max_us).to_le_bytes());
     bytes
-}
-
-impl RedisStore {
-    pub(super) fn block_call<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        block: Block,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(
-            self.guarded(Call::Block(request, block), "check", move |reply| {
-                read_decision(reply, &request)
-            }),
-        )
-    }
 }

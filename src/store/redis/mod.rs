@@ -34,7 +34,10 @@ use self::script::{check_server, read_control, read_decision, Call, ScriptConnec
 use self::sentinel::{PrimaryConnection, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState};
-use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
+use super::{
+    Block, CheckRequest, ControlReply, ControlRequest, RefundRequest, SlotReply, SlotRequest,
+    Store, StoreError,
+};
 use crate::decision::Decision;
 
 /// The default time a store call may take before it counts as a failure.
@@ -483,5 +486,50 @@ impl Drop for Unsettled<'_> {
         if let Some(breaker) = self.breaker {
             breaker.on_abandoned(self.admission);
         }
+    }
+}
+
+/// The production modes' calls (their wire is in `refund.rs`, `block.rs` and `slots.rs`).
+impl RedisStore {
+    pub(super) fn refund_call<'a>(
+        &'a self,
+        request: RefundRequest<'a>,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(
+            self.guarded(Call::Refund(request), "refund", |reply| match reply {
+                redis::Value::Int(n) if n >= 0 => Ok(n as u64),
+                other => Err(StoreError::BadReply(format!("{other:?}"))),
+            }),
+        )
+    }
+
+    pub(super) fn block_call<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: Block,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(
+            self.guarded(Call::Block(request, block), "check", move |reply| {
+                read_decision(reply, &request)
+            }),
+        )
+    }
+
+    pub(super) fn slots_call<'a>(
+        &'a self,
+        request: SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
+        let op = request.op;
+        Box::pin(self.guarded(Call::Slots(request), "slots", move |reply| {
+            let (ok, n, wait_ms): (i64, i64, i64) = redis::from_redis_value_ref(&reply)
+                .map_err(|_| StoreError::BadReply(format!("{reply:?}")))?;
+            let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
+            Ok(SlotReply::of(
+                op,
+                ok == 1,
+                u64::try_from(n).unwrap_or(0),
+                wait,
+            ))
+        }))
     }
 }

@@ -1,16 +1,11 @@
-//! Settlement's refund on the wire (`lua/refund.lua`): its script, keys and packed argument,
-//! and [`RedisStore`]'s call.
+//! Settlement's refund on the wire (`lua/refund.lua`): its script, keys and packed argument.
 
 use std::sync::LazyLock;
 
-use futures::future::BoxFuture;
-
-use super::script::Call;
-use super::RedisStore;
 use crate::algorithm::layout::exact;
 use crate::algorithm::{log_controls_key, tenant_key, Algorithm, REFUND_SOURCE};
 use crate::quota::Quota;
-use crate::store::{RefundRequest, StoreError};
+use crate::store::RefundRequest;
 
 pub(super) static REFUND: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(REFUND_SOURCE));
@@ -43,18 +38,4 @@ fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
         }
     }
     bytes
-}
-
-impl RedisStore {
-    pub(super) fn refund_call<'a>(
-        &'a self,
-        request: RefundRequest<'a>,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(
-            self.guarded(Call::Refund(request), "refund", |reply| match reply {
-                redis::Value::Int(n) if n >= 0 => Ok(n as u64),
-                other => Err(StoreError::BadReply(format!("{other:?}"))),
-            }),
-        )
-    }
 }

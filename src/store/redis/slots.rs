@@ -1,18 +1,12 @@
-//! Concurrency slots on the wire (`lua/slots.lua`): the script, its key, packed argument and
-//! ids, and [`RedisStore`]'s call.
+//! Concurrency slots on the wire (`lua/slots.lua`): the script, its key, packed argument and ids.
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
-use futures::future::BoxFuture;
-
-use super::script::Call;
-use super::RedisStore;
 use crate::algorithm::layout::exact;
 use crate::algorithm::SLOTS_SOURCE;
 use crate::store::micros;
 use crate::store::slots::slot_op;
-use crate::store::{SlotReply, SlotRequest, StoreError};
+use crate::store::SlotRequest;
 
 pub(super) static SLOTS: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(SLOTS_SOURCE));
@@ -36,24 +30,4 @@ fn slot_args(op: u8, limit: u64, lease_us: u64, now_micros: Option<u64>) -> Vec<
     bytes.extend_from_slice(&exact(limit).to_le_bytes());
     bytes.extend_from_slice(&exact(lease_us).to_le_bytes());
     bytes
-}
-
-impl RedisStore {
-    pub(super) fn slots_call<'a>(
-        &'a self,
-        request: SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
-        let op = request.op;
-        Box::pin(self.guarded(Call::Slots(request), "slots", move |reply| {
-            let (ok, n, wait_ms): (i64, i64, i64) = redis::from_redis_value_ref(&reply)
-                .map_err(|_| StoreError::BadReply(format!("{reply:?}")))?;
-            let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
-            Ok(SlotReply::of(
-                op,
-                ok == 1,
-                u64::try_from(n).unwrap_or(0),
-                wait,
-            ))
-        }))
-    }
 }
