@@ -18,7 +18,6 @@ mod builder;
 mod concurrency;
 mod control;
 mod deny_cache;
-mod deprecated;
 mod keys;
 mod lease;
 mod refund;
