@@ -47,7 +47,10 @@ impl Metrics {
             let row = table_row(name)
                 .unwrap_or_else(|| panic!("{name} is recorded but not in docs/using.md's table"));
             for (key, value) in labels {
-                assert!(row.contains(&format!("`{key}`")), "{name}: label {key} not in {row}");
+                assert!(
+                    row.contains(&format!("`{key}`")),
+                    "{name}: label {key} not in {row}"
+                );
                 if ["outcome", "call", "kind"].contains(&key.as_str()) {
                     assert!(
                         row.contains(&format!("`{value}`")),

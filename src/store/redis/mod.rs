@@ -207,9 +207,7 @@ impl RedisStore {
     }
 
     /// A store on the Redis Cluster reachable through `nodes` (any subset of its nodes).
-    pub fn cluster<T: AsRef<str>>(
-        nodes: impl IntoIterator<Item = T>,
-    ) -> Result<Self, BuildError> {
+    pub fn cluster<T: AsRef<str>>(nodes: impl IntoIterator<Item = T>) -> Result<Self, BuildError> {
         Self::cluster_builder(nodes).build()
     }
 
@@ -230,9 +228,7 @@ impl RedisStore {
     /// assert_eq!(store.timeout(), Duration::from_millis(50));
     /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
-    pub fn cluster_builder<T: AsRef<str>>(
-        nodes: impl IntoIterator<Item = T>,
-    ) -> RedisStoreBuilder {
+    pub fn cluster_builder<T: AsRef<str>>(nodes: impl IntoIterator<Item = T>) -> RedisStoreBuilder {
         let nodes: Result<Vec<ConnectionInfo>, RedisError> =
             nodes.into_iter().map(parse_url).collect();
         RedisStoreBuilder::new(nodes.map(Target::Cluster))
