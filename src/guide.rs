@@ -1,7 +1,8 @@
 //! The long-form documentation: one page per topic, from the repository's `docs/` folder.
 //!
 //! The README gives the short version; these pages hold the rest. Their Rust examples are
-//! doctests, so they keep compiling. This module holds no code.
+//! doctests, so they keep compiling, and a unit test holds the metrics table of [`using`] to
+//! the metrics the code records. This module holds no other code.
 //!
 //! | page | what it covers |
 //! |---|---|
@@ -57,3 +58,57 @@ pub mod modes {}
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 mod readme {}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    /// The metric names in the metrics table of `docs/using.md`, each row's first cell.
+    fn table_names() -> BTreeSet<String> {
+        include_str!("../docs/using.md")
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|rest| rest.split('`').next())
+            .filter(|name| name.starts_with("redlimit_"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Every string literal `"redlimit_…"` in the `.rs` files under `dir`: a metric's name is
+    /// written once, as such a literal, where it is recorded or in a `names` module.
+    fn emitted_names(dir: &Path, names: &mut BTreeSet<String>) {
+        let quote_prefix = concat!("\"", "redlimit_");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                emitted_names(&path, names);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let source = std::fs::read_to_string(&path).unwrap();
+                for (at, _) in source.match_indices(quote_prefix) {
+                    let name: String = source[at + 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    names.insert(name);
+                }
+            }
+        }
+    }
+
+    /// The guide's one metrics table lists exactly the metrics the code records: a metric
+    /// added, renamed or removed in `src/` without its row fails here.
+    #[test]
+    fn the_metrics_table_lists_every_metric_the_code_emits() {
+        let mut emitted = BTreeSet::new();
+        emitted_names(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut emitted,
+        );
+        assert!(
+            emitted.contains("redlimit_decisions_total"),
+            "the scan finds the names: {emitted:?}"
+        );
+        assert_eq!(table_names(), emitted, "docs/using.md's table against src/");
+    }
+}

@@ -81,17 +81,11 @@
 //!
 //! # Metrics
 //!
-//! With the `metrics` feature the limiter records, labelled by the layer's policy name (or
-//! [`DIRECT_POLICY_LABEL`](limiter::DIRECT_POLICY_LABEL), `direct`, for [`Limiter::check`] and its siblings outside a layer),
-//! never by key:
-//!
-//! - `redlimit_decisions_total` (counter; labels `policy`, `outcome`: `allowed`, `limited`,
-//!   `suspended`, `store_error_admitted`, `store_error_rejected`, `local_fallback`,
-//!   `deny_cache`);
-//! - `redlimit_store_latency_seconds` (histogram; label `policy`): every store call;
-//! - `redlimit_circuit_breaker_open` (gauge): 1 while a Redis store's circuit is open, else 0;
-//! - `redlimit_unkeyed_requests_total` (counter; label `policy`): requests a layer found no key
-//!   for.
+//! With the `metrics` feature the limiter records decisions, store latency and errors, the
+//! circuit breaker's state and unkeyed requests, labelled by the layer's policy name (or
+//! [`DIRECT_POLICY_LABEL`](limiter::DIRECT_POLICY_LABEL), `direct`, for [`Limiter::check`] and
+//! its siblings outside a layer), never by key; every metric and its labels are in the
+//! [metrics table](guide::using#metrics-and-logs).
 //!
 //! Without the feature none of it is compiled; [`Limiter::stats`] counts the same outcomes
 //! either way. `tracing` logs a warning when the circuit opens (Redis keeps failing) and an info

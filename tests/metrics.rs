@@ -30,8 +30,39 @@ type Labels = Vec<(String, String)>;
 /// A snapshot: each metric's name, labels and value.
 struct Metrics(Vec<(String, Labels, DebugValue)>);
 
+/// The row of `name` in the guide's metrics table (`docs/using.md`), if it has one.
+fn table_row(name: &str) -> Option<&'static str> {
+    let cell = format!("| `{name}` |");
+    include_str!("../docs/using.md")
+        .lines()
+        .find(|line| line.starts_with(&cell))
+}
+
 impl Metrics {
+    /// A snapshot, each of its metrics held to the guide's table: its row, every label it
+    /// carries named there, and the values of the labels the crate fixes listed there.
     fn take(snapshotter: &Snapshotter) -> Metrics {
+        let metrics = Metrics::read(snapshotter);
+        for (name, labels, _) in &metrics.0 {
+            let row = table_row(name)
+                .unwrap_or_else(|| panic!("{name} is recorded but not in docs/using.md's table"));
+            for (key, value) in labels {
+                assert!(
+                    row.contains(&format!("`{key}`")),
+                    "{name}: label {key} not in {row}"
+                );
+                if ["outcome", "call", "kind"].contains(&key.as_str()) {
+                    assert!(
+                        row.contains(&format!("`{value}`")),
+                        "{name}: {key}={value} not in {row}"
+                    );
+                }
+            }
+        }
+        metrics
+    }
+
+    fn read(snapshotter: &Snapshotter) -> Metrics {
         Metrics(
             snapshotter
                 .snapshot()

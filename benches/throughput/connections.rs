@@ -2,9 +2,9 @@
 
 use super::*;
 
-/// `n` stores of one connection each, taken in turn by the calls (one counter, no lock): what
-/// `RedisStoreBuilder::connections(n)` did in commit 8f7a1cd (branch `connections`), removed
-/// because these runs showed no clear gain; kept here so that the decision can be measured again.
+/// `n` stores of one connection each, taken in turn by the calls (one counter, no lock): a
+/// store with several connections, measured here against one, so that the choice of a single
+/// connection can be checked again.
 #[derive(Debug)]
 pub(crate) struct RoundRobin {
     pub(crate) stores: Vec<RedisStore>,

@@ -129,9 +129,8 @@ mod tests {
     proptest! {
         /// Exact both ways over random quotas, emission intervals that are not whole µs
         /// included, with clients on whole milliseconds: a denied request is admitted at
-        /// now + retry_after and denied 1 ms before. Earlier versions rounded the estimate up
-        /// and only ever corrected it upwards: 3 per 10 s with a burst of 5 was told 3334 ms
-        /// when it was admitted at 3333 ms.
+        /// now + retry_after and denied 1 ms before (3 per 10 s with a burst of 5: admitted at
+        /// 3333 ms, so told 3333, where an estimate only ever rounded up says 3334).
         #[test]
         fn retry_is_exact_both_ways_on_whole_milliseconds(
             limit in 1u32..=50,

@@ -104,6 +104,7 @@ pub(crate) use self::spec::{
 
 /// The decision script as the crate sends it (`lua/common.lua` with every step spliced in),
 /// for tests that run it by hand.
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub fn script_source() -> &'static str {
     &SOURCE
@@ -111,6 +112,7 @@ pub fn script_source() -> &'static str {
 
 /// The keys a decision on the storage key `key` names besides it, as the crate builds them:
 /// the sliding log's controls (`<key>#m`), then the tenant's (`<prefix>:{<id>}#t`). For tests.
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub fn control_keys(key: &str) -> [String; 2] {
     [log_controls_key(key), tenant_key(key)]
@@ -118,6 +120,7 @@ pub fn control_keys(key: &str) -> [String; 2] {
 
 /// The byte naming `algorithm` in the script's arguments (its state strings' first byte), for
 /// tests that run the script by hand.
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub fn script_tag(algorithm: Algorithm) -> u8 {
     algorithm.tag()

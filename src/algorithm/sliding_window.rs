@@ -167,8 +167,8 @@ mod tests {
 
     /// A client at exactly the rate (10 a minute, one every 6 s) is never denied, whatever the
     /// phase of its requests against the windows, including requests on a window's first µs
-    /// (where the previous window's full count still weighs (period - 1 µs) / period). The
-    /// estimate + cost <= burst rule of earlier versions admitted 9 a minute.
+    /// (where the previous window's full count still weighs (period - 1 µs) / period); an
+    /// estimate + cost <= burst rule would admit only 9 a minute.
     #[test]
     fn a_client_at_the_rate_is_never_denied() {
         for phase in [0.0, 1.0, 2.5 * S, 6.0 * S - 1.0] {

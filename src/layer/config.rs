@@ -195,8 +195,8 @@ mod tests {
 
     /// `MissingKey::Shared("unkeyed")` and a real key `"unkeyed"` from an `FnKey` are two keys:
     /// a client whose key is `unkeyed` spends its own quota, and requests without a key still
-    /// have theirs (before, both counted against `redlimit:{unkeyed}:<scope>`, so the third
-    /// keyless request here was denied). Their storage keys differ.
+    /// have theirs (were both counted against `redlimit:{unkeyed}:<scope>`, the third keyless
+    /// request here would be denied). Their storage keys differ.
     #[tokio::test]
     async fn the_shared_key_is_no_key_an_extractor_can_produce() {
         let store = MemoryStore::new();

@@ -376,7 +376,6 @@ pub(crate) mod tests {
     fn every_algorithm_advertises_its_capacity_and_the_time_to_refill_it() {
         let quota = Quota::per_minute(10).unwrap().with_burst(50).unwrap();
         // 50 tokens at 10 a minute: `r` counts down from 49 of 50, full again in 5 minutes.
-        // (Before issue 21: `q=10;w=60`, with `r=49`.)
         assert_eq!(policy_window(&quota, Algorithm::TokenBucket), (50, 300));
         assert_eq!(policy_window(&quota, Algorithm::Gcra), (50, 300));
         for window in [Algorithm::FixedWindow, Algorithm::SlidingLog] {

@@ -11,10 +11,10 @@
 //! served: only the first asks the store; the others wait for it to be admitted or to give up,
 //! then the next asks at once. So a herd of waiters costs the store about one check per
 //! admission and per process instead of one per waiter at every refill (measured on Redis: 500
-//! waiters in 5 processes on 10 a second, in the second after a 2 s suspension, 4 800 checks
-//! for 19 admissions before, 74 for 19 after), and a large cost is not starved by small ones:
-//! `acquire_cost(5)` among 4 waiters of cost 1 is admitted once 5 units have come back (before,
-//! it timed out after 3 s while they took 28), and the waiters behind it wait.
+//! waiters in 5 processes on 10 a second, in the second after a 2 s suspension, 74 checks for
+//! 19 admissions, where one check per waiter per refill took 4 800), and a large cost is not
+//! starved by small ones: `acquire_cost(5)` among 4 waiters of cost 1 is admitted once 5 units
+//! have come back, and the waiters behind it wait.
 //!
 //! What the first waiter learns from a denial (no request of this cost or more before some time)
 //! is shared with the line: a waiter whose deadline comes earlier gives up at once, without a

@@ -27,11 +27,9 @@
 //! next [`EVICTION_SAMPLE`] entries in a rotating order and evicts the first that has ended, or
 //! else the one among them that ends first (the one with the least left to save). Evicting a
 //! live entry costs only one store call when its key comes back. So a client minting new keys
-//! that are each denied once costs a bounded amount per request whatever the cap. An earlier
-//! version scanned the whole shard under its write lock on every insert into a full shard, and
-//! freed nothing while its entries held: `cargo bench --bench limiter -- deny-cache-full`
-//! measured 2.5 ms per new denied key at 1 000 000 keys, against 5 to 9 µs now (the rest of the
-//! gap to the 2 to 3 µs at 10 000 keys is cache misses in a 200 MB table).
+//! that are each denied once costs a bounded amount per request whatever the cap:
+//! `cargo bench --bench limiter -- deny-cache-full` measured 5 to 9 µs per new denied key at
+//! 1 000 000 keys (against 2 to 3 µs at 10 000 keys: cache misses in a 200 MB table).
 //!
 //! **Memory per entry**, measured as the growth of the process's RSS while a cache fills
 //! (`cargo bench --bench limiter -- deny-cache-full` prints it; 28-byte storage keys, one quota):

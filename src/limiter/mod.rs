@@ -17,7 +17,6 @@ mod block;
 mod builder;
 mod control;
 mod deny_cache;
-mod deprecated;
 mod keys;
 mod lease;
 mod settle;

@@ -88,8 +88,8 @@
 //!   left (`inspect` it as any key).
 //!
 //! [`OutboundLayer::stats`] counts announcements, learned quotas and pauses; with the `metrics`
-//! feature, `redlimit_outbound_quota_learned_total` and `redlimit_outbound_paced_total`
-//! (counters, label `scope`) count them too.
+//! feature two counters count learned quotas and pauses too (the guide's
+//! [metrics table](crate::guide::using#metrics-and-logs)).
 //!
 //! # Example
 //!

@@ -171,8 +171,8 @@ fn patient_store(redis: &RedisServer) -> RedisStore {
 }
 
 /// Every fleet control, through the public `Limiter` API, as the README's user, on every
-/// algorithm: each succeeds and does what it says. Before, the line lacked `+pttl` (every
-/// control) and `+zcard` (the sliding log's), so all of them failed with NOPERM.
+/// algorithm: each succeeds and does what it says (every control needs `+pttl`, the sliding
+/// log's also `+zcard`; without them they fail with NOPERM).
 #[tokio::test]
 async fn every_control_works_as_the_least_privileged_user() {
     let redis = RedisServer::start();
@@ -251,8 +251,8 @@ async fn every_control_works_as_the_least_privileged_user() {
 }
 
 /// An upstream's `429` + `Retry-After: 30` through an `OutboundLayer` suspends the key for the
-/// fleet as the README's user, on every algorithm, unscoped and scoped. Before, the suspension
-/// failed with NOPERM and the fleet kept calling.
+/// fleet as the README's user, on every algorithm, unscoped and scoped: a suspension refused
+/// with NOPERM would leave the fleet calling.
 #[tokio::test]
 async fn auto_suspend_works_as_the_least_privileged_user() {
     let redis = RedisServer::start();

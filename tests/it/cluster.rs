@@ -313,9 +313,9 @@ struct MigrationCounts {
 /// One slot of node 0 moves to node 1 (`CLUSTER SETSLOT … IMPORTING/MIGRATING`, `MIGRATE` two
 /// keys at a time, `SETSLOT … NODE`) while every algorithm checks keys of that slot: keys
 /// used before the move and keys first seen during it. The store follows `ASK` (with `ASKING`,
-/// to the node the error names) and `MOVED`, so no decision fails (none would fail open).
-/// Before, a call that got `ASK` was sent by slot to the source again and gave up: every new
-/// or moved key of the slot went to the failure policy for the whole migration. And a
+/// to the node the error names) and `MOVED`, so no decision fails (none would fail open): a
+/// call that got `ASK` and was sent by slot to the source again would give up, and every new
+/// or moved key of the slot would go to the failure policy for the whole migration. And a
 /// decision reads the route's key and the tenant's (for the sliding log also its controls'),
 /// which Redis refuses in a migrating slot while some exist and some do not (`TRYAGAIN
 /// Multiple keys request during rehashing of slot`): the store then takes the split form

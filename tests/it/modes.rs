@@ -1,4 +1,4 @@
-//! The production modes (issue 20), each on real Redis (single node, and Cluster where it
+//! The production modes, each on real Redis (single node, and Cluster where it
 //! matters) and on the memory store: refunds, shadow rollout, cost settled after the response,
 //! block on abuse, and fleet-wide concurrency limits.
 

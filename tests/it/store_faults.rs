@@ -105,6 +105,17 @@ async fn warm_up(limiter: &Limiter) {
     }
 }
 
+/// A server of its own, a warmed-up `FailClosed` limiter on it, and a load of at most 10 s
+/// through it, 600 ms in (steady).
+async fn closed_under_load() -> (RedisServer, Limiter, Load) {
+    let redis = RedisServer::start();
+    let limiter = Policy::Closed.limiter(RedisStore::new(redis.url()).unwrap());
+    warm_up(&limiter).await;
+    let load = start_load(&limiter, Duration::from_secs(10));
+    sleep(Duration::from_millis(600)).await;
+    (redis, limiter, load)
+}
+
 /// Runs a blocking harness call (stop, restart, INFO, ...) without stalling the load.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
@@ -120,6 +131,20 @@ impl Report {
 
     fn line(&mut self, label: &str, value: impl std::fmt::Display) {
         let _ = writeln!(self.0, "  {label:<32} {value}");
+    }
+
+    /// How long after `from` the time `at` came, or `never`.
+    fn after(&mut self, label: &str, from: Duration, at: Option<Duration>) {
+        self.line(label, at.map_or("never".into(), |t| since(from, t)));
+    }
+
+    /// The lines every load test ends with (the whole run, when the store decided steadily
+    /// again after `from`, the limiter's counters), then prints the report.
+    fn close(mut self, run: &Run, from: Duration, steady: Option<Duration>, limiter: &Limiter) {
+        self.line("whole run", run.all());
+        self.after("steadily enforcing after", from, steady);
+        self.line("limiter stats", format!("{:?}", limiter.stats()));
+        self.print();
     }
 
     fn print(&self) {
@@ -155,6 +180,19 @@ fn assert_recovered(enforcing: Option<Duration>, from: Duration, after: &str) {
         "enforcing again {} {after}",
         since(from, enforcing)
     );
+}
+
+/// Every request of `run` from `from` to `to`, while Redis was down, got the policy's outcome
+/// (`taken`: the note of [`port_taken_note`]).
+fn assert_policy_answered(run: &Run, from: Duration, to: Duration, policy: Policy, taken: &str) {
+    for sample in run.between(from, to) {
+        assert_eq!(
+            (sample.status, sample.limited),
+            (policy.outage_status(), false),
+            "{}: every request while Redis is down gets the policy's outcome: {sample:?}{taken}",
+            policy.name()
+        );
+    }
 }
 
 /// No request hung, and none waited longer than the timeout plus the margin.
@@ -202,34 +240,17 @@ async fn kill_then_restart(policy: Policy) {
     report.line("outage", outage);
     report.line("restart (Redis loading)", run.slice(restart_at, up_at));
     report.line("after the restart", run.slice(up_at, run.end()));
-    report.line("whole run", run.all());
     report.line("restart() took", since(restart_at, up_at));
-    report.line(
-        "first 429 after restart",
-        first_429.map_or("never".into(), |t| since(up_at, t)),
-    );
-    report.line(
-        "steadily enforcing after",
-        steady.map_or("never".into(), |t| since(up_at, t)),
-    );
+    report.after("first 429 after restart", up_at, first_429);
     report.line("evalsha calls since restart", evalsha);
-    report.line("limiter stats", format!("{:?}", limiter.stats()));
-    report.print();
+    report.close(&run, up_at, steady, &limiter);
 
     assert!(
         before.too_many > 0,
         "Redis enforced before the kill: {before}"
     );
     assert!(outage.total > 0, "the load ran during the outage");
-    let expected = policy.outage_status();
-    for sample in run.between(dead_at, restart_at) {
-        assert_eq!(
-            (sample.status, sample.limited),
-            (expected, false),
-            "{}: every request during the outage gets the policy's outcome: {sample:?}{taken}",
-            policy.name()
-        );
-    }
+    assert_policy_answered(&run, dead_at, restart_at, policy, &taken);
     assert_bounded(&run, "kill -9");
     assert_recovered(first_429, up_at, "after the restart");
     assert!(evalsha > 0, "the restarted Redis receives the checks");
@@ -249,12 +270,7 @@ async fn kill_9_fail_closed_then_restart() {
 /// (503 with `FailClosed`) within the timeout, and enforcement resumes after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn debug_sleep_1_answers_within_the_timeout() {
-    let redis = RedisServer::start();
-    let limiter = Policy::Closed.limiter(RedisStore::new(redis.url()).unwrap());
-    warm_up(&limiter).await;
-
-    let load = start_load(&limiter, Duration::from_secs(10));
-    sleep(Duration::from_millis(600)).await;
+    let (redis, limiter, load) = closed_under_load().await;
     let send_at = load.elapsed();
     let sleeper = blocking(|| redis.debug_sleep(Duration::from_secs(1)));
     let sent_at = load.elapsed();
@@ -279,17 +295,8 @@ async fn debug_sleep_1_answers_within_the_timeout() {
     report.line("sleeping (whole 1 s)", run.slice(send_at, woke_at));
     report.line("surely asleep", asleep);
     report.line("after waking", run.slice(woke_at, run.end()));
-    report.line("whole run", run.all());
-    report.line(
-        "first 429 after waking",
-        first_429.map_or("never".into(), |t| since(woke_at, t)),
-    );
-    report.line(
-        "steadily enforcing after",
-        steady.map_or("never".into(), |t| since(woke_at, t)),
-    );
-    report.line("limiter stats", format!("{:?}", limiter.stats()));
-    report.print();
+    report.after("first 429 after waking", woke_at, first_429);
+    report.close(&run, woke_at, steady, &limiter);
 
     assert!(asleep.total > 0, "the load ran while Redis slept");
     assert_eq!(
@@ -322,12 +329,7 @@ async fn script_flush_under_load_has_no_errors() {
         sleep(Duration::from_millis(400)).await;
     }
     let run = load.finish().await;
-    let (evalsha, loads) = blocking(|| {
-        (
-            redis.command_calls("evalsha"),
-            redis.command_calls("script|load"),
-        )
-    });
+    let (evalsha, loads) = script_calls(&redis);
     let stats = limiter.stats();
 
     let mut report = Report::new("SCRIPT FLUSH x3 (FailClosed)");
@@ -428,12 +430,7 @@ async fn script_flush_every_millisecond_has_no_errors() {
 /// reconnects by itself and enforces again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn client_kill_recovers() {
-    let redis = RedisServer::start();
-    let limiter = Policy::Closed.limiter(RedisStore::new(redis.url()).unwrap());
-    warm_up(&limiter).await;
-
-    let load = start_load(&limiter, Duration::from_secs(10));
-    sleep(Duration::from_millis(600)).await;
+    let (redis, limiter, load) = closed_under_load().await;
     let kill_at = load.elapsed();
     blocking(|| redis.client_kill_normal());
     let killed_at = load.elapsed();
@@ -449,19 +446,13 @@ async fn client_kill_recovers() {
     let mut report = Report::new("CLIENT KILL TYPE normal (FailClosed)");
     report.line("before", run.slice(Duration::ZERO, kill_at));
     report.line("after the kill", run.slice(kill_at, run.end()));
-    report.line("whole run", run.all());
     report.line("CLIENT KILL took", since(kill_at, killed_at));
     report.line("requests disrupted", disrupted.len());
     report.line(
         "last disrupted answer",
         last_disrupted.map_or("none".into(), |t| since(kill_at, t)),
     );
-    report.line(
-        "steadily enforcing after",
-        steady.map_or("never".into(), |t| since(kill_at, t)),
-    );
-    report.line("limiter stats", format!("{:?}", limiter.stats()));
-    report.print();
+    report.close(&run, kill_at, steady, &limiter);
 
     assert_bounded(&run, "CLIENT KILL");
     assert_recovered(steady, kill_at, "after CLIENT KILL");
@@ -491,28 +482,12 @@ async fn started_while_down(policy: Policy) {
     let mut report = Report::new(&format!("started while Redis is down ({})", policy.name()));
     report.line("Redis down", down);
     report.line("Redis up", run.slice(up_at, run.end()));
-    report.line("whole run", run.all());
     report.line("restart() took", since(restart_at, up_at));
-    report.line(
-        "first 429 after Redis is up",
-        first_429.map_or("never".into(), |t| since(up_at, t)),
-    );
-    report.line(
-        "steadily enforcing after",
-        steady.map_or("never".into(), |t| since(up_at, t)),
-    );
-    report.line("limiter stats", format!("{:?}", limiter.stats()));
-    report.print();
+    report.after("first 429 after Redis is up", up_at, first_429);
+    report.close(&run, up_at, steady, &limiter);
 
     assert!(down.total > 0);
-    for sample in run.between(Duration::ZERO, restart_at) {
-        assert_eq!(
-            (sample.status, sample.limited),
-            (policy.outage_status(), false),
-            "{}: served per policy while Redis is down: {sample:?}{taken}",
-            policy.name()
-        );
-    }
+    assert_policy_answered(&run, Duration::ZERO, restart_at, policy, &taken);
     assert_bounded(&run, "started while down");
     assert_recovered(first_429, up_at, "once Redis is up");
 }
@@ -577,19 +552,58 @@ async fn open_circuit(
     (calls_at, opened_by)
 }
 
+/// A breaker limiter (`cool_down`) on a server of its own, its circuit just opened by
+/// [`open_circuit`].
+struct Opened {
+    redis: RedisServer,
+    limiter: Limiter,
+    store: RedisStore,
+    /// When the calls that opened the circuit started.
+    calls_at: Instant,
+    /// By when it was open.
+    opened_by: Instant,
+}
+
+async fn opened(cool_down: Duration) -> Opened {
+    let redis = RedisServer::start();
+    let (limiter, store) = breaker_limiter(&redis, cool_down);
+    warm_up(&limiter).await;
+    let (calls_at, opened_by) = open_circuit(&redis, &limiter, &store).await;
+    Opened {
+        redis,
+        limiter,
+        store,
+        calls_at,
+        opened_by,
+    }
+}
+
+/// Zeroes Redis's command counts once the calls that timed out while the circuit opened have
+/// run (they run when Redis wakes), so that what follows is counted alone.
+async fn count_from_now(redis: &RedisServer) {
+    sleep(Duration::from_millis(100)).await;
+    blocking(|| redis.reset_stats());
+}
+
+/// The `EVALSHA` and `SCRIPT LOAD` calls Redis served (since its counts were last zeroed).
+fn script_calls(redis: &RedisServer) -> (u64, u64) {
+    blocking(|| {
+        (
+            redis.command_calls("evalsha"),
+            redis.command_calls("script|load"),
+        )
+    })
+}
+
 /// While the circuit is open Redis receives no call at all; after the cool-down one probe
 /// reaches it and closes the circuit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn open_circuit_sends_nothing_to_redis_during_the_cool_down() {
     let cool_down = Duration::from_secs(2);
-    let redis = RedisServer::start();
-    let (limiter, store) = breaker_limiter(&redis, cool_down);
-    warm_up(&limiter).await;
-
-    let (calls_at, opened_by) = open_circuit(&redis, &limiter, &store).await;
-    // The timed-out calls run once Redis wakes; let them finish before counting.
-    sleep(Duration::from_millis(100)).await;
-    blocking(|| redis.reset_stats());
+    let open = opened(cool_down).await;
+    let (redis, limiter, store) = (&open.redis, &open.limiter, &open.store);
+    let (calls_at, opened_by) = (open.calls_at, open.opened_by);
+    count_from_now(redis).await;
 
     // The circuit opened after `calls_at + TIMEOUT`: it is surely open until
     // `calls_at + TIMEOUT + cool_down`. Call hard until well before that.
@@ -623,12 +637,7 @@ async fn open_circuit_sends_nothing_to_redis_during_the_cool_down() {
     let probe = probe_check(&limiter).await;
     let probe_latency = probe_at.elapsed();
     let closed = !store.circuit_open();
-    let (evalsha_probe, loads) = blocking(|| {
-        (
-            redis.command_calls("evalsha"),
-            redis.command_calls("script|load"),
-        )
-    });
+    let (evalsha_probe, loads) = script_calls(&redis);
     let after: Vec<Verdict> = join_all((0..16).map(|_| probe_check(&limiter))).await;
 
     let mut report = Report::new("circuit breaker: no Redis calls during the cool-down");
@@ -674,14 +683,10 @@ async fn open_circuit_sends_nothing_to_redis_during_the_cool_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_probe_at_a_time() {
     let cool_down = Duration::from_millis(1000);
-    let redis = RedisServer::start();
-    let (limiter, store) = breaker_limiter(&redis, cool_down);
-    warm_up(&limiter).await;
-
-    let (_, opened_by) = open_circuit(&redis, &limiter, &store).await;
-    sleep(Duration::from_millis(100)).await;
-    blocking(|| redis.reset_stats());
-    tokio::time::sleep_until((opened_by + cool_down + Duration::from_millis(50)).into()).await;
+    let open = opened(cool_down).await;
+    let (redis, limiter, store) = (&open.redis, &open.limiter, &open.store);
+    count_from_now(redis).await;
+    tokio::time::sleep_until((open.opened_by + cool_down + Duration::from_millis(50)).into()).await;
     assert!(store.circuit_open(), "no call since it opened: still open");
 
     let callers = 64;
@@ -694,12 +699,7 @@ async fn one_probe_at_a_time() {
         .iter()
         .filter(|v| matches!(v, Verdict::FailedClosed { .. }))
         .count();
-    let (evalsha, loads) = blocking(|| {
-        (
-            redis.command_calls("evalsha"),
-            redis.command_calls("script|load"),
-        )
-    });
+    let (evalsha, loads) = script_calls(&redis);
 
     let mut report = Report::new("circuit breaker: one probe at a time");
     report.line("concurrent callers", callers);
@@ -721,12 +721,9 @@ async fn one_probe_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abandoned_probe_does_not_keep_the_circuit_open() {
     let cool_down = Duration::from_millis(300);
-    let redis = RedisServer::start();
-    let (limiter, store) = breaker_limiter(&redis, cool_down);
-    warm_up(&limiter).await;
-
-    let (_, opened_by) = open_circuit(&redis, &limiter, &store).await;
-    tokio::time::sleep_until((opened_by + cool_down + Duration::from_millis(50)).into()).await;
+    let open = opened(cool_down).await;
+    let (limiter, store) = (&open.limiter, &open.store);
+    tokio::time::sleep_until((open.opened_by + cool_down + Duration::from_millis(50)).into()).await;
     // The probe is polled once (its EVALSHA is in flight), then dropped. Calls that still find
     // the circuit open answer at once; the first one left pending is the probe.
     let wait_for_probe = Instant::now() + Duration::from_secs(2);
@@ -754,7 +751,7 @@ async fn abandoned_probe_does_not_keep_the_circuit_open() {
     let mut report = Report::new("circuit breaker: abandoned probe");
     report.line(
         "Redis decides again after",
-        closed_after.map_or("never".into(), |t| ms(t - opened_by)),
+        closed_after.map_or("never".into(), |t| ms(t - open.opened_by)),
     );
     report.print();
     assert!(
@@ -894,8 +891,8 @@ async fn a_timeout_above_500_ms_is_honoured() {
 /// One poisoned key (corrupt stored bytes the script refuses with an error reply) hammered
 /// 1 000 times, on every algorithm, with the default breaker (5 failures) and the default
 /// policy (fail open): its script errors go to the policy for that call alone, the circuit
-/// never opens, and other keys that are over their limit keep being denied by Redis. Before,
-/// 5 such errors in a row opened the circuit and every other key failed open.
+/// never opens, and other keys that are over their limit keep being denied by Redis (were such
+/// errors counted by the breaker, 5 in a row would open it and every other key fail open).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_key_does_not_open_the_circuit_for_other_keys() {
     let redis = RedisServer::start();
@@ -956,8 +953,8 @@ async fn a_poisoned_key_does_not_open_the_circuit_for_other_keys() {
 /// 512 concurrent checks across one `SCRIPT FLUSH` (sent while Redis is busy with a `DEBUG
 /// SLEEP`, so that all of them are queued before the first runs): each sees `NOSCRIPT`, yet the
 /// process sends one `SCRIPT LOAD` (the others wait for it; a call that races a finished load
-/// sends `EVAL` instead of a load of its own), and no call fails. Before, each call that saw
-/// `NOSCRIPT` loaded the 45 KB script itself. Counted with `INFO commandstats`.
+/// sends `EVAL` instead of a load of its own), and no call fails, where a load per call would
+/// send the 45 KB script hundreds of times. Counted with `INFO commandstats`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_under_512_concurrent_calls_loads_the_script_once() {
     const CALLS: usize = 512;

@@ -409,6 +409,7 @@ impl MemoryStore {
     /// state string, or for the sliding log its admission times as little-endian doubles (the
     /// sorted set's scores, oldest first). `None` when absent or expired. For the differential
     /// tests.
+    #[cfg(any(test, feature = "test-hooks"))]
     #[doc(hidden)]
     pub fn stored_state(&self, key: &str, now_micros: u64) -> Option<Vec<u8>> {
         let shard = self
@@ -530,8 +531,7 @@ mod tests {
 
     /// Shards are chosen with a hasher keyed at random per store: the same keys land on
     /// different shards in two stores, so nobody can compute keys that all land on a victim's
-    /// shard. With the fixed-key `DefaultHasher::new()` of earlier versions every store placed
-    /// every key alike.
+    /// shard.
     #[test]
     fn shard_choice_is_keyed_per_store() {
         let keys: Vec<String> = (0..64).map(|i| format!("redlimit:{{k{i}}}")).collect();

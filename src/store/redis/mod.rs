@@ -144,6 +144,12 @@ macro_rules! on_backend {
     };
 }
 
+/// Parses a URL with redis-rs behind the crate's own signature (a string), so a redis-rs
+/// major version is no breaking change for callers.
+fn parse_url(url: impl AsRef<str>) -> Result<ConnectionInfo, RedisError> {
+    url.as_ref().into_connection_info()
+}
+
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = f.debug_struct("RedisStore");
@@ -197,23 +203,21 @@ impl RedisStore {
 
     /// A store on the Redis at `url` with the defaults. Fails only on a malformed URL; Redis
     /// itself may be down.
-    pub fn new<T: IntoConnectionInfo>(url: T) -> Result<Self, BuildError> {
+    ///
+    /// A URL is `redis://[user:password@]host[:port][/db]`, or `rediss://` for TLS (the `tls`
+    /// feature); any `&str` or `String` does.
+    pub fn new<T: AsRef<str>>(url: T) -> Result<Self, BuildError> {
         Self::builder(url).build()
     }
 
     /// A store on the Redis Cluster reachable through `nodes` (any subset of its nodes).
-    pub fn cluster<T: IntoConnectionInfo>(
-        nodes: impl IntoIterator<Item = T>,
-    ) -> Result<Self, BuildError> {
+    pub fn cluster<T: AsRef<str>>(nodes: impl IntoIterator<Item = T>) -> Result<Self, BuildError> {
         Self::cluster_builder(nodes).build()
     }
 
-    /// Starts a builder for a store on the Redis at `url`.
-    pub fn builder<T: IntoConnectionInfo>(url: T) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(
-            url.into_connection_info()
-                .map(|info| Target::Single(Box::new(info))),
-        )
+    /// Starts a builder for a store on the Redis at `url` (written as for [`new`](Self::new)).
+    pub fn builder<T: AsRef<str>>(url: T) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(parse_url(url).map(|info| Target::Single(Box::new(info))))
     }
 
     /// Starts a builder for a store on a Redis Cluster.
@@ -228,13 +232,9 @@ impl RedisStore {
     /// assert_eq!(store.timeout(), Duration::from_millis(50));
     /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
-    pub fn cluster_builder<T: IntoConnectionInfo>(
-        nodes: impl IntoIterator<Item = T>,
-    ) -> RedisStoreBuilder {
-        let nodes: Result<Vec<ConnectionInfo>, RedisError> = nodes
-            .into_iter()
-            .map(IntoConnectionInfo::into_connection_info)
-            .collect();
+    pub fn cluster_builder<T: AsRef<str>>(nodes: impl IntoIterator<Item = T>) -> RedisStoreBuilder {
+        let nodes: Result<Vec<ConnectionInfo>, RedisError> =
+            nodes.into_iter().map(parse_url).collect();
         RedisStoreBuilder::new(nodes.map(Target::Cluster))
     }
 
@@ -250,7 +250,7 @@ impl RedisStore {
     /// )?;
     /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
-    pub fn sentinel<T: IntoConnectionInfo>(
+    pub fn sentinel<T: AsRef<str>>(
         sentinels: impl IntoIterator<Item = T>,
         master_name: impl Into<String>,
     ) -> Result<Self, BuildError> {
@@ -276,14 +276,12 @@ impl RedisStore {
     /// assert!(RedisStore::sentinel_builder(Vec::<String>::new(), "mymaster").build().is_err());
     /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
-    pub fn sentinel_builder<T: IntoConnectionInfo>(
+    pub fn sentinel_builder<T: AsRef<str>>(
         sentinels: impl IntoIterator<Item = T>,
         master_name: impl Into<String>,
     ) -> RedisStoreBuilder {
-        let sentinels: Result<Vec<ConnectionInfo>, RedisError> = sentinels
-            .into_iter()
-            .map(IntoConnectionInfo::into_connection_info)
-            .collect();
+        let sentinels: Result<Vec<ConnectionInfo>, RedisError> =
+            sentinels.into_iter().map(parse_url).collect();
         let master = master_name.into();
         RedisStoreBuilder::new(
             sentinels.map(|sentinels| Target::Sentinel(SentinelTarget { sentinels, master })),
