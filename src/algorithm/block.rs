@@ -1,6 +1,6 @@
 //! Block on abuse: the decision script wrapped by `lua/block.lua`, and what its Rust mirror
 //! (the memory store) shares with it. Its wire (keys, arguments, the script) is in
-//! `src/store/redis/mode_call.rs`.
+//! `src/store/redis/block.rs`.
 
 use std::sync::LazyLock;
 

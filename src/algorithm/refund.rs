@@ -1,5 +1,5 @@
 //! A refund: the Rust mirror of `lua/refund.lua`, step for step, over the same bytes (its
-//! wire is in `src/store/redis/mode_call.rs`).
+//! wire is in `src/store/redis/refund.rs`).
 //!
 //! Gives units back to every tier of one route, never above a tier's capacity, and only to the
 //! window they were reserved in (the script's header states the rule per algorithm).

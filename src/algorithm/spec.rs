@@ -318,7 +318,7 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            // The drivers, and the production modes' scripts (src/store/redis/modes.rs).
+            // The drivers, and the production modes' scripts (src/store/redis/refund.rs, block.rs, slots.rs).
             let scripts = [
                 "common.lua",
                 "control.lua",

@@ -15,7 +15,7 @@ pub const DIRECT_POLICY_LABEL: &str = "direct";
 pub(crate) struct PolicyLabel {
     #[cfg(feature = "metrics")]
     name: metrics::SharedString,
-    /// A shadow check's (`src/layer/modes.rs`): its denials are counted as `shadow_limited`.
+    /// A shadow check's (`src/layer/shadow.rs`): its denials are counted as `shadow_limited`.
     shadow: Shadow,
 }
 
