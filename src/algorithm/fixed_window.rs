@@ -1,6 +1,8 @@
 //! Fixed window: the Rust mirror of `lua/fixed_window.lua`, step for step.
 
-use super::{lua_mod, sane, unpack, window_time, Args, Kind, Outcome, Packed, Spec, Window};
+use super::{
+    lua_mod, sane, unpack, window_time, Args, Kind, Leasing, Outcome, Packed, Spec, Window,
+};
 
 /// Fixed window's specification: its registration (see the module docs of `algorithm`).
 pub(crate) const SPEC: Spec = Spec {
@@ -11,6 +13,7 @@ pub(crate) const SPEC: Spec = Spec {
     lua: include_str!("../../lua/fixed_window.lua"),
     window: Window::Period,
     max_burst: None,
+    leasing: Leasing::WithinWindow,
 };
 
 /// The state tag: `f`, layout 1 (w, n).

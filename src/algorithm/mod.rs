@@ -99,7 +99,7 @@ pub(crate) use self::mirror::{
 pub(crate) use self::refund::{log_refund, refund, REFUND_SOURCE};
 pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};
 pub(crate) use self::spec::{
-    is_one_state, packed_by_tag, state_len_of, Kind, Spec, Window, CONTROL_SOURCE, SOURCE,
+    is_one_state, packed_by_tag, state_len_of, Kind, Leasing, Spec, Window, CONTROL_SOURCE, SOURCE,
 };
 
 /// The decision script as the crate sends it (`lua/common.lua` with every step spliced in),

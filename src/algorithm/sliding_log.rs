@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use super::Outcome;
-use super::{decision_time, Args, Kind, Spec, Window, MAX_SLIDING_LOG_BURST};
+use super::{decision_time, Args, Kind, Leasing, Spec, Window, MAX_SLIDING_LOG_BURST};
 
 /// The sliding log's specification: its registration (see the module docs of `algorithm`).
 pub(crate) const SPEC: Spec = Spec {
@@ -17,6 +17,7 @@ pub(crate) const SPEC: Spec = Spec {
     lua: include_str!("../../lua/sliding_log.lua"),
     window: Window::Period,
     max_burst: Some(MAX_SLIDING_LOG_BURST),
+    leasing: Leasing::Refused,
 };
 
 /// The log: the µs time each admitted unit was admitted, oldest first (the sorted set's

@@ -8,7 +8,9 @@
 //! limit", for `k = 1`). At most `2 * burst` pass in any interval of one period, and at most
 //! `burst` in one fixed window.
 
-use super::{lua_mod, sane, unpack, window_time, Args, Kind, Outcome, Packed, Spec, Window};
+use super::{
+    lua_mod, sane, unpack, window_time, Args, Kind, Leasing, Outcome, Packed, Spec, Window,
+};
 
 /// Sliding window counter's specification: its registration (see the module docs of `algorithm`).
 pub(crate) const SPEC: Spec = Spec {
@@ -19,6 +21,7 @@ pub(crate) const SPEC: Spec = Spec {
     lua: include_str!("../../lua/sliding_window.lua"),
     window: Window::TwoPeriods,
     max_burst: None,
+    leasing: Leasing::Refused,
 };
 
 /// The state tag: `w`, layout 1 (w, c, p).

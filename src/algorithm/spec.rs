@@ -31,6 +31,22 @@ pub(crate) struct Spec {
     /// The largest burst it serves (`None`: any), refused with
     /// [`QuotaError::BurstTooLargeForSlidingLog`](crate::QuotaError::BurstTooLargeForSlidingLog).
     pub max_burst: Option<u64>,
+    /// Whether units consumed now and spent later in process (token leases) admit no more than
+    /// the store would have, and until when.
+    pub leasing: Leasing,
+}
+
+/// How units leased from the store may be spent in process (token leases for hot keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leasing {
+    /// A unit is a unit whenever it is spent (token bucket, GCRA).
+    Anytime,
+    /// A unit counts in the window it was consumed in: a lease ends with its window, and only
+    /// one tier's window is named by the reply (fixed window).
+    WithinWindow,
+    /// A unit's weight depends on when it is spent (sliding window), or each request's own
+    /// time is recorded (sliding log): leasing would not be exact, so it is refused.
+    Refused,
 }
 
 /// How the driver runs an algorithm.

@@ -1,6 +1,6 @@
 //! Token bucket: the Rust mirror of `lua/token_bucket.lua`, step for step.
 
-use super::{decision_time, sane, unpack, Args, Kind, Outcome, Packed, Spec, Window};
+use super::{decision_time, sane, unpack, Args, Kind, Leasing, Outcome, Packed, Spec, Window};
 
 /// Token bucket's specification: its registration (see the module docs of `algorithm`).
 pub(crate) const SPEC: Spec = Spec {
@@ -11,6 +11,7 @@ pub(crate) const SPEC: Spec = Spec {
     lua: include_str!("../../lua/token_bucket.lua"),
     window: Window::Refill,
     max_burst: None,
+    leasing: Leasing::Anytime,
 };
 
 /// The state tag: `t`, layout 1 (tokens, ts).

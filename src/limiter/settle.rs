@@ -160,7 +160,7 @@ impl Limiter {
         self.supports(quotas).map_err(|(_, error)| error)?;
         let key = self.target_key(target.into());
         let mut reserved = self.mark_reservation();
-        if self.inner.algorithm == crate::algorithm::Algorithm::SlidingLog {
+        if self.inner.algorithm.spec().is_log() {
             // Reserved at some time in the log's window: its oldest entries in it go.
             let longest = quotas.iter().map(|q| q.period_micros()).max().unwrap_or(1);
             reserved.earlier = longest - 1;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::deny_cache::Prehashed;
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Leasing};
 use crate::clock::Clock;
 use crate::quota::Quotas;
 
@@ -164,14 +164,9 @@ impl Leases {
 }
 
 /// Whether units of `algorithm` consumed now and spent within one interval admit no more than
-/// the store would have: token bucket and GCRA (a unit is a unit whenever spent), fixed window
-/// (a lease ends with its window). The sliding log records each request's time, and the
-/// sliding window counter weighs a unit by when it is spent: neither leases exactly.
+/// the store would have (its spec's [`Leasing`]).
 fn leases_exactly(algorithm: Algorithm) -> bool {
-    matches!(
-        algorithm,
-        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow
-    )
+    algorithm.spec().leasing != Leasing::Refused
 }
 
 /// A lease configuration the builder refuses (inside
@@ -336,10 +331,11 @@ impl LeaseTable {
         )
     }
 
-    /// Whether a check of `cost` under `quotas` leases: it consumes, and a fixed window has one
-    /// tier (the reply names the end of the longest window only).
+    /// Whether a check of `cost` under `quotas` leases: it consumes, and a window-bound algorithm
+    /// has one tier (the reply names the end of the longest window only).
     fn applies(&self, quotas: &Quotas, cost: u64) -> bool {
-        cost > 0 && (self.sizing.algorithm != Algorithm::FixedWindow || quotas.len() == 1)
+        cost > 0
+            && (self.sizing.algorithm.spec().leasing != Leasing::WithinWindow || quotas.len() == 1)
     }
 
     /// The lease of `key` under `quotas`, made when there is none; `None` when the key's lease

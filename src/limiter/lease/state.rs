@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Leasing};
 use crate::decision::Decision;
 use crate::quota::{Quota, Quotas};
 
@@ -279,9 +279,9 @@ impl State {
         if let Some(seen) = &self.seen {
             if seen.overridden {
                 capacity = capacity.min(seen.quota.burst());
-                if sizing.algorithm == Algorithm::FixedWindow {
+                if sizing.algorithm.spec().leasing == Leasing::WithinWindow {
                     // An override may hold several windows; the reply names the end of none but
-                    // the longest, so a fixed window under an override is not leased.
+                    // the longest, so a window-bound lease under an override is not leased.
                     return 1;
                 }
             }
@@ -301,8 +301,8 @@ impl State {
         sizing: &Sizing,
     ) -> Decision {
         let reset_us = u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX);
-        let window_end =
-            (sizing.algorithm == Algorithm::FixedWindow).then(|| sent.saturating_add(reset_us));
+        let window_end = (sizing.algorithm.spec().leasing == Leasing::WithinWindow)
+            .then(|| sent.saturating_add(reset_us));
         let until = sent
             .saturating_add(sizing.interval)
             .min(window_end.unwrap_or(u64::MAX));

@@ -3,7 +3,7 @@
 use std::sync::PoisonError;
 
 use super::{KeyState, MemoryStore, Stored};
-use crate::algorithm::{log_controls_key, log_refund, refund, Algorithm, STAMP};
+use crate::algorithm::{log_controls_key, log_refund, refund, STAMP};
 use crate::clock::system_now_micros;
 use crate::store::RefundRequest;
 
@@ -13,7 +13,7 @@ impl MemoryStore {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
         let units = crate::algorithm::capped_cost(request.units) as f64;
         let reserved = now as f64 - crate::algorithm::capped_cost(request.age_micros) as f64;
-        let log = request.algorithm == Algorithm::SlidingLog;
+        let log = request.algorithm.spec().is_log();
         let mut guard = self
             .shard(request.key)
             .lock()

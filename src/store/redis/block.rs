@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use super::args::PackedArgs;
 use crate::algorithm::layout::exact;
-use crate::algorithm::{log_controls_key, offences_key, tenant_key, Algorithm, BLOCK_WRAPPER};
+use crate::algorithm::{log_controls_key, offences_key, tenant_key, BLOCK_WRAPPER};
 use crate::store::micros;
 use crate::store::{Block, CheckRequest};
 
@@ -15,7 +15,7 @@ pub(super) static BLOCK: LazyLock<redis::Script> =
 /// Appends a blocking decision's `numkeys`, `KEYS` and `ARGV`.
 pub(super) fn push_block(cmd: &mut redis::Cmd, r: &CheckRequest<'_>, block: &Block) {
     let args = PackedArgs::new(r.algorithm, r.quotas, r.cost, r.now_micros);
-    if r.algorithm == Algorithm::SlidingLog {
+    if r.algorithm.spec().is_log() {
         cmd.arg(4).arg(log_controls_key(r.key)).arg(r.key);
     } else {
         cmd.arg(3).arg(r.key);

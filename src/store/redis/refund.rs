@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use crate::algorithm::layout::exact;
-use crate::algorithm::{log_controls_key, tenant_key, Algorithm, REFUND_SOURCE};
+use crate::algorithm::{log_controls_key, tenant_key, REFUND_SOURCE};
 use crate::quota::Quota;
 use crate::store::RefundRequest;
 
@@ -12,7 +12,7 @@ pub(super) static REFUND: LazyLock<redis::Script> =
 
 /// Appends a refund's `numkeys`, `KEYS` and `ARGV`.
 pub(super) fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {
-    if r.algorithm == Algorithm::SlidingLog {
+    if r.algorithm.spec().is_log() {
         cmd.arg(3)
             .arg(log_controls_key(r.key))
             .arg(r.key)
