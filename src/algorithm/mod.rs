@@ -10,7 +10,8 @@
 //! identical bytes; the differential tests hold them to that.
 //!
 //! Each algorithm is declared once, in a `Spec` beside its Rust step: its name, tag byte, kind,
-//! state fields, Lua step, header window and largest burst. Everything else (the spliced
+//! state fields, Lua step, header window, largest burst and how its units may be leased
+//! (`Leasing`: whenever, within their window, or not at all). Everything else (the spliced
 //! script, the argument byte, the split of a key's string into tiers, `inspect`, the
 //! `RateLimit-Policy` window) reads the spec; `Algorithm::spec` is the one exhaustive `match`.
 //!
@@ -21,7 +22,8 @@
 //!    header). Its state is a new tag byte and doubles.
 //! 2. **A Rust step**, `src/algorithm/<algorithm>.rs`: the mirror of the Lua step, line for
 //!    line, and its `pub(crate) const SPEC: Spec` naming the name, tag, `Kind::Packed(step)`,
-//!    field names, `include_str!` of the Lua step and the `Window`.
+//!    field names, `include_str!` of the Lua step, the `Window`, `max_burst` and `leasing`
+//!    (token leases and settlement read it; a missing field is a compile error).
 //! 3. **One registration**, in this file: `pub(crate) mod <algorithm>;`, the variant of
 //!    [`Algorithm`] (with its doc), and its place in [`Algorithm::ALL`]. The compiler then
 //!    names the missing arm of `Algorithm::spec` (add it: `Algorithm::New => &new::SPEC`).
