@@ -281,7 +281,7 @@ pub use self::concurrency::{
 };
 pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
-pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use self::layer::{scope_quotas, RateLimitLayer, RateLimitLayerBuilder};
 pub use self::modes::ShadowLimited;
 pub use self::resolver::{resolver_fn, FnResolver, QuotaResolver, Resolved};
 pub use self::service::RateLimit;
