@@ -375,6 +375,54 @@ fn default_scope(policy_name: &str, algorithm: Algorithm, quotas: &[Quota]) -> S
     scope
 }
 
+/// The algorithm and quotas that a scope derived by a layer names (see
+/// [`RateLimitLayer::scope`]), read back from the scope: `None` for a scope that names none,
+/// such as one [set](RateLimitLayerBuilder::scope) by hand or a named layer's policy name.
+/// A tool that finds a scope in the store learns from it what quotas its layer checks.
+///
+/// ```
+/// use redlimit::{key::GlobalKey, store::MemoryStore, Algorithm, Limiter, Quota, RateLimitLayer};
+/// use redlimit::layer::scope_quotas;
+///
+/// let quota = Quota::per_minute(5)?.with_burst(10)?;
+/// let layer = RateLimitLayer::new(Limiter::new(MemoryStore::new()), quota, GlobalKey::new("g"));
+/// assert_eq!(layer.scope(), "default:token-bucket:5/60s:b10");
+/// let (algorithm, quotas) = scope_quotas(layer.scope()).expect("a derived scope");
+/// assert_eq!(algorithm, Algorithm::TokenBucket);
+/// assert_eq!(quotas.as_slice(), [quota]);
+/// assert_eq!(scope_quotas("login"), None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn scope_quotas(scope: &str) -> Option<(Algorithm, Quotas)> {
+    // The policy name may not hold a `:` (see `is_name`): the first two split it off exactly.
+    let mut parts = scope.splitn(3, ':');
+    let (_, algorithm, tiers) = (parts.next()?, parts.next()?, parts.next()?);
+    let algorithm: Algorithm = algorithm.parse().ok()?;
+    let quotas = tiers
+        .split('+')
+        .map(|tier| {
+            let (tier, burst) = match tier.split_once(":b") {
+                Some((tier, burst)) => (tier, Some(burst.parse().ok()?)),
+                None => (tier, None),
+            };
+            let (limit, period) = tier.split_once('/')?;
+            let limit: u64 = limit.parse().ok()?;
+            let micros: u64 = match period.strip_suffix("us") {
+                Some(us) => us.parse().ok()?,
+                None => period
+                    .strip_suffix('s')?
+                    .parse::<u64>()
+                    .ok()?
+                    .checked_mul(1_000_000)?,
+            };
+            Quota::new(limit, Duration::from_micros(micros))
+                .and_then(|quota| quota.with_burst(burst.unwrap_or(limit)))
+                .ok()
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((algorithm, Quotas::new(quotas).ok()?))
+}
+
 impl<K> RateLimitLayerBuilder<K> {
     /// Shadow mode (dark launch): every request is decided and recorded exactly as it would
     /// be, and always goes on to the service. A denial is counted (in
@@ -532,5 +580,30 @@ mod tests {
         ];
         let distinct: std::collections::BTreeSet<_> = scopes.iter().collect();
         assert_eq!(distinct.len(), scopes.len());
+    }
+
+    #[test]
+    fn scope_quotas_reads_back_every_derived_scope() {
+        let minute = Quota::per_minute(5).unwrap();
+        let burst = minute.with_burst(10).unwrap();
+        let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
+        let second = Quota::per_second(10).unwrap();
+        let lists: [&[Quota]; 4] = [&[minute], &[burst], &[odd], &[second, burst, odd]];
+        for &algorithm in Algorithm::ALL {
+            for quotas in lists {
+                let scope = default_scope("api", algorithm, quotas);
+                let (read, tiers) = scope_quotas(&scope).unwrap_or_else(|| panic!("{scope}"));
+                assert_eq!((read, tiers.as_slice()), (algorithm, quotas), "{scope}");
+            }
+        }
+        for scope in [
+            "login",
+            "a:b",
+            "d:token-bucket:",
+            "d:token-bucket:5/60",
+            "d:nope:5/60s",
+        ] {
+            assert_eq!(scope_quotas(scope), None, "{scope}");
+        }
     }
 }

@@ -278,7 +278,7 @@ mod shadow;
 pub use self::body::ResponseBody;
 pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
-pub use self::layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use self::layer::{scope_quotas, RateLimitLayer, RateLimitLayerBuilder};
 pub use self::resolver::{resolver_fn, FnResolver, QuotaResolver, Resolved};
 pub use self::service::RateLimit;
 pub use self::shadow::ShadowLimited;

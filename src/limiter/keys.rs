@@ -129,6 +129,18 @@ pub(crate) fn tenant_route(key: &str) -> &str {
     key.find('}').map_or(key, |close| &key[..=close])
 }
 
+/// `text` with Redis glob patterns' special characters escaped: it matches only itself.
+fn glob_escaped(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
 /// The storage key of `target` under `unscoped`'s prefix (the limiter's, precomputed).
 pub(super) fn target_key(unscoped: &KeyScope, target: Target<'_>) -> StorageKey {
     match target.scope {
@@ -143,7 +155,8 @@ pub(super) fn target_key(unscoped: &KeyScope, target: Target<'_>) -> StorageKey 
 }
 
 /// What a key found in the store is, read back from its name by [`Limiter::stored_key`]:
-/// a tool that scans the store (such as the `admin` example) needs no knowledge of the format.
+/// a tool that scans the store (such as the `redlimit` command, with
+/// [`Limiter::key_pattern`]) needs no knowledge of the format.
 ///
 /// ```
 /// use redlimit::limiter::StoredKey;
@@ -243,6 +256,42 @@ impl Limiter {
     /// not one of its keys. See [`StoredKey`].
     pub fn stored_key<'k>(&self, key: &'k str) -> Option<StoredKey<'k>> {
         StoredKey::parse(&self.inner.unscoped.head, key)
+    }
+
+    /// The `SCAN MATCH` pattern of every key this limiter (its prefix) stores, of every tenant:
+    /// `<prefix>:{*`, with the pattern's special characters in the prefix escaped. Other keys
+    /// may match too (a prefix that is another's start followed by `:{`): read each key found
+    /// with [`stored_key`](Self::stored_key).
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter};
+    ///
+    /// assert_eq!(Limiter::new(MemoryStore::new()).key_pattern(), "redlimit:{*");
+    /// let odd = Limiter::builder(MemoryStore::new()).prefix("a*b").build()?;
+    /// assert_eq!(odd.key_pattern(), r"a\*b:{*");
+    /// # Ok::<(), redlimit::limiter::ConfigError>(())
+    /// ```
+    pub fn key_pattern(&self) -> String {
+        let mut pattern = glob_escaped(&self.inner.unscoped.head);
+        pattern.push('*');
+        pattern
+    }
+
+    /// The `SCAN MATCH` pattern of every key of the tenant `key` (as the extractor hands it to
+    /// the limiter): its unscoped route, its scopes, its controls. Read each key found with
+    /// [`stored_key`](Self::stored_key): the pattern may also match keys of other tenants.
+    ///
+    /// ```
+    /// use redlimit::{store::MemoryStore, Limiter};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// assert_eq!(limiter.tenant_pattern("ip:203.0.113.7"), "redlimit:{ip:203.0.113.7}*");
+    /// assert_eq!(limiter.tenant_pattern("a?"), r"redlimit:{a\?}*");
+    /// ```
+    pub fn tenant_pattern(&self, key: &str) -> String {
+        let mut pattern = glob_escaped(&self.storage_key(key));
+        pattern.push('*');
+        pattern
     }
 
     /// The storage key of `target`, inline when short.

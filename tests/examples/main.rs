@@ -6,7 +6,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-mod admin;
 mod cli;
 mod fleet;
 mod tonic;

@@ -1,0 +1,376 @@
+//! Where the limiters' Redis is and how to reach it: the store the commands control it through,
+//! and the `SCAN` of every node that holds keys (the store runs only its scripts, and a `SCAN`
+//! sent to one node sees only that node's keys).
+
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsMode};
+use redlimit::store::{RedisStore, RedisStoreBuilder};
+
+use crate::Failure;
+
+/// The limiters' Redis, as the command line names it.
+#[derive(Debug)]
+pub enum Redis {
+    Single(String),
+    /// Any of the cluster's nodes, not necessarily its masters.
+    Cluster(Vec<String>),
+    /// The sentinels and the name they monitor the primary under.
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+    },
+}
+
+/// A private CA and a client certificate for `rediss://`, all PEM.
+#[derive(Debug, Default)]
+pub struct Tls {
+    pub ca: Option<Vec<u8>>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The Redis and the settings every connection to it takes.
+pub struct Connection {
+    pub redis: Redis,
+    /// The password of `--password-file`, for the URL's user (or `default`).
+    pub password: Option<String>,
+    pub tls: Option<Tls>,
+}
+
+/// Each call of a `SCAN` looks at this many keys, so Redis is never blocked for long.
+const SCAN_COUNT: u32 = 1000;
+
+impl Connection {
+    /// The URLs without passwords, for messages.
+    pub fn shown(&self) -> String {
+        match &self.redis {
+            Redis::Single(url) => redacted(url),
+            Redis::Cluster(urls) => shown_list(urls),
+            Redis::Sentinel { sentinels, service } => {
+                format!("{} (service {service})", shown_list(sentinels))
+            }
+        }
+    }
+
+    /// The store the limiters use on this Redis.
+    pub fn store(&self) -> Result<RedisStore, Failure> {
+        let builder = match &self.redis {
+            Redis::Single(url) => RedisStore::builder(url.as_str()),
+            Redis::Cluster(urls) => RedisStore::cluster_builder(urls.iter().map(String::as_str)),
+            Redis::Sentinel { sentinels, service } => {
+                RedisStore::sentinel_builder(sentinels.iter().map(String::as_str), service)
+            }
+        };
+        let builder = match &self.password {
+            Some(password) => builder.credentials(self.username().as_deref(), password),
+            None => builder,
+        };
+        with_tls(builder, self.tls.as_ref())
+            .build()
+            .map_err(|e| Failure::Input(format!("invalid Redis settings {}: {e}", self.shown())))
+    }
+
+    /// The user the first URL names (a password file is that user's password).
+    fn username(&self) -> Option<String> {
+        let url = match &self.redis {
+            Redis::Single(url) => url,
+            Redis::Cluster(urls) => urls.first()?,
+            // The sentinels' URLs carry the sentinels' user, not the primary's.
+            Redis::Sentinel { .. } => return None,
+        };
+        let info = url.as_str().into_connection_info().ok()?;
+        info.redis_settings().username().map(str::to_owned)
+    }
+
+    /// `info` with the password file's password and the TLS settings: a plain client.
+    fn client(&self, info: ConnectionInfo) -> Result<redis::Client, redis::RedisError> {
+        let info = match &self.password {
+            Some(password) => {
+                let settings = info.redis_settings().clone().set_password(password);
+                info.set_redis_settings(settings)
+            }
+            None => info,
+        };
+        match self.tls.as_ref() {
+            Some(tls) => redis::Client::build_with_tls(info, certificates(tls)),
+            None => redis::Client::open(info),
+        }
+    }
+
+    /// The keys matching `pattern` on every node that holds keys, by a bounded `SCAN` of each.
+    pub async fn scan(&self, pattern: &str) -> Result<Vec<String>, String> {
+        let mut keys = Vec::new();
+        for mut connection in self.key_nodes().await? {
+            let mut cursor = 0u64;
+            loop {
+                let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT)
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                keys.extend(found);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        // SCAN may return a key more than once.
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    /// A connection to every node that holds keys: the single node, the primary Sentinel
+    /// names, or each master of the cluster from `CLUSTER NODES`, asked of the first given
+    /// node that answers.
+    async fn key_nodes(&self) -> Result<Vec<MultiplexedConnection>, String> {
+        let urls = match &self.redis {
+            Redis::Single(url) => {
+                let info = url.as_str().into_connection_info();
+                let client = info.and_then(|info| self.client(info));
+                let connection = connect(client).await.map_err(|e| e.to_string())?;
+                return Ok(vec![connection]);
+            }
+            Redis::Sentinel { sentinels, service } => {
+                return Ok(vec![self.primary(sentinels, service).await?])
+            }
+            Redis::Cluster(urls) => urls,
+        };
+        let mut last_error = String::from("no node given");
+        for url in urls {
+            let info = url.as_str().into_connection_info();
+            let seed = match info.and_then(|info| self.client(info)) {
+                Ok(seed) => seed,
+                Err(e) => return Err(e.to_string()),
+            };
+            let nodes: String = match seed.get_multiplexed_async_connection().await {
+                Ok(mut connection) => match redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut connection)
+                    .await
+                {
+                    Ok(nodes) => nodes,
+                    Err(e) => {
+                        last_error = format!("CLUSTER NODES at {}: {e}", redacted(url));
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    last_error = format!("{}: {e}", redacted(url));
+                    continue;
+                }
+            };
+            let info = seed.get_connection_info();
+            let mut connections = Vec::new();
+            for (host, port) in cluster_masters(&nodes) {
+                // The given node's credentials and TLS settings, the master's address.
+                let addr = match info.addr() {
+                    ConnectionAddr::TcpTls {
+                        host: given,
+                        insecure,
+                        tls_params,
+                        ..
+                    } => ConnectionAddr::TcpTls {
+                        host: host.unwrap_or_else(|| given.clone()),
+                        port,
+                        insecure: *insecure,
+                        tls_params: tls_params.clone(),
+                    },
+                    ConnectionAddr::Tcp(given, _) => {
+                        ConnectionAddr::Tcp(host.unwrap_or_else(|| given.clone()), port)
+                    }
+                    other => return Err(format!("a cluster node at {other}: not TCP")),
+                };
+                let client = self.client(info.clone().set_addr(addr));
+                connections.push(connect(client).await.map_err(|e| e.to_string())?);
+            }
+            return Ok(connections);
+        }
+        Err(format!("no node of the cluster answers: {last_error}"))
+    }
+
+    /// A connection to the primary the sentinels name.
+    async fn primary(
+        &self,
+        sentinels: &[String],
+        service: &str,
+    ) -> Result<MultiplexedConnection, String> {
+        let infos = sentinels
+            .iter()
+            .map(|url| url.as_str().into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let first = infos.first().ok_or("no sentinel given")?;
+        let settings = first.redis_settings();
+        let tls_mode = match first.addr() {
+            ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
+            ConnectionAddr::TcpTls { .. } => Some(TlsMode::Secure),
+            _ => None,
+        };
+        let addrs = infos.iter().map(|info| info.addr().clone());
+        let mut builder = SentinelClientBuilder::new(addrs, service, SentinelServerType::Master)
+            .map_err(|e| e.to_string())?;
+        if let Some(username) = settings.username() {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = settings.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if let Some(mode) = tls_mode {
+            builder = builder
+                .set_client_to_sentinel_tls_mode(mode)
+                .set_client_to_redis_tls_mode(mode);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(tls) = &self.tls {
+            builder = builder
+                .set_client_to_sentinel_certificates(certificates(tls))
+                .set_client_to_redis_certificates(certificates(tls));
+        }
+        let mut client = builder.build().map_err(|e| e.to_string())?;
+        client
+            .get_async_connection()
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+async fn connect(
+    client: Result<redis::Client, redis::RedisError>,
+) -> Result<MultiplexedConnection, redis::RedisError> {
+    client?.get_multiplexed_async_connection().await
+}
+
+fn certificates(tls: &Tls) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: tls
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca.clone(),
+    }
+}
+
+fn with_tls(builder: RedisStoreBuilder, tls: Option<&Tls>) -> RedisStoreBuilder {
+    let Some(tls) = tls else {
+        return builder;
+    };
+    let builder = match &tls.ca {
+        Some(ca) => builder.tls_ca_pem(ca.clone()),
+        None => builder,
+    };
+    match &tls.client {
+        Some((cert, key)) => builder.tls_client_cert_pem(cert.clone(), key.clone()),
+        None => builder,
+    }
+}
+
+/// The `(host, port)` of every master serving slots in a `CLUSTER NODES` reply (lines of `id
+/// host:port@bus[,hostname] flags master ping pong epoch link slot...`), the host `None` when
+/// the node does not know its own (the given node's is used); a master marked failed is
+/// skipped (its replica takes over its slots and shows as a master).
+fn cluster_masters(nodes: &str) -> Vec<(Option<String>, u16)> {
+    let mut masters = Vec::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [_, address, flags, ..] = fields.as_slice() else {
+            continue;
+        };
+        let flags: Vec<&str> = flags.split(',').collect();
+        if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+            continue;
+        }
+        if fields.len() < 9 {
+            continue; // no slots: nothing to scan
+        }
+        let address = address.split(['@', ',']).next().unwrap_or_default();
+        let Some((host, port)) = address.rsplit_once(':') else {
+            continue;
+        };
+        if let Ok(port) = port.parse() {
+            let host = (!host.is_empty()).then(|| host.to_owned());
+            masters.push((host, port));
+        }
+    }
+    masters
+}
+
+/// `url` with its password replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn shown_list(urls: &[String]) -> String {
+    let shown: Vec<String> = urls.iter().map(|url| redacted(url)).collect();
+    shown.join(",")
+}
+
+/// The passwords `url` carries, as written and decoded: what no message may show.
+pub fn url_secrets(url: &str) -> Vec<String> {
+    let mut secrets = Vec::new();
+    if let Some((_, rest)) = url.split_once("://") {
+        if let Some((user_info, _)) = rest.rsplit_once('@') {
+            if let Some((_, password)) = user_info.split_once(':') {
+                secrets.push(password.to_owned());
+            }
+        }
+    }
+    if let Ok(info) = url.into_connection_info() {
+        secrets.extend(info.redis_settings().password().map(str::to_owned));
+    }
+    secrets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_masters_skips_replicas_failed_masters_and_masters_without_slots() {
+        let nodes = "\
+a 10.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b 10.0.0.2:7001@17001,node-b master - 0 0 2 connected 5461-10922
+c 10.0.0.3:7002@17002 slave b 0 0 2 connected
+d 10.0.0.4:7003@17003 master,fail - 0 0 3 disconnected 10923-16383
+e :7004@17004 master - 0 0 4 connected 10923-16383
+f 10.0.0.6:7005@17005 master - 0 0 5 connected
+";
+        assert_eq!(
+            cluster_masters(nodes),
+            [
+                (Some("10.0.0.1".to_owned()), 7000),
+                (Some("10.0.0.2".to_owned()), 7001),
+                (None, 7004),
+            ]
+        );
+    }
+
+    #[test]
+    fn passwords_are_redacted_and_known_as_secrets() {
+        let url = "redis://operator:s3%3Acret@127.0.0.1:6379/";
+        assert_eq!(redacted(url), "redis://operator:***@127.0.0.1:6379/");
+        let secrets = url_secrets(url);
+        assert!(secrets.contains(&"s3%3Acret".to_owned()), "{secrets:?}");
+        assert!(secrets.contains(&"s3:cret".to_owned()), "{secrets:?}");
+        assert_eq!(redacted("redis://127.0.0.1/"), "redis://127.0.0.1/");
+    }
+}
