@@ -31,7 +31,9 @@ pub use self::builder::LimiterBuilder;
 pub use self::concurrency::{
     ConcurrencyLimiter, Slot, SlotOutcome, DEFAULT_SLOT_LEASE, MIN_SLOT_LEASE,
 };
-pub use self::control::{ControlError, KeyStatus, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL};
+pub use self::control::{
+    ControlError, KeyStatus, OverrideSource, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
+};
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
 pub use self::keys::{StoredKey, Target};
