@@ -1,10 +1,17 @@
--- redlimit: fleet controls (set_quota, clear_quota, suspend, extend, resume, reset, inspect),
--- atomic like a decision. The layouts of both strings, the tenant's and a route's, are
--- described in lua/common.lua.
+-- redlimit: fleet controls (set_quota, clear_quota, suspend, extend, resume, reset, inspect,
+-- and learning's set and clear), atomic like a decision. The layouts of both strings, the
+-- tenant's and a route's, are described in lua/common.lua.
 --
 -- KEYS  a tenant's control: [1] the tenant's key (`<prefix>:{<id>}#t`).
 --       a route's control: [1] the route's string; [2] the sliding log's sorted set, when the
---       limiter's algorithm is the sliding log (reset deletes it, inspect counts it).
+--       limiter's algorithm is the sliding log (reset deletes it, inspect counts it); then,
+--       last, with 'q', 'c', 'a', 'u' and 'i': the route's learning record.
+-- The learning record (the same key in the scope `learned`, `<scope>.learned` for a scoped
+-- route; for the sliding log, its controls' string) holds controls too: 'M', double the end
+-- of the learned quota's time, then the override learning set, byte for byte as the route
+-- holds it. The route's override is learned while the record holds the same bytes, an
+-- operator's otherwise. An operator's 'q' and 'c' remove the record's override in the same
+-- call; 'a' never replaces an operator's override. The decision script never reads it.
 -- ARGV  one string, packed little-endian: double now_us (-1 = Redis TIME), a byte naming the
 --       operation, a byte naming the algorithm (its tag; 0 on the tenant's key), then its
 --       operand:
@@ -14,9 +21,13 @@
 --         's' suspend: double duration_us (the end is now + duration)
 --         'e' extend: double duration_us (the end is the later of its own and now + duration)
 --         'r' resume
+--         'a' learn: double time_us (how long the learned quota lasts), then as 'q'; sets the
+--             route's override and its record, unless the route holds an operator's override
+--             (then nothing changes)
+--         'u' unlearn: clears the route's override when it is learned, and the record
 --       A suspension of the tenant's key reaches every route; one of a route's, that route.
 -- Reply {the string after the operation or false, its PTTL in ms, now_us as a string,
---        the sorted set's size or -1}.
+--        the sorted set's size or -1, the learning record after the operation or false}.
 -- A route's control on a key that holds another algorithm's state (or another type) is
 -- refused with an error naming what the key holds, and changes nothing.
 
@@ -75,6 +86,12 @@ local function foreign(states)
 end
 
 local key = KEYS[1]
+-- The sliding log's sorted set, and the route's learning record.
+local zkey = not tenant and alg == 108 and KEYS[2] or nil
+local rkey = nil
+if not tenant and (op == 113 or op == 99 or op == 97 or op == 117 or op == 105) then
+  rkey = KEYS[zkey and 3 or 2]
+end
 local s = redis.pcall('GET', key)
 if s and s.err then
   if sub(s.err, 1, 9) ~= 'WRONGTYPE' then
@@ -110,10 +127,10 @@ end
 
 if not tenant and op ~= 105 then
   local what = foreign(rest)
-  if not what and KEYS[2] then
-    local kind = call('TYPE', KEYS[2]).ok
+  if not what and zkey then
+    local kind = call('TYPE', zkey).ok
     if kind == 'string' then
-      local other = byte(call('GET', KEYS[2]), 1)
+      local other = byte(call('GET', zkey), 1)
       what = (NAMES[other] or 'unreadable') .. ' state'
     elseif kind ~= 'zset' and kind ~= 'none' then
       what = 'a ' .. kind
@@ -122,6 +139,40 @@ if not tenant and op ~= 105 then
   if what then
     return refused(what)
   end
+end
+
+-- The learning record: `marked`, the override it holds (nil: none); `record` is nil when the
+-- key holds another type (never written, never a mark).
+local record, marked = false, nil
+if rkey then
+  local r = redis.pcall('GET', rkey)
+  if type(r) == 'table' then
+    record = nil
+  elseif r then
+    record = r
+    local n = byte(r, 1) == 77 and byte(r, 10)
+    if n and n >= 1 and n <= 8 and #r >= 10 + 24 * n then
+      marked = sub(r, 10, 9 + 24 * n + 1)
+    end
+  end
+end
+local learned = marked ~= nil and marked == override
+local learn_us, unmark = nil, false
+if op == 97 then -- 'a': an operator's override stays as it is
+  learn_us = #args >= pos + 8 and sunpack('<d', args, pos)
+  if not (learn_us and learn_us >= 1 and learn_us < MAX_EXACT and learn_us % 1 == 0) then
+    return invalid('the learned quota\'s time must be an integer of µs from 1 below 2^53')
+  end
+  pos = pos + 8
+  if not rkey or record == nil or override ~= '\0' and not learned then
+    op, learn_us = 105, nil
+  else
+    op = 113
+  end
+elseif op == 117 then -- 'u'
+  op, unmark = learned and 99 or 105, true
+elseif op == 113 or op == 99 then
+  unmark = true
 end
 
 if op == 105 then -- 'i'
@@ -167,8 +218,8 @@ elseif op == 120 then -- 'x'
     end
   else
     rest = ''
-    if KEYS[2] then
-      call('DEL', KEYS[2])
+    if zkey then
+      call('DEL', zkey)
     end
   end
 else
@@ -220,11 +271,35 @@ if op ~= 105 then
   s = new ~= '' and new
 end
 
+if learn_us then
+  -- Kept as long as the override is (at least), so that it is not taken for an operator's.
+  local ttl = math.ceil(learn_us / 1000)
+  if ttl < OVERRIDE_IDLE_MS then
+    ttl = OVERRIDE_IDLE_MS
+  end
+  record = 'M' .. spack('<d', now + learn_us) .. override
+  call('SET', rkey, record, 'PX', ttl)
+elseif unmark and marked then
+  -- Whatever follows the record's controls stays.
+  local left = sub(record, 10 + #marked)
+  if left == '' then
+    call('DEL', rkey)
+  else
+    local ttl = call('PTTL', rkey)
+    if ttl > 0 then
+      call('SET', rkey, left, 'PX', ttl)
+    else
+      call('SET', rkey, left)
+    end
+  end
+  record = left ~= '' and left
+end
+
 local count = -1
-if KEYS[2] then
-  local n = redis.pcall('ZCARD', KEYS[2])
+if zkey then
+  local n = redis.pcall('ZCARD', zkey)
   if type(n) == 'number' then
     count = n
   end
 end
-return { s, call('PTTL', key), string.format('%d', now), count }
+return { s, call('PTTL', key), string.format('%d', now), count, record or false }

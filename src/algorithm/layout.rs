@@ -115,6 +115,10 @@ pub(crate) enum Op<'a> {
     Resume,
     Reset,
     Inspect,
+    /// Learning's override, lasting µs: set with its record, unless an operator's is in force.
+    Learn(&'a [Quota], u64),
+    /// Clears the override when it is learned, and its record.
+    Unlearn,
 }
 
 impl Op<'_> {
@@ -122,6 +126,30 @@ impl Op<'_> {
     pub(crate) fn is_tenant(&self, key: &str) -> bool {
         is_tenant_key(key)
     }
+
+    /// Whether this control reads or writes a route's learning record ([`learned_record_key`]).
+    pub(crate) fn uses_record(&self) -> bool {
+        matches!(
+            self,
+            Op::SetQuota(_) | Op::ClearQuota | Op::Learn(..) | Op::Unlearn | Op::Inspect
+        )
+    }
+}
+
+/// The key of a route's learning record: the same key in the scope `learned`, or
+/// `<scope>.learned` for a scoped route (`<prefix>:{<id>}:learned`,
+/// `<prefix>:{<id>}:<scope>.learned`), in the route's hash tag. It holds the override learning
+/// set, which tells it from an operator's (see `lua/control.lua`). `None` for a key without a
+/// hash tag, or with something else than a scope after it (a tenant's key).
+pub(crate) fn learned_record_key(route: &str) -> Option<String> {
+    let open = route.find('{')?;
+    let close = open + 1 + route[open + 1..].find('}')?;
+    let suffix = match &route[close + 1..] {
+        "" => ":learned",
+        scoped if scoped.starts_with(':') && !scoped.contains('#') => ".learned",
+        _ => return None,
+    };
+    Some(format!("{route}{suffix}"))
 }
 
 /// The reply of a decision, packed into one string (see [`Reply::from_redis`]).

@@ -436,6 +436,80 @@ pub(crate) fn foreign_state(stored: &[u8], algorithm: Algorithm) -> Option<&'sta
     None
 }
 
+/// What a route's control does to its learning record, as `lua/control.lua` does it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RecordWrite {
+    /// Nothing changes.
+    Keep,
+    /// The record becomes this string, for this many ms.
+    Put(Vec<u8>, u64),
+    /// The record's controls go: what followed them stays, with its TTL (`None`: nothing did,
+    /// the key goes).
+    Unmark(Option<Vec<u8>>),
+}
+
+/// The override a learning record holds (its byte `n` and the quotas, as a route holds its
+/// override), when it holds one.
+pub(crate) fn marked_override(record: &[u8]) -> Option<&[u8]> {
+    if record.first() != Some(&CONTROLS) {
+        return None;
+    }
+    let n = usize::from(*record.get(9)?);
+    let end = 10 + 24 * n;
+    ((1..=MAX_TIERS).contains(&n) && record.len() >= end).then(|| &record[9..end])
+}
+
+/// The control a route's string gets once its learning record is read, and what becomes of the
+/// record, as `lua/control.lua` decides them: [`Op::Learn`] sets the override unless the route
+/// holds an operator's (one its record does not hold; then nothing changes), [`Op::Unlearn`]
+/// clears it only when it is learned, and an operator's [`Op::SetQuota`] or
+/// [`Op::ClearQuota`] removes the record's mark. `record`: `None` when the route has no record
+/// key or it holds another type (never written, never a mark), `Some(None)` when absent.
+pub(crate) fn learning<'a>(
+    stored: Option<&[u8]>,
+    record: Option<Option<&[u8]>>,
+    now: f64,
+    op: Op<'a>,
+) -> (Op<'a>, RecordWrite) {
+    let override_bytes: &[u8] = match stored.map(|s| (s, Controls::parse(s))) {
+        Some((s, Controls::Some { bytes, .. })) if !is_one_state(s.len()) => &bytes[9..],
+        _ => &[0],
+    };
+    let marked = record.flatten().and_then(marked_override);
+    let learned = marked == Some(override_bytes);
+    let unmark = || match (record.flatten(), marked) {
+        (Some(record), Some(marked)) => {
+            let left = &record[9 + marked.len()..];
+            RecordWrite::Unmark((!left.is_empty()).then(|| left.to_vec()))
+        }
+        _ => RecordWrite::Keep,
+    };
+    match op {
+        Op::Learn(quotas, micros) => {
+            if record.is_none() || override_bytes != [0] && !learned {
+                return (Op::Inspect, RecordWrite::Keep);
+            }
+            let mut new = vec![CONTROLS];
+            new.extend_from_slice(&(now + micros as f64).to_le_bytes());
+            new.push(quotas.len() as u8);
+            let at = new.len();
+            new.resize(at + 24 * quotas.len(), 0);
+            let mut at = at;
+            for quota in quotas {
+                at = put_quota(&mut new, at, quota);
+            }
+            let ttl = (ms_up(micros as f64) as u64).max(OVERRIDE_IDLE_MS);
+            (Op::SetQuota(quotas), RecordWrite::Put(new, ttl))
+        }
+        Op::Unlearn => (
+            if learned { Op::ClearQuota } else { Op::Inspect },
+            unmark(),
+        ),
+        Op::SetQuota(_) | Op::ClearQuota => (op, unmark()),
+        _ => (op, RecordWrite::Keep),
+    }
+}
+
 /// A fleet control over a key's string, as `lua/control.lua` makes it: the new string (`None`:
 /// delete it) and its TTL in ms, or `None` when nothing changes (inspect). `tenant`: the key
 /// is the tenant's (its string: controls, then its reset).
@@ -469,7 +543,8 @@ pub(crate) fn control(
         0.0
     };
     match op {
-        Op::Inspect => return None,
+        // Learning's controls reach here as what `learning` made of them.
+        Op::Inspect | Op::Learn(..) | Op::Unlearn => return None,
         Op::SetQuota(quotas) => {
             override_bytes = vec![quotas.len() as u8];
             override_bytes.resize(1 + 24 * quotas.len(), 0);

@@ -90,13 +90,14 @@ pub(crate) mod testing;
 
 pub(crate) use self::block::{block_us, offences_key, BLOCK_WRAPPER};
 pub(crate) use self::layout::{
-    capped_cost, is_tenant_key, log_controls_key, tenant_key, Controls, Op, Reply, CONTROLS,
-    OVERRIDE_IDLE_MS, STAMP,
+    capped_cost, is_tenant_key, learned_record_key, log_controls_key, tenant_key, Controls, Op,
+    Reply, CONTROLS, OVERRIDE_IDLE_MS, STAMP,
 };
 #[cfg(test)]
 pub(crate) use self::mirror::ttl_ms;
 pub(crate) use self::mirror::{
-    control, decide, decide_log, foreign_state, LogWrite, Refused, Written,
+    control, decide, decide_log, foreign_state, learning, marked_override, LogWrite, RecordWrite,
+    Refused, Written,
 };
 pub(crate) use self::refund::{log_refund, refund, REFUND_SOURCE};
 pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};

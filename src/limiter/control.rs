@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use super::{Limiter, Target};
 use crate::algorithm::{
-    is_one_state, packed_by_tag, state_len_of, Algorithm, Controls, OVERRIDE_IDLE_MS, STAMP,
+    is_one_state, marked_override, packed_by_tag, state_len_of, Algorithm, Controls,
+    OVERRIDE_IDLE_MS, STAMP,
 };
 use crate::quota::{QuotaError, Quotas};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
@@ -77,6 +78,10 @@ pub struct KeyStatus {
     /// The quotas set with [`Limiter::set_quota`] in force on this route, used instead of the
     /// callers' own: the route's own, else the tenant's for every route.
     pub quota_override: Option<Quotas>,
+    /// Who set the override in force (`quota_override`): an operator, or an
+    /// [`OutboundLayer`](crate::outbound::OutboundLayer) that learned it from the upstream's
+    /// announcements; `None` when there is none.
+    pub override_source: Option<OverrideSource>,
     /// The override of every route of the tenant ([`Target::all_routes`]), if any.
     pub all_routes_override: Option<Quotas>,
     /// The time the suspension has left ([`Limiter::suspend`]), the tenant's or the route's,
@@ -90,6 +95,41 @@ pub struct KeyStatus {
     /// The sliding log's entries (units admitted in its longest window); `None` for other
     /// algorithms.
     pub log_entries: Option<u64>,
+}
+
+/// Who set a key's override (see [`KeyStatus::override_source`]).
+///
+/// The store tells them apart: an override an
+/// [`OutboundLayer`](crate::outbound::OutboundLayer) learned is marked by its learning record
+/// (the same key in the scope `learned`, `<scope>.learned` for a scoped key), written in the
+/// same atomic call as the override; [`Limiter::set_quota`] and [`Limiter::clear_quota`] on
+/// the key remove the mark in their own call, so the override they set is always the
+/// operator's, and learning never replaces an operator's override.
+///
+/// ```
+/// use redlimit::limiter::OverrideSource;
+/// use redlimit::{store::MemoryStore, Limiter, Quota, Quotas};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let status = limiter.set_quota("tenant-42", &Quotas::from(Quota::per_minute(5)?)).await?;
+/// assert_eq!(status.override_source, Some(OverrideSource::Operator));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OverrideSource {
+    /// Set with [`Limiter::set_quota`] (on the key, or on every route of its tenant).
+    Operator,
+    /// Learned by an [`OutboundLayer`](crate::outbound::OutboundLayer) from the upstream's
+    /// announcements.
+    Learned {
+        /// The time the learned quota has left: past it, the layer's next learning round
+        /// clears it unless an answer confirmed it. `None` once over.
+        left: Option<Duration>,
+    },
 }
 
 /// One tier's state as stored: its algorithm and its numbers, by name.
@@ -144,6 +184,7 @@ impl KeyStatus {
         }
         let stored = route.stored.unwrap_or_default();
         let (mut quota_override, mut at, mut stamp) = (None, 0, 0.0);
+        let mut learned = None;
         let controls = Controls::parse(&stored);
         match controls {
             Controls::Some {
@@ -151,6 +192,15 @@ impl KeyStatus {
             } if !is_one_state(stored.len()) => {
                 suspended_for = suspended_for.max(left(until_us));
                 quota_override = Quotas::new(controls.override_quotas()).ok();
+                // Learned while its record holds the same override, byte for byte.
+                let record = route.record.as_deref().unwrap_or_default();
+                if quota_override.is_some() && marked_override(record) == Some(&bytes[9..]) {
+                    learned = Some(OverrideSource::Learned {
+                        left: left(f64::from_le_bytes(
+                            record[1..9].try_into().unwrap_or_default(),
+                        )),
+                    });
+                }
                 at = bytes.len();
                 if stored.get(at) == Some(&STAMP) {
                     if let Some(b) = stored.get(at + 1..at + 9) {
@@ -187,8 +237,14 @@ impl KeyStatus {
                 .collect();
             tiers.push(TierState { algorithm, fields });
         }
+        let override_source = match (quota_override, all_routes_override) {
+            (Some(_), _) => Some(learned.unwrap_or(OverrideSource::Operator)),
+            (None, Some(_)) => Some(OverrideSource::Operator),
+            (None, None) => None,
+        };
         KeyStatus {
             quota_override: quota_override.or(all_routes_override),
+            override_source,
             all_routes_override,
             suspended_for,
             expires_in: route.expires_in,
@@ -199,6 +255,11 @@ impl KeyStatus {
 }
 
 impl Limiter {
+    /// The store's bound on one call ([`Store::call_timeout`](crate::store::Store::call_timeout)).
+    pub(crate) fn store_call_timeout(&self) -> Option<Duration> {
+        self.inner.store.call_timeout()
+    }
+
     /// The storage key of a target's route.
     fn route_key(&self, target: Target<'_>) -> String {
         self.storage_key(Target {
@@ -248,8 +309,9 @@ impl Limiter {
     /// Replaces the quotas of `target` with `quotas`, fleet-wide: every instance's next check on
     /// the key uses them instead of its own (a [`QuotaResolver`]'s or a layer's included), until
     /// [`clear_quota`](Self::clear_quota), or until the key has admitted nothing for
-    /// [`OVERRIDE_IDLE_TTL`]. The key's state is kept, capped to the new quotas. Returns what the
-    /// key now looks like.
+    /// [`OVERRIDE_IDLE_TTL`]. The key's state is kept, capped to the new quotas. The override is
+    /// the operator's ([`OverrideSource::Operator`]): learning never replaces it, even when it
+    /// equals a quota learning set. Returns what the key now looks like.
     ///
     /// [`QuotaResolver`]: crate::layer::QuotaResolver
     ///
@@ -283,8 +345,8 @@ impl Limiter {
             .await
     }
 
-    /// Removes the override set with [`set_quota`](Self::set_quota): the callers' quotas apply
-    /// again on every instance's next call.
+    /// Removes the override set with [`set_quota`](Self::set_quota), or a learned one: the
+    /// callers' quotas apply again on every instance's next call.
     pub async fn clear_quota<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -292,6 +354,28 @@ impl Limiter {
         let target = target.into();
         self.control(target, Control::ClearQuota, target.all_routes)
             .await
+    }
+
+    /// Sets `quotas` as the override of `target`'s route, marked as learned and lasting `ttl`
+    /// (its record's time), in one atomic call, unless the route holds an operator's override:
+    /// then nothing changes. For [`OutboundLayer`](crate::outbound::OutboundLayer)'s learning;
+    /// see [`OverrideSource`].
+    pub(crate) async fn learn_quota(
+        &self,
+        target: Target<'_>,
+        quotas: &Quotas,
+        ttl: Duration,
+    ) -> Result<KeyStatus, ControlError> {
+        self.supports(quotas).map_err(|(_, error)| error)?;
+        let ttl = ttl.clamp(Duration::from_millis(1), MAX_SUSPENSION);
+        self.control(target, Control::Learn(quotas, ttl), false)
+            .await
+    }
+
+    /// Clears `target`'s route override when it is learned (an operator's stays), and its
+    /// learning record, in one atomic call.
+    pub(crate) async fn unlearn_quota(&self, target: Target<'_>) -> Result<KeyStatus, ControlError> {
+        self.control(target, Control::Unlearn, false).await
     }
 
     /// Suspends `target` fleet-wide for `duration` (1 µs to [`MAX_SUSPENSION`]): until then every

@@ -26,7 +26,9 @@ pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
-pub use self::control::{ControlError, KeyStatus, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL};
+pub use self::control::{
+    ControlError, KeyStatus, OverrideSource, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
+};
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::KeyScope;
 pub use self::keys::{StoredKey, Target};

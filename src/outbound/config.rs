@@ -38,6 +38,10 @@ pub(crate) struct Limits {
     pub max_auto_suspension: Duration,
 }
 
+/// How long an acquisition waits for the key's write in flight when the store does not say how
+/// long its calls may take.
+pub(crate) const WAIT_BOUND: Duration = Duration::from_secs(1);
+
 /// A pending acquisition.
 pub(crate) type Acquire = BoxFuture<'static, Result<Verdict, AcquireError>>;
 
@@ -45,6 +49,12 @@ impl Limits {
     /// Whether response futures look at the upstream's answer (auto-suspend or learning).
     pub(crate) fn reads_responses(&self) -> bool {
         self.auto_suspend || self.provider.learns()
+    }
+
+    /// The longest an acquisition waits for the key's pacing write or learning round in flight:
+    /// the store's call timeout, or [`WAIT_BOUND`] for a store that does not say.
+    pub(crate) fn wait_bound(&self) -> Duration {
+        self.limiter.store_call_timeout().unwrap_or(WAIT_BOUND)
     }
 
     /// Waits (at most `max_wait` from now) until the quotas admit one request for `key`.
@@ -57,9 +67,10 @@ impl Limits {
             .unwrap_or(now);
         let limits = self.clone();
         Box::pin(async move {
-            // A learning round in flight for the key: decide under what it sets.
+            // A pacing write or learning round in flight for the key: decide under what it
+            // sets. Bounded, so that a write a slow store still holds keeps nothing waiting.
             if let Some(pending) = limits.provider.pending(&key) {
-                pending.await;
+                let _ = tokio::time::timeout(limits.wait_bound(), pending).await;
             }
             let Limits {
                 limiter, quotas, ..

@@ -24,8 +24,10 @@ pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
 pin_project! {
     /// The response future of [`Outbound`](super::Outbound): for a per-request key it waits for
     /// the limiter first, then for its clone of the inner service to be ready; then it calls
-    /// the inner service and, when the answer is `429` or `503` with `Retry-After`, suspends
-    /// the key before handing the answer back (see the [module docs](super#auto-suspend)).
+    /// the inner service and hands its answer back; when it is `429` or `503` with
+    /// `Retry-After` (or announces nothing left), the key's suspension is written in a task of
+    /// its own that the key's next acquisition waits for (see the
+    /// [module docs](super#auto-suspend)).
     ///
     /// ```
     /// use std::convert::Infallible;
@@ -174,21 +176,27 @@ where
                     let announced = this.backoff.as_ref().and_then(|(limits, key)| {
                         react::on_response(limits, key, response.headers(), wait.is_some())
                     });
-                    match (wait, this.backoff.take()) {
-                        (Some(wait), Some((limits, key))) => State::Suspending {
-                            suspend: react::then(
-                                Box::pin(suspend(limits, key, status, wait)),
+                    let pacing = match (wait, this.backoff.take()) {
+                        (Some(wait), Some((limits, key))) => {
+                            let write = react::then(
+                                Box::pin(suspend(limits.clone(), key.clone(), status, wait)),
                                 announced,
-                            ),
+                            );
+                            react::spawn_pacing(&limits, &key, write)
+                        }
+                        (_, Some((limits, key))) => {
+                            announced.and_then(|write| react::spawn_pacing(&limits, &key, write))
+                        }
+                        _ => announced,
+                    };
+                    // The pacing runs in a task of its own (the key's next acquisition waits
+                    // for it); only without a runtime does the response wait for it here.
+                    match pacing {
+                        Some(pacing) => State::Suspending {
+                            suspend: pacing,
                             response: Some(response),
                         },
-                        _ => match announced {
-                            Some(announced) => State::Suspending {
-                                suspend: announced,
-                                response: Some(response),
-                            },
-                            None => return Poll::Ready(Ok(response)),
-                        },
+                        None => return Poll::Ready(Ok(response)),
                     }
                 }
                 StateProj::Suspending { suspend, response } => {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures::future::{BoxFuture, Shared};
+use futures::future::{BoxFuture, FutureExt, Shared};
 
 use super::announce::Announcement;
 use crate::quota::{Quota, Quotas, MAX_TIERS};
@@ -57,6 +57,7 @@ pub(crate) type Pending = Shared<BoxFuture<'static, ()>>;
 #[derive(Debug, Default)]
 pub(crate) struct Provider {
     learn: Option<Learn>,
+    pacing: Pacing,
     announcements: AtomicU64,
     learned: AtomicU64,
     paced: AtomicU64,
@@ -71,6 +72,23 @@ pub(crate) struct Bounds {
     pub max_window: Duration,
     pub ttl: Duration,
     pub period: Duration,
+}
+
+/// The pacing writes in flight (suspensions after a response), per key: each runs in a task of
+/// its own, and the key's next acquisition in this process waits for it.
+#[derive(Default)]
+struct Pacing {
+    next_id: AtomicU64,
+    keys: Mutex<HashMap<Arc<str>, (u64, Pending)>>,
+}
+
+impl fmt::Debug for Pacing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        f.debug_struct("Pacing")
+            .field("in_flight", &keys.len())
+            .finish()
+    }
 }
 
 /// Learning: its bounds, and what this process knows of each key it called.
@@ -192,22 +210,61 @@ impl Provider {
         }
     }
 
-    /// The round in flight for `key`, if any.
+    /// What is in flight for `key`: its pacing write, then its learning round (either may be
+    /// absent).
     pub(crate) fn pending(&self, key: &str) -> Option<Pending> {
-        let learn = self.learn.as_ref()?;
-        let keys = learn.lock();
-        keys.get(key).and_then(|state| state.pending.clone())
+        let paced = self.pacing.lock().get(key).map(|(_, p)| p.clone());
+        let learned = self.learn.as_ref().and_then(|learn| {
+            let keys = learn.lock();
+            keys.get(key).and_then(|state| state.pending.clone())
+        });
+        match (paced, learned) {
+            (Some(a), Some(b)) => {
+                let both: BoxFuture<'static, ()> = Box::pin(async move {
+                    a.await;
+                    b.await;
+                });
+                Some(both.shared())
+            }
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Every round in flight.
+    /// Everything in flight: every pacing write and learning round.
     pub(crate) fn all_pending(&self) -> Vec<Pending> {
-        let Some(learn) = &self.learn else {
-            return Vec::new();
-        };
-        let keys = learn.lock();
-        keys.values()
-            .filter_map(|state| state.pending.clone())
-            .collect()
+        let mut all: Vec<Pending> = self
+            .pacing
+            .lock()
+            .values()
+            .map(|(_, p)| p.clone())
+            .collect();
+        if let Some(learn) = &self.learn {
+            let keys = learn.lock();
+            all.extend(keys.values().filter_map(|state| state.pending.clone()));
+        }
+        all
+    }
+
+    /// Starts a pacing write for `key`: `start` gets the write already in flight for it (which
+    /// the new one must wait for, so that they end in order) and the new one's id for
+    /// [`paced`](Self::paced), and returns what the key's next acquisition waits for.
+    pub(crate) fn start_pacing(
+        &self,
+        key: &Arc<str>,
+        start: impl FnOnce(Option<Pending>, u64) -> Pending,
+    ) {
+        let id = self.pacing.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut keys = self.pacing.lock();
+        let earlier = keys.remove(key).map(|(_, earlier)| earlier);
+        keys.insert(key.clone(), (id, start(earlier, id)));
+    }
+
+    /// Records the end of the pacing write `id` for `key` (unless a later one took its place).
+    pub(crate) fn paced(&self, key: &str, id: u64) {
+        let mut keys = self.pacing.lock();
+        if keys.get(key).is_some_and(|(current, _)| *current == id) {
+            keys.remove(key);
+        }
     }
 
     /// Counts a quota learned (a fleet-wide override set by this process).
@@ -227,6 +284,12 @@ impl Provider {
             learned: self.learned.load(Ordering::Relaxed),
             paced: self.paced.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl Pacing {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, (u64, Pending)>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

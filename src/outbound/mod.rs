@@ -24,16 +24,33 @@
 //!
 //! When the upstream answers **429** or **503** with a `Retry-After` (delay-seconds or an
 //! HTTP-date), the layer suspends the key with
-//! [`Limiter::extend_suspension`](crate::Limiter::extend_suspension) for that long before
-//! handing the answer back: every worker of the fleet sharing the key stops, not just the one
-//! that got the answer, and resumes when the upstream said it could. It only ever extends a
-//! suspension (the end becomes the later of the one in force and now + `Retry-After`), so a late
-//! `Retry-After: 1` never cuts an operator's hour, and it lasts at most
+//! [`Limiter::extend_suspension`](crate::Limiter::extend_suspension) for that long: every
+//! worker of the fleet sharing the key stops, not just the one that got the answer, and resumes
+//! when the upstream said it could. It only ever extends a suspension (the end becomes the
+//! later of the one in force and now + `Retry-After`), so a late `Retry-After: 1` never cuts an
+//! operator's hour, and it lasts at most
 //! [`max_auto_suspension`](OutboundLayerBuilder::max_auto_suspension)
 //! ([`DEFAULT_MAX_AUTO_SUSPENSION`], 5 minutes), so one CDN error page with
-//! `Retry-After: 99999999999` cannot stop the fleet for 30 days. The answer itself is returned unchanged. It is logged at warn level
-//! (status, duration and scope; never the key). Turn it off with
-//! [`auto_suspend(false)`](OutboundLayerBuilder::auto_suspend).
+//! `Retry-After: 99999999999` cannot stop the fleet for 30 days. The answer itself is returned
+//! unchanged. It is logged at warn level (status, duration and scope; never the key). Turn it
+//! off with [`auto_suspend(false)`](OutboundLayerBuilder::auto_suspend).
+//!
+//! ## After the response
+//!
+//! The pacing writes (this suspension, and pacing's below) run after the response, in a task
+//! of their own, spawned before the answer is handed back: the caller gets the upstream's
+//! answer without waiting for the store, and dropping the response future loses no write.
+//! What the next calls are guaranteed:
+//! - **this instance**: an acquisition for the key through this layer (any clone or service
+//!   built from it) that starts after the answer was handed back waits for the write in flight,
+//!   so it decides under the suspension. It waits at most the store's call timeout
+//!   ([`Store::call_timeout`](crate::store::Store::call_timeout); 1 s for a store that does not
+//!   say): a write the store has not answered by then holds it back no longer, and it may decide
+//!   before the write lands. Writes for one key land in order.
+//! - **other instances**: obey from their first call after the write has landed.
+//!   [`OutboundLayer::settled`] waits for every write in flight (a graceful shutdown, a test
+//!   reading the store).
+//! - a write that fails is logged (warn) and paces nothing.
 //!
 //! # Provider announcements
 //!
@@ -79,13 +96,18 @@
 //!   - **operator first**: an override learning did not set (an operator's, or one of every
 //!     route) is never changed, tightened or loosened.
 //!
-//!   Learning runs in a task of its own: the caller gets the upstream's answer without waiting
-//!   for it, and this instance's next acquisition for the key waits for the round in flight, so
-//!   it decides under what the round set; other instances obey from their first call after the
-//!   write. [`OutboundLayer::settled`] waits for every round in flight. A learned override is
-//!   told apart by its record: the same key in the scope `learned` (`<scope>.learned` for a
-//!   scoped layer), whose override is what learning set and whose suspension the time it has
-//!   left (`inspect` it as any key).
+//!   Learning runs in a task of its own, as the pacing writes do (see
+//!   [above](self#after-the-response)): this instance's next acquisition for the key waits for
+//!   the round in flight (at most the store's call timeout), so it decides under what the round
+//!   set; other instances obey from their first call after the write. A learned override is
+//!   told apart from an operator's in the store: each learning write is one atomic call that
+//!   sets the override and its learning record (the same key in the scope `learned`,
+//!   `<scope>.learned` for a scoped layer, whose override is what learning set and whose
+//!   suspension the time it has left), and refuses to replace an override the record does not
+//!   hold; [`Limiter::set_quota`](crate::Limiter::set_quota) and
+//!   [`clear_quota`](crate::Limiter::clear_quota) on the key remove the record's override in
+//!   their own call. [`Limiter::inspect`](crate::Limiter::inspect) says which it is
+//!   ([`KeyStatus::override_source`](crate::limiter::KeyStatus::override_source)).
 //!
 //! [`OutboundLayer::stats`] counts announcements, learned quotas and pauses; with the `metrics`
 //! feature two counters count learned quotas and pauses too (the guide's

@@ -12,11 +12,11 @@ use http::HeaderMap;
 use super::announce;
 use super::config::Limits;
 use super::learn::{pause, same_tiers, Round};
-use crate::limiter::{ControlError, Limiter, Target};
+use crate::limiter::{ControlError, Limiter, OverrideSource, Target};
 use crate::quota::Quotas;
 
 /// Reads what a response announces and returns the pacing it calls for, if any: the response
-/// future runs it before handing the response back. Learning runs in a task of its own (the
+/// future runs it after the response ([`spawn_pacing`]). Learning runs in a task of its own (the
 /// response does not wait for its writes); this instance's next acquisition for the key waits
 /// for it. `retry_after`: the response's `Retry-After` already suspends the key (it takes
 /// precedence over the fields).
@@ -62,6 +62,55 @@ fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
     limits.provider.start(key, pending.shared());
 }
 
+/// Runs the pacing `write` for `key` in a task of its own, registered as the key's pacing in
+/// flight: the response does not wait for it, this instance's next acquisition for the key
+/// does (at most [`Limits::wait_bound`]). A write for a key waits for the one before it (at most
+/// as long), so that they land in order. The task is spawned before the response is handed
+/// back, so dropping the response future loses nothing. Without a runtime to spawn on, the
+/// write is handed back for the caller to run.
+pub(crate) fn spawn_pacing(
+    limits: &Arc<Limits>,
+    key: &Arc<str>,
+    write: BoxFuture<'static, ()>,
+) -> Option<BoxFuture<'static, ()>> {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return Some(write);
+    };
+    limits.provider.start_pacing(key, |earlier, id| {
+        let done = Paced {
+            limits: limits.clone(),
+            key: key.clone(),
+            id,
+        };
+        let bound = limits.wait_bound();
+        let task = runtime.spawn(async move {
+            if let Some(earlier) = earlier {
+                let _ = tokio::time::timeout(bound, earlier).await;
+            }
+            write.await;
+            drop(done);
+        });
+        let pending: BoxFuture<'static, ()> = Box::pin(async move {
+            let _ = task.await;
+        });
+        pending.shared()
+    });
+    None
+}
+
+/// Unregisters a pacing write when its task ends, however it ends (a panic included).
+struct Paced {
+    limits: Arc<Limits>,
+    key: Arc<str>,
+    id: u64,
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        self.limits.provider.paced(&self.key, self.id);
+    }
+}
+
 /// Runs `first`, then `then` (when there is one).
 pub(crate) fn then(
     first: BoxFuture<'static, ()>,
@@ -83,79 +132,81 @@ fn target_of<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
     }
 }
 
-/// The scope of the key's learning record: `learned`, or `<scope>.learned`.
-fn record_scope(limits: &Limits) -> String {
-    match &limits.scope {
-        Some(scope) => format!("{scope}.{RECORD_SCOPE}"),
-        None => RECORD_SCOPE.to_owned(),
-    }
-}
-
-/// The scope that holds learning records (see [`learn_round`]).
-pub(crate) const RECORD_SCOPE: &str = "learned";
-
 /// One learning round for `key` (at most one per key per period in this process): reads the
-/// key's override and its learning record, then
-/// - leaves an operator's override alone (one the record does not name);
-/// - sets `target` as the key's override when it differs from the one in force, or only
-///   renews the record's time when it is the same (the answer confirmed it);
+/// key's override and who set it, then
+/// - leaves an operator's override alone;
+/// - sets `target` as the key's learned override when it differs from the one in force, or
+///   only renews its time when it is the same (the answer confirmed it);
 /// - clears a learned override whose time is over when nothing usable confirms it, and one the
 ///   announcement no longer calls for (the target is the layer's own tiers).
 ///
-/// The record is the same key in the scope `learned` (or `<scope>.learned`): its override is
-/// the quotas learning set, its suspension the time they have left. It is written before the
-/// key's override, so an override learning set is always named by it. Returns how long the
-/// learned quota in force lasts (`None`: none).
+/// Each write is one atomic store call that marks the override as learned (its record, the
+/// same key in the scope `learned`) and refuses to replace an operator's, so an operator's
+/// `set_quota` racing the round always wins (see
+/// [`OverrideSource`](crate::limiter::OverrideSource)). Returns how long the learned quota in
+/// force lasts (`None`: none).
 async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Option<Duration> {
     let bounds = limits.provider.bounds()?;
     let scope = limits.scope.as_deref().unwrap_or("");
-    let record_scope = record_scope(limits);
-    let record = Target::scoped(&record_scope, key);
-    let read = async {
-        let key_status = limits.limiter.inspect(target_of(limits, key)).await?;
-        let record_status = limits.limiter.inspect(record).await?;
-        Ok::<_, ControlError>((key_status, record_status))
-    };
-    let (key_status, record_status) = match read.await {
-        Ok(read) => read,
+    let at = target_of(limits, key);
+    let status = match limits.limiter.inspect(at).await {
+        Ok(status) => status,
         Err(error) => {
             tracing::warn!(%error, scope, "could not read the key's quota: nothing learned this period");
             return None;
         }
     };
-    let in_force = key_status.quota_override;
-    // The record's own override (its tenant's is the key's, not the record's).
-    let recorded = record_status
-        .quota_override
-        .filter(|q| Some(*q) != record_status.all_routes_override);
-    let ours = recorded.filter(|q| Some(*q) == in_force);
-    if in_force.is_some() && ours.is_none() {
-        // An operator's override: learning never changes it.
-        tracing::debug!(scope, "an operator's override is in force: not learned");
-        return None;
-    }
-    let left = record_status.suspended_for.filter(|_| ours.is_some());
+    let in_force = status.quota_override;
+    let left = match status.override_source {
+        Some(OverrideSource::Operator) => {
+            // An operator's override: learning never changes it.
+            tracing::debug!(scope, "an operator's override is in force: not learned");
+            return None;
+        }
+        Some(OverrideSource::Learned { left }) => left,
+        _ => None,
+    };
+    let ours = in_force.filter(|_| status.override_source.is_some());
     // Set less than a period ago (by any instance): no change before the period is over.
     let young = left.is_some_and(|left| bounds.ttl.saturating_sub(left) < bounds.period);
     let wanted = target.filter(|t| !same_tiers(t, &limits.quotas));
-    let result = match (wanted, ours) {
+    let written = match (wanted, ours) {
         (Some(wanted), Some(ours)) if wanted == ours => {
             // Confirmed: renew its time once a period has passed since it was set.
             if young {
                 return left;
             }
-            renew(limits, record, bounds.ttl).await.map(|_| false)
+            limits
+                .limiter
+                .learn_quota(at, &wanted, bounds.ttl)
+                .await
+                .map(|status| (status, false))
         }
         (_, Some(_)) if young => return left,
-        (Some(wanted), _) => set_learned(limits, key, record, wanted, ours, bounds.ttl)
+        (Some(wanted), _) => limits
+            .limiter
+            .learn_quota(at, &wanted, bounds.ttl)
             .await
-            .map(|_| true),
+            .map(|status| (status, true)),
         (None, None) => return None,
         (None, Some(_)) if target.is_none() && left.is_some() => return left,
-        (None, Some(_)) => clear_learned(limits, key, record).await.map(|_| true),
+        (None, Some(_)) => limits
+            .limiter
+            .unlearn_quota(at)
+            .await
+            .map(|status| (status, true)),
     };
-    match result {
-        Ok(changed) => {
+    match written {
+        Ok((status, changed)) => {
+            let learned_now = matches!(
+                status.override_source,
+                Some(OverrideSource::Learned { .. })
+            );
+            if wanted.is_some() && !learned_now {
+                // An operator's override landed first: it stays.
+                tracing::debug!(scope, "an operator's override is in force: not learned");
+                return None;
+            }
             if changed {
                 limits.provider.count_learned();
                 #[cfg(feature = "metrics")]
@@ -181,53 +232,6 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
             None
         }
     }
-}
-
-/// Renews the record's time: the learned quota lasts `ttl` from now.
-async fn renew(limits: &Limits, record: Target<'_>, ttl: Duration) -> Result<(), ControlError> {
-    limits
-        .limiter
-        .suspend(record, record_ttl(ttl))
-        .await
-        .map(|_| ())
-}
-
-/// Sets `quotas` as the key's learned override for `ttl`: the record first, then the key. When
-/// the key's write fails, the record names the learned quotas in force again (`previous`), so
-/// they are not taken for an operator's at the next round.
-async fn set_learned(
-    limits: &Limits,
-    key: &str,
-    record: Target<'_>,
-    quotas: Quotas,
-    previous: Option<Quotas>,
-    ttl: Duration,
-) -> Result<(), ControlError> {
-    let limiter = &limits.limiter;
-    limiter.set_quota(record, &quotas).await?;
-    limiter.suspend(record, record_ttl(ttl)).await?;
-    let written = limiter.set_quota(target_of(limits, key), &quotas).await;
-    if written.is_err() {
-        let _ = match previous {
-            Some(previous) => limiter.set_quota(record, &previous).await,
-            None => limiter.clear_quota(record).await,
-        };
-    }
-    written.map(|_| ())
-}
-
-/// Clears the key's learned override, then its record.
-async fn clear_learned(limits: &Limits, key: &str, record: Target<'_>) -> Result<(), ControlError> {
-    let limiter = &limits.limiter;
-    limiter.clear_quota(target_of(limits, key)).await?;
-    limiter.clear_quota(record).await?;
-    limiter.resume(record).await?;
-    Ok(())
-}
-
-/// A TTL the store takes as a suspension (1 ms to 30 days).
-fn record_ttl(ttl: Duration) -> Duration {
-    ttl.clamp(Duration::from_millis(1), crate::limiter::MAX_SUSPENSION)
 }
 
 /// Suspends the key fleet-wide for `wait`, unless it already is for longer.

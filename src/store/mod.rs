@@ -263,6 +263,14 @@ pub enum Control<'a> {
     Reset,
     /// Change nothing; report.
     Inspect,
+    /// Learning's override of a route, lasting this long: set as
+    /// [`SetQuota`](Self::SetQuota) does and marked as learned, in the same atomic call,
+    /// unless the route holds an operator's override (then nothing changes).
+    /// [`SetQuota`](Self::SetQuota) and [`ClearQuota`](Self::ClearQuota) are an operator's:
+    /// they remove the mark.
+    Learn(&'a Quotas, Duration),
+    /// Clears a route's override when it is learned (an operator's stays), and the mark.
+    Unlearn,
 }
 
 impl<'a> Control<'a> {
@@ -277,6 +285,8 @@ impl<'a> Control<'a> {
             Control::Resume => Op::Resume,
             Control::Reset => Op::Reset,
             Control::Inspect => Op::Inspect,
+            Control::Learn(quotas, duration) => Op::Learn(quotas.as_slice(), micros(duration)),
+            Control::Unlearn => Op::Unlearn,
         }
     }
 }
@@ -304,6 +314,9 @@ pub struct ControlReply {
     pub(crate) now_micros: u64,
     /// The sliding log's entries (`None` for other algorithms).
     pub(crate) log_entries: Option<u64>,
+    /// A route's learning record (its controls' string), when the control read it and it
+    /// holds one.
+    pub(crate) record: Option<Vec<u8>>,
 }
 
 impl ControlReply {

@@ -288,6 +288,8 @@ async fn auto_suspend_works_as_the_least_privileged_user() {
                 .await
                 .unwrap();
             assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            // The suspension is written after the response.
+            layer.settled().await;
             let target = match scope {
                 Some(scope) => Target::scoped(scope, &key),
                 None => Target::key(&key),

@@ -858,10 +858,12 @@ async fn an_upstream_retry_after_only_extends_a_suspension_and_is_capped() {
                 )
             }
         });
-        let mut client = ServiceBuilder::new().layer(layer).service(upstream);
+        let mut client = ServiceBuilder::new().layer(layer.clone()).service(upstream);
         let request = Request::new(Full::new(Bytes::new()));
         let response = client.ready().await.unwrap().call(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        // The suspension is written after the response.
+        layer.settled().await;
     }
     let hour = Duration::from_secs(3600);
 

@@ -478,7 +478,7 @@ async fn auto_suspend_stops_every_worker(retry_after: RetryAfter) {
                 async move { Ok::<_, Infallible>(response) }
             });
             let layer = OutboundLayer::new(limiter.clone(), quota, "partner-api");
-            let mut client = ServiceBuilder::new().layer(layer).service(upstream);
+            let mut client = ServiceBuilder::new().layer(layer.clone()).service(upstream);
             let answered_429 = answered_429.clone();
             tokio::spawn(async move {
                 let mut returned_429 = None;
@@ -490,7 +490,9 @@ async fn auto_suspend_stops_every_worker(retry_after: RetryAfter) {
                     let response = ready.unwrap().call(request()).await.unwrap();
                     if response.status() == StatusCode::TOO_MANY_REQUESTS {
                         answered_429.fetch_add(1, Ordering::SeqCst);
-                        // The suspension is in place when the 429 is handed back.
+                        // The suspension is written after the 429 is handed back: the other
+                        // workers obey from their first call after the write.
+                        layer.settled().await;
                         returned_429 = Some(SystemTime::now());
                     }
                 }
@@ -582,6 +584,8 @@ async fn auto_suspend_targets_the_request_key_and_can_be_turned_off() {
         .unwrap();
     let response = layer.layer(busy).oneshot(to("/a")).await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The suspension is written after the response.
+    layer.settled().await;
     let left = suspended_for("/a").await.expect("/a is suspended");
     assert!(
         left > Duration::from_secs(29) && left <= Duration::from_secs(30),
@@ -595,6 +599,7 @@ async fn auto_suspend_targets_the_request_key_and_can_be_turned_off() {
         .unwrap();
     let response = layer.layer(busy).oneshot(to("/c")).await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    layer.settled().await;
     assert_eq!(suspended_for("/c").await, None);
 }
 

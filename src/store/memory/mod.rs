@@ -14,7 +14,8 @@ mod slots;
 use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
-    capped_cost, control, decide, foreign_state, log_controls_key, tenant_key, Kind, Op, Refused,
+    capped_cost, control, decide, foreign_state, learned_record_key, learning, log_controls_key,
+    tenant_key, Kind, Op, RecordWrite, Refused,
     Written, MAX_SLIDING_LOG_BURST,
 };
 use crate::clock::system_now_micros;
@@ -342,6 +343,22 @@ impl MemoryStore {
         }
         let pttl = live.map(|slot| (shard.slots[slot].stored.expires_at - now).div_ceil(1000));
         let stored = live.and_then(|slot| shard.bytes(slot)).map(<[u8]>::to_vec);
+        // The route's learning record, in the same shard (its hash tag).
+        let record_key = learned_record_key(request.key)
+            .filter(|_| !tenant && op.uses_record())
+            .map(|record| if log { log_controls_key(&record) } else { record });
+        let record: Option<Option<Vec<u8>>> = record_key.as_ref().and_then(|key| {
+            match shard.find(key, now) {
+                (_, Some(slot)) => shard.bytes(slot).map(|bytes| Some(bytes.to_vec())),
+                _ => Some(None),
+            }
+        });
+        let (op, record_write) = learning(
+            stored.as_deref(),
+            record.as_ref().map(Option::as_deref),
+            now as f64,
+            op,
+        );
         let after = match control(stored.as_deref(), pttl, now as f64, op, tenant) {
             None => stored,
             Some((None, _)) => {
@@ -358,6 +375,27 @@ impl MemoryStore {
                 shard.put(held, &controls_key, stored, now, self.max_keys_per_shard);
                 Some(bytes)
             }
+        };
+        let record = match (record_key, record_write) {
+            (Some(key), RecordWrite::Put(bytes, ttl_ms)) => {
+                let stored = Stored {
+                    state: KeyState::Bytes(bytes.clone()),
+                    expires_at: expiry(now, ttl_ms),
+                };
+                let (held, _) = shard.find(&key, now);
+                shard.put(held, &key, stored, now, self.max_keys_per_shard);
+                Some(bytes)
+            }
+            (Some(key), RecordWrite::Unmark(left)) => {
+                if let (Some(slot), _) = shard.find(&key, now) {
+                    match &left {
+                        Some(left) => shard.slots[slot].stored.state = KeyState::Bytes(left.clone()),
+                        None => shard.remove_slot(slot),
+                    }
+                }
+                left
+            }
+            _ => record.flatten(),
         };
         if log && op == Op::Reset {
             if let (Some(slot), _) = shard.find(request.key, now) {
@@ -382,6 +420,7 @@ impl MemoryStore {
             expires_in,
             now_micros: now,
             log_entries,
+            record,
         })
     }
 

@@ -15,7 +15,9 @@ use super::refund::{push_refund, REFUND};
 use super::reload::{load, Reloads, Script};
 use super::sentinel::PrimaryConnection;
 use super::slots::{push_slots, SLOTS};
-use crate::algorithm::layout::{exact, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS};
+use crate::algorithm::layout::{
+    exact, learned_record_key, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS,
+};
 use crate::algorithm::{
     log_controls_key, Algorithm, BLOCK_WRAPPER, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
 };
@@ -124,11 +126,11 @@ pub(super) fn read_decision(
         .ok_or_else(|| StoreError::BadReply(format!("{reply:?}")))
 }
 
-/// A control's reply: the key's string after the operation, its PTTL, the script's `now_us`
-/// and the sorted set's size (or -1).
+/// A control's reply: the key's string after the operation, its PTTL, the script's `now_us`,
+/// the sorted set's size (or -1) and the learning record's string.
 pub(super) fn read_control(reply: redis::Value) -> Result<ControlReply, StoreError> {
     let bad = || StoreError::BadReply(format!("{reply:?}"));
-    let (stored, pttl, now, count): (Option<Vec<u8>>, i64, String, i64) =
+    let (stored, pttl, now, count, record): (Option<Vec<u8>>, i64, String, i64, Option<Vec<u8>>) =
         redis::from_redis_value_ref(&reply).map_err(|_| bad())?;
     let now_micros = now.parse().map_err(|_| bad())?;
     Ok(ControlReply {
@@ -136,6 +138,7 @@ pub(super) fn read_control(reply: redis::Value) -> Result<ControlReply, StoreErr
         expires_in: u64::try_from(pttl).ok().map(Duration::from_millis),
         now_micros,
         log_entries: u64::try_from(count).ok(),
+        record,
     })
 }
 
@@ -292,11 +295,22 @@ pub(super) fn push_control(
     if op.is_tenant(key) {
         cmd.arg(1).arg(tenant_key(key));
         cmd.arg(control_args(op, 0, now_micros));
-    } else if algorithm.spec().is_log() {
-        cmd.arg(2).arg(log_controls_key(key)).arg(key);
-        cmd.arg(control_args(op, algorithm.tag(), now_micros));
     } else {
-        cmd.arg(1).arg(key);
+        let log = algorithm.spec().is_log();
+        // The learning record, last (for the sliding log, its controls' string).
+        let record = learned_record_key(key)
+            .filter(|_| op.uses_record())
+            .map(|record| if log { log_controls_key(&record) } else { record });
+        let keys = 1 + usize::from(log) + usize::from(record.is_some());
+        cmd.arg(keys);
+        if log {
+            cmd.arg(log_controls_key(key)).arg(key);
+        } else {
+            cmd.arg(key);
+        }
+        if let Some(record) = record {
+            cmd.arg(record);
+        }
         cmd.arg(control_args(op, algorithm.tag(), now_micros));
     }
 }
@@ -314,10 +328,15 @@ fn control_args(op: Op<'_>, algorithm: u8, now_micros: Option<u64>) -> Vec<u8> {
         Op::Resume => b'r',
         Op::Reset => b'x',
         Op::Inspect => b'i',
+        Op::Learn(..) => b'a',
+        Op::Unlearn => b'u',
     };
     bytes[9] = algorithm;
+    if let Op::Learn(_, micros) = op {
+        bytes.extend_from_slice(&exact(micros).to_le_bytes());
+    }
     match op {
-        Op::SetQuota(quotas) => {
+        Op::SetQuota(quotas) | Op::Learn(quotas, _) => {
             bytes.push(quotas.len() as u8);
             let at = bytes.len();
             bytes.resize(at + 24 * quotas.len(), 0);

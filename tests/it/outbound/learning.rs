@@ -4,13 +4,16 @@
 //! override is never loosened, a flapping upstream costs one write per period, and the caller
 //! gets the upstream's answer without waiting for learning's writes.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::Request;
 use redlimit::key::FnKey;
+use redlimit::limiter::OverrideSource;
 use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::{Algorithm, Quota, Quotas, Target};
-use tower::{BoxError, Layer, ServiceExt};
+use tower::{BoxError, Layer, Service, ServiceExt};
 
 use super::provider::{call, header, layer, per_second, Upstream, KEY};
 use super::support::RedisServer;
@@ -206,6 +209,151 @@ async fn learning_never_loosens_an_operators_override() {
     assert_eq!(layer.stats().learned, 0);
 }
 
+/// An operator sets the very quota learning had set: it is the operator's from then on, so an
+/// announcement that would clear or change a learned quota leaves it alone.
+#[tokio::test]
+async fn an_operators_quota_equal_to_the_learned_one_is_the_operators() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let twenty = Quotas::from(per_second(20));
+    upstream.announce(policy(20, 1));
+    call(&layer, &upstream).await;
+    let status = limiter.inspect(KEY).await.unwrap();
+    assert_eq!(status.quota_override, Some(twenty));
+    assert!(
+        matches!(
+            status.override_source,
+            Some(OverrideSource::Learned { left: Some(_) })
+        ),
+        "{:?}",
+        status.override_source
+    );
+    let status = limiter.set_quota(KEY, &twenty).await.unwrap();
+    assert_eq!(status.override_source, Some(OverrideSource::Operator));
+    // The layer's own tiers (which clear a learned quota), then another quota.
+    for q in [50, 30] {
+        upstream.announce(policy(q, 1));
+        call(&layer, &upstream).await;
+        let status = limiter.inspect(KEY).await.unwrap();
+        assert_eq!(
+            (status.quota_override, status.override_source),
+            (Some(twenty), Some(OverrideSource::Operator)),
+            "after q={q}"
+        );
+    }
+    // Cleared by the operator: learning sets its own again.
+    limiter.clear_quota(KEY).await.unwrap();
+    call(&layer, &upstream).await;
+    let status = limiter.inspect(KEY).await.unwrap();
+    assert_eq!(status.quota_override, Some(Quotas::from(per_second(30))));
+    assert!(matches!(
+        status.override_source,
+        Some(OverrideSource::Learned { .. })
+    ));
+}
+
+/// Two instances learn from a flapping upstream (200 or 300 a second, a round after every
+/// response) while an operator sets and clears the key's quota: what the operator set is
+/// never replaced by learning, and never reads as learned; a learned quota never reads as the
+/// operator's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_controls_racing_two_learning_instances_are_never_taken_for_learned() {
+    let redis = RedisServer::start();
+    let instances = limiters(&redis, Algorithm::FixedWindow, 2);
+    let ceiling = per_second(1000);
+    let operators = Quotas::from(per_second(5000));
+    let learnable = [
+        Quotas::from(per_second(200)),
+        Quotas::from(per_second(300)),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let flap = Arc::new(AtomicU64::new(0));
+    let layers: Vec<OutboundLayer> = instances
+        .iter()
+        .map(|limiter| {
+            OutboundLayer::builder(limiter.clone(), ceiling, KEY)
+                .learn_quota(ceiling)
+                .learn_period(Duration::ZERO)
+                .max_wait(Duration::from_secs(1))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let workers: Vec<_> = layers
+        .iter()
+        .map(|layer| {
+            let (layer, stop, flap) = (layer.clone(), stop.clone(), flap.clone());
+            tokio::spawn(async move {
+                let upstream = tower::service_fn(move |_: Request<Body>| {
+                    let q = if flap.fetch_add(1, Ordering::Relaxed) % 2 == 0 { 200 } else { 300 };
+                    let mut response = http::Response::new(Body::default());
+                    response
+                        .headers_mut()
+                        .extend(policy(q, 1));
+                    async move { Ok::<_, BoxError>(response) }
+                });
+                let mut client = layer.layer(upstream);
+                while !stop.load(Ordering::Relaxed) {
+                    // A call refused past its wait changes nothing here.
+                    if let Ok(ready) = client.ready().await {
+                        let _ = ready.call(Request::new(Body::default())).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let operator = &instances[0];
+    let mut violations = Vec::new();
+    let mut learned_seen = 0;
+    for round in 0..30 {
+        let status = operator.set_quota(KEY, &operators).await.unwrap();
+        if status.override_source != Some(OverrideSource::Operator) {
+            violations.push(format!("{round}: set_quota answered {:?}", status.override_source));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let status = operator.inspect(KEY).await.unwrap();
+        if (status.quota_override, status.override_source)
+            != (Some(operators), Some(OverrideSource::Operator))
+        {
+            violations.push(format!(
+                "{round}: after set_quota {:?} {:?}",
+                status.quota_override, status.override_source
+            ));
+        }
+        operator.clear_quota(KEY).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let status = operator.inspect(KEY).await.unwrap();
+        match status.quota_override {
+            None => {}
+            Some(q) if learnable.contains(&q) => {
+                learned_seen += 1;
+                if !matches!(status.override_source, Some(OverrideSource::Learned { .. })) {
+                    violations.push(format!("{round}: {q:?} reads {:?}", status.override_source));
+                }
+            }
+            Some(q) => violations.push(format!("{round}: after clear_quota {q:?}")),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    for layer in &layers {
+        layer.settled().await;
+    }
+    let learned: u64 = layers.iter().map(|l| l.stats().learned).sum();
+    println!(
+        "{learned} learned quotas written, {learned_seen} of 30 clears followed by a learned one, {} violations",
+        violations.len()
+    );
+    assert!(violations.is_empty(), "{violations:#?}");
+    // The race was real: learning ran between the operator's controls.
+    assert!(learned_seen > 0 && learned > 10, "{learned_seen} {learned}");
+}
+
 /// `cmdstat_evalsha` plus `cmdstat_eval` calls so far.
 fn script_calls(redis: &RedisServer) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -313,4 +461,191 @@ async fn the_response_does_not_wait_for_learning() {
     outcomes(&layer, &upstream, 1).await;
     let status = limiter.inspect(KEY).await.unwrap();
     assert_eq!(status.quota_override, Some(Quotas::from(per_second(5))));
+}
+
+/// The upstream answers `status` with `headers`, after putting the private Redis to sleep for
+/// `sleep` (after the admission, before the layer's pacing write).
+fn sleepy_upstream(
+    redis: &RedisServer,
+    status: u16,
+    headers: Vec<super::provider::Header>,
+    sleep: &'static str,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = http::Response<Body>,
+    Error = BoxError,
+    Future = impl std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send,
+> + Clone
+       + Send
+       + 'static {
+    let client = redis.client();
+    tower::service_fn(move |_: Request<Body>| {
+        let (client, headers) = (client.clone(), headers.clone());
+        async move {
+            let mut conn = client.get_connection().unwrap();
+            let command = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(sleep)
+                .get_packed_command();
+            conn.send_packed_command(&command).unwrap();
+            std::thread::spawn(move || {
+                let _ = conn.recv_response();
+            });
+            let mut response = http::Response::new(Body::default());
+            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            response.headers_mut().extend(headers);
+            Ok::<_, BoxError>(response)
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_does_not_wait_for_pacing() {
+    let redis = RedisServer::start();
+    let instances = limiters(&redis, Algorithm::TokenBucket, 2);
+    let answers = [
+        (200, vec![header("ratelimit", "p;r=0;t=30")]),
+        (429, vec![header("retry-after", "30")]),
+    ];
+    for (status, headers) in answers {
+        let key = format!("paced-{status}");
+        let layer = OutboundLayer::builder(instances[0].clone(), per_second(50), key.clone())
+            .max_wait(Duration::ZERO)
+            .build()
+            .unwrap();
+        // Redis sleeps 3 s just as the upstream answers: the pacing write waits for it.
+        let upstream = sleepy_upstream(&redis, status, headers, "3");
+        let started = Instant::now();
+        let response = layer
+            .layer(upstream.clone())
+            .oneshot(Request::new(Body::default()))
+            .await
+            .unwrap();
+        let waited = started.elapsed();
+        println!("{status}: the response waited {waited:?}");
+        assert_eq!(response.status().as_u16(), status);
+        assert!(
+            waited < Duration::from_secs(2),
+            "{status}: the response waited {waited:?}"
+        );
+        // This instance's next call waits for the pacing write, and is paced: refused.
+        let next = layer
+            .layer(upstream)
+            .oneshot(Request::new(Body::default()))
+            .await;
+        assert!(
+            matches!(next, Err(OutboundError::Acquire(_))),
+            "{status}: the next call went out"
+        );
+        // Another instance sees the suspension once the layer has settled.
+        layer.settled().await;
+        let left = instances[1].inspect(&*key).await.unwrap().suspended_for;
+        assert!(
+            left.is_some_and(|left| left > Duration::from_secs(20)),
+            "{status}: {left:?}"
+        );
+    }
+}
+
+/// A caller that gives up on its call (a timeout drops the response future) while Redis is
+/// slow never loses the suspension the upstream asked for: it is written all the same, and
+/// another instance sees it once the layer has settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_response_future_never_loses_the_suspension() {
+    let redis = RedisServer::start();
+    let instances = limiters(&redis, Algorithm::TokenBucket, 2);
+    let answers = [
+        (200, vec![header("ratelimit", "p;r=0;t=30")]),
+        (429, vec![header("retry-after", "30")]),
+    ];
+    for (status, headers) in answers {
+        let key = format!("dropped-{status}");
+        let layer = OutboundLayer::builder(instances[0].clone(), per_second(50), key.clone())
+            .build()
+            .unwrap();
+        let upstream = sleepy_upstream(&redis, status, headers, "1");
+        let call = layer
+            .layer(upstream)
+            .oneshot(Request::new(Body::default()));
+        let outcome = tokio::time::timeout(Duration::from_millis(300), call).await;
+        println!(
+            "{status}: the caller {}",
+            if outcome.is_ok() { "got the answer" } else { "gave up" }
+        );
+        layer.settled().await;
+        let left = instances[1].inspect(&*key).await.unwrap().suspended_for;
+        assert!(
+            left.is_some_and(|left| left > Duration::from_secs(20)),
+            "{status}: the suspension was lost: {left:?}"
+        );
+    }
+}
+
+/// Learning's controls and an operator's, on Redis (`lua/control.lua`) and on the memory store
+/// (its mirror), for every algorithm, unscoped and scoped: the key's string and its learning
+/// record hold the same bytes after every control.
+#[tokio::test]
+async fn learning_controls_store_the_same_bytes_on_redis_and_in_memory() {
+    use redlimit::store::{Control, ControlRequest, MemoryStore, Store};
+
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let start = 1_800_000_000_000_000u64;
+    let (five, twenty, thirty) = (
+        Quotas::from(per_second(5)),
+        Quotas::from(per_second(20)),
+        Quotas::new([per_second(30), Quota::per_minute(900).unwrap()]).unwrap(),
+    );
+    let ttl = Duration::from_secs(600);
+    let steps = [
+        Control::Learn(&twenty, ttl),
+        Control::Inspect,
+        Control::Learn(&thirty, ttl),
+        Control::SetQuota(&five),
+        Control::Learn(&twenty, ttl),
+        Control::Unlearn,
+        Control::ClearQuota,
+        Control::Learn(&twenty, Duration::from_millis(1500)),
+        Control::Suspend(Duration::from_secs(60)),
+        Control::Learn(&twenty, ttl),
+        Control::Unlearn,
+        Control::Unlearn,
+        Control::Learn(&thirty, ttl),
+        Control::SetQuota(&thirty),
+        Control::Unlearn,
+        Control::ClearQuota,
+    ];
+    for &algorithm in Algorithm::ALL {
+        let redis = super::support::Ctx::new(algorithm).redis_store(&server);
+        let memory = MemoryStore::new();
+        let id = format!("redlimit:{{d-{algorithm}}}");
+        for (key, record) in [
+            (id.clone(), format!("{id}:learned")),
+            (format!("{id}:api"), format!("{id}:api.learned")),
+        ] {
+            let strings = match algorithm {
+                Algorithm::SlidingLog => [format!("{key}#m"), format!("{record}#m")],
+                _ => [key.clone(), record],
+            };
+            for (i, control) in steps.iter().enumerate() {
+                let now = start + i as u64 * 1_000;
+                let request = ControlRequest {
+                    key: &key,
+                    algorithm,
+                    control: *control,
+                    now_micros: Some(now),
+                };
+                let (a, b) = (redis.control(request).await, memory.control(request).await);
+                let (a, b) = (a.unwrap(), b.unwrap());
+                let what = format!("{algorithm} {key} step {i} {control:?}");
+                let (ta, tb) = (a.expires_in().unwrap_or_default(), b.expires_in().unwrap_or_default());
+                assert!(ta.abs_diff(tb) < Duration::from_secs(1), "{what}: {ta:?} {tb:?}");
+                for string in &strings {
+                    let on_redis: Option<Vec<u8>> =
+                        redis::cmd("GET").arg(string).query(&mut conn).unwrap();
+                    assert_eq!(on_redis, memory.stored_state(string, now), "{what}: {string}");
+                }
+            }
+        }
+    }
 }

@@ -424,6 +424,10 @@ async fn a_later_shorter_announcement_does_not_cut_a_suspension(dialect: Dialect
     );
     assert_eq!(a.unwrap().status(), StatusCode::OK);
     assert_eq!(b.unwrap().status(), StatusCode::OK);
+    // The pacing writes run after the responses.
+    for layer in &layers {
+        layer.settled().await;
+    }
     let left = suspended_for(&instances[0], KEY).await.expect("suspended");
     assert!(left > Duration::from_secs(27), "{dialect:?}: {left:?}");
     let paced: u64 = layers.iter().map(|l| l.stats().paced).sum();
