@@ -348,11 +348,16 @@ fn storage_keys(schedule: &Schedule, limiter: &Limiter) -> Vec<String> {
         .collect()
 }
 
-/// The manual clock `before_us` before its next window boundary of `period_ms`.
+/// The manual clock `before_us` before its next window boundary of `period_ms` (forward
+/// only: the boundary after, if that moment has passed).
 fn edge(manual: &ManualClock, period_ms: u64, before_us: u64) -> Duration {
     let period_us = period_ms * 1_000;
-    let next = (manual.now_micros() / period_us + 1) * period_us;
-    Duration::from_micros(next - before_us.min(period_us - 1))
+    let now = manual.now_micros();
+    let mut target = (now / period_us + 1) * period_us - before_us.min(period_us - 1);
+    if target <= now {
+        target += period_us;
+    }
+    Duration::from_micros(target)
 }
 
 async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis: &Fixture) -> Run {
@@ -365,10 +370,12 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
     let mut run = Run::default();
     let mut epochs = vec![0u32; config.keys];
     let mut era = 0u32;
-    // The clock before the last step back within `Clock::MAX_SKEW`: until the clock is past it
-    // again, a check decides as of a stored time up to there (docs: "The call decides as of the
-    // stored time"), so its window is only known to lie between its clock and this.
-    let mut skewed_until_us = 0u64;
+    // How far the clock stepped back within `Clock::MAX_SKEW` in all: a check then decides as
+    // of a stored time up to that much later (docs (Clock): "The call decides as of the stored
+    // time"), and Redis, which expires keys in real time, as of the clock before the steps;
+    // docs: "The fleet then admits no more than one clock running as fast as the fastest
+    // instance would". So a check's time lies between its clock and its clock plus this.
+    let mut skew_us = 0u64;
     let mut ran = Vec::new();
     sample(&mut run, &fleet);
     for (i, op) in ops.enumerate() {
@@ -399,7 +406,7 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                                 ))
                             }
                         };
-                        let end_us = manual.now_micros().max(skewed_until_us);
+                        let end_us = manual.now_micros() + skew_us;
                         Ok((started, start_us, end_us, outcome))
                     }
                 });
@@ -431,14 +438,13 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                 let now = manual.now_micros();
                 let back = (ms * 1_000).min(now - clock_start_us());
                 manual.set(Duration::from_micros(now - back));
-                if Duration::from_micros(back) > Clock::MAX_SKEW {
+                skew_us += back;
+                if Duration::from_micros(skew_us) > Clock::MAX_SKEW {
                     // docs (Clock): "The state is repaired to `now` (no refill granted; a
                     // window of a later time reads as empty)": a new segment of every key.
                     era += 1;
-                    skewed_until_us = 0;
+                    skew_us = 0;
                     new_segments(&mut run, &mut epochs, &fleet, now - back);
-                } else {
-                    skewed_until_us = skewed_until_us.max(now);
                 }
             }
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
@@ -547,7 +553,8 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                         ended: None,
                         sure,
                     });
-                } else if !sure {
+                }
+                if !sure {
                     for n in ended {
                         run.overrides[n].ended = None;
                         run.overrides[n].sure = false;
@@ -585,9 +592,12 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
     run
 }
 
-/// Runs the fault-free `ops` one check at a time, on Redis and on a `MemoryStore`, each with a
-/// manual clock that moves only by the schedule's steps (no leases, no deny cache: both answer
-/// as the store would, but from a moment of their own), and lists where the decisions differ.
+/// Runs the fault-free `ops` one check at a time, on Redis and on a `MemoryStore`, and lists
+/// where the decisions differ. No leases, no deny cache (both answer as the store would, but
+/// from a moment of their own). Both stores see the same manual clock for each pair of calls;
+/// between pairs it moves by the real time elapsed plus the schedule's steps forward, never
+/// back: Redis expires a key in real time and the memory store on the clock, so only a clock
+/// that never runs slower than real time gives both the same state.
 async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<String> {
     let config = &schedule.config;
     let manual = ManualClock::new(CLOCK_START);
@@ -606,6 +616,12 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
     let pair = [build(None), build(Some(MemoryStore::new()))];
     let quotas = quotas(config);
     let mut differences = Vec::new();
+    let mut last = Instant::now();
+    let mut follow = || {
+        let now = Instant::now();
+        manual.advance(now - last);
+        last = now;
+    };
     for (i, op) in ops.iter().enumerate() {
         let key = match *op {
             Op::Burst { key, .. }
@@ -618,53 +634,59 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
             _ => String::new(),
         };
         let name = key.as_str();
-        let mut answers = Vec::new();
-        for limiter in &pair {
-            let answer = match *op {
-                Op::Burst { n, cost, .. } => {
-                    let mut verdicts = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        verdicts.push(limiter.check_quotas(name, &quotas, cost).await);
+        let calls = match *op {
+            Op::Burst { n, .. } => n,
+            Op::Reset { .. }
+            | Op::Suspend { .. }
+            | Op::Extend { .. }
+            | Op::Resume { .. }
+            | Op::SetQuota { .. }
+            | Op::ClearQuota { .. } => 1,
+            _ => 0,
+        };
+        for call in 0..calls {
+            follow();
+            let mut answers = Vec::new();
+            for limiter in &pair {
+                let answer = match *op {
+                    Op::Burst { cost, .. } => {
+                        format!("{:?}", limiter.check_quotas(name, &quotas, cost).await)
                     }
-                    format!("{verdicts:?}")
-                }
-                Op::Reset { .. } => format!("{:?}", limiter.reset(name).await.map(|_| ())),
-                Op::Suspend { ms, .. } => {
-                    let duration = Duration::from_millis(ms);
-                    format!("{:?}", limiter.suspend(name, duration).await.map(|_| ()))
-                }
-                Op::Extend { ms, .. } => {
-                    let duration = Duration::from_millis(ms);
-                    let extended = limiter.extend_suspension(name, duration).await;
-                    format!("{:?}", extended.map(|_| ()))
-                }
-                Op::Resume { .. } => format!("{:?}", limiter.resume(name).await.map(|_| ())),
-                Op::SetQuota { limit, .. } => {
-                    let quota =
-                        Quota::new(limit, Duration::from_millis(config.period_ms)).expect("quota");
-                    let set = limiter.set_quota(name, &Quotas::from(quota)).await;
-                    format!("{:?}", set.map(|_| ()))
-                }
-                Op::ClearQuota { .. } => format!("{:?}", limiter.clear_quota(name).await.map(|_| ())),
-                _ => String::new(),
-            };
-            answers.push(answer);
+                    Op::Reset { .. } => format!("{:?}", limiter.reset(name).await.map(|_| ())),
+                    Op::Suspend { ms, .. } => {
+                        let duration = Duration::from_millis(ms);
+                        format!("{:?}", limiter.suspend(name, duration).await.map(|_| ()))
+                    }
+                    Op::Extend { ms, .. } => {
+                        let duration = Duration::from_millis(ms);
+                        let extended = limiter.extend_suspension(name, duration).await;
+                        format!("{:?}", extended.map(|_| ()))
+                    }
+                    Op::Resume { .. } => {
+                        format!("{:?}", limiter.resume(name).await.map(|_| ()))
+                    }
+                    Op::SetQuota { limit, .. } => {
+                        let period = Duration::from_millis(config.period_ms);
+                        let quota = Quota::new(limit, period).expect("quota");
+                        let set = limiter.set_quota(name, &Quotas::from(quota)).await;
+                        format!("{:?}", set.map(|_| ()))
+                    }
+                    _ => format!("{:?}", limiter.clear_quota(name).await.map(|_| ())),
+                };
+                answers.push(answer);
+            }
+            if answers[0] != answers[1] {
+                differences.push(format!(
+                    "op {i} {op:?}, call {call}: Redis {} / memory {}",
+                    answers[0], answers[1]
+                ));
+            }
         }
+        follow();
         match *op {
             Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
             Op::Edge { before_us } => manual.set(edge(&manual, config.period_ms, before_us)),
-            Op::StepBack { ms } => {
-                let now = manual.now_micros();
-                let back = (ms * 1_000).min(now - clock_start_us());
-                manual.set(Duration::from_micros(now - back));
-            }
             _ => {}
-        }
-        if answers[0] != answers[1] {
-            differences.push(format!(
-                "op {i} {op:?}: Redis {} / memory {}",
-                answers[0], answers[1]
-            ));
         }
     }
     differences
