@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use http::{Request, Response, StatusCode};
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
-use redlimit::failure_policy::FailClosed;
+use redlimit::failure_policy::{FailClosed, FailOpen, FailurePolicy, FailureContext, LocalFallback};
 use redlimit::key::FnKey;
 use redlimit::limiter::AcquireError;
 use redlimit::limiter::{LeaseStats, Leases, LimiterStats};
@@ -23,7 +23,7 @@ use tokio::time::{sleep, timeout};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::faults::{self, Fault};
-use crate::generator::{Backend, Config, Family, Op, Schedule, Upstream};
+use crate::generator::{Backend, Config, Family, Op, Policy, Schedule, Upstream};
 use crate::support::RedisServer;
 
 /// The store timeout of every instance (docs/failure.md: "Every Redis call is bounded by a
@@ -45,6 +45,23 @@ pub const LOCKOUT: Duration = Duration::from_secs(60);
 pub const MAX_WAIT: Duration = Duration::from_secs(2);
 /// Where the manual clock starts: a multiple of every period the generator draws.
 const CLOCK_START: Duration = Duration::from_secs(1_800_000_000);
+
+tokio::task_local! {
+    /// Set when the failure policy answered the check running in this task.
+    static BY_POLICY: std::cell::Cell<bool>;
+}
+
+/// The schedule's failure policy, marking the checks it answers: a `LocalFallback` answers
+/// with a `Decided` verdict like the store's, and its admissions are counted apart.
+#[derive(Debug)]
+struct Marked<P>(P);
+
+impl<P: FailurePolicy> FailurePolicy for Marked<P> {
+    fn on_store_error(&self, ctx: &FailureContext<'_>) -> redlimit::Verdict {
+        let _ = BY_POLICY.try_with(|marked| marked.set(true));
+        self.0.on_store_error(ctx)
+    }
+}
 
 /// The manual clock's start, in µs.
 pub fn clock_start_us() -> u64 {
@@ -107,6 +124,9 @@ pub struct Event {
     pub end_us: u64,
     /// Resets and data losses of its key before it started.
     pub epoch: u32,
+    /// Steps of the clock back beyond `Clock::MAX_SKEW` before it started (each repairs
+    /// every state to the earlier time).
+    pub era: u32,
     pub started: Instant,
     pub outcome: Outcome,
 }
@@ -134,12 +154,32 @@ pub struct Suspension {
     pub ended: Option<Instant>,
 }
 
+/// An override set by `set_quota` from `at` (when it returned), until a `clear_quota`, a
+/// later `set_quota` or a data loss.
+#[derive(Clone, Debug)]
+pub struct Override {
+    pub op: usize,
+    pub key: usize,
+    pub limit: u64,
+    /// When the call started, and the manual clock then.
+    pub started: Instant,
+    pub clock_us: u64,
+    pub at: Instant,
+    pub ended: Option<Instant>,
+    /// Whether it is known to be in force: a call that failed may have run all the same (a
+    /// timeout bounds the wait, not the work), and a failed clear may have left it.
+    pub sure: bool,
+}
+
 /// What a run recorded.
 #[derive(Default)]
 pub struct Run {
     pub events: Vec<Event>,
     pub segments: Vec<Segment>,
     pub suspensions: Vec<Suspension>,
+    pub overrides: Vec<Override>,
+    /// Where the same fault-free schedule got different decisions from Redis and memory.
+    pub differences: Vec<String>,
     /// Faults by the time they were injected, and the fault.
     pub faults: Vec<(Instant, Fault)>,
     /// Operations that did not finish within their bound: (op, what).
@@ -191,9 +231,11 @@ fn limiters(
         .algorithm(config.algorithm)
         .clock(clock.clone())
         .prefix(format!("t{}", schedule.seed));
-        if config.family == Family::Settle {
-            builder = builder.failure_policy(FailClosed::default());
-        }
+        builder = match config.policy {
+            Policy::FailOpen => builder.failure_policy(Marked(FailOpen)),
+            Policy::FailClosed => builder.failure_policy(Marked(FailClosed::default())),
+            Policy::LocalFallback(n) => builder.failure_policy(Marked(LocalFallback::new(n))),
+        };
         if config.deny_cache {
             builder = builder.deny_cache(1_000);
         }
@@ -213,8 +255,12 @@ fn quotas(config: &Config) -> Quotas {
     Quotas::from(quota)
 }
 
-fn outcome(verdict: &Verdict) -> Outcome {
+/// How `verdict` ended, `by_policy` when the failure policy gave it.
+fn outcome(verdict: &Verdict, by_policy: bool) -> Outcome {
     match verdict {
+        _ if by_policy => Outcome::Policy {
+            allowed: verdict.is_allowed(),
+        },
         Verdict::Decided(decision) if decision.allowed => Outcome::Allowed,
         Verdict::Decided(_) => Outcome::Denied,
         other => Outcome::Policy {
@@ -248,8 +294,20 @@ fn sample(run: &mut Run, fleet: &[Limiter]) {
     }
 }
 
-/// Records a data loss as a new segment of every key, and ends the suspensions.
+/// Records a data loss as a new segment of every key, and ends the controls.
 fn data_loss(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: u64) {
+    let at = new_segments(run, epochs, fleet, clock_us);
+    for suspension in run.suspensions.iter_mut() {
+        suspension.ended.get_or_insert(at);
+    }
+    for quota in run.overrides.iter_mut() {
+        quota.ended.get_or_insert(at);
+    }
+}
+
+/// A new segment of every key from now (a data loss, or every state repaired to an earlier
+/// clock), returning now.
+fn new_segments(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: u64) -> Instant {
     let at = Instant::now();
     let held: Vec<u64> = fleet.iter().map(|l| l.lease_stats().held).collect();
     for (key, epoch) in epochs.iter_mut().enumerate() {
@@ -262,16 +320,45 @@ fn data_loss(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: u64
             held: held.clone(),
         });
     }
-    for suspension in run.suspensions.iter_mut() {
-        suspension.ended.get_or_insert(at);
-    }
+    at
 }
 
 /// Injects `fault`, recorded with the moment it was over (a restarted server is back; a
 /// `DEBUG SLEEP` has just begun).
-async fn fault(run: &mut Run, redis: &Fixture, fault: Fault) {
-    faults::inject(redis, fault).await;
+async fn fault(run: &mut Run, redis: &Fixture, fault: Fault, keys: Vec<String>) {
+    faults::inject(redis, fault, keys).await;
     run.faults.push((Instant::now(), fault));
+}
+
+/// A check of `cost` on `limiter`, with whether the failure policy answered it.
+async fn marked_check(limiter: &Limiter, name: &str, quotas: &Quotas, cost: u64) -> Outcome {
+    BY_POLICY
+        .scope(std::cell::Cell::new(false), async {
+            let verdict = limiter.check_quotas(name, quotas, cost).await;
+            outcome(&verdict, BY_POLICY.with(|marked| marked.get()))
+        })
+        .await
+}
+
+/// The storage keys of the schedule's keys and of their tenants' controls (docs/fleet.md:
+/// "`<prefix>:{<id>}#t`"): what a corruption writes into.
+fn storage_keys(schedule: &Schedule, limiter: &Limiter) -> Vec<String> {
+    (0..schedule.config.keys)
+        .map(|key| limiter.storage_key(key_name(schedule, key).as_str()))
+        .flat_map(|route| [format!("{route}#t"), route])
+        .collect()
+}
+
+/// The manual clock `before_us` before its next window boundary of `period_ms` (forward
+/// only: the boundary after, if that moment has passed).
+fn edge(manual: &ManualClock, period_ms: u64, before_us: u64) -> Duration {
+    let period_us = period_ms * 1_000;
+    let now = manual.now_micros();
+    let mut target = (now / period_us + 1) * period_us - before_us.min(period_us - 1);
+    if target <= now {
+        target += period_us;
+    }
+    Duration::from_micros(target)
 }
 
 async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis: &Fixture) -> Run {
@@ -280,11 +367,21 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
     let _follow = Follow::start(&manual);
     let (fleet, operator) = limiters(schedule, redis, Clock::Manual(manual.clone()), true);
     let quotas = quotas(config);
+    let keys = storage_keys(schedule, &operator);
     let mut run = Run::default();
     let mut epochs = vec![0u32; config.keys];
+    let mut era = 0u32;
+    // How far the clock stepped back within `Clock::MAX_SKEW` in all: a check then decides as
+    // of a stored time up to that much later (docs (Clock): "The call decides as of the stored
+    // time"), and Redis, which expires keys in real time, as of the clock before the steps;
+    // docs: "The fleet then admits no more than one clock running as fast as the fastest
+    // instance would". So a check's time lies between its clock and its clock plus this.
+    let mut skew_us = 0u64;
+    let mut ran = Vec::new();
     sample(&mut run, &fleet);
     for (i, op) in ops.enumerate() {
         run.operations += 1;
+        ran.push(op.clone());
         match *op {
             Op::Burst {
                 inst,
@@ -299,10 +396,10 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     async move {
                         let started = Instant::now();
                         let start_us = manual.now_micros();
-                        let check = limiter.check_quotas(name.as_str(), quotas, cost);
+                        let check = marked_check(limiter, name.as_str(), quotas, cost);
                         let bound = cancel_us.map(Duration::from_micros).unwrap_or(BOUND);
                         let outcome = match timeout(bound, check).await {
-                            Ok(verdict) => outcome(&verdict),
+                            Ok(outcome) => outcome,
                             Err(_) if cancel_us.is_some() => Outcome::Cancelled,
                             Err(_) => {
                                 return Err(format!(
@@ -310,7 +407,8 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                                 ))
                             }
                         };
-                        Ok((started, start_us, manual.now_micros(), outcome))
+                        let end_us = manual.now_micros() + skew_us;
+                        Ok((started, start_us, end_us, outcome))
                     }
                 });
                 for result in futures::future::join_all(checks).await {
@@ -326,6 +424,7 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                                 clock_us,
                                 end_us,
                                 epoch: epochs[key],
+                                era,
                                 started,
                                 outcome,
                             });
@@ -335,6 +434,20 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                 }
             }
             Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
+            Op::Edge { before_us } => manual.set(edge(&manual, config.period_ms, before_us)),
+            Op::StepBack { ms } => {
+                let now = manual.now_micros();
+                let back = (ms * 1_000).min(now - clock_start_us());
+                manual.set(Duration::from_micros(now - back));
+                skew_us += back;
+                if Duration::from_micros(skew_us) > Clock::MAX_SKEW {
+                    // docs (Clock): "The state is repaired to `now` (no refill granted; a
+                    // window of a later time reads as empty)": a new segment of every key.
+                    era += 1;
+                    skew_us = 0;
+                    new_segments(&mut run, &mut epochs, &fleet, now - back);
+                }
+            }
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
             Op::Reset { key } => {
                 let name = key_name(schedule, key);
@@ -361,24 +474,35 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     held,
                 });
             }
-            Op::Suspend { key, ms } => {
-                // A suspension replaces the one in force (it may shorten it).
+            Op::Suspend { key, ms } | Op::Extend { key, ms } => {
+                let extend = matches!(op, Op::Extend { .. });
                 let started = Instant::now();
-                for s in run.suspensions.iter_mut().filter(|s| s.key == key) {
-                    s.ended.get_or_insert(started);
+                // A suspension replaces the one in force (it may shorten it); an extension
+                // keeps a later end.
+                if !extend {
+                    for s in run.suspensions.iter_mut().filter(|s| s.key == key) {
+                        s.ended.get_or_insert(started);
+                    }
                 }
                 let name = key_name(schedule, key);
-                let set = operator.suspend(name.as_str(), Duration::from_millis(ms));
-                match timeout(BOUND, set).await {
+                // The end counts from the call's clock, at least this one.
+                let clock_us = manual.now_micros();
+                let duration = Duration::from_millis(ms);
+                let result = if extend {
+                    timeout(BOUND, operator.extend_suspension(name.as_str(), duration)).await
+                } else {
+                    timeout(BOUND, operator.suspend(name.as_str(), duration)).await
+                };
+                match result {
                     Ok(Ok(_)) => run.suspensions.push(Suspension {
                         op: i,
                         key,
                         at: Instant::now(),
-                        until_us: manual.now_micros() + ms * 1_000,
+                        until_us: clock_us + ms * 1_000,
                         ended: None,
                     }),
                     Ok(Err(_)) => {}
-                    Err(_) => run.hangs.push((i, "suspend still pending".into())),
+                    Err(_) => run.hangs.push((i, format!("{op:?} still pending"))),
                 }
             }
             Op::Resume { key } => {
@@ -394,6 +518,53 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     run.hangs.push((i, "resume still pending".into()));
                 }
             }
+            Op::SetQuota { key, .. } | Op::ClearQuota { key } => {
+                let started = Instant::now();
+                let mut ended = Vec::new();
+                for (n, o) in run.overrides.iter_mut().enumerate() {
+                    if o.key == key && o.ended.is_none() {
+                        o.ended = Some(started);
+                        ended.push(n);
+                    }
+                }
+                let name = key_name(schedule, key);
+                let clock_us = manual.now_micros();
+                let set = match *op {
+                    Op::SetQuota { limit, .. } => Some(limit),
+                    _ => None,
+                };
+                let result = match set {
+                    Some(limit) => {
+                        let quota = Quota::new(limit, Duration::from_millis(config.period_ms))
+                            .expect("quota");
+                        let quotas = Quotas::from(quota);
+                        timeout(BOUND, operator.set_quota(name.as_str(), &quotas)).await
+                    }
+                    None => timeout(BOUND, operator.clear_quota(name.as_str())).await,
+                };
+                let sure = matches!(result, Ok(Ok(_)));
+                if let Some(limit) = set {
+                    run.overrides.push(Override {
+                        op: i,
+                        key,
+                        limit,
+                        started,
+                        clock_us,
+                        at: Instant::now(),
+                        ended: None,
+                        sure,
+                    });
+                }
+                if !sure {
+                    for n in ended {
+                        run.overrides[n].ended = None;
+                        run.overrides[n].sure = false;
+                    }
+                }
+                if result.is_err() {
+                    run.hangs.push((i, format!("{op:?} still pending")));
+                }
+            }
             Op::Forget { inst, key } => fleet[inst].forget(key_name(schedule, key).as_str()),
             Op::Release { inst } => {
                 let released = timeout(BOUND, fleet[inst].release_leases()).await;
@@ -404,7 +575,7 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
             }
             Op::Fault(f) => {
                 let clock_us = manual.now_micros();
-                fault(&mut run, redis, f).await;
+                fault(&mut run, redis, f, keys.clone()).await;
                 if f.loses_data() {
                     data_loss(&mut run, &mut epochs, &fleet, clock_us);
                 }
@@ -416,7 +587,110 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
     // Quiet: renewals and give-backs in flight land before the last sample.
     sleep(Duration::from_millis(300)).await;
     sample(&mut run, &fleet);
+    if config.backend == Backend::Redis && !ran.iter().any(|op| matches!(op, Op::Fault(_))) {
+        run.differences = differential(schedule, &ran, redis).await;
+    }
     run
+}
+
+/// Runs the fault-free `ops` one check at a time, on Redis and on a `MemoryStore`, and lists
+/// where the decisions differ. No leases, no deny cache (both answer as the store would, but
+/// from a moment of their own). Both stores see the same manual clock for each pair of calls;
+/// between pairs it moves by the real time elapsed plus the schedule's steps forward, never
+/// back: Redis expires a key in real time and the memory store on the clock, so only a clock
+/// that never runs slower than real time gives both the same state.
+async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<String> {
+    let config = &schedule.config;
+    let manual = ManualClock::new(CLOCK_START);
+    let build = |store: Option<MemoryStore>| {
+        match store {
+            Some(memory) => Limiter::builder(memory),
+            None => Limiter::builder(redis_store(redis)),
+        }
+        .algorithm(config.algorithm)
+        .clock(Clock::Manual(manual.clone()))
+        .prefix(format!("d{}", schedule.seed))
+        .failure_policy(FailClosed::default())
+        .build()
+        .expect("valid limiter")
+    };
+    let pair = [build(None), build(Some(MemoryStore::new()))];
+    let quotas = quotas(config);
+    let mut differences = Vec::new();
+    let mut last = Instant::now();
+    let mut follow = || {
+        let now = Instant::now();
+        manual.advance(now - last);
+        last = now;
+    };
+    for (i, op) in ops.iter().enumerate() {
+        let key = match *op {
+            Op::Burst { key, .. }
+            | Op::Reset { key }
+            | Op::Suspend { key, .. }
+            | Op::Extend { key, .. }
+            | Op::Resume { key }
+            | Op::SetQuota { key, .. }
+            | Op::ClearQuota { key } => key_name(schedule, key),
+            _ => String::new(),
+        };
+        let name = key.as_str();
+        let calls = match *op {
+            Op::Burst { n, .. } => n,
+            Op::Reset { .. }
+            | Op::Suspend { .. }
+            | Op::Extend { .. }
+            | Op::Resume { .. }
+            | Op::SetQuota { .. }
+            | Op::ClearQuota { .. } => 1,
+            _ => 0,
+        };
+        for call in 0..calls {
+            follow();
+            let mut answers = Vec::new();
+            for limiter in &pair {
+                let answer = match *op {
+                    Op::Burst { cost, .. } => {
+                        format!("{:?}", limiter.check_quotas(name, &quotas, cost).await)
+                    }
+                    Op::Reset { .. } => format!("{:?}", limiter.reset(name).await.map(|_| ())),
+                    Op::Suspend { ms, .. } => {
+                        let duration = Duration::from_millis(ms);
+                        format!("{:?}", limiter.suspend(name, duration).await.map(|_| ()))
+                    }
+                    Op::Extend { ms, .. } => {
+                        let duration = Duration::from_millis(ms);
+                        let extended = limiter.extend_suspension(name, duration).await;
+                        format!("{:?}", extended.map(|_| ()))
+                    }
+                    Op::Resume { .. } => {
+                        format!("{:?}", limiter.resume(name).await.map(|_| ()))
+                    }
+                    Op::SetQuota { limit, .. } => {
+                        let period = Duration::from_millis(config.period_ms);
+                        let quota = Quota::new(limit, period).expect("quota");
+                        let set = limiter.set_quota(name, &Quotas::from(quota)).await;
+                        format!("{:?}", set.map(|_| ()))
+                    }
+                    _ => format!("{:?}", limiter.clear_quota(name).await.map(|_| ())),
+                };
+                answers.push(answer);
+            }
+            if answers[0] != answers[1] {
+                differences.push(format!(
+                    "op {i} {op:?}, call {call}: Redis {} / memory {}",
+                    answers[0], answers[1]
+                ));
+            }
+        }
+        follow();
+        match *op {
+            Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
+            Op::Edge { before_us } => manual.set(edge(&manual, config.period_ms, before_us)),
+            _ => {}
+        }
+    }
+    differences
 }
 
 async fn concurrency<'a>(
@@ -500,7 +774,7 @@ async fn concurrency<'a>(
                 }
             }
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
-            Op::Fault(f) => fault(&mut run, redis, f).await,
+            Op::Fault(f) => fault(&mut run, redis, f, Vec::new()).await,
             _ => {}
         }
     }
@@ -526,6 +800,7 @@ async fn settle<'a>(
     let manual = ManualClock::new(CLOCK_START);
     let _follow = Follow::start(&manual);
     let (fleet, _) = limiters(schedule, redis, Clock::Manual(manual.clone()), false);
+    let keys = storage_keys(schedule, &fleet[0]);
     let admitted: Admitted = Arc::default();
     let header = |parts: &http::request::Parts, name: &str| -> u64 {
         parts
@@ -570,6 +845,7 @@ async fn settle<'a>(
                         clock_us,
                         end_us: manual.now_micros(),
                         epoch: 0,
+                        era: 0,
                         started: Instant::now(),
                         outcome: Outcome::Allowed,
                     });
@@ -638,7 +914,7 @@ async fn settle<'a>(
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
             Op::Fault(f) => {
                 let clock_us = manual.now_micros();
-                fault(&mut run, redis, f).await;
+                fault(&mut run, redis, f, keys.clone()).await;
                 if f.loses_data() {
                     let mut epochs = vec![0; config.keys];
                     data_loss(&mut run, &mut epochs, &fleet, clock_us);
@@ -733,7 +1009,7 @@ async fn outbound<'a>(
             }
             Op::SetUpstream(next) => *upstream.lock().unwrap() = next.clone(),
             Op::Sleep { ms } => sleep(Duration::from_millis(*ms)).await,
-            Op::Fault(f) => fault(&mut run, redis, *f).await,
+            Op::Fault(f) => fault(&mut run, redis, *f, Vec::new()).await,
             _ => {}
         }
     }

@@ -30,6 +30,15 @@ pub enum Backend {
     Memory,
 }
 
+/// The instances' failure policy (docs/failure.md's table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    FailOpen,
+    FailClosed,
+    /// `LocalFallback::new(n)`: `1/n` of each quota per instance.
+    LocalFallback(u64),
+}
+
 /// One schedule's configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -46,6 +55,7 @@ pub struct Config {
     pub deny_cache: bool,
     /// How many keys the schedule spreads over (key 0 is the hot one).
     pub keys: usize,
+    pub policy: Policy,
 }
 
 /// How an outbound upstream answers.
@@ -94,6 +104,29 @@ pub enum Op {
     },
     Resume {
         key: usize,
+    },
+    /// `extend_suspension`: the end becomes the later of its own and now + `ms`.
+    Extend {
+        key: usize,
+        ms: u64,
+    },
+    /// `set_quota` with the schedule's period and `limit` (raised or lowered), and
+    /// `clear_quota`.
+    SetQuota {
+        key: usize,
+        limit: u64,
+    },
+    ClearQuota {
+        key: usize,
+    },
+    /// Moves the manual clock to `before_us` before the next window's boundary.
+    Edge {
+        before_us: u64,
+    },
+    /// Steps the manual clock back by `ms` (an NTP step): within `Clock::MAX_SKEW` a skew,
+    /// beyond it a clock that stepped back.
+    StepBack {
+        ms: u64,
     },
     /// `Limiter::forget` and `Limiter::release_leases` on one instance.
     Forget {
@@ -197,6 +230,15 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
         lease_ms,
         deny_cache: rng.bool(),
         keys: rng.usize(1..4),
+        policy: match family {
+            Family::Settle => Policy::FailClosed,
+            Family::Rate => match rng.u32(0..3) {
+                0 => Policy::FailOpen,
+                1 => Policy::FailClosed,
+                _ => Policy::LocalFallback(rng.u64(1..=4)),
+            },
+            _ => Policy::FailOpen,
+        },
     }
 }
 
@@ -223,11 +265,11 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
     let key = key(rng, config);
     let roll = rng.u32(0..100);
     if roll < 6 {
-        return Op::Fault(crate::faults::draw(rng, config.backend));
+        return Op::Fault(crate::faults::draw(rng, config));
     }
     match config.family {
         Family::Rate => match roll {
-            6..=45 => Op::Burst {
+            6..=42 => Op::Burst {
                 inst,
                 key,
                 n: rng.usize(1..40),
@@ -240,19 +282,39 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
                     None
                 },
             },
-            46..=52 => Op::Advance {
+            43..=47 => Op::Advance {
                 ms: advance(rng, config),
             },
-            53..=60 => Op::Sleep {
+            48..=49 => Op::Edge {
+                before_us: rng.u64(0..3_000),
+            },
+            // Inside `Clock::MAX_SKEW` (5 s) most of the time, beyond it sometimes.
+            50 => Op::StepBack {
+                ms: if rng.bool() {
+                    rng.u64(1..=5_000)
+                } else {
+                    rng.u64(5_001..120_000)
+                },
+            },
+            51..=57 => Op::Sleep {
                 ms: rng.u64(1..400),
             },
-            61..=72 => Op::Reset { key },
-            73..=75 => Op::Suspend {
+            58..=66 => Op::Reset { key },
+            67..=69 => Op::Suspend {
                 key,
                 ms: rng.u64(1..2_000),
             },
-            76..=77 => Op::Resume { key },
-            78..=88 => Op::Forget { inst, key },
+            70..=71 => Op::Resume { key },
+            72..=73 => Op::Extend {
+                key,
+                ms: rng.u64(1..2_000),
+            },
+            74..=77 => Op::SetQuota {
+                key,
+                limit: rng.u64(1..=2 * config.limit),
+            },
+            78..=79 => Op::ClearQuota { key },
+            80..=89 => Op::Forget { inst, key },
             _ => Op::Release { inst },
         },
         Family::Concurrency => match roll {

@@ -138,10 +138,16 @@ async fn torture_run() {
                 .iter()
                 .filter(|e| e.outcome == fleet::Outcome::Allowed)
                 .count();
+            let by_policy = run
+                .events
+                .iter()
+                .filter(|e| e.outcome == fleet::Outcome::Policy { allowed: true })
+                .count();
             println!(
-                "torture: seed {seed} {:?}: {} events, {allowed} allowed, {} violations",
+                "torture: seed {seed} {:?}: {} events, {allowed} allowed, {by_policy} allowed by the policy, {} overrides, {} violations",
                 schedule.config,
                 run.events.len(),
+                run.overrides.len(),
                 found_here.len()
             );
         }

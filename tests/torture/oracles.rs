@@ -12,8 +12,8 @@ use redlimit::limiter::{LeaseStats, LimiterStats};
 use redlimit::Algorithm;
 
 use crate::faults::Fault;
-use crate::fleet::{one_window, per_window, Outcome, Run, SLOT_LEASE};
-use crate::generator::{Family, Schedule};
+use crate::fleet::{one_window, per_window, Event, Outcome, Run, SLOT_LEASE};
+use crate::generator::{Family, Policy, Schedule};
 
 /// A broken promise.
 #[derive(Clone, Debug)]
@@ -31,7 +31,10 @@ pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
         Family::Rate => {
             admitted(schedule, run, &mut out);
             controls(schedule, run, &mut out);
+            overrides(schedule, run, &mut out);
             counters(run, &mut out);
+            policy(schedule, run, &mut out);
+            differential(run, &mut out);
         }
         Family::Settle => settled(schedule, run, &mut out),
         Family::Concurrency => in_flight(run, &mut out),
@@ -84,13 +87,44 @@ fn lease_slack(schedule: &Schedule, run: &Run, key: usize, epoch: u32) -> u64 {
         .sum()
 }
 
+/// How long a control takes to reach every instance: docs/leases.md, "no instance admits a
+/// request that started more than one lease interval after the control was set" (at once
+/// without leases; 10 ms for this machine's scheduling).
+fn control_delay(schedule: &Schedule) -> Duration {
+    Duration::from_millis(schedule.config.lease_ms.map_or(0, |ms| ms + 10))
+}
+
+/// The largest limit that may have decided on `key` for checks started between `from` and
+/// `to`: the schedule's, or an override's in force then (docs/leases.md: an override reaches
+/// leasing instances within one lease interval, so it may still decide that long after it
+/// ended).
+fn limit_in_force(schedule: &Schedule, run: &Run, key: usize, from: Instant, to: Instant) -> u64 {
+    let delay = control_delay(schedule);
+    run.overrides
+        .iter()
+        .filter(|o| o.key == key && o.started <= to)
+        .filter(|o| o.ended.is_none_or(|ended| ended + delay >= from))
+        .map(|o| o.limit)
+        .fold(schedule.config.limit, u64::max)
+}
+
+/// The first and last start of `events`.
+fn span<'a>(events: impl Iterator<Item = &'a Event>) -> (Instant, Instant) {
+    let now = Instant::now();
+    events.fold((now, now - Duration::from_secs(3_600)), |(a, b), e| {
+        (a.min(e.started), b.max(e.started))
+    })
+}
+
 /// README / docs/algorithms.md: a quota admits at most its limit per window (fixed window), at
 /// most the burst plus the rate times the time elapsed (token bucket, GCRA); docs/leases.md:
 /// "a binding quota admits, per window, at most the quota (exactly: every admission was paid
 /// for)", and "after a reset, units leased before it never come back" (DESIGN §6c), so a
 /// segment after a reset or a data loss (a new bucket, one more window's worth) admits at most
 /// a fresh quota plus the [`lease_slack`] of units leased before it. Only the store's decisions
-/// count: the failure policy's admissions are apart.
+/// count: the failure policy's admissions are apart. Under an override, the override's limit
+/// (docs/fleet.md: "the override replaces the callers' quotas ... The key's state is kept
+/// and capped to the new quotas"), so the largest limit in force bounds a window or a segment.
 fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     let config = &schedule.config;
     let period_us = config.period_ms * 1_000;
@@ -113,12 +147,15 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 } else {
                     0
                 };
-                if units > config.limit + slack {
+                let (from, to) = span(run.events.iter().filter(|e| {
+                    keep(e) && e.key == key && e.epoch == epoch && e.clock_us / period_us == window
+                }));
+                let limit = limit_in_force(schedule, run, key, from, to);
+                if units > limit + slack {
                     out.push(Violation {
                         oracle: "admitted",
                         detail: format!(
-                            "key {key} window {window} segment {epoch}: admitted {units} of {} (+{slack} leased before the segment)",
-                            config.limit
+                            "key {key} window {window} segment {epoch}: admitted {units} of {limit} (+{slack} leased before the segment)",
                         ),
                     });
                 }
@@ -138,16 +175,21 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                     .find(|s| s.key == key && s.epoch == epoch)
                     .map_or(0, |s| s.clock_us);
                 let start_us = start_us.max(crate::fleet::clock_start_us());
-                let refill = u128::from(config.limit) * u128::from(last_us - start_us.min(last_us))
+                let (from, to) = span(
+                    run.events
+                        .iter()
+                        .filter(|e| allowed(e) && e.key == key && e.epoch == epoch),
+                );
+                let limit = limit_in_force(schedule, run, key, from, to);
+                let refill = u128::from(limit) * u128::from(last_us - start_us.min(last_us))
                     / u128::from(period_us);
                 let slack = lease_slack(schedule, run, key, epoch);
-                let bound = config.limit + refill as u64 + 1 + slack;
+                let bound = limit + refill as u64 + 1 + slack;
                 if units > bound {
                     out.push(Violation {
                         oracle: "admitted",
                         detail: format!(
-                            "key {key} segment {epoch}: admitted {units}, bound {bound} (burst {} + refill {refill} + 1 + {slack} leased before)",
-                            config.limit
+                            "key {key} segment {epoch}: admitted {units}, bound {bound} (burst {limit} + refill {refill} + 1 + {slack} leased before)",
                         ),
                     });
                 }
@@ -158,16 +200,18 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 
 /// docs/leases.md: "no instance admits a request that started more than one lease interval
 /// after the control was set" (at once without leases); a suspension stays through a reset and
-/// ends at its time, a resume or a data loss.
+/// ends at its time, a resume or a data loss; `extend_suspension` (docs/fleet.md) keeps the
+/// later of its end and now + its duration. A check's window of time ends at `end_us` (its
+/// clock, or later after a step back: it decides as of the stored time).
 fn controls(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
-    let delay = Duration::from_millis(schedule.config.lease_ms.map_or(0, |ms| ms + 10));
+    let delay = control_delay(schedule);
     for s in &run.suspensions {
         let late = run.events.iter().filter(|e| {
             e.key == s.key
                 && e.outcome == Outcome::Allowed
                 && e.started > s.at + delay
                 && s.ended.is_none_or(|ended| e.started < ended)
-                && e.clock_us < s.until_us
+                && e.end_us < s.until_us
         });
         if let Some(e) = late.clone().next() {
             out.push(Violation {
@@ -183,6 +227,155 @@ fn controls(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 ),
             });
         }
+    }
+}
+
+/// docs/fleet.md: "the override replaces the callers' quotas ... The key's state is kept and
+/// capped to the new quotas ... lowering it caps what is left"; docs/leases.md: no instance
+/// admits a request that started more than one lease interval after the control was set. So
+/// the checks that started after an override reached the fleet and before it ended admit at
+/// most its limit per fixed window, or its burst plus its refill since it was set (token
+/// bucket, GCRA), per segment, plus the [`lease_slack`] of a reset or data loss within it.
+fn overrides(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
+    let period_us = schedule.config.period_ms * 1_000;
+    let delay = control_delay(schedule);
+    for o in run.overrides.iter().filter(|o| o.sure) {
+        let under = |e: &&Event| {
+            e.key == o.key
+                && e.outcome == Outcome::Allowed
+                && e.started > o.at + delay
+                && o.ended.is_none_or(|ended| e.started < ended)
+        };
+        // Per (window or segment, segment): units, and whether a segment began after the
+        // override was set (its leases' slack).
+        let mut sums: HashMap<(u64, u32), (u64, u64)> = HashMap::new();
+        let fixed = schedule.config.algorithm == Algorithm::FixedWindow;
+        for e in run.events.iter().filter(under) {
+            if fixed && !one_window(e, period_us) {
+                continue;
+            }
+            let group = if fixed { e.clock_us / period_us } else { 0 };
+            let entry = sums.entry((group, e.epoch)).or_insert((0, 0));
+            entry.0 += e.cost;
+            entry.1 = entry.1.max(e.end_us);
+        }
+        for ((window, epoch), (units, last_us)) in sums {
+            let segment = run
+                .segments
+                .iter()
+                .find(|s| s.key == o.key && s.epoch == epoch && s.at > o.started);
+            let slack = match segment {
+                Some(s) if !fixed || s.clock_us / period_us == window => {
+                    lease_slack(schedule, run, o.key, epoch)
+                }
+                _ => 0,
+            };
+            let bound = if fixed {
+                o.limit + slack
+            } else {
+                let from = segment.map_or(o.clock_us, |s| s.clock_us.max(o.clock_us));
+                let refill = u128::from(o.limit) * u128::from(last_us.saturating_sub(from))
+                    / u128::from(period_us);
+                o.limit + refill as u64 + 1 + slack
+            };
+            if units > bound {
+                out.push(Violation {
+                    oracle: "override",
+                    detail: format!(
+                        "override of {} by op {} on key {}: {units} admitted under it in {} segment {epoch}, bound {bound} ({slack} leased before a reset in it)",
+                        o.limit,
+                        o.op,
+                        o.key,
+                        if fixed { format!("window {window}") } else { "its".to_owned() }
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// docs/failure.md, the failure policies: `FailOpen` "the request passes unchecked",
+/// `FailClosed` answers 503 (admits nothing), `LocalFallback::new(n)` decides "from an
+/// in-process `MemoryStore` with `1/n` of each quota" (`LocalFallback::share`: the limit over
+/// n, at least 1). The policy's answers are counted apart from the store's: per instance and
+/// key, a fallback admits at most its share per fixed window, or the share's burst plus its
+/// refill (token bucket, GCRA) between clock steps back beyond `Clock::MAX_SKEW`.
+fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
+    let config = &schedule.config;
+    let by_policy = |e: &&Event| matches!(e.outcome, Outcome::Policy { .. });
+    let allowed = |e: &Event| e.outcome == Outcome::Policy { allowed: true };
+    match config.policy {
+        Policy::FailOpen => {
+            if let Some(e) = run.events.iter().filter(by_policy).find(|e| !allowed(e)) {
+                out.push(Violation {
+                    oracle: "failure-policy",
+                    detail: format!("FailOpen denied a check of op {} on instance {}", e.op, e.inst),
+                });
+            }
+        }
+        Policy::FailClosed => {
+            let admitted: Vec<_> = run.events.iter().filter(|e| allowed(e)).collect();
+            if let Some(e) = admitted.first() {
+                out.push(Violation {
+                    oracle: "failure-policy",
+                    detail: format!(
+                        "FailClosed admitted {} checks, first of op {} on instance {}",
+                        admitted.len(),
+                        e.op,
+                        e.inst
+                    ),
+                });
+            }
+        }
+        Policy::LocalFallback(n) => {
+            let share = (config.limit / n).max(1);
+            let period_us = config.period_ms * 1_000;
+            let fixed = config.algorithm == Algorithm::FixedWindow;
+            // (instance, key, window or 0, era) -> (units, first clock, last clock).
+            let mut sums: HashMap<(usize, usize, u64, u32), (u64, u64, u64)> = HashMap::new();
+            for e in run.events.iter().filter(|e| allowed(e)) {
+                if fixed && !one_window(e, period_us) {
+                    continue;
+                }
+                let group = if fixed { e.clock_us / period_us } else { 0 };
+                let entry = sums
+                    .entry((e.inst, e.key, group, e.era))
+                    .or_insert((0, u64::MAX, 0));
+                entry.0 += e.cost;
+                entry.1 = entry.1.min(e.clock_us);
+                entry.2 = entry.2.max(e.end_us);
+            }
+            for ((inst, key, window, era), (units, first, last)) in sums {
+                let bound = if fixed {
+                    share
+                } else {
+                    // The first admission may find the share's state from long before.
+                    let refill =
+                        u128::from(share) * u128::from(last - first.min(last)) / u128::from(period_us);
+                    share + refill as u64 + 1
+                };
+                if units > bound {
+                    out.push(Violation {
+                        oracle: "failure-policy",
+                        detail: format!(
+                            "LocalFallback({n}) on instance {inst} key {key} (window {window}, era {era}): admitted {units}, its share allows {bound}"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// docs/algorithms.md: each algorithm's step is "mirrored step for step in `src/algorithm/`
+/// for the memory store, which stores the same bytes"; README: "In-memory store with the same
+/// decisions". A fault-free schedule run one check at a time on both gives the same verdicts.
+fn differential(run: &Run, out: &mut Vec<Violation>) {
+    if let Some(first) = run.differences.first() {
+        out.push(Violation {
+            oracle: "differential",
+            detail: format!("{} operations differ; first: {first}", run.differences.len()),
+        });
     }
 }
 
