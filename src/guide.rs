@@ -75,8 +75,9 @@ mod tests {
             .collect()
     }
 
-    /// Every string literal `"redlimit_…"` in the `.rs` files under `dir`: a metric's name is
-    /// written once, as such a literal, where it is recorded or in a `names` module.
+    /// Every string literal `"redlimit_…"` (lowercase letters and `_`) in the `.rs` files under
+    /// `dir`: a metric's name is written once, as such a literal, where it is recorded or in a
+    /// `names` module.
     fn emitted_names(dir: &Path, names: &mut BTreeSet<String>) {
         let quote_prefix = concat!("\"", "redlimit_");
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -86,11 +87,15 @@ mod tests {
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let source = std::fs::read_to_string(&path).unwrap();
                 for (at, _) in source.match_indices(quote_prefix) {
-                    let name: String = source[at + 1..]
+                    let rest = &source[at + 1..];
+                    let name: String = rest
                         .chars()
                         .take_while(|c| c.is_ascii_lowercase() || *c == '_')
                         .collect();
-                    names.insert(name);
+                    // A whole literal, longer than the prefix alone.
+                    if rest[name.len()..].starts_with('"') && name.len() > quote_prefix.len() - 1 {
+                        names.insert(name);
+                    }
                 }
             }
         }
