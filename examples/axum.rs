@@ -72,7 +72,7 @@ async fn run(options: Options) -> Result<(), String> {
         None => None,
     };
     let layer = cli::layer(&options).await?;
-    // What an operator names with `examples/admin.rs --scope` (suspensions need none).
+    // What an operator names with `redlimit --scope` (suspensions need none).
     println!("policy: {} (scope {})", layer.policy_name(), layer.scope());
     let app = Router::new()
         .route("/", get(|| async { "ok" }))

@@ -13,7 +13,7 @@
 //! allows, for `--seconds`. The layer has one fixed key for the whole fleet, so it waits for the
 //! quota in `poll_ready` (`client.ready().await`), and an upstream `429` or `503` with
 //! `Retry-After` would suspend that key for every worker (auto-suspend). The key is printed at the
-//! start (`fleet-PORT`): `cargo run --example admin -- --redis URL suspend fleet-PORT 2s` pauses
+//! start (`fleet-PORT`): `redlimit --redis URL suspend fleet-PORT 2s` (the `cli/` command) pauses
 //! the running fleet. When the workers are done the example prints one line, the last on stdout:
 //!
 //! ```text

@@ -3,6 +3,10 @@
 #
 #   ./scripts/test.sh [cargo test args...]
 #
+# It tests the whole workspace: the library and `cli/`, the `redlimit` command (whose tests run
+# the built binary). Arguments select as for `cargo test` (`--test it`, `-p redlimit-cli`, a
+# test-name filter after `--`).
+#
 # The tests start private redis-server processes on free ports (never the machine's Redis on
 # 6379), so redis-server must be installed: when it is missing this script installs it with
 # apt-get (as root, or through sudo). `./scripts/test.sh --install-only` just installs it.
@@ -46,4 +50,4 @@ if [ "${1:-}" = "--install-only" ]; then
 fi
 
 redis-server --version
-exec cargo test "$@"
+exec cargo test --workspace "$@"

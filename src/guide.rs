@@ -7,7 +7,7 @@
 //! | page | what it covers |
 //! |---|---|
 //! | [`using`] | dependencies, crate features, metrics and logs, axum 0.7, tonic, the decision in a handler |
-//! | [`examples`] | every example, its command line and output; the fleet and admin examples; the example's flags |
+//! | [`examples`] | every example, its command line and output; the fleet example; the `redlimit` command; the example's flags |
 //! | [`algorithms`] | the five algorithms: guarantees, memory, Redis work, the sliding window counter exactly |
 //! | [`failure`] | when Redis fails: timeouts, the circuit breaker, failure policies, resends, the startup check |
 //! | [`production`] | production Redis: version, TLS, credentials and the ACL user, Cluster, Sentinel, failover |

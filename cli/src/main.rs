@@ -214,8 +214,11 @@ pub struct Request {
 #[derive(Debug)]
 pub enum Action {
     Inspect,
-    Limited { watch: Option<std::time::Duration> },
-    SetQuota(redlimit::Quotas),
+    Limited {
+        watch: Option<std::time::Duration>,
+    },
+    /// Boxed: a `Quotas` holds its tiers inline.
+    SetQuota(Box<redlimit::Quotas>),
     ClearQuota,
     Suspend(std::time::Duration),
     Resume,
@@ -259,7 +262,7 @@ fn request(cli: Cli, secrets: &mut Vec<String>) -> Result<(Connection, Request),
         Command::Inspect(key) => (key.key, Action::Inspect),
         Command::SetQuota { key, tiers } => {
             let quotas = parse::quotas(&tiers).map_err(Failure::Input)?;
-            (key.key, Action::SetQuota(quotas))
+            (key.key, Action::SetQuota(Box::new(quotas)))
         }
         Command::ClearQuota(key) => (key.key, Action::ClearQuota),
         Command::Suspend { key, duration } => {

@@ -238,8 +238,8 @@ pub fn parse_args(
     let mut sentinel_master: Option<String> = None;
     let mut key = KeyChoice::default();
     let mut shadow = false;
-    // A flag given twice is a mistake, not "the last one wins" (as in the fleet and admin
-    // examples).
+    // A flag given twice is a mistake, not "the last one wins" (as in the fleet
+    // example).
     let mut seen = HashSet::new();
 
     let mut args = args.into_iter();

@@ -1,5 +1,5 @@
 //! A small command-line reader for the examples whose arguments are not the servers' (the fleet
-//! and the admin tool): `--flag value`, `--flag=value`, plain arguments, and `--` before plain
+//! example): `--flag value`, `--flag=value`, plain arguments, and `--` before plain
 //! arguments that start with `-`.
 #![allow(dead_code)] // each example uses only what it needs
 

@@ -1,5 +1,5 @@
 //! Code the examples share: the servers' command line and store selection (`cli`), a small
-//! argument reader for the fleet and admin examples (`flags`), and the hand-written
+//! argument reader for the fleet example (`flags`), and the hand-written
 //! `helloworld.Greeter` gRPC service (`greeter`, also used by the tests).
 //!
 //! Each example includes this folder with `mod common;`; Cargo does not build it as an example of

@@ -132,10 +132,21 @@ async fn limited_and_suspension(redis: &[&str], limiter: &Limiter) {
         }
     }
     assert!(denied.is_some(), "2 an hour: a third call is denied");
+    let text = run_ok(redis, &["limited"]);
+    let row = format!("fine {large}: 0 of 2 left, full again in ");
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with(&row) && line.ends_with(" (override 2/1h)")),
+        "{text}"
+    );
     run_ok(redis, &["--scope", large, "clear-quota", "fine"]);
     let restored = limiter.check_quotas(target, &quota.into(), 1).await;
     // The route's own 40 an hour again (the state the override spent stays spent).
-    assert_eq!(restored.decision().map(|d| d.limit), Some(40), "{restored:?}");
+    assert_eq!(
+        restored.decision().map(|d| d.limit),
+        Some(40),
+        "{restored:?}"
+    );
 }
 
 #[tokio::test]
