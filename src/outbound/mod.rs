@@ -46,7 +46,7 @@
 //!   so it decides under the suspension. It waits at most the store's call timeout
 //!   ([`Store::call_timeout`](crate::store::Store::call_timeout); 1 s for a store that does not
 //!   say): a write the store has not answered by then holds it back no longer, and it may decide
-//!   before the write lands. Writes for one key land in order.
+//!   before the write lands.
 //! - **other instances**: obey from their first call after the write has landed.
 //!   [`OutboundLayer::settled`] waits for every write in flight (a graceful shutdown, a test
 //!   reading the store).
