@@ -88,7 +88,7 @@
 //!     its own tiers. An announcement equal to the layer's own tiers clears it at once.
 //!   - **writes**: each instance runs at most one learning round per key per
 //!     [`learn_period`](OutboundLayerBuilder::learn_period) ([`DEFAULT_LEARN_PERIOD`], 30 s):
-//!     two reads, and a write only on a change or to renew a confirmed quota; a round that
+//!     one read, and a write only on a change or to renew a confirmed quota; a round that
 //!     finds the learned quota set less than a period ago (by any instance) changes nothing.
 //!     A change is logged (info) by the round that made it, so at most once per key per period
 //!     per instance. This process remembers at most 4 096 keys (the longest idle is forgotten
