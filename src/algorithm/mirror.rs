@@ -501,10 +501,7 @@ pub(crate) fn learning<'a>(
             let ttl = (ms_up(micros as f64) as u64).max(OVERRIDE_IDLE_MS);
             (Op::SetQuota(quotas), RecordWrite::Put(new, ttl))
         }
-        Op::Unlearn => (
-            if learned { Op::ClearQuota } else { Op::Inspect },
-            unmark(),
-        ),
+        Op::Unlearn => (if learned { Op::ClearQuota } else { Op::Inspect }, unmark()),
         Op::SetQuota(_) | Op::ClearQuota => (op, unmark()),
         _ => (op, RecordWrite::Keep),
     }

@@ -374,7 +374,10 @@ impl Limiter {
 
     /// Clears `target`'s route override when it is learned (an operator's stays), and its
     /// learning record, in one atomic call.
-    pub(crate) async fn unlearn_quota(&self, target: Target<'_>) -> Result<KeyStatus, ControlError> {
+    pub(crate) async fn unlearn_quota(
+        &self,
+        target: Target<'_>,
+    ) -> Result<KeyStatus, ControlError> {
         self.control(target, Control::Unlearn, false).await
     }
 

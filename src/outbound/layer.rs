@@ -167,8 +167,8 @@ impl<K> OutboundLayer<K> {
         self.config.limits.provider.stats()
     }
 
-    /// Waits until no learning round or pacing write of this layer is in flight: each runs in
-    /// a task of its own after a response (see the [module docs](super#provider-announcements)). For a
+    /// Waits until no pacing write or learning round of this layer is in flight: each runs in a
+    /// task of its own after a response (see the [module docs](super#after-the-response)). For a
     /// graceful shutdown, or to read the store right after a response.
     pub async fn settled(&self) {
         for pending in self.config.limits.provider.all_pending() {

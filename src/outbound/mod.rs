@@ -46,7 +46,7 @@
 //!   so it decides under the suspension. It waits at most the store's call timeout
 //!   ([`Store::call_timeout`](crate::store::Store::call_timeout); 1 s for a store that does not
 //!   say): a write the store has not answered by then holds it back no longer, and it may decide
-//!   before the write lands. Writes for one key land in order.
+//!   before the write lands.
 //! - **other instances**: obey from their first call after the write has landed.
 //!   [`OutboundLayer::settled`] waits for every write in flight (a graceful shutdown, a test
 //!   reading the store).
@@ -88,7 +88,7 @@
 //!     its own tiers. An announcement equal to the layer's own tiers clears it at once.
 //!   - **writes**: each instance runs at most one learning round per key per
 //!     [`learn_period`](OutboundLayerBuilder::learn_period) ([`DEFAULT_LEARN_PERIOD`], 30 s):
-//!     two reads, and a write only on a change or to renew a confirmed quota; a round that
+//!     one read, and a write only on a change or to renew a confirmed quota; a round that
 //!     finds the learned quota set less than a period ago (by any instance) changes nothing.
 //!     A change is logged (info) by the round that made it, so at most once per key per period
 //!     per instance. This process remembers at most 4 096 keys (the longest idle is forgotten

@@ -198,10 +198,8 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
     };
     match written {
         Ok((status, changed)) => {
-            let learned_now = matches!(
-                status.override_source,
-                Some(OverrideSource::Learned { .. })
-            );
+            let learned_now =
+                matches!(status.override_source, Some(OverrideSource::Learned { .. }));
             if wanted.is_some() && !learned_now {
                 // An operator's override landed first: it stays.
                 tracing::debug!(scope, "an operator's override is in force: not learned");

@@ -15,8 +15,7 @@ use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
     capped_cost, control, decide, foreign_state, learned_record_key, learning, log_controls_key,
-    tenant_key, Kind, Op, RecordWrite, Refused,
-    Written, MAX_SLIDING_LOG_BURST,
+    tenant_key, Kind, Op, RecordWrite, Refused, Written, MAX_SLIDING_LOG_BURST,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
@@ -346,13 +345,20 @@ impl MemoryStore {
         // The route's learning record, in the same shard (its hash tag).
         let record_key = learned_record_key(request.key)
             .filter(|_| !tenant && op.uses_record())
-            .map(|record| if log { log_controls_key(&record) } else { record });
-        let record: Option<Option<Vec<u8>>> = record_key.as_ref().and_then(|key| {
-            match shard.find(key, now) {
-                (_, Some(slot)) => shard.bytes(slot).map(|bytes| Some(bytes.to_vec())),
-                _ => Some(None),
-            }
-        });
+            .map(|record| {
+                if log {
+                    log_controls_key(&record)
+                } else {
+                    record
+                }
+            });
+        let record: Option<Option<Vec<u8>>> =
+            record_key
+                .as_ref()
+                .and_then(|key| match shard.find(key, now) {
+                    (_, Some(slot)) => shard.bytes(slot).map(|bytes| Some(bytes.to_vec())),
+                    _ => Some(None),
+                });
         let (op, record_write) = learning(
             stored.as_deref(),
             record.as_ref().map(Option::as_deref),
@@ -389,7 +395,9 @@ impl MemoryStore {
             (Some(key), RecordWrite::Unmark(left)) => {
                 if let (Some(slot), _) = shard.find(&key, now) {
                     match &left {
-                        Some(left) => shard.slots[slot].stored.state = KeyState::Bytes(left.clone()),
+                        Some(left) => {
+                            shard.slots[slot].stored.state = KeyState::Bytes(left.clone())
+                        }
                         None => shard.remove_slot(slot),
                     }
                 }

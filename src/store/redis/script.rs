@@ -300,7 +300,13 @@ pub(super) fn push_control(
         // The learning record, last (for the sliding log, its controls' string).
         let record = learned_record_key(key)
             .filter(|_| op.uses_record())
-            .map(|record| if log { log_controls_key(&record) } else { record });
+            .map(|record| {
+                if log {
+                    log_controls_key(&record)
+                } else {
+                    record
+                }
+            });
         let keys = 1 + usize::from(log) + usize::from(record.is_some());
         cmd.arg(keys);
         if log {
