@@ -23,8 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 ///   newest). Its `retry_after` and `reset_after` count from its own clock, so they still hold
 ///   exactly for a client that comes back to the same instance. The fleet then admits no more
 ///   than one clock running as fast as the fastest instance would: the skew buys at most
-///   `rate × skew` once, never per call (`tests/hostile/skew.rs` checks it for every algorithm
-///   at 1 ms, 20 ms and 1 s).
+///   `rate × skew` once, never per call (tested for every algorithm at 1 ms, 20 ms and 1 s).
 /// - **More than [`Clock::MAX_SKEW`] ahead: a clock that stepped back** (an NTP step, a VM
 ///   restored). The state is repaired to `now` (no refill granted; a window of a later time
 ///   reads as empty), so the key is never locked out until the clock catches up. A step back of
@@ -63,9 +62,8 @@ impl Clock {
     /// clock having stepped back. See [Client clocks that disagree](Clock#client-clocks-that-disagree).
     ///
     /// 5 s: far above what NTP leaves between hosts (milliseconds), and below the smallest step
-    /// back that must still repair at once rather than pause the key (`tests/hostile/lockout.rs`
-    /// steps back 30 s under 10 a minute, and a window algorithm then sees a window start 10 s
-    /// ahead).
+    /// back that must still repair at once rather than pause the key (a step back of 30 s under
+    /// 10 a minute, after which a window algorithm sees a window start 10 s ahead).
     pub const MAX_SKEW: Duration = Duration::from_secs(5);
 
     /// Microseconds since the Unix epoch to pass to the store, or `None` for server time.

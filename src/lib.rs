@@ -78,6 +78,7 @@
 //! | `tonic` | [`PeerIp`](key::PeerIp) reads tonic 0.14's `TcpConnectInfo` |
 //! | `tls` | `rediss://` through rustls, with a private CA and client certificates on the store builders |
 //! | `metrics` | the metrics below, through the [`metrics`](https://docs.rs/metrics) facade |
+//! | `test-hooks` | nothing for users: hidden functions the crate's own tests call, with no stability promise |
 //!
 //! # Metrics
 //!

@@ -54,9 +54,9 @@ use crate::key::KeyExtractor;
 ///
 /// # The numbers in the headers
 ///
-/// The numbers never contradict each other: `r ≤ q` and `t ≤ w` on every response (a property
-/// test in `tests/it/layer_quotas.rs` checks it for every algorithm, with and without an override;
-/// a suspended key, whose `t` is the suspension's time left, is the one exception).
+/// The numbers never contradict each other: `r ≤ q` and `t ≤ w` on every response (property-tested
+/// for every algorithm, with and without an override; a suspended key, whose `t` is the
+/// suspension's time left, is the one exception).
 ///
 /// - `q` is the capacity `r` counts against: the quota's burst, for every algorithm (a token
 ///   bucket of 10 a minute with a burst of 50 sends `q=50`, `r` counting down from 49).

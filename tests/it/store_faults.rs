@@ -614,7 +614,7 @@ async fn open_circuit_sends_nothing_to_redis_during_the_cool_down() {
     while Instant::now() < skip_until {
         let calls = (0..16).map(|_| async {
             let started = Instant::now();
-            let verdict = probe_check(&limiter).await;
+            let verdict = probe_check(limiter).await;
             (verdict, started.elapsed())
         });
         for (verdict, latency) in join_all(calls).await {
@@ -634,11 +634,11 @@ async fn open_circuit_sends_nothing_to_redis_during_the_cool_down() {
     // Surely over by `opened_by + cool_down`.
     tokio::time::sleep_until((opened_by + cool_down + Duration::from_millis(50)).into()).await;
     let probe_at = Instant::now();
-    let probe = probe_check(&limiter).await;
+    let probe = probe_check(limiter).await;
     let probe_latency = probe_at.elapsed();
     let closed = !store.circuit_open();
-    let (evalsha_probe, loads) = script_calls(&redis);
-    let after: Vec<Verdict> = join_all((0..16).map(|_| probe_check(&limiter))).await;
+    let (evalsha_probe, loads) = script_calls(redis);
+    let after: Vec<Verdict> = join_all((0..16).map(|_| probe_check(limiter))).await;
 
     let mut report = Report::new("circuit breaker: no Redis calls during the cool-down");
     report.line(
@@ -690,7 +690,7 @@ async fn one_probe_at_a_time() {
     assert!(store.circuit_open(), "no call since it opened: still open");
 
     let callers = 64;
-    let verdicts = join_all((0..callers).map(|_| probe_check(&limiter))).await;
+    let verdicts = join_all((0..callers).map(|_| probe_check(limiter))).await;
     let decided = verdicts
         .iter()
         .filter(|v| matches!(v, Verdict::Decided(_)))
@@ -699,7 +699,7 @@ async fn one_probe_at_a_time() {
         .iter()
         .filter(|v| matches!(v, Verdict::FailedClosed { .. }))
         .count();
-    let (evalsha, loads) = script_calls(&redis);
+    let (evalsha, loads) = script_calls(redis);
 
     let mut report = Report::new("circuit breaker: one probe at a time");
     report.line("concurrent callers", callers);
@@ -728,7 +728,7 @@ async fn abandoned_probe_does_not_keep_the_circuit_open() {
     // the circuit open answer at once; the first one left pending is the probe.
     let wait_for_probe = Instant::now() + Duration::from_secs(2);
     loop {
-        match probe_check(&limiter).now_or_never() {
+        match probe_check(limiter).now_or_never() {
             None => break,
             Some(Verdict::FailedClosed { .. }) if Instant::now() < wait_for_probe => {
                 sleep(Duration::from_millis(5)).await;
@@ -740,7 +740,7 @@ async fn abandoned_probe_does_not_keep_the_circuit_open() {
     let deadline = Instant::now() + cool_down * 3 + Duration::from_secs(1);
     let closed_after = loop {
         let started = Instant::now();
-        if let Verdict::Decided(_) = probe_check(&limiter).await {
+        if let Verdict::Decided(_) = probe_check(limiter).await {
             break Some(started);
         }
         if Instant::now() > deadline {
