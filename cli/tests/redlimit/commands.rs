@@ -1128,6 +1128,11 @@ async fn every_command_works_as_the_operator(
             stderr.contains(&format!("no permissions to run the '{refused}' command")),
             "{args:?} as the service: {stderr}"
         );
+        // The rule the user lacks, named.
+        assert!(
+            stderr.contains(&format!("(the user needs +{refused}: see the README")),
+            "{args:?} as the service: {stderr}"
+        );
     }
     for node in nodes {
         let url = format!("redis://limiter:pw-limiter@127.0.0.1:{}/", node.port());
