@@ -245,18 +245,13 @@ impl Provider {
         all
     }
 
-    /// Starts a pacing write for `key`: `start` gets the write already in flight for it (which
-    /// the new one must wait for, so that they end in order) and the new one's id for
-    /// [`paced`](Self::paced), and returns what the key's next acquisition waits for.
-    pub(crate) fn start_pacing(
-        &self,
-        key: &Arc<str>,
-        start: impl FnOnce(Option<Pending>, u64) -> Pending,
-    ) {
+    /// Registers `pending`, a pacing write for `key`, as what the key's next acquisition waits
+    /// for; returns the write already in flight for it (which the new one waits for) and the
+    /// new one's id for [`paced`](Self::paced).
+    pub(crate) fn start_pacing(&self, key: &Arc<str>, pending: Pending) -> (Option<Pending>, u64) {
         let id = self.pacing.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut keys = self.pacing.lock();
-        let earlier = keys.remove(key).map(|(_, earlier)| earlier);
-        keys.insert(key.clone(), (id, start(earlier, id)));
+        let earlier = self.pacing.lock().insert(key.clone(), (id, pending));
+        (earlier.map(|(_, earlier)| earlier), id)
     }
 
     /// Records the end of the pacing write `id` for `key` (unless a later one took its place).

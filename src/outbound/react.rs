@@ -8,10 +8,11 @@ use std::time::{Duration, SystemTime};
 
 use futures::future::{BoxFuture, FutureExt};
 use http::HeaderMap;
+use tokio::sync::oneshot;
 
 use super::announce;
 use super::config::Limits;
-use super::learn::{pause, same_tiers, Round};
+use super::learn::{pause, same_tiers, Pending, Round};
 use crate::limiter::{ControlError, Limiter, OverrideSource, Target};
 use crate::quota::Quotas;
 
@@ -45,29 +46,64 @@ pub(crate) fn on_response(
     Some(Box::pin(async move { pace(&limits, &key, pause).await }))
 }
 
-/// Runs `round` in a task of its own, registered as the key's round in flight.
+/// Runs `round` in a task of its own, registered as the key's round in flight before it is
+/// spawned (so that a round ended at once is not taken for one still in flight).
 fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         limits.provider.finish(key, None);
         return;
     };
-    let (task_limits, task_key) = (limits.clone(), key.clone());
-    let task = runtime.spawn(async move {
-        let learned_for = learn_round(&task_limits, &task_key, round.target).await;
-        task_limits.provider.finish(&task_key, learned_for);
+    let (pending, done) = in_flight();
+    limits.provider.start(key, pending);
+    let ended = RoundEnded {
+        limits: limits.clone(),
+        key: key.clone(),
+        learned_for: None,
+        _done: done,
+    };
+    runtime.spawn(async move {
+        let learned_for = learn_round(&ended.limits, &ended.key, round.target).await;
+        ended.learned(learned_for);
     });
+}
+
+/// Records the end of a learning round when its task ends, however it ends (a panic, a
+/// runtime shutting down), then wakes what waits for it.
+struct RoundEnded {
+    limits: Arc<Limits>,
+    key: Arc<str>,
+    learned_for: Option<Duration>,
+    _done: oneshot::Sender<()>,
+}
+
+impl RoundEnded {
+    /// How long the learned quota the round left in force lasts (`None`: none).
+    fn learned(mut self, learned_for: Option<Duration>) {
+        self.learned_for = learned_for;
+    }
+}
+
+impl Drop for RoundEnded {
+    fn drop(&mut self) {
+        self.limits.provider.finish(&self.key, self.learned_for);
+    }
+}
+
+/// What waits for a task (done when the sender is dropped, with the task that holds it).
+fn in_flight() -> (Pending, oneshot::Sender<()>) {
+    let (done, ended) = oneshot::channel::<()>();
     let pending: BoxFuture<'static, ()> = Box::pin(async move {
-        let _ = task.await;
+        let _ = ended.await;
     });
-    limits.provider.start(key, pending.shared());
+    (pending.shared(), done)
 }
 
 /// Runs the pacing `write` for `key` in a task of its own, registered as the key's pacing in
 /// flight: the response does not wait for it, this instance's next acquisition for the key
 /// does (at most [`Limits::wait_bound`]). A write for a key waits for the one before it (at most
-/// as long), so that they land in order. The task is spawned before the response is handed
-/// back, so dropping the response future loses nothing. Without a runtime to spawn on, the
-/// write is handed back for the caller to run.
+/// as long). The task is spawned before the response is handed back, so dropping the response
+/// future loses nothing. Without a runtime to spawn on, the write is handed back for the caller
+/// to run.
 pub(crate) fn spawn_pacing(
     limits: &Arc<Limits>,
     key: &Arc<str>,
@@ -76,33 +112,32 @@ pub(crate) fn spawn_pacing(
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return Some(write);
     };
-    limits.provider.start_pacing(key, |earlier, id| {
-        let done = Paced {
-            limits: limits.clone(),
-            key: key.clone(),
-            id,
-        };
-        let bound = limits.wait_bound();
-        let task = runtime.spawn(async move {
-            if let Some(earlier) = earlier {
-                let _ = tokio::time::timeout(bound, earlier).await;
-            }
-            write.await;
-            drop(done);
-        });
-        let pending: BoxFuture<'static, ()> = Box::pin(async move {
-            let _ = task.await;
-        });
-        pending.shared()
+    let (pending, done) = in_flight();
+    let (earlier, id) = limits.provider.start_pacing(key, pending);
+    let ended = Paced {
+        limits: limits.clone(),
+        key: key.clone(),
+        id,
+        _done: done,
+    };
+    let bound = limits.wait_bound();
+    runtime.spawn(async move {
+        if let Some(earlier) = earlier {
+            let _ = tokio::time::timeout(bound, earlier).await;
+        }
+        write.await;
+        drop(ended);
     });
     None
 }
 
-/// Unregisters a pacing write when its task ends, however it ends (a panic included).
+/// Unregisters a pacing write when its task ends, however it ends, then wakes what waits for
+/// it.
 struct Paced {
     limits: Arc<Limits>,
     key: Arc<str>,
     id: u64,
+    _done: oneshot::Sender<()>,
 }
 
 impl Drop for Paced {
