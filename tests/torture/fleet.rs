@@ -62,6 +62,10 @@ impl<P: FailurePolicy> FailurePolicy for Marked<P> {
     }
 }
 
+/// How far the differential run's clock moves ahead of real time after each call: more than
+/// the time between reading the clock and Redis running the script, on a loaded machine.
+const DIFFERENTIAL_LEAD: Duration = Duration::from_millis(25);
+
 /// The manual clock's start, in µs.
 pub fn clock_start_us() -> u64 {
     CLOCK_START.as_micros() as u64
@@ -594,10 +598,12 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
 
 /// Runs the fault-free `ops` one check at a time, on Redis and on a `MemoryStore`, and lists
 /// where the decisions differ. No leases, no deny cache (both answer as the store would, but
-/// from a moment of their own). Both stores see the same manual clock for each pair of calls;
-/// between pairs it moves by the real time elapsed plus the schedule's steps forward, never
-/// back: Redis expires a key in real time and the memory store on the clock, so only a clock
-/// that never runs slower than real time gives both the same state.
+/// from a moment of their own). Both stores see the same manual clock for each pair of calls.
+/// Redis expires a key in real time, from when its script ran, and the memory store on the
+/// clock: so that Redis never drops a state the memory store still holds, the clock runs
+/// ahead of real time by more than the latency between reading it and the script running
+/// ([`DIFFERENTIAL_LEAD`] after each pair, plus the real time elapsed, plus the schedule's
+/// steps forward; never back).
 async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<String> {
     let config = &schedule.config;
     let manual = ManualClock::new(CLOCK_START);
@@ -617,9 +623,9 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
     let quotas = quotas(config);
     let mut differences = Vec::new();
     let mut last = Instant::now();
-    let mut follow = || {
+    let mut follow = |lead: Duration| {
         let now = Instant::now();
-        manual.advance(now - last);
+        manual.advance(now - last + lead);
         last = now;
     };
     for (i, op) in ops.iter().enumerate() {
@@ -645,7 +651,7 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
             _ => 0,
         };
         for call in 0..calls {
-            follow();
+            follow(Duration::ZERO);
             let mut answers = Vec::new();
             for limiter in &pair {
                 let answer = match *op {
@@ -681,8 +687,8 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
                     answers[0], answers[1]
                 ));
             }
+            follow(DIFFERENTIAL_LEAD);
         }
-        follow();
         match *op {
             Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
             Op::Edge { before_us } => manual.set(edge(&manual, config.period_ms, before_us)),
