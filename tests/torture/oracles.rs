@@ -13,7 +13,7 @@ use redlimit::Algorithm;
 
 use crate::faults::Fault;
 use crate::fleet::{one_window, per_window, Event, Outcome, Run, SLOT_LEASE};
-use crate::generator::{Family, Policy, Schedule};
+use crate::generator::{Family, Policy, Schedule, Settlement};
 
 /// A broken promise.
 #[derive(Clone, Debug)]
@@ -35,6 +35,9 @@ pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
             counters(run, &mut out);
             policy(schedule, run, &mut out);
             differential(run, &mut out);
+        }
+        Family::Settle if schedule.config.settlement == Settlement::Shadow => {
+            shadow(run, &mut out)
         }
         Family::Settle => settled(schedule, run, &mut out),
         Family::Concurrency => in_flight(run, &mut out),
@@ -429,6 +432,21 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
                 });
             }
         }
+    }
+}
+
+/// docs/modes.md, shadow rollout: "without denying anyone: every request is decided and
+/// recorded exactly as it would be ... and always goes on to the service"; "a shadow layer
+/// forwards even what `FailClosed` would have answered 503: shadow never denies".
+fn shadow(run: &Run, out: &mut Vec<Violation>) {
+    if let Some((op, inst, status)) = run.refused_in_shadow.first() {
+        out.push(Violation {
+            oracle: "shadow",
+            detail: format!(
+                "{} requests refused in shadow, first of op {op} on instance {inst}: {status}",
+                run.refused_in_shadow.len()
+            ),
+        });
     }
 }
 
