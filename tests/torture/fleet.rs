@@ -14,9 +14,9 @@ use redlimit::key::FnKey;
 use redlimit::limiter::{AcquireError, BlockFor};
 use redlimit::limiter::{ConcurrencyLimiter, LeaseStats, Leases, LimiterStats, SlotOutcome};
 use redlimit::outbound::{OutboundError, OutboundLayer};
-use redlimit::policy::{FailClosed, FailOpen, FailurePolicy, FailureContext, LocalFallback};
+use redlimit::policy::{FailClosed, FailOpen, FailureContext, FailurePolicy, LocalFallback};
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Limiter, Quota, Quotas, RateLimitLayer, Verdict};
+use redlimit::{Algorithm, Limiter, Quota, Quotas, RateLimitLayer, Verdict};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -190,6 +190,8 @@ pub struct Run {
     pub differences: Vec<String>,
     /// Faults by the time they were injected, and the fault.
     pub faults: Vec<(Instant, Fault)>,
+    /// When each fault of `faults` began.
+    pub fault_starts: Vec<Instant>,
     /// Operations that did not finish within their bound: (op, what).
     pub hangs: Vec<(usize, String)>,
     /// Moments the inner side had more than the limit in flight: (when, key, in flight, op).
@@ -332,10 +334,13 @@ fn new_segments(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: 
 }
 
 /// Injects `fault`, recorded with the moment it was over (a restarted server is back; a
-/// `DEBUG SLEEP` has just begun).
+/// `DEBUG SLEEP` has just begun), and the moment it began (a data loss may be anywhere
+/// between).
 async fn fault(run: &mut Run, redis: &Fixture, fault: Fault, keys: Vec<String>) {
+    let began = Instant::now();
     faults::inject(redis, fault, keys).await;
     run.faults.push((Instant::now(), fault));
+    run.fault_starts.push(began);
 }
 
 /// `check`'s verdict, with whether the failure policy answered it.
@@ -472,7 +477,12 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     futures::future::join_all(checks).await
                 {
                     let Ok((verdict, by_policy)) = answer else {
-                        run.hangs.push((i, format!("instance {inst}: check_blocking still pending after {BOUND:?}")));
+                        run.hangs.push((
+                            i,
+                            format!(
+                                "instance {inst}: check_blocking still pending after {BOUND:?}"
+                            ),
+                        ));
                         continue;
                     };
                     // docs (`check_blocking`): "Until the block ends every check on the key is
@@ -480,7 +490,9 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     // denial tells of a suspension in force until at least its start plus
                     // that. A deny cache may answer from before a control made elsewhere, so
                     // only the store's own answers count.
-                    if let (Verdict::Decided(d), false, false) = (verdict, by_policy, config.deny_cache) {
+                    if let (Verdict::Decided(d), false, false) =
+                        (verdict, by_policy, config.deny_cache)
+                    {
                         if d.suspended && !d.allowed {
                             run.suspensions.push(Suspension {
                                 op: i,
@@ -539,7 +551,8 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     Ok((Err(_), _)) => Outcome::Denied,
                     Err(_) if cancel_us.is_some() => Outcome::Cancelled,
                     Err(_) => {
-                        let what = format!("instance {inst}: acquire still pending after {bound:?}");
+                        let what =
+                            format!("instance {inst}: acquire still pending after {bound:?}");
                         run.hangs.push((i, what));
                         continue;
                     }
@@ -766,6 +779,14 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
         let name = key.as_str();
         let calls = match *op {
             Op::Burst { n, .. } | Op::Blocking { n, .. } => n,
+            // A full token bucket's key is gone from the memory store once the clock says it
+            // is full, and from Redis when its TTL ends in real time: the two then differ when
+            // a raised quota meets it (kept tokens against a fresh bucket), whatever the clock.
+            Op::SetQuota { .. } | Op::ClearQuota { .. }
+                if config.algorithm == Algorithm::TokenBucket =>
+            {
+                0
+            }
             Op::Reset { .. }
             | Op::Suspend { .. }
             | Op::Extend { .. }

@@ -36,9 +36,7 @@ pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
             policy(schedule, run, &mut out);
             differential(run, &mut out);
         }
-        Family::Settle if schedule.config.settlement == Settlement::Shadow => {
-            shadow(run, &mut out)
-        }
+        Family::Settle if schedule.config.settlement == Settlement::Shadow => shadow(run, &mut out),
         Family::Settle => settled(schedule, run, &mut out),
         Family::Concurrency => in_flight(run, &mut out),
         Family::Outbound => recovery(run, &mut out),
@@ -312,7 +310,10 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             if let Some(e) = run.events.iter().filter(by_policy).find(|e| !allowed(e)) {
                 out.push(Violation {
                     oracle: "failure-policy",
-                    detail: format!("FailOpen denied a check of op {} on instance {}", e.op, e.inst),
+                    detail: format!(
+                        "FailOpen denied a check of op {} on instance {}",
+                        e.op, e.inst
+                    ),
                 });
             }
         }
@@ -353,8 +354,8 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                     share
                 } else {
                     // The first admission may find the share's state from long before.
-                    let refill =
-                        u128::from(share) * u128::from(last - first.min(last)) / u128::from(period_us);
+                    let refill = u128::from(share) * u128::from(last - first.min(last))
+                        / u128::from(period_us);
                     share + refill as u64 + 1
                 };
                 if units > bound {
@@ -377,7 +378,10 @@ fn differential(run: &Run, out: &mut Vec<Violation>) {
     if let Some(first) = run.differences.first() {
         out.push(Violation {
             oracle: "differential",
-            detail: format!("{} operations differ; first: {first}", run.differences.len()),
+            detail: format!(
+                "{} operations differ; first: {first}",
+                run.differences.len()
+            ),
         });
     }
 }
@@ -496,22 +500,25 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 /// a data loss or of a stall that stops renewals (`DEBUG SLEEP`, a restart).
 fn in_flight(run: &Run, out: &mut Vec<Violation>) {
     let allowance = SLOT_LEASE + Duration::from_millis(300);
-    // The end of each fault's allowance: a data loss's or a stall's (renewals stop during a
+    // Each fault's allowance, from when it began (a data loss may happen anywhere during its
+    // injection) to a data loss's or a stall's end plus the allowance (renewals stop during a
     // `DEBUG SLEEP`).
-    let ends: Vec<Instant> = run
+    let windows: Vec<(Instant, Instant)> = run
         .faults
         .iter()
-        .filter_map(|(when, fault)| match fault {
-            Fault::DebugSleep { ms } => Some(*when + Duration::from_millis(*ms) + allowance),
-            f if f.loses_data() => Some(*when + allowance),
+        .zip(&run.fault_starts)
+        .filter_map(|((when, fault), began)| match fault {
+            Fault::DebugSleep { ms } => {
+                Some((*began, *when + Duration::from_millis(*ms) + allowance))
+            }
+            f if f.loses_data() => Some((*began, *when + allowance)),
             _ => None,
         })
         .collect();
     let excused = |at: Instant| {
-        run.faults
+        windows
             .iter()
-            .zip(&ends)
-            .any(|((when, _), end)| *when <= at && at <= *end)
+            .any(|(began, end)| *began <= at && at <= *end)
     };
     let late: Vec<_> = run.over.iter().filter(|(at, ..)| !excused(*at)).collect();
     if let Some((at, key, n, _)) = late.iter().max_by_key(|(_, _, n, _)| *n) {
