@@ -295,6 +295,10 @@ fn overrides(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     }
 }
 
+/// A fallback's share: (instance, key, window or 0, era), summed as (units, first clock, last
+/// clock).
+type Share = (usize, usize, u64, u32);
+
 /// docs/failure.md, the failure policies: `FailOpen` "the request passes unchecked",
 /// `FailClosed` answers 503 (admits nothing), `LocalFallback::new(n)` decides "from an
 /// in-process `MemoryStore` with `1/n` of each quota" (`LocalFallback::share`: the limit over
@@ -335,8 +339,7 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             let share = (config.limit / n).max(1);
             let period_us = config.period_ms * 1_000;
             let fixed = config.algorithm == Algorithm::FixedWindow;
-            // (instance, key, window or 0, era) -> (units, first clock, last clock).
-            let mut sums: HashMap<(usize, usize, u64, u32), (u64, u64, u64)> = HashMap::new();
+            let mut sums: HashMap<Share, (u64, u64, u64)> = HashMap::new();
             for e in run.events.iter().filter(|e| allowed(e)) {
                 if fixed && !one_window(e, period_us) {
                     continue;
