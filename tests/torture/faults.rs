@@ -105,7 +105,11 @@ fn evict(redis: &RedisServer, bytes: u64) {
             .query(conn);
     };
     config(&mut conn, "maxmemory-policy", "allkeys-random".into());
-    config(&mut conn, "maxmemory", used.saturating_sub(bytes).max(1).to_string());
+    config(
+        &mut conn,
+        "maxmemory",
+        used.saturating_sub(bytes).max(1).to_string(),
+    );
     for _ in 0..3 {
         let _: redis::RedisResult<()> = redis::cmd("PING").query(&mut conn);
         std::thread::sleep(Duration::from_millis(2));

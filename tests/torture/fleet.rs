@@ -13,17 +13,17 @@ use redlimit::clock::{Clock, ManualClock};
 use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
 use redlimit::failure_policy::{FailClosed, FailOpen, FailurePolicy, FailureContext, LocalFallback};
 use redlimit::key::FnKey;
-use redlimit::limiter::AcquireError;
+use redlimit::limiter::{AcquireError, BlockFor};
 use redlimit::limiter::{LeaseStats, Leases, LimiterStats};
 use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Limiter, Quota, Quotas, RateLimitLayer, Verdict};
+use redlimit::{Algorithm, Limiter, Quota, Quotas, RateLimitLayer, Verdict};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::faults::{self, Fault};
-use crate::generator::{Backend, Config, Family, Op, Policy, Schedule, Upstream};
+use crate::generator::{Backend, Config, Family, Op, Policy, Schedule, Settlement, Upstream};
 use crate::support::RedisServer;
 
 /// The store timeout of every instance (docs/failure.md: "Every Redis call is bounded by a
@@ -62,6 +62,10 @@ impl<P: FailurePolicy> FailurePolicy for Marked<P> {
         self.0.on_store_error(ctx)
     }
 }
+
+/// How far the differential run's clock moves ahead of real time after each call: more than
+/// the time between reading the clock and Redis running the script, on a loaded machine.
+const DIFFERENTIAL_LEAD: Duration = Duration::from_millis(25);
 
 /// The manual clock's start, in µs.
 pub fn clock_start_us() -> u64 {
@@ -105,6 +109,9 @@ pub enum Outcome {
     Policy { allowed: bool },
     /// Dropped on purpose before it finished.
     Cancelled,
+    /// An `acquire` whose tries were answered by the store and by the failure policy: which
+    /// gave its last answer is not known, so no oracle counts it.
+    Unattributed { allowed: bool },
 }
 
 /// One decision on a key.
@@ -178,10 +185,14 @@ pub struct Run {
     pub segments: Vec<Segment>,
     pub suspensions: Vec<Suspension>,
     pub overrides: Vec<Override>,
+    /// Requests a shadow layer refused: (op, instance, status).
+    pub refused_in_shadow: Vec<(usize, usize, u16)>,
     /// Where the same fault-free schedule got different decisions from Redis and memory.
     pub differences: Vec<String>,
     /// Faults by the time they were injected, and the fault.
     pub faults: Vec<(Instant, Fault)>,
+    /// When each fault of `faults` began.
+    pub fault_starts: Vec<Instant>,
     /// Operations that did not finish within their bound: (op, what).
     pub hangs: Vec<(usize, String)>,
     /// Moments the inner side had more than the limit in flight: (when, key, in flight, op).
@@ -324,20 +335,29 @@ fn new_segments(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: 
 }
 
 /// Injects `fault`, recorded with the moment it was over (a restarted server is back; a
-/// `DEBUG SLEEP` has just begun).
+/// `DEBUG SLEEP` has just begun), and the moment it began (a data loss may be anywhere
+/// between).
 async fn fault(run: &mut Run, redis: &Fixture, fault: Fault, keys: Vec<String>) {
+    let began = Instant::now();
     faults::inject(redis, fault, keys).await;
     run.faults.push((Instant::now(), fault));
+    run.fault_starts.push(began);
+}
+
+/// `check`'s verdict, with whether the failure policy answered it.
+async fn marked<F: std::future::Future<Output = Verdict>>(check: F) -> (Verdict, bool) {
+    BY_POLICY
+        .scope(std::cell::Cell::new(false), async {
+            let verdict = check.await;
+            (verdict, BY_POLICY.with(|marked| marked.get()))
+        })
+        .await
 }
 
 /// A check of `cost` on `limiter`, with whether the failure policy answered it.
 async fn marked_check(limiter: &Limiter, name: &str, quotas: &Quotas, cost: u64) -> Outcome {
-    BY_POLICY
-        .scope(std::cell::Cell::new(false), async {
-            let verdict = limiter.check_quotas(name, quotas, cost).await;
-            outcome(&verdict, BY_POLICY.with(|marked| marked.get()))
-        })
-        .await
+    let (verdict, by_policy) = marked(limiter.check_quotas(name, quotas, cost)).await;
+    outcome(&verdict, by_policy)
 }
 
 /// The storage keys of the schedule's keys and of their tenants' controls (docs/fleet.md:
@@ -432,6 +452,126 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                         Err(what) => run.hangs.push((i, format!("instance {inst}: {what}"))),
                     }
                 }
+            }
+            Op::Blocking {
+                inst,
+                key,
+                n,
+                cost,
+                block_ms,
+            } => {
+                let name = key_name(schedule, key);
+                let block = BlockFor::new(Duration::from_millis(block_ms)).expect("block");
+                let checks = (0..n).map(|_| {
+                    let (limiter, quotas, name, manual, block) =
+                        (&fleet[inst], &quotas, &name, &manual, &block);
+                    async move {
+                        let started = Instant::now();
+                        let start_us = manual.now_micros();
+                        let check = limiter.check_blocking(name.as_str(), quotas, cost, block);
+                        let answer = timeout(BOUND, marked(check)).await;
+                        let end_us = manual.now_micros() + skew_us;
+                        (started, start_us, end_us, Instant::now(), answer)
+                    }
+                });
+                for (started, clock_us, end_us, returned, answer) in
+                    futures::future::join_all(checks).await
+                {
+                    let Ok((verdict, by_policy)) = answer else {
+                        run.hangs.push((
+                            i,
+                            format!(
+                                "instance {inst}: check_blocking still pending after {BOUND:?}"
+                            ),
+                        ));
+                        continue;
+                    };
+                    // docs (`check_blocking`): "Until the block ends every check on the key is
+                    // denied as suspended", with `retry_after` the time left: a suspended
+                    // denial tells of a suspension in force until at least its start plus
+                    // that. A deny cache may answer from before a control made elsewhere, so
+                    // only the store's own answers count.
+                    if let (Verdict::Decided(d), false, false) =
+                        (verdict, by_policy, config.deny_cache)
+                    {
+                        if d.suspended && !d.allowed {
+                            run.suspensions.push(Suspension {
+                                op: i,
+                                key,
+                                at: returned,
+                                until_us: clock_us + d.retry_after.as_micros() as u64,
+                                ended: None,
+                            });
+                        }
+                    }
+                    run.events.push(Event {
+                        op: i,
+                        inst,
+                        key,
+                        cost,
+                        used: cost,
+                        clock_us,
+                        end_us,
+                        epoch: epochs[key],
+                        era,
+                        started,
+                        outcome: outcome(&verdict, by_policy),
+                    });
+                }
+            }
+            Op::Acquire {
+                inst,
+                key,
+                cost,
+                wait_ms,
+                cancel_us,
+            } => {
+                let name = key_name(schedule, key);
+                let started = Instant::now();
+                let clock_us = manual.now_micros();
+                let deadline = started + Duration::from_millis(wait_ms);
+                let acquire = BY_POLICY.scope(std::cell::Cell::new(false), async {
+                    let acquired = fleet[inst]
+                        .acquire_cost(name.as_str(), &quotas, cost, deadline)
+                        .await;
+                    (acquired, BY_POLICY.with(|marked| marked.get()))
+                });
+                let bound = match cancel_us {
+                    Some(us) => Duration::from_micros(us),
+                    None => Duration::from_millis(wait_ms) + BOUND,
+                };
+                let outcome = match timeout(bound, acquire).await {
+                    Ok((Ok(verdict), false)) => outcome(&verdict, false),
+                    // The policy answered a try: the last answer may be the store's.
+                    Ok((Ok(verdict), true)) => match verdict {
+                        Verdict::Decided(_) => Outcome::Unattributed {
+                            allowed: verdict.is_allowed(),
+                        },
+                        _ => outcome(&verdict, true),
+                    },
+                    Ok((Err(_), _)) => Outcome::Denied,
+                    Err(_) if cancel_us.is_some() => Outcome::Cancelled,
+                    Err(_) => {
+                        let what =
+                            format!("instance {inst}: acquire still pending after {bound:?}");
+                        run.hangs.push((i, what));
+                        continue;
+                    }
+                };
+                run.cancellations += u64::from(outcome == Outcome::Cancelled);
+                run.events.push(Event {
+                    op: i,
+                    inst,
+                    key,
+                    cost,
+                    used: cost,
+                    clock_us,
+                    end_us: manual.now_micros() + skew_us,
+                    epoch: epochs[key],
+                    era,
+                    started,
+                    outcome,
+                });
             }
             Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
             Op::Edge { before_us } => manual.set(edge(&manual, config.period_ms, before_us)),
@@ -595,10 +735,12 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
 
 /// Runs the fault-free `ops` one check at a time, on Redis and on a `MemoryStore`, and lists
 /// where the decisions differ. No leases, no deny cache (both answer as the store would, but
-/// from a moment of their own). Both stores see the same manual clock for each pair of calls;
-/// between pairs it moves by the real time elapsed plus the schedule's steps forward, never
-/// back: Redis expires a key in real time and the memory store on the clock, so only a clock
-/// that never runs slower than real time gives both the same state.
+/// from a moment of their own). Both stores see the same manual clock for each pair of calls.
+/// Redis expires a key in real time, from when its script ran, and the memory store on the
+/// clock: so that Redis never drops a state the memory store still holds, the clock runs
+/// ahead of real time by more than the latency between reading it and the script running
+/// ([`DIFFERENTIAL_LEAD`] after each pair, plus the real time elapsed, plus the schedule's
+/// steps forward; never back).
 async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<String> {
     let config = &schedule.config;
     let manual = ManualClock::new(CLOCK_START);
@@ -618,14 +760,15 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
     let quotas = quotas(config);
     let mut differences = Vec::new();
     let mut last = Instant::now();
-    let mut follow = || {
+    let mut follow = |lead: Duration| {
         let now = Instant::now();
-        manual.advance(now - last);
+        manual.advance(now - last + lead);
         last = now;
     };
     for (i, op) in ops.iter().enumerate() {
         let key = match *op {
             Op::Burst { key, .. }
+            | Op::Blocking { key, .. }
             | Op::Reset { key }
             | Op::Suspend { key, .. }
             | Op::Extend { key, .. }
@@ -636,7 +779,15 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
         };
         let name = key.as_str();
         let calls = match *op {
-            Op::Burst { n, .. } => n,
+            Op::Burst { n, .. } | Op::Blocking { n, .. } => n,
+            // A full token bucket's key is gone from the memory store once the clock says it
+            // is full, and from Redis when its TTL ends in real time: the two then differ when
+            // a raised quota meets it (kept tokens against a fresh bucket), whatever the clock.
+            Op::SetQuota { .. } | Op::ClearQuota { .. }
+                if config.algorithm == Algorithm::TokenBucket =>
+            {
+                0
+            }
             Op::Reset { .. }
             | Op::Suspend { .. }
             | Op::Extend { .. }
@@ -646,12 +797,17 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
             _ => 0,
         };
         for call in 0..calls {
-            follow();
+            follow(Duration::ZERO);
             let mut answers = Vec::new();
             for limiter in &pair {
                 let answer = match *op {
                     Op::Burst { cost, .. } => {
                         format!("{:?}", limiter.check_quotas(name, &quotas, cost).await)
+                    }
+                    Op::Blocking { cost, block_ms, .. } => {
+                        let block = BlockFor::new(Duration::from_millis(block_ms)).expect("block");
+                        let verdict = limiter.check_blocking(name, &quotas, cost, &block).await;
+                        format!("{verdict:?}")
                     }
                     Op::Reset { .. } => format!("{:?}", limiter.reset(name).await.map(|_| ())),
                     Op::Suspend { ms, .. } => {
@@ -682,8 +838,8 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
                     answers[0], answers[1]
                 ));
             }
+            follow(DIFFERENTIAL_LEAD);
         }
-        follow();
         match *op {
             Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
             Op::Edge { before_us } => manual.set(edge(&manual, config.period_ms, before_us)),
@@ -819,17 +975,22 @@ async fn settle<'a>(
                     .get("x-key")
                     .and_then(|v| Some(v.to_str().ok()?.to_owned()))
             });
-            let layer = RateLimitLayer::builder(limiter.clone(), quotas(config), key)
-                .cost(move |parts| header(parts, "x-reserve"))
-                .cost_from_response(move |response| {
-                    response
-                        .headers()
-                        .get("x-used")
-                        .and_then(|v| v.to_str().ok()?.parse().ok())
-                        .unwrap_or(u64::MAX)
-                })
-                .build()
-                .expect("valid layer");
+            let builder = RateLimitLayer::builder(limiter.clone(), quotas(config), key)
+                .cost(move |parts| header(parts, "x-reserve"));
+            let builder = match config.settlement {
+                Settlement::Status => builder.cost_from_status([StatusCode::UNAUTHORIZED]),
+                Settlement::Response | Settlement::Shadow => {
+                    builder.cost_from_response(move |response| {
+                        response
+                            .headers()
+                            .get("x-used")
+                            .and_then(|v| v.to_str().ok()?.parse().ok())
+                            .unwrap_or(u64::MAX)
+                    })
+                }
+            };
+            let shadow = config.settlement == Settlement::Shadow;
+            let layer = builder.shadow(shadow).build().expect("valid layer");
             let (admitted, manual) = (admitted.clone(), manual.clone());
             let inner = tower::service_fn(move |request: Request<String>| {
                 let (admitted, manual) = (admitted.clone(), manual.clone());
@@ -851,6 +1012,9 @@ async fn settle<'a>(
                     });
                     sleep(Duration::from_millis(header(&parts, "x-hold"))).await;
                     let mut response = Response::new(String::new());
+                    if header(&parts, "x-status") == 401 {
+                        *response.status_mut() = StatusCode::UNAUTHORIZED;
+                    }
                     let used = header(&parts, "x-used").to_string();
                     response
                         .headers_mut()
@@ -862,6 +1026,7 @@ async fn settle<'a>(
         })
         .collect();
     let hangs = Arc::new(Mutex::new(Vec::new()));
+    let refused = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
     let mut run = Run::default();
     for (i, op) in ops.enumerate() {
@@ -875,8 +1040,15 @@ async fn settle<'a>(
                 used,
                 hold_ms,
             } => {
+                // By status, a 401 costs the reservation and anything else nothing.
+                let (used, status) = match config.settlement {
+                    Settlement::Status if used > 0 => (reserve, 401),
+                    Settlement::Status => (0, 200),
+                    _ => (used, 200),
+                };
                 for _ in 0..n {
                     let request = Request::builder()
+                        .header("x-status", status)
                         .header("x-key", key_name(schedule, key))
                         .header("x-key-index", key)
                         .header("x-op", i)
@@ -886,7 +1058,9 @@ async fn settle<'a>(
                         .header("x-clock", manual.now_micros())
                         .body(String::new())
                         .unwrap();
-                    let (svc, hangs) = (services[inst].clone(), hangs.clone());
+                    let (svc, hangs, refused) =
+                        (services[inst].clone(), hangs.clone(), refused.clone());
+                    let shadow = config.settlement == Settlement::Shadow;
                     tasks.spawn(async move {
                         let bound = BOUND + Duration::from_millis(hold_ms);
                         match timeout(bound, svc.oneshot(request)).await {
@@ -894,10 +1068,14 @@ async fn settle<'a>(
                                 let status = response.status();
                                 assert!(
                                     status == StatusCode::OK
+                                        || status == StatusCode::UNAUTHORIZED
                                         || status.as_u16() == 429
                                         || status.as_u16() == 503,
                                     "{status}"
                                 );
+                                if shadow && (status.as_u16() == 429 || status.as_u16() == 503) {
+                                    refused.lock().unwrap().push((i, inst, status.as_u16()));
+                                }
                             }
                             Ok(Err(_)) => {}
                             Err(_) => hangs.lock().unwrap().push((
@@ -925,6 +1103,7 @@ async fn settle<'a>(
     }
     while tasks.join_next().await.is_some() {}
     run.events = std::mem::take(&mut *admitted.lock().unwrap());
+    run.refused_in_shadow = std::mem::take(&mut *refused.lock().unwrap());
     run.hangs
         .extend(std::mem::take(&mut *hangs.lock().unwrap()));
     run

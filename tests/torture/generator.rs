@@ -39,6 +39,17 @@ pub enum Policy {
     LocalFallback(u64),
 }
 
+/// How the settlement family's layer settles (docs/modes.md, production modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    /// `cost_from_response`: the response tells what was used.
+    Response,
+    /// `cost_from_status([401])`: a 401 costs the reservation, anything else is free.
+    Status,
+    /// `shadow(true)`: decided and counted, never denied.
+    Shadow,
+}
+
 /// One schedule's configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -56,6 +67,7 @@ pub struct Config {
     /// How many keys the schedule spreads over (key 0 is the hot one).
     pub keys: usize,
     pub policy: Policy,
+    pub settlement: Settlement,
 }
 
 /// How an outbound upstream answers.
@@ -93,6 +105,22 @@ pub enum Op {
     /// Lets real time pass (leases expire, renewals run, slots are renewed).
     Sleep {
         ms: u64,
+    },
+    /// `n` concurrent `check_blocking` of `cost` with a block of `block_ms`.
+    Blocking {
+        inst: usize,
+        key: usize,
+        n: usize,
+        cost: u64,
+        block_ms: u64,
+    },
+    /// `acquire_cost` waiting up to `wait_ms` for `cost`; with `cancel_us`, dropped after that.
+    Acquire {
+        inst: usize,
+        key: usize,
+        cost: u64,
+        wait_ms: u64,
+        cancel_us: Option<u64>,
     },
     /// Operator controls, from a limiter of their own.
     Reset {
@@ -239,6 +267,11 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
             },
             _ => Policy::FailOpen,
         },
+        settlement: match rng.u32(0..4) {
+            0 => Settlement::Status,
+            1 => Settlement::Shadow,
+            _ => Settlement::Response,
+        },
     }
 }
 
@@ -269,7 +302,21 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
     }
     match config.family {
         Family::Rate => match roll {
-            6..=42 => Op::Burst {
+            6..=8 => Op::Blocking {
+                inst,
+                key,
+                n: rng.usize(1..20),
+                cost: 1,
+                block_ms: rng.u64(1..1_500),
+            },
+            9..=11 => Op::Acquire {
+                inst,
+                key,
+                cost: rng.u64(1..4),
+                wait_ms: rng.u64(1..1_500),
+                cancel_us: cancel(rng),
+            },
+            12..=42 => Op::Burst {
                 inst,
                 key,
                 n: rng.usize(1..40),

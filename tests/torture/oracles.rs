@@ -13,7 +13,7 @@ use redlimit::Algorithm;
 
 use crate::faults::Fault;
 use crate::fleet::{one_window, per_window, Event, Outcome, Run, SLOT_LEASE};
-use crate::generator::{Family, Policy, Schedule};
+use crate::generator::{Family, Policy, Schedule, Settlement};
 
 /// A broken promise.
 #[derive(Clone, Debug)]
@@ -36,6 +36,7 @@ pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
             policy(schedule, run, &mut out);
             differential(run, &mut out);
         }
+        Family::Settle if schedule.config.settlement == Settlement::Shadow => shadow(run, &mut out),
         Family::Settle => settled(schedule, run, &mut out),
         Family::Concurrency => in_flight(run, &mut out),
         Family::Outbound => recovery(run, &mut out),
@@ -294,6 +295,10 @@ fn overrides(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     }
 }
 
+/// A fallback's share: (instance, key, window or 0, era), summed as (units, first clock, last
+/// clock).
+type Share = (usize, usize, u64, u32);
+
 /// docs/failure.md, the failure policies: `FailOpen` "the request passes unchecked",
 /// `FailClosed` answers 503 (admits nothing), `LocalFallback::new(n)` decides "from an
 /// in-process `MemoryStore` with `1/n` of each quota" (`LocalFallback::share`: the limit over
@@ -309,7 +314,10 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             if let Some(e) = run.events.iter().filter(by_policy).find(|e| !allowed(e)) {
                 out.push(Violation {
                     oracle: "failure-policy",
-                    detail: format!("FailOpen denied a check of op {} on instance {}", e.op, e.inst),
+                    detail: format!(
+                        "FailOpen denied a check of op {} on instance {}",
+                        e.op, e.inst
+                    ),
                 });
             }
         }
@@ -331,8 +339,7 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             let share = (config.limit / n).max(1);
             let period_us = config.period_ms * 1_000;
             let fixed = config.algorithm == Algorithm::FixedWindow;
-            // (instance, key, window or 0, era) -> (units, first clock, last clock).
-            let mut sums: HashMap<(usize, usize, u64, u32), (u64, u64, u64)> = HashMap::new();
+            let mut sums: HashMap<Share, (u64, u64, u64)> = HashMap::new();
             for e in run.events.iter().filter(|e| allowed(e)) {
                 if fixed && !one_window(e, period_us) {
                     continue;
@@ -350,8 +357,8 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                     share
                 } else {
                     // The first admission may find the share's state from long before.
-                    let refill =
-                        u128::from(share) * u128::from(last - first.min(last)) / u128::from(period_us);
+                    let refill = u128::from(share) * u128::from(last - first.min(last))
+                        / u128::from(period_us);
                     share + refill as u64 + 1
                 };
                 if units > bound {
@@ -374,7 +381,10 @@ fn differential(run: &Run, out: &mut Vec<Violation>) {
     if let Some(first) = run.differences.first() {
         out.push(Violation {
             oracle: "differential",
-            detail: format!("{} operations differ; first: {first}", run.differences.len()),
+            detail: format!(
+                "{} operations differ; first: {first}",
+                run.differences.len()
+            ),
         });
     }
 }
@@ -432,6 +442,21 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
     }
 }
 
+/// docs/modes.md, shadow rollout: "without denying anyone: every request is decided and
+/// recorded exactly as it would be ... and always goes on to the service"; "a shadow layer
+/// forwards even what `FailClosed` would have answered 503: shadow never denies".
+fn shadow(run: &Run, out: &mut Vec<Violation>) {
+    if let Some((op, inst, status)) = run.refused_in_shadow.first() {
+        out.push(Violation {
+            oracle: "shadow",
+            detail: format!(
+                "{} requests refused in shadow, first of op {op} on instance {inst}: {status}",
+                run.refused_in_shadow.len()
+            ),
+        });
+    }
+}
+
 /// docs/modes.md, cost settled after the response: "The reservation makes it exact under
 /// concurrency"; "less than the reservation is refunded"; DESIGN §6c: a refund "goes [to the
 /// window it was charged to] or nowhere". So per key and fixed window, the units the admitted
@@ -478,22 +503,25 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 /// a data loss or of a stall that stops renewals (`DEBUG SLEEP`, a restart).
 fn in_flight(run: &Run, out: &mut Vec<Violation>) {
     let allowance = SLOT_LEASE + Duration::from_millis(300);
-    // The end of each fault's allowance: a data loss's or a stall's (renewals stop during a
+    // Each fault's allowance, from when it began (a data loss may happen anywhere during its
+    // injection) to a data loss's or a stall's end plus the allowance (renewals stop during a
     // `DEBUG SLEEP`).
-    let ends: Vec<Instant> = run
+    let windows: Vec<(Instant, Instant)> = run
         .faults
         .iter()
-        .filter_map(|(when, fault)| match fault {
-            Fault::DebugSleep { ms } => Some(*when + Duration::from_millis(*ms) + allowance),
-            f if f.loses_data() => Some(*when + allowance),
+        .zip(&run.fault_starts)
+        .filter_map(|((when, fault), began)| match fault {
+            Fault::DebugSleep { ms } => {
+                Some((*began, *when + Duration::from_millis(*ms) + allowance))
+            }
+            f if f.loses_data() => Some((*began, *when + allowance)),
             _ => None,
         })
         .collect();
     let excused = |at: Instant| {
-        run.faults
+        windows
             .iter()
-            .zip(&ends)
-            .any(|((when, _), end)| *when <= at && at <= *end)
+            .any(|(began, end)| *began <= at && at <= *end)
     };
     let late: Vec<_> = run.over.iter().filter(|(at, ..)| !excused(*at)).collect();
     if let Some((at, key, n, _)) = late.iter().max_by_key(|(_, _, n, _)| *n) {
