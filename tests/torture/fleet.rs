@@ -120,9 +120,12 @@ pub struct Segment {
     pub at: Instant,
     /// Units each instance held in leases at that moment (any key: an upper bound).
     pub held: Vec<u64>,
+    /// A data loss (the store forgot the key), not a reset.
+    pub loss: bool,
 }
 
-/// A suspension in force from `at` (real) while the manual clock is before `until_us`.
+/// A suspension in force from `at` (real) while the manual clock is before `until_us` (the
+/// earliest end it may have: the clock before the call, plus its duration).
 #[derive(Clone, Debug)]
 pub struct Suspension {
     pub op: usize,
@@ -259,6 +262,7 @@ fn data_loss(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: u64
             clock_us,
             at,
             held: held.clone(),
+            loss: true,
         });
     }
     for suspension in run.suspensions.iter_mut() {
@@ -358,6 +362,7 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     clock_us,
                     at,
                     held,
+                    loss: false,
                 });
             }
             Op::Suspend { key, ms } => {
@@ -367,13 +372,15 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     s.ended.get_or_insert(started);
                 }
                 let name = key_name(schedule, key);
+                // The suspension ends `ms` after the clock the call reads, no earlier than this.
+                let clock_us = manual.now_micros();
                 let set = operator.suspend(name.as_str(), Duration::from_millis(ms));
                 match timeout(BOUND, set).await {
                     Ok(Ok(_)) => run.suspensions.push(Suspension {
                         op: i,
                         key,
                         at: Instant::now(),
-                        until_us: manual.now_micros() + ms * 1_000,
+                        until_us: clock_us + ms * 1_000,
                         ended: None,
                     }),
                     Ok(Err(_)) => {}

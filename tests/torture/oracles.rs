@@ -52,9 +52,12 @@ fn never_hangs(run: &Run, out: &mut Vec<Violation>) {
     }
 }
 
-/// Units that leases taken before segment `s` may still spend after it: each instance's held
-/// units at that moment, at most what it admitted within one lease interval after it
-/// (docs/leases.md: "its units live one interval at most").
+/// Units that leases taken before segment `s` may still spend after it. After a reset: each
+/// instance's held units at that moment, at most what it admitted within one lease interval
+/// after it (docs/leases.md: "its units live one interval at most"; "units leased before a
+/// reset are never given back after it"). After a data loss: every unit held at that moment
+/// (docs/leases.md, "After a data loss": each is spent by its holder or given back into the
+/// fresh state, once).
 fn lease_slack(schedule: &Schedule, run: &Run, key: usize, epoch: u32) -> u64 {
     let Some(interval) = schedule.config.lease_ms.map(Duration::from_millis) else {
         return 0;
@@ -66,6 +69,9 @@ fn lease_slack(schedule: &Schedule, run: &Run, key: usize, epoch: u32) -> u64 {
     else {
         return 0;
     };
+    if segment.loss {
+        return segment.held.iter().sum();
+    }
     let until = segment.at + interval + Duration::from_millis(20);
     segment
         .held
@@ -158,7 +164,9 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 
 /// docs/leases.md: "no instance admits a request that started more than one lease interval
 /// after the control was set" (at once without leases); a suspension stays through a reset and
-/// ends at its time, a resume or a data loss.
+/// ends at its time, a resume or a data loss. Its time is the clock the control read plus its
+/// duration (docs/fleet.md, "Suspension": on the client clock when one is configured), so only an admission decided before the earliest such end
+/// (`end_us`, the clock after the decision, before it) contradicts it.
 fn controls(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     let delay = Duration::from_millis(schedule.config.lease_ms.map_or(0, |ms| ms + 10));
     for s in &run.suspensions {
@@ -167,7 +175,7 @@ fn controls(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 && e.outcome == Outcome::Allowed
                 && e.started > s.at + delay
                 && s.ended.is_none_or(|ended| e.started < ended)
-                && e.clock_us < s.until_us
+                && e.end_us < s.until_us
         });
         if let Some(e) = late.clone().next() {
             out.push(Violation {
@@ -281,8 +289,12 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 
 /// docs/modes.md: "`ConcurrencyLimiter` allows at most N requests in flight per key across the
 /// fleet"; DESIGN §6c: after a data loss, state an instance holds "is re-asserted at its next
-/// renewal" (every third of a lease). Allowed: more than N within one lease (plus 300 ms) of
-/// a data loss or of a stall that stops renewals (`DEBUG SLEEP`, a restart).
+/// renewal" (every third of a lease). Allowed: an admission that leaves more than N in flight
+/// within one lease (plus 300 ms) of a data loss or of a stall that stops renewals
+/// (`DEBUG SLEEP`, a restart). Such requests "stay admitted: the key is then over N until
+/// enough requests end" (docs/modes.md, "Slots that Redis lost are put back"; "the excess
+/// drains as requests end and is never added to"), so what is judged is each admission, when
+/// it was made: the in-flight samples taken later are not.
 fn in_flight(run: &Run, out: &mut Vec<Violation>) {
     let allowance = SLOT_LEASE + Duration::from_millis(300);
     // The end of each fault's allowance: a data loss's or a stall's (renewals stop during a
@@ -302,8 +314,13 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
             .zip(&ends)
             .any(|((when, _), end)| *when <= at && at <= *end)
     };
-    let late: Vec<_> = run.over.iter().filter(|(at, ..)| !excused(*at)).collect();
-    if let Some((at, key, n, _)) = late.iter().max_by_key(|(_, _, n, _)| *n) {
+    // The sampler's records (op `usize::MAX`) follow from admissions, each recorded itself.
+    let late: Vec<_> = run
+        .over
+        .iter()
+        .filter(|(at, _, _, op)| *op != usize::MAX && !excused(*at))
+        .collect();
+    if let Some((at, key, n, op)) = late.iter().max_by_key(|(_, _, n, _)| *n) {
         let since = run
             .faults
             .iter()
@@ -314,7 +331,7 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
         out.push(Violation {
             oracle: "concurrency",
             detail: format!(
-                "key {key}: {n} in flight over a limit of {}, {} samples over it outside the allowance ({since})",
+                "key {key}: {n} in flight over a limit of {} at an admission of op {op}, {} admissions over it outside the allowance ({since})",
                 run.limit,
                 late.len()
             ),
