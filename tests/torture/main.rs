@@ -126,9 +126,6 @@ async fn torture_run() {
         faults += run.faults.len() as u64;
         cancellations += run.cancellations;
         let found_here = oracles::check(&schedule, &run);
-        if std::env::var("TORTURE_SHOW").is_ok() {
-            println!("{schedule}");
-        }
         if verbose {
             let allowed = run
                 .events
