@@ -791,3 +791,42 @@ async fn units_leased_before_a_reset_never_come_back_after_it() {
         "{held} units held at the reset; {stats:?}"
     );
 }
+
+/// After a data loss (`FLUSHALL`) the key starts fresh, and the units a leasing instance held
+/// at the loss are admitted once more after it, each once: given back into the fresh state
+/// when the lease ends (docs/leases.md, "After a data loss"): the fleet admits a fresh quota
+/// plus exactly the units held at the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_held_at_a_data_loss_are_admitted_once_after_it() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_day(1_000).unwrap();
+    let clock = ManualClock::new(T0);
+    let ctx = Ctx::default().manual(&clock);
+    let leasing = Limiter::builder(ctx.redis_store(&redis))
+        .clock(Clock::Manual(clock.clone()))
+        .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
+        .build()
+        .unwrap();
+    let other = ctx.redis(&redis);
+    hold_units(&leasing, "k", &quota, &clock).await;
+    // A background renewal still in flight lands first: nothing is on its way at the loss.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let held = leasing.lease_stats().held;
+    redis.flushall();
+    let mut admitted = 0;
+    for _ in 0..1_200 {
+        admitted += u64::from(other.check("k", &quota).await.is_allowed());
+    }
+    assert_eq!(admitted, 1_000, "a fresh quota after the loss");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(leasing.release_leases().await, held);
+    settled(&leasing).await;
+    for _ in 0..1_200 {
+        admitted += u64::from(other.check("k", &quota).await.is_allowed());
+    }
+    assert_eq!(
+        admitted,
+        1_000 + held,
+        "after the loss: a fresh quota plus the {held} units held at it"
+    );
+}

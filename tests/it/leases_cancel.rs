@@ -168,3 +168,58 @@ async fn a_response_future_dropped_by_a_timeout_never_hangs_the_later_requests_t
         "{hung} of 5 later requests still pending after {BOUND:?}"
     );
 }
+
+/// A request waits for another's renewal, its key's lease ends meanwhile (`forget`), and the
+/// request is dropped while the store call it then makes is in flight: whatever that call took
+/// stays with the key's lease (held, then spent or given back), so Redis counts exactly the
+/// admitted requests, and the counters balance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_after_its_lease_ended_while_it_waited_loses_no_unit() {
+    let redis = RedisServer::start();
+    let limiter = leasing(&redis);
+    let (key, quota) = ("hot", slow());
+    // The connection is up and the script loaded: the calls below reach Redis at once.
+    assert!(limiter.check("warm", &quota).await.is_allowed());
+    let sleeping = redis.debug_sleep(HELD);
+    // The first request's renewal waits for Redis; the second waits for that renewal.
+    let first = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.check(key, &quota).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.check(key, &quota).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!second.is_finished(), "it waits for the renewal in flight");
+    // The lease ends: the waiter wakes and makes its own store call, which Redis holds too.
+    limiter.forget(key);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    second.abort();
+    assert!(
+        second.await.is_err_and(|e| e.is_cancelled()),
+        "dropped while Redis sleeps"
+    );
+    tokio::task::spawn_blocking(move || sleeping.join().unwrap())
+        .await
+        .unwrap();
+    assert!(first.await.unwrap().is_allowed());
+    // Ends the leases (their units go back) and lets every give-back land.
+    limiter.release_leases().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    limiter.release_leases().await;
+    let stats = limiter.lease_stats();
+    let admitted = 1;
+    assert_eq!(
+        consumed(&limiter, key, admitted + stats.stranded).await,
+        admitted + stats.stranded,
+        "Redis counts more units consumed than the {admitted} admitted and {} stranded: {stats:?}",
+        stats.stranded
+    );
+    assert_eq!(
+        stats.leased,
+        stats.spent + stats.held + stats.returned + stats.stranded,
+        "{stats:?}"
+    );
+}

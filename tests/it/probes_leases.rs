@@ -65,9 +65,6 @@ impl Rng {
 /// (a zero timeout = first poll, a short one = in flight, or run to the end), with `forget`
 /// and `release_leases` now and then: afterwards every admission was paid in Redis and every
 /// unit Redis consumed was admitted or counted stranded; the counters balance.
-// Open: one run of the whole suite counted 7182 units consumed in Redis for 7181 admissions
-// and 0 stranded (one unit taken by a renewal, then neither spent nor given back).
-#[ignore = "open: a unit consumed and not accounted for, 1 run in 2"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_hot_key_random_drops_redis_count_equals_admissions_and_counters_balance() {
     let redis = RedisServer::start();
@@ -126,8 +123,16 @@ async fn probe_hot_key_random_drops_redis_count_equals_admissions_and_counters_b
     for task in tasks {
         task.await.unwrap();
     }
+    // A renewal handed on by a dropped request may land after a release: its units are then
+    // held again (docs/leases.md: "keeps the dropped request's units held"), so release until
+    // nothing is held (or 5 s).
+    let started = Instant::now();
     for limiter in &instances {
         limiter.release_leases().await;
+        while limiter.lease_stats().held > 0 && started.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            limiter.release_leases().await;
+        }
     }
     let stats = [settled(&instances[0]).await, settled(&instances[1]).await];
     for s in &stats {

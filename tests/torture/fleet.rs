@@ -148,9 +148,12 @@ pub struct Segment {
     pub at: Instant,
     /// Units each instance held in leases at that moment (any key: an upper bound).
     pub held: Vec<u64>,
+    /// A data loss (the store forgot the key), not a reset.
+    pub loss: bool,
 }
 
-/// A suspension in force from `at` (real) while the manual clock is before `until_us`.
+/// A suspension in force from `at` (real) while the manual clock is before `until_us` (the
+/// earliest end it may have: the clock before the call, plus its duration).
 #[derive(Clone, Debug)]
 pub struct Suspension {
     pub op: usize,
@@ -329,6 +332,7 @@ fn new_segments(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: 
             clock_us,
             at,
             held: held.clone(),
+            loss: true,
         });
     }
     at
@@ -612,6 +616,7 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     clock_us,
                     at,
                     held,
+                    loss: false,
                 });
             }
             Op::Suspend { key, ms } | Op::Extend { key, ms } => {

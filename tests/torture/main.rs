@@ -2,8 +2,7 @@
 //! futures and injected faults, against a private `redis-server` (and `MemoryStore`), each run
 //! checked by oracles that restate the docs' promises.
 //!
-//! - `cargo test --test torture -- --ignored --nocapture` (ignored by default while it still
-//!   finds open violations): schedules from a printed base seed for
+//! - `cargo test --test torture -- --nocapture`: schedules from a printed base seed for
 //!   `TORTURE_SECS` seconds (45 by default), then stops: the schedule running at the budget's
 //!   end is cut there (its oracles judge the prefix that ran), and shrinking a failure gets
 //!   [`SHRINK_SECS`] at most, so the default run, Redis's startup and a failure's report
@@ -62,12 +61,7 @@ async fn clean(redis: &Fixture) {
     .expect("clean");
 }
 
-// Ignored until the violations it finds on main are fixed (a GCRA give-back after FLUSHALL
-// admitting above the bound, a suspension seen late by another leasing instance, N + 1 in
-// flight after FLUSHALL): a run fails about one time in three. `cargo test --test torture --
-// --ignored --nocapture` runs it.
 #[test]
-#[ignore = "finds open violations on main; run with --ignored"]
 fn torture() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -56,9 +56,12 @@ fn never_hangs(run: &Run, out: &mut Vec<Violation>) {
     }
 }
 
-/// Units that leases taken before segment `s` may still spend after it: each instance's held
-/// units at that moment, at most what it admitted within one lease interval after it
-/// (docs/leases.md: "its units live one interval at most").
+/// Units that leases taken before segment `s` may still spend after it. After a reset: each
+/// instance's held units at that moment, at most what it admitted within one lease interval
+/// after it (docs/leases.md: "its units live one interval at most"; "units leased before a
+/// reset are never given back after it"). After a data loss: every unit held at that moment
+/// (docs/leases.md, "After a data loss": each is spent by its holder or given back into the
+/// fresh state, once).
 fn lease_slack(schedule: &Schedule, run: &Run, key: usize, epoch: u32) -> u64 {
     let Some(interval) = schedule.config.lease_ms.map(Duration::from_millis) else {
         return 0;
@@ -70,6 +73,9 @@ fn lease_slack(schedule: &Schedule, run: &Run, key: usize, epoch: u32) -> u64 {
     else {
         return 0;
     };
+    if segment.loss {
+        return segment.held.iter().sum();
+    }
     let until = segment.at + interval + Duration::from_millis(20);
     segment
         .held
@@ -202,8 +208,10 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 /// docs/leases.md: "no instance admits a request that started more than one lease interval
 /// after the control was set" (at once without leases); a suspension stays through a reset and
 /// ends at its time, a resume or a data loss; `extend_suspension` (docs/fleet.md) keeps the
-/// later of its end and now + its duration. A check's window of time ends at `end_us` (its
-/// clock, or later after a step back: it decides as of the stored time).
+/// later of its end and now + its duration. Its time is the clock the control read plus its
+/// duration (docs/fleet.md, "Suspension": on the client clock when one is configured), so only
+/// an admission decided before the earliest such end (`end_us`, the clock after the decision,
+/// before it) contradicts it.
 fn controls(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     let delay = control_delay(schedule);
     for s in &run.suspensions {
@@ -499,8 +507,12 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 
 /// docs/modes.md: "`ConcurrencyLimiter` allows at most N requests in flight per key across the
 /// fleet"; DESIGN §6c: after a data loss, state an instance holds "is re-asserted at its next
-/// renewal" (every third of a lease). Allowed: more than N within one lease (plus 300 ms) of
-/// a data loss or of a stall that stops renewals (`DEBUG SLEEP`, a restart).
+/// renewal" (every third of a lease). Allowed: an admission that leaves more than N in flight
+/// within one lease (plus 300 ms) of a data loss or of a stall that stops renewals
+/// (`DEBUG SLEEP`, a restart). Such requests "stay admitted: the key is then over N until
+/// enough requests end" (docs/modes.md, "Slots that Redis lost are put back"; "the excess
+/// drains as requests end and is never added to"), so what is judged is each admission, when
+/// it was made: the in-flight samples taken later are not.
 fn in_flight(run: &Run, out: &mut Vec<Violation>) {
     let allowance = SLOT_LEASE + Duration::from_millis(300);
     // Each fault's allowance, from when it began (a data loss may happen anywhere during its
@@ -523,8 +535,13 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
             .iter()
             .any(|(began, end)| *began <= at && at <= *end)
     };
-    let late: Vec<_> = run.over.iter().filter(|(at, ..)| !excused(*at)).collect();
-    if let Some((at, key, n, _)) = late.iter().max_by_key(|(_, _, n, _)| *n) {
+    // The sampler's records (op `usize::MAX`) follow from admissions, each recorded itself.
+    let late: Vec<_> = run
+        .over
+        .iter()
+        .filter(|(at, _, _, op)| *op != usize::MAX && !excused(*at))
+        .collect();
+    if let Some((at, key, n, op)) = late.iter().max_by_key(|(_, _, n, _)| *n) {
         let since = run
             .faults
             .iter()
@@ -535,7 +552,7 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
         out.push(Violation {
             oracle: "concurrency",
             detail: format!(
-                "key {key}: {n} in flight over a limit of {}, {} samples over it outside the allowance ({since})",
+                "key {key}: {n} in flight over a limit of {} at an admission of op {op}, {} admissions over it outside the allowance ({since})",
                 run.limit,
                 late.len()
             ),

@@ -10,8 +10,9 @@
 //! it would have spent; any renewal's future that is dropped before its end ends it
 //! ([`Unfinished`]), which wakes the waiters to renew themselves. A waiter also waits no longer
 //! than the store's [`call_timeout`](crate::store::Store::call_timeout): past it the failure
-//! policy answers. A lease that ends (forgotten, released, idle) wakes its waiters, which then
-//! check as without leases.
+//! policy answers. A lease that ends (forgotten, released, idle, a control) wakes its waiters,
+//! which then start again on the key's new lease (so a waiter's store call is a renewal, handed
+//! on like any other), or check as without leases when the key cannot have one now.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -42,8 +43,8 @@ enum Step<'a> {
     Wait(Notified<'a>),
     /// Renew now, for this many units.
     Renew(u64),
-    /// The lease ended while this request waited: check as without leases.
-    Direct,
+    /// The lease ended while this request waited: start again on the key's new lease.
+    Ended,
 }
 
 impl Limiter {
@@ -61,7 +62,7 @@ impl Limiter {
             true => leases.lease(storage_key, quotas, now),
             false => None,
         };
-        let Some(lease) = lease else {
+        let Some(mut lease) = lease else {
             return self
                 .decide_direct(storage_key, quotas, cost, label, None)
                 .await;
@@ -95,9 +96,19 @@ impl Limiter {
                         let request = self.request(storage_key, quotas, cost);
                         return self.fail(StoreError::Timeout(timeout), request, label);
                     }
+                    continue;
                 }
                 Step::Renew(ask) => break ask,
-                Step::Direct => {
+                Step::Ended => {}
+            }
+            // The lease ended while this request waited: it starts again on the key's new
+            // lease, so its store call is a renewal, handed on if the request is dropped (a
+            // check of its own, dropped in flight, would consume units that nobody spends).
+            waited_for = None;
+            match leases.lease(storage_key, quotas, now) {
+                Some(new) => lease = new,
+                // The table is full, or the key's hash holds another lease.
+                None => {
                     let direct = self.decide_direct(storage_key, quotas, cost, label, None);
                     return self
                         .within(deadline, direct, storage_key, quotas, cost, label)
@@ -222,7 +233,7 @@ impl Limiter {
                 label,
             ))
         } else if state.detached {
-            Step::Direct
+            Step::Ended
         } else if state.renewing {
             *waited_for = Some(state.generation);
             Step::Wait(lease.renewed.notified())
