@@ -248,8 +248,12 @@ async fn measure(counted: &mut Counted, scenario: Scenario) -> Result<u64, Strin
 /// The reference script by hand, on one connection.
 async fn reference(counted: &mut Counted, key: &str) -> Result<u64, String> {
     let client = redis::Client::open(counted.server.url()).map_err(|e| e.to_string())?;
+    // Redis under callgrind answers tens of times slower than usual.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(30)))
+        .set_response_timeout(Some(Duration::from_secs(30)));
     let mut connection = client
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| e.to_string())?;
     let sha: String = redis::cmd("SCRIPT")

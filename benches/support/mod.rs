@@ -14,6 +14,7 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     /// Starts one and waits until it answers `PING`.
+    #[allow(dead_code)] // not every bench starts one without a wrapper
     pub fn start() -> Result<PrivateRedis, String> {
         Self::start_under(&[], Duration::from_secs(5))
     }
