@@ -128,26 +128,6 @@ if now == -1 then
   now = t[1] * 1000000 + t[2]
 end
 
--- The reply of a suspended key: denied until `until_us` (the time left capped, so a stored end
--- however far ahead still gives a readable reply), naming the first tier of `over` (a string
--- of controls holding the override in force), or none; nothing written.
-local function suspended(until_us, over)
-  local left = (until_us - now) / 1000
-  if left > MAX_REPLY_MS then
-    left = MAX_REPLY_MS
-  else
-    local frac = left % 1
-    left = left - frac
-    if frac > 0 then
-      left = left + 1
-    end
-  end
-  if over then
-    return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', over, 11))
-  end
-  return spack('<BBddd', 2, 1, 0, left, left)
-end
-
 -- Read the route's string and the tenant's controls (absent unless an operator set one) with
 -- two GETs under pcall: a key of another type answers WRONGTYPE and reads as absent
 -- (self-healing: only an admission's write replaces it); any other error (a NOPERM) is the
@@ -211,17 +191,10 @@ if s then
       local n = string.byte(s, 10)
       local clen = 10 + 24 * (n or 0)
       if n and n <= 8 and len >= clen then
+        -- Suspended (this route, or its tenant): until the later end, answered below.
         local until_us = sunpack('<d', s, 2)
-        if tuntil > until_us then
-          until_us = tuntil
-        end
-        if until_us > now then
-          -- Suspended (this route, or its tenant), until the later end: the first tier in
-          -- force is the route's override, else the tenant's.
-          if n > 0 then
-            return suspended(until_us, s)
-          end
-          return suspended(until_us, tover and quotas)
+        if until_us > tuntil or tuntil ~= tuntil then
+          tuntil = until_us
         end
         if n > 0 then
           head, rover, quotas, tover = string.sub(s, 1, clen), true, s, n
@@ -239,7 +212,24 @@ if s then
   end
 end
 if tuntil > now then
-  return suspended(tuntil, tover and quotas)
+  -- Suspended: denied until `tuntil` (the time left capped, so a stored end however far ahead
+  -- still gives a readable reply), naming the first tier of the override in force (the
+  -- route's, else the tenant's), if any; nothing written. Written out here rather than as a
+  -- function: a function is a closure built on every call.
+  local left = (tuntil - now) / 1000
+  if left > MAX_REPLY_MS then
+    left = MAX_REPLY_MS
+  else
+    local frac = left % 1
+    left = left - frac
+    if frac > 0 then
+      left = left + 1
+    end
+  end
+  if tover then
+    return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', quotas, 11))
+  end
+  return spack('<BBddd', 2, 1, 0, left, left)
 end
 if tover then
   tiers = tover

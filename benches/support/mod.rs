@@ -14,13 +14,30 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     /// Starts one and waits until it answers `PING`.
+    #[allow(dead_code)] // not every bench starts one without a wrapper
     pub fn start() -> Result<PrivateRedis, String> {
+        Self::start_under(&[], Duration::from_secs(5))
+    }
+
+    /// Starts one run by `wrapper` (a command and its arguments, e.g. `valgrind
+    /// --tool=callgrind`; empty: none), in the server's temporary directory, and waits up to
+    /// `ready_within` until it answers `PING`.
+    pub fn start_under(wrapper: &[String], ready_within: Duration) -> Result<PrivateRedis, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .map_err(|e| e.to_string())?
             .port();
-        let child = Command::new("redis-server")
+        let mut command = match wrapper {
+            [program, args @ ..] => {
+                let mut command = Command::new(program);
+                command.args(args).arg("redis-server");
+                command
+            }
+            [] => Command::new("redis-server"),
+        };
+        let child = command
+            .current_dir(dir.path())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -35,7 +52,7 @@ impl PrivateRedis {
             child,
             _dir: dir,
         };
-        server.wait_until_ready()?;
+        server.wait_until_ready(ready_within)?;
         Ok(server)
     }
 
@@ -50,9 +67,15 @@ impl PrivateRedis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    fn wait_until_ready(&mut self) -> Result<(), String> {
+    /// The server's temporary directory (its working directory).
+    #[allow(dead_code)] // not every bench reads it
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
+    fn wait_until_ready(&mut self, within: Duration) -> Result<(), String> {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + within;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("redis-server exited at start ({status})"));
