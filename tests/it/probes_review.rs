@@ -542,3 +542,78 @@ async fn probe_layer_requests_dropped_at_random_points_lose_no_unit_and_never_ha
         stats.spent
     );
 }
+
+/// Slow Redis: `acquire` while Redis sleeps past the store timeout answers within the timeout
+/// (plus load), and the slots it may have taken are free again once Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_acquire_during_a_debug_sleep_answers_within_the_timeout_and_frees_its_slots() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let ctx = Ctx {
+        timeout,
+        ..Ctx::default()
+    };
+    let slots = ConcurrencyLimiter::new(ctx.redis(&redis), 3).unwrap();
+    assert!(matches!(slots.acquire("warm").await, SlotOutcome::Acquired(_)));
+    let sleeping = redis.debug_sleep(Duration::from_millis(600));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let timed = futures::future::join_all((0..20).map(|_| {
+        let slots = slots.clone();
+        async move {
+            let s = Instant::now();
+            let outcome = slots.acquire("k").await;
+            (s.elapsed(), matches!(outcome, SlotOutcome::Acquired(_)))
+        }
+    }))
+    .await;
+    let slowest = timed.iter().map(|(t, _)| *t).max().unwrap();
+    let acquired = timed.iter().filter(|(_, a)| *a).count();
+    tokio::task::spawn_blocking(move || sleeping.join().unwrap())
+        .await
+        .unwrap();
+    let skey = slots.slots_key("k");
+    let back = Instant::now();
+    let mut count = zcard(&redis, &skey).await;
+    while count > 0 && back.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        count = zcard(&redis, &skey).await;
+    }
+    eprintln!(
+        "acquire in a sleep: slowest {slowest:?}, acquired {acquired}; ZCARD {count} {:?} after Redis answered",
+        back.elapsed()
+    );
+    assert!(slowest <= timeout + Duration::from_millis(400), "an acquire took {slowest:?}");
+    assert_eq!(count, 0, "slots of failed acquisitions still held 3 s after Redis answered");
+}
+
+/// Deny cache at a fixed window's turn (manual clock): a leasing instance that spent its
+/// window is denied from the cache; once the window turns it admits at once (the cached
+/// denial ends with the window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_a_cached_denial_ends_with_its_fixed_window() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
+    let leasing = Limiter::builder(ctx.redis_store(&redis))
+        .algorithm(Algorithm::FixedWindow)
+        .clock(Clock::Manual(clock.clone()))
+        .leases(Leases::new(INTERVAL))
+        .build()
+        .unwrap();
+    let quota = Quota::per_minute(100).unwrap();
+    let mut ok = 0;
+    for _ in 0..150 {
+        ok += u64::from(leasing.check("w", &quota).await.is_allowed());
+    }
+    assert_eq!(ok, 100);
+    let denied = *leasing.check("w", &quota).await.decision().unwrap();
+    assert!(!denied.allowed);
+    clock.advance(denied.retry_after + Duration::from_micros(1));
+    let v = leasing.check("w", &quota).await;
+    assert!(v.is_allowed(), "denied after its retry_after {:?}: {v:?}", denied.retry_after);
+    let mut second = 1;
+    for _ in 0..150 {
+        second += u64::from(leasing.check("w", &quota).await.is_allowed());
+    }
+    assert_eq!(second, 100, "admitted in the second window");
+}
