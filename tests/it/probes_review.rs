@@ -554,7 +554,10 @@ async fn probe_acquire_during_a_debug_sleep_answers_within_the_timeout_and_frees
         ..Ctx::default()
     };
     let slots = ConcurrencyLimiter::new(ctx.redis(&redis), 3).unwrap();
-    assert!(matches!(slots.acquire("warm").await, SlotOutcome::Acquired(_)));
+    assert!(matches!(
+        slots.acquire("warm").await,
+        SlotOutcome::Acquired(_)
+    ));
     let sleeping = redis.debug_sleep(Duration::from_millis(600));
     tokio::time::sleep(Duration::from_millis(10)).await;
     let timed = futures::future::join_all((0..20).map(|_| {
@@ -582,8 +585,14 @@ async fn probe_acquire_during_a_debug_sleep_answers_within_the_timeout_and_frees
         "acquire in a sleep: slowest {slowest:?}, acquired {acquired}; ZCARD {count} {:?} after Redis answered",
         back.elapsed()
     );
-    assert!(slowest <= timeout + Duration::from_millis(400), "an acquire took {slowest:?}");
-    assert_eq!(count, 0, "slots of failed acquisitions still held 3 s after Redis answered");
+    assert!(
+        slowest <= timeout + Duration::from_millis(400),
+        "an acquire took {slowest:?}"
+    );
+    assert_eq!(
+        count, 0,
+        "slots of failed acquisitions still held 3 s after Redis answered"
+    );
 }
 
 /// Deny cache at a fixed window's turn (manual clock): a leasing instance that spent its
@@ -610,10 +619,79 @@ async fn probe_a_cached_denial_ends_with_its_fixed_window() {
     assert!(!denied.allowed);
     clock.advance(denied.retry_after + Duration::from_micros(1));
     let v = leasing.check("w", &quota).await;
-    assert!(v.is_allowed(), "denied after its retry_after {:?}: {v:?}", denied.retry_after);
+    assert!(
+        v.is_allowed(),
+        "denied after its retry_after {:?}: {v:?}",
+        denied.retry_after
+    );
     let mut second = 1;
     for _ in 0..150 {
         second += u64::from(leasing.check("w", &quota).await.is_allowed());
     }
     assert_eq!(second, 100, "admitted in the second window");
+}
+
+/// The branch's change, under a control (note: a control ends the leases after its store call
+/// returns, so the waiter here is still waiting when dropped; the new path is covered by
+/// `leases_cancel`): a request waits for another's renewal while Redis
+/// sleeps, this limiter resets the tenant (ending the lease: the waiter starts again on a new
+/// lease), and the waiter is dropped while its renewal is in flight. Afterwards nothing hangs,
+/// the counters balance, and Redis counts after the reset only what was spent after it or
+/// stranded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_a_waiter_dropped_after_a_reset_ended_its_lease_loses_no_unit() {
+    let redis = RedisServer::start();
+    let limiter = leasing_with(&redis, Algorithm::FixedWindow, Duration::from_secs(1));
+    let observer = Ctx::new(Algorithm::FixedWindow).redis(&redis);
+    let quota = Quota::per_day(1_000).unwrap();
+    assert!(limiter.check("warm", &quota).await.is_allowed());
+    let sleeping = redis.debug_sleep(Duration::from_millis(400));
+    let first = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.check("hot", &quota).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.check("hot", &quota).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let reset = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.reset("hot").await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    second.abort();
+    let _ = second.await;
+    tokio::task::spawn_blocking(move || sleeping.join().unwrap())
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(3), first)
+        .await
+        .expect("the first request hung")
+        .unwrap();
+    reset.await.unwrap().unwrap();
+    let later = tokio::time::timeout(Duration::from_secs(3), limiter.check("hot", &quota))
+        .await
+        .expect("a later request hung");
+    assert!(later.is_allowed());
+    limiter.release_leases().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    limiter.release_leases().await;
+    let stats = settled(&limiter).await;
+    let peek = observer
+        .try_check_quotas("hot", &Quotas::from(&quota), 0)
+        .await
+        .unwrap();
+    let consumed = quota.burst() - peek.remaining;
+    eprintln!(
+        "reset while waiting: first {first:?}; consumed after the reset {consumed}; {stats:?}"
+    );
+    assert!(balanced(&stats), "{stats:?}");
+    // After the reset: the later request (1), plus at most what is counted stranded.
+    assert!(
+        consumed <= 1 + stats.stranded && consumed >= 1,
+        "Redis counts {consumed} consumed after the reset; 1 admitted after it, {} stranded; {stats:?}",
+        stats.stranded
+    );
 }
