@@ -25,7 +25,7 @@
 //! Prometheus text at `http://ADDR/metrics`.
 //!
 //! The command line and store selection are shared with the tonic example
-//! (`examples/common/cli.rs`).
+//! (`examples/common/cli/`).
 //!
 //! ```text
 //! $ cargo run --example axum -- --limit 3 --period 1m

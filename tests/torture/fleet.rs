@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use http::{Request, Response, StatusCode};
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
-use redlimit::failure_policy::{FailClosed, FailOpen, FailurePolicy, FailureContext, LocalFallback};
+use redlimit::failure_policy::{
+    FailClosed, FailOpen, FailureContext, FailurePolicy, LocalFallback,
+};
 use redlimit::key::FnKey;
 use redlimit::limiter::{AcquireError, BlockFor};
 use redlimit::limiter::{LeaseStats, Leases, LimiterStats};
