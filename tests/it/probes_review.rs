@@ -338,7 +338,7 @@ async fn probe_operator_controls_reach_a_leasing_instance_within_one_interval_on
 /// window admits less, never more than the quota. One instance, 2 000 a day (k at most 200).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "slow (up to a minute of DEBUG SLEEPs): run with --ignored; measures what a store that times out costs a leasing key"]
-async fn probe_renewals_timed_out_after_redis_ran_them_lose_no_more_than_k() {
+async fn probe_a_store_that_times_out_never_lets_leases_admit_past_the_quota() {
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(100);
     let limiter = leasing_with(&redis, Algorithm::FixedWindow, timeout);
