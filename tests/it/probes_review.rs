@@ -6,7 +6,8 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use redlimit::clock::{Clock, ManualClock};
-use redlimit::limiter::{ConcurrencyLimiter, LeaseStats, Leases, SlotOutcome};
+use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
+use redlimit::limiter::{LeaseStats, Leases};
 use redlimit::{Algorithm, Limiter, Quota, Quotas, Verdict};
 use support::{Ctx, RedisServer};
 
@@ -246,7 +247,7 @@ async fn probe_acquire_dropped_at_random_points_leaves_no_ghost_slot() {
         match tokio::time::timeout(Duration::from_micros(us), slots.acquire("k")).await {
             Ok(SlotOutcome::Acquired(slot)) => {
                 acquired += 1;
-                if rng.next() % 3 == 0 {
+                if rng.next().is_multiple_of(3) {
                     tokio::task::yield_now().await;
                 }
                 drop(slot);
@@ -465,9 +466,10 @@ async fn probe_layer_requests_dropped_at_random_points_lose_no_unit_and_never_ha
             for i in 0..250u64 {
                 let us = rng.next() % 800;
                 let call = service.clone().oneshot(request());
-                if rng.next() % 3 == 0 {
+                if rng.next().is_multiple_of(3) {
                     let _ = tokio::time::timeout(Duration::from_micros(us), call).await;
-                } else if let Ok(r) = call.await {
+                } else {
+                    let Ok(r) = call.await;
                     statuses += u64::from(r.status() == http::StatusCode::OK);
                 }
                 if t == 0 && i % 40 == 20 {
