@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use redlimit::clock::Clock;
 use redlimit::limiter::{LeaseStats, LimiterStats};
 use redlimit::Algorithm;
 
@@ -485,7 +486,7 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             .iter()
             .filter(|s| s.key == key && s.clock_us / period_us == window)
             .count() as u64;
-        let bound = config.limit * (1 + losses);
+        let bound = config.limit * (1 + losses + repairs(run, key, window, period_us));
         if units > bound {
             let reserved: u64 = run
                 .events
@@ -503,6 +504,28 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             });
         }
     }
+}
+
+/// Admissions on `key` that may have repaired its state back from `window` to an earlier one:
+/// the `Clock` docs ("Client clocks that disagree"; docs/algorithms.md, README's **Clocks**): a
+/// call whose clock is behind its key's stored time by more than `Clock::MAX_SKEW` is "a clock
+/// that stepped back. The state is repaired to `now` (...; a window of a later time reads as
+/// empty)", and "instances whose clocks differ by more than `MAX_SKEW` fall outside the
+/// guarantee: each call of the slower one repairs the state to its earlier time". A layer
+/// request whose check read the shared manual clock before an `Advance` and reached the store
+/// after it is such a call (its `now` is the clock before the jump): its admission writes its
+/// own earlier window over the later one, whose next check then counts from empty. So each
+/// admission that started more than `MAX_SKEW` before `window` began and was decided in it or
+/// later may let `window` admit one more quota (a fixed window's count is at most the quota when
+/// it is wiped).
+fn repairs(run: &Run, key: usize, window: u64, period_us: u64) -> u64 {
+    let start_us = window * period_us;
+    let skew_us = Clock::MAX_SKEW.as_micros() as u64;
+    run.events
+        .iter()
+        .filter(|e| e.key == key && e.outcome == Outcome::Allowed && e.cost > 0)
+        .filter(|e| e.clock_us + skew_us < start_us && e.end_us >= start_us)
+        .count() as u64
 }
 
 /// docs/modes.md: "`ConcurrencyLimiter` allows at most N requests in flight per key across the
