@@ -52,14 +52,18 @@ fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
         return;
     };
     let (task_limits, task_key) = (limits.clone(), key.clone());
-    let task = runtime.spawn(async move {
-        let learned_for = learn_round(&task_limits, &task_key, round.target).await;
-        task_limits.provider.finish(&task_key, learned_for);
+    // Registered under the lock that `finish` takes: a task that ends at once (on another
+    // worker) cannot finish before it is registered, which would leave it in flight for good.
+    limits.provider.start(key, || {
+        let task = runtime.spawn(async move {
+            let learned_for = learn_round(&task_limits, &task_key, round.target).await;
+            task_limits.provider.finish(&task_key, learned_for);
+        });
+        let pending: BoxFuture<'static, ()> = Box::pin(async move {
+            let _ = task.await;
+        });
+        pending.shared()
     });
-    let pending: BoxFuture<'static, ()> = Box::pin(async move {
-        let _ = task.await;
-    });
-    limits.provider.start(key, pending.shared());
 }
 
 /// Runs the pacing `write` for `key` in a task of its own, registered as the key's pacing in
@@ -153,7 +157,9 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
         Ok(status) => status,
         Err(error) => {
             tracing::warn!(%error, scope, "could not read the key's quota: nothing learned this period");
-            return None;
+            // Not known: the next round (a period from now) reads it again, even without an
+            // announcement, so that a learned quota past its time is still cleared.
+            return Some(Duration::ZERO);
         }
     };
     let in_force = status.quota_override;
@@ -227,7 +233,8 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
         }
         Err(error) => {
             tracing::warn!(%error, scope, "upstream announced a quota that could not be set: not learned");
-            None
+            // Read again at the next round (a period from now), announcement or not.
+            Some(Duration::ZERO)
         }
     }
 }

@@ -77,7 +77,6 @@ async fn a_learned_route_quota_never_loosens_an_operators_override_of_every_rout
 /// first round after that without one clears it". The round after the TTL meets a Redis that
 /// does not answer within the store's timeout; Redis is back, answers keep coming without an
 /// announcement, yet no round ever runs again: the learned quota stays for good.
-#[ignore = "open: one failed expiry round leaves the learned quota for good"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_expiry_round_never_leaves_the_learned_quota_for_good() {
     let redis = RedisServer::start();
@@ -247,7 +246,6 @@ async fn timed_out_calls_never_hang_settled_or_lose_pacing() {
 /// The learning round of a key is registered after its task is spawned: a task that ends first
 /// (on another worker) leaves a round "in flight" that never ends, and the key never learns
 /// again in this process. 200 per-request keys on a fast store, each learns 20/s then 10/s.
-#[ignore = "open: a round that ends before it is registered stays in flight for good (34 of 200 keys)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_learns_again_after_its_first_round() {
     let limiter = super::support::memory_limiter(Algorithm::FixedWindow);
