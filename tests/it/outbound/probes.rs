@@ -159,7 +159,10 @@ async fn learning_never_suspends_a_route_scoped_learned() {
     upstream.announce(policy(5, 1));
     calls(&layer, &upstream, 2).await;
     layer.settled().await;
-    let status = limiter.inspect(Target::scoped("learned", KEY)).await.unwrap();
+    let status = limiter
+        .inspect(Target::scoped("learned", KEY))
+        .await
+        .unwrap();
     let verdict = limiter
         .acquire_cost(
             Target::scoped("learned", KEY),
@@ -205,7 +208,9 @@ async fn hostile_pacing_headers_are_capped() {
         let left = status.suspended_for;
         assert!(left.is_some_and(|l| l <= cap), "{headers:?}: {left:?}");
         assert!(
-            status.expires_in.is_some_and(|e| e <= Duration::from_secs(31 * 86_400)),
+            status
+                .expires_in
+                .is_some_and(|e| e <= Duration::from_secs(31 * 86_400)),
             "{status:?}"
         );
     }
@@ -240,7 +245,11 @@ async fn timed_out_calls_never_hang_settled_or_lose_pacing() {
     limiter.resume(KEY).await.unwrap();
     calls(&layer, &upstream, 1).await;
     let next = tokio::time::timeout(Duration::from_secs(5), calls(&layer, &upstream, 1)).await;
-    assert_eq!(next, Ok(0), "the next call after `remaining: 0` was admitted");
+    assert_eq!(
+        next,
+        Ok(0),
+        "the next call after `remaining: 0` was admitted"
+    );
 }
 
 /// The learning round of a key is registered after its task is spawned: a task that ends first
@@ -281,4 +290,35 @@ async fn every_key_learns_again_after_its_first_round() {
         ));
     }
     assert_eq!(stuck, 0, "{stuck} of 200 keys never learned again");
+}
+
+/// The same root as above, from the operator's side: an operator who sets the same quota on
+/// the key and on its route of scope `learned` has written the key's learning record, byte for
+/// byte: the key's operator override then reads as learned, and learning replaces it with the
+/// upstream's looser quota.
+#[ignore = "open: an operator's quota on the scope `learned` marks the key's operator override as learned"]
+#[tokio::test]
+async fn an_operators_quota_on_the_scope_learned_never_makes_the_keys_override_learned() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let operators = Quotas::from(per_second(5));
+    limiter.set_quota(KEY, &operators).await.unwrap();
+    limiter
+        .set_quota(Target::scoped("learned", KEY), &operators)
+        .await
+        .unwrap();
+    let source = limiter.inspect(KEY).await.unwrap().override_source;
+    upstream.announce(policy(20, 1));
+    calls(&layer, &upstream, 2).await;
+    layer.settled().await;
+    let status = limiter.inspect(KEY).await.unwrap();
+    assert_eq!(
+        (status.quota_override, source),
+        (Some(operators), Some(OverrideSource::Operator)),
+        "the operator's 5/s read as {source:?} and became {:?}",
+        status.quota_override
+    );
 }
