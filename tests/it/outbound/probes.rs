@@ -322,3 +322,60 @@ async fn an_operators_quota_on_the_scope_learned_never_makes_the_keys_override_l
         status.quota_override
     );
 }
+
+/// Operator precedence, the other order: the operator's override of every route is in force
+/// first; learning sets nothing on the route.
+#[tokio::test]
+async fn learning_sets_nothing_under_an_operators_override_of_every_route() {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let operators = Quotas::from(per_second(5));
+    limiter
+        .set_quota(Target::all_routes(KEY), &operators)
+        .await
+        .unwrap();
+    upstream.announce(policy(20, 1));
+    calls(&layer, &upstream, 2).await;
+    layer.settled().await;
+    let status = limiter.inspect(KEY).await.unwrap();
+    assert_eq!(status.quota_override, Some(operators));
+    assert_eq!(layer.stats().learned, 0);
+}
+
+/// Writes: a flapping upstream (`q=200` / `q=300` alternating) seen by two instances over 60
+/// calls within one learning period (30 s): at most one change per key per period fleet-wide.
+#[tokio::test]
+async fn two_instances_under_a_flapping_upstream_change_the_quota_once_a_period() {
+    let redis = RedisServer::start();
+    let instances = limiters(&redis, Algorithm::FixedWindow, 2);
+    let upstream = Upstream::start().await;
+    let ceiling = Quota::per_minute(60_000).unwrap();
+    let layers: Vec<OutboundLayer> = instances
+        .iter()
+        .map(|limiter| {
+            OutboundLayer::builder(limiter.clone(), ceiling, KEY)
+                .learn_quota(ceiling)
+                .max_wait(Duration::from_secs(1))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for i in 0..60 {
+        upstream.announce(policy(if i % 2 == 0 { 200 } else { 300 }, 60));
+        calls(&layers[i % 2], &upstream, 1).await;
+        if i % 10 == 0 {
+            layers[i % 2].settled().await;
+        }
+    }
+    for layer in &layers {
+        layer.settled().await;
+    }
+    let changes: u64 = layers.iter().map(|l| l.stats().learned).sum();
+    assert!(
+        changes <= 1,
+        "{changes} changes of the learned quota in one period"
+    );
+}
