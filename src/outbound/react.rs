@@ -144,9 +144,11 @@ fn target_of<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
 /// - clears a learned override whose time is over when nothing usable confirms it, and one the
 ///   announcement no longer calls for (the target is the layer's own tiers).
 ///
-/// Each write is one atomic store call that marks the override as learned (its record, the
-/// same key in the scope `learned`) and refuses to replace an operator's, so an operator's
-/// `set_quota` racing the round always wins (see
+/// Under an operator's override of every route, a learned override on the route is cleared
+/// (it would shadow the operator's). Each write is one atomic store call that marks the
+/// override as learned (its record, `<key>#l`) and refuses to replace an operator's, and sets
+/// nothing (clearing the learned one) once the tenant holds an override of every route, so an
+/// operator's `set_quota` racing the round always wins (see
 /// [`OverrideSource`](crate::limiter::OverrideSource)). Returns how long the learned quota in
 /// force lasts (`None`: none).
 async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Option<Duration> {
@@ -173,6 +175,26 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
         _ => None,
     };
     let ours = in_force.filter(|_| status.override_source.is_some());
+    if status.all_routes_override.is_some() {
+        // An operator's override of every route, shadowed by the learned one on the route:
+        // learning never loosens an operator's choice, so its own goes (whatever the period).
+        let cleared = limits.limiter.unlearn_quota(at).await;
+        match cleared {
+            Ok(_) => {
+                limits.provider.count_learned();
+                tracing::info!(
+                    scope,
+                    previous = ?in_force.map(|q| q.as_slice().to_vec()),
+                    "an operator's override of every route is in force: the learned quota is cleared"
+                );
+                return None;
+            }
+            Err(error) => {
+                tracing::warn!(%error, scope, "could not clear the learned quota under an operator's override");
+                return Some(Duration::ZERO);
+            }
+        }
+    }
     // Set less than a period ago (by any instance): no change before the period is over.
     let young = left.is_some_and(|left| bounds.ttl.saturating_sub(left) < bounds.period);
     let wanted = target.filter(|t| !same_tiers(t, &limits.quotas));

@@ -35,7 +35,6 @@ async fn calls(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> usize {
 /// of every route of the tenant (`Target::all_routes`) is shadowed by a route override, so a
 /// learned 20/s on the route admits 20 a second under the operator's 5/s, and learning keeps
 /// renewing it as its own.
-#[ignore = "open: a learned route override shadows an operator override of every route (16 admitted in a burst under 5/s)"]
 #[tokio::test]
 async fn a_learned_route_quota_never_loosens_an_operators_override_of_every_route() {
     let redis = RedisServer::start();
@@ -137,7 +136,6 @@ async fn a_failed_expiry_round_never_leaves_the_learned_quota_for_good() {
 /// (a layer scoped `learned`, e.g. an inbound one on the same tenant ids) reads the record as
 /// its controls, so learning on the unscoped key suspends it for the learned quota's time and
 /// replaces its quota.
-#[ignore = "open: the learning record is the route of scope `learned`: it reads suspended 600 s"]
 #[tokio::test]
 async fn learning_never_suspends_a_route_scoped_learned() {
     let redis = RedisServer::start();
@@ -296,7 +294,6 @@ async fn every_key_learns_again_after_its_first_round() {
 /// the key and on its route of scope `learned` has written the key's learning record, byte for
 /// byte: the key's operator override then reads as learned, and learning replaces it with the
 /// upstream's looser quota.
-#[ignore = "open: an operator's quota on the scope `learned` marks the key's operator override as learned"]
 #[tokio::test]
 async fn an_operators_quota_on_the_scope_learned_never_makes_the_keys_override_learned() {
     let redis = RedisServer::start();
