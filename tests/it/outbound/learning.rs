@@ -12,7 +12,7 @@ use http::Request;
 use redlimit::key::FnKey;
 use redlimit::limiter::OverrideSource;
 use redlimit::outbound::{OutboundError, OutboundLayer};
-use redlimit::{Algorithm, Quota, Quotas, Target};
+use redlimit::{Algorithm, Quota, Quotas};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 use super::provider::{call, header, layer, per_second, Upstream, KEY};
