@@ -5,13 +5,16 @@
 -- KEYS  a tenant's control: [1] the tenant's key (`<prefix>:{<id>}#t`).
 --       a route's control: [1] the route's string; [2] the sliding log's sorted set, when the
 --       limiter's algorithm is the sliding log (reset deletes it, inspect counts it); then,
---       last, with 'q', 'c', 'a', 'u' and 'i': the route's learning record.
--- The learning record (the same key in the scope `learned`, `<scope>.learned` for a scoped
--- route; for the sliding log, its controls' string) holds controls too: 'M', double the end
--- of the learned quota's time, then the override learning set, byte for byte as the route
--- holds it. The route's override is learned while the record holds the same bytes, an
--- operator's otherwise. An operator's 'q' and 'c' remove the record's override in the same
--- call; 'a' never replaces an operator's override. The decision script never reads it.
+--       with 'q', 'c', 'a', 'u' and 'i': the route's learning record (`<key>#l`, built by
+--       Rust); then, last, with 'a' only: the tenant's key (`<prefix>:{<id>}#t`).
+-- The learning record (the route's key and `#l`, for every algorithm: no route, scope or
+-- other derived key ends so) holds controls too: 'M', double the end of the learned quota's
+-- time, then the override learning set, byte for byte as the route holds it. The route's
+-- override is learned while the record holds the same bytes, an operator's otherwise. An
+-- operator's 'q' and 'c' remove the record's override in the same call; 'a' never replaces an
+-- operator's override, and under an override of every route in the tenant's controls (only
+-- an operator sets one) sets nothing and clears the route's learned override, as 'u' does.
+-- The decision script never reads the record.
 -- ARGV  one string, packed little-endian: double now_us (-1 = Redis TIME), a byte naming the
 --       operation, a byte naming the algorithm (its tag; 0 on the tenant's key), then its
 --       operand:
@@ -23,7 +26,8 @@
 --         'r' resume
 --         'a' learn: double time_us (how long the learned quota lasts), then as 'q'; sets the
 --             route's override and its record, unless the route holds an operator's override
---             (then nothing changes)
+--             (then nothing changes) or the tenant's controls hold an override of every route
+--             (then as 'u')
 --         'u' unlearn: clears the route's override when it is learned, and the record
 --       A suspension of the tenant's key reaches every route; one of a route's, that route.
 -- Reply {the string after the operation or false, its PTTL in ms, now_us as a string,
@@ -88,9 +92,15 @@ end
 local key = KEYS[1]
 -- The sliding log's sorted set, and the route's learning record.
 local zkey = not tenant and alg == 108 and KEYS[2] or nil
-local rkey = nil
+local rkey, tkey = nil, nil
 if not tenant and (op == 113 or op == 99 or op == 97 or op == 117 or op == 105) then
   rkey = KEYS[zkey and 3 or 2]
+  if rkey and op == 97 then
+    tkey = KEYS[zkey and 4 or 3]
+    if not tkey then
+      return invalid('learning takes the tenant\'s key after the record')
+    end
+  end
 end
 local s = redis.pcall('GET', key)
 if s and s.err then
@@ -164,7 +174,24 @@ if op == 97 then -- 'a': an operator's override stays as it is
     return invalid('the learned quota\'s time must be an integer of µs from 1 below 2^53')
   end
   pos = pos + 8
-  if not rkey or record == nil or override ~= '\0' and not learned then
+  -- An override of every route in the tenant's controls (as the decision script reads them).
+  local all_routes = false
+  if tkey then
+    local t = redis.pcall('GET', tkey)
+    if type(t) == 'table' then
+      if t.err and sub(t.err, 1, 9) ~= 'WRONGTYPE' then
+        return t
+      end
+    elseif t and byte(t, 1) == 77 then
+      local n = byte(t, 10)
+      all_routes = n ~= nil and n >= 1 and n <= 8 and #t >= 10 + 24 * n
+    end
+  end
+  if all_routes then
+    -- An operator's choice for every route: nothing learned, and no learned override left to
+    -- shadow it.
+    op, learn_us, unmark = learned and 99 or 105, nil, true
+  elseif not rkey or record == nil or override ~= '\0' and not learned then
     op, learn_us = 105, nil
   else
     op = 113

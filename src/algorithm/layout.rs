@@ -136,20 +136,40 @@ impl Op<'_> {
     }
 }
 
-/// The key of a route's learning record: the same key in the scope `learned`, or
-/// `<scope>.learned` for a scoped route (`<prefix>:{<id>}:learned`,
-/// `<prefix>:{<id>}:<scope>.learned`), in the route's hash tag. It holds the override learning
+/// The suffix of a route's learning record: `#l` after the route's key. No route ends so (a
+/// scope holding a `#` is stored hashed, `#` and hex digits), and no other key a store derives
+/// does (`#t` the tenant's controls, `#b` its offences, `#m` the sliding log's controls, `#c`
+/// a concurrency limit's slots).
+pub(crate) const RECORD_SUFFIX: &str = "#l";
+
+/// The key of a route's learning record: the route's key and `#l` (`<prefix>:{<id>}#l`,
+/// `<prefix>:{<id>}:<scope>#l`), in the route's hash tag; the same for every algorithm (the
+/// sliding log's controls are `<key>#m`, its record `<key>#l`). It holds the override learning
 /// set, which tells it from an operator's (see `lua/control.lua`). `None` for a key without a
-/// hash tag, or with something else than a scope after it (a tenant's key).
+/// hash tag, or with something else than a scope after it (a tenant's key, a derived key).
 pub(crate) fn learned_record_key(route: &str) -> Option<String> {
     let open = route.find('{')?;
     let close = open + 1 + route[open + 1..].find('}')?;
-    let suffix = match &route[close + 1..] {
-        "" => ":learned",
-        scoped if scoped.starts_with(':') && !scoped.contains('#') => ".learned",
+    match &route[close + 1..] {
+        "" => {}
+        scoped if scoped.starts_with(':') && !scoped.contains('#') => {}
+        scoped if scoped.starts_with(':') && is_hashed_scope(&scoped[1..]) => {}
         _ => return None,
-    };
-    Some(format!("{route}{suffix}"))
+    }
+    let mut record = String::with_capacity(route.len() + RECORD_SUFFIX.len());
+    record.push_str(route);
+    record.push_str(RECORD_SUFFIX);
+    Some(record)
+}
+
+/// Whether a scope's id is a hashed one: `#` and 64 lower-case hex digits (see
+/// `crate::key::scope_id`).
+fn is_hashed_scope(id: &str) -> bool {
+    id.len() == 65
+        && id.starts_with('#')
+        && id[1..]
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// The reply of a decision, packed into one string (see [`Reply::from_redis`]).

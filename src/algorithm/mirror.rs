@@ -465,9 +465,12 @@ pub(crate) fn marked_override(record: &[u8]) -> Option<&[u8]> {
 /// clears it only when it is learned, and an operator's [`Op::SetQuota`] or
 /// [`Op::ClearQuota`] removes the record's mark. `record`: `None` when the route has no record
 /// key or it holds another type (never written, never a mark), `Some(None)` when absent.
+/// `all_routes`: the tenant's controls hold an override of every route (an operator's): then
+/// [`Op::Learn`] sets nothing and clears the route's learned override, as [`Op::Unlearn`].
 pub(crate) fn learning<'a>(
     stored: Option<&[u8]>,
     record: Option<Option<&[u8]>>,
+    all_routes: bool,
     now: f64,
     op: Op<'a>,
 ) -> (Op<'a>, RecordWrite) {
@@ -485,6 +488,9 @@ pub(crate) fn learning<'a>(
         _ => RecordWrite::Keep,
     };
     match op {
+        Op::Learn(..) if all_routes => {
+            (if learned { Op::ClearQuota } else { Op::Inspect }, unmark())
+        }
         Op::Learn(quotas, micros) => {
             if record.is_none() || override_bytes != [0] && !learned {
                 return (Op::Inspect, RecordWrite::Keep);

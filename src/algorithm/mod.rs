@@ -91,7 +91,7 @@ pub(crate) mod testing;
 pub(crate) use self::block::{block_us, offences_key, BLOCK_WRAPPER};
 pub(crate) use self::layout::{
     capped_cost, is_tenant_key, learned_record_key, log_controls_key, tenant_key, Controls, Op,
-    Reply, CONTROLS, OVERRIDE_IDLE_MS, STAMP,
+    Reply, CONTROLS, OVERRIDE_IDLE_MS, RECORD_SUFFIX, STAMP,
 };
 #[cfg(test)]
 pub(crate) use self::mirror::ttl_ms;

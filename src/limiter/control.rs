@@ -101,8 +101,8 @@ pub struct KeyStatus {
 ///
 /// The store tells them apart: an override an
 /// [`OutboundLayer`](crate::outbound::OutboundLayer) learned is marked by its learning record
-/// (the same key in the scope `learned`, `<scope>.learned` for a scoped key), written in the
-/// same atomic call as the override; [`Limiter::set_quota`] and [`Limiter::clear_quota`] on
+/// (the route's storage key and `#l`, which no route has), written in the same atomic call as
+/// the override; [`Limiter::set_quota`] and [`Limiter::clear_quota`] on
 /// the key remove the mark in their own call, so the override they set is always the
 /// operator's, and learning never replaces an operator's override.
 ///

@@ -194,6 +194,14 @@ pub enum StoredKey<'a> {
         /// The route's scope, if any.
         scope: Option<&'a str>,
     },
+    /// A route's learning record (which marks its override as learned): `<route key>#l`. Not
+    /// a route.
+    LearningRecord {
+        /// The key's id, between the braces.
+        id: &'a str,
+        /// The route's scope, if any.
+        scope: Option<&'a str>,
+    },
 }
 
 /// The suffix of a tenant's controls and of the sliding log's, as the stores derive them.
@@ -215,20 +223,38 @@ impl StoredKey<'_> {
         if rest == tenant {
             return Some(StoredKey::Tenant { id });
         }
-        let (route, controls) = match rest.strip_suffix(log.as_str()) {
-            Some(route) => (route, true),
-            None => (rest, false),
+        let record = crate::algorithm::RECORD_SUFFIX;
+        let (route, derived) = if let Some(route) = rest.strip_suffix(log.as_str()) {
+            (route, Some(true))
+        } else if let Some(route) = rest.strip_suffix(record) {
+            (route, Some(false))
+        } else {
+            (rest, None)
         };
         let scope = match route {
             "" => None,
             scoped => Some(scoped.strip_prefix(':')?),
         };
-        Some(if controls {
-            StoredKey::LogControls { id, scope }
-        } else {
-            StoredKey::Route { id, scope }
+        // A scope's id holds a `#` only when hashed (`#` and hex digits): anything else after
+        // a `#` is a key derived from a route (the ones above, a concurrency limit's `#c`).
+        if scope.is_some_and(|s| s.contains('#') && !is_hashed(s)) {
+            return None;
+        }
+        Some(match derived {
+            Some(true) => StoredKey::LogControls { id, scope },
+            Some(false) => StoredKey::LearningRecord { id, scope },
+            None => StoredKey::Route { id, scope },
         })
     }
+}
+
+/// Whether a scope's id is a hashed one: `#` and 64 lower-case hex digits.
+fn is_hashed(scope: &str) -> bool {
+    scope.len() == 65
+        && scope.starts_with('#')
+        && scope[1..]
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 impl Limiter {
@@ -386,6 +412,41 @@ mod tests {
                 scope: None
             })
         );
+        // A learning record is not a route, whatever its scope.
+        let record = crate::algorithm::learned_record_key(&scoped).unwrap();
+        assert_eq!(record, "p:{t}:login#l");
+        assert_eq!(
+            read(&limiter, &record),
+            Some(StoredKey::LearningRecord {
+                id: "t",
+                scope: Some("login")
+            })
+        );
+        let record = crate::algorithm::learned_record_key(&route).unwrap();
+        assert_eq!(
+            read(&limiter, &record),
+            Some(StoredKey::LearningRecord {
+                id: "t",
+                scope: None
+            })
+        );
+        // The route of the scope `learned` is a route, and its record is not.
+        let learned = limiter.storage_key(Target::scoped("learned", "t"));
+        assert_ne!(
+            crate::algorithm::learned_record_key(&route),
+            Some(learned.clone())
+        );
+        assert!(matches!(
+            read(&limiter, &learned),
+            Some(StoredKey::Route { .. })
+        ));
+        // A hashed scope is a route; a concurrency limit's slots are not.
+        let hashed_scope = limiter.storage_key(Target::scoped("a#b", "t"));
+        assert!(matches!(
+            read(&limiter, &hashed_scope),
+            Some(StoredKey::Route { .. })
+        ));
+        assert_eq!(read(&limiter, "p:{t}:login#c"), None);
         for foreign in ["q:{t}", "p:t", "p:{t}x", "p:{t"] {
             assert_eq!(read(&limiter, foreign), None, "{foreign}");
         }

@@ -189,9 +189,13 @@ impl Provider {
     }
 
     /// Records the round in flight for `key`: its next acquisition waits for it.
-    pub(crate) fn start(&self, key: &Arc<str>, pending: Pending) {
+    /// `spawn` runs under the lock that [`finish`](Self::finish) takes, so that a round that
+    /// ends at once is never left registered as in flight.
+    pub(crate) fn start(&self, key: &Arc<str>, spawn: impl FnOnce() -> Pending) {
         if let Some(learn) = &self.learn {
-            if let Some(state) = learn.lock().get_mut(key) {
+            let mut keys = learn.lock();
+            let pending = spawn();
+            if let Some(state) = keys.get_mut(key) {
                 state.pending = Some(pending);
             }
         }
@@ -483,7 +487,7 @@ mod tests {
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
         let twenty = announced(&[(20, Some(1))]);
         assert!(provider.round(&a, &twenty).is_some());
-        provider.start(&a, futures::future::pending().boxed().shared());
+        provider.start(&a, || futures::future::pending().boxed().shared());
         assert!(provider.round(&a, &twenty).is_none());
         // Another key has its own.
         assert!(provider.round(&b, &twenty).is_some());

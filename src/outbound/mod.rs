@@ -101,10 +101,11 @@
 //!   the round in flight (at most the store's call timeout), so it decides under what the round
 //!   set; other instances obey from their first call after the write. A learned override is
 //!   told apart from an operator's in the store: each learning write is one atomic call that
-//!   sets the override and its learning record (the same key in the scope `learned`,
-//!   `<scope>.learned` for a scoped layer, whose override is what learning set and whose
-//!   suspension the time it has left), and refuses to replace an override the record does not
-//!   hold; [`Limiter::set_quota`](crate::Limiter::set_quota) and
+//!   sets the override and its learning record (the key's storage key and `#l`, which no
+//!   route has, whose override is what learning set and whose suspension the time it has
+//!   left), and refuses to replace an override the record does not hold, or to set one under
+//!   an operator's override of every route (it clears the learned one then);
+//!   [`Limiter::set_quota`](crate::Limiter::set_quota) and
 //!   [`clear_quota`](crate::Limiter::clear_quota) on the key remove the record's override in
 //!   their own call. [`Limiter::inspect`](crate::Limiter::inspect) says which it is
 //!   ([`KeyStatus::override_source`](crate::limiter::KeyStatus::override_source)).

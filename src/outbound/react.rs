@@ -54,16 +54,20 @@ fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
         return;
     };
     let (pending, done) = in_flight();
-    limits.provider.start(key, pending);
     let ended = RoundEnded {
         limits: limits.clone(),
         key: key.clone(),
         learned_for: None,
         _done: done,
     };
-    runtime.spawn(async move {
-        let learned_for = learn_round(&ended.limits, &ended.key, round.target).await;
-        ended.learned(learned_for);
+    // Registered under the lock that `finish` takes: a task that ends at once (on another
+    // worker) cannot finish before it is registered, which would leave it in flight for good.
+    limits.provider.start(key, || {
+        runtime.spawn(async move {
+            let learned_for = learn_round(&ended.limits, &ended.key, round.target).await;
+            ended.learned(learned_for);
+        });
+        pending
     });
 }
 
@@ -175,9 +179,11 @@ fn target_of<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
 /// - clears a learned override whose time is over when nothing usable confirms it, and one the
 ///   announcement no longer calls for (the target is the layer's own tiers).
 ///
-/// Each write is one atomic store call that marks the override as learned (its record, the
-/// same key in the scope `learned`) and refuses to replace an operator's, so an operator's
-/// `set_quota` racing the round always wins (see
+/// Under an operator's override of every route, a learned override on the route is cleared
+/// (it would shadow the operator's). Each write is one atomic store call that marks the
+/// override as learned (its record, `<key>#l`) and refuses to replace an operator's, and sets
+/// nothing (clearing the learned one) once the tenant holds an override of every route, so an
+/// operator's `set_quota` racing the round always wins (see
 /// [`OverrideSource`](crate::limiter::OverrideSource)). Returns how long the learned quota in
 /// force lasts (`None`: none).
 async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Option<Duration> {
@@ -188,7 +194,9 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
         Ok(status) => status,
         Err(error) => {
             tracing::warn!(%error, scope, "could not read the key's quota: nothing learned this period");
-            return None;
+            // Not known: the next round (a period from now) reads it again, even without an
+            // announcement, so that a learned quota past its time is still cleared.
+            return Some(Duration::ZERO);
         }
     };
     let in_force = status.quota_override;
@@ -202,6 +210,26 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
         _ => None,
     };
     let ours = in_force.filter(|_| status.override_source.is_some());
+    if status.all_routes_override.is_some() {
+        // An operator's override of every route, shadowed by the learned one on the route:
+        // learning never loosens an operator's choice, so its own goes (whatever the period).
+        let cleared = limits.limiter.unlearn_quota(at).await;
+        match cleared {
+            Ok(_) => {
+                limits.provider.count_learned();
+                tracing::info!(
+                    scope,
+                    previous = ?in_force.map(|q| q.as_slice().to_vec()),
+                    "an operator's override of every route is in force: the learned quota is cleared"
+                );
+                return None;
+            }
+            Err(error) => {
+                tracing::warn!(%error, scope, "could not clear the learned quota under an operator's override");
+                return Some(Duration::ZERO);
+            }
+        }
+    }
     // Set less than a period ago (by any instance): no change before the period is over.
     let young = left.is_some_and(|left| bounds.ttl.saturating_sub(left) < bounds.period);
     let wanted = target.filter(|t| !same_tiers(t, &limits.quotas));
@@ -262,7 +290,8 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
         }
         Err(error) => {
             tracing::warn!(%error, scope, "upstream announced a quota that could not be set: not learned");
-            None
+            // Read again at the next round (a period from now), announcement or not.
+            Some(Duration::ZERO)
         }
     }
 }

@@ -709,3 +709,6 @@ mod provider;
 // What learning may do with those announcements (untrusted input).
 #[path = "outbound/learning.rs"]
 mod learning;
+
+#[path = "outbound/probes.rs"]
+mod probes;

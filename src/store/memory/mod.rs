@@ -15,7 +15,7 @@ use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{
     capped_cost, control, decide, foreign_state, learned_record_key, learning, log_controls_key,
-    tenant_key, Kind, Op, RecordWrite, Refused, Written, MAX_SLIDING_LOG_BURST,
+    tenant_key, Controls, Kind, Op, RecordWrite, Refused, Written, MAX_SLIDING_LOG_BURST,
 };
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
@@ -343,15 +343,12 @@ impl MemoryStore {
         let pttl = live.map(|slot| (shard.slots[slot].stored.expires_at - now).div_ceil(1000));
         let stored = live.and_then(|slot| shard.bytes(slot)).map(<[u8]>::to_vec);
         // The route's learning record, in the same shard (its hash tag).
-        let record_key = learned_record_key(request.key)
-            .filter(|_| !tenant && op.uses_record())
-            .map(|record| {
-                if log {
-                    log_controls_key(&record)
-                } else {
-                    record
-                }
-            });
+        let record_key = learned_record_key(request.key).filter(|_| !tenant && op.uses_record());
+        // Learning reads the tenant's controls: an operator's override of every route stops it.
+        let all_routes = matches!(op, Op::Learn(..))
+            && shard
+                .tenant(request.key, now)
+                .is_some_and(|t| matches!(Controls::parse(&t), Controls::Some { n, .. } if n > 0));
         let record: Option<Option<Vec<u8>>> =
             record_key
                 .as_ref()
@@ -362,6 +359,7 @@ impl MemoryStore {
         let (op, record_write) = learning(
             stored.as_deref(),
             record.as_ref().map(Option::as_deref),
+            all_routes,
             now as f64,
             op,
         );

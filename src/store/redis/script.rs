@@ -297,17 +297,11 @@ pub(super) fn push_control(
         cmd.arg(control_args(op, 0, now_micros));
     } else {
         let log = algorithm.spec().is_log();
-        // The learning record, last (for the sliding log, its controls' string).
-        let record = learned_record_key(key)
-            .filter(|_| op.uses_record())
-            .map(|record| {
-                if log {
-                    log_controls_key(&record)
-                } else {
-                    record
-                }
-            });
-        let keys = 1 + usize::from(log) + usize::from(record.is_some());
+        // The learning record (`<key>#l`), then for learning the tenant's controls: an
+        // operator's override of every route stops it.
+        let record = learned_record_key(key).filter(|_| op.uses_record());
+        let tenant = matches!(op, Op::Learn(..)) && record.is_some();
+        let keys = 1 + usize::from(log) + usize::from(record.is_some()) + usize::from(tenant);
         cmd.arg(keys);
         if log {
             cmd.arg(log_controls_key(key)).arg(key);
@@ -316,6 +310,9 @@ pub(super) fn push_control(
         }
         if let Some(record) = record {
             cmd.arg(record);
+        }
+        if tenant {
+            cmd.arg(tenant_key(key));
         }
         cmd.arg(control_args(op, algorithm.tag(), now_micros));
     }

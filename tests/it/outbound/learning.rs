@@ -12,7 +12,7 @@ use http::Request;
 use redlimit::key::FnKey;
 use redlimit::limiter::OverrideSource;
 use redlimit::outbound::{OutboundError, OutboundLayer};
-use redlimit::{Algorithm, Quota, Quotas, Target};
+use redlimit::{Algorithm, Quota, Quotas};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 use super::provider::{call, header, layer, per_second, Upstream, KEY};
@@ -72,15 +72,12 @@ async fn a_learned_quota_expires_without_a_confirming_answer() {
     outcomes(&layer, &upstream, 2).await;
     let learned = limiter.inspect(KEY).await.unwrap().quota_override;
     assert_eq!(learned, Some(Quotas::from(per_second(5))));
-    // Its record tells it from an operator's: what learning set, and the time it has left.
-    let record = limiter
-        .inspect(Target::scoped("learned", KEY))
-        .await
-        .unwrap();
-    assert_eq!(record.quota_override, learned);
-    assert!(record
-        .suspended_for
-        .is_some_and(|left| left <= Duration::from_secs(2)));
+    // Its record tells it from an operator's: learned, with the time it has left.
+    let source = limiter.inspect(KEY).await.unwrap().override_source;
+    assert!(
+        matches!(source, Some(OverrideSource::Learned { left: Some(left) }) if left <= Duration::from_secs(2)),
+        "{source:?}"
+    );
     // The upstream stops announcing: nothing confirms the quota any more.
     upstream.announce(Vec::new());
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -618,23 +615,33 @@ async fn learning_controls_store_the_same_bytes_on_redis_and_in_memory() {
         Control::SetQuota(&thirty),
         Control::Unlearn,
         Control::ClearQuota,
+        Control::Learn(&twenty, ttl),
+        // On the tenant's key: an operator's override of every route; learning then sets
+        // nothing and clears the route's learned override.
+        Control::SetQuota(&five),
+        Control::Learn(&thirty, ttl),
+        Control::Learn(&twenty, ttl),
+        Control::ClearQuota,
+        Control::Learn(&twenty, ttl),
     ];
+    let on_tenant = |i: usize| i == 17 || i == 20;
     for &algorithm in Algorithm::ALL {
         let redis = super::support::Ctx::new(algorithm).redis_store(&server);
         let memory = MemoryStore::new();
         let id = format!("redlimit:{{d-{algorithm}}}");
         for (key, record) in [
-            (id.clone(), format!("{id}:learned")),
-            (format!("{id}:api"), format!("{id}:api.learned")),
+            (id.clone(), format!("{id}#l")),
+            (format!("{id}:api"), format!("{id}:api#l")),
         ] {
+            let tenant = format!("{id}#t");
             let strings = match algorithm {
-                Algorithm::SlidingLog => [format!("{key}#m"), format!("{record}#m")],
-                _ => [key.clone(), record],
+                Algorithm::SlidingLog => [format!("{key}#m"), record, tenant.clone()],
+                _ => [key.clone(), record, tenant.clone()],
             };
             for (i, control) in steps.iter().enumerate() {
                 let now = start + i as u64 * 1_000;
                 let request = ControlRequest {
-                    key: &key,
+                    key: if on_tenant(i) { &tenant } else { &key },
                     algorithm,
                     control: *control,
                     now_micros: Some(now),
@@ -659,7 +666,10 @@ async fn learning_controls_store_the_same_bytes_on_redis_and_in_memory() {
                         "{what}: {string}"
                     );
                     // The first step writes both: the strings compared are the ones written.
-                    assert!(i > 0 || on_redis.is_some(), "{what}: {string} not written");
+                    assert!(
+                        i > 0 || on_redis.is_some() || string == &tenant,
+                        "{what}: {string} not written"
+                    );
                 }
             }
         }
