@@ -103,7 +103,9 @@ impl Connection {
         for mut connection in self.key_nodes().await? {
             let mut cursor = 0u64;
             loop {
-                let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                // Raw names: one that is not UTF-8 is not the limiter's (its keys are text),
+                // and must not stop the scan.
+                let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("MATCH")
                     .arg(pattern)
@@ -112,7 +114,11 @@ impl Connection {
                     .query_async(&mut connection)
                     .await
                     .map_err(|e| e.to_string())?;
-                keys.extend(found);
+                keys.extend(
+                    found
+                        .into_iter()
+                        .filter_map(|key| String::from_utf8(key).ok()),
+                );
                 if next == 0 {
                     break;
                 }

@@ -516,6 +516,18 @@ async fn corrupt_values_under_the_prefix() {
     assert_survives(&redis, "t", &route);
 }
 
+/// A key name under the prefix that is not UTF-8 is not one of the limiter's (its keys are
+/// text): it must not stop `inspect` or `limited` from showing the others.
+#[tokio::test]
+async fn a_key_name_that_is_not_utf8() {
+    let redis = RedisServer::start();
+    let route = a_limited_tenant(&redis).await;
+    set_raw(&redis, b"redlimit:{t}", b"x");
+    set_raw(&redis, b"redlimit:{bad\xff}", b"x");
+    set_raw(&redis, b"redlimit:{t}:\xc3(", b"x");
+    assert_survives(&redis, "t", &route);
+}
+
 /// 50 000 tenants under the prefix and 50 000 keys outside it: `limited` finishes, lists
 /// exactly the limited ones, and scans only with the prefix's pattern.
 #[tokio::test]
