@@ -365,6 +365,68 @@ fn a_sleeping_redis_does_not_hang_the_command() {
     }
 }
 
+/// A password in a URL is printed nowhere, even when the URL does not parse (no `//`, no
+/// scheme), comes from `REDIS_URL`, or names a host that does not answer.
+#[test]
+fn a_password_in_a_url_is_never_printed() {
+    let secret = "hunter2-s3cret";
+    let dead = dead_redis_url().replace("redis://", &format!("redis://u:{secret}@"));
+    let malformed = [
+        format!("redis//u:{secret}@127.0.0.1:6390/"),
+        format!("redis:/u:{secret}@127.0.0.1:6390/"),
+        format!("u:{secret}@127.0.0.1:6390"),
+        format!("redis://u:{secret}@[::1"),
+        format!("redis://u:{secret}@127.0.0.1:6390/abc"),
+        format!("redis://u:{secret}@127.0.0.1:99999/"),
+    ];
+    let mut cases: Vec<(Vec<String>, Vec<(&str, String)>, i32)> = Vec::new();
+    for url in &malformed {
+        for flag in ["--redis", "--redis-cluster"] {
+            cases.push((vec![flag.into(), url.clone(), "limited".into()], vec![], 2));
+        }
+        let sentinel = vec![
+            "--sentinel".into(),
+            url.clone(),
+            "--service".into(),
+            "m".into(),
+        ];
+        cases.push(([sentinel, vec!["limited".into()]].concat(), vec![], 2));
+        cases.push((vec!["limited".into()], vec![("REDIS_URL", url.clone())], 2));
+    }
+    cases.push((
+        vec![
+            "--redis".into(),
+            dead.clone(),
+            "suspend".into(),
+            "k".into(),
+            "1m".into(),
+        ],
+        vec![],
+        1,
+    ));
+    cases.push((
+        vec!["--json".into(), "inspect".into(), "k".into()],
+        vec![("REDIS_URL", dead.clone())],
+        1,
+    ));
+    cases.push((vec!["--help".into()], vec![("REDIS_URL", dead.clone())], 0));
+    for (args, envs, code) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let envs: Vec<(&str, &str)> = envs.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let output = run(&args, &envs);
+        let all = text(&output.stdout) + &text(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(*code),
+            "{args:?} {envs:?}: {all}"
+        );
+        assert!(
+            !all.contains(secret),
+            "{args:?} {envs:?} printed the password: {all}"
+        );
+    }
+}
+
 /// `--password-file`: a trailing CRLF is dropped; a missing or unreadable file, or an empty
 /// one, exits 2 naming the file, never its content.
 #[test]
