@@ -339,14 +339,14 @@ fn print_limited(json: bool, rows: &[Limited]) {
         match row.suspended {
             Some(left) => println!(
                 "{} {}: suspended, {} left{over}",
-                row.tenant,
-                row.route,
+                show::printable(&row.tenant),
+                show::printable(&row.route),
                 seconds_text(left)
             ),
             None => println!(
                 "{} {}: {} of {} left, full again in {}{over}",
-                row.tenant,
-                row.route,
+                show::printable(&row.tenant),
+                show::printable(&row.route),
                 row.remaining,
                 row.limit,
                 seconds_text(row.reset_after)

@@ -590,6 +590,33 @@ async fn a_key_name_that_is_not_utf8() {
     assert_survives(&redis, "t", &route);
 }
 
+/// Key names with terminal escapes and line breaks (written by someone with access to the
+/// prefix): `inspect` lists the routes it finds, escaped, never as raw control bytes.
+#[tokio::test]
+async fn key_names_with_terminal_escapes() {
+    let redis = RedisServer::start();
+    let route = a_limited_tenant(&redis).await;
+    set_raw(&redis, b"redlimit:{t}", b"x");
+    set_raw(&redis, b"redlimit:{t}:\x1b]0;pwned\x07\x1b[2J", b"x");
+    set_raw(&redis, b"redlimit:{t}:a\nroute b: fake\r", b"x");
+    set_raw(
+        &redis,
+        b"redlimit:{\x1b[31mred}:default:token-bucket:2/3600s",
+        b"x",
+    );
+    set_raw(&redis, b"redlimit:{\x1b[31mred}#t", b"x");
+    assert_survives(&redis, "t", &route);
+    let inspected = ok(&redis, &["inspect", "t"]);
+    assert!(inspected.contains(r"\u{1b}]0;pwned"), "{inspected}");
+    // A line break in a name cannot forge a line of its own.
+    assert!(
+        !inspected
+            .lines()
+            .any(|line| line.starts_with("route b: fake")),
+        "{inspected}"
+    );
+}
+
 /// 50 000 tenants under the prefix and 50 000 keys outside it: `limited` finishes, lists
 /// exactly the limited ones, and scans only with the prefix's pattern.
 #[tokio::test]
