@@ -2,6 +2,8 @@
 //! and the `SCAN` of every node that holds keys (the store runs only its scripts, and a `SCAN`
 //! sent to one node sees only that node's keys).
 
+use std::time::Duration;
+
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsMode};
@@ -40,6 +42,11 @@ pub struct Connection {
 /// Each call of a `SCAN` looks at this many keys, so Redis is never blocked for long.
 const SCAN_COUNT: u32 = 1000;
 
+/// How long one call to Redis may take. Not the store's default (100 ms, for a service's
+/// request path): an operator may be a slow link away, and a control that timed out may still
+/// have been applied. Still a bound: a stalled Redis fails the command rather than hangs it.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Connection {
     /// The URLs without passwords, for messages.
     pub fn shown(&self) -> String {
@@ -66,6 +73,7 @@ impl Connection {
             None => builder,
         };
         with_tls(builder, self.tls.as_ref())
+            .timeout(CALL_TIMEOUT)
             .build()
             .map_err(|e| Failure::Input(format!("invalid Redis settings {}: {e}", self.shown())))
     }

@@ -365,6 +365,64 @@ fn a_sleeping_redis_does_not_hang_the_command() {
     }
 }
 
+/// Forwards connections to `upstream`, each reply `delay` late: Redis as an operator across a
+/// VPN or an ocean sees it.
+fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for client in listener.incoming().map_while(Result::ok) {
+            let server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+            let pipe = |mut from: TcpStream, mut to: TcpStream, delay: Duration| {
+                thread::spawn(move || {
+                    let mut buffer = [0u8; 65536];
+                    while let Ok(n @ 1..) = from.read(&mut buffer) {
+                        thread::sleep(delay);
+                        if to.write_all(&buffer[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            };
+            pipe(
+                client.try_clone().unwrap(),
+                server.try_clone().unwrap(),
+                Duration::ZERO,
+            );
+            pipe(server, client, delay);
+        }
+    });
+    port
+}
+
+/// 150 ms between the operator and Redis is a slow link, not Redis trouble: every command still
+/// works (and a suspension that took effect is not reported as a failure).
+#[tokio::test]
+async fn a_slow_link_to_redis_is_not_a_failure() {
+    let redis = RedisServer::start();
+    let port = slow_proxy(redis.port(), Duration::from_millis(150));
+    let url = format!("redis://127.0.0.1:{port}/");
+    for command in [
+        &["suspend", "t", "1m"][..],
+        &["inspect", "t"],
+        &["limited"],
+        &["resume", "t"],
+    ] {
+        let mut args = vec!["--redis", url.as_str()];
+        args.extend_from_slice(command);
+        let output = run(&args, &[]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{command:?} through a 150 ms link: {}",
+            text(&output.stderr)
+        );
+    }
+    let limiter: Limiter = support::Ctx::default().redis(&redis);
+    assert_eq!(limiter.inspect("t").await.unwrap().suspended_for, None);
+}
+
 /// A password in a URL is printed nowhere, even when the URL does not parse (no `//`, no
 /// scheme), comes from `REDIS_URL`, or names a host that does not answer.
 #[test]
