@@ -314,6 +314,7 @@ fn request(cli: Cli, secrets: &mut Vec<String>) -> Result<(Connection, Request),
 
 /// The connection the flags (or `REDIS_URL`) describe, its files read.
 fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connection, Failure> {
+    let from_env = args.redis.is_none() && args.redis_cluster.is_none() && args.sentinel.is_none();
     let redis = match (args.redis, args.redis_cluster, args.sentinel, args.service) {
         (Some(url), ..) => Redis::Single(url),
         (None, Some(urls), ..) => Redis::Cluster(url_list("--redis-cluster", &urls)?),
@@ -342,6 +343,7 @@ fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connect
     for url in urls {
         if let Err(e) = redis::Client::open(url.as_str()) {
             let flag = match &redis {
+                Redis::Single(_) if from_env => URL_VAR,
                 Redis::Single(_) => "--redis",
                 Redis::Cluster(_) => "--redis-cluster",
                 Redis::Sentinel { .. } => "--sentinel",

@@ -490,6 +490,18 @@ fn a_password_in_a_url_is_never_printed() {
     }
 }
 
+/// A `REDIS_URL` that does not parse is named as such, not as a `--redis` never given.
+#[test]
+fn a_bad_redis_url_variable_is_named() {
+    let output = run(&["limited"], &[("REDIS_URL", "not a url")]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error: REDIS_URL: invalid URL"),
+        "{stderr}"
+    );
+}
+
 /// `--password-file`: a trailing CRLF is dropped; a missing or unreadable file, or an empty
 /// one, exits 2 naming the file, never its content.
 #[test]
@@ -680,8 +692,8 @@ async fn key_names_with_terminal_escapes() {
     );
 }
 
-/// 50 000 tenants under the prefix and 50 000 keys outside it: `limited` finishes, lists
-/// exactly the limited ones, and scans only with the prefix's pattern.
+/// 50 000 tenants under the prefix and 50 000 keys outside it: `limited` finishes and lists
+/// exactly the limited ones (it prints the calls Redis counted: the `SCAN`s, the reads).
 #[tokio::test]
 #[ignore = "slow (87 s on the shared test machine: each key found costs ~3 EVALSHA and ~5 GET, \
             one at a time); run it with --ignored"]
