@@ -791,6 +791,47 @@ fn watch_ends_on_ctrl_c() {
     assert_eq!(code, Some(0), "{stderr}");
 }
 
+/// Runs `redlimit args` with its stdout a pipe closed at once (`| head -0`): the command ends,
+/// without a panic, with exit 0.
+fn run_into_a_closed_pipe(args: &[&str]) -> Output {
+    let mut child = Command::new(crate::BINARY)
+        .args(args)
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlimit");
+    drop(child.stdout.take());
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "{args:?} did not exit");
+        thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A reader that stops reading (`redlimit ... | head -1`) ends the command: no panic (exit
+/// 101), the documented exit 0; `limited --watch` stops too.
+#[tokio::test]
+async fn a_closed_stdout_is_not_a_panic() {
+    let redis = RedisServer::start();
+    let route = a_limited_tenant(&redis).await;
+    let url = redis.url();
+    for args in [
+        &["completions", "bash"][..],
+        &["--redis", &url, "inspect", "spent", "--scope", &route],
+        &["--redis", &url, "--json", "limited"],
+        &["--redis", &url, "limited", "--watch", "50ms"],
+        &["--redis", &url, "suspend", "t", "1m"],
+    ] {
+        let output = run_into_a_closed_pipe(args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 /// Redis killed between two refreshes: `limited --watch` exits 1 with a message, no hang.
 #[test]
 fn watch_exits_1_when_redis_dies() {
