@@ -774,6 +774,36 @@ fn exit_of(mut child: std::process::Child) -> (Option<i32>, String) {
     }
 }
 
+/// `--json limited --watch` into a pipe: one JSON array per refresh, one a line, no heading.
+#[tokio::test]
+async fn watch_json_is_one_array_per_refresh() {
+    let redis = RedisServer::start();
+    a_limited_tenant(&redis).await;
+    let mut child = Command::new(crate::BINARY)
+        .args([
+            "--redis",
+            &redis.url(),
+            "--json",
+            "limited",
+            "--watch",
+            "50ms",
+        ])
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn redlimit");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for _ in 0..3 {
+        let line = lines.next().expect("a refresh").expect("a line");
+        let rows: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(rows.as_array().map(Vec::len), Some(1), "{line}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// Ctrl-C (SIGINT) ends `limited --watch` with exit 0.
 #[test]
 fn watch_ends_on_ctrl_c() {
@@ -922,6 +952,14 @@ fn reset_of_a_tenant_without_keys() {
     let json = ok(&redis, &["--json", "reset", "nobody"]);
     let value: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(value["tenant"], "nobody");
+    // What it leaves: the reset's mark, a controls key that lives 30 days, after which
+    // `inspect nobody` finds the tenant (exit 0, not the unknown tenant's exit 2).
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("redlimit:{nobody}#t")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(ttl > 0, "{ttl}");
+    ok(&redis, &["inspect", "nobody"]);
 }
 
 /// Tenant ids holding the key separator `:`, hash-tag braces, glob characters, spaces:
