@@ -502,6 +502,46 @@ fn a_bad_redis_url_variable_is_named() {
     );
 }
 
+/// As the README's service user (no `+scan`), every command that scans exits 1 naming the
+/// rule it lacks, `--json` and `--watch` included; the controls still work.
+#[test]
+fn the_services_user_is_told_it_lacks_scan() {
+    let redis = RedisServer::start();
+    let readme = include_str!("../../../README.md");
+    let rules = readme
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER limiter "))
+        .expect("the README's service line")
+        .replace(">PASSWORD", ">pw-service");
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("limiter");
+    for rule in rules.split_whitespace() {
+        acl.arg(rule);
+    }
+    let _: () = acl.query(&mut redis.conn()).unwrap();
+    let url = format!("redis://limiter:pw-service@127.0.0.1:{}/", redis.port());
+    for command in [
+        &["inspect", "t"][..],
+        &["--json", "inspect", "t"],
+        &["limited"],
+        &["--json", "limited"],
+        &["limited", "--watch", "1s"],
+    ] {
+        let mut args = vec!["--redis", url.as_str()];
+        args.extend_from_slice(command);
+        let output = run(&args, &[]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("(the user needs +scan: see the README"),
+            "{command:?}: {stderr}"
+        );
+        assert!(!stderr.contains("pw-service"), "{stderr}");
+    }
+    let output = run(&["--redis", &url, "suspend", "t", "1m"], &[]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+}
+
 /// `--password-file`: a trailing CRLF is dropped; a missing or unreadable file, or an empty
 /// one, exits 2 naming the file, never its content.
 #[test]
