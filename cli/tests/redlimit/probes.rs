@@ -442,7 +442,9 @@ fn a_password_in_a_url_is_never_printed() {
         format!("redis://u:{secret}@127.0.0.1:6390/abc"),
         format!("redis://u:{secret}@127.0.0.1:99999/"),
     ];
-    let mut cases: Vec<(Vec<String>, Vec<(&str, String)>, i32)> = Vec::new();
+    // The arguments, the environment, the exit code.
+    type Case = (Vec<String>, Vec<(&'static str, String)>, i32);
+    let mut cases: Vec<Case> = Vec::new();
     for url in &malformed {
         for flag in ["--redis", "--redis-cluster"] {
             cases.push((vec![flag.into(), url.clone(), "limited".into()], vec![], 2));
