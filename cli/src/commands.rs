@@ -3,6 +3,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
@@ -29,12 +30,11 @@ pub async fn run(connection: &Connection, request: &Request) -> Result<(), Failu
         return match watch {
             None => {
                 let rows = limited(connection, request, &limiter, &store).await;
-                print_limited(request.json, &rows.map_err(in_redis)?);
-                Ok(())
+                emit(&limited_text(request.json, &rows.map_err(in_redis)?))
             }
-            Some(interval) => watch_limited(connection, request, &limiter, &store, interval)
-                .await
-                .map_err(in_redis),
+            Some(interval) => {
+                watch_limited(connection, request, &limiter, &store, interval, in_redis).await
+            }
         };
     }
     let target = match &request.scope {
@@ -119,20 +119,34 @@ pub async fn run(connection: &Connection, request: &Request) -> Result<(), Failu
     let storage_key = limiter.storage_key(target);
     if request.json {
         let value = key_json(request, &did, &storage_key, &status, &scoped);
-        println!("{value}");
-        return Ok(());
+        return emit(&format!("{value}\n"));
     }
+    let mut text = String::new();
     if !did.is_empty() {
-        println!("{did}");
+        let _ = writeln!(text, "{did}");
     }
-    print!("{}", show::status_text(shown, &storage_key, &status));
+    text.push_str(&show::status_text(shown, &storage_key, &status));
     if matches!(request.action, Action::Inspect) && request.scope.is_none() {
-        println!("routes: {}", show::routes_text(&routes));
+        let _ = writeln!(text, "routes: {}", show::routes_text(&routes));
         for (scope, status) in &scoped {
-            print!("{}", show::route_text(scope, status));
+            text.push_str(&show::route_text(scope, status));
         }
     }
-    Ok(())
+    emit(&text)
+}
+
+/// Writes `text` to stdout. A reader that has gone (`| head -1`) ends the command quietly, as
+/// it ends any filter; another write error is a failure, never a panic.
+pub fn emit(text: &str) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure::Closed),
+        Err(e) => Err(Failure::Store(format!("cannot write the output: {e}"))),
+    }
 }
 
 /// The fleet's limiter on `store`: its prefix, `algorithm`.
@@ -309,7 +323,9 @@ async fn limited(
     Ok(by_constraint(rows))
 }
 
-fn print_limited(json: bool, rows: &[Limited]) {
+/// What `limited` prints: the rows as text, one a line, or a JSON array on one line.
+fn limited_text(json: bool, rows: &[Limited]) -> String {
+    let mut text = String::new();
     if json {
         let rows: Vec<Value> = rows
             .iter()
@@ -325,61 +341,68 @@ fn print_limited(json: bool, rows: &[Limited]) {
                 })
             })
             .collect();
-        println!("{}", Value::Array(rows));
-        return;
+        let _ = writeln!(text, "{}", Value::Array(rows));
+        return text;
     }
     if rows.is_empty() {
-        println!("no key is denied or under 10 % left");
+        let _ = writeln!(text, "no key is denied or under 10 % left");
     }
     for row in rows {
         let over = row
             .quota_override
             .as_ref()
             .map_or(String::new(), |q| format!(" (override {})", quotas_text(q)));
-        match row.suspended {
-            Some(left) => println!(
+        let _ = match row.suspended {
+            Some(left) => writeln!(
+                text,
                 "{} {}: suspended, {} left{over}",
-                row.tenant,
-                row.route,
+                show::printable(&row.tenant),
+                show::printable(&row.route),
                 seconds_text(left)
             ),
-            None => println!(
+            None => writeln!(
+                text,
                 "{} {}: {} of {} left, full again in {}{over}",
-                row.tenant,
-                row.route,
+                show::printable(&row.tenant),
+                show::printable(&row.route),
                 row.remaining,
                 row.limit,
                 seconds_text(row.reset_after)
             ),
-        }
+        };
     }
+    text
 }
 
-/// `limited --watch`: the list again every `interval` until Ctrl-C. On a terminal each refresh
-/// replaces the last (the screen is cleared); otherwise each starts with its heading line, so
-/// a script reads one refresh after the other.
+/// `limited --watch`: the list again every `interval` until Ctrl-C (or until its reader has
+/// gone). On a terminal each refresh replaces the last (the screen is cleared); otherwise each
+/// starts with its heading line, so a script reads one refresh after the other.
 async fn watch_limited(
     connection: &Connection,
     request: &Request,
     limiter: &Limiter,
     store: &RedisStore,
     interval: Duration,
-) -> Result<(), String> {
+    in_redis: impl Fn(String) -> Failure,
+) -> Result<(), Failure> {
     let terminal = std::io::stdout().is_terminal();
     let every = show::duration_text(interval);
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     for refresh in 1u64.. {
-        let rows = limited(connection, request, limiter, store).await?;
+        let rows = limited(connection, request, limiter, store)
+            .await
+            .map_err(&in_redis)?;
+        let mut text = String::new();
         if terminal {
             // Clear the screen and go home: the new list replaces the last one.
-            print!("\x1b[2J\x1b[H");
+            text.push_str("\x1b[2J\x1b[H");
         }
         if !request.json {
-            println!("refresh {refresh}, every {every} (Ctrl-C to stop)");
+            let _ = writeln!(text, "refresh {refresh}, every {every} (Ctrl-C to stop)");
         }
-        print_limited(request.json, &rows);
-        let _ = std::io::stdout().flush();
+        text.push_str(&limited_text(request.json, &rows));
+        emit(&text)?;
         tokio::select! {
             _ = &mut interrupted => return Ok(()),
             () = tokio::time::sleep(interval) => {}

@@ -2,6 +2,8 @@
 //! and the `SCAN` of every node that holds keys (the store runs only its scripts, and a `SCAN`
 //! sent to one node sees only that node's keys).
 
+use std::time::Duration;
+
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsMode};
@@ -40,6 +42,11 @@ pub struct Connection {
 /// Each call of a `SCAN` looks at this many keys, so Redis is never blocked for long.
 const SCAN_COUNT: u32 = 1000;
 
+/// How long one call to Redis may take. Not the store's default (100 ms, for a service's
+/// request path): an operator may be a slow link away, and a control that timed out may still
+/// have been applied. Still a bound: a stalled Redis fails the command rather than hangs it.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Connection {
     /// The URLs without passwords, for messages.
     pub fn shown(&self) -> String {
@@ -66,6 +73,7 @@ impl Connection {
             None => builder,
         };
         with_tls(builder, self.tls.as_ref())
+            .timeout(CALL_TIMEOUT)
             .build()
             .map_err(|e| Failure::Input(format!("invalid Redis settings {}: {e}", self.shown())))
     }
@@ -103,7 +111,9 @@ impl Connection {
         for mut connection in self.key_nodes().await? {
             let mut cursor = 0u64;
             loop {
-                let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                // Raw names: one that is not UTF-8 is not the limiter's (its keys are text),
+                // and must not stop the scan.
+                let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("MATCH")
                     .arg(pattern)
@@ -112,7 +122,11 @@ impl Connection {
                     .query_async(&mut connection)
                     .await
                     .map_err(|e| e.to_string())?;
-                keys.extend(found);
+                keys.extend(
+                    found
+                        .into_iter()
+                        .filter_map(|key| String::from_utf8(key).ok()),
+                );
                 if next == 0 {
                     break;
                 }
@@ -305,15 +319,22 @@ fn cluster_masters(nodes: &str) -> Vec<(Option<String>, u16)> {
     masters
 }
 
+/// Where `url`'s user info starts and the user info (up to the host's `@`, the last one: a
+/// password may hold one), also in a URL that does not parse (no `//`, no scheme), which an
+/// error message shows.
+fn user_info(url: &str) -> Option<(usize, &str)> {
+    let start = url.find("://").map_or(0, |at| at + 3);
+    let (user_info, _) = url[start..].rsplit_once('@')?;
+    Some((start, user_info))
+}
+
 /// `url` with its password replaced by `***`.
 pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((user_info, host)) if user_info.contains(':') => {
-            let user = user_info.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}")
+    match user_info(url) {
+        Some((start, info)) if info.contains(':') => {
+            let user = info.split(':').next().unwrap_or_default();
+            let host = &url[start + info.len()..];
+            format!("{}{user}:***{host}", &url[..start])
         }
         _ => url.to_owned(),
     }
@@ -327,12 +348,8 @@ fn shown_list(urls: &[String]) -> String {
 /// The passwords `url` carries, as written and decoded: what no message may show.
 pub fn url_secrets(url: &str) -> Vec<String> {
     let mut secrets = Vec::new();
-    if let Some((_, rest)) = url.split_once("://") {
-        if let Some((user_info, _)) = rest.rsplit_once('@') {
-            if let Some((_, password)) = user_info.split_once(':') {
-                secrets.push(password.to_owned());
-            }
-        }
+    if let Some((_, password)) = user_info(url).and_then(|(_, info)| info.split_once(':')) {
+        secrets.push(password.to_owned());
     }
     if let Ok(info) = url.into_connection_info() {
         secrets.extend(info.redis_settings().password().map(str::to_owned));
@@ -372,5 +389,11 @@ f 10.0.0.6:7005@17005 master - 0 0 5 connected
         assert!(secrets.contains(&"s3%3Acret".to_owned()), "{secrets:?}");
         assert!(secrets.contains(&"s3:cret".to_owned()), "{secrets:?}");
         assert_eq!(redacted("redis://127.0.0.1/"), "redis://127.0.0.1/");
+        // URLs that do not parse, shown in the message that says so.
+        assert_eq!(redacted("redis//u:pw@h:1/"), "redis//u:***@h:1/");
+        assert_eq!(redacted("redis:/u:pw@h"), "redis:***@h");
+        assert_eq!(redacted("u:p@w@h"), "u:***@h");
+        assert_eq!(redacted("redis://u:pw@[::1"), "redis://u:***@[::1");
+        assert!(url_secrets("redis:/u:pw@h").contains(&"/u:pw".to_owned()));
     }
 }

@@ -160,24 +160,29 @@ enum Command {
     },
 }
 
-/// Why a command failed: the input (exit 2) or Redis (exit 1).
+/// Why a command failed: the input (exit 2) or Redis (exit 1); or it stopped because the
+/// reader of its output has gone (exit 0, nothing to say).
 #[derive(Debug)]
 pub enum Failure {
     Input(String),
     Store(String),
+    Closed,
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Completions { shell } = cli.command {
-        clap_complete::generate(
-            shell,
-            &mut Cli::command(),
-            "redlimit",
-            &mut std::io::stdout(),
-        );
-        return ExitCode::SUCCESS;
+        // Written here, not by clap_complete, which panics on a closed stdout.
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "redlimit", &mut script);
+        return match commands::emit(&String::from_utf8_lossy(&script)) {
+            Ok(()) | Err(Failure::Closed) => ExitCode::SUCCESS,
+            Err(Failure::Input(message) | Failure::Store(message)) => {
+                eprintln!("error: {message}");
+                ExitCode::from(1)
+            }
+        };
     }
     let mut secrets = Vec::new();
     let result = match request(cli, &mut secrets) {
@@ -185,7 +190,7 @@ async fn main() -> ExitCode {
         Err(failure) => Err(failure),
     };
     let (code, message) = match result {
-        Ok(()) => return ExitCode::SUCCESS,
+        Ok(()) | Err(Failure::Closed) => return ExitCode::SUCCESS,
         Err(Failure::Input(message)) => (2, message),
         Err(Failure::Store(message)) => (1, with_acl_hint(message)),
     };
@@ -314,6 +319,7 @@ fn request(cli: Cli, secrets: &mut Vec<String>) -> Result<(Connection, Request),
 
 /// The connection the flags (or `REDIS_URL`) describe, its files read.
 fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connection, Failure> {
+    let from_env = args.redis.is_none() && args.redis_cluster.is_none() && args.sentinel.is_none();
     let redis = match (args.redis, args.redis_cluster, args.sentinel, args.service) {
         (Some(url), ..) => Redis::Single(url),
         (None, Some(urls), ..) => Redis::Cluster(url_list("--redis-cluster", &urls)?),
@@ -342,6 +348,7 @@ fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connect
     for url in urls {
         if let Err(e) = redis::Client::open(url.as_str()) {
             let flag = match &redis {
+                Redis::Single(_) if from_env => URL_VAR,
                 Redis::Single(_) => "--redis",
                 Redis::Cluster(_) => "--redis-cluster",
                 Redis::Sentinel { .. } => "--sentinel",

@@ -1,5 +1,6 @@
 //! What the commands print: a key's status as text, one fact a line, or as JSON.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -24,9 +25,27 @@ pub fn status_json(status: &KeyStatus) -> serde_json::Map<String, Value> {
     }
 }
 
+/// A name read back from a key in Redis (a tenant, a route) with its control characters
+/// escaped (`\u{1b}`): whoever can write a key must not drive the operator's terminal or
+/// forge a line of the output.
+pub fn printable(name: &str) -> Cow<'_, str> {
+    if !name.chars().any(char::is_control) {
+        return Cow::Borrowed(name);
+    }
+    let mut text = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if c.is_control() {
+            let _ = write!(text, "{}", c.escape_unicode());
+        } else {
+            text.push(c);
+        }
+    }
+    Cow::Owned(text)
+}
+
 /// One route of `inspect`: its override, suspension, expiry and state on one line each.
 pub fn route_text(scope: &str, status: &KeyStatus) -> String {
-    let mut text = format!("route {scope}\n");
+    let mut text = format!("route {}\n", printable(scope));
     let override_text = status
         .quota_override
         .as_ref()
@@ -82,9 +101,9 @@ fn state_text(text: &mut String, status: &KeyStatus) {
 
 /// `the unscoped key, api, login`, or `none`.
 pub fn routes_text(routes: &[Option<String>]) -> String {
-    let names: Vec<&str> = routes
+    let names: Vec<Cow<'_, str>> = routes
         .iter()
-        .map(|route| route.as_deref().unwrap_or("(unscoped)"))
+        .map(|route| printable(route.as_deref().unwrap_or("(unscoped)")))
         .collect();
     if names.is_empty() {
         "none".to_owned()
@@ -153,6 +172,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(quotas_text(&quotas), "3/1m, 500/1h burst 600");
+        assert_eq!(printable("api:v1"), "api:v1");
+        assert_eq!(printable("a\x1b[2J\nb\u{9b}"), r"a\u{1b}[2J\u{a}b\u{9b}");
         assert_eq!(
             seconds_text(Duration::from_millis(2_591_999_998)),
             "2591999.998s (29d 23h 59m)"

@@ -7,6 +7,7 @@ mod support;
 mod commands;
 mod connection;
 mod limited;
+mod probes;
 
 use std::process::{Command, Output, Stdio};
 use std::thread;
