@@ -31,7 +31,6 @@ mod oracles;
 mod shrink;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fleet::Fixture;
@@ -46,16 +45,29 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// Between schedules: the server is up and empty (a schedule may have killed it).
-async fn clean(redis: &Fixture) {
-    let redis = redis.clone();
+/// Between schedules: the server (and the cluster, once started) is up and empty (a schedule
+/// may have killed it).
+async fn clean(fixture: &Fixture) {
+    let fixture = fixture.clone();
     tokio::task::spawn_blocking(move || {
-        let mut redis = redis.lock().unwrap();
+        let mut redis = fixture.redis.lock().unwrap();
         if !redis.is_running() {
             redis.restart();
         }
         // A `DEBUG SLEEP` may still run: FLUSHALL waits for it.
         redis.flushall();
+        drop(redis);
+        if fixture.has_cluster() {
+            // A migration still running holds the lock until it is over.
+            let mut cluster = fixture.cluster.lock().unwrap();
+            let cluster = cluster.as_mut().expect("the cluster runs");
+            for node in 0..cluster.nodes().len() {
+                if !cluster.node_mut(node).is_running() {
+                    cluster.restart_node(node);
+                }
+            }
+            cluster.flushall();
+        }
     })
     .await
     .expect("clean");
@@ -74,11 +86,12 @@ fn torture() {
 async fn torture_run() {
     // The budget counts from here: Redis's startup is inside it.
     let started = Instant::now();
-    let redis: Fixture = Arc::new(Mutex::new(
+    // The cluster starts the first time a schedule draws it.
+    let redis = Fixture::new(
         tokio::task::spawn_blocking(support::RedisServer::start)
             .await
             .expect("redis"),
-    ));
+    );
     let replay = env_u64("TORTURE_SEED");
     let keep_going = std::env::var("TORTURE_KEEP_GOING").is_ok_and(|v| v != "0" && !v.is_empty());
     // A family (`rate`, `settle`, `concurrency`, `outbound`) to run alone, and a line per schedule.
