@@ -9,7 +9,8 @@
 //!   included, ends well under 80 s; `TORTURE_BASE=<n>` repeats a run's seed sequence.
 //! - `TORTURE_SEED=<seed>`: replays one schedule.
 //! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound>` runs one family alone,
-//!   `TORTURE_VERBOSE=1` prints a line per schedule.
+//!   `TORTURE_BACKEND=<redis|memory|cluster>` one backend, `TORTURE_VERBOSE=1` prints a line
+//!   per schedule. The 3-master Cluster starts the first time a schedule draws it.
 //! - `TORTURE_KEEP_GOING=1`: does not stop at the first violation; prints each distinct oracle
 //!   that fired with its first seed and the seconds it took to find.
 //!
@@ -96,6 +97,8 @@ async fn torture_run() {
     let keep_going = std::env::var("TORTURE_KEEP_GOING").is_ok_and(|v| v != "0" && !v.is_empty());
     // A family (`rate`, `settle`, `concurrency`, `outbound`) to run alone, and a line per schedule.
     let family = std::env::var("TORTURE_FAMILY").ok();
+    // A backend (`redis`, `memory`, `cluster`) to run alone.
+    let backend = std::env::var("TORTURE_BACKEND").ok();
     let verbose = std::env::var("TORTURE_VERBOSE").is_ok();
     let budget = Duration::from_secs(env_u64("TORTURE_SECS").unwrap_or(DEFAULT_SECS));
     let base = env_u64("TORTURE_BASE").unwrap_or_else(|| {
@@ -129,6 +132,9 @@ async fn torture_run() {
         if family
             .as_ref()
             .is_some_and(|f| *f != format!("{:?}", schedule.config.family).to_lowercase())
+            || backend
+                .as_ref()
+                .is_some_and(|b| *b != format!("{:?}", schedule.config.backend).to_lowercase())
         {
             continue;
         }
