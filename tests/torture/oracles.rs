@@ -510,10 +510,10 @@ fn clock_recovery(run: &Run, out: &mut Vec<Violation>) {
 /// they consume nothing, the request goes on, and a `ShadowLimited` with their denial is in
 /// its extensions (counted as `shadow_limited`)". So each instance's `shadow_limited` counts
 /// exactly the requests that reached its service with a `ShadowLimited` (the enforced tiers'
-/// bound is [`settled`]'s); and, where no fault made a shadow check fail ("Shadow tiers whose
-/// check fails are skipped"), the requests that reached the service without one used, per key
-/// and fixed window, at most the shadow tier's limit (settled like the enforced tiers), plus
-/// what a clock repair allows ([`repairs`]).
+/// bound is [`settled`]'s); and, before any fault could make a shadow check fail ("Shadow
+/// tiers whose check fails are skipped"), the requests that reached the service without one
+/// used, per key and fixed window, at most the shadow tier's limit (settled like the enforced
+/// tiers), plus what a clock repair allows ([`repairs`]).
 fn shadow_tiers(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     let config = &schedule.config;
     for (inst, counted) in run.shadow_counted.iter().enumerate() {
@@ -532,9 +532,9 @@ fn shadow_tiers(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             });
         }
     }
-    if !run.faults.is_empty() {
-        return;
-    }
+    // What reached the service before the first fault began (a sum over fewer requests than
+    // a window had is still bounded).
+    let first_fault = run.fault_starts.first().copied();
     let period_us = config.period_ms * 1_000;
     let mut used: HashMap<(usize, u64), u64> = HashMap::new();
     for (e, _) in run
@@ -542,6 +542,7 @@ fn shadow_tiers(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
         .iter()
         .zip(&run.shadow_limited)
         .filter(|(e, limited)| !**limited && one_window(e, period_us))
+        .filter(|(e, _)| first_fault.is_none_or(|at| e.started < at))
     {
         *used.entry((e.key, e.clock_us / period_us)).or_insert(0) += e.used;
     }
