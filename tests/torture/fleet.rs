@@ -1252,6 +1252,9 @@ impl Drop for InFlight {
     }
 }
 
+/// Starts over the limit: (when, key, in flight, op).
+type Over = Arc<Mutex<Vec<(Instant, usize, i64, usize)>>>;
+
 /// A streaming body: `x-chunks` frames `x-chunk-ms` apart.
 type Frames = StreamBody<BoxStream<'static, Result<Frame<Bytes>, Infallible>>>;
 
@@ -1271,7 +1274,7 @@ fn stream_service(
     schedule: &Schedule,
     slots: &ConcurrencyLimiter,
     in_flight: &Arc<Vec<AtomicI64>>,
-    over: &Arc<Mutex<Vec<(Instant, usize, i64, usize)>>>,
+    over: &Over,
 ) -> impl Service<
     Request<String>,
     Response = Response<ConcurrencyBody<Frames>>,
