@@ -4,10 +4,12 @@
 //! whether it loses data ([`Fault::loses_data`]): the oracles widen their bounds after a data
 //! loss exactly as the docs allow.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::fleet::Fixture;
 use crate::generator::{Backend, Config, Family};
-use crate::support::RedisServer;
+use crate::support::{RedisCluster, RedisServer};
 
 /// A fault on the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +31,10 @@ pub enum Fault {
     /// `maxmemory` set `bytes` under the memory in use with `allkeys-random`, long enough for
     /// Redis to evict keys of its choice, then lifted: some keys are lost.
     Evict { bytes: u64 },
+    /// Cluster: the slot of the schedule's key `key` moves to the next master, key by key, in
+    /// the background while the schedule goes on (docs/failure.md: "a slot migration fails no
+    /// decision open"; `MIGRATE` keeps each key's state: no data is lost).
+    Migrate { key: usize },
 }
 
 impl Fault {
@@ -45,6 +51,21 @@ impl Fault {
 pub fn draw(rng: &mut fastrand::Rng, config: &Config) -> Fault {
     if config.backend == Backend::Memory {
         return Fault::DebugSleep { ms: 0 };
+    }
+    if config.backend == Backend::Cluster {
+        // `FLUSHALL` is on every master, `kill -9` and the restart on the hot key's master.
+        return match rng.u32(0..12) {
+            0..=2 => Fault::FlushAll,
+            3 => Fault::ClientKill,
+            4 => Fault::ScriptFlush,
+            5 => Fault::DebugSleep {
+                ms: rng.u64(300..900),
+            },
+            6..=7 => Fault::Restart,
+            _ => Fault::Migrate {
+                key: rng.usize(0..config.keys),
+            },
+        };
     }
     // The keys a corruption writes into are the rate and settlement families' limiter keys.
     let keyed = matches!(config.family, Family::Rate | Family::Settle);
@@ -117,21 +138,25 @@ fn evict(redis: &RedisServer, bytes: u64) {
     config(&mut conn, "maxmemory", "0".into());
 }
 
-/// Injects `fault` on `redis` (blocking calls, run off the runtime's workers); `keys` are the
-/// storage keys a corruption writes into.
-pub async fn inject(
-    redis: &std::sync::Arc<std::sync::Mutex<RedisServer>>,
-    fault: Fault,
-    keys: Vec<String>,
-) {
-    let redis = redis.clone();
+/// Injects `fault` on the schedule's store (blocking calls, run off the runtime's workers);
+/// `keys` are the schedule's storage keys, in pairs per key (its tenant's, then its own): what
+/// a corruption writes into, and on Cluster which slot and master a fault aims at.
+pub async fn inject(fixture: &Fixture, fault: Fault, keys: Vec<String>, backend: Backend) {
+    if backend == Backend::Cluster {
+        let cluster = fixture.cluster.clone();
+        let run = move || on_cluster(cluster, fault, &keys);
+        return tokio::task::spawn_blocking(run)
+            .await
+            .expect("fault injected");
+    }
+    let redis = fixture.redis.clone();
     let run = move || {
         let mut redis = redis.lock().unwrap();
         match fault {
             Fault::FlushAll => redis.flushall(),
             Fault::ClientKill => redis.client_kill_normal(),
             Fault::ScriptFlush => redis.script_flush(),
-            Fault::DebugSleep { ms: 0 } => {}
+            Fault::DebugSleep { ms: 0 } | Fault::Migrate { .. } => {}
             // The sleep runs on a thread of its own while the fleet keeps calling.
             Fault::DebugSleep { ms } => drop(redis.debug_sleep(Duration::from_millis(ms))),
             Fault::Restart => redis.restart(),
@@ -142,4 +167,58 @@ pub async fn inject(
     tokio::task::spawn_blocking(run)
         .await
         .expect("fault injected");
+}
+
+/// The hot key's storage key (key 0's own, after its tenant's).
+fn hot(keys: &[String]) -> &str {
+    keys.get(1).map_or("k", String::as_str)
+}
+
+/// `fault` on the cluster. A migration returns once the slot is open for migration (`ASK`s
+/// begin) and goes on in a thread of its own that holds the cluster until it is over, so the
+/// next fault and the cleaning between schedules wait for it.
+fn on_cluster(cluster: Arc<Mutex<Option<RedisCluster>>>, fault: Fault, keys: &[String]) {
+    if let Fault::Migrate { key } = fault {
+        let route = keys.get(2 * key + 1).map_or("k", String::as_str).to_owned();
+        let (begun, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let guard = cluster.lock().unwrap();
+            let cluster = guard.as_ref().expect("the cluster runs");
+            let slot = cluster.slot_of(&route);
+            let from = cluster.node_for_key(&route);
+            let to = (from + 1) % cluster.nodes().len();
+            cluster.begin_slot_migration(slot, from, to);
+            let _ = begun.send(());
+            // Key by key, with the fleet's calls in between: some keys of the slot are on
+            // each side for a while (`ASK`, `TRYAGAIN`).
+            std::thread::sleep(Duration::from_millis(50));
+            while cluster.migrate_keys(slot, from, to, 1) > 0 {
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            cluster.finish_slot_migration(slot, from, to);
+        });
+        let _ = wait.recv();
+        return;
+    }
+    let mut guard = cluster.lock().unwrap();
+    let cluster = guard.as_mut().expect("the cluster runs");
+    match fault {
+        Fault::FlushAll => cluster.flushall(),
+        Fault::ClientKill => cluster
+            .nodes()
+            .iter()
+            .for_each(RedisServer::client_kill_normal),
+        Fault::ScriptFlush => cluster.script_flush_all(),
+        Fault::DebugSleep { ms: 0 } => {}
+        Fault::DebugSleep { ms } => {
+            let node = cluster.node_for_key(hot(keys));
+            drop(cluster.nodes()[node].debug_sleep(Duration::from_millis(ms)));
+        }
+        Fault::Restart => {
+            let node = cluster.node_for_key(hot(keys));
+            cluster.restart_node(node);
+        }
+        // Not drawn on Cluster.
+        Fault::Corrupt { .. } | Fault::Evict { .. } | Fault::Migrate { .. } => {}
+    }
 }

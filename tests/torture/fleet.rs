@@ -8,13 +8,20 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use futures::stream::{BoxStream, StreamExt};
 use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
 use redlimit::clock::{Clock, ManualClock};
-use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
+use redlimit::concurrency::{
+    ConcurrencyBody, ConcurrencyLimitLayer, ConcurrencyLimiter, SlotOutcome,
+};
 use redlimit::failure_policy::{
     FailClosed, FailOpen, FailureContext, FailurePolicy, LocalFallback,
 };
 use redlimit::key::FnKey;
+use redlimit::layer::ShadowLimited;
 use redlimit::limiter::{AcquireError, BlockFor};
 use redlimit::limiter::{LeaseStats, Leases, LimiterStats};
 use redlimit::outbound::{OutboundError, OutboundLayer};
@@ -25,8 +32,10 @@ use tokio::time::{sleep, timeout};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::faults::{self, Fault};
-use crate::generator::{Backend, Config, Family, Op, Policy, Schedule, Settlement, Upstream};
-use crate::support::RedisServer;
+use crate::generator::{
+    Backend, BodyEnd, Config, Family, Op, Policy, Schedule, Settlement, Upstream,
+};
+use crate::support::{RedisCluster, RedisServer};
 
 /// The store timeout of every instance (docs/failure.md: "Every Redis call is bounded by a
 /// timeout"); short, so that faults turn into policy answers quickly.
@@ -81,16 +90,94 @@ pub struct Follow(tokio::task::JoinHandle<()>);
 
 impl Follow {
     pub fn start(manual: &ManualClock) -> Follow {
-        let manual = manual.clone();
+        Follow::start_all(vec![manual.clone()])
+    }
+
+    /// Moves every clock of `clocks` by the same real time, so their offsets stay.
+    pub fn start_all(clocks: Vec<ManualClock>) -> Follow {
         Follow(tokio::spawn(async move {
             let mut last = Instant::now();
             loop {
                 sleep(Duration::from_millis(1)).await;
                 let now = Instant::now();
-                manual.advance(now - last);
+                for clock in &clocks {
+                    clock.advance(now - last);
+                }
                 last = now;
             }
         }))
+    }
+}
+
+/// How far the instances' offsets may drift apart: moving the clocks back is one `set` per
+/// clock, and [`Follow`] may advance some of them in between.
+const OFFSET_DRIFT_US: u64 = 3_000;
+
+/// A rate schedule's clocks: the operator's (`base`), and each instance's, its offset ahead of
+/// it (`Config::offsets_ms`); the schedule's steps move them all.
+struct Clocks {
+    base: ManualClock,
+    fleet: Vec<ManualClock>,
+    /// Per instance: how far the fastest instance's clock is ahead of its own, in µs.
+    lead: Vec<u64>,
+}
+
+impl Clocks {
+    fn new(config: &Config) -> Clocks {
+        let offsets: Vec<u64> = (0..config.instances).map(|i| config.offset_us(i)).collect();
+        let fastest = offsets.iter().copied().max().unwrap_or(0);
+        Clocks {
+            base: ManualClock::new(CLOCK_START),
+            fleet: offsets
+                .iter()
+                .map(|off| ManualClock::new(CLOCK_START + Duration::from_micros(*off)))
+                .collect(),
+            lead: offsets
+                .iter()
+                .map(|off| match fastest - off {
+                    0 if fastest == 0 => 0,
+                    lead => lead + OFFSET_DRIFT_US,
+                })
+                .collect(),
+        }
+    }
+
+    fn all(&self) -> Vec<ManualClock> {
+        std::iter::once(self.base.clone())
+            .chain(self.fleet.iter().cloned())
+            .collect()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.all().iter().for_each(|clock| clock.advance(by));
+    }
+
+    /// Instance `inst`'s clock, in µs.
+    fn now(&self, inst: usize) -> u64 {
+        self.fleet[inst].now_micros()
+    }
+
+    /// The latest time instance `inst`'s call may have decided as of, now: its own clock,
+    /// plus `skew_us` of steps back, plus how far the fastest clock is ahead of it (docs
+    /// (Clock): a call whose clock is behind its key's stored time by at most
+    /// `Clock::MAX_SKEW` "decides as of the stored time").
+    fn end(&self, inst: usize, skew_us: u64) -> u64 {
+        self.now(inst) + skew_us + self.lead[inst]
+    }
+
+    /// Moves every clock forward to put the operator's at `target` (no-op if it is past).
+    fn forward_to(&self, target: Duration) {
+        let now = Duration::from_micros(self.base.now_micros());
+        if target > now {
+            self.advance(target - now);
+        }
+    }
+
+    /// Moves every clock back by `back_us`.
+    fn back(&self, back_us: u64) {
+        for clock in self.all() {
+            clock.set(Duration::from_micros(clock.now_micros() - back_us));
+        }
     }
 }
 
@@ -190,6 +277,10 @@ pub struct Run {
     pub segments: Vec<Segment>,
     pub suspensions: Vec<Suspension>,
     pub overrides: Vec<Override>,
+    /// Shadow tiers: whether each of `events` reached the service with a `ShadowLimited`.
+    pub shadow_limited: Vec<bool>,
+    /// Shadow tiers: each instance's `LimiterStats::shadow_limited` at the end.
+    pub shadow_counted: Vec<u64>,
     /// Requests a shadow layer refused: (op, instance, status).
     pub refused_in_shadow: Vec<(usize, usize, u16)>,
     /// Where the same fault-free schedule got different decisions from Redis and memory.
@@ -204,6 +295,9 @@ pub struct Run {
     pub over: Vec<(Instant, usize, i64, usize)>,
     /// Counter samples per instance, in order.
     pub stats: Vec<Vec<(LimiterStats, LeaseStats)>>,
+    /// Rate schedules with per-instance clocks: (instance, key, last outcome) that never
+    /// decided again in the recovery probe.
+    pub stuck: Vec<(usize, usize, String)>,
     /// Instances still refused after the upstream turned honest: (instance, what).
     pub lockouts: Vec<(usize, String)>,
     pub operations: u64,
@@ -212,18 +306,52 @@ pub struct Run {
     pub limit: u64,
 }
 
-/// The fixture shared by every schedule: one private Redis (restarted by faults).
-pub type Fixture = Arc<Mutex<RedisServer>>;
-
-fn url(redis: &Fixture) -> String {
-    redis.lock().unwrap().url()
+/// The fixture shared by every schedule: one private Redis (restarted by faults), and the
+/// 3-master Cluster, started the first time a schedule needs it.
+#[derive(Clone)]
+pub struct Fixture {
+    pub redis: Arc<Mutex<RedisServer>>,
+    pub cluster: Arc<Mutex<Option<RedisCluster>>>,
+    /// The cluster's node URLs once it runs (they outlive a node's restart).
+    cluster_urls: Arc<std::sync::OnceLock<Vec<String>>>,
 }
 
-fn redis_store(redis: &Fixture) -> RedisStore {
-    RedisStore::builder(url(redis))
-        .timeout(STORE_TIMEOUT)
-        .build()
-        .expect("valid store")
+impl Fixture {
+    pub fn new(redis: RedisServer) -> Fixture {
+        Fixture {
+            redis: Arc::new(Mutex::new(redis)),
+            cluster: Arc::default(),
+            cluster_urls: Arc::default(),
+        }
+    }
+
+    /// Starts the cluster unless it runs.
+    pub async fn start_cluster(&self) {
+        if self.cluster_urls.get().is_some() {
+            return;
+        }
+        let cluster = RedisCluster::start;
+        let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
+        let _ = self.cluster_urls.set(cluster.urls());
+        *self.cluster.lock().unwrap() = Some(cluster);
+    }
+
+    /// Whether the cluster was started.
+    pub fn has_cluster(&self) -> bool {
+        self.cluster_urls.get().is_some()
+    }
+
+    /// A store of the fleet's on `backend` (not the memory store).
+    fn store(&self, backend: Backend) -> RedisStore {
+        let builder = match backend {
+            Backend::Cluster => {
+                let urls = self.cluster_urls.get().expect("the cluster runs").clone();
+                RedisStore::cluster_builder(urls)
+            }
+            _ => RedisStore::builder(self.redis.lock().unwrap().url()),
+        };
+        builder.timeout(STORE_TIMEOUT).build().expect("valid store")
+    }
 }
 
 fn key_name(schedule: &Schedule, key: usize) -> String {
@@ -237,12 +365,24 @@ fn limiters(
     clock: Clock,
     leases: bool,
 ) -> (Vec<Limiter>, Limiter) {
+    let clocks = vec![clock.clone(); schedule.config.instances];
+    limiters_on(schedule, redis, clock, clocks, leases)
+}
+
+/// [`limiters`], each instance on its clock of `clocks`, the operator on `clock`.
+fn limiters_on(
+    schedule: &Schedule,
+    redis: &Fixture,
+    clock: Clock,
+    clocks: Vec<Clock>,
+    leases: bool,
+) -> (Vec<Limiter>, Limiter) {
     let memory = MemoryStore::new();
-    let make = |lease: bool| {
+    let make = |lease: bool, clock: &Clock| {
         let config = &schedule.config;
         let mut builder = match config.backend {
             Backend::Memory => Limiter::builder(memory.clone()),
-            Backend::Redis => Limiter::builder(redis_store(redis)),
+            backend => Limiter::builder(redis.store(backend)),
         }
         .algorithm(config.algorithm)
         .clock(clock.clone())
@@ -260,10 +400,8 @@ fn limiters(
         }
         builder.build().expect("valid limiter")
     };
-    let fleet = (0..schedule.config.instances)
-        .map(|_| make(leases))
-        .collect();
-    (fleet, make(false))
+    let fleet = clocks.iter().map(|clock| make(leases, clock)).collect();
+    (fleet, make(false, &clock))
 }
 
 fn quotas(config: &Config) -> Quotas {
@@ -288,6 +426,9 @@ fn outcome(verdict: &Verdict, by_policy: bool) -> Outcome {
 /// Runs `ops` of `schedule` (a prefix of its operations when shrinking), stopping before the
 /// first operation that would start at or after `deadline`.
 pub async fn run(schedule: &Schedule, ops: &[Op], redis: &Fixture, deadline: Instant) -> Run {
+    if schedule.config.backend == Backend::Cluster {
+        redis.start_cluster().await;
+    }
     let ops = cut(ops, deadline);
     match schedule.config.family {
         Family::Rate => rate(schedule, ops, redis).await,
@@ -343,9 +484,9 @@ fn new_segments(run: &mut Run, epochs: &mut [u32], fleet: &[Limiter], clock_us: 
 /// Injects `fault`, recorded with the moment it was over (a restarted server is back; a
 /// `DEBUG SLEEP` has just begun), and the moment it began (a data loss may be anywhere
 /// between).
-async fn fault(run: &mut Run, redis: &Fixture, fault: Fault, keys: Vec<String>) {
+async fn fault(run: &mut Run, redis: &Fixture, fault: Fault, keys: Vec<String>, backend: Backend) {
     let began = Instant::now();
-    faults::inject(redis, fault, keys).await;
+    faults::inject(redis, fault, keys, backend).await;
     run.faults.push((Instant::now(), fault));
     run.fault_starts.push(began);
 }
@@ -389,9 +530,18 @@ fn edge(manual: &ManualClock, period_ms: u64, before_us: u64) -> Duration {
 
 async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis: &Fixture) -> Run {
     let config = &schedule.config;
-    let manual = ManualClock::new(CLOCK_START);
-    let _follow = Follow::start(&manual);
-    let (fleet, operator) = limiters(schedule, redis, Clock::Manual(manual.clone()), true);
+    let clocks = Clocks::new(config);
+    let manual = clocks.base.clone();
+    let _follow = Follow::start_all(clocks.all());
+    let fleet_clocks = clocks.fleet.iter().cloned().map(Clock::Manual).collect();
+    let (fleet, operator) = limiters_on(
+        schedule,
+        redis,
+        Clock::Manual(manual.clone()),
+        fleet_clocks,
+        true,
+    );
+    let spread_us = config.spread_us();
     let quotas = quotas(config);
     let keys = storage_keys(schedule, &operator);
     let mut run = Run::default();
@@ -418,10 +568,10 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
             } => {
                 let name = key_name(schedule, key);
                 let checks = (0..n).map(|_| {
-                    let (limiter, quotas, name, manual) = (&fleet[inst], &quotas, &name, &manual);
+                    let (limiter, quotas, name, clocks) = (&fleet[inst], &quotas, &name, &clocks);
                     async move {
                         let started = Instant::now();
-                        let start_us = manual.now_micros();
+                        let start_us = clocks.now(inst);
                         let check = marked_check(limiter, name.as_str(), quotas, cost);
                         let bound = cancel_us.map(Duration::from_micros).unwrap_or(BOUND);
                         let outcome = match timeout(bound, check).await {
@@ -433,7 +583,7 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                                 ))
                             }
                         };
-                        let end_us = manual.now_micros() + skew_us;
+                        let end_us = clocks.end(inst, skew_us);
                         Ok((started, start_us, end_us, outcome))
                     }
                 });
@@ -469,14 +619,14 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                 let name = key_name(schedule, key);
                 let block = BlockFor::new(Duration::from_millis(block_ms)).expect("block");
                 let checks = (0..n).map(|_| {
-                    let (limiter, quotas, name, manual, block) =
-                        (&fleet[inst], &quotas, &name, &manual, &block);
+                    let (limiter, quotas, name, clocks, block) =
+                        (&fleet[inst], &quotas, &name, &clocks, &block);
                     async move {
                         let started = Instant::now();
-                        let start_us = manual.now_micros();
+                        let start_us = clocks.now(inst);
                         let check = limiter.check_blocking(name.as_str(), quotas, cost, block);
                         let answer = timeout(BOUND, marked(check)).await;
-                        let end_us = manual.now_micros() + skew_us;
+                        let end_us = clocks.end(inst, skew_us);
                         (started, start_us, end_us, Instant::now(), answer)
                     }
                 });
@@ -534,7 +684,7 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
             } => {
                 let name = key_name(schedule, key);
                 let started = Instant::now();
-                let clock_us = manual.now_micros();
+                let clock_us = clocks.now(inst);
                 let deadline = started + Duration::from_millis(wait_ms);
                 let acquire = BY_POLICY.scope(std::cell::Cell::new(false), async {
                     let acquired = fleet[inst]
@@ -572,21 +722,25 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     cost,
                     used: cost,
                     clock_us,
-                    end_us: manual.now_micros() + skew_us,
+                    end_us: clocks.end(inst, skew_us),
                     epoch: epochs[key],
                     era,
                     started,
                     outcome,
                 });
             }
-            Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
-            Op::Edge { before_us } => manual.set(edge(&manual, config.period_ms, before_us)),
+            Op::Advance { ms } => clocks.advance(Duration::from_millis(ms)),
+            Op::Edge { before_us } => {
+                clocks.forward_to(edge(&manual, config.period_ms, before_us));
+            }
             Op::StepBack { ms } => {
                 let now = manual.now_micros();
                 let back = (ms * 1_000).min(now - clock_start_us());
-                manual.set(Duration::from_micros(now - back));
+                clocks.back(back);
                 skew_us += back;
-                if Duration::from_micros(skew_us) > Clock::MAX_SKEW {
+                // The slowest instance's clock is then behind what the fastest stored by the
+                // spread plus the steps.
+                if Duration::from_micros(skew_us + spread_us) > Clock::MAX_SKEW {
                     // docs (Clock): "The state is repaired to `now` (no refill granted; a
                     // window of a later time reads as empty)": a new segment of every key.
                     era += 1;
@@ -722,7 +876,7 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
             }
             Op::Fault(f) => {
                 let clock_us = manual.now_micros();
-                fault(&mut run, redis, f, keys.clone()).await;
+                fault(&mut run, redis, f, keys.clone(), config.backend).await;
                 if f.loses_data() {
                     data_loss(&mut run, &mut epochs, &fleet, clock_us);
                 }
@@ -731,13 +885,76 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
         }
         sample(&mut run, &fleet);
     }
+    if spread_us > 0 {
+        run.stuck = recover(
+            schedule,
+            &fleet,
+            &operator,
+            &clocks,
+            &quotas,
+            !run.faults.is_empty(),
+        )
+        .await;
+    }
     // Quiet: renewals and give-backs in flight land before the last sample.
     sleep(Duration::from_millis(300)).await;
     sample(&mut run, &fleet);
-    if config.backend == Backend::Redis && !ran.iter().any(|op| matches!(op, Op::Fault(_))) {
+    if config.backend != Backend::Memory && !ran.iter().any(|op| matches!(op, Op::Fault(_))) {
         run.differences = differential(schedule, &ran, redis).await;
     }
     run
+}
+
+/// How long after the controls are lifted every instance must decide again on every key.
+pub const RECOVERY: Duration = Duration::from_secs(3);
+
+/// The recovery probe of a schedule with per-instance clocks: the controls are lifted (resume,
+/// clear the override; `forget` drops a cached denial) and every clock moves past anything the
+/// schedule stored (a period, the spread, `Clock::MAX_SKEW` and the largest step back, twice);
+/// then each instance checks 1 on each key until the store admits it, for [`RECOVERY`] at most.
+/// Returns the (instance, key, last outcome) never admitted.
+async fn recover(
+    schedule: &Schedule,
+    fleet: &[Limiter],
+    operator: &Limiter,
+    clocks: &Clocks,
+    quotas: &Quotas,
+    faulted: bool,
+) -> Vec<(usize, usize, String)> {
+    let config = &schedule.config;
+    if faulted {
+        // A `DEBUG SLEEP` (under 900 ms) is over, a restarted server answers.
+        sleep(Duration::from_secs(1)).await;
+    }
+    let past = 2 * (config.period_ms * 1_000 + Clock::MAX_SKEW.as_micros() as u64 + 120_000_000)
+        + config.spread_us();
+    clocks.advance(Duration::from_micros(past));
+    let names: Vec<String> = (0..config.keys).map(|k| key_name(schedule, k)).collect();
+    let mut pending: Vec<(usize, usize, String)> = (0..fleet.len())
+        .flat_map(|inst| (0..config.keys).map(move |key| (inst, key, String::new())))
+        .collect();
+    let deadline = Instant::now() + RECOVERY;
+    loop {
+        for name in &names {
+            let _ = timeout(BOUND, operator.resume(name.as_str())).await;
+            let _ = timeout(BOUND, operator.clear_quota(name.as_str())).await;
+        }
+        let mut still = Vec::new();
+        for (inst, key, _) in pending {
+            let name = names[key].as_str();
+            fleet[inst].forget(name);
+            match timeout(BOUND, marked_check(&fleet[inst], name, quotas, 1)).await {
+                Ok(Outcome::Allowed) => {}
+                Ok(outcome) => still.push((inst, key, format!("{outcome:?}"))),
+                Err(_) => still.push((inst, key, format!("pending after {BOUND:?}"))),
+            }
+        }
+        if still.is_empty() || Instant::now() >= deadline {
+            return still;
+        }
+        pending = still;
+        sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Runs the fault-free `ops` one check at a time, on Redis and on a `MemoryStore`, and lists
@@ -754,7 +971,7 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
     let build = |store: Option<MemoryStore>| {
         match store {
             Some(memory) => Limiter::builder(memory),
-            None => Limiter::builder(redis_store(redis)),
+            None => Limiter::builder(redis.store(config.backend)),
         }
         .algorithm(config.algorithm)
         .clock(Clock::Manual(manual.clone()))
@@ -863,6 +1080,7 @@ async fn concurrency<'a>(
 ) -> Run {
     let config = &schedule.config;
     let (fleet, _) = limiters(schedule, redis, Clock::default(), false);
+    let keys = storage_keys(schedule, &fleet[0]);
     let slots: Vec<ConcurrencyLimiter> = fleet
         .iter()
         .map(|l| ConcurrencyLimiter::with_options(l.clone(), config.limit, SLOT_LEASE, "c"))
@@ -871,6 +1089,10 @@ async fn concurrency<'a>(
     let in_flight: Arc<Vec<AtomicI64>> =
         Arc::new((0..config.keys).map(|_| AtomicI64::new(0)).collect());
     let over = Arc::new(Mutex::new(Vec::new()));
+    let streams: Vec<_> = slots
+        .iter()
+        .map(|slots| stream_service(schedule, slots, &in_flight, &over))
+        .collect();
     let hangs = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
     let mut run = Run {
@@ -936,23 +1158,221 @@ async fn concurrency<'a>(
                     });
                 }
             }
+            Op::Stream {
+                inst,
+                key,
+                n,
+                first_ms,
+                chunks,
+                chunk_ms,
+                end,
+            } => {
+                for _ in 0..n {
+                    let request = Request::builder()
+                        .header("x-key", key_name(schedule, key))
+                        .header("x-key-index", key)
+                        .header("x-op", i)
+                        .header("x-first", first_ms)
+                        .header("x-chunks", u64::from(chunks))
+                        .header("x-chunk-ms", chunk_ms)
+                        .body(String::new())
+                        .unwrap();
+                    let (svc, hangs) = (streams[inst].clone(), hangs.clone());
+                    run.cancellations += u64::from(end != BodyEnd::Read);
+                    tasks.spawn(async move {
+                        let bound = BOUND + Duration::from_millis(first_ms);
+                        let call = svc.oneshot(request);
+                        let response = match end {
+                            BodyEnd::Future(us) => {
+                                // Dropped with the future, or with the body at once.
+                                let _ = timeout(Duration::from_micros(us), call).await;
+                                return;
+                            }
+                            _ => match timeout(bound, call).await {
+                                Ok(Ok(response)) => response,
+                                Ok(Err(never)) => match never {},
+                                Err(_) => {
+                                    let what = format!(
+                                        "instance {inst}: layer request still pending after {bound:?}"
+                                    );
+                                    hangs.lock().unwrap().push((i, what));
+                                    return;
+                                }
+                            },
+                        };
+                        let frames = match end {
+                            BodyEnd::BeforePoll => 0,
+                            BodyEnd::After(frames) => frames,
+                            _ => u8::MAX,
+                        };
+                        let mut body = response.into_body();
+                        let read = async {
+                            for _ in 0..frames {
+                                if body.frame().await.is_none() {
+                                    break;
+                                }
+                            }
+                        };
+                        let bound = BOUND + Duration::from_millis(chunk_ms * u64::from(chunks));
+                        if timeout(bound, read).await.is_err() {
+                            let what =
+                                format!("instance {inst}: body still pending after {bound:?}");
+                            hangs.lock().unwrap().push((i, what));
+                        }
+                    });
+                }
+                // Let the requests start before the next operation.
+                sleep(Duration::from_millis(5)).await;
+            }
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
-            Op::Fault(f) => fault(&mut run, redis, f, Vec::new()).await,
+            Op::Fault(f) => fault(&mut run, redis, f, keys.clone(), config.backend).await,
             _ => {}
         }
     }
     while tasks.join_next().await.is_some() {}
     done.store(true, Ordering::Relaxed);
     sampler.await.expect("sampler");
+    run.stuck = free_again(schedule, &slots, !run.faults.is_empty()).await;
     run.over = std::mem::take(&mut *over.lock().unwrap());
     run.hangs
         .extend(std::mem::take(&mut *hangs.lock().unwrap()));
     run
 }
 
+/// One request in flight on its key, from the inner service's start until it is dropped: at
+/// the end of its body, or with its response future or its body.
+struct InFlight {
+    in_flight: Arc<Vec<AtomicI64>>,
+    key: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.in_flight[self.key].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Starts over the limit: (when, key, in flight, op).
+type Over = Arc<Mutex<Vec<(Instant, usize, i64, usize)>>>;
+
+/// A streaming body: `x-chunks` frames `x-chunk-ms` apart.
+type Frames = StreamBody<BoxStream<'static, Result<Frame<Bytes>, Infallible>>>;
+
+/// The header `name` of `parts` as a number (0 when missing).
+fn number(parts: &http::request::Parts, name: &str) -> u64 {
+    parts
+        .headers
+        .get(name)
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A `ConcurrencyLimitLayer` on `slots` in front of a service that counts what is in flight
+/// per key ([`InFlight`]) and records each start over the limit (in `over`), answering after
+/// `x-first` ms with a streaming body.
+fn stream_service(
+    schedule: &Schedule,
+    slots: &ConcurrencyLimiter,
+    in_flight: &Arc<Vec<AtomicI64>>,
+    over: &Over,
+) -> impl Service<
+    Request<String>,
+    Response = Response<ConcurrencyBody<Frames>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    let key = FnKey::new(|parts: &http::request::Parts| {
+        parts
+            .headers
+            .get("x-key")
+            .and_then(|v| Some(v.to_str().ok()?.to_owned()))
+    });
+    let layer = ConcurrencyLimitLayer::new(slots.clone(), key, "c").expect("valid layer");
+    let (in_flight, over) = (in_flight.clone(), over.clone());
+    let limit = schedule.config.limit as i64;
+    let inner = tower::service_fn(move |request: Request<String>| {
+        let (in_flight, over) = (in_flight.clone(), over.clone());
+        async move {
+            let (parts, _) = request.into_parts();
+            let key = number(&parts, "x-key-index") as usize;
+            let now = in_flight[key].fetch_add(1, Ordering::SeqCst) + 1;
+            let guard = InFlight { in_flight, key };
+            if now > limit {
+                let op = number(&parts, "x-op") as usize;
+                over.lock().unwrap().push((Instant::now(), key, now, op));
+            }
+            sleep(Duration::from_millis(number(&parts, "x-first"))).await;
+            let chunk = Duration::from_millis(number(&parts, "x-chunk-ms"));
+            let chunks = number(&parts, "x-chunks");
+            let frames =
+                futures::stream::unfold((guard, chunks), move |(guard, left)| async move {
+                    if left == 0 {
+                        // The body ends: the request is no longer in flight.
+                        drop(guard);
+                        return None;
+                    }
+                    sleep(chunk).await;
+                    let frame = Frame::data(Bytes::from_static(b"x"));
+                    Some((Ok(frame), (guard, left - 1)))
+                });
+            Ok::<_, Infallible>(Response::new(StreamBody::new(frames.boxed())))
+        }
+    });
+    ServiceBuilder::new().layer(layer).service(inner)
+}
+
+/// docs/modes.md: a slot is held until the response body ends "or its future or body is
+/// dropped"; one not given back is "left to its lease, which has ended by then" (a lease after
+/// it was queued). Once every request has ended and a lease (plus 300 ms, and a second after
+/// a fault) has passed, each key takes N slots again on one instance, within `RECOVERY`.
+/// Returns the (instance, key, what) that did not.
+async fn free_again(
+    schedule: &Schedule,
+    slots: &[ConcurrencyLimiter],
+    faulted: bool,
+) -> Vec<(usize, usize, String)> {
+    let config = &schedule.config;
+    let mut wait = SLOT_LEASE + Duration::from_millis(300);
+    if faulted {
+        wait += Duration::from_secs(1);
+    }
+    sleep(wait).await;
+    let deadline = Instant::now() + RECOVERY;
+    let mut stuck = Vec::new();
+    for key in 0..config.keys {
+        let name = key_name(schedule, key);
+        loop {
+            let mut held = Vec::new();
+            let mut last = String::new();
+            for _ in 0..config.limit {
+                match timeout(BOUND, slots[0].acquire(&name)).await {
+                    Ok(SlotOutcome::Acquired(slot)) => held.push(slot),
+                    Ok(other) => last = format!("{other:?}"),
+                    Err(_) => last = format!("pending after {BOUND:?}"),
+                }
+            }
+            let got = held.len();
+            drop(held);
+            if got as u64 == config.limit {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let what = format!("{got} of {} slots taken; then {last}", config.limit);
+                stuck.push((0, key, what));
+                break;
+            }
+            sleep(Duration::from_millis(200)).await;
+        }
+    }
+    stuck
+}
+
 /// The settlement schedules' inner service: answers after the request's `x-hold` ms with its
 /// `x-used` units, and records each admitted request.
-type Admitted = Arc<Mutex<Vec<Event>>>;
+/// With each, whether a `ShadowLimited` was in its extensions (shadow tiers).
+type Admitted = Arc<Mutex<Vec<(Event, bool)>>>;
 
 async fn settle<'a>(
     schedule: &Schedule,
@@ -986,15 +1406,22 @@ async fn settle<'a>(
                 .cost(move |parts| header(parts, "x-reserve"));
             let builder = match config.settlement {
                 Settlement::Status => builder.cost_from_status([StatusCode::UNAUTHORIZED]),
-                Settlement::Response | Settlement::Shadow => {
-                    builder.cost_from_response(move |response| {
+                Settlement::Response | Settlement::Shadow | Settlement::ShadowTiers => builder
+                    .cost_from_response(move |response| {
                         response
                             .headers()
                             .get("x-used")
                             .and_then(|v| v.to_str().ok()?.parse().ok())
                             .unwrap_or(u64::MAX)
-                    })
+                    }),
+            };
+            let builder = match config.settlement {
+                Settlement::ShadowTiers => {
+                    let period = Duration::from_millis(config.period_ms);
+                    let tier = Quota::new(config.shadow_limit, period).expect("quota");
+                    builder.shadow_quotas(tier)
                 }
+                _ => builder,
             };
             let shadow = config.settlement == Settlement::Shadow;
             let layer = builder.shadow(shadow).build().expect("valid layer");
@@ -1004,19 +1431,23 @@ async fn settle<'a>(
                 async move {
                     let (parts, _) = request.into_parts();
                     let clock_us = header(&parts, "x-clock");
-                    admitted.lock().unwrap().push(Event {
-                        op: header(&parts, "x-op") as usize,
-                        inst,
-                        key: header(&parts, "x-key-index") as usize,
-                        cost: header(&parts, "x-reserve"),
-                        used: header(&parts, "x-used"),
-                        clock_us,
-                        end_us: manual.now_micros(),
-                        epoch: 0,
-                        era: 0,
-                        started: Instant::now(),
-                        outcome: Outcome::Allowed,
-                    });
+                    let limited = parts.extensions.get::<ShadowLimited>().is_some();
+                    admitted.lock().unwrap().push((
+                        Event {
+                            op: header(&parts, "x-op") as usize,
+                            inst,
+                            key: header(&parts, "x-key-index") as usize,
+                            cost: header(&parts, "x-reserve"),
+                            used: header(&parts, "x-used"),
+                            clock_us,
+                            end_us: manual.now_micros(),
+                            epoch: 0,
+                            era: 0,
+                            started: Instant::now(),
+                            outcome: Outcome::Allowed,
+                        },
+                        limited,
+                    ));
                     sleep(Duration::from_millis(header(&parts, "x-hold"))).await;
                     let mut response = Response::new(String::new());
                     if header(&parts, "x-status") == 401 {
@@ -1099,7 +1530,7 @@ async fn settle<'a>(
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
             Op::Fault(f) => {
                 let clock_us = manual.now_micros();
-                fault(&mut run, redis, f, keys.clone()).await;
+                fault(&mut run, redis, f, keys.clone(), config.backend).await;
                 if f.loses_data() {
                     let mut epochs = vec![0; config.keys];
                     data_loss(&mut run, &mut epochs, &fleet, clock_us);
@@ -1109,7 +1540,10 @@ async fn settle<'a>(
         }
     }
     while tasks.join_next().await.is_some() {}
-    run.events = std::mem::take(&mut *admitted.lock().unwrap());
+    (run.events, run.shadow_limited) = std::mem::take(&mut *admitted.lock().unwrap())
+        .into_iter()
+        .unzip();
+    run.shadow_counted = fleet.iter().map(|l| l.stats().shadow_limited).collect();
     run.refused_in_shadow = std::mem::take(&mut *refused.lock().unwrap());
     run.hangs
         .extend(std::mem::take(&mut *hangs.lock().unwrap()));
@@ -1195,7 +1629,7 @@ async fn outbound<'a>(
             }
             Op::SetUpstream(next) => *upstream.lock().unwrap() = next.clone(),
             Op::Sleep { ms } => sleep(Duration::from_millis(*ms)).await,
-            Op::Fault(f) => fault(&mut run, redis, *f, Vec::new()).await,
+            Op::Fault(f) => fault(&mut run, redis, *f, Vec::new(), Backend::Redis).await,
             _ => {}
         }
     }

@@ -28,6 +28,8 @@ pub enum Family {
 pub enum Backend {
     Redis,
     Memory,
+    /// The run's 3-master Redis Cluster (started the first time a schedule draws it).
+    Cluster,
 }
 
 /// The instances' failure policy (docs/failure.md's table).
@@ -48,6 +50,9 @@ pub enum Settlement {
     Status,
     /// `shadow(true)`: decided and counted, never denied.
     Shadow,
+    /// The response settles the enforced quota, and `shadow_quotas` adds a stricter tier of
+    /// `Config::shadow_limit` per period in shadow (docs/modes.md, shadow tiers).
+    ShadowTiers,
 }
 
 /// One schedule's configuration.
@@ -68,6 +73,40 @@ pub struct Config {
     pub keys: usize,
     pub policy: Policy,
     pub settlement: Settlement,
+    /// The shadow tier's limit per period ([`Settlement::ShadowTiers`]).
+    pub shadow_limit: u64,
+    /// Each instance's client clock ahead of the operator's by this many ms (rate schedules;
+    /// all zero but in some). The spread is within `Clock::MAX_SKEW` in most of those, beyond
+    /// it in some.
+    pub offsets_ms: Vec<u64>,
+}
+
+impl Config {
+    /// How far apart the instances' clocks are, in µs.
+    pub fn spread_us(&self) -> u64 {
+        let max = self.offsets_ms.iter().max().copied().unwrap_or(0);
+        let min = self.offsets_ms.iter().min().copied().unwrap_or(0);
+        (max - min) * 1_000
+    }
+
+    /// Instance `inst`'s clock offset, in µs.
+    pub fn offset_us(&self, inst: usize) -> u64 {
+        self.offsets_ms.get(inst).copied().unwrap_or(0) * 1_000
+    }
+}
+
+/// How a layer request of the concurrency family ends, once the layer admitted it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// The body is read to its end.
+    Read,
+    /// The body is dropped before its first poll.
+    BeforePoll,
+    /// The body is dropped after this many frames.
+    After(u8),
+    /// The response future is dropped after this many µs (before, while or after the inner
+    /// service answers).
+    Future(u64),
 }
 
 /// How an outbound upstream answers.
@@ -183,6 +222,18 @@ pub enum Op {
         used: u64,
         hold_ms: u64,
     },
+    /// `n` requests through instance `inst`'s `ConcurrencyLimitLayer`, whose inner service
+    /// answers after `first_ms` with a body of `chunks` frames, `chunk_ms` apart, each ended
+    /// as `end` says (in the background).
+    Stream {
+        inst: usize,
+        key: usize,
+        n: usize,
+        first_ms: u64,
+        chunks: u8,
+        chunk_ms: u64,
+        end: BodyEnd,
+    },
     /// The scripted upstream answers this way from now on.
     SetUpstream(Upstream),
     /// `n` calls through instance `inst`'s outbound layer.
@@ -230,6 +281,9 @@ pub fn schedule(seed: u64) -> Schedule {
 fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
     let backend = match family {
         Family::Rate if rng.u32(0..4) == 0 => Backend::Memory,
+        Family::Rate | Family::Settle | Family::Concurrency if rng.u32(0..5) == 0 => {
+            Backend::Cluster
+        }
         _ => Backend::Redis,
     };
     let algorithm = match family {
@@ -242,18 +296,20 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
         ][rng.usize(0..3)],
     };
     let lease_ms = (family == Family::Rate && rng.bool()).then(|| rng.u64(30..300));
+    let instances = rng.usize(2..=4);
+    let limit = match family {
+        Family::Concurrency => rng.u64(1..5),
+        Family::Outbound => 20,
+        // Leases take at most a tenth of the capacity: large enough limits lease k > 1.
+        Family::Rate => rng.u64(5..120),
+        _ => rng.u64(5..60),
+    };
     Config {
         family,
         backend,
         algorithm,
-        instances: rng.usize(2..=4),
-        limit: match family {
-            Family::Concurrency => rng.u64(1..5),
-            Family::Outbound => 20,
-            // Leases take at most a tenth of the capacity: large enough limits lease k > 1.
-            Family::Rate => rng.u64(5..120),
-            _ => rng.u64(5..60),
-        },
+        instances,
+        limit,
         period_ms: [1_000, 10_000, 60_000][rng.usize(0..3)],
         lease_ms,
         deny_cache: rng.bool(),
@@ -265,12 +321,33 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
                 1 => Policy::FailClosed,
                 _ => Policy::LocalFallback(rng.u64(1..=4)),
             },
+            // A layer request the policy admits without a slot reaches the inner service:
+            // failing closed keeps what is in flight to requests that hold slots.
+            Family::Concurrency => Policy::FailClosed,
             _ => Policy::FailOpen,
         },
-        settlement: match rng.u32(0..4) {
+        settlement: match rng.u32(0..5) {
             0 => Settlement::Status,
             1 => Settlement::Shadow,
+            2 => Settlement::ShadowTiers,
             _ => Settlement::Response,
+        },
+        shadow_limit: rng.u64(1..=limit),
+        offsets_ms: match family {
+            // Per-instance clocks: within `Clock::MAX_SKEW` (5 s) in a third, beyond it in a
+            // tenth.
+            Family::Rate => match rng.u32(0..30) {
+                0..=9 => (0..instances).map(|_| rng.u64(0..=5_000)).collect(),
+                10..=12 => {
+                    let mut offsets: Vec<u64> =
+                        (0..instances).map(|_| rng.u64(0..=30_000)).collect();
+                    offsets[0] = 0;
+                    offsets[1] = rng.u64(5_001..=30_000);
+                    offsets
+                }
+                _ => vec![0; instances],
+            },
+            _ => vec![0; instances],
         },
     }
 }
@@ -365,12 +442,26 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
             _ => Op::Release { inst },
         },
         Family::Concurrency => match roll {
-            6..=65 => Op::Hold {
+            6..=40 => Op::Hold {
                 inst,
                 key,
                 n: rng.usize(1..6),
                 hold_ms: rng.u64(10..4_000),
                 cancel_us: cancel(rng),
+            },
+            41..=70 => Op::Stream {
+                inst,
+                key,
+                n: rng.usize(1..6),
+                first_ms: rng.u64(0..300),
+                chunks: rng.u8(0..6),
+                chunk_ms: rng.u64(0..400),
+                end: match rng.u32(0..4) {
+                    0 => BodyEnd::Read,
+                    1 => BodyEnd::BeforePoll,
+                    2 => BodyEnd::After(rng.u8(0..4)),
+                    _ => BodyEnd::Future(rng.u64(0..400_000)),
+                },
             },
             _ => Op::Sleep {
                 ms: rng.u64(1..600),

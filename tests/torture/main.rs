@@ -9,7 +9,8 @@
 //!   included, ends well under 80 s; `TORTURE_BASE=<n>` repeats a run's seed sequence.
 //! - `TORTURE_SEED=<seed>`: replays one schedule.
 //! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound>` runs one family alone,
-//!   `TORTURE_VERBOSE=1` prints a line per schedule.
+//!   `TORTURE_BACKEND=<redis|memory|cluster>` one backend, `TORTURE_VERBOSE=1` prints a line
+//!   per schedule. The 3-master Cluster starts the first time a schedule draws it.
 //! - `TORTURE_KEEP_GOING=1`: does not stop at the first violation; prints each distinct oracle
 //!   that fired with its first seed and the seconds it took to find.
 //!
@@ -31,7 +32,6 @@ mod oracles;
 mod shrink;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fleet::Fixture;
@@ -46,16 +46,29 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// Between schedules: the server is up and empty (a schedule may have killed it).
-async fn clean(redis: &Fixture) {
-    let redis = redis.clone();
+/// Between schedules: the server (and the cluster, once started) is up and empty (a schedule
+/// may have killed it).
+async fn clean(fixture: &Fixture) {
+    let fixture = fixture.clone();
     tokio::task::spawn_blocking(move || {
-        let mut redis = redis.lock().unwrap();
+        let mut redis = fixture.redis.lock().unwrap();
         if !redis.is_running() {
             redis.restart();
         }
         // A `DEBUG SLEEP` may still run: FLUSHALL waits for it.
         redis.flushall();
+        drop(redis);
+        if fixture.has_cluster() {
+            // A migration still running holds the lock until it is over.
+            let mut cluster = fixture.cluster.lock().unwrap();
+            let cluster = cluster.as_mut().expect("the cluster runs");
+            for node in 0..cluster.nodes().len() {
+                if !cluster.node_mut(node).is_running() {
+                    cluster.restart_node(node);
+                }
+            }
+            cluster.flushall();
+        }
     })
     .await
     .expect("clean");
@@ -74,15 +87,18 @@ fn torture() {
 async fn torture_run() {
     // The budget counts from here: Redis's startup is inside it.
     let started = Instant::now();
-    let redis: Fixture = Arc::new(Mutex::new(
+    // The cluster starts the first time a schedule draws it.
+    let redis = Fixture::new(
         tokio::task::spawn_blocking(support::RedisServer::start)
             .await
             .expect("redis"),
-    ));
+    );
     let replay = env_u64("TORTURE_SEED");
     let keep_going = std::env::var("TORTURE_KEEP_GOING").is_ok_and(|v| v != "0" && !v.is_empty());
     // A family (`rate`, `settle`, `concurrency`, `outbound`) to run alone, and a line per schedule.
     let family = std::env::var("TORTURE_FAMILY").ok();
+    // A backend (`redis`, `memory`, `cluster`) to run alone.
+    let backend = std::env::var("TORTURE_BACKEND").ok();
     let verbose = std::env::var("TORTURE_VERBOSE").is_ok();
     let budget = Duration::from_secs(env_u64("TORTURE_SECS").unwrap_or(DEFAULT_SECS));
     let base = env_u64("TORTURE_BASE").unwrap_or_else(|| {
@@ -116,6 +132,9 @@ async fn torture_run() {
         if family
             .as_ref()
             .is_some_and(|f| *f != format!("{:?}", schedule.config.family).to_lowercase())
+            || backend
+                .as_ref()
+                .is_some_and(|b| *b != format!("{:?}", schedule.config.backend).to_lowercase())
         {
             continue;
         }

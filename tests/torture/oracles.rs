@@ -30,16 +30,31 @@ pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
     never_hangs(run, &mut out);
     match schedule.config.family {
         Family::Rate => {
-            admitted(schedule, run, &mut out);
+            // The `Clock` docs: "Instances whose clocks differ by more than `MAX_SKEW` fall
+            // outside the guarantee: each call of the slower one repairs the state to its
+            // earlier time and the faster one counts the difference as refill, so the fleet
+            // can admit `rate × skew` more on every call." No bound on what is admitted, then:
+            // what still holds is that "a key is never locked out" ([`clock_recovery`]).
+            if Duration::from_micros(schedule.config.spread_us()) <= Clock::MAX_SKEW {
+                admitted(schedule, run, &mut out);
+                overrides(schedule, run, &mut out);
+            }
+            clock_recovery(run, &mut out);
             controls(schedule, run, &mut out);
-            overrides(schedule, run, &mut out);
             counters(run, &mut out);
             policy(schedule, run, &mut out);
             differential(run, &mut out);
         }
         Family::Settle if schedule.config.settlement == Settlement::Shadow => shadow(run, &mut out),
+        Family::Settle if schedule.config.settlement == Settlement::ShadowTiers => {
+            settled(schedule, run, &mut out);
+            shadow_tiers(schedule, run, &mut out);
+        }
         Family::Settle => settled(schedule, run, &mut out),
-        Family::Concurrency => in_flight(run, &mut out),
+        Family::Concurrency => {
+            in_flight(run, &mut out);
+            slots_recovery(run, &mut out);
+        }
         Family::Outbound => recovery(run, &mut out),
     }
     out
@@ -146,10 +161,15 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             {
                 // A segment's slack is for the window it began in: a fixed window's units end
                 // with their window.
-                let began_here = run
-                    .segments
-                    .iter()
-                    .any(|s| s.key == key && s.epoch == epoch && s.clock_us / period_us == window);
+                // A segment's clock is the operator's; an instance's may be up to the spread
+                // ahead of it.
+                let spread_us = config.spread_us();
+                let began_here = run.segments.iter().any(|s| {
+                    s.key == key
+                        && s.epoch == epoch
+                        && s.clock_us / period_us <= window
+                        && window <= (s.clock_us + spread_us) / period_us
+                });
                 let slack = if began_here {
                     lease_slack(schedule, run, key, epoch)
                 } else {
@@ -466,6 +486,79 @@ fn shadow(run: &Run, out: &mut Vec<Violation>) {
     }
 }
 
+/// The `Clock` docs, "Client clocks that disagree": a clock further behind its key's stored
+/// time than `Clock::MAX_SKEW` "stepped back ... The state is repaired to `now` ..., so the key
+/// is never locked out until the clock catches up", and within it "the key pauses for at most
+/// that long". With each instance on its own clock, once the controls are lifted and the
+/// clocks have moved past what the schedule stored, every instance's check of 1 on every key is
+/// admitted within `fleet::RECOVERY` ([`fleet`]'s recovery probe).
+fn clock_recovery(run: &Run, out: &mut Vec<Violation>) {
+    if let Some((inst, key, outcome)) = run.stuck.first() {
+        out.push(Violation {
+            oracle: "clock-recovery",
+            detail: format!(
+                "{} (instance, key) never admitted again within {:?}; first: instance {inst} key {key}: {outcome}",
+                run.stuck.len(),
+                crate::fleet::RECOVERY
+            ),
+        });
+    }
+}
+
+/// docs/modes.md, shadow tiers: "once [the enforced quotas] admit a request, the shadow tiers
+/// are checked ...: they admit and consume as a real check would, and when they would deny
+/// they consume nothing, the request goes on, and a `ShadowLimited` with their denial is in
+/// its extensions (counted as `shadow_limited`)". So each instance's `shadow_limited` counts
+/// exactly the requests that reached its service with a `ShadowLimited` (the enforced tiers'
+/// bound is [`settled`]'s); and, before any fault could make a shadow check fail ("Shadow
+/// tiers whose check fails are skipped"), the requests that reached the service without one
+/// used, per key and fixed window, at most the shadow tier's limit (settled like the enforced
+/// tiers), plus what a clock repair allows ([`repairs`]).
+fn shadow_tiers(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
+    let config = &schedule.config;
+    for (inst, counted) in run.shadow_counted.iter().enumerate() {
+        let seen = run
+            .events
+            .iter()
+            .zip(&run.shadow_limited)
+            .filter(|(e, limited)| e.inst == inst && **limited)
+            .count() as u64;
+        if seen != *counted {
+            out.push(Violation {
+                oracle: "shadow-tiers",
+                detail: format!(
+                    "instance {inst}: {seen} requests reached the service with a ShadowLimited, shadow_limited counts {counted}"
+                ),
+            });
+        }
+    }
+    // What reached the service before the first fault began (a sum over fewer requests than
+    // a window had is still bounded).
+    let first_fault = run.fault_starts.first().copied();
+    let period_us = config.period_ms * 1_000;
+    let mut used: HashMap<(usize, u64), u64> = HashMap::new();
+    for (e, _) in run
+        .events
+        .iter()
+        .zip(&run.shadow_limited)
+        .filter(|(e, limited)| !**limited && one_window(e, period_us))
+        .filter(|(e, _)| first_fault.is_none_or(|at| e.started < at))
+    {
+        *used.entry((e.key, e.clock_us / period_us)).or_insert(0) += e.used;
+    }
+    for ((key, window), units) in used {
+        let bound = config.shadow_limit * (1 + repairs(run, key, window, period_us));
+        if units > bound {
+            out.push(Violation {
+                oracle: "shadow-tiers",
+                detail: format!(
+                    "key {key} window {window}: requests the shadow tier admitted used {units} of its {bound}"
+                ),
+            });
+        }
+    }
+}
+
 /// docs/modes.md, cost settled after the response: "The reservation makes it exact under
 /// concurrency"; "less than the reservation is refunded"; DESIGN §6c: a refund "goes [to the
 /// window it was charged to] or nowhere". So per key and fixed window, the units the admitted
@@ -579,6 +672,19 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
                 run.limit,
                 late.len()
             ),
+        });
+    }
+}
+
+/// docs/modes.md: a slot is held until its response body ends "or its future or body is
+/// dropped (a client that disconnects gives it back)"; one not given back is "left to its
+/// lease". Once every request ended and a lease passed, each key takes its N slots again
+/// (`fleet`'s probe, within `fleet::RECOVERY`).
+fn slots_recovery(run: &Run, out: &mut Vec<Violation>) {
+    for (inst, key, what) in &run.stuck {
+        out.push(Violation {
+            oracle: "concurrency-recovery",
+            detail: format!("key {key} on instance {inst}: {what}"),
         });
     }
 }
