@@ -49,10 +49,10 @@ impl PolicyLabel {
 
     /// The same label for checks made in shadow.
     pub(crate) fn shadowed(&self, shadow: Shadow) -> Self {
-        PolicyLabel {
-            shadow,
-            ..self.clone()
-        }
+        // Not `..self.clone()`: without `metrics` the shadow is the only field.
+        let mut label = self.clone();
+        label.shadow = shadow;
+        label
     }
 
     /// The label of checks made outside a layer.
