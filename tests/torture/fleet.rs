@@ -749,12 +749,13 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                 }
             }
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
-            Op::Reset { key } => {
+            Op::Reset { key, via } => {
                 let name = key_name(schedule, key);
+                let resetter = via.map_or(&operator, |inst| &fleet[inst]);
                 let before: Vec<u64> = fleet.iter().map(|l| l.lease_stats().held).collect();
                 // The segment starts no later than the call (the refill counts from there).
                 let clock_us = manual.now_micros();
-                if timeout(BOUND, operator.reset(name.as_str())).await.is_err() {
+                if timeout(BOUND, resetter.reset(name.as_str())).await.is_err() {
                     run.hangs.push((i, "reset still pending".into()));
                 }
                 let at = Instant::now();
@@ -993,7 +994,7 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
         let key = match *op {
             Op::Burst { key, .. }
             | Op::Blocking { key, .. }
-            | Op::Reset { key }
+            | Op::Reset { key, .. }
             | Op::Suspend { key, .. }
             | Op::Extend { key, .. }
             | Op::Resume { key }

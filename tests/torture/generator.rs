@@ -79,6 +79,14 @@ pub struct Config {
     /// all zero but in some). The spread is within `Clock::MAX_SKEW` in most of those, beyond
     /// it in some.
     pub offsets_ms: Vec<u64>,
+    /// Whether the rate family's checks and `acquire`s are dropped at random. Half of its
+    /// schedules drop none: a cancellation that breaks a key for good (it stops deciding)
+    /// would hide whatever the rest of the schedule finds.
+    pub cancels: bool,
+    /// Whether the schedule injects faults. A third of the schedules inject none: a data loss
+    /// widens what the oracles allow, and fault-free schedules hold the tight bounds (and feed
+    /// the differential oracle).
+    pub faults: bool,
 }
 
 impl Config {
@@ -161,9 +169,12 @@ pub enum Op {
         wait_ms: u64,
         cancel_us: Option<u64>,
     },
-    /// Operator controls, from a limiter of their own.
+    /// Operator controls, from a limiter of their own. A reset may instead run through fleet
+    /// instance `via`: a leasing limiter's own reset ends its lease on the key, which is
+    /// stranded, never given back (docs/leases.md).
     Reset {
         key: usize,
+        via: Option<usize>,
     },
     Suspend {
         key: usize,
@@ -349,6 +360,8 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
             },
             _ => vec![0; instances],
         },
+        cancels: family != Family::Rate || rng.bool(),
+        faults: rng.u32(0..3) != 0,
     }
 }
 
@@ -373,7 +386,8 @@ fn cancel(rng: &mut fastrand::Rng) -> Option<u64> {
 fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
     let inst = rng.usize(0..config.instances);
     let key = key(rng, config);
-    let roll = rng.u32(0..100);
+    // Rolls below 6 are faults.
+    let roll = rng.u32(if config.faults { 0 } else { 6 }..100);
     if roll < 6 {
         return Op::Fault(crate::faults::draw(rng, config));
     }
@@ -391,7 +405,7 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
                 key,
                 cost: rng.u64(1..4),
                 wait_ms: rng.u64(1..1_500),
-                cancel_us: cancel(rng),
+                cancel_us: cancel(rng).filter(|_| config.cancels),
             },
             12..=42 => Op::Burst {
                 inst,
@@ -401,7 +415,7 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
                 // Fewer cancellations here: a broken key stops deciding, which hides what a
                 // schedule would find after it.
                 cancel_us: if rng.u32(0..3) == 0 {
-                    cancel(rng)
+                    cancel(rng).filter(|_| config.cancels)
                 } else {
                     None
                 },
@@ -423,7 +437,10 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
             51..=57 => Op::Sleep {
                 ms: rng.u64(1..400),
             },
-            58..=66 => Op::Reset { key },
+            58..=66 => Op::Reset {
+                key,
+                via: rng.bool().then_some(inst),
+            },
             67..=69 => Op::Suspend {
                 key,
                 ms: rng.u64(1..2_000),
