@@ -71,8 +71,9 @@ pub(crate) struct Checked<K> {
     pub headers: Headers<K>,
     /// The shadow tiers' denial, if they would have denied (`modes.rs`).
     pub shadow: Option<Decision>,
-    /// The settlement due after the response (`modes.rs`).
-    pub settlement: Option<Settlement>,
+    /// The settlement due after the response (`modes.rs`); boxed, as the future is moved
+    /// whole on every request and only the settling layers have one.
+    pub settlement: Option<Box<Settlement>>,
 }
 
 /// Asks the limiter about the request stored under `storage_key`, against the quotas of
@@ -120,7 +121,7 @@ pub(crate) async fn check<K>(
     }
     // A request the failure policy admitted is settled nowhere: the store never reserved it.
     let settlement = match &modes.settle {
-        Some(settle) if admitted && origin == Origin::Store => Some(Settlement {
+        Some(settle) if admitted && origin == Origin::Store => Some(Box::new(Settlement {
             limiter: config.limiter.clone(),
             storage_key: storage_key.to_owned(),
             quotas: *quotas,
@@ -129,7 +130,7 @@ pub(crate) async fn check<K>(
             settle: Arc::clone(settle),
             label: config.metrics_label.clone(),
             shadow: shadow_admitted,
-        }),
+        })),
         _ => None,
     };
     Checked {
@@ -170,7 +171,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             headers: Option<(Decision, Headers<K>)>,
-            settlement: Option<Settlement>,
+            settlement: Option<Box<Settlement>>,
         },
         // Answering without the inner service.
         Rejecting { rejection: Option<Rejection<K>> },
