@@ -13,8 +13,9 @@
 //! requests); per request is the difference over `N2 - N1`, so set-up cancels out. Allocations
 //! are counted the same way by the global allocator below, without valgrind.
 //!
-//! Prints a table and `in-process layer/tower_governor: X.XX` (the `redlimit+lease` side's
-//! instructions per request over tower_governor's).
+//! Prints a table, `in-process plain layer/tower_governor: X.XX` (the `redlimit` side's
+//! instructions per request over tower_governor's) and `in-process layer/tower_governor: X.XX`
+//! (the `redlimit+lease` side's).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
@@ -219,6 +220,15 @@ fn main() {
         }
         let shown = ir.map_or("n/a (no valgrind)".to_owned(), |ir| format!("{ir:.0}"));
         println!("{side:<16} {shown:>24} {allocs:>24.1}");
+    }
+    match (instr.get("redlimit"), instr.get("tower_governor")) {
+        (Some(ours), Some(theirs)) => {
+            println!(
+                "in-process plain layer/tower_governor: {:.2}",
+                ours / theirs
+            )
+        }
+        _ => println!("in-process plain layer/tower_governor: n/a (valgrind not found)"),
     }
     match (instr.get("redlimit+lease"), instr.get("tower_governor")) {
         (Some(ours), Some(theirs)) => {

@@ -71,8 +71,9 @@ pub(crate) struct Checked<K> {
     pub headers: Headers<K>,
     /// The shadow tiers' denial, if they would have denied (`modes.rs`).
     pub shadow: Option<Decision>,
-    /// The settlement due after the response (`modes.rs`).
-    pub settlement: Option<Settlement>,
+    /// The settlement due after the response (`modes.rs`); boxed, as the future is moved
+    /// whole on every request and only the settling layers have one.
+    pub settlement: Option<Box<Settlement>>,
 }
 
 /// Asks the limiter about the request stored under `storage_key`, against the quotas of
@@ -120,7 +121,7 @@ pub(crate) async fn check<K>(
     }
     // A request the failure policy admitted is settled nowhere: the store never reserved it.
     let settlement = match &modes.settle {
-        Some(settle) if admitted && origin == Origin::Store => Some(Settlement {
+        Some(settle) if admitted && origin == Origin::Store => Some(Box::new(Settlement {
             limiter: config.limiter.clone(),
             storage_key: storage_key.to_owned(),
             quotas: *quotas,
@@ -129,7 +130,7 @@ pub(crate) async fn check<K>(
             settle: Arc::clone(settle),
             label: config.metrics_label.clone(),
             shadow: shadow_admitted,
-        }),
+        })),
         _ => None,
     };
     Checked {
@@ -170,7 +171,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             headers: Option<(Decision, Headers<K>)>,
-            settlement: Option<Settlement>,
+            settlement: Option<Box<Settlement>>,
         },
         // Answering without the inner service.
         Rejecting { rejection: Option<Rejection<K>> },
@@ -199,24 +200,23 @@ where
         }
     }
 
-    /// A request admitted already (from a lease): the inner service is called at once, with
-    /// the decision in the request's extensions, as after a check.
-    pub(crate) fn admitted(
-        decision: Decision,
+    /// A request whose verdict came at once (from a lease, or from a store that decides in this
+    /// process): the next state as after a check, without a future to box.
+    pub(crate) fn decided(
+        verdict: Verdict,
         headers: Headers<K>,
-        mut request: Request<ReqBody>,
-        mut inner: S,
+        request: Request<ReqBody>,
+        inner: S,
     ) -> Self {
-        debug_assert!(decision.allowed);
-        request.extensions_mut().insert(decision);
-        ResponseFuture {
-            state: State::Calling {
-                future: inner.call(request),
-                headers: Some((decision, headers)),
-                settlement: None,
-            },
-            wire: Wire::Http,
-        }
+        let checked = Checked {
+            verdict,
+            headers,
+            shadow: None,
+            settlement: None,
+        };
+        let mut wire = Wire::Http;
+        let state = after_check(checked, request, inner, &mut wire);
+        ResponseFuture { state, wire }
     }
 
     pub(crate) fn pass_through(future: S::Future) -> Self {
@@ -255,73 +255,12 @@ where
                     request,
                     inner,
                 } => {
-                    let Checked {
-                        verdict,
-                        headers,
-                        shadow,
-                        settlement,
-                    } = ready!(check.as_mut().poll(cx));
-                    let (mut request, mut inner) = match (request.take(), inner.take()) {
+                    let checked = ready!(check.as_mut().poll(cx));
+                    let (request, inner) = match (request.take(), inner.take()) {
                         (Some(request), Some(inner)) => (request, inner),
                         _ => panic!("ResponseFuture polled after completion"),
                     };
-                    let modes = &headers.config.modes;
-                    if !verdict.is_allowed() {
-                        *this.wire = Wire::of(request.headers());
-                    }
-                    match verdict {
-                        Verdict::Decided(decision) if decision.allowed => {
-                            // Handlers can read what is left.
-                            request.extensions_mut().insert(decision);
-                            if let Some(denial) = shadow {
-                                shadow::note_shadow_denial(
-                                    &headers.config.policy_name,
-                                    &denial,
-                                    true,
-                                );
-                                request.extensions_mut().insert(ShadowLimited(denial));
-                            }
-                            let headers = (!modes.shadow || modes.shadow_headers)
-                                .then_some((decision, headers));
-                            State::Calling {
-                                future: inner.call(request),
-                                headers,
-                                settlement,
-                            }
-                        }
-                        // Shadow: recorded as a denial, forwarded all the same.
-                        Verdict::Decided(decision) if modes.shadow => {
-                            shadow::note_shadow_denial(
-                                &headers.config.policy_name,
-                                &decision,
-                                false,
-                            );
-                            request.extensions_mut().insert(decision);
-                            request.extensions_mut().insert(ShadowLimited(decision));
-                            let headers = modes.shadow_headers.then_some((decision, headers));
-                            State::Calling {
-                                future: inner.call(request),
-                                headers,
-                                settlement: None,
-                            }
-                        }
-                        Verdict::Decided(decision) => State::Rejecting {
-                            rejection: Some(Rejection::TooManyRequests(decision, headers)),
-                        },
-                        Verdict::FailedOpen => State::Calling {
-                            future: inner.call(request),
-                            headers: None,
-                            settlement: None,
-                        },
-                        Verdict::FailedClosed { .. } if modes.shadow => State::Calling {
-                            future: inner.call(request),
-                            headers: None,
-                            settlement: None,
-                        },
-                        Verdict::FailedClosed { retry_after } => State::Rejecting {
-                            rejection: Some(Rejection::Unavailable(retry_after)),
-                        },
-                    }
+                    after_check(checked, request, inner, this.wire)
                 }
                 StateProj::Calling {
                     future,
@@ -347,6 +286,73 @@ where
             };
             this.state.set(next);
         }
+    }
+}
+
+/// The state after the limiter's verdict: the inner service called (with the headers to write
+/// on its response), or the layer answering; `wire` is read for the answer.
+fn after_check<S, ReqBody, K>(
+    checked: Checked<K>,
+    mut request: Request<ReqBody>,
+    mut inner: S,
+    wire: &mut Wire,
+) -> State<S, ReqBody, K>
+where
+    S: Service<Request<ReqBody>>,
+{
+    let Checked {
+        verdict,
+        headers,
+        shadow,
+        settlement,
+    } = checked;
+    let modes = &headers.config.modes;
+    if !verdict.is_allowed() {
+        *wire = Wire::of(request.headers());
+    }
+    match verdict {
+        Verdict::Decided(decision) if decision.allowed => {
+            // Handlers can read what is left.
+            request.extensions_mut().insert(decision);
+            if let Some(denial) = shadow {
+                shadow::note_shadow_denial(&headers.config.policy_name, &denial, true);
+                request.extensions_mut().insert(ShadowLimited(denial));
+            }
+            let headers = (!modes.shadow || modes.shadow_headers).then_some((decision, headers));
+            State::Calling {
+                future: inner.call(request),
+                headers,
+                settlement,
+            }
+        }
+        // Shadow: recorded as a denial, forwarded all the same.
+        Verdict::Decided(decision) if modes.shadow => {
+            shadow::note_shadow_denial(&headers.config.policy_name, &decision, false);
+            request.extensions_mut().insert(decision);
+            request.extensions_mut().insert(ShadowLimited(decision));
+            let headers = modes.shadow_headers.then_some((decision, headers));
+            State::Calling {
+                future: inner.call(request),
+                headers,
+                settlement: None,
+            }
+        }
+        Verdict::Decided(decision) => State::Rejecting {
+            rejection: Some(Rejection::TooManyRequests(decision, headers)),
+        },
+        Verdict::FailedOpen => State::Calling {
+            future: inner.call(request),
+            headers: None,
+            settlement: None,
+        },
+        Verdict::FailedClosed { .. } if modes.shadow => State::Calling {
+            future: inner.call(request),
+            headers: None,
+            settlement: None,
+        },
+        Verdict::FailedClosed { retry_after } => State::Rejecting {
+            rejection: Some(Rejection::Unavailable(retry_after)),
+        },
     }
 }
 

@@ -12,7 +12,6 @@ use super::config::{Config, MissingKey};
 use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
 use super::response::Wire;
-use crate::decision::Verdict;
 use crate::key::KeyExtractor;
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
@@ -250,22 +249,23 @@ where
             }
         };
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
-        // A lease that holds enough answers at once: no future to box, nothing to await (a
-        // layer with a production mode on takes the usual check, which runs the modes).
+        // A verdict that needs no waiting (a lease that holds enough, a store in this process)
+        // is acted on at once: no future to box (a layer with a production mode on takes the
+        // usual check, which runs the modes).
         if matches!(resolved, Resolved::Default) && config.modes.none() {
-            let leased = config.limiter.check_leased_now(
+            let now = config.limiter.check_storage_key_now(
                 storage_key.as_str(),
                 &config.quotas,
                 cost,
                 &config.metrics_label,
             );
-            if let Some(Verdict::Decided(decision)) = leased {
+            if let Some(verdict) = now {
                 let headers = future::Headers {
                     config: config.clone(),
                     style: None,
                 };
                 let request = Request::from_parts(parts, body);
-                return ResponseFuture::admitted(decision, headers, request, inner);
+                return ResponseFuture::decided(verdict, headers, request, inner);
             }
         }
 

@@ -276,6 +276,40 @@ impl Limiter {
             .await
     }
 
+    /// [`check_storage_key`](Self::check_storage_key) when its verdict needs no waiting: from a
+    /// lease (leases on), or from a store that decides at once ([`Store::decide_now`]). `None`
+    /// when the check must be awaited.
+    pub(crate) fn check_storage_key_now(
+        &self,
+        storage_key: &str,
+        quotas: &Quotas,
+        cost: u64,
+        label: &PolicyLabel,
+    ) -> Option<Verdict> {
+        if self.inner.leases.is_some() {
+            return self.check_leased_now(storage_key, quotas, cost, label);
+        }
+        // The deny cache's steps around the store call, and the logged denial of a quota the
+        // algorithm cannot serve, are the awaited path's.
+        if self.inner.deny_cache.is_some() || self.supports(quotas).is_err() {
+            return None;
+        }
+        let request = self.request(storage_key, quotas, cost);
+        let timer = StoreTimer::start();
+        let result = self.inner.store.decide_now(request)?;
+        timer.stop(label);
+        Some(match result {
+            Ok(decision) => {
+                self.inner.stats.count_decision(&decision, label);
+                Verdict::Decided(decision)
+            }
+            Err(error) => {
+                self.inner.stats.count_store_error();
+                self.fail(error, request, label)
+            }
+        })
+    }
+
     /// [`check_storage_key`](Self::check_storage_key), blocking the key on a denial when
     /// `block` is given (`block.rs`).
     async fn check_storage_key_with(
@@ -454,7 +488,10 @@ impl Limiter {
         let timer = StoreTimer::start();
         let result = match block {
             Some(block) => self.inner.store.check_blocking(request, block).await,
-            None => self.inner.store.check(request).await,
+            None => match self.inner.store.decide_now(request) {
+                Some(result) => result,
+                None => self.inner.store.check(request).await,
+            },
         };
         timer.stop(label);
         let decision = result?;

@@ -481,6 +481,10 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(self.check_now(request))))
     }
 
+    fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
+        Some(Ok(self.check_now(request)))
+    }
+
     fn control<'a>(
         &'a self,
         request: ControlRequest<'a>,

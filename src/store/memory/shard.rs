@@ -40,6 +40,8 @@ pub(super) struct Shard {
     pub(super) expiries: [BinaryHeap<Reverse<(u64, usize)>>; 2],
     /// Sliding-log entries allocated by the logs in `slots`.
     pub(super) log_entries: usize,
+    /// Tenants' keys held (live or not): while there is none, a decision looks none up.
+    tenants: usize,
 }
 
 pub(super) struct Slot {
@@ -171,14 +173,18 @@ impl Shard {
         self.slots[slot].used = used.clamp(0.0, 1.0);
     }
 
-    /// Where `key` is held (live, expired or of another kind), and whether it is live.
     /// The string of `key`'s tenant's controls (see `lua/common.lua`), when live: copied, as
     /// the decision then writes to the shard.
     pub(super) fn tenant(&self, key: &str, now: u64) -> Option<Vec<u8>> {
+        // Nearly every shard holds no tenant's controls: no key to build, nothing to hash.
+        if self.tenants == 0 {
+            return None;
+        }
         let (_, live) = self.find(&tenant_key(key), now);
         live.and_then(|slot| self.bytes(slot)).map(<[u8]>::to_vec)
     }
 
+    /// Where `key` is held (live, expired or of another kind), and whether it is live.
     pub(super) fn find(&self, key: &str, now: u64) -> (Option<usize>, Option<usize>) {
         let held = self.index.get(key).copied();
         (
@@ -286,6 +292,7 @@ impl Shard {
             self.make_room(now);
         }
         let protected = protected(key, &stored.state);
+        self.tenants += usize::from(is_tenant_key(key));
         let key: Arc<str> = Arc::from(key);
         let slot = self.slots.len();
         self.log_entries += stored.state.log_entries();
@@ -423,6 +430,7 @@ impl Shard {
     pub(super) fn remove_slot(&mut self, slot: usize) {
         let removed = self.slots.swap_remove(slot);
         self.log_entries -= removed.stored.state.log_entries();
+        self.tenants -= usize::from(is_tenant_key(&removed.key));
         self.index.remove(&*removed.key);
         if let Some(moved) = self.slots.get(slot) {
             if let Some(index) = self.index.get_mut(&*moved.key) {
@@ -449,6 +457,8 @@ pub(super) mod tests {
     /// Every slot is indexed under its key, and nothing else is.
     pub(in crate::store::memory) fn assert_consistent(shard: &Shard) {
         assert_eq!(shard.index.len(), shard.slots.len());
+        let tenants = shard.slots.iter().filter(|s| is_tenant_key(&s.key)).count();
+        assert_eq!(shard.tenants, tenants, "tenants' keys counted");
         for (slot, held) in shard.slots.iter().enumerate() {
             assert_eq!(shard.index.get(&*held.key), Some(&slot), "{}", held.key);
         }
