@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use bytes::Bytes;
-use flags::{flag, invalid, redacted, CliError, Flag};
+use flags::{invalid, redacted, CliError};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -27,21 +27,13 @@ use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{Limiter, Quota, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
-const FLAGS: &[Flag] = &[flag(
-    "--bind",
-    "ADDR",
-    "address to listen on (or ADDR alone) [default: 127.0.0.1:3001]",
-)];
+const USAGE: &str = "\
+usage: cargo run --example hyper [-- ADDR | --bind ADDR]  (default 127.0.0.1:3001)
+  --bind ADDR  the address to listen on, or ADDR alone";
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let usage = || {
-        flags::usage(
-            "usage: cargo run --example hyper [-- ADDR | --bind ADDR]",
-            FLAGS,
-        )
-    };
-    let bind = match flags::or_exit(parse_args(std::env::args().skip(1)), usage) {
+    let bind = match flags::or_exit(parse_args(std::env::args().skip(1)), USAGE) {
         Ok(bind) => bind,
         Err(code) => return code,
     };
@@ -56,7 +48,7 @@ async fn main() -> ExitCode {
 
 /// The address to listen on: `ADDR` or `--bind ADDR`, at most once.
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<String, CliError> {
-    let given = flags::read(FLAGS, args)?;
+    let given = flags::read(USAGE, args)?;
     let mut addresses = given
         .plain
         .iter()

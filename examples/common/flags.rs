@@ -1,38 +1,13 @@
-//! The examples' command lines, read from a table: each [`Flag`] is a name, its value's
-//! placeholder (none for a switch) and its help line, from which the usage text is made too.
-//! Values come as the next argument or after `=` (`--limit 5`, `--limit=5`), each flag at most
-//! once: a flag given twice is refused, never "the last one wins".
+//! The examples' command lines, read from their usage text: each line of it that starts with
+//! `--NAME` declares a flag, `--NAME VALUE  help` one with a value, `--NAME  help` a switch
+//! (two spaces end the declaration). So the help and the parser cannot disagree. Values come as
+//! the next argument or after `=` (`--limit 5`, `--limit=5`), each flag at most once: a flag
+//! given twice is refused, never "the last one wins".
 #![allow(dead_code)] // each example uses what it needs
 
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// One flag of a table: `--name VALUE  help`.
-pub struct Flag {
-    pub name: &'static str,
-    /// The value's placeholder in the usage (`N`, `URL`); `None` for a switch.
-    pub value: Option<&'static str>,
-    pub help: &'static str,
-}
-
-/// A flag with a value.
-pub const fn flag(name: &'static str, value: &'static str, help: &'static str) -> Flag {
-    Flag {
-        name,
-        value: Some(value),
-        help,
-    }
-}
-
-/// A switch: a flag without a value.
-pub const fn switch(name: &'static str, help: &'static str) -> Flag {
-    Flag {
-        name,
-        value: None,
-        help,
-    }
-}
 
 /// What the command line asked for instead of running: the help, or a usage error (status 2).
 #[derive(Debug)]
@@ -49,12 +24,12 @@ pub fn invalid(message: impl Into<String>) -> CliError {
 /// The flags given (by name) and the plain arguments.
 #[derive(Debug, Default)]
 pub struct Given {
-    values: HashMap<&'static str, String>,
+    values: HashMap<String, String>,
     pub plain: Vec<String>,
 }
 
-/// Reads `args` against `table`.
-pub fn read(table: &[Flag], args: impl IntoIterator<Item = String>) -> Result<Given, CliError> {
+/// Reads `args` against the flags `usage` declares.
+pub fn read(usage: &str, args: impl IntoIterator<Item = String>) -> Result<Given, CliError> {
     let mut given = Given::default();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -69,10 +44,16 @@ pub fn read(table: &[Flag], args: impl IntoIterator<Item = String>) -> Result<Gi
             Some((name, value)) => (name, Some(value.to_owned())),
             None => (arg.as_str(), None),
         };
-        let Some(flag) = table.iter().find(|flag| flag.name == name) else {
+        // `--NAME VALUE  help` or `--NAME  help`: whether the declaration names a value.
+        let declared = usage.lines().map(str::trim_start).find_map(|line| {
+            let declaration = line.split("  ").next()?;
+            let (flag, value) = declaration.split_once(' ').unwrap_or((declaration, ""));
+            (flag == name).then_some((!value.is_empty()).then_some(value))
+        });
+        let Some(takes_value) = declared else {
             return Err(invalid(format!("unknown argument {name:?} (see --help)")));
         };
-        let value = match (flag.value, inline) {
+        let value = match (takes_value, inline) {
             (None, None) => String::new(),
             (None, Some(_)) => return Err(invalid(format!("{name} takes no value"))),
             (Some(_), Some(value)) => value,
@@ -80,7 +61,7 @@ pub fn read(table: &[Flag], args: impl IntoIterator<Item = String>) -> Result<Gi
                 .next()
                 .ok_or_else(|| invalid(format!("{name} needs a value (see --help)")))?,
         };
-        if given.values.insert(flag.name, value).is_some() {
+        if given.values.insert(name.to_owned(), value).is_some() {
             return Err(invalid(format!("give {name} once")));
         }
     }
@@ -132,22 +113,12 @@ pub fn count(name: &str, value: &str) -> Result<u64, CliError> {
     }
 }
 
-/// The usage text: `head`, then one line per flag of `table`.
-pub fn usage(head: &str, table: &[Flag]) -> String {
-    let mut text = format!("{head}\n\noptions:\n");
-    for flag in table {
-        let left = format!("{} {}", flag.name, flag.value.unwrap_or(""));
-        text += &format!("  {left:<29} {}\n", flag.help);
-    }
-    text + "  -h, --help                    print this help"
-}
-
 /// `parsed`, or what to exit with: the usage on `--help` (status 0), the error on stderr (2).
-pub fn or_exit<T>(parsed: Result<T, CliError>, usage: impl Fn() -> String) -> Result<T, ExitCode> {
+pub fn or_exit<T>(parsed: Result<T, CliError>, usage: &str) -> Result<T, ExitCode> {
     match parsed {
         Ok(options) => Ok(options),
         Err(CliError::Help) => {
-            println!("{}", usage());
+            println!("{usage}");
             Err(ExitCode::SUCCESS)
         }
         Err(CliError::Invalid(message)) => {

@@ -16,26 +16,53 @@ use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
 use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
 use redlimit::{quota::QuotaError, Algorithm, Limiter, Quota, RateLimitLayer};
 
-use super::flags::{self, flag, invalid, redacted, switch, CliError, Flag};
+use super::flags::{self, invalid, redacted, CliError};
 
-/// The flags; `--metrics-bind` only where the example serves metrics.
-const FLAGS: &[Flag] = &[
-    flag("--bind", "ADDR", "address to listen on [default: BIND]"),
-    flag("--redis", "URL", "use this Redis, never the in-memory store [default: $REDIS_URL or\n                                redis://127.0.0.1:6379 if it answers, otherwise the in-memory store]"),
-    flag("--redis-cluster", "URL,URL,...", "use this Redis Cluster (any of its nodes), never memory"),
-    flag("--redis-sentinel", "URL,URL,...", "use the primary these Redis Sentinels name (with\n                                --sentinel-master), never the in-memory store"),
-    flag("--sentinel-master", "NAME", "the name the sentinels monitor the primary under"),
-    flag("--redis-ca", "FILE", "trust this CA (PEM) for rediss:// URLs [default: system roots]"),
-    flag("--limit", "N", "requests per period and client [default: 10]"),
-    flag("--period", "DURATION", "e.g. 500ms, 1s, 60s, 1m, 1h [default: 60s]"),
-    flag("--burst", "N", "requests allowed at once [default: the limit]"),
-    flag("--algorithm", "NAME", "one of: ALGORITHMS [default: token-bucket]"),
-    flag("--on-redis-error", "POLICY", "when Redis fails: open (admit), closed (answer CLOSED) or\n                                local (an in-memory limiter with 1/N of each quota) [default: open]"),
-    flag("--instances", "N", "with --on-redis-error local: instances sharing the quota [default: 1]"),
-    flag("--key", "ip|api-key", "who a client is: its IP address, or its x-api-key header (gRPC:\n                                metadata), else its IP; api-key only behind a layer that has\n                                authenticated the key [default: ip]"),
-    switch("--shadow", "shadow mode: decide and count every request, deny none"),
-    flag("--metrics-bind", "ADDR", "serve Prometheus metrics at http://ADDR/metrics [default: none]"),
-];
+/// The help, and the flags it declares (`flags::read`); `METRICS` is `--metrics-bind` where the
+/// example serves metrics.
+const USAGE: &str = "\
+usage: cargo run --example NAME -- [OPTIONS]
+
+options:
+  --bind ADDR                   address to listen on [default: BIND]
+  --redis URL                   use this Redis, never the in-memory store
+                                [default: $REDIS_URL or redis://127.0.0.1:6379 if it answers,
+                                otherwise the in-memory store]
+  --redis-cluster URL,URL,...   use this Redis Cluster (any of its nodes), never the
+                                in-memory store
+  --redis-sentinel URL,URL,...  use the primary these Redis Sentinels name (with
+                                --sentinel-master), never the in-memory store
+  --sentinel-master NAME        the name the sentinels monitor the primary under
+                                (`sentinel monitor NAME ...`); needs --redis-sentinel
+  --redis-ca FILE               trust this CA (PEM) for rediss:// URLs instead of the
+                                system's roots
+  --limit N                     requests per period and client [default: 10]
+  --period DURATION             e.g. 500ms, 1s, 60s, 1m, 1h [default: 60s]
+  --burst N                     requests allowed at once [default: the limit]
+  --algorithm NAME              one of: ALGORITHMS [default: token-bucket]
+  --on-redis-error POLICY       when Redis fails: open (admit), closed (answer CLOSED) or
+                                local (an in-memory limiter with 1/N of each quota)
+                                [default: open]
+  --instances N                 with --on-redis-error local: how many instances share the
+                                quota [default: 1]
+  --key ip|api-key              who a client is: ip, its IP address; api-key, its x-api-key
+                                header (gRPC: metadata), else its IP address. Use api-key only
+                                behind a layer that has authenticated the key: unchecked, a
+                                client sending a fresh key per request gets a fresh quota
+                                [default: ip]
+  --shadow                      shadow mode: decide and count every request, deny none (a
+                                would-be denial is counted as shadow_limited; no RateLimit
+                                headers)
+METRICS  -h, --help                    print this help
+
+A client is its IP address (--key ip), or its authenticated x-api-key (--key api-key).
+Each flag is given at most once.";
+
+/// `--metrics-bind`'s lines of the help.
+const METRICS: &str =
+    "  --metrics-bind ADDR           serve Prometheus metrics at http://ADDR/metrics
+                                [default: no metrics]
+";
 
 /// What differs between the examples that share this command line.
 pub struct Program {
@@ -74,27 +101,29 @@ impl Options {
 type Store = Option<(&'static str, Vec<String>, String)>;
 
 impl Program {
-    fn table(&self) -> &'static [Flag] {
-        &FLAGS[..FLAGS.len() - usize::from(!self.serves_metrics)]
-    }
-
     /// The `--help` text, with this build's algorithms.
     pub fn usage(&self) -> String {
         let names: Vec<&str> = Algorithm::ALL.iter().map(Algorithm::name).collect();
-        let head = format!("usage: cargo run --example {} -- [OPTIONS]", self.name);
-        flags::usage(&head, self.table())
+        USAGE
+            .replace("--example NAME", &format!("--example {}", self.name))
             .replace("BIND", self.default_bind)
             .replace("CLOSED", self.closed_answer)
+            .replace("METRICS", if self.serves_metrics { METRICS } else { "" })
             .replace("ALGORITHMS", &names.join(", "))
     }
 
     /// The options from the process's arguments, or what to exit with.
     pub fn options(&self) -> Result<Options, std::process::ExitCode> {
-        flags::or_exit(self.parse(std::env::args().skip(1)), || self.usage())
+        let usage = self.usage();
+        flags::or_exit(self.parse(&usage, std::env::args().skip(1)), &usage)
     }
 
-    fn parse(&self, args: impl IntoIterator<Item = String>) -> Result<Options, CliError> {
-        let given = flags::read(self.table(), args)?;
+    fn parse(
+        &self,
+        usage: &str,
+        args: impl IntoIterator<Item = String>,
+    ) -> Result<Options, CliError> {
+        let given = flags::read(usage, args)?;
         if let Some(plain) = given.plain.first() {
             return Err(invalid(format!("unknown argument {plain:?} (see --help)")));
         }
