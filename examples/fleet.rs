@@ -60,26 +60,28 @@ struct Options {
     quota: Quota,
     seconds: u64,
     upstream: Quota,
-    announce: Option<&'static str>,
+    announce: Option<String>,
     learn: bool,
 }
+
+type Error = Box<dyn std::error::Error>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    if args.first().map(String::as_str) == Some("--worker") {
-        return match runtime.block_on(worker(&args[1..])) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("error: {error}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    match flags::or_exit(parse(args), USAGE) {
-        Ok(options) => runtime.block_on(run(options)),
-        Err(code) => code,
-    }
+    let done = match args.first().map(String::as_str) {
+        Some("--worker") => runtime
+            .block_on(worker(&args[1..]))
+            .map(|()| ExitCode::SUCCESS),
+        _ => match flags::or_exit(parse(args), USAGE) {
+            Ok(options) => runtime.block_on(run(options)),
+            Err(code) => Ok(code),
+        },
+    };
+    done.unwrap_or_else(|error| {
+        eprintln!("error: {error}");
+        ExitCode::FAILURE
+    })
 }
 
 fn parse(args: Vec<String>) -> Result<Options, CliError> {
@@ -90,56 +92,38 @@ fn parse(args: Vec<String>) -> Result<Options, CliError> {
         )));
     }
     if let Some(url) = given.get("--redis") {
+        let shown = redacted(url);
         redis::Client::open(url)
-            .map_err(|e| invalid(format!("--redis: invalid URL {}: {e}", redacted(url))))?;
-    }
-    let (workers, seconds) = (given.count("--workers", 4)?, given.count("--seconds", 5)?);
-    if workers > 64 || seconds > 3600 {
-        let (flag, most) = if workers > 64 {
-            ("--workers", 64)
-        } else {
-            ("--seconds", 3600)
-        };
-        return Err(invalid(format!("{flag}: at most {most}")));
+            .map_err(|e| invalid(format!("--redis: invalid URL {shown}: {e}")))?;
     }
     let period = given.duration("--period", Duration::from_secs(1))?;
     let quota = Quota::new(given.count("--limit", 20)?, period).map_err(|e| match e {
         QuotaError::ZeroPeriod | QuotaError::PeriodTooLong => invalid(format!("--period: {e}")),
         _ => invalid(format!("--limit: {e}")),
     })?;
-    if period < Duration::from_millis(1) {
-        return Err(invalid("--period: at least 1ms"));
-    }
-    let supported = Algorithm::FixedWindow.supports(&quota);
-    supported.map_err(|e| invalid(format!("--limit: {e}")))?;
-    let upstream = Quota::new(given.count("--upstream-limit", quota.limit())?, period)
-        .map_err(|e| invalid(format!("--upstream-limit: {e}")))?;
-    let announce = match given.get("--announce") {
-        None => None,
-        Some("ietf") => Some("ietf"),
-        Some("x-ratelimit") => Some("x-ratelimit"),
-        Some(other) => Err(invalid(format!(
-            "--announce: {other:?} is neither ietf nor x-ratelimit"
-        )))?,
-    };
-    if announce.is_some() && period.subsec_nanos() != 0 {
-        return Err(invalid(
-            "--announce: --period must be whole seconds (the headers count seconds)",
-        ));
-    }
-    let (redis, learn) = (
-        given.get("--redis").map(str::to_owned),
-        given.has("--learn"),
-    );
-    Ok(Options {
-        redis,
-        workers,
+    let upstream = Quota::new(given.count("--upstream-limit", quota.limit())?, period);
+    let options = Options {
+        redis: given.get("--redis").map(str::to_owned),
+        workers: given.count("--workers", 4)?,
         quota,
-        seconds,
-        upstream,
-        announce,
-        learn,
-    })
+        seconds: given.count("--seconds", 5)?,
+        upstream: upstream.map_err(|e| invalid(format!("--upstream-limit: {e}")))?,
+        announce: given.get("--announce").map(str::to_owned),
+        learn: given.has("--learn"),
+    };
+    let supported = Algorithm::FixedWindow.supports(&quota);
+    let refused = match options.announce.as_deref() {
+        _ if options.workers > 64 => "--workers: at most 64".to_owned(),
+        _ if options.seconds > 3600 => "--seconds: at most 3600".to_owned(),
+        _ if period < Duration::from_millis(1) => "--period: at least 1ms".to_owned(),
+        _ if supported.is_err() => format!("--limit: {}", supported.unwrap_err()),
+        None => return Ok(options),
+        Some("ietf" | "x-ratelimit") if period.subsec_nanos() == 0 => return Ok(options),
+        // Both dialects count in whole seconds.
+        Some("ietf" | "x-ratelimit") => "--announce: --period must be whole seconds".to_owned(),
+        Some(other) => format!("--announce: {other:?} is neither ietf nor x-ratelimit"),
+    };
+    Err(invalid(refused))
 }
 
 /// What the upstream received: requests per window (its index since the epoch), total, refused.
@@ -151,7 +135,7 @@ struct Tally {
 }
 
 /// The parent: Redis, the upstream, the workers, the summary.
-async fn run(o: Options) -> ExitCode {
+async fn run(o: Options) -> Result<ExitCode, Error> {
     let url = o.redis.clone().unwrap_or_else(flags::default_redis_url);
     if !flags::redis_answers(&url).await {
         eprintln!(
@@ -159,26 +143,12 @@ async fn run(o: Options) -> ExitCode {
              without one (give --redis URL or set REDIS_URL)",
             redacted(&url)
         );
-        return ExitCode::from(2);
+        return Ok(ExitCode::from(2));
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await;
-    let Ok(addr) = listener
-        .as_ref()
-        .map(|l| l.local_addr().expect("a bound address"))
-    else {
-        eprintln!(
-            "error: cannot start the mock upstream: {:?}",
-            listener.err()
-        );
-        return ExitCode::FAILURE;
-    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
     let tally = Arc::new(Mutex::new(Tally::default()));
-    tokio::spawn(upstream(
-        listener.expect("bound"),
-        tally.clone(),
-        o.upstream,
-        o.announce,
-    ));
+    tokio::spawn(upstream(listener, tally.clone(), o.upstream, o.announce));
     // One key per run: another fleet on the same Redis has an upstream of its own.
     let key = format!("fleet-{}", addr.port());
     let (period, limit) = (micros(o.quota.period()), o.quota.limit());
@@ -188,48 +158,33 @@ async fn run(o: Options) -> ExitCode {
         start = start.div_ceil(period) * period;
     }
     let stop = start + o.seconds * 1_000_000;
+    let (workers, seconds, shown) = (o.workers, o.seconds, redacted(&url));
     eprintln!(
-        "fleet: {} worker processes share {limit} per {:?} (fixed window, key {key:?}) in Redis \
-         at {}, against the upstream at http://{addr}, for {} s",
-        o.workers,
-        o.quota.period(),
-        redacted(&url),
-        o.seconds,
+        "fleet: {workers} worker processes share {limit} per {:?} (fixed window, key {key:?}) in \
+         Redis at {shown}, against the upstream at http://{addr}, for {seconds} s",
+        o.quota.period()
     );
-    let exe = std::env::current_exe().expect("this program's path");
     let learned = Arc::new(Mutex::new(None));
     let mut children = Vec::new();
-    for id in 1..=o.workers {
+    for id in 1..=workers {
         let numbers = [id, limit, period, start, stop, u64::from(o.learn)].map(|n| n.to_string());
-        let mut child = tokio::process::Command::new(&exe)
-            .args([
-                "--worker".to_owned(),
-                addr.to_string(),
-                url.clone(),
-                key.clone(),
-            ])
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["--worker", &addr.to_string(), &url, &key])
             .args(numbers)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
-            .spawn()
-            .expect("a worker process");
+            .spawn()?;
         // A worker that learns a quota prints `learned LIMIT PERIOD_US`: the first one counts.
         let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
         let (tally, learned) = (tally.clone(), learned.clone());
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
-                let words: Vec<u64> = line
-                    .split(' ')
-                    .skip(1)
-                    .filter_map(|w| w.parse().ok())
-                    .collect();
-                if let [limit, period] = words[..] {
+                let words: Vec<&str> = line.split(' ').collect();
+                if let ["learned", limit, period] = words[..] {
                     let after = tally.lock().unwrap().total;
-                    learned
-                        .lock()
-                        .unwrap()
-                        .get_or_insert((limit, period, after));
+                    let learned = &mut *learned.lock().unwrap();
+                    learned.get_or_insert((limit.to_owned(), period.parse::<u64>(), after));
                 }
             }
         });
@@ -245,34 +200,31 @@ async fn run(o: Options) -> ExitCode {
         }
     }
     let tally = tally.lock().unwrap();
-    eprintln!(
-        "upstream windows: {:?}",
-        tally.per_window.values().collect::<Vec<_>>()
-    );
-    match *learned.lock().unwrap() {
-        Some((limit, period, after)) => {
+    eprintln!("upstream windows: {:?}", tally.per_window.values());
+    match learned.lock().unwrap().take() {
+        Some((limit, Ok(period), after)) => {
+            let (s, ms) = (period / 1_000_000, period / 1_000);
             let shown = match period {
-                p if p % 1_000_000 == 0 => format!("{}s", p / 1_000_000),
-                p if p % 1_000 == 0 => format!("{}ms", p / 1_000),
+                p if p % 1_000_000 == 0 => format!("{s}s"),
+                p if p % 1_000 == 0 => format!("{ms}ms"),
                 p => format!("{p}us"),
             };
             println!("learned quota: {limit}/{shown} after {after} responses")
         }
-        None if o.learn => eprintln!("no worker learned a quota (did the upstream announce one?)"),
-        None => {}
+        _ if o.learn => eprintln!("no worker learned a quota (did the upstream announce one?)"),
+        _ => {}
     }
+    let most = tally.per_window.values().max().unwrap_or(&0);
+    let (total, too_many) = (tally.total, tally.too_many);
     println!(
-        "upstream: {} requests in {} s, {} max in any aligned window, {} answered 429",
-        tally.total,
-        o.seconds,
-        tally.per_window.values().max().unwrap_or(&0),
-        tally.too_many,
+        "upstream: {total} requests in {seconds} s, {most} max in any aligned window, {too_many} \
+         answered 429"
     );
     if failed > 0 {
-        eprintln!("error: {failed} of {} workers failed", o.workers);
-        return ExitCode::FAILURE;
+        eprintln!("error: {failed} of {workers} workers failed");
+        return Ok(ExitCode::FAILURE);
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The mock upstream: `quota` per fixed window aligned to the Unix epoch on this machine's clock,
@@ -282,10 +234,10 @@ async fn upstream(
     listener: TcpListener,
     tally: Arc<Mutex<Tally>>,
     quota: Quota,
-    announce: Option<&'static str>,
+    announce: Option<String>,
 ) {
     while let Ok((stream, _)) = listener.accept().await {
-        let tally = tally.clone();
+        let (tally, announce) = (tally.clone(), announce.clone());
         let answer = hyper::service::service_fn(move |_: Request<Incoming>| {
             let (now, period) = (now_micros(), micros(quota.period()));
             let (window, limit) = (now / period, quota.limit());
@@ -296,12 +248,10 @@ async fn upstream(
                 .entry(window)
                 .and_modify(|n| *n += 1)
                 .or_insert(1);
-            let (left, reset) = (
-                limit.saturating_sub(count),
-                ((window + 1) * period - now).div_ceil(1_000_000),
-            );
+            let left = limit.saturating_sub(count);
+            let reset = ((window + 1) * period - now).div_ceil(1_000_000);
             let mut response = Response::builder();
-            if announce == Some("ietf") {
+            if announce.as_deref() == Some("ietf") {
                 let policy = format!("\"fleet\";q={limit};w={}", quota.period().as_secs());
                 response = response.header("ratelimit-policy", policy);
                 response = response.header("ratelimit", format!("\"fleet\";r={left};t={reset}"));
@@ -327,7 +277,7 @@ async fn upstream(
 }
 
 /// A worker process: `ADDR REDIS_URL KEY ID LIMIT PERIOD_US START_US STOP_US LEARN`.
-async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+async fn worker(args: &[String]) -> Result<(), Error> {
     let [addr, url, key, rest @ ..] = args else {
         return Err("--worker: too few arguments".into());
     };
@@ -357,7 +307,11 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let sender = Arc::new(tokio::sync::Mutex::new(sender));
     let send = tower::service_fn(move |request: Request<Empty<Bytes>>| {
         let sender = sender.clone();
-        async move { sender.lock().await.send_request(request).await }
+        async move {
+            let mut sender = sender.lock().await;
+            sender.ready().await?; // the previous response read to its end
+            sender.send_request(request).await
+        }
     });
     let mut client = ServiceBuilder::new().layer(layer.clone()).service(send);
     tokio::time::sleep(until(start)).await;
@@ -382,19 +336,15 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             Err(OutboundError::Acquire(_)) => break, // the next admission comes after the run
             Err(error) => return Err(format!("worker {id}: upstream: {error}").into()),
         };
-        (sent, refused) = (
-            sent + 1,
-            refused + u64::from(response.status() == StatusCode::TOO_MANY_REQUESTS),
-        );
+        sent += 1;
+        refused += u64::from(response.status() == StatusCode::TOO_MANY_REQUESTS);
         let _ = response.into_body().collect().await; // keeps the connection reusable
         if layer.stats().learned > learned {
             learned = layer.stats().learned;
+            // What is in force now, as the store holds it.
             if let Some(quotas) = limiter.inspect(key.as_str()).await?.quota_override {
-                println!(
-                    "learned {} {}",
-                    quotas[0].limit(),
-                    micros(quotas[0].period())
-                );
+                let (limit, period) = (quotas[0].limit(), micros(quotas[0].period()));
+                println!("learned {limit} {period}");
             }
         }
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use http::request::Parts;
 use redlimit::failure_policy::{FailClosed, FailOpen, LocalFallback};
 use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
-use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
+use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{quota::QuotaError, Algorithm, Limiter, Quota, RateLimitLayer};
 
 use super::flags::{self, invalid, redacted, CliError};
@@ -78,27 +78,16 @@ pub struct Options {
     pub bind: SocketAddr,
     #[allow(dead_code)] // read by the axum example only
     pub metrics_bind: Option<SocketAddr>,
-    store: Store,
-    redis_ca: Option<Vec<u8>>,
+    /// The Redis the flags named: `KIND URLS` as printed, the store, the line to warn with
+    /// while it does not answer.
+    store: Option<(String, RedisStore, Option<String>)>,
     quota: Quota,
     algorithm: Algorithm,
-    on_error: (&'static str, u64),
+    /// `--on-redis-error` as printed (`local (instances 3)`), and `--instances`.
+    policy: (String, u64),
     api_key: bool,
     shadow: bool,
 }
-
-impl Options {
-    /// `--on-redis-error` as printed: `open`, `closed`, `local (instances N)`.
-    fn policy(&self) -> String {
-        match self.on_error {
-            ("local", instances) => format!("local (instances {instances})"),
-            (policy, _) => policy.to_owned(),
-        }
-    }
-}
-
-/// Which Redis, if any, the flags named: kind (as printed), URLs, sentinel master.
-type Store = Option<(&'static str, Vec<String>, String)>;
 
 impl Program {
     /// The `--help` text, with this build's algorithms.
@@ -139,105 +128,107 @@ impl Program {
             .map_err(|e| invalid(format!("--burst: {e}")))?;
         let algorithm: Algorithm = given.parsed("--algorithm", "token-bucket")?;
         // A quota the algorithm refuses would make the layer deny every request.
-        algorithm
-            .supports(&quota)
+        let supported = algorithm.supports(&quota);
+        supported
             .map_err(|e| invalid(format!("--limit/--burst for --algorithm {algorithm}: {e}")))?;
-        let on_error = match (
-            given.get("--on-redis-error").unwrap_or("open"),
-            given.has("--instances"),
-        ) {
-            ("local", _) => ("local", given.count("--instances", 1)?),
-            ("open" | "closed", true) => {
+        let instances = given.count("--instances", 1)?;
+        let policy = match given.get("--on-redis-error").unwrap_or("open") {
+            "local" => (format!("local (instances {instances})"), instances),
+            _ if given.has("--instances") => {
                 return Err(invalid(
                     "--instances applies only to --on-redis-error local",
                 ))
             }
-            (policy @ ("open" | "closed"), false) => {
-                (if policy == "open" { "open" } else { "closed" }, 0)
-            }
-            (other, _) => {
-                return Err(invalid(format!(
-                    "--on-redis-error: expected open, closed or local, got {other:?}"
-                )))
-            }
+            policy @ ("open" | "closed") => (policy.to_owned(), 0),
+            other => Err(invalid(format!(
+                "--on-redis-error: expected open, closed or local, got {other:?}"
+            )))?,
         };
         let api_key = match given.get("--key").unwrap_or("ip") {
             "ip" => false,
             "api-key" => true,
-            other => {
-                return Err(invalid(format!(
-                    "--key: expected ip or api-key, got {other:?}"
-                )))
-            }
-        };
-        let store = store(&given)?;
-        let redis_ca = match given.get("--redis-ca") {
-            None => None,
-            Some(_) if store.is_none() => return Err(invalid("--redis-ca needs --redis rediss://..., --redis-cluster rediss://... or --redis-sentinel rediss://...")),
-            Some(path) => Some(read_ca(path)?),
+            other => Err(invalid(format!(
+                "--key: expected ip or api-key, got {other:?}"
+            )))?,
         };
         let metrics_bind = given
             .get("--metrics-bind")
-            .map(|_| given.parsed("--metrics-bind", ""))
-            .transpose()?;
+            .map(|_| given.parsed("--metrics-bind", ""));
         Ok(Options {
             bind: given.parsed("--bind", self.default_bind)?,
-            metrics_bind,
-            store,
-            redis_ca,
+            metrics_bind: metrics_bind.transpose()?,
+            store: store(&given, &policy.0)?,
             quota,
             algorithm,
-            on_error,
+            policy,
             api_key,
             shadow: given.has("--shadow"),
         })
     }
 }
 
-/// The store flags, checked the way the store builders check them.
-fn store(given: &flags::Given) -> Result<Store, CliError> {
+/// The store the flags name, built (URLs and TLS checked, nothing connected yet).
+fn store(
+    given: &flags::Given,
+    policy: &str,
+) -> Result<Option<(String, RedisStore, Option<String>)>, CliError> {
     let named = ["--redis", "--redis-cluster", "--redis-sentinel"].map(|f| given.get(f));
-    let master = given.get("--sentinel-master");
-    let urls = |flag: &str, value: &str| {
-        let urls: Vec<String> = value
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect();
-        match urls.is_empty() {
-            true => Err(invalid(format!("{flag} needs at least one URL"))),
-            false => Ok(urls),
-        }
-    };
-    let check = |flag: &str, builder: RedisStoreBuilder, urls: &[String]| {
-        builder
-            .build()
-            .map(|_| ())
-            .map_err(|e| invalid(format!("{flag}: invalid URL {}: {e}", shown(urls))))
-    };
-    let store = match (named, master) {
+    let (flag, list) = match (named, given.get("--sentinel-master")) {
+        ([None, None, None], None) if given.has("--redis-ca") => Err(invalid(
+            "--redis-ca needs --redis rediss://..., --redis-cluster rediss://... or \
+             --redis-sentinel rediss://...",
+        ))?,
         ([None, None, None], None) => return Ok(None),
-        ([Some(url), None, None], None) => {
-            let urls = vec![url.to_owned()];
-            check("--redis", RedisStore::builder(url), &urls)?;
-            ("redis", urls, String::new())
-        }
-        ([None, Some(list), None], None) => {
-            let urls = urls("--redis-cluster", list)?;
-            check("--redis-cluster", RedisStore::cluster_builder(urls.iter().map(String::as_str)), &urls)?;
-            ("redis-cluster", urls, String::new())
-        }
-        ([None, None, Some(list)], Some(master)) => {
-            let urls = urls("--redis-sentinel", list)?;
-            check("--redis-sentinel", RedisStore::sentinel_builder(urls.iter().map(String::as_str), master), &urls)?;
-            ("redis-sentinel", urls, master.to_owned())
-        }
-        ([None, None, Some(_)], None) => return Err(invalid("--redis-sentinel needs --sentinel-master NAME (the name the sentinels monitor the primary under)")),
-        ([None, None, None], Some(_)) => return Err(invalid("--sentinel-master needs --redis-sentinel URL,URL,... (the sentinels)")),
-        _ => return Err(invalid("give one of --redis, --redis-cluster and --redis-sentinel, once")),
+        ([Some(url), None, None], None) => ("--redis", url),
+        ([None, Some(urls), None], None) => ("--redis-cluster", urls),
+        ([None, None, Some(urls)], Some(_)) => ("--redis-sentinel", urls),
+        ([None, None, Some(_)], None) => Err(invalid(
+            "--redis-sentinel needs --sentinel-master NAME (the name the sentinels monitor the \
+             primary under)",
+        ))?,
+        ([None, None, None], Some(_)) => Err(invalid(
+            "--sentinel-master needs --redis-sentinel URL,URL,... (the sentinels)",
+        ))?,
+        _ => Err(invalid(
+            "give one of --redis, --redis-cluster and --redis-sentinel, once",
+        ))?,
     };
-    Ok(Some(store))
+    let urls: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Err(invalid(format!("{flag} needs at least one URL")));
+    }
+    let mut shown = urls
+        .iter()
+        .map(|u| redacted(u))
+        .collect::<Vec<_>>()
+        .join(",");
+    let master = given.get("--sentinel-master").unwrap_or_default();
+    let (builder, warning) = match flag {
+        "--redis" => (
+            RedisStore::builder(list),
+            Some(format!("Redis at {shown} does not answer yet; --on-redis-error {policy} decides until it does")),
+        ),
+        "--redis-cluster" => (RedisStore::cluster_builder(urls), None),
+        _ => (
+            RedisStore::sentinel_builder(urls, master),
+            Some(format!("no primary named {master} reachable through the sentinels {shown} yet; --on-redis-error {policy} decides until there is")),
+        ),
+    };
+    let builder = match given.get("--redis-ca") {
+        Some(path) => builder.tls_ca_pem(read_ca(path)?),
+        None => builder,
+    };
+    let store = builder
+        .build()
+        .map_err(|e| invalid(format!("{flag}: invalid URL {shown}: {e}")))?;
+    if !master.is_empty() {
+        shown = format!("{shown} master {master}");
+    }
+    Ok(Some((format!("{} {shown}", &flag[2..]), store, warning)))
 }
 
 /// `--redis-ca`'s file: a PEM certificate.
@@ -252,52 +243,21 @@ fn read_ca(path: &str) -> Result<Vec<u8>, CliError> {
     }
 }
 
-/// URLs without their passwords, comma-separated, for printing.
-fn shown(urls: &[String]) -> String {
-    urls.iter()
-        .map(|u| redacted(u))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// The layer the example puts in front of its service: prints `store: ...` and `quota: ...`.
 pub async fn layer(options: &Options) -> Result<RateLimitLayer<ExampleKey>, String> {
     let builder = match &options.store {
-        Some((kind, urls, master)) => {
-            let builder = match *kind {
-                "redis" => RedisStore::builder(urls[0].as_str()),
-                "redis-cluster" => RedisStore::cluster_builder(urls.iter().map(String::as_str)),
-                _ => RedisStore::sentinel_builder(urls.iter().map(String::as_str), master.as_str()),
-            };
-            let builder = match &options.redis_ca {
-                Some(pem) => builder.tls_ca_pem(pem.clone()),
-                None => builder,
-            };
-            let store = builder.build().map_err(|e| e.to_string())?;
-            let shown = match master.as_str() {
-                "" => shown(urls),
-                master => format!("{} master {master}", shown(urls)),
-            };
-            let policy = options.policy();
-            match (announce(kind, &shown, &store).await, *kind) {
-                (false, "redis") => eprintln!(
-                    "warning: Redis at {shown} does not answer yet; --on-redis-error {policy} \
-                     decides until it does"
-                ),
-                (false, "redis-sentinel") => eprintln!(
-                    "warning: no primary named {master} reachable through the sentinels {} yet; \
-                     --on-redis-error {policy} decides until there is",
-                    self::shown(urls)
-                ),
+        Some((shown, store, warning)) => {
+            match (announce(shown, store).await, warning) {
+                (false, Some(warning)) => eprintln!("warning: {warning}"),
                 _ => {}
             }
-            Limiter::builder(store)
+            Limiter::builder(store.clone())
         }
         None => {
             let url = flags::default_redis_url();
             if flags::redis_answers(&url).await {
                 let store = RedisStore::new(url.as_str()).map_err(|e| e.to_string())?;
-                announce("redis", &redacted(&url), &store).await;
+                announce(&format!("redis {}", redacted(&url)), &store).await;
                 Limiter::builder(store)
             } else {
                 println!("store: memory (no Redis reachable at {})", redacted(&url));
@@ -306,22 +266,19 @@ pub async fn layer(options: &Options) -> Result<RateLimitLayer<ExampleKey>, Stri
         }
     };
     let builder = builder.algorithm(options.algorithm);
-    let limiter = match options.on_error {
+    let limiter = match (options.policy.0.as_str(), options.policy.1) {
         ("open", _) => builder.failure_policy(FailOpen).build(),
         ("closed", _) => builder.failure_policy(FailClosed::default()).build(),
         (_, instances) => builder
             .failure_policy(LocalFallback::new(instances))
             .build(),
-    }
-    .map_err(|e| e.to_string())?;
-    let quota = options.quota;
+    };
+    let (quota, algorithm, policy) = (options.quota, options.algorithm, &options.policy.0);
     println!(
-        "quota: {} per {:?} (burst {}), algorithm {}, on-redis-error {}",
+        "quota: {} per {:?} (burst {}), algorithm {algorithm}, on-redis-error {policy}",
         quota.limit(),
         quota.period(),
         quota.burst(),
-        options.algorithm,
-        options.policy(),
     );
     if options.shadow {
         println!("shadow: on (every request is decided and counted, none is denied)");
@@ -332,19 +289,20 @@ pub async fn layer(options: &Options) -> Result<RateLimitLayer<ExampleKey>, Stri
             .then(|| HeaderKey::named("x-api-key").expect("a header name")),
         ip: PeerIp::new(),
     };
-    RateLimitLayer::builder(limiter, quota, key)
+    let layer = RateLimitLayer::builder(limiter.map_err(|e| e.to_string())?, quota, key);
+    layer
         .shadow(options.shadow)
         .build()
         .map_err(|e| e.to_string())
 }
 
-/// Verifies the store (connect, PING, script load) and prints `store: KIND SHOWN (Redis 7.0.15)`
-/// or `store: KIND SHOWN (not reachable yet: ...)`. Whether it answered.
-async fn announce(kind: &str, shown: &str, store: &RedisStore) -> bool {
+/// Verifies the store (connect, PING, script load) and prints `store: SHOWN (Redis 7.0.15)` or
+/// `store: SHOWN (not reachable yet: ...)`. Whether it answered.
+async fn announce(shown: &str, store: &RedisStore) -> bool {
     let verified = store.verify().await;
     match &verified {
-        Ok(server) => println!("store: {kind} {shown} ({server})"),
-        Err(error) => println!("store: {kind} {shown} (not reachable yet: {error})"),
+        Ok(server) => println!("store: {shown} ({server})"),
+        Err(error) => println!("store: {shown} (not reachable yet: {error})"),
     }
     verified.is_ok()
 }
