@@ -288,7 +288,11 @@ async fn worker(args: &[String]) -> Result<(), Error> {
     let quota = Quota::new(limit, Duration::from_micros(period))?;
     // The upstream's windows on Redis's clock, one clock for the whole fleet; never an
     // admission the store did not make.
-    let limiter = Limiter::builder(RedisStore::new(url.as_str())?)
+    let store = RedisStore::new(url.as_str())?;
+    // Connected, and the script loaded, before the run starts.
+    let verified = store.verify().await;
+    verified.map_err(|e| format!("worker {id}: Redis at {}: {e}", redacted(url)))?;
+    let limiter = Limiter::builder(store)
         .algorithm(Algorithm::FixedWindow)
         .failure_policy(FailClosed::default())
         .build()?;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use http::request::Parts;
 use redlimit::failure_policy::{FailClosed, FailOpen, LocalFallback};
 use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
-use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
 use redlimit::{quota::QuotaError, Algorithm, Limiter, Quota, RateLimitLayer};
 
 use super::flags::{self, invalid, redacted, CliError};
@@ -78,9 +78,7 @@ pub struct Options {
     pub bind: SocketAddr,
     #[allow(dead_code)] // read by the axum example only
     pub metrics_bind: Option<SocketAddr>,
-    /// The Redis the flags named: `KIND URLS` as printed, the store, the line to warn with
-    /// while it does not answer.
-    store: Option<(String, RedisStore, Option<String>)>,
+    store: Option<Redis>,
     quota: Quota,
     algorithm: Algorithm,
     /// `--on-redis-error` as printed (`local (instances 3)`), and `--instances`.
@@ -167,11 +165,37 @@ impl Program {
     }
 }
 
-/// The store the flags name, built (URLs and TLS checked, nothing connected yet).
-fn store(
-    given: &flags::Given,
-    policy: &str,
-) -> Result<Option<(String, RedisStore, Option<String>)>, CliError> {
+/// The Redis the store flags name.
+struct Redis {
+    flag: &'static str,
+    urls: Vec<String>,
+    master: String,
+    ca: Option<Vec<u8>>,
+    /// What `store: ...` says: `KIND URLS` without passwords.
+    shown: String,
+    /// What to warn while it does not answer.
+    warning: Option<String>,
+}
+
+impl Redis {
+    /// The store's builder; built twice: checked at parse time, then built for the layer after
+    /// the metrics recorder is installed (the store records its circuit's state when built).
+    fn builder(&self) -> RedisStoreBuilder {
+        let urls = self.urls.iter().map(String::as_str);
+        let builder = match self.flag {
+            "--redis" => RedisStore::builder(self.urls[0].as_str()),
+            "--redis-cluster" => RedisStore::cluster_builder(urls),
+            _ => RedisStore::sentinel_builder(urls, self.master.as_str()),
+        };
+        match &self.ca {
+            Some(pem) => builder.tls_ca_pem(pem.clone()),
+            None => builder,
+        }
+    }
+}
+
+/// The Redis the flags name, checked the way the store checks it (nothing connected yet).
+fn store(given: &flags::Given, policy: &str) -> Result<Option<Redis>, CliError> {
     let named = ["--redis", "--redis-cluster", "--redis-sentinel"].map(|f| given.get(f));
     let (flag, list) = match (named, given.get("--sentinel-master")) {
         ([None, None, None], None) if given.has("--redis-ca") => Err(invalid(
@@ -193,65 +217,79 @@ fn store(
             "give one of --redis, --redis-cluster and --redis-sentinel, once",
         ))?,
     };
-    let urls: Vec<&str> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .collect();
+    let urls: Vec<String> = match flag {
+        "--redis" => vec![list.to_owned()],
+        _ => list
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    };
     if urls.is_empty() {
         return Err(invalid(format!("{flag} needs at least one URL")));
     }
-    let mut shown = urls
+    let shown = urls
         .iter()
         .map(|u| redacted(u))
         .collect::<Vec<_>>()
         .join(",");
-    let master = given.get("--sentinel-master").unwrap_or_default();
-    let (builder, warning) = match flag {
-        "--redis" => (
-            RedisStore::builder(list),
-            Some(format!("Redis at {shown} does not answer yet; --on-redis-error {policy} decides until it does")),
-        ),
-        "--redis-cluster" => (RedisStore::cluster_builder(urls), None),
-        _ => (
-            RedisStore::sentinel_builder(urls, master),
-            Some(format!("no primary named {master} reachable through the sentinels {shown} yet; --on-redis-error {policy} decides until there is")),
-        ),
+    let master = given
+        .get("--sentinel-master")
+        .unwrap_or_default()
+        .to_owned();
+    let warning = match flag {
+        "--redis" => Some(format!(
+            "Redis at {shown} does not answer yet; --on-redis-error {policy} decides until it does"
+        )),
+        "--redis-cluster" => None,
+        _ => Some(format!(
+            "no primary named {master} reachable through the sentinels {shown} yet; \
+             --on-redis-error {policy} decides until there is"
+        )),
     };
-    let builder = match given.get("--redis-ca") {
-        Some(path) => builder.tls_ca_pem(read_ca(path)?),
-        None => builder,
+    let ca = given.get("--redis-ca").map(read_ca).transpose()?;
+    let shown = match master.as_str() {
+        "" => format!("{} {shown}", &flag[2..]),
+        master => format!("{} {shown} master {master}", &flag[2..]),
     };
-    let store = builder
-        .build()
-        .map_err(|e| invalid(format!("{flag}: invalid URL {shown}: {e}")))?;
-    if !master.is_empty() {
-        shown = format!("{shown} master {master}");
-    }
-    Ok(Some((format!("{} {shown}", &flag[2..]), store, warning)))
+    let redis = Redis {
+        flag,
+        urls,
+        master,
+        ca,
+        shown,
+        warning,
+    };
+    let checked = redis.builder().build();
+    checked.map_err(|e| invalid(format!("{flag}: invalid {}: {e}", redis.shown)))?;
+    Ok(Some(redis))
 }
 
 /// `--redis-ca`'s file: a PEM certificate.
 fn read_ca(path: &str) -> Result<Vec<u8>, CliError> {
     let pem =
         std::fs::read(path).map_err(|e| invalid(format!("--redis-ca: cannot read {path}: {e}")))?;
-    match String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-        true => Ok(pem),
-        false => Err(invalid(format!(
+    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(invalid(format!(
             "--redis-ca: {path} holds no PEM certificate"
-        ))),
+        )));
     }
+    Ok(pem)
 }
 
 /// The layer the example puts in front of its service: prints `store: ...` and `quota: ...`.
 pub async fn layer(options: &Options) -> Result<RateLimitLayer<ExampleKey>, String> {
     let builder = match &options.store {
-        Some((shown, store, warning)) => {
-            match (announce(shown, store).await, warning) {
-                (false, Some(warning)) => eprintln!("warning: {warning}"),
-                _ => {}
+        Some(redis) => {
+            let store = redis.builder().build().map_err(|e| e.to_string())?;
+            if !announce(&redis.shown, &store).await {
+                redis
+                    .warning
+                    .iter()
+                    .for_each(|warning| eprintln!("warning: {warning}"));
             }
-            Limiter::builder(store.clone())
+            Limiter::builder(store)
         }
         None => {
             let url = flags::default_redis_url();
