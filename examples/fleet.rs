@@ -332,6 +332,9 @@ async fn worker(args: &[String]) -> Result<(), Error> {
         let Ok(ready) = tokio::time::timeout_at(stop_at, client.ready()).await else {
             break;
         };
+        if now_micros() >= stop {
+            break; // admitted at the run's end, in a window the run does not count
+        }
         let request = Request::get("/")
             .header("host", addr.as_str())
             .body(Empty::new())?;
