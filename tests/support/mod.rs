@@ -28,7 +28,7 @@ pub use cluster::{key_slot, RedisCluster};
 pub use limiters::{
     admits, cluster_limiter, memory_limiter, redis_limiter, redis_store, Ctx, PATIENT_TIMEOUT,
 };
-pub use server::RedisServer;
+pub use server::{debug_sleep_via, RedisServer};
 pub use tls::{TlsFiles, TlsSetup};
 
 use std::collections::hash_map::RandomState;
