@@ -12,10 +12,17 @@ use tower::{Layer, ServiceExt};
 
 use super::provider::{
     expiring_layer, header, layer, learning, learning_layer, learning_with, outcomes,
-    per_path_layer, per_second, policy, to_key, Upstream, KEY,
+    per_path_layer, per_second, policy, to_key, Header, Upstream, KEY,
 };
 use super::support::{debug_sleep_via, Ctx, RedisServer};
 use super::{limiters, Body};
+
+/// Two calls whose answers announce `headers`, and the learning rounds they start, settled.
+async fn announce_twice(layer: &OutboundLayer, upstream: &Upstream, headers: Vec<Header>) {
+    upstream.announce(headers);
+    calls(layer, upstream, 2).await;
+    layer.settled().await;
+}
 
 /// How many of `n` calls through `layer`, each after the previous one, went out.
 async fn calls(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> usize {
@@ -30,9 +37,7 @@ async fn calls(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> usize {
 #[tokio::test]
 async fn a_learned_route_quota_never_loosens_an_operators_override_of_every_route() {
     let (_redis, limiter, upstream, ceiling, layer) = learning().await;
-    upstream.announce(policy(20, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    announce_twice(&layer, &upstream, policy(20, 1)).await;
     assert_eq!(
         limiter.inspect(KEY).await.unwrap().quota_override,
         Some(Quotas::from(per_second(20)))
@@ -72,9 +77,7 @@ async fn a_failed_expiry_round_never_leaves_the_learned_quota_for_good() {
         .redis(&redis);
     let upstream = Upstream::start().await;
     let layer = expiring_layer(&limiter, per_second(50), Duration::from_millis(300));
-    upstream.announce(policy(5, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    announce_twice(&layer, &upstream, policy(5, 1)).await;
     assert_eq!(
         limiter.inspect(KEY).await.unwrap().quota_override,
         Some(Quotas::from(per_second(5)))
@@ -120,9 +123,7 @@ async fn learning_never_suspends_a_route_scoped_learned() {
     // The scope is accepted.
     let verdict = acquire_on_the_route().await;
     assert!(verdict.is_ok(), "{verdict:?}");
-    upstream.announce(policy(5, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    announce_twice(&layer, &upstream, policy(5, 1)).await;
     let status = limiter
         .inspect(Target::scoped("learned", KEY))
         .await
@@ -246,9 +247,7 @@ async fn an_operators_quota_on_the_scope_learned_never_makes_the_keys_override_l
         .await
         .unwrap();
     let source = limiter.inspect(KEY).await.unwrap().override_source;
-    upstream.announce(policy(20, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    announce_twice(&layer, &upstream, policy(20, 1)).await;
     let status = limiter.inspect(KEY).await.unwrap();
     assert_eq!(
         (status.quota_override, source),
@@ -268,9 +267,7 @@ async fn learning_sets_nothing_under_an_operators_override_of_every_route() {
         .set_quota(Target::all_routes(KEY), &operators)
         .await
         .unwrap();
-    upstream.announce(policy(20, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    announce_twice(&layer, &upstream, policy(20, 1)).await;
     let status = limiter.inspect(KEY).await.unwrap();
     assert_eq!(status.quota_override, Some(operators));
     assert_eq!(layer.stats().learned, 0);
