@@ -48,29 +48,18 @@ pub fn seen_remaining(extensions: &http::Extensions) -> String {
         .map_or_else(|| "none".to_owned(), |d| d.remaining.to_string())
 }
 
+type Req = Request<Full<Bytes>>;
+type Resp = Response<Full<Bytes>>;
+
 /// What the tests' inner services are: full-body requests in, full-body responses out, never an
 /// error, a `Send` future, cloneable. A name for the bound, so each service need not spell it.
 pub trait TestService:
-    Service<
-        Request<Full<Bytes>>,
-        Response = Response<Full<Bytes>>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static
+    Service<Req, Response = Resp, Error = Infallible, Future: Send> + Clone + Send + 'static
 {
 }
 
 impl<S> TestService for S where
-    S: Service<
-            Request<Full<Bytes>>,
-            Response = Response<Full<Bytes>>,
-            Error = Infallible,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static
+    S: Service<Req, Response = Resp, Error = Infallible, Future: Send> + Clone + Send + 'static
 {
 }
 
