@@ -24,32 +24,10 @@ use redlimit::store::RedisStore;
 use redlimit::{
     clock::ManualClock,
     layer::{resolver_fn, QuotaResolver, Resolved},
-    Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
+    Algorithm, Decision, Quota, Quotas, RateLimitLayer, Target,
 };
-use support::{Ctx, RedisServer};
+use support::{Ctx, Fixture, RedisServer};
 use tower::ServiceExt;
-
-/// A private Redis and a limiter on it, on a clock that moves only when told.
-struct Fixture {
-    _redis: RedisServer,
-    clock: ManualClock,
-    limiter: Limiter,
-}
-
-impl Fixture {
-    fn new() -> Self {
-        let redis = RedisServer::start();
-        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-        // A generous timeout: a slow answer on a busy machine must not turn into a fail-open
-        // admission (failure_policy covers timeouts).
-        let limiter = Ctx::default().manual(&clock).redis(&redis);
-        Fixture {
-            _redis: redis,
-            clock,
-            limiter,
-        }
-    }
-}
 
 /// 10 a second and 20 a minute.
 fn two_tiers() -> Quotas {

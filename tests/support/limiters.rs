@@ -23,6 +23,28 @@ use redlimit::{
 
 use super::{RedisCluster, RedisServer};
 
+/// A private Redis and a limiter on it (the default context: a generous timeout, so a slow
+/// answer on a busy machine never turns into a fail-open admission), on a manual clock at
+/// 1 700 000 000 s that moves only when told.
+pub struct Fixture {
+    _redis: RedisServer,
+    pub clock: ManualClock,
+    pub limiter: Limiter,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let redis = RedisServer::start();
+        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+        let limiter = Ctx::default().manual(&clock).redis(&redis);
+        Fixture {
+            _redis: redis,
+            clock,
+            limiter,
+        }
+    }
+}
+
 /// The store timeout unless a test says otherwise: generous, because these tests are about
 /// decisions, and a slow answer on a busy 2-core machine must not turn into an error or a
 /// fail-open admission (the failure tests set their own timeouts).
