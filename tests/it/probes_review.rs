@@ -14,10 +14,10 @@ use support::{Ctx, RedisServer};
 const INTERVAL: Duration = Duration::from_millis(50);
 const T0: Duration = Duration::from_secs(1_700_003_600);
 
-/// A tiny deterministic generator (xorshift).
-struct Rng(u64);
+/// A tiny deterministic generator (xorshift), so a failing run can be replayed by its seed.
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -25,7 +25,12 @@ impl Rng {
     }
 }
 
-fn leasing_with(redis: &RedisServer, algorithm: Algorithm, timeout: Duration) -> Limiter {
+/// A limiter on `redis` leasing every 50 ms, under `algorithm`, with the store `timeout`.
+pub(crate) fn leasing_with(
+    redis: &RedisServer,
+    algorithm: Algorithm,
+    timeout: Duration,
+) -> Limiter {
     let ctx = Ctx {
         algorithm,
         timeout,
