@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::failure_policy::FailClosed;
 use redlimit::limiter::{ConfigError, LeaseError, LeaseStats, Leases};
-use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::store::{MemoryStore, RedisStore, Store};
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, Target, Verdict};
 use support::{Ctx, RedisCluster, RedisServer};
 
@@ -356,7 +356,7 @@ async fn a_renewal_denial_is_served_from_the_deny_cache_until_its_retry_after() 
 }
 
 /// A limiter on `store` leasing on a manual clock.
-fn manual(store: MemoryStore, clock: &ManualClock) -> Limiter {
+fn manual(store: impl Store, clock: &ManualClock) -> Limiter {
     Limiter::builder(store)
         .clock(Clock::Manual(clock.clone()))
         .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
@@ -591,12 +591,7 @@ async fn units_leased_before_a_reset_are_never_given_back_after_it() {
         let (leasing, other) = match backend {
             "redis" => {
                 let ctx = Ctx::default().manual(&clock);
-                let leasing = Limiter::builder(ctx.redis_store(&redis))
-                    .clock(Clock::Manual(clock.clone()))
-                    .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
-                    .build()
-                    .unwrap();
-                (leasing, ctx.redis(&redis))
+                (manual(ctx.redis_store(&redis), &clock), ctx.redis(&redis))
             }
             _ => (
                 manual(store.clone(), &clock),
@@ -813,11 +808,7 @@ async fn units_held_at_a_data_loss_are_admitted_once_after_it() {
     let quota = Quota::per_day(1_000).unwrap();
     let clock = ManualClock::new(T0);
     let ctx = Ctx::default().manual(&clock);
-    let leasing = Limiter::builder(ctx.redis_store(&redis))
-        .clock(Clock::Manual(clock.clone()))
-        .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
-        .build()
-        .unwrap();
+    let leasing = manual(ctx.redis_store(&redis), &clock);
     let other = ctx.redis(&redis);
     hold_units(&leasing, "k", &quota, &clock).await;
     // A background renewal still in flight lands first: nothing is on its way at the loss.
