@@ -222,6 +222,19 @@ pub fn memory_limiter(algorithm: Algorithm) -> Limiter {
     Ctx::new(algorithm).memory()
 }
 
+/// The message of the error `store.verify()` must fail with, a Redis error (not a timeout nor a
+/// closed breaker); printed after `what`, which names the case.
+pub async fn redis_error_on_verify(store: &RedisStore, what: &str) -> String {
+    let error = store.verify().await.expect_err(what);
+    let message = error.to_string();
+    println!("{what}: {message}");
+    assert!(
+        matches!(error, redlimit::store::StoreError::Redis(_)),
+        "{error:?}"
+    );
+    message
+}
+
 /// Whether `limiter` admits one request of `key` under `quota`: the store's own decision, without
 /// the failure policy, so a store error fails the test.
 pub async fn admits(limiter: &Limiter, key: &str, quota: &Quota) -> bool {
