@@ -235,6 +235,28 @@ pub async fn redis_error_on_verify(store: &RedisStore, what: &str) -> String {
     message
 }
 
+/// A circuit breaker that opens after `failures` consecutive failures and probes again after
+/// 50 ms, so a test sees it open and close quickly.
+pub fn breaker_opening_after(failures: u32) -> CircuitBreaker {
+    CircuitBreaker {
+        failure_threshold: failures,
+        cool_down: Duration::from_millis(50),
+    }
+}
+
+/// Whether `limiter`'s store answers a check of `key` (cost 1) within about 10 s: after a
+/// restart, once it has reconnected.
+pub async fn answers_within_10s(limiter: &Limiter, key: &str, quota: &Quota) -> bool {
+    for _ in 0..200 {
+        let answer = limiter.try_check_quotas(key, &quota.into(), 1).await;
+        if answer.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
 /// Whether `limiter` admits one request of `key` under `quota`: the store's own decision, without
 /// the failure policy, so a store error fails the test.
 pub async fn admits(limiter: &Limiter, key: &str, quota: &Quota) -> bool {
