@@ -914,14 +914,14 @@ async fn every_command_works_as_the_operator(
     }
 
     let quota = Quota::per_hour(5).unwrap();
-    let scope = api_key_scope(&limiter, quota);
+    let scope = api_key_scope(limiter, quota);
     let route_status = || async {
         limiter
             .inspect(Target::scoped(&scope, "acme"))
             .await
             .unwrap()
     };
-    spend(&limiter, &scope, "acme", quota, 5).await;
+    spend(limiter, &scope, "acme", quota, 5).await;
     let run = |args: &[&str]| {
         let output = redlimit_as(nodes, "operator", args);
         crate::stdout_of_success(&output, &format!("as the operator, {args:?}"))
