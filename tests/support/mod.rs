@@ -26,9 +26,10 @@ mod tls;
 
 pub use cluster::{key_slot, RedisCluster};
 pub use limiters::{
-    admits, cluster_limiter, memory_limiter, redis_limiter, redis_store, Ctx, PATIENT_TIMEOUT,
+    admits, answers_within_10s, breaker_opening_after, cluster_limiter, memory_limiter,
+    redis_error_on_verify, redis_limiter, redis_store, Ctx, Fixture, PATIENT_TIMEOUT,
 };
-pub use server::RedisServer;
+pub use server::{debug_sleep_via, RedisServer};
 pub use tls::{TlsFiles, TlsSetup};
 
 use std::collections::hash_map::RandomState;
