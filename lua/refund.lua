@@ -18,18 +18,12 @@
 -- The tiers in force are the route's override, else the tenant's, else the caller's, as in a
 -- decision. Nothing is given back when `reserved` is before the tenant's reset (the units were
 -- paid for in state the reset forgot), nor to states stored before it (fresh: full).
--- Per algorithm, a refund of u reserved at `reserved`:
---   token bucket  tokens + u, at most burst (refill needs no accounting first: the next
---                 decision refills from the same ts and caps at burst either way)
---   gcra          debt - u, at least 0 (draining commutes with the subtraction the same way)
---   fixed window  count - u, at least 0, only when the stored window is the one `reserved`
---                 falls in (another window never got these units)
---   sliding win.  the count of the window `reserved` falls in, at least 0: the current one's
---                 when the stored window is it, the previous one's when the stored window is
---                 the next; nothing otherwise
---   sliding log   the u oldest entries scored at or after `reserved` removed (its own entries
---                 are among them; an older one removed in their place leaves the log counting
---                 a newer unit, never fewer units in any window to come)
+-- Per algorithm, a refund of u reserved at `reserved` is the part of its step file after its
+-- `@refund` line (`lua/<algorithm>.lua`), spliced in below at the `@refunds` line as a branch
+-- `elseif alg == <tag byte> then <refund>`; the sliding log's is here: the u oldest entries
+-- scored at or after `reserved` removed (its own entries are among them; an older one removed
+-- in their place leaves the log counting a newer unit, never fewer units in any window to
+-- come).
 -- An estimate of `reserved` earlier than the truth can only lose a refund (a reservation made
 -- within that error after a window starts or after a reset gives nothing back), never give one
 -- to the wrong window. A state of another algorithm, or one that does not parse, is left as it
@@ -147,26 +141,8 @@ while at <= #s do
     if #state == len and burst and tag == alg then
       -- The start of the fixed window the units were reserved in.
       local start = reserved - reserved % period
-      if tag == 119 then
-        local _, w, c, p = sunpack('<Bddd', state)
-        if c >= 0 and p >= 0 and c < MAX_EXACT and p < MAX_EXACT then
-          if w == start then
-            new = spack('<Bddd', 119, w, math.max(c - units, 0), p)
-          elseif w == start + period then
-            new = spack('<Bddd', 119, w, c, math.max(p - units, 0))
-          end
-        end
-      else
-        local _, a, b = sunpack('<Bdd', state)
-        if a >= 0 and b >= 0 and a < MAX_EXACT and b < MAX_EXACT then
-          if tag == 116 then
-            new = spack('<Bdd', 116, math.min(a - a % 1 + units, burst), b)
-          elseif tag == 103 then
-            new = spack('<Bdd', 103, a, math.max(b - units, 0))
-          elseif tag == 102 and a == start then
-            new = spack('<Bdd', 102, a, math.max(b - units, 0))
-          end
-        end
+      if false then
+      -- @refunds
       end
     end
     if new and new ~= state then

@@ -1,6 +1,8 @@
 //! GCRA: the Rust mirror of `lua/gcra.lua`, step for step.
 
-use super::{decision_time, sane, unpack, Args, Kind, Leasing, Outcome, Packed, Spec, Window};
+use super::{
+    decision_time, sane, unpack, Args, Kind, Leasing, Outcome, Packed, Refund, Spec, Window,
+};
 
 /// GCRA's specification: its registration (see the module docs of `algorithm`).
 pub(crate) const SPEC: Spec = Spec {
@@ -9,6 +11,7 @@ pub(crate) const SPEC: Spec = Spec {
     kind: Kind::Packed(step),
     fields: &["at", "debt"],
     lua: include_str!("../../lua/gcra.lua"),
+    refund: Some(refund),
     window: Window::Refill,
     max_burst: None,
     leasing: Leasing::Anytime,
@@ -95,6 +98,16 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
         reset_us: reset,
         state: (cost > 0.0 && (allowed || stepped_back)).then(|| Packed::new(TAG, [at, d])),
     }
+}
+
+/// A refund (the `@refund` part of `lua/gcra.lua`): debt - units, at least 0. Draining
+/// commutes with the subtraction, so `at` stays.
+pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
+    let [at, debt] = unpack::<2>(Some(state), TAG)?;
+    if !(sane(at) && sane(debt)) {
+        return None;
+    }
+    Some(Packed::new(TAG, [at, (debt - r.units).max(0.0)]))
 }
 
 #[cfg(test)]

@@ -99,10 +99,11 @@ pub(crate) use self::mirror::{
     control, decide, decide_log, foreign_state, learning, marked_override, LogWrite, RecordWrite,
     Refused, Written,
 };
-pub(crate) use self::refund::{log_refund, refund, REFUND_SOURCE};
+pub(crate) use self::refund::{log_refund, refund};
 pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};
 pub(crate) use self::spec::{
-    is_one_state, packed_by_tag, state_len_of, Kind, Leasing, Spec, Window, CONTROL_SOURCE, SOURCE,
+    is_one_state, packed_by_tag, state_len_of, Kind, Leasing, Spec, Window, CONTROL_SOURCE,
+    REFUND_SOURCE, SOURCE,
 };
 
 /// The decision script as the crate sends it (`lua/common.lua` with every step spliced in),
@@ -255,6 +256,25 @@ pub(crate) fn drive(
 
 /// A pure step: (stored state, now, cost, quota) -> decision and the new state to store.
 pub(crate) type PackedStep = fn(Option<&[u8]>, &Args) -> Outcome<Packed>;
+
+/// A refund's step on one tier's state (of its algorithm's tag and length, as the refund
+/// script checks before it): the state with the units given back, `None` when it does not
+/// parse or has nothing to give back (`lua/refund.lua` splices each step's Lua twin, the part
+/// of `lua/<algorithm>.lua` after its `@refund` line).
+pub(crate) type RefundStep = fn(&[u8], &Refund) -> Option<Packed>;
+
+/// What a refund gives back to one tier, as numbers (exact integers below 2^53).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Refund {
+    /// The units given back.
+    pub units: f64,
+    /// The start (µs) of the fixed window of `period` the units were reserved in.
+    pub start: f64,
+    /// The tier's period, µs.
+    pub period: f64,
+    /// The tier's burst.
+    pub burst: f64,
+}
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

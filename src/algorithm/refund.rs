@@ -4,6 +4,8 @@
 //! Gives units back to every tier of one route, never above a tier's capacity, and only to the
 //! window they were reserved in (the script's header states the rule per algorithm).
 
+use super::spec::packed_by_tag;
+use super::{lua_mod, Refund};
 use crate::quota::Quota;
 
 fn f64_at(s: &[u8], at: usize) -> Option<f64> {
@@ -32,6 +34,8 @@ pub(crate) fn refund(
         tiers = over;
     }
     let s = route?;
+    // The algorithm's own refund step (the sliding log has none here: see `log_refund`).
+    let step = packed_by_tag(tag).and_then(|a| a.spec().refund)?;
     let (mut at, mut stamp) = (0, 0.0);
     if s.len() != 17 && s.len() != 25 && s.first() == Some(&b'M') {
         let n = usize::from(*s.get(9)?);
@@ -70,13 +74,19 @@ pub(crate) fn refund(
         let new = match tiers.get(i - 1) {
             Some(&(period, burst)) if state.len() == len && tag_at == tag => {
                 // The start of the fixed window the units were reserved in.
-                let start = reserved - super::lua_mod(reserved, period);
-                refund_state(state, units, start, period, burst)
+                let start = reserved - lua_mod(reserved, period);
+                let refund = Refund {
+                    units,
+                    start,
+                    period,
+                    burst,
+                };
+                step(state, &refund).map(|packed| packed.as_bytes().to_vec())
             }
             _ => None,
         };
         match new {
-            Some(new) if new != state => {
+            Some(new) if new[..] != *state => {
                 out.extend_from_slice(&new);
                 changed += 1;
             }
@@ -109,54 +119,6 @@ fn tenant_reset(tenant: Option<&[u8]>) -> (f64, Option<Vec<(f64, f64)>>) {
     (f64_at(t, clen).unwrap_or(0.0), over)
 }
 
-/// One tier's state after a refund of units reserved in the fixed window starting at `start`,
-/// as `lua/refund.lua` computes it; `None` when it does not parse or has nothing to give back.
-fn refund_state(state: &[u8], units: f64, start: f64, period: f64, burst: f64) -> Option<Vec<u8>> {
-    let ok = |v: f64| (0.0..super::MAX_EXACT).contains(&v);
-    let tag = state[0];
-    let a = f64_at(state, 1)?;
-    let b = f64_at(state, 9)?;
-    let mut new = vec![tag];
-    let mut push = |v: f64| new.extend_from_slice(&v.to_le_bytes());
-    if tag == b'w' {
-        let c = b;
-        let p = f64_at(state, 17)?;
-        if !(ok(c) && ok(p)) {
-            return None;
-        }
-        push(a);
-        if a == start {
-            push((c - units).max(0.0));
-            push(p);
-        } else if a == start + period {
-            push(c);
-            push((p - units).max(0.0));
-        } else {
-            return None;
-        }
-    } else {
-        if !(ok(a) && ok(b)) {
-            return None;
-        }
-        match tag {
-            b't' => {
-                push((a - super::lua_mod(a, 1.0) + units).min(burst));
-                push(b);
-            }
-            b'g' => {
-                push(a);
-                push((b - units).max(0.0));
-            }
-            b'f' if a == start => {
-                push(a);
-                push((b - units).max(0.0));
-            }
-            _ => return None,
-        }
-    }
-    Some(new)
-}
-
 /// The sliding log's refund of `units` reserved at `reserved`: the `units` oldest entries
 /// scored at or after `reserved` removed from `log` (sorted oldest first), as
 /// `ZRANGEBYSCORE … LIMIT` and `ZREM` do in `lua/refund.lua`. Returns the entries removed.
@@ -166,6 +128,3 @@ pub(crate) fn log_refund(log: &mut super::sliding_log::Log, units: f64, reserved
     log.drain(older..older + n);
     n as u64
 }
-
-/// The refund script's body (`lua/refund.lua`).
-pub(crate) const REFUND_SOURCE: &str = include_str!("../../lua/refund.lua");

@@ -15,6 +15,7 @@ pub(crate) const SPEC: Spec = Spec {
     kind: Kind::Log,
     fields: &[],
     lua: include_str!("../../lua/sliding_log.lua"),
+    refund: None,
     window: Window::Period,
     max_burst: Some(MAX_SLIDING_LOG_BURST),
     leasing: Leasing::Refused,

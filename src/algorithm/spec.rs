@@ -9,7 +9,7 @@
 
 use std::sync::LazyLock;
 
-use super::{Algorithm, PackedStep};
+use super::{Algorithm, PackedStep, RefundStep};
 use crate::quota::Quota;
 
 /// Everything the crate knows about one algorithm, in one place.
@@ -24,8 +24,12 @@ pub(crate) struct Spec {
     /// The doubles of its state string after the tag, in order (what `inspect` shows); empty
     /// for the sliding log, which keeps a sorted set.
     pub fields: &'static [&'static str],
-    /// Its Lua step (`lua/<algorithm>.lua`), spliced into the driver.
+    /// Its Lua step (`lua/<algorithm>.lua`): the decision step, spliced into the driver, then,
+    /// after its `-- @refund` line, the refund step, spliced into `lua/refund.lua`.
     pub lua: &'static str,
+    /// How a refund gives units back to its state (the Rust twin of the Lua after `@refund`);
+    /// `None` for the sliding log, whose entries the refund script removes itself.
+    pub refund: Option<RefundStep>,
     /// The window the `RateLimit-Policy` header announces.
     pub window: Window,
     /// The largest burst it serves (`None`: any), refused with
@@ -97,7 +101,24 @@ impl Spec {
     pub(crate) const fn is_log(&self) -> bool {
         matches!(self.kind, Kind::Log)
     }
+
+    /// Its Lua decision step: the step file up to its `@refund` line.
+    pub(crate) fn lua_step(&self) -> &'static str {
+        self.lua
+            .split_once(REFUND_LINE)
+            .map_or(self.lua, |(step, _)| step)
+    }
+
+    /// Its Lua refund step: the step file after its `@refund` line (`None`: it has none).
+    pub(crate) fn lua_refund(&self) -> Option<&'static str> {
+        self.lua.split_once(REFUND_LINE).map(|(_, refund)| refund)
+    }
 }
+
+/// The line of a step file after which its refund step begins.
+const REFUND_LINE: &str = "-- @refund\n";
+
+impl Spec {}
 
 /// The packed algorithm whose state strings start with `tag`.
 pub(crate) fn packed_by_tag(tag: u8) -> Option<Algorithm> {
@@ -151,7 +172,7 @@ pub(crate) static SOURCE: LazyLock<String> = LazyLock::new(|| {
             .iter()
             .map(|a| a.spec())
             .filter(|spec| !only_packed || !spec.is_log())
-            .map(|spec| format!("  elseif alg == {} then\n{}", spec.tag, spec.lua))
+            .map(|spec| format!("  elseif alg == {} then\n{}", spec.tag, spec.lua_step()))
             .collect()
     };
     let driver = include_str!("../../lua/common.lua");
@@ -164,6 +185,23 @@ pub(crate) static SOURCE: LazyLock<String> = LazyLock::new(|| {
         2,
         "lua/common.lua has its @packed-steps and @steps lines"
     );
+    spliced
+});
+
+/// The refund script, with every algorithm's refund step spliced in as a branch at its
+/// `@refunds` line.
+pub(crate) static REFUND_SOURCE: LazyLock<String> = LazyLock::new(|| {
+    let branches: String = Algorithm::ALL
+        .iter()
+        .map(|a| a.spec())
+        .filter_map(|spec| {
+            let refund = spec.lua_refund()?;
+            Some(format!("      elseif alg == {} then\n{refund}", spec.tag))
+        })
+        .collect();
+    let script = include_str!("../../lua/refund.lua");
+    let spliced = script.replacen("      -- @refunds\n", &branches, 1);
+    assert_ne!(spliced, script, "lua/refund.lua has its @refunds line");
     spliced
 });
 
@@ -186,7 +224,7 @@ pub(crate) static CONTROL_SOURCE: LazyLock<String> = LazyLock::new(|| {
 mod tests {
     use super::*;
     use crate::algorithm::layout::{ARGS_HEADER, MAX_REPLY_MS, OVERRIDE_IDLE_MS, QUOTA_BYTES};
-    use crate::algorithm::{Args, MAX_EXACT};
+    use crate::algorithm::{Args, Refund, MAX_EXACT};
     use crate::quota::MAX_TIERS;
 
     /// The number in the script's `local NAME = <number>` line.
@@ -317,6 +355,72 @@ mod tests {
             );
             let read = format!("tag == {} and ", spec.tag);
             assert!(spec.lua.contains(&read), "{a}: its Lua step lacks {read:?}");
+        }
+    }
+
+    /// Every algorithm's refund is its own: a packed step has a Rust refund step, and a Lua one
+    /// after its `@refund` line, spliced into the refund script under its tag (and not into the
+    /// decision script); the sliding log, whose entries the refund script removes itself, has
+    /// neither. Each gives back what an admission took, in the window it was taken in.
+    #[test]
+    fn every_algorithm_refunds_its_own_state() {
+        for a in Algorithm::ALL {
+            let spec = a.spec();
+            assert_eq!(
+                spec.refund.is_some(),
+                !spec.is_log(),
+                "{a}: its Spec's refund"
+            );
+            assert_eq!(
+                spec.lua_refund().is_some(),
+                !spec.is_log(),
+                "{a}: the `-- @refund` line of lua/<algorithm>.lua"
+            );
+            let (Kind::Packed(step), Some(refund), Some(lua)) =
+                (spec.kind, spec.refund, spec.lua_refund())
+            else {
+                continue;
+            };
+            let branch = format!("elseif alg == {} then\n{lua}", spec.tag);
+            assert!(
+                REFUND_SOURCE.contains(&branch),
+                "{a}: lua/refund.lua lacks its refund"
+            );
+            assert!(
+                !SOURCE.contains(lua),
+                "{a}: its refund is in the decision script"
+            );
+            let write = format!(
+                "new = spack('<B{}', {}, ",
+                "d".repeat(spec.fields.len()),
+                spec.tag
+            );
+            assert!(lua.contains(&write), "{a}: its Lua refund lacks {write:?}");
+            // Four units taken, then given back in the same window: full again.
+            let args = |cost| Args {
+                now: 5e6,
+                cost,
+                limit: 10.0,
+                period: 1e6,
+                burst: 10.0,
+            };
+            let taken = step(None, &args(4.0)).state.expect("an admission writes");
+            let back = Refund {
+                units: 4.0,
+                start: 5e6,
+                period: 1e6,
+                burst: 10.0,
+            };
+            let given = refund(taken.as_bytes(), &back).expect("units given back");
+            assert_eq!(
+                step(Some(given.as_bytes()), &args(0.0)).remaining,
+                10.0,
+                "{a}"
+            );
+            // A refund never gives more than the capacity.
+            let full = refund(given.as_bytes(), &back);
+            let peek = full.map_or(10.0, |s| step(Some(s.as_bytes()), &args(0.0)).remaining);
+            assert_eq!(peek, 10.0, "{a}: a refund above the capacity");
         }
     }
 

@@ -8,7 +8,7 @@ use crate::quota::Quota;
 use crate::store::RefundRequest;
 
 pub(super) static REFUND: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(REFUND_SOURCE));
+    LazyLock::new(|| redis::Script::new(&REFUND_SOURCE));
 
 /// Appends a refund's `numkeys`, `KEYS` and `ARGV`.
 pub(super) fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {

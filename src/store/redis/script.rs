@@ -55,7 +55,7 @@ impl Call<'_> {
         match self {
             Call::Check(_) | Call::Split(..) => (&DECIDE, &SOURCE, Script::Decide),
             Call::Control(_) => (&CONTROL, &CONTROL_SOURCE, Script::Control),
-            Call::Refund(_) => (&REFUND, REFUND_SOURCE, Script::Refund),
+            Call::Refund(_) => (&REFUND, &REFUND_SOURCE, Script::Refund),
             Call::Block(..) => (&BLOCK, &BLOCK_WRAPPER, Script::Block),
             Call::Slots(_) => (&SLOTS, SLOTS_SOURCE, Script::Slots),
         }
