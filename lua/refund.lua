@@ -30,13 +30,15 @@
 -- is. The key keeps its TTL: a refund never makes a state last longer than the admission that
 -- wrote it.
 
-local MAX_EXACT = 9007199254740992
+-- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
+-- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
+-- src/mirror/scripts.rs), so they have one source and no call pays for a local.
 local sunpack, spack, byte, sub, call = struct.unpack, struct.pack, string.byte, string.sub,
   redis.call
 
 local args = ARGV[1] or ''
-local tiers = (#args - 25) / 24
-if #ARGV ~= 1 or not KEYS[1] or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
+local tiers = (#args - 25) / QUOTA_BYTES
+if #ARGV ~= 1 or not KEYS[1] or tiers < 1 or tiers > MAX_TIERS or tiers % 1 ~= 0 then
   return redis.error_reply('ERR redlimit: invalid refund arguments; expected the keys and ' ..
     'one argument packing now_us, algorithm, units, age_us, then limit, period_us, burst ' ..
     'per tier')
@@ -52,7 +54,7 @@ if now == -1 then
   now = t[1] * 1000000 + t[2]
 end
 local reserved = now - age
-local log = alg == 108
+local log = alg == LOG_TAG
 local skey, tkey = KEYS[1], KEYS[2]
 if log then
   tkey = KEYS[3]
@@ -65,12 +67,12 @@ end
 local quotas, qat = args, 26
 local t = redis.pcall('GET', tkey)
 local reset_us = 0
-if t and not t.err and byte(t, 1) == 77 then
-  local n = byte(t, 10)
-  local clen = 10 + 24 * (n or 0)
-  if n and n <= 8 and #t >= clen then
+if t and not t.err and byte(t, 1) == CONTROLS then
+  local n = byte(t, CONTROLS_HEAD)
+  local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
+  if n and n <= MAX_TIERS and #t >= clen then
     if n > 0 then
-      quotas, qat, tiers = t, 11, n
+      quotas, qat, tiers = t, CONTROLS_HEAD + 1, n
     end
     if #t >= clen + 8 then
       reset_us = sunpack('<d', t, clen + 1)
@@ -82,17 +84,17 @@ if s and s.err then
   s = false
 end
 local at, stamp = 1, 0
-if s and #s ~= 17 and #s ~= 25 and byte(s, 1) == 77 then
-  local n = byte(s, 10)
-  local clen = 10 + 24 * (n or 0)
-  if not (n and n <= 8 and #s >= clen) then
+if s and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN and byte(s, 1) == CONTROLS then
+  local n = byte(s, CONTROLS_HEAD)
+  local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
+  if not (n and n <= MAX_TIERS and #s >= clen) then
     return 0
   end
   if n > 0 then
-    quotas, qat, tiers = s, 11, n
+    quotas, qat, tiers = s, CONTROLS_HEAD + 1, n
   end
   at = clen + 1
-  if byte(s, at) == 69 and #s >= at + 8 then
+  if byte(s, at) == STAMP and #s >= at + 8 then
     stamp = sunpack('<d', s, at + 1)
     at = at + 9
   end
@@ -130,12 +132,12 @@ while at <= #s do
   if tag == 0 then
     out, at, i = out .. '\0', at + 1, i + 1
   else
-    local len = tag == 119 and 25 or 17
+    local len = tag == WIDE_TAG and WIDE_STATE_LEN or STATE_LEN
     local state = sub(s, at, at + len - 1)
     at, i = at + len, i + 1
     local period, burst
     if i <= tiers then
-      period, burst = sunpack('<dd', quotas, qat + 24 * (i - 1) + 8)
+      period, burst = sunpack('<dd', quotas, qat + QUOTA_BYTES * (i - 1) + 8)
     end
     local new
     if #state == len and burst and tag == alg then

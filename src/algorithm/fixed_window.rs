@@ -83,8 +83,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algorithm::testing::Reply;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
-    use crate::algorithm::Reply;
 
     const S: f64 = 1_000_000.0;
 

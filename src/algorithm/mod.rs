@@ -73,54 +73,19 @@ use std::str::FromStr;
 
 use crate::quota::{Quota, QuotaError};
 
-mod block;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
-pub(crate) mod layout;
-mod mirror;
-mod refund;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
-mod slots;
 mod spec;
 pub(crate) mod token_bucket;
 
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub(crate) use self::block::{block_us, offences_key, BLOCK_WRAPPER};
-pub(crate) use self::layout::{
-    capped_cost, is_tenant_key, learned_record_key, log_controls_key, tenant_key, Controls, Op,
-    Reply, CONTROLS, OVERRIDE_IDLE_MS, RECORD_SUFFIX, STAMP,
-};
-#[cfg(test)]
-pub(crate) use self::mirror::ttl_ms;
-pub(crate) use self::mirror::{
-    control, decide, decide_log, foreign_state, learning, marked_override, LogWrite, RecordWrite,
-    Refused, Written,
-};
-pub(crate) use self::refund::{log_refund, refund};
-pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};
 pub(crate) use self::spec::{
-    is_one_state, packed_by_tag, state_len_of, Kind, Leasing, Spec, Window, CONTROL_SOURCE,
-    REFUND_SOURCE, SOURCE,
+    is_one_state, packed_by_tag, state_len_of, Kind, Leasing, Spec, Window,
 };
-
-/// The decision script as the crate sends it (`lua/common.lua` with every step spliced in),
-/// for tests that run it by hand.
-#[cfg(feature = "test-hooks")]
-#[doc(hidden)]
-pub fn script_source() -> &'static str {
-    &SOURCE
-}
-
-/// The keys a decision on the storage key `key` names besides it, as the crate builds them:
-/// the sliding log's controls (`<key>#m`), then the tenant's (`<prefix>:{<id>}#t`). For tests.
-#[cfg(feature = "test-hooks")]
-#[doc(hidden)]
-pub fn control_keys(key: &str) -> [String; 2] {
-    [log_controls_key(key), tenant_key(key)]
-}
 
 /// The byte naming `algorithm` in the script's arguments (its state strings' first byte), for
 /// tests that run the script by hand.
@@ -241,19 +206,6 @@ impl Algorithm {
     }
 }
 
-/// The driver for one tier without controls, as the tests of each step run it: the step on the
-/// stored state, and the state to write with its TTL in ms.
-#[cfg(test)]
-pub(crate) fn drive(
-    step: PackedStep,
-    stored: Option<&[u8]>,
-    args: &Args,
-) -> (Reply, Option<(Packed, u64)>) {
-    let outcome = step(stored, args);
-    let reply = outcome.reply(args);
-    (reply, outcome.state.map(|s| (s, ttl_ms(outcome.reset_us))))
-}
-
 /// A pure step: (stored state, now, cost, quota) -> decision and the new state to store.
 pub(crate) type PackedStep = fn(Option<&[u8]>, &Args) -> Outcome<Packed>;
 
@@ -352,20 +304,6 @@ pub(crate) struct Outcome<S> {
     pub state: Option<S>,
 }
 
-impl<S> Outcome<S> {
-    /// The reply for this outcome (one tier: it is the binding one).
-    #[cfg(test)]
-    pub(crate) fn reply(&self, args: &Args) -> Reply {
-        Reply::new(
-            self.allowed,
-            args,
-            self.remaining,
-            self.retry_us,
-            self.reset_us,
-        )
-    }
-}
-
 /// The longest packed state: a tag byte and three doubles.
 const PACKED_MAX: usize = 25;
 
@@ -427,6 +365,10 @@ pub(crate) fn sane(v: f64) -> bool {
 /// 2^53: every number the scripts handle stays an exact integer below it.
 pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
+/// The longest time a reply carries (`MAX_REPLY_MS` in the scripts): 2^62 ms keeps its
+/// integers inside an i64.
+pub(crate) const MAX_REPLY_MS: i64 = 1 << 62;
+
 /// [`Clock::MAX_SKEW`](crate::clock::Clock::MAX_SKEW) in µs: `MAX_SKEW` in every Lua step.
 pub(crate) const MAX_SKEW_US: f64 = crate::clock::Clock::MAX_SKEW.as_micros() as f64;
 
@@ -466,7 +408,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{Algorithm, MAX_SKEW_US, SOURCE};
+    use super::{Algorithm, MAX_SKEW_US};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -521,12 +463,9 @@ mod tests {
     }
 
     #[test]
-    fn names_parse_back_and_every_algorithm_has_its_step() {
+    fn names_parse_back() {
         for &algorithm in Algorithm::ALL {
             assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));
-            // The one script registers every algorithm's step under its byte.
-            let registered = format!("elseif alg == {} then", algorithm.tag());
-            assert!(SOURCE.contains(&registered), "{algorithm} has no Lua step");
         }
         let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
         assert_eq!(

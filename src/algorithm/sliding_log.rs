@@ -141,7 +141,7 @@ mod tests {
 
     use super::*;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
-    use crate::algorithm::{ttl_ms, Reply};
+    use crate::algorithm::testing::{ttl_ms, Reply};
 
     const S: f64 = 1_000_000.0;
 
@@ -155,7 +155,7 @@ mod tests {
             let existed = state.is_some();
             let mut log = state.take().unwrap_or_default();
             let outcome = step(&mut log, args);
-            let reply = outcome.reply(args);
+            let reply = Reply::of(&outcome);
             let ttl = outcome.state.map(|()| ttl_ms(outcome.reset_us));
             if existed || ttl.is_some() {
                 *state = Some(log);

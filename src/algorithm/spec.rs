@@ -1,13 +1,7 @@
-//! One [`Spec`] per algorithm: its name, tag byte, kind, state fields, Lua step and header
-//! window, declared once beside its Rust step (`SPEC` in `src/algorithm/<algorithm>.rs`) and
-//! read by everything else; and the scripts spliced from them (the steps into the driver, the
-//! names into the controls).
-//!
-//! The scripts keep a few numbers and tag bytes as Lua literals (the driver runs them on every
-//! call, and a splice-time substitution would hide them from whoever reads `lua/common.lua`).
-//! The tests below hold each literal to its Rust source, so a change on one side fails there.
-
-use std::sync::LazyLock;
+//! One [`Spec`] per algorithm: its name, tag byte, kind, state fields, Lua step (with its
+//! refund), Rust refund, header window, largest burst and leasing, declared once beside its Rust
+//! step (`SPEC` in `src/algorithm/<algorithm>.rs`) and read by everything else, the scripts
+//! assembled from them included (`src/mirror/scripts.rs`).
 
 use super::{Algorithm, PackedStep, RefundStep};
 use crate::quota::Quota;
@@ -163,163 +157,10 @@ pub(crate) fn is_one_state(len: usize) -> bool {
         .any(|a| a.spec().state_len() == Some(len))
 }
 
-/// The whole decision script: the driver with every step spliced in as a branch at its
-/// `@steps` line (the loop over tiers), and every packed step once more at its `@packed-steps`
-/// line (the one-tier path, which runs the step without the loop's bookkeeping).
-pub(crate) static SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let branches = |only_packed: bool| -> String {
-        Algorithm::ALL
-            .iter()
-            .map(|a| a.spec())
-            .filter(|spec| !only_packed || !spec.is_log())
-            .map(|spec| format!("  elseif alg == {} then\n{}", spec.tag, spec.lua_step()))
-            .collect()
-    };
-    let driver = include_str!("../../lua/common.lua");
-    let spliced = driver
-        .replacen("-- @packed-steps\n", &branches(true), 1)
-        .replacen("-- @steps\n", &branches(false), 1);
-    let first = format!("elseif alg == {} then", Algorithm::ALL[0].spec().tag);
-    assert_eq!(
-        spliced.matches(&first).count(),
-        2,
-        "lua/common.lua has its @packed-steps and @steps lines"
-    );
-    spliced
-});
-
-/// The refund script, with every algorithm's refund step spliced in as a branch at its
-/// `@refunds` line.
-pub(crate) static REFUND_SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let branches: String = Algorithm::ALL
-        .iter()
-        .map(|a| a.spec())
-        .filter_map(|spec| {
-            let refund = spec.lua_refund()?;
-            Some(format!("      elseif alg == {} then\n{refund}", spec.tag))
-        })
-        .collect();
-    let script = include_str!("../../lua/refund.lua");
-    let spliced = script.replacen("      -- @refunds\n", &branches, 1);
-    assert_ne!(spliced, script, "lua/refund.lua has its @refunds line");
-    spliced
-});
-
-/// The fleet controls' script, with every algorithm's name under its tag at its `@names` line.
-pub(crate) static CONTROL_SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let names: Vec<String> = Algorithm::ALL
-        .iter()
-        .map(|a| format!("[{}] = '{}'", a.spec().tag, a.spec().name))
-        .collect();
-    let line = format!("local NAMES = {{ {} }}\n", names.join(", "));
-    let spliced = include_str!("../../lua/control.lua").replacen("-- @names\n", &line, 1);
-    assert!(
-        spliced.contains(&line),
-        "lua/control.lua has its @names line"
-    );
-    spliced
-});
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::layout::{ARGS_HEADER, MAX_REPLY_MS, OVERRIDE_IDLE_MS, QUOTA_BYTES};
-    use crate::algorithm::{Args, Refund, MAX_EXACT};
-    use crate::quota::MAX_TIERS;
-
-    /// The number in the script's `local NAME = <number>` line.
-    fn lua_constant(source: &str, name: &str) -> u64 {
-        let prefix = format!("local {name} = ");
-        let line = source
-            .lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("no `{prefix}` line"));
-        let digits: String = line.chars().take_while(char::is_ascii_digit).collect();
-        digits
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}: {line:?}"))
-    }
-
-    #[test]
-    fn the_scripts_constants_are_rusts() {
-        for source in [SOURCE.as_str(), CONTROL_SOURCE.as_str()] {
-            assert_eq!(lua_constant(source, "MAX_EXACT"), MAX_EXACT as u64);
-            assert_eq!(lua_constant(source, "OVERRIDE_IDLE_MS"), OVERRIDE_IDLE_MS);
-        }
-        assert_eq!(lua_constant(&SOURCE, "MAX_REPLY_MS"), MAX_REPLY_MS as u64);
-    }
-
-    /// The argument lengths the driver accepts (one tier's, the shortest and longest of
-    /// several, and the count of tiers) are the ones Rust packs: the header, a quota's size,
-    /// and 1 to `MAX_TIERS` tiers.
-    #[test]
-    fn the_scripts_argument_lengths_are_rusts() {
-        let len = |tiers: usize| ARGS_HEADER + QUOTA_BYTES * tiers;
-        let check = format!(
-            "len ~= {} and (len < {} or len > {} or (len - {ARGS_HEADER}) % {QUOTA_BYTES} ~= 0)",
-            len(1),
-            len(2),
-            len(MAX_TIERS),
-        );
-        assert!(SOURCE.contains(&check), "lua/common.lua checks `{check}`");
-        let tiers = format!("local tiers = (len - {ARGS_HEADER}) / {QUOTA_BYTES}\n");
-        assert!(SOURCE.contains(&tiers), "lua/common.lua has `{tiers}`");
-        let told = format!("per tier (1 to {MAX_TIERS})");
-        assert!(SOURCE.contains(&told), "the error names `{told}`");
-        assert!(SOURCE.contains(&format!("One tier packs {} bytes", len(1))));
-    }
-
-    /// The tag bytes and state lengths the scripts spell out are the specs'.
-    #[test]
-    fn the_scripts_tags_and_state_lengths_are_the_specs() {
-        let mut lens: Vec<usize> = Algorithm::ALL
-            .iter()
-            .filter_map(|a| a.spec().state_len())
-            .collect();
-        lens.sort_unstable();
-        lens.dedup();
-        let not_one = |var: &str| {
-            lens.iter()
-                .map(|len| format!("{var} ~= {len}"))
-                .collect::<Vec<_>>()
-                .join(" and ")
-        };
-        assert!(SOURCE.contains(&not_one("len")), "{}", not_one("len"));
-        assert!(CONTROL_SOURCE.contains(&not_one("#s")), "{}", not_one("#s"));
-        // The split of a key's string into tiers: every longer state by its tag, the shortest
-        // for the rest.
-        let (mut common, mut control) = (String::new(), String::new());
-        for a in Algorithm::ALL {
-            let spec = a.spec();
-            match spec.state_len() {
-                Some(len) if len != SHORTEST_STATE => {
-                    common.push_str(&format!(
-                        "      elseif tag == {} then\n        stored, at = string.sub(s, at, at + {}), at + {len}\n",
-                        spec.tag,
-                        len - 1
-                    ));
-                    control.push_str(&format!("tag == {} and {len} or ", spec.tag));
-                }
-                _ => {}
-            }
-        }
-        let s = SHORTEST_STATE;
-        common.push_str(&format!(
-            "      elseif tag then\n        stored, at = string.sub(s, at, at + {}), at + {s}\n",
-            s - 1
-        ));
-        control.push_str(&format!("{s})"));
-        assert!(
-            SOURCE.contains(&common),
-            "lua/common.lua splits by\n{common}"
-        );
-        assert!(
-            CONTROL_SOURCE.contains(&control),
-            "lua/control.lua: {control}"
-        );
-        let log = Algorithm::ALL.iter().find(|a| a.spec().is_log()).unwrap();
-        assert!(SOURCE.contains(&format!("local log = alg == {}\n", log.spec().tag)));
-    }
+    use crate::algorithm::{Args, Refund};
 
     /// Every packed step, in Rust and in Lua, writes a state of its spec's length under its spec's
     /// tag.
@@ -359,9 +200,9 @@ mod tests {
     }
 
     /// Every algorithm's refund is its own: a packed step has a Rust refund step, and a Lua one
-    /// after its `@refund` line, spliced into the refund script under its tag (and not into the
-    /// decision script); the sliding log, whose entries the refund script removes itself, has
-    /// neither. Each gives back what an admission took, in the window it was taken in.
+    /// after its `@refund` line (`src/mirror/scripts.rs` holds the splice); the sliding log,
+    /// whose entries the refund script removes itself, has neither. Each gives back what an
+    /// admission took, in the window it was taken in.
     #[test]
     fn every_algorithm_refunds_its_own_state() {
         for a in Algorithm::ALL {
@@ -381,15 +222,6 @@ mod tests {
             else {
                 continue;
             };
-            let branch = format!("elseif alg == {} then\n{lua}", spec.tag);
-            assert!(
-                REFUND_SOURCE.contains(&branch),
-                "{a}: lua/refund.lua lacks its refund"
-            );
-            assert!(
-                !SOURCE.contains(lua),
-                "{a}: its refund is in the decision script"
-            );
             let write = format!(
                 "new = spack('<B{}', {}, ",
                 "d".repeat(spec.fields.len()),
@@ -438,7 +270,7 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            // The drivers, and the production modes' scripts (src/store/redis/refund.rs, block.rs, slots.rs).
+            // The driver, the controls, and the production modes' scripts (src/mirror/scripts.rs).
             let scripts = [
                 "common.lua",
                 "control.lua",

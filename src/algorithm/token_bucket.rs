@@ -118,7 +118,7 @@ pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{testing, Reply};
+    use crate::algorithm::testing::{self, Reply};
 
     const MINUTE: f64 = 60_000_000.0;
 

@@ -2,8 +2,8 @@
 
 use std::sync::LazyLock;
 
-use crate::algorithm::layout::exact;
-use crate::algorithm::{log_controls_key, tenant_key, REFUND_SOURCE};
+use crate::mirror::layout::exact;
+use crate::mirror::{log_controls_key, tenant_key, REFUND_SOURCE};
 use crate::quota::Quota;
 use crate::store::RefundRequest;
 
