@@ -10,35 +10,39 @@
 //! identical bytes; the differential tests hold them to that.
 //!
 //! Each algorithm is declared once, in a `Spec` beside its Rust step: its name, tag byte, kind,
-//! state fields, Lua step, header window, largest burst and how its units may be leased
-//! (`Leasing`: whenever, within their window, or not at all). Everything else (the spliced
-//! script, the argument byte, the split of a key's string into tiers, `inspect`, the
+//! state fields, Lua step (with its refund step), Rust refund step, header window, largest
+//! burst and how its units may be leased (`Leasing`: whenever, within their window, or not at
+//! all). Everything else (the scripts assembled in `src/mirror/`, the argument byte,
+//! the split of a key's string into tiers, `inspect`, refunds, token leases, the
 //! `RateLimit-Policy` window) reads the spec; `Algorithm::spec` is the one exhaustive `match`.
 //!
 //! # Adding an algorithm
 //!
-//! 1. **A Lua step**, `lua/<algorithm>.lua`: pure, reading `stored`, `now`, `cost`, `limit`,
-//!    `period`, `burst` and setting `ok`, `rem`, `re`, `rs`, `state` (see `lua/common.lua`'s
-//!    header). Its state is a new tag byte and doubles.
-//! 2. **A Rust step**, `src/algorithm/<algorithm>.rs`: the mirror of the Lua step, line for
-//!    line, and its `pub(crate) const SPEC: Spec` naming the name, tag, `Kind::Packed(step)`,
-//!    field names, `include_str!` of the Lua step, the `Window`, `max_burst` and `leasing`
-//!    (token leases and settlement read it; a missing field is a compile error).
-//! 3. **One registration**, in this file: `pub(crate) mod <algorithm>;`, the variant of
-//!    [`Algorithm`] (with its doc), and its place in [`Algorithm::ALL`]. The compiler then
-//!    names the missing arm of `Algorithm::spec` (add it: `Algorithm::New => &new::SPEC`).
+//! 1. **A Lua step file**, `lua/<algorithm>.lua`: the step, pure, reading `stored`, `now`,
+//!    `cost`, `limit`, `period`, `burst` and setting `ok`, `rem`, `re`, `rs`, `state` (see
+//!    `lua/common.lua`'s header); then a `-- @refund` line and its refund step, reading `state`,
+//!    `units`, `start`, `period`, `burst` and setting `new` (see `lua/refund.lua`'s header). Its
+//!    state is a new tag byte and doubles. Shared numbers are written by their names
+//!    (`MAX_EXACT`, ...: `CONSTANTS` in `src/mirror/scripts.rs`).
+//! 2. **A Rust step file**, `src/algorithm/<algorithm>.rs`: the mirror of both Lua steps, line
+//!    for line, and its `pub(crate) const SPEC: Spec` (name, tag, `Kind::Packed(step)`, field
+//!    names, `include_str!` of the Lua file, `refund`, `Window`, `max_burst`, `leasing`; a
+//!    missing field is a compile error).
+//! 3. **The lines the compiler and `cargo test --lib` name**, all in this file:
+//!    `pub(crate) mod <algorithm>;` and the variant of [`Algorithm`] (with its doc), after which
+//!    the compiler names the missing arm of `Algorithm::spec` (`Algorithm::New => &new::SPEC`);
+//!    `every_lua_step_is_registered_once` (in `spec.rs`) fails until [`Algorithm::ALL`] lists
+//!    it; `names_parse_back` below lists the public names.
 //!
-//! The tests name the rest: the unit tests in `spec.rs` fail until `ALL` lists every step file
-//! in `lua/`, and hold the Lua step's tag, `#stored` length and `spack` layout to the spec;
-//! `names_parse_back_and_every_algorithm_has_its_step` below lists the public names; and
-//! `tests/it/fleet.rs` asks for the new state's expected field
-//! (`several_quotas_are_exact_under_concurrency_across_instances`). A throwaway copy of the
-//! fixed window took exactly these: two new files, four lines here (module, variant, `ALL`,
-//! `spec` arm), the names list, one line in `tests/it/fleet.rs`.
-//!
-//! A state of a length no algorithm has yet (today 17 and 25 bytes) also needs the driver's
-//! split of a key's string by tag (`lua/common.lua` and `lua/control.lua`); the unit test
-//! `the_scripts_tags_and_state_lengths_are_the_specs` prints the lines they must hold.
+//! The unit tests also hold the Lua step's tag, `#stored` length and `spack` layout to the spec
+//! (`spec.rs`), its refund to its Rust twin's presence and effect, and every script to the
+//! shared constants and to the two state lengths the scripts split a key's string by
+//! (`src/mirror/scripts.rs`: a state of a third length fails there, and needs the split in
+//! `lua/common.lua`, `lua/control.lua` and `lua/refund.lua`). The integration test
+//! `several_quotas_are_exact_under_concurrency_across_instances` (`tests/it/fleet.rs`) asks for
+//! the new state's expected field. A throwaway copy of the fixed window took exactly these:
+//! two new files, four lines here (module, variant, `ALL`, `spec` arm), the names list, and
+//! one line in `tests/it/fleet.rs`.
 //!
 //! # Examples
 //!
