@@ -207,8 +207,8 @@ pub enum StoredKey<'a> {
 /// The suffix of a tenant's controls and of the sliding log's, as the stores derive them.
 fn suffixes() -> (String, String) {
     let bare = "p:{k}";
-    let tenant = crate::algorithm::tenant_key(bare);
-    let log = crate::algorithm::log_controls_key(bare);
+    let tenant = crate::mirror::tenant_key(bare);
+    let log = crate::mirror::log_controls_key(bare);
     (
         tenant[bare.len()..].to_owned(),
         log[bare.len()..].to_owned(),
@@ -223,7 +223,7 @@ impl StoredKey<'_> {
         if rest == tenant {
             return Some(StoredKey::Tenant { id });
         }
-        let record = crate::algorithm::RECORD_SUFFIX;
+        let record = crate::mirror::RECORD_SUFFIX;
         let (route, derived) = if let Some(route) = rest.strip_suffix(log.as_str()) {
             (route, Some(true))
         } else if let Some(route) = rest.strip_suffix(record) {
@@ -380,8 +380,8 @@ mod tests {
         let route = limiter.storage_key("t");
         let scoped = limiter.storage_key(Target::scoped("login", "t"));
         let hashed = limiter.storage_key("{t}");
-        let tenant = crate::algorithm::tenant_key(&scoped);
-        let log = crate::algorithm::log_controls_key(&scoped);
+        let tenant = crate::mirror::tenant_key(&scoped);
+        let log = crate::mirror::log_controls_key(&scoped);
         let hashed_id = &hashed["p:{".len()..hashed.len() - 1];
         assert_eq!(
             read(&limiter, &route),
@@ -413,7 +413,7 @@ mod tests {
             })
         );
         // A learning record is not a route, whatever its scope.
-        let record = crate::algorithm::learned_record_key(&scoped).unwrap();
+        let record = crate::mirror::learned_record_key(&scoped).unwrap();
         assert_eq!(record, "p:{t}:login#l");
         assert_eq!(
             read(&limiter, &record),
@@ -422,7 +422,7 @@ mod tests {
                 scope: Some("login")
             })
         );
-        let record = crate::algorithm::learned_record_key(&route).unwrap();
+        let record = crate::mirror::learned_record_key(&route).unwrap();
         assert_eq!(
             read(&limiter, &record),
             Some(StoredKey::LearningRecord {
@@ -433,7 +433,7 @@ mod tests {
         // The route of the scope `learned` is a route, and its record is not.
         let learned = limiter.storage_key(Target::scoped("learned", "t"));
         assert_ne!(
-            crate::algorithm::learned_record_key(&route),
+            crate::mirror::learned_record_key(&route),
             Some(learned.clone())
         );
         assert!(matches!(
