@@ -1065,7 +1065,13 @@ fn inspect_shows_a_hashed_routes_own_state() {
     let redis = RedisServer::start();
     ok(&redis, &["--scope", "a b", "suspend", "t", "1m"]);
     let inspected = ok(&redis, &["inspect", "t"]);
-    assert!(!inspected.contains("suspended: no"), "{inspected}");
+    // The route's row (the unscoped key, not suspended, comes first).
+    let (_, route) = inspected.split_once("\nroute ").expect("a route row");
+    assert!(!route.contains("suspended: no"), "{inspected}");
+    assert!(
+        route.contains("  suspended: ") && route.contains("s left"),
+        "{inspected}"
+    );
 }
 
 /// The id a key (or a scope's key) is stored under: `#` and its SHA-256 when hashed.
