@@ -116,9 +116,11 @@ pub async fn run(connection: &Connection, request: &Request) -> Result<(), Failu
     let mut scoped = Vec::new();
     if request.scope.is_none() {
         for scope in routes.iter().flatten() {
-            let route = Target::stored(&tenant_id, Some(scope)).ok_or_else(|| {
-                in_redis(format!("a route id the limiter does not store: {scope}"))
-            })?;
+            // A key under the prefix that the limiter never writes (a scope id it would have
+            // hashed) holds no state it reads: listed, with no status.
+            let Some(route) = Target::stored(&tenant_id, Some(scope)) else {
+                continue;
+            };
             let status = limiter
                 .inspect(route)
                 .await
@@ -225,19 +227,21 @@ fn key_json(
     object.insert("key".into(), json!(request.key));
     object.insert("storage_key".into(), json!(storage_key));
     object.insert("route".into(), json!(request.scope));
-    object.insert("hashed".into(), json!(hashed));
-    object.insert("route_hashed".into(), json!(route_hashed));
     object.extend(show::status_json(status));
     let routes: Vec<Value> = routes
         .iter()
         .map(|(scope, status)| {
             let mut route = serde_json::Map::new();
             route.insert("route".into(), json!(scope));
-            route.insert("hashed".into(), json!(StoredKey::is_hashed_id(scope)));
             route.extend(show::status_json(status));
+            // After the fields of a name that is not hashed, which keep their places.
+            route.insert("hashed".into(), json!(StoredKey::is_hashed_id(scope)));
             Value::Object(route)
         })
         .collect();
+    // After the fields of a name that is not hashed, which keep their places (`routes` last).
+    object.insert("hashed".into(), json!(hashed));
+    object.insert("route_hashed".into(), json!(route_hashed));
     object.insert("routes".into(), Value::Array(routes));
     Value::Object(object)
 }
@@ -377,14 +381,14 @@ fn limited_text(json: bool, rows: &[Limited]) -> String {
             .map(|row| {
                 json!({
                     "tenant": row.tenant,
-                    "hashed": StoredKey::is_hashed_id(&row.tenant),
                     "route": row.route,
-                    "route_hashed": StoredKey::is_hashed_id(&row.route),
                     "remaining": row.remaining,
                     "limit": row.limit,
                     "reset_after_ms": row.reset_after.as_millis() as u64,
                     "suspended_ms": row.suspended.map(|s| s.as_millis() as u64),
                     "override": row.quota_override.as_ref().map(quotas_text),
+                    "hashed": StoredKey::is_hashed_id(&row.tenant),
+                    "route_hashed": StoredKey::is_hashed_id(&row.route),
                 })
             })
             .collect();
