@@ -761,11 +761,16 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                 let at = Instant::now();
                 // A renewal Redis ran before the reset may answer just after it.
                 sleep(Duration::from_millis(30)).await;
-                let held = fleet
+                let mut held: Vec<u64> = fleet
                     .iter()
                     .zip(before)
                     .map(|(l, b)| l.lease_stats().held.max(b))
                     .collect();
+                // docs/leases.md: "a lease ended by a reset this limiter runs" is stranded: the
+                // resetting instance spends none of the units it held after its own reset.
+                if let Some(inst) = via {
+                    held[inst] = 0;
+                }
                 epochs[key] += 1;
                 run.segments.push(Segment {
                     key,
