@@ -15,24 +15,22 @@
 
 #[path = "common/flags.rs"]
 mod flags;
+#[path = "common/upstream.rs"]
+mod upstream;
 
-use std::collections::BTreeMap;
 use std::process::{ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use bytes::Bytes;
 use flags::{invalid, redacted, CliError};
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
 use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::{failure_policy::FailClosed, quota::QuotaError, store::RedisStore};
 use redlimit::{Algorithm, Limiter, Quota};
 use tokio::io::AsyncBufReadExt;
-use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
+use upstream::{micros, now_micros, until, Upstream};
 
 const USAGE: &str = "\
 usage: cargo run --example fleet -- [OPTIONS]
@@ -126,14 +124,6 @@ fn parse(args: Vec<String>) -> Result<Options, CliError> {
     Err(invalid(refused))
 }
 
-/// What the upstream received: requests per window (its index since the epoch), total, refused.
-#[derive(Default)]
-struct Tally {
-    per_window: BTreeMap<u64, u64>,
-    total: u64,
-    too_many: u64,
-}
-
 /// The parent: Redis, the upstream, the workers, the summary.
 async fn run(o: Options) -> Result<ExitCode, Error> {
     let url = o.redis.clone().unwrap_or_else(flags::default_redis_url);
@@ -145,46 +135,46 @@ async fn run(o: Options) -> Result<ExitCode, Error> {
         );
         return Ok(ExitCode::from(2));
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    tokio::spawn(upstream(listener, tally.clone(), o.upstream, o.announce));
+    let upstream = Arc::new(Upstream::start(o.upstream, o.announce).await?);
     // One key per run: another fleet on the same Redis has an upstream of its own.
-    let key = format!("fleet-{}", addr.port());
-    let (period, limit) = (micros(o.quota.period()), o.quota.limit());
+    let key = format!("fleet-{}", upstream.addr.port());
+    let (period, limit, seconds) = (micros(o.quota.period()), o.quota.limit(), o.seconds);
     // The workers start together on a window boundary when the run covers whole windows.
     let mut start = now_micros() + 1_500_000;
-    if period <= o.seconds * 1_000_000 {
+    if period <= seconds * 1_000_000 {
         start = start.div_ceil(period) * period;
     }
-    let stop = start + o.seconds * 1_000_000;
-    let (workers, seconds, shown) = (o.workers, o.seconds, redacted(&url));
+    let stop = start + seconds * 1_000_000;
     eprintln!(
-        "fleet: {workers} worker processes share {limit} per {:?} (fixed window, key {key:?}) in \
-         Redis at {shown}, against the upstream at http://{addr}, for {seconds} s",
-        o.quota.period()
+        "fleet: {} worker processes share {limit} per {:?} (fixed window, key {key:?}) in Redis \
+         at {}, against the upstream at http://{}, for {seconds} s",
+        o.workers,
+        o.quota.period(),
+        redacted(&url),
+        upstream.addr,
     );
+    // A worker that learns a quota prints `learned LIMIT/PERIOD`: the first one counts.
     let learned = Arc::new(Mutex::new(None));
     let mut children = Vec::new();
-    for id in 1..=workers {
+    for id in 1..=o.workers {
         let numbers = [id, limit, period, start, stop, u64::from(o.learn)].map(|n| n.to_string());
         let mut child = tokio::process::Command::new(std::env::current_exe()?)
-            .args(["--worker", &addr.to_string(), &url, &key])
+            .args(["--worker", &upstream.addr.to_string(), &url, &key])
             .args(numbers)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
-        // A worker that learns a quota prints `learned LIMIT PERIOD_US`: the first one counts.
         let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
-        let (tally, learned) = (tally.clone(), learned.clone());
+        let (upstream, learned) = (upstream.clone(), learned.clone());
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
-                let words: Vec<&str> = line.split(' ').collect();
-                if let ["learned", limit, period] = words[..] {
-                    let after = tally.lock().unwrap().total;
-                    let learned = &mut *learned.lock().unwrap();
-                    learned.get_or_insert((limit.to_owned(), period.parse::<u64>(), after));
+                if let Some(quota) = line.strip_prefix("learned ") {
+                    let after = upstream.total();
+                    learned
+                        .lock()
+                        .unwrap()
+                        .get_or_insert((quota.to_owned(), after));
                 }
             }
         });
@@ -199,81 +189,17 @@ async fn run(o: Options) -> Result<ExitCode, Error> {
             failed += 1;
         }
     }
-    let tally = tally.lock().unwrap();
-    eprintln!("upstream windows: {:?}", tally.per_window.values());
     match learned.lock().unwrap().take() {
-        Some((limit, Ok(period), after)) => {
-            let (s, ms) = (period / 1_000_000, period / 1_000);
-            let shown = match period {
-                p if p % 1_000_000 == 0 => format!("{s}s"),
-                p if p % 1_000 == 0 => format!("{ms}ms"),
-                p => format!("{p}us"),
-            };
-            println!("learned quota: {limit}/{shown} after {after} responses")
-        }
-        _ if o.learn => eprintln!("no worker learned a quota (did the upstream announce one?)"),
-        _ => {}
+        Some((quota, after)) => println!("learned quota: {quota} after {after} responses"),
+        None if o.learn => eprintln!("no worker learned a quota (did the upstream announce one?)"),
+        None => {}
     }
-    let most = tally.per_window.values().max().unwrap_or(&0);
-    let (total, too_many) = (tally.total, tally.too_many);
-    println!(
-        "upstream: {total} requests in {seconds} s, {most} max in any aligned window, {too_many} \
-         answered 429"
-    );
+    println!("{}", upstream.summary(seconds));
     if failed > 0 {
-        eprintln!("error: {failed} of {workers} workers failed");
+        eprintln!("error: {failed} of {} workers failed", o.workers);
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The mock upstream: `quota` per fixed window aligned to the Unix epoch on this machine's clock,
-/// `429` with `Retry-After` (the window's end, whole seconds rounded up) beyond; with
-/// `--announce`, the quota and what is left in every answer.
-async fn upstream(
-    listener: TcpListener,
-    tally: Arc<Mutex<Tally>>,
-    quota: Quota,
-    announce: Option<String>,
-) {
-    while let Ok((stream, _)) = listener.accept().await {
-        let (tally, announce) = (tally.clone(), announce.clone());
-        let answer = hyper::service::service_fn(move |_: Request<Incoming>| {
-            let (now, period) = (now_micros(), micros(quota.period()));
-            let (window, limit) = (now / period, quota.limit());
-            let mut tally = tally.lock().unwrap();
-            tally.total += 1;
-            let count = *tally
-                .per_window
-                .entry(window)
-                .and_modify(|n| *n += 1)
-                .or_insert(1);
-            let left = limit.saturating_sub(count);
-            let reset = ((window + 1) * period - now).div_ceil(1_000_000);
-            let mut response = Response::builder();
-            if announce.as_deref() == Some("ietf") {
-                let policy = format!("\"fleet\";q={limit};w={}", quota.period().as_secs());
-                response = response.header("ratelimit-policy", policy);
-                response = response.header("ratelimit", format!("\"fleet\";r={left};t={reset}"));
-            } else if announce.is_some() {
-                let end = ((window + 1) * period).div_ceil(1_000_000);
-                let headers = [("limit", limit), ("remaining", left), ("reset", end)];
-                for (name, value) in headers {
-                    response = response.header(format!("x-ratelimit-{name}"), value);
-                }
-            }
-            if count > limit {
-                tally.too_many += 1;
-                response = response
-                    .status(StatusCode::TOO_MANY_REQUESTS)
-                    .header("retry-after", reset.max(1));
-            }
-            std::future::ready(response.body(Full::new(Bytes::from_static(b"ok"))))
-        });
-        let connection = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), answer);
-        tokio::spawn(connection);
-    }
 }
 
 /// A worker process: `ADDR REDIS_URL KEY ID LIMIT PERIOD_US START_US STOP_US LEARN`.
@@ -286,12 +212,12 @@ async fn worker(args: &[String]) -> Result<(), Error> {
         return Err("--worker: 9 arguments".into());
     };
     let quota = Quota::new(limit, Duration::from_micros(period))?;
-    // The upstream's windows on Redis's clock, one clock for the whole fleet; never an
-    // admission the store did not make.
     let store = RedisStore::new(url.as_str())?;
     // Connected, and the script loaded, before the run starts.
     let verified = store.verify().await;
     verified.map_err(|e| format!("worker {id}: Redis at {}: {e}", redacted(url)))?;
+    // The upstream's windows on Redis's clock, one clock for the whole fleet; never an
+    // admission the store did not make.
     let limiter = Limiter::builder(store)
         .algorithm(Algorithm::FixedWindow)
         .failure_policy(FailClosed::default())
@@ -304,23 +230,11 @@ async fn worker(args: &[String]) -> Result<(), Error> {
         layer = layer.learn_quota(quota); // never faster than ours
     }
     let layer = layer.build()?;
-    let stream = tokio::net::TcpStream::connect(addr.as_str()).await?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    // The layer clones its service into each call: the one kept-alive connection sits behind a lock.
-    let sender = Arc::new(tokio::sync::Mutex::new(sender));
-    let send = tower::service_fn(move |request: Request<Empty<Bytes>>| {
-        let sender = sender.clone();
-        async move {
-            let mut sender = sender.lock().await;
-            sender.ready().await?; // the previous response read to its end
-            sender.send_request(request).await
-        }
-    });
-    let mut client = ServiceBuilder::new().layer(layer.clone()).service(send);
+    let upstream = upstream::client(addr.parse()?).await?;
+    let mut client = ServiceBuilder::new().layer(layer.clone()).service(upstream);
     tokio::time::sleep(until(start)).await;
-    let (stop_at, mut sent, mut refused, mut learned) =
-        (tokio::time::Instant::now() + until(stop), 0, 0, 0);
+    let stop_at = tokio::time::Instant::now() + until(stop);
+    let (mut sent, mut refused, mut learned) = (0, 0, 0);
     while now_micros() < stop {
         // No call starts in the last 5 % (at most 50 ms) of a window: it must reach the
         // upstream in the window that admitted it.
@@ -350,8 +264,7 @@ async fn worker(args: &[String]) -> Result<(), Error> {
             learned = layer.stats().learned;
             // What is in force now, as the store holds it.
             if let Some(quotas) = limiter.inspect(key.as_str()).await?.quota_override {
-                let (limit, period) = (quotas[0].limit(), micros(quotas[0].period()));
-                println!("learned {limit} {period}");
+                println!("learned {}/{:?}", quotas[0].limit(), quotas[0].period());
             }
         }
     }
@@ -359,21 +272,4 @@ async fn worker(args: &[String]) -> Result<(), Error> {
     let line = format!("worker {id}: {sent} requests, {refused} answered 429\n");
     std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes())?;
     Ok(())
-}
-
-fn now_micros() -> u64 {
-    micros(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
-}
-
-/// How long until `at` (µs since the Unix epoch); zero if it has passed.
-fn until(at: u64) -> Duration {
-    Duration::from_micros(at.saturating_sub(now_micros()))
-}
-
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
