@@ -1,20 +1,20 @@
-//! A fleet of worker processes sharing one third-party quota through Redis, against a mock
-//! upstream that enforces the same quota in fixed windows aligned to the Unix epoch.
+//! A fleet of worker processes sharing one third-party quota through Redis with an
+//! `OutboundLayer`, against a mock upstream (`common/upstream.rs`) that enforces it too.
 //!
 //! ```text
 //! cargo run --example fleet -- [--redis URL] [--workers N] [--limit N] [--period DURATION]
 //!     [--seconds S] [--upstream-limit N] [--announce ietf|x-ratelimit] [--learn]
 //! ```
 //!
-//! Each worker (this program again, `--worker ...`) calls the upstream through an
-//! `OutboundLayer` with one key for the whole fleet (printed at start: `redlimit suspend KEY 2s`
-//! pauses every worker), as fast as the shared fixed-window limiter on Redis's clock admits, and
-//! never in the last 5 % of a window. The last line on stdout is the summary:
-//! `upstream: T requests in S s, W max in any aligned window, X answered 429`. Why this never
-//! trips the upstream, and what `--announce` and `--learn` do: docs/examples.md.
+//! Each worker (this program again, `--worker ...`) calls the upstream with one key for the whole
+//! fleet (printed at start: `redlimit suspend KEY 2s` pauses every worker), as fast as the shared
+//! fixed-window limiter on Redis's clock admits, never in the last 5 % of a window. Why this
+//! never trips the upstream, and what `--announce` and `--learn` do: docs/examples.md.
 
 #[path = "common/flags.rs"]
 mod flags;
+#[path = "common/fleet_flags.rs"]
+mod fleet_flags;
 #[path = "common/upstream.rs"]
 mod upstream;
 
@@ -22,45 +22,15 @@ use std::process::{ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flags::{invalid, redacted, CliError};
+use flags::redacted;
+use fleet_flags::{Options, USAGE};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use redlimit::outbound::{OutboundError, OutboundLayer};
-use redlimit::{failure_policy::FailClosed, quota::QuotaError, store::RedisStore};
-use redlimit::{Algorithm, Limiter, Quota};
+use redlimit::{failure_policy::FailClosed, store::RedisStore, Algorithm, Limiter, Quota};
 use tokio::io::AsyncBufReadExt;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use upstream::{micros, now_micros, until, Upstream};
-
-const USAGE: &str = "\
-usage: cargo run --example fleet -- [OPTIONS]
-
-Worker processes share one quota through Redis against a mock upstream that enforces it too.
-Ends with: upstream: T requests in S s, W max in any aligned window, X answered 429
-
-options:
-  --redis URL          the Redis the workers share [default: $REDIS_URL or
-                       redis://127.0.0.1:6379 if it answers; without one, exit 2]
-  --workers N          worker processes [default: 4, at most 64]
-  --limit N            requests per period, for the whole fleet [default: 20]
-  --period DURATION    e.g. 500ms, 1s, 1m: the upstream's fixed windows [default: 1s]
-  --seconds S          how long the workers call the upstream [default: 5, at most 3600]
-  --upstream-limit N   the upstream's own quota per period [default: --limit]
-  --announce DIALECT   the upstream announces its quota and what is left: ietf (RateLimit-Policy,
-                       RateLimit) or x-ratelimit (X-RateLimit-*) [default: it does not]
-  --learn              the workers learn the announced quota fleet-wide (at most --limit); prints
-                       learned quota: L/PERIOD after N responses
-  -h, --help           print this help";
-
-struct Options {
-    redis: Option<String>,
-    workers: u64,
-    quota: Quota,
-    seconds: u64,
-    upstream: Quota,
-    announce: Option<String>,
-    learn: bool,
-}
 
 type Error = Box<dyn std::error::Error>;
 
@@ -71,7 +41,7 @@ fn main() -> ExitCode {
         Some("--worker") => runtime
             .block_on(worker(&args[1..]))
             .map(|()| ExitCode::SUCCESS),
-        _ => match flags::or_exit(parse(args), USAGE) {
+        _ => match flags::or_exit(fleet_flags::parse(args), USAGE) {
             Ok(options) => runtime.block_on(run(options)),
             Err(code) => Ok(code),
         },
@@ -80,48 +50,6 @@ fn main() -> ExitCode {
         eprintln!("error: {error}");
         ExitCode::FAILURE
     })
-}
-
-fn parse(args: Vec<String>) -> Result<Options, CliError> {
-    let given = flags::read(USAGE, args)?;
-    if let Some(plain) = given.plain.first() {
-        return Err(invalid(format!(
-            "unexpected argument {plain:?} (see --help)"
-        )));
-    }
-    if let Some(url) = given.get("--redis") {
-        let shown = redacted(url);
-        redis::Client::open(url)
-            .map_err(|e| invalid(format!("--redis: invalid URL {shown}: {e}")))?;
-    }
-    let period = given.duration("--period", Duration::from_secs(1))?;
-    let quota = Quota::new(given.count("--limit", 20)?, period).map_err(|e| match e {
-        QuotaError::ZeroPeriod | QuotaError::PeriodTooLong => invalid(format!("--period: {e}")),
-        _ => invalid(format!("--limit: {e}")),
-    })?;
-    let upstream = Quota::new(given.count("--upstream-limit", quota.limit())?, period);
-    let options = Options {
-        redis: given.get("--redis").map(str::to_owned),
-        workers: given.count("--workers", 4)?,
-        quota,
-        seconds: given.count("--seconds", 5)?,
-        upstream: upstream.map_err(|e| invalid(format!("--upstream-limit: {e}")))?,
-        announce: given.get("--announce").map(str::to_owned),
-        learn: given.has("--learn"),
-    };
-    let supported = Algorithm::FixedWindow.supports(&quota);
-    let refused = match options.announce.as_deref() {
-        _ if options.workers > 64 => "--workers: at most 64".to_owned(),
-        _ if options.seconds > 3600 => "--seconds: at most 3600".to_owned(),
-        _ if period < Duration::from_millis(1) => "--period: at least 1ms".to_owned(),
-        _ if supported.is_err() => format!("--limit: {}", supported.unwrap_err()),
-        None => return Ok(options),
-        Some("ietf" | "x-ratelimit") if period.subsec_nanos() == 0 => return Ok(options),
-        // Both dialects count in whole seconds.
-        Some("ietf" | "x-ratelimit") => "--announce: --period must be whole seconds".to_owned(),
-        Some(other) => format!("--announce: {other:?} is neither ietf nor x-ratelimit"),
-    };
-    Err(invalid(refused))
 }
 
 /// The parent: Redis, the upstream, the workers, the summary.
@@ -145,21 +73,19 @@ async fn run(o: Options) -> Result<ExitCode, Error> {
         start = start.div_ceil(period) * period;
     }
     let stop = start + seconds * 1_000_000;
+    let (workers, addr, shown) = (o.workers, upstream.addr, redacted(&url));
     eprintln!(
-        "fleet: {} worker processes share {limit} per {:?} (fixed window, key {key:?}) in Redis \
-         at {}, against the upstream at http://{}, for {seconds} s",
-        o.workers,
-        o.quota.period(),
-        redacted(&url),
-        upstream.addr,
+        "fleet: {workers} worker processes share {limit} per {:?} (fixed window, key {key:?}) in \
+         Redis at {shown}, against the upstream at http://{addr}, for {seconds} s",
+        o.quota.period()
     );
-    // A worker that learns a quota prints `learned LIMIT/PERIOD`: the first one counts.
+    // A worker that learns a quota prints it (`LIMIT/PERIOD`) on stdout: the first one counts.
     let learned = Arc::new(Mutex::new(None));
     let mut children = Vec::new();
     for id in 1..=o.workers {
         let numbers = [id, limit, period, start, stop, u64::from(o.learn)].map(|n| n.to_string());
         let mut child = tokio::process::Command::new(std::env::current_exe()?)
-            .args(["--worker", &upstream.addr.to_string(), &url, &key])
+            .args(["--worker", &addr.to_string(), &url, &key])
             .args(numbers)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -168,14 +94,12 @@ async fn run(o: Options) -> Result<ExitCode, Error> {
         let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
         let (upstream, learned) = (upstream.clone(), learned.clone());
         tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(quota) = line.strip_prefix("learned ") {
-                    let after = upstream.total();
-                    learned
-                        .lock()
-                        .unwrap()
-                        .get_or_insert((quota.to_owned(), after));
-                }
+            while let Ok(Some(quota)) = lines.next_line().await {
+                let line = format!(
+                    "learned quota: {quota} after {} responses",
+                    upstream.total()
+                );
+                learned.lock().unwrap().get_or_insert(line);
             }
         });
         children.push((id, child));
@@ -190,13 +114,13 @@ async fn run(o: Options) -> Result<ExitCode, Error> {
         }
     }
     match learned.lock().unwrap().take() {
-        Some((quota, after)) => println!("learned quota: {quota} after {after} responses"),
+        Some(line) => println!("{line}"),
         None if o.learn => eprintln!("no worker learned a quota (did the upstream announce one?)"),
         None => {}
     }
     println!("{}", upstream.summary(seconds));
     if failed > 0 {
-        eprintln!("error: {failed} of {} workers failed", o.workers);
+        eprintln!("error: {failed} of {workers} workers failed");
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
@@ -264,7 +188,7 @@ async fn worker(args: &[String]) -> Result<(), Error> {
             learned = layer.stats().learned;
             // What is in force now, as the store holds it.
             if let Some(quotas) = limiter.inspect(key.as_str()).await?.quota_override {
-                println!("learned {}/{:?}", quotas[0].limit(), quotas[0].period());
+                println!("{}/{:?}", quotas[0].limit(), quotas[0].period());
             }
         }
     }
