@@ -105,6 +105,19 @@ impl Given {
         }
     }
 
+    /// The value of `name`, one of `choices`; the first when not given.
+    pub fn one_of<'a>(&'a self, name: &str, choices: &[&'a str]) -> Result<&'a str, CliError> {
+        let value = self.get(name).unwrap_or(choices[0]);
+        match choices.split_last() {
+            _ if choices.contains(&value) => Ok(value),
+            Some((last, rest)) => Err(invalid(format!(
+                "{name}: expected {} or {last}, got {value:?}",
+                rest.join(", ")
+            ))),
+            None => Err(invalid(format!("{name}: no choices"))),
+        }
+    }
+
     /// A count from 1 to `max`, `default` when not given.
     pub fn count_at_most(&self, name: &str, default: u64, max: u64) -> Result<u64, CliError> {
         match self.count(name, default)? {

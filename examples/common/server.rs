@@ -104,15 +104,11 @@ impl Program {
     /// The options from the process's arguments, or what to exit with.
     pub fn options(&self) -> Result<Options, std::process::ExitCode> {
         let usage = self.usage();
-        flags::or_exit(self.parse(&usage, std::env::args().skip(1)), &usage)
+        flags::or_exit(self.parse(&usage), &usage)
     }
 
-    fn parse(
-        &self,
-        usage: &str,
-        args: impl IntoIterator<Item = String>,
-    ) -> Result<Options, CliError> {
-        let given = flags::read(usage, args)?;
+    fn parse(&self, usage: &str) -> Result<Options, CliError> {
+        let given = flags::read(usage, std::env::args().skip(1))?;
         given.no_plain()?;
         let quota = given.quota(10, Duration::from_secs(60))?;
         let burst = given.count("--burst", quota.limit())?;
@@ -125,23 +121,14 @@ impl Program {
         supported
             .map_err(|e| invalid(format!("--limit/--burst for --algorithm {algorithm}: {e}")))?;
         let instances = given.count("--instances", 1)?;
-        let policy = match given.get("--on-redis-error").unwrap_or("open") {
+        let policy = match given.one_of("--on-redis-error", &["open", "closed", "local"])? {
             "local" => format!("local (instances {instances})"),
             _ if given.has("--instances") => Err(invalid(
                 "--instances applies only to --on-redis-error local",
             ))?,
-            policy @ ("open" | "closed") => policy.to_owned(),
-            other => Err(invalid(format!(
-                "--on-redis-error: expected open, closed or local, got {other:?}"
-            )))?,
+            policy => policy.to_owned(),
         };
-        let api_key = match given.get("--key").unwrap_or("ip") {
-            "ip" => false,
-            "api-key" => true,
-            other => Err(invalid(format!(
-                "--key: expected ip or api-key, got {other:?}"
-            )))?,
-        };
+        let api_key = given.one_of("--key", &["ip", "api-key"])? == "api-key";
         let metrics_bind = given
             .get("--metrics-bind")
             .map(|_| given.parsed("--metrics-bind", ""));
@@ -167,28 +154,30 @@ impl Program {
 /// The Redis the store flags name, if any: its builder, and what `store: ...` calls it
 /// (`KIND URLS`, without passwords).
 fn redis(given: &Given) -> Result<Option<(RedisStoreBuilder, String)>, CliError> {
-    let named = ["--redis", "--redis-cluster", "--redis-sentinel"].map(|f| given.get(f));
-    let master = given.get("--sentinel-master");
-    let (flag, list) = match (named, master) {
-        ([None, None, None], None) if given.has("--redis-ca") => Err(invalid(
+    let named = ["--redis", "--redis-cluster", "--redis-sentinel"];
+    let named: Vec<_> = named
+        .iter()
+        .filter_map(|&f| Some((f, given.get(f)?)))
+        .collect();
+    let (flag, list) = match (&named[..], given.get("--sentinel-master")) {
+        ([], None) if given.has("--redis-ca") => Err(invalid(
             "--redis-ca needs --redis rediss://..., --redis-cluster rediss://... or \
              --redis-sentinel rediss://...",
         ))?,
-        ([None, None, None], None) => return Ok(None),
-        ([Some(url), None, None], None) => ("--redis", url),
-        ([None, Some(urls), None], None) => ("--redis-cluster", urls),
-        ([None, None, Some(urls)], Some(_)) => ("--redis-sentinel", urls),
-        ([None, None, Some(_)], None) => Err(invalid(
+        ([], None) => return Ok(None),
+        ([("--redis-sentinel", _)], None) => Err(invalid(
             "--redis-sentinel needs --sentinel-master NAME (the name the sentinels monitor the \
              primary under)",
         ))?,
-        ([None, None, None], Some(_)) => Err(invalid(
+        ([("--redis-sentinel", _)], Some(_)) | ([_], None) => named[0],
+        ([], Some(_)) | ([_], Some(_)) => Err(invalid(
             "--sentinel-master needs --redis-sentinel URL,URL,... (the sentinels)",
         ))?,
         _ => Err(invalid(
             "give one of --redis, --redis-cluster and --redis-sentinel, once",
         ))?,
     };
+    let master = given.get("--sentinel-master");
     let urls: Vec<&str> = match flag {
         "--redis" => vec![list],
         _ => list
