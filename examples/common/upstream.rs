@@ -4,7 +4,6 @@
 //!
 //! It allows `quota` requests per fixed window aligned to the Unix epoch on this machine's clock
 //! and answers `429` with `Retry-After` (the window's end, whole seconds rounded up) beyond.
-#![allow(dead_code)] // the fleet's parent uses the server, its workers the client
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
