@@ -6,26 +6,12 @@
 //!     [--redis-cluster URL,URL,...] [--redis-ca FILE] [--metrics-bind ADDR] [--key ip|api-key]
 //! ```
 //!
-//! Each client gets `--limit` requests per `--period`: a client is its IP address. With
-//! `--key api-key` it is its `x-api-key` header when it sends one (hashed before it reaches
-//! Redis), else its IP address: only for a server behind a layer that has authenticated that
-//! header, or a client sending a fresh key per request gets a fresh quota each time. `GET /`
-//! answers `200 ok`, or `429` with `Retry-After` and the `RateLimit` headers once the client is
-//! over its quota. A flag given twice is refused.
-//!
-//! Without `--redis` the server uses the Redis at `REDIS_URL` (or `redis://127.0.0.1:6379`) when
-//! one answers, otherwise an in-memory store, and says which. With `--redis` it always uses that
-//! Redis: if it is down, `--on-redis-error` decides (`open` admits, `closed` answers 503,
-//! `local --instances N` enforces `1/N` of the quota in memory until Redis is back).
-//! `--redis-cluster` does the same on a Redis Cluster reached through any of its nodes.
-//! `rediss://` URLs use TLS; `--redis-ca FILE` trusts a private CA (PEM) instead of the system's.
-//! At start the server verifies the store (connect, `PING`, script load) and prints
-//! `store: redis URL (Redis 7.0.15)`, or `store: redis URL (not reachable yet: ...)` and starts
-//! anyway. `--metrics-bind ADDR` serves the limiter's metrics (the crate's `metrics` feature) as
-//! Prometheus text at `http://ADDR/metrics`.
-//!
-//! The command line and store selection are shared with the tonic example
-//! (`examples/common/server.rs`).
+//! Each client (its IP address, or with `--key api-key` its `x-api-key` header, hashed) gets
+//! `--limit` requests per `--period`: `GET /` answers `200 ok`, then `429` with `Retry-After` and
+//! the `RateLimit` headers. The store (a Redis, a Cluster, Sentinel, or memory when no Redis
+//! answers), the failure policy and `--metrics-bind` (Prometheus text at `http://ADDR/metrics`)
+//! come from the command line this example shares with the tonic one
+//! (`examples/common/server.rs`); every flag is in docs/examples.md.
 //!
 //! ```text
 //! $ cargo run --example axum -- --limit 3 --period 1m
@@ -40,7 +26,7 @@ use std::process::ExitCode;
 
 use axum::{routing::get, Router};
 use common::server::{self, Options, Program};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusBuilder;
 
 const PROGRAM: Program = Program {
     name: "axum",
@@ -68,7 +54,13 @@ async fn main() -> ExitCode {
 async fn run(options: Options) -> Result<(), String> {
     // Installed before the limiter exists, so that its first metrics are recorded.
     let metrics = match options.metrics_bind {
-        Some(addr) => Some((addr, install_prometheus()?)),
+        Some(addr) => {
+            let recorder = PrometheusBuilder::new().install_recorder();
+            Some((
+                addr,
+                recorder.map_err(|e| format!("cannot install the Prometheus recorder: {e}"))?,
+            ))
+        }
         None => None,
     };
     let layer = server::layer(&options).await?;
@@ -105,11 +97,4 @@ async fn run(options: Options) -> Result<(), String> {
     })
     .await
     .map_err(|e| e.to_string())
-}
-
-/// Installs the Prometheus recorder as the process's `metrics` recorder; `/metrics` renders it.
-fn install_prometheus() -> Result<PrometheusHandle, String> {
-    PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| format!("cannot install the Prometheus recorder: {e}"))
 }

@@ -9,6 +9,9 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use redlimit::quota::QuotaError;
+use redlimit::Quota;
+
 /// What the command line asked for instead of running: the help, or a usage error (status 2).
 #[derive(Debug)]
 pub enum CliError {
@@ -89,6 +92,46 @@ impl Given {
     pub fn duration(&self, name: &str, default: Duration) -> Result<Duration, CliError> {
         self.get(name).map_or(Ok(default), |value| {
             redlimit::quota::parse_duration(value).map_err(|e| invalid(format!("{name}: {e}")))
+        })
+    }
+
+    /// Refuses plain arguments: the program takes flags only.
+    pub fn no_plain(&self) -> Result<(), CliError> {
+        match self.plain.first() {
+            Some(plain) => Err(invalid(format!(
+                "unexpected argument {plain:?} (see --help)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The value of `name`, one of `choices`; the first when not given.
+    pub fn one_of<'a>(&'a self, name: &str, choices: &[&'a str]) -> Result<&'a str, CliError> {
+        let value = self.get(name).unwrap_or(choices[0]);
+        match choices.split_last() {
+            _ if choices.contains(&value) => Ok(value),
+            Some((last, rest)) => Err(invalid(format!(
+                "{name}: expected {} or {last}, got {value:?}",
+                rest.join(", ")
+            ))),
+            None => Err(invalid(format!("{name}: no choices"))),
+        }
+    }
+
+    /// A count from 1 to `max`, `default` when not given.
+    pub fn count_at_most(&self, name: &str, default: u64, max: u64) -> Result<u64, CliError> {
+        match self.count(name, default)? {
+            n if n > max => Err(invalid(format!("{name}: at most {max}"))),
+            n => Ok(n),
+        }
+    }
+
+    /// `--limit` and `--period` as a [`Quota`], an error naming the flag at fault.
+    pub fn quota(&self, limit: u64, period: Duration) -> Result<Quota, CliError> {
+        let period = self.duration("--period", period)?;
+        Quota::new(self.count("--limit", limit)?, period).map_err(|e| match e {
+            QuotaError::ZeroPeriod | QuotaError::PeriodTooLong => invalid(format!("--period: {e}")),
+            _ => invalid(format!("--limit: {e}")),
         })
     }
 

@@ -2,6 +2,9 @@
 //! flags, store and layer (`server`), and the hand-written `helloworld.Greeter` gRPC service
 //! (`greeter`, also used by the tests).
 //!
+//! The fleet example includes what it needs by path instead: `flags`, its command line
+//! (`fleet_flags.rs`) and its mock upstream (`upstream.rs`).
+//!
 //! Each example includes this folder with `mod common;`; Cargo does not build it as an example of
 //! its own (only `examples/*.rs` and `examples/*/main.rs` are).
 

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use http::request::Parts;
 use redlimit::failure_policy::{FailClosed, FailOpen, LocalFallback};
-use redlimit::key::{HeaderKey, KeyExtractor, PeerIp};
+use redlimit::key::{FnKey, HeaderKey, KeyExtractor, PeerIp};
 use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
-use redlimit::{quota::QuotaError, Algorithm, Limiter, Quota, RateLimitLayer};
+use redlimit::{Algorithm, Limiter, Quota, RateLimitLayer};
 
-use super::flags::{self, invalid, redacted, CliError};
+use super::flags::{self, invalid, redacted, CliError, Given};
 
 /// The help, and the flags it declares (`flags::read`); `METRICS` is `--metrics-bind` where the
 /// example serves metrics.
@@ -78,13 +78,15 @@ pub struct Options {
     pub bind: SocketAddr,
     #[allow(dead_code)] // read by the axum example only
     pub metrics_bind: Option<SocketAddr>,
-    store: Option<Redis>,
+    /// The flags as given: the store is built from them again for the layer, after the metrics
+    /// recorder is installed (a store records its circuit's state when built).
+    given: Given,
     quota: Quota,
     algorithm: Algorithm,
-    /// `--on-redis-error` as printed (`local (instances 3)`), and `--instances`.
-    policy: (String, u64),
+    /// `--on-redis-error` as printed: `open`, `closed` or `local (instances N)`.
+    policy: String,
+    instances: u64,
     api_key: bool,
-    shadow: bool,
 }
 
 impl Program {
@@ -102,25 +104,14 @@ impl Program {
     /// The options from the process's arguments, or what to exit with.
     pub fn options(&self) -> Result<Options, std::process::ExitCode> {
         let usage = self.usage();
-        flags::or_exit(self.parse(&usage, std::env::args().skip(1)), &usage)
+        flags::or_exit(self.parse(&usage), &usage)
     }
 
-    fn parse(
-        &self,
-        usage: &str,
-        args: impl IntoIterator<Item = String>,
-    ) -> Result<Options, CliError> {
-        let given = flags::read(usage, args)?;
-        if let Some(plain) = given.plain.first() {
-            return Err(invalid(format!("unknown argument {plain:?} (see --help)")));
-        }
-        let limit = given.count("--limit", 10)?;
-        let period = given.duration("--period", Duration::from_secs(60))?;
-        let quota = Quota::new(limit, period).map_err(|e| match e {
-            QuotaError::ZeroPeriod | QuotaError::PeriodTooLong => invalid(format!("--period: {e}")),
-            _ => invalid(format!("--limit: {e}")),
-        })?;
-        let burst = given.count("--burst", limit)?;
+    fn parse(&self, usage: &str) -> Result<Options, CliError> {
+        let given = flags::read(usage, std::env::args().skip(1))?;
+        given.no_plain()?;
+        let quota = given.quota(10, Duration::from_secs(60))?;
+        let burst = given.count("--burst", quota.limit())?;
         let quota = quota
             .with_burst(burst)
             .map_err(|e| invalid(format!("--burst: {e}")))?;
@@ -130,140 +121,88 @@ impl Program {
         supported
             .map_err(|e| invalid(format!("--limit/--burst for --algorithm {algorithm}: {e}")))?;
         let instances = given.count("--instances", 1)?;
-        let policy = match given.get("--on-redis-error").unwrap_or("open") {
-            "local" => (format!("local (instances {instances})"), instances),
-            _ if given.has("--instances") => {
-                return Err(invalid(
-                    "--instances applies only to --on-redis-error local",
-                ))
-            }
-            policy @ ("open" | "closed") => (policy.to_owned(), 0),
-            other => Err(invalid(format!(
-                "--on-redis-error: expected open, closed or local, got {other:?}"
-            )))?,
+        let policy = match given.one_of("--on-redis-error", &["open", "closed", "local"])? {
+            "local" => format!("local (instances {instances})"),
+            _ if given.has("--instances") => Err(invalid(
+                "--instances applies only to --on-redis-error local",
+            ))?,
+            policy => policy.to_owned(),
         };
-        let api_key = match given.get("--key").unwrap_or("ip") {
-            "ip" => false,
-            "api-key" => true,
-            other => Err(invalid(format!(
-                "--key: expected ip or api-key, got {other:?}"
-            )))?,
-        };
+        let api_key = given.one_of("--key", &["ip", "api-key"])? == "api-key";
         let metrics_bind = given
             .get("--metrics-bind")
             .map(|_| given.parsed("--metrics-bind", ""));
+        // Checked the way the store checks it, nothing connected yet.
+        if let Some((builder, shown)) = redis(&given)? {
+            builder
+                .build()
+                .map_err(|e| invalid(format!("invalid --{shown}: {e}")))?;
+        }
         Ok(Options {
             bind: given.parsed("--bind", self.default_bind)?,
             metrics_bind: metrics_bind.transpose()?,
-            store: store(&given, &policy.0)?,
             quota,
             algorithm,
             policy,
+            instances,
             api_key,
-            shadow: given.has("--shadow"),
+            given,
         })
     }
 }
 
-/// The Redis the store flags name.
-struct Redis {
-    flag: &'static str,
-    urls: Vec<String>,
-    master: String,
-    ca: Option<Vec<u8>>,
-    /// What `store: ...` says: `KIND URLS` without passwords.
-    shown: String,
-    /// What to warn while it does not answer.
-    warning: Option<String>,
-}
-
-impl Redis {
-    /// The store's builder; built twice: checked at parse time, then built for the layer after
-    /// the metrics recorder is installed (the store records its circuit's state when built).
-    fn builder(&self) -> RedisStoreBuilder {
-        let urls = self.urls.iter().map(String::as_str);
-        let builder = match self.flag {
-            "--redis" => RedisStore::builder(self.urls[0].as_str()),
-            "--redis-cluster" => RedisStore::cluster_builder(urls),
-            _ => RedisStore::sentinel_builder(urls, self.master.as_str()),
-        };
-        match &self.ca {
-            Some(pem) => builder.tls_ca_pem(pem.clone()),
-            None => builder,
-        }
-    }
-}
-
-/// The Redis the flags name, checked the way the store checks it (nothing connected yet).
-fn store(given: &flags::Given, policy: &str) -> Result<Option<Redis>, CliError> {
-    let named = ["--redis", "--redis-cluster", "--redis-sentinel"].map(|f| given.get(f));
-    let (flag, list) = match (named, given.get("--sentinel-master")) {
-        ([None, None, None], None) if given.has("--redis-ca") => Err(invalid(
+/// The Redis the store flags name, if any: its builder, and what `store: ...` calls it
+/// (`KIND URLS`, without passwords).
+fn redis(given: &Given) -> Result<Option<(RedisStoreBuilder, String)>, CliError> {
+    let named = ["--redis", "--redis-cluster", "--redis-sentinel"];
+    let named: Vec<_> = named
+        .iter()
+        .filter_map(|&f| Some((f, given.get(f)?)))
+        .collect();
+    let (flag, list) = match (&named[..], given.get("--sentinel-master")) {
+        ([], None) if given.has("--redis-ca") => Err(invalid(
             "--redis-ca needs --redis rediss://..., --redis-cluster rediss://... or \
              --redis-sentinel rediss://...",
         ))?,
-        ([None, None, None], None) => return Ok(None),
-        ([Some(url), None, None], None) => ("--redis", url),
-        ([None, Some(urls), None], None) => ("--redis-cluster", urls),
-        ([None, None, Some(urls)], Some(_)) => ("--redis-sentinel", urls),
-        ([None, None, Some(_)], None) => Err(invalid(
+        ([], None) => return Ok(None),
+        ([("--redis-sentinel", _)], None) => Err(invalid(
             "--redis-sentinel needs --sentinel-master NAME (the name the sentinels monitor the \
              primary under)",
         ))?,
-        ([None, None, None], Some(_)) => Err(invalid(
+        ([("--redis-sentinel", _)], Some(_)) | ([_], None) => named[0],
+        ([], Some(_)) | ([_], Some(_)) => Err(invalid(
             "--sentinel-master needs --redis-sentinel URL,URL,... (the sentinels)",
         ))?,
         _ => Err(invalid(
             "give one of --redis, --redis-cluster and --redis-sentinel, once",
         ))?,
     };
-    let urls: Vec<String> = match flag {
-        "--redis" => vec![list.to_owned()],
+    let master = given.get("--sentinel-master");
+    let urls: Vec<&str> = match flag {
+        "--redis" => vec![list],
         _ => list
             .split(',')
             .map(str::trim)
             .filter(|u| !u.is_empty())
-            .map(str::to_owned)
             .collect(),
     };
     if urls.is_empty() {
         return Err(invalid(format!("{flag} needs at least one URL")));
     }
-    let shown = urls
-        .iter()
-        .map(|u| redacted(u))
-        .collect::<Vec<_>>()
-        .join(",");
-    let master = given
-        .get("--sentinel-master")
-        .unwrap_or_default()
-        .to_owned();
-    let warning = match flag {
-        "--redis" => Some(format!(
-            "Redis at {shown} does not answer yet; --on-redis-error {policy} decides until it does"
-        )),
-        "--redis-cluster" => None,
-        _ => Some(format!(
-            "no primary named {master} reachable through the sentinels {shown} yet; \
-             --on-redis-error {policy} decides until there is"
-        )),
+    let shown: Vec<String> = urls.iter().map(|url| redacted(url)).collect();
+    let shown = format!("{} {}", &flag[2..], shown.join(","));
+    let (builder, shown) = match (flag, master) {
+        ("--redis", _) => (RedisStore::builder(urls[0]), shown),
+        (_, None) => (RedisStore::cluster_builder(urls), shown),
+        (_, Some(name)) => (
+            RedisStore::sentinel_builder(urls, name),
+            format!("{shown} master {name}"),
+        ),
     };
-    let ca = given.get("--redis-ca").map(read_ca).transpose()?;
-    let shown = match master.as_str() {
-        "" => format!("{} {shown}", &flag[2..]),
-        master => format!("{} {shown} master {master}", &flag[2..]),
-    };
-    let redis = Redis {
-        flag,
-        urls,
-        master,
-        ca,
-        shown,
-        warning,
-    };
-    let checked = redis.builder().build();
-    checked.map_err(|e| invalid(format!("{flag}: invalid {}: {e}", redis.shown)))?;
-    Ok(Some(redis))
+    Ok(Some(match given.get("--redis-ca") {
+        Some(path) => (builder.tls_ca_pem(read_ca(path)?), shown),
+        None => (builder, shown),
+    }))
 }
 
 /// `--redis-ca`'s file: a PEM certificate.
@@ -279,15 +218,18 @@ fn read_ca(path: &str) -> Result<Vec<u8>, CliError> {
 }
 
 /// The layer the example puts in front of its service: prints `store: ...` and `quota: ...`.
-pub async fn layer(options: &Options) -> Result<RateLimitLayer<ExampleKey>, String> {
-    let builder = match &options.store {
-        Some(redis) => {
-            let store = redis.builder().build().map_err(|e| e.to_string())?;
-            if !announce(&redis.shown, &store).await {
-                redis
-                    .warning
-                    .iter()
-                    .for_each(|warning| eprintln!("warning: {warning}"));
+pub async fn layer(
+    options: &Options,
+) -> Result<RateLimitLayer<impl KeyExtractor + Clone + 'static>, String> {
+    let policy = &options.policy;
+    let builder = match redis(&options.given).map_err(|e| format!("{e:?}"))? {
+        Some((builder, shown)) => {
+            let store = builder.build().map_err(|e| e.to_string())?;
+            if !announce(&shown, &store).await {
+                eprintln!(
+                    "warning: {shown} does not answer yet; --on-redis-error {policy} decides \
+                     until it does"
+                );
             }
             Limiter::builder(store)
         }
@@ -304,34 +246,34 @@ pub async fn layer(options: &Options) -> Result<RateLimitLayer<ExampleKey>, Stri
         }
     };
     let builder = builder.algorithm(options.algorithm);
-    let limiter = match (options.policy.0.as_str(), options.policy.1) {
-        ("open", _) => builder.failure_policy(FailOpen).build(),
-        ("closed", _) => builder.failure_policy(FailClosed::default()).build(),
-        (_, instances) => builder
-            .failure_policy(LocalFallback::new(instances))
-            .build(),
+    let limiter = match policy.as_str() {
+        "open" => builder.failure_policy(FailOpen),
+        "closed" => builder.failure_policy(FailClosed::default()),
+        _ => builder.failure_policy(LocalFallback::new(options.instances)),
     };
-    let (quota, algorithm, policy) = (options.quota, options.algorithm, &options.policy.0);
+    let (quota, algorithm) = (options.quota, options.algorithm);
     println!(
         "quota: {} per {:?} (burst {}), algorithm {algorithm}, on-redis-error {policy}",
         quota.limit(),
         quota.period(),
         quota.burst(),
     );
-    if options.shadow {
+    let shadow = options.given.has("--shadow");
+    if shadow {
         println!("shadow: on (every request is decided and counted, none is denied)");
     }
-    let key = ExampleKey {
-        api_key: options
-            .api_key
-            .then(|| HeaderKey::named("x-api-key").expect("a header name")),
-        ip: PeerIp::new(),
-    };
-    let layer = RateLimitLayer::builder(limiter.map_err(|e| e.to_string())?, quota, key);
-    layer
-        .shadow(options.shadow)
-        .build()
-        .map_err(|e| e.to_string())
+    // `--key api-key`: the `x-api-key` header (hashed) when sent, else the client's IP address.
+    let api_key = options
+        .api_key
+        .then(|| HeaderKey::named("x-api-key").expect("a header name"));
+    let ip = PeerIp::new();
+    let key = FnKey::new(move |parts: &Parts| {
+        let key = api_key.as_ref().and_then(|key| key.extract(parts));
+        key.or_else(|| ip.extract(parts)).map(Cow::into_owned)
+    });
+    let limiter = limiter.build().map_err(|e| e.to_string())?;
+    let layer = RateLimitLayer::builder(limiter, quota, key).shadow(shadow);
+    layer.build().map_err(|e| e.to_string())
 }
 
 /// Verifies the store (connect, PING, script load) and prints `store: SHOWN (Redis 7.0.15)` or
@@ -343,20 +285,6 @@ async fn announce(shown: &str, store: &RedisStore) -> bool {
         Err(error) => println!("store: {shown} (not reachable yet: {error})"),
     }
     verified.is_ok()
-}
-
-/// `--key`: the `x-api-key` header (hashed) when chosen and sent, else the client's IP address.
-#[derive(Debug, Clone)]
-pub struct ExampleKey {
-    api_key: Option<HeaderKey>,
-    ip: PeerIp,
-}
-
-impl KeyExtractor for ExampleKey {
-    fn extract<'a>(&'a self, parts: &'a Parts) -> Option<Cow<'a, str>> {
-        let api_key = self.api_key.as_ref().and_then(|key| key.extract(parts));
-        api_key.or_else(|| self.ip.extract(parts))
-    }
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), coloured only on a terminal.
