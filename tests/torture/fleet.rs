@@ -74,8 +74,11 @@ impl<P: FailurePolicy> FailurePolicy for Marked<P> {
     }
 }
 
-/// How far the differential run's clock moves ahead of real time after each call: more than
-/// the time between reading the clock and Redis running the script, on a loaded machine.
+/// How far the differential run's clock moves ahead of real time after each call, at least:
+/// more than the time between reading the clock and Redis running the script, on a loaded
+/// machine. The lead grows to twice the slowest Redis call seen (a Cluster on a busy machine
+/// may take longer), so that a key never expires in Redis's real time before the simulated
+/// clock says it may.
 const DIFFERENTIAL_LEAD: Duration = Duration::from_millis(25);
 
 /// The manual clock's start, in µs.
@@ -989,6 +992,7 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
     let pair = [build(None), build(Some(MemoryStore::new()))];
     let quotas = quotas(config);
     let mut differences = Vec::new();
+    let mut slowest = Duration::ZERO;
     let mut last = Instant::now();
     let mut follow = |lead: Duration| {
         let now = Instant::now();
@@ -1029,6 +1033,7 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
         for call in 0..calls {
             follow(Duration::ZERO);
             let mut answers = Vec::new();
+            let asked = Instant::now();
             for limiter in &pair {
                 let answer = match *op {
                     Op::Burst { cost, .. } => {
@@ -1060,6 +1065,9 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
                     }
                     _ => format!("{:?}", limiter.clear_quota(name).await.map(|_| ())),
                 };
+                if answers.is_empty() {
+                    slowest = slowest.max(asked.elapsed());
+                }
                 answers.push(answer);
             }
             if answers[0] != answers[1] {
@@ -1068,7 +1076,7 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
                     answers[0], answers[1]
                 ));
             }
-            follow(DIFFERENTIAL_LEAD);
+            follow(DIFFERENTIAL_LEAD.max(slowest * 2));
         }
         match *op {
             Op::Advance { ms } => manual.advance(Duration::from_millis(ms)),
