@@ -557,7 +557,10 @@ mod probes {
         assert_ne!(stored, own, "a key starting with # is stored as itself");
         // The argument form names the key stored under it, not the key that looks like it.
         let named = Target::stored(&own, None).unwrap();
-        assert_ne!(limiter.storage_key(named), limiter.storage_key(own.as_str()));
+        assert_ne!(
+            limiter.storage_key(named),
+            limiter.storage_key(own.as_str())
+        );
         let by_stored = Target::stored(&stored, None).unwrap();
         assert_eq!(
             limiter.storage_key(by_stored),
@@ -569,6 +572,9 @@ mod probes {
     fn only_hash_and_64_lower_case_hex_digits_is_a_hashed_id() {
         let hex = "0123456789abcdef".repeat(4);
         assert!(StoredKey::is_hashed_id(&format!("#{hex}")));
+        // The digits without the `#` are a plain key's id: the key itself.
+        assert!(!StoredKey::is_hashed_id(&hex));
+        assert_eq!(Target::stored(&hex, None), Some(Target::key(&hex)));
         for not in [
             format!("#{}", hex.to_uppercase()),
             format!("#{}", &hex[1..]),
@@ -576,7 +582,6 @@ mod probes {
             format!("#{}g", &hex[1..]),
             format!("#:{}", &hex[1..]),
             format!("#:{hex}"),
-            hex.clone(),
             format!(" #{}", &hex[1..]),
             "#".to_owned(),
             String::new(),

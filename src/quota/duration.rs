@@ -165,7 +165,11 @@ mod probes {
             ("10m", 600_000),
             ("0ms", 0),
         ] {
-            assert_eq!(parse_duration(text), Ok(Duration::from_millis(millis)), "{text}");
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_millis(millis)),
+                "{text}"
+            );
         }
         // Each unit's whole milliseconds, written back in that unit, parse back.
         for (unit, per) in [("ms", 1u64), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)] {
@@ -184,37 +188,24 @@ mod probes {
     fn one_past_the_largest_of_each_unit_is_too_long() {
         for (unit, per) in [("s", 1_000u64), ("m", 60_000), ("h", 3_600_000)] {
             let text = format!("{}{unit}", u64::MAX / per + 1);
-            assert_eq!(parse_duration(&text), Err(DurationError::TooLong(text.clone())));
+            assert_eq!(
+                parse_duration(&text),
+                Err(DurationError::TooLong(text.clone()))
+            );
         }
         let text = format!("{}ms", u128::from(u64::MAX) + 1);
-        assert_eq!(parse_duration(&text), Err(DurationError::TooLong(text.clone())));
+        assert_eq!(
+            parse_duration(&text),
+            Err(DurationError::TooLong(text.clone()))
+        );
     }
 
     #[test]
     fn hostile_input_is_a_typed_error() {
         for bad in [
-            "1e9999h",
-            "1e3s",
-            "0x10s",
-            "1_000s",
-            "1,000s",
-            "\t1s",
-            "1s\n",
-            "1\u{a0}s",
-            "1ｓ",
-            "1ｍs",
-            "1\u{0}s",
-            "\u{0}",
-            "1s1s",
-            "1ms1",
-            "1 h",
-            "1hr",
-            "1H",
-            "1M",
-            "1Ms",
-            "inf",
-            "NaNs",
-            "𝟏s",
+            "1e9999h", "1e3s", "0x10s", "1_000s", "1,000s", "\t1s", "1s\n", "1\u{a0}s", "1ｓ",
+            "1ｍs", "1\u{0}s", "\u{0}", "1s1s", "1ms1", "1 h", "1hr", "1H", "1M", "1Ms", "inf",
+            "NaNs", "𝟏s",
         ] {
             assert!(
                 matches!(parse_duration(bad), Err(DurationError::Malformed(_))),

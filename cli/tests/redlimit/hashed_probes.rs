@@ -50,13 +50,19 @@ async fn probe(limiter: &Limiter, key: &str, scope: Option<&str>) -> (bool, u64)
     let target = scope.map_or(Target::key(key), |s| Target::scoped(s, key));
     let verdict = limiter.check_quotas(target, &quotas(2), 0).await;
     let decision = verdict.decision().copied().expect("a decision");
-    (decision.remaining > 0 && !decision.suspended, decision.limit)
+    (
+        decision.remaining > 0 && !decision.suspended,
+        decision.limit,
+    )
 }
 
 async fn spend(limiter: &Limiter, key: &str, scope: Option<&str>) {
     let target = scope.map_or(Target::key(key), |s| Target::scoped(s, key));
     for _ in 0..2 {
-        assert!(limiter.check_quotas(target, &quotas(2), 1).await.is_allowed());
+        assert!(limiter
+            .check_quotas(target, &quotas(2), 1)
+            .await
+            .is_allowed());
     }
 }
 
@@ -79,7 +85,10 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
     let id = id_of(limiter, acme);
     let route_id = scope_id_of(limiter, route);
     assert!(id.starts_with('#') && id.len() == 65, "{id}");
-    assert!(route_id.starts_with('#') && route_id.len() == 65, "{route_id}");
+    assert!(
+        route_id.starts_with('#') && route_id.len() == 65,
+        "{route_id}"
+    );
 
     let inspected = json_ok(redis, &["inspect", &id]);
     assert_eq!(inspected["hashed"], true, "{inspected}");
@@ -91,7 +100,9 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
     );
     let routes: Vec<&Value> = inspected["routes"].as_array().unwrap().iter().collect();
     assert_eq!(routes.len(), 2, "{inspected}");
-    assert!(routes.iter().any(|r| r["route"] == route_id.as_str() && r["hashed"] == true));
+    assert!(routes
+        .iter()
+        .any(|r| r["route"] == route_id.as_str() && r["hashed"] == true));
     let scoped = json_ok(redis, &["inspect", &id, "--scope", &route_id]);
     assert_eq!(scoped["route_hashed"], true, "{scoped}");
     assert_eq!(
@@ -122,7 +133,11 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
         assert!(rows.contains(&row), "{row:?} not in {limited}");
     }
     assert!(
-        limited.as_array().unwrap().iter().all(|r| r["hashed"] == true && r["remaining"] == 0),
+        limited
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["hashed"] == true && r["remaining"] == 0),
         "{limited}"
     );
 
@@ -130,9 +145,16 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
     assert_eq!(probe(limiter, acme, None).await.0, false);
     assert_eq!(probe(limiter, acme, Some(route)).await.0, false);
     let status = limiter.inspect(Target::key(other)).await.unwrap();
-    assert_eq!(status.suspended_for, None, "another hashed tenant was suspended");
     assert_eq!(
-        limiter.inspect(Target::key(plain)).await.unwrap().suspended_for,
+        status.suspended_for, None,
+        "another hashed tenant was suspended"
+    );
+    assert_eq!(
+        limiter
+            .inspect(Target::key(plain))
+            .await
+            .unwrap()
+            .suspended_for,
         None
     );
     let limited = json_ok(redis, &["limited"]);
@@ -145,7 +167,11 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
     assert_eq!(own_rows, 1, "{limited}");
     run_ok(redis, &["resume", &id]);
     assert_eq!(
-        limiter.inspect(Target::key(acme)).await.unwrap().suspended_for,
+        limiter
+            .inspect(Target::key(acme))
+            .await
+            .unwrap()
+            .suspended_for,
         None
     );
 
@@ -164,8 +190,14 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
     assert_eq!(probe(limiter, acme, None).await.1, 2);
 
     // reset of the route, then of the tenant: only `{acme}`'s state.
-    assert!(!probe(limiter, acme, Some(route)).await.0, "spent before the reset");
-    assert!(!probe(limiter, acme, None).await.0, "spent before the reset");
+    assert!(
+        !probe(limiter, acme, Some(route)).await.0,
+        "spent before the reset"
+    );
+    assert!(
+        !probe(limiter, acme, None).await.0,
+        "spent before the reset"
+    );
     run_ok(redis, &["reset", &id, "--scope", &route_id]);
     assert!(probe(limiter, acme, Some(route)).await.0);
     assert!(!probe(limiter, acme, None).await.0);
@@ -214,7 +246,12 @@ async fn a_key_of_the_stored_form_is_named_by_its_own_stored_form_only() {
         "the argument of the stored form reached the tenant whose key it is"
     );
     run_ok(r, &["suspend", &stored, "1h"]);
-    assert!(limiter.inspect(own.as_str()).await.unwrap().suspended_for.is_some());
+    assert!(limiter
+        .inspect(own.as_str())
+        .await
+        .unwrap()
+        .suspended_for
+        .is_some());
     let shown = json_ok(r, &["inspect", &stored]);
     assert_eq!(shown["storage_key"], limiter.storage_key(own.as_str()));
     assert_eq!(shown["hashed"], true);
@@ -240,7 +277,11 @@ async fn near_misses_of_the_stored_form_name_the_tenant_of_that_key() {
         let status = limiter.inspect(key.as_str()).await.unwrap();
         assert!(status.suspended_for.is_some(), "{key} was not suspended");
         let shown = json_ok(r, &["inspect", &key]);
-        assert_eq!(shown["storage_key"], limiter.storage_key(key.as_str()), "{key}");
+        assert_eq!(
+            shown["storage_key"],
+            limiter.storage_key(key.as_str()),
+            "{key}"
+        );
         assert_eq!(shown["hashed"], true, "{key}");
         assert_ne!(shown["storage_key"], format!("redlimit:{{{key}}}"), "{key}");
     }
@@ -263,7 +304,11 @@ async fn glob_characters_in_keys_scopes_and_prefixes_reach_only_their_own_keys()
         let routes: Vec<&Value> = shown["routes"].as_array().unwrap().iter().collect();
         // `routes` lists the scoped routes (the unscoped one is the status itself).
         assert_eq!(routes.len(), 1, "{tenant}: {shown}");
-        assert_eq!(routes[0]["route"], format!("s-{tenant}"), "{tenant}: {shown}");
+        assert_eq!(
+            routes[0]["route"],
+            format!("s-{tenant}"),
+            "{tenant}: {shown}"
+        );
     }
     // A scope with glob characters and a `#` (stored hashed) names its own route of its own
     // tenant.
@@ -281,22 +326,34 @@ async fn glob_characters_in_keys_scopes_and_prefixes_reach_only_their_own_keys()
     for tenant in tenants.iter().filter(|t| **t != "a*") {
         assert!(!probe(&limiter, tenant, None).await.0, "{tenant} was reset");
     }
-    // A prefix with glob characters lists nothing of another prefix.
-    for prefix in ["re*", "redlimi?", "[r]edlimit", "redlimit\\"] {
-        let rows = json_ok(r, &["limited", "--prefix", prefix]);
-        assert_eq!(rows, serde_json::json!([]), "{prefix}");
-    }
+    // A prefix with glob characters lists nothing of another prefix: `z` of the prefix `re*`
+    // and `z2` of the default prefix, each spent on a route whose quotas `limited` knows.
+    let known = |limiter: &Limiter| {
+        let header = redlimit::key::HeaderKey::named("x-api-key").unwrap();
+        let layer =
+            redlimit::RateLimitLayer::new(limiter.clone(), Quota::per_hour(2).unwrap(), header);
+        layer.scope().to_owned()
+    };
     let other = Limiter::builder(support::redis_store(&redis))
         .prefix("re*")
         .build()
         .unwrap();
-    spend(&other, "z", None).await;
-    let rows = json_ok(r, &["limited", "--prefix", "re*"]);
-    let tenants: Vec<&str> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["tenant"].as_str().unwrap())
-        .collect();
-    assert!(tenants.iter().all(|t| *t == "z"), "{rows}");
+    spend(&other, "z", Some(&known(&other))).await;
+    spend(&limiter, "z2", Some(&known(&limiter))).await;
+    let listed = |args: &[&str]| -> Vec<String> {
+        let rows = json_ok(r, args);
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["tenant"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(listed(&["limited", "--prefix", "re*"]), ["z"]);
+    assert_eq!(listed(&["limited"]), ["z2"]);
+    for prefix in ["re?", "redlimi?", "[r]edlimit", "redlimit\\", "r*"] {
+        assert!(
+            listed(&["limited", "--prefix", prefix]).is_empty(),
+            "{prefix}"
+        );
+    }
 }
