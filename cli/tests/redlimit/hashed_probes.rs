@@ -242,7 +242,18 @@ async fn a_key_of_the_stored_form_is_named_by_its_own_stored_form_only() {
     let stored = id_of(&limiter, &own);
     assert_ne!(stored, own, "stored as itself");
 
+    // The argument names the id `own`, where nothing is stored: nothing to inspect (exit 2).
+    let nothing = run(r, &["inspect", &own]);
+    assert_eq!(nothing.status.code(), Some(2), "{nothing:?}");
+    assert!(nothing.stdout.is_empty(), "{nothing:?}");
     run_ok(r, &["suspend", &own, "1h"]);
+    let named = json_ok(r, &["inspect", &own]);
+    assert_eq!(
+        named["storage_key"],
+        format!("redlimit:{{{own}}}"),
+        "{named}"
+    );
+    assert_eq!(named["hashed"], true, "{named}");
     assert_eq!(
         limiter.inspect(own.as_str()).await.unwrap().suspended_for,
         None,
