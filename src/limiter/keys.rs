@@ -525,3 +525,162 @@ mod tests {
         }
     }
 }
+
+/// An outside review of the hashed-name promises: a stored id names exactly the key stored
+/// under it, and no name or pattern reaches another tenant's keys or leaves the prefix.
+#[cfg(test)]
+mod probes {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn limiter(prefix: &str) -> Limiter {
+        Limiter::builder(MemoryStore::new())
+            .prefix(prefix)
+            .build()
+            .unwrap()
+    }
+
+    /// The id between the braces of an unscoped storage key.
+    fn id_of(limiter: &Limiter, key: &str) -> String {
+        match limiter.stored_key(&limiter.storage_key(key)) {
+            Some(StoredKey::Route { id, scope: None }) => id.to_owned(),
+            other => panic!("{key:?} read back as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_key_of_the_hashed_form_is_stored_hashed_and_named_only_by_its_own_stored_form() {
+        let limiter = limiter("p");
+        let own = format!("#{}", "a".repeat(64));
+        let stored = id_of(&limiter, &own);
+        assert!(StoredKey::is_hashed_id(&stored));
+        assert_ne!(stored, own, "a key starting with # is stored as itself");
+        // The argument form names the key stored under it, not the key that looks like it.
+        let named = Target::stored(&own, None).unwrap();
+        assert_ne!(
+            limiter.storage_key(named),
+            limiter.storage_key(own.as_str())
+        );
+        let by_stored = Target::stored(&stored, None).unwrap();
+        assert_eq!(
+            limiter.storage_key(by_stored),
+            limiter.storage_key(own.as_str())
+        );
+    }
+
+    #[test]
+    fn only_hash_and_64_lower_case_hex_digits_is_a_hashed_id() {
+        let hex = "0123456789abcdef".repeat(4);
+        assert!(StoredKey::is_hashed_id(&format!("#{hex}")));
+        // The digits without the `#` are a plain key's id: the key itself.
+        assert!(!StoredKey::is_hashed_id(&hex));
+        assert_eq!(Target::stored(&hex, None), Some(Target::key(&hex)));
+        for not in [
+            format!("#{}", hex.to_uppercase()),
+            format!("#{}", &hex[1..]),
+            format!("#{hex}0"),
+            format!("#{}g", &hex[1..]),
+            format!("#:{}", &hex[1..]),
+            format!("#:{hex}"),
+            format!(" #{}", &hex[1..]),
+            "#".to_owned(),
+            String::new(),
+            // 65 bytes of which some are multi-byte: no panic on a non-boundary.
+            format!("#{}é", &hex[2..]),
+        ] {
+            assert!(!StoredKey::is_hashed_id(&not), "{not:?}");
+            // None of them is an id the limiter stores, so none names a stored key.
+            assert_eq!(Target::stored(&not, None), None, "{not:?}");
+            assert_eq!(Target::stored("t", Some(&not)), None, "{not:?}");
+        }
+    }
+
+    #[test]
+    fn the_shared_key_of_requests_without_one_is_never_a_stored_target() {
+        let limiter = limiter("p");
+        let shared = KeyScope::new("p", Some("s")).shared_storage_key("unkeyed");
+        let Some(StoredKey::Route { id, scope }) = limiter.stored_key(shared.as_str()) else {
+            panic!("{} did not read back as a route", shared.as_str());
+        };
+        assert!(id.starts_with(SHARED_ID_PREFIX));
+        assert_eq!(Target::stored(id, scope), None);
+        // A key named like the shared id is a key of its own, hashed.
+        assert!(StoredKey::is_hashed_id(&id_of(&limiter, id)));
+    }
+
+    #[test]
+    fn a_plain_id_with_a_hashed_scope_names_the_route_of_the_names() {
+        let limiter = limiter("p");
+        for (scope, key) in [("a#b", "t"), ("has space", "{x}"), ("#", "#k")] {
+            let named = limiter.storage_key(Target::scoped(scope, key));
+            let Some(StoredKey::Route { id, scope }) = limiter.stored_key(&named) else {
+                panic!("{named} did not read back");
+            };
+            let stored = Target::stored(id, scope).unwrap();
+            assert_eq!(limiter.storage_key(stored), named);
+            let all = Target::stored_all_routes(id).unwrap();
+            assert_eq!(
+                limiter.storage_key(all),
+                limiter.storage_key(Target::key(key))
+            );
+        }
+    }
+
+    /// Whether the Redis glob `pattern` matches `text` (the subset `*`, `?`, `\` escapes,
+    /// and `[` taken as special so that an unescaped one fails the probe).
+    fn glob(pattern: &[u8], text: &[u8]) -> bool {
+        match pattern.split_first() {
+            None => text.is_empty(),
+            Some((b'*', rest)) => (0..=text.len()).any(|i| glob(rest, &text[i..])),
+            Some((b'?', rest)) => !text.is_empty() && glob(rest, &text[1..]),
+            Some((b'[', _)) => panic!("an unescaped [ in a pattern"),
+            Some((b'\\', rest)) => match (rest.split_first(), text.split_first()) {
+                (Some((p, rest)), Some((t, text))) => p == t && glob(rest, text),
+                _ => false,
+            },
+            Some((p, rest)) => text.first() == Some(p) && glob(rest, &text[1..]),
+        }
+    }
+
+    #[test]
+    fn a_tenant_pattern_matches_only_its_tenants_keys_whatever_the_key_or_prefix() {
+        let specials = ["*", "?", "[a]", "\\", "a*", "a?b", "[", "]", "\\*", "x\\"];
+        for prefix in ["p", "p*", "p?", "p[", "p\\", "p]"] {
+            let limiter = limiter(prefix);
+            let mut keys: Vec<String> = specials.iter().map(|s| s.to_string()).collect();
+            keys.extend(["a", "ab", "axb", "x", "a}b", "a{", "#k"].map(String::from));
+            for key in &keys {
+                let pattern = limiter.tenant_pattern(key.as_str());
+                for other in &keys {
+                    let stored = [
+                        limiter.storage_key(other.as_str()),
+                        limiter.storage_key(Target::scoped("login", other)),
+                        crate::mirror::tenant_key(&limiter.storage_key(other.as_str())),
+                    ];
+                    for stored in stored {
+                        let matched = glob(pattern.as_bytes(), stored.as_bytes());
+                        let same_id = id_of(&limiter, key) == id_of(&limiter, other);
+                        // A pattern may match keys of a tenant whose id extends this one's
+                        // only after the closing brace, which no other id holds.
+                        assert_eq!(matched, same_id, "{pattern} against {stored}");
+                    }
+                }
+                // Outside the prefix: never.
+                for foreign in [format!("q:{{{key}}}"), key.clone()] {
+                    assert!(!glob(pattern.as_bytes(), foreign.as_bytes()), "{foreign}");
+                }
+            }
+            let every = limiter.key_pattern();
+            assert!(glob(every.as_bytes(), limiter.storage_key("a").as_bytes()));
+            assert!(!glob(every.as_bytes(), b"other:{a}"));
+        }
+    }
+
+    #[test]
+    fn a_hashed_ids_tenant_pattern_is_its_stored_keys() {
+        let limiter = limiter("p");
+        let id = id_of(&limiter, "{tenant}");
+        let target = Target::stored(&id, Some("login")).unwrap();
+        assert_eq!(limiter.tenant_pattern(target), format!("p:{{{id}}}*"));
+    }
+}

@@ -146,3 +146,97 @@ mod tests {
         assert!(message.len() < 200, "{message}");
     }
 }
+
+/// An outside review of [`parse_duration`]: hostile input gets a typed error (no panic, no
+/// work beyond one pass), and the documented forms parse to what they say.
+#[cfg(test)]
+mod probes {
+    use super::*;
+
+    #[test]
+    fn the_documented_forms_parse_to_what_they_say() {
+        for (text, millis) in [
+            ("500ms", 500),
+            ("1s", 1_000),
+            ("60s", 60_000),
+            ("1m", 60_000),
+            ("1h", 3_600_000),
+            ("30s", 30_000),
+            ("10m", 600_000),
+            ("0ms", 0),
+        ] {
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_millis(millis)),
+                "{text}"
+            );
+        }
+        // Each unit's whole milliseconds, written back in that unit, parse back.
+        for (unit, per) in [("ms", 1u64), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)] {
+            for n in [0, 1, 7, 59, 60, 1_000, u64::MAX / per] {
+                let text = format!("{n}{unit}");
+                assert_eq!(
+                    parse_duration(&text),
+                    Ok(Duration::from_millis(n * per)),
+                    "{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn one_past_the_largest_of_each_unit_is_too_long() {
+        for (unit, per) in [("s", 1_000u64), ("m", 60_000), ("h", 3_600_000)] {
+            let text = format!("{}{unit}", u64::MAX / per + 1);
+            assert_eq!(
+                parse_duration(&text),
+                Err(DurationError::TooLong(text.clone()))
+            );
+        }
+        let text = format!("{}ms", u128::from(u64::MAX) + 1);
+        assert_eq!(
+            parse_duration(&text),
+            Err(DurationError::TooLong(text.clone()))
+        );
+    }
+
+    #[test]
+    fn hostile_input_is_a_typed_error() {
+        for bad in [
+            "1e9999h", "1e3s", "0x10s", "1_000s", "1,000s", "\t1s", "1s\n", "1\u{a0}s", "1ｓ",
+            "1ｍs", "1\u{0}s", "\u{0}", "1s1s", "1ms1", "1 h", "1hr", "1H", "1M", "1Ms", "inf",
+            "NaNs", "𝟏s",
+        ] {
+            assert!(
+                matches!(parse_duration(bad), Err(DurationError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ten_megabyte_inputs_are_refused_with_a_short_message() {
+        let ten_mb = 10 * 1024 * 1024;
+        for (huge, too_long) in [
+            (format!("{}s", "9".repeat(ten_mb)), true),
+            (format!("{}s", "0".repeat(ten_mb)), false),
+            ("9".repeat(ten_mb), false),
+            ("é".repeat(ten_mb / 2), false),
+            (format!("1{}", "s".repeat(ten_mb)), false),
+        ] {
+            let error = parse_duration(&huge);
+            match &error {
+                Err(DurationError::TooLong(shown)) => assert!(too_long && shown.len() < 300),
+                Err(DurationError::Malformed(shown)) => assert!(!too_long && shown.len() < 300),
+                Ok(parsed) => {
+                    // Ten million zeros and a unit is zero: a whole number, as documented.
+                    assert_eq!(*parsed, Duration::ZERO);
+                    assert!(!too_long);
+                }
+            }
+            if let Err(e) = error {
+                assert!(e.to_string().len() < 400);
+            }
+        }
+    }
+}
