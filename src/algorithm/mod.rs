@@ -99,7 +99,7 @@ pub(crate) use self::mirror::{
     control, decide, decide_log, foreign_state, learning, marked_override, LogWrite, RecordWrite,
     Refused, Written,
 };
-pub(crate) use self::refund::{log_refund, refund, REFUND_SOURCE};
+pub(crate) use self::refund::{log_refund, refund, reserved_before_reset, REFUND_SOURCE};
 pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};
 pub(crate) use self::spec::{
     is_one_state, packed_by_tag, state_len_of, Kind, Leasing, Spec, Window, CONTROL_SOURCE, SOURCE,

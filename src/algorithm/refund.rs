@@ -13,14 +13,14 @@ fn f64_at(s: &[u8], at: usize) -> Option<f64> {
 
 /// What a refund of `units` reserved at `reserved` (µs) does to a route's string `route` under
 /// its tenant's string `tenant`, for the algorithm tagged `tag` (not the sliding log: see
-/// [`log_refund`]). `None`: nothing changes; else the new string and the number of tiers that
-/// got units back.
+/// [`log_refund`]). `client`: `reserved` is a client clock's (see [`reserved_before_reset`]).
+/// `None`: nothing changes; else the new string and the number of tiers that got units back.
 pub(crate) fn refund(
     route: Option<&[u8]>,
     tenant: Option<&[u8]>,
     tag: u8,
     units: f64,
-    reserved: f64,
+    (reserved, client): (f64, bool),
     quotas: &[Quota],
 ) -> Option<(Vec<u8>, u64)> {
     let mut tiers: Vec<(f64, f64)> = quotas
@@ -50,7 +50,9 @@ pub(crate) fn refund(
             at += 9;
         }
     }
-    if reset_us.0 > 0.0 && (stamp < reset_us.0 || reserved < reset_us.0) {
+    if reset_us.0 > 0.0
+        && (stamp < reset_us.0 || reserved_before_reset(reserved, reset_us.0, client))
+    {
         return None;
     }
     let mut out = s[..at].to_vec();
@@ -155,6 +157,14 @@ fn refund_state(state: &[u8], units: f64, start: f64, period: f64, burst: f64) -
         }
     }
     Some(new)
+}
+
+/// Whether units reserved at `reserved` may have been paid for before a reset at `reset_us`: a
+/// client clock's reservation within `MAX_SKEW` after it counts as before, since the reset may
+/// have been made under another client's clock up to that far behind (`lua/refund.lua`).
+pub(crate) fn reserved_before_reset(reserved: f64, reset_us: f64, client: bool) -> bool {
+    let skew = if client { super::MAX_SKEW_US } else { 0.0 };
+    reserved < reset_us + skew
 }
 
 /// The sliding log's refund of `units` reserved at `reserved`: the `units` oldest entries
