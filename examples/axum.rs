@@ -25,7 +25,7 @@
 //! Prometheus text at `http://ADDR/metrics`.
 //!
 //! The command line and store selection are shared with the tonic example
-//! (`examples/common/cli/`).
+//! (`examples/common/server.rs`).
 //!
 //! ```text
 //! $ cargo run --example axum -- --limit 3 --period 1m
@@ -39,7 +39,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use axum::{routing::get, Router};
-use common::cli::{self, Options, Program};
+use common::server::{self, Options, Program};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 const PROGRAM: Program = Program {
@@ -51,8 +51,8 @@ const PROGRAM: Program = Program {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    cli::init_tracing();
-    let options = match cli::options_or_exit(&PROGRAM) {
+    server::init_tracing();
+    let options = match PROGRAM.options() {
         Ok(options) => options,
         Err(code) => return code,
     };
@@ -71,7 +71,7 @@ async fn run(options: Options) -> Result<(), String> {
         Some(addr) => Some((addr, install_prometheus()?)),
         None => None,
     };
-    let layer = cli::layer(&options).await?;
+    let layer = server::layer(&options).await?;
     // What an operator names with `redlimit --scope` (suspensions need none).
     println!("policy: {} (scope {})", layer.policy_name(), layer.scope());
     let app = Router::new()

@@ -8,16 +8,15 @@
 //! extensions, where `PeerIp` finds it. Uses the Redis at `REDIS_URL` when set (printed without
 //! its password), otherwise the in-memory store. The address is given once, or not at all.
 
-#[allow(dead_code)] // the hyper example uses the URL redaction, not the servers' command line
-mod common;
+#[path = "common/flags.rs"]
+mod flags;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use bytes::Bytes;
-use common::cli::{redacted, CliError};
-use common::flags::{set_once, Arg, Args};
+use flags::{invalid, redacted, CliError};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -28,21 +27,15 @@ use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{Limiter, Quota, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
-const USAGE: &str =
-    "usage: cargo run --example hyper [-- ADDR | --bind ADDR]  (default 127.0.0.1:3001)";
+const USAGE: &str = "\
+usage: cargo run --example hyper [-- ADDR | --bind ADDR]  (default 127.0.0.1:3001)
+  --bind ADDR  the address to listen on, or ADDR alone";
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let bind = match parse_args(std::env::args().skip(1)) {
+    let bind = match flags::or_exit(parse_args(std::env::args().skip(1)), USAGE) {
         Ok(bind) => bind,
-        Err(CliError::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     match run(bind).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -55,26 +48,17 @@ async fn main() -> ExitCode {
 
 /// The address to listen on: `ADDR` or `--bind ADDR`, at most once.
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<String, CliError> {
-    let mut bind = None;
-    let mut args = Args::new(args);
-    while let Some(arg) = args.next_arg() {
-        match arg {
-            Arg::Flag { name, .. } if name == "-h" || name == "--help" => {
-                return Err(CliError::Help)
-            }
-            Arg::Flag { name, inline } if name == "--bind" => {
-                let value = args.value(&name, inline)?;
-                set_once(&mut bind, "the address", value)?;
-            }
-            Arg::Flag { name, .. } => {
-                return Err(CliError::Invalid(format!(
-                    "unknown argument {name:?} ({USAGE})"
-                )))
-            }
-            Arg::Plain(value) => set_once(&mut bind, "the address", value)?,
-        }
+    let given = flags::read(USAGE, args)?;
+    let mut addresses = given
+        .plain
+        .iter()
+        .map(String::as_str)
+        .chain(given.get("--bind"));
+    let bind = addresses.next().unwrap_or("127.0.0.1:3001").to_owned();
+    match addresses.next() {
+        Some(_) => Err(invalid("give the address once")),
+        None => Ok(bind),
     }
-    Ok(bind.unwrap_or_else(|| "127.0.0.1:3001".to_owned()))
 }
 
 async fn run(bind: String) -> Result<(), Box<dyn std::error::Error>> {

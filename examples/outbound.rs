@@ -10,7 +10,7 @@
 //! and gives up with a typed error at its deadline. While Redis is unreachable, `LocalFallback`
 //! keeps limiting in process. For a tower client, `redlimit::outbound::OutboundLayer` does the
 //! same in `poll_ready`, and suspends the whole fleet when the API answers 429 + `Retry-After`
-//! (see `examples/fleet/`).
+//! (see `examples/fleet.rs`).
 
 use std::time::{Duration, Instant};
 

@@ -30,8 +30,8 @@ mod common;
 use std::io::Write;
 use std::process::ExitCode;
 
-use common::cli::{self, Options, Program};
 use common::greeter::GreeterServer;
+use common::server::{self, Options, Program};
 
 const PROGRAM: Program = Program {
     name: "tonic",
@@ -42,8 +42,8 @@ const PROGRAM: Program = Program {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    cli::init_tracing();
-    let options = match cli::options_or_exit(&PROGRAM) {
+    server::init_tracing();
+    let options = match PROGRAM.options() {
         Ok(options) => options,
         Err(code) => return code,
     };
@@ -57,7 +57,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(options: Options) -> Result<(), String> {
-    let layer = cli::layer(&options).await?;
+    let layer = server::layer(&options).await?;
 
     let listener = tokio::net::TcpListener::bind(options.bind)
         .await

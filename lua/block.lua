@@ -15,7 +15,9 @@
 -- passed with no new block. The split form of a Cluster slot migration is not taken here: a
 -- refusal (TRYAGAIN) goes to the caller like any error.
 
-local MAX_EXACT = 9007199254740992
+-- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
+-- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
+-- src/mirror/scripts.rs), so they have one source and no call pays for a local.
 local sunpack, spack = struct.unpack, struct.pack
 
 local block = ARGV[2]
@@ -64,12 +66,12 @@ if type(s) ~= 'string' then
   s = false
 end
 local until_us, override, rest = 0, '\0', ''
-if s and string.byte(s, 1) == 77 and #s ~= 17 and #s ~= 25 then
-  local n = string.byte(s, 10)
-  local len = 10 + 24 * (n or 0)
-  if n and n <= 8 and #s >= len then
+if s and string.byte(s, 1) == CONTROLS and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN then
+  local n = string.byte(s, CONTROLS_HEAD)
+  local len = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
+  if n and n <= MAX_TIERS and #s >= len then
     until_us = sunpack('<d', s, 2)
-    override = string.sub(s, 10, len)
+    override = string.sub(s, CONTROLS_HEAD, len)
     rest = string.sub(s, len + 1)
   end
 end

@@ -74,11 +74,12 @@
 -- early). Redis runs the script's body on every call: the steps are spliced in rather than
 -- called, and the hot path makes no closure and no table of its own.
 
-local MAX_EXACT = 9007199254740992 -- 2^53
--- The longest time a reply carries: 2^62 ms keeps its integers inside an i64.
-local MAX_REPLY_MS = 4611686018427387904
--- An override lives until no request was admitted on its key for this long (30 days, in ms).
-local OVERRIDE_IDLE_MS = 2592000000
+-- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
+-- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
+-- src/mirror/scripts.rs), so they have one source and no call pays for a local.
+-- MAX_EXACT is 2^53; MAX_REPLY_MS, the longest time a reply carries (2^62 ms keeps its
+-- integers inside an i64); OVERRIDE_IDLE_MS, how long an override lives after the last request
+-- admitted on its key.
 -- Only what every call uses is looked up here: each lookup costs every call. A step reaches
 -- math (floor, ceil, min, max) where it needs it, off the hot path.
 local spack, sunpack, call, rpcall = struct.pack, struct.unpack, redis.call, redis.pcall
@@ -106,7 +107,7 @@ if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
   return redis.error_reply('ERR redlimit: invalid arguments; limit, period_us and burst ' ..
     'must be integers from 1 below 2^53')
 end
-local log = alg == 108
+local log = alg == LOG_TAG
 -- skey the route's string, lkey the sliding log's set, tkey the tenant's: it comes last, and a
 -- caller that sends none has no tenant controls.
 local skey, lkey = KEYS[1], KEYS[2]
@@ -155,10 +156,10 @@ else
 end
 local quotas, tover, reset_us, tuntil = args, false, 0, 0
 if t then
-  if string.byte(t, 1) == 77 then
-    local n = string.byte(t, 10)
-    local clen = 10 + 24 * (n or 0)
-    if n and n <= 8 and #t >= clen then
+  if string.byte(t, 1) == CONTROLS then
+    local n = string.byte(t, CONTROLS_HEAD)
+    local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
+    if n and n <= MAX_TIERS and #t >= clen then
       -- Suspended on every route: answered below, after the route's own controls (a route
       -- suspended for longer answers with its own end).
       tuntil = sunpack('<d', t, 2)
@@ -181,16 +182,16 @@ end
 local head, rover, stamp, at = nil, false, 0, 1
 if s then
   local len = #s
-  if len ~= 17 and len ~= 25 then
+  if len ~= STATE_LEN and len ~= WIDE_STATE_LEN then
     if s.err then
       if string.sub(s.err, 1, 9) ~= 'WRONGTYPE' then
         return s
       end
       s = false
-    elseif string.byte(s, 1) == 77 then
-      local n = string.byte(s, 10)
-      local clen = 10 + 24 * (n or 0)
-      if n and n <= 8 and len >= clen then
+    elseif string.byte(s, 1) == CONTROLS then
+      local n = string.byte(s, CONTROLS_HEAD)
+      local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
+      if n and n <= MAX_TIERS and len >= clen then
         -- Suspended (this route, or its tenant): until the later end, answered below.
         local until_us = sunpack('<d', s, 2)
         if until_us > tuntil or tuntil ~= tuntil then
@@ -201,7 +202,7 @@ if s then
         end
         at = clen + 1
         -- 'E' and a double: the tenant's reset these states were written under.
-        if string.byte(s, at) == 69 and len >= at + 8 then
+        if string.byte(s, at) == STAMP and len >= at + 8 then
           stamp = sunpack('<d', s, at + 1)
           at = at + 9
         end
@@ -227,13 +228,13 @@ if tuntil > now then
     end
   end
   if tover then
-    return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', quotas, 11))
+    return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', quotas, CONTROLS_HEAD + 1))
   end
   return spack('<BBddd', 2, 1, 0, left, left)
 end
 if tover then
   tiers = tover
-  limit, period, burst, pos = sunpack('<ddd', quotas, 11)
+  limit, period, burst, pos = sunpack('<ddd', quotas, CONTROLS_HEAD + 1)
 end
 local forget = 0 -- the sliding log's split form: its units before this µs are not counted
 if reset_us > 0 then
@@ -310,10 +311,10 @@ else
       local tag = string.byte(s, at)
       if tag == 0 then
         at = at + 1
-      elseif tag == 119 then
-        stored, at = string.sub(s, at, at + 24), at + 25
+      elseif tag == WIDE_TAG then
+        stored, at = string.sub(s, at, at + (WIDE_STATE_LEN - 1)), at + WIDE_STATE_LEN
       elseif tag then
-        stored, at = string.sub(s, at, at + 16), at + 17
+        stored, at = string.sub(s, at, at + (STATE_LEN - 1)), at + STATE_LEN
       end
     end
     local ok, rem, re, rs, state
@@ -410,7 +411,7 @@ end
 if all_ok then
   if tover then
     return spack('<BBdddddd', 5, min_i, min_rem, 0, reset_ms,
-      sunpack('<ddd', quotas, 11 + 24 * (min_i - 1)))
+      sunpack('<ddd', quotas, CONTROLS_HEAD + 1 + QUOTA_BYTES * (min_i - 1)))
   end
   if plain then
     -- One integer when it fits (see the header): packing the string costs Redis more than
@@ -427,6 +428,6 @@ if deny_re > 0 then
 end
 if tover then
   return spack('<BBdddddd', 4, deny_i, deny_rem, deny_re, reset_ms,
-    sunpack('<ddd', quotas, 11 + 24 * (deny_i - 1)))
+    sunpack('<ddd', quotas, CONTROLS_HEAD + 1 + QUOTA_BYTES * (deny_i - 1)))
 end
 return spack('<BBddd', 0, deny_i, deny_rem, deny_re, reset_ms)

@@ -35,8 +35,9 @@
 -- A route's control on a key that holds another algorithm's state (or another type) is
 -- refused with an error naming what the key holds, and changes nothing.
 
-local MAX_EXACT = 9007199254740992
-local OVERRIDE_IDLE_MS = 2592000000
+-- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
+-- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
+-- src/mirror/scripts.rs), so they have one source and no call pays for a local.
 local sunpack, spack, byte, sub, call = struct.unpack, struct.pack, string.byte, string.sub,
   redis.call
 -- NAMES: every algorithm's name under its tag byte, written here by Rust from the algorithms'
@@ -77,13 +78,13 @@ local function foreign(states)
     local tag = byte(states, at)
     if tag == 0 then
       at = at + 1
-    elseif tag == 69 then
+    elseif tag == STAMP then
       at = at + 9 -- the tenant's reset the states belong to
     else
       if tag ~= alg and NAMES[tag] then
         return NAMES[tag] .. ' state'
       end
-      at = at + (tag == 119 and 25 or 17)
+      at = at + (tag == WIDE_TAG and WIDE_STATE_LEN or STATE_LEN)
     end
   end
   return nil
@@ -91,7 +92,7 @@ end
 
 local key = KEYS[1]
 -- The sliding log's sorted set, and the route's learning record.
-local zkey = not tenant and alg == 108 and KEYS[2] or nil
+local zkey = not tenant and alg == LOG_TAG and KEYS[2] or nil
 local rkey, tkey = nil, nil
 if not tenant and (op == 113 or op == 99 or op == 97 or op == 117 or op == 105) then
   rkey = KEYS[zkey and 3 or 2]
@@ -118,12 +119,12 @@ local pttl = call('PTTL', key)
 -- Split the string into its controls and the rest: a route's states, or the tenant's reset.
 local until_us, override, rest = 0, '\0', ''
 if s then
-  if byte(s, 1) == 77 and #s ~= 17 and #s ~= 25 then
-    local n = byte(s, 10)
-    local len = 10 + 24 * (n or 0)
-    if n and n <= 8 and #s >= len then
+  if byte(s, 1) == CONTROLS and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN then
+    local n = byte(s, CONTROLS_HEAD)
+    local len = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
+    if n and n <= MAX_TIERS and #s >= len then
       until_us = sunpack('<d', s, 2)
-      override = sub(s, 10, len)
+      override = sub(s, CONTROLS_HEAD, len)
       rest = sub(s, len + 1)
     end
   elseif not tenant then
@@ -160,9 +161,9 @@ if rkey then
     record = nil
   elseif r then
     record = r
-    local n = byte(r, 1) == 77 and byte(r, 10)
-    if n and n >= 1 and n <= 8 and #r >= 10 + 24 * n then
-      marked = sub(r, 10, 9 + 24 * n + 1)
+    local n = byte(r, 1) == CONTROLS and byte(r, CONTROLS_HEAD)
+    if n and n >= 1 and n <= MAX_TIERS and #r >= CONTROLS_HEAD + QUOTA_BYTES * n then
+      marked = sub(r, CONTROLS_HEAD, CONTROLS_HEAD + QUOTA_BYTES * n)
     end
   end
 end
@@ -182,9 +183,9 @@ if op == 97 then -- 'a': an operator's override stays as it is
       if t.err and sub(t.err, 1, 9) ~= 'WRONGTYPE' then
         return t
       end
-    elseif t and byte(t, 1) == 77 then
-      local n = byte(t, 10)
-      all_routes = n ~= nil and n >= 1 and n <= 8 and #t >= 10 + 24 * n
+    elseif t and byte(t, 1) == CONTROLS then
+      local n = byte(t, CONTROLS_HEAD)
+      all_routes = n ~= nil and n >= 1 and n <= MAX_TIERS and #t >= CONTROLS_HEAD + QUOTA_BYTES * n
     end
   end
   if all_routes then
@@ -205,11 +206,11 @@ end
 if op == 105 then -- 'i'
 elseif op == 113 then -- 'q'
   local n = byte(args, pos)
-  if not n or n < 1 or n > 8 or #args ~= pos + 24 * n then
+  if not n or n < 1 or n > MAX_TIERS or #args ~= pos + QUOTA_BYTES * n then
     return invalid('set quota takes 1 to 8 quotas')
   end
   for i = 0, n - 1 do
-    local limit, period, burst = sunpack('<ddd', args, pos + 1 + 24 * i)
+    local limit, period, burst = sunpack('<ddd', args, pos + 1 + QUOTA_BYTES * i)
     if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
         period < MAX_EXACT and period % 1 == 0 and burst >= 1 and burst < MAX_EXACT and
         burst % 1 == 0) then
@@ -268,7 +269,7 @@ if op ~= 105 then
   else
     -- The controls go first; the tenant's reset the states belong to ('E') needs them.
     new = rest
-    if suspended or has_override or byte(rest, 1) == 69 then
+    if suspended or has_override or byte(rest, 1) == STAMP then
       new = 'M' .. spack('<d', suspended and until_us or 0) .. override .. rest
     end
   end
@@ -308,7 +309,7 @@ if learn_us then
   call('SET', rkey, record, 'PX', ttl)
 elseif unmark and marked then
   -- Whatever follows the record's controls stays.
-  local left = sub(record, 10 + #marked)
+  local left = sub(record, CONTROLS_HEAD + #marked)
   if left == '' then
     call('DEL', rkey)
   else

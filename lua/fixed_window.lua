@@ -53,3 +53,11 @@
   if allowed and cost > 0 then
     state = spack('<Bdd', 102, start, n)
   end
+-- @refund
+-- A refund, spliced into lua/refund.lua: reads state (this tier's, of this tag and length),
+-- units, start, period, burst; sets new (nil: unchanged). Count - units, at least 0, only when
+-- the stored window is the one the units were reserved in (another never got them).
+      local _, a, b = sunpack('<Bdd', state)
+      if a >= 0 and b >= 0 and a < MAX_EXACT and b < MAX_EXACT and a == start then
+        new = spack('<Bdd', 102, a, math.max(b - units, 0))
+      end

@@ -97,3 +97,11 @@
   if cost > 0 and (allowed or stepped_back) then
     state = spack('<Bdd', 103, at, d)
   end
+-- @refund
+-- A refund, spliced into lua/refund.lua: reads state (this tier's, of this tag and length),
+-- units, start, period, burst; sets new (nil: unchanged). Debt - units, at least 0 (draining
+-- commutes with the subtraction, so at stays).
+      local _, a, b = sunpack('<Bdd', state)
+      if a >= 0 and b >= 0 and a < MAX_EXACT and b < MAX_EXACT then
+        new = spack('<Bdd', 103, a, math.max(b - units, 0))
+      end

@@ -20,31 +20,27 @@
 -- paid for in state the reset forgot; with a client clock, within MAX_SKEW after it, since the
 -- reset's clock may be that far behind the reservation's), nor to states stored before it
 -- (fresh: full).
--- Per algorithm, a refund of u reserved at `reserved`:
---   token bucket  tokens + u, at most burst (refill needs no accounting first: the next
---                 decision refills from the same ts and caps at burst either way)
---   gcra          debt - u, at least 0 (draining commutes with the subtraction the same way)
---   fixed window  count - u, at least 0, only when the stored window is the one `reserved`
---                 falls in (another window never got these units)
---   sliding win.  the count of the window `reserved` falls in, at least 0: the current one's
---                 when the stored window is it, the previous one's when the stored window is
---                 the next; nothing otherwise
---   sliding log   the u oldest entries scored at or after `reserved` removed (its own entries
---                 are among them; an older one removed in their place leaves the log counting
---                 a newer unit, never fewer units in any window to come)
+-- Per algorithm, a refund of u reserved at `reserved` is the part of its step file after its
+-- `@refund` line (`lua/<algorithm>.lua`), spliced in below at the `@refunds` line as a branch
+-- `elseif alg == <tag byte> then <refund>`; the sliding log's is here: the u oldest entries
+-- scored at or after `reserved` removed (its own entries are among them; an older one removed
+-- in their place leaves the log counting a newer unit, never fewer units in any window to
+-- come).
 -- An estimate of `reserved` earlier than the truth can only lose a refund (a reservation made
 -- within that error after a window starts or after a reset gives nothing back), never give one
 -- to the wrong window. A state of another algorithm, or one that does not parse, is left as it
 -- is. The key keeps its TTL: a refund never makes a state last longer than the admission that
 -- wrote it.
 
-local MAX_EXACT = 9007199254740992
+-- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
+-- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
+-- src/mirror/scripts.rs), so they have one source and no call pays for a local.
 local sunpack, spack, byte, sub, call = struct.unpack, struct.pack, string.byte, string.sub,
   redis.call
 
 local args = ARGV[1] or ''
-local tiers = (#args - 25) / 24
-if #ARGV ~= 1 or not KEYS[1] or tiers < 1 or tiers > 8 or tiers % 1 ~= 0 then
+local tiers = (#args - 25) / QUOTA_BYTES
+if #ARGV ~= 1 or not KEYS[1] or tiers < 1 or tiers > MAX_TIERS or tiers % 1 ~= 0 then
   return redis.error_reply('ERR redlimit: invalid refund arguments; expected the keys and ' ..
     'one argument packing now_us, algorithm, units, age_us, then limit, period_us, burst ' ..
     'per tier')
@@ -65,7 +61,7 @@ if now == -1 then
   now = t[1] * 1000000 + t[2]
 end
 local reserved = now - age
-local log = alg == 108
+local log = alg == LOG_TAG
 local skey, tkey = KEYS[1], KEYS[2]
 if log then
   tkey = KEYS[3]
@@ -78,12 +74,12 @@ end
 local quotas, qat = args, 26
 local t = redis.pcall('GET', tkey)
 local reset_us = 0
-if t and not t.err and byte(t, 1) == 77 then
-  local n = byte(t, 10)
-  local clen = 10 + 24 * (n or 0)
-  if n and n <= 8 and #t >= clen then
+if t and not t.err and byte(t, 1) == CONTROLS then
+  local n = byte(t, CONTROLS_HEAD)
+  local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
+  if n and n <= MAX_TIERS and #t >= clen then
     if n > 0 then
-      quotas, qat, tiers = t, 11, n
+      quotas, qat, tiers = t, CONTROLS_HEAD + 1, n
     end
     if #t >= clen + 8 then
       reset_us = sunpack('<d', t, clen + 1)
@@ -95,17 +91,17 @@ if s and s.err then
   s = false
 end
 local at, stamp = 1, 0
-if s and #s ~= 17 and #s ~= 25 and byte(s, 1) == 77 then
-  local n = byte(s, 10)
-  local clen = 10 + 24 * (n or 0)
-  if not (n and n <= 8 and #s >= clen) then
+if s and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN and byte(s, 1) == CONTROLS then
+  local n = byte(s, CONTROLS_HEAD)
+  local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
+  if not (n and n <= MAX_TIERS and #s >= clen) then
     return 0
   end
   if n > 0 then
-    quotas, qat, tiers = s, 11, n
+    quotas, qat, tiers = s, CONTROLS_HEAD + 1, n
   end
   at = clen + 1
-  if byte(s, at) == 69 and #s >= at + 8 then
+  if byte(s, at) == STAMP and #s >= at + 8 then
     stamp = sunpack('<d', s, at + 1)
     at = at + 9
   end
@@ -143,37 +139,19 @@ while at <= #s do
   if tag == 0 then
     out, at, i = out .. '\0', at + 1, i + 1
   else
-    local len = tag == 119 and 25 or 17
+    local len = tag == WIDE_TAG and WIDE_STATE_LEN or STATE_LEN
     local state = sub(s, at, at + len - 1)
     at, i = at + len, i + 1
     local period, burst
     if i <= tiers then
-      period, burst = sunpack('<dd', quotas, qat + 24 * (i - 1) + 8)
+      period, burst = sunpack('<dd', quotas, qat + QUOTA_BYTES * (i - 1) + 8)
     end
     local new
     if #state == len and burst and tag == alg then
       -- The start of the fixed window the units were reserved in.
       local start = reserved - reserved % period
-      if tag == 119 then
-        local _, w, c, p = sunpack('<Bddd', state)
-        if c >= 0 and p >= 0 and c < MAX_EXACT and p < MAX_EXACT then
-          if w == start then
-            new = spack('<Bddd', 119, w, math.max(c - units, 0), p)
-          elseif w == start + period then
-            new = spack('<Bddd', 119, w, c, math.max(p - units, 0))
-          end
-        end
-      else
-        local _, a, b = sunpack('<Bdd', state)
-        if a >= 0 and b >= 0 and a < MAX_EXACT and b < MAX_EXACT then
-          if tag == 116 then
-            new = spack('<Bdd', 116, math.min(a - a % 1 + units, burst), b)
-          elseif tag == 103 then
-            new = spack('<Bdd', 103, a, math.max(b - units, 0))
-          elseif tag == 102 and a == start then
-            new = spack('<Bdd', 102, a, math.max(b - units, 0))
-          end
-        end
+      if false then
+      -- @refunds
       end
     end
     if new and new ~= state then

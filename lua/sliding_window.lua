@@ -128,3 +128,16 @@
     end
     state = spack('<Bddd', 119, start, c, p)
   end
+-- @refund
+-- A refund, spliced into lua/refund.lua: reads state (this tier's, of this tag and length),
+-- units, start, period, burst; sets new (nil: unchanged). The count of the window the units
+-- were reserved in, at least 0: the current one's when the stored window is it, the previous
+-- one's when the stored window is the next; nothing otherwise.
+      local _, w, c, p = sunpack('<Bddd', state)
+      if c >= 0 and p >= 0 and c < MAX_EXACT and p < MAX_EXACT then
+        if w == start then
+          new = spack('<Bddd', 119, w, math.max(c - units, 0), p)
+        elseif w == start + period then
+          new = spack('<Bddd', 119, w, c, math.max(p - units, 0))
+        end
+      end

@@ -98,3 +98,12 @@
   if cost > 0 and (allowed or stepped_back) then
     state = spack('<Bdd', 116, tokens, ts)
   end
+-- @refund
+-- A refund, spliced into lua/refund.lua: reads state (this tier's, of this tag and length),
+-- units, start, period, burst; sets new (nil: unchanged). Whole tokens + units, at most burst
+-- (refill needs no accounting first: the next decision refills from the same ts and caps at
+-- burst either way).
+      local _, a, b = sunpack('<Bdd', state)
+      if a >= 0 and b >= 0 and a < MAX_EXACT and b < MAX_EXACT then
+        new = spack('<Bdd', 116, math.min(a - a % 1 + units, burst), b)
+      end

@@ -109,6 +109,11 @@ mod intern;
 pub mod key;
 pub mod layer;
 pub mod limiter;
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod mirror;
+#[cfg(not(feature = "test-hooks"))]
+mod mirror;
 pub mod outbound;
 pub mod quota;
 pub mod store;

@@ -3,6 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
+mod duration;
+pub use duration::{parse_duration, DurationError};
+
 /// The largest `limit` or `burst` a quota accepts: 10^15.
 ///
 /// Counts stay exact in Lua, whose numbers are doubles (exact integers up to 2^53).

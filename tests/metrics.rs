@@ -13,7 +13,7 @@ use http::Request;
 use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redlimit::key::{HeaderKey, PeerIp};
-use redlimit::store::{CircuitBreaker, MemoryStore, RedisStore};
+use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{
     failure_policy::{FailClosed, FailOpen, FailurePolicy, LocalFallback},
     limiter::DIRECT_POLICY_LABEL,
@@ -274,16 +274,10 @@ async fn metrics_follow_real_traffic() {
     let mut redis = RedisServer::start();
     let limiter = Ctx::default()
         .timeout(redlimit::store::DEFAULT_TIMEOUT)
-        .breaker(CircuitBreaker {
-            failure_threshold: 1,
-            cool_down: Duration::from_millis(50),
-        })
+        .breaker(support::breaker_opening_after(1))
         .redis(&redis);
     let quota = Quota::per_minute(100).unwrap();
-    assert!(limiter
-        .try_check_quotas("b", &quota.into(), 1)
-        .await
-        .is_ok());
+    assert!(support::admits(&limiter, "b", &quota).await);
     redis.stop();
     for _ in 0..5 {
         let _ = limiter.try_check_quotas("b", &quota.into(), 1).await;
@@ -293,18 +287,7 @@ async fn metrics_follow_real_traffic() {
         Some(1.0)
     );
     redis.restart();
-    let mut back = false;
-    for _ in 0..200 {
-        if limiter
-            .try_check_quotas("b", &quota.into(), 1)
-            .await
-            .is_ok()
-        {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let back = support::answers_within_10s(&limiter, "b", &quota).await;
     assert!(back, "Redis answered again after the restart");
     assert_eq!(
         Metrics::take(&snapshotter).gauge("redlimit_circuit_breaker_open"),

@@ -79,7 +79,7 @@ impl Bench {
         let mut connection = connect(&self.admin.url).await;
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(redlimit::algorithm::script_source())
+            .arg(redlimit::mirror::script_source())
             .query_async(&mut connection)
             .await
             .expect("SCRIPT LOAD of the crate's script");

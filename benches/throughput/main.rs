@@ -408,14 +408,14 @@ async fn bench(settings: Settings) {
     println!("check/raw ratio: {:.2}", check_raw.median);
     println!("layer/check ratio: {:.2}", layer_check.median);
     // The order the acceptance checks read, whatever the order of `Algorithm::ALL`.
-    let costs: Vec<String> = COST_LINE_ORDER
-        .iter()
-        .map(|name| {
+    let costs: Vec<String> = cost_line_order()
+        .into_iter()
+        .map(|wanted| {
             let ratio = cost
                 .iter()
-                .find(|(algorithm, _)| algorithm.name() == *name)
+                .find(|(algorithm, _)| *algorithm == wanted)
                 .map_or(f64::NAN, |(_, ratio)| *ratio);
-            format!("{name} {ratio:.2}")
+            format!("{wanted} {ratio:.2}")
         })
         .collect();
     println!("redis cost/reference: {}", costs.join(", "));

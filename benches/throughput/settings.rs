@@ -56,14 +56,22 @@ pub(crate) const DENY_CACHE_KEYS: usize = 10_000;
 pub(crate) const RATIO_CONCURRENCY: usize = 64;
 /// The connections of the connections runs ([`RoundRobin`] over that many stores).
 pub(crate) const CONNECTIONS: [usize; 3] = [1, 2, 4];
-/// The algorithms of the `redis cost/reference` line, in its order.
-pub(crate) const COST_LINE_ORDER: [&str; 5] = [
-    "token-bucket",
-    "gcra",
-    "fixed-window",
-    "sliding-window",
-    "sliding-log",
-];
+/// The algorithms of the `redis cost/reference` line, in its order: `Algorithm::ALL`'s, with
+/// the sliding log just after the sliding window (the order the acceptance checks read), so a
+/// new algorithm joins the line in its place in `ALL`.
+pub(crate) fn cost_line_order() -> Vec<Algorithm> {
+    let mut order: Vec<Algorithm> = Algorithm::ALL
+        .iter()
+        .copied()
+        .filter(|&a| a != Algorithm::SlidingLog)
+        .collect();
+    let after_window = order
+        .iter()
+        .position(|&a| a == Algorithm::SlidingWindow)
+        .map_or(order.len(), |i| i + 1);
+    order.insert(after_window, Algorithm::SlidingLog);
+    order
+}
 /// The key prefix in Redis.
 pub(crate) const PREFIX: &str = "redlimit-bench";
 

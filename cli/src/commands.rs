@@ -37,17 +37,24 @@ pub async fn run(connection: &Connection, request: &Request) -> Result<(), Failu
             }
         };
     }
-    let target = match &request.scope {
-        Some(scope) => Target::scoped(scope, &request.key),
-        None if request.all_routes => Target::all_routes(&request.key),
-        None => Target::key(&request.key),
+    let (tenant_id, scope_id) = stored_ids(&limiter, &request.key, request.scope.as_deref());
+    let stored = match &scope_id {
+        Some(scope) => Target::stored(&tenant_id, Some(scope)),
+        None if request.all_routes => Target::stored_all_routes(&tenant_id),
+        None => Target::stored(&tenant_id, None),
     };
+    let target = stored.ok_or_else(|| {
+        Failure::Input(format!(
+            "{} is not a key this limiter can name",
+            request.shown
+        ))
+    })?;
     // Where the key has state: every route, its tenant's controls. An inspect of a key with
     // none at all, or of a route it has no state on, is an input error (nothing to show).
     let mut routes = Vec::new();
     if matches!(request.action, Action::Inspect) {
         let controls;
-        (routes, controls) = tenant_routes(connection, request, &limiter)
+        (routes, controls) = tenant_routes(connection, &limiter, target, &tenant_id)
             .await
             .map_err(in_redis)?;
         if routes.is_empty() && !controls {
@@ -57,8 +64,8 @@ pub async fn run(connection: &Connection, request: &Request) -> Result<(), Failu
                 request.shown
             )));
         }
-        if let Some(scope) = &request.scope {
-            if !routes.contains(&Some(scope.clone())) {
+        if let (Some(scope), Some(id)) = (&request.scope, &scope_id) {
+            if !routes.contains(&Some(id.clone())) {
                 return Err(Failure::Input(format!(
                     "unknown route {scope:?} for {}: it has state on {}",
                     request.shown,
@@ -109,8 +116,13 @@ pub async fn run(connection: &Connection, request: &Request) -> Result<(), Failu
     let mut scoped = Vec::new();
     if request.scope.is_none() {
         for scope in routes.iter().flatten() {
+            // A key under the prefix that the limiter never writes (a scope id it would have
+            // hashed) holds no state it reads: listed, with no status.
+            let Some(route) = Target::stored(&tenant_id, Some(scope)) else {
+                continue;
+            };
             let status = limiter
-                .inspect(Target::scoped(scope, &request.key))
+                .inspect(route)
                 .await
                 .map_err(|e| in_redis(e.to_string()))?;
             scoped.push((scope.as_str(), status));
@@ -118,7 +130,11 @@ pub async fn run(connection: &Connection, request: &Request) -> Result<(), Failu
     }
     let storage_key = limiter.storage_key(target);
     if request.json {
-        let value = key_json(request, &did, &storage_key, &status, &scoped);
+        let hashed = (
+            StoredKey::is_hashed_id(&tenant_id),
+            scope_id.as_deref().is_some_and(StoredKey::is_hashed_id),
+        );
+        let value = key_json(request, &did, &storage_key, hashed, &status, &scoped);
         return emit(&format!("{value}\n"));
     }
     let mut text = String::new();
@@ -163,13 +179,43 @@ fn limiter(
         .map_err(|e| Failure::Input(e.to_string()))
 }
 
+/// The ids of `key` and of `scope` as the store holds them (`#` and a SHA-256 when hashed): an
+/// argument that is already a hashed id (`#` and 64 lower-case hex digits) is taken as one. No
+/// key is stored as such an argument (the limiter hashes every key that starts with `#`), so
+/// this names only the key stored under that id; a key that is itself `#` and 64 hex digits is
+/// named by its own stored form.
+fn stored_ids(limiter: &Limiter, key: &str, scope: Option<&str>) -> (String, Option<String>) {
+    let tenant = if StoredKey::is_hashed_id(key) {
+        key.to_owned()
+    } else {
+        match limiter.stored_key(&limiter.storage_key(key)) {
+            Some(StoredKey::Route { id, .. }) => id.to_owned(),
+            _ => unreachable!("a limiter reads its own storage keys"),
+        }
+    };
+    let scope = scope.map(|scope| {
+        if StoredKey::is_hashed_id(scope) {
+            return scope.to_owned();
+        }
+        match limiter.stored_key(&limiter.storage_key(Target::scoped(scope, "t"))) {
+            Some(StoredKey::Route {
+                scope: Some(id), ..
+            }) => id.to_owned(),
+            _ => unreachable!("a limiter reads its own storage keys"),
+        }
+    });
+    (tenant, scope)
+}
+
 /// The key's status as one JSON object: what was done (a control), the key, its status (the
 /// route `--scope` names, else the unscoped key) and, without `--scope`, every route where the
-/// tenant has state.
+/// tenant has state; whether the tenant and the route are stored hashed (`hashed`,
+/// `route_hashed`: `storage_key` and the routes show them as `#` and the SHA-256).
 fn key_json(
     request: &Request,
     did: &str,
     storage_key: &str,
+    (hashed, route_hashed): (bool, bool),
     status: &KeyStatus,
     routes: &[(&str, KeyStatus)],
 ) -> Value {
@@ -188,29 +234,29 @@ fn key_json(
             let mut route = serde_json::Map::new();
             route.insert("route".into(), json!(scope));
             route.extend(show::status_json(status));
+            // After the fields of a name that is not hashed, which keep their places.
+            route.insert("hashed".into(), json!(StoredKey::is_hashed_id(scope)));
             Value::Object(route)
         })
         .collect();
+    // After the fields of a name that is not hashed, which keep their places (`routes` last).
+    object.insert("hashed".into(), json!(hashed));
+    object.insert("route_hashed".into(), json!(route_hashed));
     object.insert("routes".into(), Value::Array(routes));
     Value::Object(object)
 }
 
-/// The routes where the key has state, by a bounded `SCAN` of its keys: `None` for the
-/// unscoped key, `Some(scope)` for each scope, by name; and whether its tenant's controls exist.
+/// The routes where the tenant (stored as `tenant_id`) has state, by a bounded `SCAN` of its
+/// keys: `None` for the unscoped key, `Some(scope)` for each scope, by its id as stored (`#`
+/// and a SHA-256 when hashed); and whether its tenant's controls exist.
 async fn tenant_routes(
     connection: &Connection,
-    request: &Request,
     limiter: &Limiter,
+    target: Target<'_>,
+    tenant_id: &str,
 ) -> Result<(Vec<Option<String>>, bool), String> {
-    let base = limiter.storage_key(&request.key);
-    let Some(StoredKey::Route { id: tenant_id, .. }) = limiter.stored_key(&base) else {
-        unreachable!("a limiter reads its own storage keys")
-    };
     let (mut routes, mut controls) = (Vec::new(), false);
-    for key in connection
-        .scan(&limiter.tenant_pattern(&request.key))
-        .await?
-    {
+    for key in connection.scan(&limiter.tenant_pattern(target)).await? {
         // The pattern may match other tenants' keys: only this id's count.
         let route = match limiter.stored_key(&key) {
             Some(StoredKey::Tenant { id }) if id == tenant_id => {
@@ -257,12 +303,13 @@ async fn limited(
 ) -> Result<Vec<Limited>, String> {
     let mut found = Vec::new();
     for key in connection.scan(&limiter.key_pattern()).await? {
+        // Every id as stored: a hashed one (`#` and a SHA-256) is listed, and named, as such.
+        // The shared key of requests without one (`#:`) is no tenant.
         match limiter.stored_key(&key) {
-            // A hashed id cannot be named back to its key: skipped.
-            Some(StoredKey::Tenant { id }) if !id.starts_with('#') => {
+            Some(StoredKey::Tenant { id }) if Target::stored(id, None).is_some() => {
                 found.push((id.to_owned(), None));
             }
-            Some(StoredKey::Route { id, scope }) if !id.starts_with('#') => {
+            Some(StoredKey::Route { id, scope }) if Target::stored(id, scope).is_some() => {
                 found.push((id.to_owned(), Some(scope.map(str::to_owned))));
             }
             _ => {}
@@ -275,7 +322,7 @@ async fn limited(
         let Some(route) = route else {
             // The tenant's controls: a suspension of every route.
             let status = limiter
-                .inspect(tenant.as_str())
+                .inspect(stored_target(&tenant, None)?)
                 .await
                 .map_err(|e| e.to_string())?;
             if let Some(left) = status.suspended_for {
@@ -291,10 +338,7 @@ async fn limited(
             }
             continue;
         };
-        let target = match &route {
-            Some(scope) => Target::scoped(scope, &tenant),
-            None => Target::key(&tenant),
-        };
+        let target = stored_target(&tenant, route.as_deref())?;
         let status = limiter.inspect(target).await.map_err(|e| e.to_string())?;
         let known = route.as_deref().and_then(scope_quotas);
         let (algorithm, quotas) = match (&status.quota_override, known) {
@@ -323,6 +367,11 @@ async fn limited(
     Ok(by_constraint(rows))
 }
 
+/// The route of stored ids (checked when the store was read).
+fn stored_target<'a>(id: &'a str, scope: Option<&'a str>) -> Result<Target<'a>, String> {
+    Target::stored(id, scope).ok_or_else(|| format!("not an id the limiter stores: {id}"))
+}
+
 /// What `limited` prints: the rows as text, one a line, or a JSON array on one line.
 fn limited_text(json: bool, rows: &[Limited]) -> String {
     let mut text = String::new();
@@ -338,6 +387,8 @@ fn limited_text(json: bool, rows: &[Limited]) -> String {
                     "reset_after_ms": row.reset_after.as_millis() as u64,
                     "suspended_ms": row.suspended.map(|s| s.as_millis() as u64),
                     "override": row.quota_override.as_ref().map(quotas_text),
+                    "hashed": StoredKey::is_hashed_id(&row.tenant),
+                    "route_hashed": StoredKey::is_hashed_id(&row.route),
                 })
             })
             .collect();

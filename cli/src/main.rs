@@ -28,6 +28,9 @@ const SECRET_VAR: &str = "REDLIMIT_HEADER_SECRET";
     version,
     about = "Look at and control the tenants of redlimit's limiters in Redis, on every instance at once",
     after_help = "KEY is the key as the layer's extractor returns it, e.g. ip:203.0.113.7.\n\
+                  A tenant or route stored hashed (a space, braces, over 200 bytes, a leading #)\n\
+                  is shown as #<sha256> (# and 64 lower-case hex digits); KEY and --scope take\n\
+                  that form to name it (a key of that very form: give its own stored form).\n\
                   DURATION is a whole number and a unit: 500ms, 30s, 10m, 1h.\n\
                   Exit status: 0 done, 1 Redis or permission trouble, 2 bad arguments."
 )]
@@ -81,7 +84,8 @@ struct KeyArgs {
     #[arg(long, value_name = "PREFIX", global = true)]
     prefix: Option<String>,
     /// The route: the layer's scope (its policy name when it has one; RateLimitLayer::scope(),
-    /// e.g. default:token-bucket:10/60s) [default: unscoped, as Limiter::check]
+    /// e.g. default:token-bucket:10/60s; #<sha256>, as inspect shows a route stored hashed,
+    /// names that stored route) [default: unscoped, as Limiter::check]
     #[arg(long, value_name = "SCOPE", global = true)]
     scope: Option<String>,
     /// set-quota and clear-quota: the override of every route of the key (a route's own
@@ -111,7 +115,8 @@ fn algorithm(name: &str) -> Result<Algorithm, String> {
 /// A tenant's key, as the layer's extractor hands it to the limiter (or a header's value).
 #[derive(Args, Debug)]
 struct Key {
-    /// The key, e.g. ip:203.0.113.7 (with --header: the header's value)
+    /// The key, e.g. ip:203.0.113.7 (with --header: the header's value); #<sha256>, as
+    /// limited and inspect show a key stored hashed, names that stored key
     #[arg(value_name = "KEY", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     key: String,
 }

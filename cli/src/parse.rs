@@ -5,25 +5,13 @@ use std::time::Duration;
 
 use redlimit::key::{HeaderKey, KeyExtractor};
 use redlimit::limiter::MAX_SUSPENSION;
-use redlimit::quota::{QuotaError, MAX_TIERS};
+use redlimit::quota::{parse_duration, QuotaError, MAX_TIERS};
 use redlimit::{Quota, Quotas};
 
-/// `500ms`, `30s`, `10m`, `1h`: a whole number and a unit. `what` names the argument in the
-/// error. Zero is a duration here; callers that refuse it say so.
+/// `500ms`, `30s`, `10m`, `1h`: the library's [`parse_duration`]. `what` names the argument in
+/// the error. Zero is a duration here; callers that refuse it say so.
 pub fn duration(what: &str, value: &str) -> Result<Duration, String> {
-    let bad = || format!("{what}: {value:?} is not a duration like 500ms, 1s, 60s, 1m or 1h");
-    let digits = value.bytes().take_while(u8::is_ascii_digit).count();
-    let (number, unit) = value.split_at(digits);
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    let millis_per_unit = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(bad()),
-    };
-    let millis = number.checked_mul(millis_per_unit).ok_or_else(bad)?;
-    Ok(Duration::from_millis(millis))
+    parse_duration(value).map_err(|e| format!("{what}: {e}"))
 }
 
 /// `suspend`'s duration: more than zero, at most [`MAX_SUSPENSION`].

@@ -1,72 +1,161 @@
-//! A small command-line reader for the examples whose arguments are not the servers' (the fleet
-//! example): `--flag value`, `--flag=value`, plain arguments, and `--` before plain
-//! arguments that start with `-`.
-#![allow(dead_code)] // each example uses only what it needs
+//! The examples' command lines, read from their usage text: each line of it that starts with
+//! `--NAME` declares a flag, `--NAME VALUE  help` one with a value, `--NAME  help` a switch
+//! (two spaces end the declaration). So the help and the parser cannot disagree. Values come as
+//! the next argument or after `=` (`--limit 5`, `--limit=5`), each flag at most once: a flag
+//! given twice is refused, never "the last one wins".
+#![allow(dead_code)] // each example uses what it needs
 
-use super::cli::CliError;
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::Duration;
 
-/// One argument: a flag (with its `=value` when given inline) or a plain argument.
-#[derive(Debug, PartialEq)]
-pub enum Arg {
-    /// `--name` or `--name=value` (also `-h`).
-    Flag {
-        name: String,
-        inline: Option<String>,
-    },
-    /// Anything else, and everything after `--`.
-    Plain(String),
-}
-
-/// The arguments, one [`Arg`] at a time; a flag's value is taken with [`Args::value`].
+/// What the command line asked for instead of running: the help, or a usage error (status 2).
 #[derive(Debug)]
-pub struct Args<I> {
-    rest: I,
-    only_plain: bool,
+pub enum CliError {
+    Help,
+    Invalid(String),
 }
 
-impl<I: Iterator<Item = String>> Args<I> {
-    pub fn new(args: impl IntoIterator<IntoIter = I>) -> Self {
-        Args {
-            rest: args.into_iter(),
-            only_plain: false,
+/// A usage error saying `message`.
+pub fn invalid(message: impl Into<String>) -> CliError {
+    CliError::Invalid(message.into())
+}
+
+/// The flags given (by name) and the plain arguments.
+#[derive(Debug, Default)]
+pub struct Given {
+    values: HashMap<String, String>,
+    pub plain: Vec<String>,
+}
+
+/// Reads `args` against the flags `usage` declares.
+pub fn read(usage: &str, args: impl IntoIterator<Item = String>) -> Result<Given, CliError> {
+    let mut given = Given::default();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "-h" || arg == "--help" {
+            return Err(CliError::Help);
+        }
+        if !arg.starts_with('-') {
+            given.plain.push(arg);
+            continue;
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_owned())),
+            None => (arg.as_str(), None),
+        };
+        // `--NAME VALUE  help` or `--NAME  help`: whether the declaration names a value.
+        let declared = usage.lines().map(str::trim_start).find_map(|line| {
+            let declaration = line.split("  ").next()?;
+            let (flag, value) = declaration.split_once(' ').unwrap_or((declaration, ""));
+            (flag == name).then_some((!value.is_empty()).then_some(value))
+        });
+        let Some(takes_value) = declared else {
+            return Err(invalid(format!("unknown argument {name:?} (see --help)")));
+        };
+        let value = match (takes_value, inline) {
+            (None, None) => String::new(),
+            (None, Some(_)) => return Err(invalid(format!("{name} takes no value"))),
+            (Some(_), Some(value)) => value,
+            (Some(_), None) => args
+                .next()
+                .ok_or_else(|| invalid(format!("{name} needs a value (see --help)")))?,
+        };
+        if given.values.insert(name.to_owned(), value).is_some() {
+            return Err(invalid(format!("give {name} once")));
         }
     }
+    Ok(given)
+}
 
-    /// The next argument, or `None` at the end.
-    pub fn next_arg(&mut self) -> Option<Arg> {
-        let arg = self.rest.next()?;
-        if self.only_plain || !arg.starts_with('-') || arg == "-" {
-            return Some(Arg::Plain(arg));
-        }
-        if arg == "--" {
-            self.only_plain = true;
-            return self.next_arg();
-        }
-        Some(match arg.split_once('=') {
-            Some((name, value)) if name.starts_with("--") => Arg::Flag {
-                name: name.to_owned(),
-                inline: Some(value.to_owned()),
-            },
-            _ => Arg::Flag {
-                name: arg,
-                inline: None,
-            },
+impl Given {
+    /// The value of `name`, if given.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
+    /// Whether switch (or flag) `name` was given.
+    pub fn has(&self, name: &str) -> bool {
+        self.values.contains_key(name)
+    }
+
+    /// A count of at least 1, `default` when not given.
+    pub fn count(&self, name: &str, default: u64) -> Result<u64, CliError> {
+        self.get(name)
+            .map_or(Ok(default), |value| count(name, value))
+    }
+
+    /// `500ms`, `1s`, `1m`: [`redlimit::quota::parse_duration`], `default` when not given.
+    pub fn duration(&self, name: &str, default: Duration) -> Result<Duration, CliError> {
+        self.get(name).map_or(Ok(default), |value| {
+            redlimit::quota::parse_duration(value).map_err(|e| invalid(format!("{name}: {e}")))
         })
     }
 
-    /// The value of flag `name`: its inline `=value`, else the next argument.
-    pub fn value(&mut self, name: &str, inline: Option<String>) -> Result<String, CliError> {
-        inline
-            .or_else(|| self.rest.next())
-            .ok_or_else(|| CliError::Invalid(format!("{name} needs a value (see --help)")))
+    /// The value parsed by `FromStr` (an address, an algorithm), `default` when not given.
+    pub fn parsed<T: std::str::FromStr>(&self, name: &str, default: &str) -> Result<T, CliError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        let value = self.get(name).unwrap_or(default);
+        value
+            .parse()
+            .map_err(|e| invalid(format!("{name}: {value:?}: {e}")))
     }
 }
 
-/// A flag given twice is a mistake, not "the last one wins".
-pub fn set_once<T>(slot: &mut Option<T>, name: &str, value: T) -> Result<(), CliError> {
-    if slot.is_some() {
-        return Err(CliError::Invalid(format!("give {name} once")));
+/// A count of at least 1.
+pub fn count(name: &str, value: &str) -> Result<u64, CliError> {
+    match value.parse::<u64>() {
+        Ok(0) => Err(invalid(format!("{name} must be at least 1"))),
+        Ok(n) => Ok(n),
+        Err(_) => Err(invalid(format!("{name}: {value:?} is not a whole number"))),
     }
-    *slot = Some(value);
-    Ok(())
+}
+
+/// `parsed`, or what to exit with: the usage on `--help` (status 0), the error on stderr (2).
+pub fn or_exit<T>(parsed: Result<T, CliError>, usage: &str) -> Result<T, ExitCode> {
+    match parsed {
+        Ok(options) => Ok(options),
+        Err(CliError::Help) => {
+            println!("{usage}");
+            Err(ExitCode::SUCCESS)
+        }
+        Err(CliError::Invalid(message)) => {
+            eprintln!("error: {message}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// `url` without its password, for printing.
+pub fn redacted(url: &str) -> String {
+    match url
+        .split_once("://")
+        .and_then(|(s, rest)| Some((s, rest.rsplit_once('@')?)))
+    {
+        Some((scheme, (user_info, host))) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The Redis to try when no store flag is given: `REDIS_URL`, or `redis://127.0.0.1:6379`.
+pub fn default_redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// Whether a Redis at `url` answers PING within 300 ms.
+pub async fn redis_answers(url: &str) -> bool {
+    let ping = async {
+        let client = redis::Client::open(url)?;
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut connection)
+            .await
+    };
+    let timeout = Duration::from_millis(300);
+    matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
 }

@@ -1,7 +1,7 @@
 //! Fixed window: the Rust mirror of `lua/fixed_window.lua`, step for step.
 
 use super::{
-    lua_mod, sane, unpack, window_time, Args, Kind, Leasing, Outcome, Packed, Spec, Window,
+    lua_mod, sane, unpack, window_time, Args, Kind, Leasing, Outcome, Packed, Refund, Spec, Window,
 };
 
 /// Fixed window's specification: its registration (see the module docs of `algorithm`).
@@ -11,6 +11,7 @@ pub(crate) const SPEC: Spec = Spec {
     kind: Kind::Packed(step),
     fields: &["window", "count"],
     lua: include_str!("../../lua/fixed_window.lua"),
+    refund: Some(refund),
     window: Window::Period,
     max_burst: None,
     leasing: Leasing::WithinWindow,
@@ -67,13 +68,23 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     }
 }
 
+/// A refund (the `@refund` part of `lua/fixed_window.lua`): count - units, at least 0, only
+/// when the stored window is the one the units were reserved in (another never got them).
+pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
+    let [w, count] = unpack::<2>(Some(state), TAG)?;
+    if !(sane(w) && sane(count)) || w != r.start {
+        return None;
+    }
+    Some(Packed::new(TAG, [w, (count - r.units).max(0.0)]))
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algorithm::testing::Reply;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
-    use crate::algorithm::Reply;
 
     const S: f64 = 1_000_000.0;
 

@@ -1,6 +1,8 @@
 //! GCRA: the Rust mirror of `lua/gcra.lua`, step for step.
 
-use super::{decision_time, sane, unpack, Args, Kind, Leasing, Outcome, Packed, Spec, Window};
+use super::{
+    decision_time, sane, unpack, Args, Kind, Leasing, Outcome, Packed, Refund, Spec, Window,
+};
 
 /// GCRA's specification: its registration (see the module docs of `algorithm`).
 pub(crate) const SPEC: Spec = Spec {
@@ -9,6 +11,7 @@ pub(crate) const SPEC: Spec = Spec {
     kind: Kind::Packed(step),
     fields: &["at", "debt"],
     lua: include_str!("../../lua/gcra.lua"),
+    refund: Some(refund),
     window: Window::Refill,
     max_burst: None,
     leasing: Leasing::Anytime,
@@ -97,13 +100,23 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     }
 }
 
+/// A refund (the `@refund` part of `lua/gcra.lua`): debt - units, at least 0. Draining
+/// commutes with the subtraction, so `at` stays.
+pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
+    let [at, debt] = unpack::<2>(Some(state), TAG)?;
+    if !(sane(at) && sane(debt)) {
+        return None;
+    }
+    Some(Packed::new(TAG, [at, (debt - r.units).max(0.0)]))
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algorithm::testing::Reply;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
-    use crate::algorithm::Reply;
 
     const S: f64 = 1_000_000.0;
 

@@ -10,35 +10,39 @@
 //! identical bytes; the differential tests hold them to that.
 //!
 //! Each algorithm is declared once, in a `Spec` beside its Rust step: its name, tag byte, kind,
-//! state fields, Lua step, header window, largest burst and how its units may be leased
-//! (`Leasing`: whenever, within their window, or not at all). Everything else (the spliced
-//! script, the argument byte, the split of a key's string into tiers, `inspect`, the
+//! state fields, Lua step (with its refund step), Rust refund step, header window, largest
+//! burst and how its units may be leased (`Leasing`: whenever, within their window, or not at
+//! all). Everything else (the scripts assembled in `src/mirror/`, the argument byte,
+//! the split of a key's string into tiers, `inspect`, refunds, token leases, the
 //! `RateLimit-Policy` window) reads the spec; `Algorithm::spec` is the one exhaustive `match`.
 //!
 //! # Adding an algorithm
 //!
-//! 1. **A Lua step**, `lua/<algorithm>.lua`: pure, reading `stored`, `now`, `cost`, `limit`,
-//!    `period`, `burst` and setting `ok`, `rem`, `re`, `rs`, `state` (see `lua/common.lua`'s
-//!    header). Its state is a new tag byte and doubles.
-//! 2. **A Rust step**, `src/algorithm/<algorithm>.rs`: the mirror of the Lua step, line for
-//!    line, and its `pub(crate) const SPEC: Spec` naming the name, tag, `Kind::Packed(step)`,
-//!    field names, `include_str!` of the Lua step, the `Window`, `max_burst` and `leasing`
-//!    (token leases and settlement read it; a missing field is a compile error).
-//! 3. **One registration**, in this file: `pub(crate) mod <algorithm>;`, the variant of
-//!    [`Algorithm`] (with its doc), and its place in [`Algorithm::ALL`]. The compiler then
-//!    names the missing arm of `Algorithm::spec` (add it: `Algorithm::New => &new::SPEC`).
+//! 1. **A Lua step file**, `lua/<algorithm>.lua`: the step, pure, reading `stored`, `now`,
+//!    `cost`, `limit`, `period`, `burst` and setting `ok`, `rem`, `re`, `rs`, `state` (see
+//!    `lua/common.lua`'s header); then a `-- @refund` line and its refund step, reading `state`,
+//!    `units`, `start`, `period`, `burst` and setting `new` (see `lua/refund.lua`'s header). Its
+//!    state is a new tag byte and doubles. Shared numbers are written by their names
+//!    (`MAX_EXACT`, ...: `CONSTANTS` in `src/mirror/scripts.rs`).
+//! 2. **A Rust step file**, `src/algorithm/<algorithm>.rs`: the mirror of both Lua steps, line
+//!    for line, and its `pub(crate) const SPEC: Spec` (name, tag, `Kind::Packed(step)`, field
+//!    names, `include_str!` of the Lua file, `refund`, `Window`, `max_burst`, `leasing`; a
+//!    missing field is a compile error).
+//! 3. **The lines the compiler and `cargo test --lib` name**, all in this file:
+//!    `pub(crate) mod <algorithm>;` and the variant of [`Algorithm`] (with its doc), after which
+//!    the compiler names the missing arm of `Algorithm::spec` (`Algorithm::New => &new::SPEC`);
+//!    `every_lua_step_is_registered_once` (in `spec.rs`) fails until [`Algorithm::ALL`] lists
+//!    it; `names_parse_back` below lists the public names.
 //!
-//! The tests name the rest: the unit tests in `spec.rs` fail until `ALL` lists every step file
-//! in `lua/`, and hold the Lua step's tag, `#stored` length and `spack` layout to the spec;
-//! `names_parse_back_and_every_algorithm_has_its_step` below lists the public names; and
-//! `tests/it/fleet.rs` asks for the new state's expected field
-//! (`several_quotas_are_exact_under_concurrency_across_instances`). A throwaway copy of the
-//! fixed window took exactly these: two new files, four lines here (module, variant, `ALL`,
-//! `spec` arm), the names list, one line in `tests/it/fleet.rs`.
-//!
-//! A state of a length no algorithm has yet (today 17 and 25 bytes) also needs the driver's
-//! split of a key's string by tag (`lua/common.lua` and `lua/control.lua`); the unit test
-//! `the_scripts_tags_and_state_lengths_are_the_specs` prints the lines they must hold.
+//! The unit tests also hold the Lua step's tag, `#stored` length and `spack` layout to the spec
+//! (`spec.rs`), its refund to its Rust twin's presence and effect, and every script to the
+//! shared constants and to the two state lengths the scripts split a key's string by
+//! (`src/mirror/scripts.rs`: a state of a third length fails there, and needs the split in
+//! `lua/common.lua`, `lua/control.lua` and `lua/refund.lua`). The integration test
+//! `several_quotas_are_exact_under_concurrency_across_instances` (`tests/it/fleet.rs`) asks for
+//! the new state's expected field. A throwaway copy of the fixed window took exactly these:
+//! two new files, four lines here (module, variant, `ALL`, `spec` arm), the names list, and
+//! one line in `tests/it/fleet.rs`.
 //!
 //! # Examples
 //!
@@ -73,53 +77,19 @@ use std::str::FromStr;
 
 use crate::quota::{Quota, QuotaError};
 
-mod block;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
-pub(crate) mod layout;
-mod mirror;
-mod refund;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
-mod slots;
 mod spec;
 pub(crate) mod token_bucket;
 
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub(crate) use self::block::{block_us, offences_key, BLOCK_WRAPPER};
-pub(crate) use self::layout::{
-    capped_cost, is_tenant_key, learned_record_key, log_controls_key, tenant_key, Controls, Op,
-    Reply, CONTROLS, OVERRIDE_IDLE_MS, RECORD_SUFFIX, STAMP,
-};
-#[cfg(test)]
-pub(crate) use self::mirror::ttl_ms;
-pub(crate) use self::mirror::{
-    control, decide, decide_log, foreign_state, learning, marked_override, LogWrite, RecordWrite,
-    Refused, Written,
-};
-pub(crate) use self::refund::{log_refund, refund, reserved_before_reset, REFUND_SOURCE};
-pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW, SLOTS_SOURCE};
 pub(crate) use self::spec::{
-    is_one_state, packed_by_tag, state_len_of, Kind, Leasing, Spec, Window, CONTROL_SOURCE, SOURCE,
+    is_one_state, packed_by_tag, state_len_of, Kind, Leasing, Spec, Window,
 };
-
-/// The decision script as the crate sends it (`lua/common.lua` with every step spliced in),
-/// for tests that run it by hand.
-#[cfg(feature = "test-hooks")]
-#[doc(hidden)]
-pub fn script_source() -> &'static str {
-    &SOURCE
-}
-
-/// The keys a decision on the storage key `key` names besides it, as the crate builds them:
-/// the sliding log's controls (`<key>#m`), then the tenant's (`<prefix>:{<id>}#t`). For tests.
-#[cfg(feature = "test-hooks")]
-#[doc(hidden)]
-pub fn control_keys(key: &str) -> [String; 2] {
-    [log_controls_key(key), tenant_key(key)]
-}
 
 /// The byte naming `algorithm` in the script's arguments (its state strings' first byte), for
 /// tests that run the script by hand.
@@ -240,21 +210,27 @@ impl Algorithm {
     }
 }
 
-/// The driver for one tier without controls, as the tests of each step run it: the step on the
-/// stored state, and the state to write with its TTL in ms.
-#[cfg(test)]
-pub(crate) fn drive(
-    step: PackedStep,
-    stored: Option<&[u8]>,
-    args: &Args,
-) -> (Reply, Option<(Packed, u64)>) {
-    let outcome = step(stored, args);
-    let reply = outcome.reply(args);
-    (reply, outcome.state.map(|s| (s, ttl_ms(outcome.reset_us))))
-}
-
 /// A pure step: (stored state, now, cost, quota) -> decision and the new state to store.
 pub(crate) type PackedStep = fn(Option<&[u8]>, &Args) -> Outcome<Packed>;
+
+/// A refund's step on one tier's state (of its algorithm's tag and length, as the refund
+/// script checks before it): the state with the units given back, `None` when it does not
+/// parse or has nothing to give back (`lua/refund.lua` splices each step's Lua twin, the part
+/// of `lua/<algorithm>.lua` after its `@refund` line).
+pub(crate) type RefundStep = fn(&[u8], &Refund) -> Option<Packed>;
+
+/// What a refund gives back to one tier, as numbers (exact integers below 2^53).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Refund {
+    /// The units given back.
+    pub units: f64,
+    /// The start (µs) of the fixed window of `period` the units were reserved in.
+    pub start: f64,
+    /// The tier's period, µs.
+    pub period: f64,
+    /// The tier's burst.
+    pub burst: f64,
+}
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -332,20 +308,6 @@ pub(crate) struct Outcome<S> {
     pub state: Option<S>,
 }
 
-impl<S> Outcome<S> {
-    /// The reply for this outcome (one tier: it is the binding one).
-    #[cfg(test)]
-    pub(crate) fn reply(&self, args: &Args) -> Reply {
-        Reply::new(
-            self.allowed,
-            args,
-            self.remaining,
-            self.retry_us,
-            self.reset_us,
-        )
-    }
-}
-
 /// The longest packed state: a tag byte and three doubles.
 const PACKED_MAX: usize = 25;
 
@@ -407,6 +369,10 @@ pub(crate) fn sane(v: f64) -> bool {
 /// 2^53: every number the scripts handle stays an exact integer below it.
 pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
+/// The longest time a reply carries (`MAX_REPLY_MS` in the scripts): 2^62 ms keeps its
+/// integers inside an i64.
+pub(crate) const MAX_REPLY_MS: i64 = 1 << 62;
+
 /// [`Clock::MAX_SKEW`](crate::clock::Clock::MAX_SKEW) in µs: `MAX_SKEW` in every Lua step.
 pub(crate) const MAX_SKEW_US: f64 = crate::clock::Clock::MAX_SKEW.as_micros() as f64;
 
@@ -446,7 +412,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{Algorithm, MAX_SKEW_US, SOURCE};
+    use super::{Algorithm, MAX_SKEW_US};
 
     proptest! {
         /// The shared invariants hold for the token bucket too.
@@ -501,12 +467,9 @@ mod tests {
     }
 
     #[test]
-    fn names_parse_back_and_every_algorithm_has_its_step() {
+    fn names_parse_back() {
         for &algorithm in Algorithm::ALL {
             assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));
-            // The one script registers every algorithm's step under its byte.
-            let registered = format!("elseif alg == {} then", algorithm.tag());
-            assert!(SOURCE.contains(&registered), "{algorithm} has no Lua step");
         }
         let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
         assert_eq!(

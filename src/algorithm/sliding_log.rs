@@ -15,6 +15,7 @@ pub(crate) const SPEC: Spec = Spec {
     kind: Kind::Log,
     fields: &[],
     lua: include_str!("../../lua/sliding_log.lua"),
+    refund: None,
     window: Window::Period,
     max_burst: Some(MAX_SLIDING_LOG_BURST),
     leasing: Leasing::Refused,
@@ -140,7 +141,7 @@ mod tests {
 
     use super::*;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
-    use crate::algorithm::{ttl_ms, Reply};
+    use crate::algorithm::testing::{ttl_ms, Reply};
 
     const S: f64 = 1_000_000.0;
 
@@ -154,7 +155,7 @@ mod tests {
             let existed = state.is_some();
             let mut log = state.take().unwrap_or_default();
             let outcome = step(&mut log, args);
-            let reply = outcome.reply(args);
+            let reply = Reply::of(&outcome);
             let ttl = outcome.state.map(|()| ttl_ms(outcome.reset_us));
             if existed || ttl.is_some() {
                 *state = Some(log);

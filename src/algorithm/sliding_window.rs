@@ -9,7 +9,7 @@
 //! `burst` in one fixed window.
 
 use super::{
-    lua_mod, sane, unpack, window_time, Args, Kind, Leasing, Outcome, Packed, Spec, Window,
+    lua_mod, sane, unpack, window_time, Args, Kind, Leasing, Outcome, Packed, Refund, Spec, Window,
 };
 
 /// Sliding window counter's specification: its registration (see the module docs of `algorithm`).
@@ -19,6 +19,7 @@ pub(crate) const SPEC: Spec = Spec {
     kind: Kind::Packed(step),
     fields: &["window", "current", "previous"],
     lua: include_str!("../../lua/sliding_window.lua"),
+    refund: Some(refund),
     window: Window::TwoPeriods,
     max_burst: None,
     leasing: Leasing::Refused,
@@ -114,13 +115,30 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     }
 }
 
+/// A refund (the `@refund` part of `lua/sliding_window.lua`): the count of the window the units
+/// were reserved in, at least 0: the current one's when the stored window is it, the previous
+/// one's when the stored window is the next; nothing otherwise.
+pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
+    let [w, c, p] = unpack::<3>(Some(state), TAG)?;
+    if !(sane(c) && sane(p)) {
+        return None;
+    }
+    if w == r.start {
+        Some(Packed::new(TAG, [w, (c - r.units).max(0.0), p]))
+    } else if w == r.start + r.period {
+        Some(Packed::new(TAG, [w, c, (p - r.units).max(0.0)]))
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algorithm::testing::Reply;
     use crate::algorithm::testing::{self, expect, Mirror, Seq};
-    use crate::algorithm::Reply;
 
     const S: f64 = 1_000_000.0;
 

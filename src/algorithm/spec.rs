@@ -1,15 +1,9 @@
-//! One [`Spec`] per algorithm: its name, tag byte, kind, state fields, Lua step and header
-//! window, declared once beside its Rust step (`SPEC` in `src/algorithm/<algorithm>.rs`) and
-//! read by everything else; and the scripts spliced from them (the steps into the driver, the
-//! names into the controls).
-//!
-//! The scripts keep a few numbers and tag bytes as Lua literals (the driver runs them on every
-//! call, and a splice-time substitution would hide them from whoever reads `lua/common.lua`).
-//! The tests below hold each literal to its Rust source, so a change on one side fails there.
+//! One [`Spec`] per algorithm: its name, tag byte, kind, state fields, Lua step (with its
+//! refund), Rust refund, header window, largest burst and leasing, declared once beside its Rust
+//! step (`SPEC` in `src/algorithm/<algorithm>.rs`) and read by everything else, the scripts
+//! assembled from them included (`src/mirror/scripts.rs`).
 
-use std::sync::LazyLock;
-
-use super::{Algorithm, PackedStep};
+use super::{Algorithm, PackedStep, RefundStep};
 use crate::quota::Quota;
 
 /// Everything the crate knows about one algorithm, in one place.
@@ -24,8 +18,12 @@ pub(crate) struct Spec {
     /// The doubles of its state string after the tag, in order (what `inspect` shows); empty
     /// for the sliding log, which keeps a sorted set.
     pub fields: &'static [&'static str],
-    /// Its Lua step (`lua/<algorithm>.lua`), spliced into the driver.
+    /// Its Lua step (`lua/<algorithm>.lua`): the decision step, spliced into the driver, then,
+    /// after its `-- @refund` line, the refund step, spliced into `lua/refund.lua`.
     pub lua: &'static str,
+    /// How a refund gives units back to its state (the Rust twin of the Lua after `@refund`);
+    /// `None` for the sliding log, whose entries the refund script removes itself.
+    pub refund: Option<RefundStep>,
     /// The window the `RateLimit-Policy` header announces.
     pub window: Window,
     /// The largest burst it serves (`None`: any), refused with
@@ -97,7 +95,24 @@ impl Spec {
     pub(crate) const fn is_log(&self) -> bool {
         matches!(self.kind, Kind::Log)
     }
+
+    /// Its Lua decision step: the step file up to its `@refund` line.
+    pub(crate) fn lua_step(&self) -> &'static str {
+        self.lua
+            .split_once(REFUND_LINE)
+            .map_or(self.lua, |(step, _)| step)
+    }
+
+    /// Its Lua refund step: the step file after its `@refund` line (`None`: it has none).
+    pub(crate) fn lua_refund(&self) -> Option<&'static str> {
+        self.lua.split_once(REFUND_LINE).map(|(_, refund)| refund)
+    }
 }
+
+/// The line of a step file after which its refund step begins.
+const REFUND_LINE: &str = "-- @refund\n";
+
+impl Spec {}
 
 /// The packed algorithm whose state strings start with `tag`.
 pub(crate) fn packed_by_tag(tag: u8) -> Option<Algorithm> {
@@ -142,146 +157,10 @@ pub(crate) fn is_one_state(len: usize) -> bool {
         .any(|a| a.spec().state_len() == Some(len))
 }
 
-/// The whole decision script: the driver with every step spliced in as a branch at its
-/// `@steps` line (the loop over tiers), and every packed step once more at its `@packed-steps`
-/// line (the one-tier path, which runs the step without the loop's bookkeeping).
-pub(crate) static SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let branches = |only_packed: bool| -> String {
-        Algorithm::ALL
-            .iter()
-            .map(|a| a.spec())
-            .filter(|spec| !only_packed || !spec.is_log())
-            .map(|spec| format!("  elseif alg == {} then\n{}", spec.tag, spec.lua))
-            .collect()
-    };
-    let driver = include_str!("../../lua/common.lua");
-    let spliced = driver
-        .replacen("-- @packed-steps\n", &branches(true), 1)
-        .replacen("-- @steps\n", &branches(false), 1);
-    let first = format!("elseif alg == {} then", Algorithm::ALL[0].spec().tag);
-    assert_eq!(
-        spliced.matches(&first).count(),
-        2,
-        "lua/common.lua has its @packed-steps and @steps lines"
-    );
-    spliced
-});
-
-/// The fleet controls' script, with every algorithm's name under its tag at its `@names` line.
-pub(crate) static CONTROL_SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let names: Vec<String> = Algorithm::ALL
-        .iter()
-        .map(|a| format!("[{}] = '{}'", a.spec().tag, a.spec().name))
-        .collect();
-    let line = format!("local NAMES = {{ {} }}\n", names.join(", "));
-    let spliced = include_str!("../../lua/control.lua").replacen("-- @names\n", &line, 1);
-    assert!(
-        spliced.contains(&line),
-        "lua/control.lua has its @names line"
-    );
-    spliced
-});
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::layout::{ARGS_HEADER, MAX_REPLY_MS, OVERRIDE_IDLE_MS, QUOTA_BYTES};
-    use crate::algorithm::{Args, MAX_EXACT};
-    use crate::quota::MAX_TIERS;
-
-    /// The number in the script's `local NAME = <number>` line.
-    fn lua_constant(source: &str, name: &str) -> u64 {
-        let prefix = format!("local {name} = ");
-        let line = source
-            .lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("no `{prefix}` line"));
-        let digits: String = line.chars().take_while(char::is_ascii_digit).collect();
-        digits
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}: {line:?}"))
-    }
-
-    #[test]
-    fn the_scripts_constants_are_rusts() {
-        for source in [SOURCE.as_str(), CONTROL_SOURCE.as_str()] {
-            assert_eq!(lua_constant(source, "MAX_EXACT"), MAX_EXACT as u64);
-            assert_eq!(lua_constant(source, "OVERRIDE_IDLE_MS"), OVERRIDE_IDLE_MS);
-        }
-        assert_eq!(lua_constant(&SOURCE, "MAX_REPLY_MS"), MAX_REPLY_MS as u64);
-    }
-
-    /// The argument lengths the driver accepts (one tier's, the shortest and longest of
-    /// several, and the count of tiers) are the ones Rust packs: the header, a quota's size,
-    /// and 1 to `MAX_TIERS` tiers.
-    #[test]
-    fn the_scripts_argument_lengths_are_rusts() {
-        let len = |tiers: usize| ARGS_HEADER + QUOTA_BYTES * tiers;
-        let check = format!(
-            "len ~= {} and (len < {} or len > {} or (len - {ARGS_HEADER}) % {QUOTA_BYTES} ~= 0)",
-            len(1),
-            len(2),
-            len(MAX_TIERS),
-        );
-        assert!(SOURCE.contains(&check), "lua/common.lua checks `{check}`");
-        let tiers = format!("local tiers = (len - {ARGS_HEADER}) / {QUOTA_BYTES}\n");
-        assert!(SOURCE.contains(&tiers), "lua/common.lua has `{tiers}`");
-        let told = format!("per tier (1 to {MAX_TIERS})");
-        assert!(SOURCE.contains(&told), "the error names `{told}`");
-        assert!(SOURCE.contains(&format!("One tier packs {} bytes", len(1))));
-    }
-
-    /// The tag bytes and state lengths the scripts spell out are the specs'.
-    #[test]
-    fn the_scripts_tags_and_state_lengths_are_the_specs() {
-        let mut lens: Vec<usize> = Algorithm::ALL
-            .iter()
-            .filter_map(|a| a.spec().state_len())
-            .collect();
-        lens.sort_unstable();
-        lens.dedup();
-        let not_one = |var: &str| {
-            lens.iter()
-                .map(|len| format!("{var} ~= {len}"))
-                .collect::<Vec<_>>()
-                .join(" and ")
-        };
-        assert!(SOURCE.contains(&not_one("len")), "{}", not_one("len"));
-        assert!(CONTROL_SOURCE.contains(&not_one("#s")), "{}", not_one("#s"));
-        // The split of a key's string into tiers: every longer state by its tag, the shortest
-        // for the rest.
-        let (mut common, mut control) = (String::new(), String::new());
-        for a in Algorithm::ALL {
-            let spec = a.spec();
-            match spec.state_len() {
-                Some(len) if len != SHORTEST_STATE => {
-                    common.push_str(&format!(
-                        "      elseif tag == {} then\n        stored, at = string.sub(s, at, at + {}), at + {len}\n",
-                        spec.tag,
-                        len - 1
-                    ));
-                    control.push_str(&format!("tag == {} and {len} or ", spec.tag));
-                }
-                _ => {}
-            }
-        }
-        let s = SHORTEST_STATE;
-        common.push_str(&format!(
-            "      elseif tag then\n        stored, at = string.sub(s, at, at + {}), at + {s}\n",
-            s - 1
-        ));
-        control.push_str(&format!("{s})"));
-        assert!(
-            SOURCE.contains(&common),
-            "lua/common.lua splits by\n{common}"
-        );
-        assert!(
-            CONTROL_SOURCE.contains(&control),
-            "lua/control.lua: {control}"
-        );
-        let log = Algorithm::ALL.iter().find(|a| a.spec().is_log()).unwrap();
-        assert!(SOURCE.contains(&format!("local log = alg == {}\n", log.spec().tag)));
-    }
+    use crate::algorithm::{Args, Refund};
 
     /// Every packed step, in Rust and in Lua, writes a state of its spec's length under its spec's
     /// tag.
@@ -320,6 +199,63 @@ mod tests {
         }
     }
 
+    /// Every algorithm's refund is its own: a packed step has a Rust refund step, and a Lua one
+    /// after its `@refund` line (`src/mirror/scripts.rs` holds the splice); the sliding log,
+    /// whose entries the refund script removes itself, has neither. Each gives back what an
+    /// admission took, in the window it was taken in.
+    #[test]
+    fn every_algorithm_refunds_its_own_state() {
+        for a in Algorithm::ALL {
+            let spec = a.spec();
+            assert_eq!(
+                spec.refund.is_some(),
+                !spec.is_log(),
+                "{a}: its Spec's refund"
+            );
+            assert_eq!(
+                spec.lua_refund().is_some(),
+                !spec.is_log(),
+                "{a}: the `-- @refund` line of lua/<algorithm>.lua"
+            );
+            let (Kind::Packed(step), Some(refund), Some(lua)) =
+                (spec.kind, spec.refund, spec.lua_refund())
+            else {
+                continue;
+            };
+            let write = format!(
+                "new = spack('<B{}', {}, ",
+                "d".repeat(spec.fields.len()),
+                spec.tag
+            );
+            assert!(lua.contains(&write), "{a}: its Lua refund lacks {write:?}");
+            // Four units taken, then given back in the same window: full again.
+            let args = |cost| Args {
+                now: 5e6,
+                cost,
+                limit: 10.0,
+                period: 1e6,
+                burst: 10.0,
+            };
+            let taken = step(None, &args(4.0)).state.expect("an admission writes");
+            let back = Refund {
+                units: 4.0,
+                start: 5e6,
+                period: 1e6,
+                burst: 10.0,
+            };
+            let given = refund(taken.as_bytes(), &back).expect("units given back");
+            assert_eq!(
+                step(Some(given.as_bytes()), &args(0.0)).remaining,
+                10.0,
+                "{a}"
+            );
+            // A refund never gives more than the capacity.
+            let full = refund(given.as_bytes(), &back);
+            let peek = full.map_or(10.0, |s| step(Some(s.as_bytes()), &args(0.0)).remaining);
+            assert_eq!(peek, 10.0, "{a}: a refund above the capacity");
+        }
+    }
+
     /// Tags and names are unique, and every step file in `lua/` is some algorithm's.
     #[test]
     fn every_lua_step_is_registered_once() {
@@ -334,7 +270,7 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            // The drivers, and the production modes' scripts (src/store/redis/refund.rs, block.rs, slots.rs).
+            // The driver, the controls, and the production modes' scripts (src/mirror/scripts.rs).
             let scripts = [
                 "common.lua",
                 "control.lua",

@@ -6,7 +6,47 @@ use std::marker::PhantomData;
 
 use proptest::prelude::*;
 
-use super::{drive, token_bucket, Args, Packed, PackedStep, Reply};
+use super::{ms_up, token_bucket, Args, Outcome, Packed, PackedStep, MAX_EXACT, MAX_REPLY_MS};
+
+/// One tier's answer as the driver replies it: times in whole ms, rounded up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reply {
+    pub allowed: bool,
+    pub remaining: u64,
+    /// -1: never.
+    pub retry_after_ms: i64,
+    pub reset_after_ms: i64,
+}
+
+impl Reply {
+    /// The reply to `outcome`, the binding tier's.
+    pub(crate) fn of<S>(outcome: &Outcome<S>) -> Self {
+        Reply {
+            allowed: outcome.allowed,
+            remaining: outcome.remaining as u64,
+            retry_after_ms: if outcome.retry_us >= 0.0 {
+                ms_up(outcome.retry_us).min(MAX_REPLY_MS)
+            } else {
+                -1
+            },
+            reset_after_ms: ms_up(outcome.reset_us).min(MAX_REPLY_MS),
+        }
+    }
+}
+
+/// The TTL the driver writes for a state fresh again `reset_us` from now: whole ms, from 1 to
+/// 2^53.
+pub(crate) fn ttl_ms(reset_us: f64) -> u64 {
+    ms_up(reset_us).clamp(1, MAX_EXACT as i64) as u64
+}
+
+/// The driver for one tier without controls, as the tests of each step run it: the step on the
+/// stored state, and the state to write with its TTL in ms.
+fn drive(step: PackedStep, stored: Option<&[u8]>, args: &Args) -> (Reply, Option<(Packed, u64)>) {
+    let outcome = step(stored, args);
+    let reply = Reply::of(&outcome);
+    (reply, outcome.state.map(|s| (s, ttl_ms(outcome.reset_us))))
+}
 
 /// One algorithm's mirror, run on a state held by the caller, the way the store does.
 pub(crate) trait Mirror: 'static {

@@ -1,6 +1,9 @@
 //! Token bucket: the Rust mirror of `lua/token_bucket.lua`, step for step.
 
-use super::{decision_time, sane, unpack, Args, Kind, Leasing, Outcome, Packed, Spec, Window};
+use super::{
+    decision_time, lua_mod, sane, unpack, Args, Kind, Leasing, Outcome, Packed, Refund, Spec,
+    Window,
+};
 
 /// Token bucket's specification: its registration (see the module docs of `algorithm`).
 pub(crate) const SPEC: Spec = Spec {
@@ -9,6 +12,7 @@ pub(crate) const SPEC: Spec = Spec {
     kind: Kind::Packed(step),
     fields: &["tokens", "ts"],
     lua: include_str!("../../lua/token_bucket.lua"),
+    refund: Some(refund),
     window: Window::Refill,
     max_burst: None,
     leasing: Leasing::Anytime,
@@ -99,10 +103,22 @@ pub(crate) fn step(stored: Option<&[u8]>, args: &Args) -> Outcome<Packed> {
     }
 }
 
+/// A refund (the `@refund` part of `lua/token_bucket.lua`): whole tokens + units, at most
+/// burst. Refill needs no accounting first: the next decision refills from the same `ts` and
+/// caps at burst either way.
+pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
+    let [tokens, ts] = unpack::<2>(Some(state), TAG)?;
+    if !(sane(tokens) && sane(ts)) {
+        return None;
+    }
+    let tokens = (tokens - lua_mod(tokens, 1.0) + r.units).min(r.burst);
+    Some(Packed::new(TAG, [tokens, ts]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{testing, Reply};
+    use crate::algorithm::testing::{self, Reply};
 
     const MINUTE: f64 = 60_000_000.0;
 

@@ -548,6 +548,41 @@ mod tests {
 
     use super::*;
 
+    /// The layer's docs: on a `MemoryStore` the decision is made in `call`, so a response
+    /// future dropped before its first poll was counted.
+    #[tokio::test]
+    async fn a_memory_decision_made_in_call_counts_a_future_dropped_unpolled() {
+        use tower::{Service, ServiceExt};
+
+        let limiter = Limiter::new(crate::store::MemoryStore::new());
+        let quota = Quota::per_minute(2).unwrap();
+        let layer = RateLimitLayer::new(limiter.clone(), quota, crate::key::GlobalKey::new("k"));
+        let inner = tower::service_fn(|_: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(()))
+        });
+        let mut service = tower::Layer::layer(&layer, inner);
+        let dropped = service.ready().await.unwrap().call(http::Request::new(()));
+        drop(dropped);
+        let served = service
+            .ready()
+            .await
+            .unwrap()
+            .call(http::Request::new(()))
+            .await;
+        assert_eq!(served.unwrap().status(), http::StatusCode::OK);
+        let refused = service
+            .ready()
+            .await
+            .unwrap()
+            .call(http::Request::new(()))
+            .await;
+        assert_eq!(
+            refused.unwrap().status(),
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "the unpolled request was counted: 2 of 2 used"
+        );
+    }
+
     #[test]
     fn default_scopes_tell_quotas_apart() {
         let minute = Quota::per_minute(5).unwrap();

@@ -9,6 +9,13 @@
 //! `UNAVAILABLE`). The response body is a [`ResponseBody`]: the inner body or the rejection's
 //! short text.
 //!
+//! A request is counted when its decision is made, and a response future dropped after that
+//! (a client that disconnects) keeps it counted. Where the decision needs no waiting (a
+//! [`MemoryStore`](crate::store::MemoryStore), a key whose [lease](crate::guide::leases) holds units)
+//! it is made in `call`, so even a future dropped before its first poll was counted; a
+//! decision in Redis is sent at the first poll, so a future dropped before it counts nothing,
+//! and one dropped while Redis decides counts at most once.
+//!
 //! | file | holds |
 //! |---|---|
 //! | `layer.rs` | [`RateLimitLayer`] and its [`RateLimitLayerBuilder`] |

@@ -9,10 +9,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{Limiter, Target};
-use crate::algorithm::{
-    is_one_state, marked_override, packed_by_tag, state_len_of, Algorithm, Controls,
-    OVERRIDE_IDLE_MS, STAMP,
-};
+use crate::algorithm::{is_one_state, packed_by_tag, state_len_of, Algorithm};
+use crate::mirror::{marked_override, Controls, OVERRIDE_IDLE_MS, STAMP};
 use crate::quota::{QuotaError, Quotas};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
 
@@ -294,7 +292,7 @@ impl Limiter {
     ) -> Result<KeyStatus, ControlError> {
         let target = target.into();
         let route = self.route_key(target);
-        let tenant_key = crate::algorithm::tenant_key(&route);
+        let tenant_key = crate::mirror::tenant_key(&route);
         if tenant {
             let tenant_reply = self.run(&tenant_key, control).await?;
             let route_reply = self.run(&route, Control::Inspect).await?;

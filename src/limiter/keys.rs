@@ -34,6 +34,9 @@ pub struct Target<'a> {
     pub(super) scope: Option<&'a str>,
     pub(super) key: &'a str,
     pub(super) all_routes: bool,
+    /// `key` and `scope` are ids as the store holds them (see [`Target::stored`]), not names to
+    /// hash.
+    pub(super) stored: bool,
 }
 
 impl<'a> Target<'a> {
@@ -43,6 +46,7 @@ impl<'a> Target<'a> {
             scope: None,
             key,
             all_routes: false,
+            stored: false,
         }
     }
 
@@ -55,6 +59,7 @@ impl<'a> Target<'a> {
             scope: None,
             key,
             all_routes: true,
+            stored: false,
         }
     }
 
@@ -64,7 +69,54 @@ impl<'a> Target<'a> {
             scope: Some(scope),
             key,
             all_routes: false,
+            stored: false,
         }
+    }
+
+    /// The route a key found in the store belongs to, named by its ids as [`StoredKey`] reads
+    /// them back: `id`, the key's id (between the braces), and `scope`, its scope's id. A tool
+    /// that lists the store (the `redlimit` command) names a hashed key this way: its id (`#`
+    /// and the 64 lower-case hex digits of its SHA-256) cannot be turned back into the key.
+    ///
+    /// An id kept as it is (a short, printable key) names what [`Target::key`] or
+    /// [`Target::scoped`] names. A hashed id names only the key stored under it: no key given
+    /// to the limiter is stored as itself when it starts with `#` (it is hashed), so none is
+    /// confused with it. `None` when an id is neither (the limiter never stores such an id).
+    ///
+    /// ```
+    /// use redlimit::limiter::StoredKey;
+    /// use redlimit::{store::MemoryStore, Limiter, Target};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let key = limiter.storage_key(Target::scoped("a b", "{x}"));
+    /// let Some(StoredKey::Route { id, scope }) = limiter.stored_key(&key) else { unreachable!() };
+    /// assert_eq!(limiter.storage_key(Target::stored(id, scope).unwrap()), key);
+    /// assert_eq!(Target::stored("t", Some("login")), Some(Target::scoped("login", "t")));
+    /// assert_eq!(Target::stored("{x}", None), None);
+    /// ```
+    pub fn stored(id: &'a str, scope: Option<&'a str>) -> Option<Self> {
+        let id_ok = is_hashed(id) || storage_id(id) == id;
+        let scope_ok = scope.is_none_or(|s| is_hashed(s) || scope_id(s) == s);
+        if !(id_ok && scope_ok) {
+            return None;
+        }
+        // Plain ids are their own names: the same target as the name's.
+        let stored = is_hashed(id) || scope.is_some_and(is_hashed);
+        Some(Target {
+            scope,
+            key: id,
+            all_routes: false,
+            stored,
+        })
+    }
+
+    /// [`Target::stored`] of the unscoped id on every route: [`Target::all_routes`] of the key
+    /// stored as `id`.
+    pub fn stored_all_routes(id: &'a str) -> Option<Self> {
+        Target::stored(id, None).map(|target| Target {
+            all_routes: true,
+            ..target
+        })
     }
 }
 
@@ -143,6 +195,10 @@ fn glob_escaped(text: &str) -> String {
 
 /// The storage key of `target` under `unscoped`'s prefix (the limiter's, precomputed).
 pub(super) fn target_key(unscoped: &KeyScope, target: Target<'_>) -> StorageKey {
+    if target.stored {
+        let scope = target.scope.map_or([""; 2], |scope| [":", scope]);
+        return StorageKey::join(&[&unscoped.head, target.key, "}", scope[0], scope[1]]);
+    }
     match target.scope {
         None => unscoped.storage_key(target.key),
         Some(scope) => StorageKey::join(&[
@@ -207,8 +263,8 @@ pub enum StoredKey<'a> {
 /// The suffix of a tenant's controls and of the sliding log's, as the stores derive them.
 fn suffixes() -> (String, String) {
     let bare = "p:{k}";
-    let tenant = crate::algorithm::tenant_key(bare);
-    let log = crate::algorithm::log_controls_key(bare);
+    let tenant = crate::mirror::tenant_key(bare);
+    let log = crate::mirror::log_controls_key(bare);
     (
         tenant[bare.len()..].to_owned(),
         log[bare.len()..].to_owned(),
@@ -223,7 +279,7 @@ impl StoredKey<'_> {
         if rest == tenant {
             return Some(StoredKey::Tenant { id });
         }
-        let record = crate::algorithm::RECORD_SUFFIX;
+        let record = crate::mirror::RECORD_SUFFIX;
         let (route, derived) = if let Some(route) = rest.strip_suffix(log.as_str()) {
             (route, Some(true))
         } else if let Some(route) = rest.strip_suffix(record) {
@@ -248,7 +304,16 @@ impl StoredKey<'_> {
     }
 }
 
-/// Whether a scope's id is a hashed one: `#` and 64 lower-case hex digits.
+impl StoredKey<'_> {
+    /// Whether `id`, a key's or a scope's id as [`StoredKey`] reads it back, is a hashed one:
+    /// `#` and the 64 lower-case hex digits of the name's SHA-256 (the name cannot be read
+    /// back; [`Target::stored`] names it).
+    pub fn is_hashed_id(id: &str) -> bool {
+        is_hashed(id)
+    }
+}
+
+/// Whether an id is a hashed one: `#` and 64 lower-case hex digits.
 fn is_hashed(scope: &str) -> bool {
     scope.len() == 65
         && scope.starts_with('#')
@@ -314,8 +379,16 @@ impl Limiter {
     /// assert_eq!(limiter.tenant_pattern("ip:203.0.113.7"), "redlimit:{ip:203.0.113.7}*");
     /// assert_eq!(limiter.tenant_pattern("a?"), r"redlimit:{a\?}*");
     /// ```
-    pub fn tenant_pattern(&self, key: &str) -> String {
-        let mut pattern = glob_escaped(&self.storage_key(key));
+    ///
+    /// Any target names its tenant (its scope is left out): [`Target::stored`] names a tenant
+    /// stored hashed.
+    pub fn tenant_pattern<'a>(&self, key: impl Into<Target<'a>>) -> String {
+        let tenant = Target {
+            scope: None,
+            all_routes: false,
+            ..key.into()
+        };
+        let mut pattern = glob_escaped(&self.storage_key(tenant));
         pattern.push('*');
         pattern
     }
@@ -380,8 +453,8 @@ mod tests {
         let route = limiter.storage_key("t");
         let scoped = limiter.storage_key(Target::scoped("login", "t"));
         let hashed = limiter.storage_key("{t}");
-        let tenant = crate::algorithm::tenant_key(&scoped);
-        let log = crate::algorithm::log_controls_key(&scoped);
+        let tenant = crate::mirror::tenant_key(&scoped);
+        let log = crate::mirror::log_controls_key(&scoped);
         let hashed_id = &hashed["p:{".len()..hashed.len() - 1];
         assert_eq!(
             read(&limiter, &route),
@@ -413,7 +486,7 @@ mod tests {
             })
         );
         // A learning record is not a route, whatever its scope.
-        let record = crate::algorithm::learned_record_key(&scoped).unwrap();
+        let record = crate::mirror::learned_record_key(&scoped).unwrap();
         assert_eq!(record, "p:{t}:login#l");
         assert_eq!(
             read(&limiter, &record),
@@ -422,7 +495,7 @@ mod tests {
                 scope: Some("login")
             })
         );
-        let record = crate::algorithm::learned_record_key(&route).unwrap();
+        let record = crate::mirror::learned_record_key(&route).unwrap();
         assert_eq!(
             read(&limiter, &record),
             Some(StoredKey::LearningRecord {
@@ -433,7 +506,7 @@ mod tests {
         // The route of the scope `learned` is a route, and its record is not.
         let learned = limiter.storage_key(Target::scoped("learned", "t"));
         assert_ne!(
-            crate::algorithm::learned_record_key(&route),
+            crate::mirror::learned_record_key(&route),
             Some(learned.clone())
         );
         assert!(matches!(

@@ -189,7 +189,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         Box::pin(async move {
             let mut decision = self.check(request).await?;
             if !decision.allowed && !decision.suspended {
-                let tenant = crate::algorithm::tenant_key(request.key);
+                let tenant = crate::mirror::tenant_key(request.key);
                 self.control(ControlRequest {
                     key: &tenant,
                     algorithm: request.algorithm,
@@ -285,8 +285,8 @@ pub enum Control<'a> {
 
 impl<'a> Control<'a> {
     /// The operation the scripts (and their mirror) run: durations in whole µs, at least 1.
-    pub(crate) fn op(self) -> crate::algorithm::Op<'a> {
-        use crate::algorithm::Op;
+    pub(crate) fn op(self) -> crate::mirror::Op<'a> {
+        use crate::mirror::Op;
         match self {
             Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
             Control::ClearQuota => Op::ClearQuota,

@@ -74,7 +74,7 @@ impl SlotReply {
 
 /// A slot operation's byte and limit (1 for the operations that take none).
 pub(crate) fn slot_op(op: SlotOp) -> (u8, u64) {
-    use crate::algorithm::{ACQUIRE, RELEASE, RENEW};
+    use crate::mirror::{ACQUIRE, RELEASE, RENEW};
     match op {
         SlotOp::Acquire { limit } => (ACQUIRE, limit),
         SlotOp::Renew => (RENEW, 1),

@@ -1,4 +1,4 @@
-//! The fleet example `examples/fleet/`, run as a user runs it: worker processes sharing one
+//! The fleet example `examples/fleet.rs`, run as a user runs it: worker processes sharing one
 //! quota in a private Redis use it fully and never trip the mock upstream, and without a Redis it
 //! refuses to start.
 

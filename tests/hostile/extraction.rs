@@ -81,28 +81,25 @@ fn key_case() -> impl Strategy<Value = KeyCase> {
         proptest::collection::vec(any::<char>(), 150..400)
             .prop_map(|chars| chars.into_iter().collect()),
     ];
+    // Grouped by what they feed: the header key, the forwarded chain, the trust settings.
     (
-        prop_oneof![header_bytes(64), long_header_bytes(3000)],
-        proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32)),
-        fn_key,
-        proptest::collection::vec(proptest::collection::vec(hop(), 0..6), 0..3),
-        any::<SocketAddr>(),
-        proptest::collection::vec((any::<IpAddr>(), any::<u8>()), 0..4),
-        any::<bool>(),
-        any::<bool>(),
-        any::<u8>(),
+        (
+            prop_oneof![header_bytes(64), long_header_bytes(3000)],
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32)),
+            fn_key,
+        ),
+        (
+            proptest::collection::vec(proptest::collection::vec(hop(), 0..6), 0..3),
+            any::<SocketAddr>(),
+            proptest::collection::vec((any::<IpAddr>(), any::<u8>()), 0..4),
+        ),
+        (any::<bool>(), any::<bool>(), any::<u8>()),
     )
         .prop_map(
             |(
-                header,
-                secret,
-                fn_key,
-                forwarded,
-                peer,
-                trusted,
-                trust_peer,
-                trust_all,
-                ipv6_prefix,
+                (header, secret, fn_key),
+                (forwarded, peer, trusted),
+                (trust_peer, trust_all, ipv6_prefix),
             )| {
                 KeyCase {
                     header,

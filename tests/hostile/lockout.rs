@@ -99,20 +99,13 @@ async fn no_lockout(
     let at = clock.now_micros();
     let step = quota.period() / 40;
     let at_once = burst(limiter, key, quota, quota.burst() * 3, context).await;
+    let within = quota.period() * 2;
+    let probe = first_admission(limiter, clock, key, quota, step, within, context).await;
     let Probe {
         waited,
         max_retry,
         broken_promise,
-    } = first_admission(
-        limiter,
-        clock,
-        key,
-        quota,
-        step,
-        quota.period() * 2,
-        context,
-    )
-    .await;
+    } = probe;
     let (natural, natural_retry) = natural_lockout(backend, algorithm, quota, at, step).await;
     let line = format!(
         "{context}: {at_once} admitted at once, admitted again after {} (fresh key exhausted \

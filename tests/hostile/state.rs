@@ -159,23 +159,15 @@ async fn corrupt(
                 String::from_utf8_lossy(garbage)
             )
         }
-        "list" => {
-            let _: () = redis::cmd("RPUSH")
+        "list" | "set" => {
+            let command = if kind == "list" { "RPUSH" } else { "SADD" };
+            let _: () = redis::cmd(command)
                 .arg(key)
                 .arg(garbage)
                 .query_async(conn)
                 .await
                 .unwrap();
-            format!("RPUSH {key}")
-        }
-        "set" => {
-            let _: () = redis::cmd("SADD")
-                .arg(key)
-                .arg(garbage)
-                .query_async(conn)
-                .await
-                .unwrap();
-            format!("SADD {key}")
+            format!("{command} {key}")
         }
         other => panic!("unexpected Redis type {other} for {key}"),
     }
@@ -209,16 +201,8 @@ async fn assert_heals(
         quota.burst()
     );
     let step = quota.period() / 20;
-    let probe = first_admission(
-        limiter,
-        clock,
-        key,
-        quota,
-        step,
-        quota.period() * 2,
-        context,
-    )
-    .await;
+    let within = quota.period() * 2;
+    let probe = first_admission(limiter, clock, key, quota, step, within, context).await;
     if let Some(broken) = probe.broken_promise {
         panic!("{context}: {broken}");
     }

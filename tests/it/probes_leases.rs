@@ -1,6 +1,7 @@
 //! Probes (outside review) of leases under cancellation, data loss, slow Redis and controls,
 //! on real Redis. Each asserts a promise of docs/leases.md with the figure in its message.
 
+use crate::probes_review::{leasing_with, Rng};
 use crate::support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,19 +16,6 @@ use support::{Ctx, RedisServer};
 /// midnight UTC unless unlucky; the probes check the window did not turn).
 fn daily() -> Quota {
     Quota::per_day(1_000_000).unwrap()
-}
-
-fn leasing(redis: &RedisServer, algorithm: Algorithm, timeout: Duration) -> Limiter {
-    let ctx = Ctx {
-        algorithm,
-        timeout,
-        ..Ctx::default()
-    };
-    Limiter::builder(ctx.redis_store(redis))
-        .algorithm(algorithm)
-        .leases(Leases::new(Duration::from_millis(50)))
-        .build()
-        .unwrap()
 }
 
 /// Units Redis counts consumed on `key` under `quota` (a peek: cost 0 is never leased).
@@ -50,17 +38,6 @@ async fn settled(limiter: &Limiter) -> LeaseStats {
     }
 }
 
-/// A tiny deterministic generator (xorshift), so a failing run can be replayed by its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Many concurrent requests on one hot key, on two instances, each dropped at a random point
 /// (a zero timeout = first poll, a short one = in flight, or run to the end), with `forget`
 /// and `release_leases` now and then: afterwards every admission was paid in Redis and every
@@ -69,8 +46,8 @@ impl Rng {
 async fn probe_hot_key_random_drops_redis_count_equals_admissions_and_counters_balance() {
     let redis = RedisServer::start();
     let instances = [
-        leasing(&redis, Algorithm::FixedWindow, Duration::from_secs(5)),
-        leasing(&redis, Algorithm::FixedWindow, Duration::from_secs(5)),
+        leasing_with(&redis, Algorithm::FixedWindow, Duration::from_secs(5)),
+        leasing_with(&redis, Algorithm::FixedWindow, Duration::from_secs(5)),
     ];
     let quota = daily();
     let admitted = Arc::new(AtomicU64::new(0));

@@ -14,10 +14,10 @@ use support::{Ctx, RedisServer};
 const INTERVAL: Duration = Duration::from_millis(50);
 const T0: Duration = Duration::from_secs(1_700_003_600);
 
-/// A tiny deterministic generator (xorshift).
-struct Rng(u64);
+/// A tiny deterministic generator (xorshift), so a failing run can be replayed by its seed.
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -25,7 +25,12 @@ impl Rng {
     }
 }
 
-fn leasing_with(redis: &RedisServer, algorithm: Algorithm, timeout: Duration) -> Limiter {
+/// A limiter on `redis` leasing every 50 ms, under `algorithm`, with the store `timeout`.
+pub(crate) fn leasing_with(
+    redis: &RedisServer,
+    algorithm: Algorithm,
+    timeout: Duration,
+) -> Limiter {
     let ctx = Ctx {
         algorithm,
         timeout,
@@ -296,21 +301,10 @@ async fn probe_operator_controls_reach_a_leasing_instance_within_one_interval_on
         .unwrap();
     let operator = ctx.redis(&redis);
     let quota = Quota::per_second(100_000).unwrap();
-    for _ in 0..6 {
-        futures::future::join_all((0..50).map(|_| leasing.check("k", &quota))).await;
-        clock.advance(Duration::from_millis(1));
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    crate::leases::hold_units(&leasing, "k", &quota, &clock).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        leasing.lease_stats().held > 0,
-        "{:?}",
-        leasing.lease_stats()
-    );
-    operator
-        .suspend("k", Duration::from_secs(600))
-        .await
-        .unwrap();
+    let ten_minutes = Duration::from_secs(600);
+    crate::leases::suspend_once_leased(&leasing, &operator, "k", ten_minutes, "k").await;
     clock.advance(INTERVAL + Duration::from_micros(1));
     let mut admitted = 0;
     for _ in 0..100 {

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redlimit::store::{RedisStore, StoreError};
+use redlimit::store::RedisStore;
 use redlimit::{
     failure_policy::{FailClosed, FailOpen},
     Limiter, Quota, Verdict,
@@ -21,6 +21,23 @@ const BOUND: Duration = Duration::from_millis(500);
 
 fn ca(files: &TlsFiles) -> Vec<u8> {
     TlsFiles::read(&files.ca())
+}
+
+/// A Redis on TLS with a certificate of `name` (asking clients for theirs when `mutual`), or
+/// `None` when this machine's redis-server has no TLS (`test` names the skipped test).
+fn tls_server(test: &str, name: &str, mutual: bool) -> Option<(TlsFiles, RedisServer)> {
+    if support::skip_without_tls(test) {
+        return None;
+    }
+    let files = TlsFiles::generate(name);
+    let redis = RedisServer::start_tls(&TlsSetup::new(&files, mutual));
+    Some((files, redis))
+}
+
+/// A store for `redis` over TLS trusting the CA of `files`.
+fn trusting(redis: &RedisServer, files: &TlsFiles) -> RedisStore {
+    let builder = RedisStore::builder(redis.tls_url()).tls_ca_pem(ca(files));
+    builder.build().unwrap()
 }
 
 /// `limit` requests admitted, the next one refused: Redis decided.
@@ -46,15 +63,12 @@ async fn admits_exactly(limiter: &Limiter, key: &str, limit: u64) {
 
 #[tokio::test]
 async fn single_node_over_tls_with_a_private_ca() {
-    if support::skip_without_tls("single_node_over_tls_with_a_private_ca") {
+    let Some((files, redis)) =
+        tls_server("single_node_over_tls_with_a_private_ca", "single", false)
+    else {
         return;
-    }
-    let files = TlsFiles::generate("single");
-    let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
-    let store = RedisStore::builder(redis.tls_url())
-        .tls_ca_pem(ca(&files))
-        .build()
-        .unwrap();
+    };
+    let store = trusting(&redis, &files);
     let server = store.verify().await.expect("verified over TLS");
     println!("verified over TLS: {server}");
     assert_eq!(
@@ -67,16 +81,12 @@ async fn single_node_over_tls_with_a_private_ca() {
 
 #[tokio::test]
 async fn mutual_tls_with_a_client_certificate() {
-    if support::skip_without_tls("mutual_tls_with_a_client_certificate") {
+    let Some((files, redis)) = tls_server("mutual_tls_with_a_client_certificate", "mtls", true)
+    else {
         return;
-    }
-    let files = TlsFiles::generate("mtls");
-    let redis = RedisServer::start_tls(&TlsSetup::new(&files, true));
+    };
 
-    let without = RedisStore::builder(redis.tls_url())
-        .tls_ca_pem(ca(&files))
-        .build()
-        .unwrap();
+    let without = trusting(&redis, &files);
     let error = without.verify().await.expect_err("no client certificate");
     println!("without a client certificate: {error}");
 
@@ -97,20 +107,16 @@ async fn mutual_tls_with_a_client_certificate() {
 
 #[tokio::test]
 async fn a_server_signed_by_another_ca_is_refused_with_a_clear_error() {
-    if support::skip_without_tls("a_server_signed_by_another_ca_is_refused_with_a_clear_error") {
+    let Some((_files, redis)) = tls_server(
+        "a_server_signed_by_another_ca_is_refused_with_a_clear_error",
+        "server",
+        false,
+    ) else {
         return;
-    }
-    let files = TlsFiles::generate("server");
+    };
     let other = TlsFiles::generate("other");
-    let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
-    let store = RedisStore::builder(redis.tls_url())
-        .tls_ca_pem(ca(&other))
-        .build()
-        .unwrap();
-    let error = store.verify().await.expect_err("wrong CA");
-    let message = error.to_string();
-    println!("wrong CA: {message}");
-    assert!(matches!(error, StoreError::Redis(_)), "{error:?}");
+    let store = trusting(&redis, &other);
+    let message = support::redis_error_on_verify(&store, "wrong CA").await;
     assert!(
         message.contains("certificate") && message.contains("UnknownIssuer"),
         "the error names the certificate problem: {message}"
@@ -137,18 +143,17 @@ async fn plain_redis_url_with_tls_settings_is_refused_at_build() {
 /// policy decides each call within the timeout: FailOpen admits, FailClosed refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_failure_policy_decides_while_the_handshake_fails() {
-    if support::skip_without_tls("the_failure_policy_decides_while_the_handshake_fails") {
+    let Some((_files, redis)) = tls_server(
+        "the_failure_policy_decides_while_the_handshake_fails",
+        "server",
+        false,
+    ) else {
         return;
-    }
-    let files = TlsFiles::generate("server");
+    };
     let other = TlsFiles::generate("other");
-    let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
     let quota = Quota::per_hour(1).unwrap();
     for closed in [false, true] {
-        let store = RedisStore::builder(redis.tls_url())
-            .tls_ca_pem(ca(&other))
-            .build()
-            .unwrap();
+        let store = trusting(&redis, &other);
         let builder = Limiter::builder(store);
         let limiter = if closed {
             builder.failure_policy(FailClosed::default())

@@ -25,18 +25,24 @@ async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decisi
         .unwrap_or_else(|e| panic!("redis store failed: {e}"))
 }
 
+/// A private Redis, a manual clock at `T0`, a token-bucket limiter on both, and the quota most
+/// tests use: 10 a minute.
+fn ten_a_minute_on_redis() -> (RedisServer, ManualClock, Limiter, Quota) {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let limiter = Ctx::new(Algorithm::TokenBucket)
+        .manual(&clock)
+        .redis(&redis);
+    (redis, clock, limiter, Quota::per_minute(10).unwrap())
+}
+
 /// 10 a minute, a client calling every 5 s for 10 simulated minutes. Refill keeps fractional
 /// progress, so once the initial burst is spent exactly 10 calls a minute pass; an
 /// implementation that dropped the partial token at each call (moving its clock to `now`) would
 /// admit a token only every 10 s: 6 a minute.
 #[tokio::test]
 async fn slow_rate_admits_ten_a_minute_over_ten_simulated_minutes() {
-    let redis = RedisServer::start();
-    let clock = ManualClock::new(T0);
-    let limiter = Ctx::new(Algorithm::TokenBucket)
-        .manual(&clock)
-        .redis(&redis);
-    let quota = Quota::per_minute(10).unwrap();
+    let (_redis, clock, limiter, quota) = ten_a_minute_on_redis();
 
     let mut per_minute = [0u32; 10];
     let mut admitted = 0u64;
@@ -138,12 +144,7 @@ async fn five_hundred_concurrent_checks_through_four_connections_admit_exactly_f
 /// writes nothing.
 #[tokio::test]
 async fn cost_above_capacity_is_never_allowed_and_consumes_nothing() {
-    let redis = RedisServer::start();
-    let clock = ManualClock::new(T0);
-    let limiter = Ctx::new(Algorithm::TokenBucket)
-        .manual(&clock)
-        .redis(&redis);
-    let quota = Quota::per_minute(10).unwrap();
+    let (redis, _clock, limiter, quota) = ten_a_minute_on_redis();
 
     let never = check(&limiter, "big", &quota, 11).await;
     assert!(!never.allowed);
@@ -173,12 +174,7 @@ async fn cost_above_capacity_is_never_allowed_and_consumes_nothing() {
 /// Cost 0 reports the state without consuming (and without writing).
 #[tokio::test]
 async fn peek_does_not_consume() {
-    let redis = RedisServer::start();
-    let clock = ManualClock::new(T0);
-    let limiter = Ctx::new(Algorithm::TokenBucket)
-        .manual(&clock)
-        .redis(&redis);
-    let quota = Quota::per_minute(10).unwrap();
+    let (redis, clock, limiter, quota) = ten_a_minute_on_redis();
 
     let fresh = check(&limiter, "peek", &quota, 0).await;
     assert!(fresh.allowed);

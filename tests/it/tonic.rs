@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use greeter::{GreeterClient, GreeterServer, HelloRequest};
-use redlimit::key::PeerIp;
+use redlimit::key::{KeyExtractor, PeerIp};
 use redlimit::store::RedisStore;
 use redlimit::{failure_policy::FailClosed, Limiter, Quota, RateLimitLayer};
 use support::{Ctx, RedisServer};
@@ -18,14 +18,17 @@ use tokio::task::JoinHandle;
 use tonic::{Code, Status};
 
 /// A tonic server with the layer in front of the greeter; aborted on drop.
-struct Server {
+pub(crate) struct Server {
     addr: SocketAddr,
     task: JoinHandle<()>,
 }
 
 impl Server {
     /// Serves on 127.0.0.1 (a free port), so clients on 127.0.0.2 can reach it too.
-    async fn start(layer: RateLimitLayer<PeerIp>) -> Server {
+    pub(crate) async fn start<K>(layer: RateLimitLayer<K>) -> Server
+    where
+        K: KeyExtractor + Send + Sync + 'static,
+    {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
@@ -41,7 +44,7 @@ impl Server {
     }
 
     /// A client whose connection leaves from `local_ip` (a 127.0.0.0/8 address).
-    async fn client_from(&self, local_ip: &str) -> GreeterClient {
+    pub(crate) async fn client_from(&self, local_ip: &str) -> GreeterClient {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
             .unwrap()
             .local_address(Some(local_ip.parse::<IpAddr>().unwrap()))
@@ -56,6 +59,13 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A server whose layer allows each peer address 2 calls a minute, on `redis`.
+async fn two_a_minute_per_peer(redis: &RedisServer) -> Server {
+    let limiter = Ctx::default().redis(redis);
+    let layer = RateLimitLayer::new(limiter, Quota::per_minute(2).unwrap(), PeerIp::new());
+    Server::start(layer).await
 }
 
 fn hello() -> HelloRequest {
@@ -88,12 +98,7 @@ fn redis_keys(redis: &RedisServer) -> Vec<String> {
 #[tokio::test]
 async fn two_grpc_clients_on_different_addresses_are_keyed_apart() {
     let redis = RedisServer::start();
-    let layer = RateLimitLayer::new(
-        Ctx::default().redis(&redis),
-        Quota::per_minute(2).unwrap(),
-        PeerIp::new(),
-    );
-    let server = Server::start(layer).await;
+    let server = two_a_minute_per_peer(&redis).await;
     let mut first = server.client_from("127.0.0.1").await;
     let mut second = server.client_from("127.0.0.2").await;
 
@@ -125,12 +130,7 @@ async fn two_grpc_clients_on_different_addresses_are_keyed_apart() {
 #[tokio::test]
 async fn over_the_quota_is_resource_exhausted_with_retry_hints() {
     let redis = RedisServer::start();
-    let layer = RateLimitLayer::new(
-        Ctx::default().redis(&redis),
-        Quota::per_minute(2).unwrap(),
-        PeerIp::new(),
-    );
-    let server = Server::start(layer).await;
+    let server = two_a_minute_per_peer(&redis).await;
     let mut client = server.client_from("127.0.0.1").await;
 
     let reply = client.say_hello(hello()).await.unwrap();

@@ -64,16 +64,7 @@ pub fn example_binary(name: &str) -> PathBuf {
 pub fn assert_usage_errors(name: &str, cases: &[(&[&str], &str)]) {
     for (args, message) in cases {
         let output = run_to_exit(name, args);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(
-            output.status.code(),
-            Some(2),
-            "{args:?} must exit 2: {stderr}"
-        );
-        assert!(
-            stderr.contains(message),
-            "{args:?}: stderr {stderr:?} should mention {message:?}"
-        );
+        assert_usage_error(&output, args, message);
         assert!(
             !String::from_utf8_lossy(&output.stdout).contains("listening on"),
             "{args:?} must not start the server"
@@ -83,25 +74,54 @@ pub fn assert_usage_errors(name: &str, cases: &[(&[&str], &str)]) {
 
 /// Runs the example to completion (for flags that must make it exit), with `REDIS_URL` dead.
 pub fn run_to_exit(name: &str, args: &[&str]) -> Output {
-    let mut child = Command::new(example_binary(name))
+    let mut command = Command::new(example_binary(name));
+    command
         .args(args)
         .env("REDIS_URL", dead_redis_url())
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    output_within(
+        &mut command,
+        START_TIMEOUT,
+        &format!("the example {name} with {args:?}"),
+    )
+}
+
+/// Runs `command` to its exit, its stdout and stderr piped and kept; kills it and panics,
+/// naming it `what`, if it runs longer than `timeout` (a bound on a hang).
+pub fn output_within(command: &mut Command, timeout: Duration, what: &str) -> Output {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn the example");
-    let deadline = Instant::now() + START_TIMEOUT;
-    while child.try_wait().expect("poll the example").is_none() {
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    let deadline = Instant::now() + timeout;
+    while child.try_wait().expect("poll the child").is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("the example {name} with {args:?} did not exit");
+            panic!("{what} did not exit");
         }
         thread::sleep(Duration::from_millis(20));
     }
     child
         .wait_with_output()
-        .expect("collect the example's output")
+        .unwrap_or_else(|e| panic!("collect the output of {what}: {e}"))
+}
+
+/// The stderr of `output`, asserting it exited with `code` (`what` names the run).
+pub fn stderr_of_exit(output: &Output, code: i32, what: &str) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(code), "{what}: {stderr}");
+    stderr
+}
+
+/// Asserts that `output`, of a run with `args`, is a usage error: exit status 2 and `message`
+/// on stderr.
+pub fn assert_usage_error(output: &Output, args: &[&str], message: &str) {
+    let stderr = stderr_of_exit(output, 2, &format!("{args:?} must exit 2"));
+    assert!(
+        stderr.contains(message),
+        "{args:?}: stderr {stderr:?} should mention {message:?}"
+    );
 }
 
 /// A running example server; killed on drop.

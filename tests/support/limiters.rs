@@ -23,6 +23,28 @@ use redlimit::{
 
 use super::{RedisCluster, RedisServer};
 
+/// A private Redis and a limiter on it (the default context: a generous timeout, so a slow
+/// answer on a busy machine never turns into a fail-open admission), on a manual clock at
+/// 1 700 000 000 s that moves only when told.
+pub struct Fixture {
+    _redis: RedisServer,
+    pub clock: ManualClock,
+    pub limiter: Limiter,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let redis = RedisServer::start();
+        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+        let limiter = Ctx::default().manual(&clock).redis(&redis);
+        Fixture {
+            _redis: redis,
+            clock,
+            limiter,
+        }
+    }
+}
+
 /// The store timeout unless a test says otherwise: generous, because these tests are about
 /// decisions, and a slow answer on a busy 2-core machine must not turn into an error or a
 /// fail-open admission (the failure tests set their own timeouts).
@@ -198,6 +220,41 @@ pub fn cluster_limiter(cluster: &RedisCluster, algorithm: Algorithm) -> Limiter 
 /// A limiter under `algorithm` on a `MemoryStore` of its own.
 pub fn memory_limiter(algorithm: Algorithm) -> Limiter {
     Ctx::new(algorithm).memory()
+}
+
+/// The message of the error `store.verify()` must fail with, a Redis error (not a timeout nor a
+/// closed breaker); printed after `what`, which names the case.
+pub async fn redis_error_on_verify(store: &RedisStore, what: &str) -> String {
+    let error = store.verify().await.expect_err(what);
+    let message = error.to_string();
+    println!("{what}: {message}");
+    assert!(
+        matches!(error, redlimit::store::StoreError::Redis(_)),
+        "{error:?}"
+    );
+    message
+}
+
+/// A circuit breaker that opens after `failures` consecutive failures and probes again after
+/// 50 ms, so a test sees it open and close quickly.
+pub fn breaker_opening_after(failures: u32) -> CircuitBreaker {
+    CircuitBreaker {
+        failure_threshold: failures,
+        cool_down: Duration::from_millis(50),
+    }
+}
+
+/// Whether `limiter`'s store answers a check of `key` (cost 1) within about 10 s: after a
+/// restart, once it has reconnected.
+pub async fn answers_within_10s(limiter: &Limiter, key: &str, quota: &Quota) -> bool {
+    for _ in 0..200 {
+        let answer = limiter.try_check_quotas(key, &quota.into(), 1).await;
+        if answer.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }
 
 /// Whether `limiter` admits one request of `key` under `quota`: the store's own decision, without

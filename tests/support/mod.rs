@@ -26,9 +26,10 @@ mod tls;
 
 pub use cluster::{key_slot, RedisCluster};
 pub use limiters::{
-    admits, cluster_limiter, memory_limiter, redis_limiter, redis_store, Ctx, PATIENT_TIMEOUT,
+    admits, answers_within_10s, breaker_opening_after, cluster_limiter, memory_limiter,
+    redis_error_on_verify, redis_limiter, redis_store, Ctx, Fixture, PATIENT_TIMEOUT,
 };
-pub use server::RedisServer;
+pub use server::{debug_sleep_via, RedisServer};
 pub use tls::{TlsFiles, TlsSetup};
 
 use std::collections::hash_map::RandomState;
@@ -192,7 +193,7 @@ pub async fn poison_key(redis: &RedisServer, limiter: &redlimit::Limiter, key: &
         .expect("set_quota before the poisoning");
     let storage_key = match limiter.algorithm() {
         redlimit::Algorithm::SlidingLog => {
-            let [log_controls, _] = redlimit::algorithm::control_keys(&limiter.storage_key(key));
+            let [log_controls, _] = redlimit::mirror::control_keys(&limiter.storage_key(key));
             log_controls
         }
         _ => limiter.storage_key(key),

@@ -178,18 +178,7 @@ impl RedisServer {
     /// thread then waits for the reply. Join the handle to wait until the
     /// server is responsive again.
     pub fn debug_sleep(&self, duration: Duration) -> JoinHandle<()> {
-        let mut conn = self.conn();
-        let seconds = format!("{:.3}", duration.as_secs_f64());
-        let command = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg(seconds)
-            .get_packed_command();
-        conn.send_packed_command(&command)
-            .expect("send DEBUG SLEEP");
-        thread::spawn(move || {
-            // The server may be killed while asleep: the reply does not matter.
-            let _ = conn.recv_response();
-        })
+        debug_sleep_via(&self.client(), duration)
     }
 
     /// `SCRIPT FLUSH`: forgets every loaded Lua script (EVALSHA then fails
@@ -418,4 +407,23 @@ fn server_pid(port: u16) -> redis::RedisResult<u32> {
     let info: String = redis::cmd("INFO").arg("server").query(&mut conn)?;
     let pid = info_field(&info, "process_id").and_then(|pid| pid.parse().ok());
     Ok(pid.unwrap_or(0))
+}
+
+/// [`RedisServer::debug_sleep`] through `client`, for code that holds a client rather than the
+/// server (a hook moved into an upstream's thread).
+pub fn debug_sleep_via(client: &redis::Client, duration: Duration) -> JoinHandle<()> {
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .expect("connect to send DEBUG SLEEP");
+    let seconds = format!("{:.3}", duration.as_secs_f64());
+    let command = redis::cmd("DEBUG")
+        .arg("SLEEP")
+        .arg(seconds)
+        .get_packed_command();
+    conn.send_packed_command(&command)
+        .expect("send DEBUG SLEEP");
+    thread::spawn(move || {
+        // The server may be killed while asleep: the reply does not matter.
+        let _ = conn.recv_response();
+    })
 }

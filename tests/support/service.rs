@@ -47,3 +47,36 @@ pub fn seen_remaining(extensions: &http::Extensions) -> String {
         .get::<Decision>()
         .map_or_else(|| "none".to_owned(), |d| d.remaining.to_string())
 }
+
+type Req = Request<Full<Bytes>>;
+type Resp = Response<Full<Bytes>>;
+
+/// What the tests' inner services are: full-body requests in, full-body responses out, never an
+/// error, a `Send` future, cloneable. A name for the bound, so each service need not spell it.
+pub trait TestService:
+    Service<Req, Response = Resp, Error = Infallible, Future: Send> + Clone + Send + 'static
+{
+}
+
+impl<S> TestService for S where
+    S: Service<Req, Response = Resp, Error = Infallible, Future: Send> + Clone + Send + 'static
+{
+}
+
+/// The status `svc` (a clone of it, so the caller keeps its own) answers `request` with.
+pub async fn status_of<S, B>(svc: &S, request: Request<Full<Bytes>>) -> http::StatusCode
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    use tower::ServiceExt;
+    svc.clone().oneshot(request).await.unwrap().status()
+}
+
+/// An empty response carrying `value` in the header `name`.
+pub fn with_header(name: &'static str, value: http::HeaderValue) -> Response<Full<Bytes>> {
+    Response::builder()
+        .header(name, value)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}

@@ -10,7 +10,7 @@
 //! - `TORTURE_SEED=<seed>`: replays one schedule.
 //! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound>` runs one family alone,
 //!   `TORTURE_BACKEND=<redis|memory|cluster>` one backend, `TORTURE_VERBOSE=1` prints a line
-//!   per schedule. The 3-master Cluster starts the first time a schedule draws it.
+//!   per schedule and one per violation. The 3-master Cluster starts the first time a schedule draws it.
 //! - `TORTURE_KEEP_GOING=1`: does not stop at the first violation; prints each distinct oracle
 //!   that fired with its first seed and the seconds it took to find.
 //!
@@ -168,6 +168,11 @@ async fn torture_run() {
             continue;
         }
         violations += found_here.len() as u64;
+        if verbose {
+            for v in &found_here {
+                println!("torture: seed {seed} violation: {}: {}", v.oracle, v.detail);
+            }
+        }
         if keep_going {
             for v in &found_here {
                 let name = format!("{} ({:?})", v.oracle, schedule.config.family);

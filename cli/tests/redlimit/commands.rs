@@ -20,14 +20,12 @@ use tower::{ServiceBuilder, ServiceExt};
 
 /// Runs `redlimit` against `redis` with `args`, `REDIS_URL` pointing nowhere.
 fn redlimit(redis: &RedisServer, args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(crate::BINARY);
+    let mut command = crate::redlimit_command();
     command
         .arg("--redis")
         .arg(redis.url())
         .args(args)
-        .env("REDIS_URL", dead_redis_url())
-        .env_remove("REDLIMIT_HEADER_SECRET")
-        .stdin(Stdio::null());
+        .env("REDIS_URL", dead_redis_url());
     for (name, value) in envs {
         command.env(name, value);
     }
@@ -40,15 +38,28 @@ fn redlimit_ok(redis: &RedisServer, args: &[&str]) -> String {
 }
 
 fn redlimit_ok_with(redis: &RedisServer, args: &[&str], envs: &[(&str, &str)]) -> String {
-    let output = redlimit(redis, args, envs);
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{args:?} failed with {}: {stdout}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    crate::stdout_of_success(&redlimit(redis, args, envs), &format!("{args:?}"))
+}
+
+/// The scope of a layer over `limiter` keyed by `x-api-key` with `quota`: the route an operator
+/// names with `--scope`.
+fn api_key_scope(limiter: &Limiter, quota: Quota) -> String {
+    let key = HeaderKey::named("x-api-key").unwrap();
+    let layer = RateLimitLayer::new(limiter.clone(), quota, key);
+    layer.scope().to_owned()
+}
+
+/// Spends `n` of `tenant`'s `quota` on the route `scope`, asserting every request admitted.
+async fn spend(limiter: &Limiter, scope: &str, tenant: &str, quota: Quota, n: usize) {
+    for i in 0..n {
+        let verdict = limiter
+            .check_quotas(Target::scoped(scope, tenant), &quota.into(), 1)
+            .await;
+        assert!(
+            verdict.is_allowed(),
+            "{tenant} on {scope}: request {i} denied"
+        );
+    }
 }
 
 /// The value of the status line `  NAME: VALUE`.
@@ -175,9 +186,9 @@ async fn reset_forgets_the_usage() {
     assert!(decide(&limiter, "ip:203.0.113.7", &quota).await.allowed);
 }
 
-/// A request through a layer keyed by the `x-api-key` header: its status, and for a 429 whether
-/// the body says "suspended" (anything else would be a denial for the quota: a test failure).
-async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> StatusCode {
+/// The response to `GET /` with `x-api-key: api_key` through `layer` over a service answering
+/// `200 ok`, its body collected.
+async fn get_through(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> Response<Bytes> {
     let service =
         ServiceBuilder::new()
             .layer(layer.clone())
@@ -188,9 +199,16 @@ async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> Stat
         .header("x-api-key", api_key)
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let response = service.oneshot(request).await.unwrap();
+    let (parts, body) = service.oneshot(request).await.unwrap().into_parts();
+    Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
+}
+
+/// A request through a layer keyed by the `x-api-key` header: its status, and for a 429 whether
+/// the body says "suspended" (anything else would be a denial for the quota: a test failure).
+async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> StatusCode {
+    let response = get_through(layer, api_key).await;
     let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = response.into_body();
     if status == StatusCode::TOO_MANY_REQUESTS {
         let body = String::from_utf8_lossy(&body);
         assert!(
@@ -220,18 +238,16 @@ async fn an_api_key_is_hashed_as_the_layer_hashes_it_in_the_layers_scope() {
     let scope = plain.scope().to_owned();
     assert_eq!(through_layer(&plain, "k-123").await, StatusCode::OK);
 
-    let stdout = redlimit_ok(
-        &redis,
-        &[
-            "--scope",
-            &scope,
-            "--header",
-            "x-api-key",
-            "suspend",
-            "k-123",
-            "1m",
-        ],
-    );
+    let suspend = [
+        "--scope",
+        &scope,
+        "--header",
+        "x-api-key",
+        "suspend",
+        "k-123",
+        "1m",
+    ];
+    let stdout = redlimit_ok(&redis, &suspend);
     assert!(
         stdout.starts_with("suspend: x-api-key header \"k-123\" is denied on every instance"),
         "{stdout}"
@@ -247,16 +263,7 @@ async fn an_api_key_is_hashed_as_the_layer_hashes_it_in_the_layers_scope() {
 
     // The same secret, from the environment: that layer's key.
     let env = [("REDLIMIT_HEADER_SECRET", "fleet-s3cret")];
-    let args = [
-        "--scope",
-        &scope,
-        "--header",
-        "x-api-key",
-        "suspend",
-        "k-123",
-        "1m",
-    ];
-    redlimit_ok_with(&redis, &args, &env);
+    redlimit_ok_with(&redis, &suspend, &env);
     assert_eq!(
         through_layer(&secret, "k-123").await,
         StatusCode::TOO_MANY_REQUESTS
@@ -283,124 +290,69 @@ async fn an_api_key_is_hashed_as_the_layer_hashes_it_in_the_layers_scope() {
 #[test]
 fn bad_input_exits_2_with_a_message() {
     let dead = dead_redis_url();
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["inspect", "k"], "--redis URL"),
-        (vec!["--redis", &dead], "requires a subcommand"),
-        (vec!["--redis", &dead, "inspect"], "<KEY>"),
-        (vec!["--redis", &dead, "inspect", ""], "<KEY>"),
+    // A command line per case: words split at spaces, 'quoted' words kept whole, DEAD for the
+    // unreachable Redis's URL.
+    let cases = [
+        ("inspect k", "--redis URL"),
+        ("--redis DEAD", "requires a subcommand"),
+        ("--redis DEAD inspect", "<KEY>"),
+        ("--redis DEAD inspect ''", "<KEY>"),
+        ("--redis DEAD inspect k x", "unexpected argument 'x'"),
+        ("--redis DEAD frobnicate k", "unrecognized subcommand"),
+        ("--redis DEAD suspend k", "<DURATION>"),
+        ("--redis DEAD suspend k 0s", "more than 0"),
+        ("--redis DEAD suspend k 0ms", "more than 0"),
+        ("--redis DEAD suspend k 721h", "30 days"),
         (
-            vec!["--redis", &dead, "inspect", "k", "x"],
-            "unexpected argument 'x'",
-        ),
-        (
-            vec!["--redis", &dead, "frobnicate", "k"],
-            "unrecognized subcommand",
-        ),
-        (vec!["--redis", &dead, "suspend", "k"], "<DURATION>"),
-        (vec!["--redis", &dead, "suspend", "k", "0s"], "more than 0"),
-        (vec!["--redis", &dead, "suspend", "k", "0ms"], "more than 0"),
-        (vec!["--redis", &dead, "suspend", "k", "721h"], "30 days"),
-        (
-            vec!["--redis", &dead, "suspend", "k", "99999999999999999999h"],
+            "--redis DEAD suspend k 99999999999999999999h",
             "is not a duration",
         ),
+        ("--redis DEAD suspend k 1.5s", "is not a duration"),
+        ("--redis DEAD set-quota k", "<N/DURATION>"),
+        ("--redis DEAD set-quota k 10", "is not N/DURATION"),
+        ("--redis DEAD set-quota k 0/1s", "at least 1"),
+        ("--redis DEAD set-quota k x/1s", "whole number"),
+        ("--redis DEAD set-quota k 10/0s", "more than 0"),
+        ("--redis DEAD set-quota k 10/s", "is not a duration"),
+        ("--redis DEAD set-quota k 10/1s/2", "is not a duration"),
         (
-            vec!["--redis", &dead, "suspend", "k", "1.5s"],
-            "is not a duration",
-        ),
-        (vec!["--redis", &dead, "set-quota", "k"], "<N/DURATION>"),
-        (
-            vec!["--redis", &dead, "set-quota", "k", "10"],
-            "is not N/DURATION",
-        ),
-        (
-            vec!["--redis", &dead, "set-quota", "k", "0/1s"],
-            "at least 1",
-        ),
-        (
-            vec!["--redis", &dead, "set-quota", "k", "x/1s"],
-            "whole number",
-        ),
-        (
-            vec!["--redis", &dead, "set-quota", "k", "10/0s"],
-            "more than 0",
-        ),
-        (
-            vec!["--redis", &dead, "set-quota", "k", "10/s"],
-            "is not a duration",
-        ),
-        (
-            vec!["--redis", &dead, "set-quota", "k", "10/1s/2"],
-            "is not a duration",
-        ),
-        (
-            vec!["--redis", &dead, "set-quota", "k", "10/9999999999h"],
+            "--redis DEAD set-quota k 10/9999999999h",
             "at most 100 years",
         ),
         (
-            vec![
-                "--redis",
-                &dead,
-                "set-quota",
-                "k",
-                "1/1s",
-                "1/2s",
-                "1/3s",
-                "1/4s",
-                "1/5s",
-                "1/6s",
-                "1/7s",
-                "1/8s",
-                "1/9s",
-            ],
+            "--redis DEAD set-quota k 1/1s 1/2s 1/3s 1/4s 1/5s 1/6s 1/7s 1/8s 1/9s",
             "at most 8",
         ),
         (
-            vec!["--redis", &dead, "--algorithm", "leaky", "inspect", "k"],
+            "--redis DEAD --algorithm leaky inspect k",
             "unknown algorithm",
         ),
+        ("--redis DEAD --header-secret s inspect k", "needs --header"),
         (
-            vec!["--redis", &dead, "--header-secret", "s", "inspect", "k"],
-            "needs --header",
-        ),
-        (
-            vec!["--redis", &dead, "--header", "bad name", "inspect", "k"],
+            "--redis DEAD --header 'bad name' inspect k",
             "not a header name",
         ),
         (
-            vec!["--redis", &dead, "--prefix=", "inspect", "k"],
+            "--redis DEAD --prefix= inspect k",
             "--prefix must not be empty",
         ),
+        ("--redis DEAD --scope", "a value is required for '--scope"),
         (
-            vec!["--redis", &dead, "--scope"],
-            "a value is required for '--scope",
-        ),
-        (
-            vec!["--redis", &dead, "--frobnicate", "inspect", "k"],
+            "--redis DEAD --frobnicate inspect k",
             "unexpected argument '--frobnicate'",
         ),
+        ("--redis 'not a url' inspect k", "--redis: invalid URL"),
         (
-            vec!["--redis", "not a url", "inspect", "k"],
-            "--redis: invalid URL",
-        ),
-        (
-            vec!["--redis", &dead, "--redis", &dead, "inspect", "k"],
+            "--redis DEAD --redis DEAD inspect k",
             "cannot be used multiple times",
         ),
         (
-            vec!["--redis", &dead, "limited", "--watch", "0s"],
+            "--redis DEAD limited --watch 0s",
             "--watch: the interval must be more than 0",
         ),
-        (
-            vec!["--sentinel", &dead, "inspect", "k"],
-            "--service <NAME>",
-        ),
+        ("--sentinel DEAD inspect k", "--service <NAME>"),
     ];
-    let cases: Vec<(&[&str], &str)> = cases
-        .iter()
-        .map(|(args, message)| (args.as_slice(), *message))
-        .collect();
-    crate::assert_usage_errors(&cases);
+    crate::assert_usage_errors(&cases, &dead);
 }
 
 #[test]
@@ -431,17 +383,7 @@ fn a_sliding_log_quota_beyond_its_burst_cap_is_refused_before_anything_changes()
 
 /// A request through `layer` with `x-api-key: key`: its status and `Retry-After`.
 async fn get_with_key(layer: &RateLimitLayer<HeaderKey>, key: &str) -> (u16, Option<u64>) {
-    let service =
-        ServiceBuilder::new()
-            .layer(layer.clone())
-            .service_fn(|_: Request<Full<Bytes>>| async {
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
-            });
-    let request = Request::get("/")
-        .header("x-api-key", key)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let response = service.oneshot(request).await.unwrap();
+    let response = get_through(layer, key).await;
     let retry_after = response
         .headers()
         .get("retry-after")
@@ -563,12 +505,7 @@ async fn set_quota_all_routes_reaches_every_route() {
     let stdout = redlimit_ok(&redis, &["--all-routes", "set-quota", "t", "2/1m"]);
     assert_eq!(field(&stdout, "override"), "2/1m", "{stdout}");
     for scope in ["api", "login"] {
-        for _ in 0..2 {
-            assert!(limiter
-                .check_quotas(Target::scoped(scope, "t"), &own.into(), 1)
-                .await
-                .is_allowed());
-        }
+        spend(&limiter, scope, "t", own, 2).await;
         assert!(!limiter
             .check_quotas(Target::scoped(scope, "t"), &own.into(), 1)
             .await
@@ -588,20 +525,10 @@ async fn limited_lists_the_most_constrained_keys_first() {
     let redis = RedisServer::start();
     let limiter = limiter(&redis);
     let quota = Quota::per_hour(20).unwrap();
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        quota,
-        HeaderKey::named("x-api-key").unwrap(),
-    );
-    let scope = layer.scope().to_owned();
+    let scope = api_key_scope(&limiter, quota);
     // spent: 20 of 20 used (denied); low: 1 left (5 %); fine: 18 left; held: suspended.
     for (key, used) in [("spent", 20), ("low", 19), ("fine", 2)] {
-        for _ in 0..used {
-            assert!(limiter
-                .check_quotas(Target::scoped(&scope, key), &quota.into(), 1)
-                .await
-                .is_allowed());
-        }
+        spend(&limiter, &scope, key, quota, used).await;
     }
     limiter
         .suspend("held", Duration::from_secs(60))
@@ -652,16 +579,11 @@ async fn limited_lists_the_most_constrained_keys_first() {
 async fn limited_lists_a_tenants_own_row_first_then_its_routes() {
     let redis = RedisServer::start();
     let limiter = limiter(&redis);
-    let scope_of = |quota: Quota| {
-        let layer = RateLimitLayer::new(
-            limiter.clone(),
-            quota,
-            HeaderKey::named("x-api-key").unwrap(),
-        );
-        layer.scope().to_owned()
-    };
     let (five, forty) = (Quota::per_hour(5).unwrap(), Quota::per_hour(40).unwrap());
-    let (scope5, scope40) = (scope_of(five), scope_of(forty));
+    let (scope5, scope40) = (
+        api_key_scope(&limiter, five),
+        api_key_scope(&limiter, forty),
+    );
     // low: 0 of 5 left on one route, 2 of 40 on the other (the first by name); held: 0 of 5,
     // then suspended for a minute on every route; long: suspended for 5 minutes.
     for (tenant, quota, scope, used) in [
@@ -669,12 +591,7 @@ async fn limited_lists_a_tenants_own_row_first_then_its_routes() {
         ("low", forty, &scope40, 38),
         ("held", five, &scope5, 5),
     ] {
-        for _ in 0..used {
-            assert!(limiter
-                .check_quotas(Target::scoped(scope, tenant), &quota.into(), 1)
-                .await
-                .is_allowed());
-        }
+        spend(&limiter, scope, tenant, quota, used).await;
     }
     redlimit_ok(&redis, &["suspend", "held", "1m"]);
     redlimit_ok(&redis, &["suspend", "long", "5m"]);
@@ -707,23 +624,14 @@ async fn limited_lists_a_tenants_own_row_first_then_its_routes() {
 /// Runs `redlimit` on `cluster` (`--redis-cluster` with every node) and returns its
 /// stdout, asserting success.
 fn redlimit_cluster_ok(cluster: &RedisCluster, args: &[&str]) -> String {
-    let output = Command::new(crate::BINARY)
+    let output = crate::redlimit_command()
         .arg("--redis-cluster")
         .arg(cluster.urls().join(","))
         .args(args)
         .env("REDIS_URL", dead_redis_url())
-        .env_remove("REDLIMIT_HEADER_SECRET")
-        .stdin(Stdio::null())
         .output()
         .expect("run redlimit");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{args:?} failed with {}: {stdout}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    crate::stdout_of_success(&output, &format!("{args:?}"))
 }
 
 /// Asserts that `text` is one JSON object on one line.
@@ -742,12 +650,7 @@ async fn limited_and_inspect_scan_every_master_of_a_cluster() {
         RedisStore::cluster(cluster.urls().iter().map(String::as_str)).expect("cluster URLs"),
     );
     let quota = Quota::per_hour(5).unwrap();
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        quota,
-        HeaderKey::named("x-api-key").unwrap(),
-    );
-    let scope = layer.scope().to_owned();
+    let scope = api_key_scope(&limiter, quota);
     // One tenant on each master: a key's slot is its hash tag's, `{tenant}`.
     let mut tenants: Vec<(String, usize)> = Vec::new();
     for i in 0..1000 {
@@ -762,12 +665,7 @@ async fn limited_and_inspect_scan_every_master_of_a_cluster() {
     }
     assert_eq!(tenants.len(), 3, "a tenant on every master: {tenants:?}");
     for (tenant, _) in &tenants {
-        for _ in 0..5 {
-            assert!(limiter
-                .check_quotas(Target::scoped(&scope, tenant), &quota.into(), 1)
-                .await
-                .is_allowed());
-        }
+        spend(&limiter, &scope, tenant, quota, 5).await;
     }
 
     let text = redlimit_cluster_ok(&cluster, &["limited"]);
@@ -889,17 +787,17 @@ fn redis_and_redis_cluster_together_exit_2_and_write_nothing() {
     );
     assert_eq!(redis.dbsize(), 0, "nothing written");
 
-    let cases: [(&[&str], &str); 2] = [
+    let cases = [
         (
-            &["--redis-cluster", ",", "inspect", "k"],
+            "--redis-cluster , inspect k",
             "--redis-cluster needs at least one URL",
         ),
         (
-            &["--redis-cluster", "not a url", "inspect", "k"],
+            "--redis-cluster 'not a url' inspect k",
             "--redis-cluster: invalid URL",
         ),
     ];
-    crate::assert_usage_errors(&cases);
+    crate::assert_usage_errors(&cases, "");
 }
 
 /// A block on abuse (`BlockFor`) shows in `redlimit` as the tenant's suspension, with the
@@ -1016,28 +914,17 @@ async fn every_command_works_as_the_operator(
     }
 
     let quota = Quota::per_hour(5).unwrap();
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        quota,
-        HeaderKey::named("x-api-key").unwrap(),
-    );
-    let scope = layer.scope().to_owned();
-    for _ in 0..5 {
-        assert!(limiter
-            .check_quotas(Target::scoped(&scope, "acme"), &quota.into(), 1)
+    let scope = api_key_scope(limiter, quota);
+    let route_status = || async {
+        limiter
+            .inspect(Target::scoped(&scope, "acme"))
             .await
-            .is_allowed());
-    }
+            .unwrap()
+    };
+    spend(limiter, &scope, "acme", quota, 5).await;
     let run = |args: &[&str]| {
         let output = redlimit_as(nodes, "operator", args);
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "as the operator, {args:?} exited {}: {stdout}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
+        crate::stdout_of_success(&output, &format!("as the operator, {args:?}"))
     };
 
     let inspected = run(&["inspect", "acme"]);
@@ -1065,36 +952,24 @@ async fn every_command_works_as_the_operator(
     );
 
     run(&["set-quota", "acme", "--scope", &scope, "7/1m"]);
-    let status = limiter
-        .inspect(Target::scoped(&scope, "acme"))
-        .await
-        .unwrap();
+    let status = route_status().await;
     assert_eq!(
         status.quota_override,
         Some(Quota::per_minute(7).unwrap().into()),
         "set-quota as the operator"
     );
     run(&["clear-quota", "acme", "--scope", &scope]);
-    let status = limiter
-        .inspect(Target::scoped(&scope, "acme"))
-        .await
-        .unwrap();
+    let status = route_status().await;
     assert_eq!(status.quota_override, None, "clear-quota as the operator");
     run(&["set-quota", "acme", "--all-routes", "9/1m"]);
-    let status = limiter
-        .inspect(Target::scoped(&scope, "acme"))
-        .await
-        .unwrap();
+    let status = route_status().await;
     assert_eq!(
         status.all_routes_override,
         Some(Quota::per_minute(9).unwrap().into()),
         "set-quota --all-routes as the operator"
     );
     run(&["clear-quota", "acme", "--all-routes"]);
-    let status = limiter
-        .inspect(Target::scoped(&scope, "acme"))
-        .await
-        .unwrap();
+    let status = route_status().await;
     assert_eq!(status.all_routes_override, None, "clear-quota --all-routes");
 
     run(&["suspend", "acme", "1m"]);
@@ -1118,12 +993,8 @@ async fn every_command_works_as_the_operator(
     let refused = if cluster { "cluster|nodes" } else { "scan" };
     for args in [&["inspect", "acme"][..], &["limited"]] {
         let output = redlimit_as(nodes, "limiter", args);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(
-            output.status.code(),
-            Some(1),
-            "{args:?} as the service: {stderr}"
-        );
+        let what = format!("{args:?} as the service");
+        let stderr = crate::support::example::stderr_of_exit(&output, 1, &what);
         assert!(
             stderr.contains(&format!("no permissions to run the '{refused}' command")),
             "{args:?} as the service: {stderr}"

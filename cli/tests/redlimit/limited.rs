@@ -2,7 +2,7 @@
 //! exactly the tenants limited, refreshed; and a suspension by tenant id reaching every route.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -18,20 +18,12 @@ use crate::support::{self, RedisCluster, RedisServer};
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn run_ok(redis: &[&str], args: &[&str]) -> String {
-    let output = Command::new(crate::BINARY)
+    let output = crate::redlimit_command()
         .args(redis)
         .args(args)
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
         .output()
         .expect("run redlimit");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{args:?}: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    crate::stdout_of_success(&output, &format!("{args:?}"))
 }
 
 /// Two routes of one service (layers with their own quota, keyed by `x-api-key`); traffic
@@ -175,10 +167,8 @@ struct Watch {
 
 impl Watch {
     fn start(url: &str) -> Watch {
-        let mut child = Command::new(crate::BINARY)
+        let mut child = crate::redlimit_command()
             .args(["--redis", url, "limited", "--watch", "100ms"])
-            .env_remove("REDIS_URL")
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

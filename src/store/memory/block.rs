@@ -4,9 +4,9 @@ use std::sync::PoisonError;
 use std::time::Duration;
 
 use super::{expiry, KeyState, MemoryStore, Stored};
-use crate::algorithm::{block_us, offences_key, tenant_key, Controls};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
+use crate::mirror::{block_us, offences_key, tenant_key, Controls};
 use crate::store::{micros, Block, CheckRequest, Control, ControlRequest};
 
 impl MemoryStore {

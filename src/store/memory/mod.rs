@@ -13,12 +13,13 @@ mod slots;
 
 use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
-use crate::algorithm::{
-    capped_cost, control, decide, foreign_state, learned_record_key, learning, log_controls_key,
-    tenant_key, Controls, Kind, Op, RecordWrite, Refused, Written, MAX_SLIDING_LOG_BURST,
-};
+use crate::algorithm::{Kind, MAX_SLIDING_LOG_BURST};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
+use crate::mirror::{
+    capped_cost, control, decide, foreign_state, learned_record_key, learning, log_controls_key,
+    tenant_key, Controls, Op, RecordWrite, Refused, Written,
+};
 
 /// The default cap on keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;

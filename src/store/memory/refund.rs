@@ -3,8 +3,8 @@
 use std::sync::PoisonError;
 
 use super::{KeyState, MemoryStore, Stored};
-use crate::algorithm::{log_controls_key, log_refund, refund, reserved_before_reset, STAMP};
 use crate::clock::system_now_micros;
+use crate::mirror::{log_controls_key, log_refund, refund, reserved_before_reset, STAMP};
 use crate::store::RefundRequest;
 
 impl MemoryStore {
@@ -12,8 +12,8 @@ impl MemoryStore {
     pub(super) fn refund_now(&self, request: RefundRequest<'_>) -> u64 {
         let client = request.now_micros.is_some();
         let now = request.now_micros.unwrap_or_else(system_now_micros);
-        let units = crate::algorithm::capped_cost(request.units) as f64;
-        let reserved = now as f64 - crate::algorithm::capped_cost(request.age_micros) as f64;
+        let units = crate::mirror::capped_cost(request.units) as f64;
+        let reserved = now as f64 - crate::mirror::capped_cost(request.age_micros) as f64;
         let log = request.algorithm.spec().is_log();
         let mut guard = self
             .shard(request.key)

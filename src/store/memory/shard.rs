@@ -16,9 +16,8 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use super::EVICTION_BATCH;
-use crate::algorithm::{
-    decide_log, is_tenant_key, sliding_log, tenant_key, LogWrite, Packed, Refused, Reply, CONTROLS,
-};
+use crate::algorithm::{sliding_log, Packed};
+use crate::mirror::{decide_log, is_tenant_key, tenant_key, LogWrite, Refused, Reply, CONTROLS};
 
 /// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
 pub(super) const CANDIDATES: usize = 16;

@@ -4,8 +4,8 @@ use std::sync::PoisonError;
 use std::time::Duration;
 
 use super::{KeyState, MemoryStore, Stored};
-use crate::algorithm::{slots_step, ACQUIRE, RELEASE, RENEW};
 use crate::clock::system_now_micros;
+use crate::mirror::{slots_step, ACQUIRE, RELEASE, RENEW};
 use crate::store::{micros, SlotReply, SlotRequest};
 
 impl MemoryStore {

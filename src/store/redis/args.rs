@@ -1,8 +1,9 @@
 //! The decision script's packed argument (`lua/common.lua`'s header, ARGV): what every
 //! decision sends, whichever script wraps it.
 
-use crate::algorithm::layout::{exact, put_quota, ARGS_HEADER, QUOTA_BYTES};
-use crate::algorithm::{capped_cost, Algorithm};
+use crate::algorithm::Algorithm;
+use crate::mirror::capped_cost;
+use crate::mirror::layout::{exact, put_quota, ARGS_HEADER, QUOTA_BYTES};
 use crate::quota::{Quota, MAX_TIERS};
 
 /// The longest argument: now, cost, the algorithm, and 8 tiers.

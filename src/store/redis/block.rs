@@ -4,13 +4,13 @@
 use std::sync::LazyLock;
 
 use super::args::PackedArgs;
-use crate::algorithm::layout::exact;
-use crate::algorithm::{log_controls_key, offences_key, tenant_key, BLOCK_WRAPPER};
+use crate::mirror::layout::exact;
+use crate::mirror::{log_controls_key, offences_key, tenant_key, BLOCK_SOURCE};
 use crate::store::micros;
 use crate::store::{Block, CheckRequest};
 
 pub(super) static BLOCK: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&BLOCK_WRAPPER));
+    LazyLock::new(|| redis::Script::new(&BLOCK_SOURCE));
 
 /// Appends a blocking decision's `numkeys`, `KEYS` and `ARGV`.
 pub(super) fn push_block(cmd: &mut redis::Cmd, r: &CheckRequest<'_>, block: &Block) {

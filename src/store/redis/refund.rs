@@ -2,13 +2,13 @@
 
 use std::sync::LazyLock;
 
-use crate::algorithm::layout::exact;
-use crate::algorithm::{log_controls_key, tenant_key, REFUND_SOURCE};
+use crate::mirror::layout::exact;
+use crate::mirror::{log_controls_key, tenant_key, REFUND_SOURCE};
 use crate::quota::Quota;
 use crate::store::RefundRequest;
 
 pub(super) static REFUND: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(REFUND_SOURCE));
+    LazyLock::new(|| redis::Script::new(&REFUND_SOURCE));
 
 /// Appends a refund's `numkeys`, `KEYS` and `ARGV`.
 pub(super) fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {

@@ -15,13 +15,14 @@ use super::refund::{push_refund, REFUND};
 use super::reload::{load, Reloads, Script};
 use super::sentinel::PrimaryConnection;
 use super::slots::{push_slots, SLOTS};
-use crate::algorithm::layout::{
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::mirror::layout::{
     exact, learned_record_key, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS,
 };
-use crate::algorithm::{
-    log_controls_key, Algorithm, BLOCK_WRAPPER, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
+use crate::mirror::{
+    log_controls_key, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
 };
-use crate::decision::Decision;
 use crate::quota::Quota;
 use crate::store::{
     Block, CheckRequest, ControlReply, ControlRequest, RefundRequest, SlotRequest, StoreError,
@@ -55,9 +56,9 @@ impl Call<'_> {
         match self {
             Call::Check(_) | Call::Split(..) => (&DECIDE, &SOURCE, Script::Decide),
             Call::Control(_) => (&CONTROL, &CONTROL_SOURCE, Script::Control),
-            Call::Refund(_) => (&REFUND, REFUND_SOURCE, Script::Refund),
-            Call::Block(..) => (&BLOCK, &BLOCK_WRAPPER, Script::Block),
-            Call::Slots(_) => (&SLOTS, SLOTS_SOURCE, Script::Slots),
+            Call::Refund(_) => (&REFUND, &REFUND_SOURCE, Script::Refund),
+            Call::Block(..) => (&BLOCK, &BLOCK_SOURCE, Script::Block),
+            Call::Slots(_) => (&SLOTS, &SLOTS_SOURCE, Script::Slots),
         }
     }
 
@@ -416,7 +417,7 @@ impl Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::layout::f64_at;
+    use crate::mirror::layout::f64_at;
 
     #[test]
     fn packed_arguments_and_reply() {

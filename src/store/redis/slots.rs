@@ -2,14 +2,14 @@
 
 use std::sync::LazyLock;
 
-use crate::algorithm::layout::exact;
-use crate::algorithm::SLOTS_SOURCE;
+use crate::mirror::layout::exact;
+use crate::mirror::SLOTS_SOURCE;
 use crate::store::micros;
 use crate::store::slots::slot_op;
 use crate::store::SlotRequest;
 
 pub(super) static SLOTS: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(SLOTS_SOURCE));
+    LazyLock::new(|| redis::Script::new(&SLOTS_SOURCE));
 
 /// Appends a slot operation's `numkeys`, `KEYS` and `ARGV` (the ids last).
 pub(super) fn push_slots(cmd: &mut redis::Cmd, r: &SlotRequest<'_>) {

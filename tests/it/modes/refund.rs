@@ -17,17 +17,17 @@ async fn remaining(limiter: &Limiter, key: &str, quotas: &Quotas) -> u64 {
         .remaining
 }
 
+/// Whether `limiter` admits `cost` of `key` under `quotas` (a store error fails the test).
+async fn allowed(limiter: &Limiter, key: &str, quotas: &Quotas, cost: u64) -> bool {
+    let decision = limiter.try_check_quotas(key, quotas, cost).await;
+    decision.unwrap().allowed
+}
+
 /// Reserve 4 of 5, give 3 back, then far too many: 4 left, then 5, never more.
 async fn gives_back_up_to_capacity(limiter: &Limiter) {
     let quotas = Quotas::from(Quota::per_minute(5).unwrap());
     let key = "refund-me";
-    assert!(
-        limiter
-            .try_check_quotas(key, &quotas, 4)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(limiter, key, &quotas, 4).await);
     assert_eq!(remaining(limiter, key, &quotas).await, 1);
     limiter.refund(key, &quotas, 3).await.unwrap();
     assert_eq!(
@@ -45,22 +45,9 @@ async fn gives_back_up_to_capacity(limiter: &Limiter) {
     );
     // Exactly capacity: five pass, the sixth is denied.
     for i in 0..5 {
-        assert!(
-            limiter
-                .try_check_quotas(key, &quotas, 1)
-                .await
-                .unwrap()
-                .allowed,
-            "#{i}"
-        );
+        assert!(allowed(limiter, key, &quotas, 1).await, "#{i}");
     }
-    assert!(
-        !limiter
-            .try_check_quotas(key, &quotas, 1)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(!allowed(limiter, key, &quotas, 1).await);
     // A fresh key: nothing to give back, nothing stored.
     limiter.refund("fresh", &quotas, 2).await.unwrap();
     assert!(limiter.inspect("fresh").await.unwrap().tiers.is_empty());
@@ -76,32 +63,14 @@ async fn every_tier_gets_units_back(limiter: &Limiter) {
     ])
     .unwrap();
     let key = "tiers";
-    assert!(
-        limiter
-            .try_check_quotas(key, &quotas, 3)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(limiter, key, &quotas, 3).await);
     limiter.refund(key, &quotas, 2).await.unwrap();
     // The per-second tier is back to 2 of 3, the per-minute one to 9 of 10.
     if limiter.algorithm() != Algorithm::SlidingLog {
         assert_eq!(limiter.inspect(key).await.unwrap().tiers.len(), 2);
     }
-    assert!(
-        limiter
-            .try_check_quotas(key, &quotas, 2)
-            .await
-            .unwrap()
-            .allowed
-    );
-    assert!(
-        !limiter
-            .try_check_quotas(key, &quotas, 1)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(limiter, key, &quotas, 2).await);
+    assert!(!allowed(limiter, key, &quotas, 1).await);
 }
 
 #[tokio::test]
@@ -154,13 +123,7 @@ async fn a_refund_stops_at_the_override_capacity() {
         let own = Quotas::from(Quota::per_minute(100).unwrap());
         let tight = Quotas::from(Quota::per_minute(3).unwrap());
         limiter.set_quota("o", &tight).await.unwrap();
-        assert!(
-            limiter
-                .try_check_quotas("o", &own, 2)
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(allowed(limiter, "o", &own, 2).await);
         limiter.refund("o", &own, 50).await.unwrap();
         let status = limiter.inspect("o").await.unwrap();
         assert_eq!(status.tiers[0].fields[0], ("tokens", 3.0));

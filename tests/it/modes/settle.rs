@@ -1,6 +1,7 @@
 //! Cost settled after the response: by status (a login limiter counting only failures), and
 //! reserve-then-settle to a response header; settlements that fail never block a response.
 
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,43 +13,44 @@ use redlimit::key::GlobalKey;
 use redlimit::{Limiter, Quota, Quotas, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
+use crate::support::service::{status_of, with_header, TestService};
 use crate::support::{Ctx, RedisServer};
 
 /// The login route's inner service: 200 for the password "right", 401 otherwise; counts the
 /// failures it answered.
-fn login(
-    failures: Arc<AtomicUsize>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = std::convert::Infallible,
-    Future = impl std::future::Future<
-        Output = Result<Response<Full<Bytes>>, std::convert::Infallible>,
-    > + Send,
-> + Clone
-       + Send
-       + 'static {
+fn login(failures: Arc<AtomicUsize>) -> impl TestService {
     tower::service_fn(move |req: Request<Full<Bytes>>| {
         let failures = failures.clone();
         async move {
-            let right = req
-                .headers()
-                .get("x-password")
-                .is_some_and(|p| p == "right");
+            let right = is_right(&req);
             // Slow enough that concurrent attempts overlap.
             tokio::time::sleep(Duration::from_millis(20)).await;
-            let status = if right {
-                StatusCode::OK
-            } else {
+            if !right {
                 failures.fetch_add(1, Ordering::SeqCst);
-                StatusCode::UNAUTHORIZED
-            };
-            Ok(Response::builder()
-                .status(status)
-                .body(Full::new(Bytes::new()))
-                .unwrap())
+            }
+            Ok(answer(right))
         }
     })
+}
+
+/// Whether the attempt's password is "right".
+fn is_right(req: &Request<Full<Bytes>>) -> bool {
+    req.headers()
+        .get("x-password")
+        .is_some_and(|p| p == "right")
+}
+
+/// The login route's answer: 200 for the right password, 401 otherwise.
+fn answer(right: bool) -> Response<Full<Bytes>> {
+    let status = if right {
+        StatusCode::OK
+    } else {
+        StatusCode::UNAUTHORIZED
+    };
+    Response::builder()
+        .status(status)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
 }
 
 /// What a peek at `key` in `scope` says is left.
@@ -64,6 +66,29 @@ fn attempt(password: &str) -> Request<Full<Bytes>> {
         .header("x-user", "alice")
         .header("x-password", password)
         .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+/// A layer reserving `reserve` per request on `user`'s `policy` and settling to the number the
+/// response carries in the header `used` (`reserve` when it has none).
+fn settle_to_header(
+    limiter: Limiter,
+    quota: Quota,
+    (policy, user): (&'static str, &'static str),
+    reserve: u64,
+    used: &'static str,
+) -> RateLimitLayer<GlobalKey> {
+    RateLimitLayer::builder(limiter, quota, GlobalKey::new(user))
+        .policy_name(policy)
+        .cost(move |_| reserve)
+        .cost_from_response(move |response| {
+            response
+                .headers()
+                .get(used)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(reserve)
+        })
+        .build()
         .unwrap()
 }
 
@@ -97,15 +122,8 @@ async fn exactly_five_failed_logins_pass_across_three_instances() {
         })
         .collect();
     for i in 0..12 {
-        let mut svc = instances[i % 3].1.clone();
-        let response = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(attempt("right"))
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "success #{i}");
+        let status = status_of(&instances[i % 3].1, attempt("right")).await;
+        assert_eq!(status, StatusCode::OK, "success #{i}");
     }
     // The successes' reservations are given back (settled as tasks of their own).
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -115,15 +133,9 @@ async fn exactly_five_failed_logins_pass_across_three_instances() {
 
     let mut attempts = Vec::new();
     for i in 0..30 {
-        let mut svc = instances[i % 3].1.clone();
+        let svc = instances[i % 3].1.clone();
         attempts.push(tokio::spawn(async move {
-            svc.ready()
-                .await
-                .unwrap()
-                .call(attempt("wrong"))
-                .await
-                .unwrap()
-                .status()
+            status_of(&svc, attempt("wrong")).await
         }));
     }
     let mut statuses = Vec::new();
@@ -153,30 +165,16 @@ async fn exactly_five_failed_logins_pass_across_three_instances() {
 async fn reserve_then_settle_to_a_response_header() {
     let redis = RedisServer::start();
     for limiter in [Ctx::default().redis(&redis), Ctx::default().memory()] {
-        let layer = RateLimitLayer::builder(
+        let layer = settle_to_header(
             limiter.clone(),
             Quota::per_hour(10_000).unwrap(),
-            GlobalKey::new("bob"),
-        )
-        .policy_name("llm")
-        .cost(|_| 1_000)
-        .cost_from_response(|response| {
-            response
-                .headers()
-                .get("x-tokens-used")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1_000)
-        })
-        .build()
-        .unwrap();
+            ("llm", "bob"),
+            1_000,
+            "x-tokens-used",
+        );
         let mut svc = layer.layer(tower::service_fn(|req: Request<Full<Bytes>>| async move {
             let used = req.headers()["x-want"].clone();
-            Ok::<_, std::convert::Infallible>(
-                Response::builder()
-                    .header("x-tokens-used", used)
-                    .body(Full::new(Bytes::new()))
-                    .unwrap(),
-            )
+            Ok::<_, Infallible>(with_header("x-tokens-used", used))
         }));
         let quotas = Quotas::from(Quota::per_hour(10_000).unwrap());
         let call = |want: &'static str| {
@@ -211,7 +209,7 @@ async fn a_failed_settlement_never_blocks_the_response() {
     let limiter = Limiter::new(store);
     let slow = tower::service_fn(|_: Request<Full<Bytes>>| async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
     });
     let mut svc = login_layer(limiter.clone()).layer(slow);
     let call = svc.ready().await.unwrap().call(attempt("right"));
@@ -246,16 +244,10 @@ async fn shadow_tiers_are_settled_like_the_enforced_ones() {
     .build()
     .unwrap();
     let failures = Arc::new(AtomicUsize::new(0));
-    let mut svc = layer.layer(login(failures));
+    let svc = layer.layer(login(failures));
     for i in 0..6 {
-        let response = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(attempt("right"))
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "#{i}");
+        let status = status_of(&svc, attempt("right")).await;
+        assert_eq!(status, StatusCode::OK, "#{i}");
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     assert_eq!(limiter.stats().shadow_limited, 0);
@@ -265,37 +257,16 @@ async fn shadow_tiers_are_settled_like_the_enforced_ones() {
 
 /// A gated login service: "right" waits for a permit of `gate` (counted in `entered` first)
 /// and answers 200, anything else 401 at once.
-fn gated_login(
-    gate: Arc<tokio::sync::Semaphore>,
-    entered: Arc<AtomicUsize>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = std::convert::Infallible,
-    Future = impl std::future::Future<
-        Output = Result<Response<Full<Bytes>>, std::convert::Infallible>,
-    > + Send,
-> + Clone
-       + Send
-       + 'static {
+fn gated_login(gate: Arc<tokio::sync::Semaphore>, entered: Arc<AtomicUsize>) -> impl TestService {
     tower::service_fn(move |req: Request<Full<Bytes>>| {
         let (gate, entered) = (gate.clone(), entered.clone());
         async move {
-            let right = req
-                .headers()
-                .get("x-password")
-                .is_some_and(|p| p == "right");
-            let status = if right {
+            let right = is_right(&req);
+            if right {
                 entered.fetch_add(1, Ordering::SeqCst);
                 gate.acquire().await.unwrap().forget();
-                StatusCode::OK
-            } else {
-                StatusCode::UNAUTHORIZED
-            };
-            Ok(Response::builder()
-                .status(status)
-                .body(Full::new(Bytes::new()))
-                .unwrap())
+            }
+            Ok(answer(right))
         }
     })
 }
@@ -344,15 +315,8 @@ async fn a_refund_never_reaches_the_window_after_its_reservation() {
         // Window 1, its last 100 ms: five slow successes reserve the whole window.
         let slow: Vec<_> = (0..5)
             .map(|_| {
-                let mut svc = svc.clone();
-                tokio::spawn(async move {
-                    svc.ready()
-                        .await
-                        .unwrap()
-                        .call(attempt("right"))
-                        .await
-                        .unwrap()
-                })
+                let svc = svc.clone();
+                tokio::spawn(async move { status_of(&svc, attempt("right")).await })
             })
             .collect();
         until_entered(&entered, 5).await;
@@ -360,26 +324,16 @@ async fn a_refund_never_reaches_the_window_after_its_reservation() {
         clock.set(boundary + Duration::from_millis(100));
         let mut unauthorized = 0;
         for _ in 0..5 {
-            let status = svc
-                .clone()
-                .oneshot(attempt("wrong"))
-                .await
-                .unwrap()
-                .status();
+            let status = status_of(&svc, attempt("wrong")).await;
             unauthorized += usize::from(status == StatusCode::UNAUTHORIZED);
         }
         gate.add_permits(5);
         for call in slow {
-            assert_eq!(call.await.unwrap().status(), StatusCode::OK, "{backend}");
+            assert_eq!(call.await.unwrap(), StatusCode::OK, "{backend}");
         }
         limiter.flush_settlements().await;
         for _ in 0..10 {
-            let status = svc
-                .clone()
-                .oneshot(attempt("wrong"))
-                .await
-                .unwrap()
-                .status();
+            let status = status_of(&svc, attempt("wrong")).await;
             unauthorized += usize::from(status == StatusCode::UNAUTHORIZED);
         }
         assert_eq!(
@@ -401,22 +355,13 @@ async fn a_fallback_admission_is_never_refunded_into_redis() {
         .timeout(Duration::from_millis(500))
         .failure_policy(redlimit::failure_policy::LocalFallback::new(1))
         .redis(&redis);
-    let layer = RateLimitLayer::builder(
+    let layer = settle_to_header(
         limiter.clone(),
         Quota::per_hour(10).unwrap(),
-        GlobalKey::new("dave"),
-    )
-    .policy_name("api")
-    .cost(|_| 5)
-    .cost_from_response(|response| {
-        response
-            .headers()
-            .get("x-used")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(5)
-    })
-    .build()
-    .unwrap();
+        ("api", "dave"),
+        5,
+        "x-used",
+    );
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let entered = Arc::new(AtomicUsize::new(0));
     let inner = {
@@ -429,12 +374,7 @@ async fn a_fallback_admission_is_never_refunded_into_redis() {
                     entered.fetch_add(1, Ordering::SeqCst);
                     gate.acquire().await.unwrap().forget();
                 }
-                Ok::<_, std::convert::Infallible>(
-                    Response::builder()
-                        .header("x-used", used)
-                        .body(Full::new(Bytes::new()))
-                        .unwrap(),
-                )
+                Ok::<_, Infallible>(with_header("x-used", used))
             }
         })
     };
@@ -467,28 +407,48 @@ async fn a_fallback_admission_is_never_refunded_into_redis() {
     }
     let mut admitted = 0;
     for _ in 0..2 {
-        let status = svc
-            .clone()
-            .oneshot(call("5", false))
-            .await
-            .unwrap()
-            .status();
+        let status = status_of(&svc, call("5", false)).await;
         admitted += 5 * u64::from(status == StatusCode::OK);
     }
     gate.add_permits(1);
     assert_eq!(held.await.unwrap().status(), StatusCode::OK);
     limiter.flush_settlements().await;
-    let status = svc
-        .clone()
-        .oneshot(call("5", false))
-        .await
-        .unwrap()
-        .status();
+    let status = status_of(&svc, call("5", false)).await;
     admitted += 5 * u64::from(status == StatusCode::OK);
     assert_eq!(
         admitted, 10,
         "Redis admitted {admitted} units against a quota of 10"
     );
+}
+
+/// A limiter on `backend` and a service reserving 200 of `user`'s 1 000 an hour on "llm" and
+/// settling every response to 0, so each request spawns a refund of 200.
+fn refund_all(
+    backend: &str,
+    redis: &RedisServer,
+    user: &'static str,
+) -> (
+    Limiter,
+    impl Service<Request<Full<Bytes>>, Response = Response<impl Sized>, Error = Infallible> + Clone,
+) {
+    let limiter = match backend {
+        "redis" => Ctx::default().redis(redis),
+        _ => Ctx::default().memory(),
+    };
+    let layer = RateLimitLayer::builder(
+        limiter.clone(),
+        Quota::per_hour(1_000).unwrap(),
+        GlobalKey::new(user),
+    )
+    .policy_name("llm")
+    .cost(|_| 200)
+    .cost_from_response(|_| 0)
+    .build()
+    .unwrap();
+    let svc = layer.layer(tower::service_fn(|_: Request<Full<Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+    }));
+    (limiter, svc)
 }
 
 /// A settlement pending when the runtime shuts down is counted as failed; one awaited with
@@ -506,23 +466,7 @@ fn a_settlement_lost_at_shutdown_is_counted_and_flush_lands_it() {
         };
         let rt = runtime();
         let (limiter, svc) = rt.block_on(async {
-            let limiter = match backend {
-                "redis" => Ctx::default().redis(&redis),
-                _ => Ctx::default().memory(),
-            };
-            let layer = RateLimitLayer::builder(
-                limiter.clone(),
-                Quota::per_hour(1_000).unwrap(),
-                GlobalKey::new("erin"),
-            )
-            .policy_name("llm")
-            .cost(|_| 200)
-            .cost_from_response(|_| 0)
-            .build()
-            .unwrap();
-            let svc = layer.layer(tower::service_fn(|_: Request<Full<Bytes>>| async {
-                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
-            }));
+            let (limiter, svc) = refund_all(backend, &redis, "erin");
             // Connected, so the reservation is Redis's.
             assert_eq!(left(&limiter, "llm", "erin", &quotas).await, 1_000);
             let response = svc.clone().oneshot(Request::new(Full::new(Bytes::new())));
@@ -540,23 +484,7 @@ fn a_settlement_lost_at_shutdown_is_counted_and_flush_lands_it() {
 
         // The same, flushed before the runtime goes: the 200 are back.
         runtime().block_on(async {
-            let limiter = match backend {
-                "redis" => Ctx::default().redis(&redis),
-                _ => Ctx::default().memory(),
-            };
-            let layer = RateLimitLayer::builder(
-                limiter.clone(),
-                Quota::per_hour(1_000).unwrap(),
-                GlobalKey::new("frank"),
-            )
-            .policy_name("llm")
-            .cost(|_| 200)
-            .cost_from_response(|_| 0)
-            .build()
-            .unwrap();
-            let svc = layer.layer(tower::service_fn(|_: Request<Full<Bytes>>| async {
-                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
-            }));
+            let (limiter, svc) = refund_all(backend, &redis, "frank");
             assert_eq!(left(&limiter, "llm", "frank", &quotas).await, 1_000);
             let response = svc.oneshot(Request::new(Full::new(Bytes::new())));
             assert_eq!(response.await.unwrap().status(), StatusCode::OK);

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use redlimit::key::GlobalKey;
+use redlimit::layer::RateLimitLayerBuilder;
 use redlimit::layer::ShadowLimited;
 use redlimit::{Limiter, Quota, Quotas, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
@@ -18,19 +19,20 @@ fn request() -> Request<Full<Bytes>> {
     Request::new(Full::new(Bytes::new()))
 }
 
+/// A layer over `limiter` in shadow on the key "s", `limit` a minute.
+fn shadow_per_minute(limiter: &Limiter, limit: u64) -> RateLimitLayerBuilder<GlobalKey> {
+    let quota = Quota::per_minute(limit).unwrap();
+    RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("s")).shadow(true)
+}
+
 /// A layer in shadow over 3 a minute: 10 requests all reach the service, 7 are recorded as
 /// shadow-limited, none carries a RateLimit header (unless asked), none is denied.
 async fn shadow_layer_forwards_everything(limiter: Limiter, headers: bool) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = RateLimitLayer::builder(
-        limiter.clone(),
-        Quota::per_minute(3).unwrap(),
-        GlobalKey::new("s"),
-    )
-    .shadow(true)
-    .shadow_headers(headers)
-    .build()
-    .unwrap();
+    let layer = shadow_per_minute(&limiter, 3)
+        .shadow_headers(headers)
+        .build()
+        .unwrap();
     let mut svc = layer.layer(counting(calls.clone()));
     let mut marked = 0;
     for _ in 0..10 {
@@ -160,14 +162,7 @@ async fn a_shadow_layer_forwards_when_the_store_fails_closed() {
         .build()
         .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = RateLimitLayer::builder(
-        limiter.clone(),
-        Quota::per_minute(3).unwrap(),
-        GlobalKey::new("s"),
-    )
-    .shadow(true)
-    .build()
-    .unwrap();
+    let layer = shadow_per_minute(&limiter, 3).build().unwrap();
     let mut svc = layer.layer(counting(calls.clone()));
     let response = svc.ready().await.unwrap().call(request()).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -182,14 +177,9 @@ async fn a_shadow_layer_forwards_when_the_store_fails_closed() {
 #[tokio::test(flavor = "current_thread")]
 async fn shadow_denials_are_logged_at_a_bounded_rate() {
     let (captured, _guard) = crate::support::logs::capture(tracing::Level::INFO);
-    let layer = RateLimitLayer::builder(
-        Ctx::default().memory(),
-        Quota::per_minute(1).unwrap(),
-        GlobalKey::new("s"),
-    )
-    .shadow(true)
-    .build()
-    .unwrap();
+    let layer = shadow_per_minute(&Ctx::default().memory(), 1)
+        .build()
+        .unwrap();
     let mut svc = layer.layer(counting(Arc::new(AtomicUsize::new(0))));
     let started = std::time::Instant::now();
     let mut denials = 0;
@@ -217,15 +207,10 @@ async fn shadow_denials_are_logged_at_a_bounded_rate() {
 #[tokio::test]
 async fn a_shadow_layer_never_blocks() {
     let limiter = Ctx::default().memory();
-    let layer = RateLimitLayer::builder(
-        limiter.clone(),
-        Quota::per_minute(1).unwrap(),
-        GlobalKey::new("s"),
-    )
-    .shadow(true)
-    .block_for(std::time::Duration::from_secs(600))
-    .build()
-    .unwrap();
+    let layer = shadow_per_minute(&limiter, 1)
+        .block_for(std::time::Duration::from_secs(600))
+        .build()
+        .unwrap();
     let mut svc = layer.layer(counting(Arc::new(AtomicUsize::new(0))));
     for _ in 0..3 {
         let response = svc.ready().await.unwrap().call(request()).await.unwrap();

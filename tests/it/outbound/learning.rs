@@ -9,43 +9,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::Request;
-use redlimit::key::FnKey;
 use redlimit::limiter::OverrideSource;
 use redlimit::outbound::{OutboundError, OutboundLayer};
-use redlimit::{Algorithm, Quota, Quotas};
+use redlimit::{Algorithm, Limiter, Quota, Quotas};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-use super::provider::{call, header, layer, per_second, Upstream, KEY};
-use super::support::RedisServer;
+use super::provider::{
+    call, expiring_layer, header, learning, learning_layer, learning_with, outcomes,
+    per_path_layer, per_second, policy, to_key, Upstream, KEY,
+};
+use super::support::{debug_sleep_via, RedisServer};
 use super::{limiters, Body};
-
-/// `n` calls through `layer`, each after the previous one: the outcome of each.
-async fn outcomes(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> Vec<Result<(), String>> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let result = layer
-            .layer(upstream.client())
-            .oneshot(Request::new(Body::default()))
-            .await;
-        out.push(
-            result
-                .map(|_| ())
-                .map_err(|e: OutboundError<BoxError>| e.to_string()),
-        );
-    }
-    out
-}
-
-fn policy(q: u64, w: u64) -> Vec<super::provider::Header> {
-    vec![header("ratelimit-policy", format!("p;q={q};w={w}"))]
-}
 
 #[tokio::test]
 async fn a_hundred_year_window_is_not_learned_and_never_locks_the_key_out() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let layer = layer(&limiter, per_second(50), Some(per_second(50)));
+    let (_redis, limiter, upstream, _, layer) = learning().await;
     upstream.announce(policy(1, 3_153_600_000));
     let got = outcomes(&layer, &upstream, 5).await;
     assert!(got.iter().all(Result::is_ok), "{got:?}");
@@ -56,17 +34,10 @@ async fn a_hundred_year_window_is_not_learned_and_never_locks_the_key_out() {
 
 #[tokio::test]
 async fn a_learned_quota_expires_without_a_confirming_answer() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = OutboundLayer::builder(limiter.clone(), ceiling, KEY)
-        .learn_quota(ceiling)
-        .learned_ttl(Duration::from_secs(2))
-        .learn_period(Duration::from_millis(500))
-        .max_wait(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let (_redis, limiter, upstream, _, layer) = learning_with(|limiter, ceiling| {
+        expiring_layer(limiter, ceiling, Duration::from_millis(500))
+    })
+    .await;
     upstream.announce(policy(5, 1));
     // The second call waits for the first one's learning.
     outcomes(&layer, &upstream, 2).await;
@@ -105,12 +76,7 @@ async fn a_learned_quota_never_exceeds_the_ceiling(algorithm: Algorithm, most: u
     let redis = RedisServer::start();
     let limiter = limiters(&redis, algorithm, 1).remove(0);
     let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = OutboundLayer::builder(limiter.clone(), ceiling, KEY)
-        .learn_quota(ceiling)
-        .max_wait(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    let layer = learning_layer(&limiter, per_second(50), Duration::from_secs(2));
     upstream.announce(policy(15_000, 300));
     outcomes(&layer, &upstream, 2).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -158,24 +124,15 @@ async fn each_key_learns_its_own_quota() {
     let redis = RedisServer::start();
     let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
     let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let per_path = FnKey::new(|parts| Some(parts.uri.path().trim_start_matches('/').to_owned()));
-    let layer = OutboundLayer::builder_with_extractor(limiter.clone(), ceiling, per_path)
-        .learn_quota(ceiling)
-        .max_wait(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let layer = per_path_layer(&limiter, per_second(50), None);
     upstream.announce(policy(5, 1));
     let keys = ["t1", "t2", "t3"];
     // Twice each: a key's second call waits for its first one's learning.
     for _ in 0..2 {
         for key in keys {
-            let request = Request::get(format!("/{key}"))
-                .body(Body::default())
-                .unwrap();
             layer
                 .layer(upstream.client())
-                .oneshot(request)
+                .oneshot(to_key(key))
                 .await
                 .unwrap();
         }
@@ -191,11 +148,7 @@ async fn each_key_learns_its_own_quota() {
 
 #[tokio::test]
 async fn learning_never_loosens_an_operators_override() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let (_redis, limiter, upstream, _, layer) = learning().await;
     let operators = Quotas::from(per_second(5));
     limiter.set_quota(KEY, &operators).await.unwrap();
     upstream.announce(policy(20, 1));
@@ -210,11 +163,7 @@ async fn learning_never_loosens_an_operators_override() {
 /// announcement that would clear or change a learned quota leaves it alone.
 #[tokio::test]
 async fn an_operators_quota_equal_to_the_learned_one_is_the_operators() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let (_redis, limiter, upstream, _, layer) = learning().await;
     let twenty = Quotas::from(per_second(20));
     upstream.announce(policy(20, 1));
     call(&layer, &upstream).await;
@@ -377,12 +326,7 @@ async fn a_flapping_upstream_costs_one_write_per_period() {
     let redis = RedisServer::start();
     let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
     let upstream = Upstream::start().await;
-    let ceiling = per_second(1000);
-    let layer = OutboundLayer::builder(limiter.clone(), ceiling, KEY)
-        .learn_quota(ceiling)
-        .max_wait(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let layer = learning_layer(&limiter, per_second(1000), Duration::from_secs(5));
     let before = script_calls(&redis);
     for i in 0..100 {
         upstream.announce(policy(if i % 2 == 0 { 200 } else { 300 }, 1));
@@ -422,40 +366,20 @@ async fn learning_keeps_every_configured_tier_as_a_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_response_does_not_wait_for_learning() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let (redis, limiter, upstream, _, layer) = learning().await;
     upstream.announce(policy(5, 1));
     // Redis stops answering for 3 s just as the upstream answers (after the admission).
     let client = redis.client();
     let (sent, asleep) = std::sync::mpsc::channel();
     upstream.on_next_request(move || {
-        let mut conn = client.get_connection().unwrap();
-        let command = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("3")
-            .get_packed_command();
-        conn.send_packed_command(&command).unwrap();
-        let _ = sent.send(std::thread::spawn(move || {
-            let _ = conn.recv_response();
-        }));
+        let _ = sent.send(debug_sleep_via(&client, Duration::from_secs(3)));
     });
-    let started = Instant::now();
-    let response = layer
+    let call = layer
         .layer(upstream.client())
-        .oneshot(Request::new(Body::default()))
-        .await
-        .unwrap();
-    let waited = started.elapsed();
-    println!("the response waited {waited:?}");
+        .oneshot(Request::new(Body::default()));
+    let response = answered_without_waiting(call, "").await.unwrap();
     assert!(response.status().is_success());
     asleep.recv().unwrap().join().unwrap();
-    assert!(
-        waited < Duration::from_secs(2),
-        "the response waited {waited:?}"
-    );
     // The learning still happened: this instance's next call waited for it.
     outcomes(&layer, &upstream, 1).await;
     let status = limiter.inspect(KEY).await.unwrap();
@@ -468,7 +392,7 @@ fn sleepy_upstream(
     redis: &RedisServer,
     status: u16,
     headers: Vec<super::provider::Header>,
-    sleep: &'static str,
+    sleep: Duration,
 ) -> impl tower::Service<
     Request<Body>,
     Response = http::Response<Body>,
@@ -481,15 +405,7 @@ fn sleepy_upstream(
     tower::service_fn(move |_: Request<Body>| {
         let (client, headers) = (client.clone(), headers.clone());
         async move {
-            let mut conn = client.get_connection().unwrap();
-            let command = redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg(sleep)
-                .get_packed_command();
-            conn.send_packed_command(&command).unwrap();
-            std::thread::spawn(move || {
-                let _ = conn.recv_response();
-            });
+            debug_sleep_via(&client, sleep);
             let mut response = http::Response::new(Body::default());
             *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
             response.headers_mut().extend(headers);
@@ -498,35 +414,58 @@ fn sleepy_upstream(
     })
 }
 
+/// What `call` gives, checked to come within 2 s: the writes after the answer wait on a
+/// sleeping Redis, the answer must not. `what` starts the message (the case, or nothing).
+async fn answered_without_waiting<T>(call: impl std::future::Future<Output = T>, what: &str) -> T {
+    let started = Instant::now();
+    let output = call.await;
+    let waited = started.elapsed();
+    println!("{what}the response waited {waited:?}");
+    assert!(
+        waited < Duration::from_secs(2),
+        "{what}the response waited {waited:?}"
+    );
+    output
+}
+
+/// The two answers that ask for a pause of 30 s: a 200 with nothing left until the reset, and a
+/// 429 with `Retry-After`.
+fn pause_answers() -> [(u16, Vec<super::provider::Header>); 2] {
+    [
+        (200, vec![header("ratelimit", "p;r=0;t=30")]),
+        (429, vec![header("retry-after", "30")]),
+    ]
+}
+
+/// Once `layer` has settled, `other` (another instance) sees `key` suspended for more than
+/// 20 s; `what` says which case failed.
+async fn assert_paused_elsewhere(layer: &OutboundLayer, other: &Limiter, key: &str, what: &str) {
+    layer.settled().await;
+    let left = other.inspect(key).await.unwrap().suspended_for;
+    assert!(
+        left.is_some_and(|left| left > Duration::from_secs(20)),
+        "{what}: {left:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_response_does_not_wait_for_pacing() {
     let redis = RedisServer::start();
     let instances = limiters(&redis, Algorithm::TokenBucket, 2);
-    let answers = [
-        (200, vec![header("ratelimit", "p;r=0;t=30")]),
-        (429, vec![header("retry-after", "30")]),
-    ];
-    for (status, headers) in answers {
+    for (status, headers) in pause_answers() {
+        // Redis sleeps 3 s just as the upstream answers: the pacing write waits for it.
+        let upstream = sleepy_upstream(&redis, status, headers, Duration::from_secs(3));
         let key = format!("paced-{status}");
         let layer = OutboundLayer::builder(instances[0].clone(), per_second(50), key.clone())
             .max_wait(Duration::ZERO)
             .build()
             .unwrap();
-        // Redis sleeps 3 s just as the upstream answers: the pacing write waits for it.
-        let upstream = sleepy_upstream(&redis, status, headers, "3");
-        let started = Instant::now();
-        let response = layer
+        let call = layer
             .layer(upstream.clone())
-            .oneshot(Request::new(Body::default()))
-            .await
-            .unwrap();
-        let waited = started.elapsed();
-        println!("{status}: the response waited {waited:?}");
+            .oneshot(Request::new(Body::default()));
+        let what = format!("{status}: ");
+        let response = answered_without_waiting(call, &what).await.unwrap();
         assert_eq!(response.status().as_u16(), status);
-        assert!(
-            waited < Duration::from_secs(2),
-            "{status}: the response waited {waited:?}"
-        );
         // This instance's next call waits for the pacing write, and is paced: refused.
         let next = layer
             .layer(upstream)
@@ -537,12 +476,7 @@ async fn the_response_does_not_wait_for_pacing() {
             "{status}: the next call went out"
         );
         // Another instance sees the suspension once the layer has settled.
-        layer.settled().await;
-        let left = instances[1].inspect(&*key).await.unwrap().suspended_for;
-        assert!(
-            left.is_some_and(|left| left > Duration::from_secs(20)),
-            "{status}: {left:?}"
-        );
+        assert_paused_elsewhere(&layer, &instances[1], &key, &status.to_string()).await;
     }
 }
 
@@ -553,16 +487,12 @@ async fn the_response_does_not_wait_for_pacing() {
 async fn a_dropped_response_future_never_loses_the_suspension() {
     let redis = RedisServer::start();
     let instances = limiters(&redis, Algorithm::TokenBucket, 2);
-    let answers = [
-        (200, vec![header("ratelimit", "p;r=0;t=30")]),
-        (429, vec![header("retry-after", "30")]),
-    ];
-    for (status, headers) in answers {
+    for (status, headers) in pause_answers() {
         let key = format!("dropped-{status}");
         let layer = OutboundLayer::builder(instances[0].clone(), per_second(50), key.clone())
             .build()
             .unwrap();
-        let upstream = sleepy_upstream(&redis, status, headers, "1");
+        let upstream = sleepy_upstream(&redis, status, headers, Duration::from_secs(1));
         let call = layer.layer(upstream).oneshot(Request::new(Body::default()));
         let outcome = tokio::time::timeout(Duration::from_millis(300), call).await;
         println!(
@@ -573,12 +503,8 @@ async fn a_dropped_response_future_never_loses_the_suspension() {
                 "gave up"
             }
         );
-        layer.settled().await;
-        let left = instances[1].inspect(&*key).await.unwrap().suspended_for;
-        assert!(
-            left.is_some_and(|left| left > Duration::from_secs(20)),
-            "{status}: the suspension was lost: {left:?}"
-        );
+        let what = format!("{status}: the suspension was lost");
+        assert_paused_elsewhere(&layer, &instances[1], &key, &what).await;
     }
 }
 

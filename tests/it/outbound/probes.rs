@@ -5,30 +5,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Request;
-use redlimit::key::FnKey;
 use redlimit::limiter::OverrideSource;
-use redlimit::outbound::{OutboundError, OutboundLayer};
+use redlimit::outbound::OutboundLayer;
 use redlimit::{Algorithm, Quota, Quotas, Target};
-use tower::{BoxError, Layer, ServiceExt};
+use tower::{Layer, ServiceExt};
 
-use super::provider::{header, layer, per_second, Upstream, KEY};
-use super::support::{Ctx, RedisServer};
+use super::provider::{
+    expiring_layer, header, layer, learning, learning_layer, learning_with, outcomes,
+    per_path_layer, per_second, policy, to_key, Header, Upstream, KEY,
+};
+use super::support::{debug_sleep_via, Ctx, RedisServer};
 use super::{limiters, Body};
 
-fn policy(q: u64, w: u64) -> Vec<super::provider::Header> {
-    vec![header("ratelimit-policy", format!("p;q={q};w={w}"))]
+/// Two calls whose answers announce `headers`, and the learning rounds they start, settled.
+async fn announce_twice(layer: &OutboundLayer, upstream: &Upstream, headers: Vec<Header>) {
+    upstream.announce(headers);
+    calls(layer, upstream, 2).await;
+    layer.settled().await;
 }
 
+/// How many of `n` calls through `layer`, each after the previous one, went out.
 async fn calls(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> usize {
-    let mut ok = 0;
-    for _ in 0..n {
-        let result: Result<_, OutboundError<BoxError>> = layer
-            .layer(upstream.client())
-            .oneshot(Request::new(Body::default()))
-            .await;
-        ok += usize::from(result.is_ok());
-    }
-    ok
+    let outcomes = outcomes(layer, upstream, n).await;
+    outcomes.iter().filter(|outcome| outcome.is_ok()).count()
 }
 
 /// Operator precedence: "learning never loosens an operator's override". An operator's override
@@ -37,14 +36,8 @@ async fn calls(layer: &OutboundLayer, upstream: &Upstream, n: usize) -> usize {
 /// renewing it as its own.
 #[tokio::test]
 async fn a_learned_route_quota_never_loosens_an_operators_override_of_every_route() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = layer(&limiter, ceiling, Some(ceiling));
-    upstream.announce(policy(20, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    let (_redis, limiter, upstream, ceiling, layer) = learning().await;
+    announce_twice(&layer, &upstream, policy(20, 1)).await;
     assert_eq!(
         limiter.inspect(KEY).await.unwrap().quota_override,
         Some(Quotas::from(per_second(20)))
@@ -83,17 +76,8 @@ async fn a_failed_expiry_round_never_leaves_the_learned_quota_for_good() {
         .timeout(Duration::from_millis(300))
         .redis(&redis);
     let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = OutboundLayer::builder(limiter.clone(), ceiling, KEY)
-        .learn_quota(ceiling)
-        .learned_ttl(Duration::from_secs(2))
-        .learn_period(Duration::from_millis(300))
-        .max_wait(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    upstream.announce(policy(5, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    let layer = expiring_layer(&limiter, per_second(50), Duration::from_millis(300));
+    announce_twice(&layer, &upstream, policy(5, 1)).await;
     assert_eq!(
         limiter.inspect(KEY).await.unwrap().quota_override,
         Some(Quotas::from(per_second(5)))
@@ -105,15 +89,7 @@ async fn a_failed_expiry_round_never_leaves_the_learned_quota_for_good() {
     let client = redis.client();
     let (sent, asleep) = std::sync::mpsc::channel();
     upstream.on_next_request(move || {
-        let mut conn = client.get_connection().unwrap();
-        let command = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("1.5")
-            .get_packed_command();
-        conn.send_packed_command(&command).unwrap();
-        let _ = sent.send(std::thread::spawn(move || {
-            let _ = conn.recv_response();
-        }));
+        let _ = sent.send(debug_sleep_via(&client, Duration::from_millis(1500)));
     });
     calls(&layer, &upstream, 1).await;
     layer.settled().await;
@@ -138,37 +114,21 @@ async fn a_failed_expiry_round_never_leaves_the_learned_quota_for_good() {
 /// replaces its quota.
 #[tokio::test]
 async fn learning_never_suspends_a_route_scoped_learned() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = layer(&limiter, ceiling, Some(ceiling));
-    let other = Quota::per_minute(1000).unwrap();
+    let (_redis, limiter, upstream, _, layer) = learning().await;
+    let other = Quotas::from(Quota::per_minute(1000).unwrap());
+    let acquire_on_the_route = || {
+        let now = std::time::Instant::now();
+        limiter.acquire_cost(Target::scoped("learned", KEY), &other, 1, now)
+    };
     // The scope is accepted.
-    let verdict = limiter
-        .acquire_cost(
-            Target::scoped("learned", KEY),
-            &Quotas::from(other),
-            1,
-            std::time::Instant::now(),
-        )
-        .await;
+    let verdict = acquire_on_the_route().await;
     assert!(verdict.is_ok(), "{verdict:?}");
-    upstream.announce(policy(5, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    announce_twice(&layer, &upstream, policy(5, 1)).await;
     let status = limiter
         .inspect(Target::scoped("learned", KEY))
         .await
         .unwrap();
-    let verdict = limiter
-        .acquire_cost(
-            Target::scoped("learned", KEY),
-            &Quotas::from(other),
-            1,
-            std::time::Instant::now(),
-        )
-        .await;
+    let verdict = acquire_on_the_route().await;
     assert!(
         verdict.is_ok(),
         "a route scoped `learned`, 1 of 1000/min used: {verdict:?}; it reads suspended for \
@@ -182,12 +142,9 @@ async fn learning_never_suspends_a_route_scoped_learned() {
 /// write never suspends the key past `max_auto_suspension` (5 min by default).
 #[tokio::test]
 async fn hostile_pacing_headers_are_capped() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
     // Pacing only: a learned quota (`X-RateLimit-Limit: 1`) would refuse the next call.
-    let layer = super::provider::layer(&limiter, ceiling, None);
+    let (_redis, limiter, upstream, _, layer) =
+        learning_with(|limiter, ceiling| layer(limiter, ceiling, None)).await;
     let cap = Duration::from_secs(300);
     for headers in [
         vec![header("ratelimit", "p;r=0;t=999999999999999")],
@@ -219,11 +176,7 @@ async fn hostile_pacing_headers_are_capped() {
 /// pacing the earlier answers called for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timed_out_calls_never_hang_settled_or_lose_pacing() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let (_redis, limiter, upstream, _, layer) = learning().await;
     upstream.announce(vec![
         header("ratelimit-policy", "p;q=10;w=1"),
         header("ratelimit", "p;r=0;t=2"),
@@ -257,22 +210,12 @@ async fn timed_out_calls_never_hang_settled_or_lose_pacing() {
 async fn every_key_learns_again_after_its_first_round() {
     let limiter = super::support::memory_limiter(Algorithm::FixedWindow);
     let upstream = Arc::new(Upstream::start().await);
-    let ceiling = per_second(50);
-    let per_path = FnKey::new(|parts| Some(parts.uri.path().trim_start_matches('/').to_owned()));
-    let layer = OutboundLayer::builder_with_extractor(limiter.clone(), ceiling, per_path)
-        .learn_quota(ceiling)
-        .learn_period(Duration::ZERO)
-        .max_wait(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let layer = per_path_layer(&limiter, per_second(50), Some(Duration::ZERO));
     let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
     for (q, _) in [(20u64, 0), (10, 1)] {
         upstream.announce(policy(q, 1));
         for key in &keys {
-            let request = Request::get(format!("/{key}"))
-                .body(Body::default())
-                .unwrap();
-            let _ = layer.layer(upstream.client()).oneshot(request).await;
+            let _ = layer.layer(upstream.client()).oneshot(to_key(key)).await;
         }
         layer.settled().await;
     }
@@ -296,11 +239,7 @@ async fn every_key_learns_again_after_its_first_round() {
 /// upstream's looser quota.
 #[tokio::test]
 async fn an_operators_quota_on_the_scope_learned_never_makes_the_keys_override_learned() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let (_redis, limiter, upstream, _, layer) = learning().await;
     let operators = Quotas::from(per_second(5));
     limiter.set_quota(KEY, &operators).await.unwrap();
     limiter
@@ -308,9 +247,7 @@ async fn an_operators_quota_on_the_scope_learned_never_makes_the_keys_override_l
         .await
         .unwrap();
     let source = limiter.inspect(KEY).await.unwrap().override_source;
-    upstream.announce(policy(20, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    announce_twice(&layer, &upstream, policy(20, 1)).await;
     let status = limiter.inspect(KEY).await.unwrap();
     assert_eq!(
         (status.quota_override, source),
@@ -324,19 +261,13 @@ async fn an_operators_quota_on_the_scope_learned_never_makes_the_keys_override_l
 /// first; learning sets nothing on the route.
 #[tokio::test]
 async fn learning_sets_nothing_under_an_operators_override_of_every_route() {
-    let redis = RedisServer::start();
-    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
-    let upstream = Upstream::start().await;
-    let ceiling = per_second(50);
-    let layer = layer(&limiter, ceiling, Some(ceiling));
+    let (_redis, limiter, upstream, _, layer) = learning().await;
     let operators = Quotas::from(per_second(5));
     limiter
         .set_quota(Target::all_routes(KEY), &operators)
         .await
         .unwrap();
-    upstream.announce(policy(20, 1));
-    calls(&layer, &upstream, 2).await;
-    layer.settled().await;
+    announce_twice(&layer, &upstream, policy(20, 1)).await;
     let status = limiter.inspect(KEY).await.unwrap();
     assert_eq!(status.quota_override, Some(operators));
     assert_eq!(layer.stats().learned, 0);
@@ -352,13 +283,7 @@ async fn two_instances_under_a_flapping_upstream_change_the_quota_once_a_period(
     let ceiling = Quota::per_minute(60_000).unwrap();
     let layers: Vec<OutboundLayer> = instances
         .iter()
-        .map(|limiter| {
-            OutboundLayer::builder(limiter.clone(), ceiling, KEY)
-                .learn_quota(ceiling)
-                .max_wait(Duration::from_secs(1))
-                .build()
-                .unwrap()
-        })
+        .map(|limiter| learning_layer(limiter, ceiling, Duration::from_secs(1)))
         .collect();
     for i in 0..60 {
         upstream.announce(policy(if i % 2 == 0 { 200 } else { 300 }, 60));

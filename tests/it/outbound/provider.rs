@@ -19,6 +19,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use redlimit::key::FnKey;
 use redlimit::outbound::{OutboundError, OutboundLayer, DEFAULT_MAX_AUTO_SUSPENSION};
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 use tokio::net::{TcpListener, TcpStream};
@@ -213,6 +214,111 @@ pub(super) fn layer(limiter: &Limiter, configured: Quota, ceiling: Option<Quota>
     .learn_period(Duration::ZERO)
     .build()
     .unwrap()
+}
+
+/// An announcement of `q` requests per `w` seconds (`RateLimit-Policy`).
+pub(super) fn policy(q: u64, w: u64) -> Vec<Header> {
+    vec![header("ratelimit-policy", format!("p;q={q};w={w}"))]
+}
+
+/// What most learning tests start from: a private Redis, one fixed-window limiter on it, an
+/// upstream, the ceiling (50 a second), and [`layer`]`(limiter, ceiling, Some(ceiling))`: no
+/// wait, a round after every response.
+pub(super) async fn learning() -> (RedisServer, Limiter, Upstream, Quota, OutboundLayer) {
+    learning_with(|limiter, ceiling| layer(limiter, ceiling, Some(ceiling))).await
+}
+
+/// [`learning`] with the layer `make` builds over the limiter and the ceiling.
+pub(super) async fn learning_with(
+    make: impl FnOnce(&Limiter, Quota) -> OutboundLayer,
+) -> (RedisServer, Limiter, Upstream, Quota, OutboundLayer) {
+    let redis = RedisServer::start();
+    let limiter = limiters(&redis, Algorithm::FixedWindow, 1).remove(0);
+    let upstream = Upstream::start().await;
+    let ceiling = per_second(50);
+    let layer = make(&limiter, ceiling);
+    (redis, limiter, upstream, ceiling, layer)
+}
+
+/// A layer over `limiter` on `KEY` learning below `ceiling`, waiting up to `max_wait`, with the
+/// default learning period.
+pub(super) fn learning_layer(
+    limiter: &Limiter,
+    ceiling: Quota,
+    max_wait: Duration,
+) -> OutboundLayer {
+    OutboundLayer::builder(limiter.clone(), ceiling, KEY)
+        .learn_quota(ceiling)
+        .max_wait(max_wait)
+        .build()
+        .unwrap()
+}
+
+/// A layer over `limiter` on `KEY` learning below `ceiling` whose learned quotas last 2 s
+/// without a confirming answer, a round every `learn_period`, waiting up to 5 s.
+pub(super) fn expiring_layer(
+    limiter: &Limiter,
+    ceiling: Quota,
+    learn_period: Duration,
+) -> OutboundLayer {
+    OutboundLayer::builder(limiter.clone(), ceiling, KEY)
+        .learn_quota(ceiling)
+        .learned_ttl(Duration::from_secs(2))
+        .learn_period(learn_period)
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// The key of a request: its path without the leading `/`.
+type PerPath = FnKey<fn(&http::request::Parts) -> Option<String>>;
+
+/// A layer over `limiter` keyed by the request's path (`/t1` is the key `t1`), learning below
+/// `ceiling`, waiting up to 5 s, a round every `learn_period` (the default when `None`).
+pub(super) fn per_path_layer(
+    limiter: &Limiter,
+    ceiling: Quota,
+    learn_period: Option<Duration>,
+) -> OutboundLayer<PerPath> {
+    let per_path: PerPath =
+        FnKey::new(|parts| Some(parts.uri.path().trim_start_matches('/').to_owned()));
+    let builder = OutboundLayer::builder_with_extractor(limiter.clone(), ceiling, per_path)
+        .learn_quota(ceiling)
+        .max_wait(Duration::from_secs(5));
+    match learn_period {
+        Some(period) => builder.learn_period(period),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+/// A request for the key `key` of a [`per_path_layer`].
+pub(super) fn to_key(key: &str) -> Request<Body> {
+    Request::get(format!("/{key}"))
+        .body(Body::default())
+        .unwrap()
+}
+
+/// `n` calls through `layer`, each after the previous one: the outcome of each.
+pub(super) async fn outcomes(
+    layer: &OutboundLayer,
+    upstream: &Upstream,
+    n: usize,
+) -> Vec<Result<(), String>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let result = layer
+            .layer(upstream.client())
+            .oneshot(Request::new(Body::default()))
+            .await;
+        out.push(
+            result
+                .map(|_| ())
+                .map_err(|e: OutboundError<BoxError>| e.to_string()),
+        );
+    }
+    out
 }
 
 /// One request through `layer` to `upstream`; the answer must be the upstream's, unchanged.

@@ -3,18 +3,13 @@
 //! the same order over the same strings, so both store the same bytes.
 
 use super::layout::{
-    f64_at, put_quota, Controls, Op, Reply, Tier, CONTROLS, MAX_REPLY_MS, MAX_TTL_MS,
-    OVERRIDE_IDLE_MS, STAMP,
+    f64_at, put_quota, Controls, Op, Reply, Tier, CONTROLS, CONTROLS_HEAD, MAX_REPLY_MS,
+    MAX_TTL_MS, OVERRIDE_IDLE_MS, STAMP,
 };
-use super::spec::{is_one_state, state_len_of};
-use super::{ms_up, sliding_log, Algorithm, Args, Packed, PackedStep};
+use crate::algorithm::{
+    is_one_state, ms_up, sliding_log, state_len_of, Algorithm, Args, Packed, PackedStep,
+};
 use crate::quota::{Quota, MAX_TIERS};
-
-/// The TTL of a key whose state is fresh again `reset_us` from now.
-#[cfg(test)]
-pub(crate) fn ttl_ms(reset_us: f64) -> u64 {
-    ms_up(reset_us).clamp(1, MAX_TTL_MS) as u64
-}
 
 /// Why the mirror refused a call (the script answers an error reply).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,7 +182,7 @@ fn open<'a>(
     if let Some(Controls::Some { until_us, n, bytes }) = tenant.map(Controls::parse) {
         tenant_until = until_us;
         if n > 0 {
-            tiers = (0..n).map(|i| Tier::at(bytes, 10 + 24 * i)).collect();
+            tiers = (0..n).map(|i| Tier::at(bytes, Controls::len(i))).collect();
             overridden = true;
         }
         reset_us = tenant_reset(tenant.unwrap_or_default(), bytes.len());
@@ -202,14 +197,14 @@ fn open<'a>(
                 let until_us = until_us.max(tenant_until);
                 if until_us > now {
                     let first = if n > 0 {
-                        Some(Tier::at(bytes, 10))
+                        Some(Tier::at(bytes, Controls::len(0)))
                     } else {
                         overridden.then(|| tiers[0])
                     };
                     return Err(suspended(until_us, now, first));
                 }
                 if n > 0 {
-                    tiers = (0..n).map(|i| Tier::at(bytes, 10 + 24 * i)).collect();
+                    tiers = (0..n).map(|i| Tier::at(bytes, Controls::len(i))).collect();
                     overridden = true;
                     route_override = true;
                     head = Some(bytes.to_vec());
@@ -235,7 +230,7 @@ fn open<'a>(
         }
         let mut new = head.unwrap_or_else(|| {
             let mut bare = vec![CONTROLS];
-            bare.extend_from_slice(&[0; 9]);
+            bare.extend_from_slice(&[0; CONTROLS_HEAD - 1]);
             bare
         });
         new.push(STAMP);
@@ -454,9 +449,9 @@ pub(crate) fn marked_override(record: &[u8]) -> Option<&[u8]> {
     if record.first() != Some(&CONTROLS) {
         return None;
     }
-    let n = usize::from(*record.get(9)?);
-    let end = 10 + 24 * n;
-    ((1..=MAX_TIERS).contains(&n) && record.len() >= end).then(|| &record[9..end])
+    let n = usize::from(*record.get(CONTROLS_HEAD - 1)?);
+    let end = Controls::len(n);
+    ((1..=MAX_TIERS).contains(&n) && record.len() >= end).then(|| &record[CONTROLS_HEAD - 1..end])
 }
 
 /// The control a route's string gets once its learning record is read, and what becomes of the
@@ -475,14 +470,16 @@ pub(crate) fn learning<'a>(
     op: Op<'a>,
 ) -> (Op<'a>, RecordWrite) {
     let override_bytes: &[u8] = match stored.map(|s| (s, Controls::parse(s))) {
-        Some((s, Controls::Some { bytes, .. })) if !is_one_state(s.len()) => &bytes[9..],
+        Some((s, Controls::Some { bytes, .. })) if !is_one_state(s.len()) => {
+            &bytes[CONTROLS_HEAD - 1..]
+        }
         _ => &[0],
     };
     let marked = record.flatten().and_then(marked_override);
     let learned = marked == Some(override_bytes);
     let unmark = || match (record.flatten(), marked) {
         (Some(record), Some(marked)) => {
-            let left = &record[9 + marked.len()..];
+            let left = &record[CONTROLS_HEAD - 1 + marked.len()..];
             RecordWrite::Unmark((!left.is_empty()).then(|| left.to_vec()))
         }
         _ => RecordWrite::Keep,
@@ -651,8 +648,8 @@ mod tests {
         tenant.push(0);
         let quota = Quota::per_minute(10).unwrap();
         let step = match Algorithm::TokenBucket.kind() {
-            super::super::Kind::Packed(step) => step,
-            super::super::Kind::Log => unreachable!(),
+            crate::algorithm::Kind::Packed(step) => step,
+            crate::algorithm::Kind::Log => unreachable!(),
         };
         let (reply, write) = decide(step, None, Some(&tenant), 1e6, 1.0, &[quota]).unwrap();
         assert!(reply.suspended && !reply.allowed && write.is_none());

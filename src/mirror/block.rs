@@ -1,8 +1,5 @@
-//! Block on abuse: the decision script wrapped by `lua/block.lua`, and what its Rust mirror
-//! (the memory store) shares with it. Its wire (keys, arguments, the script) is in
-//! `src/store/redis/block.rs`.
-
-use std::sync::LazyLock;
+//! Block on abuse: what the memory store's mirror of `lua/block.lua` (the decision script
+//! wrapped) shares with it. Its wire (keys, arguments) is in `src/store/redis/block.rs`.
 
 use super::tenant_key;
 
@@ -22,11 +19,3 @@ pub(crate) fn block_us(block_us: u64, max_us: u64, offences: f64) -> f64 {
     }
     (block_us as f64 * 2f64.powf(offences.min(60.0))).min(max_us as f64)
 }
-
-/// The block script: the decision script as a function, spliced into `lua/block.lua`.
-pub(crate) static BLOCK_WRAPPER: LazyLock<String> = LazyLock::new(|| {
-    let wrapper = include_str!("../../lua/block.lua");
-    let spliced = wrapper.replacen("-- @decide\n", &super::SOURCE, 1);
-    assert_ne!(spliced, wrapper, "lua/block.lua has its @decide line");
-    spliced
-});

@@ -8,9 +8,8 @@
 
 use std::time::Duration;
 
-use super::MAX_EXACT;
-#[cfg(test)]
-use super::{ms_up, Args};
+use crate::algorithm::MAX_EXACT;
+pub(crate) use crate::algorithm::MAX_REPLY_MS;
 use crate::decision::Decision;
 use crate::quota::{Quota, MAX_TIERS};
 
@@ -18,14 +17,15 @@ use crate::quota::{Quota, MAX_TIERS};
 /// (`OVERRIDE_IDLE_MS` in the scripts).
 pub(crate) const OVERRIDE_IDLE_MS: u64 = 30 * 24 * 3600 * 1000;
 
-/// The longest time a reply carries (`MAX_REPLY_MS` in `lua/common.lua`): 2^62 ms.
-pub(crate) const MAX_REPLY_MS: i64 = 1 << 62;
-
 /// The longest expiry: 2^53 ms, 285 000 years (the script caps its TTL at `MAX_EXACT`).
 pub(crate) const MAX_TTL_MS: i64 = MAX_EXACT as i64;
 
 /// The tag byte of the controls at the start of a key's string.
 pub(crate) const CONTROLS: u8 = b'M';
+
+/// The controls' bytes before the override's quotas: the tag, the suspension's end (a double),
+/// and the count of the override's tiers, its last byte.
+pub(crate) const CONTROLS_HEAD: usize = 10;
 
 /// The tag of the tenant's reset a route's states were written under (after its controls).
 pub(crate) const STAMP: u8 = b'E';
@@ -187,30 +187,6 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    /// One tier's reply from µs: times become whole ms, rounded up.
-    #[cfg(test)]
-    pub(crate) fn new(
-        allowed: bool,
-        _args: &Args,
-        remaining: f64,
-        retry_us: f64,
-        reset_us: f64,
-    ) -> Self {
-        Reply {
-            allowed,
-            suspended: false,
-            tier: 0,
-            overridden: None,
-            remaining: remaining as u64,
-            retry_after_ms: if retry_us >= 0.0 {
-                ms_up(retry_us).min(MAX_REPLY_MS)
-            } else {
-                -1
-            },
-            reset_after_ms: ms_up(reset_us).min(MAX_REPLY_MS),
-        }
-    }
-
     /// The decision, under the caller's `quotas` (the binding one named by position), or an
     /// override's; `None` when the reply names no valid quota.
     pub(crate) fn into_decision(self, quotas: &[Quota]) -> Option<Decision> {
@@ -293,18 +269,29 @@ impl<'a> Controls<'a> {
         if s.first() != Some(&CONTROLS) {
             return Controls::None;
         }
-        match s.get(9) {
-            Some(&n)
-                if usize::from(n) <= MAX_TIERS && s.len() >= 10 + QUOTA_BYTES * usize::from(n) =>
-            {
+        match s.get(CONTROLS_HEAD - 1) {
+            Some(&n) if usize::from(n) <= MAX_TIERS && s.len() >= Self::len(usize::from(n)) => {
                 let n = usize::from(n);
                 Controls::Some {
                     until_us: f64_at(s, 1),
                     n,
-                    bytes: &s[..10 + QUOTA_BYTES * n],
+                    bytes: &s[..Self::len(n)],
                 }
             }
             _ => Controls::Corrupt,
+        }
+    }
+
+    /// The length of controls with `n` override tiers.
+    pub(crate) const fn len(n: usize) -> usize {
+        CONTROLS_HEAD + QUOTA_BYTES * n
+    }
+
+    /// The override's tier `i` (from 0): its limit, period_us, burst.
+    pub(crate) fn tier(&self, i: usize) -> Option<Tier> {
+        match *self {
+            Controls::Some { n, bytes, .. } if i < n => Some(Tier::at(bytes, Self::len(i))),
+            _ => None,
         }
     }
 
@@ -314,7 +301,7 @@ impl<'a> Controls<'a> {
             return Vec::new();
         };
         (0..n)
-            .map(|i| Tier::at(bytes, 10 + QUOTA_BYTES * i))
+            .map(|i| Tier::at(bytes, Self::len(i)))
             .map(|t| Quota::from_micros(t.limit as u64, t.period as u64, t.burst as u64))
             .collect::<Result<_, _>>()
             .unwrap_or_default()

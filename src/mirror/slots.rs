@@ -2,9 +2,6 @@
 //! store's encoding of the sorted set (16 bytes per slot: the lease's end as a little-endian
 //! double, then the id's 8-byte hash; the ids themselves are the holders' business).
 
-/// The slots script's body.
-pub(crate) const SLOTS_SOURCE: &str = include_str!("../../lua/slots.lua");
-
 /// The operations' bytes.
 pub(crate) const ACQUIRE: u8 = b'a';
 pub(crate) const RENEW: u8 = b'n';
