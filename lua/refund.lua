@@ -17,7 +17,9 @@
 --
 -- The tiers in force are the route's override, else the tenant's, else the caller's, as in a
 -- decision. Nothing is given back when `reserved` is before the tenant's reset (the units were
--- paid for in state the reset forgot), nor to states stored before it (fresh: full).
+-- paid for in state the reset forgot; with a client clock, within MAX_SKEW after it, since the
+-- reset's clock may be that far behind the reservation's), nor to states stored before it
+-- (fresh: full).
 -- Per algorithm, a refund of u reserved at `reserved` is the part of its step file after its
 -- `@refund` line (`lua/<algorithm>.lua`), spliced in below at the `@refunds` line as a branch
 -- `elseif alg == <tag byte> then <refund>`; the sliding log's is here: the u oldest entries
@@ -49,7 +51,12 @@ if not ((now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0) and units >
   return redis.error_reply('ERR redlimit: invalid refund arguments; now_us, units and age_us ' ..
     'must be integers below 2^53 (units at least 1)')
 end
+-- A client clock's reservation is compared with a reset made under another client's clock,
+-- which may be up to MAX_SKEW µs (`Clock::MAX_SKEW`) behind it: one within that of the reset
+-- may have been made before it, so it gives nothing back. Redis time has no skew.
+local skew = 5000000
 if now == -1 then
+  skew = 0
   local t = call('TIME')
   now = t[1] * 1000000 + t[2]
 end
@@ -99,7 +106,7 @@ if s and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN and byte(s, 1) == CONTROLS the
     at = at + 9
   end
 end
-if reset_us > 0 and (stamp < reset_us or reserved < reset_us) then
+if reset_us > 0 and (stamp < reset_us or reserved < reset_us + skew) then
   return 0 -- stored before the tenant's reset (fresh already), or reserved before it
 end
 

@@ -29,7 +29,7 @@ pub(crate) use self::layout::{
     capped_cost, is_tenant_key, learned_record_key, log_controls_key, tenant_key, Controls, Op,
     Reply, CONTROLS, OVERRIDE_IDLE_MS, RECORD_SUFFIX, STAMP,
 };
-pub(crate) use self::refund::{log_refund, refund};
+pub(crate) use self::refund::{log_refund, refund, reserved_before_reset};
 pub(crate) use self::scripts::{BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE};
 pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW};
 

@@ -10,14 +10,14 @@ use crate::quota::Quota;
 
 /// What a refund of `units` reserved at `reserved` (µs) does to a route's string `route` under
 /// its tenant's string `tenant`, for the algorithm tagged `tag` (not the sliding log: see
-/// [`log_refund`]). `None`: nothing changes; else the new string and the number of tiers that
-/// got units back.
+/// [`log_refund`]). `client`: `reserved` is a client clock's (see [`reserved_before_reset`]).
+/// `None`: nothing changes; else the new string and the number of tiers that got units back.
 pub(crate) fn refund(
     route: Option<&[u8]>,
     tenant: Option<&[u8]>,
     tag: u8,
     units: f64,
-    reserved: f64,
+    (reserved, client): (f64, bool),
     quotas: &[Quota],
 ) -> Option<(Vec<u8>, u64)> {
     let mut tiers: Vec<(f64, f64)> = quotas
@@ -48,7 +48,9 @@ pub(crate) fn refund(
             }
         }
     }
-    if reset_us.0 > 0.0 && (stamp < reset_us.0 || reserved < reset_us.0) {
+    if reset_us.0 > 0.0
+        && (stamp < reset_us.0 || reserved_before_reset(reserved, reset_us.0, client))
+    {
         return None;
     }
     let mut out = s[..at].to_vec();
@@ -119,6 +121,18 @@ fn tenant_reset(tenant: Option<&[u8]>) -> (f64, Option<Vec<(f64, f64)>>) {
         0.0
     };
     (reset, override_tiers(&controls))
+}
+
+/// Whether units reserved at `reserved` may have been paid for before a reset at `reset_us`: a
+/// client clock's reservation within `MAX_SKEW` after it counts as before, since the reset may
+/// have been made under another client's clock up to that far behind (`lua/refund.lua`).
+pub(crate) fn reserved_before_reset(reserved: f64, reset_us: f64, client: bool) -> bool {
+    let skew = if client {
+        crate::algorithm::MAX_SKEW_US
+    } else {
+        0.0
+    };
+    reserved < reset_us + skew
 }
 
 /// The sliding log's refund of `units` reserved at `reserved`: the `units` oldest entries

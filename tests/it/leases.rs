@@ -832,3 +832,61 @@ async fn units_held_at_a_data_loss_are_admitted_once_after_it() {
         "after the loss: a fresh quota plus the {held} units held at it"
     );
 }
+
+/// The `Clock` docs: instances whose client clocks differ by at most `Clock::MAX_SKEW` admit
+/// no more than one clock running as fast as the fastest would; docs/leases.md: units leased
+/// before a reset are never given back after it. A leasing instance whose clock is 1 s ahead
+/// of the operator's holds units when the operator resets the key; its give-back carries its
+/// own (later) clock, yet those units were paid for before the reset, so the fleet still admits
+/// at most the quota after it (fixed window and token bucket, on Redis and in memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_leased_before_a_reset_by_a_slower_clock_are_never_given_back_after_it() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_day(1_000).unwrap();
+    let mut over = Vec::new();
+    for algorithm in [Algorithm::FixedWindow, Algorithm::TokenBucket] {
+        for backend in ["redis", "memory"] {
+            // Both clocks at the same instant in real time; the instance's reads 1 s later.
+            let operator_clock = ManualClock::new(T0);
+            let clock = ManualClock::new(T0 + Duration::from_secs(1));
+            let memory = MemoryStore::new();
+            let builder = match backend {
+                "redis" => Limiter::builder(Ctx::default().redis_store(&redis)),
+                _ => Limiter::builder(memory.clone()),
+            };
+            let leasing = builder
+                .algorithm(algorithm)
+                .clock(Clock::Manual(clock.clone()))
+                .leases(Leases::new(INTERVAL).idle_after(INTERVAL * 2))
+                .build()
+                .unwrap();
+            let ctx = Ctx::new(algorithm).manual(&operator_clock);
+            let other = match backend {
+                "redis" => ctx.redis(&redis),
+                _ => ctx.limiter(memory),
+            };
+            other.reset("skew").await.unwrap(); // a fresh key on the shared server
+            let held = hold_units(&leasing, "skew", &quota, &clock).await;
+            // After the lease in real time, both clocks move on alike.
+            clock.advance(Duration::from_millis(10));
+            operator_clock.advance(Duration::from_millis(10));
+            other.reset("skew").await.unwrap();
+            let mut admitted = 0;
+            for _ in 0..200 {
+                admitted += u64::from(other.check("skew", &quota).await.is_allowed());
+            }
+            // What it gives back may exceed `held` when a prefetch landed after it was read.
+            leasing.release_leases().await;
+            settled(&leasing).await;
+            for _ in 0..1_200 {
+                admitted += u64::from(other.check("skew", &quota).await.is_allowed());
+            }
+            if admitted > 1_000 {
+                over.push(format!(
+                    "{algorithm:?} on {backend}: {admitted} (held {held})"
+                ));
+            }
+        }
+    }
+    assert!(over.is_empty(), "admitted after a reset, of 1000: {over:?}");
+}

@@ -4,12 +4,13 @@ use std::sync::PoisonError;
 
 use super::{KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
-use crate::mirror::{log_controls_key, log_refund, refund, STAMP};
+use crate::mirror::{log_controls_key, log_refund, refund, reserved_before_reset, STAMP};
 use crate::store::RefundRequest;
 
 impl MemoryStore {
     /// A refund (`lua/refund.lua`), synchronously.
     pub(super) fn refund_now(&self, request: RefundRequest<'_>) -> u64 {
+        let client = request.now_micros.is_some();
         let now = request.now_micros.unwrap_or_else(system_now_micros);
         let units = crate::mirror::capped_cost(request.units) as f64;
         let reserved = now as f64 - crate::mirror::capped_cost(request.age_micros) as f64;
@@ -39,7 +40,7 @@ impl MemoryStore {
                 return 0;
             };
             let reset = tenant_reset_us(tenant.as_deref());
-            if reset > 0.0 && reserved < reset {
+            if reset > 0.0 && reserved_before_reset(reserved, reset, client) {
                 return 0; // reserved before the tenant's reset
             }
             return log_refund(entries, units, reserved);
@@ -49,7 +50,7 @@ impl MemoryStore {
             tenant.as_deref(),
             request.algorithm.tag(),
             units,
-            reserved,
+            (reserved, client),
             request.quotas,
         ) else {
             return 0;
