@@ -1,8 +1,6 @@
-//! The examples' command lines, read from their usage text: each line of it that starts with
-//! `--NAME` declares a flag, `--NAME VALUE  help` one with a value, `--NAME  help` a switch
-//! (two spaces end the declaration). So the help and the parser cannot disagree. Values come as
-//! the next argument or after `=` (`--limit 5`, `--limit=5`), each flag at most once: a flag
-//! given twice is refused, never "the last one wins".
+//! The examples' command lines, read from their usage text, so help and parser cannot disagree:
+//! a usage line `--NAME VALUE  help` declares a flag with a value, `--NAME  help` a switch. A value
+//! comes next or after `=` (`--limit 5`, `--limit=5`); a flag given twice is refused.
 #![allow(dead_code)] // each example uses what it needs
 
 use std::collections::HashMap;
@@ -84,8 +82,14 @@ impl Given {
 
     /// A count of at least 1, `default` when not given.
     pub fn count(&self, name: &str, default: u64) -> Result<u64, CliError> {
-        self.get(name)
-            .map_or(Ok(default), |value| count(name, value))
+        let Some(value) = self.get(name) else {
+            return Ok(default);
+        };
+        match value.parse::<u64>() {
+            Ok(0) => Err(invalid(format!("{name} must be at least 1"))),
+            Ok(n) => Ok(n),
+            Err(_) => Err(invalid(format!("{name}: {value:?} is not a whole number"))),
+        }
     }
 
     /// `500ms`, `1s`, `1m`: [`redlimit::quota::parse_duration`], `default` when not given.
@@ -108,14 +112,13 @@ impl Given {
     /// The value of `name`, one of `choices`; the first when not given.
     pub fn one_of<'a>(&'a self, name: &str, choices: &[&'a str]) -> Result<&'a str, CliError> {
         let value = self.get(name).unwrap_or(choices[0]);
-        match choices.split_last() {
-            _ if choices.contains(&value) => Ok(value),
-            Some((last, rest)) => Err(invalid(format!(
-                "{name}: expected {} or {last}, got {value:?}",
-                rest.join(", ")
-            ))),
-            None => Err(invalid(format!("{name}: no choices"))),
+        if choices.contains(&value) {
+            return Ok(value);
         }
+        let (last, rest) = choices.split_last().expect("choices");
+        let expected = format!("{} or {last}", rest.join(", "));
+        let message = format!("{name}: expected {expected}, got {value:?}");
+        Err(invalid(message))
     }
 
     /// A count from 1 to `max`, `default` when not given.
@@ -144,15 +147,6 @@ impl Given {
         value
             .parse()
             .map_err(|e| invalid(format!("{name}: {value:?}: {e}")))
-    }
-}
-
-/// A count of at least 1.
-pub fn count(name: &str, value: &str) -> Result<u64, CliError> {
-    match value.parse::<u64>() {
-        Ok(0) => Err(invalid(format!("{name} must be at least 1"))),
-        Ok(n) => Ok(n),
-        Err(_) => Err(invalid(format!("{name}: {value:?} is not a whole number"))),
     }
 }
 

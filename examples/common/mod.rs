@@ -1,5 +1,6 @@
 //! Code the examples share: a table-driven command line (`flags`), the axum and tonic servers'
-//! flags, store and layer (`server`), and the hand-written `helloworld.Greeter` gRPC service
+//! flags and layer (`server`, its help in `server_usage.txt`) and the store their flags name
+//! (`store`), and the hand-written `helloworld.Greeter` gRPC service
 //! (`greeter`, also used by the tests).
 //!
 //! The fleet example includes what it needs by path instead: `flags`, its command line
@@ -11,3 +12,4 @@
 pub mod flags;
 pub mod greeter;
 pub mod server;
+pub mod store;

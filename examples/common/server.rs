@@ -13,50 +13,15 @@ use std::time::Duration;
 use http::request::Parts;
 use redlimit::failure_policy::{FailClosed, FailOpen, LocalFallback};
 use redlimit::key::{FnKey, HeaderKey, KeyExtractor, PeerIp};
-use redlimit::store::{MemoryStore, RedisStore, RedisStoreBuilder};
+use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{Algorithm, Limiter, Quota, RateLimitLayer};
 
 use super::flags::{self, invalid, redacted, CliError, Given};
+use super::store;
 
 /// The help, and the flags it declares (`flags::read`); `METRICS` is `--metrics-bind` where the
 /// example serves metrics.
-const USAGE: &str = "\
-usage: cargo run --example NAME -- [OPTIONS]
-
-options:
-  --bind ADDR                   address to listen on [default: BIND]
-  --redis URL                   use this Redis, never the in-memory store
-                                [default: $REDIS_URL or redis://127.0.0.1:6379 if it answers,
-                                otherwise the in-memory store]
-  --redis-cluster URL,URL,...   use this Redis Cluster (any of its nodes), never the
-                                in-memory store
-  --redis-sentinel URL,URL,...  use the primary these Redis Sentinels name (with
-                                --sentinel-master), never the in-memory store
-  --sentinel-master NAME        the name the sentinels monitor the primary under
-                                (`sentinel monitor NAME ...`); needs --redis-sentinel
-  --redis-ca FILE               trust this CA (PEM) for rediss:// URLs instead of the
-                                system's roots
-  --limit N                     requests per period and client [default: 10]
-  --period DURATION             e.g. 500ms, 1s, 60s, 1m, 1h [default: 60s]
-  --burst N                     requests allowed at once [default: the limit]
-  --algorithm NAME              one of: ALGORITHMS [default: token-bucket]
-  --on-redis-error POLICY       when Redis fails: open (admit), closed (answer CLOSED) or
-                                local (an in-memory limiter with 1/N of each quota)
-                                [default: open]
-  --instances N                 with --on-redis-error local: how many instances share the
-                                quota [default: 1]
-  --key ip|api-key              who a client is: ip, its IP address; api-key, its x-api-key
-                                header (gRPC: metadata), else its IP address. Use api-key only
-                                behind a layer that has authenticated the key: unchecked, a
-                                client sending a fresh key per request gets a fresh quota
-                                [default: ip]
-  --shadow                      shadow mode: decide and count every request, deny none (a
-                                would-be denial is counted as shadow_limited; no RateLimit
-                                headers)
-METRICS  -h, --help                    print this help
-
-A client is its IP address (--key ip), or its authenticated x-api-key (--key api-key).
-Each flag is given at most once.";
+const USAGE: &str = include_str!("server_usage.txt");
 
 /// `--metrics-bind`'s lines of the help.
 const METRICS: &str =
@@ -133,7 +98,7 @@ impl Program {
             .get("--metrics-bind")
             .map(|_| given.parsed("--metrics-bind", ""));
         // Checked the way the store checks it, nothing connected yet.
-        if let Some((builder, shown)) = redis(&given)? {
+        if let Some((builder, shown)) = store::redis(&given)? {
             builder
                 .build()
                 .map_err(|e| invalid(format!("invalid --{shown}: {e}")))?;
@@ -151,78 +116,12 @@ impl Program {
     }
 }
 
-/// The Redis the store flags name, if any: its builder, and what `store: ...` calls it
-/// (`KIND URLS`, without passwords).
-fn redis(given: &Given) -> Result<Option<(RedisStoreBuilder, String)>, CliError> {
-    let named = ["--redis", "--redis-cluster", "--redis-sentinel"];
-    let named: Vec<_> = named
-        .iter()
-        .filter_map(|&f| Some((f, given.get(f)?)))
-        .collect();
-    let (flag, list) = match (&named[..], given.get("--sentinel-master")) {
-        ([], None) if given.has("--redis-ca") => Err(invalid(
-            "--redis-ca needs --redis rediss://..., --redis-cluster rediss://... or \
-             --redis-sentinel rediss://...",
-        ))?,
-        ([], None) => return Ok(None),
-        ([("--redis-sentinel", _)], None) => Err(invalid(
-            "--redis-sentinel needs --sentinel-master NAME (the name the sentinels monitor the \
-             primary under)",
-        ))?,
-        ([("--redis-sentinel", _)], Some(_)) | ([_], None) => named[0],
-        ([], Some(_)) | ([_], Some(_)) => Err(invalid(
-            "--sentinel-master needs --redis-sentinel URL,URL,... (the sentinels)",
-        ))?,
-        _ => Err(invalid(
-            "give one of --redis, --redis-cluster and --redis-sentinel, once",
-        ))?,
-    };
-    let master = given.get("--sentinel-master");
-    let urls: Vec<&str> = match flag {
-        "--redis" => vec![list],
-        _ => list
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .collect(),
-    };
-    if urls.is_empty() {
-        return Err(invalid(format!("{flag} needs at least one URL")));
-    }
-    let shown: Vec<String> = urls.iter().map(|url| redacted(url)).collect();
-    let shown = format!("{} {}", &flag[2..], shown.join(","));
-    let (builder, shown) = match (flag, master) {
-        ("--redis", _) => (RedisStore::builder(urls[0]), shown),
-        (_, None) => (RedisStore::cluster_builder(urls), shown),
-        (_, Some(name)) => (
-            RedisStore::sentinel_builder(urls, name),
-            format!("{shown} master {name}"),
-        ),
-    };
-    Ok(Some(match given.get("--redis-ca") {
-        Some(path) => (builder.tls_ca_pem(read_ca(path)?), shown),
-        None => (builder, shown),
-    }))
-}
-
-/// `--redis-ca`'s file: a PEM certificate.
-fn read_ca(path: &str) -> Result<Vec<u8>, CliError> {
-    let pem =
-        std::fs::read(path).map_err(|e| invalid(format!("--redis-ca: cannot read {path}: {e}")))?;
-    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-        return Err(invalid(format!(
-            "--redis-ca: {path} holds no PEM certificate"
-        )));
-    }
-    Ok(pem)
-}
-
 /// The layer the example puts in front of its service: prints `store: ...` and `quota: ...`.
 pub async fn layer(
     options: &Options,
 ) -> Result<RateLimitLayer<impl KeyExtractor + Clone + 'static>, String> {
     let policy = &options.policy;
-    let builder = match redis(&options.given).map_err(|e| format!("{e:?}"))? {
+    let builder = match store::redis(&options.given).map_err(|e| format!("{e:?}"))? {
         Some((builder, shown)) => {
             let store = builder.build().map_err(|e| e.to_string())?;
             if !announce(&shown, &store).await {
