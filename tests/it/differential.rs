@@ -19,10 +19,11 @@
 use crate::support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
+use redlimit::limiter::BlockFor;
 use redlimit::store::{MemoryStore, RedisStore, RefundRequest, Store};
 use redlimit::{clock::ManualClock, Algorithm, Decision, Quota, Quotas, Target};
 use support::{Ctx, RedisServer};
@@ -472,4 +473,82 @@ fn redis_and_memory_stores_decide_identically() {
         load(&tally.suspended)
     );
     assert!(load(&tally.suspended) > 0, "no case ever suspended a key");
+}
+
+/// GCRA at 54/s, 27 units at one instant (checks, blocking checks, an acquire), then an
+/// override to 5/s: the usage is kept, capped to the new quota (docs/fleet.md), while the old
+/// regime's debt lasts; once the old regime has paid it off (27 / 54 s, when the key expires),
+/// the override meets a fresh key. Both stores on the same clock, with Redis dropping what the
+/// memory store let expire on it (the clock runs ahead of Redis's real time).
+#[test]
+fn gcra_override_keeps_the_capped_debt_only_while_the_old_one_lasts() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = Ctx::default()
+        .timeout(Duration::from_secs(10))
+        .redis_store(&redis);
+    let mut conn = runtime
+        .block_on(redis.client().get_multiplexed_async_connection())
+        .unwrap();
+    let clock = ManualClock::new(Duration::from_micros(EPOCH_US));
+    let ctx = Ctx::new(Algorithm::Gcra).manual(&clock);
+    let memory = MemoryStore::new();
+    let pair = [ctx.limiter(store), ctx.limiter(memory.clone())];
+    let old = Quotas::from(Quota::new(54, Duration::from_secs(1)).unwrap());
+    let new = Quotas::from(Quota::new(5, Duration::from_secs(1)).unwrap());
+    let block = BlockFor::new(Duration::from_millis(1177)).unwrap();
+
+    // (key, ms after the burst that the override comes, the check's decision after it)
+    let cases = [
+        ("within", 100, (false, 0, Duration::from_millis(100))),
+        ("after", 600, (true, 4, Duration::ZERO)),
+    ];
+    for (key, after_ms, (allowed, remaining, retry_after)) in cases {
+        clock.set(Duration::from_micros(EPOCH_US));
+        let mut answers = Vec::new();
+        for limiter in &pair {
+            runtime.block_on(async {
+                limiter.reset(key).await.unwrap();
+                for _ in 0..12 {
+                    assert!(limiter.check_quotas(key, &old, 1).await.is_allowed());
+                }
+                for _ in 0..12 {
+                    let verdict = limiter.check_blocking(key, &old, 1, &block).await;
+                    assert!(verdict.is_allowed());
+                }
+                limiter.resume(key).await.unwrap();
+                let deadline = Instant::now() + Duration::from_secs(1);
+                let acquired = limiter.acquire_cost(key, &old, 3, deadline).await;
+                assert!(acquired.unwrap().is_allowed());
+            });
+        }
+        clock.advance(Duration::from_millis(after_ms));
+        let now = clock.now_micros();
+        let storage_key = pair[1].storage_key(key);
+        let held = memory.stored_state(&storage_key, now).is_some();
+        assert_eq!(held, after_ms < 500, "{key}: the memory store's expiry");
+        if !held {
+            let _: () = runtime
+                .block_on(redis::cmd("DEL").arg(&storage_key).query_async(&mut conn))
+                .unwrap();
+        }
+        for limiter in &pair {
+            let decision = runtime.block_on(async {
+                limiter.set_quota(key, &new).await.unwrap();
+                limiter.check_quotas(key, &old, 1).await
+            });
+            let decision = *decision.decision().expect("decided");
+            answers.push(decision);
+        }
+        assert_eq!(answers[0], answers[1], "{key}: Redis / memory");
+        let d = answers[1];
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after, d.limit),
+            (allowed, remaining, retry_after, 5),
+            "{key}: {d:?}"
+        );
+    }
 }
