@@ -245,7 +245,8 @@ pub struct Segment {
 }
 
 /// A suspension in force from `at` (real) while the manual clock is before `until_us` (the
-/// earliest end it may have: the clock before the call, plus its duration).
+/// earliest end it may have: the clock before the call, plus its duration), or until a step
+/// back after the clock reached `until_us` (`ended`).
 #[derive(Clone, Debug)]
 pub struct Suspension {
     pub op: usize,
@@ -755,6 +756,15 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
             }
             Op::StepBack { ms } => {
                 let now = manual.now_micros();
+                // docs/fleet.md ("Suspension"): denied "with `retry_after` = the time left
+                // ... on Redis's clock (or the client clock if configured)", so a suspension
+                // ends when the clock reaches its end. One whose end the slowest clock (the
+                // operator's) has reached is over, and a step back does not bring it back (a
+                // control or a reset since may have dropped it).
+                let stepped = Instant::now();
+                for s in run.suspensions.iter_mut().filter(|s| s.until_us <= now) {
+                    s.ended.get_or_insert(stepped);
+                }
                 let back = (ms * 1_000).min(now - clock_start_us());
                 clocks.back(back);
                 skew_us += back;

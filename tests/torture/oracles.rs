@@ -228,11 +228,11 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
 
 /// docs/leases.md: "no instance admits a request that started more than one lease interval
 /// after the control was set" (at once without leases); a suspension stays through a reset and
-/// ends at its time, a resume or a data loss; `extend_suspension` (docs/fleet.md) keeps the
-/// later of its end and now + its duration. Its time is the clock the control read plus its
-/// duration (docs/fleet.md, "Suspension": on the client clock when one is configured), so only
-/// an admission decided before the earliest such end (`end_us`, the clock after the decision,
-/// before it) contradicts it.
+/// ends at its time (once reached, a clock stepping back does not renew it), a resume or a data
+/// loss; `extend_suspension` (docs/fleet.md) keeps the later of its end and now + its duration.
+/// Its time is the clock the control read plus its duration (docs/fleet.md, "Suspension": on
+/// the client clock when one is configured), so only an admission decided before the earliest
+/// such end (`end_us`, the clock after the decision, before it) contradicts it.
 fn controls(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
     let delay = control_delay(schedule);
     for s in &run.suspensions {
