@@ -5,7 +5,7 @@
 #   scripts/torture-on-3431009/run.sh [WORKTREE] -- [env for the run, e.g. TORTURE_SECS=900 TORTURE_FAMILY=rate]
 #
 # It makes (or reuses) a git worktree of 3431009, copies tests/torture into it, and rewrites the
-# two paths that moved since (`redlimit::concurrency`, `redlimit::failure_policy`) to a shim
+# paths that moved since (`redlimit::concurrency`, `failure_policy`, `mirror`) to a shim
 # (compat.rs.txt here) that re-exports them from where they were. Generator, fleet and oracles
 # stay byte-identical to this tree's.
 set -euo pipefail
@@ -24,6 +24,7 @@ cp "$here/compat.rs.txt" "$dst/compat.rs"
 sed -i \
     -e 's/redlimit::concurrency::/crate::compat::concurrency::/g' \
     -e 's/redlimit::failure_policy::/crate::compat::failure_policy::/g' \
+    -e 's/redlimit::mirror::/crate::compat::mirror::/g' \
     "$dst"/*.rs
 grep -q '^mod compat;' "$dst/main.rs" || sed -i 's/^mod faults;$/mod compat;\nmod faults;/' "$dst/main.rs"
 cd "$old"
