@@ -43,9 +43,8 @@ pub fn printable(name: &str) -> Cow<'_, str> {
     Cow::Owned(text)
 }
 
-/// One route of `inspect`: its override, suspension, expiry and state on one line each.
-pub fn route_text(scope: &str, status: &KeyStatus) -> String {
-    let mut text = format!("route {}\n", printable(scope));
+/// The key's controls, a line each: its override and its suspension.
+fn controls_text(text: &mut String, status: &KeyStatus) {
     let override_text = status
         .quota_override
         .as_ref()
@@ -55,6 +54,12 @@ pub fn route_text(scope: &str, status: &KeyStatus) -> String {
         format!("{} left", seconds_text(left))
     });
     let _ = writeln!(text, "  suspended: {suspended}");
+}
+
+/// One route of `inspect`: its override, suspension, expiry and state on one line each.
+pub fn route_text(scope: &str, status: &KeyStatus) -> String {
+    let mut text = format!("route {}\n", printable(scope));
+    controls_text(&mut text, status);
     let reset = status.expires_in.map_or("fresh".to_owned(), |left| {
         format!("in {}", seconds_text(left))
     });
@@ -69,15 +74,7 @@ pub fn route_text(scope: &str, status: &KeyStatus) -> String {
 /// What a key looks like, one fact a line.
 pub fn status_text(shown: &str, storage_key: &str, status: &KeyStatus) -> String {
     let mut text = format!("key {shown} ({storage_key})\n");
-    let override_text = status
-        .quota_override
-        .as_ref()
-        .map_or("none".to_owned(), quotas_text);
-    let _ = writeln!(text, "  override: {override_text}");
-    let suspended = status.suspended_for.map_or("no".to_owned(), |left| {
-        format!("{} left", seconds_text(left))
-    });
-    let _ = writeln!(text, "  suspended: {suspended}");
+    controls_text(&mut text, status);
     let expires = status
         .expires_in
         .map_or("nothing stored".to_owned(), seconds_text);
