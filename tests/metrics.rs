@@ -215,6 +215,11 @@ async fn metrics_follow_real_traffic() {
         2
     );
     assert_eq!(metrics.decisions("anon", "allowed"), 2);
+    // A `MemoryStore` decides at once: no round trip, no latency sample.
+    assert_eq!(
+        metrics.samples("redlimit_store_latency_seconds", &[("policy", "anon")]),
+        Vec::<f64>::new()
+    );
     assert_eq!(
         metrics.counter("redlimit_unkeyed_requests_total", &[("policy", "api")]),
         0

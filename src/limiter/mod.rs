@@ -295,9 +295,9 @@ impl Limiter {
             return None;
         }
         let request = self.request(storage_key, quotas, cost);
-        let timer = StoreTimer::start();
+        // No latency recorded: a decision made in this process has no round trip to watch
+        // (docs/using.md, the metrics' table).
         let result = self.inner.store.decide_now(request)?;
-        timer.stop(label);
         Some(match result {
             Ok(decision) => {
                 self.inner.stats.count_decision(&decision, label);
@@ -485,15 +485,19 @@ impl Limiter {
         // Taken before the store call: a control that returns while it is in flight keeps its
         // denial out of the cache.
         let started = cache.map(|cache| cache.start(key, cache.now(request.now_micros)));
-        let timer = StoreTimer::start();
-        let result = match block {
-            Some(block) => self.inner.store.check_blocking(request, block).await,
-            None => match self.inner.store.decide_now(request) {
-                Some(result) => result,
-                None => self.inner.store.check(request).await,
-            },
+        // A decision the store makes at once records no latency (as in `check_storage_key_now`).
+        let result = match block.map_or_else(|| self.inner.store.decide_now(request), |_| None) {
+            Some(result) => result,
+            None => {
+                let timer = StoreTimer::start();
+                let result = match block {
+                    Some(block) => self.inner.store.check_blocking(request, block).await,
+                    None => self.inner.store.check(request).await,
+                };
+                timer.stop(label);
+                result
+            }
         };
-        timer.stop(label);
         let decision = result?;
         stats.count_decision(&decision, label);
         if let (Some(cache), Some(started)) = (cache, started) {

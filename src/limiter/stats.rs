@@ -14,7 +14,7 @@ pub const DIRECT_POLICY_LABEL: &str = "direct";
 #[derive(Debug, Clone)]
 pub(crate) struct PolicyLabel {
     #[cfg(feature = "metrics")]
-    name: metrics::SharedString,
+    keys: &'static MetricKeys,
     /// A shadow check's (`src/layer/shadow.rs`): its denials are counted as `shadow_limited`.
     shadow: Shadow,
 }
@@ -40,9 +40,7 @@ impl PolicyLabel {
     pub(crate) fn new(policy_name: &str) -> Self {
         PolicyLabel {
             #[cfg(feature = "metrics")]
-            // Interned: a label that clones for free (an owned one was copied by each of
-            // the two clones per decision, a shared one had every core bump one count).
-            name: metrics::SharedString::const_str(crate::intern::interned(policy_name)),
+            keys: MetricKeys::of(policy_name),
             shadow: Shadow::No,
         }
     }
@@ -56,10 +54,12 @@ impl PolicyLabel {
     }
 
     /// The label of checks made outside a layer.
-    pub(crate) const fn direct() -> Self {
+    pub(crate) fn direct() -> Self {
+        #[cfg(feature = "metrics")]
+        static DIRECT: std::sync::OnceLock<&'static MetricKeys> = std::sync::OnceLock::new();
         PolicyLabel {
             #[cfg(feature = "metrics")]
-            name: metrics::SharedString::const_str(DIRECT_POLICY_LABEL),
+            keys: DIRECT.get_or_init(|| MetricKeys::of(DIRECT_POLICY_LABEL)),
             shadow: Shadow::No,
         }
     }
@@ -77,12 +77,98 @@ pub(crate) mod names {
     pub const UNKEYED: &str = "redlimit_unkeyed_requests_total";
 }
 
-/// Records one decision's outcome (`allowed`, `limited`, `store_error_admitted`,
-/// `store_error_rejected`, `local_fallback`, `deny_cache`).
+/// A decision's `outcome` label.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+enum Outcome {
+    Allowed,
+    Limited,
+    Suspended,
+    ShadowLimited,
+    DenyCache,
+    LocalFallback,
+    StoreErrorAdmitted,
+    StoreErrorRejected,
+}
+
 #[cfg(feature = "metrics")]
-fn record_outcome(label: &PolicyLabel, outcome: &'static str) {
-    metrics::counter!(names::DECISIONS, "policy" => label.name.clone(), "outcome" => outcome)
-        .increment(1);
+impl Outcome {
+    /// Every outcome, in the order of [`MetricKeys::outcomes`].
+    const ALL: [Outcome; 8] = [
+        Outcome::Allowed,
+        Outcome::Limited,
+        Outcome::Suspended,
+        Outcome::ShadowLimited,
+        Outcome::DenyCache,
+        Outcome::LocalFallback,
+        Outcome::StoreErrorAdmitted,
+        Outcome::StoreErrorRejected,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::Suspended => "suspended",
+            Outcome::ShadowLimited => "shadow_limited",
+            Outcome::DenyCache => "deny_cache",
+            Outcome::LocalFallback => "local_fallback",
+            Outcome::StoreErrorAdmitted => "store_error_admitted",
+            Outcome::StoreErrorRejected => "store_error_rejected",
+        }
+    }
+}
+
+/// A policy's metric keys (name and labels), built once per policy name for the life of the
+/// process, like [`interned`](crate::intern::interned) strings: a decision then records
+/// without building a key (its labels and its hash) each time, and a label clones for free.
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct MetricKeys {
+    latency: metrics::Key,
+    unkeyed: metrics::Key,
+    outcomes: [metrics::Key; Outcome::ALL.len()],
+}
+
+#[cfg(feature = "metrics")]
+impl MetricKeys {
+    fn of(policy_name: &str) -> &'static MetricKeys {
+        use std::collections::BTreeMap;
+        use std::sync::{Mutex, PoisonError};
+        static KEYS: Mutex<BTreeMap<&'static str, &'static MetricKeys>> =
+            Mutex::new(BTreeMap::new());
+        let policy = crate::intern::interned(policy_name);
+        let mut keys = KEYS.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.entry(policy).or_insert_with(|| {
+            let key = |name: &'static str, outcome: Option<Outcome>| {
+                let mut labels = vec![metrics::Label::from_static_parts("policy", policy)];
+                if let Some(outcome) = outcome {
+                    labels.push(metrics::Label::from_static_parts(
+                        "outcome",
+                        outcome.label(),
+                    ));
+                }
+                metrics::Key::from_parts(name, labels)
+            };
+            Box::leak(Box::new(MetricKeys {
+                latency: key(names::STORE_LATENCY, None),
+                unkeyed: key(names::UNKEYED, None),
+                outcomes: Outcome::ALL.map(|outcome| key(names::DECISIONS, Some(outcome))),
+            }))
+        })
+    }
+}
+
+/// What `metrics::counter!` and `histogram!` would pass the recorder from this module.
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// Records one decision's outcome.
+#[cfg(feature = "metrics")]
+fn record_outcome(label: &PolicyLabel, outcome: Outcome) {
+    let key = &label.keys.outcomes[outcome as usize];
+    metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
 }
 
 /// Measures a store call for the latency histogram; nothing without the `metrics` feature.
@@ -104,8 +190,11 @@ impl StoreTimer {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn stop(self, label: &PolicyLabel) {
         #[cfg(feature = "metrics")]
-        metrics::histogram!(names::STORE_LATENCY, "policy" => label.name.clone())
-            .record(self.start.elapsed());
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_histogram(&label.keys.latency, &METADATA)
+                .record(self.start.elapsed())
+        });
     }
 }
 
@@ -224,11 +313,11 @@ impl Counters {
         record_outcome(
             label,
             if decision.allowed {
-                "allowed"
+                Outcome::Allowed
             } else if decision.suspended {
-                "suspended"
+                Outcome::Suspended
             } else {
-                "limited"
+                Outcome::Limited
             },
         );
     }
@@ -245,7 +334,7 @@ impl Counters {
             if !tiers {
                 self.allowed.add();
                 #[cfg(feature = "metrics")]
-                record_outcome(label, "allowed");
+                record_outcome(label, Outcome::Allowed);
             }
             return;
         }
@@ -257,7 +346,7 @@ impl Counters {
             }
         }
         #[cfg(feature = "metrics")]
-        record_outcome(label, "shadow_limited");
+        record_outcome(label, Outcome::ShadowLimited);
     }
 
     /// A settlement that failed.
@@ -274,7 +363,7 @@ impl Counters {
         self.denied.add();
         self.deny_cached.add();
         #[cfg(feature = "metrics")]
-        record_outcome(label, "deny_cache");
+        record_outcome(label, Outcome::DenyCache);
     }
 
     pub(crate) fn count_store_error(&self) {
@@ -284,9 +373,9 @@ impl Counters {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn count_failure(&self, verdict: &Verdict, label: &PolicyLabel) {
         let (counter, _outcome) = match verdict {
-            Verdict::Decided(_) => (&self.fallback_decisions, "local_fallback"),
-            Verdict::FailedOpen => (&self.failed_open, "store_error_admitted"),
-            Verdict::FailedClosed { .. } => (&self.failed_closed, "store_error_rejected"),
+            Verdict::Decided(_) => (&self.fallback_decisions, Outcome::LocalFallback),
+            Verdict::FailedOpen => (&self.failed_open, Outcome::StoreErrorAdmitted),
+            Verdict::FailedClosed { .. } => (&self.failed_closed, Outcome::StoreErrorRejected),
         };
         counter.add();
         #[cfg(feature = "metrics")]
@@ -297,7 +386,11 @@ impl Counters {
     pub(crate) fn count_unkeyed(&self, label: &PolicyLabel) {
         self.unkeyed.add();
         #[cfg(feature = "metrics")]
-        metrics::counter!(names::UNKEYED, "policy" => label.name.clone()).increment(1);
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_counter(&label.keys.unkeyed, &METADATA)
+                .increment(1)
+        });
     }
 
     pub(crate) fn snapshot(&self) -> LimiterStats {

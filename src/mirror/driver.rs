@@ -35,7 +35,7 @@ struct Gather {
     /// (position, remaining, retry) of the denying tier with the longest wait.
     deny: Option<(usize, f64, f64)>,
     /// The override's tiers, when they are in force.
-    overridden: Option<Vec<Tier>>,
+    overridden: Option<Tiers>,
 }
 
 impl Gather {
@@ -112,11 +112,46 @@ impl Gather {
     }
 }
 
+/// Up to [`MAX_TIERS`] tiers, kept on the stack: a decision allocates none for them.
+#[derive(Clone, Copy)]
+struct Tiers {
+    items: [Tier; MAX_TIERS],
+    len: usize,
+}
+
+impl Tiers {
+    /// The first [`MAX_TIERS`] of `tiers`.
+    fn of(tiers: impl Iterator<Item = Tier>) -> Tiers {
+        let none = Tier {
+            limit: 0.0,
+            period: 0.0,
+            burst: 0.0,
+        };
+        let mut out = Tiers {
+            items: [none; MAX_TIERS],
+            len: 0,
+        };
+        for (slot, tier) in out.items.iter_mut().zip(tiers) {
+            *slot = tier;
+            out.len += 1;
+        }
+        out
+    }
+}
+
+impl std::ops::Deref for Tiers {
+    type Target = [Tier];
+
+    fn deref(&self) -> &[Tier] {
+        &self.items[..self.len]
+    }
+}
+
 /// A route's string and its tenant's controls opened, as the opening of `lua/common.lua` reads
 /// them.
 struct Opened<'a> {
     /// The tiers in force: the route's override, else the tenant's, else the caller's.
-    tiers: Vec<Tier>,
+    tiers: Tiers,
     /// Whether an override decides (its quotas go back with the reply).
     overridden: bool,
     /// The controls to write before the states (`head` in the script).
@@ -173,7 +208,7 @@ fn open<'a>(
     now: f64,
     quotas: &[Quota],
 ) -> Result<Opened<'a>, Reply> {
-    let mut tiers: Vec<Tier> = quotas.iter().take(MAX_TIERS).map(Tier::of).collect();
+    let mut tiers = Tiers::of(quotas.iter().map(Tier::of));
     let mut overridden = false;
     let mut reset_us = 0.0;
     // The tenant's suspension is answered after the route's controls: a route suspended for
@@ -182,7 +217,7 @@ fn open<'a>(
     if let Some(Controls::Some { until_us, n, bytes }) = tenant.map(Controls::parse) {
         tenant_until = until_us;
         if n > 0 {
-            tiers = (0..n).map(|i| Tier::at(bytes, Controls::len(i))).collect();
+            tiers = Tiers::of((0..n).map(|i| Tier::at(bytes, Controls::len(i))));
             overridden = true;
         }
         reset_us = tenant_reset(tenant.unwrap_or_default(), bytes.len());
@@ -204,7 +239,7 @@ fn open<'a>(
                     return Err(suspended(until_us, now, first));
                 }
                 if n > 0 {
-                    tiers = (0..n).map(|i| Tier::at(bytes, Controls::len(i))).collect();
+                    tiers = Tiers::of((0..n).map(|i| Tier::at(bytes, Controls::len(i))));
                     overridden = true;
                     route_override = true;
                     head = Some(bytes.to_vec());
@@ -267,7 +302,7 @@ pub(crate) fn decide(
     let s = opened.states;
     let mut at = 0;
     let mut gather = Gather::new();
-    gather.overridden = opened.overridden.then(|| tiers.clone());
+    gather.overridden = opened.overridden.then_some(*tiers);
     let mut olds: Vec<Option<&[u8]>> = Vec::new();
     let mut news = Vec::new();
     let mut oks = Vec::new();
@@ -363,7 +398,7 @@ pub(crate) fn decide_log(
     }
     let tiers = &opened.tiers;
     let mut gather = Gather::new();
-    gather.overridden = opened.overridden.then(|| tiers.clone());
+    gather.overridden = opened.overridden.then_some(*tiers);
     let mut writer: Option<(f64, bool)> = None; // (period, stepped back) of the longest writer
     for (i, tier) in tiers.iter().enumerate() {
         if !tier.valid() {
