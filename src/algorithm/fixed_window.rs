@@ -80,32 +80,12 @@ pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
     use super::*;
-    use crate::algorithm::testing::Reply;
-    use crate::algorithm::testing::{self, expect, Mirror, Seq};
+    use crate::algorithm::testing::{expect, Seq, S};
+    use crate::algorithm::PackedStep;
 
-    const S: f64 = 1_000_000.0;
-
-    struct FixedWindow;
-
-    impl Mirror for FixedWindow {
-        type State = Packed;
-        fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
-            testing::run_packed(step, state, args)
-        }
-    }
-
-    fn seq() -> Seq<FixedWindow> {
-        Seq::new()
-    }
-
-    proptest! {
-        #[test]
-        fn invariants((quota, steps) in testing::scenario(true)) {
-            testing::check_invariants::<FixedWindow>(quota, steps)?;
-        }
+    fn seq() -> Seq<PackedStep> {
+        Seq::packed(step)
     }
 
     #[test]

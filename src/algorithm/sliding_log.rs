@@ -139,41 +139,13 @@ pub(crate) fn apply(
 mod tests {
     use proptest::prelude::*;
 
-    use super::*;
-    use crate::algorithm::testing::{self, expect, Mirror, Seq};
-    use crate::algorithm::testing::{ttl_ms, Reply};
-
-    const S: f64 = 1_000_000.0;
-
-    struct SlidingLog;
-
-    impl Mirror for SlidingLog {
-        type State = Log;
-        fn run(state: &mut Option<Log>, args: &Args) -> (Reply, Option<u64>) {
-            // Like the memory store: an existing log changes in place, a fresh one is kept only
-            // when the step writes.
-            let existed = state.is_some();
-            let mut log = state.take().unwrap_or_default();
-            let outcome = step(&mut log, args);
-            let reply = Reply::of(&outcome);
-            let ttl = outcome.state.map(|()| ttl_ms(outcome.reset_us));
-            if existed || ttl.is_some() {
-                *state = Some(log);
-            }
-            (reply, ttl)
-        }
-    }
+    use crate::algorithm::testing::{self, expect, Seq, SlidingLog, S};
 
     fn seq() -> Seq<SlidingLog> {
-        Seq::new()
+        Seq::new(SlidingLog)
     }
 
     proptest! {
-        #[test]
-        fn invariants((quota, steps) in testing::scenario(true)) {
-            testing::check_invariants::<SlidingLog>(quota, steps)?;
-        }
-
         /// Exact: in no window of one period do the admitted units exceed the burst.
         #[test]
         fn never_more_than_burst_in_any_window((quota, steps) in testing::scenario(false)) {

@@ -137,29 +137,11 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::algorithm::testing::Reply;
-    use crate::algorithm::testing::{self, expect, Mirror, Seq};
+    use crate::algorithm::testing::{self, expect, Seq, S};
+    use crate::algorithm::PackedStep;
 
-    const S: f64 = 1_000_000.0;
-
-    struct SlidingWindow;
-
-    impl Mirror for SlidingWindow {
-        type State = Packed;
-        fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
-            testing::run_packed(step, state, args)
-        }
-    }
-
-    fn seq() -> Seq<SlidingWindow> {
-        Seq::new()
-    }
-
-    proptest! {
-        #[test]
-        fn invariants((quota, steps) in testing::scenario(true)) {
-            testing::check_invariants::<SlidingWindow>(quota, steps)?;
-        }
+    fn seq() -> Seq<PackedStep> {
+        Seq::packed(step)
     }
 
     proptest! {
