@@ -28,14 +28,17 @@
 
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
 use futures::future::{join_all, BoxFuture};
 use redlimit::store::{CheckRequest, MemoryStore, RedisStore, Store, StoreError};
 use redlimit::{Algorithm, Decision, Limiter, Quota};
 use tokio::runtime::Runtime;
 
 mod support;
-use support::PrivateRedis;
+use support::{admitting, PrivateRedis};
 
 /// Distinct keys the checks rotate over.
 const KEYS: usize = 1024;
@@ -46,18 +49,6 @@ const PREFIX: &str = "redlimit-bench";
 
 fn keys() -> Vec<String> {
     (0..KEYS).map(|i| format!("client-{i}")).collect()
-}
-
-/// A quota that admits every check of the bench.
-fn quota(algorithm: Algorithm) -> Quota {
-    match algorithm {
-        Algorithm::SlidingLog => Quota::new(
-            redlimit::algorithm::MAX_SLIDING_LOG_BURST,
-            Duration::from_millis(100),
-        ),
-        _ => Quota::per_second(1_000_000_000),
-    }
-    .expect("a valid quota")
 }
 
 fn limiter(store: impl Store, algorithm: Algorithm) -> Limiter {
@@ -77,19 +68,30 @@ fn memory(c: &mut Criterion) {
     let mut group = c.benchmark_group("memory");
     group.throughput(Throughput::Elements(1));
     for &algorithm in Algorithm::ALL {
-        let quota = quota(algorithm);
         let limiter = limiter(MemoryStore::new(), algorithm);
-        let (limiter, keys, quota) = (&limiter, &keys, &quota);
-        let mut i = 0;
-        group.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
-            b.to_async(&runtime).iter(|| {
-                i = (i + 1) % KEYS;
-                limiter.check(&keys[i], quota)
-            })
-        });
-        assert_no_errors(limiter);
+        one_at_a_time(&mut group, &runtime, algorithm, &limiter, &keys);
     }
     group.finish();
+}
+
+/// Benchmarks `limiter` in `group` under `algorithm`'s name: one check at a time, rotating over
+/// `keys`, with an admitting quota.
+fn one_at_a_time(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    runtime: &Runtime,
+    algorithm: Algorithm,
+    limiter: &Limiter,
+    keys: &[String],
+) {
+    let quota = &admitting(algorithm);
+    let mut i = 0;
+    group.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
+        b.to_async(runtime).iter(|| {
+            i = (i + 1) % KEYS;
+            limiter.check(&keys[i], quota)
+        })
+    });
+    assert_no_errors(limiter);
 }
 
 fn redis(c: &mut Criterion) {
@@ -105,24 +107,15 @@ fn redis(c: &mut Criterion) {
     let mut sequential = c.benchmark_group("redis-sequential");
     sequential.throughput(Throughput::Elements(1));
     for &algorithm in Algorithm::ALL {
-        let quota = quota(algorithm);
         let limiter = redis.limiter(&runtime, algorithm);
-        let (limiter, keys, quota) = (&limiter, &keys, &quota);
-        let mut i = 0;
-        sequential.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
-            b.to_async(&runtime).iter(|| {
-                i = (i + 1) % KEYS;
-                limiter.check(&keys[i], quota)
-            })
-        });
-        assert_no_errors(limiter);
+        one_at_a_time(&mut sequential, &runtime, algorithm, &limiter, &keys);
     }
     sequential.finish();
 
     let mut concurrent = c.benchmark_group(format!("redis-concurrent-{IN_FLIGHT}"));
     concurrent.throughput(Throughput::Elements(IN_FLIGHT as u64));
     for &algorithm in Algorithm::ALL {
-        let quota = quota(algorithm);
+        let quota = admitting(algorithm);
         let limiter = redis.limiter(&runtime, algorithm);
         let (limiter, keys, quota) = (&limiter, &keys, &quota);
         let mut i = 0;
@@ -273,7 +266,7 @@ impl BenchRedis {
             .expect("a valid Redis URL");
         let limiter = limiter(store, algorithm);
         runtime
-            .block_on(limiter.try_check_quotas("warm-up", &quota(algorithm).into(), 1))
+            .block_on(limiter.try_check_quotas("warm-up", &admitting(algorithm).into(), 1))
             .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
         limiter
     }
