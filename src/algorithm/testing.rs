@@ -236,6 +236,32 @@ pub(crate) fn scenario(back: bool) -> impl Strategy<Value = ((f64, f64, f64), Ve
     (quota, prop::collection::vec(step, 1..60))
 }
 
+/// Runs `steps` (clock move in µs, cost) on `seq` from the time `now`, and after each step
+/// checks `bound` with the time and the units admitted after a given time.
+pub(crate) fn check_admitted<M: Mirror>(
+    mut seq: Seq<M>,
+    mut now: f64,
+    steps: &[(f64, f64)],
+    mut bound: impl FnMut(f64, &dyn Fn(f64) -> f64) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let mut admitted: Vec<(f64, f64)> = Vec::new();
+    for &(dt, cost) in steps {
+        now += dt;
+        if seq.at(now).cost(cost).allowed && cost > 0.0 {
+            admitted.push((now, cost));
+        }
+        let admitted_after = |from: f64| -> f64 {
+            admitted
+                .iter()
+                .filter(|(t, _)| *t > from)
+                .map(|(_, c)| c)
+                .sum()
+        };
+        bound(now, &admitted_after)?;
+    }
+    Ok(())
+}
+
 /// The invariants every algorithm keeps, checked after each step of a scenario:
 /// - expiry never changes a decision (checked by [`Seq`]);
 /// - a peek and a denial never write, except to persist a clock stepped back;
