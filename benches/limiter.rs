@@ -28,10 +28,7 @@
 
 use std::time::Duration;
 
-use criterion::measurement::WallTime;
-use criterion::{
-    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
-};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use futures::future::{join_all, BoxFuture};
 use redlimit::store::{CheckRequest, MemoryStore, RedisStore, Store, StoreError};
 use redlimit::{Algorithm, Decision, Limiter, Quota};
@@ -64,34 +61,35 @@ fn memory(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let keys = keys();
-    let mut group = c.benchmark_group("memory");
-    group.throughput(Throughput::Elements(1));
-    for &algorithm in Algorithm::ALL {
-        let limiter = limiter(MemoryStore::new(), algorithm);
-        one_at_a_time(&mut group, &runtime, algorithm, &limiter, &keys);
-    }
-    group.finish();
+    one_at_a_time(c, "memory", &runtime, |algorithm| {
+        limiter(MemoryStore::new(), algorithm)
+    });
 }
 
-/// Benchmarks `limiter` in `group` under `algorithm`'s name: one check at a time, rotating over
-/// `keys`, with an admitting quota.
+/// The group `name`: per algorithm, the limiter `limiter_of` makes, one check at a time,
+/// rotating over the keys, with an admitting quota.
 fn one_at_a_time(
-    group: &mut BenchmarkGroup<'_, WallTime>,
+    c: &mut Criterion,
+    name: &str,
     runtime: &Runtime,
-    algorithm: Algorithm,
-    limiter: &Limiter,
-    keys: &[String],
+    limiter_of: impl Fn(Algorithm) -> Limiter,
 ) {
-    let quota = &admitting(algorithm);
-    let mut i = 0;
-    group.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
-        b.to_async(runtime).iter(|| {
-            i = (i + 1) % KEYS;
-            limiter.check(&keys[i], quota)
-        })
-    });
-    assert_no_errors(limiter);
+    let keys = keys();
+    let mut group = c.benchmark_group(name);
+    group.throughput(Throughput::Elements(1));
+    for &algorithm in Algorithm::ALL {
+        let limiter = &limiter_of(algorithm);
+        let quota = &admitting(algorithm);
+        let mut i = 0;
+        group.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
+            b.to_async(runtime).iter(|| {
+                i = (i + 1) % KEYS;
+                limiter.check(&keys[i], quota)
+            })
+        });
+        assert_no_errors(limiter);
+    }
+    group.finish();
 }
 
 fn redis(c: &mut Criterion) {
@@ -102,15 +100,11 @@ fn redis(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let keys = keys();
+    one_at_a_time(c, "redis-sequential", &runtime, |algorithm| {
+        redis.limiter(&runtime, algorithm)
+    });
 
-    let mut sequential = c.benchmark_group("redis-sequential");
-    sequential.throughput(Throughput::Elements(1));
-    for &algorithm in Algorithm::ALL {
-        let limiter = redis.limiter(&runtime, algorithm);
-        one_at_a_time(&mut sequential, &runtime, algorithm, &limiter, &keys);
-    }
-    sequential.finish();
+    let keys = keys();
 
     let mut concurrent = c.benchmark_group(format!("redis-concurrent-{IN_FLIGHT}"));
     concurrent.throughput(Throughput::Elements(IN_FLIGHT as u64));

@@ -138,11 +138,6 @@ mod tests {
 
     use super::*;
     use crate::algorithm::testing::{self, expect, Seq, S};
-    use crate::algorithm::PackedStep;
-
-    fn seq() -> Seq<PackedStep> {
-        Seq::packed(step)
-    }
 
     proptest! {
         /// The documented bound: at most `burst` per fixed window, and at most `2 * burst` in

@@ -63,9 +63,8 @@ impl Limiter {
             false => None,
         };
         let Some(mut lease) = lease else {
-            return self
-                .decide_direct(storage_key, quotas, cost, label, None)
-                .await;
+            let request = self.request(storage_key, quotas, cost);
+            return self.decide_direct(request, label, None).await;
         };
         self.start_sweeping(leases);
         let mut waited_for = None;
@@ -109,7 +108,8 @@ impl Limiter {
                 Some(new) => lease = new,
                 // The table is full, or the key's hash holds another lease.
                 None => {
-                    let direct = self.decide_direct(storage_key, quotas, cost, label, None);
+                    let request = self.request(storage_key, quotas, cost);
+                    let direct = self.decide_direct(request, label, None);
                     return self
                         .within(deadline, direct, storage_key, quotas, cost, label)
                         .await;
