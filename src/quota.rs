@@ -385,14 +385,14 @@ mod tests {
 
     #[test]
     fn constructors_say_their_units() {
-        let constructors: [(fn(u64) -> Result<Quota, QuotaError>, u64); 4] = [
-            (Quota::per_second, 1),
-            (Quota::per_minute, 60),
-            (Quota::per_hour, 3600),
-            (Quota::per_day, 86400),
+        let quotas = [
+            (Quota::per_second(3), 1),
+            (Quota::per_minute(3), 60),
+            (Quota::per_hour(3), 3600),
+            (Quota::per_day(3), 86400),
         ];
-        for (per, seconds) in constructors {
-            assert_eq!(per(3).unwrap().period(), Duration::from_secs(seconds));
+        for (quota, seconds) in quotas {
+            assert_eq!(quota.unwrap().period(), Duration::from_secs(seconds));
         }
         let q = Quota::per_minute(10).unwrap();
         assert_eq!((q.limit(), q.burst()), (10, 10));

@@ -412,7 +412,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::testing::{self, expect, Seq, SlidingLog, S};
-    use super::{gcra, token_bucket, Algorithm, Kind, PackedStep, MAX_SKEW_US};
+    use super::{
+        gcra, lua_mod, sliding_window, token_bucket, Algorithm, Kind, PackedStep, MAX_SKEW_US,
+    };
 
     proptest! {
         /// Every algorithm keeps the shared invariants (`testing::check_invariants`).
@@ -425,6 +427,31 @@ mod tests {
                 };
                 checked.map_err(|e| TestCaseError::fail(format!("{algorithm}: {e}")))?;
             }
+        }
+    }
+
+    proptest! {
+        /// The bounds the docs state on what the window algorithms admit: the sliding log never
+        /// more than `burst` in any interval of one period (exact); the sliding window at most
+        /// `burst` per fixed window, and at most `2 * burst` in any interval of one period.
+        #[test]
+        fn the_window_algorithms_keep_their_documented_bounds(
+            (quota, steps) in testing::scenario(false),
+        ) {
+            let (limit, period, burst) = quota;
+            let log = Seq::new(SlidingLog).quota(limit, period, burst);
+            testing::check_admitted(log, 0.0, &steps, |now, admitted_after| {
+                prop_assert!(admitted_after(now - period) <= burst, "sliding log");
+                Ok(())
+            })?;
+            let window = Seq::packed(sliding_window::step).quota(limit, period, burst);
+            let now = 1_700_000_000_000_000.0;
+            testing::check_admitted(window, now, &steps, |now, admitted_after| {
+                prop_assert!(admitted_after(now - period) <= 2.0 * burst, "sliding window");
+                let start = now - lua_mod(now, period);
+                prop_assert!(admitted_after(start - 1.0) <= burst, "sliding window");
+                Ok(())
+            })?;
         }
     }
 

@@ -78,9 +78,11 @@ pub(crate) mod names {
 }
 
 /// Records one decision's outcome (`allowed`, `limited`, `store_error_admitted`,
-/// `store_error_rejected`, `local_fallback`, `deny_cache`).
-#[cfg(feature = "metrics")]
+/// `store_error_rejected`, `local_fallback`, `deny_cache`); nothing without the `metrics`
+/// feature.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 fn record_outcome(label: &PolicyLabel, outcome: &'static str) {
+    #[cfg(feature = "metrics")]
     metrics::counter!(names::DECISIONS, "policy" => label.name.clone(), "outcome" => outcome)
         .increment(1);
 }
@@ -207,7 +209,6 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn count_decision(&self, decision: &Decision, label: &PolicyLabel) {
         if label.shadow != Shadow::No {
             return self.count_shadow(decision.allowed, decision.suspended, label);
@@ -220,7 +221,6 @@ impl Counters {
                 self.suspended.add();
             }
         }
-        #[cfg(feature = "metrics")]
         record_outcome(
             label,
             if decision.allowed {
@@ -233,9 +233,7 @@ impl Counters {
         );
     }
 
-    /// A denial answered from the deny cache.
     /// A decision made in shadow (see [`Shadow`]).
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     fn count_shadow(&self, allowed: bool, suspended: bool, label: &PolicyLabel) {
         if label.shadow == Shadow::Uncounted {
             return;
@@ -244,7 +242,6 @@ impl Counters {
         if allowed {
             if !tiers {
                 self.allowed.add();
-                #[cfg(feature = "metrics")]
                 record_outcome(label, "allowed");
             }
             return;
@@ -256,7 +253,6 @@ impl Counters {
                 self.suspended.add();
             }
         }
-        #[cfg(feature = "metrics")]
         record_outcome(label, "shadow_limited");
     }
 
@@ -265,7 +261,7 @@ impl Counters {
         self.settle_failures.add();
     }
 
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    /// A denial answered from the deny cache.
     pub(crate) fn count_cached_denial(&self, label: &PolicyLabel) {
         if label.shadow != Shadow::No {
             self.deny_cached.add();
@@ -273,7 +269,6 @@ impl Counters {
         }
         self.denied.add();
         self.deny_cached.add();
-        #[cfg(feature = "metrics")]
         record_outcome(label, "deny_cache");
     }
 
@@ -281,16 +276,14 @@ impl Counters {
         self.store_errors.add();
     }
 
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn count_failure(&self, verdict: &Verdict, label: &PolicyLabel) {
-        let (counter, _outcome) = match verdict {
+        let (counter, outcome) = match verdict {
             Verdict::Decided(_) => (&self.fallback_decisions, "local_fallback"),
             Verdict::FailedOpen => (&self.failed_open, "store_error_admitted"),
             Verdict::FailedClosed { .. } => (&self.failed_closed, "store_error_rejected"),
         };
         counter.add();
-        #[cfg(feature = "metrics")]
-        record_outcome(label, _outcome);
+        record_outcome(label, outcome);
     }
 
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
