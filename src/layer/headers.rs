@@ -311,6 +311,13 @@ pub(crate) mod tests {
         headers
     }
 
+    /// Asserts the `RateLimit-Policy` and `RateLimit` fields `headers` hold.
+    #[track_caller]
+    fn assert_fields(headers: &HeaderMap, policy: &str, state: &str) {
+        assert_eq!(headers["ratelimit-policy"], policy);
+        assert_eq!(headers["ratelimit"], state);
+    }
+
     pub(crate) fn allowed(quota: Quota, remaining: u64, reset_after: Duration) -> Decision {
         Decision {
             allowed: true,
@@ -407,8 +414,7 @@ pub(crate) mod tests {
         let quota = Quota::per_minute(10).unwrap().with_burst(50).unwrap();
         let style = style("api", &[quota], true);
         let headers = written(&style, &allowed(quota, 49, Duration::from_secs(6)));
-        assert_eq!(headers["ratelimit-policy"], "\"api\";q=50;w=300");
-        assert_eq!(headers["ratelimit"], "\"api\";r=49;t=6");
+        assert_fields(&headers, "\"api\";q=50;w=300", "\"api\";r=49;t=6");
         assert_eq!(headers["x-ratelimit-limit"], "50");
         assert_eq!(headers["x-ratelimit-remaining"], "49");
     }
@@ -422,9 +428,8 @@ pub(crate) mod tests {
             ..allowed(second, 3, Duration::from_secs(40))
         };
         let headers = written(&style, &overridden);
-        assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=1");
         // `t`: the decision's reset is the override's longest tier; capped at this tier's `w`.
-        assert_eq!(headers["ratelimit"], "\"api\";r=3;t=1");
+        assert_fields(&headers, "\"api\";q=10;w=1", "\"api\";r=3;t=1");
     }
 
     #[test]
@@ -446,11 +451,11 @@ pub(crate) mod tests {
     fn several_tiers_are_numbered_and_the_binding_one_is_named() {
         let (second, minute, style) = two_tiers();
         let headers = written(&style, &allowed(minute, 3, Duration::from_secs(59)));
-        assert_eq!(
-            headers["ratelimit-policy"],
-            "\"api-1\";q=10;w=1, \"api-2\";q=500;w=60"
+        assert_fields(
+            &headers,
+            "\"api-1\";q=10;w=1, \"api-2\";q=500;w=60",
+            "\"api-2\";r=3;t=59",
         );
-        assert_eq!(headers["ratelimit"], "\"api-2\";r=3;t=59");
 
         let headers = written(&style, &denied(second, Duration::from_millis(100)));
         assert_eq!(headers["ratelimit"], "\"api-1\";r=0;t=1");
@@ -461,8 +466,7 @@ pub(crate) mod tests {
         let (_, _, style) = two_tiers();
         let granted = Quota::per_minute(7).unwrap();
         let headers = written(&style, &allowed(granted, 6, Duration::from_secs(9)));
-        assert_eq!(headers["ratelimit-policy"], "\"api\";q=7;w=60");
-        assert_eq!(headers["ratelimit"], "\"api\";r=6;t=9");
+        assert_fields(&headers, "\"api\";q=7;w=60", "\"api\";r=6;t=9");
     }
 
     #[test]
@@ -470,8 +474,7 @@ pub(crate) mod tests {
         let quota = Quota::per_minute(10).unwrap();
         let style = style("api", &[quota], true);
         let headers = written(&style, &allowed(quota, 7, Duration::from_millis(17_001)));
-        assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=60");
-        assert_eq!(headers["ratelimit"], "\"api\";r=7;t=18");
+        assert_fields(&headers, "\"api\";q=10;w=60", "\"api\";r=7;t=18");
         assert_eq!(headers["x-ratelimit-remaining"], "7");
     }
 }

@@ -800,6 +800,15 @@ mod tests {
         timeout: Option<Duration>,
     }
 
+    /// A future that never answers when `hang`, else `answer`.
+    fn hang_or<'a, T: Send + 'a>(hang: bool, answer: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+        if hang {
+            Box::pin(std::future::pending())
+        } else {
+            answer
+        }
+    }
+
     impl Store for Probe {
         fn check<'a>(
             &'a self,
@@ -809,20 +818,18 @@ mod tests {
             if request.cost == 0 {
                 self.peeks.fetch_add(1, Ordering::Relaxed);
             }
-            if self.hang_first.swap(false, Ordering::Relaxed) {
-                return Box::pin(std::future::pending());
-            }
-            self.memory.check(request)
+            let hang = self.hang_first.swap(false, Ordering::Relaxed);
+            hang_or(hang, self.memory.check(request))
         }
 
         fn refund<'a>(
             &'a self,
             request: RefundRequest<'a>,
         ) -> BoxFuture<'a, Result<u64, StoreError>> {
-            if self.hang_refunds.load(Ordering::Relaxed) {
-                return Box::pin(std::future::pending());
-            }
-            self.memory.refund(request)
+            hang_or(
+                self.hang_refunds.load(Ordering::Relaxed),
+                self.memory.refund(request),
+            )
         }
 
         fn control<'a>(
