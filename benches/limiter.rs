@@ -35,7 +35,7 @@ use redlimit::{Algorithm, Decision, Limiter, Quota};
 use tokio::runtime::Runtime;
 
 mod support;
-use support::PrivateRedis;
+use support::{admitting, PrivateRedis};
 
 /// Distinct keys the checks rotate over.
 const KEYS: usize = 1024;
@@ -46,18 +46,6 @@ const PREFIX: &str = "redlimit-bench";
 
 fn keys() -> Vec<String> {
     (0..KEYS).map(|i| format!("client-{i}")).collect()
-}
-
-/// A quota that admits every check of the bench.
-fn quota(algorithm: Algorithm) -> Quota {
-    match algorithm {
-        Algorithm::SlidingLog => Quota::new(
-            redlimit::algorithm::MAX_SLIDING_LOG_BURST,
-            Duration::from_millis(100),
-        ),
-        _ => Quota::per_second(1_000_000_000),
-    }
-    .expect("a valid quota")
 }
 
 fn limiter(store: impl Store, algorithm: Algorithm) -> Limiter {
@@ -73,16 +61,28 @@ fn memory(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    one_at_a_time(c, "memory", &runtime, |algorithm| {
+        limiter(MemoryStore::new(), algorithm)
+    });
+}
+
+/// The group `name`: per algorithm, the limiter `limiter_of` makes, one check at a time,
+/// rotating over the keys, with an admitting quota.
+fn one_at_a_time(
+    c: &mut Criterion,
+    name: &str,
+    runtime: &Runtime,
+    limiter_of: impl Fn(Algorithm) -> Limiter,
+) {
     let keys = keys();
-    let mut group = c.benchmark_group("memory");
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(1));
     for &algorithm in Algorithm::ALL {
-        let quota = quota(algorithm);
-        let limiter = limiter(MemoryStore::new(), algorithm);
-        let (limiter, keys, quota) = (&limiter, &keys, &quota);
+        let limiter = &limiter_of(algorithm);
+        let quota = &admitting(algorithm);
         let mut i = 0;
         group.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
-            b.to_async(&runtime).iter(|| {
+            b.to_async(runtime).iter(|| {
                 i = (i + 1) % KEYS;
                 limiter.check(&keys[i], quota)
             })
@@ -100,29 +100,16 @@ fn redis(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let keys = keys();
+    one_at_a_time(c, "redis-sequential", &runtime, |algorithm| {
+        redis.limiter(&runtime, algorithm)
+    });
 
-    let mut sequential = c.benchmark_group("redis-sequential");
-    sequential.throughput(Throughput::Elements(1));
-    for &algorithm in Algorithm::ALL {
-        let quota = quota(algorithm);
-        let limiter = redis.limiter(&runtime, algorithm);
-        let (limiter, keys, quota) = (&limiter, &keys, &quota);
-        let mut i = 0;
-        sequential.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
-            b.to_async(&runtime).iter(|| {
-                i = (i + 1) % KEYS;
-                limiter.check(&keys[i], quota)
-            })
-        });
-        assert_no_errors(limiter);
-    }
-    sequential.finish();
+    let keys = keys();
 
     let mut concurrent = c.benchmark_group(format!("redis-concurrent-{IN_FLIGHT}"));
     concurrent.throughput(Throughput::Elements(IN_FLIGHT as u64));
     for &algorithm in Algorithm::ALL {
-        let quota = quota(algorithm);
+        let quota = admitting(algorithm);
         let limiter = redis.limiter(&runtime, algorithm);
         let (limiter, keys, quota) = (&limiter, &keys, &quota);
         let mut i = 0;
@@ -273,7 +260,7 @@ impl BenchRedis {
             .expect("a valid Redis URL");
         let limiter = limiter(store, algorithm);
         runtime
-            .block_on(limiter.try_check_quotas("warm-up", &quota(algorithm).into(), 1))
+            .block_on(limiter.try_check_quotas("warm-up", &admitting(algorithm).into(), 1))
             .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
         limiter
     }

@@ -37,18 +37,7 @@ const PROGRAM: Program = Program {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    server::init_tracing();
-    let options = match PROGRAM.options() {
-        Ok(options) => options,
-        Err(code) => return code,
-    };
-    match run(options).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    PROGRAM.main(run).await
 }
 
 async fn run(options: Options) -> Result<(), String> {

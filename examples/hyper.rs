@@ -33,16 +33,9 @@ usage: cargo run --example hyper [-- ADDR | --bind ADDR]  (default 127.0.0.1:300
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let bind = match flags::or_exit(parse_args(std::env::args().skip(1)), USAGE) {
-        Ok(bind) => bind,
-        Err(code) => return code,
-    };
-    match run(bind).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
+    match flags::or_exit(parse_args(std::env::args().skip(1)), USAGE) {
+        Ok(bind) => flags::exit_code(run(bind).await),
+        Err(code) => code,
     }
 }
 

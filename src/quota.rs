@@ -385,22 +385,15 @@ mod tests {
 
     #[test]
     fn constructors_say_their_units() {
-        assert_eq!(
-            Quota::per_second(3).unwrap().period(),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            Quota::per_minute(3).unwrap().period(),
-            Duration::from_secs(60)
-        );
-        assert_eq!(
-            Quota::per_hour(3).unwrap().period(),
-            Duration::from_secs(3600)
-        );
-        assert_eq!(
-            Quota::per_day(3).unwrap().period(),
-            Duration::from_secs(86400)
-        );
+        let quotas = [
+            (Quota::per_second(3), 1),
+            (Quota::per_minute(3), 60),
+            (Quota::per_hour(3), 3600),
+            (Quota::per_day(3), 86400),
+        ];
+        for (quota, seconds) in quotas {
+            assert_eq!(quota.unwrap().period(), Duration::from_secs(seconds));
+        }
         let q = Quota::per_minute(10).unwrap();
         assert_eq!((q.limit(), q.burst()), (10, 10));
     }

@@ -1,8 +1,25 @@
-//! What the benches share: a private `redis-server` on a free port.
+//! What the benches share: a private `redis-server` on a free port, and a quota that admits
+//! everything.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use redlimit::{Algorithm, Quota};
+
+/// A quota that admits every check of a bench (the sliding log refuses bursts above
+/// [`MAX_SLIDING_LOG_BURST`](redlimit::algorithm::MAX_SLIDING_LOG_BURST)).
+#[allow(dead_code)] // not every bench checks
+pub fn admitting(algorithm: Algorithm) -> Quota {
+    match algorithm {
+        Algorithm::SlidingLog => Quota::new(
+            redlimit::algorithm::MAX_SLIDING_LOG_BURST,
+            Duration::from_millis(100),
+        ),
+        _ => Quota::per_second(1_000_000_000),
+    }
+    .expect("a valid quota")
+}
 
 /// A `redis-server` of a bench, on a free loopback port in a temporary directory, killed on drop.
 pub struct PrivateRedis {

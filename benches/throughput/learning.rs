@@ -19,7 +19,7 @@ use redlimit::store::RedisStore;
 use redlimit::{Algorithm, Limiter, Quota};
 use tower::{Layer, ServiceExt};
 
-use crate::server::{info_field, Admin};
+use crate::server::Admin;
 use crate::settings::Settings;
 
 /// Instances, each calling the upstream in sequence.
@@ -41,20 +41,6 @@ fn instance(url: &str, ceiling: Quota) -> OutboundLayer {
         .max_wait(Duration::from_secs(10))
         .build()
         .expect("a valid layer")
-}
-
-/// Script calls (`EVALSHA` + `EVAL`) since the last `CONFIG RESETSTAT`.
-async fn script_calls(admin: &Admin) -> u64 {
-    let info = admin.info("commandstats").await;
-    let calls = |name| {
-        info_field(&info, name)
-            .and_then(|line| {
-                line.split(',')
-                    .find_map(|kv| kv.strip_prefix("calls=")?.parse::<u64>().ok())
-            })
-            .unwrap_or(0)
-    };
-    calls("cmdstat_evalsha") + calls("cmdstat_eval")
 }
 
 /// Runs the scenario and prints its line.
@@ -110,7 +96,7 @@ pub(super) async fn learning_bench(settings: &Settings, admin: &Admin) {
     for task in tasks {
         task.await.expect("a bench task");
     }
-    let calls = script_calls(admin).await;
+    let calls = admin.script_calls().await;
     let upstream_calls = answers.load(Ordering::Relaxed);
     println!(
         "learning redis calls per upstream call: {:.2}",

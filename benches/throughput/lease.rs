@@ -21,7 +21,7 @@ use redlimit::store::RedisStore;
 use redlimit::{Limiter, Quota};
 
 use crate::scenarios::median;
-use crate::server::{info_field, Admin};
+use crate::server::Admin;
 use crate::settings::Settings;
 
 /// Instances, and tasks per instance.
@@ -85,23 +85,6 @@ async fn drive(instances: &[Limiter], key: &str, quota: Quota, until: Instant) -
     )
 }
 
-/// Script calls (`EVALSHA` + `EVAL`) since the last `CONFIG RESETSTAT`.
-async fn script_calls(admin: &Admin) -> Option<u64> {
-    if !admin.stats {
-        return None;
-    }
-    let info = admin.info("commandstats").await;
-    let calls = |name| {
-        info_field(&info, name)
-            .and_then(|line| {
-                line.split(',')
-                    .find_map(|kv| kv.strip_prefix("calls=")?.parse::<u64>().ok())
-            })
-            .unwrap_or(0)
-    };
-    Some(calls("cmdstat_evalsha") + calls("cmdstat_eval"))
-}
-
 /// Sleeps until just after the next whole second of the system clock (Redis on this machine
 /// shares it): the start of a one-second fixed window.
 async fn next_window() -> Instant {
@@ -146,7 +129,11 @@ pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) {
                 drive(instances, "hot", admitting, start + settings.run).await;
             let elapsed = start.elapsed().as_secs_f64();
             assert_eq!(admitted, decisions, "the admitting quota admits everything");
-            let script = script_calls(admin).await.unwrap_or(0);
+            let script = if admin.stats {
+                admin.script_calls().await
+            } else {
+                0
+            };
             if side == 0 {
                 plain_calls += script;
                 plain_decisions += decisions;

@@ -72,7 +72,7 @@ use tower::{Layer, Service, ServiceExt};
 
 #[path = "../support/mod.rs"]
 mod support;
-use support::PrivateRedis;
+use support::{admitting, PrivateRedis};
 // The TLS tests' certificates (a private CA, a server certificate for 127.0.0.1).
 #[allow(dead_code)]
 #[path = "../../tests/support/tls.rs"]

@@ -98,6 +98,18 @@ impl Bench {
             .collect()
     }
 
+    /// One [`ServiceOp`] per task of `shape`, each on its clone of `service`.
+    fn service_ops<S: Clone>(&self, service: &S, shape: Shape) -> Vec<ServiceOp<S>> {
+        (0..shape.concurrency)
+            .map(|task| ServiceOp {
+                service: service.clone(),
+                keys: self.keys.clone(),
+                shape,
+                task,
+            })
+            .collect()
+    }
+
     /// (b) on the allowed path.
     pub(crate) async fn check(&mut self, algorithm: Algorithm, shape: Shape) -> Run {
         let prefix = format!("{PREFIX}-{algorithm}");
@@ -143,14 +155,7 @@ impl Bench {
             HeaderKey::named("x-api-key").expect("a valid header name"),
         );
         let service = layer.layer(trivial_service());
-        let ops = (0..shape.concurrency)
-            .map(|task| ServiceOp {
-                service: service.clone(),
-                keys: self.keys.clone(),
-                shape,
-                task,
-            })
-            .collect();
+        let ops = self.service_ops(&service, shape);
         let (run, _) = measure(&self.settings, &self.admin, ops).await;
         assert_only(&limiter, "allowed", |s| {
             s.denied == 0 && s.store_errors == 0
@@ -162,14 +167,7 @@ impl Bench {
     /// What (c) costs without the layer: the request the bench builds and the trivial service.
     pub(crate) async fn service_alone(&mut self, shape: Shape) {
         let service = trivial_service();
-        let ops = (0..shape.concurrency)
-            .map(|task| ServiceOp {
-                service: service.clone(),
-                keys: self.keys.clone(),
-                shape,
-                task,
-            })
-            .collect();
+        let ops = self.service_ops(&service, shape);
         let (run, _) = measure(&self.settings, &self.admin, ops).await;
         self.record("service alone (no layer)", shape, run);
     }

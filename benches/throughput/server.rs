@@ -45,6 +45,20 @@ impl Admin {
             .unwrap_or_default()
     }
 
+    /// Script calls (`EVALSHA` + `EVAL`) since the last `CONFIG RESETSTAT`.
+    pub(crate) async fn script_calls(&self) -> u64 {
+        let info = self.info("commandstats").await;
+        let calls = |name| {
+            info_field(&info, name)
+                .and_then(|line| {
+                    line.split(',')
+                        .find_map(|kv| kv.strip_prefix("calls=")?.parse::<u64>().ok())
+                })
+                .unwrap_or(0)
+        };
+        calls("cmdstat_evalsha") + calls("cmdstat_eval")
+    }
+
     pub(crate) async fn version(&self) -> String {
         let info = self.info("server").await;
         info_field(&info, "redis_version").unwrap_or("?").to_owned()
@@ -158,18 +172,6 @@ pub(crate) fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines()
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
         .map(str::trim)
-}
-
-/// A quota that admits every check of the bench.
-pub(crate) fn admitting(algorithm: Algorithm) -> Quota {
-    match algorithm {
-        Algorithm::SlidingLog => Quota::new(
-            redlimit::algorithm::MAX_SLIDING_LOG_BURST,
-            Duration::from_millis(100),
-        ),
-        _ => Quota::per_second(1_000_000_000),
-    }
-    .expect("a valid quota")
 }
 
 /// A quota the bench spends with its first check of a key: every later check is denied.

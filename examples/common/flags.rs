@@ -165,6 +165,17 @@ pub fn or_exit<T>(parsed: Result<T, CliError>, usage: &str) -> Result<T, ExitCod
     }
 }
 
+/// The status of a run that ended: success, or its error printed and failure.
+pub fn exit_code(ran: Result<(), impl std::fmt::Display>) -> ExitCode {
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `url` without its password, for printing.
 pub fn redacted(url: &str) -> String {
     match url

@@ -7,7 +7,9 @@
 //! send a fresh key with each request and get a fresh quota with it.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use http::request::Parts;
@@ -66,8 +68,21 @@ impl Program {
             .replace("ALGORITHMS", &names.join(", "))
     }
 
+    /// The example's `main`: logging on, then `run` with the options from the process's
+    /// arguments; the status to exit with.
+    pub async fn main<F>(&self, run: impl FnOnce(Options) -> F) -> ExitCode
+    where
+        F: Future<Output = Result<(), String>>,
+    {
+        init_tracing();
+        match self.options() {
+            Ok(options) => flags::exit_code(run(options).await),
+            Err(code) => code,
+        }
+    }
+
     /// The options from the process's arguments, or what to exit with.
-    pub fn options(&self) -> Result<Options, std::process::ExitCode> {
+    pub fn options(&self) -> Result<Options, ExitCode> {
         let usage = self.usage();
         flags::or_exit(self.parse(&usage), &usage)
     }
@@ -187,7 +202,7 @@ async fn announce(shown: &str, store: &RedisStore) -> bool {
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), coloured only on a terminal.
-pub fn init_tracing() {
+fn init_tracing() {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()

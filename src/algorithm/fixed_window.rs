@@ -80,38 +80,13 @@ pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
     use super::*;
-    use crate::algorithm::testing::Reply;
-    use crate::algorithm::testing::{self, expect, Mirror, Seq};
-
-    const S: f64 = 1_000_000.0;
-
-    struct FixedWindow;
-
-    impl Mirror for FixedWindow {
-        type State = Packed;
-        fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
-            testing::run_packed(step, state, args)
-        }
-    }
-
-    fn seq() -> Seq<FixedWindow> {
-        Seq::new()
-    }
-
-    proptest! {
-        #[test]
-        fn invariants((quota, steps) in testing::scenario(true)) {
-            testing::check_invariants::<FixedWindow>(quota, steps)?;
-        }
-    }
+    use crate::algorithm::testing::{expect, Seq, S};
 
     #[test]
     fn counts_per_window_and_rolls_over() {
         // 10 a minute; the windows are [0, 60 s), [60 s, 120 s)...
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         // (allowed, remaining, retry_after_ms, reset_after_ms)
         expect(s.at(10.0 * S).cost(1.0), (true, 9, 0, 50_000));
         expect(s.cost(8.0), (true, 1, 0, 50_000));
@@ -132,7 +107,7 @@ mod tests {
     #[test]
     fn windows_are_aligned_to_the_epoch() {
         // 1_700_000_000 s is 20 s into a minute.
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(1_700_000_000.0 * S).cost(1.0), (true, 9, 0, 40_000));
         expect(s.cost(9.0), (true, 0, 0, 40_000));
         expect(s.at(1_700_000_039.5 * S).cost(1.0), (false, 0, 500, 500));
@@ -141,7 +116,7 @@ mod tests {
 
     #[test]
     fn the_capacity_is_the_burst_and_the_reply_shows_the_limit() {
-        let mut s = seq().quota(10.0, 60.0 * S, 3.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 3.0);
         let r = s.at(0.0).cost(3.0);
         expect(r, (true, 0, 0, 60_000));
         expect(s.cost(1.0), (false, 0, 60_000, 60_000));
@@ -150,7 +125,7 @@ mod tests {
 
     #[test]
     fn a_tightened_quota_caps_the_count() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(0.0).cost(10.0), (true, 0, 0, 60_000));
         let mut s = s.quota(5.0, 60.0 * S, 5.0);
         expect(s.at(1.0 * S).cost(1.0), (false, 0, 59_000, 59_000));
@@ -159,7 +134,7 @@ mod tests {
 
     #[test]
     fn a_clock_stepped_back_never_locks_the_key_out() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(70.0 * S).cost(10.0), (true, 0, 0, 50_000));
         // Back within the window: the count stands, until the window ends.
         expect(s.at(65.0 * S).cost(1.0), (false, 0, 55_000, 55_000));
@@ -173,7 +148,7 @@ mod tests {
     /// Further before, the clock stepped back: the earlier window is empty, as above.
     #[test]
     fn a_clock_behind_by_the_skew_decides_in_the_stored_window() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(120.0 * S).cost(9.0), (true, 1, 0, 60_000));
         expect(s.at(115.0 * S).cost(1.0), (true, 0, 0, 65_000));
         expect(s.cost(1.0), (false, 0, 65_000, 65_000));

@@ -115,30 +115,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::algorithm::testing::Reply;
-    use crate::algorithm::testing::{self, expect, Mirror, Seq};
-
-    const S: f64 = 1_000_000.0;
-
-    struct Gcra;
-
-    impl Mirror for Gcra {
-        type State = Packed;
-        fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
-            testing::run_packed(step, state, args)
-        }
-    }
-
-    fn seq() -> Seq<Gcra> {
-        Seq::new()
-    }
-
-    proptest! {
-        #[test]
-        fn invariants((quota, steps) in testing::scenario(true)) {
-            testing::check_invariants::<Gcra>(quota, steps)?;
-        }
-    }
+    use crate::algorithm::testing::{expect, Seq, S};
 
     proptest! {
         /// Exact both ways over random quotas, emission intervals that are not whole µs
@@ -152,7 +129,7 @@ mod tests {
             burst in 1u32..=10,
             steps in prop::collection::vec(0u64..=4_000, 1..40),
         ) {
-            let mut s = seq().quota(limit as f64, period_ms as f64 * 1000.0, burst as f64);
+            let mut s = Seq::packed(step).quota(limit as f64, period_ms as f64 * 1000.0, burst as f64);
             let mut now = 1_700_000_000_000_000.0;
             for ms in steps {
                 now += ms as f64 * 1000.0;
@@ -173,7 +150,7 @@ mod tests {
     #[test]
     fn burst_drain_cost_and_peek() {
         // 10 a minute: T = 6 s, tolerance 60 s.
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         // (allowed, remaining, retry_after_ms, reset_after_ms)
         expect(s.at(0.0).cost(1.0), (true, 9, 0, 6_000));
         expect(s.cost(9.0), (true, 0, 0, 60_000));
@@ -195,7 +172,7 @@ mod tests {
     #[test]
     fn keeps_a_fractional_debt() {
         // 10 per 64 s: T = 6.4 s, and 1 s drains 0.15625 requests (exact in binary).
-        let mut s = seq().quota(10.0, 64.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 64.0 * S, 10.0);
         expect(s.at(0.0).cost(5.0), (true, 5, 0, 32_000));
         expect(s.at(1.0 * S).cost(1.0), (true, 4, 0, 37_400));
         expect(s.cost(4.0), (true, 0, 0, 63_000));
@@ -208,7 +185,7 @@ mod tests {
     fn a_full_burst_passes_even_when_t_is_inexact() {
         // 11 per second: T = 90909.09 µs. Summing T eleven times exceeds 11 * T in doubles; the
         // debt counted in requests does not.
-        let mut s = seq().quota(11.0, S, 11.0);
+        let mut s = Seq::packed(step).quota(11.0, S, 11.0);
         let reset_ms = [91, 182, 273, 364, 455, 546, 637, 728, 819, 910, 1_000];
         for (i, reset) in reset_ms.into_iter().enumerate() {
             expect(s.at(0.0).cost(1.0), (true, 10 - i as u64, 0, reset));
@@ -220,7 +197,7 @@ mod tests {
     fn a_billion_per_second_keeps_sub_microsecond_increments() {
         // T = 0.001 µs: near 1.8e15 µs an absolute tat could not tell tat from tat + T.
         let now = 1_800_000_000.0 * S;
-        let mut s = seq().quota(1e9, S, 1e9);
+        let mut s = Seq::packed(step).quota(1e9, S, 1e9);
         expect(s.at(now).cost(1.0), (true, 999_999_999, 0, 1));
         expect(s.cost(1.0), (true, 999_999_998, 0, 1));
         expect(s.cost(999_999_998.0), (true, 0, 0, 1_000));
@@ -231,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_tightened_quota_caps_the_debt() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(0.0).cost(10.0), (true, 0, 0, 60_000));
         // Now 2 a minute: the debt of 10 counts as 2, paid off in 60 s, not 300 s.
         let mut s = s.quota(2.0, 60.0 * S, 2.0);
@@ -240,47 +217,15 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_stepped_back_never_locks_the_key_out() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(100.0 * S).cost(10.0), (true, 0, 0, 60_000));
-        // The clock jumps back 60 s: the debt is kept but measured from now, and that is
-        // written even though the request is denied...
-        expect(s.at(40.0 * S).cost(1.0), (false, 0, 6_000, 60_000));
-        assert!(s.wrote());
-        // ...so it drains from there, not from 100 s.
-        expect(s.at(46.0 * S).cost(1.0), (true, 0, 0, 60_000));
-        // A peek after another step back writes nothing.
-        expect(s.at(10.0 * S).cost(0.0), (true, 0, 0, 60_000));
-        assert!(!s.wrote());
-    }
-
-    /// A clock behind the stored `at` by at most `MAX_SKEW` (another instance's, skewed) decides
-    /// as of `at`: nothing drains, nothing is written backwards, and its times count from its own
-    /// clock. Further behind, the clock stepped back: repaired as above.
-    #[test]
-    fn a_clock_behind_by_the_skew_decides_as_of_the_stored_time() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(100.0 * S).cost(9.0), (true, 1, 0, 54_000));
-        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 63_000));
-        expect(s.cost(1.0), (false, 0, 9_000, 63_000));
-        assert!(!s.wrote());
-        expect(s.at(106.0 * S).cost(1.0), (true, 0, 0, 60_000));
-        expect(s.at(101.0 * S).cost(1.0), (false, 0, 11_000, 65_000));
-        assert!(!s.wrote());
-        expect(s.at(101.0 * S - 1.0).cost(1.0), (false, 0, 6_000, 60_000));
-        assert!(s.wrote());
-    }
-
-    #[test]
     fn absurd_quotas_cap_times() {
         // 10^13 at once, one a second: paid off in 10^16 ms, which the reply says exactly; the
         // TTL stops at 2^53 ms (285 000 years).
-        let mut s = seq().quota(1.0, S, 1e13);
+        let mut s = Seq::packed(step).quota(1.0, S, 1e13);
         expect(s.at(0.0).cost(1e13), (true, 0, 0, 10_000_000_000_000_000));
         assert_eq!(s.ttl_ms(), Some(1 << 53));
         // 10^15 at once, one a century: 10^17 years, capped at 2^62 ms.
         let century = 100.0 * 365.0 * 86_400.0 * S;
-        let mut s = seq().quota(1.0, century, 1e15);
+        let mut s = Seq::packed(step).quota(1.0, century, 1e15);
         let max = 1 << 62;
         expect(s.at(0.0).cost(1e15), (true, 0, 0, max));
         // One more fits after one emission interval: a century.
@@ -289,7 +234,7 @@ mod tests {
 
     #[test]
     fn the_key_expires_exactly_when_it_is_fresh_again() {
-        let mut s = seq().quota(3.0, S, 3.0);
+        let mut s = Seq::packed(step).quota(3.0, S, 3.0);
         expect(s.at(0.0).cost(2.0), (true, 1, 0, 667));
         assert_eq!(s.ttl_ms(), Some(667));
     }

@@ -411,40 +411,89 @@ pub(crate) fn window_time(w: Option<f64>, now: f64, period: f64) -> f64 {
 mod tests {
     use proptest::prelude::*;
 
-    use super::testing::{self, expect, Seq, TokenBucket};
-    use super::{Algorithm, MAX_SKEW_US};
+    use super::testing::{self, expect, Seq, SlidingLog, S};
+    use super::{
+        gcra, lua_mod, sliding_window, token_bucket, Algorithm, Kind, PackedStep, MAX_SKEW_US,
+    };
 
     proptest! {
-        /// The shared invariants hold for the token bucket too.
+        /// Every algorithm keeps the shared invariants (`testing::check_invariants`).
         #[test]
-        fn token_bucket_invariants((quota, steps) in testing::scenario(true)) {
-            testing::check_invariants::<TokenBucket>(quota, steps)?;
+        fn every_algorithm_keeps_the_invariants((quota, steps) in testing::scenario(true)) {
+            for algorithm in Algorithm::ALL {
+                let checked = match algorithm.kind() {
+                    Kind::Packed(step) => testing::check_invariants(step, quota, &steps),
+                    Kind::Log => testing::check_invariants(SlidingLog, quota, &steps),
+                };
+                checked.map_err(|e| TestCaseError::fail(format!("{algorithm}: {e}")))?;
+            }
         }
     }
 
-    /// A clock stepped back moves the bucket's `ts` to now, and a denial writes that down:
-    /// otherwise every call would move it again and refill would wait until the clock caught
-    /// up with the old `ts` (60 s here), whatever `retry_after` said.
-    #[test]
-    fn token_bucket_clock_stepped_back_does_not_lock_the_key_out() {
-        const S: f64 = 1_000_000.0;
-        let mut s = Seq::<TokenBucket>::new();
-        expect(s.at(100.0 * S).cost(10.0), (true, 0, 0, 60_000));
-        expect(s.at(40.0 * S).cost(1.0), (false, 0, 6_000, 60_000));
-        expect(s.at(46.0 * S).cost(1.0), (true, 0, 0, 60_000));
+    proptest! {
+        /// The bounds the docs state on what the window algorithms admit: the sliding log never
+        /// more than `burst` in any interval of one period (exact); the sliding window at most
+        /// `burst` per fixed window, and at most `2 * burst` in any interval of one period.
+        #[test]
+        fn the_window_algorithms_keep_their_documented_bounds(
+            (quota, steps) in testing::scenario(false),
+        ) {
+            let (limit, period, burst) = quota;
+            let log = Seq::new(SlidingLog).quota(limit, period, burst);
+            testing::check_admitted(log, 0.0, &steps, |now, admitted_after| {
+                prop_assert!(admitted_after(now - period) <= burst, "sliding log");
+                Ok(())
+            })?;
+            let window = Seq::packed(sliding_window::step).quota(limit, period, burst);
+            let now = 1_700_000_000_000_000.0;
+            testing::check_admitted(window, now, &steps, |now, admitted_after| {
+                prop_assert!(admitted_after(now - period) <= 2.0 * burst, "sliding window");
+                let start = now - lua_mod(now, period);
+                prop_assert!(admitted_after(start - 1.0) <= burst, "sliding window");
+                Ok(())
+            })?;
+        }
     }
 
-    /// A clock behind the stored `ts` by at most `MAX_SKEW` (another instance's, skewed) decides
-    /// as of `ts`: no refill, nothing written backwards, an admission keeps `ts`, and its times
-    /// count from its own clock. Further behind, the clock stepped back: repaired as above.
+    // The token bucket and GCRA admit alike (GCRA is a token bucket with continuous refill), so
+    // each refill scenario below runs on both.
+
+    /// A clock stepped back moves the state's time (`ts`, `at`) to now, and a denial writes that
+    /// down: otherwise every call would move it again and refill would wait until the clock
+    /// caught up with the old time (60 s here), whatever `retry_after` said. (A failure names
+    /// the line that ran the scenario, so the algorithm.)
+    #[track_caller]
+    fn refill_clock_stepped_back_does_not_lock_the_key_out(step: PackedStep) {
+        let mut s = Seq::packed(step);
+        expect(s.at(100.0 * S).cost(10.0), (true, 0, 0, 60_000));
+        // The clock jumps back 60 s: the state is kept but measured from now, and that is
+        // written even though the request is denied...
+        expect(s.at(40.0 * S).cost(1.0), (false, 0, 6_000, 60_000));
+        assert!(s.wrote());
+        // ...so it refills from there, not from 100 s.
+        expect(s.at(46.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        // A peek after another step back writes nothing.
+        expect(s.at(10.0 * S).cost(0.0), (true, 0, 0, 60_000));
+        assert!(!s.wrote());
+    }
+
     #[test]
-    fn token_bucket_clock_behind_by_the_skew_decides_as_of_the_stored_time() {
-        const S: f64 = 1_000_000.0;
-        let mut s = Seq::<TokenBucket>::new();
+    fn a_clock_stepped_back_never_locks_a_refill_key_out() {
+        refill_clock_stepped_back_does_not_lock_the_key_out(token_bucket::step);
+        refill_clock_stepped_back_does_not_lock_the_key_out(gcra::step);
+    }
+
+    /// A clock behind the stored time (`ts`, `at`) by at most `MAX_SKEW` (another instance's,
+    /// skewed) decides as of that time: no refill, nothing written backwards, an admission keeps
+    /// it, and its times count from its own clock. Further behind, the clock stepped back:
+    /// repaired as above.
+    #[track_caller]
+    fn refill_clock_behind_by_the_skew_decides_as_of_the_stored_time(step: PackedStep) {
+        let mut s = Seq::packed(step);
         expect(s.at(100.0 * S).cost(9.0), (true, 1, 0, 54_000));
-        // 3 s behind: the last token, as of 100 s (not refilled back to 97 s).
+        // 3 s behind: the last unit, as of 100 s (not refilled back to 97 s).
         expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 63_000));
-        // Denied, written nothing: the token due at 106 s is 9 s away on this clock.
+        // Denied, written nothing: the unit due at 106 s is 9 s away on this clock.
         expect(s.cost(1.0), (false, 0, 9_000, 63_000));
         assert!(!s.wrote());
         expect(s.at(106.0 * S).cost(1.0), (true, 0, 0, 60_000));
@@ -453,6 +502,12 @@ mod tests {
         assert!(!s.wrote());
         expect(s.at(101.0 * S - 1.0).cost(1.0), (false, 0, 6_000, 60_000));
         assert!(s.wrote());
+    }
+
+    #[test]
+    fn a_refill_clock_behind_by_the_skew_decides_as_of_the_stored_time() {
+        refill_clock_behind_by_the_skew_decides_as_of_the_stored_time(token_bucket::step);
+        refill_clock_behind_by_the_skew_decides_as_of_the_stored_time(gcra::step);
     }
 
     /// One fact, one home: every Lua step tells skew from a clock stepped back by

@@ -137,69 +137,12 @@ pub(crate) fn apply(
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-    use crate::algorithm::testing::{self, expect, Mirror, Seq};
-    use crate::algorithm::testing::{ttl_ms, Reply};
-
-    const S: f64 = 1_000_000.0;
-
-    struct SlidingLog;
-
-    impl Mirror for SlidingLog {
-        type State = Log;
-        fn run(state: &mut Option<Log>, args: &Args) -> (Reply, Option<u64>) {
-            // Like the memory store: an existing log changes in place, a fresh one is kept only
-            // when the step writes.
-            let existed = state.is_some();
-            let mut log = state.take().unwrap_or_default();
-            let outcome = step(&mut log, args);
-            let reply = Reply::of(&outcome);
-            let ttl = outcome.state.map(|()| ttl_ms(outcome.reset_us));
-            if existed || ttl.is_some() {
-                *state = Some(log);
-            }
-            (reply, ttl)
-        }
-    }
-
-    fn seq() -> Seq<SlidingLog> {
-        Seq::new()
-    }
-
-    proptest! {
-        #[test]
-        fn invariants((quota, steps) in testing::scenario(true)) {
-            testing::check_invariants::<SlidingLog>(quota, steps)?;
-        }
-
-        /// Exact: in no window of one period do the admitted units exceed the burst.
-        #[test]
-        fn never_more_than_burst_in_any_window((quota, steps) in testing::scenario(false)) {
-            let (limit, period, burst) = quota;
-            let mut s = seq().quota(limit, period, burst);
-            let mut now = 0.0;
-            let mut admitted: Vec<(f64, f64)> = Vec::new();
-            for (dt, cost) in steps {
-                now += dt;
-                if s.at(now).cost(cost).allowed && cost > 0.0 {
-                    admitted.push((now, cost));
-                }
-                let in_window: f64 = admitted
-                    .iter()
-                    .filter(|(t, _)| *t > now - period)
-                    .map(|(_, c)| c)
-                    .sum();
-                prop_assert!(in_window <= burst);
-            }
-        }
-    }
+    use crate::algorithm::testing::{expect, Seq, SlidingLog, S};
 
     #[test]
     fn counts_every_unit_in_the_last_period() {
         // 3 per 10 s.
-        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        let mut s = Seq::new(SlidingLog).quota(3.0, 10.0 * S, 3.0);
         // (allowed, remaining, retry_after_ms, reset_after_ms)
         expect(s.at(0.0).cost(1.0), (true, 2, 0, 10_000));
         expect(s.at(2.0 * S).cost(1.0), (true, 1, 0, 10_000));
@@ -222,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_tightened_quota_waits_at_most_one_period() {
-        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        let mut s = Seq::new(SlidingLog).quota(3.0, 10.0 * S, 3.0);
         expect(s.at(0.0).cost(3.0), (true, 0, 0, 10_000));
         let mut s = s.quota(1.0, 10.0 * S, 1.0);
         expect(s.at(1.0 * S).cost(1.0), (false, 0, 9_000, 9_000));
@@ -231,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_clock_stepped_back_never_locks_the_key_out() {
-        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        let mut s = Seq::new(SlidingLog).quota(3.0, 10.0 * S, 3.0);
         expect(s.at(100.0 * S).cost(3.0), (true, 0, 0, 10_000));
         // Back 60 s: a peek sees the units as admitted now and writes nothing...
         expect(s.at(40.0 * S).cost(0.0), (true, 0, 0, 10_000));
@@ -249,7 +192,7 @@ mod tests {
     /// repaired as above.
     #[test]
     fn a_clock_behind_by_the_skew_decides_as_of_the_newest_entry() {
-        let mut s = seq().quota(3.0, 10.0 * S, 3.0);
+        let mut s = Seq::new(SlidingLog).quota(3.0, 10.0 * S, 3.0);
         expect(s.at(100.0 * S).cost(2.0), (true, 1, 0, 10_000));
         expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 13_000));
         // All three units stay until 110 s: 13 s on this clock.

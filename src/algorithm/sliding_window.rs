@@ -134,57 +134,8 @@ pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
     use super::*;
-    use crate::algorithm::testing::Reply;
-    use crate::algorithm::testing::{self, expect, Mirror, Seq};
-
-    const S: f64 = 1_000_000.0;
-
-    struct SlidingWindow;
-
-    impl Mirror for SlidingWindow {
-        type State = Packed;
-        fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
-            testing::run_packed(step, state, args)
-        }
-    }
-
-    fn seq() -> Seq<SlidingWindow> {
-        Seq::new()
-    }
-
-    proptest! {
-        #[test]
-        fn invariants((quota, steps) in testing::scenario(true)) {
-            testing::check_invariants::<SlidingWindow>(quota, steps)?;
-        }
-    }
-
-    proptest! {
-        /// The documented bound: at most `burst` per fixed window, and at most `2 * burst` in
-        /// any interval of one period.
-        #[test]
-        fn at_most_twice_the_burst_in_any_period((quota, steps) in testing::scenario(false)) {
-            let (limit, period, burst) = quota;
-            let mut s = seq().quota(limit, period, burst);
-            let mut now = 1_700_000_000_000_000.0;
-            let mut admitted: Vec<(f64, f64)> = Vec::new();
-            for (dt, cost) in steps {
-                now += dt;
-                if s.at(now).cost(cost).allowed && cost > 0.0 {
-                    admitted.push((now, cost));
-                }
-                let sum = |from: f64| -> f64 {
-                    admitted.iter().filter(|(t, _)| *t > from).map(|(_, c)| c).sum()
-                };
-                prop_assert!(sum(now - period) <= 2.0 * burst);
-                let start = now - crate::algorithm::lua_mod(now, period);
-                prop_assert!(sum(start - 1.0) <= burst);
-            }
-        }
-    }
+    use crate::algorithm::testing::{expect, Seq, S};
 
     /// A client at exactly the rate (10 a minute, one every 6 s) is never denied, whatever the
     /// phase of its requests against the windows, including requests on a window's first µs
@@ -193,7 +144,7 @@ mod tests {
     #[test]
     fn a_client_at_the_rate_is_never_denied() {
         for phase in [0.0, 1.0, 2.5 * S, 6.0 * S - 1.0] {
-            let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+            let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
             for i in 0..200 {
                 let now = 1_700_000_040.0 * S + phase + i as f64 * 6.0 * S;
                 let reply = s.at(now).cost(1.0);
@@ -201,7 +152,7 @@ mod tests {
             }
         }
         // One every 5 s: 12 a minute asked, 10 a minute admitted in the long run.
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         let admitted = (0..240)
             .filter(|i| s.at(60.0 * S + *i as f64 * 5.0 * S).cost(1.0).allowed)
             .count();
@@ -212,7 +163,7 @@ mod tests {
     /// current one, 15 s in: 42 * 0.75 + 18 = 49.5 < 50, admitted; the next one is not.
     #[test]
     fn cloudflares_worked_example() {
-        let mut s = seq().quota(50.0, 60.0 * S, 50.0);
+        let mut s = Seq::packed(step).quota(50.0, 60.0 * S, 50.0);
         expect(s.at(10.0 * S).cost(42.0), (true, 8, 0, 108_572));
         // At 13 s into the next window the 42 weigh floor(42 * 47/60) = 32: room for 18.
         expect(s.at(73.0 * S).cost(18.0), (true, 0, 0, 103_667));
@@ -224,7 +175,7 @@ mod tests {
     #[test]
     fn weighs_the_previous_window_by_its_overlap() {
         // 10 a minute; windows [0, 60 s), [60 s, 120 s)...
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         // (allowed, remaining, retry_after_ms, reset_after_ms)
         expect(s.at(0.0).cost(5.0), (true, 5, 0, 108_000));
         expect(s.at(30.0 * S).cost(5.0), (true, 0, 0, 84_000));
@@ -246,7 +197,7 @@ mod tests {
 
     #[test]
     fn retry_is_exact_to_the_microsecond() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(0.0).cost(10.0), (true, 0, 0, 114_000));
         // At 66 s the 10 weigh floor(8.99...) = 8.
         expect(s.at(66.0 * S).cost(2.0), (true, 0, 0, 84_000));
@@ -257,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_tightened_quota_caps_the_counts() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(30.0 * S).cost(10.0), (true, 0, 0, 84_000));
         // Now 5 a minute: the 10 count as 5, which fill this window; in the next one they
         // weigh less than 5 from its first µs on.
@@ -268,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_clock_stepped_back_never_locks_the_key_out() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(70.0 * S).cost(10.0), (true, 0, 0, 104_000));
         // Back within the window: the count stands.
         expect(s.at(65.0 * S).cost(1.0), (false, 0, 55_000, 109_000));
@@ -281,7 +232,7 @@ mod tests {
     /// its own clock. Further before, the clock stepped back: empty, as above.
     #[test]
     fn a_clock_behind_by_the_skew_decides_in_the_stored_window() {
-        let mut s = seq().quota(10.0, 60.0 * S, 10.0);
+        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
         expect(s.at(120.0 * S).cost(10.0), (true, 0, 0, 114_000));
         expect(s.at(118.0 * S).cost(1.0), (false, 0, 62_000, 116_000));
         assert!(!s.wrote());

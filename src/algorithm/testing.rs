@@ -2,11 +2,11 @@
 //! expectations, and the invariants every algorithm must keep.
 
 use std::fmt::Debug;
-use std::marker::PhantomData;
 
 use proptest::prelude::*;
 
-use super::{ms_up, token_bucket, Args, Outcome, Packed, PackedStep, MAX_EXACT, MAX_REPLY_MS};
+use super::sliding_log::{self, Log};
+use super::{ms_up, Args, Outcome, Packed, PackedStep, MAX_EXACT, MAX_REPLY_MS};
 
 /// One tier's answer as the driver replies it: times in whole ms, rounded up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,69 +49,77 @@ fn drive(step: PackedStep, stored: Option<&[u8]>, args: &Args) -> (Reply, Option
 }
 
 /// One algorithm's mirror, run on a state held by the caller, the way the store does.
-pub(crate) trait Mirror: 'static {
+pub(crate) trait Mirror: Copy + 'static {
     type State: Clone + Debug;
     /// Runs one step; returns the reply and, when it wrote, the TTL in ms.
-    fn run(state: &mut Option<Self::State>, args: &Args) -> (Reply, Option<u64>);
+    fn run(self, state: &mut Option<Self::State>, args: &Args) -> (Reply, Option<u64>);
 }
 
-/// `Mirror::run` for a pure step over a packed state, through the driver as the store runs it.
-pub(crate) fn run_packed(
-    step: PackedStep,
-    state: &mut Option<Packed>,
-    args: &Args,
-) -> (Reply, Option<u64>) {
-    let (reply, write) = drive(step, state.as_ref().map(Packed::as_bytes), args);
-    match write {
-        None => (reply, None),
-        Some((packed, ttl_ms)) => {
-            *state = Some(packed);
-            (reply, Some(ttl_ms))
+/// A pure step over a packed state, through the driver as the store runs it.
+impl Mirror for PackedStep {
+    type State = Packed;
+    fn run(self, state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
+        let (reply, write) = drive(self, state.as_ref().map(Packed::as_bytes), args);
+        match write {
+            None => (reply, None),
+            Some((packed, ttl_ms)) => {
+                *state = Some(packed);
+                (reply, Some(ttl_ms))
+            }
         }
     }
 }
 
-pub(crate) struct TokenBucket;
+/// The sliding log's step over its log, as the memory store runs it.
+#[derive(Clone, Copy)]
+pub(crate) struct SlidingLog;
 
-impl Mirror for TokenBucket {
-    type State = Packed;
-    fn run(state: &mut Option<Packed>, args: &Args) -> (Reply, Option<u64>) {
-        run_packed(token_bucket::step, state, args)
+impl Mirror for SlidingLog {
+    type State = Log;
+    fn run(self, state: &mut Option<Log>, args: &Args) -> (Reply, Option<u64>) {
+        // An existing log changes in place, a fresh one is kept only when the step writes.
+        let existed = state.is_some();
+        let mut log = state.take().unwrap_or_default();
+        let outcome = sliding_log::step(&mut log, args);
+        let reply = Reply::of(&outcome);
+        let ttl = outcome.state.map(|()| ttl_ms(outcome.reset_us));
+        if existed || ttl.is_some() {
+            *state = Some(log);
+        }
+        (reply, ttl)
     }
 }
+
+/// One second in µs, the unit of the clock the steps read.
+pub(crate) const S: f64 = 1_000_000.0;
 
 /// A key driven through a sequence of steps. It runs every step twice: on a state that
 /// expires after the TTL the step wrote (like Redis and the memory store) and on one that
 /// never expires, and panics if they ever answer differently while the clock moves
 /// forward: expiry must never change a decision.
+#[derive(Clone)]
 pub(crate) struct Seq<M: Mirror> {
+    mirror: M,
     args: Args,
     state: Option<M::State>,
     expires_at: f64,
     never_expires: Option<M::State>,
     monotone: bool,
     last_ttl: Option<u64>,
-    mirror: PhantomData<M>,
 }
 
-impl<M: Mirror> Clone for Seq<M> {
-    fn clone(&self) -> Self {
-        Seq {
-            args: self.args,
-            state: self.state.clone(),
-            expires_at: self.expires_at,
-            never_expires: self.never_expires.clone(),
-            monotone: self.monotone,
-            last_ttl: self.last_ttl,
-            mirror: PhantomData,
-        }
+impl Seq<PackedStep> {
+    /// A fresh key of a pure step over a packed state (see [`Seq::new`]).
+    pub(crate) fn packed(step: PackedStep) -> Self {
+        Seq::new(step)
     }
 }
 
 impl<M: Mirror> Seq<M> {
-    /// A fresh key at time 0 with the quota 10 per minute.
-    pub(crate) fn new() -> Self {
+    /// A fresh key of `mirror` at time 0 with the quota 10 per minute.
+    pub(crate) fn new(mirror: M) -> Self {
         Seq {
+            mirror,
             args: Args {
                 now: 0.0,
                 cost: 1.0,
@@ -124,7 +132,6 @@ impl<M: Mirror> Seq<M> {
             never_expires: None,
             monotone: true,
             last_ttl: None,
-            mirror: PhantomData,
         }
     }
 
@@ -152,8 +159,8 @@ impl<M: Mirror> Seq<M> {
             self.state = None;
             self.expires_at = f64::INFINITY;
         }
-        let (reply, ttl) = M::run(&mut self.state, &self.args);
-        let (twin, _) = M::run(&mut self.never_expires, &self.args);
+        let (reply, ttl) = self.mirror.run(&mut self.state, &self.args);
+        let (twin, _) = self.mirror.run(&mut self.never_expires, &self.args);
         if self.monotone {
             assert_eq!(
                 reply, twin,
@@ -229,6 +236,32 @@ pub(crate) fn scenario(back: bool) -> impl Strategy<Value = ((f64, f64, f64), Ve
     (quota, prop::collection::vec(step, 1..60))
 }
 
+/// Runs `steps` (clock move in µs, cost) on `seq` from the time `now`, and after each step
+/// checks `bound` with the time and the units admitted after a given time.
+pub(crate) fn check_admitted<M: Mirror>(
+    mut seq: Seq<M>,
+    mut now: f64,
+    steps: &[(f64, f64)],
+    mut bound: impl FnMut(f64, &dyn Fn(f64) -> f64) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let mut admitted: Vec<(f64, f64)> = Vec::new();
+    for &(dt, cost) in steps {
+        now += dt;
+        if seq.at(now).cost(cost).allowed && cost > 0.0 {
+            admitted.push((now, cost));
+        }
+        let admitted_after = |from: f64| -> f64 {
+            admitted
+                .iter()
+                .filter(|(t, _)| *t > from)
+                .map(|(_, c)| c)
+                .sum()
+        };
+        bound(now, &admitted_after)?;
+    }
+    Ok(())
+}
+
 /// The invariants every algorithm keeps, checked after each step of a scenario:
 /// - expiry never changes a decision (checked by [`Seq`]);
 /// - a peek and a denial never write, except to persist a clock stepped back;
@@ -237,14 +270,15 @@ pub(crate) fn scenario(back: bool) -> impl Strategy<Value = ((f64, f64, f64), Ve
 /// - `remaining` cost-1 requests pass right now, and not one more;
 /// - a cost above the capacity is never allowed, and nothing else is ever told "never".
 pub(crate) fn check_invariants<M: Mirror>(
+    mirror: M,
     (limit, period, burst): (f64, f64, f64),
-    steps: Vec<(f64, f64)>,
+    steps: &[(f64, f64)],
 ) -> Result<(), TestCaseError> {
-    let mut seq = Seq::<M>::new().quota(limit, period, burst);
+    let mut seq = Seq::new(mirror).quota(limit, period, burst);
     let mut now = 1_700_000_000_000_000.0;
     let mut latest = now;
     seq.at(now);
-    for (dt, cost) in steps {
+    for &(dt, cost) in steps {
         now += dt;
         // Stored state may lie in the future until the clock is back where it was.
         let behind = now < latest;

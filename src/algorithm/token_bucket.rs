@@ -118,60 +118,41 @@ pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::testing::{self, Reply};
-
-    const MINUTE: f64 = 60_000_000.0;
-
-    fn args(now: f64, cost: f64) -> Args {
-        Args {
-            now,
-            cost,
-            limit: 10.0,
-            period: MINUTE,
-            burst: 10.0,
-        }
-    }
-
-    /// Runs one step and stores what it writes, like the store does.
-    fn run(state: &mut Option<Packed>, now: f64, cost: f64) -> Reply {
-        testing::run_packed(step, state, &args(now, cost)).0
-    }
+    use crate::algorithm::testing::{Seq, S};
 
     #[test]
     fn slow_rate_keeps_fractional_progress() {
         // 10 per minute, a client every 5 s for 10 minutes: 10 a minute after the first burst.
-        let mut state = None;
-        let mut admitted = 0;
-        for i in 0..120 {
-            if run(&mut state, i as f64 * 5_000_000.0, 1.0).allowed {
-                admitted += 1;
-            }
-        }
+        let mut s = Seq::packed(step);
+        let admitted = (0..120)
+            .filter(|i| s.at(*i as f64 * 5.0 * S).cost(1.0).allowed)
+            .count();
         // 10 (the initial burst) + 10 per minute for the 9m55s that follow (119 calls × 5 s).
         assert_eq!(admitted, 10 + 99);
     }
 
     #[test]
     fn denied_request_consumes_nothing_and_says_when() {
-        let mut state = None;
+        let mut s = Seq::packed(step);
         for _ in 0..10 {
-            assert!(run(&mut state, 0.0, 1.0).allowed);
+            assert!(s.at(0.0).cost(1.0).allowed);
         }
-        let denied = run(&mut state, 1_000_000.0, 1.0);
+        let denied = s.at(1.0 * S).cost(1.0);
         assert!(!denied.allowed);
         assert_eq!(denied.retry_after_ms, 5_000); // 6 s per token, 1 s elapsed
         assert_eq!(denied.reset_after_ms, 59_000);
-        let again = run(&mut state, 1_000_000.0, 1.0);
+        assert!(!s.wrote());
+        let again = s.cost(1.0);
         assert_eq!(again, denied);
     }
 
     #[test]
     fn cost_above_capacity_is_never_allowed() {
-        let mut state = None;
-        let r = run(&mut state, 0.0, 11.0);
+        let mut s = Seq::packed(step);
+        let r = s.at(0.0).cost(11.0);
         assert!(!r.allowed);
         assert_eq!(r.retry_after_ms, -1);
         assert_eq!(r.remaining, 10);
-        assert_eq!(state, None);
+        assert!(!s.wrote());
     }
 }

@@ -13,6 +13,7 @@ use super::config::Shared;
 use super::future::{ConcurrencyFuture, State};
 use super::SlotOutcome;
 use crate::key::KeyExtractor;
+use crate::layer::take_ready;
 
 /// The shared key of requests without one (as [`MissingKey::Shared`](crate::layer::MissingKey)'s
 /// default).
@@ -56,10 +57,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service made ready in `poll_ready` is the one that must be called: keep it, leave a
-        // clone behind. https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         let (parts, body) = request.into_parts();
         let key = self
             .shared

@@ -297,6 +297,27 @@ pub(crate) mod tests {
         )
     }
 
+    /// The style of the policy `api` over 10 a second and 500 a minute, and those tiers.
+    fn two_tiers() -> (Quota, Quota, HeaderStyle) {
+        let second = Quota::per_second(10).unwrap();
+        let minute = Quota::per_minute(500).unwrap();
+        (second, minute, style("api", &[second, minute], false))
+    }
+
+    /// The headers `style` writes for `decision` on a response that had none.
+    fn written(style: &HeaderStyle, decision: &Decision) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        style.apply(&mut headers, decision);
+        headers
+    }
+
+    /// Asserts the `RateLimit-Policy` and `RateLimit` fields `headers` hold.
+    #[track_caller]
+    fn assert_fields(headers: &HeaderMap, policy: &str, state: &str) {
+        assert_eq!(headers["ratelimit-policy"], policy);
+        assert_eq!(headers["ratelimit"], state);
+    }
+
     pub(crate) fn allowed(quota: Quota, remaining: u64, reset_after: Duration) -> Decision {
         Decision {
             allowed: true,
@@ -365,8 +386,7 @@ pub(crate) mod tests {
             retry_after: Duration::new(u64::MAX, 0),
             ..denied(quota, Duration::ZERO)
         };
-        let mut headers = HeaderMap::new();
-        style.apply(&mut headers, &decision);
+        let headers = written(&style, &decision);
         let t = decision.retry_after_secs();
         let expected = format!("\"{name}-1\";r={};t={t}", u64::MAX);
         assert_eq!(headers["ratelimit"], expected.as_str());
@@ -393,29 +413,23 @@ pub(crate) mod tests {
     fn legacy_limit_is_the_capacity_remaining_counts_against() {
         let quota = Quota::per_minute(10).unwrap().with_burst(50).unwrap();
         let style = style("api", &[quota], true);
-        let mut headers = HeaderMap::new();
-        style.apply(&mut headers, &allowed(quota, 49, Duration::from_secs(6)));
-        assert_eq!(headers["ratelimit-policy"], "\"api\";q=50;w=300");
-        assert_eq!(headers["ratelimit"], "\"api\";r=49;t=6");
+        let headers = written(&style, &allowed(quota, 49, Duration::from_secs(6)));
+        assert_fields(&headers, "\"api\";q=50;w=300", "\"api\";r=49;t=6");
         assert_eq!(headers["x-ratelimit-limit"], "50");
         assert_eq!(headers["x-ratelimit-remaining"], "49");
     }
 
     #[test]
     fn an_override_equal_to_a_tier_is_still_advertised_alone() {
-        let second = Quota::per_second(10).unwrap();
-        let minute = Quota::per_minute(500).unwrap();
-        let style = style("api", &[second, minute], false);
+        let (second, _, style) = two_tiers();
         // The override 10/1s + 50/60s binds on its 10/1s, equal to the layer's first tier.
         let overridden = Decision {
             overridden: true,
             ..allowed(second, 3, Duration::from_secs(40))
         };
-        let mut headers = HeaderMap::new();
-        style.apply(&mut headers, &overridden);
-        assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=1");
+        let headers = written(&style, &overridden);
         // `t`: the decision's reset is the override's longest tier; capped at this tier's `w`.
-        assert_eq!(headers["ratelimit"], "\"api\";r=3;t=1");
+        assert_fields(&headers, "\"api\";q=10;w=1", "\"api\";r=3;t=1");
     }
 
     #[test]
@@ -435,45 +449,32 @@ pub(crate) mod tests {
 
     #[test]
     fn several_tiers_are_numbered_and_the_binding_one_is_named() {
-        let second = Quota::per_second(10).unwrap();
-        let minute = Quota::per_minute(500).unwrap();
-        let style = style("api", &[second, minute], false);
-        let mut headers = HeaderMap::new();
-        style.apply(&mut headers, &allowed(minute, 3, Duration::from_secs(59)));
-        assert_eq!(
-            headers["ratelimit-policy"],
-            "\"api-1\";q=10;w=1, \"api-2\";q=500;w=60"
+        let (second, minute, style) = two_tiers();
+        let headers = written(&style, &allowed(minute, 3, Duration::from_secs(59)));
+        assert_fields(
+            &headers,
+            "\"api-1\";q=10;w=1, \"api-2\";q=500;w=60",
+            "\"api-2\";r=3;t=59",
         );
-        assert_eq!(headers["ratelimit"], "\"api-2\";r=3;t=59");
 
-        let mut headers = HeaderMap::new();
-        style.apply(&mut headers, &denied(second, Duration::from_millis(100)));
+        let headers = written(&style, &denied(second, Duration::from_millis(100)));
         assert_eq!(headers["ratelimit"], "\"api-1\";r=0;t=1");
     }
 
     #[test]
     fn a_quota_that_is_no_tier_is_listed_alone() {
-        let second = Quota::per_second(10).unwrap();
-        let minute = Quota::per_minute(500).unwrap();
-        let style = style("api", &[second, minute], false);
+        let (_, _, style) = two_tiers();
         let granted = Quota::per_minute(7).unwrap();
-        let mut headers = HeaderMap::new();
-        style.apply(&mut headers, &allowed(granted, 6, Duration::from_secs(9)));
-        assert_eq!(headers["ratelimit-policy"], "\"api\";q=7;w=60");
-        assert_eq!(headers["ratelimit"], "\"api\";r=6;t=9");
+        let headers = written(&style, &allowed(granted, 6, Duration::from_secs(9)));
+        assert_fields(&headers, "\"api\";q=7;w=60", "\"api\";r=6;t=9");
     }
 
     #[test]
     fn headers_describe_the_decision() {
         let quota = Quota::per_minute(10).unwrap();
         let style = style("api", &[quota], true);
-        let mut headers = HeaderMap::new();
-        style.apply(
-            &mut headers,
-            &allowed(quota, 7, Duration::from_millis(17_001)),
-        );
-        assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=60");
-        assert_eq!(headers["ratelimit"], "\"api\";r=7;t=18");
+        let headers = written(&style, &allowed(quota, 7, Duration::from_millis(17_001)));
+        assert_fields(&headers, "\"api\";q=10;w=60", "\"api\";r=7;t=18");
         assert_eq!(headers["x-ratelimit-remaining"], "7");
     }
 }

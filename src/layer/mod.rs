@@ -287,5 +287,6 @@ pub use self::config::MissingKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{scope_quotas, RateLimitLayer, RateLimitLayerBuilder};
 pub use self::resolver::{resolver_fn, FnResolver, QuotaResolver, Resolved};
+pub(crate) use self::service::take_ready;
 pub use self::service::RateLimit;
 pub use self::shadow::ShadowLimited;

@@ -184,6 +184,14 @@ impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimit<S, K> {
     }
 }
 
+/// The service made ready in `poll_ready`, which is the one that must be called: taken, with a
+/// clone left behind for the next call.
+/// <https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services>
+pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
 impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
@@ -199,10 +207,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service made ready in `poll_ready` is the one that must be called: keep it, leave a
-        // clone behind. https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_ready(&mut self.inner);
         let config = &self.config;
 
         let (parts, body) = request.into_parts();

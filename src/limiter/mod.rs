@@ -341,21 +341,18 @@ impl Limiter {
                 .decide_leased(leases, storage_key, quotas, cost, label)
                 .await;
         }
-        self.decide_direct(storage_key, quotas, cost, label, block)
-            .await
+        let request = self.request(storage_key, quotas, cost);
+        self.decide_direct(request, label, block).await
     }
 
     /// [`check_storage_key`](Self::check_storage_key) by one store call (no lease), its
     /// failure to the policy.
     async fn decide_direct(
         &self,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
+        request: CheckRequest<'_>,
         label: &PolicyLabel,
         block: Option<crate::store::Block>,
     ) -> Verdict {
-        let request = self.request(storage_key, quotas, cost);
         match self.ask_with(request, label, block).await {
             Ok(decision) => Verdict::Decided(decision),
             Err(error) => {

@@ -79,7 +79,6 @@ pub(crate) mod names {
 
 /// A decision's `outcome` label.
 #[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 enum Outcome {
     Allowed,
     Limited,
@@ -164,11 +163,14 @@ impl MetricKeys {
 static METADATA: metrics::Metadata<'static> =
     metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
 
-/// Records one decision's outcome.
-#[cfg(feature = "metrics")]
+/// Records one decision's outcome; nothing without the `metrics` feature.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 fn record_outcome(label: &PolicyLabel, outcome: Outcome) {
-    let key = &label.keys.outcomes[outcome as usize];
-    metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
+    #[cfg(feature = "metrics")]
+    {
+        let key = &label.keys.outcomes[outcome as usize];
+        metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
+    }
 }
 
 /// Measures a store call for the latency histogram; nothing without the `metrics` feature.
@@ -296,7 +298,6 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn count_decision(&self, decision: &Decision, label: &PolicyLabel) {
         if label.shadow != Shadow::No {
             return self.count_shadow(decision.allowed, decision.suspended, label);
@@ -309,7 +310,6 @@ impl Counters {
                 self.suspended.add();
             }
         }
-        #[cfg(feature = "metrics")]
         record_outcome(
             label,
             if decision.allowed {
@@ -322,9 +322,7 @@ impl Counters {
         );
     }
 
-    /// A denial answered from the deny cache.
     /// A decision made in shadow (see [`Shadow`]).
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     fn count_shadow(&self, allowed: bool, suspended: bool, label: &PolicyLabel) {
         if label.shadow == Shadow::Uncounted {
             return;
@@ -333,7 +331,6 @@ impl Counters {
         if allowed {
             if !tiers {
                 self.allowed.add();
-                #[cfg(feature = "metrics")]
                 record_outcome(label, Outcome::Allowed);
             }
             return;
@@ -345,7 +342,6 @@ impl Counters {
                 self.suspended.add();
             }
         }
-        #[cfg(feature = "metrics")]
         record_outcome(label, Outcome::ShadowLimited);
     }
 
@@ -354,7 +350,7 @@ impl Counters {
         self.settle_failures.add();
     }
 
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    /// A denial answered from the deny cache.
     pub(crate) fn count_cached_denial(&self, label: &PolicyLabel) {
         if label.shadow != Shadow::No {
             self.deny_cached.add();
@@ -362,7 +358,6 @@ impl Counters {
         }
         self.denied.add();
         self.deny_cached.add();
-        #[cfg(feature = "metrics")]
         record_outcome(label, Outcome::DenyCache);
     }
 
@@ -370,16 +365,14 @@ impl Counters {
         self.store_errors.add();
     }
 
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn count_failure(&self, verdict: &Verdict, label: &PolicyLabel) {
-        let (counter, _outcome) = match verdict {
+        let (counter, outcome) = match verdict {
             Verdict::Decided(_) => (&self.fallback_decisions, Outcome::LocalFallback),
             Verdict::FailedOpen => (&self.failed_open, Outcome::StoreErrorAdmitted),
             Verdict::FailedClosed { .. } => (&self.failed_closed, Outcome::StoreErrorRejected),
         };
         counter.add();
-        #[cfg(feature = "metrics")]
-        record_outcome(label, _outcome);
+        record_outcome(label, outcome);
     }
 
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]

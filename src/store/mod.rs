@@ -172,9 +172,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         request: ControlRequest<'a>,
     ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
         let _ = request;
-        Box::pin(std::future::ready(Err(StoreError::Unsupported(
-            "this store has no fleet controls",
-        ))))
+        unsupported("this store has no fleet controls")
     }
 
     /// Decides like [`check`](Self::check), and when a quota denies (not a suspension), suspends
@@ -210,9 +208,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// answers [`StoreError::Unsupported`].
     fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
         let _ = request;
-        Box::pin(std::future::ready(Err(StoreError::Unsupported(
-            "this store has no refunds",
-        ))))
+        unsupported("this store has no refunds")
     }
 
     /// The longest one call takes before it fails with [`StoreError::Timeout`], when the store
@@ -230,9 +226,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         request: SlotRequest<'a>,
     ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
         let _ = request;
-        Box::pin(std::future::ready(Err(StoreError::Unsupported(
-            "this store has no concurrency slots",
-        ))))
+        unsupported("this store has no concurrency slots")
     }
 }
 
@@ -399,6 +393,12 @@ pub enum StoreError {
     /// The store cannot do this (e.g. a custom store without fleet controls).
     #[error("unsupported by the store: {0}")]
     Unsupported(&'static str),
+}
+
+/// The answer of a [`Store`] method's default: [`StoreError::Unsupported`] saying `what` the
+/// store lacks.
+fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, StoreError>> {
+    Box::pin(std::future::ready(Err(StoreError::Unsupported(what))))
 }
 
 impl StoreError {

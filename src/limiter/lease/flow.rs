@@ -63,9 +63,8 @@ impl Limiter {
             false => None,
         };
         let Some(mut lease) = lease else {
-            return self
-                .decide_direct(storage_key, quotas, cost, label, None)
-                .await;
+            let request = self.request(storage_key, quotas, cost);
+            return self.decide_direct(request, label, None).await;
         };
         self.start_sweeping(leases);
         let mut waited_for = None;
@@ -109,7 +108,8 @@ impl Limiter {
                 Some(new) => lease = new,
                 // The table is full, or the key's hash holds another lease.
                 None => {
-                    let direct = self.decide_direct(storage_key, quotas, cost, label, None);
+                    let request = self.request(storage_key, quotas, cost);
+                    let direct = self.decide_direct(request, label, None);
                     return self
                         .within(deadline, direct, storage_key, quotas, cost, label)
                         .await;
@@ -771,11 +771,13 @@ impl Drop for Returning {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
 
     use futures::future::BoxFuture;
+    use tokio::task::JoinHandle;
 
     use crate::clock::{Clock, ManualClock};
     use crate::decision::Decision;
@@ -784,7 +786,7 @@ mod tests {
     use crate::store::{
         CheckRequest, ControlReply, ControlRequest, MemoryStore, RefundRequest, Store, StoreError,
     };
-    use crate::{Limiter, Quota, Quotas};
+    use crate::{Limiter, Quota, Quotas, Target, Verdict};
 
     /// A memory store that counts its checks and peeks (checks of cost 0), and can leave its
     /// first check unanswered for good (a store that breaks its own timeout).
@@ -798,6 +800,15 @@ mod tests {
         timeout: Option<Duration>,
     }
 
+    /// A future that never answers when `hang`, else `answer`.
+    fn hang_or<'a, T: Send + 'a>(hang: bool, answer: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+        if hang {
+            Box::pin(std::future::pending())
+        } else {
+            answer
+        }
+    }
+
     impl Store for Probe {
         fn check<'a>(
             &'a self,
@@ -807,20 +818,18 @@ mod tests {
             if request.cost == 0 {
                 self.peeks.fetch_add(1, Ordering::Relaxed);
             }
-            if self.hang_first.swap(false, Ordering::Relaxed) {
-                return Box::pin(std::future::pending());
-            }
-            self.memory.check(request)
+            let hang = self.hang_first.swap(false, Ordering::Relaxed);
+            hang_or(hang, self.memory.check(request))
         }
 
         fn refund<'a>(
             &'a self,
             request: RefundRequest<'a>,
         ) -> BoxFuture<'a, Result<u64, StoreError>> {
-            if self.hang_refunds.load(Ordering::Relaxed) {
-                return Box::pin(std::future::pending());
-            }
-            self.memory.refund(request)
+            hang_or(
+                self.hang_refunds.load(Ordering::Relaxed),
+                self.memory.refund(request),
+            )
         }
 
         fn control<'a>(
@@ -864,13 +873,16 @@ mod tests {
         assert_eq!(peeks, 0, "{peeks} of {checks} store calls were peeks");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn a_request_waits_for_a_renewal_no_longer_than_the_store_timeout_then_the_policy_answers(
-    ) {
-        let timeout = Duration::from_millis(100);
+    /// A limiter with leases on a [`Probe`] that states `timeout` and never answers its first
+    /// check, and the first request for `target` spawned: its renewal stays in flight for good,
+    /// whatever the store's timeout says.
+    async fn with_a_renewal_hung(
+        timeout: Option<Duration>,
+        target: Target<'static>,
+    ) -> (Limiter, JoinHandle<Verdict>) {
         let probe = Probe {
             hang_first: Arc::new(AtomicBool::new(true)),
-            timeout: Some(timeout),
+            timeout,
             ..Probe::default()
         };
         let checks = probe.checks.clone();
@@ -878,20 +890,52 @@ mod tests {
             .leases(Leases::default())
             .build()
             .unwrap();
-        let quota = Quota::per_hour(1_000).unwrap();
-        // The first request's renewal is never answered, whatever the store's timeout says.
-        let first = tokio::spawn({
-            let limiter = limiter.clone();
-            async move { limiter.check("k", &quota).await }
-        });
+        let first = spawn_check(&limiter, target);
         while checks.load(Ordering::Relaxed) == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        (limiter, first)
+    }
+
+    /// A request of cost 1 for `target` under a quota far from spent, in a task of its own.
+    fn spawn_check(limiter: &Limiter, target: Target<'static>) -> JoinHandle<Verdict> {
+        let limiter = limiter.clone();
+        let quota = Quota::per_hour(1_000).unwrap();
+        tokio::spawn(async move { limiter.check_quotas(target, &quota.into(), 1).await })
+    }
+
+    /// The second request for `target` waits for the first one's renewal, which never answers,
+    /// until `end` ends the lease (`ended` says how, for the failure): then it is answered at
+    /// once.
+    async fn a_waiter_is_woken_when_the_lease_ends<F: Future<Output = ()>>(
+        target: Target<'static>,
+        end: impl FnOnce(Limiter) -> F,
+        ended: &str,
+    ) {
+        let (limiter, first) = with_a_renewal_hung(None, target).await;
+        let second = spawn_check(&limiter, target);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!second.is_finished(), "it waits for the renewal in flight");
+        end(limiter).await;
+        let second = tokio::time::timeout(Duration::from_secs(5), second).await;
+        assert!(
+            second.is_ok_and(|verdict| verdict.unwrap().is_allowed()),
+            "the waiting request was still pending 5 s after {ended}"
+        );
+        first.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_request_waits_for_a_renewal_no_longer_than_the_store_timeout_then_the_policy_answers(
+    ) {
+        let timeout = Duration::from_millis(100);
+        let (limiter, first) = with_a_renewal_hung(Some(timeout), "k".into()).await;
+        let quota = Quota::per_hour(1_000).unwrap();
         for _ in 0..3 {
             let waited = tokio::time::timeout(timeout * 20, limiter.check("k", &quota)).await;
             assert_eq!(
                 waited.ok(),
-                Some(crate::Verdict::FailedOpen),
+                Some(Verdict::FailedOpen),
                 "a waiter was still pending after 20 store timeouts"
             );
         }
@@ -904,37 +948,11 @@ mod tests {
     /// else would).
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_control_wakes_the_requests_waiting_for_its_tenants_renewal() {
-        let probe = Probe {
-            hang_first: Arc::new(AtomicBool::new(true)),
-            ..Probe::default()
+        let resume = |limiter: Limiter| async move {
+            limiter.resume("k").await.unwrap();
         };
-        let checks = probe.checks.clone();
-        let limiter = Limiter::builder(probe)
-            .leases(Leases::default())
-            .build()
-            .unwrap();
-        let quota = Quota::per_hour(1_000).unwrap();
-        let key = crate::Target::scoped("api", "k");
-        let first = tokio::spawn({
-            let limiter = limiter.clone();
-            async move { limiter.check_quotas(key, &quota.into(), 1).await }
-        });
-        while checks.load(Ordering::Relaxed) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let second = tokio::spawn({
-            let limiter = limiter.clone();
-            async move { limiter.check_quotas(key, &quota.into(), 1).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!second.is_finished(), "it waits for the renewal in flight");
-        limiter.resume("k").await.unwrap();
-        let second = tokio::time::timeout(Duration::from_secs(5), second).await;
-        assert!(
-            second.is_ok_and(|verdict| verdict.unwrap().is_allowed()),
-            "the waiting request was still pending 5 s after a control on its tenant"
-        );
-        first.abort();
+        let target = Target::scoped("api", "k");
+        a_waiter_is_woken_when_the_lease_ends(target, resume, "a control on its tenant").await;
     }
 
     /// Units on their way back to the store still balance the counters: held until the store
@@ -985,38 +1003,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn forgetting_a_key_wakes_the_requests_waiting_for_its_renewal() {
-        let probe = Probe {
-            hang_first: Arc::new(AtomicBool::new(true)),
-            ..Probe::default()
-        };
-        let probe_checks = probe.checks.clone();
-        let limiter = Limiter::builder(probe)
-            .leases(Leases::default())
-            .build()
-            .unwrap();
-        let quota = Quota::per_hour(1_000).unwrap();
-        let checks = probe_checks;
-        // The first request's renewal is never answered; the second waits for it.
-        let first = tokio::spawn({
-            let limiter = limiter.clone();
-            async move { limiter.check("k", &quota).await }
-        });
-        while checks.load(Ordering::Relaxed) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let second = tokio::spawn({
-            let limiter = limiter.clone();
-            async move { limiter.check("k", &quota).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!second.is_finished(), "it waits for the renewal in flight");
-        limiter.forget("k");
-        let second = tokio::time::timeout(Duration::from_secs(5), second).await;
-        assert!(
-            second.is_ok_and(|verdict| verdict.unwrap().is_allowed()),
-            "the waiting request was still pending 5 s after its key was forgotten"
-        );
-        first.abort();
+        let forget = |limiter: Limiter| async move { limiter.forget("k") };
+        a_waiter_is_woken_when_the_lease_ends("k".into(), forget, "its key was forgotten").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]

@@ -359,6 +359,12 @@ mod tests {
         }
     }
 
+    /// A fresh key's state under `per_second` a second, and the sizing of `algorithm`'s leases.
+    fn fresh(per_second: u64, algorithm: Algorithm) -> (Quota, State, Sizing) {
+        let quota = Quota::per_second(per_second).unwrap();
+        (quota, State::new(quota.into(), 0), sizing(algorithm))
+    }
+
     fn admitted(remaining: u64, reset_ms: u64, quota: Quota) -> Decision {
         Decision {
             allowed: true,
@@ -374,9 +380,7 @@ mod tests {
 
     #[test]
     fn a_renewal_of_one_unit_reports_exactly_what_redis_said() {
-        let quota = Quota::per_second(100).unwrap();
-        let mut state = State::new(quota.into(), 0);
-        let s = sizing(Algorithm::TokenBucket);
+        let (quota, mut state, s) = fresh(100, Algorithm::TokenBucket);
         assert_eq!(state.plan(1_000_000, 1, &s), 1);
         let redis = admitted(99, 10, quota);
         assert_eq!(state.granted(0, 1, &redis, 0, &s), redis);
@@ -386,9 +390,7 @@ mod tests {
 
     #[test]
     fn local_admissions_count_down_from_redis_remaining_plus_held_units() {
-        let quota = Quota::per_second(1_000).unwrap();
-        let mut state = State::new(quota.into(), 0);
-        let s = sizing(Algorithm::Gcra);
+        let (quota, mut state, s) = fresh(1_000, Algorithm::Gcra);
         // Redis admitted 10 (one for the waiting request): 990 left in Redis, 9 held.
         let first = state.granted(9, 1, &admitted(990, 10, quota), 100, &s);
         assert_eq!(first.remaining, 999);
@@ -401,9 +403,7 @@ mod tests {
 
     #[test]
     fn batches_end_one_interval_after_they_were_sent_and_are_spent_oldest_first() {
-        let quota = Quota::per_second(1_000).unwrap();
-        let mut state = State::new(quota.into(), 0);
-        let s = sizing(Algorithm::TokenBucket);
+        let (quota, mut state, s) = fresh(1_000, Algorithm::TokenBucket);
         state.granted(5, 0, &admitted(900, 100, quota), 0, &s);
         state.granted(5, 0, &admitted(890, 100, quota), 30_000, &s);
         assert!(state.take(7, 40_000).is_some()); // 5 of the first, 2 of the second
@@ -416,9 +416,7 @@ mod tests {
 
     #[test]
     fn a_fixed_window_lease_never_outlives_its_window_nor_goes_back_into_the_next() {
-        let quota = Quota::per_second(1_000).unwrap();
-        let mut state = State::new(quota.into(), 0);
-        let s = sizing(Algorithm::FixedWindow);
+        let (quota, mut state, s) = fresh(1_000, Algorithm::FixedWindow);
         // 20 ms left in the window: the batch ends then, not one interval later.
         state.granted(10, 0, &admitted(500, 20, quota), 0, &s);
         assert!(state.take(1, 19_999).is_some());
@@ -438,9 +436,7 @@ mod tests {
 
     #[test]
     fn k_follows_the_rate_grows_in_steps_and_stays_within_a_share_of_the_capacity() {
-        let quota = Quota::per_second(1_000_000).unwrap();
-        let mut state = State::new(quota.into(), 0);
-        let s = sizing(Algorithm::TokenBucket);
+        let (quota, mut state, s) = fresh(1_000_000, Algorithm::TokenBucket);
         // 1 unit per ms: 25 per half a 50 ms interval.
         let mut now = 0;
         let mut asks = Vec::new();
@@ -468,9 +464,7 @@ mod tests {
 
     #[test]
     fn prefetch_starts_at_low_water_only_for_leases_of_two_or_more() {
-        let quota = Quota::per_second(1_000_000).unwrap();
-        let mut state = State::new(quota.into(), 0);
-        let s = sizing(Algorithm::TokenBucket);
+        let (quota, mut state, s) = fresh(1_000_000, Algorithm::TokenBucket);
         state.granted(0, 1, &admitted(10, 1, quota), 0, &s);
         assert!(
             !state.wants_prefetch(1, &s),
@@ -490,9 +484,7 @@ mod tests {
 
     #[test]
     fn after_the_rate_falls_a_lease_that_holds_enough_sends_no_background_renewal() {
-        let quota = Quota::per_second(1_000_000).unwrap();
-        let mut state = State::new(quota.into(), 0);
-        let s = sizing(Algorithm::TokenBucket);
+        let (quota, mut state, s) = fresh(1_000_000, Algorithm::TokenBucket);
         // 1 unit per µs for a while: k = 25 000 capped at max_units, 1 000.
         let mut now = 0;
         for _ in 0..4 {

@@ -463,6 +463,15 @@ pub(super) mod tests {
         }
     }
 
+    /// A shard of at most `max_keys`, the `keys` with their expiries inserted at `now`.
+    fn filled(now: u64, max_keys: usize, keys: &[(&str, u64)]) -> Shard {
+        let mut shard = Shard::default();
+        for &(key, expires_at) in keys {
+            shard.insert(key, stored(expires_at), now, max_keys);
+        }
+        shard
+    }
+
     fn keys(shard: &Shard) -> Vec<&str> {
         let mut keys: Vec<&str> = shard.slots.iter().map(|s| &*s.key).collect();
         keys.sort_unstable();
@@ -472,11 +481,13 @@ pub(super) mod tests {
     #[test]
     fn a_full_shard_reclaims_an_expired_key_before_evicting_a_live_one() {
         let now = 1_000;
-        let mut shard = Shard::default();
-        shard.insert("soon", stored(now + 1), now, 4);
-        shard.insert("late", stored(now + 500), now, 4);
-        shard.insert("dead", stored(now - 1), now, 4);
-        shard.insert("later", stored(now + 900), now, 4);
+        let expiries = [
+            ("soon", now + 1),
+            ("late", now + 500),
+            ("dead", now - 1),
+            ("later", now + 900),
+        ];
+        let mut shard = filled(now, 4, &expiries);
         // Full: the expired key makes room, not the live key closest to expiry.
         shard.insert("new", stored(now + 1_000), now, 4);
         assert_consistent(&shard);
@@ -586,10 +597,7 @@ pub(super) mod tests {
     #[test]
     fn an_extended_key_is_evicted_by_its_new_expiry() {
         let now = 1_000;
-        let mut shard = Shard::default();
-        shard.insert("a", stored(now + 10), now, 3);
-        shard.insert("b", stored(now + 20), now, 3);
-        shard.insert("c", stored(now + 30), now, 3);
+        let mut shard = filled(now, 3, &[("a", now + 10), ("b", now + 20), ("c", now + 30)]);
         let held = shard.find("a", now).0;
         shard.put(held, "a", stored(now + 100), now, 3);
         shard.insert("new", stored(now + 1_000), now, 3);

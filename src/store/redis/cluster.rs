@@ -245,21 +245,22 @@ fn did_not_run(error: &RedisError) -> bool {
 mod tests {
     use super::*;
 
+    /// A server's error reply of `kind` saying `detail`, as redis-rs reads it.
+    fn server_error(kind: ServerErrorKind, detail: &str) -> RedisError {
+        RedisError::from((
+            ErrorKind::Server(kind),
+            "An error was signalled by the server",
+            detail.to_owned(),
+        ))
+    }
+
     #[test]
     fn redirections_name_their_node() {
-        let ask = RedisError::from((
-            ErrorKind::Server(ServerErrorKind::Ask),
-            "An error was signalled by the server",
-            "3999 127.0.0.1:7001".to_owned(),
-        ));
+        let ask = server_error(ServerErrorKind::Ask, "3999 127.0.0.1:7001");
         let to = Redirect::of(&ask).expect("ASK names a node");
         assert!(to.ask);
         assert_eq!((to.host.as_str(), to.port), ("127.0.0.1", 7001));
-        let moved = RedisError::from((
-            ErrorKind::Server(ServerErrorKind::Moved),
-            "An error was signalled by the server",
-            "3999 [::1]:7002".to_owned(),
-        ));
+        let moved = server_error(ServerErrorKind::Moved, "3999 [::1]:7002");
         let to = Redirect::of(&moved).expect("MOVED names a node");
         assert!(!to.ask);
         assert_eq!((to.host.as_str(), to.port), ("::1", 7002));
@@ -269,23 +270,14 @@ mod tests {
 
     #[test]
     fn only_a_refusal_of_several_keys_takes_the_split_form() {
-        let several = RedisError::from((
-            ErrorKind::Server(ServerErrorKind::TryAgain),
-            "An error was signalled by the server",
-            "Multiple keys request during rehashing of slot".to_owned(),
-        ));
+        let several = server_error(
+            ServerErrorKind::TryAgain,
+            "Multiple keys request during rehashing of slot",
+        );
         assert!(is_rehashing(&several));
-        let other = RedisError::from((
-            ErrorKind::Server(ServerErrorKind::TryAgain),
-            "An error was signalled by the server",
-            "later".to_owned(),
-        ));
+        let other = server_error(ServerErrorKind::TryAgain, "later");
         assert!(!is_rehashing(&other));
-        let ask = RedisError::from((
-            ErrorKind::Server(ServerErrorKind::Ask),
-            "An error was signalled by the server",
-            "3999 127.0.0.1:7001".to_owned(),
-        ));
+        let ask = server_error(ServerErrorKind::Ask, "3999 127.0.0.1:7001");
         assert!(!is_rehashing(&ask));
     }
 }

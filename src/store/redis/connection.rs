@@ -1,6 +1,7 @@
 //! [`Replaceable`]: a connection opened in the background, shared by every call, and replaced by
 //! a fresh one once it proves stale.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -181,14 +182,7 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
     fn spawn_attempt(&self, slot: Arc<Slot<C>>, failures: u32) -> Shared<BoxFuture<'static, ()>> {
         let connecting = (self.connect)();
         let task = tokio::spawn(async move {
-            let result = match tokio::time::timeout(ATTEMPT_TIMEOUT, connecting).await {
-                Ok(result) => result,
-                Err(_) => Err(RedisError::from((
-                    ErrorKind::Io,
-                    "connection attempt timed out",
-                    format!("after {ATTEMPT_TIMEOUT:?}"),
-                ))),
-            };
+            let result = within(ATTEMPT_TIMEOUT, "connection attempt timed out", connecting).await;
             let mut attempt = slot.attempt();
             match result {
                 Ok((connection, server)) => {
@@ -314,6 +308,24 @@ pub(super) fn stale_server_or_dropped(error: &RedisError) -> Option<&'static str
     } else {
         None
     }
+}
+
+/// `attempt`, given at most `limit`: running out of time is an I/O error saying `what` timed
+/// out.
+pub(super) async fn within<T>(
+    limit: Duration,
+    what: &'static str,
+    attempt: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    tokio::time::timeout(limit, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from((
+                ErrorKind::Io,
+                what,
+                format!("after {limit:?}"),
+            )))
+        })
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError};
 
+use super::connection::within;
+
 /// How long one background `SCRIPT LOAD` may take; calls wait for it within their own timeout.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -93,14 +95,7 @@ impl Reloads {
     {
         let task = tokio::spawn(async move {
             let load = load(&mut connection, source);
-            let result = match tokio::time::timeout(LOAD_TIMEOUT, load).await {
-                Ok(result) => result,
-                Err(_) => Err(RedisError::from((
-                    ErrorKind::Io,
-                    "SCRIPT LOAD timed out",
-                    format!("after {LOAD_TIMEOUT:?}"),
-                ))),
-            };
+            let result = within(LOAD_TIMEOUT, "SCRIPT LOAD timed out", load).await;
             let mut running = reload.lock();
             reload.done.fetch_add(1, Ordering::AcqRel);
             *running = None;

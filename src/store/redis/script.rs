@@ -81,23 +81,8 @@ impl Call<'_> {
     /// Appends `numkeys`, `KEYS` and `ARGV` after the SHA-1 or the body.
     fn push_keys_and_args(&self, cmd: &mut redis::Cmd) {
         match self {
-            Call::Check(request) => push_call(
-                cmd,
-                request.key,
-                request.algorithm,
-                request.quotas,
-                request.cost,
-                request.now_micros,
-            ),
-            Call::Split(request, extras) => push_split_call(
-                cmd,
-                request.key,
-                request.algorithm,
-                request.quotas,
-                request.cost,
-                request.now_micros,
-                extras,
-            ),
+            Call::Check(request) => push_call(cmd, request),
+            Call::Split(request, extras) => push_split_call(cmd, request, extras),
             Call::Control(request) => push_control(
                 cmd,
                 request.key,
@@ -228,20 +213,25 @@ pub(super) fn is_noscript(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
+/// A decision's `ARGV`: the `algorithm`, its `quotas`, the `cost`, and the client's clock in µs
+/// (`None`: Redis `TIME`).
+fn packed_args(request: &CheckRequest<'_>) -> PackedArgs {
+    PackedArgs::new(
+        request.algorithm,
+        request.quotas,
+        request.cost,
+        request.now_micros,
+    )
+}
+
 /// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
-/// first argument (the SHA-1 or the body) is already in place: the storage `key` (for the
-/// sliding log, its controls' key, then its sorted set), the tenant's key, then the
-/// `algorithm`, its `quotas`, the `cost`, and the client's clock in µs (`None`: Redis `TIME`).
-pub(super) fn push_call(
-    cmd: &mut redis::Cmd,
-    key: &str,
-    algorithm: Algorithm,
-    quotas: &[Quota],
-    cost: u64,
-    now_micros: Option<u64>,
-) {
-    let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
-    if algorithm.spec().is_log() {
+/// first argument (the SHA-1 or the body) is already in place: the storage key (for the
+/// sliding log, its controls' key, then its sorted set), the tenant's key, then
+/// [`packed_args`].
+pub(super) fn push_call(cmd: &mut redis::Cmd, request: &CheckRequest<'_>) {
+    let key = request.key;
+    let args = packed_args(request);
+    if request.algorithm.spec().is_log() {
         cmd.arg(3)
             .arg(log_controls_key(key))
             .arg(key)
@@ -258,15 +248,12 @@ pub(super) fn push_call(
 /// (the tenant's, then for the sliding log its controls'; empty for an absent key).
 pub(super) fn push_split_call(
     cmd: &mut redis::Cmd,
-    key: &str,
-    algorithm: Algorithm,
-    quotas: &[Quota],
-    cost: u64,
-    now_micros: Option<u64>,
+    request: &CheckRequest<'_>,
     extras: &[Vec<u8>],
 ) {
-    let args = PackedArgs::new(algorithm, quotas, cost, now_micros);
-    cmd.arg(1).arg(key).arg(args.as_bytes());
+    cmd.arg(1)
+        .arg(request.key)
+        .arg(packed_args(request).as_bytes());
     for extra in extras {
         cmd.arg(extra.as_slice());
     }
@@ -506,15 +493,14 @@ mod tests {
         let packed = PackedArgs::new(Algorithm::SlidingLog, &[quota], 1, Some(7));
         let extras = [b"tenant".to_vec(), Vec::new()];
         let mut cmd = redis::cmd("EVALSHA");
-        push_split_call(
-            &mut cmd,
-            "p:{k}",
-            Algorithm::SlidingLog,
-            &[quota],
-            1,
-            Some(7),
-            &extras,
-        );
+        let request = CheckRequest {
+            key: "p:{k}",
+            algorithm: Algorithm::SlidingLog,
+            quotas: &quota.into(),
+            cost: 1,
+            now_micros: Some(7),
+        };
+        push_split_call(&mut cmd, &request, &extras);
         let expected: Vec<Vec<u8>> = vec![
             b"EVALSHA".to_vec(),
             b"1".to_vec(),

@@ -360,19 +360,14 @@ mod tests {
     fn tls_to_the_sentinels_is_tls_to_the_primary() {
         let plain = "redis://127.0.0.1:26379".into_connection_info().unwrap();
         assert_eq!(tls_mode(plain.addr()), None);
-        let secure = ConnectionAddr::TcpTls {
-            host: "127.0.0.1".into(),
-            port: 26379,
-            insecure: false,
-            tls_params: None,
-        };
-        assert_eq!(tls_mode(&secure), Some(TlsMode::Secure));
-        let insecure = ConnectionAddr::TcpTls {
-            host: "127.0.0.1".into(),
-            port: 26379,
-            insecure: true,
-            tls_params: None,
-        };
-        assert_eq!(tls_mode(&insecure), Some(TlsMode::Insecure));
+        for (insecure, mode) in [(false, TlsMode::Secure), (true, TlsMode::Insecure)] {
+            let tls = ConnectionAddr::TcpTls {
+                host: "127.0.0.1".into(),
+                port: 26379,
+                insecure,
+                tls_params: None,
+            };
+            assert_eq!(tls_mode(&tls), Some(mode));
+        }
     }
 }
