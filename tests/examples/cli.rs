@@ -9,9 +9,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redlimit::Algorithm;
-use support::example::{self, dead_redis_url};
+use support::example::{self, dead_redis_url, Example};
 use support::sentinel::{RedisSentinel, MASTER_NAME};
-use support::{RedisCluster, RedisServer, TlsFiles, TlsSetup};
+use support::{RedisCluster, RedisServer, TlsFiles};
 
 /// How long one HTTP exchange may take.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -19,32 +19,39 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// A file that exists but holds no certificate.
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
 
-/// Runs the axum example to completion (for flags that must make it exit).
-fn run_to_exit(args: &[&str]) -> std::process::Output {
-    example::run_to_exit("axum", args)
+/// Starts the axum example on a free port with `flags` and `envs`, and waits for `listening on
+/// ADDR`.
+fn start(flags: &str, envs: &[(&str, &str)]) -> Example {
+    Example::start("axum", flags, envs)
 }
 
-/// The running axum example.
-struct Example(example::Example);
-
-impl std::ops::Deref for Example {
-    type Target = example::Example;
-    fn deref(&self) -> &example::Example {
-        &self.0
-    }
+/// Starts the axum example on `redis` (`--redis URL`) with `flags`.
+fn start_on(redis: &RedisServer, flags: &str) -> Example {
+    start(&format!("--redis {} {flags}", redis.url()), &[])
 }
 
-impl Example {
-    /// Starts the axum example on a free port with `args` and waits for `listening on ADDR`.
-    fn start(args: &[&str], envs: &[(&str, &str)]) -> Example {
-        Example(example::Example::start("axum", args, envs))
-    }
+/// Starts the axum example on the TLS Redis `redis` trusting the CA of `ca` (`--redis-ca`), with
+/// `flags`.
+fn start_over_tls(redis: &RedisServer, ca: &TlsFiles, flags: &str) -> Example {
+    let (url, ca) = (redis.tls_url(), ca.ca().display().to_string());
+    start(&format!("--redis {url} --redis-ca {ca} {flags}"), &[])
+}
 
-    /// `GET /` with optional extra headers.
-    fn get(&self, headers: &[(&str, &str)]) -> HttpResponse {
-        http_get(self.addr, "/", headers)
-            .unwrap_or_else(|e| panic!("GET / failed: {e}; {}", self.output()))
-    }
+/// `GET /` on `example`, with optional extra headers.
+fn get(example: &Example, headers: &[(&str, &str)]) -> HttpResponse {
+    http_get(example.addr, "/", headers)
+        .unwrap_or_else(|e| panic!("GET / failed: {e}; {}", example.output()))
+}
+
+/// The address of `example`'s `/metrics`, from its `metrics on http://ADDR/metrics` line.
+fn metrics_addr(example: &Example) -> SocketAddr {
+    let url = example
+        .stdout
+        .iter()
+        .find_map(|l| l.strip_prefix("metrics on http://"))
+        .unwrap_or_else(|| panic!("no `metrics on` line; {}", example.output()));
+    let addr = url.strip_suffix("/metrics").expect("a /metrics URL");
+    addr.parse().expect("an address")
 }
 
 /// What a tiny HTTP/1.1 client saw.
@@ -211,35 +218,14 @@ fn bad_flags_exit_non_zero_with_a_message() {
 
 #[test]
 fn help_prints_usage_and_every_algorithm() {
-    let output = run_to_exit(&["--help"]);
-    assert!(output.status.success());
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    for flag in [
-        "--bind",
-        "--redis",
-        "--redis-cluster",
-        "--redis-sentinel",
-        "--sentinel-master",
-        "--limit",
-        "--period",
-        "--burst",
-        "--algorithm",
-        "--on-redis-error",
-        "--instances",
-        "local",
-        "--redis-ca",
-        "--metrics-bind",
-        "--key ip|api-key",
-        "--shadow",
-    ] {
-        assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
-    }
-    // The API key is a key only once something in front has checked it.
-    assert!(stdout.contains("authenticated"), "{stdout}");
-    assert!(stdout.contains("[default: ip]"), "{stdout}");
-    for algorithm in Algorithm::ALL {
-        assert!(stdout.contains(algorithm.name()), "usage lacks {algorithm}");
-    }
+    // The API key is a key only once something in front has checked it: `authenticated`.
+    let usage = example::help_naming(
+        "axum",
+        "--bind --redis --redis-cluster --redis-sentinel --sentinel-master --limit --period \
+         --burst --algorithm --on-redis-error --instances local --redis-ca --metrics-bind \
+         --shadow '--key ip|api-key' authenticated '[default: ip]'",
+    );
+    example::assert_names_every_algorithm(&usage);
 }
 
 #[test]
@@ -248,22 +234,12 @@ fn limits_with_redis_and_answers_429_with_headers() {
     let url = redis.url();
     // API keys are clients of their own only with `--key api-key` (an authenticating layer in
     // front); the default key is the IP address.
-    let example = Example::start(
-        &[
-            "--redis", &url, "--limit", "3", "--period", "1m", "--key", "api-key",
-        ],
-        &[],
-    );
+    let example = start_on(&redis, "--limit 3 --period 1m --key api-key");
     // Verified at start: the store line names the server's version.
-    let version = support::redis_server_version();
-    assert!(
-        example.printed(&format!("store: redis {url} (Redis {version})")),
-        "{}",
-        example.output()
-    );
+    example.assert_printed(&example::redis_store_line(&url));
 
     for i in 0..3 {
-        let response = example.get(&[]);
+        let response = get(&example, &[]);
         assert_eq!(response.status, 200, "request {i}: {response:?}");
         assert_eq!(response.body, "ok");
         assert_eq!(
@@ -279,7 +255,7 @@ fn limits_with_redis_and_answers_429_with_headers() {
             "request {i}: {response:?}"
         );
     }
-    let denied = example.get(&[]);
+    let denied = get(&example, &[]);
     assert_eq!(denied.status, 429, "{denied:?}");
     let retry_after: u64 = denied
         .header("retry-after")
@@ -298,12 +274,9 @@ fn limits_with_redis_and_answers_429_with_headers() {
     );
 
     // An API key is a client of its own, and it reaches Redis only hashed.
-    let with_key = example.get(&[("x-api-key", "secret-key-1")]);
+    let with_key = get(&example, &[("x-api-key", "secret-key-1")]);
     assert_eq!(with_key.status, 200, "{with_key:?}");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query(&mut redis.conn())
-        .unwrap();
+    let keys = redis.keys();
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(
         keys.iter()
@@ -317,17 +290,8 @@ fn limits_with_redis_and_answers_429_with_headers() {
 fn limits_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls().join(",");
-    let example = Example::start(
-        &[
-            "--redis-cluster",
-            &urls,
-            "--limit",
-            "3",
-            "--period",
-            "1m",
-            "--key",
-            "api-key",
-        ],
+    let example = start(
+        &format!("--redis-cluster {urls} --limit 3 --period 1m --key api-key"),
         &[],
     );
     let version = support::redis_server_version();
@@ -341,16 +305,16 @@ fn limits_on_a_redis_cluster() {
         example.output()
     );
     for i in 0..3 {
-        let response = example.get(&[("x-api-key", &format!("tenant-{i}"))]);
+        let response = get(&example, &[("x-api-key", &format!("tenant-{i}"))]);
         assert_eq!(response.status, 200, "{response:?}");
     }
     // Each API key is a client of its own, wherever its slot lives.
     for i in 0..3 {
         let key = [("x-api-key", format!("tenant-{i}"))];
         let key = [(key[0].0, key[0].1.as_str())];
-        assert_eq!(example.get(&key).status, 200);
-        assert_eq!(example.get(&key).status, 200);
-        let denied = example.get(&key);
+        assert_eq!(get(&example, &key).status, 200);
+        assert_eq!(get(&example, &key).status, 200);
+        let denied = get(&example, &key);
         assert_eq!(denied.status, 429, "{denied:?}");
         assert!(denied.header("retry-after").is_some());
     }
@@ -360,21 +324,7 @@ fn limits_on_a_redis_cluster() {
 fn limits_through_redis_sentinel() {
     let setup = RedisSentinel::start();
     let urls = setup.sentinel_urls().join(",");
-    let example = Example::start(
-        &[
-            "--redis-sentinel",
-            &urls,
-            "--sentinel-master",
-            MASTER_NAME,
-            "--limit",
-            "2",
-            "--period",
-            "1m",
-            "--key",
-            "api-key",
-        ],
-        &[],
-    );
+    let example = start(&format!("--redis-sentinel {urls} --sentinel-master {MASTER_NAME} --limit 2 --period 1m --key api-key"), &[]);
     let version = support::redis_server_version();
     let expected = format!("store: redis-sentinel {urls} master {MASTER_NAME} (Redis {version})");
     assert!(
@@ -383,43 +333,28 @@ fn limits_through_redis_sentinel() {
         example.output()
     );
     let key = [("x-api-key", "sentinel-tenant")];
-    assert_eq!(example.get(&key).status, 200);
-    assert_eq!(example.get(&key).status, 200);
-    let denied = example.get(&key);
+    assert_eq!(get(&example, &key).status, 200);
+    assert_eq!(get(&example, &key).status, 200);
+    let denied = get(&example, &key);
     assert_eq!(denied.status, 429, "{denied:?}");
     assert!(denied.header("retry-after").is_some());
     // The decisions live on the primary the sentinels name.
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query(&mut setup.master.conn())
-        .expect("KEYS on the primary");
+    let keys = setup.master.keys();
     assert!(!keys.is_empty(), "no limiter key on the primary");
 }
 
 #[test]
 fn every_algorithm_is_selectable_and_limits() {
     let redis = RedisServer::start();
-    let url = redis.url();
     for algorithm in Algorithm::ALL {
         let name = algorithm.name();
-        let example = Example::start(
-            &[
-                "--redis",
-                &url,
-                "--limit",
-                "2",
-                "--period",
-                "1h",
-                "--algorithm",
-                name,
-                "--key",
-                "api-key",
-            ],
-            &[],
+        let example = start_on(
+            &redis,
+            &format!("--limit 2 --period 1h --algorithm {name} --key api-key"),
         );
         // A key of its own per algorithm: state never carries over.
         let key = [("x-api-key", name)];
-        let statuses: Vec<u16> = (0..3).map(|_| example.get(&key).status).collect();
+        let statuses: Vec<u16> = (0..3).map(|_| get(&example, &key).status).collect();
         assert_eq!(statuses, [200, 200, 429], "{name}; {}", example.output());
     }
 }
@@ -428,14 +363,10 @@ fn every_algorithm_is_selectable_and_limits() {
 fn dead_redis_fails_closed_with_503_or_open_with_200() {
     let dead = dead_redis_url();
 
-    let closed = Example::start(&["--redis", &dead, "--on-redis-error", "closed"], &[]);
-    assert!(
-        closed.printed_starting(&format!("store: redis {dead} (not reachable yet: ")),
-        "{}",
-        closed.output()
-    );
+    let closed = start(&format!("--redis {dead} --on-redis-error closed"), &[]);
+    closed.assert_printed_starting(&format!("store: redis {dead} (not reachable yet: "));
     let started = Instant::now();
-    let response = closed.get(&[]);
+    let response = get(&closed, &[]);
     assert_eq!(response.status, 503, "{response:?}");
     assert!(response.header("retry-after").is_some(), "{response:?}");
     assert!(
@@ -445,10 +376,10 @@ fn dead_redis_fails_closed_with_503_or_open_with_200() {
     );
     drop(closed);
 
-    let open = Example::start(&["--redis", &dead, "--on-redis-error", "open"], &[]);
+    let open = start(&format!("--redis {dead} --on-redis-error open"), &[]);
     for _ in 0..12 {
         // More than the default limit of 10: nothing is counted while Redis is away.
-        let response = open.get(&[]);
+        let response = get(&open, &[]);
         assert_eq!(response.status, 200, "{response:?}");
         assert_eq!(response.body, "ok");
     }
@@ -460,15 +391,11 @@ fn dead_redis_fails_closed_with_503_or_open_with_200() {
 #[test]
 fn without_redis_it_says_memory_and_still_limits() {
     let dead = dead_redis_url();
-    let example = Example::start(&["--limit", "2"], &[("REDIS_URL", &dead)]);
-    assert!(
-        example.printed(&format!("store: memory (no Redis reachable at {dead})")),
-        "{}",
-        example.output()
-    );
-    let statuses: Vec<u16> = (0..3).map(|_| example.get(&[]).status).collect();
+    let example = start("--limit 2", &[("REDIS_URL", &dead)]);
+    example.assert_printed(&format!("store: memory (no Redis reachable at {dead})"));
+    let statuses: Vec<u16> = (0..3).map(|_| get(&example, &[]).status).collect();
     assert_eq!(statuses, [200, 200, 429]);
-    let denied = example.get(&[]);
+    let denied = get(&example, &[]);
     assert!(denied.header("retry-after").is_some(), "{denied:?}");
 }
 
@@ -476,14 +403,10 @@ fn without_redis_it_says_memory_and_still_limits() {
 fn without_redis_flag_it_uses_redis_url_when_it_answers() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let example = Example::start(&["--limit", "1"], &[("REDIS_URL", &url)]);
-    assert!(
-        example.printed_starting(&format!("store: redis {url} (Redis ")),
-        "{}",
-        example.output()
-    );
-    assert_eq!(example.get(&[]).status, 200);
-    assert_eq!(example.get(&[]).status, 429);
+    let example = start("--limit 1", &[("REDIS_URL", &url)]);
+    example.assert_printed_starting(&format!("store: redis {url} (Redis "));
+    assert_eq!(get(&example, &[]).status, 200);
+    assert_eq!(get(&example, &[]).status, 429);
     assert_eq!(redis.dbsize(), 1, "the decision was made in Redis");
 }
 
@@ -492,73 +415,42 @@ fn period_units_are_accepted_and_refill() {
     let dead = dead_redis_url();
     let env = [("REDIS_URL", dead.as_str())];
     for (period, shown) in [("1s", "1s"), ("60s", "60s"), ("1m", "60s"), ("1h", "3600s")] {
-        let example = Example::start(&["--limit", "7", "--period", period], &env);
+        let example = start(&format!("--limit 7 --period {period}"), &env);
         let quota =
             format!("quota: 7 per {shown} (burst 7), algorithm token-bucket, on-redis-error open");
-        assert!(example.printed(&quota), "{period}: {}", example.output());
+        example.assert_printed(&quota);
     }
 
-    let example = Example::start(&["--limit", "1", "--period", "500ms"], &env);
-    assert_eq!(example.get(&[]).status, 200);
-    assert_eq!(example.get(&[]).status, 429);
+    let example = start("--limit 1 --period 500ms", &env);
+    assert_eq!(get(&example, &[]).status, 200);
+    assert_eq!(get(&example, &[]).status, 429);
     thread::sleep(Duration::from_millis(600));
-    assert_eq!(example.get(&[]).status, 200, "refilled after 500 ms");
+    assert_eq!(get(&example, &[]).status, 200, "refilled after 500 ms");
 }
 
 #[test]
 fn limits_over_tls_with_a_private_ca() {
-    if support::skip_without_tls("limits_over_tls_with_a_private_ca") {
+    let Some((files, redis)) =
+        support::tls_server("limits_over_tls_with_a_private_ca", "example", false)
+    else {
         return;
-    }
-    let files = TlsFiles::generate("example");
-    let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
-    let url = redis.tls_url();
-    let ca = files.ca().display().to_string();
-    let example = Example::start(
-        &[
-            "--redis",
-            &url,
-            "--redis-ca",
-            &ca,
-            "--limit",
-            "2",
-            "--period",
-            "1m",
-        ],
-        &[],
-    );
-    let version = support::redis_server_version();
-    assert!(
-        example.printed(&format!("store: redis {url} (Redis {version})")),
-        "{}",
-        example.output()
-    );
-    let statuses: Vec<u16> = (0..3).map(|_| example.get(&[]).status).collect();
+    };
+    let example = start_over_tls(&redis, &files, "--limit 2 --period 1m");
+    example.assert_printed(&example::redis_store_line(&redis.tls_url()));
+    let statuses: Vec<u16> = (0..3).map(|_| get(&example, &[]).status).collect();
     assert_eq!(statuses, [200, 200, 429], "{}", example.output());
     assert_eq!(redis.dbsize(), 1, "the decision was made in Redis over TLS");
 }
 
 #[test]
 fn tls_with_the_wrong_ca_says_why_and_the_policy_decides() {
-    if support::skip_without_tls("tls_with_the_wrong_ca_says_why_and_the_policy_decides") {
+    let Some((_files, redis, other)) =
+        support::server_and_another_ca("tls_with_the_wrong_ca_says_why_and_the_policy_decides")
+    else {
         return;
-    }
-    let files = TlsFiles::generate("server");
-    let other = TlsFiles::generate("other");
-    let redis = RedisServer::start_tls(&TlsSetup::new(&files, false));
+    };
+    let example = start_over_tls(&redis, &other, "--on-redis-error closed");
     let url = redis.tls_url();
-    let ca = other.ca().display().to_string();
-    let example = Example::start(
-        &[
-            "--redis",
-            &url,
-            "--redis-ca",
-            &ca,
-            "--on-redis-error",
-            "closed",
-        ],
-        &[],
-    );
     assert!(
         example.stdout.iter().any(|l| l
             .starts_with(&format!("store: redis {url} (not reachable yet: "))
@@ -566,101 +458,49 @@ fn tls_with_the_wrong_ca_says_why_and_the_policy_decides() {
         "{}",
         example.output()
     );
-    assert_eq!(example.get(&[]).status, 503);
+    assert_eq!(get(&example, &[]).status, 503);
 }
 
 #[test]
 fn dead_redis_with_local_fallback_enforces_a_share_of_the_quota() {
     let dead = dead_redis_url();
-    let local = Example::start(
-        &[
-            "--redis",
-            &dead,
-            "--limit",
-            "4",
-            "--on-redis-error",
-            "local",
-            "--instances",
-            "2",
-            "--key",
-            "api-key",
-        ],
+    let local = start(
+        &format!("--redis {dead} --limit 4 --on-redis-error local --instances 2 --key api-key"),
         &[],
     );
-    assert!(
-        local.printed(
-            "quota: 4 per 60s (burst 4), algorithm token-bucket, on-redis-error local (instances 2)"
-        ),
-        "{}",
-        local.output()
+    local.assert_printed(
+        "quota: 4 per 60s (burst 4), algorithm token-bucket, on-redis-error local (instances 2)",
     );
-    assert!(
-        local.printed_starting(&format!("store: redis {dead} (not reachable yet: ")),
-        "{}",
-        local.output()
-    );
+    local.assert_printed_starting(&format!("store: redis {dead} (not reachable yet: "));
     // This instance's share: 4 / 2 = 2, then 429 with a retry hint, decided in memory.
-    let statuses: Vec<u16> = (0..3).map(|_| local.get(&[]).status).collect();
+    let statuses: Vec<u16> = (0..3).map(|_| get(&local, &[]).status).collect();
     assert_eq!(statuses, [200, 200, 429], "{}", local.output());
-    let denied = local.get(&[]);
+    let denied = get(&local, &[]);
     assert_eq!(denied.status, 429, "{denied:?}");
     assert!(denied.header("retry-after").is_some(), "{denied:?}");
     // Another client has a share of its own.
-    assert_eq!(local.get(&[("x-api-key", "other")]).status, 200);
+    assert_eq!(get(&local, &[("x-api-key", "other")]).status, 200);
     drop(local);
 
     // `--instances 1` (the default) keeps the whole quota.
-    let whole = Example::start(
-        &[
-            "--redis",
-            &dead,
-            "--limit",
-            "3",
-            "--on-redis-error",
-            "local",
-        ],
+    let whole = start(
+        &format!("--redis {dead} --limit 3 --on-redis-error local"),
         &[],
     );
-    assert!(
-        whole.printed(
-            "quota: 3 per 60s (burst 3), algorithm token-bucket, on-redis-error local (instances 1)"
-        ),
-        "{}",
-        whole.output()
+    whole.assert_printed(
+        "quota: 3 per 60s (burst 3), algorithm token-bucket, on-redis-error local (instances 1)",
     );
-    let statuses: Vec<u16> = (0..4).map(|_| whole.get(&[]).status).collect();
+    let statuses: Vec<u16> = (0..4).map(|_| get(&whole, &[]).status).collect();
     assert_eq!(statuses, [200, 200, 200, 429], "{}", whole.output());
 }
 
 #[test]
 fn metrics_bind_serves_prometheus_text_after_real_requests() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let example = Example::start(
-        &[
-            "--redis",
-            &url,
-            "--limit",
-            "2",
-            "--metrics-bind",
-            "127.0.0.1:0",
-            "--key",
-            "api-key",
-        ],
-        &[],
-    );
-    let line = example
-        .stdout
-        .iter()
-        .find_map(|l| l.strip_prefix("metrics on http://"))
-        .unwrap_or_else(|| panic!("no `metrics on` line; {}", example.output()));
-    let metrics_addr: SocketAddr = line
-        .strip_suffix("/metrics")
-        .expect("a /metrics URL")
-        .parse()
-        .unwrap();
+    let example = start_on(&redis, "--limit 2 --metrics-bind 127.0.0.1:0 --key api-key");
+    let metrics_addr = metrics_addr(&example);
     let statuses: Vec<u16> = (0..3)
-        .map(|_| example.get(&[("x-api-key", "secret-key-9")]).status)
+        .map(|_| get(&example, &[("x-api-key", "secret-key-9")]).status)
         .collect();
     assert_eq!(statuses, [200, 200, 429]);
 
@@ -686,31 +526,10 @@ fn metrics_bind_serves_prometheus_text_after_real_requests() {
 #[test]
 fn shadow_answers_every_request_and_counts_shadow_limited() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let example = Example::start(
-        &[
-            "--redis",
-            &url,
-            "--limit",
-            "2",
-            "--metrics-bind",
-            "127.0.0.1:0",
-            "--shadow",
-        ],
-        &[],
-    );
-    assert!(
-        example.printed_starting("shadow: on"),
-        "{}",
-        example.output()
-    );
-    let line = example
-        .stdout
-        .iter()
-        .find_map(|l| l.strip_prefix("metrics on http://"))
-        .unwrap_or_else(|| panic!("no `metrics on` line; {}", example.output()));
-    let metrics_addr: SocketAddr = line.strip_suffix("/metrics").unwrap().parse().unwrap();
-    let responses: Vec<_> = (0..5).map(|_| example.get(&[])).collect();
+    let example = start_on(&redis, "--limit 2 --metrics-bind 127.0.0.1:0 --shadow");
+    example.assert_printed_starting("shadow: on");
+    let metrics_addr = metrics_addr(&example);
+    let responses: Vec<_> = (0..5).map(|_| get(&example, &[])).collect();
     let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200; 5]);
     for response in &responses {
@@ -738,8 +557,8 @@ fn shadow_answers_every_request_and_counts_shadow_limited() {
 fn logs_to_a_pipe_carry_no_colour_codes() {
     let dead = dead_redis_url();
     // info level: the background connection warns that it cannot connect.
-    let example = Example::start(&["--redis", &dead], &[("RUST_LOG", "info")]);
-    assert_eq!(example.get(&[]).status, 200);
+    let example = start(&format!("--redis {dead}"), &[("RUST_LOG", "info")]);
+    assert_eq!(get(&example, &[]).status, 200);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !example.stderr.lock().unwrap().contains("WARN") {
         assert!(
@@ -758,19 +577,16 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
 #[test]
 fn the_default_key_is_the_ip_and_a_fresh_api_key_does_not_evade_it() {
     let dead = dead_redis_url();
-    let example = Example::start(&["--limit", "2"], &[("REDIS_URL", &dead)]);
+    let example = start("--limit 2", &[("REDIS_URL", &dead)]);
     let statuses: Vec<u16> = (0..4)
-        .map(|i| example.get(&[("x-api-key", &format!("random-{i}"))]).status)
+        .map(|i| get(&example, &[("x-api-key", &format!("random-{i}"))]).status)
         .collect();
     assert_eq!(statuses, [200, 200, 429, 429], "{}", example.output());
 
     // `--key api-key` (behind an authenticating layer) counts each key apart, as before.
-    let keyed = Example::start(
-        &["--limit", "2", "--key", "api-key"],
-        &[("REDIS_URL", &dead)],
-    );
+    let keyed = start("--limit 2 --key api-key", &[("REDIS_URL", &dead)]);
     let statuses: Vec<u16> = (0..4)
-        .map(|i| keyed.get(&[("x-api-key", &format!("tenant-{i}"))]).status)
+        .map(|i| get(&keyed, &[("x-api-key", &format!("tenant-{i}"))]).status)
         .collect();
     assert_eq!(statuses, [200; 4], "{}", keyed.output());
 }
@@ -781,9 +597,9 @@ fn the_default_key_is_the_ip_and_a_fresh_api_key_does_not_evade_it() {
 fn the_hyper_example_redacts_the_password_and_refuses_repeats() {
     let port = support::free_port();
     let url = format!("redis://user:hunter2-secret@127.0.0.1:{port}/");
-    let hyper = example::Example::start("hyper", &[], &[("REDIS_URL", &url)]);
+    let hyper = Example::start("hyper", "", &[("REDIS_URL", &url)]);
     let shown = format!("store: redis redis://user:***@127.0.0.1:{port}/");
-    assert!(hyper.printed(&shown), "{}", hyper.output());
+    hyper.assert_printed(&shown);
     assert!(!hyper.output().contains("hunter2"), "{}", hyper.output());
     // Redis is not there: the layer fails open, the server answers.
     let response = http_get(hyper.addr, "/", &[]).unwrap();

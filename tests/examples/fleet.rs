@@ -40,27 +40,15 @@ impl Summary {
     }
 }
 
-/// Runs the fleet example with `args` and `envs` to completion.
-fn run_fleet(args: &[&str], envs: &[(&str, &str)]) -> Output {
+/// Runs the fleet example with the [`example::words`] of `flags` and `envs` to completion.
+fn run_fleet(flags: &str, envs: &[(&str, &str)]) -> Output {
     let mut command = Command::new(example::example_binary("fleet"));
     command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (name, value) in envs {
-        command.env(name, value);
-    }
-    let mut child = command.spawn().expect("spawn the fleet example");
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    while child.try_wait().expect("poll the fleet").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the fleet example with {args:?} did not finish");
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("the fleet's output")
+        .args(example::words(flags))
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null());
+    let what = format!("the fleet example with {flags:?}");
+    example::output_within(&mut command, RUN_TIMEOUT, &what)
 }
 
 #[test]
@@ -69,18 +57,9 @@ fn workers_use_the_shared_quota_fully_and_never_trip_the_upstream() {
     let url = redis.url();
     let (workers, limit, seconds) = (3, 20, 3);
     let output = run_fleet(
-        &[
-            "--redis",
-            &url,
-            "--workers",
-            &workers.to_string(),
-            "--limit",
-            &limit.to_string(),
-            "--period",
-            "1s",
-            "--seconds",
-            &seconds.to_string(),
-        ],
+        &format!(
+            "--redis {url} --workers {workers} --limit {limit} --period 1s --seconds {seconds}"
+        ),
         &[("REDIS_URL", &dead_redis_url())],
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -105,12 +84,13 @@ fn workers_use_the_shared_quota_fully_and_never_trip_the_upstream() {
     );
     assert!(summary.total <= full, "{summary:?}\n{stderr}");
     // Every worker took part, each in a process of its own.
-    for id in 1..=workers {
-        assert!(
-            stderr.contains(&format!("worker {id}: ")),
-            "no report from worker {id}: {stderr}"
-        );
-    }
+    let silent: Vec<u64> = (1..=workers)
+        .filter(|id| !stderr.contains(&format!("worker {id}: ")))
+        .collect();
+    assert!(
+        silent.is_empty(),
+        "no report from workers {silent:?}: {stderr}"
+    );
 }
 
 #[test]
@@ -118,18 +98,7 @@ fn a_short_period_is_used_fully_too() {
     let redis = RedisServer::start();
     let url = redis.url();
     let output = run_fleet(
-        &[
-            "--redis",
-            &url,
-            "--workers",
-            "2",
-            "--limit",
-            "5",
-            "--period",
-            "250ms",
-            "--seconds",
-            "2",
-        ],
+        &format!("--redis {url} --workers 2 --limit 5 --period 250ms --seconds 2"),
         &[],
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -182,10 +151,7 @@ fn a_suspension_of_the_fleets_key_pauses_every_worker() {
     });
 
     // What `redlimit --redis URL suspend KEY 4s` does (tested in cli/tests/).
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = support::current_thread_runtime();
     runtime
         .block_on(async {
             let limiter = support::Ctx::default().redis(&redis);
@@ -213,8 +179,8 @@ fn a_suspension_of_the_fleets_key_pauses_every_worker() {
 fn without_a_redis_it_cannot_share_a_quota_and_exits_2() {
     let dead = dead_redis_url();
     for (args, envs) in [
-        (vec![], vec![("REDIS_URL", dead.as_str())]),
-        (vec!["--redis", dead.as_str()], vec![]),
+        (String::new(), vec![("REDIS_URL", dead.as_str())]),
+        (format!("--redis {dead}"), vec![]),
     ] {
         let output = run_fleet(&args, &envs);
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -252,18 +218,12 @@ fn bad_flags_exit_2_with_a_message() {
 
 #[test]
 fn help_names_every_flag_and_the_summary_line() {
-    let output = example::run_to_exit("fleet", &["--help"]);
-    assert!(output.status.success());
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    for flag in ["--redis", "--workers", "--limit", "--period", "--seconds"] {
-        assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
-    }
+    let usage = example::help_naming("fleet", "--redis --workers --limit --period --seconds");
+    let summary = "upstream: T requests in S s, W max in any aligned window, X answered 429";
+    assert!(usage.contains(summary), "{usage}");
     assert!(
-        stdout.contains("upstream: T requests in S s, W max in any aligned window, X answered 429")
-    );
-    assert!(
-        !stdout.contains("--worker "),
-        "the worker mode is hidden: {stdout}"
+        !usage.contains("--worker "),
+        "the worker mode is hidden: {usage}"
     );
 }
 
@@ -285,26 +245,7 @@ fn learned_line(line: &str) -> Option<(u64, String, u64)> {
 fn learning_converges_on_the_upstreams_limit(dialect: &str) {
     let redis = RedisServer::start();
     let url = redis.url();
-    let output = run_fleet(
-        &[
-            "--redis",
-            &url,
-            "--workers",
-            "4",
-            "--limit",
-            "50",
-            "--upstream-limit",
-            "20",
-            "--period",
-            "1s",
-            "--seconds",
-            "5",
-            "--announce",
-            dialect,
-            "--learn",
-        ],
-        &[],
-    );
+    let output = run_fleet(&format!("--redis {url} --workers 4 --limit 50 --upstream-limit 20 --period 1s --seconds 5 --announce {dialect} --learn"), &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -323,13 +264,10 @@ fn learning_converges_on_the_upstreams_limit(dialect: &str) {
 }
 
 #[test]
-fn learning_from_ietf_headers_converges_on_the_upstreams_limit() {
-    learning_converges_on_the_upstreams_limit("ietf");
-}
-
-#[test]
-fn learning_from_x_ratelimit_headers_converges_on_the_upstreams_limit() {
-    learning_converges_on_the_upstreams_limit("x-ratelimit");
+fn learning_from_ietf_or_x_ratelimit_headers_converges_on_the_upstreams_limit() {
+    for dialect in ["ietf", "x-ratelimit"] {
+        learning_converges_on_the_upstreams_limit(dialect);
+    }
 }
 
 #[test]
@@ -360,20 +298,10 @@ fn bad_provider_flags_exit_2_with_a_message() {
 
 #[test]
 fn help_names_the_provider_flags_and_the_learned_line() {
-    let output = example::run_to_exit("fleet", &["--help"]);
-    assert!(output.status.success());
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    for flag in [
-        "--upstream-limit",
-        "--announce",
-        "--learn",
-        "ietf",
-        "x-ratelimit",
-    ] {
-        assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
-    }
-    assert!(
-        stdout.contains("learned quota: L/PERIOD after N responses"),
-        "{stdout}"
+    let usage = example::help_naming(
+        "fleet",
+        "--upstream-limit --announce --learn ietf x-ratelimit",
     );
+    let learned = "learned quota: L/PERIOD after N responses";
+    assert!(usage.contains(learned), "{usage}");
 }

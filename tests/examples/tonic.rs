@@ -4,45 +4,36 @@
 
 #[path = "../../examples/common/greeter.rs"]
 mod greeter;
+#[path = "../support/grpc.rs"]
+mod grpc;
 use crate::support;
 
 use greeter::{GreeterClient, HelloRequest};
-use redlimit::Algorithm;
-use support::example::{self, dead_redis_url};
+use grpc::metadata;
+use support::example::{self, dead_redis_url, Example};
 use support::RedisServer;
 use tonic::metadata::MetadataValue;
 use tonic::Code;
 
-/// Runs the tonic example to completion (for flags that must make it exit).
-fn run_to_exit(args: &[&str]) -> std::process::Output {
-    example::run_to_exit("tonic", args)
+/// Starts the tonic example on a free port with `flags` and `envs`, and waits for `listening on
+/// ADDR`.
+fn start(flags: &str, envs: &[(&str, &str)]) -> Example {
+    Example::start("tonic", flags, envs)
 }
 
-/// The running tonic example.
-struct Example(example::Example);
-
-impl std::ops::Deref for Example {
-    type Target = example::Example;
-    fn deref(&self) -> &example::Example {
-        &self.0
-    }
+/// Starts the tonic example on `redis` (`--redis URL`) with `flags`.
+fn start_on(redis: &RedisServer, flags: &str) -> Example {
+    start(&format!("--redis {} {flags}", redis.url()), &[])
 }
 
-impl Example {
-    /// Starts the tonic example on a free port with `args` and waits for `listening on ADDR`.
-    fn start(args: &[&str], envs: &[(&str, &str)]) -> Example {
-        Example(example::Example::start("tonic", args, envs))
-    }
-
-    /// A gRPC client connected to the example.
-    async fn client(&self) -> GreeterClient {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect: {e}; {}", self.output()));
-        GreeterClient::new(channel)
-    }
+/// A gRPC client connected to `example`.
+async fn connect(example: &Example) -> GreeterClient {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", example.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect: {e}; {}", example.output()));
+    GreeterClient::new(channel)
 }
 
 /// `SayHello`, optionally with an `x-api-key`: the reply's message, or the status code.
@@ -60,6 +51,18 @@ async fn call(client: &mut GreeterClient, api_key: Option<&str>) -> Result<Strin
         .map(|reply| reply.into_inner().message)
 }
 
+/// The status codes of three calls to `example`, each with an `x-api-key` of its own:
+/// `PREFIX-0`, `PREFIX-1`, `PREFIX-2`.
+async fn one_call_per_key(example: &Example, prefix: &str) -> Vec<Code> {
+    let mut client = connect(example).await;
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        let key = format!("{prefix}-{i}");
+        seen.push(codes(&mut client, Some(&key), 1).await[0]);
+    }
+    seen
+}
+
 /// The status codes of `n` calls (OK for a reply).
 async fn codes(client: &mut GreeterClient, api_key: Option<&str>, n: usize) -> Vec<Code> {
     let mut codes = Vec::new();
@@ -72,13 +75,15 @@ async fn codes(client: &mut GreeterClient, api_key: Option<&str>, n: usize) -> V
     codes
 }
 
-fn metadata<'a>(status: &'a tonic::Status, name: &str) -> &'a str {
-    status
-        .metadata()
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name} metadata in {status:?}"))
-        .to_str()
-        .unwrap()
+#[test]
+fn help_prints_usage_and_every_algorithm() {
+    let usage = example::help_naming(
+        "tonic",
+        "'cargo run --example tonic' 127.0.0.1:50051 --bind --redis --redis-cluster --limit \
+         --period --burst --algorithm --on-redis-error --instances local '--key ip|api-key' \
+         '(gRPC: metadata)' authenticated",
+    );
+    example::assert_names_every_algorithm(&usage);
 }
 
 #[test]
@@ -118,61 +123,19 @@ fn bad_flags_exit_non_zero_with_a_message() {
     example::assert_usage_errors("tonic", cases);
 }
 
-#[test]
-fn help_prints_usage_and_every_algorithm() {
-    let output = run_to_exit(&["--help"]);
-    assert!(output.status.success());
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("cargo run --example tonic"), "{stdout}");
-    assert!(stdout.contains("127.0.0.1:50051"), "{stdout}");
-    for flag in [
-        "--bind",
-        "--redis",
-        "--redis-cluster",
-        "--limit",
-        "--period",
-        "--burst",
-        "--algorithm",
-        "--on-redis-error",
-        "--instances",
-        "local",
-        "--key ip|api-key",
-    ] {
-        assert!(stdout.contains(flag), "usage lacks {flag}: {stdout}");
-    }
-    assert!(stdout.contains("(gRPC: metadata)"), "{stdout}");
-    assert!(stdout.contains("authenticated"), "{stdout}");
-    for algorithm in Algorithm::ALL {
-        assert!(stdout.contains(algorithm.name()), "usage lacks {algorithm}");
-    }
-}
-
 /// The example on a real Redis: the limit holds, then `RESOURCE_EXHAUSTED` with the retry hint;
 /// with `--key api-key` an API key is a client of its own.
 #[tokio::test]
 async fn limits_with_redis_and_answers_resource_exhausted() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let example = Example::start(
-        &[
-            "--redis", &url, "--limit", "3", "--period", "1m", "--key", "api-key",
-        ],
-        &[],
-    );
+    let example = start_on(&redis, "--limit 3 --period 1m --key api-key");
     // Verified at start, as the axum example does: the store line names the server's version.
-    let version = support::redis_server_version();
-    assert!(
-        example.printed(&format!("store: redis {url} (Redis {version})")),
-        "{}",
-        example.output()
-    );
-    assert!(
-        example.printed("quota: 3 per 60s (burst 3), algorithm token-bucket, on-redis-error open"),
-        "{}",
-        example.output()
-    );
+    example.assert_printed(&example::redis_store_line(&url));
+    example
+        .assert_printed("quota: 3 per 60s (burst 3), algorithm token-bucket, on-redis-error open");
 
-    let mut client = example.client().await;
+    let mut client = connect(&example).await;
     for left in [2, 1, 0] {
         let message = call(&mut client, None).await.unwrap();
         assert_eq!(message, format!("Hello example! ({left} calls left)"));
@@ -190,10 +153,7 @@ async fn limits_with_redis_and_answers_resource_exhausted() {
         codes(&mut client, Some("tenant-1"), 4).await,
         [Code::Ok, Code::Ok, Code::Ok, Code::ResourceExhausted]
     );
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query(&mut redis.conn())
-        .unwrap();
+    let keys = redis.keys();
     assert_eq!(keys.len(), 2, "{keys:?}");
     // The layer's scope follows its policy name and quota: `default:token-bucket:3/60s`.
     assert!(
@@ -209,40 +169,23 @@ async fn limits_with_redis_and_answers_resource_exhausted() {
 async fn redis_down_closed_local_and_open() {
     let dead = dead_redis_url();
 
-    let closed = Example::start(&["--redis", &dead, "--on-redis-error", "closed"], &[]);
-    assert!(
-        closed.printed_starting(&format!("store: redis {dead} (not reachable yet: ")),
-        "{}",
-        closed.output()
-    );
-    let failed = call(&mut closed.client().await, None).await.unwrap_err();
+    let closed = start(&format!("--redis {dead} --on-redis-error closed"), &[]);
+    closed.assert_printed_starting(&format!("store: redis {dead} (not reachable yet: "));
+    let failed = call(&mut connect(&closed).await, None).await.unwrap_err();
     assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
     assert_eq!(failed.message(), "rate limiter unavailable");
     assert_eq!(metadata(&failed, "retry-after"), "1");
     assert_eq!(metadata(&failed, "grpc-retry-pushback-ms"), "1000");
     drop(closed);
 
-    let local = Example::start(
-        &[
-            "--redis",
-            &dead,
-            "--limit",
-            "4",
-            "--on-redis-error",
-            "local",
-            "--instances",
-            "2",
-        ],
+    let local = start(
+        &format!("--redis {dead} --limit 4 --on-redis-error local --instances 2"),
         &[],
     );
-    assert!(
-        local.printed(
-            "quota: 4 per 60s (burst 4), algorithm token-bucket, on-redis-error local (instances 2)"
-        ),
-        "{}",
-        local.output()
+    local.assert_printed(
+        "quota: 4 per 60s (burst 4), algorithm token-bucket, on-redis-error local (instances 2)",
     );
-    let mut client = local.client().await;
+    let mut client = connect(&local).await;
     // This instance's share: 4 / 2 = 2.
     assert_eq!(
         codes(&mut client, None, 3).await,
@@ -250,10 +193,10 @@ async fn redis_down_closed_local_and_open() {
     );
     drop(local);
 
-    let open = Example::start(&["--redis", &dead, "--limit", "2"], &[]);
+    let open = start(&format!("--redis {dead} --limit 2"), &[]);
     // More than the limit: nothing is counted while Redis is away.
     assert_eq!(
-        codes(&mut open.client().await, None, 4).await,
+        codes(&mut connect(&open).await, None, 4).await,
         [Code::Ok; 4]
     );
     assert!(open.stderr.lock().unwrap().contains("does not answer"));
@@ -263,14 +206,10 @@ async fn redis_down_closed_local_and_open() {
 #[tokio::test]
 async fn without_redis_it_says_memory_and_still_limits() {
     let dead = dead_redis_url();
-    let example = Example::start(&["--limit", "2"], &[("REDIS_URL", &dead)]);
-    assert!(
-        example.printed(&format!("store: memory (no Redis reachable at {dead})")),
-        "{}",
-        example.output()
-    );
+    let example = start("--limit 2", &[("REDIS_URL", &dead)]);
+    example.assert_printed(&format!("store: memory (no Redis reachable at {dead})"));
     assert_eq!(
-        codes(&mut example.client().await, None, 3).await,
+        codes(&mut connect(&example).await, None, 3).await,
         [Code::Ok, Code::Ok, Code::ResourceExhausted]
     );
 }
@@ -280,25 +219,11 @@ async fn without_redis_it_says_memory_and_still_limits() {
 #[tokio::test]
 async fn the_default_key_is_the_ip_and_a_fresh_api_key_does_not_evade_it() {
     let dead = dead_redis_url();
-    let example = Example::start(&["--limit", "2"], &[("REDIS_URL", &dead)]);
-    let mut client = example.client().await;
-    let mut seen = Vec::new();
-    for i in 0..3 {
-        let key = format!("random-{i}");
-        seen.push(codes(&mut client, Some(&key), 1).await[0]);
-    }
+    let example = start("--limit 2", &[("REDIS_URL", &dead)]);
+    let seen = one_call_per_key(&example, "random").await;
     assert_eq!(seen, [Code::Ok, Code::Ok, Code::ResourceExhausted]);
     drop(example);
 
-    let keyed = Example::start(
-        &["--limit", "2", "--key", "api-key"],
-        &[("REDIS_URL", &dead)],
-    );
-    let mut client = keyed.client().await;
-    let mut seen = Vec::new();
-    for i in 0..3 {
-        let key = format!("tenant-{i}");
-        seen.push(codes(&mut client, Some(&key), 1).await[0]);
-    }
-    assert_eq!(seen, [Code::Ok; 3]);
+    let keyed = start("--limit 2 --key api-key", &[("REDIS_URL", &dead)]);
+    assert_eq!(one_call_per_key(&keyed, "tenant").await, [Code::Ok; 3]);
 }

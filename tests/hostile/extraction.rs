@@ -10,7 +10,7 @@ use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use redlimit::key::{Cidr, FnKey, HeaderKey, KeyExtractor, PeerIp};
 use redlimit::{Limiter, Quota, RateLimitLayer, Target};
 
-use crate::support::RedisServer;
+use crate::support::{self, RedisServer};
 use crate::{
     check_redis_key, check_storage_key, is_hash_id, redis_store, send, shared_blocking, RawKey,
 };
@@ -126,10 +126,7 @@ fn key_case() -> impl Strategy<Value = KeyCase> {
 fn prop_key_extraction_paths_stay_bounded() {
     let _machine = shared_blocking();
     let redis = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = support::current_thread_runtime();
     let prefix = "rl-prop";
     let limiter = Limiter::builder(redis_store(&redis))
         .prefix(prefix)

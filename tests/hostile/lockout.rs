@@ -230,11 +230,7 @@ async fn clock_stepped_back_never_locks_out() {
     let _machine = shared().await;
     let redis = RedisServer::start();
     let quota = Quota::per_minute(10).unwrap();
-    let steps_back = [
-        Duration::from_secs(30),
-        Duration::from_secs(3600),
-        Duration::from_secs(86_400),
-    ];
+    let steps_back = [30, 3600, 86_400].map(Duration::from_secs);
     let mut results = Vec::new();
     for backend in [Backend::Redis(&redis), Backend::Memory] {
         for &algorithm in Algorithm::ALL {

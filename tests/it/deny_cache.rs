@@ -305,7 +305,7 @@ async fn a_tenant_control_drops_the_cached_denials_of_every_scope() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
     let quota = Quotas::from(Quota::per_minute(1).unwrap());
-    let mut stale = Vec::new();
+    let mut stale = support::Denials::default();
     for (store, limiter) in cached_on_each_store(&redis, &clock) {
         for control in ["resume", "reset", "all-routes override"] {
             let tenant = format!("{store}-{control}");
@@ -349,19 +349,11 @@ async fn a_tenant_control_drops_the_cached_denials_of_every_scope() {
             }
             for (name, target) in ["scoped", "unscoped"].into_iter().zip(targets) {
                 let after = limiter.try_check_quotas(target, &quota, 1).await.unwrap();
-                if !after.allowed {
-                    stale.push(format!(
-                        "{store} {control} {name}: denied, retry_after {:?}",
-                        after.retry_after
-                    ));
-                }
+                stale.note(format_args!("{store} {control} {name}"), &after);
             }
         }
     }
-    assert!(
-        stale.is_empty(),
-        "cached denials outlived a control: {stale:#?}"
-    );
+    stale.assert_none("cached denials outlived a control");
 }
 
 /// A layer's block on abuse (`block_for`) suspends the tenant; `resume` then `reset` through
@@ -372,7 +364,7 @@ async fn a_block_lifted_by_resume_and_reset_is_not_answered_from_the_cache() {
     let clock = ManualClock::new(T0);
     let quota = Quotas::from(Quota::per_minute(1).unwrap());
     let block = BlockFor::new(Duration::from_secs(600)).unwrap();
-    let mut stale = Vec::new();
+    let mut stale = support::Denials::default();
     for (store, limiter) in cached_on_each_store(&redis, &clock) {
         let target = Target::scoped("api", "abuser");
         let mut verdicts = Vec::new();
@@ -392,17 +384,9 @@ async fn a_block_lifted_by_resume_and_reset_is_not_answered_from_the_cache() {
             .await
             .decision()
             .unwrap();
-        if !after.allowed {
-            stale.push(format!(
-                "{store}: denied, retry_after {:?}",
-                after.retry_after
-            ));
-        }
+        stale.note(store, &after);
     }
-    assert!(
-        stale.is_empty(),
-        "a lifted block still answered: {stale:#?}"
-    );
+    stale.assert_none("a lifted block still answered");
 }
 
 /// A store whose check replies wait at a gate once armed: the decision is made (and counted)

@@ -429,22 +429,27 @@ fn check_contract(d: &Decision, quota: &Quota, cost: u64) -> Result<(), String> 
     Ok(())
 }
 
-#[test]
-fn redis_and_memory_stores_decide_identically() {
+/// A private Redis, a store on it and a connection of the test's own (made on `runtime`), both
+/// waiting up to 10 s: a slow answer on a loaded machine must not look like a divergence.
+fn redis_store_and_connection(
+    runtime: &tokio::runtime::Runtime,
+) -> (RedisServer, RedisStore, redis::aio::MultiplexedConnection) {
     let redis = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // A generous timeout: a slow answer on a loaded machine must not look like a divergence.
     let store = Ctx::default()
         .timeout(Duration::from_secs(10))
         .redis_store(&redis);
+    let client = redis.client();
     let mut conn = runtime
-        .block_on(redis.client().get_multiplexed_async_connection())
+        .block_on(client.get_multiplexed_async_connection())
         .unwrap();
-    // Generous, like the store's: a loaded machine must not look like a divergence.
     conn.set_response_timeout(Duration::from_secs(10));
+    (redis, store, conn)
+}
+
+#[test]
+fn redis_and_memory_stores_decide_identically() {
+    let runtime = support::current_thread_runtime();
+    let (_redis, store, conn) = redis_store_and_connection(&runtime);
     let cases = AtomicU64::new(0);
     let tally = Tally::default();
     let config = ProptestConfig {
@@ -482,17 +487,8 @@ fn redis_and_memory_stores_decide_identically() {
 /// memory store let expire on it (the clock runs ahead of Redis's real time).
 #[test]
 fn gcra_override_keeps_the_capped_debt_only_while_the_old_one_lasts() {
-    let redis = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = Ctx::default()
-        .timeout(Duration::from_secs(10))
-        .redis_store(&redis);
-    let mut conn = runtime
-        .block_on(redis.client().get_multiplexed_async_connection())
-        .unwrap();
+    let runtime = support::current_thread_runtime();
+    let (_redis, store, mut conn) = redis_store_and_connection(&runtime);
     let clock = ManualClock::new(Duration::from_micros(EPOCH_US));
     let ctx = Ctx::new(Algorithm::Gcra).manual(&clock);
     let memory = MemoryStore::new();

@@ -185,6 +185,23 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// `denied` came right after `admitted` took the last unit of a quota over `period`: a window
+/// counter may hold the next request up to the end of the following window; an emission-based
+/// algorithm says exactly `retry`, and `admitted` resets after the whole period.
+fn assert_denial_after_the_last_unit(
+    algorithm: Algorithm,
+    admitted: &Decision,
+    denied: &Decision,
+    period: Duration,
+    retry: Duration,
+) {
+    assert!(denied.retry_after <= 2 * period, "{algorithm}: {denied:?}");
+    if emission_based(algorithm) {
+        assert_eq!(denied.retry_after, retry, "{algorithm}");
+        assert_eq!(admitted.reset_after, period, "{algorithm}");
+    }
+}
+
 #[tokio::test]
 async fn limit_one() {
     let bench = Bench::new();
@@ -211,12 +228,7 @@ async fn limit_one() {
                 "{algorithm} {quota:?}"
             );
             assert!(d[2].never_allowed());
-            // A window counter may hold the next request up to the end of the following window.
-            assert!(d[1].retry_after <= 2 * period, "{algorithm}: {:?}", d[1]);
-            if emission_based(algorithm) {
-                assert_eq!(d[1].retry_after, period, "{algorithm}");
-                assert_eq!(d[0].reset_after, period, "{algorithm}");
-            }
+            assert_denial_after_the_last_unit(algorithm, &d[0], &d[1], period, period);
         }
     }
 }
@@ -262,10 +274,9 @@ async fn limit_a_billion_per_second() {
             "{algorithm}"
         );
         assert!(d[5].never_allowed());
+        // One unit takes 1 ns: rounded up to the millisecond.
+        assert_denial_after_the_last_unit(algorithm, &d[0], &d[1], ms(1_000), ms(1));
         if emission_based(algorithm) {
-            // One unit takes 1 ns: rounded up to the millisecond.
-            assert_eq!(d[1].retry_after, ms(1), "{algorithm}");
-            assert_eq!(d[0].reset_after, ms(1_000), "{algorithm}");
             // A millisecond refills exactly a million.
             assert_eq!(d[2].remaining, 1_000_000, "{algorithm}");
             // 123 456 789 missing: 123.456789 ms, rounded up.
@@ -342,11 +353,7 @@ async fn period_one_year() {
             "{algorithm}"
         );
         assert!(d[3].never_allowed());
-        assert!(d[2].retry_after <= 2 * YEAR, "{algorithm}: {:?}", d[2]);
-        if emission_based(algorithm) {
-            assert_eq!(d[2].retry_after, YEAR / 3, "{algorithm}");
-            assert_eq!(d[1].reset_after, YEAR, "{algorithm}");
-        }
+        assert_denial_after_the_last_unit(algorithm, &d[1], &d[2], YEAR, YEAR / 3);
 
         // A billion a year: one unit every 31 536 µs.
         let billion = 1_000_000_000;
@@ -485,10 +492,7 @@ async fn counts_near_max_count() {
             "{algorithm}"
         );
         assert!(d[5].never_allowed());
-        if emission_based(algorithm) {
-            assert_eq!(d[2].retry_after, ms(1), "{algorithm}");
-            assert_eq!(d[1].reset_after, ms(1_000), "{algorithm}");
-        }
+        assert_denial_after_the_last_unit(algorithm, &d[1], &d[2], ms(1_000), ms(1));
 
         // The largest limit over the longest period, and one unit over the longest period. (A
         // century and a half after T0 the clock nears 2^53 µs, the scripts' limit: the last step

@@ -133,21 +133,15 @@ async fn a_suspension_is_seen_by_every_instance_with_its_time_left() {
 async fn a_suspension_ends_by_itself() {
     let redis = RedisServer::start();
     let limiter = instance(&redis, Algorithm::TokenBucket);
-    let quota = Quota::per_hour(10).unwrap();
     limiter
         .suspend("k", Duration::from_millis(300))
         .await
         .unwrap();
-    let denied = limiter
-        .try_check_quotas("k", &quota.into(), 1)
-        .await
-        .unwrap();
+    let quota = Quota::per_hour(10).unwrap();
+    let denied = support::decision(&limiter, "k", &quota).await;
     assert!(denied.suspended);
     tokio::time::sleep(denied.retry_after).await;
-    let decision = limiter
-        .try_check_quotas("k", &quota.into(), 1)
-        .await
-        .unwrap();
+    let decision = support::decision(&limiter, "k", &quota).await;
     assert!(decision.allowed, "{decision:?}");
 }
 
@@ -274,18 +268,10 @@ async fn controls_address_scoped_keys() {
         .suspend(Target::scoped("login", "alice"), Duration::from_secs(60))
         .await
         .unwrap();
-    let login = limiter
-        .check_quotas(Target::scoped("login", "alice"), &quota.into(), 1)
-        .await
-        .decision()
-        .copied()
-        .unwrap();
+    let login = support::decision(&limiter, Target::scoped("login", "alice"), &quota).await;
     assert!(login.suspended);
     assert!(support::admits(&limiter, "alice", &quota).await);
-    assert!(limiter
-        .check_quotas(Target::scoped("api", "alice"), &quota.into(), 1)
-        .await
-        .is_allowed());
+    assert!(support::admits(&limiter, Target::scoped("api", "alice"), &quota).await);
 }
 
 /// A key under two suspensions, its tenant's and its route's, is denied until the later one
@@ -454,10 +440,8 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
         .await
         .unwrap();
     assert!(
-        limiter
-            .try_check_quotas(&hostile, &quota.into(), 1)
+        support::decision(&limiter, hostile.as_str(), &quota)
             .await
-            .unwrap()
             .suspended
     );
     // A store that cannot answer: a typed store error, the policy is not involved.
@@ -851,12 +835,7 @@ async fn an_upstream_retry_after_only_extends_a_suspension_and_is_capped() {
         operator.suspend("partner", hour).await.unwrap();
     })
     .await;
-    let left = limiter
-        .inspect("partner")
-        .await
-        .unwrap()
-        .suspended_for
-        .unwrap();
+    let left = support::suspended_for(&limiter, "partner").await.unwrap();
     assert!(left > hour - Duration::from_secs(60), "cut to {left:?}");
 
     // A huge Retry-After: the default cap, 5 minutes.
@@ -873,11 +852,6 @@ async fn an_upstream_retry_after_only_extends_a_suspension_and_is_capped() {
         .build()
         .unwrap();
     call_once(layer, "99999999999", async {}).await;
-    let left = limiter
-        .inspect("edge")
-        .await
-        .unwrap()
-        .suspended_for
-        .unwrap();
+    let left = support::suspended_for(&limiter, "edge").await.unwrap();
     assert!(left <= Duration::from_secs(20), "{left:?}");
 }

@@ -399,7 +399,6 @@ async fn axum_router() {
 #[tokio::test]
 async fn hyper_http1_server() {
     use hyper_util::rt::TokioIo;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let fx = Fixture::new();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -430,13 +429,7 @@ async fn hyper_http1_server() {
 
     let mut status_lines = Vec::new();
     for _ in 0..3 {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream
-            .write_all(b"GET / HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut raw = String::new();
-        stream.read_to_string(&mut raw).await.unwrap();
+        let raw = support::service::raw_get(addr).await;
         let lower = raw.to_ascii_lowercase();
         assert!(
             lower.contains("ratelimit-policy: \"default\";q=2;w=60"),
@@ -590,13 +583,8 @@ async fn stacked_layers_keep_separate_counts_and_both_headers() {
     }
     assert_eq!(admitted, 9, "5 a minute must hold under a 2-a-second layer");
     assert_eq!(calls.load(Ordering::SeqCst), 9);
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query(&mut redis.conn())
-        .unwrap();
-    keys.sort();
     assert_eq!(
-        keys,
+        redis.keys(),
         // A named layer counts in its policy name.
         ["redlimit:{g}:minute", "redlimit:{g}:second"]
     );

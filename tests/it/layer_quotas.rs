@@ -687,10 +687,7 @@ async fn check_headers(
 #[test]
 fn headers_never_contradict_themselves() {
     let redis = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = support::current_thread_runtime();
     let store = runtime.block_on(async {
         RedisStore::builder(redis.url())
             .timeout(Duration::from_secs(10))

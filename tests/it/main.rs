@@ -14,6 +14,9 @@ mod support;
 // The hand-written gRPC service of the examples, for `layer_quotas` and `tonic` (loaded once).
 #[path = "../../examples/common/greeter.rs"]
 mod greeter;
+// What the gRPC tests read from a status (outside `support`: the CLI's tests load that too).
+#[path = "../support/grpc.rs"]
+mod grpc;
 
 mod acl;
 mod algorithms;

@@ -10,7 +10,6 @@ use axum::Router;
 use redlimit::key::PeerIp;
 use redlimit::{limiter::ConfigError, quota::QuotaError, Algorithm, Quota, RateLimitLayer};
 use support::RedisServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Built anyway, the layer would answer 429 to every request forever.
 #[test]
@@ -48,13 +47,7 @@ async fn requests_without_a_key_are_counted_and_warned_about_once() {
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     for _ in 0..3 {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream
-            .write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut raw = String::new();
-        stream.read_to_string(&mut raw).await.unwrap();
+        let raw = support::service::raw_get(addr).await;
         assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
     }
     server.abort();

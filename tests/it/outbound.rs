@@ -71,16 +71,7 @@ async fn next_whole_second() -> SystemTime {
 }
 
 /// A service standing in for the upstream: records the wall-clock time of each call.
-fn recording_upstream(
-    calls: Arc<Mutex<Vec<SystemTime>>>,
-) -> impl Service<
-    Request<Body>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future = impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send,
-> + Clone
-       + Send
-       + 'static {
+fn recording_upstream(calls: Arc<Mutex<Vec<SystemTime>>>) -> impl support::service::TestService {
     tower::service_fn(move |_: Request<Body>| {
         calls.lock().unwrap().push(SystemTime::now());
         async { Ok::<_, Infallible>(ok()) }
@@ -546,13 +537,10 @@ async fn auto_suspend_stops_every_worker(retry_after: RetryAfter) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auto_suspend_on_retry_after_seconds_stops_every_worker() {
-    auto_suspend_stops_every_worker(RetryAfter::Seconds).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auto_suspend_on_retry_after_http_date_stops_every_worker() {
-    auto_suspend_stops_every_worker(RetryAfter::Date).await;
+async fn auto_suspend_on_retry_after_seconds_or_http_date_stops_every_worker() {
+    for retry_after in [RetryAfter::Seconds, RetryAfter::Date] {
+        auto_suspend_stops_every_worker(retry_after).await;
+    }
 }
 
 /// With per-request keys only the key whose upstream answered is suspended (503 counts as well

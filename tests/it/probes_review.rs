@@ -48,6 +48,18 @@ async fn zcard(redis: &RedisServer, key: &str) -> u64 {
     redis::cmd("ZCARD").arg(key).query(&mut conn).unwrap_or(0)
 }
 
+/// Waits up to 3 s for Redis to count no slot of `k` for `slots`: the count then, and the wait.
+async fn emptied_within_3s(redis: &RedisServer, slots: &ConcurrencyLimiter) -> (u64, Duration) {
+    let key = slots.slots_key("k");
+    let started = Instant::now();
+    let mut count = zcard(redis, &key).await;
+    while count > 0 && started.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        count = zcard(redis, &key).await;
+    }
+    (count, started.elapsed())
+}
+
 fn balanced(s: &LeaseStats) -> bool {
     s.leased == s.spent + s.held + s.returned + s.stranded
 }
@@ -267,16 +279,9 @@ async fn probe_acquire_dropped_at_random_points_leaves_no_ghost_slot() {
             .await
             .unwrap();
     }
-    let skey = slots.slots_key("k");
-    let started = Instant::now();
-    let mut count = zcard(&redis, &skey).await;
-    while count > 0 && started.elapsed() < Duration::from_secs(3) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        count = zcard(&redis, &skey).await;
-    }
+    let (count, took) = emptied_within_3s(&redis, &slots).await;
     eprintln!(
-        "acquire drops: acquired {acquired}, dropped {dropped}, failed {failed}; ZCARD {count} after {:?}",
-        started.elapsed()
+        "acquire drops: acquired {acquired}, dropped {dropped}, failed {failed}; ZCARD {count} after {took:?}"
     );
     assert_eq!(
         count, 0,
@@ -568,16 +573,9 @@ async fn probe_acquire_during_a_debug_sleep_answers_within_the_timeout_and_frees
     tokio::task::spawn_blocking(move || sleeping.join().unwrap())
         .await
         .unwrap();
-    let skey = slots.slots_key("k");
-    let back = Instant::now();
-    let mut count = zcard(&redis, &skey).await;
-    while count > 0 && back.elapsed() < Duration::from_secs(3) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        count = zcard(&redis, &skey).await;
-    }
+    let (count, took) = emptied_within_3s(&redis, &slots).await;
     eprintln!(
-        "acquire in a sleep: slowest {slowest:?}, acquired {acquired}; ZCARD {count} {:?} after Redis answered",
-        back.elapsed()
+        "acquire in a sleep: slowest {slowest:?}, acquired {acquired}; ZCARD {count} {took:?} after Redis answered"
     );
     assert!(
         slowest <= timeout + Duration::from_millis(400),

@@ -50,6 +50,9 @@ enum Policy {
 }
 
 impl Policy {
+    /// Both policies, for the tests that run once under each.
+    const BOTH: [Policy; 2] = [Policy::Open, Policy::Closed];
+
     fn limiter(self, store: RedisStore) -> Limiter {
         self.ctx().limiter(store)
     }
@@ -116,6 +119,15 @@ async fn closed_under_load() -> (RedisServer, Limiter, Load) {
     (redis, limiter, load)
 }
 
+/// A limiter on `redis` whose calls wait up to 2 s, with no circuit breaker: for the tests
+/// that count errors or need a long stall answered, not for latency.
+fn patient_limiter(redis: &RedisServer) -> Limiter {
+    Ctx::default()
+        .timeout(Duration::from_secs(2))
+        .without_breaker()
+        .redis(redis)
+}
+
 /// Runs a blocking harness call (stop, restart, INFO, ...) without stalling the load.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
@@ -171,6 +183,26 @@ fn since(at: Duration, later: Duration) -> String {
     ms(later.saturating_sub(at))
 }
 
+/// When a stopped server was restarted under load, and what was seen just before.
+struct Restart {
+    /// The note of [`port_taken_note`], taken just before the restart.
+    taken: String,
+    /// When the restart began, on the load's clock.
+    at: Duration,
+    /// When Redis answered again.
+    up_at: Duration,
+}
+
+/// Restarts the stopped `redis` while `load` runs, lets the load run 2.5 s more, and finishes it.
+async fn restart_then_finish(redis: &mut RedisServer, load: Load) -> (Run, Restart) {
+    let taken = blocking(|| port_taken_note(redis));
+    let at = load.elapsed();
+    blocking(|| redis.restart());
+    let up_at = load.elapsed();
+    sleep(Duration::from_millis(2500)).await;
+    (load.finish().await, Restart { taken, at, up_at })
+}
+
 /// The app enforced again (`enforcing`, when it first did) within `RECOVERY` of `from`, the
 /// end of the fault `after` names.
 fn assert_recovered(enforcing: Option<Duration>, from: Duration, after: &str) {
@@ -222,48 +254,43 @@ async fn kill_then_restart(policy: Policy) {
     blocking(|| redis.stop());
     let dead_at = load.elapsed();
     sleep(Duration::from_millis(1200)).await;
-    let taken = blocking(|| port_taken_note(&redis));
-    let restart_at = load.elapsed();
-    blocking(|| redis.restart());
-    let up_at = load.elapsed();
-    sleep(Duration::from_millis(2500)).await;
-    let run = load.finish().await;
+    let (run, restart) = restart_then_finish(&mut redis, load).await;
     let evalsha = blocking(|| redis.command_calls("evalsha"));
 
     let before = run.slice(Duration::ZERO, kill_at);
-    let outage = run.slice(dead_at, restart_at);
-    let first_429 = run.first_answer(restart_at, 429).map(|s| s.end());
-    let steady = run.steady_from(restart_at, STEADY);
+    let outage = run.slice(dead_at, restart.at);
+    let first_429 = run.first_answer(restart.at, 429).map(|s| s.end());
+    let steady = run.steady_from(restart.at, STEADY);
     let mut report = Report::new(&format!("kill -9, then restart ({})", policy.name()));
     report.line("before the kill", before);
     report.line("while killing", run.slice(kill_at, dead_at));
     report.line("outage", outage);
-    report.line("restart (Redis loading)", run.slice(restart_at, up_at));
-    report.line("after the restart", run.slice(up_at, run.end()));
-    report.line("restart() took", since(restart_at, up_at));
-    report.after("first 429 after restart", up_at, first_429);
+    report.line(
+        "restart (Redis loading)",
+        run.slice(restart.at, restart.up_at),
+    );
+    report.line("after the restart", run.slice(restart.up_at, run.end()));
+    report.line("restart() took", since(restart.at, restart.up_at));
+    report.after("first 429 after restart", restart.up_at, first_429);
     report.line("evalsha calls since restart", evalsha);
-    report.close(&run, up_at, steady, &limiter);
+    report.close(&run, restart.up_at, steady, &limiter);
 
     assert!(
         before.too_many > 0,
         "Redis enforced before the kill: {before}"
     );
     assert!(outage.total > 0, "the load ran during the outage");
-    assert_policy_answered(&run, dead_at, restart_at, policy, &taken);
+    assert_policy_answered(&run, dead_at, restart.at, policy, &restart.taken);
     assert_bounded(&run, "kill -9");
-    assert_recovered(first_429, up_at, "after the restart");
+    assert_recovered(first_429, restart.up_at, "after the restart");
     assert!(evalsha > 0, "the restarted Redis receives the checks");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kill_9_fail_open_then_restart() {
-    kill_then_restart(Policy::Open).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kill_9_fail_closed_then_restart() {
-    kill_then_restart(Policy::Closed).await;
+async fn kill_9_then_restart_under_each_policy() {
+    for policy in Policy::BOTH {
+        kill_then_restart(policy).await;
+    }
 }
 
 /// `DEBUG SLEEP 1` under load: requests started while Redis sleeps get the policy's outcome
@@ -357,10 +384,7 @@ async fn script_flush_under_load_has_no_errors() {
 async fn script_flush_every_millisecond_has_no_errors() {
     let redis = RedisServer::start();
     // Errors are what this test measures, not latency.
-    let limiter = Ctx::default()
-        .timeout(Duration::from_secs(2))
-        .without_breaker()
-        .redis(&redis);
+    let limiter = patient_limiter(&redis);
     let quota = Quota::per_second(1_000_000).unwrap();
     limiter
         .try_check_quotas("warm", &quota.into(), 1)
@@ -469,37 +493,29 @@ async fn started_while_down(policy: Policy) {
 
     let load = start_load(&limiter, Duration::from_secs(10));
     sleep(Duration::from_millis(1000)).await;
-    let taken = blocking(|| port_taken_note(&redis));
-    let restart_at = load.elapsed();
-    blocking(|| redis.restart());
-    let up_at = load.elapsed();
-    sleep(Duration::from_millis(2500)).await;
-    let run = load.finish().await;
+    let (run, restart) = restart_then_finish(&mut redis, load).await;
 
-    let down = run.slice(Duration::ZERO, restart_at);
-    let first_429 = run.first_answer(restart_at, 429).map(|s| s.end());
-    let steady = run.steady_from(restart_at, STEADY);
+    let down = run.slice(Duration::ZERO, restart.at);
+    let first_429 = run.first_answer(restart.at, 429).map(|s| s.end());
+    let steady = run.steady_from(restart.at, STEADY);
     let mut report = Report::new(&format!("started while Redis is down ({})", policy.name()));
     report.line("Redis down", down);
-    report.line("Redis up", run.slice(up_at, run.end()));
-    report.line("restart() took", since(restart_at, up_at));
-    report.after("first 429 after Redis is up", up_at, first_429);
-    report.close(&run, up_at, steady, &limiter);
+    report.line("Redis up", run.slice(restart.up_at, run.end()));
+    report.line("restart() took", since(restart.at, restart.up_at));
+    report.after("first 429 after Redis is up", restart.up_at, first_429);
+    report.close(&run, restart.up_at, steady, &limiter);
 
     assert!(down.total > 0);
-    assert_policy_answered(&run, Duration::ZERO, restart_at, policy, &taken);
+    assert_policy_answered(&run, Duration::ZERO, restart.at, policy, &restart.taken);
     assert_bounded(&run, "started while down");
-    assert_recovered(first_429, up_at, "once Redis is up");
+    assert_recovered(first_429, restart.up_at, "once Redis is up");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn started_while_down_fail_open() {
-    started_while_down(Policy::Open).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn started_while_down_fail_closed() {
-    started_while_down(Policy::Closed).await;
+async fn started_while_down_under_each_policy() {
+    for policy in Policy::BOTH {
+        started_while_down(policy).await;
+    }
 }
 
 // ---- circuit breaker ----
@@ -864,10 +880,7 @@ async fn local_fallback_while_down_then_redis_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_timeout_above_500_ms_is_honoured() {
     let redis = RedisServer::start();
-    let limiter = Ctx::default()
-        .timeout(Duration::from_secs(2))
-        .without_breaker()
-        .redis(&redis);
+    let limiter = patient_limiter(&redis);
     warm_up(&limiter).await;
     let sleeper = blocking(|| redis.debug_sleep(Duration::from_secs(1)));
     sleep(Duration::from_millis(50)).await;

@@ -14,24 +14,13 @@ use redlimit::{
     failure_policy::{FailClosed, FailOpen},
     Limiter, Quota, Verdict,
 };
-use support::{RedisCluster, RedisServer, TlsFiles, TlsSetup};
+use support::{server_and_another_ca, tls_server, RedisCluster, RedisServer, TlsFiles, TlsSetup};
 
 /// The store's default timeout plus a margin for a loaded machine.
 const BOUND: Duration = Duration::from_millis(500);
 
 fn ca(files: &TlsFiles) -> Vec<u8> {
     TlsFiles::read(&files.ca())
-}
-
-/// A Redis on TLS with a certificate of `name` (asking clients for theirs when `mutual`), or
-/// `None` when this machine's redis-server has no TLS (`test` names the skipped test).
-fn tls_server(test: &str, name: &str, mutual: bool) -> Option<(TlsFiles, RedisServer)> {
-    if support::skip_without_tls(test) {
-        return None;
-    }
-    let files = TlsFiles::generate(name);
-    let redis = RedisServer::start_tls(&TlsSetup::new(&files, mutual));
-    Some((files, redis))
 }
 
 /// A store for `redis` over TLS trusting the CA of `files`.
@@ -107,14 +96,11 @@ async fn mutual_tls_with_a_client_certificate() {
 
 #[tokio::test]
 async fn a_server_signed_by_another_ca_is_refused_with_a_clear_error() {
-    let Some((_files, redis)) = tls_server(
-        "a_server_signed_by_another_ca_is_refused_with_a_clear_error",
-        "server",
-        false,
-    ) else {
+    let Some((_files, redis, other)) =
+        server_and_another_ca("a_server_signed_by_another_ca_is_refused_with_a_clear_error")
+    else {
         return;
     };
-    let other = TlsFiles::generate("other");
     let store = trusting(&redis, &other);
     let message = support::redis_error_on_verify(&store, "wrong CA").await;
     assert!(
@@ -143,14 +129,11 @@ async fn plain_redis_url_with_tls_settings_is_refused_at_build() {
 /// policy decides each call within the timeout: FailOpen admits, FailClosed refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_failure_policy_decides_while_the_handshake_fails() {
-    let Some((_files, redis)) = tls_server(
-        "the_failure_policy_decides_while_the_handshake_fails",
-        "server",
-        false,
-    ) else {
+    let Some((_files, redis, other)) =
+        server_and_another_ca("the_failure_policy_decides_while_the_handshake_fails")
+    else {
         return;
     };
-    let other = TlsFiles::generate("other");
     let quota = Quota::per_hour(1).unwrap();
     for closed in [false, true] {
         let store = trusting(&redis, &other);

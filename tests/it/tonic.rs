@@ -4,6 +4,7 @@
 //! `tonic` feature).
 
 use crate::greeter;
+use crate::grpc::metadata;
 use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
@@ -15,7 +16,7 @@ use redlimit::store::RedisStore;
 use redlimit::{failure_policy::FailClosed, Limiter, Quota, RateLimitLayer};
 use support::{Ctx, RedisServer};
 use tokio::task::JoinHandle;
-use tonic::{Code, Status};
+use tonic::Code;
 
 /// A tonic server with the layer in front of the greeter; aborted on drop.
 pub(crate) struct Server {
@@ -74,25 +75,6 @@ fn hello() -> HelloRequest {
     }
 }
 
-/// A metadata value as text (panics with the whole status when it is missing).
-fn metadata<'a>(status: &'a Status, name: &str) -> &'a str {
-    status
-        .metadata()
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name} metadata in {status:?}"))
-        .to_str()
-        .unwrap()
-}
-
-fn redis_keys(redis: &RedisServer) -> Vec<String> {
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query(&mut redis.conn())
-        .unwrap();
-    keys.sort();
-    keys
-}
-
 /// Two gRPC clients on different addresses (127.0.0.1 and 127.0.0.2) each get their own quota:
 /// the key is the peer address from tonic's `TcpConnectInfo`, not one shared "unkeyed" bucket.
 #[tokio::test]
@@ -116,7 +98,7 @@ async fn two_grpc_clients_on_different_addresses_are_keyed_apart() {
     assert_eq!(denied.code(), Code::ResourceExhausted, "{denied:?}");
 
     assert_eq!(
-        redis_keys(&redis),
+        redis.keys(),
         [
             "redlimit:{ip:127.0.0.1}:default:token-bucket:2/60s",
             "redlimit:{ip:127.0.0.2}:default:token-bucket:2/60s"

@@ -1,6 +1,7 @@
 //! An example binary (`examples/NAME.rs`) run as a user runs it: built once per test run, started
 //! on a free port, its `listening on ADDR` awaited, its stdout and stderr kept for assertions.
-//! Shared by `tests/examples/cli.rs` (axum) and `tests/examples/tonic.rs`.
+//! Shared by the example-driving tests (`tests/examples/`); the CLI's tests run their command
+//! with its helpers too.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
@@ -72,6 +73,50 @@ pub fn assert_usage_errors(name: &str, cases: &[(&[&str], &str)]) {
     }
 }
 
+/// The words of `line`, split at white space; a word in single quotes is kept whole, spaces and
+/// all (`'--key ip|api-key'`).
+pub fn words(line: &str) -> Vec<&str> {
+    let mut words = Vec::new();
+    let mut rest = line.trim_start();
+    while !rest.is_empty() {
+        let (word, after) = match rest.strip_prefix('\'') {
+            Some(quoted) => quoted.split_once('\'').expect("a closing quote"),
+            None => rest.split_once(char::is_whitespace).unwrap_or((rest, "")),
+        };
+        words.push(word);
+        rest = after.trim_start();
+    }
+    words
+}
+
+/// The line an example prints at start when it uses the Redis at `url`: the URL and the
+/// installed server's version, as the example verified it.
+pub fn redis_store_line(url: &str) -> String {
+    format!(
+        "store: redis {url} (Redis {})",
+        super::redis_server_version()
+    )
+}
+
+/// The `--help` text of the example `name`, asserting that it exits 0 and holds every one of
+/// [`words`]`(phrases)`.
+pub fn help_naming(name: &str, phrases: &str) -> String {
+    let output = run_to_exit(name, &["--help"]);
+    let usage = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{name} --help: {usage}");
+    for word in words(phrases) {
+        assert!(usage.contains(word), "usage lacks {word}: {usage}");
+    }
+    usage
+}
+
+/// Asserts that `usage` names every algorithm.
+pub fn assert_names_every_algorithm(usage: &str) {
+    for algorithm in redlimit::Algorithm::ALL {
+        assert!(usage.contains(algorithm.name()), "usage lacks {algorithm}");
+    }
+}
+
 /// Runs the example to completion (for flags that must make it exit), with `REDIS_URL` dead.
 pub fn run_to_exit(name: &str, args: &[&str]) -> Output {
     let mut command = Command::new(example_binary(name));
@@ -136,13 +181,13 @@ pub struct Example {
 }
 
 impl Example {
-    /// Starts example `name` on a free port (`--bind 127.0.0.1:0`) with `args` and `envs`
-    /// (`RUST_LOG=warn` unless given) and waits for `listening on ADDR`.
-    pub fn start(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Example {
+    /// Starts example `name` on a free port (`--bind 127.0.0.1:0`) with the [`words`] of `flags`
+    /// and `envs` (`RUST_LOG=warn` unless given) and waits for `listening on ADDR`.
+    pub fn start(name: &str, flags: &str, envs: &[(&str, &str)]) -> Example {
         let mut command = Command::new(example_binary(name));
         command
             .args(["--bind", "127.0.0.1:0"])
-            .args(args)
+            .args(words(flags))
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -194,14 +239,16 @@ impl Example {
         }
     }
 
-    /// Whether the example printed `line` on stdout before it was ready.
-    pub fn printed(&self, line: &str) -> bool {
-        self.stdout.iter().any(|l| l == line)
+    /// Asserts that the example printed `line` on stdout before it was ready.
+    pub fn assert_printed(&self, line: &str) {
+        let printed = self.stdout.iter().any(|l| l == line);
+        assert!(printed, "no line {line:?}; {}", self.output());
     }
 
-    /// Whether the example printed a line starting with `prefix` before it was ready.
-    pub fn printed_starting(&self, prefix: &str) -> bool {
-        self.stdout.iter().any(|l| l.starts_with(prefix))
+    /// Asserts that the example printed a line starting with `prefix` before it was ready.
+    pub fn assert_printed_starting(&self, prefix: &str) {
+        let printed = self.stdout.iter().any(|l| l.starts_with(prefix));
+        assert!(printed, "no line starting {prefix:?}; {}", self.output());
     }
 
     /// The output so far, for failure messages.
@@ -221,8 +268,8 @@ impl Drop for Example {
     }
 }
 
-/// The child's stdout, line by line, from a reader thread.
-fn stdout_lines(child: &mut Child) -> Receiver<String> {
+/// The child's stdout (piped), line by line, from a reader thread.
+pub fn stdout_lines(child: &mut Child) -> Receiver<String> {
     let stdout = child.stdout.take().expect("piped stdout");
     let (sender, receiver) = mpsc::channel();
     thread::spawn(move || {

@@ -18,7 +18,7 @@ use redlimit::limiter::LimiterBuilder;
 use redlimit::store::{CircuitBreaker, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 use redlimit::{
     clock::{Clock, ManualClock},
-    Algorithm, Limiter, Quota,
+    Algorithm, Decision, Limiter, Quota, Target,
 };
 
 use super::{RedisCluster, RedisServer};
@@ -257,9 +257,48 @@ pub async fn answers_within_10s(limiter: &Limiter, key: &str, quota: &Quota) -> 
     false
 }
 
-/// Whether `limiter` admits one request of `key` under `quota`: the store's own decision, without
-/// the failure policy, so a store error fails the test.
-pub async fn admits(limiter: &Limiter, key: &str, quota: &Quota) -> bool {
-    let decision = limiter.try_check_quotas(key, &quota.into(), 1).await;
-    decision.expect("the store decides").allowed
+/// The store's own decision on one request of `target` under `quota`, without the failure
+/// policy, so a store error fails the test.
+pub async fn decision<'a>(
+    limiter: &Limiter,
+    target: impl Into<Target<'a>>,
+    quota: &Quota,
+) -> Decision {
+    let decision = limiter.try_check_quotas(target, &quota.into(), 1).await;
+    decision.expect("the store decides")
+}
+
+/// Whether `limiter` admits one request of `target` under `quota` ([`decision`]).
+pub async fn admits<'a>(limiter: &Limiter, target: impl Into<Target<'a>>, quota: &Quota) -> bool {
+    decision(limiter, target, quota).await.allowed
+}
+
+/// How long `target` stays suspended, as `limiter` reads it (`None`: not suspended).
+pub async fn suspended_for<'a>(
+    limiter: &Limiter,
+    target: impl Into<Target<'a>>,
+) -> Option<Duration> {
+    let status = limiter.inspect(target).await;
+    status.expect("the store answers inspect").suspended_for
+}
+
+/// Decisions that must be admissions, each a denial noted under what it was, reported together
+/// at the end so that one run shows every case that failed.
+#[derive(Debug, Default)]
+pub struct Denials(Vec<String>);
+
+impl Denials {
+    /// Notes `decision` under `what` if it is a denial.
+    pub fn note(&mut self, what: impl fmt::Display, decision: &Decision) {
+        if !decision.allowed {
+            let retry = decision.retry_after;
+            self.0
+                .push(format!("{what}: denied, retry_after {retry:?}"));
+        }
+    }
+
+    /// Asserts that none was noted; `why` says what a denial means.
+    pub fn assert_none(&self, why: &str) {
+        assert!(self.0.is_empty(), "{why}: {:#?}", self.0);
+    }
 }

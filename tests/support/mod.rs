@@ -26,8 +26,9 @@ mod tls;
 
 pub use cluster::{key_slot, RedisCluster};
 pub use limiters::{
-    admits, answers_within_10s, breaker_opening_after, cluster_limiter, memory_limiter,
-    redis_error_on_verify, redis_limiter, redis_store, Ctx, Fixture, PATIENT_TIMEOUT,
+    admits, answers_within_10s, breaker_opening_after, cluster_limiter, decision, memory_limiter,
+    redis_error_on_verify, redis_limiter, redis_store, suspended_for, Ctx, Denials, Fixture,
+    PATIENT_TIMEOUT,
 };
 pub use server::{debug_sleep_via, RedisServer};
 pub use tls::{TlsFiles, TlsSetup};
@@ -152,6 +153,33 @@ pub fn skip_without_tls(test: &str) -> bool {
     }
     eprintln!("skipped {test}: {} was built without TLS", server_binary());
     true
+}
+
+/// A current-thread runtime with time and I/O, for a test body that is not async itself (a
+/// proptest closure, a process-driving test) and blocks on the library's futures.
+pub fn current_thread_runtime() -> tokio::runtime::Runtime {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    runtime.expect("a current-thread runtime")
+}
+
+/// A Redis on TLS with a certificate of `name` (asking clients for theirs when `mutual`), or
+/// `None` when this machine's redis-server has no TLS (`test` names the skipped test).
+pub fn tls_server(test: &str, name: &str, mutual: bool) -> Option<(TlsFiles, RedisServer)> {
+    if skip_without_tls(test) {
+        return None;
+    }
+    let files = TlsFiles::generate(name);
+    let redis = RedisServer::start_tls(&TlsSetup::new(&files, mutual));
+    Some((files, redis))
+}
+
+/// A TLS server of its own (its files kept) and the files of another CA, which did not sign its
+/// certificate; `None` when the installed server has no TLS (the test `test` skips).
+pub fn server_and_another_ca(test: &str) -> Option<(TlsFiles, RedisServer, TlsFiles)> {
+    let (files, redis) = tls_server(test, "server", false)?;
+    Some((files, redis, TlsFiles::generate("other")))
 }
 
 /// The installed server's version, e.g. `"7.0.15"`.

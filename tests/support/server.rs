@@ -254,6 +254,16 @@ impl RedisServer {
             .expect("MEMORY USAGE")
     }
 
+    /// Every key (`KEYS *`), sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut self.conn())
+            .expect("KEYS");
+        keys.sort();
+        keys
+    }
+
     /// `DBSIZE`: the number of keys.
     pub fn dbsize(&self) -> u64 {
         redis::cmd("DBSIZE")

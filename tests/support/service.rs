@@ -80,3 +80,23 @@ pub fn with_header(name: &'static str, value: http::HeaderValue) -> Response<Ful
         .body(Full::new(Bytes::new()))
         .unwrap()
 }
+
+/// The whole seconds of `response`'s `Retry-After` header (which must be there).
+pub fn retry_after_secs<B>(response: &Response<B>) -> u64 {
+    let value = response.headers()["retry-after"].to_str().unwrap();
+    value
+        .parse()
+        .unwrap_or_else(|e| panic!("Retry-After {value:?}: {e}"))
+}
+
+/// `GET /` to the server at `addr` over a fresh connection (`Connection: close`): the whole
+/// response as it came, status line, headers and body.
+pub async fn raw_get(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = b"GET / HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n";
+    stream.write_all(request).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    raw
+}

@@ -2,24 +2,12 @@
 //! hex digits) reaches exactly the tenant or route stored under it, on a single node and on
 //! Cluster; no argument reaches another tenant's keys or keys outside the prefix.
 
-use redlimit::store::RedisStore;
 use redlimit::{Limiter, Quota, Quotas, Target};
 use serde_json::Value;
 
-use crate::support::{self, RedisCluster, RedisServer};
+use crate::support;
 
-/// Runs `redlimit` with `redis` (the flags that name it) and `args`.
-fn run(redis: &[&str], args: &[&str]) -> std::process::Output {
-    crate::redlimit_command()
-        .args(redis)
-        .args(args)
-        .output()
-        .expect("run redlimit")
-}
-
-fn run_ok(redis: &[&str], args: &[&str]) -> String {
-    crate::stdout_of_success(&run(redis, args), &format!("{args:?}"))
-}
+use crate::{run_ok, run_on as run, Deployment};
 
 fn json_ok(redis: &[&str], args: &[&str]) -> Value {
     let mut all = args.to_vec();
@@ -153,11 +141,7 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
         "another hashed tenant was suspended"
     );
     assert_eq!(
-        limiter
-            .inspect(Target::key(plain))
-            .await
-            .unwrap()
-            .suspended_for,
+        support::suspended_for(limiter, Target::key(plain)).await,
         None
     );
     let limited = json_ok(redis, &["limited"]);
@@ -170,11 +154,7 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
     assert_eq!(own_rows, 1, "{limited}");
     run_ok(redis, &["resume", &id]);
     assert_eq!(
-        limiter
-            .inspect(Target::key(acme))
-            .await
-            .unwrap()
-            .suspended_for,
+        support::suspended_for(limiter, Target::key(acme)).await,
         None
     );
 
@@ -212,34 +192,23 @@ async fn every_command_on_a_hashed_tenant_and_route(redis: &[&str], limiter: &Li
     }
 }
 
+/// On a single node and on a Cluster.
 #[tokio::test]
 async fn every_command_reaches_exactly_a_hashed_tenant_and_route() {
-    let redis = RedisServer::start();
-    let limiter = support::Ctx::default().redis(&redis);
-    let url = redis.url();
-    every_command_on_a_hashed_tenant_and_route(&["--redis", &url], &limiter).await;
-}
-
-#[tokio::test]
-async fn every_command_reaches_exactly_a_hashed_tenant_and_route_on_cluster() {
-    let cluster = RedisCluster::start();
-    let urls = cluster.urls();
-    let limiter = Limiter::new(RedisStore::cluster(urls.iter().map(String::as_str)).unwrap());
-    let urls = urls.join(",");
-    every_command_on_a_hashed_tenant_and_route(&["--redis-cluster", &urls], &limiter).await;
+    for on in [Deployment::single_node(), Deployment::cluster()] {
+        every_command_on_a_hashed_tenant_and_route(&on.flags(), &on.limiter).await;
+    }
 }
 
 /// A tenant whose own key is `#` and 64 lower-case hex digits is stored hashed; the argument
 /// of that form names the (empty) id, not the tenant; its own stored form names the tenant.
 #[tokio::test]
 async fn a_key_of_the_stored_form_is_named_by_its_own_stored_form_only() {
-    let redis = RedisServer::start();
-    let limiter = support::Ctx::default().redis(&redis);
-    let url = redis.url();
-    let r: &[&str] = &["--redis", &url];
+    let on = Deployment::single_node();
+    let (r, limiter) = (&on.flags(), &on.limiter);
     let own = format!("#{}", "ab".repeat(32));
-    spend(&limiter, &own, None).await;
-    let stored = id_of(&limiter, &own);
+    spend(limiter, &own, None).await;
+    let stored = id_of(limiter, &own);
     assert_ne!(stored, own, "stored as itself");
 
     // The argument names the id `own`, where nothing is stored: nothing to inspect (exit 2).
@@ -260,11 +229,8 @@ async fn a_key_of_the_stored_form_is_named_by_its_own_stored_form_only() {
         "the argument of the stored form reached the tenant whose key it is"
     );
     run_ok(r, &["suspend", &stored, "1h"]);
-    assert!(limiter
-        .inspect(own.as_str())
+    assert!(support::suspended_for(limiter, own.as_str())
         .await
-        .unwrap()
-        .suspended_for
         .is_some());
     let shown = json_ok(r, &["inspect", &stored]);
     assert_eq!(shown["storage_key"], limiter.storage_key(own.as_str()));
@@ -275,10 +241,8 @@ async fn a_key_of_the_stored_form_is_named_by_its_own_stored_form_only() {
 /// each names the tenant of that key (stored hashed, as it starts with `#`).
 #[tokio::test]
 async fn near_misses_of_the_stored_form_name_the_tenant_of_that_key() {
-    let redis = RedisServer::start();
-    let limiter = support::Ctx::default().redis(&redis);
-    let url = redis.url();
-    let r: &[&str] = &["--redis", &url];
+    let on = Deployment::single_node();
+    let (r, limiter) = (&on.flags(), &on.limiter);
     let hex = "0123456789abcdef".repeat(4);
     for key in [
         format!("#{}", hex.to_uppercase()),
@@ -304,14 +268,12 @@ async fn near_misses_of_the_stored_form_name_the_tenant_of_that_key() {
 /// SCAN patterns: a key, scope or prefix with glob characters reaches its own keys only.
 #[tokio::test]
 async fn glob_characters_in_keys_scopes_and_prefixes_reach_only_their_own_keys() {
-    let redis = RedisServer::start();
-    let limiter = support::Ctx::default().redis(&redis);
-    let url = redis.url();
-    let r: &[&str] = &["--redis", &url];
+    let on = Deployment::single_node();
+    let (r, limiter) = (&on.flags(), &on.limiter);
     let tenants = ["a*", "ab", "a?", "a[b]", "a\\", "a\\*", "a"];
     for tenant in tenants {
-        spend(&limiter, tenant, None).await;
-        spend(&limiter, tenant, Some(&format!("s-{tenant}"))).await;
+        spend(limiter, tenant, None).await;
+        spend(limiter, tenant, Some(&format!("s-{tenant}"))).await;
     }
     for tenant in tenants {
         let shown = json_ok(r, &["inspect", tenant]);
@@ -327,18 +289,18 @@ async fn glob_characters_in_keys_scopes_and_prefixes_reach_only_their_own_keys()
     // A scope with glob characters and a `#` (stored hashed) names its own route of its own
     // tenant.
     for tenant in ["ab", "a*"] {
-        spend(&limiter, tenant, Some("x#*")).await;
+        spend(limiter, tenant, Some("x#*")).await;
     }
     run_ok(r, &["reset", "ab", "--scope", "x#*"]);
-    assert!(probe(&limiter, "ab", Some("x#*")).await.0);
-    assert!(!probe(&limiter, "a*", Some("x#*")).await.0);
-    assert!(!probe(&limiter, "ab", None).await.0);
+    assert!(probe(limiter, "ab", Some("x#*")).await.0);
+    assert!(!probe(limiter, "a*", Some("x#*")).await.0);
+    assert!(!probe(limiter, "ab", None).await.0);
     run_ok(r, &["reset", "ab", "--scope", "s-a*"]);
-    assert!(!probe(&limiter, "a*", Some("s-a*")).await.0);
+    assert!(!probe(limiter, "a*", Some("s-a*")).await.0);
     run_ok(r, &["reset", "a*"]);
-    assert!(probe(&limiter, "a*", None).await.0);
+    assert!(probe(limiter, "a*", None).await.0);
     for tenant in tenants.iter().filter(|t| **t != "a*") {
-        assert!(!probe(&limiter, tenant, None).await.0, "{tenant} was reset");
+        assert!(!probe(limiter, tenant, None).await.0, "{tenant} was reset");
     }
     // A prefix with glob characters lists nothing of another prefix: `z` of the prefix `re*`
     // and `z2` of the default prefix, each spent on a route whose quotas `limited` knows.
@@ -348,12 +310,12 @@ async fn glob_characters_in_keys_scopes_and_prefixes_reach_only_their_own_keys()
             redlimit::RateLimitLayer::new(limiter.clone(), Quota::per_hour(2).unwrap(), header);
         layer.scope().to_owned()
     };
-    let other = Limiter::builder(support::redis_store(&redis))
+    let other = Limiter::builder(support::redis_store(on.node()))
         .prefix("re*")
         .build()
         .unwrap();
     spend(&other, "z", Some(&known(&other))).await;
-    spend(&limiter, "z2", Some(&known(&limiter))).await;
+    spend(limiter, "z2", Some(&known(limiter))).await;
     let listed = |args: &[&str]| -> Vec<String> {
         let rows = json_ok(r, args);
         rows.as_array()

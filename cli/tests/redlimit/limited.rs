@@ -1,30 +1,20 @@
 //! `limited` and `limited --watch` while layers make traffic, on a single node and on Cluster:
 //! exactly the tenants limited, refreshed; and a suspension by tenant id reaching every route.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use redlimit::key::HeaderKey;
-use redlimit::store::RedisStore;
 use redlimit::{Limiter, Quota, RateLimitLayer, Target};
 use serde_json::Value;
 
-use crate::support::{self, RedisCluster, RedisServer};
+use crate::support::{self, RedisServer};
 
 /// How long a `--watch` test waits for a refresh it expects (a bound on a hang, not a goal).
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn run_ok(redis: &[&str], args: &[&str]) -> String {
-    let output = crate::redlimit_command()
-        .args(redis)
-        .args(args)
-        .output()
-        .expect("run redlimit");
-    crate::stdout_of_success(&output, &format!("{args:?}"))
-}
+use crate::{run_ok, Deployment};
 
 /// Two routes of one service (layers with their own quota, keyed by `x-api-key`); traffic
 /// spends `used` of each route's quota for each tenant.
@@ -141,22 +131,12 @@ async fn limited_and_suspension(redis: &[&str], limiter: &Limiter) {
     );
 }
 
+/// On a single node and on a Cluster.
 #[tokio::test]
 async fn limited_lists_exactly_the_limited_tenants_and_a_suspension_reaches_every_route() {
-    let redis = RedisServer::start();
-    let limiter = support::Ctx::default().redis(&redis);
-    let url = redis.url();
-    limited_and_suspension(&["--redis", &url], &limiter).await;
-}
-
-#[tokio::test]
-async fn limited_lists_exactly_the_limited_tenants_and_a_suspension_reaches_every_route_on_cluster()
-{
-    let cluster = RedisCluster::start();
-    let urls = cluster.urls();
-    let limiter = Limiter::new(RedisStore::cluster(urls.iter().map(String::as_str)).unwrap());
-    let urls = urls.join(",");
-    limited_and_suspension(&["--redis-cluster", &urls], &limiter).await;
+    for on in [Deployment::single_node(), Deployment::cluster()] {
+        limited_and_suspension(&on.flags(), &on.limiter).await;
+    }
 }
 
 /// `limited --watch` run until killed, its stdout line by line.
@@ -173,15 +153,7 @@ impl Watch {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redlimit");
-        let stdout = child.stdout.take().unwrap();
-        let (sender, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if sender.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = support::example::stdout_lines(&mut child);
         Watch { child, lines }
     }
 

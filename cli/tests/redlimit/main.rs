@@ -36,6 +36,56 @@ fn redlimit_command() -> Command {
     command
 }
 
+/// Runs `redlimit` with `flags` (those that name the Redis) and `args`, asserting it succeeds:
+/// its stdout.
+fn run_ok(flags: &[&str], args: &[&str]) -> String {
+    let output = run_on(flags, args);
+    stdout_of_success(&output, &format!("{args:?}"))
+}
+
+/// Runs `redlimit` with `flags` (those that name the Redis) and `args`.
+fn run_on(flags: &[&str], args: &[&str]) -> Output {
+    let output = redlimit_command().args(flags).args(args).output();
+    output.expect("run redlimit")
+}
+
+/// A private single node or Cluster, a limiter on it, and the flags that point `redlimit` at it.
+struct Deployment {
+    servers: (Option<support::RedisServer>, Option<support::RedisCluster>),
+    limiter: redlimit::Limiter,
+    flags: [String; 2],
+}
+
+impl Deployment {
+    fn single_node() -> Deployment {
+        let redis = support::RedisServer::start();
+        Deployment {
+            limiter: support::Ctx::default().redis(&redis),
+            flags: ["--redis".to_owned(), redis.url()],
+            servers: (Some(redis), None),
+        }
+    }
+
+    fn cluster() -> Deployment {
+        let cluster = support::RedisCluster::start();
+        Deployment {
+            limiter: support::Ctx::default().cluster(&cluster),
+            flags: ["--redis-cluster".to_owned(), cluster.urls().join(",")],
+            servers: (None, Some(cluster)),
+        }
+    }
+
+    /// The single node.
+    fn node(&self) -> &support::RedisServer {
+        self.servers.0.as_ref().expect("a single node")
+    }
+
+    /// The flags that point `redlimit` at these servers.
+    fn flags(&self) -> [&str; 2] {
+        self.flags.each_ref().map(String::as_str)
+    }
+}
+
 /// The stdout of `output`, asserting it succeeded (`what` names the run).
 fn stdout_of_success(output: &Output, what: &str) -> String {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -48,21 +98,6 @@ fn stdout_of_success(output: &Output, what: &str) -> String {
     stdout
 }
 
-/// The words of `line` as [`assert_usage_errors`] reads them.
-fn command_words(line: &str, dead: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut rest = line.trim_start();
-    while !rest.is_empty() {
-        let (word, after) = match rest.strip_prefix('\'') {
-            Some(quoted) => quoted.split_once('\'').expect("a closing quote"),
-            None => rest.split_once(' ').unwrap_or((rest, "")),
-        };
-        words.push(if word == "DEAD" { dead } else { word }.to_owned());
-        rest = after.trim_start();
-    }
-    words
-}
-
 /// Runs each set of bad arguments and asserts a usage error: exit status 2, the expected words
 /// on stderr, nothing on stdout.
 ///
@@ -70,8 +105,8 @@ fn command_words(line: &str, dead: &str) -> Vec<String> {
 /// and the word `DEAD` stands for `dead`.
 fn assert_usage_errors(cases: &[(&str, &str)], dead: &str) {
     for (line, message) in cases {
-        let args = command_words(line, dead);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let words = support::example::words(line).into_iter();
+        let args: Vec<&str> = words.map(|w| if w == "DEAD" { dead } else { w }).collect();
         let output = run_to_exit(&args);
         support::example::assert_usage_error(&output, &args, message);
         assert!(output.stdout.is_empty(), "{args:?} printed on stdout");

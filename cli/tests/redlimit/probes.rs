@@ -779,23 +779,13 @@ async fn limited_with_50_000_keys() {
 
 /// Spawns `limited --watch INTERVAL` on `url`; its stdout lines arrive on the receiver.
 fn watch(url: &str, interval: &str) -> (std::process::Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(crate::BINARY)
+    let mut child = crate::redlimit_command()
         .args(["--redis", url, "limited", "--watch", interval])
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn redlimit");
-    let stdout = child.stdout.take().unwrap();
-    let (sender, lines) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = support::example::stdout_lines(&mut child);
     (child, lines)
 }
 
@@ -1127,12 +1117,7 @@ async fn a_hashed_tenant_is_named_by_its_stored_form() {
     );
     ok(&redis, &["resume", &hashed]);
     assert_eq!(limiter.inspect("a b").await.unwrap().suspended_for, None);
-    assert!(limiter
-        .inspect("plain")
-        .await
-        .unwrap()
-        .suspended_for
-        .is_some());
+    assert!(support::suspended_for(&limiter, "plain").await.is_some());
     // The name itself still names the same tenant.
     ok(&redis, &["suspend", "a b", "1m"]);
     let by_name: Value = serde_json::from_str(&ok(&redis, &["--json", "inspect", "a b"])).unwrap();
@@ -1187,22 +1172,15 @@ async fn a_tenant_of_the_stored_form_is_a_stored_id() {
     let unknown = run(&["--redis", &redis.url(), "inspect", &literal], &[]);
     assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown.stderr));
     ok(&redis, &["resume", &literal]);
-    assert!(limiter
-        .inspect(literal.as_str())
+    assert!(support::suspended_for(&limiter, literal.as_str())
         .await
-        .unwrap()
-        .suspended_for
         .is_some());
     // Its stored form names it.
     let inspected = ok(&redis, &["inspect", &stored]);
     assert!(inspected.contains("s left"), "{inspected}");
     ok(&redis, &["resume", &stored]);
     assert_eq!(
-        limiter
-            .inspect(literal.as_str())
-            .await
-            .unwrap()
-            .suspended_for,
+        support::suspended_for(&limiter, literal.as_str()).await,
         None
     );
     // Not the exact form (upper-case, one digit short): the key itself.

@@ -7,14 +7,16 @@ use redlimit::clock::ManualClock;
 use redlimit::limiter::BlockFor;
 use redlimit::{Limiter, Quota, Quotas, Target};
 
-use crate::support::{Ctx, RedisCluster, RedisServer};
+use crate::support::{self, Ctx, RedisCluster, RedisServer};
 
 const START: Duration = Duration::from_secs(1_700_000_000);
 
 /// 2 a second, block 10 s doubling up to 40 s: the third request is denied and blocks; every
 /// route of the tenant is suspended; after the block the next offence blocks 20 s, then 40,
-/// then 40 again.
-async fn blocks_and_doubles(limiter: &Limiter, clock: &ManualClock) {
+/// then 40 again. `store` names the limiter `on` builds, in failure messages.
+async fn blocks_and_doubles(store: &str, on: impl FnOnce(Ctx) -> Limiter) {
+    let clock = ManualClock::new(START);
+    let limiter = on(Ctx::default().manual(&clock));
     let quotas = Quotas::from(Quota::per_second(2).unwrap());
     let block = BlockFor::new(Duration::from_secs(10))
         .unwrap()
@@ -25,18 +27,21 @@ async fn blocks_and_doubles(limiter: &Limiter, clock: &ManualClock) {
     for (offence, expected) in [(1, 10), (2, 20), (3, 40), (4, 40)] {
         for i in 0..2 {
             let verdict = limiter.check_blocking("abuser", &quotas, 1, &block).await;
-            assert!(verdict.is_allowed(), "offence {offence}, request {i}");
+            assert!(
+                verdict.is_allowed(),
+                "{store}: offence {offence}, request {i}"
+            );
         }
         let denied = *limiter
             .check_blocking("abuser", &quotas, 1, &block)
             .await
             .decision()
             .unwrap();
-        assert!(!denied.allowed && !denied.suspended);
+        assert!(!denied.allowed && !denied.suspended, "{store}: {denied:?}");
         assert_eq!(
             denied.retry_after,
             Duration::from_secs(expected),
-            "offence {offence}"
+            "{store}: offence {offence}"
         );
         // Fleet-wide, every route: a check on another scope is suspended too.
         let elsewhere = *limiter
@@ -44,9 +49,13 @@ async fn blocks_and_doubles(limiter: &Limiter, clock: &ManualClock) {
             .await
             .decision()
             .unwrap();
-        assert!(elsewhere.suspended, "offence {offence}");
+        assert!(elsewhere.suspended, "{store}: offence {offence}");
         let status = limiter.inspect("abuser").await.unwrap();
-        assert_eq!(status.suspended_for, Some(Duration::from_secs(expected)));
+        let blocked_for = Some(Duration::from_secs(expected));
+        assert_eq!(
+            status.suspended_for, blocked_for,
+            "{store}: offence {offence}"
+        );
         // Another tenant is untouched.
         assert!(limiter
             .check_quotas("bystander", &quotas, 1)
@@ -78,35 +87,16 @@ async fn blocks_and_doubles(limiter: &Limiter, clock: &ManualClock) {
         .unwrap();
     assert_eq!(denied.retry_after, Duration::from_secs(5));
     limiter.resume(Target::key("flat")).await.unwrap();
-    assert!(limiter
-        .inspect("flat")
-        .await
-        .unwrap()
-        .suspended_for
-        .is_none());
+    assert!(support::suspended_for(&limiter, "flat").await.is_none());
 }
 
+/// On a single node, in memory and on a Cluster alike.
 #[tokio::test]
-async fn a_denial_blocks_the_tenant_on_redis() {
-    let redis = RedisServer::start();
-    let clock = ManualClock::new(START);
-    let limiter = Ctx::default().manual(&clock).redis(&redis);
-    blocks_and_doubles(&limiter, &clock).await;
-}
-
-#[tokio::test]
-async fn a_denial_blocks_the_tenant_in_memory() {
-    let clock = ManualClock::new(START);
-    let limiter = Ctx::default().manual(&clock).memory();
-    blocks_and_doubles(&limiter, &clock).await;
-}
-
-#[tokio::test]
-async fn a_denial_blocks_the_tenant_on_cluster() {
-    let cluster = RedisCluster::start();
-    let clock = ManualClock::new(START);
-    let limiter = Ctx::default().manual(&clock).cluster(&cluster);
-    blocks_and_doubles(&limiter, &clock).await;
+async fn a_denial_blocks_the_tenant_on_every_store() {
+    let (redis, cluster) = (RedisServer::start(), RedisCluster::start());
+    blocks_and_doubles("redis", |ctx| ctx.redis(&redis)).await;
+    blocks_and_doubles("memory", |ctx| ctx.memory()).await;
+    blocks_and_doubles("cluster", |ctx| ctx.cluster(&cluster)).await;
 }
 
 /// Redis and the memory store write the same bytes: the tenant's controls and the offences.
@@ -160,23 +150,18 @@ async fn a_layer_blocks_the_tenant_on_every_route() {
     use tower::{Layer, ServiceExt};
 
     let redis = RedisServer::start();
-    let login = RateLimitLayer::builder(
-        Ctx::default().redis(&redis),
-        Quota::per_minute(2).unwrap(),
-        GlobalKey::new("mallory"),
-    )
-    .policy_name("login")
-    .block_for(Duration::from_secs(120))
-    .build()
-    .unwrap();
-    let search = RateLimitLayer::builder(
-        Ctx::default().redis(&redis),
-        Quota::per_second(100).unwrap(),
-        GlobalKey::new("mallory"),
-    )
-    .policy_name("search")
-    .build()
-    .unwrap();
+    // The tenant's route `name` under `quota`, on an instance of its own.
+    let route = |name, quota| {
+        let instance = Ctx::default().redis(&redis);
+        RateLimitLayer::builder(instance, quota, GlobalKey::new("mallory")).policy_name(name)
+    };
+    let login = route("login", Quota::per_minute(2).unwrap())
+        .block_for(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let search = route("search", Quota::per_second(100).unwrap())
+        .build()
+        .unwrap();
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let login = login.layer(crate::support::service::counting(calls.clone()));
     let search = search.layer(crate::support::service::counting(calls.clone()));
@@ -199,11 +184,7 @@ async fn a_layer_blocks_the_tenant_on_every_route() {
     assert_eq!(last.unwrap().headers()["retry-after"], "120");
     let elsewhere = search.clone().oneshot(request()).await.unwrap();
     assert_eq!(elsewhere.status(), StatusCode::TOO_MANY_REQUESTS);
-    let retry: u64 = elsewhere.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = crate::support::service::retry_after_secs(&elsewhere);
     assert!((118..=120).contains(&retry), "{retry}");
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
 }

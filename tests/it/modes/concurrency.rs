@@ -173,15 +173,25 @@ async fn a_dead_instance_frees_its_slots_within_the_lease() {
     );
 }
 
+/// Two instances of `limit` slots a key in `scope` (each a limiter on a connection of its own to
+/// `redis`), with leases of `lease`.
+fn two_instances(
+    redis: &RedisServer,
+    limit: u64,
+    lease: Duration,
+    scope: &str,
+) -> [ConcurrencyLimiter; 2] {
+    [(); 2].map(|_| {
+        ConcurrencyLimiter::with_options(Ctx::default().redis(redis), limit, lease, scope).unwrap()
+    })
+}
+
 /// A live holder renews its leases: a request longer than several leases keeps its slot.
 #[tokio::test]
 async fn a_live_holder_keeps_its_slot_past_the_lease() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(300);
-    let one =
-        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 1, lease, "long").unwrap();
-    let other =
-        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 1, lease, "long").unwrap();
+    let [one, other] = two_instances(&redis, 1, lease, "long");
     let SlotOutcome::Acquired(slot) = one.acquire("k").await else {
         panic!()
     };

@@ -458,13 +458,7 @@ fn a_settlement_lost_at_shutdown_is_counted_and_flush_lands_it() {
     let redis = RedisServer::start();
     let quotas = Quotas::from(Quota::per_hour(1_000).unwrap());
     for backend in ["redis", "memory"] {
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-        };
-        let rt = runtime();
+        let rt = crate::support::current_thread_runtime();
         let (limiter, svc) = rt.block_on(async {
             let (limiter, svc) = refund_all(backend, &redis, "erin");
             // Connected, so the reservation is Redis's.
@@ -483,7 +477,7 @@ fn a_settlement_lost_at_shutdown_is_counted_and_flush_lands_it() {
         drop((limiter, svc));
 
         // The same, flushed before the runtime goes: the 200 are back.
-        runtime().block_on(async {
+        crate::support::current_thread_runtime().block_on(async {
             let (limiter, svc) = refund_all(backend, &redis, "frank");
             assert_eq!(left(&limiter, "llm", "frank", &quotas).await, 1_000);
             let response = svc.oneshot(Request::new(Full::new(Bytes::new())));

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use redlimit::clock::ManualClock;
-use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
+use redlimit::concurrency::{ConcurrencyLimiter, Slot, SlotOutcome};
 use redlimit::store::CircuitBreaker;
 
 use crate::support::{Ctx, RedisServer};
@@ -44,38 +44,41 @@ async fn acquired_within(
     }
 }
 
-/// Redis loses every slot (`FLUSHALL`) while 2 of N = 2 are held: the holder puts them back at
-/// its next renewal (a third of the 600 ms lease), so the key counts 2 again and a new
-/// acquisition is refused instead of running 4 at once.
-#[tokio::test]
-async fn slots_lost_by_redis_are_put_back_at_the_next_renewal() {
+/// The lease of [`both_slots_lost`]'s instances.
+const LEASE: Duration = Duration::from_millis(600);
+
+/// Two instances of 2 slots a key in `scope` on a private Redis, with leases of [`LEASE`]; the
+/// first takes both slots of `k`, then Redis loses every slot (`FLUSHALL`). The slots, still
+/// held.
+async fn both_slots_lost(scope: &str) -> (RedisServer, [ConcurrencyLimiter; 2], [Slot; 2]) {
     let redis = RedisServer::start();
-    let lease = Duration::from_millis(600);
-    let holder =
-        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 2, lease, "lost").unwrap();
-    let other =
-        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 2, lease, "lost").unwrap();
-    let (SlotOutcome::Acquired(_a), SlotOutcome::Acquired(_b)) =
+    let [holder, other] = super::two_instances(&redis, 2, LEASE, scope);
+    let (SlotOutcome::Acquired(a), SlotOutcome::Acquired(b)) =
         (holder.acquire("k").await, holder.acquire("k").await)
     else {
         panic!("two slots")
     };
     redis.flushall();
+    (redis, [holder, other], [a, b])
+}
+
+/// Redis loses every slot (`FLUSHALL`) while 2 of N = 2 are held: the holder puts them back at
+/// its next renewal (a third of the 600 ms lease), so the key counts 2 again and a new
+/// acquisition is refused instead of running 4 at once.
+#[tokio::test]
+async fn slots_lost_by_redis_are_put_back_at_the_next_renewal() {
+    let (redis, [holder, other], [_a, _b]) = both_slots_lost("lost").await;
     let lost = Instant::now();
     // Generous: 5 renewal periods on a loaded machine.
-    let mut counted = zcard(&redis, &holder, "k");
-    while counted < 2 && lost.elapsed() < lease * 5 / 3 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        counted = zcard(&redis, &holder, "k");
-    }
+    let counted = counted(&redis, &holder, "k", 2, LEASE * 5 / 3).await;
     eprintln!(
         "slots lost by FLUSHALL: ZCARD {counted} after {:?} (2 held, renewal every {:?})",
         lost.elapsed(),
-        lease / 3
+        LEASE / 3
     );
     assert_eq!(counted, 2, "ZCARD {counted} with 2 slots held");
     match other.acquire("k").await {
-        SlotOutcome::Full { wait } => assert!(wait <= lease, "{wait:?}"),
+        SlotOutcome::Full { wait } => assert!(wait <= LEASE, "{wait:?}"),
         outcome => panic!("3 in flight with a limit of 2: {outcome:?}"),
     }
 }
@@ -103,25 +106,14 @@ async fn counted(
 /// the key then counts exactly the slots held.
 #[tokio::test]
 async fn a_slot_put_back_over_the_limit_stays_until_requests_end() {
-    let redis = RedisServer::start();
-    let lease = Duration::from_millis(600);
-    let holder =
-        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 2, lease, "over").unwrap();
-    let other =
-        ConcurrencyLimiter::with_options(Ctx::default().redis(&redis), 2, lease, "over").unwrap();
-    let (SlotOutcome::Acquired(a), SlotOutcome::Acquired(_b)) =
-        (holder.acquire("k").await, holder.acquire("k").await)
-    else {
-        panic!("two slots")
-    };
-    redis.flushall();
+    let (redis, [holder, other], [a, _b]) = both_slots_lost("over").await;
     // Before the next renewal (usually): the key counts nothing, the other instance takes 2.
     let mut taken = Vec::new();
     while let SlotOutcome::Acquired(slot) = other.acquire("k").await {
         taken.push(slot);
     }
     let over = 2 + taken.len() as u64;
-    let after_renewal = counted(&redis, &holder, "k", over, lease * 5 / 3).await;
+    let after_renewal = counted(&redis, &holder, "k", over, LEASE * 5 / 3).await;
     eprintln!(
         "after FLUSHALL: {} taken meanwhile, then ZCARD {after_renewal} (limit 2)",
         taken.len()
@@ -129,11 +121,24 @@ async fn a_slot_put_back_over_the_limit_stays_until_requests_end() {
     assert_eq!(after_renewal, over);
     assert!(matches!(other.acquire("k").await, SlotOutcome::Full { .. }));
     drop(taken);
-    assert_eq!(counted(&redis, &holder, "k", 2, lease).await, 2);
+    assert_eq!(counted(&redis, &holder, "k", 2, LEASE).await, 2);
     assert!(matches!(other.acquire("k").await, SlotOutcome::Full { .. }));
     drop(a);
-    assert_eq!(counted(&redis, &holder, "k", 1, lease).await, 1);
+    assert_eq!(counted(&redis, &holder, "k", 1, LEASE).await, 1);
     assert!(matches!(other.acquire("k").await, SlotOutcome::Acquired(_)));
+}
+
+/// Once Redis wakes from `sleeper`'s sleep, the slot of `k` that `what` (an acquire that never
+/// answered) may have taken is given back within 5 s, not one 30 s lease later.
+async fn given_back_once_redis_answers(
+    sleeper: std::thread::JoinHandle<()>,
+    slots: &ConcurrencyLimiter,
+    what: &str,
+) {
+    join(sleeper).await;
+    let freed = acquired_within(slots, "k", Duration::from_secs(5)).await;
+    eprintln!("the slot of {what}: {freed:?} after Redis answered (lease 30 s)");
+    freed.unwrap_or_else(|outcome| panic!("the slot of {what} is still taken: {outcome:?}"));
 }
 
 /// An acquisition that times out (Redis in `DEBUG SLEEP` past the 100 ms timeout) may have taken
@@ -154,10 +159,7 @@ async fn a_timed_out_acquire_gives_its_slot_back_once_redis_answers() {
         ),
         "{outcome:?}"
     );
-    join(sleeper).await;
-    let freed = acquired_within(&slots, "k", Duration::from_secs(5)).await;
-    eprintln!("a timed-out acquire's slot: {freed:?} after Redis answered (lease 30 s)");
-    freed.expect("the slot of the timed-out acquire is still taken");
+    given_back_once_redis_answers(sleeper, &slots, "a timed-out acquire").await;
 }
 
 /// An acquisition dropped while its call is in flight (Redis asleep, the timeout not reached,
@@ -171,10 +173,7 @@ async fn a_dropped_acquire_gives_its_slot_back() {
     let sleeper = redis.debug_sleep(Duration::from_millis(500));
     let dropped = tokio::time::timeout(Duration::from_millis(100), slots.acquire("k")).await;
     assert!(dropped.is_err(), "the acquire finished during the sleep");
-    join(sleeper).await;
-    let freed = acquired_within(&slots, "k", Duration::from_secs(5)).await;
-    eprintln!("a dropped acquire's slot: {freed:?} after Redis answered (lease 30 s)");
-    freed.expect("the slot of the dropped acquire is still taken");
+    given_back_once_redis_answers(sleeper, &slots, "a dropped acquire").await;
 }
 
 /// A slot dropped while its release cannot reach Redis (the circuit breaker open after a
