@@ -83,9 +83,9 @@ pub struct Config {
     /// schedules drop none: a cancellation that breaks a key for good (it stops deciding)
     /// would hide whatever the rest of the schedule finds.
     pub cancels: bool,
-    /// Whether the schedule injects faults. A third of the schedules inject none: a data loss
-    /// widens what the oracles allow, and fault-free schedules hold the tight bounds (and feed
-    /// the differential oracle).
+    /// Whether the schedule injects faults. A third of the schedules inject none (a sixth of
+    /// the concurrency family's): a data loss widens what the oracles allow, and fault-free
+    /// schedules hold the tight bounds (and feed the differential oracle).
     pub faults: bool,
 }
 
@@ -285,8 +285,48 @@ pub fn schedule(seed: u64) -> Schedule {
     };
     let config = config(&mut rng, family);
     let len = rng.usize(8..32);
-    let ops = (0..len).map(|_| draw(&mut rng, &config)).collect();
+    let mut ops = Vec::with_capacity(len);
+    // After an operator's reset of a key that leasing instances may hold units of, half the
+    // time the next few operations stay on that key (see [`after_reset`]).
+    let mut focus: Option<(usize, usize)> = None;
+    while ops.len() < len {
+        let op = match focus {
+            Some((key, left)) if left > 0 => {
+                focus = Some((key, left - 1));
+                after_reset(&mut rng, &config, key)
+            }
+            _ => draw(&mut rng, &config),
+        };
+        if let Op::Reset { key, via: None } = op {
+            if config.lease_ms.is_some() && rng.bool() {
+                focus = Some((key, rng.usize(3..10)));
+            }
+        }
+        ops.push(op);
+    }
     Schedule { seed, config, ops }
+}
+
+/// An operation on `key` just after an operator reset it: the fleet spends the fresh quota in
+/// bursts while an instance ends its leases (`forget`, `release_leases`, or idle for a while),
+/// so units leased before the reset would show if any went back after it (docs/leases.md:
+/// they never do).
+fn after_reset(rng: &mut fastrand::Rng, config: &Config, key: usize) -> Op {
+    let inst = rng.usize(0..config.instances);
+    match rng.u32(0..10) {
+        0..=5 => Op::Burst {
+            inst,
+            key,
+            n: rng.usize(1..40),
+            cost: 1,
+            cancel_us: None,
+        },
+        6..=7 => Op::Forget { inst, key },
+        8 => Op::Release { inst },
+        _ => Op::Sleep {
+            ms: rng.u64(1..400),
+        },
+    }
 }
 
 fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
@@ -361,7 +401,9 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
             _ => vec![0; instances],
         },
         cancels: family != Family::Rate || rng.bool(),
-        faults: rng.u32(0..3) != 0,
+        // Concurrency's oracle has nothing to judge without a fault: few of its schedules
+        // go without.
+        faults: rng.u32(0..6) >= if family == Family::Concurrency { 1 } else { 2 },
     }
 }
 
@@ -386,9 +428,15 @@ fn cancel(rng: &mut fastrand::Rng) -> Option<u64> {
 fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
     let inst = rng.usize(0..config.instances);
     let key = key(rng, config);
-    // Rolls below 6 are faults.
-    let roll = rng.u32(if config.faults { 0 } else { 6 }..100);
-    if roll < 6 {
+    // Rolls below 6 are faults (below 10 in the concurrency family, whose oracle judges what
+    // follows a data loss).
+    let faulty = if config.family == Family::Concurrency {
+        10
+    } else {
+        6
+    };
+    let roll = rng.u32(if config.faults { 0 } else { faulty }..100);
+    if roll < faulty {
         return Op::Fault(crate::faults::draw(rng, config));
     }
     match config.family {
@@ -458,15 +506,22 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
             80..=89 => Op::Forget { inst, key },
             _ => Op::Release { inst },
         },
+        // Some holds and sleeps span seconds: a schedule then lasts long enough in real time
+        // for holders to outlive a data loss by more than the renewal period that puts their
+        // slots back, while others acquire.
         Family::Concurrency => match roll {
-            6..=40 => Op::Hold {
+            6..=50 => Op::Hold {
                 inst,
                 key,
                 n: rng.usize(1..6),
-                hold_ms: rng.u64(10..4_000),
+                hold_ms: if rng.u32(0..3) == 0 {
+                    rng.u64(2_000..8_000)
+                } else {
+                    rng.u64(10..4_000)
+                },
                 cancel_us: cancel(rng),
             },
-            41..=70 => Op::Stream {
+            51..=72 => Op::Stream {
                 inst,
                 key,
                 n: rng.usize(1..6),
@@ -481,7 +536,11 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
                 },
             },
             _ => Op::Sleep {
-                ms: rng.u64(1..600),
+                ms: if rng.u32(0..3) == 0 {
+                    rng.u64(600..2_500)
+                } else {
+                    rng.u64(1..600)
+                },
             },
         },
         Family::Settle => match roll {

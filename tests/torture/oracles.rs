@@ -13,7 +13,7 @@ use redlimit::limiter::{LeaseStats, LimiterStats};
 use redlimit::Algorithm;
 
 use crate::faults::Fault;
-use crate::fleet::{one_window, per_window, Event, Outcome, Run, SLOT_LEASE};
+use crate::fleet::{one_window, per_window, Event, Outcome, Run, SLOT_LEASE, STORE_TIMEOUT};
 use crate::generator::{Family, Policy, Schedule, Settlement};
 
 /// A broken promise.
@@ -622,18 +622,19 @@ fn repairs(run: &Run, key: usize, window: u64, period_us: u64) -> u64 {
 }
 
 /// docs/modes.md: "`ConcurrencyLimiter` allows at most N requests in flight per key across the
-/// fleet"; DESIGN §6c: after a data loss, state an instance holds "is re-asserted at its next
-/// renewal" (every third of a lease). Allowed: an admission that leaves more than N in flight
-/// within one lease (plus 300 ms) of a data loss or of a stall that stops renewals
-/// (`DEBUG SLEEP`, a restart). Such requests "stay admitted: the key is then over N until
-/// enough requests end" (docs/modes.md, "Slots that Redis lost are put back"; "the excess
-/// drains as requests end and is never added to"), so what is judged is each admission, when
-/// it was made: the in-flight samples taken later are not.
+/// fleet"; "Slots that Redis lost are put back": each holder re-asserts its slots at its next
+/// renewal, "so within one renewal period after the loss (a third of a lease, plus that round's
+/// call; a round Redis did not answer, as the first after a restart, is retried within 10 ms to
+/// 250 ms instead of a period later) every request in flight is counted again and no
+/// acquisition is admitted while N or more are". Allowed, then: an admission that leaves more
+/// than N in flight between a data loss's start and [`put_back`] after its end (a stall that
+/// stops renewals, `DEBUG SLEEP`, counts from its end). Such requests "stay admitted ... the
+/// excess drains as requests end and is never added to", so what is judged is each admission,
+/// when it was made: the in-flight samples taken later are not.
 fn in_flight(run: &Run, out: &mut Vec<Violation>) {
-    let allowance = SLOT_LEASE + Duration::from_millis(300);
+    let allowance = put_back();
     // Each fault's allowance, from when it began (a data loss may happen anywhere during its
-    // injection) to a data loss's or a stall's end plus the allowance (renewals stop during a
-    // `DEBUG SLEEP`).
+    // injection) to a data loss's or a stall's end plus the allowance.
     let windows: Vec<(Instant, Instant)> = run
         .faults
         .iter()
@@ -674,6 +675,19 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
             ),
         });
     }
+}
+
+/// How long after Redis lost slots (or answers again) they are all counted again
+/// (docs/modes.md, "Slots that Redis lost are put back"): the next round, at most a third of
+/// [`SLOT_LEASE`] away, and its call, at most [`STORE_TIMEOUT`]; or, when the round in flight
+/// was not answered, that round's call, a retry within 250 ms and its call. Plus 250 ms for this
+/// machine: an admission is recorded when its call has returned, on two shared cores.
+fn put_back() -> Duration {
+    const RETRY_MAX: Duration = Duration::from_millis(250);
+    const MARGIN: Duration = Duration::from_millis(250);
+    let next_round = SLOT_LEASE / 3 + STORE_TIMEOUT;
+    let retried = STORE_TIMEOUT + RETRY_MAX + STORE_TIMEOUT;
+    next_round.max(retried) + MARGIN
 }
 
 /// docs/modes.md: a slot is held until its response body ends "or its future or body is
