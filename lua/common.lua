@@ -156,19 +156,17 @@ else
 end
 local quotas, tover, reset_us, tuntil = args, false, 0, 0
 if t then
-  if string.byte(t, 1) == CONTROLS then
-    local n = string.byte(t, CONTROLS_HEAD)
-    local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
-    if n and n <= MAX_TIERS and #t >= clen then
-      -- Suspended on every route: answered below, after the route's own controls (a route
-      -- suspended for longer answers with its own end).
-      tuntil = sunpack('<d', t, 2)
-      if n > 0 then
-        quotas, tover = t, n
-      end
-      if #t >= clen + 8 then
-        reset_us = sunpack('<d', t, clen + 1)
-      end
+  local n, clen
+  -- @controls t -> n, clen, tuntil
+  -- Suspended on every route (`tuntil`): answered below, after the route's own controls (a
+  -- route suspended for longer answers with its own end).
+  if clen and clen > 0 then
+    if n > 0 then
+      quotas, tover = t, n
+    end
+    -- The tenant's reset: a double after its controls.
+    if #t >= clen + 8 then
+      reset_us = sunpack('<d', t, clen + 1)
     end
   end
 end
@@ -178,7 +176,7 @@ end
 -- state (10, 34, ...) or by states of which at least one is whole (27 bytes or more; only the
 -- write below and lua/control.lua, which keeps the states it finds, write these strings).
 -- `head`: the controls to write before the states (the route's override, and the tenant's
--- reset its states now belong to), nil for none.
+-- reset its states now belong to), nil for none; `at`: where the states begin.
 local head, rover, stamp, at = nil, false, 0, 1
 if s then
   local len = #s
@@ -188,26 +186,21 @@ if s then
         return s
       end
       s = false
-    elseif string.byte(s, 1) == CONTROLS then
-      local n = string.byte(s, CONTROLS_HEAD)
-      local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
-      if n and n <= MAX_TIERS and len >= clen then
+    else
+      local n, clen, until_us
+      -- @controls s -> n, clen, until_us, stamp, at
+      if clen == 0 then
+        -- No controls: the states begin at the first byte.
+      elseif not clen then
+        s = false
+      else
         -- Suspended (this route, or its tenant): until the later end, answered below.
-        local until_us = sunpack('<d', s, 2)
         if until_us > tuntil or tuntil ~= tuntil then
           tuntil = until_us
         end
         if n > 0 then
           head, rover, quotas, tover = string.sub(s, 1, clen), true, s, n
         end
-        at = clen + 1
-        -- 'E' and a double: the tenant's reset these states were written under.
-        if string.byte(s, at) == STAMP and len >= at + 8 then
-          stamp = sunpack('<d', s, at + 1)
-          at = at + 9
-        end
-      else
-        s = false
       end
     end
   end
