@@ -4,7 +4,8 @@
 //! machine's load, the client, the event loop or Redis's timers.
 //!
 //! ```text
-//! cargo bench --bench redis_cost     # needs valgrind (callgrind_control) and redis-server
+//! cargo bench --bench redis_cost                  # needs valgrind (callgrind_control), redis-server
+//! cargo bench --bench redis_cost -- token-bucket   # only the scenarios whose names contain a word
 //! ```
 //!
 //! Each scenario runs on a key of its own: one connection, one decision at a time, a warm-up,
@@ -21,7 +22,11 @@
 //!   override (both 2 an hour), a suspension of the tenant (every decision a denial);
 //! - the token bucket with two tiers (the same quota, and 1 a day with the same burst).
 //!
-//! Prints one line per group, `N (X.XX of reference)` per scenario.
+//! Prints one line per group, `N (X.XX of reference)` per scenario. Words after `--` keep only
+//! the scenarios whose names contain one of them (`gcra`, `sliding`, `override`, `two`; the
+//! reference always runs), since each scenario takes minutes under callgrind. With
+//! `REDIS_COST_DUMPS=<dir>` the dumps stay there, one a scenario in the order printed
+//! (`callgrind.out.1` the reference's), for `callgrind_annotate`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -82,7 +87,16 @@ struct Counted {
 
 impl Counted {
     fn start() -> Result<Counted, String> {
-        let out_name = "callgrind.out";
+        // In the server's directory (removed at the end), or where REDIS_COST_DUMPS says, kept
+        // for `callgrind_annotate`.
+        let kept = std::env::var_os("REDIS_COST_DUMPS").map(PathBuf::from);
+        let out_name = match &kept {
+            Some(dir) => std::path::absolute(dir.join("callgrind.out"))
+                .map_err(|e| e.to_string())?
+                .display()
+                .to_string(),
+            None => "callgrind.out".to_owned(),
+        };
         let wrapper = [
             "valgrind".to_owned(),
             "--tool=callgrind".to_owned(),
@@ -331,6 +345,13 @@ fn main() {
             vec![Scenario::TwoTiers],
         ),
     ];
+    // The scenarios asked for: every one, or those whose names contain a word given.
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| !arg.starts_with('-'))
+        .collect();
+    let wanted =
+        |scenario: &Scenario| words.is_empty() || words.iter().any(|w| scenario.name().contains(w));
     let per = |total: u64| total as f64 / DECISIONS as f64;
     let reference = per(runtime
         .block_on(measure(&mut counted, Scenario::Reference))
@@ -343,6 +364,7 @@ fn main() {
     for (title, scenarios) in groups {
         let figures: Vec<String> = scenarios
             .into_iter()
+            .filter(wanted)
             .map(|scenario| {
                 let cost = per(runtime
                     .block_on(measure(&mut counted, scenario))
@@ -354,7 +376,9 @@ fn main() {
                 )
             })
             .collect();
-        println!("{title}: {}", figures.join(", "));
+        if !figures.is_empty() {
+            println!("{title}: {}", figures.join(", "));
+        }
     }
     println!("redis_cost: {:.0} s", started.elapsed().as_secs_f64());
 }

@@ -66,13 +66,11 @@ if type(s) ~= 'string' then
   s = false
 end
 local until_us, override, rest = 0, '\0', ''
-if s and string.byte(s, 1) == CONTROLS and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN then
-  local n = string.byte(s, CONTROLS_HEAD)
-  local len = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
-  if n and n <= MAX_TIERS and #s >= len then
-    until_us = sunpack('<d', s, 2)
-    override = string.sub(s, CONTROLS_HEAD, len)
-    rest = string.sub(s, len + 1)
+if s and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN then
+  local n, len
+  -- @controls s -> n, len, until_us
+  if len and len > 0 then
+    override, rest = string.sub(s, CONTROLS_HEAD, len), string.sub(s, len + 1)
   end
 end
 local pttl = redis.call('PTTL', tkey)

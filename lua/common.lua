@@ -85,10 +85,13 @@
 local spack, sunpack, call, rpcall = struct.pack, struct.unpack, redis.call, redis.pcall
 
 local args, split = ARGV[1], ARGV[2] -- split: the tenant's string, in the split form
+-- skey the route's string, lkey the sliding log's set, tkey (below) the tenant's: it comes
+-- last, and a caller that sends none has no tenant controls.
+local skey, lkey = KEYS[1], KEYS[2]
 -- One tier packs 41 bytes: that usual length skips the arithmetic. (ARGV is a sequence: with
 -- no ARGV[2], a missing ARGV[1] is the only way to have other than one argument.)
 local len = args and #args
-if not len or split and #ARGV > 3 or not KEYS[1] or
+if not len or split and #ARGV > 3 or not skey or
     len ~= 41 and (len < 65 or len > 209 or (len - 17) % 24 ~= 0) then
   return redis.error_reply('ERR redlimit: invalid arguments; expected one key and one ' ..
     'argument packing now_us, cost, algorithm, then limit, period_us, burst per tier (1 to 8)')
@@ -108,9 +111,6 @@ if not (limit >= 1 and limit < MAX_EXACT and limit % 1 == 0 and period >= 1 and
     'must be integers from 1 below 2^53')
 end
 local log = alg == LOG_TAG
--- skey the route's string, lkey the sliding log's set, tkey the tenant's: it comes last, and a
--- caller that sends none has no tenant controls.
-local skey, lkey = KEYS[1], KEYS[2]
 local tkey = lkey
 if split then
   if KEYS[2] or log and #ARGV ~= 3 or not log and #ARGV ~= 2 then
@@ -154,117 +154,121 @@ elseif tkey then
 else
   s = rpcall('GET', skey)
 end
-local quotas, tover, reset_us, tuntil = args, false, 0, 0
-if t then
-  if string.byte(t, 1) == CONTROLS then
-    local n = string.byte(t, CONTROLS_HEAD)
-    local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
-    if n and n <= MAX_TIERS and #t >= clen then
-      -- Suspended on every route: answered below, after the route's own controls (a route
-      -- suspended for longer answers with its own end).
-      tuntil = sunpack('<d', t, 2)
+-- One tier, a string that can hold no controls (absent, or one state's length: see below)
+-- and no tenant's string: the usual call, decided as `plain` below without reading controls.
+-- Otherwise the controls are read, and the call is `plain` when they hold no override and no
+-- reset. (The names the controls set are declared together: nil costs the usual call one
+-- instruction for all of them.)
+local quotas, tover, reset_us, tuntil, head, rover, stamp, at, forget
+local plain = not t and tiers == 1 and not log and
+  (not s or #s == STATE_LEN or #s == WIDE_STATE_LEN)
+if not plain then
+  quotas, tover, reset_us, tuntil = args, false, 0, 0
+  if t then
+    local n, clen
+    -- @controls t -> n, clen, tuntil
+    -- Suspended on every route (`tuntil`): answered below, after the route's own controls (a
+    -- route suspended for longer answers with its own end).
+    if clen and clen > 0 then
       if n > 0 then
         quotas, tover = t, n
       end
+      -- The tenant's reset: a double after its controls.
       if #t >= clen + 8 then
         reset_us = sunpack('<d', t, clen + 1)
       end
     end
   end
-end
 
--- The controls, when the string starts with them. A string of 17 or 25 bytes (one tier's
--- state) never does, so those skip the look: controls take 10 + 24 * n bytes, followed by no
--- state (10, 34, ...) or by states of which at least one is whole (27 bytes or more; only the
--- write below and lua/control.lua, which keeps the states it finds, write these strings).
--- `head`: the controls to write before the states (the route's override, and the tenant's
--- reset its states now belong to), nil for none.
-local head, rover, stamp, at = nil, false, 0, 1
-if s then
-  local len = #s
-  if len ~= STATE_LEN and len ~= WIDE_STATE_LEN then
-    if s.err then
-      if string.sub(s.err, 1, 9) ~= 'WRONGTYPE' then
-        return s
-      end
-      s = false
-    elseif string.byte(s, 1) == CONTROLS then
-      local n = string.byte(s, CONTROLS_HEAD)
-      local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
-      if n and n <= MAX_TIERS and len >= clen then
-        -- Suspended (this route, or its tenant): until the later end, answered below.
-        local until_us = sunpack('<d', s, 2)
-        if until_us > tuntil or tuntil ~= tuntil then
-          tuntil = until_us
+  -- The controls, when the string starts with them. A string of 17 or 25 bytes (one tier's
+  -- state) never does, so those skip the look: controls take 10 + 24 * n bytes, followed by no
+  -- state (10, 34, ...) or by states of which at least one is whole (27 bytes or more; only the
+  -- write below and lua/control.lua, which keeps the states it finds, write these strings).
+  -- `head`: the controls to write before the states (the route's override, and the tenant's
+  -- reset its states now belong to), nil for none; `at`: where the states begin.
+  rover, stamp, at = false, 0, 1
+  if s then
+    local len = #s
+    if len ~= STATE_LEN and len ~= WIDE_STATE_LEN then
+      if s.err then
+        if string.sub(s.err, 1, 9) ~= 'WRONGTYPE' then
+          return s
         end
-        if n > 0 then
-          head, rover, quotas, tover = string.sub(s, 1, clen), true, s, n
-        end
-        at = clen + 1
-        -- 'E' and a double: the tenant's reset these states were written under.
-        if string.byte(s, at) == STAMP and len >= at + 8 then
-          stamp = sunpack('<d', s, at + 1)
-          at = at + 9
-        end
-      else
         s = false
+      else
+        local n, clen, until_us
+        -- @controls s -> n, clen, until_us, stamp, at
+        if clen == 0 then
+          -- No controls: the states begin at the first byte.
+        elseif not clen then
+          s = false
+        else
+          -- Suspended (this route, or its tenant): until the later end, answered below.
+          if until_us > tuntil or tuntil ~= tuntil then
+            tuntil = until_us
+          end
+          if n > 0 then
+            head, rover, quotas, tover = string.sub(s, 1, clen), true, s, n
+          end
+        end
       end
     end
   end
-end
-if tuntil > now then
-  -- Suspended: denied until `tuntil` (the time left capped, so a stored end however far ahead
-  -- still gives a readable reply), naming the first tier of the override in force (the
-  -- route's, else the tenant's), if any; nothing written. Written out here rather than as a
-  -- function: a function is a closure built on every call.
-  local left = (tuntil - now) / 1000
-  if left > MAX_REPLY_MS then
-    left = MAX_REPLY_MS
-  else
-    local frac = left % 1
-    left = left - frac
-    if frac > 0 then
-      left = left + 1
+  if tuntil > now then
+    -- Suspended: denied until `tuntil` (the time left capped, so a stored end however far ahead
+    -- still gives a readable reply), naming the first tier of the override in force (the
+    -- route's, else the tenant's), if any; nothing written. Written out here rather than as a
+    -- function: a function is a closure built on every call.
+    local left = (tuntil - now) / 1000
+    if left > MAX_REPLY_MS then
+      left = MAX_REPLY_MS
+    else
+      local frac = left % 1
+      left = left - frac
+      if frac > 0 then
+        left = left + 1
+      end
     end
+    if tover then
+      return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', quotas, CONTROLS_HEAD + 1))
+    end
+    return spack('<BBddd', 2, 1, 0, left, left)
   end
   if tover then
-    return spack('<BBdddddd', 6, 1, 0, left, left, sunpack('<ddd', quotas, CONTROLS_HEAD + 1))
+    tiers = tover
+    limit, period, burst, pos = sunpack('<ddd', quotas, CONTROLS_HEAD + 1)
   end
-  return spack('<BBddd', 2, 1, 0, left, left)
-end
-if tover then
-  tiers = tover
-  limit, period, burst, pos = sunpack('<ddd', quotas, CONTROLS_HEAD + 1)
-end
-local forget = 0 -- the sliding log's split form: its units before this µs are not counted
-if reset_us > 0 then
-  -- The tenant was reset: states stored before it read as fresh (the sliding log's are
-  -- deleted; in the split form, which cannot write the stamp, only not counted), and what is
-  -- written now carries the reset.
-  if stamp < reset_us then
-    if log then
-      if skey then
-        call('DEL', lkey)
-      else
-        forget = reset_us
+  forget = 0 -- the sliding log's split form: its units before this µs are not counted
+  if reset_us > 0 then
+    -- The tenant was reset: states stored before it read as fresh (the sliding log's are
+    -- deleted; in the split form, which cannot write the stamp, only not counted), and what is
+    -- written now carries the reset.
+    if stamp < reset_us then
+      if log then
+        if skey then
+          call('DEL', lkey)
+        else
+          forget = reset_us
+        end
+      elseif s then
+        at = #s + 1
       end
-    elseif s then
-      at = #s + 1
     end
+    head = (head or 'M\0\0\0\0\0\0\0\0\0') .. 'E' .. spack('<d', reset_us)
   end
-  head = (head or 'M\0\0\0\0\0\0\0\0\0') .. 'E' .. spack('<d', reset_us)
+  plain = at == 1 and not head and not tover and tiers == 1 and not log
 end
 
 -- Decide. All tiers must admit: on an admission the binding tier is the one with the least
 -- remaining, on a denial the denying one with the longest wait. `write`: the string to store,
 -- nil when nothing changed.
-local all_ok, max_rs, write = true, 0, nil
-local min_i, min_rem -- the tier with the least remaining
-local deny_i, deny_rem, deny_re -- the denying tier with the longest wait
-local log_write, log_period = nil, -1
+-- min_i and min_rem: the tier with the least remaining; deny_i, deny_rem and deny_re: the
+-- denying tier with the longest wait. (The names that start as nil are declared together: one
+-- instruction for all of them.)
+local all_ok, max_rs, log_period = true, 0, -1
+local write, min_i, min_rem, deny_i, deny_rem, deny_re, log_write
 -- One tier and no controls, the usual call: the string is the tier's state and the step's
 -- decision is the call's, without the loop's bookkeeping.
-local plain = at == 1 and not head and not tover and tiers == 1 and not log
 if plain then
   local stored = s
   local ok, rem, re, rs, state
@@ -400,9 +404,10 @@ elseif write then
   if rover and ttl < OVERRIDE_IDLE_MS then
     ttl = OVERRIDE_IDLE_MS
   end
-  -- The TTL as an integer string: Redis would format a number with "%.17g", which costs more
-  -- than the rest of this write (measured with callgrind: 1.2 % of the decision). Lua's '%d'
-  -- formats a 64-bit long, exact for every TTL (at most 2^53).
+  -- The TTL as an integer string: Redis 7.0 formats a number with "%.17g", which costs it
+  -- about 900 instructions more than this (1.6 % of the decision, counted by callgrind); some
+  -- Redis 7.2 releases write an integer such as 100000000 with an exponent, which PX refuses.
+  -- Lua's '%d' formats a 64-bit long, exact for every TTL (at most 2^53).
   call('SET', skey, write, 'PX', string.format('%d', ttl))
 end
 

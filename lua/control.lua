@@ -119,13 +119,14 @@ local pttl = call('PTTL', key)
 -- Split the string into its controls and the rest: a route's states, or the tenant's reset.
 local until_us, override, rest = 0, '\0', ''
 if s then
-  if byte(s, 1) == CONTROLS and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN then
-    local n = byte(s, CONTROLS_HEAD)
-    local len = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
-    if n and n <= MAX_TIERS and #s >= len then
-      until_us = sunpack('<d', s, 2)
-      override = sub(s, CONTROLS_HEAD, len)
-      rest = sub(s, len + 1)
+  local n, len = 0, 0
+  if #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN then
+    -- @controls s -> n, len, until_us
+  end
+  if len ~= 0 then
+    -- Controls (a string that starts like them but is cut short keeps nothing).
+    if len then
+      override, rest = sub(s, CONTROLS_HEAD, len), sub(s, len + 1)
     end
   elseif not tenant then
     rest = s
@@ -161,9 +162,10 @@ if rkey then
     record = nil
   elseif r then
     record = r
-    local n = byte(r, 1) == CONTROLS and byte(r, CONTROLS_HEAD)
-    if n and n >= 1 and n <= MAX_TIERS and #r >= CONTROLS_HEAD + QUOTA_BYTES * n then
-      marked = sub(r, CONTROLS_HEAD, CONTROLS_HEAD + QUOTA_BYTES * n)
+    local n, len, ends
+    -- @controls r -> n, len, ends
+    if len and len > 0 and n >= 1 then
+      marked = sub(r, CONTROLS_HEAD, len)
     end
   end
 end
@@ -183,9 +185,10 @@ if op == 97 then -- 'a': an operator's override stays as it is
       if t.err and sub(t.err, 1, 9) ~= 'WRONGTYPE' then
         return t
       end
-    elseif t and byte(t, 1) == CONTROLS then
-      local n = byte(t, CONTROLS_HEAD)
-      all_routes = n ~= nil and n >= 1 and n <= MAX_TIERS and #t >= CONTROLS_HEAD + QUOTA_BYTES * n
+    elseif t then
+      local n, len, ends
+      -- @controls t -> n, len, ends
+      all_routes = len and len > 0 and n >= 1 or false
     end
   end
   if all_routes then

@@ -74,10 +74,10 @@ end
 local quotas, qat = args, 26
 local t = redis.pcall('GET', tkey)
 local reset_us = 0
-if t and not t.err and byte(t, 1) == CONTROLS then
-  local n = byte(t, CONTROLS_HEAD)
-  local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
-  if n and n <= MAX_TIERS and #t >= clen then
+if t and not t.err then
+  local n, clen, until_us
+  -- @controls t -> n, clen, until_us
+  if clen and clen > 0 then
     if n > 0 then
       quotas, qat, tiers = t, CONTROLS_HEAD + 1, n
     end
@@ -91,19 +91,14 @@ if s and s.err then
   s = false
 end
 local at, stamp = 1, 0
-if s and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN and byte(s, 1) == CONTROLS then
-  local n = byte(s, CONTROLS_HEAD)
-  local clen = CONTROLS_HEAD + QUOTA_BYTES * (n or 0)
-  if not (n and n <= MAX_TIERS and #s >= clen) then
+if s and #s ~= STATE_LEN and #s ~= WIDE_STATE_LEN then
+  local n, clen, until_us
+  -- @controls s -> n, clen, until_us, stamp, at
+  if not clen then
     return 0
   end
-  if n > 0 then
+  if clen > 0 and n > 0 then
     quotas, qat, tiers = s, CONTROLS_HEAD + 1, n
-  end
-  at = clen + 1
-  if byte(s, at) == STAMP and #s >= at + 8 then
-    stamp = sunpack('<d', s, at + 1)
-    at = at + 9
   end
 end
 if reset_us > 0 and (stamp < reset_us or reserved < reset_us + skew) then

@@ -270,9 +270,11 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            // The driver, the controls, and the production modes' scripts (src/mirror/scripts.rs).
+            // The driver, the controls' reading, the controls, and the production modes' scripts
+            // (src/mirror/scripts.rs).
             let scripts = [
                 "common.lua",
+                "controls.lua",
                 "control.lua",
                 "refund.lua",
                 "block.lua",

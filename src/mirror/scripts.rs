@@ -1,7 +1,8 @@
 //! The scripts Redis runs, assembled from `lua/` and the algorithms' specs: the steps spliced
 //! into the driver, the refund steps into the refund script, the names into the controls, the
-//! decision script into the block script, and into every script the values of the shared
-//! constants ([`CONSTANTS`]).
+//! decision script into the block script, the reading of the controls at the start of a key's
+//! string (`lua/controls.lua`) wherever a script reads them, and into every script the values
+//! of the shared constants ([`CONSTANTS`]).
 //!
 //! The Lua writes a shared number by its name in capitals (`MAX_EXACT`, `CONTROLS`,
 //! `STATE_LEN`, ...); assembly writes the value in as a literal. So each number has one source,
@@ -61,6 +62,16 @@ pub(crate) static CONSTANTS: LazyLock<Vec<(&'static str, u64)>> = LazyLock::new(
 /// `script` with every shared constant's name, outside comments and strings, replaced by its
 /// value.
 fn with_constants(script: &str) -> String {
+    renamed(script, |name| {
+        CONSTANTS
+            .iter()
+            .find(|(constant, _)| *constant == name)
+            .map(|(_, value)| value.to_string())
+    })
+}
+
+/// `script` with every name outside comments and strings that `new` maps replaced.
+fn renamed(script: &str, new: impl Fn(&str) -> Option<String>) -> String {
     let mut out = String::with_capacity(script.len());
     let mut rest = script;
     while let Some(c) = rest.chars().next() {
@@ -72,9 +83,9 @@ fn with_constants(script: &str) -> String {
             let len = rest
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .unwrap_or(rest.len());
-            match CONSTANTS.iter().find(|(name, _)| *name == &rest[..len]) {
-                Some((_, value)) => {
-                    out.push_str(&value.to_string());
+            match new(&rest[..len]) {
+                Some(name) => {
+                    out.push_str(&name);
                     rest = &rest[len..];
                     continue;
                 }
@@ -87,6 +98,55 @@ fn with_constants(script: &str) -> String {
         rest = &rest[taken..];
     }
     out
+}
+
+/// The reading of the controls at the start of a key's string (`lua/controls.lua`): its code
+/// (the header comment left out) is spliced in, its stamp's part (between `@stamp` and `@end`)
+/// only where asked for.
+const CONTROLS_READ: &str = include_str!("../../lua/controls.lua");
+
+/// `script` with the reading of the controls spliced in, as code, at each of its lines
+/// `-- @controls <string> -> <n>, <len>, <until_us>[, <stamp>, <at>]`, the names given put for
+/// the snippet's (see `lua/controls.lua`); the stamp's part only with five names.
+fn with_controls(script: &str) -> String {
+    let code = CONTROLS_READ
+        .lines()
+        .skip_while(|line| line.starts_with("--"))
+        .map(|line| format!("{line}\n"))
+        .collect::<String>();
+    let (before, rest) = code
+        .split_once("    -- @stamp\n")
+        .expect("lua/controls.lua has its @stamp line");
+    let (stamp, after) = rest
+        .split_once("    -- @end\n")
+        .expect("lua/controls.lua has its @end line");
+    script
+        .lines()
+        .map(|line| {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            let Some(call) = line.trim_start().strip_prefix("-- @controls ") else {
+                return format!("{line}\n");
+            };
+            let (string, names) = call
+                .split_once(" -> ")
+                .unwrap_or_else(|| panic!("`{line}`: `-- @controls <string> -> <names>`"));
+            let names: Vec<&str> = names.split(", ").collect();
+            let params = ["n", "len", "until_us", "stamp", "at"];
+            let snippet = match names.len() {
+                3 => format!("{before}{after}"),
+                5 => format!("{before}{stamp}{after}"),
+                _ => panic!("`{line}`: three names, or five with the stamp"),
+            };
+            let snippet = renamed(&snippet, |name| {
+                if name == "s" {
+                    return Some(string.to_owned());
+                }
+                let at = params.iter().position(|p| *p == name)?;
+                names.get(at).map(|name| (*name).to_owned())
+            });
+            snippet.lines().map(|l| format!("{indent}{l}\n")).collect()
+        })
+        .collect()
 }
 
 /// The length of the Lua string literal that opens `s` with `quote`, escapes included.
@@ -115,7 +175,7 @@ pub(crate) static SOURCE: LazyLock<String> = LazyLock::new(|| {
             .map(|spec| format!("  elseif alg == {} then\n{}", spec.tag, spec.lua_step()))
             .collect()
     };
-    let driver = include_str!("../../lua/common.lua");
+    let driver = with_controls(include_str!("../../lua/common.lua"));
     let spliced = driver
         .replacen("-- @packed-steps\n", &branches(true), 1)
         .replacen("-- @steps\n", &branches(false), 1);
@@ -139,7 +199,7 @@ pub(crate) static REFUND_SOURCE: LazyLock<String> = LazyLock::new(|| {
             Some(format!("      elseif alg == {} then\n{refund}", spec.tag))
         })
         .collect();
-    let script = include_str!("../../lua/refund.lua");
+    let script = with_controls(include_str!("../../lua/refund.lua"));
     let spliced = script.replacen("      -- @refunds\n", &branches, 1);
     assert_ne!(spliced, script, "lua/refund.lua has its @refunds line");
     with_constants(&spliced)
@@ -152,7 +212,8 @@ pub(crate) static CONTROL_SOURCE: LazyLock<String> = LazyLock::new(|| {
         .map(|a| format!("[{}] = '{}'", a.spec().tag, a.spec().name))
         .collect();
     let line = format!("local NAMES = {{ {} }}\n", names.join(", "));
-    let spliced = include_str!("../../lua/control.lua").replacen("-- @names\n", &line, 1);
+    let spliced =
+        with_controls(include_str!("../../lua/control.lua")).replacen("-- @names\n", &line, 1);
     assert!(
         spliced.contains(&line),
         "lua/control.lua has its @names line"
@@ -162,7 +223,7 @@ pub(crate) static CONTROL_SOURCE: LazyLock<String> = LazyLock::new(|| {
 
 /// The block script: the decision script as a function, spliced into `lua/block.lua`.
 pub(crate) static BLOCK_SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let wrapper = include_str!("../../lua/block.lua");
+    let wrapper = with_controls(include_str!("../../lua/block.lua"));
     let spliced = wrapper.replacen("-- @decide\n", &SOURCE, 1);
     assert_ne!(spliced, wrapper, "lua/block.lua has its @decide line");
     with_constants(&spliced)
@@ -177,10 +238,12 @@ mod tests {
     use super::*;
     use crate::mirror::layout::ARGS_HEADER;
 
-    /// Every script as sent, and the files it is made of.
-    fn scripts() -> [(&'static str, &'static str, &'static str); 5] {
+    /// Every script as sent, and the files it is made of (the controls' reading as part of the
+    /// decision script).
+    fn scripts() -> [(&'static str, &'static str, &'static str); 6] {
         [
             ("common.lua", include_str!("../../lua/common.lua"), &SOURCE),
+            ("controls.lua", CONTROLS_READ, &SOURCE),
             (
                 "control.lua",
                 include_str!("../../lua/control.lua"),
@@ -283,6 +346,70 @@ mod tests {
             for spelled in spelled.iter().filter(|_| driver_or_mode) {
                 assert!(!code(source).contains(spelled), "{name} spells `{spelled}`");
             }
+        }
+    }
+
+    /// The controls at the start of a key's string are read in one place, `lua/controls.lua`:
+    /// no other script (nor step) compares a byte with their tag, reads their tier count at
+    /// `CONTROLS_HEAD`, works out their length or reads the reset's stamp after them; and every
+    /// `@controls` line is spliced.
+    #[test]
+    fn every_script_reads_the_controls_through_one_snippet() {
+        let steps = Algorithm::ALL.iter().map(|a| (a.name(), a.spec().lua, ""));
+        let by_hand = [
+            "CONTROLS_HEAD)",
+            "CONTROLS_HEAD + QUOTA_BYTES",
+            "== STAMP and",
+        ];
+        let mut splices = 0;
+        for (name, source, sent) in scripts().into_iter().chain(steps) {
+            if name == "controls.lua" {
+                continue;
+            }
+            assert!(
+                !capitals(source).iter().any(|w| w == "CONTROLS"),
+                "{name} compares a byte with the controls' tag: use `-- @controls`"
+            );
+            for spelled in by_hand {
+                assert!(
+                    !code(source).contains(spelled),
+                    "{name} reads the controls by hand (`{spelled}`): use `-- @controls`"
+                );
+            }
+            splices += source.matches("-- @controls ").count();
+            assert!(!sent.contains("-- @controls"), "{name} as sent");
+        }
+        assert!(
+            splices >= 8,
+            "the scripts read the controls at {splices} places"
+        );
+    }
+
+    /// A `@controls` line becomes the snippet with its names: three for the controls, five for
+    /// the reset's stamp after them too.
+    #[test]
+    fn the_controls_splice_puts_its_names_in() {
+        let three = with_controls("  -- @controls t -> a, b, c\n");
+        assert!(three.starts_with("  b = 0\n"), "{three}");
+        assert!(
+            three.contains("  a = string.byte(t, CONTROLS_HEAD)\n"),
+            "{three}"
+        );
+        assert!(three.contains("c = sunpack('<d', t, 2)\n"), "{three}");
+        assert!(!three.contains("STAMP") && !three.contains('@'), "{three}");
+        let five = with_controls("-- @controls s -> n, clen, u, st, pos\nx = 1\n");
+        assert!(
+            five.contains("st, pos = sunpack('<d', s, pos + 1), pos + 9\n"),
+            "{five}"
+        );
+        assert!(five.contains("if clen and #s >= clen then"), "{five}");
+        assert!(!five.contains('@'), "{five}");
+        assert!(five.ends_with("end\nx = 1\n"), "{five}");
+        for script in [&*SOURCE, &CONTROL_SOURCE, &REFUND_SOURCE, &BLOCK_SOURCE] {
+            assert!(
+                script.contains("string.byte(t, 10)"),
+                "the tenant's controls"
+            );
         }
     }
 
