@@ -537,7 +537,6 @@ async fn probe_give_back_run_late_by_redis_never_reaches_the_next_window() {
 /// nowhere, so its units are stranded, not returned. docs/leases.md: "Units that cannot go
 /// back are counted in `LeaseStats::stranded`".
 #[tokio::test]
-#[ignore = "defect: a give-back the store refuses after another limiter's reset counts as returned"]
 async fn probe_units_refused_after_an_operators_reset_count_as_stranded() {
     let redis = RedisServer::start();
     let memory = MemoryStore::new();
