@@ -326,7 +326,8 @@ impl Limiter {
             self.refund_storage_key(storage_key, quotas, refund, reserved)
                 .await
         } else {
-            self.charge_storage_key(storage_key, quotas, charge).await
+            self.charge_storage_key(storage_key, quotas, charge, label)
+                .await
         };
         let Err(error) = result else { return };
         self.inner.stats.count_store_error();
@@ -355,14 +356,16 @@ impl Limiter {
 
     /// Takes `units` more from a storage key after the fact: what is left of them, at most (a
     /// peek, then a check of that cost; a check that a concurrent request beat to the units is
-    /// denied and consumes nothing, so this never takes more than was left).
+    /// denied and consumes nothing, so this never takes more than was left). Its store calls'
+    /// latency goes under the layer's `label`; they count as no decision.
     async fn charge_storage_key(
         &self,
         storage_key: &str,
         quotas: &Quotas,
         units: u64,
+        label: &PolicyLabel,
     ) -> Result<(), StoreError> {
-        let label = PolicyLabel::direct().shadowed(Shadow::Uncounted);
+        let label = label.shadowed(Shadow::Uncounted);
         let peek = self
             .ask(self.request(storage_key, quotas, 0), &label)
             .await?;

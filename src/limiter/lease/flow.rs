@@ -519,7 +519,8 @@ impl Limiter {
             age_micros,
         };
         match self.inner.store.refund(request).await {
-            Ok(_) => returning.end(true),
+            // No tier took any (a reset since, the window gone, every tier full): stranded.
+            Ok(tiers) => returning.end(tiers > 0),
             // Never retried: a give-back landing late could reach a fixed window's next window.
             Err(error) => {
                 tracing::debug!(%error, units, "lease give-back failed; its units are stranded");

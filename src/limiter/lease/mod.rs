@@ -228,11 +228,12 @@ pub struct LeaseStats {
     /// Units held now, spendable until their lease ends, and units on their way back to the
     /// store (a give-back not yet answered).
     pub held: u64,
-    /// Units given back to the store.
+    /// Units given back to the store (a give-back at least one tier took).
     pub returned: u64,
     /// Units that ended unspent and could not go back (a fixed window's that ended, a store
     /// error, a renewal that came back after its key was forgotten, a lease a reset through
-    /// this limiter ended): the price of leasing,
+    /// this limiter ended, a give-back no tier took anything of, as after a reset made
+    /// elsewhere): the price of leasing,
     /// at most instances × k per interval.
     pub stranded: u64,
 }
