@@ -166,15 +166,6 @@ struct Opened<'a> {
     stale: bool,
 }
 
-/// The tenant's reset, when its string carries one after its controls.
-fn tenant_reset(tenant: &[u8], controls_len: usize) -> f64 {
-    if tenant.len() >= controls_len + 8 {
-        f64_at(tenant, controls_len)
-    } else {
-        0.0
-    }
-}
-
 /// A time left in µs as the reply carries it: whole ms rounded up, at most [`MAX_REPLY_MS`].
 fn reply_ms(us: f64) -> i64 {
     let ms = us / 1000.0;
@@ -220,7 +211,7 @@ fn open<'a>(
             tiers = Tiers::of((0..n).map(|i| Tier::at(bytes, Controls::len(i))));
             overridden = true;
         }
-        reset_us = tenant_reset(tenant.unwrap_or_default(), bytes.len());
+        reset_us = Controls::tenant_reset(tenant.unwrap_or_default(), bytes.len());
     }
     let (mut head, mut route_override, mut stamp, mut states, mut bare) =
         (None, false, 0.0, stored, true);
@@ -244,11 +235,8 @@ fn open<'a>(
                     route_override = true;
                     head = Some(bytes.to_vec());
                 }
-                let mut at = bytes.len();
-                if s.get(at) == Some(&STAMP) && s.len() >= at + 9 {
-                    stamp = f64_at(s, at + 1);
-                    at += 9;
-                }
+                let at;
+                (stamp, at) = Controls::stamp(s, bytes.len());
                 states = Some(&s[at..]);
                 bare = false;
             }

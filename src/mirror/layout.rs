@@ -287,6 +287,26 @@ impl<'a> Controls<'a> {
         CONTROLS_HEAD + QUOTA_BYTES * n
     }
 
+    /// In a route's string whose controls take `len` bytes: the tenant's reset its states
+    /// were written under ([`STAMP`] and a double; 0 when none), and where its states begin.
+    pub(crate) fn stamp(s: &[u8], len: usize) -> (f64, usize) {
+        if s.get(len) == Some(&STAMP) && s.len() >= len + 9 {
+            (f64_at(s, len + 1), len + 9)
+        } else {
+            (0.0, len)
+        }
+    }
+
+    /// In a tenant's string whose controls take `len` bytes: its last reset (the double after
+    /// them; 0 when none).
+    pub(crate) fn tenant_reset(t: &[u8], len: usize) -> f64 {
+        if t.len() >= len + 8 {
+            f64_at(t, len)
+        } else {
+            0.0
+        }
+    }
+
     /// The override's tier `i` (from 0): its limit, period_us, burst.
     pub(crate) fn tier(&self, i: usize) -> Option<Tier> {
         match *self {

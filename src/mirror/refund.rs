@@ -4,7 +4,7 @@
 //! Gives units back to every tier of one route, never above a tier's capacity, and only to the
 //! window they were reserved in (the script's header states the rule per algorithm).
 
-use super::layout::{f64_at, Controls, STAMP};
+use super::layout::Controls;
 use crate::algorithm::{is_one_state, lua_mod, packed_by_tag, sliding_log, state_len_of, Refund};
 use crate::quota::Quota;
 
@@ -40,11 +40,7 @@ pub(crate) fn refund(
                 if let Some(over) = override_tiers(&controls) {
                     tiers = over;
                 }
-                at = Controls::len(n);
-                if s.get(at) == Some(&STAMP) && s.len() >= at + 9 {
-                    stamp = f64_at(s, at + 1);
-                    at += 9;
-                }
+                (stamp, at) = Controls::stamp(s, Controls::len(n));
             }
         }
     }
@@ -114,13 +110,10 @@ fn tenant_reset(tenant: Option<&[u8]>) -> (f64, Option<Vec<(f64, f64)>>) {
     let Controls::Some { n, .. } = controls else {
         return (0.0, None);
     };
-    let clen = Controls::len(n);
-    let reset = if t.len() >= clen + 8 {
-        f64_at(t, clen)
-    } else {
-        0.0
-    };
-    (reset, override_tiers(&controls))
+    (
+        Controls::tenant_reset(t, Controls::len(n)),
+        override_tiers(&controls),
+    )
 }
 
 /// Whether units reserved at `reserved` may have been paid for before a reset at `reset_us`: a

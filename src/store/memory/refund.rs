@@ -4,7 +4,8 @@ use std::sync::PoisonError;
 
 use super::{KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
-use crate::mirror::{log_controls_key, log_refund, refund, reserved_before_reset, STAMP};
+use crate::mirror::layout::Controls;
+use crate::mirror::{log_controls_key, log_refund, refund, reserved_before_reset};
 use crate::store::RefundRequest;
 
 impl MemoryStore {
@@ -71,11 +72,9 @@ impl MemoryStore {
 
 /// The tenant's reset in µs (0: none).
 fn tenant_reset_us(tenant: Option<&[u8]>) -> f64 {
-    match tenant {
-        Some(t) if t.first() == Some(&b'M') && t.len() >= 10 => {
-            let clen = 10 + 24 * usize::from(t[9]);
-            t.get(clen..clen + 8)
-                .map_or(0.0, |b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+    match tenant.map(Controls::parse) {
+        Some(Controls::Some { n, .. }) => {
+            Controls::tenant_reset(tenant.unwrap_or_default(), Controls::len(n))
         }
         _ => 0.0,
     }
@@ -83,23 +82,12 @@ fn tenant_reset_us(tenant: Option<&[u8]>) -> f64 {
 
 /// Whether the states under `route`'s controls were written before its tenant's reset.
 fn stale(route: Option<&[u8]>, tenant: Option<&[u8]>) -> bool {
-    let f = |s: &[u8], at: usize| {
-        s.get(at..at + 8)
-            .map_or(0.0, |b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
-    };
     let reset = tenant_reset_us(tenant);
     if reset <= 0.0 {
         return false;
     }
-    let stamp = match route {
-        Some(s) if s.first() == Some(&b'M') && s.len() >= 10 => {
-            let clen = 10 + 24 * usize::from(s[9]);
-            if s.get(clen) == Some(&STAMP) {
-                f(s, clen + 1)
-            } else {
-                0.0
-            }
-        }
+    let stamp = match route.map(|s| (s, Controls::parse(s))) {
+        Some((s, Controls::Some { n, .. })) => Controls::stamp(s, Controls::len(n)).0,
         _ => 0.0,
     };
     stamp < reset
