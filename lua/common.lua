@@ -173,9 +173,12 @@ if not plain then
       if n > 0 then
         quotas, tover = t, n
       end
-      -- The tenant's reset: a double after its controls.
+      -- The tenant's reset: a double after its controls (corrupt bytes, no time: none).
       if #t >= clen + 8 then
         reset_us = sunpack('<d', t, clen + 1)
+        if not (reset_us >= 0 and reset_us < MAX_EXACT) then
+          reset_us = 0
+        end
       end
     end
   end

@@ -240,7 +240,8 @@ elseif op == 120 then -- 'x'
     -- Every route's states stored before this read as fresh. Always later than the last
     -- reset, so that one under a clock that is behind still resets.
     local last = reset_us
-    if last ~= last then
+    -- Corrupt bytes (no time from 0 to MAX_EXACT, where last + 1 would equal last): none.
+    if not (last >= 0 and last < MAX_EXACT) then
       last = 0
     end
     reset_us = now

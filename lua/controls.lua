@@ -13,7 +13,8 @@
 --   until_us  the suspension's end in µs (0: none)
 -- and, with five names (a route's string, whose states may follow a reset's stamp), the part
 -- between `@stamp` and `@end`:
---   stamp     the tenant's reset the states were written under ('E' and a double)
+--   stamp     the tenant's reset the states were written under ('E' and a double; 0 when
+--             it is no time from 0 to MAX_EXACT: corrupt bytes read as no stamp)
 --   at        where the states begin
 -- A string of one tier's state (STATE_LEN or WIDE_STATE_LEN bytes) never starts with
 -- controls: a script reading a route's string leaves those lengths out before this.
@@ -27,6 +28,10 @@ if string.byte(s, 1) == CONTROLS then
     at = len + 1
     if string.byte(s, at) == STAMP and #s >= at + 8 then
       stamp, at = sunpack('<d', s, at + 1), at + 9
+      -- Bytes that are no time (corrupt): no stamp, as a missing one.
+      if not (stamp >= 0 and stamp < MAX_EXACT) then
+        stamp = 0
+      end
     end
     -- @end
   else

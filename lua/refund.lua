@@ -83,6 +83,9 @@ if t and not t.err then
     end
     if #t >= clen + 8 then
       reset_us = sunpack('<d', t, clen + 1)
+      if not (reset_us >= 0 and reset_us < MAX_EXACT) then
+        reset_us = 0
+      end
     end
   end
 end

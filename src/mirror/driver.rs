@@ -586,7 +586,7 @@ pub(crate) fn control(
         }
         Op::Resume => until_us = 0.0,
         Op::Reset if tenant => {
-            let last = if reset_us.is_nan() { 0.0 } else { reset_us };
+            let last = super::layout::reset_time(reset_us);
             reset_us = now;
             if reset_us <= last {
                 reset_us = last + 1.0;

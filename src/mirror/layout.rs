@@ -248,6 +248,17 @@ impl Tier {
     }
 }
 
+/// A stored reset time (a tenant's reset, or the one a route's states were written under):
+/// bytes that are no time from 0 to `MAX_EXACT` (corrupt, or where one more µs would not be
+/// later) read as none, 0, as the scripts read them.
+pub(crate) fn reset_time(us: f64) -> f64 {
+    if (0.0..MAX_EXACT as f64).contains(&us) {
+        us
+    } else {
+        0.0
+    }
+}
+
 /// The controls at the start of a key's string, as the scripts parse them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Controls<'a> {
@@ -291,7 +302,7 @@ impl<'a> Controls<'a> {
     /// were written under ([`STAMP`] and a double; 0 when none), and where its states begin.
     pub(crate) fn stamp(s: &[u8], len: usize) -> (f64, usize) {
         if s.get(len) == Some(&STAMP) && s.len() >= len + 9 {
-            (f64_at(s, len + 1), len + 9)
+            (reset_time(f64_at(s, len + 1)), len + 9)
         } else {
             (0.0, len)
         }
@@ -301,7 +312,7 @@ impl<'a> Controls<'a> {
     /// them; 0 when none).
     pub(crate) fn tenant_reset(t: &[u8], len: usize) -> f64 {
         if t.len() >= len + 8 {
-            f64_at(t, len)
+            reset_time(f64_at(t, len))
         } else {
             0.0
         }
