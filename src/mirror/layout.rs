@@ -252,7 +252,7 @@ impl Tier {
 /// bytes that are no time from 0 to `MAX_EXACT` (corrupt, or where one more µs would not be
 /// later) read as none, 0, as the scripts read them.
 pub(crate) fn reset_time(us: f64) -> f64 {
-    if (0.0..MAX_EXACT as f64).contains(&us) {
+    if (0.0..MAX_EXACT).contains(&us) {
         us
     } else {
         0.0
