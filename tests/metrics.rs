@@ -432,11 +432,9 @@ fn probe_local_recorder_counts_every_outcome_under_its_policy() {
     );
 }
 
-/// Probe (outside review): docs/using.md, `redlimit_store_latency_seconds` times "every
-/// decision's store call that waits for its answer"; "refunds ... are not timed". A layer's
-/// settlement on Redis: its check is one sample under the layer's policy, its refund none.
-#[test]
-fn probe_a_settlements_check_is_timed_and_its_refund_is_not() {
+/// One request through a layer on Redis named `policy` that reserves `reserve` and settles
+/// at `used` from the response; the metrics it recorded once its settlement is done.
+fn settled_on_redis(policy: &'static str, reserve: u64, used: u64) -> Metrics {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let redis = RedisServer::start();
@@ -447,16 +445,24 @@ fn probe_a_settlements_check_is_timed_and_its_refund_is_not() {
             Quota::per_minute(10).unwrap(),
             HeaderKey::named("x-api-key").unwrap(),
         )
-        .policy_name("local-settle")
-        .cost(|_| 5)
-        .cost_from_response(|_| 0)
+        .policy_name(policy)
+        .cost(move |_| reserve)
+        .cost_from_response(move |_| used)
         .build()
         .unwrap();
         assert_eq!(statuses(&layer, Some("a"), 1).await, [200]);
         limiter.flush_settlements().await;
         assert_eq!(limiter.stats().settle_failures, 0);
     });
-    let m = Metrics::take(&snapshotter);
+    Metrics::take(&snapshotter)
+}
+
+/// Probe (outside review): docs/using.md, `redlimit_store_latency_seconds` times "every
+/// decision's store call that waits for its answer"; "refunds ... are not timed". A layer's
+/// settlement on Redis: its check is one sample under the layer's policy, its refund none.
+#[test]
+fn probe_a_settlements_check_is_timed_and_its_refund_is_not() {
+    let m = settled_on_redis("local-settle", 5, 0);
     let samples = m.samples(
         "redlimit_store_latency_seconds",
         &[("policy", "local-settle")],
@@ -473,26 +479,7 @@ fn probe_a_settlements_check_is_timed_and_its_refund_is_not() {
 /// traffic, and counts no decision.
 #[test]
 fn probe_a_settlements_charge_records_its_latency_under_the_layers_policy() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let redis = RedisServer::start();
-    locally(&recorder, async {
-        let limiter = Ctx::default().redis(&redis);
-        let layer = RateLimitLayer::builder(
-            limiter.clone(),
-            Quota::per_minute(10).unwrap(),
-            HeaderKey::named("x-api-key").unwrap(),
-        )
-        .policy_name("local-charge")
-        .cost(|_| 1)
-        .cost_from_response(|_| 4)
-        .build()
-        .unwrap();
-        assert_eq!(statuses(&layer, Some("a"), 1).await, [200]);
-        limiter.flush_settlements().await;
-        assert_eq!(limiter.stats().settle_failures, 0);
-    });
-    let m = Metrics::take(&snapshotter);
+    let m = settled_on_redis("local-charge", 1, 4);
     let latency = |policy| m.samples("redlimit_store_latency_seconds", &[("policy", policy)]);
     assert_eq!(
         (latency("local-charge").len(), latency("direct").len()),
