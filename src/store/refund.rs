@@ -18,8 +18,10 @@ pub struct RefundRequest<'a> {
     pub now_micros: Option<u64>,
     /// How long ago the units were reserved, in µs: the reservation was made at
     /// `now - age_micros`, and the units go back only to the window that holds that time, and
-    /// not at all when it is before a reset of the tenant. Never less than the true age (it
-    /// may only lose a refund, never give one to the wrong window): measured from before the
-    /// reservation's store call was sent. 0 when `now_micros` is the reservation's own time.
+    /// not at all when it is before a reset of the tenant. Never less than the true age when
+    /// it is sent (it may only lose a refund, never give one to the wrong window): measured
+    /// from before the reservation's store call was sent. With the store's clock, a refund the
+    /// store runs late counts its `now` from when it runs: see the [modes
+    /// guide](crate::guide::modes). 0 when `now_micros` is the reservation's own time.
     pub age_micros: u64,
 }
