@@ -482,8 +482,13 @@ impl Limiter {
         // Taken before the store call: a control that returns while it is in flight keeps its
         // denial out of the cache.
         let started = cache.map(|cache| cache.start(key, cache.now(request.now_micros)));
-        // A decision the store makes at once records no latency (as in `check_storage_key_now`).
-        let result = match block.map_or_else(|| self.inner.store.decide_now(request), |_| None) {
+        // A decision the store makes at once records no latency (as in `check_storage_key_now`);
+        // a blocking check always waits for the store.
+        let decided_now = match block {
+            Some(_) => None,
+            None => self.inner.store.decide_now(request),
+        };
+        let result = match decided_now {
             Some(result) => result,
             None => {
                 let timer = StoreTimer::start();
