@@ -229,6 +229,14 @@ pub(crate) static BLOCK_SOURCE: LazyLock<String> = LazyLock::new(|| {
     with_constants(&spliced)
 });
 
+/// The batch script: the decision script as a function, spliced into `lua/batch.lua`.
+pub(crate) static BATCH_SOURCE: LazyLock<String> = LazyLock::new(|| {
+    let wrapper = include_str!("../../lua/batch.lua");
+    let spliced = wrapper.replacen("-- @decide\n", &SOURCE, 1);
+    assert_ne!(spliced, wrapper, "lua/batch.lua has its @decide line");
+    with_constants(&spliced)
+});
+
 /// The concurrency slots' script.
 pub(crate) static SLOTS_SOURCE: LazyLock<String> =
     LazyLock::new(|| with_constants(include_str!("../../lua/slots.lua")));
@@ -240,7 +248,7 @@ mod tests {
 
     /// Every script as sent, and the files it is made of (the controls' reading as part of the
     /// decision script).
-    fn scripts() -> [(&'static str, &'static str, &'static str); 6] {
+    fn scripts() -> [(&'static str, &'static str, &'static str); 7] {
         [
             ("common.lua", include_str!("../../lua/common.lua"), &SOURCE),
             ("controls.lua", CONTROLS_READ, &SOURCE),
@@ -258,6 +266,11 @@ mod tests {
                 "block.lua",
                 include_str!("../../lua/block.lua"),
                 &BLOCK_SOURCE,
+            ),
+            (
+                "batch.lua",
+                include_str!("../../lua/batch.lua"),
+                &BATCH_SOURCE,
             ),
             (
                 "slots.lua",

@@ -47,7 +47,8 @@ pub use self::breaker::CircuitBreaker;
 pub use self::failure::RedisFailure;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::redis::{
-    BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_TIMEOUT, MIN_REDIS_VERSION,
+    BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
+    MIN_REDIS_VERSION,
 };
 pub use self::refund::RefundRequest;
 pub use self::slots::{SlotOp, SlotReply, SlotRequest};
@@ -405,6 +406,18 @@ impl StoreError {
     /// Wraps the Redis client's error; crate-internal so redis-rs's types stay out of the API.
     pub(crate) fn redis(error: ::redis::RedisError) -> Self {
         StoreError::Redis(RedisFailure::new(error))
+    }
+
+    /// The same error again, for each decision of a call that failed as a whole.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            StoreError::Timeout(timeout) => StoreError::Timeout(*timeout),
+            StoreError::Redis(failure) => StoreError::Redis(failure.clone()),
+            StoreError::BadReply(reply) => StoreError::BadReply(reply.clone()),
+            StoreError::InvalidQuota(error) => StoreError::InvalidQuota(*error),
+            StoreError::Unavailable(why) => StoreError::Unavailable(why),
+            StoreError::Unsupported(what) => StoreError::Unsupported(what),
+        }
     }
 
     /// Whether this is transport trouble, which says the store as a whole cannot decide now

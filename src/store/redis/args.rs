@@ -5,6 +5,7 @@ use crate::algorithm::Algorithm;
 use crate::mirror::capped_cost;
 use crate::mirror::layout::{exact, put_quota, ARGS_HEADER, QUOTA_BYTES};
 use crate::quota::{Quota, MAX_TIERS};
+use crate::store::CheckRequest;
 
 /// The longest argument: now, cost, the algorithm, and 8 tiers.
 const MAX_ARGS: usize = ARGS_HEADER + QUOTA_BYTES * MAX_TIERS;
@@ -34,6 +35,16 @@ impl PackedArgs {
             at = put_quota(&mut bytes, at, quota);
         }
         PackedArgs { len: at, bytes }
+    }
+
+    /// A decision's argument.
+    pub(crate) fn of(request: &CheckRequest<'_>) -> Self {
+        Self::new(
+            request.algorithm,
+            request.quotas,
+            request.cost,
+            request.now_micros,
+        )
     }
 
     pub(crate) fn as_bytes(&self) -> &[u8] {

@@ -16,7 +16,8 @@ use super::server::{self, ServerInfo};
 use super::tls::explain_tls;
 #[cfg(feature = "tls")]
 use super::tls::require_tls;
-use super::{Backend, BuildError, RedisStore, DEFAULT_TIMEOUT};
+use super::batch::Batches;
+use super::{Backend, BuildError, RedisStore, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT};
 use crate::store::breaker::{BreakerState, CircuitBreaker};
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`], [`RedisStore::cluster_builder`] and
@@ -41,6 +42,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     breaker: Option<CircuitBreaker>,
     credentials: Option<(Option<String>, String)>,
+    max_batch: usize,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -68,6 +70,7 @@ impl RedisStoreBuilder {
             timeout: DEFAULT_TIMEOUT,
             breaker: Some(CircuitBreaker::default()),
             credentials: None,
+            max_batch: DEFAULT_MAX_BATCH,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -101,6 +104,28 @@ impl RedisStoreBuilder {
     /// Calls Redis even when it keeps failing (each call still has its timeout).
     pub fn without_circuit_breaker(mut self) -> Self {
         self.breaker = None;
+        self
+    }
+
+    /// The most decisions one script call may carry ([`DEFAULT_MAX_BATCH`] by default; 1 sends
+    /// every decision alone, 0 is refused by [`build`](Self::build)).
+    ///
+    /// Decisions are batched only when there is a queue: a decision that finds no call in
+    /// flight on its connection (on Cluster: for its slot) goes out alone at once; decisions
+    /// that arrive while one is in flight wait, and the next call carries up to this many of
+    /// them in one `EVALSHA`, each decided on its own with its own reply (see the
+    /// [module docs](crate::store#batching)). A user sees no difference but Redis's cost.
+    ///
+    /// ```
+    /// use redlimit::store::RedisStore;
+    ///
+    /// let unbatched = RedisStore::builder("redis://127.0.0.1:6379").max_batch(1).build()?;
+    /// assert_eq!(unbatched.max_batch(), 1);
+    /// assert!(RedisStore::builder("redis://127.0.0.1:6379").max_batch(0).build().is_err());
+    /// # Ok::<(), redlimit::store::BuildError>(())
+    /// ```
+    pub fn max_batch(mut self, decisions: usize) -> Self {
+        self.max_batch = decisions;
         self
     }
 
@@ -178,6 +203,9 @@ impl RedisStoreBuilder {
     pub fn build(self) -> Result<RedisStore, BuildError> {
         if self.timeout.is_zero() {
             return Err(BuildError::ZeroTimeout);
+        }
+        if self.max_batch == 0 {
+            return Err(BuildError::ZeroBatch);
         }
         let mut builder = self;
         let target = std::mem::replace(&mut builder.target, Ok(Target::Cluster(Vec::new())));
@@ -275,6 +303,7 @@ impl RedisStoreBuilder {
             timeout,
             breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
             reloads: Arc::default(),
+            batches: Arc::new(Batches::new(self.max_batch)),
         })
     }
 }

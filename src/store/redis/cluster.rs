@@ -116,7 +116,7 @@ async fn read_string(connection: &mut ClusterConnection, key: &str) -> Result<Ve
 }
 
 /// Whether `error` is a migrating slot's refusal of a call on several keys, some missing.
-fn is_rehashing(error: &RedisError) -> bool {
+pub(super) fn is_rehashing(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)
         && error
             .detail()
@@ -222,7 +222,11 @@ async fn send_to(
             .route_command(cmd, RoutingInfo::SingleNode(node))
             .await?
     };
-    reply.extract_error()
+    // The reply's own error only: a batch's decisions each answer on their own.
+    match reply {
+        redis::Value::ServerError(error) => Err(error.into()),
+        reply => Ok(reply),
+    }
 }
 
 /// Whether a Cluster reply proves that the script was not run; see [`invoke_on_cluster`].

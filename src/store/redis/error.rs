@@ -37,6 +37,13 @@ pub enum BuildError {
          to the failure policy; leave the default (100 ms) or give the longest a decision may wait"
     )]
     ZeroTimeout,
+    /// A batch of zero decisions ([`RedisStoreBuilder::max_batch`](super::RedisStoreBuilder::max_batch)):
+    /// no call could carry one.
+    #[error(
+        "max_batch must be at least 1: 1 sends every decision alone; leave the default \
+         (64) to batch decisions that queue behind a call in flight"
+    )]
+    ZeroBatch,
     /// Settings that do not fit together, e.g. TLS certificates for a URL without TLS, or
     /// sentinels with different credentials; the message says which, and what to change.
     #[error("invalid Redis store settings: {0}")]

@@ -2,6 +2,7 @@
 //! Cluster, or a primary found through Sentinel).
 
 mod args;
+mod batch;
 mod block;
 mod builder;
 mod cluster;
@@ -25,6 +26,8 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 
+pub use self::batch::DEFAULT_MAX_BATCH;
+use self::batch::Batches;
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::connection::Replaceable;
@@ -107,6 +110,7 @@ pub struct RedisStore {
     timeout: Duration,
     breaker: Option<Arc<BreakerState>>,
     reloads: Arc<Reloads>,
+    batches: Arc<Batches>,
 }
 
 enum Backend {
@@ -179,6 +183,17 @@ impl RedisStore {
             Some(breaker) => breaker.admit(),
             None => Admission::Call,
         };
+        self.guarded_with(admission, call, name, read).await
+    }
+
+    /// [`guarded`](Self::guarded) with the breaker's admission already asked.
+    async fn guarded_with<T>(
+        &self,
+        admission: Admission,
+        call: Call<'_>,
+        name: &'static str,
+        read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         if admission == Admission::Skip {
             return Err(StoreError::Unavailable("circuit breaker open"));
         }
@@ -301,6 +316,11 @@ impl RedisStore {
         self.timeout
     }
 
+    /// The most decisions one script call carries ([`RedisStoreBuilder::max_batch`]).
+    pub fn max_batch(&self) -> usize {
+        self.batches.max()
+    }
+
     /// Whether the circuit breaker is open (Redis is being skipped).
     ///
     /// ```
@@ -404,6 +424,9 @@ impl Store for RedisStore {
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        if self.batches.max() > 1 {
+            return Box::pin(self.batched_check(request));
+        }
         Box::pin(self.guarded(Call::Check(request), "check", move |reply| {
             read_decision(reply, &request)
         }))

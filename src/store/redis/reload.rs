@@ -32,12 +32,13 @@ pub(super) enum Script {
     Refund = 2,
     Block = 3,
     Slots = 4,
+    Batch = 5,
 }
 
 /// The reload state of both scripts, shared by every clone of a store.
 #[derive(Default)]
 pub(super) struct Reloads {
-    scripts: [Arc<Reload>; 5],
+    scripts: [Arc<Reload>; 6],
 }
 
 /// A load under way, awaited by every call that saw `NOSCRIPT` meanwhile.

@@ -10,6 +10,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::args::PackedArgs;
+use super::batch::Queued;
 use super::block::{push_block, BLOCK};
 use super::refund::{push_refund, REFUND};
 use super::reload::{load, Reloads, Script};
@@ -21,7 +22,7 @@ use crate::mirror::layout::{
     exact, learned_record_key, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS,
 };
 use crate::mirror::{
-    log_controls_key, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
+    log_controls_key, BATCH_SOURCE, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
 };
 use crate::quota::Quota;
 use crate::store::{
@@ -31,6 +32,9 @@ use crate::store::{
 /// The decision script (every algorithm's; the arguments name the algorithm), hashed once per
 /// process.
 static DECIDE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&SOURCE));
+
+/// Several decisions in one call (`lua/batch.lua`).
+static BATCH: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&BATCH_SOURCE));
 
 /// The fleet controls' script (`lua/control.lua`).
 static CONTROL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&CONTROL_SOURCE));
@@ -48,6 +52,9 @@ pub(super) enum Call<'a> {
     Block(CheckRequest<'a>, Block),
     /// A concurrency slot operation (`slots.rs`).
     Slots(SlotRequest<'a>),
+    /// Queued decisions in one call (`batch.rs`): one alone runs the decision script, several
+    /// the batch script.
+    Batch(&'a [Queued]),
 }
 
 impl Call<'_> {
@@ -59,6 +66,8 @@ impl Call<'_> {
             Call::Refund(_) => (&REFUND, &REFUND_SOURCE, Script::Refund),
             Call::Block(..) => (&BLOCK, &BLOCK_SOURCE, Script::Block),
             Call::Slots(_) => (&SLOTS, &SLOTS_SOURCE, Script::Slots),
+            Call::Batch([_]) => (&DECIDE, &SOURCE, Script::Decide),
+            Call::Batch(_) => (&BATCH, &BATCH_SOURCE, Script::Batch),
         }
     }
 
@@ -93,6 +102,7 @@ impl Call<'_> {
             Call::Refund(request) => push_refund(cmd, request),
             Call::Block(request, block) => push_block(cmd, request, block),
             Call::Slots(request) => push_slots(cmd, request),
+            Call::Batch(batch) => push_batch(cmd, batch),
         }
     }
 }
@@ -186,27 +196,39 @@ where
     let (_, source, which) = call.script();
     let evalsha = call.evalsha();
     let seen = reloads.seen(which);
-    let reply: redis::Value = match evalsha.query_async(connection).await {
+    let reply: redis::Value = match query(&evalsha, connection).await {
         Err(error) if is_noscript(&error) => {
             let (retried, load_failed) = match reloads.reload(which, seen, connection, source).await
             {
-                Ok(()) => (evalsha.query_async(connection).await, false),
+                Ok(()) => (query(&evalsha, connection).await, false),
                 Err(error) => (Err(error), true),
             };
             match retried {
                 // NOSCRIPT again, or the load failed (e.g. an ACL without `script|load`); never
                 // after any other reply, which may come from a script that ran.
-                Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => call
-                    .eval()
-                    .query_async(connection)
-                    .await
-                    .map_err(StoreError::redis)?,
+                Err(error) if is_noscript(&error) || (load_failed && !error.is_io_error()) => {
+                    query(&call.eval(), connection)
+                        .await
+                        .map_err(StoreError::redis)?
+                }
                 result => result.map_err(StoreError::redis)?,
             }
         }
         result => result.map_err(StoreError::redis)?,
     };
     Ok(reply)
+}
+
+/// Sends `cmd` and takes an error reply for an error: only the reply's own, not those inside
+/// an array (a batch's decisions each answer on their own).
+async fn query<C: ConnectionLike>(
+    cmd: &redis::Cmd,
+    connection: &mut C,
+) -> Result<redis::Value, RedisError> {
+    match connection.req_packed_command(cmd).await? {
+        redis::Value::ServerError(error) => Err(error.into()),
+        reply => Ok(reply),
+    }
 }
 
 pub(super) fn is_noscript(error: &RedisError) -> bool {
@@ -229,17 +251,39 @@ fn packed_args(request: &CheckRequest<'_>) -> PackedArgs {
 /// sliding log, its controls' key, then its sorted set), the tenant's key, then
 /// [`packed_args`].
 pub(super) fn push_call(cmd: &mut redis::Cmd, request: &CheckRequest<'_>) {
-    let key = request.key;
-    let args = packed_args(request);
-    if request.algorithm.spec().is_log() {
-        cmd.arg(3)
-            .arg(log_controls_key(key))
-            .arg(key)
-            .arg(tenant_key(key));
+    cmd.arg(key_count(request.algorithm));
+    push_keys(cmd, request.key, request.algorithm);
+    cmd.arg(packed_args(request).as_bytes());
+}
+
+/// How many keys a decision sends: the sliding log's 3, the others' 2.
+fn key_count(algorithm: Algorithm) -> usize {
+    if algorithm.spec().is_log() {
+        3
     } else {
-        cmd.arg(2).arg(key).arg(tenant_key(key));
+        2
     }
-    cmd.arg(args.as_bytes());
+}
+
+/// A decision's `KEYS` (see [`push_call`]).
+fn push_keys(cmd: &mut redis::Cmd, key: &str, algorithm: Algorithm) {
+    if algorithm.spec().is_log() {
+        cmd.arg(log_controls_key(key));
+    }
+    cmd.arg(key).arg(tenant_key(key));
+}
+
+/// Appends queued decisions (`lua/batch.lua`'s header): every one's keys in order, then every
+/// one's argument; one decision alone as [`push_call`] does.
+fn push_batch(cmd: &mut redis::Cmd, batch: &[Queued]) {
+    let keys: usize = batch.iter().map(|queued| key_count(queued.algorithm)).sum();
+    cmd.arg(keys);
+    for queued in batch {
+        push_keys(cmd, &queued.key, queued.algorithm);
+    }
+    for queued in batch {
+        cmd.arg(queued.args.as_bytes());
+    }
 }
 
 /// Appends the split form of a decision (`lua/common.lua`'s header, "Split"), which a Cluster

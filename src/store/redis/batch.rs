@@ -1,0 +1,320 @@
+//! Several decisions in one script call, only when there is a queue (`lua/batch.lua`).
+//!
+//! A decision that finds no call in flight for its group (the connection; on Cluster, its
+//! slot) goes out alone at once, from its caller's future, as without batching. Decisions that
+//! arrive while one is in flight wait in the group's queue; when that call ends (or is dropped:
+//! its [`InFlight`] guard), the queue is handed to a task of its own, which sends up to
+//! `max_batch` of them in one `EVALSHA` and goes on while decisions keep arriving. A queue that
+//! reaches `max_batch` is sent at once by another such task.
+//!
+//! Each decision keeps its own reply, its own errors and its own timeout (from the moment it was
+//! queued); a decision whose caller went away before its call was sent is left out of it. The
+//! circuit breaker hears once per call, and a call that fails as a whole gives every decision
+//! in it that error.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+
+use super::args::PackedArgs;
+use super::cluster::is_rehashing;
+use super::script::{read_decision, Call};
+use super::{count_error, Backend, RedisStore};
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::store::breaker::Admission;
+use crate::store::{CheckRequest, StoreError};
+
+/// The default of [`RedisStoreBuilder::max_batch`](super::RedisStoreBuilder::max_batch): the
+/// most decisions one script call carries.
+pub const DEFAULT_MAX_BATCH: usize = 64;
+
+/// The queues of one store (shared by its clones): one group per connection, or on Cluster per
+/// slot, since a script's keys must share one.
+pub(super) struct Batches {
+    max: usize,
+    groups: Mutex<HashMap<u16, Group>>,
+}
+
+/// One group's calls in flight and the decisions waiting for the next.
+#[derive(Default)]
+struct Group {
+    in_flight: usize,
+    queue: Vec<Queued>,
+}
+
+/// A decision waiting for a call: what the call sends for it, and where its answer goes.
+pub(super) struct Queued {
+    pub(super) key: String,
+    pub(super) algorithm: Algorithm,
+    pub(super) args: PackedArgs,
+    answer: oneshot::Sender<Answer>,
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queued")
+            .field("key", &self.key)
+            .field("algorithm", &self.algorithm)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a queued decision hears.
+enum Answer {
+    /// Its reply, or the error of its part or of the whole call.
+    Reply(Result<redis::Value, StoreError>),
+    /// The call was refused before it ran in a way only a decision alone can follow (a Cluster
+    /// slot migration's `TRYAGAIN`: the split form): send it alone.
+    Alone,
+}
+
+/// How a decision goes: alone (holding its group's call in flight), or queued.
+enum Entry<'a> {
+    Alone(InFlight<'a>),
+    Queued(oneshot::Receiver<Answer>),
+}
+
+impl Batches {
+    pub(super) fn new(max: usize) -> Self {
+        Batches {
+            max,
+            groups: Mutex::default(),
+        }
+    }
+
+    pub(super) fn max(&self) -> usize {
+        self.max
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Group>> {
+        self.groups.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the next call's decisions from `group` (those whose callers still wait, up to
+    /// `max`), or, when none wait, ends that call in flight.
+    fn next(&self, slot: u16) -> Option<Vec<Queued>> {
+        let mut groups = self.lock();
+        let group = groups.get_mut(&slot)?;
+        group.queue.retain(|queued| !queued.answer.is_closed());
+        if group.queue.is_empty() {
+            group.in_flight = group.in_flight.saturating_sub(1);
+            if group.in_flight == 0 {
+                groups.remove(&slot);
+            }
+            return None;
+        }
+        let take = group.queue.len().min(self.max);
+        Some(group.queue.drain(..take).collect())
+    }
+}
+
+/// A group's call in flight from a caller's own future. Dropped when that call ends, or with
+/// the future (a client gone, an outer timeout): either way the decisions queued behind it are
+/// handed on, so none waits for a call that will never end.
+struct InFlight<'a> {
+    store: &'a RedisStore,
+    slot: u16,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(batch) = self.store.batches.next(self.slot) {
+            spawn_sender(self.store, self.slot, batch);
+        }
+    }
+}
+
+/// Sends `batch`, then every next one of the group's, as a task of its own: no caller's future
+/// carries other callers' decisions. Outside a Tokio runtime (one shutting down) the decisions
+/// are dropped, and their callers hear that the store is unavailable.
+fn spawn_sender(store: &RedisStore, slot: u16, batch: Vec<Queued>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let store = store.clone();
+    runtime.spawn(async move {
+        let mut batch = batch;
+        loop {
+            store.send_batch(batch).await;
+            match store.batches.next(slot) {
+                Some(next) => batch = next,
+                None => return,
+            }
+        }
+    });
+}
+
+impl RedisStore {
+    /// A decision, batched with others when calls queue up (see the module docs).
+    pub(super) async fn batched_check(
+        &self,
+        request: CheckRequest<'_>,
+    ) -> Result<Decision, StoreError> {
+        let admission = match &self.breaker {
+            Some(breaker) => breaker.admit(),
+            None => Admission::Call,
+        };
+        match admission {
+            Admission::Skip => return Err(StoreError::Unavailable("circuit breaker open")),
+            // A probe goes alone: its own outcome opens or closes the circuit.
+            Admission::Probe => return self.check_alone(request, admission).await,
+            Admission::Call => {}
+        }
+        let receiver = match self.enter(&request) {
+            Entry::Alone(in_flight) => {
+                let result = self.check_alone(request, admission).await;
+                drop(in_flight);
+                return result;
+            }
+            Entry::Queued(receiver) => receiver,
+        };
+        let answer = self
+            .bounded(async {
+                receiver
+                    .await
+                    .map_err(|_| StoreError::Unavailable("the store's batch was dropped"))
+            })
+            .await?;
+        match answer {
+            Answer::Reply(Ok(value)) => read_decision(value, &request).inspect_err(|_| {
+                count_error("check", false);
+            }),
+            Answer::Reply(Err(error)) => Err(error),
+            Answer::Alone => self.check_alone(request, admission).await,
+        }
+    }
+
+    /// One decision in a call of its own, with the breaker's `admission`.
+    async fn check_alone(
+        &self,
+        request: CheckRequest<'_>,
+        admission: Admission,
+    ) -> Result<Decision, StoreError> {
+        self.guarded_with(admission, Call::Check(request), "check", move |reply| {
+            read_decision(reply, &request)
+        })
+        .await
+    }
+
+    /// Goes alone when nothing is in flight for the request's group, else queues it (and sends
+    /// the queue at once when it is full).
+    fn enter(&self, request: &CheckRequest<'_>) -> Entry<'_> {
+        let slot = match &*self.backend {
+            Backend::Cluster { .. } => slot_of(request.key.as_bytes()),
+            _ => 0,
+        };
+        let mut groups = self.batches.lock();
+        let group = groups.entry(slot).or_default();
+        if group.in_flight == 0 {
+            group.in_flight = 1;
+            return Entry::Alone(InFlight { store: self, slot });
+        }
+        let (answer, receiver) = oneshot::channel();
+        group.queue.push(Queued {
+            key: request.key.to_owned(),
+            algorithm: request.algorithm,
+            args: PackedArgs::of(request),
+            answer,
+        });
+        if group.queue.len() >= self.batches.max {
+            group.in_flight += 1;
+            let batch: Vec<Queued> = group.queue.drain(..).collect();
+            drop(groups);
+            spawn_sender(self, slot, batch);
+        }
+        Entry::Queued(receiver)
+    }
+
+    /// One call for `batch`: each decision hears its own reply, or the call's error. The breaker
+    /// hears once.
+    async fn send_batch(&self, mut batch: Vec<Queued>) {
+        batch.retain(|queued| !queued.answer.is_closed());
+        if batch.is_empty() {
+            return;
+        }
+        let result = self.run_script(Call::Batch(&batch), Ok).await;
+        let transport = result.as_ref().err().map(StoreError::is_transport);
+        if let Some(breaker) = &self.breaker {
+            match transport {
+                Some(true) => breaker.on_failure(Admission::Call),
+                _ => breaker.on_success(Admission::Call),
+            }
+        }
+        if let Some(transport) = transport {
+            count_error("check", transport);
+        }
+        match result {
+            Ok(reply) => {
+                let replies = split_reply(reply, batch.len());
+                for (queued, reply) in batch.into_iter().zip(replies) {
+                    let _ = queued.answer.send(Answer::Reply(reply));
+                }
+            }
+            Err(StoreError::Redis(error)) if is_rehashing(error.inner()) => {
+                for queued in batch {
+                    let _ = queued.answer.send(Answer::Alone);
+                }
+            }
+            Err(error) => {
+                for queued in batch {
+                    let _ = queued.answer.send(Answer::Reply(Err(error.duplicate())));
+                }
+            }
+        }
+    }
+}
+
+/// A call's reply as each decision's: a call of one decision ran the decision script, whose
+/// reply is that decision's; a batch answers one element per decision, an error for a decision
+/// that failed on its own.
+fn split_reply(reply: redis::Value, decisions: usize) -> Vec<Result<redis::Value, StoreError>> {
+    match reply {
+        reply if decisions == 1 => vec![Ok(reply)],
+        redis::Value::Array(replies) if replies.len() == decisions => replies
+            .into_iter()
+            .map(|reply| match reply {
+                redis::Value::ServerError(error) => {
+                    count_error("check", false);
+                    Err(StoreError::redis(error.into()))
+                }
+                reply => Ok(reply),
+            })
+            .collect(),
+        other => {
+            let bad = format!("{other:?}");
+            (0..decisions)
+                .map(|_| Err(StoreError::BadReply(bad.clone())))
+                .collect()
+        }
+    }
+}
+
+/// The Cluster slot of a key: CRC16 of its hash tag (the part between the first `{` and the
+/// next `}`, when not empty), else of the whole key, modulo 16384; as Redis computes it.
+fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // `CLUSTER KEYSLOT` answers of a Redis 7.0 cluster.
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(slot_of(b"user1000"), 3443);
+        assert_eq!(slot_of(b"foo{}{bar}"), slot_of(b"foo{}{bar}"));
+        assert_eq!(slot_of(b"foo{}{bar}"), 8363);
+        assert_eq!(slot_of(b"foo{{bar}}zap"), slot_of(b"{bar"));
+        assert_eq!(slot_of(b"redlimit:{tenant-42}#t"), slot_of(b"tenant-42"));
+    }
+}
