@@ -270,7 +270,8 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            // The driver, the controls' reading, the controls, and the production modes' scripts
+            // The driver, the controls' reading, the controls, the production modes' scripts and the
+            // batch script
             // (src/mirror/scripts.rs).
             let scripts = [
                 "common.lua",
@@ -278,6 +279,7 @@ mod tests {
                 "control.lua",
                 "refund.lua",
                 "block.lua",
+                "batch.lua",
                 "slots.lua",
             ];
             if scripts.contains(&name.as_str()) {
