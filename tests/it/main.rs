@@ -20,6 +20,7 @@ mod grpc;
 
 mod acl;
 mod algorithms;
+mod batching;
 mod cluster;
 mod concurrency;
 mod connection;

@@ -235,6 +235,16 @@ impl RedisStore {
             return;
         }
         let result = self.run_script(Call::Batch(&batch), Ok).await;
+        if let Err(StoreError::Redis(error)) = &result {
+            if batch.len() > 1 && refused_before_running(error.inner()) {
+                // Nothing ran: each decision goes again alone and hears its own answer (the
+                // one key an ACL refuses, the split form of a slot in migration).
+                for queued in batch {
+                    let _ = queued.answer.send(Answer::Alone);
+                }
+                return;
+            }
+        }
         let transport = result.as_ref().err().map(StoreError::is_transport);
         if let Some(breaker) = &self.breaker {
             match transport {
@@ -252,11 +262,6 @@ impl RedisStore {
                     let _ = queued.answer.send(Answer::Reply(reply));
                 }
             }
-            Err(StoreError::Redis(error)) if is_rehashing(error.inner()) => {
-                for queued in batch {
-                    let _ = queued.answer.send(Answer::Alone);
-                }
-            }
             Err(error) => {
                 for queued in batch {
                     let _ = queued.answer.send(Answer::Reply(Err(error.duplicate())));
@@ -264,6 +269,24 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// Whether a batch's error reply proves that none of its decisions ran, and that one of them
+/// alone may answer otherwise: the server refused the command before running it (an ACL's
+/// `NOPERM` on one decision's key, `OOM`, `MISCONF`, a redirect or a slot in migration's
+/// `TRYAGAIN`), or the batch script refused its arguments. Any other error may come after some
+/// decisions ran (the script runs each under `pcall`, so none should), and transport trouble
+/// concerns every decision alike: neither is sent again.
+fn refused_before_running(error: &redis::RedisError) -> bool {
+    is_rehashing(error)
+        || matches!(
+            error.code(),
+            Some("NOPERM" | "OOM" | "MISCONF" | "NOSCRIPT" | "MOVED" | "ASK" | "CROSSSLOT")
+        )
+        || (error.code() == Some("ERR")
+            && error
+                .detail()
+                .is_some_and(|detail| detail.starts_with("redlimit: invalid batch")))
 }
 
 /// A call's reply as each decision's: a call of one decision ran the decision script, whose
