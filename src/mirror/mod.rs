@@ -31,7 +31,8 @@ pub(crate) use self::layout::{
 };
 pub(crate) use self::refund::{log_refund, refund, reserved_before_reset};
 pub(crate) use self::scripts::{
-    BATCH_SOURCE, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE};
+    BATCH_SOURCE, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
+};
 pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW};
 
 /// The decision script as the crate sends it (`lua/common.lua` with every step spliced in),

@@ -70,7 +70,9 @@ async fn decisions_queued_behind_a_call_share_the_next_and_each_is_decided_on_it
                 .await;
         let mut admitted = vec![0; keys.len()];
         for (i, answer) in answers[1..].iter().enumerate() {
-            let decision = answer.as_ref().unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+            let decision = answer
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
             admitted[i % keys.len()] += usize::from(decision.allowed);
         }
         assert!(answers[0].as_ref().unwrap().allowed);
@@ -102,11 +104,13 @@ async fn a_lone_decision_goes_out_alone_on_the_decision_script() {
     redis.reset_stats();
     for i in 0..20 {
         let key = format!("redlimit:{{alone-{i}}}");
-        assert!(store
-            .check(request(&key, &quotas, Algorithm::TokenBucket))
-            .await
-            .unwrap()
-            .allowed);
+        assert!(
+            store
+                .check(request(&key, &quotas, Algorithm::TokenBucket))
+                .await
+                .unwrap()
+                .allowed
+        );
     }
     assert_eq!(redis.command_calls("evalsha"), 20);
     // The batch script was never needed, so never loaded: the one cached script is the
@@ -136,7 +140,21 @@ async fn one_decisions_error_is_its_own() {
         .build()
         .unwrap();
     let quotas = generous();
-    let keys = ["redlimit:{ok-1}", "redlimit:{refused}", "redlimit:{ok-2}"];
+    // A key whose stored override is corrupt: the script refuses every decision on it.
+    let limiter = redlimit::Limiter::builder(store.clone())
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    support::poison_key(&redis, &limiter, "ok-poisoned").await;
+    let poisoned = limiter.storage_key("ok-poisoned");
+    assert!(poisoned.starts_with("redlimit:{ok"), "{poisoned}");
+    let keys = [
+        "redlimit:{ok-1}",
+        "redlimit:{refused}",
+        "redlimit:{ok-2}",
+        poisoned.as_str(),
+        "redlimit:{ok-3}",
+    ];
     let requests: Vec<CheckRequest<'_>> = keys
         .iter()
         .map(|key| request(key, &quotas, Algorithm::Gcra))
@@ -149,15 +167,49 @@ async fn one_decisions_error_is_its_own() {
         &requests,
     )
     .await;
-    assert!(answers[0].as_ref().unwrap().allowed);
-    assert!(answers[1].as_ref().unwrap().allowed, "{:?}", answers[1]);
+    for i in [0, 1, 3, 5] {
+        assert!(answers[i].as_ref().unwrap().allowed, "{:?}", answers[i]);
+    }
     match &answers[2] {
         Err(StoreError::Redis(failure)) => assert_eq!(failure.code(), Some("NOPERM")),
         other => panic!("the refused key's own error, got {other:?}"),
     }
-    assert!(answers[3].as_ref().unwrap().allowed, "{:?}", answers[3]);
-    // The refused decision failed alone: the breaker heard no transport trouble.
+    match &answers[4] {
+        Err(StoreError::Redis(failure)) => {
+            assert_eq!(failure.code(), Some("ERR"));
+            assert!(failure.to_string().contains("redlimit: invalid arguments"));
+        }
+        other => panic!("the poisoned key's own error, got {other:?}"),
+    }
+    // Neither failed the others, nor told the breaker of transport trouble.
     assert!(!store.circuit_open());
+    // Without the refused key, one call carries the queue and the poisoned key's error is
+    // its own reply in it: nothing is sent twice (each other key admitted twice in all).
+    let requests: Vec<CheckRequest<'_>> = [keys[0], keys[3], keys[4]]
+        .iter()
+        .map(|key| request(key, &quotas, Algorithm::Gcra))
+        .collect();
+    redis.reset_stats();
+    let answers = queued_behind_a_sleep(
+        &redis,
+        &store,
+        Duration::from_millis(300),
+        request("redlimit:{ok-first}", &quotas, Algorithm::Gcra),
+        &requests,
+    )
+    .await;
+    assert!(answers[2].is_err(), "{:?}", answers[2]);
+    for i in [0, 1, 3] {
+        assert!(answers[i].as_ref().unwrap().allowed, "{:?}", answers[i]);
+    }
+    for i in [1, 3] {
+        assert_eq!(
+            answers[i].as_ref().unwrap().remaining,
+            998,
+            "{:?}",
+            answers[i]
+        );
+    }
 }
 
 #[tokio::test]
@@ -193,7 +245,10 @@ async fn a_batch_that_times_out_counts_once_toward_the_breaker() {
     }
     // Two calls failed (the first alone, then the queue's), under the threshold of 3: 31
     // decisions sent alone would have opened the circuit.
-    assert!(!store.circuit_open(), "the breaker counted decisions, not calls");
+    assert!(
+        !store.circuit_open(),
+        "the breaker counted decisions, not calls"
+    );
 }
 
 #[tokio::test]
@@ -215,7 +270,9 @@ async fn decisions_dropped_before_their_call_are_left_out_and_a_dropped_first_ca
         )),
     );
     let kept_keys: Vec<String> = (0..10).map(|i| format!("redlimit:{{kept-{i}}}")).collect();
-    let dropped_keys: Vec<String> = (0..10).map(|i| format!("redlimit:{{dropped-{i}}}")).collect();
+    let dropped_keys: Vec<String> = (0..10)
+        .map(|i| format!("redlimit:{{dropped-{i}}}"))
+        .collect();
     let queued = async {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let kept = join_all(
@@ -246,7 +303,10 @@ async fn decisions_dropped_before_their_call_are_left_out_and_a_dropped_first_ca
         assert!(stored.contains(key), "{key} was decided: {stored:?}");
     }
     for key in &dropped_keys {
-        assert!(!stored.contains(key), "{key} was dropped before its call: {stored:?}");
+        assert!(
+            !stored.contains(key),
+            "{key} was dropped before its call: {stored:?}"
+        );
     }
 }
 
@@ -257,7 +317,9 @@ async fn on_cluster_only_decisions_of_one_slot_share_a_call() {
     let tight: Quotas = Quota::per_hour(4).unwrap().into();
     store.verify().await.unwrap();
     // Keys over every node, each asked 6 times at once, and one hot key asked 60 times.
-    let keys: Vec<String> = (0..30).map(|i| format!("redlimit:{{spread-{i}}}")).collect();
+    let keys: Vec<String> = (0..30)
+        .map(|i| format!("redlimit:{{spread-{i}}}"))
+        .collect();
     let hot = "redlimit:{hot}".to_owned();
     let mut requests: Vec<CheckRequest<'_>> = (0..6)
         .flat_map(|_| keys.iter().map(|key| request(key, &tight, Algorithm::Gcra)))

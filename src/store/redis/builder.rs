@@ -10,13 +10,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::{Client, ConnectionAddr, ConnectionInfo, RedisError};
 
+use super::batch::Batches;
 use super::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
 use super::sentinel::{self, SentinelOptions, SentinelTarget};
 use super::server::{self, ServerInfo};
 use super::tls::explain_tls;
 #[cfg(feature = "tls")]
 use super::tls::require_tls;
-use super::batch::Batches;
 use super::{Backend, BuildError, RedisStore, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT};
 use crate::store::breaker::{BreakerState, CircuitBreaker};
 

@@ -26,8 +26,8 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 
-pub use self::batch::DEFAULT_MAX_BATCH;
 use self::batch::Batches;
+pub use self::batch::DEFAULT_MAX_BATCH;
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::connection::Replaceable;

@@ -22,7 +22,8 @@ use crate::mirror::layout::{
     exact, learned_record_key, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS,
 };
 use crate::mirror::{
-    log_controls_key, BATCH_SOURCE, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
+    log_controls_key, BATCH_SOURCE, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE,
+    SOURCE,
 };
 use crate::quota::Quota;
 use crate::store::{
