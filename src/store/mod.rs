@@ -25,6 +25,30 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Batching
+//!
+//! [`RedisStore`] sends several decisions in one script call when, and only when, they queue:
+//!
+//! - A decision that finds no call in flight on its connection (on Cluster: for its key's slot)
+//!   goes out alone at once, as one `EVALSHA` of the decision script. A single caller, or a
+//!   quiet service, never waits for a batch.
+//! - Decisions that arrive while a call is in flight wait for it to end; the next call then
+//!   carries them together, up to [`RedisStoreBuilder::max_batch`] (64 by default) in one
+//!   `EVALSHA` of the batch script. A queue that fills up is sent at once.
+//! - On Cluster only decisions whose keys share a slot share a call (the keys of one limiter key
+//!   always do); Sentinel and a single node batch any decisions.
+//!
+//! Nothing else changes for a user: each decision is decided on its own, in order, atomically,
+//! with all its tiers or none, and gets its own reply and its own error (an ACL refusing one key
+//! fails that decision alone), so the failure policy applies to it alone. Its timeout counts
+//! from the moment it was queued. A decision whose caller went away before its call was sent is
+//! left out of it and consumes nothing. The circuit breaker counts a failed call once, however
+//! many decisions it carried. What changes is the cost: Redis pays a call's fixed part (the
+//! command, the script's lookup and start) once per call instead of once per decision; see
+//! `benches/README.md` for the figures. Lease renewals and settlement charges are decisions and
+//! batch like the others; blocking checks, refunds and give-backs, concurrency slots and fleet
+//! controls are always sent alone. `max_batch(1)` sends every decision alone.
 
 use std::time::Duration;
 
