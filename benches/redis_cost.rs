@@ -20,7 +20,10 @@
 //!   sliding log holds one unit more on each decision, up to 2 200: its cost grows with them);
 //! - the token bucket with controls: the tenant's override of every route, the route's own
 //!   override (both 2 an hour), a suspension of the tenant (every decision a denial);
-//! - the token bucket with two tiers (the same quota, and 1 a day with the same burst).
+//! - the token bucket with two tiers (the same quota, and 1 a day with the same burst);
+//! - `batched`: the token bucket's decisions [`BATCH`] at a time, on as many keys, through one
+//!   store that batches: in each round the first goes alone and the rest queue behind it and
+//!   share the next call (`src/store/redis/batch.rs`), so every round is the same two calls.
 //!
 //! Prints one line per group, `N (X.XX of reference)` per scenario. Words after `--` keep only
 //! the scenarios whose names contain one of them (`gcra`, `sliding`, `override`, `two`; the
@@ -43,6 +46,8 @@ use support::PrivateRedis;
 const DECISIONS: u64 = 2_000;
 /// Decisions before the count: the script loaded, the key written, the allocator settled.
 const WARM_UP: u64 = 200;
+/// Decisions sent at once in the `batched` scenario: one alone, the rest in one call.
+const BATCH: u64 = 64;
 
 /// The throughput bench's reference script: only `TIME`, one `GET` and one `SET key value PX
 /// ttl` on its key.
@@ -62,6 +67,7 @@ enum Scenario {
     RouteOverride,
     TenantSuspended,
     TwoTiers,
+    Batched,
 }
 
 impl Scenario {
@@ -73,6 +79,7 @@ impl Scenario {
             Scenario::RouteOverride => "route override".into(),
             Scenario::TenantSuspended => "tenant suspended".into(),
             Scenario::TwoTiers => "two tiers".into(),
+            Scenario::Batched => format!("token-bucket batched {BATCH} at a time"),
         }
     }
 }
@@ -236,7 +243,10 @@ async fn measure(counted: &mut Counted, scenario: Scenario) -> Result<u64, Strin
                 .expect("a valid quota");
             quotas = Quotas::new([quota, per_day]).expect("two valid quotas");
         }
-        Scenario::Reference | Scenario::Plain(_) => {}
+        Scenario::Reference | Scenario::Plain(_) | Scenario::Batched => {}
+    }
+    if scenario == Scenario::Batched {
+        return batched(counted, &limiter, &quotas).await;
     }
     let decide = |n: u64| {
         let (limiter, key, quotas) = (&limiter, &key, &quotas);
@@ -257,6 +267,31 @@ async fn measure(counted: &mut Counted, scenario: Scenario) -> Result<u64, Strin
     counted.zero()?;
     decide(DECISIONS).await?;
     counted.dump()
+}
+
+/// The `batched` scenario: rounds of [`BATCH`] decisions at once on as many keys; per decision
+/// is the total over the decisions counted (a whole number of rounds).
+async fn batched(counted: &mut Counted, limiter: &Limiter, quotas: &Quotas) -> Result<u64, String> {
+    let keys: Vec<String> = (0..BATCH).map(|i| format!("batched-{i}")).collect();
+    let round = || {
+        futures::future::join_all(
+            keys.iter()
+                .map(|key| limiter.try_check_quotas(key.as_str(), quotas, 1)),
+        )
+    };
+    for _ in 0..WARM_UP.div_ceil(BATCH) {
+        round().await;
+    }
+    counted.zero()?;
+    for _ in 0..DECISIONS / BATCH {
+        for decision in round().await {
+            if !decision.map_err(|e| e.to_string())?.allowed {
+                return Err("batched: an unexpected denial".into());
+            }
+        }
+    }
+    // Scaled to DECISIONS, the divisor of every scenario.
+    Ok(counted.dump()? * DECISIONS / (DECISIONS / BATCH * BATCH))
 }
 
 /// The reference script by hand, on one connection.
@@ -319,7 +354,7 @@ fn main() {
             return;
         }
     };
-    let groups: [(&str, Vec<Scenario>); 3] = [
+    let groups: [(&str, Vec<Scenario>); 4] = [
         (
             "redis instructions per decision",
             [
@@ -344,6 +379,10 @@ fn main() {
             "redis instructions per decision, token bucket",
             vec![Scenario::TwoTiers],
         ),
+        (
+            "redis instructions per decision, several in one call",
+            vec![Scenario::Batched],
+        ),
     ];
     // The scenarios asked for: every one, or those whose names contain a word given.
     let words: Vec<String> = std::env::args()
@@ -358,7 +397,7 @@ fn main() {
         .unwrap_or_else(|e| panic!("reference: {e}")));
     println!(
         "redis_cost: redis-server under callgrind, instructions inside evalShaCommand, {DECISIONS} \
-         decisions per scenario, one at a time"
+         decisions per scenario, one at a time (batched: {BATCH} at once)"
     );
     println!("reference script (TIME + GET + SET PX): {reference:.0} instructions per call");
     for (title, scenarios) in groups {
