@@ -355,3 +355,65 @@ async fn on_cluster_only_decisions_of_one_slot_share_a_call() {
         requests.len()
     );
 }
+
+#[test]
+fn a_runtime_shut_down_with_decisions_in_flight_leaves_the_store_working_on_another() {
+    let redis = RedisServer::start();
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(2))
+        .without_circuit_breaker()
+        .build()
+        .unwrap();
+    let quotas = generous();
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    first.block_on(store.verify()).unwrap();
+    // A call in flight behind a sleep, decisions queued behind it, then the runtime goes away.
+    let sleeping = redis.debug_sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(30));
+    for i in 0..10 {
+        let store = store.clone();
+        let quotas = quotas.clone();
+        first.spawn(async move {
+            let key = format!("redlimit:{{gone-{i}}}");
+            let _ = store
+                .check(request(&key, &quotas, Algorithm::TokenBucket))
+                .await;
+        });
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    first.shutdown_timeout(Duration::ZERO);
+    sleeping.join().unwrap();
+    // Another runtime: its decisions go out and are answered. (The connection's own task died
+    // with the first runtime, so the first call may fail on it, and the store reconnects.) A
+    // group left with a call in flight that nothing sends would queue each of them until its
+    // timeout.
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let mut answers = Vec::new();
+        for i in 0..20 {
+            let key = format!("redlimit:{{after-{i}}}");
+            let answer = store
+                .check(request(&key, &quotas, Algorithm::TokenBucket))
+                .await;
+            assert!(
+                !matches!(answer, Err(StoreError::Timeout(_))),
+                "decision {i} after the shutdown waited out its timeout: {answers:?}"
+            );
+            let allowed = answer.as_ref().is_ok_and(|d| d.allowed);
+            answers.push(answer);
+            if allowed {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no decision answered after the shutdown: {answers:?}");
+    });
+}

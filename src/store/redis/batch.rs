@@ -127,23 +127,56 @@ impl Drop for InFlight<'_> {
 }
 
 /// Sends `batch`, then every next one of the group's, as a task of its own: no caller's future
-/// carries other callers' decisions. Outside a Tokio runtime (one shutting down) the decisions
-/// are dropped, and their callers hear that the store is unavailable.
+/// carries other callers' decisions.
 fn spawn_sender(store: &RedisStore, slot: u16, batch: Vec<Queued>) {
+    let sending = Sending {
+        store: store.clone(),
+        slot,
+        done: false,
+    };
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime to send on (one shut down): `sending` gives up the call in flight.
         return;
     };
-    let store = store.clone();
     runtime.spawn(async move {
+        let mut sending = sending;
         let mut batch = batch;
         loop {
-            store.send_batch(batch).await;
-            match store.batches.next(slot) {
+            sending.store.send_batch(batch).await;
+            match sending.store.batches.next(slot) {
                 Some(next) => batch = next,
-                None => return,
+                None => {
+                    sending.done = true;
+                    return;
+                }
             }
         }
     });
+}
+
+/// A sender task's call in flight. Dropped before the task ends (its runtime shut down, or no
+/// runtime to start it on), it gives the call up; when no other call is in flight for the
+/// group, the decisions still queued are dropped too, and their callers hear at once that the
+/// store is unavailable, instead of waiting out their timeouts for a call that never comes.
+struct Sending {
+    store: RedisStore,
+    slot: u16,
+    done: bool,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut groups = self.store.batches.lock();
+        if let Some(group) = groups.get_mut(&self.slot) {
+            group.in_flight = group.in_flight.saturating_sub(1);
+            if group.in_flight == 0 {
+                groups.remove(&self.slot);
+            }
+        }
+    }
 }
 
 impl RedisStore {
@@ -170,20 +203,21 @@ impl RedisStore {
             }
             Entry::Queued(receiver) => receiver,
         };
-        let answer = self
-            .bounded(async {
-                receiver
-                    .await
-                    .map_err(|_| StoreError::Unavailable("the store's batch was dropped"))
-            })
-            .await?;
-        match answer {
-            Answer::Reply(Ok(value)) => read_decision(value, &request).inspect_err(|_| {
-                count_error("check", false);
-            }),
-            Answer::Reply(Err(error)) => Err(error),
-            Answer::Alone => self.check_alone(request, admission).await,
-        }
+        // The decision's one timeout, from the moment it was queued: the wait, and the call of
+        // its own when the batch could not take it.
+        let answer = async {
+            let answer = receiver
+                .await
+                .map_err(|_| StoreError::Unavailable("the store's batch was dropped"))?;
+            match answer {
+                Answer::Reply(Ok(value)) => read_decision(value, &request).inspect_err(|_| {
+                    count_error("check", false);
+                }),
+                Answer::Reply(Err(error)) => Err(error),
+                Answer::Alone => self.check_alone(request, admission).await,
+            }
+        };
+        self.bounded(answer).await
     }
 
     /// One decision in a call of its own, with the breaker's `admission`.
