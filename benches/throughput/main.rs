@@ -50,13 +50,13 @@
 //! batches decisions that queue up (at concurrency 64, one call carries many), so
 //! `usec_per_call` would be per call. The table's `redis µs/dec` column and the cost lines
 //! (which keep the name `usec_per_call`) give this figure; for the raw reference, one call a
-//! decision, it is its `usec_per_call`. Allocations per decision come from the counting global allocator below.
-//! The ratios at the end come from the compared runs interleaved round by round in this process,
-//! so a noisy machine moves both sides of each ratio alike: the throughput ratios are the medians
-//! of the per-round ratios; the Redis cost ratios compare each side's least-disturbed round
-//! (preemption of Redis mid-script only ever adds to its time). Redis CPU per decision
-//! (`/proc/<pid>/schedstat` of the private server) and this process's CPU per decision are shown
-//! too: waiting for a CPU does not inflate them.
+//! decision, it is its `usec_per_call`. Allocations per decision come from the counting global
+//! allocator below. The ratios at the end come from the compared runs interleaved round by
+//! round in this process, so a noisy machine moves both sides of each ratio alike: the
+//! throughput ratios are the medians of the per-round ratios; the Redis cost ratios compare each
+//! side's least-disturbed round (preemption of Redis mid-script only ever adds to its time).
+//! Redis CPU per decision (`/proc/<pid>/schedstat` of the private server) and this process's CPU
+//! per decision are shown too: waiting for a CPU does not inflate them.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
