@@ -10,7 +10,7 @@ pub(crate) fn print_table(rows: &[Row]) {
         "decisions/s",
         "p50 µs",
         "p99 µs",
-        "redis µs/call",
+        "redis µs/dec",
         "redis CPU µs",
         "bench CPU µs",
         "allocs/dec"
@@ -24,7 +24,7 @@ pub(crate) fn print_table(rows: &[Row]) {
         }
     };
     for row in rows {
-        let usec = figure(row.median_of(Run::usec_per_call));
+        let usec = figure(row.median_of(Run::usec_per_decision));
         let cpu = figure(row.median_of(Run::redis_cpu_us));
         let own = figure(row.median_of(Run::own_cpu_us));
         let runs = if row.runs.len() > 1 {
@@ -55,8 +55,8 @@ pub(crate) struct Costs {
 }
 
 impl Costs {
-    /// The least-disturbed figure: preemption of Redis mid-script only ever adds to
-    /// `usec_per_call`, so on a shared machine the smallest of the rounds is the closest to the
+    /// The least-disturbed figure: preemption of Redis mid-script only ever adds to its
+    /// `EVALSHA` time, so on a shared machine the smallest of the rounds is the closest to the
     /// script's own cost.
     pub(crate) fn least(values: &[f64]) -> f64 {
         values

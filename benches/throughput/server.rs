@@ -82,7 +82,7 @@ impl Admin {
         }
     }
 
-    /// `EVALSHA` calls and their `usec_per_call` since the last reset.
+    /// `EVALSHA` calls and their total `usec` since the last reset.
     pub(crate) async fn script_stat(&self) -> Option<ScriptStat> {
         if !self.stats {
             return None;
@@ -97,7 +97,7 @@ impl Admin {
         let (calls, usec) = (field("calls")?, field("usec")?);
         Some(ScriptStat {
             calls: calls as u64,
-            usec_per_call: usec / calls,
+            usec,
         })
     }
 
