@@ -32,6 +32,12 @@ if n == 0 or keys ~= #KEYS then
     'the sliding log, else 2) in order, then each decision\'s packed argument')
 end
 
+-- Redis's clock, read once: the decisions of one call are decided at one time (each reads it
+-- here instead of calling TIME: the decision script's `TIME` lines are replaced with `now =
+-- clock`). One TIME per call costs less than one per decision.
+local t = redis.call('TIME')
+local clock = t[1] * 1000000 + t[2]
+
 local function decide(KEYS, ARGV)
 -- @decide
 end

@@ -229,10 +229,18 @@ pub(crate) static BLOCK_SOURCE: LazyLock<String> = LazyLock::new(|| {
     with_constants(&spliced)
 });
 
-/// The batch script: the decision script as a function, spliced into `lua/batch.lua`.
+/// The batch script: the decision script as a function, spliced into `lua/batch.lua`, reading
+/// the call's one `clock` instead of calling `TIME` itself.
 pub(crate) static BATCH_SOURCE: LazyLock<String> = LazyLock::new(|| {
+    const TIME: &str = "  local t = call('TIME')\n  now = t[1] * 1000000 + t[2]\n";
+    assert_eq!(
+        SOURCE.matches(TIME).count(),
+        1,
+        "lua/common.lua reads TIME once"
+    );
+    let decide = SOURCE.replacen(TIME, "  now = clock\n", 1);
     let wrapper = include_str!("../../lua/batch.lua");
-    let spliced = wrapper.replacen("-- @decide\n", &SOURCE, 1);
+    let spliced = wrapper.replacen("-- @decide\n", &decide, 1);
     assert_ne!(spliced, wrapper, "lua/batch.lua has its @decide line");
     with_constants(&spliced)
 });
