@@ -18,27 +18,36 @@
 local byte, find, error_reply = string.byte, string.find, redis.error_reply
 
 local n = #ARGV
--- The keys first, so that a malformed call decides nothing.
-local keys = 0
+-- The keys first, so that a malformed call decides nothing; and each decision's tenant key (the
+-- last of its keys).
+local tenant_keys, k = {}, 0
 for i = 1, n do
   if byte(ARGV[i], 17) == LOG_TAG then
-    keys = keys + 3
+    k = k + 3
   else
-    keys = keys + 2
+    k = k + 2
   end
+  tenant_keys[i] = KEYS[k]
 end
-if n == 0 or keys ~= #KEYS then
+if n == 0 or k ~= #KEYS then
   return error_reply('ERR redlimit: invalid batch; expected each decision\'s keys (3 for ' ..
     'the sliding log, else 2) in order, then each decision\'s packed argument')
 end
 
--- Redis's clock, read once: the decisions of one call are decided at one time (each reads it
--- here instead of calling TIME: the decision script's `TIME` lines are replaced with `now =
--- clock`). One TIME per call costs less than one per decision.
-local t = redis.call('TIME')
-local clock = t[1] * 1000000 + t[2]
+-- What every decision reads besides its own state, read once for the call: Redis's clock (the
+-- decisions of one call are decided at one time), and the tenants' strings with one MGET (a
+-- key of another type reads as absent, as with the decision script's GET). Decisions never
+-- write a tenant's string, so each reads what it would have read itself. One TIME and one MGET
+-- cost Redis less than a TIME and a GET per decision.
+local time = redis.call('TIME')
+local clock = time[1] * 1000000 + time[2]
+local tenants = redis.call('MGET', unpack(tenant_keys))
 
-local function decide(KEYS, ARGV)
+-- `decide` is the decision script with its keys, argument and tenant's string as parameters
+-- instead of KEYS, ARGV and its own reads: Rust replaces the lines that read them when it
+-- assembles this script (`BATCH_SOURCE` in src/mirror/scripts.rs). `key3` is the sliding log's
+-- third key (false for the others).
+local function decide(skey, lkey, key3, args, tenant)
 -- @decide
 end
 
@@ -47,10 +56,10 @@ for i = 1, n do
   local args = ARGV[i]
   local ok, reply
   if byte(args, 17) == LOG_TAG then
-    ok, reply = pcall(decide, { KEYS[k], KEYS[k + 1], KEYS[k + 2] }, { args })
+    ok, reply = pcall(decide, KEYS[k], KEYS[k + 1], KEYS[k + 2], args, tenants[i])
     k = k + 3
   else
-    ok, reply = pcall(decide, { KEYS[k], KEYS[k + 1] }, { args })
+    ok, reply = pcall(decide, KEYS[k], KEYS[k + 1], false, args, tenants[i])
     k = k + 2
   end
   if not ok then

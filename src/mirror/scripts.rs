@@ -229,16 +229,30 @@ pub(crate) static BLOCK_SOURCE: LazyLock<String> = LazyLock::new(|| {
     with_constants(&spliced)
 });
 
-/// The batch script: the decision script as a function, spliced into `lua/batch.lua`, reading
-/// the call's one `clock` instead of calling `TIME` itself.
+/// The batch script: the decision script as a function of its keys and argument, reading the
+/// call's one `clock` instead of calling `TIME` itself, spliced into `lua/batch.lua`.
 pub(crate) static BATCH_SOURCE: LazyLock<String> = LazyLock::new(|| {
-    const TIME: &str = "  local t = call('TIME')\n  now = t[1] * 1000000 + t[2]\n";
-    assert_eq!(
-        SOURCE.matches(TIME).count(),
-        1,
-        "lua/common.lua reads TIME once"
-    );
-    let decide = SOURCE.replacen(TIME, "  now = clock\n", 1);
+    // What the decision script reads from KEYS, ARGV, TIME and the tenant's key, and what the
+    // function reads instead (its parameters `skey, lkey, key3, args, tenant`, and the call's
+    // `clock`).
+    const READS: [(&str, &str); 5] = [
+        ("local args, split = ARGV[1], ARGV[2]", "local split = false"),
+        ("local skey, lkey = KEYS[1], KEYS[2]\n", ""),
+        ("  tkey = KEYS[3]\n", "  tkey = key3\n"),
+        (
+            "  local t = call('TIME')\n  now = t[1] * 1000000 + t[2]\n",
+            "  now = clock\n",
+        ),
+        (
+            "  s, t = rpcall('GET', skey), rpcall('GET', tkey)\n",
+            "  s, t = rpcall('GET', skey), tenant\n",
+        ),
+    ];
+    let mut decide = SOURCE.clone();
+    for (read, instead) in READS {
+        assert_eq!(decide.matches(read).count(), 1, "lua/common.lua has `{read}` once");
+        decide = decide.replacen(read, instead, 1);
+    }
     let wrapper = include_str!("../../lua/batch.lua");
     let spliced = wrapper.replacen("-- @decide\n", &decide, 1);
     assert_ne!(spliced, wrapper, "lua/batch.lua has its @decide line");
