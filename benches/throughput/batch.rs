@@ -261,6 +261,14 @@ fn report(settings: &Settings, admin: &Admin, checks: [&Runs; 4], peer: &Runs) {
         median(of(unbatched64, Run::redis_cpu_us)),
         median(of(peer, Run::redis_cpu_us))
     );
+    println!(
+        "bench CPU per decision at c=64 (medians): batched {:.2} µs, unbatched {:.2} µs; \
+         allocations per decision: batched {:.1}, unbatched {:.1}",
+        median(of(batched64, Run::own_cpu_us)),
+        median(of(unbatched64, Run::own_cpu_us)),
+        median(of(batched64, Run::allocations_per_op)),
+        median(of(unbatched64, Run::allocations_per_op))
+    );
     println!("leanest peer (INCR + PEXPIRE, no clock): {peer_usec:.2} usec per call");
     println!("batched redis usec per decision / unbatched: {usec_ratio:.2}");
     println!(
