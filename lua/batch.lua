@@ -16,6 +16,9 @@
 -- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
 -- src/mirror/scripts.rs), so they have one source and no call pays for a local.
 local byte, find, error_reply = string.byte, string.find, redis.error_reply
+-- What the decision script looks up first, once for the call.
+local spack, sunpack, call, rpcall = struct.pack, struct.unpack, redis.call, redis.pcall
+local KEYS, ARGV = KEYS, ARGV
 
 local n = #ARGV
 -- The keys first, so that a malformed call decides nothing; and each decision's tenant key (the
@@ -53,14 +56,15 @@ end
 
 local replies, k = {}, 1
 for i = 1, n do
-  local args = ARGV[i]
   local ok, reply
-  if byte(args, 17) == LOG_TAG then
-    ok, reply = pcall(decide, KEYS[k], KEYS[k + 1], KEYS[k + 2], args, tenants[i])
-    k = k + 3
-  else
-    ok, reply = pcall(decide, KEYS[k], KEYS[k + 1], false, args, tenants[i])
+  local tenant_key = tenant_keys[i]
+  -- Two keys end with the tenant's (a Lua string comparison is a pointer comparison).
+  if KEYS[k + 1] == tenant_key then
+    ok, reply = pcall(decide, KEYS[k], tenant_key, false, ARGV[i], tenants[i])
     k = k + 2
+  else
+    ok, reply = pcall(decide, KEYS[k], KEYS[k + 1], tenant_key, ARGV[i], tenants[i])
+    k = k + 3
   end
   if not ok then
     -- A command's error is a table on Redis 7 and its message on older servers; a runtime

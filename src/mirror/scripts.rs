@@ -235,7 +235,13 @@ pub(crate) static BATCH_SOURCE: LazyLock<String> = LazyLock::new(|| {
     // What the decision script reads from KEYS, ARGV, TIME and the tenant's key, and what the
     // function reads instead (its parameters `skey, lkey, key3, args, tenant`, and the call's
     // `clock`).
-    const READS: [(&str, &str); 5] = [
+    const READS: [(&str, &str); 6] = [
+        // Looked up once per call, in lua/batch.lua, instead of once per decision.
+        (
+            "local spack, sunpack, call, rpcall = struct.pack, struct.unpack, redis.call, \
+             redis.pcall\n",
+            "",
+        ),
         ("local args, split = ARGV[1], ARGV[2]", "local split = false"),
         ("local skey, lkey = KEYS[1], KEYS[2]\n", ""),
         ("  tkey = KEYS[3]\n", "  tkey = key3\n"),
