@@ -39,6 +39,7 @@ mod misconfiguration;
 mod modes;
 mod outbound;
 mod probes_leases;
+mod probes_batching;
 mod probes_refund;
 mod probes_review;
 mod route_limits;
