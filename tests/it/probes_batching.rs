@@ -5,7 +5,6 @@
 
 use crate::support;
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,14 +81,21 @@ fn a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable() {
         .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    assert_eq!(store.max_batch(), DEFAULT_MAX_BATCH, "batching on by default");
+    assert_eq!(
+        store.max_batch(),
+        DEFAULT_MAX_BATCH,
+        "batching on by default"
+    );
     let first = support::current_thread_runtime();
     let sleeping = first.block_on(async {
         store.verify().await.expect("Redis is up");
         let sleeping = redis.debug_sleep(Duration::from_millis(300));
         tokio::time::sleep(Duration::from_millis(30)).await;
         // One call alone on the wire, then a full queue behind it (sent at once by a task).
-        for (i, key) in keys("shutdown", DEFAULT_MAX_BATCH + 1).into_iter().enumerate() {
+        for (i, key) in keys("shutdown", DEFAULT_MAX_BATCH + 1)
+            .into_iter()
+            .enumerate()
+        {
             let store = store.clone();
             tokio::spawn(async move {
                 let quotas = generous();
@@ -328,4 +334,427 @@ async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout() {
              after {elapsed:?}, past the timeout of {timeout:?}: {heard:?}"
         );
     }
+}
+
+/// Holds Redis for `sleep`, then sends `first` (alone, behind the sleep) and, once it is on the
+/// wire, every request of `rest` (queued behind it, in order); `during` runs on a thread of its
+/// own while Redis sleeps. Answers in the order given, `first`'s first.
+async fn behind_a_sleep(
+    redis: &RedisServer,
+    store: &RedisStore,
+    sleep: Duration,
+    first: CheckRequest<'_>,
+    rest: &[CheckRequest<'_>],
+) -> Vec<Result<Decision, StoreError>> {
+    store.verify().await.expect("Redis is up");
+    let sleeping = redis.debug_sleep(sleep);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let leader = store.check(first);
+    let followers = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        join_all(rest.iter().map(|request| store.check(*request))).await
+    };
+    let (first, rest) = tokio::join!(leader, followers);
+    let _ = sleeping.join();
+    std::iter::once(first).chain(rest).collect()
+}
+
+/// One queue mixing every algorithm (the sliding log's 3 keys beside the others' 2), two
+/// tiers, cost-0 peeks, a cost above any burst, the same key several times, and hostile stored
+/// bytes on some keys (a string of garbage, a hash, a string where the sliding log keeps its
+/// set, garbage in a tenant's key): each decision answers exactly what the same requests sent
+/// one by one without batching answer, on a second server with the same data and the same
+/// client clock.
+#[tokio::test]
+async fn a_mixed_queue_decides_each_decision_as_it_would_alone() {
+    let batched_redis = RedisServer::start();
+    let alone_redis = RedisServer::start();
+    let batched = support::redis_store(&batched_redis);
+    let alone = RedisStore::builder(alone_redis.url())
+        .timeout(support::PATIENT_TIMEOUT)
+        .max_batch(1)
+        .build()
+        .unwrap();
+    for redis in [&batched_redis, &alone_redis] {
+        let mut conn = redis.conn();
+        let _: () = redis::pipe()
+            .cmd("SET")
+            .arg("redlimit:{garbage}")
+            .arg(&b"\xff\x00\x07garbage bytes"[..])
+            .ignore()
+            .cmd("HSET")
+            .arg("redlimit:{hash}")
+            .arg("f")
+            .arg("v")
+            .ignore()
+            .cmd("SET")
+            .arg("redlimit:{log-string}")
+            .arg("not a sorted set")
+            .ignore()
+            .cmd("SET")
+            .arg("redlimit:{tenant-garbage}#t")
+            .arg(&b"M\x01\x02"[..])
+            .ignore()
+            .query(&mut conn)
+            .unwrap();
+    }
+    let tight: Quotas = Quota::per_hour(3).unwrap().into();
+    let tiers = Quotas::new([Quota::per_hour(4).unwrap(), Quota::per_minute(2).unwrap()]).unwrap();
+    let now = Some(1_700_000_000_123_456);
+    let plan: Vec<(&str, Algorithm, &Quotas, u64)> = vec![
+        ("redlimit:{mix-tb}", Algorithm::TokenBucket, &tight, 1),
+        ("redlimit:{mix-log}", Algorithm::SlidingLog, &tight, 1),
+        ("redlimit:{mix-gcra}", Algorithm::Gcra, &tiers, 1),
+        ("redlimit:{mix-fw}", Algorithm::FixedWindow, &tight, 0),
+        ("redlimit:{mix-sw}", Algorithm::SlidingWindow, &tight, 2),
+        ("redlimit:{mix-log2}", Algorithm::SlidingLog, &tiers, 1),
+        ("redlimit:{mix-huge}", Algorithm::Gcra, &tight, u64::MAX),
+        (
+            "redlimit:{mix-huge-log}",
+            Algorithm::SlidingLog,
+            &tight,
+            1 << 40,
+        ),
+        ("redlimit:{garbage}", Algorithm::TokenBucket, &tight, 1),
+        ("redlimit:{hash}", Algorithm::Gcra, &tight, 1),
+        ("redlimit:{log-string}", Algorithm::SlidingLog, &tight, 1),
+        (
+            "redlimit:{tenant-garbage}",
+            Algorithm::FixedWindow,
+            &tight,
+            1,
+        ),
+        ("redlimit:{mix-fw}", Algorithm::FixedWindow, &tight, 1),
+        ("redlimit:{mix-tb}", Algorithm::TokenBucket, &tight, 0),
+    ];
+    let requests: Vec<CheckRequest<'_>> = (0..4)
+        .flat_map(|_| plan.iter())
+        .map(|&(key, algorithm, quotas, cost)| CheckRequest {
+            key,
+            algorithm,
+            quotas,
+            cost,
+            now_micros: now,
+        })
+        .collect();
+    batched_redis.reset_stats();
+    let answers = behind_a_sleep(
+        &batched_redis,
+        &batched,
+        Duration::from_millis(300),
+        requests[0],
+        &requests[1..],
+    )
+    .await;
+    let calls = batched_redis.command_calls("evalsha") + batched_redis.command_calls("eval");
+    assert!(
+        calls < requests.len() as u64 / 2,
+        "the queue shared calls: {calls} calls for {} decisions",
+        requests.len()
+    );
+    let mut expected = Vec::new();
+    for request in &requests {
+        expected.push(alone.check(*request).await);
+    }
+    for (i, (request, (got, want))) in requests
+        .iter()
+        .zip(answers.iter().zip(&expected))
+        .enumerate()
+    {
+        assert_eq!(
+            text(got),
+            text(want),
+            "decision {i} ({} {} cost {}): batched, then alone",
+            request.key,
+            request.algorithm,
+            request.cost
+        );
+    }
+}
+
+/// Callers that go away anywhere (an outer timeout, a `select!` that takes another branch, an
+/// aborted task), while queued or while their call is in flight, and a Redis that sleeps past
+/// the store's timeout meanwhile: each decision runs at most once (never twice), each caller
+/// that stays hears within the timeout, and afterwards the queue is not stuck (a lone decision
+/// goes alone, at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_dropped_anywhere_run_at_most_once_and_leave_no_queue_stuck() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(150);
+    let store = RedisStore::builder(redis.url())
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    store.verify().await.unwrap();
+    let keys = keys("drop", 400);
+    let mut rng = fastrand::Rng::with_seed(31);
+    let started = Instant::now();
+    let sleeper = {
+        let client = redis.client();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let sleeping = support::debug_sleep_via(&client, Duration::from_millis(250));
+            tokio::task::spawn_blocking(move || sleeping.join())
+                .await
+                .unwrap()
+                .unwrap();
+        })
+    };
+    let mut tasks = Vec::new();
+    for key in keys.iter().cloned() {
+        let store = store.clone();
+        let (kind, arrive, cut) = (rng.u8(0..4), rng.u64(0..500), rng.u64(0..200));
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(arrive)).await;
+            let quotas = generous();
+            let check = store.check(request(&key, &quotas, Algorithm::TokenBucket));
+            let sent = Instant::now();
+            let answer = match kind {
+                1 => tokio::time::timeout(Duration::from_millis(cut), check)
+                    .await
+                    .ok(),
+                2 => tokio::select! {
+                    answer = check => Some(answer),
+                    _ = tokio::time::sleep(Duration::from_millis(cut)) => None,
+                },
+                _ => Some(check.await),
+            };
+            answer.map(|answer| (answer, sent.elapsed()))
+        });
+        let abort = (kind == 3).then(|| {
+            let handle = task.abort_handle();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(arrive + cut)).await;
+                handle.abort();
+            })
+        });
+        tasks.push((task, abort));
+    }
+    let mut answers = Vec::new();
+    for (task, _) in tasks {
+        answers.push(task.await.ok().flatten());
+    }
+    sleeper.await.unwrap();
+    println!("{} decisions over {:?}", keys.len(), started.elapsed());
+    let quotas = generous();
+    let mut consumed = Vec::new();
+    for key in &keys {
+        let peek = store
+            .check(CheckRequest {
+                cost: 0,
+                ..request(key, &quotas, Algorithm::TokenBucket)
+            })
+            .await
+            .unwrap();
+        consumed.push(1_000 - peek.remaining);
+    }
+    let (mut heard, mut ran) = (0, 0);
+    for ((key, answer), consumed) in keys.iter().zip(&answers).zip(&consumed) {
+        assert!(*consumed <= 1, "{key} ran {consumed} times");
+        ran += consumed;
+        if let Some((answer, elapsed)) = answer {
+            heard += 1;
+            assert!(
+                *elapsed <= timeout + Duration::from_millis(100),
+                "{key}: heard after {elapsed:?} ({})",
+                text(answer)
+            );
+            match answer {
+                Ok(decision) => {
+                    assert!(decision.allowed, "{key}");
+                    assert_eq!(*consumed, 1, "{key} was admitted, so it ran");
+                }
+                Err(StoreError::Timeout(_)) => {}
+                Err(error) => panic!("{key}: only a timeout may fail a decision here: {error}"),
+            }
+        }
+    }
+    println!("{heard} callers heard, {ran} decisions ran");
+    redis.reset_stats();
+    let lone = Instant::now();
+    let decision = store
+        .check(request(
+            "redlimit:{after-drops}",
+            &quotas,
+            Algorithm::TokenBucket,
+        ))
+        .await
+        .unwrap();
+    assert!(decision.allowed);
+    assert!(
+        lone.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        lone.elapsed()
+    );
+    assert_eq!(
+        redis.command_calls("evalsha"),
+        1,
+        "a lone decision goes alone"
+    );
+}
+
+/// Two stores (two instances, each batching) race many tasks on one key per algorithm: the
+/// admitted count is exactly the quota, never more (a decision decided twice or on stale
+/// state would overshoot), never less (a denial that consumed would undershoot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_batching_stores_racing_on_one_key_admit_exactly_the_quota() {
+    let redis = RedisServer::start();
+    let stores = [support::redis_store(&redis), support::redis_store(&redis)];
+    let quota = 50;
+    for &algorithm in Algorithm::ALL {
+        let key = format!("redlimit:{{race-{algorithm}}}");
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for store in &stores {
+            for _ in 0..64 {
+                let (store, key, admitted) = (store.clone(), key.clone(), admitted.clone());
+                tasks.push(tokio::spawn(async move {
+                    let quotas: Quotas = Quota::per_hour(quota).unwrap().into();
+                    for _ in 0..3 {
+                        let decision = store
+                            .check(request(&key, &quotas, algorithm))
+                            .await
+                            .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+                        admitted.fetch_add(usize::from(decision.allowed), Ordering::Relaxed);
+                    }
+                }));
+            }
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(
+            admitted.load(Ordering::Relaxed),
+            quota as usize,
+            "{algorithm}: 384 requests from two stores on one key"
+        );
+    }
+}
+
+/// A half-open circuit's probe goes alone: while it is in flight the others are skipped, none
+/// joins it, and its success closes the circuit.
+#[tokio::test]
+async fn a_half_open_probe_goes_alone_and_closes_the_circuit() {
+    let redis = RedisServer::start();
+    let cool_down = Duration::from_millis(300);
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_millis(100))
+        .circuit_breaker(CircuitBreaker {
+            failure_threshold: 1,
+            cool_down,
+        })
+        .build()
+        .unwrap();
+    store.verify().await.unwrap();
+    let quotas = generous();
+    let sleeping = redis.debug_sleep(Duration::from_millis(250));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let failed = store
+        .check(request("redlimit:{open}", &quotas, Algorithm::TokenBucket))
+        .await;
+    assert!(matches!(failed, Err(StoreError::Timeout(_))), "{failed:?}");
+    sleeping.join().unwrap();
+    assert!(store.circuit_open());
+    tokio::time::sleep(cool_down + Duration::from_millis(50)).await;
+    redis.reset_stats();
+    let keys = keys("half-open", 20);
+    let answers = join_all(
+        keys.iter()
+            .map(|key| store.check(request(key, &quotas, Algorithm::TokenBucket))),
+    )
+    .await;
+    let decided = answers.iter().filter(|answer| answer.is_ok()).count();
+    let skipped = answers
+        .iter()
+        .filter(|answer| matches!(answer, Err(StoreError::Unavailable(_))))
+        .count();
+    assert_eq!(
+        (decided, skipped),
+        (1, keys.len() - 1),
+        "{:?}",
+        answers.iter().map(text).collect::<Vec<_>>()
+    );
+    assert_eq!(redis.command_calls("evalsha"), 1, "the probe alone");
+    assert!(!store.circuit_open(), "the probe's success closed it");
+}
+
+/// `SCRIPT FLUSH` (the batch script's `NOSCRIPT`), `FLUSHALL`, then a restart, each while a
+/// queue waits behind a call in flight: the first two are survived with every decision decided
+/// once (each key has exactly one unit spent afterwards); across the restart every caller hears
+/// within the timeout, and decisions reach the new server afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_survives_script_flush_flushall_and_a_restart_mid_batch() {
+    let mut redis = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    let store = RedisStore::builder(redis.url())
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    let tight: Quotas = Quota::per_hour(3).unwrap().into();
+    for (round, trouble) in ["warm", "script flush", "flushall"].into_iter().enumerate() {
+        let keys = keys(&format!("survive-{round}"), 10);
+        let requests: Vec<CheckRequest<'_>> = keys
+            .iter()
+            .flat_map(|key| {
+                [Algorithm::SlidingLog, Algorithm::Gcra]
+                    .map(|algorithm| request(key, &tight, algorithm))
+            })
+            .collect();
+        let sleeping = redis.debug_sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let lead = format!("redlimit:{{survive-lead-{round}}}");
+        let leader = store.check(request(&lead, &tight, Algorithm::TokenBucket));
+        let followers = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Written while Redis sleeps, so it lands before the queue's call.
+            match trouble {
+                "script flush" => redis.script_flush(),
+                "flushall" => redis.flushall(),
+                _ => {}
+            }
+            join_all(requests.iter().map(|request| store.check(*request))).await
+        };
+        let (leader, answers) = tokio::join!(leader, followers);
+        sleeping.join().unwrap();
+        assert!(leader.is_ok(), "{trouble}: {leader:?}");
+        for (request, answer) in requests.iter().zip(&answers) {
+            let decision = answer.as_ref().unwrap_or_else(|e| {
+                panic!("{trouble}: {} {}: {e}", request.key, request.algorithm)
+            });
+            assert!(decision.allowed);
+            assert_eq!(
+                decision.remaining, 2,
+                "{trouble}: {} {}",
+                request.key, request.algorithm
+            );
+        }
+    }
+    // The restart: Redis killed while the queue waits behind the first call.
+    let sleeping = redis.debug_sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let keys = keys("restart", 10);
+    let leader = store.check(request("redlimit:{restart-lead}", &tight, Algorithm::Gcra));
+    let followers = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        let answers = join_all(
+            keys.iter()
+                .map(|key| store.check(request(key, &tight, Algorithm::Gcra))),
+        )
+        .await;
+        (answers, started.elapsed())
+    };
+    let restart = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::task::block_in_place(|| redis.restart());
+    };
+    let (_, (answers, elapsed), ()) = tokio::join!(leader, followers, restart);
+    let _ = sleeping.join();
+    assert!(
+        elapsed <= timeout + Duration::from_millis(200),
+        "the queue heard after {elapsed:?}: {:?}",
+        answers.iter().map(text).collect::<Vec<_>>()
+    );
+    let after = decided_within(&store, "redlimit:{after-restart}", 20).await;
+    assert!(after.is_ok(), "after the restart: {after:?}");
 }
