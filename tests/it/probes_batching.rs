@@ -758,3 +758,90 @@ async fn a_queue_survives_script_flush_flushall_and_a_restart_mid_batch() {
     let after = decided_within(&store, "redlimit:{after-restart}", 20).await;
     assert!(after.is_ok(), "after the restart: {after:?}");
 }
+
+/// How many times the store has logged that it replaces a stale connection.
+fn stale_logs(captured: &support::logs::Captured) -> usize {
+    captured.text().matches("connection is stale").count()
+}
+
+/// A failover that demotes the server a store talks to: a decision's `READONLY` makes the
+/// store replace its connection (the address may lead to the new primary now). Decisions
+/// batched together hear `READONLY` each in their own reply, inside the batch's array: that
+/// must tell the connection the same, or under load (every call a batch) the store keeps
+/// writing to the demoted server.
+#[tokio::test]
+async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone() {
+    let (captured, _guard) = support::logs::capture(tracing::Level::WARN);
+    let primary = RedisServer::start();
+    let demoted = RedisServer::start();
+    let tight: Quotas = Quota::per_hour(1).unwrap().into();
+    let lead = "redlimit:{ro-lead}";
+    // The first call's key is spent on the primary, so that on the replica its decision is a
+    // denial, which writes nothing and answers.
+    let on_primary = support::redis_store(&primary);
+    assert!(
+        on_primary
+            .check(request(lead, &tight, Algorithm::Gcra))
+            .await
+            .unwrap()
+            .allowed
+    );
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port())
+        .query(&mut demoted.conn())
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while support::info_field(&demoted.info("replication"), "master_link_status") != Some("up") {
+        assert!(Instant::now() < deadline, "the replica never synced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store = support::redis_store(&demoted);
+    let quotas = generous();
+    // Alone: an admission's READONLY replaces the connection.
+    let denied = store
+        .check(request(lead, &tight, Algorithm::Gcra))
+        .await
+        .unwrap();
+    assert!(!denied.allowed);
+    let alone = store
+        .check(request("redlimit:{ro-alone}", &quotas, Algorithm::Gcra))
+        .await;
+    assert!(format!("{alone:?}").contains("read only replica"), "{alone:?}");
+    let before = stale_logs(&captured);
+    assert_eq!(
+        before,
+        1,
+        "alone, READONLY replaced the connection:\n{}",
+        captured.text()
+    );
+    // The new connection answers (a denial), then a queue of admissions in one batch.
+    let keys = keys("ro-batch", 5);
+    let queued: Vec<CheckRequest<'_>> = keys
+        .iter()
+        .map(|key| request(key, &quotas, Algorithm::Gcra))
+        .collect();
+    let answers = behind_a_sleep(
+        &demoted,
+        &store,
+        Duration::from_millis(300),
+        request(lead, &tight, Algorithm::Gcra),
+        &queued,
+    )
+    .await;
+    assert!(
+        !answers[0].as_ref().unwrap().allowed,
+        "the first call, a denial"
+    );
+    for answer in &answers[1..] {
+        assert!(format!("{answer:?}").contains("read only replica"), "{answer:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        stale_logs(&captured),
+        before + 1,
+        "5 batched decisions heard READONLY, and the store kept its connection to the demoted \
+         server:\n{}",
+        captured.text()
+    );
+}
