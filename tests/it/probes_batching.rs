@@ -807,7 +807,10 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone() {
     let alone = store
         .check(request("redlimit:{ro-alone}", &quotas, Algorithm::Gcra))
         .await;
-    assert!(format!("{alone:?}").contains("read only replica"), "{alone:?}");
+    assert!(
+        format!("{alone:?}").contains("read only replica"),
+        "{alone:?}"
+    );
     let before = stale_logs(&captured);
     assert_eq!(
         before,
@@ -834,7 +837,10 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone() {
         "the first call, a denial"
     );
     for answer in &answers[1..] {
-        assert!(format!("{answer:?}").contains("read only replica"), "{answer:?}");
+        assert!(
+            format!("{answer:?}").contains("read only replica"),
+            "{answer:?}"
+        );
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
@@ -844,4 +850,205 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone() {
          server:\n{}",
         captured.text()
     );
+}
+
+/// A first call whose caller polls it onto the wire and then leaves it unpolled for a while
+/// (kept, not dropped: a `select!` loop busy elsewhere, a future polled once by hand) must not
+/// hold up other callers' decisions: Redis answers them at once, as it would without
+/// batching, within their timeout.
+#[tokio::test]
+async fn a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(200);
+    let store = RedisStore::builder(redis.url())
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    store.verify().await.unwrap();
+    let quotas = generous();
+    let sleeping = redis.debug_sleep(Duration::from_millis(100));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut parked = Box::pin(store.check(request(
+        "redlimit:{parked}",
+        &quotas,
+        Algorithm::TokenBucket,
+    )));
+    assert!(tokio::time::timeout(Duration::from_millis(20), &mut parked)
+        .await
+        .is_err());
+    let keys = keys("behind-parked", 5);
+    let started = Instant::now();
+    let answers = join_all(
+        keys.iter()
+            .map(|key| store.check(request(key, &quotas, Algorithm::TokenBucket))),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    sleeping.join().unwrap();
+    let parked = parked.await;
+    let texts: Vec<String> = answers.iter().map(text).collect();
+    assert!(
+        answers.iter().all(Result::is_ok),
+        "5 decisions behind a first call whose caller stopped polling it, Redis healthy: \
+         {texts:?} after {elapsed:?} (the parked one, polled again: {})",
+        text(&parked)
+    );
+}
+
+/// Two batching stores race many tasks on one key per algorithm under a per-second quota for
+/// more than a second (across window boundaries, on the server's clock): the admissions stay
+/// within what the algorithm allows over the run, and at least one full burst is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_batching_stores_racing_across_windows_stay_within_the_rate() {
+    let redis = RedisServer::start();
+    let stores = [support::redis_store(&redis), support::redis_store(&redis)];
+    let rate = 20u64;
+    for &algorithm in Algorithm::ALL {
+        let key = format!("redlimit:{{window-race-{algorithm}}}");
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let until = started + Duration::from_millis(1200);
+        let mut tasks = Vec::new();
+        for store in &stores {
+            for _ in 0..64 {
+                let (store, key, admitted) = (store.clone(), key.clone(), admitted.clone());
+                tasks.push(tokio::spawn(async move {
+                    let quotas: Quotas = Quota::per_second(rate).unwrap().into();
+                    while Instant::now() < until {
+                        let decision = store
+                            .check(request(&key, &quotas, algorithm))
+                            .await
+                            .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+                        admitted.fetch_add(usize::from(decision.allowed), Ordering::Relaxed);
+                    }
+                }));
+            }
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let admitted = admitted.load(Ordering::Relaxed) as f64;
+        let rate = rate as f64;
+        let most = match algorithm {
+            // A burst, then the refill over the run.
+            Algorithm::TokenBucket | Algorithm::Gcra => rate + rate * seconds + 1.0,
+            // Any period holds at most a burst.
+            Algorithm::SlidingLog => rate * seconds.ceil(),
+            // Every window the run touches holds at most a burst.
+            _ => rate * (seconds.ceil() + 1.0),
+        };
+        println!("{algorithm}: {admitted} admitted in {seconds:.2} s (at most {most})");
+        assert!(
+            admitted <= most && admitted >= rate,
+            "{algorithm}: {admitted} admitted in {seconds:.2} s, at most {most} allowed"
+        );
+    }
+}
+
+/// What the probe below sends: decisions (batched), blocking decisions and concurrency slot
+/// calls (never batched), on keys of their own per kind.
+#[derive(Clone, Copy)]
+enum Op<'a> {
+    Check(CheckRequest<'a>),
+    Blocking(CheckRequest<'a>, redlimit::store::Block),
+    Slot(redlimit::store::SlotRequest<'a>),
+}
+
+async fn run(store: &RedisStore, op: Op<'_>) -> String {
+    match op {
+        Op::Check(request) => text(&store.check(request).await),
+        Op::Blocking(request, block) => text(&store.check_blocking(request, block).await),
+        Op::Slot(request) => match store.slots(request).await {
+            Ok(reply) => format!("{reply:?}"),
+            Err(error) => format!("error: {error}"),
+        },
+    }
+}
+
+/// Blocking decisions and concurrency slots arrive among queued decisions: they go alone as
+/// always, the queued decisions still share a call, and every answer is what the same calls
+/// give one by one on a store that never batches.
+#[tokio::test]
+async fn blocking_checks_and_slots_among_queued_decisions_answer_as_alone() {
+    let batched_redis = RedisServer::start();
+    let alone_redis = RedisServer::start();
+    let batched = support::redis_store(&batched_redis);
+    let alone = RedisStore::builder(alone_redis.url())
+        .timeout(support::PATIENT_TIMEOUT)
+        .max_batch(1)
+        .build()
+        .unwrap();
+    let tight: Quotas = Quota::per_hour(2).unwrap().into();
+    let block = redlimit::store::Block {
+        duration: Duration::from_secs(60),
+        max: Duration::from_secs(60),
+    };
+    let now = Some(1_700_000_000_000_000);
+    let at = |key, algorithm| CheckRequest {
+        now_micros: now,
+        ..request(key, &tight, algorithm)
+    };
+    let slot = |id: &'static [&'static str], op| {
+        Op::Slot(redlimit::store::SlotRequest {
+            key: "redlimit:{mix-slots}:s#c",
+            op,
+            ids: id,
+            lease: Duration::from_secs(30),
+            now_micros: None,
+        })
+    };
+    let acquire = redlimit::store::SlotOp::Acquire { limit: 2 };
+    let mut ops = Vec::new();
+    for _ in 0..3 {
+        ops.extend([
+            Op::Check(at("redlimit:{mix-a}", Algorithm::Gcra)),
+            Op::Blocking(at("redlimit:{mix-block}", Algorithm::TokenBucket), block),
+            Op::Check(at("redlimit:{mix-b}", Algorithm::SlidingLog)),
+        ]);
+    }
+    ops.extend([
+        slot(&["one"], acquire),
+        slot(&["two"], acquire),
+        Op::Check(at("redlimit:{mix-c}", Algorithm::FixedWindow)),
+        slot(&["three"], acquire),
+        slot(&["one"], redlimit::store::SlotOp::Release),
+        slot(&["four"], acquire),
+    ]);
+    batched.verify().await.unwrap();
+    // Each script loaded once, so that the counts below see no NOSCRIPT resend.
+    for warm in [
+        Op::Blocking(at("redlimit:{warm-block}", Algorithm::Gcra), block),
+        slot(&["warm"], redlimit::store::SlotOp::Release),
+    ] {
+        run(&batched, warm).await;
+    }
+    batched_redis.reset_stats();
+    let sleeping = batched_redis.debug_sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let leader = batched.check(request(
+        "redlimit:{mix-lead}",
+        &tight,
+        Algorithm::TokenBucket,
+    ));
+    let followers = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        join_all(ops.iter().map(|op| run(&batched, *op))).await
+    };
+    let (leader, answers) = tokio::join!(leader, followers);
+    sleeping.join().unwrap();
+    assert!(leader.unwrap().allowed);
+    let checks = ops.iter().filter(|op| matches!(op, Op::Check(_))).count() as u64;
+    let batch_calls = batched_redis.command_calls("evalsha") + batched_redis.command_calls("eval");
+    let others = (ops.len() as u64) - checks;
+    // The queued decisions' one call, and its resend after the batch script's first NOSCRIPT.
+    assert!(
+        batch_calls <= 1 + others + 2,
+        "{batch_calls} script calls for the first call, {others} blocking checks and slot \
+         calls, and {checks} queued decisions"
+    );
+    for (i, op) in ops.iter().enumerate() {
+        let want = run(&alone, *op).await;
+        assert_eq!(answers[i], want, "call {i}: batched, then alone");
+    }
 }
