@@ -1052,3 +1052,84 @@ async fn blocking_checks_and_slots_among_queued_decisions_answer_as_alone() {
         assert_eq!(answers[i], want, "call {i}: batched, then alone");
     }
 }
+
+/// On Cluster, queues of one slot through a whole migration: some keys moved and some not
+/// (`TRYAGAIN` on the source), all moved with the slot still open (`ASK`, then `TRYAGAIN` on
+/// the target), and the move finished while the store's slot map is stale (`MOVED`). Every
+/// queued decision is decided, never `CROSSSLOT`, and each key admits exactly its quota over
+/// the run (nothing decided twice, nothing lost).
+#[tokio::test]
+async fn on_cluster_queues_of_one_slot_are_decided_through_a_whole_migration() {
+    through_a_whole_migration(DEFAULT_MAX_BATCH).await;
+}
+
+/// The same requests on a store that never batches.
+#[tokio::test]
+async fn on_cluster_unbatched_decisions_are_decided_through_a_whole_migration() {
+    through_a_whole_migration(1).await;
+}
+
+async fn through_a_whole_migration(max_batch: usize) {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .timeout(support::PATIENT_TIMEOUT)
+        .max_batch(max_batch)
+        .build()
+        .unwrap();
+    store.verify().await.unwrap();
+    let tight: Quotas = Quota::per_hour(4).unwrap().into();
+    // Six keys of one slot, half under GCRA and half under the sliding log (3 keys a decision).
+    let keys: Vec<String> = (0..6).map(|i| format!("redlimit:{{mv}}:k{i}")).collect();
+    let mut admitted = vec![0; keys.len()];
+    let requests: Vec<CheckRequest<'_>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            let algorithm = [Algorithm::Gcra, Algorithm::SlidingLog][i % 2];
+            request(key, &tight, algorithm)
+        })
+        .collect();
+    for (i, request) in requests.iter().enumerate() {
+        admitted[i] += usize::from(store.check(*request).await.unwrap().allowed);
+    }
+    let slot = cluster.slot_of(&keys[0]);
+    let from = cluster.node_for_key(&keys[0]);
+    let to = (from + 1) % cluster.nodes().len();
+    cluster.begin_slot_migration(slot, from, to);
+    for phase in ["half moved", "all moved, slot open", "move finished"] {
+        match phase {
+            "half moved" => {
+                cluster.migrate_keys(slot, from, to, 7);
+            }
+            "all moved, slot open" => while cluster.migrate_keys(slot, from, to, 10) > 0 {},
+            _ => cluster.finish_slot_migration(slot, from, to),
+        }
+        for _ in 0..2 {
+            let sleeping = cluster.nodes()[from].debug_sleep(Duration::from_millis(200));
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let lead = format!("redlimit:{{mv}}:lead-{phase}");
+            let leader = store.check(request(&lead, &tight, Algorithm::Gcra));
+            let followers = async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                join_all(requests.iter().map(|request| store.check(*request))).await
+            };
+            let (leader, answers) = tokio::join!(leader, followers);
+            sleeping.join().unwrap();
+            leader.unwrap_or_else(|e| panic!("{phase}: the first call: {e}"));
+            for (i, (request, answer)) in requests.iter().zip(answers).enumerate() {
+                let decision = answer.unwrap_or_else(|e| {
+                    panic!("{phase}: {} {}: {e}", request.key, request.algorithm)
+                });
+                admitted[i] += usize::from(decision.allowed);
+            }
+            println!("max_batch {max_batch}, {phase}: admitted so far {admitted:?}");
+        }
+    }
+    for (request, admitted) in requests.iter().zip(&admitted) {
+        assert_eq!(
+            *admitted, 4,
+            "{} {}: 7 requests through the migration, quota 4",
+            request.key, request.algorithm
+        );
+    }
+}
