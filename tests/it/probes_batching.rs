@@ -272,6 +272,7 @@ async fn on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_with(
             assert!(decision.allowed, "{key}");
         }
     }
+    while cluster.migrate_keys(slot, from, to, 10) > 0 {}
     cluster.finish_slot_migration(slot, from, to);
 }
 
