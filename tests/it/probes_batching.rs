@@ -549,8 +549,8 @@ async fn decisions_dropped_anywhere_run_at_most_once_and_leave_no_queue_stuck() 
         })
     };
     let mut tasks = Vec::new();
-    for key in keys.iter().cloned() {
-        let store = store.clone();
+    for key in &keys {
+        let (store, key) = (store.clone(), key.clone());
         let (kind, arrive, cut) = (rng.u8(0..4), rng.u64(0..500), rng.u64(0..200));
         let task = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(arrive)).await;
