@@ -1208,3 +1208,94 @@ async fn through_a_whole_migration(max_batch: usize) {
         );
     }
 }
+
+/// Through a failover asked of the sentinels, under a load that keeps queues full (32 callers
+/// without pause): no caller waits past the bound, the queued decisions move to the new
+/// primary and share calls there, and the last requests are all decided.
+#[test]
+fn through_a_sentinel_failover_queued_decisions_move_to_the_new_primary() {
+    use support::sentinel::{RedisSentinel, MASTER_NAME};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let setup = RedisSentinel::start();
+    let urls = setup.sentinel_urls();
+    let store = RedisStore::sentinel(urls.iter().map(String::as_str), MASTER_NAME).unwrap();
+    runtime
+        .block_on(store.verify())
+        .expect("verify via Sentinel");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (store, stop, log) = (store.clone(), stop.clone(), log.clone());
+            runtime.spawn(async move {
+                let key = format!("redlimit:{{failover-{i}}}");
+                let quotas: Quotas = Quota::per_second(1_000_000).unwrap().into();
+                while !stop.load(Ordering::Relaxed) {
+                    let at = Instant::now();
+                    let answer = store
+                        .check(request(&key, &quotas, Algorithm::TokenBucket))
+                        .await;
+                    let ok = answer.is_ok();
+                    log.lock().unwrap().push((at, at.elapsed(), ok));
+                    if !ok {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut sentinel = redis::Client::open(urls[0].as_str())
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .unwrap();
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query(&mut sentinel)
+        .expect("SENTINEL FAILOVER");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !setup.replica_promoted() {
+        assert!(Instant::now() < deadline, "{}", setup.sentinel_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while setup.replica.command_calls("evalsha") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the store never moved to the new primary"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let moved = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let calls = setup.replica.command_calls("evalsha") + setup.replica.command_calls("eval");
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        runtime.block_on(task).unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let worst = log.iter().map(|(_, latency, _)| *latency).max().unwrap();
+    let after = log.iter().filter(|(at, _, _)| *at >= moved).count();
+    let failed = log.iter().filter(|(_, _, ok)| !ok).count();
+    println!(
+        "{} requests, {failed} failed, worst {worst:?}; {after} after the move in {calls} calls",
+        log.len()
+    );
+    assert!(
+        worst <= store.timeout() + Duration::from_millis(400),
+        "a request took {worst:?}"
+    );
+    assert!(
+        log.iter().rev().take(64).all(|(_, _, ok)| *ok),
+        "the last requests were not all decided"
+    );
+    assert!(
+        (calls as usize) < after,
+        "on the new primary, {after} decisions in {calls} calls: the queues shared calls"
+    );
+}
