@@ -38,6 +38,7 @@ mod logs;
 mod misconfiguration;
 mod modes;
 mod outbound;
+mod probes_batching;
 mod probes_leases;
 mod probes_refund;
 mod probes_review;
