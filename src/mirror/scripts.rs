@@ -242,7 +242,10 @@ pub(crate) static BATCH_SOURCE: LazyLock<String> = LazyLock::new(|| {
              redis.pcall\n",
             "",
         ),
-        ("local args, split = ARGV[1], ARGV[2]", "local split = false"),
+        (
+            "local args, split = ARGV[1], ARGV[2]",
+            "local split = false",
+        ),
         ("local skey, lkey = KEYS[1], KEYS[2]\n", ""),
         ("  tkey = KEYS[3]\n", "  tkey = key3\n"),
         (
@@ -256,7 +259,11 @@ pub(crate) static BATCH_SOURCE: LazyLock<String> = LazyLock::new(|| {
     ];
     let mut decide = SOURCE.clone();
     for (read, instead) in READS {
-        assert_eq!(decide.matches(read).count(), 1, "lua/common.lua has `{read}` once");
+        assert_eq!(
+            decide.matches(read).count(),
+            1,
+            "lua/common.lua has `{read}` once"
+        );
         decide = decide.replacen(read, instead, 1);
     }
     let wrapper = include_str!("../../lua/batch.lua");

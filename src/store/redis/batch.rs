@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 use super::args::PackedArgs;
 use super::cluster::is_rehashing;
+use super::connection::is_stale_server;
 use super::script::{read_decision, Call};
 use super::{count_error, Backend, RedisStore};
 use crate::algorithm::Algorithm;
@@ -41,6 +42,9 @@ pub(super) struct Batches {
 #[derive(Default)]
 struct Group {
     in_flight: usize,
+    /// How many of those are sent from a caller's own future (at most one: a decision goes
+    /// alone only when nothing is in flight); the others are sender tasks'.
+    leaders: usize,
     queue: Vec<Queued>,
 }
 
@@ -70,11 +74,17 @@ enum Answer {
     Alone,
 }
 
-/// How a decision goes: alone (holding its group's call in flight), or queued.
+/// How a decision goes: alone (holding its group's call in flight), or queued in a group.
 enum Entry<'a> {
     Alone(InFlight<'a>),
-    Queued(oneshot::Receiver<Answer>),
+    Queued(oneshot::Receiver<Answer>, u16),
 }
+
+/// The share of its timeout a queued decision waits for the call ahead before its caller sends
+/// the queue itself: the call ahead is sent from its own caller's future, which may stop being
+/// polled (a caller parked in a `select!`, a future polled once by hand), and a healthy Redis
+/// answers far sooner.
+const TAKE_OVER_AFTER: u32 = 4;
 
 impl Batches {
     pub(super) fn new(max: usize) -> Self {
@@ -93,10 +103,14 @@ impl Batches {
     }
 
     /// Takes the next call's decisions from `group` (those whose callers still wait, up to
-    /// `max`), or, when none wait, ends that call in flight.
-    fn next(&self, slot: u16) -> Option<Vec<Queued>> {
+    /// `max`), or, when none wait, ends that call in flight. `from_leader`: the call that ended
+    /// was a caller's own (the next, if any, is a sender task's).
+    fn next(&self, slot: u16, from_leader: bool) -> Option<Vec<Queued>> {
         let mut groups = self.lock();
         let group = groups.get_mut(&slot)?;
+        if from_leader {
+            group.leaders = group.leaders.saturating_sub(1);
+        }
         group.queue.retain(|queued| !queued.answer.is_closed());
         if group.queue.is_empty() {
             group.in_flight = group.in_flight.saturating_sub(1);
@@ -105,6 +119,36 @@ impl Batches {
             }
             return None;
         }
+        let take = group.queue.len().min(self.max);
+        Some(group.queue.drain(..take).collect())
+    }
+}
+
+impl Batches {
+    /// Ends a call in flight that will not be sent, its `batch` back at the head of the queue.
+    fn give_up(&self, slot: u16, batch: Vec<Queued>) {
+        let mut groups = self.lock();
+        let Some(group) = groups.get_mut(&slot) else {
+            return;
+        };
+        group.in_flight = group.in_flight.saturating_sub(1);
+        group.queue.splice(0..0, batch);
+        if group.in_flight == 0 && group.queue.is_empty() {
+            groups.remove(&slot);
+        }
+    }
+
+    /// Takes the queue for a call of its own when only a caller's own call is in flight: a
+    /// queued decision's caller waited [`TAKE_OVER_AFTER`] of its timeout for it. (A sender
+    /// task in flight takes the queue when its call ends, whatever its callers do.)
+    fn take_over(&self, slot: u16) -> Option<Vec<Queued>> {
+        let mut groups = self.lock();
+        let group = groups.get_mut(&slot)?;
+        group.queue.retain(|queued| !queued.answer.is_closed());
+        if group.queue.is_empty() || group.in_flight > group.leaders {
+            return None;
+        }
+        group.in_flight += 1;
         let take = group.queue.len().min(self.max);
         Some(group.queue.drain(..take).collect())
     }
@@ -120,7 +164,7 @@ struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(batch) = self.store.batches.next(self.slot) {
+        if let Some(batch) = self.store.batches.next(self.slot, true) {
             spawn_sender(self.store, self.slot, batch);
         }
     }
@@ -129,21 +173,24 @@ impl Drop for InFlight<'_> {
 /// Sends `batch`, then every next one of the group's, as a task of its own: no caller's future
 /// carries other callers' decisions.
 fn spawn_sender(store: &RedisStore, slot: u16, batch: Vec<Queued>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime here (a caller's future dropped on a plain thread): the decisions go back
+        // to the head of the queue and the call in flight is given up; their callers, on
+        // runtimes of their own, send them when they take over.
+        store.batches.give_up(slot, batch);
+        return;
+    };
     let sending = Sending {
         store: store.clone(),
         slot,
         done: false,
-    };
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        // No runtime to send on (one shut down): `sending` gives up the call in flight.
-        return;
     };
     runtime.spawn(async move {
         let mut sending = sending;
         let mut batch = batch;
         loop {
             sending.store.send_batch(batch).await;
-            match sending.store.batches.next(slot) {
+            match sending.store.batches.next(slot, false) {
                 Some(next) => batch = next,
                 None => {
                     sending.done = true;
@@ -154,10 +201,10 @@ fn spawn_sender(store: &RedisStore, slot: u16, batch: Vec<Queued>) {
     });
 }
 
-/// A sender task's call in flight. Dropped before the task ends (its runtime shut down, or no
-/// runtime to start it on), it gives the call up; when no other call is in flight for the
-/// group, the decisions still queued are dropped too, and their callers hear at once that the
-/// store is unavailable, instead of waiting out their timeouts for a call that never comes.
+/// A sender task's call in flight. Dropped before the task ends (its runtime shut down), it
+/// gives the call up, so that the group does not count a call that nothing sends; the
+/// decisions it carried are gone with it (their callers hear that the store is unavailable),
+/// and those still queued are sent when their callers take over.
 struct Sending {
     store: RedisStore,
     slot: u16,
@@ -166,15 +213,8 @@ struct Sending {
 
 impl Drop for Sending {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let mut groups = self.store.batches.lock();
-        if let Some(group) = groups.get_mut(&self.slot) {
-            group.in_flight = group.in_flight.saturating_sub(1);
-            if group.in_flight == 0 {
-                groups.remove(&self.slot);
-            }
+        if !self.done {
+            self.store.batches.give_up(self.slot, Vec::new());
         }
     }
 }
@@ -195,29 +235,43 @@ impl RedisStore {
             Admission::Probe => return self.check_alone(request, admission).await,
             Admission::Call => {}
         }
-        let receiver = match self.enter(&request) {
+        let (mut receiver, slot) = match self.enter(&request) {
             Entry::Alone(in_flight) => {
                 let result = self.check_alone(request, admission).await;
                 drop(in_flight);
                 return result;
             }
-            Entry::Queued(receiver) => receiver,
+            Entry::Queued(receiver, slot) => (receiver, slot),
         };
         // The decision's one timeout, from the moment it was queued: the wait, and the call of
         // its own when the batch could not take it.
-        let answer = async {
-            let answer = receiver
-                .await
-                .map_err(|_| StoreError::Unavailable("the store's batch was dropped"))?;
-            match answer {
-                Answer::Reply(Ok(value)) => read_decision(value, &request).inspect_err(|_| {
-                    count_error("check", false);
-                }),
-                Answer::Reply(Err(error)) => Err(error),
-                Answer::Alone => self.check_alone(request, admission).await,
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let timed_out = || StoreError::Timeout(self.timeout);
+        let answer = match tokio::time::timeout(self.timeout / TAKE_OVER_AFTER, &mut receiver).await
+        {
+            Ok(answer) => answer,
+            Err(_) => {
+                if let Some(batch) = self.batches.take_over(slot) {
+                    spawn_sender(self, slot, batch);
+                }
+                tokio::time::timeout_at(deadline, &mut receiver)
+                    .await
+                    .map_err(|_| timed_out())?
             }
         };
-        self.bounded(answer).await
+        let answer =
+            answer.map_err(|_| StoreError::Unavailable("the store's batch was dropped"))?;
+        match answer {
+            Answer::Reply(Ok(value)) => read_decision(value, &request).inspect_err(|_| {
+                count_error("check", false);
+            }),
+            Answer::Reply(Err(error)) => Err(error),
+            Answer::Alone => {
+                tokio::time::timeout_at(deadline, self.check_alone(request, admission))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out()))
+            }
+        }
     }
 
     /// One decision in a call of its own, with the breaker's `admission`.
@@ -243,6 +297,7 @@ impl RedisStore {
         let group = groups.entry(slot).or_default();
         if group.in_flight == 0 {
             group.in_flight = 1;
+            group.leaders = 1;
             return Entry::Alone(InFlight { store: self, slot });
         }
         let (answer, receiver) = oneshot::channel();
@@ -258,7 +313,7 @@ impl RedisStore {
             drop(groups);
             spawn_sender(self, slot, batch);
         }
-        Entry::Queued(receiver)
+        Entry::Queued(receiver, slot)
     }
 
     /// One call for `batch`: each decision hears its own reply, or the call's error. The breaker
@@ -270,7 +325,9 @@ impl RedisStore {
         }
         let result = self.run_script(Call::Batch(&batch), Ok).await;
         if let Err(StoreError::Redis(error)) = &result {
-            if batch.len() > 1 && refused_before_running(error.inner()) {
+            if is_rehashing(error.inner())
+                || (batch.len() > 1 && refused_before_running(error.inner()))
+            {
                 // Nothing ran: each decision goes again alone and hears its own answer (the
                 // one key an ACL refuses, the split form of a slot in migration).
                 for queued in batch {
@@ -307,20 +364,35 @@ impl RedisStore {
 
 /// Whether a batch's error reply proves that none of its decisions ran, and that one of them
 /// alone may answer otherwise: the server refused the command before running it (an ACL's
-/// `NOPERM` on one decision's key, `OOM`, `MISCONF`, a redirect or a slot in migration's
-/// `TRYAGAIN`), or the batch script refused its arguments. Any other error may come after some
+/// `NOPERM` on one decision's key, `OOM`, `MISCONF`, a redirect), or the batch script refused
+/// its arguments. (A slot in migration's `TRYAGAIN` sends even one decision again alone: alone,
+/// it can take the split form.) Any other error may come after some
 /// decisions ran (the script runs each under `pcall`, so none should), and transport trouble
 /// concerns every decision alike: neither is sent again.
 fn refused_before_running(error: &redis::RedisError) -> bool {
-    is_rehashing(error)
-        || matches!(
-            error.code(),
-            Some("NOPERM" | "OOM" | "MISCONF" | "NOSCRIPT" | "MOVED" | "ASK" | "CROSSSLOT")
-        )
-        || (error.code() == Some("ERR")
-            && error
-                .detail()
-                .is_some_and(|detail| detail.starts_with("redlimit: invalid batch")))
+    matches!(
+        error.code(),
+        Some("NOPERM" | "OOM" | "MISCONF" | "NOSCRIPT" | "MOVED" | "ASK" | "CROSSSLOT")
+    ) || (error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|detail| detail.starts_with("redlimit: invalid batch")))
+}
+
+/// A decision's error among a batch's replies (an array's elements) that says the server is
+/// no primary (`READONLY`: a script's write on a demoted server), if any: what the call says
+/// about its connection besides its own outcome.
+pub(super) fn stale_server_error(reply: &redis::Value) -> Option<StoreError> {
+    let redis::Value::Array(replies) = reply else {
+        return None;
+    };
+    replies.iter().find_map(|reply| match reply {
+        redis::Value::ServerError(error) => {
+            let error: redis::RedisError = error.clone().into();
+            is_stale_server(&error).then(|| StoreError::redis(error))
+        }
+        _ => None,
+    })
 }
 
 /// A call's reply as each decision's: a call of one decision ran the decision script, whose

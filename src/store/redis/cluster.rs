@@ -139,7 +139,8 @@ async fn follow(
         };
         match result {
             Err(StoreError::Redis(error))
-                if is_rehashing(error.inner()) && matches!(request, Call::Check(_)) =>
+                if is_rehashing(error.inner())
+                    && matches!(request, Call::Check(_) | Call::Batch(_)) =>
             {
                 return Err(StoreError::Redis(error));
             }

@@ -284,7 +284,7 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
 /// Whether a reply shows that the connection leads to a server that can no longer take the
 /// scripts' writes (a primary demoted to replica by a failover), so that a new connection to the
 /// same address may find the new primary.
-fn is_stale_server(error: &RedisError) -> bool {
+pub(super) fn is_stale_server(error: &RedisError) -> bool {
     matches!(
         error.kind(),
         ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)

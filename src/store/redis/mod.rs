@@ -386,16 +386,24 @@ impl RedisStore {
         read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let (generation, open) = connection.connection();
+        let mut inner_error = None;
         let result = self
             .bounded(async {
                 let mut connection = match open {
                     Some(open) => open,
                     None => connection.wait_ready().await?.0,
                 };
-                read(connection.run(&self.reloads, call).await?)
+                let reply = connection.run(&self.reloads, call).await?;
+                inner_error = batch::stale_server_error(&reply);
+                read(reply)
             })
             .await;
-        connection.settle(generation, &result);
+        match inner_error {
+            // A batch's decisions answer on their own, and one's error can still say the
+            // connection is stale (`READONLY`: a script's write on a demoted server).
+            Some(error) if result.is_ok() => connection.settle::<()>(generation, &Err(error)),
+            _ => connection.settle(generation, &result),
+        }
         result
     }
 
