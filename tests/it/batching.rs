@@ -376,7 +376,6 @@ fn a_runtime_shut_down_with_decisions_in_flight_leaves_the_store_working_on_anot
     std::thread::sleep(Duration::from_millis(30));
     for i in 0..10 {
         let store = store.clone();
-        let quotas = quotas;
         first.spawn(async move {
             let key = format!("redlimit:{{gone-{i}}}");
             let _ = store
