@@ -42,7 +42,8 @@
 //! Nothing else changes for a user: each decision is decided on its own, in order, atomically,
 //! with all its tiers or none, and gets its own reply and its own error (an ACL refusing one key
 //! fails that decision alone), so the failure policy applies to it alone. Its timeout counts
-//! from the moment it was queued. A decision whose caller went away before its call was sent is
+//! from the moment it was queued; if the call ahead is a caller's own and has not ended after a
+//! quarter of that timeout, the queue is sent without waiting for it. A decision whose caller went away before its call was sent is
 //! left out of it and consumes nothing. The circuit breaker counts a failed call once, however
 //! many decisions it carried. What changes is the cost: Redis pays a call's fixed part (the
 //! command, the script's lookup and start) once per call instead of once per decision; see
