@@ -13,6 +13,7 @@
 //! in it that error.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
@@ -35,7 +36,33 @@ pub const DEFAULT_MAX_BATCH: usize = 64;
 /// slot, since a script's keys must share one.
 pub(super) struct Batches {
     max: usize,
-    groups: Mutex<HashMap<u16, Group>>,
+    groups: Mutex<Groups>,
+}
+
+/// The groups by slot (0 off Cluster). A slot is a number below 16 384 that the crate computes,
+/// so it needs no keyed hash: every decision looks its group up twice, and SipHash would cost
+/// each more than the rest of the lookup.
+type Groups = HashMap<u16, Group, BuildHasherDefault<SlotHasher>>;
+
+/// The [`Groups`]' hasher: a slot times a 64-bit odd constant (Fibonacci hashing), so that the
+/// table's top bits differ too.
+#[derive(Default)]
+struct SlotHasher(u64);
+
+impl Hasher for SlotHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 << 8 | u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u16(&mut self, slot: u16) {
+        self.0 = u64::from(slot).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// One group's calls in flight and the decisions waiting for the next.
@@ -98,7 +125,7 @@ impl Batches {
         self.max
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Group>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Groups> {
         self.groups.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
