@@ -39,13 +39,11 @@ impl KeyHasher {
 /// `key` around its hash tag, the text between the first `{` and the next `}` when there is
 /// one (the whole key otherwise): what precedes the tag, the tag, and what follows it.
 fn split_tag(key: &[u8]) -> (&[u8], &[u8], &[u8]) {
-    // Bytes, not chars: both braces are ASCII, and a plain loop is cheaper than `str::find` on
-    // keys this short.
-    let Some(open) = key.iter().position(|&b| b == b'{') else {
+    let Some(open) = memchr::memchr(b'{', key) else {
         return (&[], key, &[]);
     };
     let rest = &key[open + 1..];
-    match rest.iter().position(|&b| b == b'}') {
+    match memchr::memchr(b'}', rest) {
         Some(close) if close > 0 => (&key[..=open], &rest[..close], &rest[close..]),
         _ => (&[], key, &[]),
     }
@@ -55,15 +53,20 @@ fn split_tag(key: &[u8]) -> (&[u8], &[u8], &[u8]) {
 fn fold(hash: u64, bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let step = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(K);
+    let word = |bytes: &[u8]| u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
     let mut words = bytes.chunks_exact(8);
     let mut hash = step(hash, bytes.len() as u64);
-    for word in words.by_ref() {
-        hash = step(hash, u64::from_le_bytes(word.try_into().expect("8 bytes")));
+    for chunk in words.by_ref() {
+        hash = step(hash, word(chunk));
     }
-    let mut last = [0u8; 8];
-    let rest = words.remainder();
-    last[..rest.len()].copy_from_slice(rest);
-    step(hash, u64::from_le_bytes(last))
+    match words.remainder() {
+        [] => hash,
+        // The last 8 bytes, overlapping the last whole word: no copy.
+        _ if bytes.len() >= 8 => step(hash, word(&bytes[bytes.len() - 8..])),
+        rest => rest
+            .iter()
+            .fold(hash, |hash, &byte| step(hash, u64::from(byte))),
+    }
 }
 
 /// A 64-bit finalizer (MurmurHash3's): every bit of the result depends on every bit of `hash`,
