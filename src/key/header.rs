@@ -108,20 +108,21 @@ const RECENT_MAX_VALUE: usize = 256;
 pub struct HeaderKey {
     name: HeaderName,
     secret: Option<Vec<u8>>,
-    /// The hashes of recently seen values, shared by clones: a busy client's header is hashed
+    /// The keys of recently seen values, shared by clones: a busy client's header is hashed
     /// once, not on every request (SHA-256 was a third of the layer's instructions per request).
     recent: Arc<Recent>,
 }
 
 /// A small direct-mapped cache: a value's slot is picked by a cheap hash of it, and holds the
-/// last value seen there with its hex digits. It holds values this process has seen in
-/// requests (never sent anywhere), at most [`RECENT`] of them; a collision only costs a hash.
+/// last value seen there with its key. It holds values this process has seen in requests
+/// (never sent anywhere), at most [`RECENT`] of them; a collision only costs a hash.
 struct Recent {
     slots: Box<[Mutex<Option<Seen>>]>,
 }
 
-/// A value seen, and its hex digits.
-type Seen = (Box<[u8]>, [u8; DIGITS]);
+/// A value seen, and its key (`<name>:<hex digits>`): handed out whole, so a hit neither copies
+/// nor re-checks it.
+type Seen = (Box<[u8]>, Arc<str>);
 
 impl Recent {
     fn new() -> Arc<Recent> {
@@ -138,23 +139,24 @@ impl Recent {
         &self.slots[(hash >> 32) as usize % self.slots.len()]
     }
 
-    /// Writes the digits of `value` into `out` (exactly [`DIGITS`] bytes), from the cache when
-    /// it holds them.
-    fn digits(&self, out: &mut [u8], secret: Option<&[u8]>, value: &[u8]) {
+    /// The key of a request whose header `name` holds `value`, from the cache when it holds it
+    /// (hashed and cached otherwise); `None` when the value is not cached (too long, or its
+    /// slot held by another thread).
+    fn key(&self, name: &str, secret: Option<&[u8]>, value: &[u8]) -> Option<Arc<str>> {
         if value.len() > RECENT_MAX_VALUE {
-            return write_sha256_hex(out, secret, value);
+            return None;
         }
         // Never waits: a slot another thread holds is skipped.
-        let Ok(mut slot) = self.slot(value).try_lock() else {
-            return write_sha256_hex(out, secret, value);
-        };
+        let mut slot = self.slot(value).try_lock().ok()?;
         match &*slot {
-            Some((seen, digits)) if **seen == *value => out.copy_from_slice(digits),
+            Some((seen, key)) if **seen == *value => Some(key.clone()),
             _ => {
-                write_sha256_hex(out, secret, value);
                 let mut digits = [0u8; DIGITS];
-                digits.copy_from_slice(out);
-                *slot = Some((value.into(), digits));
+                write_sha256_hex(&mut digits, secret, value);
+                let digits = std::str::from_utf8(&digits).expect("hex digits are ASCII");
+                let key: Arc<str> = [name, ":", digits].concat().into();
+                *slot = Some((value.into(), key.clone()));
+                Some(key)
             }
         }
     }
@@ -218,8 +220,7 @@ impl HeaderKey {
         let (head, digits) = out.split_at_mut(name.len() + 1);
         head[..name.len()].copy_from_slice(name);
         head[name.len()] = b':';
-        self.recent
-            .digits(digits, self.secret.as_deref(), value.as_bytes());
+        write_sha256_hex(digits, self.secret.as_deref(), value.as_bytes());
         // A header name and hex digits: ASCII.
         std::str::from_utf8(out).expect("header names and hex digits are ASCII")
     }
@@ -234,8 +235,12 @@ impl KeyExtractor for HeaderKey {
         let Some(value) = parts.headers.get(&self.name) else {
             return f(None);
         };
-        // The layer only reads the key while it builds the storage key: a buffer on the stack
-        // saves the request path an allocation.
+        let (name, secret) = (self.name.as_str(), self.secret.as_deref());
+        if let Some(key) = self.recent.key(name, secret, value.as_bytes()) {
+            return f(Some(&key));
+        }
+        // A value the cache cannot hold: the layer only reads the key while it builds the
+        // storage key, so a buffer on the stack saves the request path an allocation.
         let len = self.name.as_str().len() + 1 + DIGITS;
         if len <= STACK_KEY {
             let mut stack = [0u8; STACK_KEY];

@@ -13,6 +13,8 @@ use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
 use super::response::Wire;
 use crate::key::KeyExtractor;
+use crate::limiter::StorageKey;
+use crate::Verdict;
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
 ///
@@ -216,7 +218,7 @@ where
             return ResponseFuture::pass_through(future);
         }
         // The key is only read here, so an extractor that builds it (a hash) builds it on the
-        // stack; the storage key is built inline too.
+        // stack; the storage key is built inline too, and used where it is built.
         let keyed = config.extractor.with_key(&parts, |key| {
             let (key, shared) = match (key, &config.missing_key) {
                 (Some(key), _) => (key, false),
@@ -240,9 +242,32 @@ where
             } else {
                 config.keys.storage_key(key)
             };
-            Keyed::Check((storage_key, resolved))
+            let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
+            // A verdict that needs no waiting (a lease that holds enough, a store in this
+            // process) is acted on at once: no future to box (a layer with a production mode on
+            // takes the usual check, which runs the modes).
+            if matches!(resolved, Resolved::Default) && config.modes.none() {
+                let now = config.limiter.check_storage_key_now(
+                    storage_key.as_str(),
+                    &config.quotas,
+                    cost,
+                    &config.metrics_label,
+                );
+                if let Some(verdict) = now {
+                    return Keyed::Decided(verdict);
+                }
+            }
+            Keyed::Check(checking(config, storage_key, resolved, cost))
         });
-        let (storage_key, resolved) = match keyed {
+        let check = match keyed {
+            Keyed::Decided(verdict) => {
+                let headers = future::Headers {
+                    config: config.clone(),
+                    style: None,
+                };
+                let request = Request::from_parts(parts, body);
+                return ResponseFuture::decided(verdict, headers, request, inner);
+            }
             Keyed::Check(check) => check,
             Keyed::Reject(status) => {
                 return ResponseFuture::missing_key(status, Wire::of(&parts.headers))
@@ -253,53 +278,43 @@ where
                 return ResponseFuture::pass_through(future);
             }
         };
-        let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
-        // A verdict that needs no waiting (a lease that holds enough, a store in this process)
-        // is acted on at once: no future to box (a layer with a production mode on takes the
-        // usual check, which runs the modes).
-        if matches!(resolved, Resolved::Default) && config.modes.none() {
-            let now = config.limiter.check_storage_key_now(
-                storage_key.as_str(),
-                &config.quotas,
-                cost,
-                &config.metrics_label,
-            );
-            if let Some(verdict) = now {
-                let headers = future::Headers {
-                    config: config.clone(),
-                    style: None,
-                };
-                let request = Request::from_parts(parts, body);
-                return ResponseFuture::decided(verdict, headers, request, inner);
-            }
-        }
-
-        // The one clone of the shared config per request: the check owns it, and hands it back
-        // with the verdict for the response headers. The quotas a resolver chose are replaced
-        // by their (cached) headers, which hold them: the boxed future stays small.
-        let config = config.clone();
-        let style = match &resolved {
-            Resolved::Ready(quotas) => config.resolved_style(quotas),
-            _ => None,
-        };
-        let check: Check<K> = if let Resolved::Pending(lookup) = resolved {
-            Box::pin(async move {
-                let style = lookup
-                    .await
-                    .and_then(|quotas| config.resolved_style(&quotas));
-                future::check(config, storage_key.as_str(), style, cost).await
-            })
-        } else {
-            Box::pin(async move { future::check(config, storage_key.as_str(), style, cost).await })
-        };
         ResponseFuture::checking(check, Request::from_parts(parts, body), inner)
     }
 }
 
+/// The check of `storage_key`, boxed: it owns the storage key, and the one clone of the shared
+/// config per request, which it hands back with the verdict for the response headers. The
+/// quotas a resolver chose are replaced by their (cached) headers, which hold them: the boxed
+/// future stays small.
+fn checking<K: KeyExtractor>(
+    config: &Arc<Config<K>>,
+    storage_key: StorageKey,
+    resolved: Resolved,
+    cost: u64,
+) -> Check<K> {
+    let config = config.clone();
+    let style = match &resolved {
+        Resolved::Ready(quotas) => config.resolved_style(quotas),
+        _ => None,
+    };
+    if let Resolved::Pending(lookup) = resolved {
+        Box::pin(async move {
+            let style = lookup
+                .await
+                .and_then(|quotas| config.resolved_style(&quotas));
+            future::check(config, storage_key.as_str(), style, cost).await
+        })
+    } else {
+        Box::pin(async move { future::check(config, storage_key.as_str(), style, cost).await })
+    }
+}
+
 /// What the key of a request leads to.
-enum Keyed<C> {
-    /// A check: its storage key and quotas.
-    Check(C),
+enum Keyed<K> {
+    /// A verdict reached at once.
+    Decided(Verdict),
+    /// A check to await.
+    Check(Check<K>),
     /// No key, and [`MissingKey::Reject`].
     Reject(StatusCode),
     /// No key, and [`MissingKey::Allow`].

@@ -30,7 +30,7 @@ pub use self::control::{
     ControlError, KeyStatus, OverrideSource, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
 use self::deny_cache::DenyCache;
-pub(crate) use self::keys::KeyScope;
+pub(crate) use self::keys::{KeyScope, StorageKey};
 pub use self::keys::{StoredKey, Target};
 pub use self::lease::{
     LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,

@@ -1,16 +1,16 @@
 //! [`MemoryStore`]: the same algorithms in this process, with the same decisions as Redis.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 
 mod block;
+mod index;
 mod refund;
 mod shard;
 mod slots;
 
+use self::index::{KeyHasher, Probe};
 use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{Kind, MAX_SLIDING_LOG_BURST};
@@ -29,6 +29,11 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 pub const DEFAULT_MAX_LOG_ENTRIES: usize = SHARDS * MAX_SLIDING_LOG_BURST as usize;
 
 const SHARDS: usize = 64;
+
+/// The shard of a key whose tag hashes to `tag` (see [`KeyHasher::tag`]).
+fn shard_of(tag: u64) -> usize {
+    (tag % SHARDS as u64) as usize
+}
 
 /// The most expired keys a full shard drops at once to make room for a new key.
 const EVICTION_BATCH: usize = 32;
@@ -80,7 +85,7 @@ const EVICTION_BATCH: usize = 32;
 #[derive(Clone)]
 pub struct MemoryStore {
     shards: Arc<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: KeyHasher,
     max_keys_per_shard: usize,
     max_log_entries_per_shard: usize,
 }
@@ -128,9 +133,12 @@ impl MemoryStore {
     /// # }
     /// ```
     pub fn with_max_keys(max_keys: usize) -> Self {
+        let hasher = KeyHasher::default();
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                .collect(),
+            hasher,
             max_keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
             max_log_entries_per_shard: DEFAULT_MAX_LOG_ENTRIES / SHARDS,
         }
@@ -207,8 +215,9 @@ impl MemoryStore {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
         let (now_f, cost) = (now as f64, capped_cost(request.cost) as f64);
         let quotas = request.quotas.as_slice();
-        let mut guard = self
-            .shard(request.key)
+        // One hash of the key's tag picks the shard and finds the key in it.
+        let (tag, hash) = self.hasher.hash(request.key);
+        let mut guard = self.shards[shard_of(tag)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let shard = &mut *guard;
@@ -216,7 +225,11 @@ impl MemoryStore {
         let result = match request.algorithm.kind() {
             Kind::Packed(step) => {
                 let tenant = shard.tenant(request.key, now);
-                let (held, live) = shard.find(request.key, now);
+                let key = Probe {
+                    hash,
+                    key: request.key,
+                };
+                let (held, live) = shard.find_hashed(key, now);
                 let stored = live.and_then(|slot| shard.bytes(slot));
                 let decided = decide(step, stored, tenant.as_deref(), now_f, cost, quotas);
                 decided.map(|(reply, write)| {
@@ -439,21 +452,7 @@ impl MemoryStore {
     /// like a Redis Cluster slot: by the hash tag, the text between the first `{` and the next
     /// `}`, when there is one.
     fn shard_index(&self, key: &str) -> usize {
-        // Bytes, not chars: both braces are ASCII, and a plain loop is cheaper than `str::find`
-        // on keys this short.
-        let key = key.as_bytes();
-        let tag = key
-            .iter()
-            .position(|&b| b == b'{')
-            .and_then(|open| {
-                let rest = &key[open + 1..];
-                rest.iter()
-                    .position(|&b| b == b'}')
-                    .filter(|&close| close > 0)
-                    .map(|close| &rest[..close])
-            })
-            .unwrap_or(key);
-        (self.hasher.hash_one(tag) % SHARDS as u64) as usize
+        shard_of(self.hasher.tag(key))
     }
 
     /// The stored state of `key` at `now_micros`, byte for byte what Redis holds: a pure step's
@@ -467,7 +466,7 @@ impl MemoryStore {
             .shard(key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let stored = &shard.slots[*shard.index.get(key)?].stored;
+        let stored = &shard.slots[shard.slot_of(key)?].stored;
         if stored.expires_at <= now_micros {
             return None;
         }

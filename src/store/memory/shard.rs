@@ -12,9 +12,10 @@
 //! when the shard holds no other live key, the one closest to expiry first.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 
+use super::index::{Index, Indexed, KeyHasher, Lookup, Probe};
 use super::EVICTION_BATCH;
 use crate::algorithm::{sliding_log, Packed};
 use crate::mirror::{decide_log, is_tenant_key, tenant_key, LogWrite, Refused, Reply, CONTROLS};
@@ -30,7 +31,9 @@ const PROTECTED: usize = 1;
 /// their expiry times per class.
 #[derive(Default)]
 pub(super) struct Shard {
-    pub(super) index: HashMap<Arc<str>, usize>,
+    pub(super) index: Index,
+    /// The store's hasher, which hashes the keys of the index.
+    hasher: KeyHasher,
     pub(super) slots: Vec<Slot>,
     /// Per class (ordinary, protected), `(expires_at, slot)` pairs: every slot has one at or
     /// before its expiry in its class's heap (see [`Shard::set_expiry`]), plus outdated ones
@@ -183,9 +186,35 @@ impl Shard {
         live.and_then(|slot| self.bytes(slot)).map(<[u8]>::to_vec)
     }
 
+    /// A shard of keys hashed by `hasher` (the store's).
+    pub(super) fn new(hasher: KeyHasher) -> Shard {
+        Shard {
+            hasher,
+            ..Shard::default()
+        }
+    }
+
+    /// `key` as the index looks it up.
+    fn probe<'k>(&self, key: &'k str) -> Probe<'k> {
+        Probe {
+            hash: self.hasher.hash(key).1,
+            key,
+        }
+    }
+
+    /// The slot of `key`, if the shard holds it (live or not).
+    pub(super) fn slot_of(&self, key: &str) -> Option<usize> {
+        self.index.get(&self.probe(key) as &dyn Lookup).copied()
+    }
+
     /// Where `key` is held (live, expired or of another kind), and whether it is live.
     pub(super) fn find(&self, key: &str, now: u64) -> (Option<usize>, Option<usize>) {
-        let held = self.index.get(key).copied();
+        self.find_hashed(self.probe(key), now)
+    }
+
+    /// [`find`](Self::find) of a key whose hash in the index is known (see [`KeyHasher::hash`]).
+    pub(super) fn find_hashed(&self, key: Probe<'_>, now: u64) -> (Option<usize>, Option<usize>) {
+        let held = self.index.get(&key as &dyn Lookup).copied();
         (
             held,
             held.filter(|&slot| self.slots[slot].stored.expires_at > now),
@@ -286,7 +315,7 @@ impl Shard {
     /// Stores `key`, which the shard does not hold, keeping the shard within `max` keys (never
     /// above): while it is full, make room. Returns its slot.
     pub(super) fn insert(&mut self, key: &str, stored: Stored, now: u64, max: usize) -> usize {
-        debug_assert!(!self.index.contains_key(key));
+        debug_assert!(self.slot_of(key).is_none());
         while self.slots.len() >= max.max(1) {
             self.make_room(now);
         }
@@ -295,7 +324,12 @@ impl Shard {
         let key: Arc<str> = Arc::from(key);
         let slot = self.slots.len();
         self.log_entries += stored.state.log_entries();
-        self.index.insert(Arc::clone(&key), slot);
+        let hash = self.probe(&key).hash;
+        let indexed = Indexed {
+            hash,
+            key: Arc::clone(&key),
+        };
+        self.index.insert(indexed, slot);
         let expires_at = stored.expires_at;
         self.slots.push(Slot {
             key,
@@ -430,9 +464,11 @@ impl Shard {
         let removed = self.slots.swap_remove(slot);
         self.log_entries -= removed.stored.state.log_entries();
         self.tenants -= usize::from(is_tenant_key(&removed.key));
-        self.index.remove(&*removed.key);
+        let gone = self.probe(&removed.key);
+        self.index.remove(&gone as &dyn Lookup);
         if let Some(moved) = self.slots.get(slot) {
-            if let Some(index) = self.index.get_mut(&*moved.key) {
+            let moved_key = self.probe(&moved.key);
+            if let Some(index) = self.index.get_mut(&moved_key as &dyn Lookup) {
                 *index = slot;
             }
             // Its pairs name its old slot: give it one for the new.
@@ -459,7 +495,7 @@ pub(super) mod tests {
         let tenants = shard.slots.iter().filter(|s| is_tenant_key(&s.key)).count();
         assert_eq!(shard.tenants, tenants, "tenants' keys counted");
         for (slot, held) in shard.slots.iter().enumerate() {
-            assert_eq!(shard.index.get(&*held.key), Some(&slot), "{}", held.key);
+            assert_eq!(shard.slot_of(&held.key), Some(slot), "{}", held.key);
         }
     }
 
@@ -574,10 +610,10 @@ pub(super) mod tests {
             assert_consistent(&shard);
             assert_eq!(shard.slots.len(), MAX, "the cap is hard");
             let dead = format!("k{dead_at}");
-            assert!(!shard.index.contains_key(dead.as_str()), "slot {dead_at}");
+            assert!(shard.slot_of(dead.as_str()).is_none(), "slot {dead_at}");
             for i in (0..MAX).filter(|&i| i != dead_at) {
                 assert!(
-                    shard.index.contains_key(format!("k{i}").as_str()),
+                    shard.slot_of(format!("k{i}").as_str()).is_some(),
                     "k{i} evicted"
                 );
             }
@@ -585,7 +621,7 @@ pub(super) mod tests {
             let live: Vec<usize> = (0..MAX).filter(|&i| i != dead_at).take(5).collect();
             for (n, i) in live.into_iter().enumerate() {
                 shard.insert(&format!("new{}", n + 1), stored(now + 10_000_000), now, MAX);
-                assert!(!shard.index.contains_key(format!("k{i}").as_str()));
+                assert!(shard.slot_of(format!("k{i}").as_str()).is_none());
                 assert_eq!(shard.slots.len(), MAX);
             }
             assert_consistent(&shard);
@@ -633,7 +669,7 @@ pub(super) mod tests {
         }
         now += 1; // k42 has expired
         shard.insert("new", stored(now + 10_000), now, 100);
-        assert!(!shard.index.contains_key("k42"));
+        assert!(shard.slot_of("k42").is_none());
         assert_eq!(shard.slots.len(), 100);
         assert_consistent(&shard);
     }

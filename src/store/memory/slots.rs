@@ -17,12 +17,7 @@ impl MemoryStore {
         let ids: Vec<u64> = request
             .ids
             .iter()
-            .map(|id| {
-                use std::hash::{BuildHasher, Hasher};
-                let mut hasher = self.hasher.build_hasher();
-                hasher.write(id.as_bytes());
-                hasher.finish()
-            })
+            .map(|id| self.hasher.bytes(id.as_bytes()))
             .collect();
         let mut guard = self
             .shard(request.key)

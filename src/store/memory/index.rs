@@ -1,0 +1,206 @@
+//! How a [`MemoryStore`](super::MemoryStore) finds a key: its hash tag, hashed with SipHash
+//! keyed at random per store, picks the shard (as a Redis Cluster slot), and the shard's index
+//! reuses that hash, mixed with the key's other bytes, rather than hashing the whole key again.
+//!
+//! Nobody can choose keys that collide without the store's key: the tag is the part a client
+//! can choose (the limiter key); the bytes around it are the limiter's prefix and scope.
+
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::sync::Arc;
+
+/// A store's hasher of keys, keyed at random per store; its clones (and its shards) share it.
+#[derive(Clone, Default)]
+pub(super) struct KeyHasher(RandomState);
+
+impl KeyHasher {
+    /// The hash of `bytes`, written as they are (a holder's id, for the slots).
+    pub(super) fn bytes(&self, bytes: &[u8]) -> u64 {
+        let mut hasher = self.0.build_hasher();
+        hasher.write(bytes);
+        hasher.finish()
+    }
+
+    /// The hash of `key`'s hash tag: what picks its shard.
+    pub(super) fn tag(&self, key: &str) -> u64 {
+        self.0.hash_one(split_tag(key.as_bytes()).1)
+    }
+
+    /// The hash of `key`'s tag and its hash in the index, from one hash of the tag.
+    pub(super) fn hash(&self, key: &str) -> (u64, u64) {
+        let (before, tag, after) = split_tag(key.as_bytes());
+        let tag = self.0.hash_one(tag);
+        (tag, mix(fold(fold(tag, before), after)))
+    }
+}
+
+/// `key` around its hash tag, the text between the first `{` and the next `}` when there is
+/// one (the whole key otherwise): what precedes the tag, the tag, and what follows it.
+fn split_tag(key: &[u8]) -> (&[u8], &[u8], &[u8]) {
+    let Some(open) = memchr::memchr(b'{', key) else {
+        return (&[], key, &[]);
+    };
+    let rest = &key[open + 1..];
+    match memchr::memchr(b'}', rest) {
+        Some(close) if close > 0 => (&key[..=open], &rest[..close], &rest[close..]),
+        _ => (&[], key, &[]),
+    }
+}
+
+/// `bytes` (a limiter's prefix or a scope: a few words) folded into `hash` a word at a time.
+fn fold(hash: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let step = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(K);
+    let word = |bytes: &[u8]| u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+    let mut words = bytes.chunks_exact(8);
+    let mut hash = step(hash, bytes.len() as u64);
+    for chunk in words.by_ref() {
+        hash = step(hash, word(chunk));
+    }
+    match words.remainder() {
+        [] => hash,
+        // The last 8 bytes, overlapping the last whole word: no copy.
+        _ if bytes.len() >= 8 => step(hash, word(&bytes[bytes.len() - 8..])),
+        rest => rest
+            .iter()
+            .fold(hash, |hash, &byte| step(hash, u64::from(byte))),
+    }
+}
+
+/// A 64-bit finalizer (MurmurHash3's): every bit of the result depends on every bit of `hash`,
+/// so keys of one shard (whose tags' hashes share the bits that picked it) still spread.
+fn mix(mut hash: u64) -> u64 {
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^ (hash >> 33)
+}
+
+/// A shard's index: from key (with its hash) to slot.
+pub(super) type Index = HashMap<Indexed, usize, BuildHasherDefault<Passthrough>>;
+
+/// A key as the index holds it, with its hash.
+pub(super) struct Indexed {
+    pub(super) hash: u64,
+    pub(super) key: Arc<str>,
+}
+
+/// A key the index is asked for, with its hash.
+pub(super) struct Probe<'k> {
+    pub(super) hash: u64,
+    pub(super) key: &'k str,
+}
+
+/// What the index compares: a held key or a probe, by its hash and its text.
+pub(super) trait Lookup {
+    fn hash(&self) -> u64;
+    fn text(&self) -> &str;
+}
+
+impl Lookup for Indexed {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    fn text(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Lookup for Probe<'_> {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    fn text(&self) -> &str {
+        self.key
+    }
+}
+
+impl<'a> Borrow<dyn Lookup + 'a> for Indexed {
+    fn borrow(&self) -> &(dyn Lookup + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn Lookup + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(Lookup::hash(self));
+    }
+}
+
+impl PartialEq for dyn Lookup + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl Eq for dyn Lookup + '_ {}
+
+impl Hash for Indexed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialEq for Indexed {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for Indexed {}
+
+/// The index's hasher: hands on the hash computed beforehand.
+#[derive(Default)]
+pub(super) struct Passthrough(u64);
+
+impl Hasher for Passthrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is ever called; folded all the same.
+        self.0 = fold(self.0, bytes);
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tag_is_between_the_first_open_brace_and_the_next_close() {
+        let split = |key: &'static str| {
+            let (a, b, c) = split_tag(key.as_bytes());
+            (a.to_vec(), b.to_vec(), c.to_vec())
+        };
+        let parts = |a: &str, b: &str, c: &str| (a.into(), b.into(), c.into());
+        assert_eq!(split("p:{k}:s"), parts("p:{", "k", "}:s"));
+        assert_eq!(split("p:{k}#t"), parts("p:{", "k", "}#t"));
+        assert_eq!(split("{}k"), parts("", "{}k", ""));
+        assert_eq!(split("k"), parts("", "k", ""));
+        assert_eq!(split("p:{k"), parts("", "p:{k", ""));
+    }
+
+    #[test]
+    fn keys_of_one_tag_share_the_tag_hash_and_differ_in_the_index() {
+        let hasher = KeyHasher::default();
+        let (route, in_index) = hasher.hash("p:{k}");
+        let (scoped, scoped_in_index) = hasher.hash("p:{k}:login");
+        assert_eq!(route, scoped);
+        assert_eq!(hasher.tag("p:{k}#t"), route);
+        assert_ne!(in_index, scoped_in_index);
+        assert_ne!(hasher.hash("q:{k}").1, in_index);
+        // Another store, another key.
+        assert_ne!(KeyHasher::default().hash("p:{k}"), (route, in_index));
+    }
+}
