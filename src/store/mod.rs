@@ -35,13 +35,16 @@
 //!   quiet service, never waits for a batch.
 //! - Decisions that arrive while a call is in flight wait for it to end; the next call then
 //!   carries them together, up to [`RedisStoreBuilder::max_batch`] (64 by default) in one
-//!   `EVALSHA` of the batch script. A queue that fills up is sent at once.
+//!   `EVALSHA` of the batch script. A queue that fills up is sent at once, and so is a queue of a
+//!   quarter of `max_batch` behind a single call, so that two calls overlap under load.
 //! - On Cluster only decisions whose keys share a slot share a call (the keys of one limiter key
 //!   always do); Sentinel and a single node batch any decisions.
 //!
-//! Nothing else changes for a user: each decision is decided on its own, in order, atomically,
+//! Nothing else changes for a user: each decision is decided on its own, atomically,
 //! with all its tiers or none, and gets its own reply and its own error (an ACL refusing one key
-//! fails that decision alone), so the failure policy applies to it alone. Its timeout counts
+//! fails that decision alone), so the failure policy applies to it alone. The decisions of one
+//! call run in the order they were queued; decisions in calls that overlap have no order between
+//! them, as concurrent calls never had (one caller's decisions, one after another, keep theirs). Its timeout counts
 //! from the moment it was queued; if the call ahead is a caller's own and has not ended after a
 //! quarter of that timeout, the queue is sent without waiting for it. A decision whose caller went away before its call was sent is
 //! left out of it and consumes nothing. The circuit breaker counts a failed call once, however

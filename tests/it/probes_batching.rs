@@ -417,7 +417,13 @@ async fn behind_a_sleep(
 async fn a_mixed_queue_decides_each_decision_as_it_would_alone() {
     let batched_redis = RedisServer::start();
     let alone_redis = RedisServer::start();
-    let batched = support::redis_store(&batched_redis);
+    // The whole queue in one call, so that it runs in the order given (decisions in calls
+    // that overlap have no order between them, as concurrent calls never had).
+    let batched = RedisStore::builder(batched_redis.url())
+        .timeout(support::PATIENT_TIMEOUT)
+        .max_batch(256)
+        .build()
+        .unwrap();
     let alone = RedisStore::builder(alone_redis.url())
         .timeout(support::PATIENT_TIMEOUT)
         .max_batch(1)
@@ -1048,7 +1054,13 @@ async fn run(store: &RedisStore, op: Op<'_>) -> String {
 async fn blocking_checks_and_slots_among_queued_decisions_answer_as_alone() {
     let batched_redis = RedisServer::start();
     let alone_redis = RedisServer::start();
-    let batched = support::redis_store(&batched_redis);
+    // The whole queue in one call, so that it runs in the order given (decisions in calls
+    // that overlap have no order between them, as concurrent calls never had).
+    let batched = RedisStore::builder(batched_redis.url())
+        .timeout(support::PATIENT_TIMEOUT)
+        .max_batch(256)
+        .build()
+        .unwrap();
     let alone = RedisStore::builder(alone_redis.url())
         .timeout(support::PATIENT_TIMEOUT)
         .max_batch(1)

@@ -5,7 +5,8 @@
 //! arrive while one is in flight wait in the group's queue; when that call ends (or is dropped:
 //! its [`InFlight`] guard), the queue is handed to a task of its own, which sends up to
 //! `max_batch` of them in one `EVALSHA` and goes on while decisions keep arriving. A queue that
-//! reaches `max_batch` is sent at once by another such task.
+//! reaches `max_batch`, or a quarter of it behind a single call in flight, is sent at once by
+//! another such task.
 //!
 //! Each decision keeps its own reply, its own errors and its own timeout (from the moment it was
 //! queued); a decision whose caller went away before its call was sent is left out of it. The
@@ -106,6 +107,9 @@ enum Entry<'a> {
     Alone(InFlight<'a>),
     Queued(oneshot::Receiver<Answer>, u16),
 }
+
+/// The share of `max_batch` queued behind a single call in flight that starts a second call.
+const SECOND_CALL_AT: usize = 4;
 
 /// The share of its timeout a queued decision waits for the call ahead before its caller sends
 /// the queue itself: the call ahead is sent from its own caller's future, which may stop being
@@ -334,7 +338,14 @@ impl RedisStore {
             args: PackedArgs::of(request),
             answer,
         });
-        if group.queue.len() >= self.batches.max {
+        // A full queue goes at once; so does a quarter of one while a single call is in flight,
+        // so that a second call overlaps the first (the client's work on one reply with
+        // Redis's on the next call) instead of every decision waiting for one round trip
+        // after another.
+        let queued = group.queue.len();
+        if queued >= self.batches.max
+            || (group.in_flight == 1 && queued >= self.batches.max.div_ceil(SECOND_CALL_AT))
+        {
             group.in_flight += 1;
             let batch: Vec<Queued> = group.queue.drain(..).collect();
             drop(groups);
