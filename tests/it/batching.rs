@@ -126,21 +126,12 @@ async fn a_lone_decision_goes_out_alone_on_the_decision_script() {
 async fn one_decisions_error_is_its_own() {
     let redis = RedisServer::start();
     // A user that may touch only the keys of tenants whose name starts with "ok".
-    let mut admin = redis.conn();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("limiter")
-        .arg("on")
-        .arg(">pw")
-        .arg("resetkeys")
-        .arg("~redlimit:{ok*")
-        .arg("+@all")
-        .query(&mut admin)
-        .unwrap();
-    let store = RedisStore::builder(format!("redis://limiter:pw@127.0.0.1:{}/", redis.port()))
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let store = support::store_limited_to(
+        &redis,
+        "redlimit:{ok*",
+        Duration::from_secs(5),
+        redlimit::store::DEFAULT_MAX_BATCH,
+    );
     let quotas = generous();
     // A key whose stored override is corrupt: the script refuses every decision on it.
     let limiter = redlimit::Limiter::builder(store.clone())

@@ -326,23 +326,8 @@ async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_wit
     max_batch: usize,
 ) {
     let redis = RedisServer::start();
-    let mut admin = redis.conn();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("limiter")
-        .arg("on")
-        .arg(">pw")
-        .arg("resetkeys")
-        .arg("~redlimit:{ok*")
-        .arg("+@all")
-        .query(&mut admin)
-        .unwrap();
     let timeout = Duration::from_millis(300);
-    let store = RedisStore::builder(format!("redis://limiter:pw@127.0.0.1:{}/", redis.port()))
-        .timeout(timeout)
-        .max_batch(max_batch)
-        .build()
-        .unwrap();
+    let store = support::store_limited_to(&redis, "redlimit:{ok*", timeout, max_batch);
     store.verify().await.unwrap();
     let slow = "redlimit:{ok-slow}";
     fill_old_log(&redis, slow, 1_000_000);

@@ -302,3 +302,29 @@ impl Denials {
         assert!(self.0.is_empty(), "{why}: {:#?}", self.0);
     }
 }
+
+/// A store as the ACL user `limiter`, who may touch only the keys that match `keys` (an ACL key
+/// pattern, e.g. `redlimit:{ok*`), with `timeout` and `max_batch`: a server that refuses one
+/// decision's keys and not another's.
+pub fn store_limited_to(
+    redis: &RedisServer,
+    keys: &str,
+    timeout: Duration,
+    max_batch: usize,
+) -> RedisStore {
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("limiter")
+        .arg("on")
+        .arg(">pw")
+        .arg("resetkeys")
+        .arg(format!("~{keys}"))
+        .arg("+@all")
+        .query(&mut redis.conn())
+        .expect("ACL SETUSER");
+    RedisStore::builder(format!("redis://limiter:pw@127.0.0.1:{}/", redis.port()))
+        .timeout(timeout)
+        .max_batch(max_batch)
+        .build()
+        .expect("valid store")
+}
