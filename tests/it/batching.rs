@@ -12,12 +12,17 @@ use redlimit::store::{CheckRequest, CircuitBreaker, RedisStore, Store, StoreErro
 use redlimit::{Algorithm, Quota, Quotas};
 use support::{RedisCluster, RedisServer};
 
-/// A quota nothing in these tests exhausts unless it says so.
-fn generous() -> Quotas {
+/// A quota nothing in these tests (and the probes') exhausts unless it says so.
+pub(crate) fn generous() -> Quotas {
     Quota::per_hour(1_000).unwrap().into()
 }
 
-fn request<'a>(key: &'a str, quotas: &'a Quotas, algorithm: Algorithm) -> CheckRequest<'a> {
+/// A decision of cost 1 on Redis's clock.
+pub(crate) fn request<'a>(
+    key: &'a str,
+    quotas: &'a Quotas,
+    algorithm: Algorithm,
+) -> CheckRequest<'a> {
     CheckRequest {
         key,
         algorithm,

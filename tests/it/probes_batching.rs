@@ -9,27 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::batching::{generous, request};
 use futures::future::join_all;
 use redlimit::store::{
     CheckRequest, CircuitBreaker, RedisStore, Store, StoreError, DEFAULT_MAX_BATCH,
 };
 use redlimit::{Algorithm, Decision, Quota, Quotas};
 use support::{RedisCluster, RedisServer};
-
-/// A quota nothing in these probes exhausts unless it says so.
-fn generous() -> Quotas {
-    Quota::per_hour(1_000).unwrap().into()
-}
-
-fn request<'a>(key: &'a str, quotas: &'a Quotas, algorithm: Algorithm) -> CheckRequest<'a> {
-    CheckRequest {
-        key,
-        algorithm,
-        quotas,
-        cost: 1,
-        now_micros: None,
-    }
-}
 
 /// `count` keys of their own, `redlimit:{<prefix>-<i>}`.
 fn keys(prefix: &str, count: usize) -> Vec<String> {
