@@ -318,7 +318,7 @@ impl RedisStore {
     }
 
     /// Goes alone when nothing is in flight for the request's group, else queues it (and sends
-    /// the queue at once when it is full).
+    /// the queue at once when it is full, or a quarter full behind a single call).
     fn enter(&self, request: &CheckRequest<'_>) -> Entry<'_> {
         let slot = match &*self.backend {
             Backend::Cluster { .. } => slot_of(request.key.as_bytes()),
