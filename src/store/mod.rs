@@ -40,19 +40,20 @@
 //! - On Cluster only decisions whose keys share a slot share a call (the keys of one limiter key
 //!   always do); Sentinel and a single node batch any decisions.
 //!
-//! Nothing else changes for a user: each decision is decided on its own, atomically,
-//! with all its tiers or none, and gets its own reply and its own error (an ACL refusing one key
-//! fails that decision alone), so the failure policy applies to it alone. The decisions of one
-//! call run in the order they were queued; decisions in calls that overlap have no order between
-//! them, as concurrent calls never had (one caller's decisions, one after another, keep theirs). Its timeout counts
-//! from the moment it was queued; if the call ahead is a caller's own and has not ended after a
-//! quarter of that timeout, the queue is sent without waiting for it. A decision whose caller went away before its call was sent is
-//! left out of it and consumes nothing. The circuit breaker counts a failed call once, however
-//! many decisions it carried. What changes is the cost: Redis pays a call's fixed part (the
-//! command, the script's lookup and start) once per call instead of once per decision; see
-//! `benches/README.md` for the figures. Lease renewals and settlement charges are decisions and
-//! batch like the others; blocking checks, refunds and give-backs, concurrency slots and fleet
-//! controls are always sent alone. `max_batch(1)` sends every decision alone.
+//! Nothing else changes for a user: each decision is decided on its own, atomically, with all its
+//! tiers or none, and gets its own reply and its own error (an ACL refusing one key fails that
+//! decision alone), so the failure policy applies to it alone. The decisions of one call run in the
+//! order they were queued; decisions in calls that overlap have no order between them, as
+//! concurrent calls never had (one caller's decisions, one after another, keep theirs). A
+//! decision's timeout counts from the moment it was queued; if the call ahead is a caller's own and
+//! has not ended after a quarter of that timeout, the queue is sent without waiting for it. A
+//! decision whose caller went away before its call was sent is left out of it and consumes nothing.
+//! The circuit breaker counts a failed call once, however many decisions it carried. What changes
+//! is the cost: Redis pays a call's fixed part (the command, the script's lookup and start) once
+//! per call instead of once per decision; see `benches/README.md` for the figures. Lease renewals
+//! and settlement charges are decisions and batch like the others; blocking checks, refunds and
+//! give-backs, concurrency slots and fleet controls are always sent alone. `max_batch(1)` sends
+//! every decision alone.
 
 use std::time::Duration;
 
@@ -401,7 +402,7 @@ impl ControlReply {
 /// assert!(limiter.check("k", &quota).await.is_allowed());
 /// # }
 /// ```
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The store did not answer within its timeout.
@@ -434,18 +435,6 @@ impl StoreError {
     /// Wraps the Redis client's error; crate-internal so redis-rs's types stay out of the API.
     pub(crate) fn redis(error: ::redis::RedisError) -> Self {
         StoreError::Redis(RedisFailure::new(error))
-    }
-
-    /// The same error again, for each decision of a call that failed as a whole.
-    pub(crate) fn duplicate(&self) -> Self {
-        match self {
-            StoreError::Timeout(timeout) => StoreError::Timeout(*timeout),
-            StoreError::Redis(failure) => StoreError::Redis(failure.clone()),
-            StoreError::BadReply(reply) => StoreError::BadReply(reply.clone()),
-            StoreError::InvalidQuota(error) => StoreError::InvalidQuota(*error),
-            StoreError::Unavailable(why) => StoreError::Unavailable(why),
-            StoreError::Unsupported(what) => StoreError::Unsupported(what),
-        }
     }
 
     /// Whether this is transport trouble, which says the store as a whole cannot decide now

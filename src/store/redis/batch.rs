@@ -97,8 +97,9 @@ impl std::fmt::Debug for Queued {
 enum Answer {
     /// Its reply, or the error of its part or of the whole call.
     Reply(Result<redis::Value, StoreError>),
-    /// The call was refused before it ran in a way only a decision alone can follow (a Cluster
-    /// slot migration's `TRYAGAIN`: the split form): send it alone.
+    /// The call was refused before any decision ran, in a way a decision alone may answer
+    /// otherwise (an ACL refusing another decision's key; a Cluster slot migration's
+    /// `TRYAGAIN`, which a decision alone follows in the split form): send it alone.
     Alone,
 }
 
@@ -153,9 +154,7 @@ impl Batches {
         let take = group.queue.len().min(self.max);
         Some(group.queue.drain(..take).collect())
     }
-}
 
-impl Batches {
     /// Ends a call in flight that will not be sent, its `batch` back at the head of the queue.
     fn give_up(&self, slot: u16, batch: Vec<Queued>) {
         let mut groups = self.lock();
@@ -393,7 +392,7 @@ impl RedisStore {
             }
             Err(error) => {
                 for queued in batch {
-                    let _ = queued.answer.send(Answer::Reply(Err(error.duplicate())));
+                    let _ = queued.answer.send(Answer::Reply(Err(error.clone())));
                 }
             }
         }
