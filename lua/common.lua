@@ -55,19 +55,26 @@
 --   state     a tag byte naming the algorithm and the layout version, followed by
 --             little-endian doubles (17 bytes, 25 for the sliding window), or one 0 byte for a
 --             tier with nothing stored yet. Anything else reads as a fresh tier.
+--   expiry    only after the one state of a string without controls, written on Redis's clock:
+--             EXPIRY and a double, the ms (Redis's clock) at or before which the key expires
+--             (EXPIRY_LEN bytes). Other writers keep it only with the key's TTL (PTTL) or
+--             drop it; a reader that does not know it sees bytes past its tiers.
 -- A limiter that uses no controls and one tier reads one string (and the tenant's absent one)
 -- and writes one string: the controls cost it one GET of a missing key.
 --
--- A step is pure: it reads `stored` (its tier's state; false when absent), `now`, `cost`,
--- `limit`, `period`, `burst` (and `key`; the sliding log also `forget`), and sets
+-- A step is pure: it reads `stored` (its tier's state, maybe followed by other bytes; false
+-- when absent), `now`, `cost`, `limit`, `period`, `burst` (and `key`; the sliding log also
+-- `forget`), and sets
 --   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
 -- where state is the new state string, or nil when nothing is to be written. The driver reads
 -- the string with one GET (a key of another type reads as absent: self-healing), and writes it
 -- back with one `SET key state PX ttl`, the TTL being when every tier is fresh again (and at
 -- least the override's idle time), only when the call admits and costs (a denial writes only a
--- step's repair of a clock that stepped back). The sliding log keeps a sorted set instead, one for all tiers (each tier counts its
--- own window): its step reads it, and its state is a function that writes it, called with the
--- TTL and the call's decision for the tier with the longest period.
+-- step's repair of a clock that stepped back); one tier without controls on Redis's clock
+-- keeps the TTL it remembers while that is long enough, else sets one a quarter longer (see
+-- the write). The sliding log keeps a sorted set instead, one for all tiers (each tier counts
+-- its own window): its step reads it, and its state is a function that writes it, called with
+-- the TTL and the call's decision for the tier with the longest period.
 --
 -- Lua numbers are doubles: every value stays an exact integer below 2^53 (GCRA's debt aside),
 -- and every time leaves in whole milliseconds rounded up (never tell a client to come back
@@ -124,6 +131,9 @@ elseif log then
   end
   tkey = KEYS[3]
 end
+-- On Redis's clock the string may remember the key's expiry (see `kept` below): a PX counts
+-- from that clock, not from a caller's.
+local clocked = now == -1
 if now == -1 then
   local t = call('TIME')
   now = t[1] * 1000000 + t[2]
@@ -154,14 +164,29 @@ elseif tkey then
 else
   s = rpcall('GET', skey)
 end
--- One tier, a string that can hold no controls (absent, or one state's length: see below)
--- and no tenant's string: the usual call, decided as `plain` below without reading controls.
--- Otherwise the controls are read, and the call is `plain` when they hold no override and no
--- reset. (The names the controls set are declared together: nil costs the usual call one
--- instruction for all of them.)
-local quotas, tover, reset_us, tuntil, head, rover, stamp, at, forget
-local plain = not t and tiers == 1 and not log and
-  (not s or #s == STATE_LEN or #s == WIDE_STATE_LEN)
+-- One tier, a string that can hold no controls (absent, one state's length, or one state and
+-- the expiry it remembers: see below) and no tenant's string: the usual call, decided as
+-- `plain` below without reading controls. Otherwise the controls are read, and the call is
+-- `plain` when they hold no override and no reset. (The names the controls set are declared
+-- together: nil costs the usual call one instruction for all of them.)
+--
+-- `kept`: where the key's string keeps the key's expiry (ms on Redis's clock), when it is one
+-- state of this algorithm followed by EXPIRY and a double (the plain form's write below), read
+-- only when the decision writes. No other string of that length starts with this algorithm's
+-- tag: no tier's state takes 9 bytes, and controls start with CONTROLS. The step reads its
+-- state from the string's start (a step reads only its state's length).
+local quotas, tover, reset_us, tuntil, head, rover, stamp, at, forget, kept
+local plain = not t and tiers == 1 and not log
+if plain and s then
+  local len = #s
+  if len ~= STATE_LEN and len ~= WIDE_STATE_LEN then
+    plain = false
+    if (len == STATE_LEN + EXPIRY_LEN and alg ~= WIDE_TAG or
+        len == WIDE_STATE_LEN + EXPIRY_LEN and alg == WIDE_TAG) and string.byte(s) == alg then
+      plain, kept = true, len - (EXPIRY_LEN - 1)
+    end
+  end
+end
 if not plain then
   quotas, tover, reset_us, tuntil = args, false, 0, 0
   if t then
@@ -407,11 +432,41 @@ elseif write then
   if rover and ttl < OVERRIDE_IDLE_MS then
     ttl = OVERRIDE_IDLE_MS
   end
+  -- On Redis's clock the plain form remembers after its state when the key expires (EXPIRY
+  -- and a double, ms). While that is later than the key must live, the write keeps the TTL
+  -- (KEEPTTL): setting one and formatting it cost Redis a quarter of the decision, keeping it
+  -- and the bytes that carry it a sixth (counted by callgrind). Else it sets one a quarter
+  -- longer than the key must live, so that a busy key moves its expiry once per quarter of
+  -- its TTL, not on every admission: an idle key outlives its state's freshness by at most a
+  -- quarter, never falls short of it. (The remembered time is at most the real one: Redis
+  -- counts a PX from its clock when it runs the SET, after `now`.)
+  if plain and clocked then
+    local now_ms = now / 1000
+    now_ms = now_ms - now_ms % 1
+    local mark, expiry
+    if kept then
+      mark, expiry = sunpack('<Bd', s, kept)
+    end
+    if mark == EXPIRY and expiry > now_ms + ttl then
+      -- The new state, the same time, the TTL as it is (SET: the limiter's ACL has no
+      -- SETRANGE).
+      call('SET', skey, write .. string.sub(s, kept), 'KEEPTTL')
+      write = nil
+    else
+      ttl = ttl + (ttl - ttl % 4) / 4
+      if ttl > MAX_EXACT then
+        ttl = MAX_EXACT
+      end
+      write = write .. spack('<Bd', EXPIRY, now_ms + ttl)
+    end
+  end
   -- The TTL as an integer string: Redis 7.0 formats a number with "%.17g", which costs it
   -- about 900 instructions more than this (1.6 % of the decision, counted by callgrind); some
   -- Redis 7.2 releases write an integer such as 100000000 with an exponent, which PX refuses.
   -- Lua's '%d' formats a 64-bit long, exact for every TTL (at most 2^53).
-  call('SET', skey, write, 'PX', string.format('%d', ttl))
+  if write then
+    call('SET', skey, write, 'PX', string.format('%d', ttl))
+  end
 end
 
 -- The reply names the binding tier by its position; an override's tier also by its quota (the

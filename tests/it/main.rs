@@ -26,6 +26,7 @@ mod concurrency;
 mod connection;
 mod deny_cache;
 mod differential;
+mod expiry;
 mod extremes;
 mod failure_policy;
 mod fleet;

@@ -1,0 +1,167 @@
+//! The key's expiry on Redis's clock: the decision script remembers it after the state of a
+//! one-tier key and keeps it while it is late enough (`SET … KEEPTTL`), setting one a quarter
+//! longer than needed only when the key must live longer (`lua/common.lua`'s write). Whatever
+//! writes the key in between (an operator's override, a refund, a client-clock instance, a
+//! `FLUSHALL`), a key never expires before its state is fresh again.
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use redlimit::{clock::Clock, Algorithm, Limiter, Quota, Quotas};
+use support::{Ctx, RedisServer};
+
+/// The algorithms that keep one packed state in the key's string (the sliding log keeps a
+/// sorted set).
+fn packed() -> impl Iterator<Item = Algorithm> {
+    Algorithm::ALL
+        .iter()
+        .copied()
+        .filter(|&a| a != Algorithm::SlidingLog)
+}
+
+/// The packed state's length: the sliding window keeps three numbers, the others two.
+fn state_len(algorithm: Algorithm) -> usize {
+    if algorithm == Algorithm::SlidingWindow {
+        25
+    } else {
+        17
+    }
+}
+
+fn pttl(redis: &RedisServer, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query(&mut redis.conn())
+        .expect("PTTL")
+}
+
+fn stored(redis: &RedisServer, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET")
+        .arg(key)
+        .query(&mut redis.conn())
+        .expect("GET")
+}
+
+#[tokio::test]
+async fn a_busy_key_keeps_its_expiry_instead_of_setting_one_on_every_admission() {
+    let redis = RedisServer::start();
+    // Each admission makes the key live 3.6 s longer (until the bucket is full again): an
+    // expiry set on every admission moves up on every admission.
+    let quota = Quota::per_hour(1_000).unwrap();
+    for algorithm in packed() {
+        let limiter = Ctx::new(algorithm).redis(&redis);
+        let key = limiter.storage_key("busy");
+        let mut last = i64::MAX;
+        let mut moved = 0;
+        for _ in 0..200 {
+            let decision = support::decision(&limiter, "busy", &quota).await;
+            assert!(decision.allowed, "{algorithm}");
+            let left = pttl(&redis, &key);
+            assert!(left > 0, "{algorithm}: the key lives ({left})");
+            if left > last {
+                moved += 1;
+            }
+            last = left;
+        }
+        let bytes = stored(&redis, &key).expect("the key");
+        let state = state_len(algorithm);
+        assert_eq!(
+            bytes.len(),
+            state + 9,
+            "{algorithm}: the state and its expiry"
+        );
+        assert_eq!(bytes[state], b'X', "{algorithm}");
+        // A quarter of slack: the expiry moves about once per 25 % more admissions (24 times
+        // in 200 when it grows with each); on every one without it.
+        assert!(
+            moved <= 40,
+            "{algorithm}: the expiry moved on {moved} of 200 admissions"
+        );
+        // The operator sees one tier, not the remembered time.
+        let status = limiter.inspect("busy").await.expect("inspect");
+        assert_eq!(status.tiers.len(), 1, "{algorithm}: {status:?}");
+    }
+}
+
+/// A small deterministic generator (the sequence is the same on every run).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[tokio::test]
+async fn a_key_never_expires_before_its_state_is_fresh_whatever_writes_it_in_between() {
+    let redis = RedisServer::start();
+    // Short TTLs (at most 2 s), so that keys expire and come back during the run.
+    let quota = Quota::new(20, Duration::from_secs(1))
+        .unwrap()
+        .with_burst(10)
+        .unwrap();
+    let quotas: Quotas = quota.into();
+    let tight: Quotas = Quota::new(5, Duration::from_secs(1))
+        .unwrap()
+        .with_burst(3)
+        .unwrap()
+        .into();
+    for algorithm in packed() {
+        let server = Ctx::new(algorithm).redis(&redis);
+        let client = Ctx::new(algorithm).clock(Clock::System).redis(&redis);
+        let key = server.storage_key("k");
+        let mut random = Lcg(algorithm as u64 + 7);
+        let mut checked = 0;
+        for step in 0..400 {
+            let roll = random.below(100);
+            let limiter: &Limiter = if roll < 8 { &client } else { &server };
+            match roll {
+                0..=1 => redis.flushall(),
+                2..=3 => {
+                    server.set_quota("k", &tight).await.expect("override");
+                }
+                4..=6 => {
+                    server.clear_quota("k").await.expect("clear");
+                }
+                7..=9 => {
+                    server
+                        .refund("k", &quotas, 1 + random.below(2))
+                        .await
+                        .expect("refund");
+                }
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(random.below(15))).await;
+            let cost = random.below(4);
+            let sent = Instant::now();
+            let decision = limiter
+                .try_check_quotas("k", &quotas, cost)
+                .await
+                .expect("the store decides");
+            let left = pttl(&redis, &key);
+            let elapsed = sent.elapsed();
+            // The key lives at least until its state is fresh again, counted from the
+            // decision (which ran after `sent`): a key gone or expiring sooner forgets what it
+            // admitted.
+            let fresh_in = decision.reset_after.saturating_sub(elapsed);
+            if fresh_in > Duration::from_millis(1) {
+                checked += 1;
+                assert!(
+                    left >= 0 && Duration::from_millis(left as u64 + 1) >= fresh_in,
+                    "{algorithm}, step {step} (roll {roll}, cost {cost}): the key expires in \
+                     {left} ms, its state is fresh in {fresh_in:?}: {decision:?}, stored {:?}",
+                    stored(&redis, &key)
+                );
+            }
+        }
+        assert!(
+            checked > 100,
+            "{algorithm}: {checked} decisions left state behind"
+        );
+    }
+}
