@@ -64,6 +64,12 @@ async fn a_busy_key_keeps_its_expiry_instead_of_setting_one_on_every_admission()
             }
             last = left;
         }
+        // A quarter of slack: the expiry moves about once per 25 % more admissions (24 times
+        // in 200 when it grows with each); on every one without it.
+        assert!(
+            moved <= 40,
+            "{algorithm}: the expiry moved on {moved} of 200 admissions"
+        );
         let bytes = stored(&redis, &key).expect("the key");
         let state = state_len(algorithm);
         assert_eq!(
@@ -72,12 +78,6 @@ async fn a_busy_key_keeps_its_expiry_instead_of_setting_one_on_every_admission()
             "{algorithm}: the state and its expiry"
         );
         assert_eq!(bytes[state], b'X', "{algorithm}");
-        // A quarter of slack: the expiry moves about once per 25 % more admissions (24 times
-        // in 200 when it grows with each); on every one without it.
-        assert!(
-            moved <= 40,
-            "{algorithm}: the expiry moved on {moved} of 200 admissions"
-        );
         // The operator sees one tier, not the remembered time.
         let status = limiter.inspect("busy").await.expect("inspect");
         assert_eq!(status.tiers.len(), 1, "{algorithm}: {status:?}");
@@ -147,12 +147,12 @@ async fn a_key_never_expires_before_its_state_is_fresh_whatever_writes_it_in_bet
             let elapsed = sent.elapsed();
             // The key lives at least until its state is fresh again, counted from the
             // decision (which ran after `sent`): a key gone or expiring sooner forgets what it
-            // admitted.
+            // admitted. Within 2 ms: `reset_after` is rounded up to the ms, PTTL down.
             let fresh_in = decision.reset_after.saturating_sub(elapsed);
-            if fresh_in > Duration::from_millis(1) {
+            if fresh_in > Duration::from_millis(2) {
                 checked += 1;
                 assert!(
-                    left >= 0 && Duration::from_millis(left as u64 + 1) >= fresh_in,
+                    left >= 0 && Duration::from_millis(left as u64 + 2) >= fresh_in,
                     "{algorithm}, step {step} (roll {roll}, cost {cost}): the key expires in \
                      {left} ms, its state is fresh in {fresh_in:?}: {decision:?}, stored {:?}",
                     stored(&redis, &key)
