@@ -70,9 +70,9 @@
 -- the string with one GET (a key of another type reads as absent: self-healing), and writes it
 -- back with one `SET key state PX ttl`, the TTL being when every tier is fresh again (and at
 -- least the override's idle time), only when the call admits and costs (a denial writes only a
--- step's repair of a clock that stepped back); one tier without controls on Redis's clock
--- keeps the TTL it remembers while that is long enough, else sets one a quarter longer (see
--- the write). The sliding log keeps a sorted set instead, one for all tiers (each tier counts
+-- step's repair of a clock that stepped back); one tier without controls on Redis's clock,
+-- found alive, keeps the TTL it remembers while that is long enough, else sets one half as
+-- long again (see the write). The sliding log keeps a sorted set instead, one for all tiers (each tier counts
 -- its own window): its step reads it, and its state is a function that writes it, called with
 -- the TTL and the call's decision for the tier with the longest period.
 --
@@ -432,15 +432,16 @@ elseif write then
   if rover and ttl < OVERRIDE_IDLE_MS then
     ttl = OVERRIDE_IDLE_MS
   end
-  -- On Redis's clock the plain form remembers after its state when the key expires (EXPIRY
-  -- and a double, ms). While that is later than the key must live, the write keeps the TTL
-  -- (KEEPTTL): setting one and formatting it cost Redis a quarter of the decision, keeping it
-  -- and the bytes that carry it a sixth (counted by callgrind). Else it sets one a quarter
-  -- longer than the key must live, so that a busy key moves its expiry once per quarter of
-  -- its TTL, not on every admission: an idle key outlives its state's freshness by at most a
-  -- quarter, never falls short of it. (The remembered time is at most the real one: Redis
+  -- On Redis's clock the plain form of a key found alive (a key that comes back) remembers
+  -- after its state when the key expires (EXPIRY and a double, ms). While that is later than
+  -- the key must live, the write keeps the TTL (KEEPTTL): setting one costs Redis about 3 000
+  -- instructions more than keeping it and carrying the bytes (counted by callgrind). Else it
+  -- sets one half as long again as the key must live, so that a busy key moves its expiry
+  -- once per half of its TTL, not on every admission: a key outlives its state's freshness by
+  -- at most half of it, never falls short of it. A new key gets its exact TTL and no time: a
+  -- key used once pays nothing for it. (The remembered time is at most the real one: Redis
   -- counts a PX from its clock when it runs the SET, after `now`.)
-  if plain and clocked then
+  if plain and clocked and s then
     local now_ms = now / 1000
     now_ms = now_ms - now_ms % 1
     local mark, expiry
@@ -453,7 +454,7 @@ elseif write then
       call('SET', skey, write .. string.sub(s, kept), 'KEEPTTL')
       write = nil
     else
-      ttl = ttl + (ttl - ttl % 4) / 4
+      ttl = ttl + (ttl - ttl % 2) / 2
       if ttl > MAX_EXACT then
         ttl = MAX_EXACT
       end
