@@ -9,7 +9,7 @@
 --       block doubles).
 -- ARGV  [1] as a decision's; [2] packed '<dd': block_us (the first offence's), max_us (the
 --       longest; equal: no doubling). Integers from 1 below 2^53.
--- Reply as a decision's; a denial that blocks says retry_after_ms = the block's time left.
+-- Reply as a decision's (with now_us -2, an admission's time too); a denial that blocks says retry_after_ms = the block's time left.
 -- The offence count n (absent: 0) makes the block min(block_us * 2^n, max_us); it is written
 -- back as n + 1 with a TTL of the block plus max_us, so offences are forgotten once the cap has
 -- passed with no new block. The split form of a Cluster slot migration is not taken here: a
@@ -49,7 +49,7 @@ end
 
 -- The block. Its time: the decision's (the caller's now, or Redis TIME again).
 local now = sunpack('<d', ARGV[1])
-if now == -1 then
+if now < 0 then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 end

@@ -9,7 +9,7 @@
 --       a reset of every route; a caller that sends no such key has none). All share one
 --       hash tag.
 -- ARGV  one string, packed little-endian (struct.pack): doubles now_us (-1 = Redis server
---       TIME) and cost (0 = peek), a byte naming the algorithm (its state's tag: 't' token
+--       TIME; -2 = the same, and an admission tells its time: see Reply) and cost (0 = peek), a byte naming the algorithm (its state's tag: 't' token
 --       bucket, 'g' GCRA, 'f' fixed window, 'w' sliding window, 'l' sliding log), then per tier
 --       (1 to 8) doubles limit, period_us, burst: '<ddB' .. n * '<ddd', 17 + 24 * n bytes.
 --       Numbers are integers below 2^53 (limit, period and burst at least 1). Packed, because
@@ -41,6 +41,9 @@
 --       integer, reset_after_ms * (burst + 1) + remaining, when that is below 2^53 (remaining
 --       is whole, from 0 to burst; the caller knows its burst). An integer costs Redis less
 --       than packing a string.
+--       With now_us -2 an admission always replies the string, followed by '<d' more: the µs
+--       of Redis's clock at which it decided (what a refund of its units sends as their
+--       reservation's time; lua/refund.lua). A denial replies as usual.
 --
 -- The tenant's string (the last key), written by lua/control.lua:
 --   'M', double suspended_until_us (0: not suspended), a byte n (0: no override), n * doubles
@@ -107,7 +110,7 @@ local tiers = (len - 17) / 24
 -- The header and the first tier in one unpack: one call into struct fewer on every decision.
 local now, cost, alg, limit, period, burst, pos = sunpack('<ddBddd', args)
 if not (cost >= 0 and cost < MAX_EXACT and cost % 1 == 0 and
-    (now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0)) then
+    (now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0 or now == -2)) then
   return redis.error_reply('ERR redlimit: invalid arguments; now_us and cost must be ' ..
     'integers from 0 below 2^53 (now_us -1 for the server clock)')
 end
@@ -132,9 +135,9 @@ elseif log then
   tkey = KEYS[3]
 end
 -- On Redis's clock the string may remember the key's expiry (see `kept` below): a PX counts
--- from that clock, not from a caller's.
-local clocked = now == -1
-if now == -1 then
+-- from that clock, not from a caller's. `timed`: an admission replies its time (see Reply).
+local clocked, timed = now < 0, now == -2
+if clocked then
   local t = call('TIME')
   now = t[1] * 1000000 + t[2]
 end
@@ -474,8 +477,15 @@ end
 -- caller does not know it).
 if all_ok then
   if tover then
-    return spack('<BBdddddd', 5, min_i, min_rem, 0, reset_ms,
+    local reply = spack('<BBdddddd', 5, min_i, min_rem, 0, reset_ms,
       sunpack('<ddd', quotas, CONTROLS_HEAD + 1 + QUOTA_BYTES * (min_i - 1)))
+    if timed then
+      return reply .. spack('<d', now)
+    end
+    return reply
+  end
+  if timed then
+    return spack('<BBdddd', 1, min_i, min_rem, 0, reset_ms, now)
   end
   if plain then
     -- One integer when it fits (see the header): packing the string costs Redis more than

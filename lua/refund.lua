@@ -6,13 +6,16 @@
 -- KEYS  [1] the route's string (the sliding log: its controls' string `<key>#m`); [2] the
 --       sliding log only: its sorted set; last, the tenant's string (`<prefix>:{<id>}#t`).
 --       All share one hash tag.
--- ARGV  one string, packed little-endian: double now_us (-1 = Redis TIME), a byte naming the
---       algorithm (its state's tag), doubles units (from 1 below 2^53) and age_us, then per
---       tier (1 to 8) doubles limit, period_us, burst: '<dBdd' .. n * '<ddd', 25 + 24 * n
---       bytes. `reserved = now_us - age_us` is when the units were reserved: the caller's
---       client time of the reservation (age 0), or with Redis time the µs its own monotonic
---       clock measured since before it sent the reservation's call, so `reserved` is never
---       later than the reservation's true time.
+-- ARGV  one string, packed little-endian: double now_us (-1 = Redis TIME; -2: see `reserved`),
+--       a byte naming the algorithm (its state's tag), doubles units (from 1 below 2^53) and
+--       age_us, then per tier (1 to 8) doubles limit, period_us, burst: '<dBdd' .. n * '<ddd',
+--       25 + 24 * n bytes. `reserved` is when the units were reserved: `now_us - age_us`, the
+--       caller's client time of the reservation (age 0); with now_us -2, age_us itself: the
+--       reservation's time on Redis's clock, as its admission replied it (lua/common.lua,
+--       Reply), less the caller's margin; with -1 (Redis time, the admission's time unknown),
+--       TIME less the µs the caller's monotonic clock measured since before it sent the
+--       reservation's call, never later than the reservation's true time when Redis runs the
+--       refund at once, later by the time a refund waits in Redis (a busy or stalled server).
 -- Reply the number of tiers that got units back (the sliding log: the entries removed).
 --
 -- The tiers in force are the route's override, else the tenant's, else the caller's, as in a
@@ -46,8 +49,9 @@ if #ARGV ~= 1 or not KEYS[1] or tiers < 1 or tiers > MAX_TIERS or tiers % 1 ~= 0
     'per tier')
 end
 local now, alg, units, age = sunpack('<dBdd', args)
-if not ((now == -1 or now >= 0 and now < MAX_EXACT and now % 1 == 0) and units >= 1 and
-    units < MAX_EXACT and units % 1 == 0 and age >= 0 and age < MAX_EXACT and age % 1 == 0) then
+if not ((now == -1 or now == -2 or now >= 0 and now < MAX_EXACT and now % 1 == 0) and
+    units >= 1 and units < MAX_EXACT and units % 1 == 0 and age >= 0 and age < MAX_EXACT and
+    age % 1 == 0) then
   return redis.error_reply('ERR redlimit: invalid refund arguments; now_us, units and age_us ' ..
     'must be integers below 2^53 (units at least 1)')
 end
@@ -55,7 +59,9 @@ end
 -- which may be up to MAX_SKEW µs (`Clock::MAX_SKEW`) behind it: one within that of the reset
 -- may have been made before it, so it gives nothing back. Redis time has no skew.
 local skew = 5000000
-if now == -1 then
+if now == -2 then
+  skew, now, age = 0, age, 0 -- the reservation's time on Redis's clock, sent as age_us
+elseif now == -1 then
   skew = 0
   local t = call('TIME')
   now = t[1] * 1000000 + t[2]

@@ -91,24 +91,35 @@ pub(crate) async fn check<K>(
     let limiter = &config.limiter;
     // When and where the units are reserved: a settlement gives them back there, or nowhere.
     let reserved = limiter.mark_reservation();
+    let settles = modes.settle.is_some();
     let label = &config.metrics_label;
     // A shadow layer has no effects: its would-be denials block nobody.
-    let (verdict, origin) = match modes.block.as_ref().filter(|_| !modes.shadow) {
-        Some(block) => {
-            let check = limiter.check_storage_key_blocking(storage_key, quotas, cost, label, block);
-            Origin::of(check).await
+    let check = async {
+        match modes.block.as_ref().filter(|_| !modes.shadow) {
+            Some(block) => {
+                let check =
+                    limiter.check_storage_key_blocking(storage_key, quotas, cost, label, block);
+                Origin::of(check).await
+            }
+            None => Origin::of(limiter.check_storage_key(storage_key, quotas, cost, label)).await,
         }
-        None => Origin::of(limiter.check_storage_key(storage_key, quotas, cost, label)).await,
+    };
+    let ((verdict, origin), reserved) = match settles {
+        true => reserved.during(check).await,
+        false => (check.await, reserved),
     };
     let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
     let (mut shadow, mut shadow_admitted) = (None, None);
     if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
         let key = [storage_key, shadow::SHADOW_SCOPE_SUFFIX].concat();
         let label = config.shadow_label();
+        let check = Origin::of(limiter.check_storage_key(&key, tiers, cost, &label));
         let shadow_reserved = limiter.mark_reservation();
-        if let (Verdict::Decided(decision), shadow_origin) =
-            Origin::of(limiter.check_storage_key(&key, tiers, cost, &label)).await
-        {
+        let ((shadow_verdict, shadow_origin), shadow_reserved) = match settles {
+            true => shadow_reserved.during(check).await,
+            false => (check.await, shadow_reserved),
+        };
+        if let Verdict::Decided(decision) = shadow_verdict {
             if decision.allowed {
                 // Settled like the enforced tiers, when the layer settles (if the store, not
                 // the failure policy, reserved the units).

@@ -484,8 +484,11 @@ impl Limiter {
         let started = cache.map(|cache| cache.start(key, cache.now(request.now_micros)));
         // A decision the store makes at once records no latency (as in `check_storage_key_now`);
         // a blocking check always waits for the store.
+        // A reservation on the store's clock asks the store when it admits (`Reserved::during`).
+        let timed = request.now_micros.is_none() && Reserved::asked();
         let decided_now = match block {
             Some(_) => None,
+            None if timed => None,
             None => self.inner.store.decide_now(request),
         };
         let result = match decided_now {
@@ -493,6 +496,12 @@ impl Limiter {
             None => {
                 let timer = StoreTimer::start();
                 let result = match block {
+                    _ if timed => (self.inner.store.check_timed(request, block).await).map(
+                        |(decision, at)| {
+                            Reserved::decided(at);
+                            decision
+                        },
+                    ),
                     Some(block) => self.inner.store.check_blocking(request, block).await,
                     None => self.inner.store.check(request).await,
                 };

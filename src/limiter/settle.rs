@@ -10,14 +10,16 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use super::{Limiter, PolicyLabel, Shadow};
+use crate::decision::Verdict;
 use crate::failure_policy::FailureContext;
 use crate::limiter::{ControlError, Target};
 use crate::quota::Quotas;
-use crate::store::{RefundRequest, StoreError};
+use crate::store::{RefundRequest, ReservedAt, StoreError};
 
 /// When units were reserved, so that a refund gives them back to the window (and the reset
-/// epoch) they were charged to and to no other: take it with [`Limiter::mark_reservation`]
-/// just before the check that reserves, give it to [`Limiter::refund_reserved`].
+/// epoch) they were charged to and to no other: made by [`Limiter::check_reserving`] (or taken
+/// with [`Limiter::mark_reservation`] just before the check that reserves), given to
+/// [`Limiter::refund_reserved`].
 #[derive(Debug, Clone, Copy)]
 pub struct Reserved {
     /// Taken before the reservation's store call was sent: the age measured from it is never
@@ -25,21 +27,55 @@ pub struct Reserved {
     sent: Instant,
     /// The client clock's time at that moment, when the limiter has a client clock.
     client_micros: Option<u64>,
+    /// The store's clock's µs at which it admitted the reservation, when it told
+    /// ([`Store::check_timed`](crate::store::Store::check_timed), asked within
+    /// [`during`](Self::during)).
+    store_micros: Option<u64>,
     /// µs before that moment the reservation may have been made (0 for the layer's).
     earlier: u64,
 }
 
+tokio::task_local! {
+    /// Within [`Reserved::during`]: the store's time of the reserving check's admission.
+    static DECIDED_AT: Cell<Option<u64>>;
+}
+
 impl Reserved {
-    /// The refund's `now_micros` and `age_micros`: the reservation's own client time, or the
-    /// store's time less the age measured here.
-    fn clock_args(&self) -> (Option<u64>, u64) {
-        match self.client_micros {
-            Some(at) => (Some(at.saturating_sub(self.earlier)), 0),
-            None => {
+    /// When the refund says the units were reserved: the client clock's time, else the time
+    /// the store told for its admission, else the store's time less the age measured here.
+    fn at(&self) -> ReservedAt {
+        match (self.client_micros, self.store_micros) {
+            (Some(at), _) => ReservedAt::Client(at.saturating_sub(self.earlier)),
+            (None, Some(at)) => ReservedAt::Store(at.saturating_sub(self.earlier)),
+            (None, None) => {
                 let age = u64::try_from(self.sent.elapsed().as_micros()).unwrap_or(u64::MAX);
-                (None, age.saturating_add(self.earlier))
+                ReservedAt::Ago(age.saturating_add(self.earlier))
             }
         }
+    }
+
+    /// Runs `check`, the check that makes this reservation: on the store's clock it asks the
+    /// store when it admits ([`Store::check_timed`](crate::store::Store::check_timed)), and
+    /// the reservation keeps that time.
+    pub(crate) async fn during<T>(mut self, check: impl Future<Output = T>) -> (T, Reserved) {
+        let (out, at) = DECIDED_AT
+            .scope(Cell::new(None), async {
+                let out = check.await;
+                (out, DECIDED_AT.with(Cell::get))
+            })
+            .await;
+        self.store_micros = at;
+        (out, self)
+    }
+
+    /// Whether the running check makes a reservation ([`during`](Self::during)).
+    pub(crate) fn asked() -> bool {
+        DECIDED_AT.try_with(|_| ()).is_ok()
+    }
+
+    /// Records the store's time of the reserving check's admission (`None`: not told).
+    pub(crate) fn decided(at: Option<u64>) {
+        let _ = DECIDED_AT.try_with(|cell| cell.set(at));
     }
 }
 
@@ -189,8 +225,8 @@ impl Limiter {
     ///     .clock(Clock::Manual(clock.clone()))
     ///     .build()?;
     /// let quotas = Quota::per_minute(10)?.into();
-    /// let reserved = limiter.mark_reservation();
-    /// assert!(limiter.check_quotas("job", &quotas, 8).await.is_allowed());
+    /// let (verdict, reserved) = limiter.check_reserving("job", &quotas, 8).await;
+    /// assert!(verdict.is_allowed());
     /// clock.advance(Duration::from_secs(60)); // the job ran into the next window
     /// assert!(limiter.check_quotas("job", &quotas, 10).await.is_allowed());
     /// limiter.refund_reserved("job", &quotas, 5, reserved).await?;
@@ -213,14 +249,33 @@ impl Limiter {
         Ok(())
     }
 
+    /// [`check_quotas`](Self::check_quotas), and the time of the reservation it made, for
+    /// [`refund_reserved`](Self::refund_reserved): with a client clock that clock's time, with
+    /// the store's clock the time the store tells for its admission
+    /// ([`Store::check_timed`](crate::store::Store::check_timed)), which the refund sends as it
+    /// is, however late the store runs it.
+    pub async fn check_reserving<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        quotas: &Quotas,
+        cost: u64,
+    ) -> (Verdict, Reserved) {
+        let reserved = self.mark_reservation();
+        reserved
+            .during(self.check_quotas(target, quotas, cost))
+            .await
+    }
+
     /// The time of a reservation about to be made, for
     /// [`refund_reserved`](Self::refund_reserved): take it just before the check that reserves
     /// (with a client clock its time, with the store's clock this instant, from which the
-    /// refund measures the reservation's age).
+    /// refund measures the reservation's age: later than the truth when the store runs the
+    /// refund late, which [`check_reserving`](Self::check_reserving) avoids).
     pub fn mark_reservation(&self) -> Reserved {
         Reserved {
             sent: Instant::now(),
             client_micros: self.inner.clock.now_micros(),
+            store_micros: None,
             earlier: 0,
         }
     }
@@ -237,14 +292,12 @@ impl Limiter {
         if units == 0 {
             return Ok(());
         }
-        let (now_micros, age_micros) = reserved.clock_args();
         let request = RefundRequest {
             key: storage_key,
             algorithm: self.inner.algorithm,
             quotas,
             units,
-            now_micros,
-            age_micros,
+            reserved: reserved.at(),
         };
         let result = self.inner.store.refund(request).await;
         // A cached denial may now be too long.

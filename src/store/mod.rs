@@ -79,7 +79,7 @@ pub use self::redis::{
     BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
     MIN_REDIS_VERSION,
 };
-pub use self::refund::RefundRequest;
+pub use self::refund::{RefundRequest, ReservedAt};
 pub use self::slots::{SlotOp, SlotReply, SlotRequest};
 
 /// One decision to make: which key, under which algorithm and quota, at what cost.
@@ -193,6 +193,26 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// Decides like [`check`](Self::check), or with a `block` like
+    /// [`check_blocking`](Self::check_blocking), and with the store's own clock (`now_micros`
+    /// `None`) tells, on an admission, the µs on that clock at which it decided: the time a
+    /// refund of the units it reserved sends ([`ReservedAt::Store`]), exact however late the
+    /// refund runs. `None` otherwise; the default always answers `None` (a refund then sends
+    /// the reservation's age, [`ReservedAt::Ago`]).
+    fn check_timed<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: Option<Block>,
+    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
+        Box::pin(async move {
+            let decision = match block {
+                Some(block) => self.check_blocking(request, block).await?,
+                None => self.check(request).await?,
+            };
+            Ok((decision, None))
+        })
+    }
+
     /// Runs a fleet control on one key (an override of its quotas, a suspension, a reset, or a
     /// look), atomically like a decision. [`RedisStore`] and [`MemoryStore`] implement it; the
     /// default answers [`StoreError::Unsupported`], so a wrapper that does not forward it
@@ -233,7 +253,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Gives units back to a route's tiers in one atomic call, never above a tier's capacity,
     /// and only to the window (and reset epoch) of their reservation
-    /// ([`RefundRequest::age_micros`]); answers how many tiers (for the sliding log, entries)
+    /// ([`RefundRequest::reserved`]); answers how many tiers (for the sliding log, entries)
     /// got units back. The default
     /// answers [`StoreError::Unsupported`].
     fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {

@@ -14,14 +14,24 @@ pub struct RefundRequest<'a> {
     pub quotas: &'a Quotas,
     /// The units to give back (at least 1).
     pub units: u64,
-    /// Client time in µs since the Unix epoch; `None` means the store's own clock.
-    pub now_micros: Option<u64>,
-    /// How long ago the units were reserved, in µs: the reservation was made at
-    /// `now - age_micros`, and the units go back only to the window that holds that time, and
-    /// not at all when it is before a reset of the tenant. Never less than the true age when
-    /// it is sent (it may only lose a refund, never give one to the wrong window): measured
-    /// from before the reservation's store call was sent. With the store's clock, a refund the
-    /// store runs late counts its `now` from when it runs: see the [modes
-    /// guide](crate::guide::modes). 0 when `now_micros` is the reservation's own time.
-    pub age_micros: u64,
+    /// When the units were reserved: they go back only to the window that holds that time, and
+    /// not at all when it is before a reset of the tenant.
+    pub reserved: ReservedAt,
+}
+
+/// When a refund's units were reserved, and on which clock. Never later than the truth: an
+/// earlier time may only lose a refund, never give one to the wrong window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservedAt {
+    /// On the caller's client clock, in µs since the Unix epoch.
+    Client(u64),
+    /// On the store's own clock, in µs since the Unix epoch: the time the store told for the
+    /// admission that reserved them ([`Store::check_timed`](super::Store::check_timed)).
+    Store(u64),
+    /// On the store's own clock, this many µs before the store runs the refund: measured from
+    /// before the reservation's store call was sent, so never less than the true age when the
+    /// refund is sent; a refund the store runs late (queued behind a busy or stalled server)
+    /// counts its age from then, later than the truth by that delay (see the [modes
+    /// guide](crate::guide::modes)).
+    Ago(u64),
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use redlimit::limiter::BlockFor;
-use redlimit::store::{MemoryStore, RedisStore, RefundRequest, Store};
+use redlimit::store::{MemoryStore, RedisStore, RefundRequest, ReservedAt, Store};
 use redlimit::{clock::ManualClock, Algorithm, Decision, Quota, Quotas, Target};
 use support::{Ctx, RedisServer};
 
@@ -68,9 +68,9 @@ enum Step {
     Reset,
     /// Give this many units back (`Limiter::refund`).
     Refund(u64),
-    /// Give this many units back, reserved this many µs ago (`Store::refund`: the client time
-    /// of the reservation when the flag is set, else now and the reservation's age).
-    RefundReserved(u64, u64, bool),
+    /// Give this many units back, reserved this many µs ago (`Store::refund`, the client time
+    /// of the reservation).
+    RefundReserved(u64, u64),
 }
 
 fn quota_of(shape: usize) -> Quota {
@@ -126,8 +126,8 @@ fn step(burst: u64, period_us: u64) -> impl Strategy<Value = Step> {
         1 => Just(Step::Resume),
         1 => Just(Step::Reset),
         2 => (1..=burst + 2).prop_map(Step::Refund),
-        2 => (1..=burst + 2, 0..=2 * period_us, any::<bool>())
-            .prop_map(|(units, back, at)| Step::RefundReserved(units, back, at)),
+        2 => (1..=burst + 2, 0..=2 * period_us)
+            .prop_map(|(units, back)| Step::RefundReserved(units, back)),
     ]
 }
 
@@ -214,20 +214,15 @@ async fn run(
                 b.unwrap();
                 continue;
             }
-            Step::RefundReserved(units, back, at) => {
+            Step::RefundReserved(units, back) => {
                 plain = false;
                 let storage_key = in_memory.storage_key(key);
-                let (now_micros, age_micros) = match at {
-                    true => (Some(now.saturating_sub(back)), 0),
-                    false => (Some(now), back.min(now)),
-                };
                 let request = RefundRequest {
                     key: &storage_key,
                     algorithm,
                     quotas: &quotas,
                     units,
-                    now_micros,
-                    age_micros,
+                    reserved: ReservedAt::Client(now.saturating_sub(back)),
                 };
                 // (What Redis still holds after the memory store forgot it is compared through
                 // the decisions that follow.)

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::limiter::{LeaseStats, Leases};
-use redlimit::store::{MemoryStore, RefundRequest, Store};
+use redlimit::store::{MemoryStore, RefundRequest, ReservedAt, Store};
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 use support::{Ctx, RedisServer};
 
@@ -462,8 +462,7 @@ async fn probe_refund_reserved_in_the_future_redis_and_memory_agree() {
                 algorithm,
                 quotas: &quotas,
                 units: 400,
-                now_micros: Some(future_us),
-                age_micros: 0,
+                reserved: ReservedAt::Client(future_us),
             })
             .await
             .unwrap();
@@ -566,5 +565,139 @@ async fn probe_units_refused_after_an_operators_reset_count_as_stranded() {
             stats.stranded >= held && stats.returned == 0,
             "{store}: {held} units held at the reset, none went back: {stats:?}"
         );
+    }
+}
+
+/// How units reserved on Redis's clock come to be given back.
+#[derive(Debug, Clone, Copy)]
+enum Reserver {
+    /// A settling layer's request (cost 200, settled to 0 after its response).
+    Settlement,
+    /// A lease, given back by `release_leases`.
+    Lease,
+    /// `Limiter::check_reserving` (cost 200), then `refund_reserved` of all of it.
+    Direct,
+}
+
+/// Redis sleeps this long with the give-back queued behind it.
+const STALL: Duration = Duration::from_millis(400);
+
+/// A reservation on Redis's clock on `key` (by `reserver`), then an operator's reset of the
+/// tenant and B's 5 in the state written after it; then the give-back reaches Redis late, queued
+/// behind `DEBUG SLEEP`. Returns B's remaining before and after the give-back.
+async fn late_give_back_after_reset(
+    redis: &RedisServer,
+    algorithm: Algorithm,
+    reserver: Reserver,
+    key: &'static str,
+) -> (u64, u64) {
+    let operator = Ctx::new(algorithm).redis(redis);
+    let b = Ctx::new(algorithm).redis(redis);
+    // The route the units went to (the layer's is scoped by its policy).
+    let target = || match reserver {
+        Reserver::Settlement => redlimit::Target::scoped("api", key),
+        _ => redlimit::Target::from(key),
+    };
+    let spent = Quotas::from(Quota::per_hour(CAPACITY).unwrap());
+    let left = || async {
+        let peek = b.try_check_quotas(target(), &spent, 0).await;
+        peek.expect("the store decides").remaining
+    };
+    // B's 5 after the reset, and what B sees left.
+    let after_reset = || async {
+        operator.reset(key).await.unwrap();
+        assert!(b.check_quotas(target(), &spent, 5).await.is_allowed());
+        left().await
+    };
+    let stall = || {
+        let sleeper = redis.debug_sleep(STALL);
+        std::thread::sleep(Duration::from_millis(30));
+        sleeper
+    };
+    match reserver {
+        Reserver::Settlement => {
+            use http::{Request, Response};
+            use tower::{Layer, ServiceExt};
+            let a = Ctx::new(algorithm).redis(redis);
+            let (entered, entered_rx) = tokio::sync::oneshot::channel::<()>();
+            let (go, go_rx) = tokio::sync::oneshot::channel::<()>();
+            let channels = std::sync::Arc::new(std::sync::Mutex::new(Some((entered, go_rx))));
+            let layer = redlimit::RateLimitLayer::builder(
+                a.clone(),
+                Quota::per_hour(CAPACITY).unwrap(),
+                redlimit::key::GlobalKey::new(key),
+            )
+            .policy_name("api")
+            .cost(|_| 200)
+            .cost_from_response(|_| 0)
+            .build()
+            .unwrap();
+            let svc = layer.layer(tower::service_fn(move |_: Request<()>| {
+                let (entered, go) = channels.lock().unwrap().take().expect("one request");
+                async move {
+                    entered.send(()).unwrap();
+                    go.await.unwrap();
+                    Ok::<_, std::convert::Infallible>(Response::new(()))
+                }
+            }));
+            let response = tokio::spawn(svc.oneshot(Request::new(())));
+            entered_rx.await.unwrap();
+            let before = after_reset().await;
+            let sleeper = stall();
+            go.send(()).unwrap();
+            assert!(response.await.unwrap().unwrap().status().is_success());
+            a.flush_settlements().await;
+            sleeper.join().unwrap();
+            assert_eq!(a.stats().settle_failures, 0);
+            (before, left().await)
+        }
+        Reserver::Lease => {
+            let a = Limiter::builder(Ctx::default().redis_store(redis))
+                .algorithm(algorithm)
+                .leases(Leases::new(Duration::from_secs(5)))
+                .build()
+                .unwrap();
+            hold(&a, key).await;
+            let before = after_reset().await;
+            let sleeper = stall();
+            a.release_leases().await;
+            sleeper.join().unwrap();
+            (before, left().await)
+        }
+        Reserver::Direct => {
+            let a = Ctx::new(algorithm).redis(redis);
+            let (verdict, reserved) = a.check_reserving(key, &spent, 200).await;
+            assert!(verdict.is_allowed());
+            let before = after_reset().await;
+            let sleeper = stall();
+            a.refund_reserved(key, &spent, 200, reserved).await.unwrap();
+            sleeper.join().unwrap();
+            (before, left().await)
+        }
+    }
+}
+
+/// On Redis's clock, units reserved before an operator's reset never come back after it, however
+/// late Redis runs their give-back: a settlement's refund, a lease's give-back and
+/// `refund_reserved` after `check_reserving` each carry the time Redis admitted them, not an
+/// age that a stalled Redis would turn into a time after the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_redis_runs_late_never_lands_after_a_reset() {
+    let redis = RedisServer::start();
+    for algorithm in LEASING {
+        for (reserver, key) in [
+            (Reserver::Settlement, "late-settled"),
+            (Reserver::Lease, "late-leased"),
+            (Reserver::Direct, "late-direct"),
+        ] {
+            let (before, after) =
+                late_give_back_after_reset(&redis, algorithm, reserver, key).await;
+            assert_eq!(
+                after, before,
+                "{algorithm} {reserver:?}: units reserved before the reset were given back after \
+                 it: B's remaining {before} -> {after}"
+            );
+            redis.flushall();
+        }
     }
 }

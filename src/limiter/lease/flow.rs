@@ -30,7 +30,7 @@ use crate::decision::Verdict;
 use crate::limiter::stats::{PolicyLabel, StoreTimer};
 use crate::limiter::{Inner, Limiter};
 use crate::quota::Quotas;
-use crate::store::{RefundRequest, StoreError};
+use crate::store::{RefundRequest, ReservedAt, StoreError};
 
 /// What a request on a lease does next.
 enum Step<'a> {
@@ -311,8 +311,8 @@ impl Limiter {
             let started = (self.inner.deny_cache.as_ref())
                 .map(|c| c.start(key, c.now(self.inner.clock.now_micros())));
             let result = self.lease_call(leases, key, quotas, ask, label).await;
-            let decision = match result {
-                Ok(decision) => decision,
+            let (decision, decided) = match result {
+                Ok(answer) => answer,
                 Err(error) => {
                     let abandoned = {
                         let mut state = lease.state.lock().expect("lease");
@@ -329,7 +329,13 @@ impl Limiter {
                 let mut state = lease.state.lock().expect("lease");
                 let abandoned = state.abandoned;
                 let spent = if abandoned { 0 } else { cost };
-                let answer = state.granted(ask - spent, spent, &decision, sent, &leases.sizing);
+                let answer = state.granted(
+                    ask - spent,
+                    spent,
+                    &decision,
+                    (sent, decided),
+                    &leases.sizing,
+                );
                 let detached = state
                     .detached
                     .then(|| state.clear(leases.now(&self.inner.clock), leases.sizing.interval));
@@ -389,12 +395,14 @@ impl Limiter {
         quotas: &Quotas,
         ask: u64,
         label: &PolicyLabel,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<(Decision, Option<u64>), StoreError> {
         let timer = StoreTimer::start();
-        let result = self.inner.store.check(self.request(key, quotas, ask)).await;
+        // Asked when the store admits (on its own clock): a give-back of these units sends it.
+        let request = self.request(key, quotas, ask);
+        let result = self.inner.store.check_timed(request, None).await;
         timer.stop(label);
         Counters::add(&leases.counters.renewals, 1);
-        if let Ok(decision) = &result {
+        if let Ok((decision, _)) = &result {
             if decision.allowed {
                 Counters::add(&leases.counters.leased, ask);
             }
@@ -437,17 +445,19 @@ impl Limiter {
             let mut state = lease.state.lock().expect("lease");
             let now = leases.now(&self.inner.clock);
             let released = match result {
-                Ok(decision) if decision.allowed => {
-                    state.granted(ask, 0, &decision, sent, &leases.sizing);
+                Ok((decision, decided)) if decision.allowed => {
+                    state.granted(ask, 0, &decision, (sent, decided), &leases.sizing);
                     state
                         .detached
                         .then(|| state.clear(now, leases.sizing.interval))
                 }
-                Ok(decision) if !decision.suspended && (1..ask).contains(&decision.remaining) => {
+                Ok((decision, _))
+                    if !decision.suspended && (1..ask).contains(&decision.remaining) =>
+                {
                     ask = decision.remaining;
                     continue;
                 }
-                Ok(decision) => decision
+                Ok((decision, _)) => decision
                     .suspended
                     .then(|| state.clear(now, leases.sizing.interval)),
                 Err(_) => {
@@ -504,19 +514,20 @@ impl Limiter {
         if units == 0 {
             return;
         }
-        // The lease table's µs: the client clock's, or its own monotonic ones (then the age).
-        let reserved = released.reserved.unwrap_or(0);
-        let (now_micros, age_micros) = match self.inner.clock.now_micros() {
-            Some(_) => (Some(reserved), 0),
-            None => (None, leases.now(&self.inner.clock).saturating_sub(reserved)),
+        // The lease table's µs: the client clock's; else the store's time of the admission
+        // when it told, or the age on the table's own monotonic clock.
+        let sent = released.reserved.unwrap_or(0);
+        let reserved = match (self.inner.clock.now_micros(), released.decided) {
+            (Some(_), _) => ReservedAt::Client(sent),
+            (None, Some(at)) => ReservedAt::Store(at),
+            (None, None) => ReservedAt::Ago(leases.now(&self.inner.clock).saturating_sub(sent)),
         };
         let request = RefundRequest {
             key,
             algorithm: self.inner.algorithm,
             quotas,
             units,
-            now_micros,
-            age_micros,
+            reserved,
         };
         match self.inner.store.refund(request).await {
             // No tier took any (a reset since, the window gone, every tier full): stranded.

@@ -29,6 +29,9 @@ pub(super) struct Batch {
     pub(super) window_end: Option<u64>,
     /// When its renewal was sent: no later than the store took the units.
     pub(super) sent: u64,
+    /// When the store admitted its renewal, on the store's own clock, when it told
+    /// ([`Store::check_timed`](crate::store::Store::check_timed)).
+    pub(super) decided: Option<u64>,
 }
 
 /// What Redis reported at the last renewal, for the headers of local admissions.
@@ -54,6 +57,9 @@ pub(super) struct Released {
     /// When the oldest returnable batch's renewal was sent: the give-back's reservation time
     /// (the store gives nothing back into a window or a reset after it).
     pub(super) reserved: Option<u64>,
+    /// When the store admitted the oldest returnable batch's renewal, on its own clock, when it
+    /// told for every returnable batch: the reservation time a give-back then sends.
+    pub(super) decided: Option<u64>,
 }
 
 impl Released {
@@ -65,6 +71,10 @@ impl Released {
             .is_none_or(|end| end.saturating_sub(now) > interval);
         if returnable {
             self.returnable += batch.units;
+            self.decided = match self.reserved {
+                None => batch.decided,
+                Some(_) => self.decided.zip(batch.decided).map(|(a, b)| a.min(b)),
+            };
             self.reserved = Some(self.reserved.map_or(batch.sent, |r| r.min(batch.sent)));
         } else {
             self.stranded += batch.units;
@@ -291,13 +301,14 @@ impl State {
 
     /// Records a renewal Redis admitted: `units` more held (the renewal's cost less what the
     /// request that waited for it spends at once, `spent`), valid from `sent` (when it was
-    /// sent: earlier than Redis decided). Returns the decision the waiting request gets.
+    /// sent: earlier than Redis decided), admitted at `decided` on the store's clock when the
+    /// store told. Returns the decision the waiting request gets.
     pub(super) fn granted(
         &mut self,
         units: u64,
         spent: u64,
         decision: &Decision,
-        sent: u64,
+        (sent, decided): (u64, Option<u64>),
         sizing: &Sizing,
     ) -> Decision {
         let reset_us = u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX);
@@ -312,6 +323,7 @@ impl State {
                 until,
                 window_end,
                 sent,
+                decided,
             });
             self.held += units;
         }
@@ -383,7 +395,7 @@ mod tests {
         let (quota, mut state, s) = fresh(100, Algorithm::TokenBucket);
         assert_eq!(state.plan(1_000_000, 1, &s), 1);
         let redis = admitted(99, 10, quota);
-        assert_eq!(state.granted(0, 1, &redis, 0, &s), redis);
+        assert_eq!(state.granted(0, 1, &redis, (0, None), &s), redis);
         assert_eq!(state.held(), 0);
         assert_eq!(state.take(1, 10), None);
     }
@@ -392,7 +404,7 @@ mod tests {
     fn local_admissions_count_down_from_redis_remaining_plus_held_units() {
         let (quota, mut state, s) = fresh(1_000, Algorithm::Gcra);
         // Redis admitted 10 (one for the waiting request): 990 left in Redis, 9 held.
-        let first = state.granted(9, 1, &admitted(990, 10, quota), 100, &s);
+        let first = state.granted(9, 1, &admitted(990, 10, quota), (100, None), &s);
         assert_eq!(first.remaining, 999);
         let next = state.take(1, 200).unwrap();
         assert_eq!((next.remaining, next.allowed), (998, true));
@@ -404,8 +416,8 @@ mod tests {
     #[test]
     fn batches_end_one_interval_after_they_were_sent_and_are_spent_oldest_first() {
         let (quota, mut state, s) = fresh(1_000, Algorithm::TokenBucket);
-        state.granted(5, 0, &admitted(900, 100, quota), 0, &s);
-        state.granted(5, 0, &admitted(890, 100, quota), 30_000, &s);
+        state.granted(5, 0, &admitted(900, 100, quota), (0, None), &s);
+        state.granted(5, 0, &admitted(890, 100, quota), (30_000, None), &s);
         assert!(state.take(7, 40_000).is_some()); // 5 of the first, 2 of the second
         assert_eq!(state.expire(INTERVAL, INTERVAL), Released::default());
         assert_eq!(state.held(), 3);
@@ -418,7 +430,7 @@ mod tests {
     fn a_fixed_window_lease_never_outlives_its_window_nor_goes_back_into_the_next() {
         let (quota, mut state, s) = fresh(1_000, Algorithm::FixedWindow);
         // 20 ms left in the window: the batch ends then, not one interval later.
-        state.granted(10, 0, &admitted(500, 20, quota), 0, &s);
+        state.granted(10, 0, &admitted(500, 20, quota), (0, None), &s);
         assert!(state.take(1, 19_999).is_some());
         let released = state.expire(20_000, INTERVAL);
         assert_eq!(
@@ -427,10 +439,11 @@ mod tests {
                 returnable: 0,
                 stranded: 9,
                 reserved: None,
+                decided: None,
             }
         );
         // With the window's end far off, units go back.
-        state.granted(10, 0, &admitted(400, 900, quota), 100_000, &s);
+        state.granted(10, 0, &admitted(400, 900, quota), (100_000, None), &s);
         assert_eq!(state.clear(100_000, INTERVAL).returnable, 10);
     }
 
@@ -441,14 +454,14 @@ mod tests {
         let mut now = 0;
         let mut asks = Vec::new();
         for _ in 0..6 {
-            state.granted(0, 0, &admitted(1, 1, quota), now, &s);
+            state.granted(0, 0, &admitted(1, 1, quota), (now, None), &s);
             state.spent_since = 10;
             now += 10_000;
             asks.push(state.plan(now, 0, &s));
         }
         assert_eq!(asks, [8, 25, 25, 25, 25, 25]);
         // A renewal tops the lease up to k: an instance never holds more than k units.
-        state.granted(10, 0, &admitted(1, 1, quota), now, &s);
+        state.granted(10, 0, &admitted(1, 1, quota), (now, None), &s);
         state.spent_since = 10;
         assert_eq!(state.plan(now + 10_000, 0, &s), 15);
         // A slow key (one a second) leases one unit at a time.
@@ -465,13 +478,13 @@ mod tests {
     #[test]
     fn prefetch_starts_at_low_water_only_for_leases_of_two_or_more() {
         let (quota, mut state, s) = fresh(1_000_000, Algorithm::TokenBucket);
-        state.granted(0, 1, &admitted(10, 1, quota), 0, &s);
+        state.granted(0, 1, &admitted(10, 1, quota), (0, None), &s);
         assert!(
             !state.wants_prefetch(1, &s),
             "k = 1: never in the background"
         );
         state.k = 10;
-        state.granted(10, 0, &admitted(10, 1, quota), 0, &s);
+        state.granted(10, 0, &admitted(10, 1, quota), (0, None), &s);
         assert!(!state.wants_prefetch(1, &s));
         state.take(5, 2).unwrap();
         assert!(state.wants_prefetch(3, &s));
@@ -491,7 +504,7 @@ mod tests {
             state.spent_since = 10_000;
             now += 10_000;
             let ask = state.plan(now, 1, &s);
-            state.granted(ask - 1, 1, &admitted(900_000, 1, quota), now, &s);
+            state.granted(ask - 1, 1, &admitted(900_000, 1, quota), (now, None), &s);
         }
         assert_eq!(state.held(), 999);
         state.take(600, now).unwrap();

@@ -515,6 +515,28 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(self.refund_now(request))))
     }
 
+    /// The system clock's µs it decided at, read once and decided with.
+    fn check_timed<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: Option<super::Block>,
+    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
+        let (now, asked) = match request.now_micros {
+            Some(now) => (now, false),
+            None => (system_now_micros(), true),
+        };
+        let request = CheckRequest {
+            now_micros: Some(now),
+            ..request
+        };
+        let decision = match block {
+            Some(block) => self.check_blocking_now(request, block),
+            None => self.check_now(request),
+        };
+        let at = (asked && decision.allowed).then_some(now);
+        Box::pin(std::future::ready(Ok((decision, at))))
+    }
+
     fn slots<'a>(
         &'a self,
         request: super::SlotRequest<'a>,

@@ -6,15 +6,21 @@ use super::{KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
 use crate::mirror::layout::Controls;
 use crate::mirror::{log_controls_key, log_refund, refund, reserved_before_reset};
-use crate::store::RefundRequest;
+use crate::store::{RefundRequest, ReservedAt};
 
 impl MemoryStore {
     /// A refund (`lua/refund.lua`), synchronously.
     pub(super) fn refund_now(&self, request: RefundRequest<'_>) -> u64 {
-        let client = request.now_micros.is_some();
-        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let (now, reserved, client) = match request.reserved {
+            ReservedAt::Client(at) => (at, at as f64, true),
+            ReservedAt::Store(at) => (system_now_micros(), at as f64, false),
+            ReservedAt::Ago(age) => {
+                let now = system_now_micros();
+                let age = crate::mirror::capped_cost(age) as f64;
+                (now, now as f64 - age, false)
+            }
+        };
         let units = crate::mirror::capped_cost(request.units) as f64;
-        let reserved = now as f64 - crate::mirror::capped_cost(request.age_micros) as f64;
         let log = request.algorithm.spec().is_log();
         let mut guard = self
             .shard(request.key)

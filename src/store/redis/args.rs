@@ -22,9 +22,14 @@ impl PackedArgs {
         quotas: &[Quota],
         cost: u64,
         now_micros: Option<u64>,
+        timed: bool,
     ) -> Self {
         let quotas = &quotas[..quotas.len().min(MAX_TIERS)];
-        let now = now_micros.map_or(-1.0, exact);
+        let now = match now_micros {
+            Some(now) => exact(now),
+            None if timed => -2.0,
+            None => -1.0,
+        };
         let cost = exact(capped_cost(cost));
         let mut bytes = [0; MAX_ARGS];
         bytes[0..8].copy_from_slice(&now.to_le_bytes());
@@ -37,13 +42,14 @@ impl PackedArgs {
         PackedArgs { len: at, bytes }
     }
 
-    /// A decision's argument.
-    pub(crate) fn of(request: &CheckRequest<'_>) -> Self {
+    /// A decision's argument; `timed`: its admission tells when Redis decided.
+    pub(crate) fn of(request: &CheckRequest<'_>, timed: bool) -> Self {
         Self::new(
             request.algorithm,
             request.quotas,
             request.cost,
             request.now_micros,
+            timed,
         )
     }
 

@@ -250,11 +250,13 @@ impl Drop for Sending {
 }
 
 impl RedisStore {
-    /// A decision, batched with others when calls queue up (see the module docs).
+    /// A decision, batched with others when calls queue up (see the module docs); `timed`: an
+    /// admission tells when Redis decided ([`Store::check_timed`](crate::store::Store::check_timed)).
     pub(super) async fn batched_check(
         &self,
         request: CheckRequest<'_>,
-    ) -> Result<Decision, StoreError> {
+        timed: bool,
+    ) -> Result<(Decision, Option<u64>), StoreError> {
         let admission = match &self.breaker {
             Some(breaker) => breaker.admit(),
             None => Admission::Call,
@@ -262,12 +264,12 @@ impl RedisStore {
         match admission {
             Admission::Skip => return Err(StoreError::Unavailable("circuit breaker open")),
             // A probe goes alone: its own outcome opens or closes the circuit.
-            Admission::Probe => return self.check_alone(request, admission).await,
+            Admission::Probe => return self.check_alone(request, admission, timed).await,
             Admission::Call => {}
         }
-        let (mut receiver, slot) = match self.enter(&request) {
+        let (mut receiver, slot) = match self.enter(&request, timed) {
             Entry::Alone(in_flight) => {
-                let result = self.check_alone(request, admission).await;
+                let result = self.check_alone(request, admission, timed).await;
                 drop(in_flight);
                 return result;
             }
@@ -297,7 +299,7 @@ impl RedisStore {
             }),
             Answer::Reply(Err(error)) => Err(error),
             Answer::Alone => {
-                tokio::time::timeout_at(deadline, self.check_alone(request, admission))
+                tokio::time::timeout_at(deadline, self.check_alone(request, admission, timed))
                     .await
                     .unwrap_or_else(|_| Err(timed_out()))
             }
@@ -309,16 +311,20 @@ impl RedisStore {
         &self,
         request: CheckRequest<'_>,
         admission: Admission,
-    ) -> Result<Decision, StoreError> {
-        self.guarded_with(admission, Call::Check(request), "check", move |reply| {
-            read_decision(reply, &request)
-        })
+        timed: bool,
+    ) -> Result<(Decision, Option<u64>), StoreError> {
+        self.guarded_with(
+            admission,
+            Call::Check(request, timed),
+            "check",
+            move |reply| read_decision(reply, &request),
+        )
         .await
     }
 
     /// Goes alone when nothing is in flight for the request's group, else queues it (and sends
     /// the queue at once when it is full, or a quarter full behind a single call).
-    fn enter(&self, request: &CheckRequest<'_>) -> Entry<'_> {
+    fn enter(&self, request: &CheckRequest<'_>, timed: bool) -> Entry<'_> {
         let slot = match &*self.backend {
             Backend::Cluster { .. } => slot_of(request.key.as_bytes()),
             _ => 0,
@@ -334,7 +340,7 @@ impl RedisStore {
         group.queue.push(Queued {
             key: request.key.to_owned(),
             algorithm: request.algorithm,
-            args: PackedArgs::of(request),
+            args: PackedArgs::of(request, timed),
             answer,
         });
         // A full queue goes at once; so does a quarter of one while a single call is in flight,

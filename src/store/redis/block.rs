@@ -13,8 +13,8 @@ pub(super) static BLOCK: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&BLOCK_SOURCE));
 
 /// Appends a blocking decision's `numkeys`, `KEYS` and `ARGV`.
-pub(super) fn push_block(cmd: &mut redis::Cmd, r: &CheckRequest<'_>, block: &Block) {
-    let args = PackedArgs::new(r.algorithm, r.quotas, r.cost, r.now_micros);
+pub(super) fn push_block(cmd: &mut redis::Cmd, r: &CheckRequest<'_>, block: &Block, timed: bool) {
+    let args = PackedArgs::of(r, timed);
     if r.algorithm.spec().is_log() {
         cmd.arg(4).arg(log_controls_key(r.key)).arg(r.key);
     } else {

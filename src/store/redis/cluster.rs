@@ -58,7 +58,7 @@ async fn invoke_on_cluster(
 ) -> Result<redis::Value, StoreError> {
     match follow(connection, reloads, request).await {
         Err(StoreError::Redis(error)) if is_rehashing(error.inner()) => match request {
-            Call::Check(check) => split_check(connection, reloads, check).await,
+            Call::Check(check, timed) => split_check(connection, reloads, check, timed).await,
             _ => Err(StoreError::Redis(error)),
         },
         result => result,
@@ -74,12 +74,13 @@ async fn split_check(
     connection: &mut ClusterConnection,
     reloads: &Reloads,
     check: CheckRequest<'_>,
+    timed: bool,
 ) -> Result<redis::Value, StoreError> {
     let mut extras = Vec::with_capacity(2);
     for key in split_keys(check.key, check.algorithm) {
         extras.push(read_string(connection, &key).await?);
     }
-    follow(connection, reloads, Call::Split(check, &extras)).await
+    follow(connection, reloads, Call::Split(check, timed, &extras)).await
 }
 
 /// One string by a one-key `MGET` (as the script reads it: a key of another type reads as
@@ -140,7 +141,7 @@ async fn follow(
         match result {
             Err(StoreError::Redis(error))
                 if is_rehashing(error.inner())
-                    && matches!(request, Call::Check(_) | Call::Batch(_)) =>
+                    && matches!(request, Call::Check(..) | Call::Batch(_)) =>
             {
                 return Err(StoreError::Redis(error));
             }

@@ -433,11 +433,13 @@ impl Store for RedisStore {
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         if self.batches.max() > 1 {
-            return Box::pin(self.batched_check(request));
+            return Box::pin(async move { Ok(self.batched_check(request, false).await?.0) });
         }
-        Box::pin(self.guarded(Call::Check(request), "check", move |reply| {
-            read_decision(reply, &request)
-        }))
+        Box::pin(
+            self.guarded(Call::Check(request, false), "check", move |reply| {
+                Ok(read_decision(reply, &request)?.0)
+            }),
+        )
     }
 
     fn check_blocking<'a>(
@@ -445,7 +447,24 @@ impl Store for RedisStore {
         request: CheckRequest<'a>,
         block: super::Block,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.block_call(request, block)
+        Box::pin(async move { Ok(self.block_call(request, block, false).await?.0) })
+    }
+
+    /// The script's own `TIME` when it admits (`now_us` -2, `lua/common.lua`'s header).
+    fn check_timed<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+        block: Option<super::Block>,
+    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
+        match block {
+            Some(block) => self.block_call(request, block, true),
+            None if self.batches.max() > 1 => Box::pin(self.batched_check(request, true)),
+            None => Box::pin(
+                self.guarded(Call::Check(request, true), "check", move |reply| {
+                    read_decision(reply, &request)
+                }),
+            ),
+        }
     }
 
     fn refund<'a>(
@@ -536,9 +555,10 @@ impl RedisStore {
         &'a self,
         request: CheckRequest<'a>,
         block: Block,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        timed: bool,
+    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
         Box::pin(
-            self.guarded(Call::Block(request, block), "check", move |reply| {
+            self.guarded(Call::Block(request, block, timed), "check", move |reply| {
                 read_decision(reply, &request)
             }),
         )

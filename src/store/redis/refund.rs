@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use crate::mirror::layout::exact;
 use crate::mirror::{log_controls_key, tenant_key, REFUND_SOURCE};
 use crate::quota::Quota;
-use crate::store::RefundRequest;
+use crate::store::{RefundRequest, ReservedAt};
 
 pub(super) static REFUND: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&REFUND_SOURCE));
@@ -23,15 +23,21 @@ pub(super) fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {
     cmd.arg(refund_args(r));
 }
 
-/// The refund script's one argument: `'<dBdd' .. n * '<ddd'`: now_us (-1: Redis `TIME`), the
-/// algorithm's tag, the units, the reservation's age, then the caller's tiers.
+/// The refund script's one argument: `'<dBdd' .. n * '<ddd'`: now_us, the algorithm's tag, the
+/// units, age_us, then the caller's tiers; the reservation's time as `lua/refund.lua`'s header
+/// reads it (a client's time and age 0; -2 and Redis's time; -1 and the age).
 fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
     let quotas: &[Quota] = r.quotas;
+    let (now, age) = match r.reserved {
+        ReservedAt::Client(at) => (exact(at), 0.0),
+        ReservedAt::Store(at) => (-2.0, exact(at)),
+        ReservedAt::Ago(age) => (-1.0, exact(age)),
+    };
     let mut bytes = Vec::with_capacity(25 + 24 * quotas.len());
-    bytes.extend_from_slice(&r.now_micros.map_or(-1.0, exact).to_le_bytes());
+    bytes.extend_from_slice(&now.to_le_bytes());
     bytes.push(r.algorithm.tag());
     bytes.extend_from_slice(&exact(r.units).to_le_bytes());
-    bytes.extend_from_slice(&exact(r.age_micros).to_le_bytes());
+    bytes.extend_from_slice(&age.to_le_bytes());
     for quota in quotas.iter().take(crate::quota::MAX_TIERS) {
         for v in [quota.limit(), quota.period_micros(), quota.burst()] {
             bytes.extend_from_slice(&exact(v).to_le_bytes());

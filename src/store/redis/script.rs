@@ -16,10 +16,10 @@ use super::refund::{push_refund, REFUND};
 use super::reload::{load, Reloads, Script};
 use super::sentinel::PrimaryConnection;
 use super::slots::{push_slots, SLOTS};
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, MAX_EXACT};
 use crate::decision::Decision;
 use crate::mirror::layout::{
-    exact, learned_record_key, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS,
+    exact, f64_at, learned_record_key, put_quota, tenant_key, Op, Reply, MAX_REPLY_MS,
 };
 use crate::mirror::{
     log_controls_key, BATCH_SOURCE, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE,
@@ -40,17 +40,20 @@ static BATCH: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&BAT
 /// The fleet controls' script (`lua/control.lua`).
 static CONTROL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&CONTROL_SOURCE));
 
-/// One script call: a decision, or a fleet control.
+/// One script call: a decision, or a fleet control. A decision's `bool`: whether it asks when
+/// Redis decided (`now_us` -2, see [`PackedArgs`]), for [`Store::check_timed`].
+///
+/// [`Store::check_timed`]: crate::store::Store::check_timed
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Call<'a> {
-    Check(CheckRequest<'a>),
+    Check(CheckRequest<'a>, bool),
     /// A decision in the split form (see `cluster.rs`), with the other keys' strings.
-    Split(CheckRequest<'a>, &'a [Vec<u8>]),
+    Split(CheckRequest<'a>, bool, &'a [Vec<u8>]),
     Control(ControlRequest<'a>),
     /// Settlement's refund (`refund.rs`).
     Refund(RefundRequest<'a>),
     /// A decision that blocks the key on a denial (`block.rs`).
-    Block(CheckRequest<'a>, Block),
+    Block(CheckRequest<'a>, Block, bool),
     /// A concurrency slot operation (`slots.rs`).
     Slots(SlotRequest<'a>),
     /// Queued decisions in one call (`batch.rs`): one alone runs the decision script, several
@@ -62,7 +65,7 @@ impl Call<'_> {
     /// The script this call runs, its body, and which it is for [`Reloads`].
     fn script(&self) -> (&'static redis::Script, &'static str, Script) {
         match self {
-            Call::Check(_) | Call::Split(..) => (&DECIDE, &SOURCE, Script::Decide),
+            Call::Check(..) | Call::Split(..) => (&DECIDE, &SOURCE, Script::Decide),
             Call::Control(_) => (&CONTROL, &CONTROL_SOURCE, Script::Control),
             Call::Refund(_) => (&REFUND, &REFUND_SOURCE, Script::Refund),
             Call::Block(..) => (&BLOCK, &BLOCK_SOURCE, Script::Block),
@@ -91,8 +94,8 @@ impl Call<'_> {
     /// Appends `numkeys`, `KEYS` and `ARGV` after the SHA-1 or the body.
     fn push_keys_and_args(&self, cmd: &mut redis::Cmd) {
         match self {
-            Call::Check(request) => push_call(cmd, request),
-            Call::Split(request, extras) => push_split_call(cmd, request, extras),
+            Call::Check(request, timed) => push_call(cmd, request, *timed),
+            Call::Split(request, timed, extras) => push_split_call(cmd, request, *timed, extras),
             Call::Control(request) => push_control(
                 cmd,
                 request.key,
@@ -101,25 +104,30 @@ impl Call<'_> {
                 request.now_micros,
             ),
             Call::Refund(request) => push_refund(cmd, request),
-            Call::Block(request, block) => push_block(cmd, request, block),
+            Call::Block(request, block, timed) => push_block(cmd, request, block, *timed),
             Call::Slots(request) => push_slots(cmd, request),
             Call::Batch(batch) => push_batch(cmd, batch),
         }
     }
 }
 
-/// A decision's reply read under the caller's quotas.
+/// A decision's reply read under the caller's quotas, with the µs of Redis's clock at which it
+/// decided when the reply tells it (an admission that asked).
 pub(super) fn read_decision(
     reply: redis::Value,
     request: &CheckRequest<'_>,
-) -> Result<Decision, StoreError> {
+) -> Result<(Decision, Option<u64>), StoreError> {
     let parsed = match &reply {
-        redis::Value::BulkString(bytes) => Reply::from_redis(bytes),
-        redis::Value::Int(both) => Reply::from_admission(*both, request.quotas),
+        redis::Value::BulkString(bytes) => Reply::from_redis(bytes)
+            .map(|parsed| (parsed, None))
+            .or_else(|| Reply::from_timed(bytes).map(|(parsed, at)| (parsed, Some(at)))),
+        redis::Value::Int(both) => {
+            Reply::from_admission(*both, request.quotas).map(|parsed| (parsed, None))
+        }
         _ => None,
     };
     parsed
-        .and_then(|parsed| parsed.into_decision(request.quotas))
+        .and_then(|(parsed, at)| Some((parsed.into_decision(request.quotas)?, at)))
         .ok_or_else(|| StoreError::BadReply(format!("{reply:?}")))
 }
 
@@ -236,25 +244,14 @@ pub(super) fn is_noscript(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
-/// A decision's `ARGV`: the `algorithm`, its `quotas`, the `cost`, and the client's clock in µs
-/// (`None`: Redis `TIME`).
-fn packed_args(request: &CheckRequest<'_>) -> PackedArgs {
-    PackedArgs::new(
-        request.algorithm,
-        request.quotas,
-        request.cost,
-        request.now_micros,
-    )
-}
-
 /// Appends one decision's `numkeys`, `KEYS` and `ARGV` to an `EVALSHA` or `EVAL` command whose
 /// first argument (the SHA-1 or the body) is already in place: the storage key (for the
 /// sliding log, its controls' key, then its sorted set), the tenant's key, then
-/// [`packed_args`].
-pub(super) fn push_call(cmd: &mut redis::Cmd, request: &CheckRequest<'_>) {
+/// [`PackedArgs`].
+pub(super) fn push_call(cmd: &mut redis::Cmd, request: &CheckRequest<'_>, timed: bool) {
     cmd.arg(key_count(request.algorithm));
     push_keys(cmd, request.key, request.algorithm);
-    cmd.arg(packed_args(request).as_bytes());
+    cmd.arg(PackedArgs::of(request, timed).as_bytes());
 }
 
 /// How many keys a decision sends: the sliding log's 3, the others' 2.
@@ -294,11 +291,12 @@ fn push_batch(cmd: &mut redis::Cmd, batch: &[Queued]) {
 pub(super) fn push_split_call(
     cmd: &mut redis::Cmd,
     request: &CheckRequest<'_>,
+    timed: bool,
     extras: &[Vec<u8>],
 ) {
     cmd.arg(1)
         .arg(request.key)
-        .arg(packed_args(request).as_bytes());
+        .arg(PackedArgs::of(request, timed).as_bytes());
     for extra in extras {
         cmd.arg(extra.as_slice());
     }
@@ -444,6 +442,16 @@ impl Reply {
             reset_after_ms: unsigned(2)? as i64,
         })
     }
+
+    /// Parses an admission's reply to a decision that asked when Redis decided (`now_us` -2):
+    /// the string [`from_redis`](Self::from_redis) reads, then that time, a double
+    /// (`lua/common.lua`'s header, Reply). Anything else is `None`.
+    pub(crate) fn from_timed(reply: &[u8]) -> Option<(Self, u64)> {
+        let (head, at) = reply.split_at_checked(reply.len().checked_sub(8)?)?;
+        let parsed = Self::from_redis(head).filter(|parsed| parsed.allowed)?;
+        let at = f64_at(at, 0);
+        ((0.0..MAX_EXACT).contains(&at) && at.fract() == 0.0).then_some((parsed, at as u64))
+    }
 }
 
 #[cfg(test)]
@@ -454,7 +462,7 @@ mod tests {
     #[test]
     fn packed_arguments_and_reply() {
         let quota = Quota::per_minute(10).unwrap();
-        let args = PackedArgs::new(Algorithm::Gcra, &[quota], u64::MAX, None);
+        let args = PackedArgs::new(Algorithm::Gcra, &[quota], u64::MAX, None, false);
         let args = args.as_bytes();
         assert_eq!(args.len(), 17 + 24);
         let f = |i: usize| f64_at(args, i);
@@ -462,7 +470,7 @@ mod tests {
         assert_eq!((f(0), f(8), args[16]), (-1.0, 1e15 + 1.0, b'g'));
         assert_eq!((f(17), f(25), f(33)), (10.0, 60e6, 10.0));
         // A client time Lua cannot hold exactly is refused by the script, not rounded.
-        let late = PackedArgs::new(Algorithm::Gcra, &[quota], 1, Some(1 << 53));
+        let late = PackedArgs::new(Algorithm::Gcra, &[quota], 1, Some(1 << 53), false);
         assert!(f64_at(late.as_bytes(), 0).is_nan());
 
         let reply = |flags: u8, tier: u8, v: &[f64]| -> Vec<u8> {
@@ -535,7 +543,7 @@ mod tests {
                 })
                 .collect()
         };
-        let packed = PackedArgs::new(Algorithm::SlidingLog, &[quota], 1, Some(7));
+        let packed = PackedArgs::new(Algorithm::SlidingLog, &[quota], 1, Some(7), false);
         let extras = [b"tenant".to_vec(), Vec::new()];
         let mut cmd = redis::cmd("EVALSHA");
         let request = CheckRequest {
@@ -545,7 +553,7 @@ mod tests {
             cost: 1,
             now_micros: Some(7),
         };
-        push_split_call(&mut cmd, &request, &extras);
+        push_split_call(&mut cmd, &request, false, &extras);
         let expected: Vec<Vec<u8>> = vec![
             b"EVALSHA".to_vec(),
             b"1".to_vec(),

@@ -141,7 +141,7 @@ fn redis_now(redis: &RedisServer) -> u64 {
 /// empty). Each case is retried when Redis's clock crossed a window it must not cross.
 #[tokio::test]
 async fn on_redis_time_a_refund_reaches_only_its_reservations_window() {
-    use redlimit::store::{RefundRequest, Store};
+    use redlimit::store::{RefundRequest, ReservedAt, Store};
     use std::time::Instant;
     let redis = RedisServer::start();
     let period = 1_000_000;
@@ -169,8 +169,7 @@ async fn on_redis_time_a_refund_reaches_only_its_reservations_window() {
                 algorithm,
                 quotas: &quotas,
                 units: 5,
-                now_micros: None,
-                age_micros: sent.elapsed().as_micros() as u64,
+                reserved: ReservedAt::Ago(sent.elapsed().as_micros() as u64),
             };
             store.refund(request).await.unwrap()
         }
