@@ -530,6 +530,24 @@ mod tests {
         // A reply naming no valid quota is no decision.
         let zero = Reply::from_redis(&reply(5, 1, &[9.0, 0.0, 1.0, 0.0, 60e6, 3.0])).unwrap();
         assert_eq!(zero.into_decision(&[quota]), None);
+        // An admission that asked when Redis decided: the string, then that µs.
+        let at = 1_700_000_000_123_456.0;
+        let timed = Reply::from_timed(&reply(1, 1, &[9.0, 0.0, 6000.0, at])).unwrap();
+        assert_eq!(timed, (ok, at as u64));
+        let over = Reply::from_timed(&reply(5, 1, &[9.0, 0.0, 1.0, 10.0, 60e6, 3.0, at]));
+        assert_eq!(
+            over.map(|(r, at)| (r.overridden, at)),
+            Some((Some((10, 60_000_000, 3)), at as u64))
+        );
+        for bad in [
+            reply(0, 1, &[9.0, 0.0, 6000.0, at]),
+            reply(1, 1, &[9.0, 0.0, 6000.0, -1.0]),
+            reply(1, 1, &[9.0, 0.0, 6000.0, 0.5]),
+            reply(1, 1, &[9.0, 0.0, 6000.0]),
+            Vec::new(),
+        ] {
+            assert_eq!(Reply::from_timed(&bad), None, "{bad:?}");
+        }
     }
 
     #[test]

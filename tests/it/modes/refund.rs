@@ -209,3 +209,93 @@ async fn on_redis_time_a_refund_reaches_only_its_reservations_window() {
     }
     assert_eq!(next, Some((0, 0)), "a refund never reaches the next window");
 }
+
+/// `Store::check_timed` tells, for an admission on the store's own clock, the µs of that clock
+/// at which the store decided: on Redis a lone call, calls batched together, a blocking check
+/// and an override's admission; in memory the system clock. Denials and client clocks tell
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_timed_tells_when_the_store_admitted() {
+    use redlimit::store::{Block, CheckRequest, MemoryStore, Store};
+    let redis = RedisServer::start();
+    let algorithm = Algorithm::TokenBucket;
+    let quotas = Quotas::from(Quota::per_hour(10).unwrap());
+    let store = Ctx::new(algorithm).redis_store(&redis);
+    let limiter = Ctx::new(algorithm).limiter(store.clone());
+    let keys: Vec<String> = (0..64)
+        .map(|i| limiter.storage_key(format!("timed-{i}").as_str()))
+        .collect();
+    let request = |key: &'static str, cost, now_micros| CheckRequest {
+        key,
+        algorithm,
+        quotas: &quotas,
+        cost,
+        now_micros,
+    };
+    let leak = |key: &str| -> &'static str { Box::leak(key.to_owned().into_boxed_str()) };
+    let within = |at: Option<u64>, from: u64, to: u64| {
+        let at = at.expect("an admission on the store's clock tells its time");
+        assert!((from..=to).contains(&at), "{from} <= {at} <= {to}");
+    };
+    let from = redis_now(&redis);
+    // Several at once: the first alone, the rest batched behind it.
+    let answers = futures::future::join_all(
+        keys.iter()
+            .map(|key| store.check_timed(request(leak(key), 1, None), None)),
+    )
+    .await;
+    let to = redis_now(&redis);
+    for answer in answers {
+        let (decision, at) = answer.unwrap();
+        assert!(decision.allowed);
+        within(at, from, to);
+    }
+    let key = leak(&keys[0]);
+    // A denial, and a client clock's admission: nothing to tell.
+    let (denied, at) = store
+        .check_timed(request(key, 100, None), None)
+        .await
+        .unwrap();
+    assert!(!denied.allowed);
+    assert_eq!(at, None);
+    let (client, at) = (store.check_timed(request(key, 1, Some(from)), None))
+        .await
+        .unwrap();
+    assert!(client.allowed);
+    assert_eq!(at, None);
+    // A blocking check's admission, and an override's.
+    let block = Block {
+        duration: Duration::from_secs(1),
+        max: Duration::from_secs(1),
+    };
+    let from = redis_now(&redis);
+    let (blocking, at) = (store.check_timed(request(key, 1, None), Some(block)))
+        .await
+        .unwrap();
+    assert!(blocking.allowed);
+    within(at, from, redis_now(&redis));
+    limiter
+        .set_quota("timed-1", &Quota::per_hour(20).unwrap().into())
+        .await
+        .unwrap();
+    let from = redis_now(&redis);
+    let (overridden, at) = (store.check_timed(request(leak(&keys[1]), 1, None), None))
+        .await
+        .unwrap();
+    assert!(overridden.allowed && overridden.overridden);
+    within(at, from, redis_now(&redis));
+    // In memory: the system clock it decided with.
+    let memory = MemoryStore::new();
+    let now = || redlimit::clock::Clock::System.now_micros().unwrap();
+    let from = now();
+    let (admitted, at) = memory
+        .check_timed(request(key, 1, None), None)
+        .await
+        .unwrap();
+    assert!(admitted.allowed);
+    within(at, from, now());
+    let (_, at) = (memory.check_timed(request(key, 1, Some(from)), None))
+        .await
+        .unwrap();
+    assert_eq!(at, None);
+}
