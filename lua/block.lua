@@ -9,7 +9,8 @@
 --       block doubles).
 -- ARGV  [1] as a decision's; [2] packed '<dd': block_us (the first offence's), max_us (the
 --       longest; equal: no doubling). Integers from 1 below 2^53.
--- Reply as a decision's (with now_us -2, an admission's time too); a denial that blocks says retry_after_ms = the block's time left.
+-- Reply as a decision's (with now_us -2, an admission's time too); a denial that blocks says
+--       retry_after_ms = the block's time left.
 -- The offence count n (absent: 0) makes the block min(block_us * 2^n, max_us); it is written
 -- back as n + 1 with a TTL of the block plus max_us, so offences are forgotten once the cap has
 -- passed with no new block. The split form of a Cluster slot migration is not taken here: a

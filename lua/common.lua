@@ -9,9 +9,10 @@
 --       a reset of every route; a caller that sends no such key has none). All share one
 --       hash tag.
 -- ARGV  one string, packed little-endian (struct.pack): doubles now_us (-1 = Redis server
---       TIME; -2 = the same, and an admission tells its time: see Reply) and cost (0 = peek), a byte naming the algorithm (its state's tag: 't' token
---       bucket, 'g' GCRA, 'f' fixed window, 'w' sliding window, 'l' sliding log), then per tier
---       (1 to 8) doubles limit, period_us, burst: '<ddB' .. n * '<ddd', 17 + 24 * n bytes.
+--       TIME; -2 the same, and an admission tells its time: see Reply) and cost (0 = peek), a
+--       byte naming the algorithm (its state's tag: 't' token bucket, 'g' GCRA, 'f' fixed
+--       window, 'w' sliding window, 'l' sliding log), then per tier (1 to 8) doubles limit,
+--       period_us, burst: '<ddB' .. n * '<ddd', 17 + 24 * n bytes.
 --       Numbers are integers below 2^53 (limit, period and burst at least 1). Packed, because
 --       every ARGV element and every tonumber costs Redis more than the whole unpack.
 -- Split  the form a Cluster slot migration needs: Redis refuses a script on several keys of a

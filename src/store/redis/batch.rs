@@ -251,7 +251,8 @@ impl Drop for Sending {
 
 impl RedisStore {
     /// A decision, batched with others when calls queue up (see the module docs); `timed`: an
-    /// admission tells when Redis decided ([`Store::check_timed`](crate::store::Store::check_timed)).
+    /// admission tells when Redis decided
+    /// ([`Store::check_timed`](crate::store::Store::check_timed)).
     pub(super) async fn batched_check(
         &self,
         request: CheckRequest<'_>,
