@@ -1011,8 +1011,17 @@ async fn run(store: &RedisStore, op: Op<'_>) -> String {
     match op {
         Op::Check(request) => text(&store.check(request).await),
         Op::Blocking(request, block) => text(&store.check_blocking(request, block).await),
+        // A full set's wait counts down from its oldest lease: the same call made a moment
+        // later (the comparison runs the calls again, alone) waits that much less, so it is
+        // compared in whole seconds.
         Op::Slot(request) => match store.slots(request).await {
-            Ok(reply) => format!("{reply:?}"),
+            Ok(reply) => format!(
+                "ok {} remaining {} wait {}s restored {}",
+                reply.ok,
+                reply.remaining,
+                (reply.wait.as_millis() + 500) / 1000,
+                reply.restored
+            ),
             Err(error) => format!("error: {error}"),
         },
     }
