@@ -438,13 +438,17 @@ elseif write then
   end
   -- On Redis's clock the plain form of a key found alive (a key that comes back) remembers
   -- after its state when the key expires (EXPIRY and a double, ms). While that is later than
-  -- the key must live, the write keeps the TTL (KEEPTTL): setting one costs Redis about 3 000
-  -- instructions more than keeping it and carrying the bytes (counted by callgrind). Else it
-  -- sets one half as long again as the key must live, so that a busy key moves its expiry
-  -- once per half of its TTL, not on every admission: a key outlives its state's freshness by
-  -- at most half of it, never falls short of it. A new key gets its exact TTL and no time: a
-  -- key used once pays nothing for it. (The remembered time is at most the real one: Redis
-  -- counts a PX from its clock when it runs the SET, after `now`.)
+  -- the key must live, and no more than half of that time and half of the quota's period past
+  -- it, the write keeps the TTL (KEEPTTL): setting one costs Redis about 3 000 instructions
+  -- more than keeping it and carrying the bytes (counted by callgrind). Else it sets one half
+  -- as long again as the key must live, so that a busy key moves its expiry once per half of
+  -- its TTL, not on every admission: a key outlives its state's freshness by at most half of
+  -- it and half of its period, never falls short of it. (The period: a window's state is
+  -- fresh at the window's end, which an expiry set early in the window passes by half of what
+  -- was left of it. The bound drops a time remembered under a longer quota, and corrupt
+  -- bytes: NaN, infinities.) A new key gets its exact TTL and no time: a key used once pays
+  -- nothing for it. (The remembered time is at most the real one: Redis counts a PX from its
+  -- clock when it runs the SET, after `now`.)
   if plain and clocked and s then
     local now_ms = now / 1000
     now_ms = now_ms - now_ms % 1
@@ -452,7 +456,8 @@ elseif write then
     if kept then
       mark, expiry = sunpack('<Bd', s, kept)
     end
-    if mark == EXPIRY and expiry > now_ms + ttl then
+    if mark == EXPIRY and expiry > now_ms + ttl and
+        expiry <= now_ms + ttl + (ttl + period / 1000) / 2 then
       -- The new state, the same time, the TTL as it is (SET: the limiter's ACL has no
       -- SETRANGE).
       call('SET', skey, write .. string.sub(s, kept), 'KEEPTTL')

@@ -40,6 +40,7 @@ mod misconfiguration;
 mod modes;
 mod outbound;
 mod probes_batching;
+mod probes_expiry;
 mod probes_leases;
 mod probes_refund;
 mod probes_review;
