@@ -253,3 +253,137 @@ async fn a_fixed_window_admitted_near_its_end_outlives_it_by_half_the_window_at_
         first.reset_after.as_millis()
     );
 }
+
+/// A small deterministic generator (the sequence is the same on every run).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// A mixed fleet on one key: Redis's clock, client clocks ahead of and behind it by up to
+/// `Clock::MAX_SKEW` (one of them stepping back), a caller with two quotas, concurrent
+/// decisions (batched), and every operator's write (overrides of one and two tiers,
+/// suspensions, resets, refunds). After each decision on Redis's clock, the key lives at least
+/// until its state is fresh again.
+#[tokio::test]
+async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
+    use redlimit::clock::{Clock, ManualClock};
+    use redlimit::Quotas;
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+    let redis = RedisServer::start();
+    let quota = Quota::new(60, Duration::from_secs(1))
+        .unwrap()
+        .with_burst(20)
+        .unwrap();
+    let quotas: Quotas = quota.into();
+    let two: Quotas =
+        Quotas::new([quota, Quota::new(40, Duration::from_secs(2)).unwrap()]).unwrap();
+    let tight: Quotas = Quota::new(5, Duration::from_secs(1))
+        .unwrap()
+        .with_burst(3)
+        .unwrap()
+        .into();
+    let wall = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let skew = Duration::from_millis(4_000);
+    for algorithm in packed() {
+        let server = Ctx::new(algorithm).redis(&redis);
+        let ahead_clock = ManualClock::new(wall() + skew);
+        let behind_clock = ManualClock::new(wall() - skew);
+        let ahead = Ctx::new(algorithm)
+            .clock(Clock::Manual(ahead_clock.clone()))
+            .redis(&redis);
+        let behind = Ctx::new(algorithm)
+            .clock(Clock::Manual(behind_clock.clone()))
+            .redis(&redis);
+        let key = server.storage_key("k");
+        let mut random = Lcg(algorithm as u64 + 11);
+        let mut checked = 0;
+        for step in 0..300 {
+            ahead_clock.set(wall() + skew);
+            if random.below(10) == 0 {
+                // Stepping back by up to a second.
+                behind_clock.set(wall() - skew - Duration::from_millis(random.below(1_000)));
+            } else {
+                behind_clock.set(wall() - skew);
+            }
+            let roll = random.below(100);
+            match roll {
+                0..=2 => {
+                    server.set_quota("k", &tight).await.expect("override");
+                }
+                3..=4 => {
+                    server.set_quota("k", &two).await.expect("override");
+                }
+                5..=8 => {
+                    server.clear_quota("k").await.expect("clear");
+                }
+                9 => {
+                    server
+                        .suspend("k", Duration::from_millis(5))
+                        .await
+                        .expect("suspend");
+                }
+                10..=11 => {
+                    server.resume("k").await.expect("resume");
+                }
+                12 => {
+                    server.reset("k").await.expect("reset");
+                }
+                13..=16 => {
+                    server
+                        .refund("k", &quotas, 1 + random.below(2))
+                        .await
+                        .expect("refund");
+                }
+                17..=22 => {
+                    let limiter = if roll % 2 == 0 { &ahead } else { &behind };
+                    limiter
+                        .try_check_quotas("k", &quotas, random.below(3))
+                        .await
+                        .expect("the store decides");
+                }
+                23..=26 => {
+                    server
+                        .try_check_quotas("k", &two, 1)
+                        .await
+                        .expect("the store decides");
+                }
+                27..=32 => {
+                    // Concurrent decisions: they queue, and go as one batch.
+                    let calls = (0..8).map(|_| server.try_check_quotas("k", &quotas, 1));
+                    for decision in futures::future::join_all(calls).await {
+                        decision.expect("the store decides");
+                    }
+                }
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(random.below(10))).await;
+            let sent = Instant::now();
+            // An admission that costs writes (a peek leaves the TTL a client clock set, counted
+            // on that clock).
+            let decision = server
+                .try_check_quotas("k", &quotas, 1 + random.below(3))
+                .await
+                .expect("the store decides");
+            let left = pttl(&redis, &key);
+            let fresh_in = decision.reset_after.saturating_sub(sent.elapsed());
+            if fresh_in > Duration::from_millis(2) && decision.allowed {
+                checked += 1;
+                assert!(
+                    left >= 0 && Duration::from_millis(left as u64 + 2) >= fresh_in,
+                    "{algorithm}, step {step} (roll {roll}): the key expires in {left} ms, its \
+                     state is fresh in {fresh_in:?}: {decision:?}"
+                );
+            }
+        }
+        assert!(checked > 20, "{algorithm}: {checked} decisions checked");
+    }
+}
