@@ -1,8 +1,9 @@
 //! Probes (outside review) of the remembered expiry (`lua/common.lua`'s write: a one-tier key
 //! on Redis's clock keeps its TTL with `SET … KEEPTTL` while the expiry it remembers after its
-//! state is late enough): a key never expires before its state is fresh again, and an idle
-//! key outlives its freshness by at most half of it (and half of its period). Against a previous release's script on the
-//! same keys (a rolling deploy), remembered times that are no time, and quota changes.
+//! state is late enough): a key never expires before its state is fresh again, and an idle key
+//! outlives its freshness by at most half of it and half of its period. Against a previous
+//! release's script on the same keys (a rolling deploy), remembered times that are no time,
+//! quota changes, and a fleet of mixed clocks.
 
 use crate::support;
 
@@ -344,7 +345,11 @@ async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
                         .expect("refund");
                 }
                 17..=22 => {
-                    let limiter = if roll % 2 == 0 { &ahead } else { &behind };
+                    let limiter = if roll.is_multiple_of(2) {
+                        &ahead
+                    } else {
+                        &behind
+                    };
                     limiter
                         .try_check_quotas("k", &quotas, random.below(3))
                         .await
