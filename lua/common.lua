@@ -59,16 +59,15 @@
 --   state     a tag byte naming the algorithm and the layout version, followed by
 --             little-endian doubles (17 bytes, 25 for the sliding window), or one 0 byte for a
 --             tier with nothing stored yet. Anything else reads as a fresh tier.
---   expiry    only after the one state of a string without controls, written on Redis's clock:
---             EXPIRY and a double, the ms (Redis's clock) at or before which the key expires
---             (EXPIRY_LEN bytes). Other writers keep it only with the key's TTL (PTTL) or
---             drop it; a reader that does not know it sees bytes past its tiers.
+--             A busy key's string on Redis's clock starts with controls that change nothing:
+--             no override and, as the suspension's end, a negative double: -(the ms, Redis's
+--             clock, at or before which the key expires), then its one state. Other writers
+--             keep it only with the key's TTL (PTTL) or drop it.
 -- A limiter that uses no controls and one tier reads one string (and the tenant's absent one)
 -- and writes one string: the controls cost it one GET of a missing key.
 --
--- A step is pure: it reads `stored` (its tier's state, maybe followed by other bytes; false
--- when absent), `now`, `cost`, `limit`, `period`, `burst` (and `key`; the sliding log also
--- `forget`), and sets
+-- A step is pure: it reads `stored` (its tier's state; false when absent), `now`, `cost`,
+-- `limit`, `period`, `burst` (and `key`; the sliding log also `forget`), and sets
 --   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
 -- where state is the new state string, or nil when nothing is to be written. The driver reads
 -- the string with one GET (a key of another type reads as absent: self-healing), and writes it
@@ -168,26 +167,30 @@ elseif tkey then
 else
   s = rpcall('GET', skey)
 end
--- One tier, a string that can hold no controls (absent, one state's length, or one state and
+-- One tier, a string that can hold no controls (absent, one state's length, or one state after
 -- the expiry it remembers: see below) and no tenant's string: the usual call, decided as
 -- `plain` below without reading controls. Otherwise the controls are read, and the call is
 -- `plain` when they hold no override and no reset. (The names the controls set are declared
 -- together: nil costs the usual call one instruction for all of them.)
 --
--- `kept`: where the key's string keeps the key's expiry (ms on Redis's clock), when it is one
--- state of this algorithm followed by EXPIRY and a double (the plain form's write below), read
--- only when the decision writes. No other string of that length starts with this algorithm's
--- tag: no tier's state takes 9 bytes, and controls start with CONTROLS. The step reads its
--- state from the string's start (a step reads only its state's length).
-local quotas, tover, reset_us, tuntil, head, rover, stamp, at, forget, kept
+-- `kept`: the key's expiry (ms, Redis's clock) a busy key's string remembers before its one
+-- state of this algorithm: controls with no override whose suspension's end is negative,
+-- -expiry (the plain form's write below). No suspension ends before 0, so nothing else starts
+-- that way; every reader of controls (a release before this one too) reads it as controls
+-- that change nothing, followed by the state. `raw`: the string as read; `s` then holds the
+-- state alone.
+local quotas, tover, reset_us, tuntil, head, rover, stamp, at, forget, kept, raw
 local plain = not t and tiers == 1 and not log
 if plain and s then
   local len = #s
   if len ~= STATE_LEN and len ~= WIDE_STATE_LEN then
     plain = false
-    if (len == STATE_LEN + EXPIRY_LEN and alg ~= WIDE_TAG or
-        len == WIDE_STATE_LEN + EXPIRY_LEN and alg == WIDE_TAG) and string.byte(s) == alg then
-      plain, kept = true, len - (EXPIRY_LEN - 1)
+    if len == CONTROLS_HEAD + STATE_LEN and alg ~= WIDE_TAG or
+        len == CONTROLS_HEAD + WIDE_STATE_LEN and alg == WIDE_TAG then
+      local mark, until_us, n, tag = sunpack('<BdBB', s)
+      if mark == CONTROLS and until_us < 0 and n == 0 and tag == alg then
+        plain, kept, raw, s = true, -until_us, s, string.sub(s, CONTROLS_HEAD + 1)
+      end
     end
   end
 end
@@ -437,37 +440,30 @@ elseif write then
     ttl = OVERRIDE_IDLE_MS
   end
   -- On Redis's clock the plain form of a key found alive (a key that comes back) remembers
-  -- after its state when the key expires (EXPIRY and a double, ms). While that is later than
-  -- the key must live, and no more than half of that time and half of the quota's period past
-  -- it, the write keeps the TTL (KEEPTTL): setting one costs Redis about 3 000 instructions
-  -- more than keeping it and carrying the bytes (counted by callgrind). Else it sets one half
-  -- as long again as the key must live, so that a busy key moves its expiry once per half of
-  -- its TTL, not on every admission: a key outlives its state's freshness by at most half of
-  -- it and half of its period, never falls short of it. (The period: a window's state is
-  -- fresh at the window's end, which an expiry set early in the window passes by half of what
-  -- was left of it. The bound drops a time remembered under a longer quota, and corrupt
-  -- bytes: NaN, infinities.) A new key gets its exact TTL and no time: a key used once pays
-  -- nothing for it. (The remembered time is at most the real one: Redis counts a PX from its
-  -- clock when it runs the SET, after `now`.)
+  -- its expiry before its state (see `kept`). While that is later than the key must live, and
+  -- no more than half of that time and half of the quota's period past it, the write keeps the
+  -- TTL (KEEPTTL): setting one costs Redis about 3 000 instructions more than keeping it and
+  -- carrying the time (counted by callgrind). Else it sets one half as long again as the key
+  -- must live, so that a busy key moves its expiry once per half of its TTL, not on every
+  -- admission: a key outlives its state's freshness by at most half of it and half of its
+  -- period, never falls short of it. (The period: a window's state is fresh at the window's
+  -- end, which an expiry set early in the window passes by half of what was left of it. The
+  -- bound drops a time remembered under a longer quota, and corrupt bytes: NaN, infinities.)
+  -- A new key gets its exact TTL and no time: a key used once pays nothing for it. (The
+  -- remembered time is at most the real one: Redis counts a PX from its clock when it runs
+  -- the SET, after `now`.) Redis 5.0 has no KEEPTTL: there the write sets a TTL.
   if plain and clocked and s then
     local now_ms = now / 1000
     now_ms = now_ms - now_ms % 1
-    local mark, expiry
-    if kept then
-      mark, expiry = sunpack('<Bd', s, kept)
-    end
-    if mark == EXPIRY and expiry > now_ms + ttl and
-        expiry <= now_ms + ttl + (ttl + period / 1000) / 2 then
-      -- The new state, the same time, the TTL as it is (SET: the limiter's ACL has no
-      -- SETRANGE).
-      call('SET', skey, write .. string.sub(s, kept), 'KEEPTTL')
+    if kept and kept > now_ms + ttl and kept <= now_ms + ttl + (ttl + period / 1000) / 2 and
+        not rpcall('SET', skey, string.sub(raw, 1, CONTROLS_HEAD) .. write, 'KEEPTTL').err then
       write = nil
     else
       ttl = ttl + (ttl - ttl % 2) / 2
       if ttl > MAX_EXACT then
         ttl = MAX_EXACT
       end
-      write = write .. spack('<Bd', EXPIRY, now_ms + ttl)
+      write = spack('<BdB', CONTROLS, -(now_ms + ttl), 0) .. write
     end
   end
   -- The TTL as an integer string: Redis 7.0 formats a number with "%.17g", which costs it

@@ -11,7 +11,7 @@
   --    one of a clock that stepped back: an empty window here.
   local MAX_SKEW, t = 5000000, now
   local tag, w, c
-  if stored and #stored >= 17 then
+  if stored and #stored == 17 then
     tag, w, c = sunpack('<Bdd', stored)
     if tag == 102 and w > now and w - now <= MAX_SKEW and w % period == 0 then
       t = w

@@ -13,7 +13,7 @@
 -- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
   -- 1. Read the state: a missing or corrupt one is a fresh key (no debt).
   local at, d = now, 0
-  if stored and #stored >= 17 then
+  if stored and #stored == 17 then
     local tag, a, b = sunpack('<Bdd', stored)
     if tag == 103 and a >= 0 and a < MAX_EXACT and b >= 0 and b < MAX_EXACT then
       at, d = a, b

@@ -19,7 +19,7 @@
   --    one of a clock that stepped back: empty here.
   local MAX_SKEW, t = 5000000, now
   local tag, w, sc, sp
-  if stored and #stored >= 25 then
+  if stored and #stored == 25 then
     tag, w, sc, sp = sunpack('<Bddd', stored)
     if tag == 119 and w > now and w - now <= MAX_SKEW and w % period == 0 then
       t = w

@@ -6,7 +6,7 @@
 -- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
   -- 1. Read the state: a missing or corrupt bucket is a full one.
   local tokens, ts = burst, now
-  if stored and #stored >= 17 then
+  if stored and #stored == 17 then
     local tag, a, b = sunpack('<Bdd', stored)
     if tag == 116 and a >= 0 and a < MAX_EXACT and b >= 0 and b < MAX_EXACT then
       tokens, ts = a, b

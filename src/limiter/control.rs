@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{Limiter, Target};
 use crate::algorithm::{is_one_state, packed_by_tag, state_len_of, Algorithm};
-use crate::mirror::{marked_override, Controls, EXPIRY, EXPIRY_LEN, OVERRIDE_IDLE_MS, STAMP};
+use crate::mirror::{marked_override, Controls, OVERRIDE_IDLE_MS, STAMP};
 use crate::quota::{QuotaError, Quotas};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
 
@@ -217,10 +217,6 @@ impl KeyStatus {
         }
         let mut tiers = Vec::new();
         while let Some(&tag) = stored.get(at) {
-            // The expiry the string remembers after its state: not a tier.
-            if tag == EXPIRY && stored.len() - at == EXPIRY_LEN {
-                break;
-            }
             let len = state_len_of(tag);
             let state = &stored[at..(at + len).min(stored.len())];
             at += len;

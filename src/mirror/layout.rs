@@ -30,14 +30,6 @@ pub(crate) const CONTROLS_HEAD: usize = 10;
 /// The tag of the tenant's reset a route's states were written under (after its controls).
 pub(crate) const STAMP: u8 = b'E';
 
-/// The tag of the expiry a route's string remembers after its one state, on Redis's clock (a
-/// double, ms; `lua/common.lua`'s write): `EXPIRY_LEN` bytes with it. No tier's state is that
-/// long, so nothing else ends that way.
-pub(crate) const EXPIRY: u8 = b'X';
-
-/// The bytes of the remembered expiry: its tag and a double.
-pub(crate) const EXPIRY_LEN: usize = 9;
-
 /// A number Lua holds exactly, or NaN, which the scripts refuse by name.
 pub(crate) fn exact(v: u64) -> f64 {
     if (v as f64) < MAX_EXACT {

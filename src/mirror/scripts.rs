@@ -11,9 +11,7 @@
 
 use std::sync::LazyLock;
 
-use super::layout::{
-    CONTROLS, CONTROLS_HEAD, EXPIRY, EXPIRY_LEN, MAX_REPLY_MS, OVERRIDE_IDLE_MS, QUOTA_BYTES, STAMP,
-};
+use super::layout::{CONTROLS, CONTROLS_HEAD, MAX_REPLY_MS, OVERRIDE_IDLE_MS, QUOTA_BYTES, STAMP};
 use crate::algorithm::{Algorithm, MAX_EXACT};
 use crate::quota::MAX_TIERS;
 
@@ -58,9 +56,6 @@ pub(crate) static CONSTANTS: LazyLock<Vec<(&'static str, u64)>> = LazyLock::new(
         ("WIDE_TAG", u64::from(wide_tag)),
         // The sliding log's tag: it keeps a sorted set, not a packed state.
         ("LOG_TAG", u64::from(log_tag)),
-        // The expiry a route's string remembers after its one state.
-        ("EXPIRY", u64::from(EXPIRY)),
-        ("EXPIRY_LEN", EXPIRY_LEN as u64),
     ]
 });
 
@@ -487,14 +482,6 @@ mod tests {
         }
         let log = Algorithm::ALL.iter().find(|a| a.spec().is_log()).unwrap();
         assert_eq!(value("LOG_TAG"), u64::from(log.spec().tag));
-        // The remembered expiry: a tag no state and no control takes, a length no tier's
-        // state takes (nothing else ends a one-state string that way).
-        assert_eq!(value("EXPIRY_LEN"), 9);
-        assert!(![CONTROLS, STAMP, 0].contains(&EXPIRY));
-        for a in Algorithm::ALL {
-            assert_ne!(a.spec().tag, EXPIRY, "{a}");
-            assert_ne!(a.spec().state_len(), Some(EXPIRY_LEN), "{a}");
-        }
     }
 
     /// The argument lengths the driver accepts (one tier's, the shortest and longest of

@@ -1,4 +1,4 @@
-//! The key's expiry on Redis's clock: the decision script remembers it after the state of a
+//! The key's expiry on Redis's clock: the decision script remembers it before the state of a
 //! one-tier key found alive and keeps it while it is late enough (`SET … KEEPTTL`), setting one
 //! half as long again as needed only when the key must live longer (`lua/common.lua`'s write). Whatever
 //! writes the key in between (an operator's override, a refund, a client-clock instance, a
@@ -71,17 +71,25 @@ async fn a_busy_key_keeps_its_expiry_instead_of_setting_one_on_every_admission()
             moved <= 30,
             "{algorithm}: the expiry moved on {moved} of 200 admissions"
         );
+        // Controls that change nothing (no override; as the suspension's end, minus the
+        // expiry), then the state.
         let bytes = stored(&redis, &key).expect("the key");
-        let state = state_len(algorithm);
         assert_eq!(
             bytes.len(),
-            state + 9,
-            "{algorithm}: the state and its expiry"
+            10 + state_len(algorithm),
+            "{algorithm}: the expiry and the state"
         );
-        assert_eq!(bytes[state], b'X', "{algorithm}");
-        // The operator sees one tier, not the remembered time.
+        let until = f64::from_le_bytes(bytes[1..9].try_into().unwrap());
+        assert_eq!((bytes[0], bytes[9]), (b'M', 0), "{algorithm}");
+        assert!(until < 0.0, "{algorithm}: {until}");
+        // The operator sees one tier, no suspension and no override.
         let status = limiter.inspect(name.as_str()).await.expect("inspect");
         assert_eq!(status.tiers.len(), 1, "{algorithm}: {status:?}");
+        assert_eq!(
+            (status.suspended_for, status.quota_override.is_some()),
+            (None, false),
+            "{algorithm}: {status:?}"
+        );
     }
 }
 

@@ -56,27 +56,14 @@ fn admits(reply: &redis::Value) -> bool {
 }
 
 /// The decision script of the release before the remembered expiry, as a deploy that has not
-/// reached every instance still runs it: its steps read a state only from a string of exactly
-/// the state's length, its one-tier path takes only such strings, and it always sets the TTL.
+/// reached every instance still runs it: its one-tier path takes only strings of a state's
+/// length, and it always sets the TTL.
 fn previous_release_script() -> String {
     fn replace(source: &mut String, from: &str, to: &str, times: usize) {
         assert_eq!(source.matches(from).count(), times, "{from:?}");
         *source = source.replace(from, to);
     }
     let mut source = redlimit::mirror::script_source().to_owned();
-    // The steps (each twice: the one-tier path and the loop over tiers).
-    replace(
-        &mut source,
-        "if stored and #stored >= 17 then",
-        "if stored and #stored == 17 then",
-        6,
-    );
-    replace(
-        &mut source,
-        "if stored and #stored >= 25 then",
-        "if stored and #stored == 25 then",
-        2,
-    );
     // The one-tier path's strings, and the write.
     let start = source
         .find("local plain = not t and tiers == 1 and not log\n")
@@ -103,9 +90,6 @@ fn previous_release_script() -> String {
 /// (its state and the remembered expiry) must not read as a fresh one to the previous release,
 /// or every request alternating between them is admitted.
 #[test]
-#[ignore = "defect, not fixed here: the previous release reads a state followed by the \
-            remembered expiry as a fresh key (over-admission while a deploy is rolling); a fix \
-            needs a layout the previous release parses (see the report)"]
 fn a_previous_release_reads_what_this_release_admitted() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
@@ -147,21 +131,14 @@ fn a_previous_release_reads_what_this_release_admitted() {
 }
 
 /// A remembered expiry that is no time Redis could have set (infinite, past 2^53 ms from now,
-/// NaN, negative), after a valid state, in a key without a TTL (restored by hand, or written
+/// NaN, negative), before a valid state, in a key without a TTL (restored by hand, or written
 /// by something else): the next admission sets a TTL as it would on a fresh key, rather than
 /// keeping none for ever.
 #[tokio::test]
 async fn a_remembered_expiry_that_is_no_time_gives_the_key_a_ttl() {
     let redis = RedisServer::start();
     let quota = Quota::per_hour(1_000).unwrap();
-    let corrupt = [
-        f64::INFINITY,
-        1e300,
-        2f64.powi(60),
-        f64::NAN,
-        -1.0,
-        f64::NEG_INFINITY,
-    ];
+    let corrupt = [f64::INFINITY, 1e300, 2f64.powi(60), f64::NAN, -1.0];
     for algorithm in packed() {
         let limiter = Ctx::new(algorithm).redis(&redis);
         for (i, expiry) in corrupt.into_iter().enumerate() {
@@ -171,9 +148,9 @@ async fn a_remembered_expiry_that_is_no_time_gives_the_key_a_ttl() {
             support::decision(&limiter, target.as_str(), &quota).await;
             support::decision(&limiter, target.as_str(), &quota).await;
             let mut bytes = stored(&redis, &key);
-            let at = bytes.len() - 9;
-            assert_eq!(bytes[at], b'X', "{algorithm}: {bytes:?}");
-            bytes[at + 1..].copy_from_slice(&expiry.to_le_bytes());
+            assert_eq!((bytes[0], bytes[9]), (b'M', 0), "{algorithm}: {bytes:?}");
+            // Remembered as the suspension's end, negated.
+            bytes[1..9].copy_from_slice(&(-expiry).to_le_bytes());
             let _: () = redis::cmd("SET")
                 .arg(&key)
                 .arg(&bytes)
@@ -390,5 +367,42 @@ async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
             }
         }
         assert!(checked > 20, "{algorithm}: {checked} decisions checked");
+    }
+}
+
+/// Redis 5.0 (the oldest the crate supports) has no `SET … KEEPTTL` and answers it with a
+/// syntax error: the write then sets a TTL, so every admission still counts and the key still
+/// lives until its state is fresh. Redis 5 stands in here as the script with the option
+/// misspelt, which Redis refuses the same way.
+#[test]
+fn without_keepttl_the_write_sets_a_ttl() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let current = redlimit::mirror::script_source();
+    assert_eq!(current.matches("'KEEPTTL'").count(), 1);
+    let redis5 = current.replace("'KEEPTTL'", "'KEEPTTL5'");
+    for algorithm in packed() {
+        // 10 an hour, a burst of 10: each admission makes the key live 6 minutes longer.
+        let args = server_clock_args(algorithm, 10.0, 3_600e6, 10.0);
+        let key = format!("redlimit:{{redis5-{algorithm}}}");
+        let mut admitted = 0;
+        for _ in 0..15 {
+            let reply: redis::Value = redis::cmd("EVAL")
+                .arg(&redis5)
+                .arg(1)
+                .arg(&key)
+                .arg(&args)
+                .query(&mut conn)
+                .expect("a decision");
+            if admits(&reply) {
+                admitted += 1;
+                let left = pttl(&redis, &key);
+                assert!(left > 0, "{algorithm}: the key lives ({left} ms)");
+            }
+        }
+        assert_eq!(
+            admitted, 10,
+            "{algorithm}: 10 of 15 admitted under 10 an hour"
+        );
     }
 }
