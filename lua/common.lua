@@ -66,8 +66,9 @@
 -- A limiter that uses no controls and one tier reads one string (and the tenant's absent one)
 -- and writes one string: the controls cost it one GET of a missing key.
 --
--- A step is pure: it reads `stored` (its tier's state; false when absent), `now`, `cost`,
--- `limit`, `period`, `burst` (and `key`; the sliding log also `forget`), and sets
+-- A step is pure: it reads `stored` (a string holding its tier's state from byte `sat` on;
+-- false when absent), `now`, `cost`, `limit`, `period`, `burst` (and `key`; the sliding log
+-- also `forget`), and sets
 --   ok (allowed), rem (remaining), re (retry µs, -1 = never), rs (reset µs), state
 -- where state is the new state string, or nil when nothing is to be written. The driver reads
 -- the string with one GET (a key of another type reads as absent: self-healing), and writes it
@@ -177,19 +178,20 @@ end
 -- state of this algorithm: controls with no override whose suspension's end is negative,
 -- -expiry (the plain form's write below). No suspension ends before 0, so nothing else starts
 -- that way; every reader of controls (a release before this one too) reads it as controls
--- that change nothing, followed by the state. `raw`: the string as read; `s` then holds the
--- state alone.
-local quotas, tover, reset_us, tuntil, head, rover, stamp, at, forget, kept, raw
+-- that change nothing, followed by the state. The step reads the state where it begins.
+local quotas, tover, reset_us, tuntil, head, rover, stamp, at, forget, kept
+-- `sat`: where a step's state begins in `stored` (the string it reads).
+local sat = 1
 local plain = not t and tiers == 1 and not log
 if plain and s then
   local len = #s
   if len ~= STATE_LEN and len ~= WIDE_STATE_LEN then
     plain = false
-    if len == CONTROLS_HEAD + STATE_LEN and alg ~= WIDE_TAG or
-        len == CONTROLS_HEAD + WIDE_STATE_LEN and alg == WIDE_TAG then
+    if len == EXPIRY_HEAD + STATE_LEN and alg ~= WIDE_TAG or
+        len == EXPIRY_HEAD + WIDE_STATE_LEN and alg == WIDE_TAG then
       local mark, until_us, n, tag = sunpack('<BdBB', s)
-      if mark == CONTROLS and until_us < 0 and n == 0 and tag == alg then
-        plain, kept, raw, s = true, -until_us, s, string.sub(s, CONTROLS_HEAD + 1)
+      if mark == EXPIRY_MARK and until_us < 0 and n == 0 and tag == alg then
+        plain, kept, sat = true, -until_us, EXPIRY_HEAD + 1
       end
     end
   end
@@ -456,14 +458,14 @@ elseif write then
     local now_ms = now / 1000
     now_ms = now_ms - now_ms % 1
     if kept and kept > now_ms + ttl and kept <= now_ms + ttl + (ttl + period / 1000) / 2 and
-        not rpcall('SET', skey, string.sub(raw, 1, CONTROLS_HEAD) .. write, 'KEEPTTL').err then
+        not rpcall('SET', skey, string.sub(s, 1, EXPIRY_HEAD) .. write, 'KEEPTTL').err then
       write = nil
     else
       ttl = ttl + (ttl - ttl % 2) / 2
       if ttl > MAX_EXACT then
         ttl = MAX_EXACT
       end
-      write = spack('<BdB', CONTROLS, -(now_ms + ttl), 0) .. write
+      write = spack('<BdB', EXPIRY_MARK, -(now_ms + ttl), 0) .. write
     end
   end
   -- The TTL as an integer string: Redis 7.0 formats a number with "%.17g", which costs it

@@ -2,8 +2,9 @@
 -- (units admitted in it). Windows of period_us aligned to the Unix epoch: [w, w + period) with
 -- w = now - now % period. Capacity per window is burst (which defaults to limit). Up to
 -- 2 * burst can pass across a window boundary; choose a sliding algorithm when that matters.
--- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
--- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
+-- A pure step, spliced into the driver (lua/common.lua): reads stored (its state from byte
+-- sat on), now, cost, limit, period, burst; sets ok, rem, re, rs and state (nil: nothing to
+-- write).
   -- 1. The current window: the one of now, or the stored one when it starts after now by at most
   --    MAX_SKEW µs (`Clock::MAX_SKEW`, src/clock.rs): another instance's clock runs ahead of this
   --    one (skew), so the step decides in that window (nothing starts over, nothing goes
@@ -11,8 +12,8 @@
   --    one of a clock that stepped back: an empty window here.
   local MAX_SKEW, t = 5000000, now
   local tag, w, c
-  if stored and #stored == 17 then
-    tag, w, c = sunpack('<Bdd', stored)
+  if stored and #stored == sat + 16 then
+    tag, w, c = sunpack('<Bdd', stored, sat)
     if tag == 102 and w > now and w - now <= MAX_SKEW and w % period == 0 then
       t = w
     end

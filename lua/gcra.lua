@@ -9,12 +9,13 @@
 -- resolution of 0.25 µs, so with T = 0.001 µs (10^9 per second) adding T would be lost; and T is
 -- inexact for most quotas (1/11 s), so T + T + ... drifts past burst * T and a full burst would
 -- be denied its last request. Costs add to the debt exactly.
--- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
--- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
+-- A pure step, spliced into the driver (lua/common.lua): reads stored (its state from byte
+-- sat on), now, cost, limit, period, burst; sets ok, rem, re, rs and state (nil: nothing to
+-- write).
   -- 1. Read the state: a missing or corrupt one is a fresh key (no debt).
   local at, d = now, 0
-  if stored and #stored == 17 then
-    local tag, a, b = sunpack('<Bdd', stored)
+  if stored and #stored == sat + 16 then
+    local tag, a, b = sunpack('<Bdd', stored, sat)
     if tag == 103 and a >= 0 and a < MAX_EXACT and b >= 0 and b < MAX_EXACT then
       at, d = a, b
     end

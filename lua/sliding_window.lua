@@ -9,8 +9,9 @@
 -- client at or below the rate is never denied in steady state, even on a window's first µs.
 -- The previous window's share is rounded down (an integer division, exact while p * period <
 -- 2^52); in any interval of one period at most 2 * burst pass, and at most burst per window.
--- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
--- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
+-- A pure step, spliced into the driver (lua/common.lua): reads stored (its state from byte
+-- sat on), now, cost, limit, period, burst; sets ok, rem, re, rs and state (nil: nothing to
+-- write).
 
   -- 1. The current window: the one of now, or the stored one when it starts after now by at most
   --    MAX_SKEW µs (`Clock::MAX_SKEW`, src/clock.rs): another instance's clock runs ahead of this
@@ -19,8 +20,8 @@
   --    one of a clock that stepped back: empty here.
   local MAX_SKEW, t = 5000000, now
   local tag, w, sc, sp
-  if stored and #stored == 25 then
-    tag, w, sc, sp = sunpack('<Bddd', stored)
+  if stored and #stored == sat + 24 then
+    tag, w, sc, sp = sunpack('<Bddd', stored, sat)
     if tag == 119 and w > now and w - now <= MAX_SKEW and w % period == 0 then
       t = w
     end

@@ -2,12 +2,13 @@
 -- demand. State 't' + doubles tokens (whole tokens in the bucket), ts (µs time up to which
 -- refill is accounted). Fractional progress is kept: ts advances only by the time the whole
 -- tokens took to arrive.
--- A pure step, spliced into the driver (lua/common.lua): reads stored, now, cost, limit,
--- period, burst; sets ok, rem, re, rs and state (nil: nothing to write).
+-- A pure step, spliced into the driver (lua/common.lua): reads stored (its state from byte
+-- sat on), now, cost, limit, period, burst; sets ok, rem, re, rs and state (nil: nothing to
+-- write).
   -- 1. Read the state: a missing or corrupt bucket is a full one.
   local tokens, ts = burst, now
-  if stored and #stored == 17 then
-    local tag, a, b = sunpack('<Bdd', stored)
+  if stored and #stored == sat + 16 then
+    local tag, a, b = sunpack('<Bdd', stored, sat)
     if tag == 116 and a >= 0 and a < MAX_EXACT and b >= 0 and b < MAX_EXACT then
       tokens, ts = a, b
     end

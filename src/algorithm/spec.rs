@@ -188,8 +188,15 @@ mod tests {
                 spec.lua.contains(&write),
                 "{a}: its Lua step lacks {write:?}"
             );
+            // It reads its state where it begins in `stored` (`sat`: after the remembered
+            // expiry in the driver's one-tier form).
             let len = spec.state_len().unwrap_or_default();
-            let sized = format!("if stored and #stored == {len} then");
+            let sized = format!("if stored and #stored == sat + {} then", len - 1);
+            assert!(
+                spec.lua.contains(&sized),
+                "{a}: its Lua step lacks {sized:?}"
+            );
+            let sized = format!("sunpack('<B{doubles}', stored, sat)");
             assert!(
                 spec.lua.contains(&sized),
                 "{a}: its Lua step lacks {sized:?}"

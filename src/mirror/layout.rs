@@ -30,6 +30,15 @@ pub(crate) const CONTROLS_HEAD: usize = 10;
 /// The tag of the tenant's reset a route's states were written under (after its controls).
 pub(crate) const STAMP: u8 = b'E';
 
+/// A busy key's remembered expiry, before its one state on Redis's clock (`lua/common.lua`'s
+/// write): `EXPIRY_MARK`, the expiry in ms negated, a 0 byte; `EXPIRY_HEAD` bytes. Shaped as
+/// controls that change nothing (no suspension ends before 0; no override), so that every
+/// reader of controls, a release before the remembered expiry too, reads the state after it.
+pub(crate) const EXPIRY_MARK: u8 = CONTROLS;
+
+/// The bytes of the remembered expiry before the state: as many as controls without override.
+pub(crate) const EXPIRY_HEAD: usize = CONTROLS_HEAD;
+
 /// A number Lua holds exactly, or NaN, which the scripts refuse by name.
 pub(crate) fn exact(v: u64) -> f64 {
     if (v as f64) < MAX_EXACT {

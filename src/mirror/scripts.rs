@@ -11,7 +11,10 @@
 
 use std::sync::LazyLock;
 
-use super::layout::{CONTROLS, CONTROLS_HEAD, MAX_REPLY_MS, OVERRIDE_IDLE_MS, QUOTA_BYTES, STAMP};
+use super::layout::{
+    CONTROLS, CONTROLS_HEAD, EXPIRY_HEAD, EXPIRY_MARK, MAX_REPLY_MS, OVERRIDE_IDLE_MS, QUOTA_BYTES,
+    STAMP,
+};
 use crate::algorithm::{Algorithm, MAX_EXACT};
 use crate::quota::MAX_TIERS;
 
@@ -56,6 +59,9 @@ pub(crate) static CONSTANTS: LazyLock<Vec<(&'static str, u64)>> = LazyLock::new(
         ("WIDE_TAG", u64::from(wide_tag)),
         // The sliding log's tag: it keeps a sorted set, not a packed state.
         ("LOG_TAG", u64::from(log_tag)),
+        // A busy key's remembered expiry before its state.
+        ("EXPIRY_MARK", u64::from(EXPIRY_MARK)),
+        ("EXPIRY_HEAD", EXPIRY_HEAD as u64),
     ]
 });
 
@@ -482,6 +488,9 @@ mod tests {
         }
         let log = Algorithm::ALL.iter().find(|a| a.spec().is_log()).unwrap();
         assert_eq!(value("LOG_TAG"), u64::from(log.spec().tag));
+        // The remembered expiry reads as controls without override to every reader of them.
+        assert_eq!(value("EXPIRY_MARK"), u64::from(CONTROLS));
+        assert_eq!(value("EXPIRY_HEAD"), CONTROLS_HEAD as u64);
     }
 
     /// The argument lengths the driver accepts (one tier's, the shortest and longest of
