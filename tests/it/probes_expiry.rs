@@ -406,3 +406,150 @@ fn without_keepttl_the_write_sets_a_ttl() {
         );
     }
 }
+
+/// Whether `key` holds the busy form: the remembered expiry's head (`'M'`, a negative double,
+/// a 0 byte) before one state.
+fn remembers(redis: &RedisServer, key: &str) -> bool {
+    let bytes = stored(redis, key);
+    let until = f64::from_le_bytes(bytes[1..9].try_into().unwrap());
+    (bytes.len() == 27 || bytes.len() == 35) && bytes[0] == b'M' && until < 0.0 && bytes[9] == 0
+}
+
+/// Every operator on a busy key (its string the remembered expiry's head and its state): the
+/// next decisions count on from the state (one unit less each), a suspension denies, inspect
+/// shows no suspension and one tier, and after each admission the key lives at least until its
+/// state is fresh.
+#[tokio::test]
+async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
+    use redlimit::limiter::BlockFor;
+    use redlimit::{Quotas, Target};
+
+    let redis = RedisServer::start();
+    // 100 an hour: nothing comes back within the test.
+    let quota = Quota::per_hour(100).unwrap();
+    let quotas: Quotas = quota.into();
+    let block = BlockFor::new(Duration::from_secs(3_600)).unwrap();
+    let mut failures = Vec::new();
+    for algorithm in packed() {
+        let limiter: Limiter = Ctx::new(algorithm).redis(&redis);
+        let target = format!("busy-{algorithm}");
+        let busy = target.as_str();
+        let key = limiter.storage_key(busy);
+        let mut last = None;
+        let admit = async |what: &str, failures: &mut Vec<String>, last: &mut Option<u64>| {
+            let decision = support::decision(&limiter, busy, &quota).await;
+            let left = pttl(&redis, &key);
+            let fresh = decision.reset_after.as_millis() as i64;
+            if !decision.allowed {
+                failures.push(format!("{algorithm}, after {what}: denied {decision:?}"));
+                return;
+            }
+            if left + 2 < fresh {
+                failures.push(format!(
+                    "{algorithm}, after {what}: expires in {left} ms, fresh in {fresh} ms"
+                ));
+            }
+            if let Some(before) = *last {
+                if decision.remaining + 1 != before {
+                    failures.push(format!(
+                        "{algorithm}, after {what}: remaining {} after {before}",
+                        decision.remaining
+                    ));
+                }
+            }
+            *last = Some(decision.remaining);
+        };
+        for _ in 0..3 {
+            admit("admissions", &mut failures, &mut last).await;
+        }
+        assert!(remembers(&redis, &key), "{algorithm}: {:?}", stored(&redis, &key));
+        let status = limiter.inspect(busy).await.unwrap();
+        if status.suspended_for.is_some()
+            || status.tiers.len() != 1
+            || status.tiers[0].algorithm != Some(algorithm)
+            || status.quota_override.is_some()
+        {
+            failures.push(format!("{algorithm}: inspect {status:?}"));
+        }
+
+        // Suspend, then resume.
+        limiter.suspend(busy, Duration::from_secs(60)).await.unwrap();
+        let denied = support::decision(&limiter, busy, &quota).await;
+        if !denied.suspended {
+            failures.push(format!("{algorithm}: suspended, decided {denied:?}"));
+        }
+        limiter.resume(busy).await.unwrap();
+        admit("resume", &mut failures, &mut last).await;
+        admit("resume, again", &mut failures, &mut last).await;
+        // Extend a suspension the busy key does not have.
+        limiter
+            .extend_suspension(busy, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let status = limiter.inspect(busy).await.unwrap();
+        if status.suspended_for.is_none_or(|d| d < Duration::from_secs(59)) {
+            failures.push(format!("{algorithm}: extended, inspect {status:?}"));
+        }
+        limiter.resume(busy).await.unwrap();
+        admit("extend, resume", &mut failures, &mut last).await;
+        admit("extend, resume, again", &mut failures, &mut last).await;
+        // An override of the same quota, then cleared: on the route, then on the tenant.
+        limiter.set_quota(busy, &quotas).await.unwrap();
+        admit("set_quota", &mut failures, &mut last).await;
+        limiter.clear_quota(busy).await.unwrap();
+        admit("clear_quota", &mut failures, &mut last).await;
+        admit("clear_quota, again", &mut failures, &mut last).await;
+        limiter
+            .set_quota(Target::all_routes(busy), &quotas)
+            .await
+            .unwrap();
+        admit("tenant set_quota", &mut failures, &mut last).await;
+        limiter
+            .clear_quota(Target::all_routes(busy))
+            .await
+            .unwrap();
+        admit("tenant clear_quota", &mut failures, &mut last).await;
+        admit("tenant clear_quota, again", &mut failures, &mut last).await;
+        // The tenant suspended, then resumed.
+        limiter
+            .suspend(Target::all_routes(busy), Duration::from_secs(60))
+            .await
+            .unwrap();
+        let denied = support::decision(&limiter, busy, &quota).await;
+        if !denied.suspended {
+            failures.push(format!("{algorithm}: tenant suspended, decided {denied:?}"));
+        }
+        limiter.resume(Target::all_routes(busy)).await.unwrap();
+        admit("tenant resume", &mut failures, &mut last).await;
+        admit("tenant resume, again", &mut failures, &mut last).await;
+        // A refund gives one back.
+        limiter.refund(busy, &quotas, 1).await.unwrap();
+        last = last.map(|r| r + 1);
+        admit("refund", &mut failures, &mut last).await;
+        admit("refund, again", &mut failures, &mut last).await;
+        // Block mode admits and counts as a decision does.
+        let verdict = limiter.check_blocking(busy, &quotas, 1, &block).await;
+        let decision = *verdict.decision().unwrap();
+        if !decision.allowed || last.is_some_and(|r| decision.remaining + 1 != r) {
+            failures.push(format!("{algorithm}: blocking check {decision:?} after {last:?}"));
+        }
+        last = Some(decision.remaining);
+        admit("block mode", &mut failures, &mut last).await;
+        admit("block mode, again", &mut failures, &mut last).await;
+        let status = limiter.inspect(busy).await.unwrap();
+        if status.suspended_for.is_some() || status.tiers.len() != 1 {
+            failures.push(format!("{algorithm}: inspect at the end {status:?}"));
+        }
+        // The route's reset, then the tenant's: fresh.
+        limiter.reset(busy).await.unwrap();
+        last = Some(100);
+        admit("reset", &mut failures, &mut last).await;
+        admit("reset, again", &mut failures, &mut last).await;
+        admit("reset, again", &mut failures, &mut last).await;
+        limiter.reset(Target::all_routes(busy)).await.unwrap();
+        last = Some(100);
+        admit("tenant reset", &mut failures, &mut last).await;
+        admit("tenant reset, again", &mut failures, &mut last).await;
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
