@@ -171,7 +171,7 @@ end
 -- One tier, a string that can hold no controls (absent, one state's length, or one state after
 -- the expiry it remembers: see below) and no tenant's string: the usual call, decided as
 -- `plain` below without reading controls. Otherwise the controls are read, and the call is
--- `plain` when they hold no override and no reset. (The names the controls set are declared
+-- `plain` when they hold no override and no reset and one state (or none) follows. (The names the controls set are declared
 -- together: nil costs the usual call one instruction for all of them.)
 --
 -- `kept`: the key's expiry (ms, Redis's clock) a busy key's string remembers before its one
@@ -293,7 +293,10 @@ if not plain then
     end
     head = (head or 'M\0\0\0\0\0\0\0\0\0') .. 'E' .. spack('<d', reset_us)
   end
-  plain = at == 1 and not head and not tover and tiers == 1 and not log
+  -- One tier's state alone (or none) is the one-tier path's; several states (a key that
+  -- dropped a tier) are read tier by tier, so the first keeps its count.
+  plain = at == 1 and not head and not tover and tiers == 1 and not log and
+    (not s or #s == STATE_LEN or #s == WIDE_STATE_LEN)
 end
 
 -- Decide. All tiers must admit: on an admission the binding tier is the one with the least

@@ -286,7 +286,12 @@ pub(crate) fn decide(
         Err(suspended) => return Ok((suspended, None)),
     };
     let tiers = &opened.tiers;
-    let plain = opened.bare && opened.head.is_none() && !opened.overridden && tiers.len() == 1;
+    // Several states without controls (a key that dropped a tier) are read tier by tier.
+    let plain = opened.bare
+        && opened.head.is_none()
+        && !opened.overridden
+        && tiers.len() == 1
+        && opened.states.is_none_or(|s| is_one_state(s.len()));
     let s = opened.states;
     let mut at = 0;
     let mut gather = Gather::new();

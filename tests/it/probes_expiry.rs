@@ -553,3 +553,36 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A key that changes tier keeps its count (docs/headers.md, "Tiers per request"): after
+/// admissions under two quotas, a request under the first alone counts on from the first
+/// tier's state, on Redis and in memory alike (a string of several states without controls is
+/// no one tier's: it is read tier by tier).
+#[tokio::test]
+async fn a_key_that_drops_a_tier_keeps_the_first_tiers_count() {
+    use redlimit::Quotas;
+
+    let redis = RedisServer::start();
+    let first = Quota::per_hour(100).unwrap();
+    let second = Quota::new(1_000, Duration::from_secs(86_400)).unwrap();
+    let both = Quotas::new([first, second]).unwrap();
+    let mut failures = Vec::new();
+    for algorithm in packed() {
+        let ctx = Ctx::new(algorithm);
+        for (store, limiter) in [("redis", ctx.redis(&redis)), ("memory", ctx.memory())] {
+            let target = format!("dropped-{algorithm}");
+            let key = target.as_str();
+            for _ in 0..10 {
+                limiter.try_check_quotas(key, &both, 1).await.unwrap();
+            }
+            let decision = support::decision(&limiter, key, &first).await;
+            if !decision.allowed || decision.remaining != 89 {
+                failures.push(format!(
+                    "{algorithm} ({store}): after 10 under two quotas, one more under the \
+                     first: {decision:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
