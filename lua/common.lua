@@ -76,9 +76,9 @@
 -- least the override's idle time), only when the call admits and costs (a denial writes only a
 -- step's repair of a clock that stepped back); one tier without controls on Redis's clock,
 -- found alive, keeps the TTL it remembers while that is long enough, else sets one half as
--- long again (see the write). The sliding log keeps a sorted set instead, one for all tiers (each tier counts
--- its own window): its step reads it, and its state is a function that writes it, called with
--- the TTL and the call's decision for the tier with the longest period.
+-- long again (see the write). The sliding log keeps a sorted set instead, one for all tiers
+-- (each tier counts its own window): its step reads it, and its state is a function that
+-- writes it, called with the TTL and the call's decision for the tier with the longest period.
 --
 -- Lua numbers are doubles: every value stays an exact integer below 2^53 (GCRA's debt aside),
 -- and every time leaves in whole milliseconds rounded up (never tell a client to come back
@@ -171,8 +171,9 @@ end
 -- One tier, a string that can hold no controls (absent, one state's length, or one state after
 -- the expiry it remembers: see below) and no tenant's string: the usual call, decided as
 -- `plain` below without reading controls. Otherwise the controls are read, and the call is
--- `plain` when they hold no override and no reset and one state (or none) follows. (The names the controls set are declared
--- together: nil costs the usual call one instruction for all of them.)
+-- `plain` when they hold no override and no reset and one state (or none) follows. (The
+-- names the controls set are declared together: nil costs the usual call one instruction for
+-- all of them.)
 --
 -- `kept`: the key's expiry (ms, Redis's clock) a busy key's string remembers before its one
 -- state of this algorithm: controls with no override whose suspension's end is negative,
