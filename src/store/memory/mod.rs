@@ -459,7 +459,7 @@ impl MemoryStore {
     /// state string, or for the sliding log its admission times as little-endian doubles (the
     /// sorted set's scores, oldest first). `None` when absent or expired. For the differential
     /// tests, which run on a client clock (on Redis's clock, Redis also remembers a busy key's
-    /// expiry after its state).
+    /// expiry before its state).
     #[cfg(any(test, feature = "test-hooks"))]
     #[doc(hidden)]
     pub fn stored_state(&self, key: &str, now_micros: u64) -> Option<Vec<u8>> {
