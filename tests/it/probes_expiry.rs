@@ -430,29 +430,35 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
     let quotas: Quotas = quota.into();
     let block = BlockFor::new(Duration::from_secs(3_600)).unwrap();
     let mut failures = Vec::new();
-    for algorithm in packed() {
+    for (algorithm, scoped) in packed().flat_map(|a| [(a, false), (a, true)]) {
         let limiter: Limiter = Ctx::new(algorithm).redis(&redis);
-        let target = format!("busy-{algorithm}");
-        let busy = target.as_str();
-        let key = limiter.storage_key(busy);
+        let id = format!("busy-{algorithm}-{scoped}");
+        let busy = id.as_str();
+        // Unscoped, a suspension and a reset are the tenant's; scoped, the route's own.
+        let route = if scoped {
+            Target::scoped("api", busy)
+        } else {
+            Target::key(busy)
+        };
+        let key = limiter.storage_key(route);
         let mut last = None;
         let admit = async |what: &str, failures: &mut Vec<String>, last: &mut Option<u64>| {
-            let decision = support::decision(&limiter, busy, &quota).await;
+            let decision = support::decision(&limiter, route, &quota).await;
             let left = pttl(&redis, &key);
             let fresh = decision.reset_after.as_millis() as i64;
             if !decision.allowed {
-                failures.push(format!("{algorithm}, after {what}: denied {decision:?}"));
+                failures.push(format!("{algorithm} (scoped {scoped}), after {what}: denied {decision:?}"));
                 return;
             }
             if left + 2 < fresh {
                 failures.push(format!(
-                    "{algorithm}, after {what}: expires in {left} ms, fresh in {fresh} ms"
+                    "{algorithm} (scoped {scoped}), after {what}: expires in {left} ms, fresh in {fresh} ms"
                 ));
             }
             if let Some(before) = *last {
                 if decision.remaining + 1 != before {
                     failures.push(format!(
-                        "{algorithm}, after {what}: remaining {} after {before}",
+                        "{algorithm} (scoped {scoped}), after {what}: remaining {} after {before}",
                         decision.remaining
                     ));
                 }
@@ -462,41 +468,41 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         for _ in 0..3 {
             admit("admissions", &mut failures, &mut last).await;
         }
-        assert!(remembers(&redis, &key), "{algorithm}: {:?}", stored(&redis, &key));
-        let status = limiter.inspect(busy).await.unwrap();
+        assert!(remembers(&redis, &key), "{algorithm} (scoped {scoped}): {:?}", stored(&redis, &key));
+        let status = limiter.inspect(route).await.unwrap();
         if status.suspended_for.is_some()
             || status.tiers.len() != 1
             || status.tiers[0].algorithm != Some(algorithm)
             || status.quota_override.is_some()
         {
-            failures.push(format!("{algorithm}: inspect {status:?}"));
+            failures.push(format!("{algorithm} (scoped {scoped}): inspect {status:?}"));
         }
 
         // Suspend, then resume.
-        limiter.suspend(busy, Duration::from_secs(60)).await.unwrap();
-        let denied = support::decision(&limiter, busy, &quota).await;
+        limiter.suspend(route, Duration::from_secs(60)).await.unwrap();
+        let denied = support::decision(&limiter, route, &quota).await;
         if !denied.suspended {
-            failures.push(format!("{algorithm}: suspended, decided {denied:?}"));
+            failures.push(format!("{algorithm} (scoped {scoped}): suspended, decided {denied:?}"));
         }
-        limiter.resume(busy).await.unwrap();
+        limiter.resume(route).await.unwrap();
         admit("resume", &mut failures, &mut last).await;
         admit("resume, again", &mut failures, &mut last).await;
         // Extend a suspension the busy key does not have.
         limiter
-            .extend_suspension(busy, Duration::from_secs(60))
+            .extend_suspension(route, Duration::from_secs(60))
             .await
             .unwrap();
-        let status = limiter.inspect(busy).await.unwrap();
+        let status = limiter.inspect(route).await.unwrap();
         if status.suspended_for.is_none_or(|d| d < Duration::from_secs(59)) {
-            failures.push(format!("{algorithm}: extended, inspect {status:?}"));
+            failures.push(format!("{algorithm} (scoped {scoped}): extended, inspect {status:?}"));
         }
-        limiter.resume(busy).await.unwrap();
+        limiter.resume(route).await.unwrap();
         admit("extend, resume", &mut failures, &mut last).await;
         admit("extend, resume, again", &mut failures, &mut last).await;
         // An override of the same quota, then cleared: on the route, then on the tenant.
-        limiter.set_quota(busy, &quotas).await.unwrap();
+        limiter.set_quota(route, &quotas).await.unwrap();
         admit("set_quota", &mut failures, &mut last).await;
-        limiter.clear_quota(busy).await.unwrap();
+        limiter.clear_quota(route).await.unwrap();
         admit("clear_quota", &mut failures, &mut last).await;
         admit("clear_quota, again", &mut failures, &mut last).await;
         limiter
@@ -515,33 +521,33 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
             .suspend(Target::all_routes(busy), Duration::from_secs(60))
             .await
             .unwrap();
-        let denied = support::decision(&limiter, busy, &quota).await;
+        let denied = support::decision(&limiter, route, &quota).await;
         if !denied.suspended {
-            failures.push(format!("{algorithm}: tenant suspended, decided {denied:?}"));
+            failures.push(format!("{algorithm} (scoped {scoped}): tenant suspended, decided {denied:?}"));
         }
         limiter.resume(Target::all_routes(busy)).await.unwrap();
         admit("tenant resume", &mut failures, &mut last).await;
         admit("tenant resume, again", &mut failures, &mut last).await;
         // A refund gives one back.
-        limiter.refund(busy, &quotas, 1).await.unwrap();
+        limiter.refund(route, &quotas, 1).await.unwrap();
         last = last.map(|r| r + 1);
         admit("refund", &mut failures, &mut last).await;
         admit("refund, again", &mut failures, &mut last).await;
         // Block mode admits and counts as a decision does.
-        let verdict = limiter.check_blocking(busy, &quotas, 1, &block).await;
+        let verdict = limiter.check_blocking(route, &quotas, 1, &block).await;
         let decision = *verdict.decision().unwrap();
         if !decision.allowed || last.is_some_and(|r| decision.remaining + 1 != r) {
-            failures.push(format!("{algorithm}: blocking check {decision:?} after {last:?}"));
+            failures.push(format!("{algorithm} (scoped {scoped}): blocking check {decision:?} after {last:?}"));
         }
         last = Some(decision.remaining);
         admit("block mode", &mut failures, &mut last).await;
         admit("block mode, again", &mut failures, &mut last).await;
-        let status = limiter.inspect(busy).await.unwrap();
+        let status = limiter.inspect(route).await.unwrap();
         if status.suspended_for.is_some() || status.tiers.len() != 1 {
-            failures.push(format!("{algorithm}: inspect at the end {status:?}"));
+            failures.push(format!("{algorithm} (scoped {scoped}): inspect at the end {status:?}"));
         }
         // The route's reset, then the tenant's: fresh.
-        limiter.reset(busy).await.unwrap();
+        limiter.reset(route).await.unwrap();
         last = Some(100);
         admit("reset", &mut failures, &mut last).await;
         admit("reset, again", &mut failures, &mut last).await;
