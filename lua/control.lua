@@ -298,7 +298,13 @@ if op ~= 105 then
         ttl = left
       end
     end
-    call('SET', key, new, 'PX', ttl)
+    -- At most 2^53 ms (a stored end however far ahead, +inf too, still gives a TTL), as an
+    -- integer string: Lua writes a number of 15 digits or more with an exponent, which PX
+    -- refuses.
+    if ttl > MAX_EXACT then
+      ttl = MAX_EXACT
+    end
+    call('SET', key, new, 'PX', string.format('%d', ttl))
   end
   s = new ~= '' and new
 end

@@ -638,7 +638,7 @@ pub(crate) fn control(
     if suspended {
         ttl = ttl.max(ms_up(until_us - now) as u64);
     }
-    Some((Some(new), ttl))
+    Some((Some(new), ttl.min(MAX_TTL_MS as u64)))
 }
 
 #[cfg(test)]

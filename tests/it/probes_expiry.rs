@@ -592,3 +592,143 @@ async fn a_key_that_drops_a_tier_keeps_the_first_tiers_count() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Heads of a busy key's string that no script writes: a suspension's end of -0.0, a negative
+/// NaN, 0, a past time (no suspension: the state after it counts on), +infinity (a suspension
+/// without end, as for any controls), an override count with no override after it (cut short:
+/// the string reads as absent), another algorithm's state after the head (a fresh key; a
+/// control is refused). Decisions, inspect and the route's controls agree on each, no control
+/// writes a negative end back, and a control on a suspension without end still writes (its TTL
+/// capped at 2^53 ms).
+#[tokio::test]
+async fn heads_no_script_writes_read_alike_everywhere() {
+    use redlimit::limiter::ControlError;
+    use redlimit::{Quotas, Target};
+
+    let redis = RedisServer::start();
+    let quota = Quota::per_hour(100).unwrap();
+    let quotas: Quotas = quota.into();
+    let mut failures = Vec::new();
+    for algorithm in packed() {
+        let limiter: Limiter = Ctx::new(algorithm).redis(&redis);
+        let other = packed()
+            .find(|&a| a != algorithm && a != Algorithm::SlidingWindow)
+            .unwrap();
+        for (name, ends) in [
+            ("-0.0", Some(-0.0)),
+            ("-NaN", Some(f64::from_bits(0xfff8_0000_0000_0000))),
+            ("0", Some(0.0)),
+            ("past", Some(1.0)),
+            ("+inf", Some(f64::INFINITY)),
+            ("n 1", None),
+            ("other algorithm", None),
+        ] {
+            if name == "n 1" && algorithm == Algorithm::SlidingWindow {
+                // 35 bytes hold controls with one override tier: the state's bytes read as an
+                // override's quota, which the script refuses as it refuses any corrupt one.
+                continue;
+            }
+            let id = format!("head-{algorithm}-{name}");
+            let route = Target::scoped("api", &id);
+            let key = limiter.storage_key(route);
+            for _ in 0..2 {
+                support::decision(&limiter, route, &quota).await;
+            }
+            let mut bytes = stored(&redis, &key);
+            assert!(remembers(&redis, &key), "{algorithm}: {bytes:?}");
+            let counted = support::decision(&limiter, route, &quota).await.remaining;
+            bytes = stored(&redis, &key);
+            match (name, ends) {
+                (_, Some(until)) => bytes[1..9].copy_from_slice(&until.to_le_bytes()),
+                ("n 1", _) => bytes[9] = 1,
+                _ => {
+                    let foreign = Ctx::new(other).redis(&redis);
+                    let id = format!("foreign-{algorithm}");
+                    support::decision(&foreign, id.as_str(), &quota).await;
+                    let state = stored(&redis, &foreign.storage_key(id.as_str()));
+                    bytes.truncate(10);
+                    bytes.extend_from_slice(&state);
+                }
+            }
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg(&bytes)
+                .arg("PX")
+                .arg(3_600_000)
+                .query(&mut redis.conn())
+                .expect("SET");
+            let what = format!("{algorithm}, head {name}");
+            let status = limiter.inspect(route).await.unwrap();
+            let decision = support::decision(&limiter, route, &quota).await;
+            let suspended = name == "+inf";
+            let fresh = matches!(name, "n 1" | "other algorithm");
+            if decision.suspended != suspended || status.suspended_for.is_some() != suspended {
+                failures.push(format!("{what}: {decision:?}; {status:?}"));
+            }
+            if !suspended {
+                let expected = if fresh { 99 } else { counted - 1 };
+                // Inspect shows what is stored: nothing for a string cut short, else the state.
+                let shown = match name {
+                    "n 1" => vec![],
+                    "other algorithm" => vec![Some(other)],
+                    _ => vec![Some(algorithm)],
+                };
+                let tiers: Vec<_> = status.tiers.iter().map(|t| t.algorithm).collect();
+                if !decision.allowed || decision.remaining != expected || tiers != shown {
+                    failures.push(format!(
+                        "{what}: remaining {} (expected {expected}); {status:?}",
+                        decision.remaining
+                    ));
+                }
+                let left = pttl(&redis, &key);
+                if left + 2 < decision.reset_after.as_millis() as i64 {
+                    failures.push(format!("{what}: expires in {left} ms, {decision:?}"));
+                }
+            }
+            // The route's controls on the head as it was: none writes a negative end back.
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg(&bytes)
+                .arg("PX")
+                .arg(3_600_000)
+                .query(&mut redis.conn())
+                .expect("SET");
+            let set = limiter.set_quota(route, &quotas).await;
+            if name == "other algorithm" {
+                if !matches!(set, Err(ControlError::WrongKind(_))) {
+                    failures.push(format!("{what}: set_quota {set:?}"));
+                }
+                continue;
+            }
+            let status = set.unwrap();
+            let written = redis::cmd("GET")
+                .arg(&key)
+                .query::<Option<Vec<u8>>>(&mut redis.conn())
+                .unwrap();
+            let until = written
+                .as_deref()
+                .and_then(|w| w.get(1..9))
+                .map(|b| f64::from_le_bytes(b.try_into().unwrap()));
+            let end_ok = if suspended {
+                until == Some(f64::INFINITY)
+            } else {
+                until == Some(0.0)
+            };
+            if !end_ok || status.suspended_for.is_some() != suspended {
+                failures.push(format!("{what}: set_quota wrote {written:?}; {status:?}"));
+            }
+            limiter.clear_quota(route).await.unwrap();
+            limiter
+                .extend_suspension(route, Duration::from_secs(60))
+                .await
+                .unwrap();
+            let denied = support::decision(&limiter, route, &quota).await;
+            limiter.resume(route).await.unwrap();
+            let decision = support::decision(&limiter, route, &quota).await;
+            if !denied.suspended || decision.suspended || !decision.allowed {
+                failures.push(format!("{what}: extended {denied:?}, resumed {decision:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
