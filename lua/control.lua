@@ -299,8 +299,8 @@ if op ~= 105 then
       end
     end
     -- At most 2^53 ms (a stored end however far ahead, +inf too, still gives a TTL), as an
-    -- integer string: Lua writes a number of 15 digits or more with an exponent, which PX
-    -- refuses.
+    -- integer string (Redis may write a number with an exponent, which PX refuses: see
+    -- lua/common.lua's write).
     if ttl > MAX_EXACT then
       ttl = MAX_EXACT
     end
