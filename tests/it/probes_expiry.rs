@@ -732,3 +732,49 @@ async fn heads_no_script_writes_read_alike_everywhere() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// The split form of a Cluster slot migration (`TRYAGAIN`: the caller reads the tenant's string
+/// and sends it in ARGV) on a busy key, between decisions in the usual form: each counts on from
+/// the state after the remembered expiry, and the key lives at least until its state is fresh.
+#[test]
+fn the_split_form_counts_on_a_busy_key() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let script = redlimit::mirror::script_source();
+    for algorithm in packed() {
+        // 100 an hour: nothing comes back within the test.
+        let args = server_clock_args(algorithm, 100.0, 3_600e6, 100.0);
+        let key = format!("redlimit:{{split-{algorithm}}}");
+        let tenant = format!("redlimit:{{split-{algorithm}}}#t");
+        let mut remaining = Vec::new();
+        for i in 0..8 {
+            let mut call = redis::cmd("EVAL");
+            call.arg(script);
+            // Every third in the split form: the tenant's string (absent: '') in ARGV.
+            if i % 3 == 2 {
+                call.arg(1).arg(&key).arg(&args).arg("");
+            } else {
+                call.arg(1 + 1).arg(&key).arg(&tenant).arg(&args);
+            }
+            let reply: redis::Value = call.query(&mut conn).expect("a decision");
+            assert!(admits(&reply), "{algorithm}, call {i}: {reply:?}");
+            // One quota's admission replies reset_after_ms * (burst + 1) + remaining, else
+            // the packed '<BBddd'.
+            let (reset_ms, left) = match reply {
+                redis::Value::Int(both) => (both / 101, both % 101),
+                redis::Value::BulkString(bytes) => {
+                    let at = |i: usize| f64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+                    (at(18) as i64, at(2) as i64)
+                }
+                other => panic!("{algorithm}, call {i}: {other:?}"),
+            };
+            remaining.push(left);
+            let ttl = pttl(&redis, &key);
+            assert!(
+                ttl + 2 >= reset_ms,
+                "{algorithm}, call {i}: expires in {ttl} ms, fresh in {reset_ms} ms"
+            );
+        }
+        assert_eq!(remaining, (92..100).rev().collect::<Vec<_>>(), "{algorithm}");
+    }
+}
