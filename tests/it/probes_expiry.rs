@@ -447,7 +447,9 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
             let left = pttl(&redis, &key);
             let fresh = decision.reset_after.as_millis() as i64;
             if !decision.allowed {
-                failures.push(format!("{algorithm} (scoped {scoped}), after {what}: denied {decision:?}"));
+                failures.push(format!(
+                    "{algorithm} (scoped {scoped}), after {what}: denied {decision:?}"
+                ));
                 return;
             }
             if left + 2 < fresh {
@@ -468,7 +470,11 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         for _ in 0..3 {
             admit("admissions", &mut failures, &mut last).await;
         }
-        assert!(remembers(&redis, &key), "{algorithm} (scoped {scoped}): {:?}", stored(&redis, &key));
+        assert!(
+            remembers(&redis, &key),
+            "{algorithm} (scoped {scoped}): {:?}",
+            stored(&redis, &key)
+        );
         let status = limiter.inspect(route).await.unwrap();
         if status.suspended_for.is_some()
             || status.tiers.len() != 1
@@ -479,10 +485,15 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         }
 
         // Suspend, then resume.
-        limiter.suspend(route, Duration::from_secs(60)).await.unwrap();
+        limiter
+            .suspend(route, Duration::from_secs(60))
+            .await
+            .unwrap();
         let denied = support::decision(&limiter, route, &quota).await;
         if !denied.suspended {
-            failures.push(format!("{algorithm} (scoped {scoped}): suspended, decided {denied:?}"));
+            failures.push(format!(
+                "{algorithm} (scoped {scoped}): suspended, decided {denied:?}"
+            ));
         }
         limiter.resume(route).await.unwrap();
         admit("resume", &mut failures, &mut last).await;
@@ -493,8 +504,13 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
             .await
             .unwrap();
         let status = limiter.inspect(route).await.unwrap();
-        if status.suspended_for.is_none_or(|d| d < Duration::from_secs(59)) {
-            failures.push(format!("{algorithm} (scoped {scoped}): extended, inspect {status:?}"));
+        if status
+            .suspended_for
+            .is_none_or(|d| d < Duration::from_secs(59))
+        {
+            failures.push(format!(
+                "{algorithm} (scoped {scoped}): extended, inspect {status:?}"
+            ));
         }
         limiter.resume(route).await.unwrap();
         admit("extend, resume", &mut failures, &mut last).await;
@@ -510,10 +526,7 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
             .await
             .unwrap();
         admit("tenant set_quota", &mut failures, &mut last).await;
-        limiter
-            .clear_quota(Target::all_routes(busy))
-            .await
-            .unwrap();
+        limiter.clear_quota(Target::all_routes(busy)).await.unwrap();
         admit("tenant clear_quota", &mut failures, &mut last).await;
         admit("tenant clear_quota, again", &mut failures, &mut last).await;
         // The tenant suspended, then resumed.
@@ -523,7 +536,9 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
             .unwrap();
         let denied = support::decision(&limiter, route, &quota).await;
         if !denied.suspended {
-            failures.push(format!("{algorithm} (scoped {scoped}): tenant suspended, decided {denied:?}"));
+            failures.push(format!(
+                "{algorithm} (scoped {scoped}): tenant suspended, decided {denied:?}"
+            ));
         }
         limiter.resume(Target::all_routes(busy)).await.unwrap();
         admit("tenant resume", &mut failures, &mut last).await;
@@ -537,14 +552,18 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         let verdict = limiter.check_blocking(route, &quotas, 1, &block).await;
         let decision = *verdict.decision().unwrap();
         if !decision.allowed || last.is_some_and(|r| decision.remaining + 1 != r) {
-            failures.push(format!("{algorithm} (scoped {scoped}): blocking check {decision:?} after {last:?}"));
+            failures.push(format!(
+                "{algorithm} (scoped {scoped}): blocking check {decision:?} after {last:?}"
+            ));
         }
         last = Some(decision.remaining);
         admit("block mode", &mut failures, &mut last).await;
         admit("block mode, again", &mut failures, &mut last).await;
         let status = limiter.inspect(route).await.unwrap();
         if status.suspended_for.is_some() || status.tiers.len() != 1 {
-            failures.push(format!("{algorithm} (scoped {scoped}): inspect at the end {status:?}"));
+            failures.push(format!(
+                "{algorithm} (scoped {scoped}): inspect at the end {status:?}"
+            ));
         }
         // The route's reset, then the tenant's: fresh.
         limiter.reset(route).await.unwrap();
@@ -775,6 +794,10 @@ fn the_split_form_counts_on_a_busy_key() {
                 "{algorithm}, call {i}: expires in {ttl} ms, fresh in {reset_ms} ms"
             );
         }
-        assert_eq!(remaining, (92..100).rev().collect::<Vec<_>>(), "{algorithm}");
+        assert_eq!(
+            remaining,
+            (92..100).rev().collect::<Vec<_>>(),
+            "{algorithm}"
+        );
     }
 }
