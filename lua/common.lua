@@ -456,9 +456,10 @@ elseif write then
   -- is fresh at the window's end, which an expiry set early in the window passes by half of
   -- what was left of it. The bound drops a time remembered under a longer quota, and corrupt
   -- bytes: NaN, infinities.) A new key gets its exact TTL and no time: a key used once pays
-  -- nothing for it. (The remembered time is at most the real one: Redis counts a PX from its
-  -- clock when it runs the SET, after `now`.) Redis 5.0 has no KEEPTTL: there the write sets a
-  -- TTL.
+  -- nothing for it. (The remembered time is 1 ms earlier than `now`'s ms and the TTL: Redis
+  -- counts a PX from its clock when it runs the SET, or from when the script started, which
+  -- Redis 7.2 uses and which may fall in the ms before `now`'s.) Redis 5.0 has no KEEPTTL:
+  -- there the write sets a TTL.
   if plain and clocked and s then
     local now_ms = now / 1000
     now_ms = now_ms - now_ms % 1
@@ -470,7 +471,7 @@ elseif write then
       if ttl > MAX_EXACT then
         ttl = MAX_EXACT
       end
-      write = spack('<BdB', EXPIRY_MARK, -(now_ms + ttl), 0) .. write
+      write = spack('<BdB', EXPIRY_MARK, 1 - now_ms - ttl, 0) .. write
     end
   end
   -- The TTL as an integer string: Redis 7.0 formats a number with "%.17g", which costs it
