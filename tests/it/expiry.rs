@@ -13,7 +13,7 @@ use support::{Ctx, RedisServer};
 
 /// The algorithms that keep one packed state in the key's string (the sliding log keeps a
 /// sorted set).
-fn packed() -> impl Iterator<Item = Algorithm> {
+pub(crate) fn packed() -> impl Iterator<Item = Algorithm> {
     Algorithm::ALL
         .iter()
         .copied()
@@ -29,14 +29,14 @@ fn state_len(algorithm: Algorithm) -> usize {
     }
 }
 
-fn pttl(redis: &RedisServer, key: &str) -> i64 {
+pub(crate) fn pttl(redis: &RedisServer, key: &str) -> i64 {
     redis::cmd("PTTL")
         .arg(key)
         .query(&mut redis.conn())
         .expect("PTTL")
 }
 
-fn stored(redis: &RedisServer, key: &str) -> Option<Vec<u8>> {
+pub(crate) fn stored(redis: &RedisServer, key: &str) -> Option<Vec<u8>> {
     redis::cmd("GET")
         .arg(key)
         .query(&mut redis.conn())
@@ -94,10 +94,10 @@ async fn a_busy_key_keeps_its_expiry_instead_of_setting_one_on_every_admission()
 }
 
 /// A small deterministic generator (the sequence is the same on every run).
-struct Lcg(u64);
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6_364_136_223_846_793_005)

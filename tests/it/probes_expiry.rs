@@ -7,33 +7,31 @@
 
 use crate::support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::expiry::{packed, pttl, Lcg};
 use redlimit::{Algorithm, Limiter, Quota};
 use support::{Ctx, RedisServer};
 
-/// The algorithms that keep one packed state in the key's string (the sliding log keeps a
-/// sorted set).
-fn packed() -> impl Iterator<Item = Algorithm> {
-    Algorithm::ALL
-        .iter()
-        .copied()
-        .filter(|&a| a != Algorithm::SlidingLog)
+/// The ms since `sent`: what a key's PTTL, read after a decision sent then, lost meanwhile.
+fn since(sent: Instant) -> i64 {
+    sent.elapsed().as_millis() as i64
 }
 
-fn pttl(redis: &RedisServer, key: &str) -> i64 {
-    redis::cmd("PTTL")
+/// Writes `bytes` at `key` by hand, to live an hour.
+fn put_for_an_hour(redis: &RedisServer, key: &str, bytes: &[u8]) {
+    let _: () = redis::cmd("SET")
         .arg(key)
+        .arg(bytes)
+        .arg("PX")
+        .arg(3_600_000)
         .query(&mut redis.conn())
-        .expect("PTTL")
+        .expect("SET");
 }
 
+/// The key's string, which must be there.
 fn stored(redis: &RedisServer, key: &str) -> Vec<u8> {
-    let bytes: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(key)
-        .query(&mut redis.conn())
-        .expect("GET");
-    bytes.expect("the key")
+    crate::expiry::stored(redis, key).expect("the key")
 }
 
 /// The decision script's one argument on Redis's clock (now_us -1): cost 1, the algorithm's
@@ -156,12 +154,13 @@ async fn a_remembered_expiry_that_is_no_time_gives_the_key_a_ttl() {
                 .arg(&bytes)
                 .query(&mut redis.conn())
                 .expect("SET");
+            let sent = Instant::now();
             let decision = support::decision(&limiter, target.as_str(), &quota).await;
             assert!(decision.allowed, "{algorithm}");
-            let left = pttl(&redis, &key);
+            let left = pttl(&redis, &key) + since(sent);
             let fresh = decision.reset_after.as_millis() as i64;
             assert!(
-                left >= fresh - 2 && left <= fresh + fresh / 2 + 2,
+                left >= fresh - 2 && left <= fresh + fresh / 2 + 2 + since(sent),
                 "{algorithm}, remembered {expiry}: the key expires in {left} ms, its state is \
                  fresh in {fresh} ms"
             );
@@ -232,19 +231,6 @@ async fn a_fixed_window_admitted_near_its_end_outlives_it_by_half_the_window_at_
     );
 }
 
-/// A small deterministic generator (the sequence is the same on every run).
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
-}
-
 /// A mixed fleet on one key: Redis's clock, client clocks ahead of and behind it by up to
 /// `Clock::MAX_SKEW` (one of them stepping back), a caller with two quotas, concurrent
 /// decisions (batched), and every operator's write (overrides of one and two tiers,
@@ -254,7 +240,7 @@ impl Lcg {
 async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
     use redlimit::clock::{Clock, ManualClock};
     use redlimit::Quotas;
-    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+    use std::time::{SystemTime, UNIX_EPOCH};
 
     let redis = RedisServer::start();
     let quota = Quota::new(60, Duration::from_secs(1))
@@ -443,8 +429,9 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         let key = limiter.storage_key(route);
         let mut last = None;
         let admit = async |what: &str, failures: &mut Vec<String>, last: &mut Option<u64>| {
+            let sent = Instant::now();
             let decision = support::decision(&limiter, route, &quota).await;
-            let left = pttl(&redis, &key);
+            let left = pttl(&redis, &key) + since(sent);
             let fresh = decision.reset_after.as_millis() as i64;
             if !decision.allowed {
                 failures.push(format!(
@@ -669,15 +656,10 @@ async fn heads_no_script_writes_read_alike_everywhere() {
                     bytes.extend_from_slice(&state);
                 }
             }
-            let _: () = redis::cmd("SET")
-                .arg(&key)
-                .arg(&bytes)
-                .arg("PX")
-                .arg(3_600_000)
-                .query(&mut redis.conn())
-                .expect("SET");
+            put_for_an_hour(&redis, &key, &bytes);
             let what = format!("{algorithm}, head {name}");
             let status = limiter.inspect(route).await.unwrap();
+            let sent = Instant::now();
             let decision = support::decision(&limiter, route, &quota).await;
             let suspended = name == "+inf";
             let fresh = matches!(name, "n 1" | "other algorithm");
@@ -699,19 +681,13 @@ async fn heads_no_script_writes_read_alike_everywhere() {
                         decision.remaining
                     ));
                 }
-                let left = pttl(&redis, &key);
+                let left = pttl(&redis, &key) + since(sent);
                 if left + 2 < decision.reset_after.as_millis() as i64 {
                     failures.push(format!("{what}: expires in {left} ms, {decision:?}"));
                 }
             }
             // The route's controls on the head as it was: none writes a negative end back.
-            let _: () = redis::cmd("SET")
-                .arg(&key)
-                .arg(&bytes)
-                .arg("PX")
-                .arg(3_600_000)
-                .query(&mut redis.conn())
-                .expect("SET");
+            put_for_an_hour(&redis, &key, &bytes);
             let set = limiter.set_quota(route, &quotas).await;
             if name == "other algorithm" {
                 if !matches!(set, Err(ControlError::WrongKind(_))) {
@@ -775,6 +751,7 @@ fn the_split_form_counts_on_a_busy_key() {
             } else {
                 call.arg(1 + 1).arg(&key).arg(&tenant).arg(&args);
             }
+            let sent = Instant::now();
             let reply: redis::Value = call.query(&mut conn).expect("a decision");
             assert!(admits(&reply), "{algorithm}, call {i}: {reply:?}");
             // One quota's admission replies reset_after_ms * (burst + 1) + remaining, else
@@ -788,7 +765,7 @@ fn the_split_form_counts_on_a_busy_key() {
                 other => panic!("{algorithm}, call {i}: {other:?}"),
             };
             remaining.push(left);
-            let ttl = pttl(&redis, &key);
+            let ttl = pttl(&redis, &key) + since(sent);
             assert!(
                 ttl + 2 >= reset_ms,
                 "{algorithm}, call {i}: expires in {ttl} ms, fresh in {reset_ms} ms"
