@@ -93,9 +93,11 @@ local left = math.ceil((until_us - now) / 1000)
 if ttl < left then
   ttl = left
 end
-redis.call('SET', tkey, new, 'PX', ttl)
+-- TTLs as integers (see lua/common.lua's write).
+redis.call('SET', tkey, new, 'PX', string.format('%d', ttl))
 if max_us > block_us then
-  redis.call('SET', okey, offences + 1, 'PX', math.ceil((d + max_us) / 1000))
+  redis.call('SET', okey, offences + 1, 'PX',
+    string.format('%d', math.ceil((d + max_us) / 1000)))
 end
 
 -- The reply: the denial, told to come back when the block ends.

@@ -435,9 +435,10 @@ if log then
       -- The controls live beside the log: an override as long as its idle time, a reset's
       -- stamp as long as the log.
       if rover then
-        call('SET', skey, head, 'PX', math.max(ttl, OVERRIDE_IDLE_MS))
+        -- TTLs as integers, as below.
+        call('SET', skey, head, 'PX', string.format('%d', math.max(ttl, OVERRIDE_IDLE_MS)))
       else
-        call('SET', skey, head, 'PX', ttl)
+        call('SET', skey, head, 'PX', string.format('%d', ttl))
       end
     end
   end

@@ -316,7 +316,7 @@ if learn_us then
     ttl = OVERRIDE_IDLE_MS
   end
   record = 'M' .. spack('<d', now + learn_us) .. override
-  call('SET', rkey, record, 'PX', ttl)
+  call('SET', rkey, record, 'PX', string.format('%d', ttl)) -- as above
 elseif unmark and marked then
   -- Whatever follows the record's controls stays.
   local left = sub(record, CONTROLS_HEAD + #marked)
@@ -325,7 +325,7 @@ elseif unmark and marked then
   else
     local ttl = call('PTTL', rkey)
     if ttl > 0 then
-      call('SET', rkey, left, 'PX', ttl)
+      call('SET', rkey, left, 'PX', string.format('%d', ttl))
     else
       call('SET', rkey, left)
     end

@@ -168,7 +168,8 @@ end
 if changed > 0 then
   local pttl = call('PTTL', skey)
   if pttl > 0 then
-    call('SET', skey, out, 'PX', pttl)
+    -- As an integer (see lua/common.lua's write).
+    call('SET', skey, out, 'PX', string.format('%d', pttl))
   else
     call('SET', skey, out)
   end
