@@ -104,9 +104,10 @@ pub(crate) async fn check<K>(
             None => Origin::of(limiter.check_storage_key(storage_key, quotas, cost, label)).await,
         }
     };
-    let ((verdict, origin), reserved) = match settles {
-        true => reserved.during(check).await,
-        false => (check.await, reserved),
+    let ((verdict, origin), reserved) = if settles {
+        reserved.during(check).await
+    } else {
+        (check.await, reserved)
     };
     let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
     let (mut shadow, mut shadow_admitted) = (None, None);
@@ -115,9 +116,10 @@ pub(crate) async fn check<K>(
         let label = config.shadow_label();
         let check = Origin::of(limiter.check_storage_key(&key, tiers, cost, &label));
         let shadow_reserved = limiter.mark_reservation();
-        let ((shadow_verdict, shadow_origin), shadow_reserved) = match settles {
-            true => shadow_reserved.during(check).await,
-            false => (check.await, shadow_reserved),
+        let ((shadow_verdict, shadow_origin), shadow_reserved) = if settles {
+            shadow_reserved.during(check).await
+        } else {
+            (check.await, shadow_reserved)
         };
         if let Verdict::Decided(decision) = shadow_verdict {
             if decision.allowed {
