@@ -269,3 +269,48 @@ async fn a_lease_answered_refund_never_lands_after_a_reset_made_since_the_renewa
         );
     }
 }
+
+/// The control: a request answered from a lease and refunded within the renewal's window gives
+/// its unit back there, on Redis's clock and on a client clock, on Redis and in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_answered_refund_lands_in_the_renewals_window() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_hour(CAPACITY).unwrap();
+    let quotas = Quotas::from(quota);
+    // The middle of an hour.
+    let manual = ManualClock::new(Duration::from_secs(1_700_004_600));
+    for clock in [Clock::default(), Clock::Manual(manual)] {
+        for backend in ["redis", "memory"] {
+            let ctx = Ctx::new(Algorithm::FixedWindow).clock(clock.clone());
+            redis.flushall();
+            let memory = MemoryStore::new();
+            let (limiter, other) = match backend {
+                "redis" => (
+                    leasing(ctx.redis_store(&redis), clock.clone()),
+                    ctx.redis(&redis),
+                ),
+                _ => (
+                    leasing(memory.clone(), clock.clone()),
+                    ctx.limiter(memory.clone()),
+                ),
+            };
+            let gate = Arc::new(Semaphore::new(0));
+            let svc = refund_5xx(limiter.clone(), quota, answering(gate, Arc::default()));
+            lease_held(&limiter, &svc).await;
+            let status = status_of(&svc, call(503, false)).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{backend}");
+            limiter.flush_settlements().await;
+            while limiter.lease_stats().held > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let stats = limiter.lease_stats();
+            let left = store_left(&other, &quotas).await;
+            assert_eq!(
+                left + stats.leased,
+                CAPACITY + stats.returned + 1,
+                "{backend} {clock:?}: the refund of a unit answered from the lease did not land \
+                 in its renewal's window; {stats:?}"
+            );
+        }
+    }
+}
