@@ -19,7 +19,9 @@ use crate::store::{RefundRequest, ReservedAt, StoreError};
 /// When units were reserved, so that a refund gives them back to the window (and the reset
 /// epoch) they were charged to and to no other: made by [`Limiter::check_reserving`] (or taken
 /// with [`Limiter::mark_reservation`] just before the check that reserves), given to
-/// [`Limiter::refund_reserved`].
+/// [`Limiter::refund_reserved`]. A check answered from a lease holds units its renewal
+/// reserved earlier: its reservation is that renewal's (see the guide's
+/// [`leases`](crate::guide::leases) page).
 #[derive(Debug, Clone, Copy)]
 pub struct Reserved {
     /// Taken before the reservation's store call was sent: the age measured from it is never
@@ -293,7 +295,8 @@ impl Limiter {
     /// [`refund_reserved`](Self::refund_reserved): with a client clock that clock's time, with
     /// the store's clock the time the store tells for its admission
     /// ([`Store::check_timed`](crate::store::Store::check_timed)), which the refund sends as it
-    /// is, however late the store runs it.
+    /// is, however late the store runs it. A check answered from a lease returns the time of
+    /// the lease's renewal that reserved its units, on either clock.
     pub async fn check_reserving<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -310,7 +313,8 @@ impl Limiter {
     /// [`refund_reserved`](Self::refund_reserved): take it just before the check that reserves
     /// (with a client clock its time, with the store's clock this instant, from which the
     /// refund measures the reservation's age: later than the truth when the store runs the
-    /// refund late, which [`check_reserving`](Self::check_reserving) avoids).
+    /// refund late, or when a lease answers the check, whose renewal reserved the units
+    /// earlier; [`check_reserving`](Self::check_reserving) avoids both).
     pub fn mark_reservation(&self) -> Reserved {
         Reserved {
             sent: Instant::now(),
