@@ -62,7 +62,7 @@ pub(crate) struct Renewal {
 }
 
 tokio::task_local! {
-    /// Within [`Reserved::during`]: what the reserving check learnt of its units' reservation.
+    /// Within [`Reserved::during`]: what the reserving check learns of its units' reservation.
     static TAKEN: Cell<Taken>;
 }
 

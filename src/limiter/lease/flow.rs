@@ -188,7 +188,7 @@ impl Limiter {
         let lease = leases.find(storage_key, quotas)?;
         let now = leases.now(&self.inner.clock);
         let sizing = &leases.sizing;
-        let (decision, prefetch, expired) = {
+        let (taken, prefetch, expired) = {
             let mut state = lease.state.lock().expect("lease");
             state.last_used = now;
             let expired = state.expire(now, sizing.interval);
@@ -200,7 +200,7 @@ impl Limiter {
             (taken, prefetch, expired)
         };
         self.release(leases, storage_key, quotas, expired);
-        let (decision, reservation) = decision?;
+        let (decision, reservation) = taken?;
         if Reserved::asked() {
             Reserved::renewed(leases.renewal(&self.inner.clock, reservation));
         }

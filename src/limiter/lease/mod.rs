@@ -323,9 +323,8 @@ impl LeaseTable {
     }
 
     /// The renewal that reserved `reservation`, as a settlement dates it (as a give-back of the
-    /// lease's units is dated, `flow.rs`): on a client clock its time,
-    /// else the store's time of its admission when it told, or the instant it was sent on this
-    /// table's monotonic clock.
+    /// lease's units is dated, `flow.rs`): on a client clock its time, else the store's time of
+    /// its admission when it told, or the instant it was sent on this table's monotonic clock.
     fn renewal(&self, clock: &Clock, reservation: Reservation) -> Renewal {
         let Reservation { sent, decided } = reservation;
         match clock.now_micros() {
