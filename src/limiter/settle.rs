@@ -19,7 +19,9 @@ use crate::store::{RefundRequest, ReservedAt, StoreError};
 /// When units were reserved, so that a refund gives them back to the window (and the reset
 /// epoch) they were charged to and to no other: made by [`Limiter::check_reserving`] (or taken
 /// with [`Limiter::mark_reservation`] just before the check that reserves), given to
-/// [`Limiter::refund_reserved`].
+/// [`Limiter::refund_reserved`]. A check answered from a lease holds units its renewal
+/// reserved earlier: its reservation is that renewal's (see the guide's
+/// [`leases`](crate::guide::leases) page).
 #[derive(Debug, Clone, Copy)]
 pub struct Reserved {
     /// Taken before the reservation's store call was sent: the age measured from it is never
@@ -35,9 +37,33 @@ pub struct Reserved {
     earlier: u64,
 }
 
+/// What the check that makes a reservation learns of when its units were reserved.
+#[derive(Debug, Clone, Copy, Default)]
+enum Taken {
+    /// Nothing more than the reservation's mark.
+    #[default]
+    Marked,
+    /// The store's time of its admission.
+    Decided(u64),
+    /// A lease's renewal reserved them, earlier than the check.
+    Renewal(Renewal),
+}
+
+/// The lease renewal that reserved the units a request spent (the oldest of them): a settlement
+/// of that request is dated by it, as a give-back of the lease's units is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal {
+    /// Taken before the renewal's store call was sent.
+    pub(crate) sent: Instant,
+    /// The client clock's time then, when the limiter has a client clock.
+    pub(crate) client_micros: Option<u64>,
+    /// The store's clock's µs at which it admitted the renewal, when it told.
+    pub(crate) store_micros: Option<u64>,
+}
+
 tokio::task_local! {
-    /// Within [`Reserved::during`]: the store's time of the reserving check's admission.
-    static DECIDED_AT: Cell<Option<u64>>;
+    /// Within [`Reserved::during`]: what the reserving check learns of its units' reservation.
+    static TAKEN: Cell<Taken>;
 }
 
 impl Reserved {
@@ -56,26 +82,42 @@ impl Reserved {
 
     /// Runs `check`, the check that makes this reservation: on the store's clock it asks the
     /// store when it admits ([`Store::check_timed`](crate::store::Store::check_timed)), and
-    /// the reservation keeps that time.
+    /// the reservation keeps that time; a check answered from a lease hands on the renewal's
+    /// reservation instead (its time, on either clock).
     pub(crate) async fn during<T>(mut self, check: impl Future<Output = T>) -> (T, Reserved) {
-        let (out, at) = DECIDED_AT
-            .scope(Cell::new(None), async {
+        let (out, taken) = TAKEN
+            .scope(Cell::new(Taken::Marked), async {
                 let out = check.await;
-                (out, DECIDED_AT.with(Cell::get))
+                (out, TAKEN.with(Cell::get))
             })
             .await;
-        self.store_micros = at;
+        match taken {
+            Taken::Marked => {}
+            Taken::Decided(at) => self.store_micros = Some(at),
+            Taken::Renewal(renewal) => {
+                self.sent = renewal.sent;
+                self.client_micros = renewal.client_micros;
+                self.store_micros = renewal.store_micros;
+            }
+        }
         (out, self)
     }
 
     /// Whether the running check makes a reservation ([`during`](Self::during)).
     pub(crate) fn asked() -> bool {
-        DECIDED_AT.try_with(|_| ()).is_ok()
+        TAKEN.try_with(|_| ()).is_ok()
     }
 
     /// Records the store's time of the reserving check's admission (`None`: not told).
     pub(crate) fn decided(at: Option<u64>) {
-        let _ = DECIDED_AT.try_with(|cell| cell.set(at));
+        let taken = at.map_or(Taken::Marked, Taken::Decided);
+        let _ = TAKEN.try_with(|cell| cell.set(taken));
+    }
+
+    /// Records that the reserving check was answered from a lease: its units were reserved by
+    /// `renewal`.
+    pub(crate) fn renewed(renewal: Renewal) {
+        let _ = TAKEN.try_with(|cell| cell.set(Taken::Renewal(renewal)));
     }
 }
 
@@ -253,7 +295,8 @@ impl Limiter {
     /// [`refund_reserved`](Self::refund_reserved): with a client clock that clock's time, with
     /// the store's clock the time the store tells for its admission
     /// ([`Store::check_timed`](crate::store::Store::check_timed)), which the refund sends as it
-    /// is, however late the store runs it.
+    /// is, however late the store runs it. A check answered from a lease returns the time of
+    /// the lease's renewal that reserved its units, on either clock.
     pub async fn check_reserving<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -270,7 +313,8 @@ impl Limiter {
     /// [`refund_reserved`](Self::refund_reserved): take it just before the check that reserves
     /// (with a client clock its time, with the store's clock this instant, from which the
     /// refund measures the reservation's age: later than the truth when the store runs the
-    /// refund late, which [`check_reserving`](Self::check_reserving) avoids).
+    /// refund late, or when a lease answers the check, whose renewal reserved the units
+    /// earlier; [`check_reserving`](Self::check_reserving) avoids both).
     pub fn mark_reservation(&self) -> Reserved {
         Reserved {
             sent: Instant::now(),

@@ -6,4 +6,5 @@ mod block;
 mod concurrency;
 mod refund;
 mod settle;
+mod settle_leases;
 mod shadow;

@@ -23,19 +23,20 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::sync::futures::Notified;
 
-use super::state::Released;
+use super::state::{Released, Reservation};
 use super::{Counters, Lease, LeaseStats, LeaseTable};
 use crate::decision::Decision;
 use crate::decision::Verdict;
 use crate::limiter::stats::{PolicyLabel, StoreTimer};
-use crate::limiter::{Inner, Limiter};
+use crate::limiter::{Inner, Limiter, Reserved};
 use crate::quota::Quotas;
 use crate::store::{RefundRequest, ReservedAt, StoreError};
 
 /// What a request on a lease does next.
 enum Step<'a> {
-    /// Admitted from held units: the decision, and the size of a background renewal to start.
-    Spent(Decision, Option<u64>),
+    /// Admitted from held units: the decision, when those units were reserved, and the size of
+    /// a background renewal to start.
+    Spent(Decision, Reservation, Option<u64>),
     /// Answered without the store (the deny cache, or the failed renewal it waited for).
     Answered(Verdict),
     /// Wait for the renewal in flight (made under the lease's lock, so a renewal that ends
@@ -81,7 +82,11 @@ impl Limiter {
                 now,
                 &mut waited_for,
             ) {
-                Step::Spent(decision, prefetch) => {
+                Step::Spent(decision, reservation, prefetch) => {
+                    if Reserved::asked() {
+                        // A settlement gives these units back to the renewal's window.
+                        Reserved::renewed(leases.renewal(&self.inner.clock, reservation));
+                    }
                     self.inner.stats.count_decision(&decision, label);
                     Counters::add(&leases.counters.spent, cost);
                     if let Some(ask) = prefetch {
@@ -183,19 +188,22 @@ impl Limiter {
         let lease = leases.find(storage_key, quotas)?;
         let now = leases.now(&self.inner.clock);
         let sizing = &leases.sizing;
-        let (decision, prefetch, expired) = {
+        let (taken, prefetch, expired) = {
             let mut state = lease.state.lock().expect("lease");
             state.last_used = now;
             let expired = state.expire(now, sizing.interval);
-            let decision = state.take(cost, now);
-            let prefetch = decision
+            let taken = state.take(cost, now);
+            let prefetch = taken
                 .is_some()
                 .then(|| state.start_prefetch(now, sizing))
                 .flatten();
-            (decision, prefetch, expired)
+            (taken, prefetch, expired)
         };
         self.release(leases, storage_key, quotas, expired);
-        let decision = decision?;
+        let (decision, reservation) = taken?;
+        if Reserved::asked() {
+            Reserved::renewed(leases.renewal(&self.inner.clock, reservation));
+        }
         self.inner.stats.count_decision(&decision, label);
         Counters::add(&leases.counters.spent, cost);
         if let Some(ask) = prefetch {
@@ -220,8 +228,8 @@ impl Limiter {
         let mut state = lease.state.lock().expect("lease");
         state.last_used = now;
         let expired = state.expire(now, sizing.interval);
-        let step = if let Some(decision) = state.take(cost, now) {
-            Step::Spent(decision, state.start_prefetch(now, sizing))
+        let step = if let Some((decision, reservation)) = state.take(cost, now) {
+            Step::Spent(decision, reservation, state.start_prefetch(now, sizing))
         } else if waited_for.is_some_and(|g| state.generation > g) && state.last_failed {
             // The renewal this request waited for failed: the failure policy answers, without
             // another store call per waiter.
@@ -351,6 +359,11 @@ impl Limiter {
                 }
                 if abandoned {
                     return None;
+                }
+                if Reserved::asked() {
+                    // The request's units are this renewal's.
+                    let reservation = Reservation { sent, decided };
+                    Reserved::renewed(leases.renewal(&self.inner.clock, reservation));
                 }
                 self.inner.stats.count_decision(&answer, label);
                 return Some(Verdict::Decided(answer));

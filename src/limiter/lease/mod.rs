@@ -26,7 +26,8 @@ use crate::quota::Quotas;
 mod flow;
 mod state;
 
-use self::state::{Sizing, State};
+use self::state::{Reservation, Sizing, State};
+use super::settle::Renewal;
 
 /// The most units one renewal takes by default.
 pub const DEFAULT_MAX_LEASE_UNITS: u64 = 65_536;
@@ -319,6 +320,28 @@ impl LeaseTable {
         clock
             .now_micros()
             .unwrap_or_else(|| micros(self.origin.elapsed()))
+    }
+
+    /// The renewal that reserved `reservation`, as a settlement dates it (as a give-back of the
+    /// lease's units is dated, `flow.rs`): on a client clock its time, else the store's time of
+    /// its admission when it told, or the instant it was sent on this table's monotonic clock.
+    fn renewal(&self, clock: &Clock, reservation: Reservation) -> Renewal {
+        let Reservation { sent, decided } = reservation;
+        match clock.now_micros() {
+            Some(now) => Renewal {
+                // Unused with a client clock (its time dates the refund).
+                sent: Instant::now()
+                    .checked_sub(Duration::from_micros(now.saturating_sub(sent)))
+                    .unwrap_or(self.origin),
+                client_micros: Some(sent),
+                store_micros: None,
+            },
+            None => Renewal {
+                sent: self.origin + Duration::from_micros(sent),
+                client_micros: None,
+                store_micros: decided,
+            },
+        }
     }
 
     /// The hash of `key` and its shard.

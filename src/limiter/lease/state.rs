@@ -34,6 +34,16 @@ pub(super) struct Batch {
     pub(super) decided: Option<u64>,
 }
 
+/// When the units a request spent were reserved: by the renewal of the oldest batch it spent
+/// from, sent at `sent` (the lease table's µs), admitted at `decided` on the store's clock when
+/// the store told for every batch it spent from. Earlier than the truth for the newer units: a
+/// refund dated so may be lost, never given to a window after theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Reservation {
+    pub(super) sent: u64,
+    pub(super) decided: Option<u64>,
+}
+
 /// What Redis reported at the last renewal, for the headers of local admissions.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
@@ -171,16 +181,27 @@ impl State {
         released
     }
 
-    /// Spends `cost` held units, oldest first, and answers as an admission; `None` when fewer
-    /// than `cost` are held (or none were ever leased). Call [`expire`](Self::expire) first.
-    pub(super) fn take(&mut self, cost: u64, now: u64) -> Option<Decision> {
+    /// Spends `cost` held units, oldest first, and answers as an admission, with the
+    /// reservation of the oldest batch spent from; `None` when fewer than `cost` are held (or
+    /// none were ever leased). Call [`expire`](Self::expire) first.
+    pub(super) fn take(&mut self, cost: u64, now: u64) -> Option<(Decision, Reservation)> {
         let seen = self.seen?;
         if cost == 0 || self.held < cost {
             return None;
         }
+        let oldest = self.batches.front().expect("held counts the batches");
+        let mut reservation = Reservation {
+            sent: oldest.sent,
+            decided: oldest.decided,
+        };
         let mut left = cost;
         while left > 0 {
             let front = self.batches.front_mut().expect("held counts the batches");
+            // The store's time only when it told for every batch spent from (the oldest's).
+            reservation.decided = reservation
+                .decided
+                .zip(front.decided)
+                .map(|(a, b)| a.min(b));
             let spend = left.min(front.units);
             front.units -= spend;
             left -= spend;
@@ -190,7 +211,7 @@ impl State {
         }
         self.held -= cost;
         self.spent_since += cost;
-        Some(self.report(&seen, now))
+        Some((self.report(&seen, now), reservation))
     }
 
     /// The decision a local admission reports: Redis's `remaining` at the last renewal plus
@@ -406,10 +427,10 @@ mod tests {
         // Redis admitted 10 (one for the waiting request): 990 left in Redis, 9 held.
         let first = state.granted(9, 1, &admitted(990, 10, quota), (100, None), &s);
         assert_eq!(first.remaining, 999);
-        let next = state.take(1, 200).unwrap();
+        let (next, _) = state.take(1, 200).unwrap();
         assert_eq!((next.remaining, next.allowed), (998, true));
         assert_eq!(next.reset_after, Duration::from_millis(10));
-        assert_eq!(state.take(8, 300).unwrap().remaining, 990);
+        assert_eq!(state.take(8, 300).unwrap().0.remaining, 990);
         assert_eq!(state.take(1, 400), None);
     }
 
@@ -424,6 +445,24 @@ mod tests {
         let released = state.expire(30_000 + INTERVAL, INTERVAL);
         assert_eq!(released.returnable, 3);
         assert_eq!(state.held(), 0);
+    }
+
+    #[test]
+    fn a_request_spent_from_a_lease_is_reserved_by_its_oldest_batchs_renewal() {
+        let (quota, mut state, s) = fresh(1_000, Algorithm::FixedWindow);
+        state.granted(2, 0, &admitted(900, 900, quota), (100, Some(7_100)), &s);
+        state.granted(5, 0, &admitted(890, 900, quota), (200, Some(7_200)), &s);
+        let (_, first) = state.take(1, 300).unwrap();
+        assert_eq!((first.sent, first.decided), (100, Some(7_100)));
+        // Across two batches: the older one's.
+        let (_, both) = state.take(2, 400).unwrap();
+        assert_eq!((both.sent, both.decided), (100, Some(7_100)));
+        let (_, last) = state.take(1, 500).unwrap();
+        assert_eq!((last.sent, last.decided), (200, Some(7_200)));
+        // The store's time only when it told for every batch spent from.
+        state.granted(5, 0, &admitted(880, 900, quota), (600, None), &s);
+        let (_, mixed) = state.take(4, 700).unwrap();
+        assert_eq!((mixed.sent, mixed.decided), (200, None));
     }
 
     #[test]
