@@ -263,9 +263,9 @@ impl LimiterBuilder {
             (None, Some(_)) => Some(LEASE_DENY_CACHE_KEYS),
             (keys, _) => keys,
         };
-        let leases = self
-            .leases
-            .map(|config| LeaseTable::new(config, self.algorithm));
+        let leases = self.leases.map(|config| {
+            LeaseTable::new(config, self.algorithm, !matches!(self.clock, Clock::Server))
+        });
         let unscoped = KeyScope::new(&self.prefix, None);
         Ok(Limiter {
             inner: Arc::new(Inner {

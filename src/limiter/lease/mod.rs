@@ -297,13 +297,16 @@ impl std::fmt::Debug for LeaseTable {
 }
 
 impl LeaseTable {
-    pub(super) fn new(config: Leases, algorithm: Algorithm) -> LeaseTable {
+    /// The table of `config`'s leases for `algorithm`; `epoch_clock`: the limiter has a client
+    /// clock (the table reads its µs, since the Unix epoch).
+    pub(super) fn new(config: Leases, algorithm: Algorithm, epoch_clock: bool) -> LeaseTable {
         LeaseTable {
             config,
             sizing: Sizing {
                 interval: micros(config.interval),
                 max_units: config.max_units,
                 algorithm,
+                epoch_clock,
             },
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             per_shard: config.max_keys / SHARDS,

@@ -24,8 +24,8 @@ pub(super) struct Batch {
     /// The end of its validity: one lease interval after the renewal was sent (for a fixed
     /// window, no later than the window's end either).
     pub(super) until: u64,
-    /// Fixed window only: when the window it was paid in ends. Giving units back after that
-    /// would hand them to the next window.
+    /// Fixed window only: when the window it was paid in ends, or up to 1 ms before (never
+    /// after). Giving units back after that would hand them to the next window.
     pub(super) window_end: Option<u64>,
     /// When its renewal was sent: no later than the store took the units.
     pub(super) sent: u64,
@@ -100,6 +100,9 @@ pub(super) struct Sizing {
     /// The most units one renewal takes.
     pub(super) max_units: u64,
     pub(super) algorithm: Algorithm,
+    /// The table's µs are a client clock's, since the Unix epoch (else its own monotonic
+    /// clock's).
+    pub(super) epoch_clock: bool,
 }
 
 /// One key's lease.
@@ -333,8 +336,20 @@ impl State {
         sizing: &Sizing,
     ) -> Decision {
         let reset_us = u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX);
-        let window_end = (sizing.algorithm.spec().leasing == Leasing::WithinWindow)
-            .then(|| sent.saturating_add(reset_us));
+        let window_end = (sizing.algorithm.spec().leasing == Leasing::WithinWindow).then(|| {
+            // The window's end, from when the renewal was sent (so never after it): what is
+            // left of the window at the time it was decided, exact; else the reply's time to
+            // it, in whole ms rounded up, less 1 ms.
+            let period = u64::try_from(decision.quota.period().as_micros()).unwrap_or(u64::MAX);
+            // When it was decided, in µs since the Unix epoch (which windows are aligned to):
+            // the store's time it told, or a client clock's (the table's µs).
+            let aligned = decided.or(sizing.epoch_clock.then_some(sent));
+            let left = match aligned {
+                Some(at) if period > 0 => (period - at % period).min(reset_us),
+                _ => reset_us.saturating_sub(1_000),
+            };
+            sent.saturating_add(left)
+        });
         let until = sent
             .saturating_add(sizing.interval)
             .min(window_end.unwrap_or(u64::MAX));
@@ -389,6 +404,7 @@ mod tests {
             interval: INTERVAL,
             max_units: 1_000,
             algorithm,
+            epoch_clock: false,
         }
     }
 
@@ -468,10 +484,13 @@ mod tests {
     #[test]
     fn a_fixed_window_lease_never_outlives_its_window_nor_goes_back_into_the_next() {
         let (quota, mut state, s) = fresh(1_000, Algorithm::FixedWindow);
-        // 20 ms left in the window: the batch ends then, not one interval later.
+        // 20 ms left in the window, in whole ms rounded up: it ends from 19 to 20 ms after
+        // Redis decided, which is after the renewal was sent. The batch ends 19 ms after that,
+        // not one interval later, nor in the window's last ms, which may be the next window's.
         state.granted(10, 0, &admitted(500, 20, quota), (0, None), &s);
-        assert!(state.take(1, 19_999).is_some());
-        let released = state.expire(20_000, INTERVAL);
+        assert!(state.take(1, 18_999).is_some());
+        assert_eq!(state.expire(18_999, INTERVAL), Released::default());
+        let released = state.expire(19_000, INTERVAL);
         assert_eq!(
             released,
             Released {
@@ -484,6 +503,23 @@ mod tests {
         // With the window's end far off, units go back.
         state.granted(10, 0, &admitted(400, 900, quota), (100_000, None), &s);
         assert_eq!(state.clear(100_000, INTERVAL).returnable, 10);
+    }
+
+    #[test]
+    fn a_fixed_window_lease_told_its_decisions_time_ends_exactly_with_its_window() {
+        let (quota, mut state, s) = fresh(1_000, Algorithm::FixedWindow);
+        // Decided 0.5 ms before a window's end (1 s windows): the reply says 1 ms, the batch
+        // ends 0.5 ms after it was sent.
+        let at = Some(7_999_500);
+        state.granted(10, 0, &admitted(500, 1, quota), (1_000, at), &s);
+        assert!(state.take(1, 1_499).is_some());
+        assert_eq!(state.expire(1_499, INTERVAL), Released::default());
+        assert_eq!(state.expire(1_500, INTERVAL).stranded, 9);
+        // 20 ms before it: 20 ms, the whole of it, where the reply alone leaves 19.
+        let at = Some(8_980_000);
+        state.granted(10, 0, &admitted(400, 20, quota), (2_000, at), &s);
+        assert!(state.take(1, 21_999).is_some());
+        assert_eq!(state.expire(22_000, INTERVAL).stranded, 9);
     }
 
     #[test]
