@@ -340,11 +340,16 @@ impl State {
             // The window's end, from when the renewal was sent (so never after it): what is
             // left of the window at the time it was decided, exact; else the reply's time to
             // it, in whole ms rounded up, less 1 ms.
-            let period = u64::try_from(decision.quota.period().as_micros()).unwrap_or(u64::MAX);
+            // The scripts' period: whole µs, rounded up.
+            let period = decision.quota.period_micros();
             // When it was decided, in µs since the Unix epoch (which windows are aligned to):
             // the store's time it told, or a client clock's (the table's µs).
             let aligned = decided.or(sizing.epoch_clock.then_some(sent));
             let left = match aligned {
+                // An override may hold several windows and the reply names the longest's end
+                // and the binding one's quota, neither of which bounds the shortest: the units
+                // of a renewal that learnt of it end at once (it is not leased, see `cap`).
+                _ if decision.overridden => 0,
                 Some(at) if period > 0 => (period - at % period).min(reset_us),
                 _ => reset_us.saturating_sub(1_000),
             };

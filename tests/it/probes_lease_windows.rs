@@ -1,0 +1,180 @@
+//! Break-it probes of two lease promises (docs/leases.md): a fixed window's leased units end
+//! with their window ("Validity": per aligned window, admissions never exceed the quota), and a
+//! settlement of a request answered from a lease is dated by its renewal (its refund reaches
+//! the renewal's window and reset epoch or nothing, never a later window nor the state written
+//! after a reset). Counts are by the window each admission happened in, on a client
+//! `ManualClock`, on Redis and on the memory store.
+
+use std::time::Duration;
+
+use redlimit::clock::{Clock, ManualClock};
+use redlimit::limiter::Leases;
+use redlimit::store::{MemoryStore, Store};
+use redlimit::{Algorithm, Limiter, Quota, Quotas, Target};
+
+use crate::support::{Ctx, RedisServer};
+
+/// The key every probe here limits.
+fn target() -> Target<'static> {
+    Target::scoped("api", "hot")
+}
+
+/// A fixed-window limiter on `store` with leases of `interval`.
+fn leasing(store: impl Store, clock: Clock, interval: Duration) -> Limiter {
+    Limiter::builder(store)
+        .algorithm(Algorithm::FixedWindow)
+        .clock(clock)
+        .leases(Leases::new(interval))
+        .build()
+        .unwrap()
+}
+
+/// How many of `n` checks of cost 1 through `limiter` are admitted.
+async fn admitted(limiter: &Limiter, quotas: &Quotas, n: u64) -> u64 {
+    let mut admitted = 0;
+    for _ in 0..n {
+        if limiter.check_quotas(target(), quotas, 1).await.is_allowed() {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+/// The leasing limiter and a plain one (another instance) on one store: Redis or memory.
+fn pair(
+    backend: &str,
+    redis: &RedisServer,
+    memory: &MemoryStore,
+    clock: &ManualClock,
+    interval: Duration,
+) -> (Limiter, Limiter) {
+    let ctx = Ctx::new(Algorithm::FixedWindow).manual(clock);
+    match backend {
+        "redis" => (
+            leasing(ctx.redis_store(redis), ctx.clock.clone(), interval),
+            ctx.redis(redis),
+        ),
+        _ => (
+            leasing(memory.clone(), ctx.clock.clone(), interval),
+            ctx.limiter(memory.clone()),
+        ),
+    }
+}
+
+/// A period that is not a whole number of µs (1 s + 0.5 µs): the scripts count it as 1 000 001
+/// µs, rounded up. A renewal 1.5 ms before a window's end is told 2 ms; its units must end with
+/// the window all the same. 0.1 ms into W+1, once another instance charged W+1 in full, the
+/// lease must answer nothing (each unit it answers there makes W+1 admit more than 1 000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_lease_of_a_fractional_microsecond_period_ends_with_its_window() {
+    let redis = RedisServer::start();
+    let memory = MemoryStore::new();
+    let quota = Quota::new(1_000, Duration::from_nanos(1_000_000_500)).unwrap();
+    let quotas = Quotas::from(quota);
+    // A window boundary of 1 000 001 µs windows, 999 ms into a whole second (so a 1 000 000 µs
+    // reading of the period puts the window's end 1 ms later than it is).
+    let boundary = Duration::from_micros(1_699_999_000 * 1_000_001);
+    for backend in ["redis", "memory"] {
+        let clock = ManualClock::new(boundary - Duration::from_micros(1_500));
+        let (limiter, other) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
+        assert_eq!(admitted(&limiter, &quotas, 400).await, 400, "{backend}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let held = limiter.lease_stats().held;
+        assert!(held > 0, "{backend}: no lease held");
+        clock.set(boundary + Duration::from_micros(100));
+        let full = other.try_check_quotas(target(), &quotas, 1_000).await;
+        assert!(full.unwrap().allowed, "{backend}: W+1 admits its 1 000");
+        let late = admitted(&limiter, &quotas, held + 1).await;
+        assert_eq!(
+            late,
+            0,
+            "{backend}: W+1 admitted {} of a quota of 1 000 (a lease of W answered {late} of its \
+             {held} units 0.1 ms into W+1)",
+            1_000 + late
+        );
+    }
+}
+
+/// Tiny windows (1 ms, 1 000 a window: leases of up to 100) and a cost of 7: a renewal 0.3 ms
+/// before a window's end is told 1 ms. Units of W answered in W+1 make it admit more than 1 000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_lease_of_one_millisecond_windows_and_cost_7_ends_with_its_window() {
+    let redis = RedisServer::start();
+    let memory = MemoryStore::new();
+    let quota = Quota::new(1_000, Duration::from_millis(1)).unwrap();
+    let quotas = Quotas::from(quota);
+    let boundary = Duration::from_secs(1_700_000_000);
+    for backend in ["redis", "memory"] {
+        let clock = ManualClock::new(boundary - Duration::from_micros(300));
+        let (limiter, other) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
+        let mut spent = 0;
+        for _ in 0..100 {
+            if limiter
+                .check_quotas(target(), &quotas, 7)
+                .await
+                .is_allowed()
+            {
+                spent += 7;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let stats = limiter.lease_stats();
+        assert!(spent <= 1_000, "{backend}: W admitted {spent}");
+        assert!(stats.renewals < 100, "{backend}: never leased: {stats:?}");
+        clock.set(boundary + Duration::from_micros(1));
+        let full = other.try_check_quotas(target(), &quotas, 1_000).await;
+        assert!(full.unwrap().allowed, "{backend}: W+1 admits its 1 000");
+        let late = admitted(&limiter, &quotas, 20).await;
+        assert_eq!(late, 0, "{backend}: W+1 admitted 1 000 + {late}; {stats:?}");
+    }
+}
+
+/// An override of several windows on a fixed window key (which must not lease: the reply names
+/// the end of the longest window only): 100 per 1.25 s, listed first, and 100 per 1 s. The
+/// lease's renewal just before a 1 s window W's end (asking k units sized before it learnt of the
+/// override) is told the 1.25 s window's end. Per aligned 1 s window, admissions (by the window
+/// they happen in) must stay within 100: the leasing instance's admissions in W+1 before the
+/// 1.25 s window turns, plus another instance's after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_of_several_windows_leases_nothing_past_its_shortest_window() {
+    let redis = RedisServer::start();
+    let memory = MemoryStore::new();
+    let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
+    let long = Quota::new(100, Duration::from_millis(1_250)).unwrap();
+    let short = Quota::per_second(100).unwrap();
+    let tight = Quotas::new([long, short]).unwrap();
+    // A multiple of 5 s: the 1 s and 1.25 s windows both start there.
+    let base = Duration::from_secs(1_700_000_000);
+    let at = |ms: u64| base + Duration::from_millis(ms);
+    for backend in ["redis", "memory"] {
+        let clock = ManualClock::new(at(1_850));
+        let (limiter, other) = pair(backend, &redis, &memory, &clock, Duration::from_millis(500));
+        // A hot key: the lease grows (its own quota, before any override).
+        assert_eq!(admitted(&limiter, &quotas, 300).await, 300, "{backend}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // The operator's override, made elsewhere: this instance learns of it at its renewal.
+        other.set_quota(target(), &tight).await.unwrap();
+        // W = [1 s, 2 s), the long window [1.25 s, 2.5 s): traffic at 1.9 s renews under the
+        // override (the held units of the own quota spent first), until it renews once.
+        clock.set(at(1_900));
+        let renewals = limiter.lease_stats().renewals;
+        let mut in_w = 0;
+        while limiter.lease_stats().renewals == renewals && in_w < 1_000 {
+            in_w += admitted(&limiter, &quotas, 1).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let stats = limiter.lease_stats();
+        // W+1 = [2 s, 3 s): this instance until the long window turns (2.5 s), then another.
+        clock.set(at(2_000));
+        let leased_late = admitted(&limiter, &quotas, 200).await;
+        clock.set(at(2_500));
+        let other_late = admitted(&other, &quotas, 200).await;
+        let in_next = leased_late + other_late;
+        assert!(
+            in_next <= 100,
+            "{backend}: the 1 s window W+1 admitted {in_next} under an override of 100 a second \
+             ({leased_late} from units leased in W, {other_late} after); W admitted {in_w} at \
+             1.9 s; {stats:?}"
+        );
+    }
+}
