@@ -1,0 +1,253 @@
+//! Break-it probes of the dating of a lease-answered request's settlement (docs/leases.md "A
+//! settlement is dated by the renewal", docs/modes.md): its refund reaches the window and the
+//! reset epoch its renewal was charged to, or nothing (lost, stranded), never a later window nor
+//! the state written after a reset made since the renewal. Every algorithm that leases, on a
+//! client `ManualClock` and on the store's clock, on Redis and on the memory store.
+
+use std::time::Duration;
+
+use redlimit::clock::{Clock, ManualClock};
+use redlimit::limiter::Leases;
+use redlimit::store::{MemoryStore, Store};
+use redlimit::{Algorithm, Limiter, Quota, Quotas, Target};
+
+use crate::support::{Ctx, RedisServer};
+
+/// A day's quota: leases of up to 100 units, and no refill worth a unit within a probe.
+const CAPACITY: u64 = 1_000;
+
+/// The algorithms that lease.
+const LEASING: [Algorithm; 3] = [
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::FixedWindow,
+];
+
+fn target() -> Target<'static> {
+    Target::scoped("api", "hot")
+}
+
+/// A limiter of `algorithm` on `store` with leases of 50 ms.
+fn leasing(store: impl Store, algorithm: Algorithm, clock: Clock) -> Limiter {
+    Limiter::builder(store)
+        .algorithm(algorithm)
+        .clock(clock)
+        .leases(Leases::new(Duration::from_millis(50)))
+        .build()
+        .unwrap()
+}
+
+/// The leasing limiter and a plain one (another instance, or an operator's process) on one
+/// store: Redis (flushed) or a fresh memory store.
+fn pair(backend: &str, redis: &RedisServer, algorithm: Algorithm, clock: &Clock) -> (Limiter, Limiter) {
+    let ctx = Ctx::new(algorithm).clock(clock.clone());
+    match backend {
+        "redis" => {
+            redis.flushall();
+            (
+                leasing(ctx.redis_store(redis), algorithm, clock.clone()),
+                ctx.redis(redis),
+            )
+        }
+        _ => {
+            let memory = MemoryStore::new();
+            (
+                leasing(memory.clone(), algorithm, clock.clone()),
+                ctx.limiter(memory),
+            )
+        }
+    }
+}
+
+/// Checks of cost 1 until `limiter`'s lease of the key holds units.
+async fn lease_held(limiter: &Limiter, quotas: &Quotas, what: &str) -> u64 {
+    for _ in 0..400 {
+        let verdict = limiter.check_quotas(target(), quotas, 1).await;
+        assert!(verdict.is_allowed(), "{what}: {verdict:?}");
+    }
+    // The background renewals end.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let held = limiter.lease_stats().held;
+    assert!(held > 0, "{what}: no lease held: {:?}", limiter.lease_stats());
+    held
+}
+
+/// What the key has left, by a peek (`try_check_quotas` never leases).
+async fn store_left(limiter: &Limiter, quotas: &Quotas) -> u64 {
+    let peek = limiter.try_check_quotas(target(), quotas, 0).await;
+    peek.expect("the store decides").remaining
+}
+
+/// Until `limiter` holds no lease units (a refund ends the lease; its give-back ends too).
+async fn leases_ended(limiter: &Limiter) {
+    for _ in 0..200 {
+        if limiter.lease_stats().held == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the lease never ended: {:?}", limiter.lease_stats());
+}
+
+/// Moves a manual clock on by 1 ms (the steps of a probe happen at distinct times).
+fn tick(clock: &Clock) {
+    if let Clock::Manual(manual) = clock {
+        manual.advance(Duration::from_millis(1));
+    }
+}
+
+/// The clocks probed: the store's, and a client clock in the middle of a day.
+fn clocks() -> [Clock; 2] {
+    let manual = ManualClock::new(Duration::from_secs(1_700_006_400 + 43_200));
+    [Clock::default(), Clock::Manual(manual)]
+}
+
+/// A lease renewed; an operator's reset (another process: this instance learns of it at its
+/// next renewal); another instance spends 5 after it; a request answered from the lease
+/// (`check_reserving`) is refunded in full. The refund (and the give-back of the lease it ends)
+/// must give nothing of what was leased before the reset to the state written after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_answered_refund_never_lands_after_a_reset_for_every_algorithm_and_clock() {
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
+    let mut failures = Vec::new();
+    for algorithm in LEASING {
+        for clock in clocks() {
+            for backend in ["redis", "memory"] {
+                let what = format!("{algorithm} {backend} {clock:?}");
+                let (limiter, operator) = pair(backend, &redis, algorithm, &clock);
+                lease_held(&limiter, &quotas, &what).await;
+                tick(&clock);
+                operator.reset("hot").await.unwrap();
+                tick(&clock);
+                let after = operator.check_quotas(target(), &quotas, 5).await;
+                assert!(after.is_allowed(), "{what}");
+                tick(&clock);
+                let before = limiter.lease_stats();
+                let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
+                assert!(verdict.is_allowed(), "{what}");
+                assert_eq!(limiter.lease_stats().spent, before.spent + 1, "{what}");
+                tick(&clock);
+                limiter
+                    .refund_reserved(target(), &quotas, 1, reserved)
+                    .await
+                    .unwrap();
+                leases_ended(&limiter).await;
+                let after = limiter.lease_stats();
+                // What renewals took after the reset (a background one at low water) and
+                // give-backs returned there are the state's own.
+                let renewed = after.leased - before.leased;
+                let returned = after.returned - before.returned;
+                let left = store_left(&operator, &quotas).await;
+                if left + renewed != CAPACITY - 5 + returned {
+                    failures.push(format!(
+                        "{what}: left {left}, renewed since {renewed}, returned {returned}: \
+                         {} unit(s) leased before the reset landed after it; {after:?}",
+                        (left + renewed) as i64 - (CAPACITY - 5 + returned) as i64
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The control: without a reset, the refund of a request answered from the lease lands in the
+/// renewal's state (every algorithm, both clocks, both stores); so the probe above tells a
+/// refund kept out from one never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_answered_refund_lands_in_its_renewals_state_for_every_algorithm_and_clock() {
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
+    let mut failures = Vec::new();
+    for algorithm in LEASING {
+        for clock in clocks() {
+            for backend in ["redis", "memory"] {
+                let what = format!("{algorithm} {backend} {clock:?}");
+                let (limiter, other) = pair(backend, &redis, algorithm, &clock);
+                lease_held(&limiter, &quotas, &what).await;
+                tick(&clock);
+                let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
+                assert!(verdict.is_allowed(), "{what}");
+                tick(&clock);
+                limiter
+                    .refund_reserved(target(), &quotas, 1, reserved)
+                    .await
+                    .unwrap();
+                leases_ended(&limiter).await;
+                let stats = limiter.lease_stats();
+                let left = store_left(&other, &quotas).await;
+                if left + stats.leased != CAPACITY + stats.returned + 1 {
+                    failures.push(format!("{what}: left {left}; {stats:?}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Client clock, fixed windows of 1 s: a request answered from a lease 1 ms before W's end is
+/// refunded in W+1, after another instance charged W+1 in full. Its units were W's: W+1 must
+/// get nothing back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_answered_refund_made_in_the_next_window_gives_it_nothing_client_clock() {
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_second(CAPACITY).unwrap());
+    let boundary = Duration::from_secs(1_700_000_000);
+    for backend in ["redis", "memory"] {
+        let manual = ManualClock::new(boundary - Duration::from_millis(5));
+        let clock = Clock::Manual(manual.clone());
+        let (limiter, other) = pair(backend, &redis, Algorithm::FixedWindow, &clock);
+        lease_held(&limiter, &quotas, backend).await;
+        manual.set(boundary - Duration::from_millis(1));
+        let before = limiter.lease_stats();
+        let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
+        assert!(verdict.is_allowed(), "{backend}");
+        assert_eq!(limiter.lease_stats().spent, before.spent + 1, "{backend}");
+        manual.set(boundary + Duration::from_millis(1));
+        let full = other.try_check_quotas(target(), &quotas, CAPACITY).await;
+        assert!(full.unwrap().allowed, "{backend}: W+1 admits its 1 000");
+        limiter
+            .refund_reserved(target(), &quotas, 1, reserved)
+            .await
+            .unwrap();
+        leases_ended(&limiter).await;
+        let left = store_left(&other, &quotas).await;
+        assert_eq!(left, 0, "{backend}: W+1 got {left} back of W's units");
+    }
+}
+
+/// Redis loses its data (`FLUSHALL`) between the renewal and the settlement: the key starts
+/// fresh, and the docs allow at most a fresh quota plus the units held at the loss. The refund
+/// of a request answered from the lease after it never raises the key above its capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_answered_refund_after_a_flushall_never_raises_the_key_above_capacity() {
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
+    for algorithm in LEASING {
+        for clock in clocks() {
+            let what = format!("{algorithm} {clock:?}");
+            let (limiter, other) = pair("redis", &redis, algorithm, &clock);
+            let held = lease_held(&limiter, &quotas, &what).await;
+            tick(&clock);
+            redis.flushall();
+            tick(&clock);
+            let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
+            assert!(verdict.is_allowed(), "{what}");
+            tick(&clock);
+            limiter
+                .refund_reserved(target(), &quotas, 1, reserved)
+                .await
+                .unwrap();
+            leases_ended(&limiter).await;
+            let left = store_left(&other, &quotas).await;
+            assert!(left <= CAPACITY, "{what}: {left} left after a FLUSHALL, held {held}");
+            // The fresh state admits at most its quota (the units held at the loss aside).
+            let mut admitted = 0;
+            while other.check_quotas(target(), &quotas, 1).await.is_allowed() {
+                admitted += 1;
+                assert!(admitted <= CAPACITY, "{what}: the fresh key admitted past {CAPACITY}");
+            }
+        }
+    }
+}
