@@ -41,6 +41,7 @@ mod modes;
 mod outbound;
 mod probes_batching;
 mod probes_expiry;
+mod probes_lease_drops;
 mod probes_lease_settle;
 mod probes_lease_windows;
 mod probes_leases;

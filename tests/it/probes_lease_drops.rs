@@ -1,0 +1,256 @@
+//! Break-it probes of leases under cancellation and a slow store: a lease-answered request whose
+//! future (and so its settlement) is dropped at each await, `flush_settlements` racing those
+//! drops, renewals dropped mid-flight while others wait on them, and Redis asleep past the
+//! store's timeout during renewals and refunds. The promises: no request waits on work nobody
+//! finishes, counters balance, a settlement's refund goes to its renewal's state or nowhere, and
+//! no window admits more than its quota.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use redlimit::clock::Clock;
+use redlimit::key::GlobalKey;
+use redlimit::layer::RateLimit;
+use redlimit::limiter::Leases;
+use redlimit::store::Store;
+use redlimit::{Algorithm, Limiter, Quota, Quotas, RateLimitLayer, Target};
+use tokio::sync::Semaphore;
+use tower::{Layer, ServiceExt};
+
+use crate::support::service::TestService;
+use crate::support::{Ctx, RedisServer};
+
+/// A day's quota: leases of up to 100 units.
+const CAPACITY: u64 = 1_000;
+
+fn target() -> Target<'static> {
+    Target::scoped("api", "hot")
+}
+
+fn leasing(store: impl Store, algorithm: Algorithm) -> Limiter {
+    Limiter::builder(store)
+        .algorithm(algorithm)
+        .clock(Clock::default())
+        .leases(Leases::new(Duration::from_millis(50)))
+        .build()
+        .unwrap()
+}
+
+/// Answers `x-status` (200 without one); a request with `x-gate` waits for a permit of `gate`
+/// (counted in `entered` first).
+fn answering(gate: Arc<Semaphore>, entered: Arc<AtomicUsize>) -> impl TestService {
+    tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let (gate, entered) = (gate.clone(), entered.clone());
+        async move {
+            if req.headers().contains_key("x-gate") {
+                entered.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+            }
+            let status = req
+                .headers()
+                .get("x-status")
+                .and_then(|s| s.to_str().ok()?.parse().ok())
+                .unwrap_or(200);
+            let response = Response::builder().status(status);
+            Ok::<_, Infallible>(response.body(Full::new(Bytes::new())).unwrap())
+        }
+    })
+}
+
+/// 1 unit per request, given back when the service answers 5xx.
+fn refund_5xx<S: TestService>(limiter: Limiter, quota: Quota, inner: S) -> RateLimit<S, GlobalKey> {
+    RateLimitLayer::builder(limiter, quota, GlobalKey::new("hot"))
+        .policy_name("api")
+        .cost_from_response(|response| u64::from(!response.status().is_server_error()))
+        .build()
+        .unwrap()
+        .layer(inner)
+}
+
+fn call(status: u16, gated: bool) -> Request<Full<Bytes>> {
+    let mut request = Request::builder().header("x-status", status);
+    if gated {
+        request = request.header("x-gate", "1");
+    }
+    request.body(Full::new(Bytes::new())).unwrap()
+}
+
+async fn until_entered(entered: &AtomicUsize, n: usize) {
+    for _ in 0..2_000 {
+        if entered.load(Ordering::SeqCst) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("only {} of {n} requests reached the service", entered.load(Ordering::SeqCst));
+}
+
+async fn store_left(limiter: &Limiter, quotas: &Quotas) -> u64 {
+    let peek = limiter.try_check_quotas(target(), quotas, 0).await;
+    peek.expect("the store decides").remaining
+}
+
+async fn leases_ended(limiter: &Limiter) {
+    for _ in 0..400 {
+        if limiter.lease_stats().held == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the lease never ended: {:?}", limiter.lease_stats());
+}
+
+/// Requests answered from a lease, each failing with a 503 (refunded in full), are dropped at
+/// each point of their life: while the service runs (no settlement: the unit stays spent), and
+/// at random just as the service answers, with `flush_settlements` racing the drop. Every
+/// `flush_settlements` returns, and the key's units balance: what it has left is its capacity
+/// less what the leases took, plus what came back (give-backs, and one refund at most per
+/// request, at least one per request whose 503 reached its caller).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_answered_settlements_dropped_at_every_await_balance_and_never_hang() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_day(CAPACITY).unwrap();
+    let quotas = Quotas::from(quota);
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+        redis.flushall();
+        let ctx = Ctx::new(algorithm);
+        let limiter = leasing(ctx.redis_store(&redis), algorithm);
+        let other = ctx.redis(&redis);
+        let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
+        let svc = refund_5xx(limiter.clone(), quota, answering(gate.clone(), entered.clone()));
+        for _ in 0..200 {
+            let status = svc.clone().oneshot(call(200, false)).await.unwrap().status();
+            assert_eq!(status, StatusCode::OK, "{algorithm}");
+        }
+        let (mut refunded_at_least, mut requests) = (0u64, 0u64);
+        for round in 0..60u64 {
+            let n = entered.load(Ordering::SeqCst);
+            let task = {
+                let svc = svc.clone();
+                tokio::spawn(async move { svc.oneshot(call(503, true)).await.unwrap().status() })
+            };
+            requests += 1;
+            until_entered(&entered, n + 1).await;
+            match round % 3 {
+                // Dropped while the service runs: no cost learnt, the unit stays spent.
+                0 => {
+                    task.abort();
+                    let _ = task.await;
+                    gate.add_permits(1);
+                }
+                // The service answers as the request is dropped.
+                1 => {
+                    gate.add_permits(1);
+                    task.abort();
+                    if let Ok(status) = task.await {
+                        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+                        refunded_at_least += 1;
+                    }
+                }
+                // Answered; a flush races the settlement's start.
+                _ => {
+                    gate.add_permits(1);
+                    let flush = {
+                        let limiter = limiter.clone();
+                        tokio::spawn(async move { limiter.flush_settlements().await })
+                    };
+                    let status = task.await.unwrap();
+                    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+                    refunded_at_least += 1;
+                    tokio::time::timeout(Duration::from_secs(2), flush)
+                        .await
+                        .expect("flush_settlements hung")
+                        .unwrap();
+                }
+            }
+        }
+        let flushed = tokio::time::timeout(Duration::from_secs(2), limiter.flush_settlements());
+        flushed.await.expect("flush_settlements hung");
+        leases_ended_or_release(&limiter).await;
+        let stats = limiter.lease_stats();
+        let settle_failures = limiter.stats().settle_failures;
+        let left = store_left(&other, &quotas).await;
+        let back = (left + stats.leased)
+            .checked_sub(CAPACITY + stats.returned)
+            .unwrap_or_else(|| {
+                panic!("{algorithm}: more spent than leased: left {left}, {stats:?}")
+            });
+        assert!(
+            back >= refunded_at_least && back <= requests,
+            "{algorithm}: {back} refunds landed, {refunded_at_least} to {requests} expected; \
+             left {left}, {stats:?}, settle failures {settle_failures}"
+        );
+        assert_eq!(
+            stats.leased,
+            stats.spent + stats.held + stats.returned + stats.stranded,
+            "{algorithm}"
+        );
+    }
+}
+
+/// Ends the lease (a give-back) and waits for it.
+async fn leases_ended_or_release(limiter: &Limiter) {
+    limiter.release_leases().await;
+    leases_ended(limiter).await;
+}
+
+/// A renewal dropped mid-flight (its request under a `timeout` shorter than a Redis asleep for
+/// 150 ms) while 20 other requests wait on it: every waiter is answered within the store's
+/// timeout plus a margin, nothing hangs, and the counters balance once Redis wakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_dropped_mid_flight_with_waiters_leaves_none_waiting() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_day(CAPACITY).unwrap();
+    let quotas = Quotas::from(quota);
+    let ctx = Ctx::new(Algorithm::FixedWindow).timeout(Duration::from_millis(100));
+    let limiter = leasing(ctx.redis_store(&redis), Algorithm::FixedWindow);
+    // A hot key whose lease runs dry: the next request renews.
+    for _ in 0..300 {
+        assert!(limiter.check_quotas(target(), &quotas, 1).await.is_allowed());
+    }
+    tokio::time::sleep(Duration::from_millis(60)).await; // the lease's interval ends
+    let sleeper = redis.debug_sleep(Duration::from_millis(150));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let dropped = {
+        let limiter = limiter.clone();
+        tokio::time::timeout(Duration::from_millis(5), async move {
+            limiter.check_quotas(target(), &quotas, 1).await
+        })
+    };
+    assert!(dropped.await.is_err(), "the renewal was answered while Redis slept");
+    let started = Instant::now();
+    let waiters: Vec<_> = (0..20)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check_quotas(target(), &quotas, 1).await })
+        })
+        .collect();
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("a waiter hung on a dropped renewal")
+            .unwrap();
+    }
+    let waited = started.elapsed();
+    sleeper.join().unwrap();
+    assert!(waited < Duration::from_millis(1_000), "waiters answered after {waited:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    limiter.release_leases().await;
+    let stats = limiter.lease_stats();
+    assert_eq!(
+        stats.leased,
+        stats.spent + stats.held + stats.returned + stats.stranded,
+        "{stats:?}"
+    );
+    // Nothing was admitted that Redis did not charge.
+    let left = store_left(&limiter, &quotas).await;
+    assert!(
+        left + stats.spent + stats.stranded <= CAPACITY + stats.returned,
+        "left {left}: more admitted than charged; {stats:?}"
+    );
+}
