@@ -254,3 +254,80 @@ async fn a_renewal_dropped_mid_flight_with_waiters_leaves_none_waiting() {
         "left {left}: more admitted than charged; {stats:?}"
     );
 }
+
+/// Which 1 s window the machine's clock (the one a local Redis's `TIME` reads) is in.
+fn window_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Redis's clock, fixed windows of 1 000 a second, two leasing instances (FailClosed, a store
+/// timeout of 100 ms) each with 3 tasks sending a request every 0.5 ms, while Redis sleeps
+/// 150 ms (past the timeout) every 400 ms, during renewals and give-backs: over 4 s, a window
+/// never admits more than 1 000. An admission is counted in a window when its call started and
+/// ended in it (the local Redis reads the same clock), so the count is a lower bound of the
+/// window's admissions: above 1 000 would be a proof of over-admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_during_renewals_and_give_backs_never_over_admits_a_window() {
+    use redlimit::failure_policy::FailClosed;
+    use std::sync::Mutex;
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
+    let ctx = Ctx::new(Algorithm::FixedWindow).timeout(Duration::from_millis(100));
+    let fleet: Vec<Limiter> = (0..2)
+        .map(|_| {
+            Limiter::builder(ctx.redis_store(&redis))
+                .algorithm(Algorithm::FixedWindow)
+                .failure_policy(FailClosed::default())
+                .leases(Leases::new(Duration::from_millis(50)))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let counts: Arc<Mutex<std::collections::BTreeMap<u64, (u64, u64)>>> = Arc::default();
+    let end = Instant::now() + Duration::from_secs(4);
+    let mut tasks = Vec::new();
+    for limiter in &fleet {
+        for _ in 0..3 {
+            let (limiter, counts) = (limiter.clone(), counts.clone());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let before = window_now();
+                    let allowed = limiter.check_quotas(target(), &quotas, 1).await.is_allowed();
+                    let after = window_now();
+                    if allowed {
+                        let mut counts = counts.lock().unwrap();
+                        let entry = counts.entry(before).or_default();
+                        if before == after {
+                            entry.0 += 1;
+                        } else {
+                            entry.1 += 1;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                }
+            }));
+        }
+    }
+    let mut sleeps = 0;
+    while Instant::now() + Duration::from_millis(400) < end {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        redis.debug_sleep(Duration::from_millis(150)).join().unwrap();
+        sleeps += 1;
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let counts = counts.lock().unwrap().clone();
+    let stats: Vec<_> = fleet.iter().map(Limiter::lease_stats).collect();
+    let errors: Vec<_> = fleet.iter().map(|l| l.stats().store_errors).collect();
+    println!("{sleeps} sleeps; per window (certain, straddling) {counts:?}; {stats:?}; errors {errors:?}");
+    for (window, (certain, _)) in &counts {
+        assert!(
+            *certain <= 1_000,
+            "window {window} admitted at least {certain} of 1 000: {counts:?} {stats:?}"
+        );
+    }
+}

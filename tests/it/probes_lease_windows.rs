@@ -178,3 +178,59 @@ async fn an_override_of_several_windows_leases_nothing_past_its_shortest_window(
         );
     }
 }
+
+/// A fleet on one Redis and one client clock: two leasing instances and one that does not
+/// lease, each sending 2 requests every ms (6 000 a second against 1 000 a second in fixed
+/// windows), across windows; then an operator (a process of its own) sets an override of 300
+/// a second mid-window, then suspends the tenant. Counted by the window each admission happened
+/// in: a window admits at most its quota and, while Redis answers, at least the quota less
+/// instances × k (k ≤ 100); the window after the override at most 300; nothing is admitted
+/// more than one lease interval after the suspension.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an_interval() {
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
+    let base = Duration::from_secs(1_700_000_000);
+    let clock = ManualClock::new(base);
+    let interval = Duration::from_millis(50);
+    let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
+    let fleet = [
+        leasing(ctx.redis_store(&redis), ctx.clock.clone(), interval),
+        leasing(ctx.redis_store(&redis), ctx.clock.clone(), interval),
+        ctx.redis(&redis),
+    ];
+    let operator = ctx.redis(&redis);
+    let mut per_window = [0u64; 6];
+    // Admissions that started more than one interval after the suspension.
+    let mut late = 0;
+    for ms in 0..5_500u64 {
+        clock.set(base + Duration::from_millis(ms));
+        if ms == 3_500 {
+            let tight = Quotas::from(Quota::per_second(300).unwrap());
+            operator.set_quota(target(), &tight).await.unwrap();
+        }
+        if ms == 4_500 {
+            operator.suspend("hot", Duration::from_secs(60)).await.unwrap();
+        }
+        for limiter in &fleet {
+            let n = admitted(limiter, &quotas, 2).await;
+            per_window[(ms / 1_000) as usize] += n;
+            if ms >= 4_550 {
+                late += n;
+            }
+        }
+    }
+    let stats: Vec<_> = fleet[..2].iter().map(Limiter::lease_stats).collect();
+    let lease_min = 1_000 - 2 * 100;
+    println!("per window {per_window:?}, late {late}, {stats:?}");
+    for (w, admitted) in per_window[..3].iter().enumerate() {
+        assert!(
+            (lease_min..=1_000).contains(admitted),
+            "window {w} admitted {admitted} (quota 1 000, at least {lease_min}); {per_window:?} \
+             {stats:?}"
+        );
+    }
+    assert!(per_window[3] <= 1_000, "{per_window:?}");
+    assert!(per_window[4] <= 300, "the window after the override: {per_window:?}");
+    assert_eq!(late, 0, "admitted after the suspension: {per_window:?}");
+}
