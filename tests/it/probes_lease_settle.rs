@@ -251,3 +251,32 @@ async fn a_lease_answered_refund_after_a_flushall_never_raises_the_key_above_cap
         }
     }
 }
+
+/// Redis is killed while a lease holds units (no persistence): a request answered from the
+/// lease while Redis is down is admitted (its units were paid for); Redis restarts empty and
+/// the request's refund lands in the fresh state, or fails and is counted. Either way the key
+/// never has more than its capacity, and the fresh state admits at most its quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_answered_refund_across_a_redis_restart_never_raises_the_key_above_capacity() {
+    let mut redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
+    for algorithm in LEASING {
+        let clock = Clock::default();
+        let (limiter, other) = pair("redis", &redis, algorithm, &clock);
+        let held = lease_held(&limiter, &quotas, &algorithm.to_string()).await;
+        redis.stop();
+        let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
+        assert!(verdict.is_allowed(), "{algorithm}: a unit held was not spent: {verdict:?}");
+        redis.restart();
+        let refunded = limiter.refund_reserved(target(), &quotas, 1, reserved).await;
+        limiter.release_leases().await;
+        let left = store_left(&other, &quotas).await;
+        assert!(left <= CAPACITY, "{algorithm}: {left} left after a restart, held {held}");
+        let mut admitted = 0;
+        while other.check_quotas(target(), &quotas, 1).await.is_allowed() {
+            admitted += 1;
+            assert!(admitted <= CAPACITY, "{algorithm}: the fresh key admitted past {CAPACITY}");
+        }
+        println!("{algorithm}: refund {refunded:?}, left {left}, {:?}", limiter.lease_stats());
+    }
+}
