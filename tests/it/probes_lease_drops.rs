@@ -87,7 +87,10 @@ async fn until_entered(entered: &AtomicUsize, n: usize) {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    panic!("only {} of {n} requests reached the service", entered.load(Ordering::SeqCst));
+    panic!(
+        "only {} of {n} requests reached the service",
+        entered.load(Ordering::SeqCst)
+    );
 }
 
 async fn store_left(limiter: &Limiter, quotas: &Quotas) -> u64 {
@@ -116,15 +119,28 @@ async fn lease_answered_settlements_dropped_at_every_await_balance_and_never_han
     let redis = RedisServer::start();
     let quota = Quota::per_day(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
-    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+    ] {
         redis.flushall();
         let ctx = Ctx::new(algorithm);
         let limiter = leasing(ctx.redis_store(&redis), algorithm);
         let other = ctx.redis(&redis);
         let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
-        let svc = refund_5xx(limiter.clone(), quota, answering(gate.clone(), entered.clone()));
+        let svc = refund_5xx(
+            limiter.clone(),
+            quota,
+            answering(gate.clone(), entered.clone()),
+        );
         for _ in 0..200 {
-            let status = svc.clone().oneshot(call(200, false)).await.unwrap().status();
+            let status = svc
+                .clone()
+                .oneshot(call(200, false))
+                .await
+                .unwrap()
+                .status();
             assert_eq!(status, StatusCode::OK, "{algorithm}");
         }
         let (mut refunded_at_least, mut requests) = (0u64, 0u64);
@@ -211,7 +227,10 @@ async fn a_renewal_dropped_mid_flight_with_waiters_leaves_none_waiting() {
     let limiter = leasing(ctx.redis_store(&redis), Algorithm::FixedWindow);
     // A hot key whose lease runs dry: the next request renews.
     for _ in 0..300 {
-        assert!(limiter.check_quotas(target(), &quotas, 1).await.is_allowed());
+        assert!(limiter
+            .check_quotas(target(), &quotas, 1)
+            .await
+            .is_allowed());
     }
     tokio::time::sleep(Duration::from_millis(60)).await; // the lease's interval ends
     let sleeper = redis.debug_sleep(Duration::from_millis(150));
@@ -222,7 +241,10 @@ async fn a_renewal_dropped_mid_flight_with_waiters_leaves_none_waiting() {
             limiter.check_quotas(target(), &quotas, 1).await
         })
     };
-    assert!(dropped.await.is_err(), "the renewal was answered while Redis slept");
+    assert!(
+        dropped.await.is_err(),
+        "the renewal was answered while Redis slept"
+    );
     let started = Instant::now();
     let waiters: Vec<_> = (0..20)
         .map(|_| {
@@ -238,7 +260,10 @@ async fn a_renewal_dropped_mid_flight_with_waiters_leaves_none_waiting() {
     }
     let waited = started.elapsed();
     sleeper.join().unwrap();
-    assert!(waited < Duration::from_millis(1_000), "waiters answered after {waited:?}");
+    assert!(
+        waited < Duration::from_millis(1_000),
+        "waiters answered after {waited:?}"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     limiter.release_leases().await;
     let stats = limiter.lease_stats();
@@ -295,7 +320,10 @@ async fn a_slow_redis_during_renewals_and_give_backs_never_over_admits_a_window(
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < end {
                     let before = window_now();
-                    let allowed = limiter.check_quotas(target(), &quotas, 1).await.is_allowed();
+                    let allowed = limiter
+                        .check_quotas(target(), &quotas, 1)
+                        .await
+                        .is_allowed();
                     let after = window_now();
                     if allowed {
                         let mut counts = counts.lock().unwrap();
@@ -314,7 +342,10 @@ async fn a_slow_redis_during_renewals_and_give_backs_never_over_admits_a_window(
     let mut sleeps = 0;
     while Instant::now() + Duration::from_millis(400) < end {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        redis.debug_sleep(Duration::from_millis(150)).join().unwrap();
+        redis
+            .debug_sleep(Duration::from_millis(150))
+            .join()
+            .unwrap();
         sleeps += 1;
     }
     for task in tasks {
@@ -328,6 +359,72 @@ async fn a_slow_redis_during_renewals_and_give_backs_never_over_admits_a_window(
         assert!(
             *certain <= 1_000,
             "window {window} admitted at least {certain} of 1 000: {counts:?} {stats:?}"
+        );
+    }
+}
+
+/// A request answered from a lease is in the service when this very limiter resets the tenant
+/// (which ends its leases), another instance spends 5, then the service fails with a 503: the
+/// settlement's refund is dated by the renewal, before the reset, and gives nothing to the state
+/// written after it (every leasing algorithm, Redis's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_in_flight_across_this_limiters_reset_gives_nothing_after_it() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_day(CAPACITY).unwrap();
+    let quotas = Quotas::from(quota);
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+    ] {
+        redis.flushall();
+        let ctx = Ctx::new(algorithm);
+        let limiter = leasing(ctx.redis_store(&redis), algorithm);
+        let other = ctx.redis(&redis);
+        let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
+        let svc = refund_5xx(
+            limiter.clone(),
+            quota,
+            answering(gate.clone(), entered.clone()),
+        );
+        for _ in 0..200 {
+            let status = svc
+                .clone()
+                .oneshot(call(200, false))
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(status, StatusCode::OK, "{algorithm}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let before = limiter.lease_stats();
+        assert!(before.held > 0, "{algorithm}: {before:?}");
+        let failing = {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(call(503, true)).await.unwrap().status() })
+        };
+        until_entered(&entered, 1).await;
+        let answered = limiter.lease_stats();
+        assert_eq!(
+            answered.spent,
+            before.spent + 1,
+            "{algorithm}: not answered from the lease"
+        );
+        limiter.reset("hot").await.unwrap();
+        assert!(other.check_quotas(target(), &quotas, 5).await.is_allowed());
+        gate.add_permits(1);
+        assert_eq!(failing.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        limiter.flush_settlements().await;
+        leases_ended(&limiter).await;
+        let after = limiter.lease_stats();
+        let renewed = after.leased - answered.leased;
+        let returned = after.returned - answered.returned;
+        let left = store_left(&other, &quotas).await;
+        assert_eq!(
+            left + renewed,
+            CAPACITY - 5 + returned,
+            "{algorithm}: a unit leased before the reset was refunded after it (renewed since \
+             {renewed}, returned {returned}); {after:?}"
         );
     }
 }

@@ -39,7 +39,12 @@ fn leasing(store: impl Store, algorithm: Algorithm, clock: Clock) -> Limiter {
 
 /// The leasing limiter and a plain one (another instance, or an operator's process) on one
 /// store: Redis (flushed) or a fresh memory store.
-fn pair(backend: &str, redis: &RedisServer, algorithm: Algorithm, clock: &Clock) -> (Limiter, Limiter) {
+fn pair(
+    backend: &str,
+    redis: &RedisServer,
+    algorithm: Algorithm,
+    clock: &Clock,
+) -> (Limiter, Limiter) {
     let ctx = Ctx::new(algorithm).clock(clock.clone());
     match backend {
         "redis" => {
@@ -68,7 +73,11 @@ async fn lease_held(limiter: &Limiter, quotas: &Quotas, what: &str) -> u64 {
     // The background renewals end.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let held = limiter.lease_stats().held;
-    assert!(held > 0, "{what}: no lease held: {:?}", limiter.lease_stats());
+    assert!(
+        held > 0,
+        "{what}: no lease held: {:?}",
+        limiter.lease_stats()
+    );
     held
 }
 
@@ -241,12 +250,18 @@ async fn a_lease_answered_refund_after_a_flushall_never_raises_the_key_above_cap
                 .unwrap();
             leases_ended(&limiter).await;
             let left = store_left(&other, &quotas).await;
-            assert!(left <= CAPACITY, "{what}: {left} left after a FLUSHALL, held {held}");
+            assert!(
+                left <= CAPACITY,
+                "{what}: {left} left after a FLUSHALL, held {held}"
+            );
             // The fresh state admits at most its quota (the units held at the loss aside).
             let mut admitted = 0;
             while other.check_quotas(target(), &quotas, 1).await.is_allowed() {
                 admitted += 1;
-                assert!(admitted <= CAPACITY, "{what}: the fresh key admitted past {CAPACITY}");
+                assert!(
+                    admitted <= CAPACITY,
+                    "{what}: the fresh key admitted past {CAPACITY}"
+                );
             }
         }
     }
@@ -266,17 +281,31 @@ async fn a_lease_answered_refund_across_a_redis_restart_never_raises_the_key_abo
         let held = lease_held(&limiter, &quotas, &algorithm.to_string()).await;
         redis.stop();
         let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
-        assert!(verdict.is_allowed(), "{algorithm}: a unit held was not spent: {verdict:?}");
+        assert!(
+            verdict.is_allowed(),
+            "{algorithm}: a unit held was not spent: {verdict:?}"
+        );
         redis.restart();
-        let refunded = limiter.refund_reserved(target(), &quotas, 1, reserved).await;
+        let refunded = limiter
+            .refund_reserved(target(), &quotas, 1, reserved)
+            .await;
         limiter.release_leases().await;
         let left = store_left(&other, &quotas).await;
-        assert!(left <= CAPACITY, "{algorithm}: {left} left after a restart, held {held}");
+        assert!(
+            left <= CAPACITY,
+            "{algorithm}: {left} left after a restart, held {held}"
+        );
         let mut admitted = 0;
         while other.check_quotas(target(), &quotas, 1).await.is_allowed() {
             admitted += 1;
-            assert!(admitted <= CAPACITY, "{algorithm}: the fresh key admitted past {CAPACITY}");
+            assert!(
+                admitted <= CAPACITY,
+                "{algorithm}: the fresh key admitted past {CAPACITY}"
+            );
         }
-        println!("{algorithm}: refund {refunded:?}, left {left}, {:?}", limiter.lease_stats());
+        println!(
+            "{algorithm}: refund {refunded:?}, left {left}, {:?}",
+            limiter.lease_stats()
+        );
     }
 }

@@ -210,7 +210,10 @@ async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an
             operator.set_quota(target(), &tight).await.unwrap();
         }
         if ms == 4_500 {
-            operator.suspend("hot", Duration::from_secs(60)).await.unwrap();
+            operator
+                .suspend("hot", Duration::from_secs(60))
+                .await
+                .unwrap();
         }
         for limiter in &fleet {
             let n = admitted(limiter, &quotas, 2).await;
@@ -231,6 +234,54 @@ async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an
         );
     }
     assert!(per_window[3] <= 1_000, "{per_window:?}");
-    assert!(per_window[4] <= 300, "the window after the override: {per_window:?}");
+    assert!(
+        per_window[4] <= 300,
+        "the window after the override: {per_window:?}"
+    );
     assert_eq!(late, 0, "admitted after the suspension: {per_window:?}");
+}
+
+/// The extremes of a fixed window's period, on a client clock: 1 µs windows, and the longest
+/// period (100 years: the first window ends in 2070). A lease taken just before a window's end
+/// answers nothing once the next window began and another instance charged it in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_lease_of_the_shortest_and_longest_periods_ends_with_its_window() {
+    let redis = RedisServer::start();
+    let memory = MemoryStore::new();
+    let longest = redlimit::quota::MAX_PERIOD;
+    let cases = [
+        // (period, the lease's time, a time in the next window)
+        (
+            Duration::from_micros(1),
+            Duration::from_secs(1_700_000_000),
+            Duration::from_secs(1_700_000_000) + Duration::from_micros(1),
+        ),
+        (
+            longest,
+            longest - Duration::from_micros(1_500),
+            longest + Duration::from_micros(100),
+        ),
+    ];
+    for (period, leased_at, next) in cases {
+        let quotas = Quotas::from(Quota::new(1_000, period).unwrap());
+        for backend in ["redis", "memory"] {
+            redis.flushall();
+            let clock = ManualClock::new(leased_at);
+            let (limiter, other) =
+                pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
+            let what = format!("{backend} {period:?}");
+            assert_eq!(admitted(&limiter, &quotas, 400).await, 400, "{what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let held = limiter.lease_stats().held;
+            assert!(held > 0, "{what}: no lease held");
+            clock.set(next);
+            let full = other.try_check_quotas(target(), &quotas, 1_000).await;
+            assert!(
+                full.unwrap().allowed,
+                "{what}: the next window admits its 1 000"
+            );
+            let late = admitted(&limiter, &quotas, held + 1).await;
+            assert_eq!(late, 0, "{what}: the next window admitted 1 000 + {late}");
+        }
+    }
 }
