@@ -528,6 +528,34 @@ mod tests {
     }
 
     #[test]
+    fn a_fixed_window_lease_counts_the_period_in_whole_micros_rounded_up_as_the_scripts_do() {
+        // 1 s + 0.5 µs: the scripts' windows are 1 000 001 µs, aligned to the epoch.
+        let quota = Quota::new(1_000, Duration::from_nanos(1_000_000_500)).unwrap();
+        let (mut state, s) = (State::new(quota.into(), 0), sizing(Algorithm::FixedWindow));
+        // Decided 1.5 ms before a window's end, which falls 999 ms into a whole second: the
+        // reply says 2 ms, a period of 1 000 000 µs would say 2.5 ms.
+        let end = 1_699_999_000 * 1_000_001;
+        state.granted(10, 0, &admitted(500, 2, quota), (0, Some(end - 1_500)), &s);
+        assert!(state.take(1, 1_499).is_some());
+        assert_eq!(state.expire(1_500, INTERVAL).stranded, 9);
+    }
+
+    #[test]
+    fn a_fixed_window_renewal_that_learns_of_an_override_leases_nothing() {
+        let (_, mut state, s) = fresh(1_000, Algorithm::FixedWindow);
+        // The override's binding quota and its longest window's end say nothing of its
+        // shortest window: the units beyond the request's own end at once.
+        let overridden = Decision {
+            overridden: true,
+            ..admitted(90, 1_000, Quota::per_second(100).unwrap())
+        };
+        let answer = state.granted(9, 1, &overridden, (0, Some(7_000_000)), &s);
+        assert!(answer.allowed);
+        assert_eq!(state.expire(0, INTERVAL).stranded, 9);
+        assert_eq!(state.take(1, 0), None);
+    }
+
+    #[test]
     fn k_follows_the_rate_grows_in_steps_and_stays_within_a_share_of_the_capacity() {
         let (quota, mut state, s) = fresh(1_000_000, Algorithm::TokenBucket);
         // 1 unit per ms: 25 per half a 50 ms interval.
