@@ -78,7 +78,7 @@ async fn a_fixed_window_lease_of_a_fractional_microsecond_period_ends_with_its_w
         let clock = ManualClock::new(boundary - Duration::from_micros(1_500));
         let (limiter, other) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
         assert_eq!(admitted(&limiter, &quotas, 400).await, 400, "{backend}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
         let held = limiter.lease_stats().held;
         assert!(held > 0, "{backend}: no lease held");
         clock.set(boundary + Duration::from_micros(100));
@@ -96,7 +96,9 @@ async fn a_fixed_window_lease_of_a_fractional_microsecond_period_ends_with_its_w
 }
 
 /// Tiny windows (1 ms, 1 000 a window: leases of up to 100) and a cost of 7: a renewal 0.3 ms
-/// before a window's end is told 1 ms. Units of W answered in W+1 make it admit more than 1 000.
+/// before a window's end is told 1 ms. No unit leased in W may be spent in W+1: every unit
+/// spent there comes from a renewal made there. (Counted on the lease's counters: with a frozen
+/// client clock, Redis's real-time expiry of a 1 ms window's key would blur a count in Redis.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_lease_of_one_millisecond_windows_and_cost_7_ends_with_its_window() {
     let redis = RedisServer::start();
@@ -106,7 +108,7 @@ async fn a_fixed_window_lease_of_one_millisecond_windows_and_cost_7_ends_with_it
     let boundary = Duration::from_secs(1_700_000_000);
     for backend in ["redis", "memory"] {
         let clock = ManualClock::new(boundary - Duration::from_micros(300));
-        let (limiter, other) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
+        let (limiter, _) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
         let mut spent = 0;
         for _ in 0..100 {
             if limiter
@@ -117,15 +119,23 @@ async fn a_fixed_window_lease_of_one_millisecond_windows_and_cost_7_ends_with_it
                 spent += 7;
             }
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let stats = limiter.lease_stats();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let w = limiter.lease_stats();
         assert!(spent <= 1_000, "{backend}: W admitted {spent}");
-        assert!(stats.renewals < 100, "{backend}: never leased: {stats:?}");
+        assert!(
+            w.renewals < 100 && w.held > 0,
+            "{backend}: never leased: {w:?}"
+        );
         clock.set(boundary + Duration::from_micros(1));
-        let full = other.try_check_quotas(target(), &quotas, 1_000).await;
-        assert!(full.unwrap().allowed, "{backend}: W+1 admits its 1 000");
-        let late = admitted(&limiter, &quotas, 20).await;
-        assert_eq!(late, 0, "{backend}: W+1 admitted 1 000 + {late}; {stats:?}");
+        admitted(&limiter, &quotas, 20).await;
+        let next = limiter.lease_stats();
+        assert!(
+            next.spent - w.spent <= next.leased - w.leased,
+            "{backend}: W+1 spent {} units, its renewals leased {}: units of W were spent in \
+             W+1; {w:?} then {next:?}",
+            next.spent - w.spent,
+            next.leased - w.leased
+        );
     }
 }
 
@@ -151,7 +161,7 @@ async fn an_override_of_several_windows_leases_nothing_past_its_shortest_window(
         let (limiter, other) = pair(backend, &redis, &memory, &clock, Duration::from_millis(500));
         // A hot key: the lease grows (its own quota, before any override).
         assert_eq!(admitted(&limiter, &quotas, 300).await, 300, "{backend}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
         // The operator's override, made elsewhere: this instance learns of it at its renewal.
         other.set_quota(target(), &tight).await.unwrap();
         // W = [1 s, 2 s), the long window [1.25 s, 2.5 s): traffic at 1.9 s renews under the
@@ -162,7 +172,7 @@ async fn an_override_of_several_windows_leases_nothing_past_its_shortest_window(
         while limiter.lease_stats().renewals == renewals && in_w < 1_000 {
             in_w += admitted(&limiter, &quotas, 1).await;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
         let stats = limiter.lease_stats();
         // W+1 = [2 s, 3 s): this instance until the long window turns (2.5 s), then another.
         clock.set(at(2_000));
@@ -180,12 +190,14 @@ async fn an_override_of_several_windows_leases_nothing_past_its_shortest_window(
 }
 
 /// A fleet on one Redis and one client clock: two leasing instances and one that does not
-/// lease, each sending 2 requests every ms (6 000 a second against 1 000 a second in fixed
-/// windows), across windows; then an operator (a process of its own) sets an override of 300
-/// a second mid-window, then suspends the tenant. Counted by the window each admission happened
-/// in: a window admits at most its quota and, while Redis answers, at least the quota less
-/// instances × k (k ≤ 100); the window after the override at most 300; nothing is admitted
-/// more than one lease interval after the suspension.
+/// lease; every 20 ms the leasing ones send 40 requests each and the other 10 (4 500 a second
+/// against 1 000 a second in fixed windows), across windows; then an operator (a process of its
+/// own) sets an override of 300 a second mid-window, then suspends the tenant. Counted by the
+/// window each admission happened in: a window admits at most its quota and, while Redis
+/// answers, at least the quota less instances × k (k ≤ 100); the window after the override at
+/// most 300; nothing is admitted more than one lease interval after the suspension. (The client
+/// clock runs ahead of real time: Redis expires keys in real time, and a clock slower than it
+/// would see a window's key expire before the window ends.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an_interval() {
     let redis = RedisServer::start();
@@ -203,7 +215,7 @@ async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an
     let mut per_window = [0u64; 6];
     // Admissions that started more than one interval after the suspension.
     let mut late = 0;
-    for ms in 0..5_500u64 {
+    for ms in (0..5_500u64).step_by(20) {
         clock.set(base + Duration::from_millis(ms));
         if ms == 3_500 {
             let tight = Quotas::from(Quota::per_second(300).unwrap());
@@ -215,10 +227,10 @@ async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an
                 .await
                 .unwrap();
         }
-        for limiter in &fleet {
-            let n = admitted(limiter, &quotas, 2).await;
+        for (i, limiter) in fleet.iter().enumerate() {
+            let n = admitted(limiter, &quotas, if i < 2 { 40 } else { 10 }).await;
             per_window[(ms / 1_000) as usize] += n;
-            if ms >= 4_550 {
+            if ms > 4_550 {
                 late += n;
             }
         }
@@ -243,7 +255,9 @@ async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an
 
 /// The extremes of a fixed window's period, on a client clock: 1 µs windows, and the longest
 /// period (100 years: the first window ends in 2070). A lease taken just before a window's end
-/// answers nothing once the next window began and another instance charged it in full.
+/// spends none of its units once the next window began: every unit spent there comes from a
+/// renewal made there (counted on the lease's counters: Redis expires a 1 µs window's key in
+/// real time, 1 ms, while the client clock stands still).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_lease_of_the_shortest_and_longest_periods_ends_with_its_window() {
     let redis = RedisServer::start();
@@ -267,21 +281,19 @@ async fn a_fixed_window_lease_of_the_shortest_and_longest_periods_ends_with_its_
         for backend in ["redis", "memory"] {
             redis.flushall();
             let clock = ManualClock::new(leased_at);
-            let (limiter, other) =
-                pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
+            let (limiter, _) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
             let what = format!("{backend} {period:?}");
             assert_eq!(admitted(&limiter, &quotas, 400).await, 400, "{what}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            let held = limiter.lease_stats().held;
-            assert!(held > 0, "{what}: no lease held");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let w = limiter.lease_stats();
+            assert!(w.held > 0, "{what}: no lease held");
             clock.set(next);
-            let full = other.try_check_quotas(target(), &quotas, 1_000).await;
+            admitted(&limiter, &quotas, w.held + 1).await;
+            let next = limiter.lease_stats();
             assert!(
-                full.unwrap().allowed,
-                "{what}: the next window admits its 1 000"
+                next.spent - w.spent <= next.leased - w.leased,
+                "{what}: units of W were spent in W+1; {w:?} then {next:?}"
             );
-            let late = admitted(&limiter, &quotas, held + 1).await;
-            assert_eq!(late, 0, "{what}: the next window admitted 1 000 + {late}");
         }
     }
 }
