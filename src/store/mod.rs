@@ -198,7 +198,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `None`) tells, on an admission, the µs on that clock at which it decided: the time a
     /// refund of the units it reserved sends ([`ReservedAt::Store`]), exact however late the
     /// refund runs. `None` otherwise; the default always answers `None` (a refund then sends
-    /// the reservation's age, [`ReservedAt::Ago`]).
+    /// the reservation's age, [`ReservedAt::Ago`], which the store counts back from when it
+    /// runs the refund: one it runs late may land in a later window or after a reset). A store
+    /// that wraps another forwards this too.
     fn check_timed<'a>(
         &'a self,
         request: CheckRequest<'a>,
