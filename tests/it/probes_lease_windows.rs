@@ -297,3 +297,97 @@ async fn a_fixed_window_lease_of_the_shortest_and_longest_periods_ends_with_its_
         }
     }
 }
+
+/// Two leasing instances on one client clock (each 10 requests every 10 ms: 2 000 a second
+/// against 1 000); 0.2 s into a window one of them resets the tenant itself
+/// (which ends its own leases before it returns) while the other learns of it only at its next
+/// renewal. From the reset to the window's end the key admits at most a fresh quota plus what
+/// the other instance held at the reset (k ≤ 100; its units live one interval at most), and from
+/// one interval after the reset at most a fresh quota. (No lower bound: the docs promise one per
+/// aligned window, and a give-back mixing units leased before and after the reset is dated by
+/// the oldest and lost whole, which the state after the reset pays for.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_by_one_leasing_instance_mid_window_bounds_the_rest_of_the_window() {
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
+    let base = Duration::from_secs(1_700_000_000);
+    let clock = ManualClock::new(base);
+    let interval = Duration::from_millis(50);
+    let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
+    let (a, b) = (
+        leasing(ctx.redis_store(&redis), ctx.clock.clone(), interval),
+        leasing(ctx.redis_store(&redis), ctx.clock.clone(), interval),
+    );
+    let (mut before, mut after, mut after_interval) = (0, 0, 0);
+    let mut held_at_reset = [0; 2];
+    for ms in (0..1_000u64).step_by(10) {
+        clock.set(base + Duration::from_millis(ms));
+        if ms == 200 {
+            held_at_reset = [a.lease_stats().held, b.lease_stats().held];
+            b.reset("hot").await.unwrap();
+        }
+        for limiter in [&a, &b] {
+            let n = admitted(limiter, &quotas, 10).await;
+            match ms {
+                ..200 => before += n,
+                200..250 => after += n,
+                _ => after_interval += n,
+            }
+        }
+    }
+    let stats = [a.lease_stats(), b.lease_stats()];
+    assert!(
+        held_at_reset.iter().any(|&h| h > 0),
+        "no lease held at the reset"
+    );
+    println!("held at the reset {held_at_reset:?}; before {before}, after {after} (+{after_interval} past one interval); {stats:?}");
+    assert!(before <= 1_000, "before the reset: {before}; {stats:?}");
+    assert!(
+        after + after_interval <= 1_000 + 100,
+        "after the reset: {after} + {after_interval}; {stats:?}"
+    );
+    assert!(
+        after_interval <= 1_000,
+        "one interval after the reset: {after_interval}"
+    );
+}
+
+/// Two leasing instances alone on one client clock, each 10 requests every 10 ms (2 000 a
+/// second against 1 000 a second in fixed windows), over 4 windows: each aligned window admits
+/// at most its quota and, Redis answering every call, at least the quota less instances × k
+/// (k ≤ 100).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_leasing_instances_alone_admit_per_window_between_the_quota_less_instances_k_and_it() {
+    let redis = RedisServer::start();
+    let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
+    let base = Duration::from_secs(1_700_000_000);
+    let clock = ManualClock::new(base);
+    let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
+    let fleet = [
+        leasing(
+            ctx.redis_store(&redis),
+            ctx.clock.clone(),
+            Duration::from_millis(50),
+        ),
+        leasing(
+            ctx.redis_store(&redis),
+            ctx.clock.clone(),
+            Duration::from_millis(50),
+        ),
+    ];
+    let mut per_window = [0u64; 4];
+    for ms in (0..4_000u64).step_by(10) {
+        clock.set(base + Duration::from_millis(ms));
+        for limiter in &fleet {
+            per_window[(ms / 1_000) as usize] += admitted(limiter, &quotas, 10).await;
+        }
+    }
+    let stats = [fleet[0].lease_stats(), fleet[1].lease_stats()];
+    println!("per window {per_window:?}; {stats:?}");
+    for (w, admitted) in per_window.iter().enumerate() {
+        assert!(
+            (800..=1_000).contains(admitted),
+            "window {w} admitted {admitted} (quota 1 000, at least 800): {per_window:?}; {stats:?}"
+        );
+    }
+}
