@@ -24,8 +24,9 @@ pub(super) struct Batch {
     /// The end of its validity: one lease interval after the renewal was sent (for a fixed
     /// window, no later than the window's end either).
     pub(super) until: u64,
-    /// Fixed window only: when the window it was paid in ends, or up to 1 ms before (never
-    /// after). Giving units back after that would hand them to the next window.
+    /// Fixed window only: when the window it was paid in ends, or earlier when that end is not
+    /// known to the µs (never later). Giving units back after that would hand them to the next
+    /// window.
     pub(super) window_end: Option<u64>,
     /// When its renewal was sent: no later than the store took the units.
     pub(super) sent: u64,
