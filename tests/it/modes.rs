@@ -5,6 +5,6 @@
 mod block;
 mod concurrency;
 mod refund;
-mod settle;
-mod settle_leases;
+pub(crate) mod settle;
+pub(crate) mod settle_leases;
 mod shadow;

@@ -5,32 +5,25 @@
 //! finishes, counters balance, a settlement's refund goes to its renewal's state or nowhere, and
 //! no window admits more than its quota.
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 use redlimit::clock::Clock;
-use redlimit::key::GlobalKey;
-use redlimit::layer::RateLimit;
 use redlimit::limiter::Leases;
 use redlimit::store::Store;
-use redlimit::{Algorithm, Limiter, Quota, Quotas, RateLimitLayer, Target};
+use redlimit::{Algorithm, Limiter, Quota, Quotas};
 use tokio::sync::Semaphore;
-use tower::{Layer, ServiceExt};
+use tower::ServiceExt;
 
-use crate::support::service::TestService;
+use crate::modes::settle::until_entered;
+use crate::modes::settle_leases::{answering, call, refund_5xx, store_left, target};
+use crate::probes_lease_settle::leases_ended;
 use crate::support::{Ctx, RedisServer};
 
 /// A day's quota: leases of up to 100 units.
 const CAPACITY: u64 = 1_000;
-
-fn target() -> Target<'static> {
-    Target::scoped("api", "hot")
-}
 
 fn leasing(store: impl Store, algorithm: Algorithm) -> Limiter {
     Limiter::builder(store)
@@ -39,73 +32,6 @@ fn leasing(store: impl Store, algorithm: Algorithm) -> Limiter {
         .leases(Leases::new(Duration::from_millis(50)))
         .build()
         .unwrap()
-}
-
-/// Answers `x-status` (200 without one); a request with `x-gate` waits for a permit of `gate`
-/// (counted in `entered` first).
-fn answering(gate: Arc<Semaphore>, entered: Arc<AtomicUsize>) -> impl TestService {
-    tower::service_fn(move |req: Request<Full<Bytes>>| {
-        let (gate, entered) = (gate.clone(), entered.clone());
-        async move {
-            if req.headers().contains_key("x-gate") {
-                entered.fetch_add(1, Ordering::SeqCst);
-                gate.acquire().await.unwrap().forget();
-            }
-            let status = req
-                .headers()
-                .get("x-status")
-                .and_then(|s| s.to_str().ok()?.parse().ok())
-                .unwrap_or(200);
-            let response = Response::builder().status(status);
-            Ok::<_, Infallible>(response.body(Full::new(Bytes::new())).unwrap())
-        }
-    })
-}
-
-/// 1 unit per request, given back when the service answers 5xx.
-fn refund_5xx<S: TestService>(limiter: Limiter, quota: Quota, inner: S) -> RateLimit<S, GlobalKey> {
-    RateLimitLayer::builder(limiter, quota, GlobalKey::new("hot"))
-        .policy_name("api")
-        .cost_from_response(|response| u64::from(!response.status().is_server_error()))
-        .build()
-        .unwrap()
-        .layer(inner)
-}
-
-fn call(status: u16, gated: bool) -> Request<Full<Bytes>> {
-    let mut request = Request::builder().header("x-status", status);
-    if gated {
-        request = request.header("x-gate", "1");
-    }
-    request.body(Full::new(Bytes::new())).unwrap()
-}
-
-async fn until_entered(entered: &AtomicUsize, n: usize) {
-    for _ in 0..2_000 {
-        if entered.load(Ordering::SeqCst) >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!(
-        "only {} of {n} requests reached the service",
-        entered.load(Ordering::SeqCst)
-    );
-}
-
-async fn store_left(limiter: &Limiter, quotas: &Quotas) -> u64 {
-    let peek = limiter.try_check_quotas(target(), quotas, 0).await;
-    peek.expect("the store decides").remaining
-}
-
-async fn leases_ended(limiter: &Limiter) {
-    for _ in 0..400 {
-        if limiter.lease_stats().held == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("the lease never ended: {:?}", limiter.lease_stats());
 }
 
 /// Requests answered from a lease, each failing with a 503 (refunded in full), are dropped at

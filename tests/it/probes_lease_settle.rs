@@ -9,8 +9,9 @@ use std::time::Duration;
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::limiter::Leases;
 use redlimit::store::{MemoryStore, Store};
-use redlimit::{Algorithm, Limiter, Quota, Quotas, Target};
+use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
+use crate::modes::settle_leases::{store_left, target};
 use crate::support::{Ctx, RedisServer};
 
 /// A day's quota: leases of up to 100 units, and no refill worth a unit within a probe.
@@ -22,11 +23,6 @@ const LEASING: [Algorithm; 3] = [
     Algorithm::Gcra,
     Algorithm::FixedWindow,
 ];
-
-fn target() -> Target<'static> {
-    Target::scoped("api", "hot")
-}
-
 /// A limiter of `algorithm` on `store` with leases of 50 ms.
 fn leasing(store: impl Store, algorithm: Algorithm, clock: Clock) -> Limiter {
     Limiter::builder(store)
@@ -81,15 +77,9 @@ async fn lease_held(limiter: &Limiter, quotas: &Quotas, what: &str) -> u64 {
     held
 }
 
-/// What the key has left, by a peek (`try_check_quotas` never leases).
-async fn store_left(limiter: &Limiter, quotas: &Quotas) -> u64 {
-    let peek = limiter.try_check_quotas(target(), quotas, 0).await;
-    peek.expect("the store decides").remaining
-}
-
 /// Until `limiter` holds no lease units (a refund ends the lease; its give-back ends too).
-async fn leases_ended(limiter: &Limiter) {
-    for _ in 0..200 {
+pub(crate) async fn leases_ended(limiter: &Limiter) {
+    for _ in 0..400 {
         if limiter.lease_stats().held == 0 {
             return;
         }

@@ -10,14 +10,10 @@ use std::time::Duration;
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::limiter::Leases;
 use redlimit::store::{MemoryStore, Store};
-use redlimit::{Algorithm, Limiter, Quota, Quotas, Target};
+use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
+use crate::modes::settle_leases::target;
 use crate::support::{Ctx, RedisServer};
-
-/// The key every probe here limits.
-fn target() -> Target<'static> {
-    Target::scoped("api", "hot")
-}
 
 /// A fixed-window limiter on `store` with leases of `interval`.
 fn leasing(store: impl Store, clock: Clock, interval: Duration) -> Limiter {

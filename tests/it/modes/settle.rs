@@ -272,7 +272,7 @@ fn gated_login(gate: Arc<tokio::sync::Semaphore>, entered: Arc<AtomicUsize>) -> 
 }
 
 /// Waits (up to 10 s) until `n` requests are inside the gated service.
-pub(super) async fn until_entered(entered: &AtomicUsize, n: usize) {
+pub(crate) async fn until_entered(entered: &AtomicUsize, n: usize) {
     for _ in 0..2_000 {
         if entered.load(Ordering::SeqCst) >= n {
             return;

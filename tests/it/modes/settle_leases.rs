@@ -29,7 +29,7 @@ use crate::support::{Ctx, RedisServer};
 const CAPACITY: u64 = 1_000;
 
 /// The key every layer here limits, under the policy "api".
-fn target() -> Target<'static> {
+pub(crate) fn target() -> Target<'static> {
     Target::scoped("api", "hot")
 }
 
@@ -45,7 +45,7 @@ fn leasing(store: impl Store, clock: Clock) -> Limiter {
 
 /// The service: answers the status of the request's `x-status` (200 without one); a request
 /// with `x-gate` waits for a permit of `gate` (counted in `entered` first).
-fn answering(gate: Arc<Semaphore>, entered: Arc<AtomicUsize>) -> impl TestService {
+pub(crate) fn answering(gate: Arc<Semaphore>, entered: Arc<AtomicUsize>) -> impl TestService {
     tower::service_fn(move |req: Request<Full<Bytes>>| {
         let (gate, entered) = (gate.clone(), entered.clone());
         async move {
@@ -65,7 +65,11 @@ fn answering(gate: Arc<Semaphore>, entered: Arc<AtomicUsize>) -> impl TestServic
 }
 
 /// The layer: 1 unit per request, given back when the service answers 5xx.
-fn refund_5xx<S: TestService>(limiter: Limiter, quota: Quota, inner: S) -> RateLimit<S, GlobalKey> {
+pub(crate) fn refund_5xx<S: TestService>(
+    limiter: Limiter,
+    quota: Quota,
+    inner: S,
+) -> RateLimit<S, GlobalKey> {
     RateLimitLayer::builder(limiter, quota, GlobalKey::new("hot"))
         .policy_name("api")
         .cost_from_response(|response| u64::from(!response.status().is_server_error()))
@@ -74,7 +78,7 @@ fn refund_5xx<S: TestService>(limiter: Limiter, quota: Quota, inner: S) -> RateL
         .layer(inner)
 }
 
-fn call(status: u16, gated: bool) -> Request<Full<Bytes>> {
+pub(crate) fn call(status: u16, gated: bool) -> Request<Full<Bytes>> {
     let mut request = Request::builder().header("x-status", status);
     if gated {
         request = request.header("x-gate", "1");
@@ -99,7 +103,7 @@ where
 
 /// What the key has left under `quotas`, by a check of `limiter` (which `try_check` sends to the
 /// store, never to a lease).
-async fn store_left(limiter: &Limiter, quotas: &Quotas) -> u64 {
+pub(crate) async fn store_left(limiter: &Limiter, quotas: &Quotas) -> u64 {
     let peek = limiter.try_check_quotas(target(), quotas, 0).await;
     peek.expect("the store decides").remaining
 }
