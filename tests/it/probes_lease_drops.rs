@@ -18,7 +18,9 @@ use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 use crate::modes::settle::until_entered;
-use crate::modes::settle_leases::{answering, call, refund_5xx, store_left, target};
+use crate::modes::settle_leases::{
+    answering, call, late_refund_behind_the_next_window, refund_5xx, store_left, target,
+};
 use crate::probes_lease_settle::leases_ended;
 use crate::support::{Ctx, RedisServer};
 
@@ -376,51 +378,12 @@ async fn a_lease_answered_refund_that_times_out_and_runs_late_never_reaches_the_
         quota,
         answering(gate.clone(), entered.clone()),
     );
-    let ms_in_second = || -> u64 {
-        let (_, us): (u64, u64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
-        us / 1_000
-    };
-    while ms_in_second() > 300 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for _ in 0..300 {
-        let status = svc
-            .clone()
-            .oneshot(call(200, false))
-            .await
-            .unwrap()
-            .status();
-        assert_eq!(status, StatusCode::OK);
-    }
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let spent = limiter.lease_stats().spent;
-    let failing = {
-        let svc = svc.clone();
-        tokio::spawn(async move { svc.oneshot(call(503, true)).await.unwrap().status() })
-    };
-    until_entered(&entered, 1).await;
-    assert_eq!(
-        limiter.lease_stats().spent,
-        spent + 1,
-        "not answered from the lease"
-    );
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let sleep = Duration::from_millis(1_000 - ms_in_second() + 500);
-    let sleeper = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    // Queued first on the limiter's connection (Redis serves one connection in order): it
-    // times out here, and Redis runs it all the same, before the refund.
-    let next = {
-        let limiter = limiter.clone();
-        tokio::spawn(async move { limiter.try_check_quotas(target(), &quotas, CAPACITY).await })
-    };
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    gate.add_permits(1);
-    assert_eq!(failing.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
-    limiter.flush_settlements().await;
+    // The check of W+1 queued first on the limiter's connection times out here, and Redis runs
+    // it all the same, before the refund.
+    let next =
+        late_refund_behind_the_next_window(&redis, &limiter, &svc, (&gate, &entered), &quotas)
+            .await;
     let failures = limiter.stats().settle_failures;
-    let next = next.await.unwrap();
-    sleeper.join().unwrap();
     assert!(
         next.is_err(),
         "the check of W+1 answered within the timeout: {next:?}"
@@ -485,49 +448,10 @@ async fn a_lease_answered_refund_through_a_wrapping_store_run_late_never_reaches
         quota,
         answering(gate.clone(), entered.clone()),
     );
-    let ms_in_second = || -> u64 {
-        let (_, us): (u64, u64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
-        us / 1_000
-    };
-    while ms_in_second() > 300 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for _ in 0..300 {
-        let status = svc
-            .clone()
-            .oneshot(call(200, false))
+    let next =
+        late_refund_behind_the_next_window(&redis, &limiter, &svc, (&gate, &entered), &quotas)
             .await
-            .unwrap()
-            .status();
-        assert_eq!(status, StatusCode::OK);
-    }
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let spent = limiter.lease_stats().spent;
-    let failing = {
-        let svc = svc.clone();
-        tokio::spawn(async move { svc.oneshot(call(503, true)).await.unwrap().status() })
-    };
-    until_entered(&entered, 1).await;
-    assert_eq!(
-        limiter.lease_stats().spent,
-        spent + 1,
-        "not answered from the lease"
-    );
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let sleep = Duration::from_millis(1_000 - ms_in_second() + 500);
-    let sleeper = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    // Queued first on the limiter's connection (Redis serves one connection in order).
-    let next = {
-        let limiter = limiter.clone();
-        tokio::spawn(async move { limiter.try_check_quotas(target(), &quotas, CAPACITY).await })
-    };
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    gate.add_permits(1);
-    assert_eq!(failing.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
-    limiter.flush_settlements().await;
-    let next = next.await.unwrap().unwrap();
-    sleeper.join().unwrap();
+            .unwrap();
     assert!(next.allowed, "W+1 admits its 1 000: {next:?}");
     assert_eq!(limiter.stats().settle_failures, 0);
     let left = store_left(&other, &quotas).await;

@@ -16,8 +16,8 @@ use redlimit::clock::{Clock, ManualClock};
 use redlimit::key::GlobalKey;
 use redlimit::layer::RateLimit;
 use redlimit::limiter::Leases;
-use redlimit::store::{MemoryStore, Store};
-use redlimit::{Algorithm, Limiter, Quota, Quotas, RateLimitLayer, Target};
+use redlimit::store::{MemoryStore, Store, StoreError};
+use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Target};
 use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
@@ -26,7 +26,7 @@ use crate::support::service::{status_of, TestService};
 use crate::support::{Ctx, RedisServer};
 
 /// A window of 1 000: leases of up to 100 units (a tenth of it).
-const CAPACITY: u64 = 1_000;
+pub(crate) const CAPACITY: u64 = 1_000;
 
 /// The key every layer here limits, under the policy "api".
 pub(crate) fn target() -> Target<'static> {
@@ -154,6 +154,67 @@ async fn a_fixed_window_lease_answers_nothing_past_its_window_client_clock() {
     }
 }
 
+/// On Redis's clock, the late refund of a request answered from `limiter`'s lease: early in a
+/// window W, with a lease held, a request through `svc` (the layer over
+/// [`answering`]`(gate, entered)`) fails with a 503 while Redis sleeps until half a second into
+/// W+1, behind a check of the whole of W+1 queued first on the limiter's connection. Returns
+/// that check's answer, once the settlement was flushed (the refund ran, or failed).
+pub(crate) async fn late_refund_behind_the_next_window<S, B>(
+    redis: &RedisServer,
+    limiter: &Limiter,
+    svc: &S,
+    (gate, entered): (&Semaphore, &AtomicUsize),
+    quotas: &Quotas,
+) -> Result<Decision, StoreError>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+{
+    let ms_in_second = || -> u64 {
+        let (_, us): (u64, u64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
+        us / 1_000
+    };
+    // Early in a second (window W), so the steps below end well inside it.
+    while ms_in_second() > 300 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lease_held(limiter, svc).await;
+    let spent = limiter.lease_stats().spent;
+    let failing = {
+        let svc = svc.clone();
+        tokio::spawn(async move { status_of(&svc, call(503, true)).await })
+    };
+    until_entered(entered, 1).await;
+    assert_eq!(
+        limiter.lease_stats().spent,
+        spent + 1,
+        "answered from the lease"
+    );
+    // A background renewal the request started ends.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Redis sleeps until half a second into the next window.
+    let sleep = Duration::from_millis(1_000 - ms_in_second() + 500);
+    let sleeper = redis.debug_sleep(sleep);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Queued first on the limiter's connection (Redis serves one connection in order): a check
+    // of the whole next window.
+    let next = {
+        let (limiter, quotas) = (limiter.clone(), *quotas);
+        tokio::spawn(async move { limiter.try_check_quotas(target(), &quotas, CAPACITY).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    gate.add_permits(1);
+    assert_eq!(failing.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    limiter.flush_settlements().await;
+    let next = next.await.unwrap();
+    sleeper.join().unwrap();
+    next
+}
+
 /// Redis's clock: a request answered from a lease early in window W fails with a 503, and its
 /// refund reaches Redis only in W+1 (`DEBUG SLEEP` across the boundary), behind a check that
 /// charged W+1 in full. Dated by the renewal (Redis's time of its admission) it goes to W; dated
@@ -170,39 +231,10 @@ async fn a_lease_answered_refund_run_late_by_redis_never_reaches_the_next_window
         quota,
         answering(gate.clone(), entered.clone()),
     );
-    let ms_in_second = || -> u64 {
-        let (_, us): (u64, u64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
-        us / 1_000
-    };
-    // Early in a second (window W), so the steps below end well inside it.
-    while ms_in_second() > 300 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    lease_held(&limiter, &svc).await;
-    let spent = limiter.lease_stats().spent;
-    let failing = {
-        let svc = svc.clone();
-        tokio::spawn(async move { status_of(&svc, call(503, true)).await })
-    };
-    until_entered(&entered, 1).await;
-    assert_eq!(limiter.lease_stats().spent, spent + 1);
-    // A background renewal the request started ends.
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    // Redis sleeps until half a second into the next window.
-    let sleep = Duration::from_millis(1_000 - ms_in_second() + 500);
-    let sleeper = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    // Queued first on the limiter's connection: a check of the whole next window.
-    let next = {
-        let limiter = limiter.clone();
-        tokio::spawn(async move { limiter.try_check_quotas(target(), &quotas, CAPACITY).await })
-    };
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    gate.add_permits(1);
-    assert_eq!(failing.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
-    limiter.flush_settlements().await;
-    let next = next.await.unwrap().unwrap();
-    sleeper.join().unwrap();
+    let next =
+        late_refund_behind_the_next_window(&redis, &limiter, &svc, (&gate, &entered), &quotas)
+            .await
+            .unwrap();
     assert!(next.allowed, "the next window admits its 1 000: {next:?}");
     assert_eq!(limiter.stats().settle_failures, 0);
     let left = store_left(&limiter, &quotas).await;
