@@ -87,7 +87,7 @@ pub(crate) fn call(status: u16, gated: bool) -> Request<Full<Bytes>> {
 }
 
 /// Requests answered 200 through `svc` until `limiter`'s lease of the key holds units.
-async fn lease_held<S, B>(limiter: &Limiter, svc: &S) -> u64
+pub(crate) async fn lease_held<S, B>(limiter: &Limiter, svc: &S) -> u64
 where
     S: Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible> + Clone,
 {
