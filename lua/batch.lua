@@ -54,6 +54,16 @@ local function decide(skey, lkey, key3, args, tenant)
 -- @decide
 end
 
+-- Redis under `maxmemory` with nothing to evict refuses a script's first command that may add
+-- memory (`OOM ...`) and lets every later one through: it decides once, when the call starts.
+-- Alone, each decision's first write is such a command (lua/common.lua), so Redis refuses each
+-- decision that would write. Here only the call's first would be refused: so the first
+-- decision refused with OOM makes this call refuse, from then on, the commands of the
+-- decisions that may add memory (SET, ZADD) with that error, as Redis would refuse each alone;
+-- a decision that writes nothing (a denial) is decided as alone. (`call` and `rpcall` are the
+-- decisions' upvalues: replacing them here is what they call next.)
+local oom = false
+
 local replies, k = {}, 1
 for i = 1, n do
   local ok, reply
@@ -77,6 +87,22 @@ for i = 1, n do
         reply = 'ERR ' .. reply
       end
       reply = error_reply(reply)
+    end
+  end
+  -- (A decision's own error reply, e.g. the sliding log's refused probe, is a table too.)
+  if not oom and type(reply) == 'table' and reply.err and find(reply.err, '^OOM ') then
+    oom = reply.err
+    call = function(command, ...)
+      if command == 'SET' or command == 'ZADD' then
+        error({err = oom})
+      end
+      return redis.call(command, ...)
+    end
+    rpcall = function(command, ...)
+      if command == 'SET' or command == 'ZADD' then
+        return {err = oom}
+      end
+      return redis.pcall(command, ...)
     end
   end
   replies[i] = reply

@@ -284,6 +284,12 @@ if not plain then
     if stamp < reset_us then
       if log then
         if skey then
+          -- Asked first, as in the sliding log's step: a delete first would let its ZADD
+          -- past maxmemory.
+          local full = rpcall('ZADD', lkey, 'XX', 0, '')
+          if full.err and string.sub(full.err, 1, 4) == 'OOM ' then
+            return full
+          end
           call('DEL', lkey)
         else
           forget = reset_us

@@ -9,6 +9,13 @@
   -- 1. Read the newest entry: a key of another type is deleted and counts as empty.
   local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
   if newest.err then
+    -- Under maxmemory Redis refuses only a script's first write that may add memory: this
+    -- delete first would let the admission's ZADD past it. A ZADD that changes nothing asks
+    -- first (OOM exactly when the admission's would be; WRONGTYPE otherwise).
+    local full = rpcall('ZADD', key, 'XX', 0, '')
+    if full.err and string.sub(full.err, 1, 4) == 'OOM ' then
+      return full
+    end
     call('DEL', key)
     newest = {}
   end
@@ -83,7 +90,9 @@
         end
       end
       if admit then
-        call('ZREMRANGEBYSCORE', key, '-inf', from - 1)
+        -- The members first, then the units that left the window: under maxmemory Redis
+        -- refuses only a script's first write that may add memory, and a removal first would
+        -- let the ZADD past it.
         local prefix = string.format('%d:', t)
         local n, added = count, 0
         if cost == 1 then
@@ -99,6 +108,7 @@
           end
           added = added + call('ZADD', key, 'NX', unpack(members))
         end
+        call('ZREMRANGEBYSCORE', key, '-inf', from - 1)
       end
       call('PEXPIRE', key, ttl)
     end

@@ -2,11 +2,14 @@
 //!
 //! A decision that finds no call in flight for its group (the connection; on Cluster, its
 //! slot) goes out alone at once, from its caller's future, as without batching. Decisions that
-//! arrive while one is in flight wait in the group's queue; when that call ends (or is dropped:
-//! its [`InFlight`] guard), the queue is handed to a task of its own, which sends up to
-//! `max_batch` of them in one `EVALSHA` and goes on while decisions keep arriving. A queue that
-//! reaches `max_batch`, or a quarter of it behind a single call in flight, is sent at once by
-//! another such task.
+//! arrive while a call is in flight wait in the group's queue, and a sender of the store's own
+//! (a task on the store's runtime: [`StoreRuntime`](super::runtime::StoreRuntime)) sends them:
+//! at once when no sender is in flight for the group, else when the sender's call ends, up to
+//! `max_batch` in one `EVALSHA`, and on while decisions keep arriving. A queue that reaches
+//! `max_batch`, or a quarter of it behind a single call in flight, gets another sender at once.
+//! So no queued decision waits for another caller's call, task, poll or runtime: a caller that
+//! is parked, busy with synchronous work, on a runtime that idles or shuts down, holds up only
+//! its own decision.
 //!
 //! Each decision keeps its own reply, its own errors and its own timeout (from the moment it was
 //! queued); a decision whose caller went away before its call was sent is left out of it. The
@@ -23,6 +26,7 @@ use super::args::PackedArgs;
 use super::cluster::is_rehashing;
 use super::connection::is_stale_server;
 use super::script::{read_decision, Call};
+use super::runtime::RUNTIME_GONE;
 use super::{count_error, Backend, RedisStore};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
@@ -32,6 +36,12 @@ use crate::store::{CheckRequest, StoreError};
 /// The default of [`RedisStoreBuilder::max_batch`](super::RedisStoreBuilder::max_batch): the
 /// most decisions one script call carries.
 pub const DEFAULT_MAX_BATCH: usize = 64;
+
+/// The largest [`RedisStoreBuilder::max_batch`](super::RedisStoreBuilder::max_batch): the most
+/// decisions one script call can always carry. The batch script unpacks one value per decision
+/// (its tenants' keys, into one `MGET`) and Lua's stack takes fewer than 8 000; a call this
+/// large already pays its fixed cost on a thousand decisions.
+pub const MAX_BATCH: usize = 1024;
 
 /// The queues of one store (shared by its clones): one group per connection, or on Cluster per
 /// slot, since a script's keys must share one.
@@ -67,12 +77,15 @@ impl Hasher for SlotHasher {
 }
 
 /// One group's calls in flight and the decisions waiting for the next.
+///
+/// Whenever the queue holds a decision, a sender is in flight for the group: the one that
+/// queued it started one if none was, and a sender ends only with an empty queue.
 #[derive(Default)]
 struct Group {
+    /// Calls in flight: at most one caller's own, and the senders'.
     in_flight: usize,
-    /// How many of those are sent from a caller's own future (at most one: a decision goes
-    /// alone only when nothing is in flight); the others are sender tasks'.
-    leaders: usize,
+    /// Of those, the senders' (tasks on the store's runtime).
+    senders: usize,
     queue: Vec<Queued>,
 }
 
@@ -106,17 +119,11 @@ enum Answer {
 /// How a decision goes: alone (holding its group's call in flight), or queued in a group.
 enum Entry<'a> {
     Alone(InFlight<'a>),
-    Queued(oneshot::Receiver<Answer>, u16),
+    Queued(oneshot::Receiver<Answer>),
 }
 
 /// The share of `max_batch` queued behind a single call in flight that starts a second call.
 const SECOND_CALL_AT: usize = 4;
-
-/// The share of its timeout a queued decision waits for the call ahead before its caller sends
-/// the queue itself: the call ahead is sent from its own caller's future, which may stop being
-/// polled (a caller parked in a `select!`, a future polled once by hand), and a healthy Redis
-/// answers far sooner.
-const TAKE_OVER_AFTER: u32 = 4;
 
 impl Batches {
     pub(super) fn new(max: usize) -> Self {
@@ -134,59 +141,50 @@ impl Batches {
         self.groups.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes the next call's decisions from `group` (those whose callers still wait, up to
-    /// `max`), or, when none wait, ends that call in flight. `from_leader`: the call that ended
-    /// was a caller's own (the next, if any, is a sender task's).
-    fn next(&self, slot: u16, from_leader: bool) -> Option<Vec<Queued>> {
+    /// Takes a sender's next call's decisions from `group` (those whose callers still wait, up
+    /// to `max`), or, when none wait, ends that sender.
+    fn next(&self, slot: u16) -> Option<Vec<Queued>> {
         let mut groups = self.lock();
         let group = groups.get_mut(&slot)?;
-        if from_leader {
-            group.leaders = group.leaders.saturating_sub(1);
-        }
         group.queue.retain(|queued| !queued.answer.is_closed());
         if group.queue.is_empty() {
-            group.in_flight = group.in_flight.saturating_sub(1);
-            if group.in_flight == 0 {
-                groups.remove(&slot);
-            }
+            group.senders = group.senders.saturating_sub(1);
+            end_call(&mut groups, slot);
             return None;
         }
         let take = group.queue.len().min(self.max);
         Some(group.queue.drain(..take).collect())
     }
 
-    /// Ends a call in flight that will not be sent, its `batch` back at the head of the queue.
-    fn give_up(&self, slot: u16, batch: Vec<Queued>) {
+    /// Ends a sender that will send no more (its task dropped: the store's runtime shut down).
+    /// With no other sender left, nothing would send the queue: its decisions are dropped, and
+    /// their callers hear so at once instead of at their timeout.
+    fn abandon(&self, slot: u16) {
         let mut groups = self.lock();
         let Some(group) = groups.get_mut(&slot) else {
             return;
         };
+        group.senders = group.senders.saturating_sub(1);
+        if group.senders == 0 {
+            group.queue.clear();
+        }
+        end_call(&mut groups, slot);
+    }
+}
+
+/// Counts one call of `slot`'s group out; forgets the group when nothing is left in it.
+fn end_call(groups: &mut Groups, slot: u16) {
+    if let Some(group) = groups.get_mut(&slot) {
         group.in_flight = group.in_flight.saturating_sub(1);
-        group.queue.splice(0..0, batch);
         if group.in_flight == 0 && group.queue.is_empty() {
             groups.remove(&slot);
         }
     }
-
-    /// Takes the queue for a call of its own when only a caller's own call is in flight: a
-    /// queued decision's caller waited [`TAKE_OVER_AFTER`] of its timeout for it. (A sender
-    /// task in flight takes the queue when its call ends, whatever its callers do.)
-    fn take_over(&self, slot: u16) -> Option<Vec<Queued>> {
-        let mut groups = self.lock();
-        let group = groups.get_mut(&slot)?;
-        group.queue.retain(|queued| !queued.answer.is_closed());
-        if group.queue.is_empty() || group.in_flight > group.leaders {
-            return None;
-        }
-        group.in_flight += 1;
-        let take = group.queue.len().min(self.max);
-        Some(group.queue.drain(..take).collect())
-    }
 }
 
 /// A group's call in flight from a caller's own future. Dropped when that call ends, or with
-/// the future (a client gone, an outer timeout): either way the decisions queued behind it are
-/// handed on, so none waits for a call that will never end.
+/// the future (a client gone, an outer timeout). Nothing waits for it: decisions queued
+/// meanwhile have a sender of their own.
 struct InFlight<'a> {
     store: &'a RedisStore,
     slot: u16,
@@ -194,57 +192,50 @@ struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(batch) = self.store.batches.next(self.slot, true) {
-            spawn_sender(self.store, self.slot, batch);
-        }
+        end_call(&mut self.store.batches.lock(), self.slot);
     }
 }
 
-/// Sends `batch`, then every next one of the group's, as a task of its own: no caller's future
-/// carries other callers' decisions.
+/// Sends `batch`, then every next one of the group's, as a task of its own on the store's
+/// runtime: no caller's future, task or runtime carries other callers' decisions.
 fn spawn_sender(store: &RedisStore, slot: u16, batch: Vec<Queued>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        // No runtime here (a caller's future dropped on a plain thread): the decisions go back
-        // to the head of the queue and the call in flight is given up; their callers, on
-        // runtimes of their own, send them when they take over.
-        store.batches.give_up(slot, batch);
-        return;
-    };
     let sending = Sending {
         store: store.clone(),
         slot,
         done: false,
     };
-    runtime.spawn(async move {
-        let mut sending = sending;
+    // A runtime that has shut down drops the task at once: `Sending` says so to the group.
+    let _ = store.runtime.spawn(async move {
         let mut batch = batch;
         loop {
             sending.store.send_batch(batch).await;
-            match sending.store.batches.next(slot, false) {
+            match sending.store.batches.next(slot) {
                 Some(next) => batch = next,
-                None => {
-                    sending.done = true;
-                    return;
-                }
+                None => return sending.finish(),
             }
         }
     });
 }
 
-/// A sender task's call in flight. Dropped before the task ends (its runtime shut down), it
-/// gives the call up, so that the group does not count a call that nothing sends; the
-/// decisions it carried are gone with it (their callers hear that the store is unavailable),
-/// and those still queued are sent when their callers take over.
+/// A sender's call in flight. Dropped before its task ends (the store's runtime shut down), it
+/// ends the sender, so that the group does not count a call that nothing sends.
 struct Sending {
     store: RedisStore,
     slot: u16,
     done: bool,
 }
 
+impl Sending {
+    /// The sender's queue is empty: `next` ended it.
+    fn finish(mut self) {
+        self.done = true;
+    }
+}
+
 impl Drop for Sending {
     fn drop(&mut self) {
         if !self.done {
-            self.store.batches.give_up(self.slot, Vec::new());
+            self.store.batches.abandon(self.slot);
         }
     }
 }
@@ -258,6 +249,9 @@ impl RedisStore {
         request: CheckRequest<'_>,
         timed: bool,
     ) -> Result<(Decision, Option<u64>), StoreError> {
+        if self.runtime.is_gone() {
+            return Err(StoreError::Unavailable(RUNTIME_GONE));
+        }
         let admission = match &self.breaker {
             Some(breaker) => breaker.admit(),
             None => Admission::Call,
@@ -268,32 +262,28 @@ impl RedisStore {
             Admission::Probe => return self.check_alone(request, admission, timed).await,
             Admission::Call => {}
         }
-        let (mut receiver, slot) = match self.enter(&request, timed) {
+        let mut receiver = match self.enter(&request, timed) {
             Entry::Alone(in_flight) => {
                 let result = self.check_alone(request, admission, timed).await;
                 drop(in_flight);
                 return result;
             }
-            Entry::Queued(receiver, slot) => (receiver, slot),
+            Entry::Queued(receiver) => receiver,
         };
         // The decision's one timeout, from the moment it was queued: the wait, and the call of
         // its own when the batch could not take it.
         let deadline = tokio::time::Instant::now() + self.timeout;
         let timed_out = || StoreError::Timeout(self.timeout);
-        let answer = match tokio::time::timeout(self.timeout / TAKE_OVER_AFTER, &mut receiver).await
-        {
-            Ok(answer) => answer,
-            Err(_) => {
-                if let Some(batch) = self.batches.take_over(slot) {
-                    spawn_sender(self, slot, batch);
-                }
-                tokio::time::timeout_at(deadline, &mut receiver)
-                    .await
-                    .map_err(|_| timed_out())?
-            }
-        };
-        let answer =
-            answer.map_err(|_| StoreError::Unavailable("the store's batch was dropped"))?;
+        let answer = tokio::time::timeout_at(deadline, &mut receiver)
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| {
+                StoreError::Unavailable(if self.runtime.is_gone() {
+                    RUNTIME_GONE
+                } else {
+                    "the store's batch was dropped"
+                })
+            })?;
         match answer {
             Answer::Reply(Ok(value)) => read_decision(value, &request).inspect_err(|_| {
                 count_error("check", false);
@@ -323,8 +313,9 @@ impl RedisStore {
         .await
     }
 
-    /// Goes alone when nothing is in flight for the request's group, else queues it (and sends
-    /// the queue at once when it is full, or a quarter full behind a single call).
+    /// Goes alone when nothing is in flight for the request's group, else queues it, and
+    /// starts a sender when none is in flight for the group, when the queue is full, or when a
+    /// quarter of it waits behind a single call.
     fn enter(&self, request: &CheckRequest<'_>, timed: bool) -> Entry<'_> {
         let slot = match &*self.backend {
             Backend::Cluster { .. } => slot_of(request.key.as_bytes()),
@@ -334,7 +325,6 @@ impl RedisStore {
         let group = groups.entry(slot).or_default();
         if group.in_flight == 0 {
             group.in_flight = 1;
-            group.leaders = 1;
             return Entry::Alone(InFlight { store: self, slot });
         }
         let (answer, receiver) = oneshot::channel();
@@ -344,20 +334,22 @@ impl RedisStore {
             args: PackedArgs::of(request, timed),
             answer,
         });
-        // A full queue goes at once; so does a quarter of one while a single call is in flight,
-        // so that a second call overlaps the first (the client's work on one reply with
-        // Redis's on the next call) instead of every decision waiting for one round trip
-        // after another.
+        // A second call at a quarter of a queue overlaps the first (the client's work on one
+        // reply with Redis's on the next call) instead of every decision waiting for one round
+        // trip after another.
         let queued = group.queue.len();
-        if queued >= self.batches.max
-            || (group.in_flight == 1 && queued >= self.batches.max.div_ceil(SECOND_CALL_AT))
+        let max = self.batches.max;
+        if group.senders == 0
+            || queued >= max
+            || (group.in_flight == 1 && queued >= max.div_ceil(SECOND_CALL_AT))
         {
             group.in_flight += 1;
-            let batch: Vec<Queued> = group.queue.drain(..).collect();
+            group.senders += 1;
+            let batch: Vec<Queued> = group.queue.drain(..queued.min(max)).collect();
             drop(groups);
             spawn_sender(self, slot, batch);
         }
-        Entry::Queued(receiver, slot)
+        Entry::Queued(receiver)
     }
 
     /// One call for `batch`: each decision hears its own reply, or the call's error. The breaker

@@ -17,7 +17,9 @@ use super::server::{self, ServerInfo};
 use super::tls::explain_tls;
 #[cfg(feature = "tls")]
 use super::tls::require_tls;
-use super::{Backend, BuildError, RedisStore, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT};
+use super::runtime::StoreRuntime;
+use super::{Backend, BuildError, RedisStore, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT, MAX_BATCH};
+use super::reload::Reloads;
 use crate::store::breaker::{BreakerState, CircuitBreaker};
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`], [`RedisStore::cluster_builder`] and
@@ -108,7 +110,8 @@ impl RedisStoreBuilder {
     }
 
     /// The most decisions one script call may carry ([`DEFAULT_MAX_BATCH`] by default; 1 sends
-    /// every decision alone, 0 is refused by [`build`](Self::build)).
+    /// every decision alone; 0 and more than [`MAX_BATCH`] are refused by
+    /// [`build`](Self::build) with a [`BuildError`]).
     ///
     /// Decisions are batched only when there is a queue: a decision that finds no call in
     /// flight on its connection (on Cluster: for its slot) goes out alone at once; decisions
@@ -117,11 +120,17 @@ impl RedisStoreBuilder {
     /// [module docs](crate::store#batching)). A user sees no difference but Redis's cost.
     ///
     /// ```
-    /// use redlimit::store::RedisStore;
+    /// use redlimit::store::{RedisStore, MAX_BATCH};
     ///
     /// let unbatched = RedisStore::builder("redis://127.0.0.1:6379").max_batch(1).build()?;
     /// assert_eq!(unbatched.max_batch(), 1);
     /// assert!(RedisStore::builder("redis://127.0.0.1:6379").max_batch(0).build().is_err());
+    /// let largest = RedisStore::builder("redis://127.0.0.1:6379").max_batch(MAX_BATCH).build()?;
+    /// assert_eq!(largest.max_batch(), MAX_BATCH);
+    /// assert!(RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .max_batch(MAX_BATCH + 1)
+    ///     .build()
+    ///     .is_err());
     /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn max_batch(mut self, decisions: usize) -> Self {
@@ -207,6 +216,9 @@ impl RedisStoreBuilder {
         if self.max_batch == 0 {
             return Err(BuildError::ZeroBatch);
         }
+        if self.max_batch > MAX_BATCH {
+            return Err(BuildError::BatchTooLarge(self.max_batch));
+        }
         let mut builder = self;
         let target = std::mem::replace(&mut builder.target, Ok(Target::Cluster(Vec::new())));
         let target = target.map_err(|error| BuildError::InvalidUrl(error.into()))?;
@@ -218,6 +230,7 @@ impl RedisStoreBuilder {
     /// [`build`](Self::build) once the URLs are known good.
     fn build_on(self, target: Target) -> Result<RedisStore, RedisError> {
         let timeout = self.timeout;
+        let runtime = Arc::new(StoreRuntime::current());
         let with_credentials = |info: ConnectionInfo| match &self.credentials {
             Some((username, password)) => {
                 let mut redis = info.redis_settings().clone().set_password(password);
@@ -250,7 +263,8 @@ impl RedisStoreBuilder {
                     addr,
                     connection: Replaceable::new(Box::new(move || {
                         connect_single(client.clone()).boxed()
-                    })),
+                    }))
+                    .on(Arc::clone(&runtime)),
                 }
             }
             Target::Cluster(nodes) => {
@@ -278,7 +292,8 @@ impl RedisStoreBuilder {
                             Ok((connection, server))
                         }
                         .boxed()
-                    })),
+                    }))
+                    .on(Arc::clone(&runtime)),
                 }
             }
             Target::Sentinel(target) => {
@@ -294,7 +309,8 @@ impl RedisStoreBuilder {
                 let connect = sentinel::connect(client, &target);
                 Backend::Sentinel {
                     master: target.master,
-                    connection: Replaceable::with_stale(connect, stale_server_or_dropped),
+                    connection: Replaceable::with_stale(connect, stale_server_or_dropped)
+                        .on(Arc::clone(&runtime)),
                 }
             }
         };
@@ -302,8 +318,9 @@ impl RedisStoreBuilder {
             backend: Arc::new(backend),
             timeout,
             breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
-            reloads: Arc::default(),
+            reloads: Arc::new(Reloads::on(Arc::clone(&runtime))),
             batches: Arc::new(Batches::new(self.max_batch)),
+            runtime,
         })
     }
 }

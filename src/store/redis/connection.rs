@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
+use super::runtime::StoreRuntime;
 use super::server::ServerInfo;
 use crate::store::StoreError;
 
@@ -57,6 +58,8 @@ pub(super) struct Replaceable<C> {
     connect: Connect<C>,
     stale: Stale,
     generations: AtomicU64,
+    /// Where connection attempts run (and the drivers redis-rs spawns beside them).
+    runtime: Arc<StoreRuntime>,
 }
 
 /// One generation of a [`Replaceable`] connection.
@@ -124,7 +127,14 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
             connect,
             stale,
             generations: AtomicU64::new(0),
+            runtime: Arc::default(),
         }
+    }
+
+    /// The same connection, its attempts run on the store's `runtime`.
+    pub(super) fn on(mut self, runtime: Arc<StoreRuntime>) -> Self {
+        self.runtime = runtime;
+        self
     }
 
     /// The current connection if it is open, and the generation to report the call under.
@@ -177,11 +187,11 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
         result
     }
 
-    /// Runs one connection attempt as a task of its own: it goes on when the calls waiting for
-    /// it give up.
+    /// Runs one connection attempt as a task of its own on the store's runtime: it goes on
+    /// when the calls waiting for it give up, and the connection's driver lives there too.
     fn spawn_attempt(&self, slot: Arc<Slot<C>>, failures: u32) -> Shared<BoxFuture<'static, ()>> {
         let connecting = (self.connect)();
-        let task = tokio::spawn(async move {
+        let task = self.runtime.spawn(async move {
             let result = within(ATTEMPT_TIMEOUT, "connection attempt timed out", connecting).await;
             let mut attempt = slot.attempt();
             match result {
@@ -212,7 +222,11 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
                 }
             }
         });
-        task.map(|_| ()).boxed().shared()
+        match task {
+            Some(task) => task.map(|_| ()).boxed().shared(),
+            // No runtime at all: the waiting call hears the attempt was abandoned.
+            None => futures::future::ready(()).boxed().shared(),
+        }
     }
 
     /// Records how a call on generation `generation` went; replaces the connection if that

@@ -10,6 +10,7 @@ mod connection;
 mod error;
 mod refund;
 mod reload;
+mod runtime;
 mod script;
 mod sentinel;
 mod server;
@@ -27,12 +28,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 
 use self::batch::Batches;
-pub use self::batch::DEFAULT_MAX_BATCH;
+pub use self::batch::{DEFAULT_MAX_BATCH, MAX_BATCH};
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::connection::Replaceable;
 pub use self::error::BuildError;
 use self::reload::Reloads;
+use self::runtime::{StoreRuntime, RUNTIME_GONE};
 use self::script::{check_server, read_control, read_decision, Call, ScriptConnection};
 use self::sentinel::{PrimaryConnection, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
@@ -111,6 +113,8 @@ pub struct RedisStore {
     breaker: Option<Arc<BreakerState>>,
     reloads: Arc<Reloads>,
     batches: Arc<Batches>,
+    /// Where the store's own tasks run: its connection, its script loads, its batch senders.
+    runtime: Arc<StoreRuntime>,
 }
 
 enum Backend {
@@ -385,6 +389,9 @@ impl RedisStore {
         call: Call<'_>,
         read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        if self.runtime.is_gone() {
+            return Err(StoreError::Unavailable(RUNTIME_GONE));
+        }
         let (generation, open) = connection.connection();
         let mut inner_error = None;
         let result = self

@@ -19,6 +19,7 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError};
 
 use super::connection::within;
+use super::runtime::StoreRuntime;
 
 /// How long one background `SCRIPT LOAD` may take; calls wait for it within their own timeout.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,10 +36,12 @@ pub(super) enum Script {
     Batch = 5,
 }
 
-/// The reload state of both scripts, shared by every clone of a store.
+/// The reload state of every script, shared by every clone of a store.
 #[derive(Default)]
 pub(super) struct Reloads {
     scripts: [Arc<Reload>; 6],
+    /// Where loads run.
+    runtime: Arc<StoreRuntime>,
 }
 
 /// A load under way, awaited by every call that saw `NOSCRIPT` meanwhile.
@@ -53,6 +56,14 @@ struct Reload {
 }
 
 impl Reloads {
+    /// No load yet; loads run on the store's `runtime`.
+    pub(super) fn on(runtime: Arc<StoreRuntime>) -> Self {
+        Reloads {
+            scripts: Default::default(),
+            runtime,
+        }
+    }
+
     /// What a call reads before its `EVALSHA`, to tell a `NOSCRIPT` that a finished load
     /// already answered from one that needs a load.
     pub(super) fn seen(&self, script: Script) -> u64 {
@@ -81,7 +92,7 @@ impl Reloads {
             match &*running {
                 Some(load) => load.clone(),
                 None => {
-                    let load = Self::spawn_load(Arc::clone(reload), connection.clone(), source);
+                    let load = self.spawn_load(Arc::clone(reload), connection.clone(), source);
                     *running = Some(load.clone());
                     load
                 }
@@ -90,11 +101,11 @@ impl Reloads {
         running.await
     }
 
-    fn spawn_load<C>(reload: Arc<Reload>, mut connection: C, source: &'static str) -> Load
+    fn spawn_load<C>(&self, reload: Arc<Reload>, mut connection: C, source: &'static str) -> Load
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let task = tokio::spawn(async move {
+        let task = self.runtime.spawn(async move {
             let load = load(&mut connection, source);
             let result = within(LOAD_TIMEOUT, "SCRIPT LOAD timed out", load).await;
             let mut running = reload.lock();
@@ -106,16 +117,19 @@ impl Reloads {
             }
             result
         });
-        task.map(|joined| {
-            joined.unwrap_or_else(|_| {
-                Err(RedisError::from((
-                    ErrorKind::Client,
-                    "SCRIPT LOAD task ended without an answer",
-                )))
-            })
-        })
-        .boxed()
-        .shared()
+        let ended = || {
+            Err(RedisError::from((
+                ErrorKind::Client,
+                "SCRIPT LOAD task ended without an answer",
+            )))
+        };
+        match task {
+            Some(task) => task
+                .map(move |joined| joined.unwrap_or_else(|_| ended()))
+                .boxed()
+                .shared(),
+            None => futures::future::ready(ended()).boxed().shared(),
+        }
     }
 }
 
