@@ -26,7 +26,6 @@ use super::args::PackedArgs;
 use super::cluster::is_rehashing;
 use super::connection::is_stale_server;
 use super::script::{read_decision, Call};
-use super::runtime::RUNTIME_GONE;
 use super::{count_error, Backend, RedisStore};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
@@ -122,6 +121,11 @@ enum Entry<'a> {
     Queued(oneshot::Receiver<Answer>),
 }
 
+/// What a decision hears when the call that carried it was dropped with its sender (the store's
+/// runtime shut down): it may have run, so it is not sent again.
+const SENDER_GONE: &str =
+    "the store's runtime shut down with this decision's call in flight (it may have run)";
+
 /// The share of `max_batch` queued behind a single call in flight that starts a second call.
 const SECOND_CALL_AT: usize = 4;
 
@@ -157,18 +161,24 @@ impl Batches {
     }
 
     /// Ends a sender that will send no more (its task dropped: the store's runtime shut down).
-    /// With no other sender left, nothing would send the queue: its decisions are dropped, and
-    /// their callers hear so at once instead of at their timeout.
+    /// With no other sender left, nothing would send the queue: its decisions, never sent, go
+    /// back to their callers to be sent alone, on their own runtimes.
     fn abandon(&self, slot: u16) {
         let mut groups = self.lock();
         let Some(group) = groups.get_mut(&slot) else {
             return;
         };
         group.senders = group.senders.saturating_sub(1);
-        if group.senders == 0 {
-            group.queue.clear();
-        }
+        let unsent = if group.senders == 0 {
+            std::mem::take(&mut group.queue)
+        } else {
+            Vec::new()
+        };
         end_call(&mut groups, slot);
+        drop(groups);
+        for queued in unsent {
+            let _ = queued.answer.send(Answer::Alone);
+        }
     }
 }
 
@@ -249,9 +259,6 @@ impl RedisStore {
         request: CheckRequest<'_>,
         timed: bool,
     ) -> Result<(Decision, Option<u64>), StoreError> {
-        if self.runtime.is_gone() {
-            return Err(StoreError::Unavailable(RUNTIME_GONE));
-        }
         let admission = match &self.breaker {
             Some(breaker) => breaker.admit(),
             None => Admission::Call,
@@ -277,13 +284,7 @@ impl RedisStore {
         let answer = tokio::time::timeout_at(deadline, &mut receiver)
             .await
             .map_err(|_| timed_out())?
-            .map_err(|_| {
-                StoreError::Unavailable(if self.runtime.is_gone() {
-                    RUNTIME_GONE
-                } else {
-                    "the store's batch was dropped"
-                })
-            })?;
+            .map_err(|_| StoreError::Unavailable(SENDER_GONE))?;
         match answer {
             Answer::Reply(Ok(value)) => read_decision(value, &request).inspect_err(|_| {
                 count_error("check", false);

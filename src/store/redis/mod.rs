@@ -34,7 +34,7 @@ use self::builder::Target;
 use self::connection::Replaceable;
 pub use self::error::BuildError;
 use self::reload::Reloads;
-use self::runtime::{StoreRuntime, RUNTIME_GONE};
+use self::runtime::StoreRuntime;
 use self::script::{check_server, read_control, read_decision, Call, ScriptConnection};
 use self::sentinel::{PrimaryConnection, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
@@ -389,9 +389,6 @@ impl RedisStore {
         call: Call<'_>,
         read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        if self.runtime.is_gone() {
-            return Err(StoreError::Unavailable(RUNTIME_GONE));
-        }
         let (generation, open) = connection.connection();
         let mut inner_error = None;
         let result = self

@@ -8,27 +8,23 @@
 //! slot, which no other worker steals: tokio-rs/tokio#4941), and die with that runtime's
 //! shutdown. So a store binds one runtime, as redis-rs binds a connection to the runtime that
 //! made it: the runtime current when it was built, or, when built outside any, the runtime of
-//! its first call. Once that runtime has shut down, every call fails at once with
-//! [`RUNTIME_GONE`], never a stall.
+//! its first call. Only that runtime's shutdown touches the store: what is in flight on it
+//! fails, and the store then binds the runtime of its next call (and reconnects there), so a
+//! store outlives a runtime.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
+use arc_swap::ArcSwapOption;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// What a call on a store whose runtime has shut down answers
-/// ([`StoreError::Unavailable`](crate::store::StoreError::Unavailable)).
-pub(super) const RUNTIME_GONE: &str =
-    "the Tokio runtime this store was built on has shut down (build the store on a runtime \
-     that outlives every caller)";
-
 /// The runtime one store (and its clones) runs its own tasks on.
 #[derive(Default)]
 pub(super) struct StoreRuntime {
-    bound: OnceLock<Bound>,
+    bound: ArcSwapOption<Bound>,
 }
 
 struct Bound {
@@ -47,41 +43,46 @@ impl StoreRuntime {
         runtime
     }
 
-    /// The bound runtime; bound to the caller's on first use when built outside any.
-    fn bound(&self) -> Option<&Bound> {
-        if let Some(bound) = self.bound.get() {
-            return Some(bound);
+    /// The bound runtime while it runs; else the caller's, bound from now on.
+    fn bound(&self) -> Option<Arc<Bound>> {
+        let bound = self.bound.load_full();
+        if let Some(bound) = &bound {
+            if !bound.gone.load(Ordering::Relaxed) {
+                return Some(Arc::clone(bound));
+            }
         }
         let handle = Handle::try_current().ok()?;
         let gone = Arc::new(AtomicBool::new(false));
         let (alive, stopped) = oneshot::channel::<()>();
-        let bound = Bound {
+        let fresh = Arc::new(Bound {
             handle: handle.clone(),
             gone: Arc::clone(&gone),
             _alive: alive,
+        });
+        let previous = self
+            .bound
+            .compare_and_swap(&bound, Some(Arc::clone(&fresh)));
+        let won = match (&*previous, &bound) {
+            (Some(previous), Some(bound)) => Arc::ptr_eq(previous, bound),
+            (None, None) => true,
+            _ => false,
         };
-        if self.bound.set(bound).is_ok() {
-            // A runtime drops its tasks when it shuts down: this one's guard says so.
-            let guard = SetOnDrop(Some(gone));
-            handle.spawn(async move {
-                let _ = stopped.await;
-                guard.disarm(); // the store went first
-            });
+        if !won {
+            // Another call bound one first.
+            return self.bound.load_full();
         }
-        self.bound.get()
+        // A runtime drops its tasks when it shuts down: this one's guard says so.
+        let guard = SetOnDrop(Some(gone));
+        handle.spawn(async move {
+            let _ = stopped.await;
+            guard.disarm(); // the store went first
+        });
+        Some(fresh)
     }
 
-    /// Whether the bound runtime has shut down (then nothing the store spawns will run).
-    #[inline]
-    pub(super) fn is_gone(&self) -> bool {
-        self.bound
-            .get()
-            .is_some_and(|bound| bound.gone.load(Ordering::Relaxed))
-    }
-
-    /// Runs `future` as a task on the store's runtime. A runtime that has shut down drops it
-    /// at once (its drop guards run, its awaiting callers hear so); `None` only when no
-    /// runtime is bound and none is current.
+    /// Runs `future` as a task on the store's runtime. A runtime that shuts down drops it (its
+    /// drop guards run, its awaiting callers hear so); `None` only when no runtime is bound
+    /// and none is current.
     pub(super) fn spawn<F>(&self, future: F) -> Option<JoinHandle<F::Output>>
     where
         F: Future + Send + 'static,
@@ -112,31 +113,44 @@ impl Drop for SetOnDrop {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_store_runtime_that_shuts_down_is_gone_and_runs_nothing() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
-        let store_runtime = runtime.block_on(async { StoreRuntime::current() });
-        runtime.block_on(tokio::task::yield_now());
-        assert!(!store_runtime.is_gone());
-        drop(runtime);
-        assert!(store_runtime.is_gone());
+            .unwrap()
+    }
+
+    #[test]
+    fn a_store_runtime_that_shuts_down_runs_nothing_and_the_next_callers_is_bound() {
+        let first = runtime();
+        let store_runtime = first.block_on(async { StoreRuntime::current() });
+        drop(first);
+        // Nothing current: nothing to run on.
+        assert!(store_runtime.spawn(async {}).is_none());
+        let second = runtime();
+        let ran = second.block_on(async { store_runtime.spawn(async { 7 }).unwrap().await });
+        assert_eq!(ran.unwrap(), 7);
+    }
+
+    #[test]
+    fn only_the_bound_runtime_runs_the_stores_tasks() {
+        let first = runtime();
+        let store_runtime = first.block_on(async { StoreRuntime::current() });
         let (sent, ran) = std::sync::mpsc::channel();
-        let _ = store_runtime.spawn(async move { sent.send(()).unwrap() });
+        // Spawned from another runtime: it runs on the bound one, once that one is driven.
+        runtime().block_on(async {
+            store_runtime.spawn(async move { sent.send(()).unwrap() });
+        });
         assert!(ran.try_recv().is_err());
+        first.block_on(tokio::task::yield_now());
+        assert!(ran.try_recv().is_ok());
     }
 
     #[test]
     fn a_store_built_outside_a_runtime_binds_its_first_callers() {
         let store_runtime = StoreRuntime::default();
         assert!(store_runtime.spawn(async {}).is_none());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let ran = runtime.block_on(async { store_runtime.spawn(async { 7 }).unwrap().await });
+        let ran = runtime().block_on(async { store_runtime.spawn(async { 7 }).unwrap().await });
         assert_eq!(ran.unwrap(), 7);
-        assert!(!store_runtime.is_gone());
     }
 }
