@@ -20,6 +20,8 @@ mod grpc;
 
 mod acl;
 mod algorithms;
+mod batch_limits;
+mod batch_sender;
 mod batching;
 mod cluster;
 mod concurrency;

@@ -1,0 +1,248 @@
+//! The batch sender is the store's own: no queued decision depends on another caller's task,
+//! poll or runtime (`src/store/redis/batch.rs`, `src/store/redis/runtime.rs`). Each test holds
+//! Redis with `DEBUG SLEEP` so that a first call is in flight and the decisions behind it queue
+//! for certain, then makes that first call's caller misbehave: its runtime idles, its task does
+//! synchronous work, its runtime shuts down, its future is parked.
+
+use crate::support;
+
+use std::future::Future;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use redlimit::store::{RedisStore, Store, StoreError};
+use redlimit::{Algorithm, Decision};
+use support::RedisServer;
+
+use super::batching::{generous, request};
+
+/// The main runtime of these tests: a multi-thread one, as an application's.
+fn main_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A store on `redis` with `timeout`, built (and connected) on `runtime`.
+fn store_on(runtime: &tokio::runtime::Runtime, redis: &RedisServer, timeout: Duration) -> RedisStore {
+    runtime.block_on(async {
+        let store = RedisStore::builder(redis.url())
+            .timeout(timeout)
+            .without_circuit_breaker()
+            .build()
+            .unwrap();
+        store.verify().await.expect("Redis is up");
+        // The batch script loaded too, so that no NOSCRIPT resend blurs the timings.
+        let sleeping = redis.debug_sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let quotas = generous();
+        let keys: Vec<String> = (0..4).map(|i| format!("redlimit:{{warm-{i}}}")).collect();
+        for answer in join_all(
+            keys.iter()
+                .map(|key| store.check(request(key, &quotas, Algorithm::TokenBucket))),
+        )
+        .await
+        {
+            answer.expect("warm-up decided");
+        }
+        sleeping.join().unwrap();
+        store
+    })
+}
+
+/// `count` decisions on keys of their own, sent together; each answer with its time.
+async fn decisions(
+    store: &RedisStore,
+    prefix: &str,
+    count: usize,
+) -> Vec<(Result<Decision, StoreError>, Duration)> {
+    let quotas = generous();
+    let keys: Vec<String> = (0..count)
+        .map(|i| format!("redlimit:{{{prefix}-{i}}}"))
+        .collect();
+    join_all(keys.iter().map(|key| {
+        let quotas = &quotas;
+        async move {
+            let started = Instant::now();
+            let answer = store
+                .check(request(key, quotas, Algorithm::TokenBucket))
+                .await;
+            (answer, started.elapsed())
+        }
+    }))
+    .await
+}
+
+/// Every answer decided by Redis within `within`, else what each got.
+fn all_decided(answers: &[(Result<Decision, StoreError>, Duration)], within: Duration) -> bool {
+    answers
+        .iter()
+        .all(|(answer, took)| answer.is_ok() && *took < within)
+}
+
+/// A store shared with a second runtime (a current-thread one in a helper thread) that made
+/// one decision, the first call in flight, and then idles undriven: the decisions queued
+/// behind it on the main runtime, and every later decision, are decided without it.
+#[test]
+fn an_idle_runtime_that_made_the_call_in_flight_stalls_no_queued_decision() {
+    let redis = RedisServer::start();
+    let main = main_runtime();
+    let store = store_on(&main, &redis, Duration::from_secs(1));
+    let sleeping = redis.debug_sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(30));
+    let (decided, helper_decided) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let helper = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let runtime = support::current_thread_runtime();
+            let quotas = generous();
+            let answer = runtime.block_on(store.check(request(
+                "redlimit:{helper}",
+                &quotas,
+                Algorithm::TokenBucket,
+            )));
+            decided.send(answer.is_ok()).unwrap();
+            // Idle: the runtime lives on, undriven, until the test ends.
+            let _ = released.recv();
+            drop(runtime);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(30));
+    let (queued, later) = main.block_on(async {
+        let queued = decisions(&store, "queued", 4).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut later = Vec::new();
+        for i in 0..3 {
+            later.extend(decisions(&store, &format!("later-{i}"), 1).await);
+        }
+        (queued, later)
+    });
+    sleeping.join().unwrap();
+    assert!(helper_decided.recv().unwrap(), "the helper's own decision");
+    release.send(()).unwrap();
+    helper.join().unwrap();
+    assert!(
+        all_decided(&queued, Duration::from_millis(900)),
+        "decisions queued behind an idle runtime's call: {queued:?}"
+    );
+    assert!(
+        all_decided(&later, Duration::from_millis(200)),
+        "lone decisions after it, Redis idle: {later:?}"
+    );
+}
+
+/// The task whose call was in flight goes on with a second of synchronous work right after its
+/// decision (as a handler may after the layer's check): the decisions queued behind its call
+/// do not wait for that work.
+#[test]
+fn queued_decisions_do_not_wait_for_the_first_callers_synchronous_work() {
+    let redis = RedisServer::start();
+    let main = main_runtime();
+    let store = store_on(&main, &redis, Duration::from_millis(600));
+    let (queued, first) = main.block_on(async {
+        let sleeping = redis.debug_sleep(Duration::from_millis(150));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let first = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let quotas = generous();
+                let answer = store
+                    .check(request("redlimit:{busy}", &quotas, Algorithm::TokenBucket))
+                    .await;
+                // Synchronous work in the same task, without yielding.
+                std::thread::sleep(Duration::from_secs(1));
+                answer.is_ok()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let queued = decisions(&store, "behind-busy", 6).await;
+        let first = first.await.unwrap();
+        sleeping.join().unwrap();
+        (queued, first)
+    });
+    assert!(first, "the busy task's own decision");
+    assert!(
+        all_decided(&queued, Duration::from_millis(500)),
+        "decisions queued behind a task that went on with synchronous work: {queued:?}"
+    );
+}
+
+/// A runtime that is not the store's (a third one, whose task made the call in flight) shuts
+/// down: the decisions queued behind that call on the main runtime are still decided.
+#[test]
+fn another_runtimes_shutdown_fails_no_queued_decision() {
+    let redis = RedisServer::start();
+    let main = main_runtime();
+    let store = store_on(&main, &redis, Duration::from_secs(1));
+    let sleeping = redis.debug_sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(30));
+    let other = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    {
+        let store = store.clone();
+        other.spawn(async move {
+            let quotas = generous();
+            let _ = store
+                .check(request("redlimit:{other}", &quotas, Algorithm::TokenBucket))
+                .await;
+        });
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    let queued = main.block_on(async {
+        let queue = tokio::spawn({
+            let store = store.clone();
+            async move { decisions(&store, "behind-other", 3).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The other runtime goes away with its call still in flight behind the sleep.
+        other.shutdown_background();
+        queue.await.unwrap()
+    });
+    sleeping.join().unwrap();
+    assert!(
+        all_decided(&queued, Duration::from_millis(900)),
+        "decisions queued when another runtime shut down: {queued:?}"
+    );
+}
+
+/// A decision's future polled once (its call on the wire) and then kept, neither polled nor
+/// dropped: later lone decisions, with Redis idle, do not wait for it.
+#[test]
+fn a_parked_decision_slows_no_later_decision() {
+    let redis = RedisServer::start();
+    let main = main_runtime();
+    let store = store_on(&main, &redis, Duration::from_secs(2));
+    let later = main.block_on(async {
+        let quotas = generous();
+        // Held, so that the parked call cannot be answered within its first poll.
+        let sleeping = redis.debug_sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut parked = Box::pin(store.check(request(
+            "redlimit:{parked}",
+            &quotas,
+            Algorithm::TokenBucket,
+        )));
+        let waker = futures::task::noop_waker();
+        let mut context = std::task::Context::from_waker(&waker);
+        let polled = parked.as_mut().poll(&mut context);
+        assert!(polled.is_pending(), "{polled:?}");
+        sleeping.join().unwrap();
+        let mut later = Vec::new();
+        for i in 0..5 {
+            later.extend(decisions(&store, &format!("after-parked-{i}"), 1).await);
+        }
+        drop(parked);
+        later
+    });
+    assert!(
+        all_decided(&later, Duration::from_millis(150)),
+        "lone decisions while another is parked (a take-over delay would be 500 ms): {later:?}"
+    );
+}
