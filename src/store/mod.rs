@@ -33,10 +33,12 @@
 //! - A decision that finds no call in flight on its connection (on Cluster: for its key's slot)
 //!   goes out alone at once, as one `EVALSHA` of the decision script. A single caller, or a
 //!   quiet service, never waits for a batch.
-//! - Decisions that arrive while a call is in flight wait for it to end; the next call then
-//!   carries them together, up to [`RedisStoreBuilder::max_batch`] (64 by default) in one
-//!   `EVALSHA` of the batch script. A queue that fills up is sent at once, and so is a queue of a
-//!   quarter of `max_batch` behind a single call, so that two calls overlap under load.
+//! - Decisions that arrive while a call is in flight are queued, and the store's own sender (a
+//!   task on the store's runtime, below) sends them: at once when none of its calls is in flight
+//!   for the group, else when its call ends, up to [`RedisStoreBuilder::max_batch`] (64 by
+//!   default, at most [`MAX_BATCH`]) in one `EVALSHA` of the batch script. A queue that fills up
+//!   gets another call at once, and so does a queue of a quarter of `max_batch` behind a single
+//!   call, so that two calls overlap under load.
 //! - On Cluster only decisions whose keys share a slot share a call (the keys of one limiter key
 //!   always do); Sentinel and a single node batch any decisions.
 //!
@@ -45,9 +47,36 @@
 //! decision alone), so the failure policy applies to it alone. The decisions of one call run in the
 //! order they were queued; decisions in calls that overlap have no order between them, as
 //! concurrent calls never had (one caller's decisions, one after another, keep theirs). A
-//! decision's timeout counts from the moment it was queued; if the call ahead is a caller's own and
-//! has not ended after a quarter of that timeout, the queue is sent without waiting for it. A
-//! decision whose caller went away before its call was sent is left out of it and consumes nothing.
+//! decision's timeout counts from the moment it was queued. No queued decision waits for another
+//! caller: not for its call, its task (parked, or busy with synchronous work), its poll, or its
+//! runtime (idle, or shut down). A decision whose caller went away before its call was sent is
+//! left out of it and consumes nothing.
+//!
+//! Under `maxmemory` with nothing to evict, each decision of a batch meets it as it would alone:
+//! one that would write is refused with Redis's `OOM` error (and goes to the failure policy),
+//! writing nothing; one that writes nothing (a denial, a peek) is decided. Redis checks memory
+//! when a call starts: a call that starts below `maxmemory` may end above it by what its own
+//! decisions write, as one decision alone may by its own write.
+//!
+//! # The store's runtime
+//!
+//! [`RedisStore`] runs the work that serves several callers on one Tokio runtime of its own
+//! choosing, never a caller's: its connection (the connection attempts, and the driver task
+//! redis-rs spawns for a connection), the one `SCRIPT LOAD` after `NOSCRIPT`, and the batch
+//! sender. That runtime is the one current when the store was built, or, for a store built
+//! outside any runtime, the one of its first call. It must keep running while the store is
+//! used (a multi-thread runtime, or a current-thread one that is driven), as a redis-rs
+//! connection must keep the runtime that made it. Calls from other runtimes are fine: another
+//! runtime idling, blocking or shutting down touches no other caller's decision. If the store's
+//! own runtime shuts down, the calls in flight on it fail (a decision that may have run is not
+//! sent again), queued decisions not yet sent are sent by their callers alone, and the store
+//! binds the runtime of its next call and reconnects there.
+//!
+//! Tokio cannot steal a task from a worker's LIFO slot (tokio-rs/tokio#4941): a task that
+//! polls a store call once and then blocks its worker thread without yielding (a future polled
+//! by hand, then seconds of synchronous work) can hold up the connection's driver, which it
+//! woke into that slot, as with any redis-rs connection on that runtime. A call that has ended
+//! holds nothing up: work after a decision (a handler's) never delays another decision.
 //! The circuit breaker counts a failed call once, however many decisions it carried. What changes
 //! is the cost: Redis pays a call's fixed part (the command, the script's lookup and start) once
 //! per call instead of once per decision; see `benches/README.md` for the figures. Lease renewals

@@ -94,6 +94,12 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `RedisStoreBuilder::tls_ca_pem` and `tls_client_cert_pem` for a private CA and client
 /// certificates.
 ///
+/// **Its runtime.** The connection, script loads and the batch sender run on the Tokio
+/// runtime current when the store was built (or, built outside any, the runtime of its first
+/// call), as a redis-rs connection runs on the runtime that made it: build the store inside the
+/// runtime that serves it, and keep that runtime running. Other runtimes may share the store;
+/// see [the store's docs](crate::store#the-stores-runtime).
+///
 /// Clones share the connection and the breaker.
 ///
 /// ```no_run
