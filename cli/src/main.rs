@@ -4,6 +4,7 @@
 //!
 //! Exit status: 0 done, 1 Redis or permission trouble, 2 bad arguments.
 
+mod cluster;
 mod commands;
 mod connect;
 mod parse;

@@ -6,6 +6,7 @@ mod support;
 
 mod commands;
 mod connection;
+mod dead_master;
 mod hashed_probes;
 mod limited;
 mod probes;
