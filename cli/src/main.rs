@@ -139,7 +139,9 @@ enum Command {
     SetQuota {
         #[command(flatten)]
         key: Key,
-        /// The tiers: N requests per DURATION
+        /// The tiers: N requests per DURATION (a period also in whole µs: 5µs or 5us), each
+        /// followed by `burst B` when at most B at once differs from N; apart by spaces or
+        /// commas, so the override inspect prints (10/1s, 500/1h burst 600) is taken as printed
         #[arg(value_name = "N/DURATION", required = true)]
         tiers: Vec<String>,
     },
