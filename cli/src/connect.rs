@@ -10,6 +10,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsMode};
 use redlimit::store::{RedisStore, RedisStoreBuilder};
 
 use crate::cluster::{self, Coverage};
+use crate::urls::{redacted, shown_list};
 use crate::Failure;
 
 /// The limiters' Redis, as the command line names it.
@@ -308,64 +309,5 @@ fn with_tls(builder: RedisStoreBuilder, tls: Option<&Tls>) -> RedisStoreBuilder 
     match &tls.client {
         Some((cert, key)) => builder.tls_client_cert_pem(cert.clone(), key.clone()),
         None => builder,
-    }
-}
-
-/// Where `url`'s user info starts and the user info (up to the host's `@`, the last one: a
-/// password may hold one), also in a URL that does not parse (no `//`, no scheme), which an
-/// error message shows.
-fn user_info(url: &str) -> Option<(usize, &str)> {
-    let start = url.find("://").map_or(0, |at| at + 3);
-    let (user_info, _) = url[start..].rsplit_once('@')?;
-    Some((start, user_info))
-}
-
-/// `url` with its password replaced by `***`.
-pub fn redacted(url: &str) -> String {
-    match user_info(url) {
-        Some((start, info)) if info.contains(':') => {
-            let user = info.split(':').next().unwrap_or_default();
-            let host = &url[start + info.len()..];
-            format!("{}{user}:***{host}", &url[..start])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-fn shown_list(urls: &[String]) -> String {
-    let shown: Vec<String> = urls.iter().map(|url| redacted(url)).collect();
-    shown.join(",")
-}
-
-/// The passwords `url` carries, as written and decoded: what no message may show.
-pub fn url_secrets(url: &str) -> Vec<String> {
-    let mut secrets = Vec::new();
-    if let Some((_, password)) = user_info(url).and_then(|(_, info)| info.split_once(':')) {
-        secrets.push(password.to_owned());
-    }
-    if let Ok(info) = url.into_connection_info() {
-        secrets.extend(info.redis_settings().password().map(str::to_owned));
-    }
-    secrets
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_redacted_and_known_as_secrets() {
-        let url = "redis://operator:s3%3Acret@127.0.0.1:6379/";
-        assert_eq!(redacted(url), "redis://operator:***@127.0.0.1:6379/");
-        let secrets = url_secrets(url);
-        assert!(secrets.contains(&"s3%3Acret".to_owned()), "{secrets:?}");
-        assert!(secrets.contains(&"s3:cret".to_owned()), "{secrets:?}");
-        assert_eq!(redacted("redis://127.0.0.1/"), "redis://127.0.0.1/");
-        // URLs that do not parse, shown in the message that says so.
-        assert_eq!(redacted("redis//u:pw@h:1/"), "redis//u:***@h:1/");
-        assert_eq!(redacted("redis:/u:pw@h"), "redis:***@h");
-        assert_eq!(redacted("u:p@w@h"), "u:***@h");
-        assert_eq!(redacted("redis://u:pw@[::1"), "redis://u:***@[::1");
-        assert!(url_secrets("redis:/u:pw@h").contains(&"/u:pw".to_owned()));
     }
 }

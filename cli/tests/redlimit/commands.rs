@@ -248,7 +248,7 @@ async fn get_through(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> Respon
 
 /// A request through a layer keyed by the `x-api-key` header: its status, and for a 429 whether
 /// the body says "suspended" (anything else would be a denial for the quota: a test failure).
-async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> StatusCode {
+pub(crate) async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> StatusCode {
     let response = get_through(layer, api_key).await;
     let status = response.status();
     let body = response.into_body();

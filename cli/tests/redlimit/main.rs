@@ -10,6 +10,7 @@ mod dead_master;
 mod hashed_probes;
 mod limited;
 mod probes;
+mod secrets;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
