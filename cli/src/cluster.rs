@@ -176,7 +176,7 @@ e :7004@17004 master,fail - 0 0 4 disconnected 16001 16002-16383
 f 10.0.0.6:7005@17005 master - 0 0 5 connected
 ";
         let masters = masters(nodes);
-        let found: Vec<(Option<&str>, u16, &str, Vec<(u16, u16)>)> = masters
+        let found: Vec<_> = masters
             .iter()
             .map(|m| (m.host.as_deref(), m.port, m.flags.as_str(), m.slots.clone()))
             .collect();

@@ -237,7 +237,7 @@ mod tests {
         for one in quotas.iter() {
             let one = Quotas::from(*one);
             let text = quotas_text(&one);
-            let back = super::quotas(&[text.clone()]).unwrap();
+            let back = super::quotas(std::slice::from_ref(&text)).unwrap();
             assert_eq!(back.as_slice(), one.as_slice(), "{text}");
         }
         assert_eq!(

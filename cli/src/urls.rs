@@ -158,12 +158,20 @@ fn redacted_query(query: &str) -> (String, bool) {
     (pieces.join("&"), hidden)
 }
 
-/// Whether a query parameter's name, as written, names a password.
+/// Whether a query parameter's name, as written, names a password (in any case: the client
+/// reads only `pass`, but a writer of `PASS` meant one too).
 fn is_secret_parameter(name: &str) -> bool {
     let decoded: String = form_urlencoded::parse(name.as_bytes())
         .map(|(name, _)| name.into_owned())
         .collect();
-    SECRET_PARAMETERS.contains(&decoded.as_str())
+    is_secret_name(&decoded)
+}
+
+/// Whether a query parameter's decoded name names a password.
+fn is_secret_name(name: &str) -> bool {
+    SECRET_PARAMETERS
+        .iter()
+        .any(|secret| secret.eq_ignore_ascii_case(name))
 }
 
 /// [`redacted`] of text the client's parser does not read: the user info up to the last `@`
@@ -237,7 +245,7 @@ pub fn secrets(url: &str) -> Vec<String> {
     if let Some(parsed) = redis::parse_redis_url(url) {
         written.extend(parsed.password().map(str::to_owned));
         for (name, value) in parsed.query_pairs() {
-            if SECRET_PARAMETERS.contains(&name.as_ref()) {
+            if is_secret_name(&name) {
                 written.push(value.into_owned());
             }
         }
@@ -299,9 +307,14 @@ mod tests {
                 "a,b",
             ),
             (
-                "redis+unix:///run/r.sock?password=pw%25&db=1",
-                "redis+unix:///run/r.sock?password=***&db=1",
+                "redis+unix:///run/r.sock?db=1&password=pw%25",
+                "redis+unix:///run/r.sock?db=1&password=***",
                 "pw%",
+            ),
+            (
+                "redis://h/?PASS=p%2Cw&pa%73s=p%2Cw",
+                "redis://h/?PASS=***&pa%73s=***",
+                "p,w",
             ),
             // Not a URL the parser reads: the query read loosely.
             (
@@ -313,8 +326,9 @@ mod tests {
             assert_eq!(redacted(url), shown, "{url}");
             let secrets = secrets(url);
             assert!(secrets.contains(&password.to_owned()), "{url}: {secrets:?}");
-            let written = url.split("pass").nth(1).unwrap();
-            let written = written.split(['=', '&', '#']).nth(1).unwrap();
+            // As written: the value after the last `=`, up to a `&` or `#`.
+            let (_, written) = url.rsplit_once('=').unwrap();
+            let written = written.split(['&', '#']).next().unwrap();
             assert!(secrets.contains(&written.to_owned()), "{url}: {secrets:?}");
         }
     }

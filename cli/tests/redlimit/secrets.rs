@@ -51,9 +51,12 @@ fn dead_port() -> u16 {
     free_port()
 }
 
+/// A command line and the environment it runs in.
+type Run = (Vec<String>, Vec<(&'static str, String)>);
+
 /// The ways a URL reaches the command: each flag, and `REDIS_URL`; a list flag is given the
 /// URL twice, as a list of two nodes.
-fn routes(url: &str) -> Vec<(Vec<String>, Vec<(&'static str, String)>)> {
+fn routes(url: &str) -> Vec<Run> {
     let list = format!("{url},{url}");
     let owned = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     vec![
