@@ -44,6 +44,13 @@ pub fn interval(value: &str) -> Result<Duration, String> {
 ///
 /// [`show::quotas_text`]: crate::show::quotas_text
 pub fn quotas(args: &[String]) -> Result<Quotas, String> {
+    // An argument with no tier in it (``, `,`) is a mistake, not a separator.
+    if let Some(empty) = args
+        .iter()
+        .find(|arg| arg.split([',', ' ']).all(str::is_empty))
+    {
+        return Err(format!("{empty:?} is not N/DURATION, e.g. 10/1s or 500/1m"));
+    }
     let words = args
         .iter()
         .flat_map(|arg| arg.split([',', ' ']))
@@ -257,6 +264,8 @@ mod tests {
             (&["10/1s", "burst", "0"], "burst must be at least 1"),
             (&["10/0\u{b5}s"], "more than 0"),
             (&["10/\u{b5}s"], "is not a duration"),
+            (&["10/1s", ""], "\"\" is not N/DURATION"),
+            (&["10/1s", ","], "\",\" is not N/DURATION"),
         ] {
             let args: Vec<String> = bad.iter().map(|s| s.to_string()).collect();
             let error = super::quotas(&args).unwrap_err();
