@@ -21,7 +21,8 @@ use connect::{Connection, Redis, Tls};
 
 /// The environment variable read when no `--redis`, `--redis-cluster` or `--sentinel` is given.
 const URL_VAR: &str = "REDIS_URL";
-/// Where `--header-secret` is read from when the flag is not given.
+/// Where the header secret is read from when neither `--header-secret` nor
+/// `--header-secret-file` is given.
 const SECRET_VAR: &str = "REDLIMIT_HEADER_SECRET";
 
 #[derive(Parser, Debug)]
@@ -403,6 +404,7 @@ fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connect
                     path.display()
                 )));
             }
+            secrets.extend(urls::encoded(&password));
             secrets.push(password.clone());
             Some(password)
         }

@@ -263,14 +263,20 @@ pub fn secrets(url: &str) -> Vec<String> {
         secrets.extend(info.redis_settings().password().map(str::to_owned));
     }
     let decoded: Vec<String> = secrets.clone();
-    for secret in decoded {
-        secrets.push(utf8_percent_encode(&secret, NON_ALPHANUMERIC).to_string());
-        secrets.push(form_urlencoded::byte_serialize(secret.as_bytes()).collect());
-    }
+    secrets.extend(decoded.iter().flat_map(|secret| encoded(secret)));
     secrets.retain(|secret| !secret.is_empty());
     secrets.sort();
     secrets.dedup();
     secrets
+}
+
+/// `secret` encoded as a URL could carry it: every byte but letters and digits as `%XX`, and
+/// as a form encodes it (a space as `+`).
+pub fn encoded(secret: &str) -> [String; 2] {
+    [
+        utf8_percent_encode(secret, NON_ALPHANUMERIC).to_string(),
+        form_urlencoded::byte_serialize(secret.as_bytes()).collect(),
+    ]
 }
 
 #[cfg(test)]
