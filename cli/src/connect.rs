@@ -9,6 +9,8 @@ use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsMode};
 use redlimit::store::{RedisStore, RedisStoreBuilder};
 
+use crate::cluster::{self, Coverage};
+use crate::urls::{redacted, shown_list};
 use crate::Failure;
 
 /// The limiters' Redis, as the command line names it.
@@ -106,55 +108,31 @@ impl Connection {
     }
 
     /// The keys matching `pattern` on every node that holds keys, by a bounded `SCAN` of each.
+    /// On a Cluster every slot must have been read: a master that cannot be (down, flagged
+    /// `fail?` or `fail`, refusing) fails the scan, naming it and its slots, rather than
+    /// leaving its keys out of an answer that would look complete.
     pub async fn scan(&self, pattern: &str) -> Result<Vec<String>, String> {
-        let mut keys = Vec::new();
-        for mut connection in self.key_nodes().await? {
-            let mut cursor = 0u64;
-            loop {
-                // Raw names: one that is not UTF-8 is not the limiter's (its keys are text),
-                // and must not stop the scan.
-                let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query_async(&mut connection)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                keys.extend(
-                    found
-                        .into_iter()
-                        .filter_map(|key| String::from_utf8(key).ok()),
-                );
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
+        let mut keys = match &self.redis {
+            Redis::Single(url) => {
+                let info = url.as_str().into_connection_info();
+                let client = info.and_then(|info| self.client(info));
+                let connection = connect(client).await.map_err(|e| e.to_string())?;
+                scan_node(connection, pattern).await?
             }
-        }
+            Redis::Sentinel { sentinels, service } => {
+                scan_node(self.primary(sentinels, service).await?, pattern).await?
+            }
+            Redis::Cluster(urls) => self.scan_cluster(urls, pattern).await?,
+        };
         // SCAN may return a key more than once.
         keys.sort();
         keys.dedup();
         Ok(keys)
     }
 
-    /// A connection to every node that holds keys: the single node, the primary Sentinel
-    /// names, or each master of the cluster from `CLUSTER NODES`, asked of the first given
-    /// node that answers.
-    async fn key_nodes(&self) -> Result<Vec<MultiplexedConnection>, String> {
-        let urls = match &self.redis {
-            Redis::Single(url) => {
-                let info = url.as_str().into_connection_info();
-                let client = info.and_then(|info| self.client(info));
-                let connection = connect(client).await.map_err(|e| e.to_string())?;
-                return Ok(vec![connection]);
-            }
-            Redis::Sentinel { sentinels, service } => {
-                return Ok(vec![self.primary(sentinels, service).await?])
-            }
-            Redis::Cluster(urls) => urls,
-        };
+    /// [`scan`](Self::scan) of every master of the cluster, from `CLUSTER NODES` asked of the
+    /// first given node that answers; an error unless the masters read serve every slot.
+    async fn scan_cluster(&self, urls: &[String], pattern: &str) -> Result<Vec<String>, String> {
         let mut last_error = String::from("no node given");
         for url in urls {
             let info = url.as_str().into_connection_info();
@@ -180,9 +158,10 @@ impl Connection {
                 }
             };
             let info = seed.get_connection_info();
-            let mut connections = Vec::new();
-            for (host, port) in cluster_masters(&nodes) {
+            let (mut keys, mut coverage) = (Vec::new(), Coverage::new());
+            for master in cluster::masters(&nodes) {
                 // The given node's credentials and TLS settings, the master's address.
+                let host = master.host.clone();
                 let addr = match info.addr() {
                     ConnectionAddr::TcpTls {
                         host: given,
@@ -191,19 +170,33 @@ impl Connection {
                         ..
                     } => ConnectionAddr::TcpTls {
                         host: host.unwrap_or_else(|| given.clone()),
-                        port,
+                        port: master.port,
                         insecure: *insecure,
                         tls_params: tls_params.clone(),
                     },
                     ConnectionAddr::Tcp(given, _) => {
-                        ConnectionAddr::Tcp(host.unwrap_or_else(|| given.clone()), port)
+                        ConnectionAddr::Tcp(host.unwrap_or_else(|| given.clone()), master.port)
                     }
                     other => return Err(format!("a cluster node at {other}: not TCP")),
                 };
+                let address = addr.to_string();
                 let client = self.client(info.clone().set_addr(addr));
-                connections.push(connect(client).await.map_err(|e| e.to_string())?);
+                let scanned = match connect(client).await {
+                    Ok(connection) => scan_node(connection, pattern).await,
+                    Err(e) => Err(e.to_string()),
+                };
+                match scanned {
+                    Ok(found) => {
+                        keys.extend(found);
+                        coverage.read(&master);
+                    }
+                    Err(e) => coverage.unread(&master, &address, &e),
+                }
             }
-            return Ok(connections);
+            return match coverage.missing() {
+                None => Ok(keys),
+                Some(missing) => Err(missing),
+            };
         }
         Err(format!("no node of the cluster answers: {last_error}"))
     }
@@ -262,6 +255,36 @@ async fn connect(
     client?.get_multiplexed_async_connection().await
 }
 
+/// The keys matching `pattern` on the node of `connection`, by a bounded `SCAN` to its end.
+async fn scan_node(
+    mut connection: MultiplexedConnection,
+    pattern: &str,
+) -> Result<Vec<String>, String> {
+    let (mut keys, mut cursor) = (Vec::new(), 0u64);
+    loop {
+        // Raw names: one that is not UTF-8 is not the limiter's (its keys are text), and must
+        // not stop the scan.
+        let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        keys.extend(
+            found
+                .into_iter()
+                .filter_map(|key| String::from_utf8(key).ok()),
+        );
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
 fn certificates(tls: &Tls) -> redis::TlsCertificates {
     redis::TlsCertificates {
         client_tls: tls
@@ -286,114 +309,5 @@ fn with_tls(builder: RedisStoreBuilder, tls: Option<&Tls>) -> RedisStoreBuilder 
     match &tls.client {
         Some((cert, key)) => builder.tls_client_cert_pem(cert.clone(), key.clone()),
         None => builder,
-    }
-}
-
-/// The `(host, port)` of every master serving slots in a `CLUSTER NODES` reply (lines of `id
-/// host:port@bus[,hostname] flags master ping pong epoch link slot...`), the host `None` when
-/// the node does not know its own (the given node's is used); a master marked failed is
-/// skipped (its replica takes over its slots and shows as a master).
-fn cluster_masters(nodes: &str) -> Vec<(Option<String>, u16)> {
-    let mut masters = Vec::new();
-    for line in nodes.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [_, address, flags, ..] = fields.as_slice() else {
-            continue;
-        };
-        let flags: Vec<&str> = flags.split(',').collect();
-        if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
-            continue;
-        }
-        if fields.len() < 9 {
-            continue; // no slots: nothing to scan
-        }
-        let address = address.split(['@', ',']).next().unwrap_or_default();
-        let Some((host, port)) = address.rsplit_once(':') else {
-            continue;
-        };
-        if let Ok(port) = port.parse() {
-            let host = (!host.is_empty()).then(|| host.to_owned());
-            masters.push((host, port));
-        }
-    }
-    masters
-}
-
-/// Where `url`'s user info starts and the user info (up to the host's `@`, the last one: a
-/// password may hold one), also in a URL that does not parse (no `//`, no scheme), which an
-/// error message shows.
-fn user_info(url: &str) -> Option<(usize, &str)> {
-    let start = url.find("://").map_or(0, |at| at + 3);
-    let (user_info, _) = url[start..].rsplit_once('@')?;
-    Some((start, user_info))
-}
-
-/// `url` with its password replaced by `***`.
-pub fn redacted(url: &str) -> String {
-    match user_info(url) {
-        Some((start, info)) if info.contains(':') => {
-            let user = info.split(':').next().unwrap_or_default();
-            let host = &url[start + info.len()..];
-            format!("{}{user}:***{host}", &url[..start])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-fn shown_list(urls: &[String]) -> String {
-    let shown: Vec<String> = urls.iter().map(|url| redacted(url)).collect();
-    shown.join(",")
-}
-
-/// The passwords `url` carries, as written and decoded: what no message may show.
-pub fn url_secrets(url: &str) -> Vec<String> {
-    let mut secrets = Vec::new();
-    if let Some((_, password)) = user_info(url).and_then(|(_, info)| info.split_once(':')) {
-        secrets.push(password.to_owned());
-    }
-    if let Ok(info) = url.into_connection_info() {
-        secrets.extend(info.redis_settings().password().map(str::to_owned));
-    }
-    secrets
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cluster_masters_skips_replicas_failed_masters_and_masters_without_slots() {
-        let nodes = "\
-a 10.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
-b 10.0.0.2:7001@17001,node-b master - 0 0 2 connected 5461-10922
-c 10.0.0.3:7002@17002 slave b 0 0 2 connected
-d 10.0.0.4:7003@17003 master,fail - 0 0 3 disconnected 10923-16383
-e :7004@17004 master - 0 0 4 connected 10923-16383
-f 10.0.0.6:7005@17005 master - 0 0 5 connected
-";
-        assert_eq!(
-            cluster_masters(nodes),
-            [
-                (Some("10.0.0.1".to_owned()), 7000),
-                (Some("10.0.0.2".to_owned()), 7001),
-                (None, 7004),
-            ]
-        );
-    }
-
-    #[test]
-    fn passwords_are_redacted_and_known_as_secrets() {
-        let url = "redis://operator:s3%3Acret@127.0.0.1:6379/";
-        assert_eq!(redacted(url), "redis://operator:***@127.0.0.1:6379/");
-        let secrets = url_secrets(url);
-        assert!(secrets.contains(&"s3%3Acret".to_owned()), "{secrets:?}");
-        assert!(secrets.contains(&"s3:cret".to_owned()), "{secrets:?}");
-        assert_eq!(redacted("redis://127.0.0.1/"), "redis://127.0.0.1/");
-        // URLs that do not parse, shown in the message that says so.
-        assert_eq!(redacted("redis//u:pw@h:1/"), "redis//u:***@h:1/");
-        assert_eq!(redacted("redis:/u:pw@h"), "redis:***@h");
-        assert_eq!(redacted("u:p@w@h"), "u:***@h");
-        assert_eq!(redacted("redis://u:pw@[::1"), "redis://u:***@[::1");
-        assert!(url_secrets("redis:/u:pw@h").contains(&"/u:pw".to_owned()));
     }
 }

@@ -4,10 +4,12 @@
 //!
 //! Exit status: 0 done, 1 Redis or permission trouble, 2 bad arguments.
 
+mod cluster;
 mod commands;
 mod connect;
 mod parse;
 mod show;
+mod urls;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -19,7 +21,8 @@ use connect::{Connection, Redis, Tls};
 
 /// The environment variable read when no `--redis`, `--redis-cluster` or `--sentinel` is given.
 const URL_VAR: &str = "REDIS_URL";
-/// Where `--header-secret` is read from when the flag is not given.
+/// Where the header secret is read from when neither `--header-secret` nor
+/// `--header-secret-file` is given.
 const SECRET_VAR: &str = "REDLIMIT_HEADER_SECRET";
 
 #[derive(Parser, Debug)]
@@ -32,7 +35,10 @@ const SECRET_VAR: &str = "REDLIMIT_HEADER_SECRET";
                   is shown as #<sha256> (# and 64 lower-case hex digits); KEY and --scope take\n\
                   that form to name it (a key of that very form: give its own stored form).\n\
                   DURATION is a whole number and a unit: 500ms, 30s, 10m, 1h.\n\
-                  Exit status: 0 done, 1 Redis or permission trouble, 2 bad arguments."
+                  Exit status: 0 done, 1 Redis or permission trouble, 2 bad arguments.\n\
+                  On a Cluster, inspect and limited read every slot or exit 1 naming each master\n\
+                  they could not read, with its slots and why (and slots no master serves).\n\
+                  A quota's period may also be in microseconds: 5µs (or 5us)."
 )]
 struct Cli {
     #[command(flatten)]
@@ -50,6 +56,7 @@ struct ConnectionArgs {
     #[arg(long, value_name = "URL", global = true, conflicts_with_all = ["redis_cluster", "sentinel"])]
     redis: Option<String>,
     /// The limiters' Redis Cluster, any of its nodes; inspect and limited scan every master
+    /// (a comma in a password stays in it: the list is cut between URLs)
     #[arg(
         long,
         value_name = "URL,URL,...",
@@ -57,7 +64,8 @@ struct ConnectionArgs {
         conflicts_with = "sentinel"
     )]
     redis_cluster: Option<String>,
-    /// The sentinels that monitor the limiters' Redis (with --service)
+    /// The sentinels that monitor the limiters' Redis (with --service; a comma in a password
+    /// stays in it)
     #[arg(long, value_name = "URL,URL,...", global = true, requires = "service")]
     sentinel: Option<String>,
     /// The name the sentinels monitor the primary under (`sentinel monitor NAME ...`)
@@ -102,9 +110,21 @@ struct KeyArgs {
     /// hashes it
     #[arg(long, value_name = "NAME", global = true)]
     header: Option<String>,
-    /// The secret of HeaderKey::with_secret [default: $REDLIMIT_HEADER_SECRET, else none]
+    /// The secret of HeaderKey::with_secret. On the command line other users see it in `ps`
+    /// and it stays in the shell's history: prefer --header-secret-file or
+    /// $REDLIMIT_HEADER_SECRET [default: $REDLIMIT_HEADER_SECRET, else none]
     #[arg(long, value_name = "SECRET", global = true)]
     header_secret: Option<String>,
+    /// A file holding the secret of HeaderKey::with_secret, byte for byte (a trailing newline
+    /// dropped); the way to prefer, with $REDLIMIT_HEADER_SECRET: it shows in no `ps` and no
+    /// history [default: $REDLIMIT_HEADER_SECRET, else none]
+    #[arg(
+        long,
+        value_name = "PATH",
+        global = true,
+        conflicts_with = "header_secret"
+    )]
+    header_secret_file: Option<PathBuf>,
 }
 
 fn algorithm(name: &str) -> Result<Algorithm, String> {
@@ -138,7 +158,9 @@ enum Command {
     SetQuota {
         #[command(flatten)]
         key: Key,
-        /// The tiers: N requests per DURATION
+        /// The tiers: N requests per DURATION (a period also in whole µs: 5µs or 5us), each
+        /// followed by `burst B` when at most B at once differs from N; apart by spaces or
+        /// commas, so the override inspect prints (10/1s, 500/1h burst 600) is taken as printed
         #[arg(value_name = "N/DURATION", required = true)]
         tiers: Vec<String>,
     },
@@ -251,6 +273,7 @@ fn request(cli: Cli, secrets: &mut Vec<String>) -> Result<(Connection, Request),
         algorithm,
         header,
         header_secret,
+        header_secret_file,
     } = cli.key;
     if prefix.as_deref() == Some("") {
         return Err(invalid("--prefix must not be empty"));
@@ -299,12 +322,19 @@ fn request(cli: Cli, secrets: &mut Vec<String>) -> Result<(Connection, Request),
         _ if matches!(action, Action::Limited { .. }) => (String::new(), String::new()),
         Some(name) => {
             let from_env = std::env::var_os(SECRET_VAR).map(|s| s.into_encoded_bytes());
-            let secret = header_secret.map(String::into_bytes).or(from_env);
+            let from_file = header_secret_file.as_deref().map(secret_file).transpose()?;
+            let secret = header_secret
+                .map(String::into_bytes)
+                .or(from_file)
+                .or(from_env);
             let key = parse::header_key(&name, &raw_key, secret).map_err(Failure::Input)?;
             (key, format!("{name} header {raw_key:?}"))
         }
         None if header_secret.is_some() => {
             return Err(invalid("--header-secret needs --header NAME"))
+        }
+        None if header_secret_file.is_some() => {
+            return Err(invalid("--header-secret-file needs --header NAME"))
         }
         None => (raw_key.clone(), format!("{raw_key:?}")),
     };
@@ -348,7 +378,7 @@ fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connect
         Redis::Sentinel { sentinels, .. } => sentinels.as_slice(),
     };
     for url in urls {
-        secrets.extend(connect::url_secrets(url));
+        secrets.extend(urls::secrets(url));
     }
     for url in urls {
         if let Err(e) = redis::Client::open(url.as_str()) {
@@ -358,7 +388,7 @@ fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connect
                 Redis::Cluster(_) => "--redis-cluster",
                 Redis::Sentinel { .. } => "--sentinel",
             };
-            let shown = connect::redacted(url);
+            let shown = urls::redacted(url);
             return Err(invalid(format!("{flag}: invalid URL {shown}: {e}")));
         }
     }
@@ -374,6 +404,7 @@ fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connect
                     path.display()
                 )));
             }
+            secrets.extend(urls::encoded(&password));
             secrets.push(password.clone());
             Some(password)
         }
@@ -398,18 +429,30 @@ fn connection(args: ConnectionArgs, secrets: &mut Vec<String>) -> Result<Connect
     })
 }
 
-/// A comma-separated list of URLs, at least one.
+/// A comma-separated list of URLs, at least one ([`urls::split_list`]: a comma of a password
+/// stays in it).
 fn url_list(flag: &str, value: &str) -> Result<Vec<String>, Failure> {
-    let urls: Vec<String> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|url| !url.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let urls = urls::split_list(value);
     if urls.is_empty() {
         return Err(invalid(format!("{flag} needs at least one URL")));
     }
     Ok(urls)
+}
+
+/// The secret in the file of `--header-secret-file`: its bytes, without the newline an
+/// editor or `echo` leaves at the end; an empty one is refused (a layer's secret is not empty).
+fn secret_file(path: &Path) -> Result<Vec<u8>, Failure> {
+    let mut secret = read("--header-secret-file", path)?;
+    while secret.last().is_some_and(|b| matches!(b, b'\r' | b'\n')) {
+        secret.pop();
+    }
+    if secret.is_empty() {
+        return Err(invalid(format!(
+            "--header-secret-file {}: empty",
+            path.display()
+        )));
+    }
+    Ok(secret)
 }
 
 fn read(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {

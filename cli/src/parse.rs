@@ -37,23 +37,58 @@ pub fn interval(value: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
-/// `set-quota`'s `N/DURATION` tiers, checked together.
+/// `set-quota`'s tiers, checked together: each `N/DURATION`, then `burst B` when the burst
+/// differs from `N`; one an argument or several in one, apart by spaces or commas. So the
+/// override `inspect` prints (`10/1s, 500/1h burst 600`, see [`show::quotas_text`]) is taken
+/// back as written, quoted or not.
+///
+/// [`show::quotas_text`]: crate::show::quotas_text
 pub fn quotas(args: &[String]) -> Result<Quotas, String> {
-    if args.len() > MAX_TIERS {
+    // An argument with no tier in it (``, `,`) is a mistake, not a separator.
+    if let Some(empty) = args
+        .iter()
+        .find(|arg| arg.split([',', ' ']).all(str::is_empty))
+    {
+        return Err(format!("{empty:?} is not N/DURATION, e.g. 10/1s or 500/1m"));
+    }
+    let words = args
+        .iter()
+        .flat_map(|arg| arg.split([',', ' ']))
+        .filter(|word| !word.is_empty());
+    let mut tiers: Vec<(&str, Option<&str>)> = Vec::new();
+    let mut words = words.peekable();
+    while let Some(word) = words.next() {
+        if word == BURST {
+            return Err(format!(
+                "set-quota: {BURST} B follows its tier, e.g. 500/1h {BURST} 600"
+            ));
+        }
+        let burst = match words.next_if_eq(&BURST) {
+            Some(_) => Some(words.next().ok_or_else(|| {
+                format!("set-quota: {word:?} {BURST} needs the burst, e.g. 500/1h {BURST} 600")
+            })?),
+            None => None,
+        };
+        tiers.push((word, burst));
+    }
+    if tiers.len() > MAX_TIERS {
         return Err(format!(
             "set-quota takes at most {MAX_TIERS} N/DURATION tiers, got {}",
-            args.len()
+            tiers.len()
         ));
     }
-    let quotas = args
+    let quotas = tiers
         .iter()
-        .map(|arg| quota(arg))
+        .map(|&(tier, burst)| quota(tier, burst))
         .collect::<Result<Vec<_>, _>>()?;
     Quotas::new(quotas).map_err(|e| format!("set-quota: {e}"))
 }
 
-/// `10/1s`: `N` requests per `DURATION`.
-fn quota(arg: &str) -> Result<Quota, String> {
+/// The word before a tier's burst, as [`show::quotas_text`](crate::show::quotas_text) writes it.
+const BURST: &str = "burst";
+
+/// `10/1s`: `N` requests per `DURATION`; with `burst`, at most that many at once.
+fn quota(arg: &str, burst: Option<&str>) -> Result<Quota, String> {
     let Some((count, period)) = arg.split_once('/') else {
         return Err(format!("{arg:?} is not N/DURATION, e.g. 10/1s or 500/1m"));
     };
@@ -63,11 +98,36 @@ fn quota(arg: &str) -> Result<Quota, String> {
         Ok(n) => n,
         Err(_) => return Err(format!("{what}: N: {count:?} is not a whole number")),
     };
-    let period = duration(&what, period)?;
-    Quota::new(limit, period).map_err(|e| match e {
+    let period = self::period(&what, period)?;
+    let quota = Quota::new(limit, period).map_err(|e| match e {
         QuotaError::ZeroPeriod => format!("{what}: the period must be more than 0"),
         other => format!("{what}: {other}"),
-    })
+    })?;
+    let Some(burst) = burst else {
+        return Ok(quota);
+    };
+    let burst = burst
+        .parse::<u64>()
+        .map_err(|_| format!("{what} {BURST}: {burst:?} is not a whole number"))?;
+    quota
+        .with_burst(burst)
+        .map_err(|e| format!("{what} {BURST} {burst}: {e}"))
+}
+
+/// A quota's period: a [`duration`], or whole microseconds (`5µs`, also `5us`), the unit
+/// [`show::duration_text`](crate::show::duration_text) prints a period in when no larger one
+/// shows it whole.
+fn period(what: &str, text: &str) -> Result<Duration, String> {
+    let micros = ["\u{b5}s", "\u{3bc}s", "us"]
+        .iter()
+        .find_map(|unit| text.strip_suffix(unit));
+    match micros {
+        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => n
+            .parse::<u64>()
+            .map(Duration::from_micros)
+            .map_err(|_| format!("{what}: {text:?} is too long a period")),
+        _ => duration(what, text),
+    }
 }
 
 /// The key [`HeaderKey`] makes of header `name` carrying `value`, in the layer.
@@ -134,5 +194,82 @@ mod tests {
         }
         let nine: Vec<String> = (1..=9).map(|s| format!("1/{s}s")).collect();
         assert!(super::quotas(&nine).unwrap_err().contains("at most 8"));
+    }
+
+    /// Every form `inspect` prints an override in (each unit of `duration_text`, a burst that
+    /// differs, tiers apart by `, `) is what `set-quota` takes back, as one argument or split
+    /// at spaces as a shell splits it unquoted.
+    #[test]
+    fn set_quota_takes_back_what_inspect_prints() {
+        use crate::show::{duration_text, quotas_text};
+        let periods = [
+            Duration::from_secs(7200),
+            Duration::from_secs(600),
+            Duration::from_secs(90),
+            Duration::from_millis(1500),
+            Duration::from_micros(5),
+            Duration::from_micros(1_000_001),
+            Duration::from_micros(1),
+        ];
+        let printed: Vec<String> = periods.iter().map(|&p| duration_text(p)).collect();
+        assert_eq!(
+            printed,
+            [
+                "2h",
+                "10m",
+                "90s",
+                "1500ms",
+                "5\u{b5}s",
+                "1000001\u{b5}s",
+                "1\u{b5}s"
+            ]
+        );
+        let mut tiers: Vec<Quota> = periods
+            .iter()
+            .map(|&period| Quota::new(3, period).unwrap())
+            .collect();
+        tiers[1] = tiers[1].with_burst(40).unwrap();
+        tiers[4] = tiers[4].with_burst(1).unwrap();
+        let quotas = Quotas::new(tiers).unwrap();
+        let text = quotas_text(&quotas);
+        assert_eq!(
+            text,
+            "3/2h, 3/10m burst 40, 3/90s, 3/1500ms, 3/5\u{b5}s burst 1, 3/1000001\u{b5}s, 3/1\u{b5}s"
+        );
+        let whole = super::quotas(std::slice::from_ref(&text)).unwrap();
+        assert_eq!(whole.as_slice(), quotas.as_slice(), "{text}");
+        let words: Vec<String> = text.split(' ').map(str::to_owned).collect();
+        let split = super::quotas(&words).unwrap();
+        assert_eq!(split.as_slice(), quotas.as_slice(), "{words:?}");
+        for one in quotas.iter() {
+            let one = Quotas::from(*one);
+            let text = quotas_text(&one);
+            let back = super::quotas(std::slice::from_ref(&text)).unwrap();
+            assert_eq!(back.as_slice(), one.as_slice(), "{text}");
+        }
+        assert_eq!(
+            super::quotas(&["5/7us".to_owned(), "5/7\u{3bc}s".to_owned()])
+                .unwrap()
+                .as_slice(),
+            [Quota::new(5, Duration::from_micros(7)).unwrap(); 2]
+        );
+    }
+
+    #[test]
+    fn a_burst_follows_its_tier() {
+        for (bad, message) in [
+            (&["burst", "5"][..], "follows its tier"),
+            (&["10/1s", "burst"], "needs the burst"),
+            (&["10/1s", "burst", "x"], "not a whole number"),
+            (&["10/1s", "burst", "0"], "burst must be at least 1"),
+            (&["10/0\u{b5}s"], "more than 0"),
+            (&["10/\u{b5}s"], "is not a duration"),
+            (&["10/1s", ""], "\"\" is not N/DURATION"),
+            (&["10/1s", ","], "\",\" is not N/DURATION"),
+        ] {
+            let args: Vec<String> = bad.iter().map(|s| s.to_string()).collect();
+            let error = super::quotas(&args).unwrap_err();
+            assert!(error.contains(message), "{bad:?}: {error}");
+        }
     }
 }

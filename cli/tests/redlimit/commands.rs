@@ -132,6 +132,49 @@ async fn set_quota_is_shown_by_inspect_and_obeyed_by_a_limiter() {
     assert!(decide(&limiter, "tenant-7", &own).await.allowed);
 }
 
+/// The override `inspect` prints, in every unit it prints a period in (`µs` included) and with
+/// a burst that differs from the limit, is what `set-quota` takes back: pasted unquoted (split
+/// at spaces by the shell) or quoted as one argument, it sets the same tiers.
+#[tokio::test]
+async fn set_quota_takes_back_the_override_inspect_prints() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    let periods = [
+        Duration::from_secs(3600),
+        Duration::from_secs(600),
+        Duration::from_secs(30),
+        Duration::from_millis(1500),
+        Duration::from_micros(5),
+        Duration::from_micros(2_500_001),
+    ];
+    let tiers = periods.map(|period| Quota::new(4, period).unwrap());
+    let mut tiers = tiers.to_vec();
+    tiers[2] = tiers[2].with_burst(9).unwrap();
+    let quotas = redlimit::Quotas::new(tiers).unwrap();
+    limiter.set_quota("source", &quotas).await.unwrap();
+    let inspected = redlimit_ok(&redis, &["inspect", "source"]);
+    let printed = field(&inspected, "override");
+    assert_eq!(
+        printed,
+        "4/1h, 4/10m, 4/30s burst 9, 4/1500ms, 4/5\u{b5}s, 4/2500001\u{b5}s"
+    );
+    let unquoted: Vec<&str> = printed.split(' ').collect();
+    for (tenant, tiers) in [("unquoted", unquoted), ("quoted", vec![printed])] {
+        let args = [vec!["set-quota", tenant], tiers].concat();
+        let output = redlimit(&redis, &args, &[]);
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let status = limiter.inspect(tenant).await.unwrap();
+        let set = status.quota_override.expect("an override");
+        assert_eq!(set.as_slice(), quotas.as_slice(), "{args:?}");
+        let inspected = redlimit_ok(&redis, &["inspect", tenant]);
+        assert_eq!(field(&inspected, "override"), printed, "{args:?}");
+    }
+}
+
 #[tokio::test]
 async fn suspend_shows_the_time_left_and_denies_until_resume() {
     let redis = RedisServer::start();
@@ -205,7 +248,7 @@ async fn get_through(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> Respon
 
 /// A request through a layer keyed by the `x-api-key` header: its status, and for a 429 whether
 /// the body says "suspended" (anything else would be a denial for the quota: a test failure).
-async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> StatusCode {
+pub(crate) async fn through_layer(layer: &RateLimitLayer<HeaderKey>, api_key: &str) -> StatusCode {
     let response = get_through(layer, api_key).await;
     let status = response.status();
     let body = response.into_body();

@@ -6,9 +6,11 @@ mod support;
 
 mod commands;
 mod connection;
+mod dead_master;
 mod hashed_probes;
 mod limited;
 mod probes;
+mod secrets;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
