@@ -287,7 +287,7 @@ if not plain then
           -- Asked first, as in the sliding log's step: a delete first would let its ZADD
           -- past maxmemory.
           local full = rpcall('ZADD', lkey, 'XX', 0, '')
-          if full.err and string.sub(full.err, 1, 4) == 'OOM ' then
+          if type(full) == 'table' and string.sub(full.err, 1, 4) == 'OOM ' then
             return full
           end
           call('DEL', lkey)

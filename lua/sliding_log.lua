@@ -13,7 +13,7 @@
     -- delete first would let the admission's ZADD past it. A ZADD that changes nothing asks
     -- first (OOM exactly when the admission's would be; WRONGTYPE otherwise).
     local full = rpcall('ZADD', key, 'XX', 0, '')
-    if full.err and string.sub(full.err, 1, 4) == 'OOM ' then
+    if type(full) == 'table' and string.sub(full.err, 1, 4) == 'OOM ' then
       return full
     end
     call('DEL', key)
