@@ -36,6 +36,7 @@ mod layer_quotas;
 mod leases;
 mod leases_cancel;
 mod logs;
+mod memory_eviction;
 mod misconfiguration;
 mod modes;
 mod outbound;
