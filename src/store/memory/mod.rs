@@ -329,6 +329,7 @@ impl MemoryStore {
                 (_, Some(slot)) => match &shard.slots[slot].stored.state {
                     KeyState::Log(_) if !log || key != request.key => Some("a zset".to_owned()),
                     KeyState::Log(_) => None,
+                    KeyState::Slots(_) => Some("a zset".to_owned()),
                     KeyState::Packed(_) | KeyState::Bytes(_) => {
                         let bytes = shard.bytes(slot).unwrap_or_default();
                         if log && key == request.key {
@@ -408,7 +409,13 @@ impl MemoryStore {
                 if let (Some(slot), _) = shard.find(&key, now) {
                     match &left {
                         Some(left) => {
-                            shard.slots[slot].stored.state = KeyState::Bytes(left.clone())
+                            // Its expiry stays; written through `put`, so that its eviction
+                            // class follows what it holds now.
+                            let stored = Stored {
+                                state: KeyState::Bytes(left.clone()),
+                                expires_at: shard.slots[slot].stored.expires_at,
+                            };
+                            shard.put(Some(slot), &key, stored, now, self.max_keys_per_shard);
                         }
                         None => shard.remove_slot(slot),
                     }
@@ -431,7 +438,7 @@ impl MemoryStore {
         let log_entries = log.then(|| match shard.find(request.key, now) {
             (_, Some(slot)) => match &shard.slots[slot].stored.state {
                 KeyState::Log(entries) => entries.len() as u64,
-                KeyState::Packed(_) | KeyState::Bytes(_) => 0,
+                KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Slots(_) => 0,
             },
             _ => 0,
         });
@@ -473,7 +480,7 @@ impl MemoryStore {
         }
         Some(match &stored.state {
             KeyState::Packed(packed) => packed.as_bytes().to_vec(),
-            KeyState::Bytes(bytes) => bytes.clone(),
+            KeyState::Bytes(bytes) | KeyState::Slots(bytes) => bytes.clone(),
             KeyState::Log(log) => log.iter().flat_map(|t| t.to_le_bytes()).collect(),
         })
     }
