@@ -54,20 +54,31 @@ const EVICTION_BATCH: usize = 32;
 ///    holds one no live key is evicted;
 /// 2. else one ordinary live key: of the 16 closest to expiry, the one with the smallest share
 ///    of its quota in use (the share after its last decision, falling linearly to 0 at its
-///    expiry, when it is fresh again; a key whose share is unknown, such as a sliding log or a
-///    concurrency slot, counts as fully used), the closest to expiry among equals;
-/// 3. only when the shard holds no other live key, a key holding an operator's control (an
-///    override, a suspension, a tenant's reset) or a block, the closest to expiry first.
+///    expiry, when it is fresh again; a key whose share is unknown, such as a sliding log,
+///    counts as fully used), the closest to expiry among equals;
+/// 3. only when the shard holds no other live key, a protected key, the closest to expiry
+///    first. Protected is what a caller relies on and no later write gives back: a tenant's
+///    controls (its suspension, override or reset), a route's override or suspension (a
+///    sliding log's controls, learning's record too), a block's offences, and a
+///    [concurrency limit](crate::concurrency::ConcurrencyLimiter)'s held slots. A route's
+///    string whose controls hold nothing but the tenant's reset its states were written under
+///    is rate state: ordinary.
 ///
-/// So a flood of new keys cannot lift a suspension or a block while the shard holds any other
-/// live key, and resets a key that spent its quota only when none of the 16 candidates uses
-/// less. Each shard keeps its keys' expiry times in two
-/// min-heaps (controls and blocks; the others), updated lazily: a write that moves a key's expiry
-/// later (nearly all of them) does not touch them, the key's pair is moved up when it reaches the
-/// top; new keys, earlier expiries and a key changing class push a pair, and outdated pairs are
-/// compacted away once they outnumber the keys. A new key in a full shard costs O(log n)
-/// amortized (16 heap pops and pushes when it evicts a live key). A flood of
-/// distinct keys therefore cannot grow memory nor slow the store down.
+/// So a flood of new keys cannot lift a suspension or a block, nor free a held concurrency
+/// slot, while the shard holds any other live key, and resets a key that spent its quota only
+/// when none of the 16 candidates uses less. The bound: a shard holds `max_keys / 64` keys
+/// (rounded up), and the keys of one hash tag (a tenant's routes, controls and slots) share one;
+/// a shard holding nothing but protected keys makes room for a new key of any kind with the
+/// protected key closest to expiry (a held slot's key, renewed every third of a lease, usually
+/// expires first). A slot lost so is put back at its holder's next renewal, as one Redis lost;
+/// until then its key admits up to N more.
+/// Each shard keeps its keys' expiry times in two min-heaps (protected keys; the others),
+/// updated lazily: a write that moves a key's expiry later (nearly all of them) does not touch
+/// them, the key's pair is moved up when it reaches the top; new keys, earlier expiries and a
+/// key changing class push a pair, and outdated pairs are compacted away once they outnumber
+/// the keys. A new key in a full shard costs O(log n) amortized (16 heap pops and pushes when
+/// it evicts a live key). A flood of distinct keys therefore cannot grow memory nor slow the
+/// store down.
 /// Every algorithm keeps a few numbers per key, except the sliding log: one `f64` per admitted
 /// unit, up to `burst` per key.
 ///

@@ -19,9 +19,7 @@ use std::sync::Arc;
 use super::index::{Index, Indexed, KeyHasher, Lookup, Probe};
 use super::EVICTION_BATCH;
 use crate::algorithm::{sliding_log, Packed};
-use crate::mirror::{
-    decide_log, is_tenant_key, tenant_key, Controls, LogWrite, Refused, Reply,
-};
+use crate::mirror::{decide_log, is_tenant_key, tenant_key, Controls, LogWrite, Refused, Reply};
 
 /// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
 pub(super) const CANDIDATES: usize = 16;
@@ -552,7 +550,12 @@ pub(super) mod tests {
     /// A concurrency limit's slots: `held` of them, leases ending at `until`.
     fn slots(held: u64, until: u64) -> Stored {
         let bytes = (0..held)
-            .flat_map(|id| (until as f64).to_le_bytes().into_iter().chain(id.to_le_bytes()))
+            .flat_map(|id| {
+                (until as f64)
+                    .to_le_bytes()
+                    .into_iter()
+                    .chain(id.to_le_bytes())
+            })
             .collect();
         Stored {
             state: KeyState::Slots(bytes),
@@ -691,17 +694,57 @@ pub(super) mod tests {
         overridden.extend_from_slice(&[b't'; 17]);
         let cases = [
             ("held slots", "p:{k}:s#c", slots(1, now + 1).state, true),
-            ("a route's suspension", "p:{k}:r", state(controls(now + 1, 0)), true),
+            (
+                "a route's suspension",
+                "p:{k}:r",
+                state(controls(now + 1, 0)),
+                true,
+            ),
             ("a route's override", "p:{k}:r", state(overridden), true),
-            ("a sliding log's override", "p:{k}:r#m", state(controls(0, 2)), true),
-            ("learning's record", "p:{k}:r#l", state(controls(now + 9, 1)), true),
-            ("a tenant's controls", "p:{k}#t", state(controls(0, 0)), true),
+            (
+                "a sliding log's override",
+                "p:{k}:r#m",
+                state(controls(0, 2)),
+                true,
+            ),
+            (
+                "learning's record",
+                "p:{k}:r#l",
+                state(controls(now + 9, 1)),
+                true,
+            ),
+            (
+                "a tenant's controls",
+                "p:{k}#t",
+                state(controls(0, 0)),
+                true,
+            ),
             ("a block's offences", "p:{k}#b", state(b"3".to_vec()), true),
-            ("a suspension that ended", "p:{k}:r", state(controls(now, 0)), false),
-            ("state under a tenant's reset", "p:{k}:r", state(reset_only), false),
+            (
+                "a suspension that ended",
+                "p:{k}:r",
+                state(controls(now, 0)),
+                false,
+            ),
+            (
+                "state under a tenant's reset",
+                "p:{k}:r",
+                state(reset_only),
+                false,
+            ),
             ("a state", "p:{k}:r", state(vec![b't'; 17]), false),
-            ("corrupt controls", "p:{k}:r", state(vec![CONTROLS; 10]), false),
-            ("a sliding log", "p:{k}:r", KeyState::Log(sliding_log::Log::new()), false),
+            (
+                "corrupt controls",
+                "p:{k}:r",
+                state(vec![CONTROLS; 10]),
+                false,
+            ),
+            (
+                "a sliding log",
+                "p:{k}:r",
+                KeyState::Log(sliding_log::Log::new()),
+                false,
+            ),
         ];
         let wrong: Vec<&str> = cases
             .iter()
