@@ -684,6 +684,102 @@ mod tests {
         }
     }
 
+    /// Each writer's keys get the eviction class the type's docs promise: what a caller relies
+    /// on (a tenant's controls, a route's suspension or override, a sliding log's override,
+    /// learning's override and record, a block's suspension and offences, held slots) is
+    /// protected; rate state is not, even a reset tenant's route, whose string starts with
+    /// controls holding only that reset, nor a route whose suspension was resumed.
+    #[test]
+    fn every_writer_ranks_its_key_as_the_docs_say() {
+        use super::super::{Block, Control, SlotOp, SlotRequest};
+        use std::time::Duration;
+
+        let store = MemoryStore::new();
+        let now = 1_700_000_000_000_000;
+        let quotas: crate::quota::Quotas = Quota::per_hour(1).unwrap().into();
+        let minute = Duration::from_secs(60);
+        let control = |key: &str, algorithm, control| {
+            store.control_now(ControlRequest {
+                key,
+                algorithm,
+                control,
+                now_micros: Some(now),
+            });
+        };
+        let check = |key: &str, algorithm| {
+            store.check_now(CheckRequest {
+                key,
+                algorithm,
+                quotas: &quotas,
+                cost: 1,
+                now_micros: Some(now),
+            })
+        };
+        let tb = Algorithm::TokenBucket;
+        control("p:{a}#t", tb, Control::Suspend(minute));
+        control("p:{b}:r", tb, Control::Suspend(minute));
+        control("p:{c}:r", tb, Control::SetQuota(&quotas));
+        check("p:{c}:r", tb);
+        control("p:{d}:r", tb, Control::Learn(&quotas, minute));
+        control("p:{e}:r", Algorithm::SlidingLog, Control::SetQuota(&quotas));
+        check("p:{e}:r", Algorithm::SlidingLog);
+        let block = Block {
+            duration: minute,
+            max: minute * 4,
+        };
+        for _ in 0..2 {
+            let request = CheckRequest {
+                key: "p:{f}:r",
+                algorithm: tb,
+                quotas: &quotas,
+                cost: 1,
+                now_micros: Some(now),
+            };
+            store.check_blocking_now(request, block);
+        }
+        store.slots_now(SlotRequest {
+            key: "p:{g}:s#c",
+            op: SlotOp::Acquire { limit: 1 },
+            ids: &["one"],
+            lease: Duration::from_secs(30),
+            now_micros: Some(now),
+        });
+        control("p:{h}#t", tb, Control::Reset);
+        check("p:{h}:r", tb);
+        control("p:{i}:r", tb, Control::Suspend(minute));
+        control("p:{i}:r", tb, Control::Resume);
+        check("p:{i}:r", tb);
+        check("p:{j}:r", tb);
+        let reset_route = store.stored_state("p:{h}:r", now).unwrap_or_default();
+        assert_eq!(reset_route.first(), Some(&crate::mirror::layout::CONTROLS));
+        let class = |key: &str| {
+            let shard = store.shard(key).lock().unwrap();
+            shard.is_protected(key)
+        };
+        let expected = [
+            ("p:{a}#t", true),
+            ("p:{b}:r", true),
+            ("p:{c}:r", true),
+            ("p:{d}:r", true),
+            ("p:{d}:r#l", true),
+            ("p:{e}:r#m", true),
+            ("p:{e}:r", false),
+            ("p:{f}#t", true),
+            ("p:{f}#b", true),
+            ("p:{f}:r", false),
+            ("p:{g}:s#c", true),
+            ("p:{h}#t", true),
+            ("p:{h}:r", false),
+            ("p:{i}:r", false),
+            ("p:{j}:r", false),
+        ];
+        let seen: Vec<(&str, Option<bool>)> =
+            expected.iter().map(|&(k, _)| (k, class(k))).collect();
+        let expected: Vec<(&str, Option<bool>)> =
+            expected.iter().map(|&(k, p)| (k, Some(p))).collect();
+        assert_eq!(seen, expected, "(key, protected)");
+    }
+
     /// `Debug` is logged on every store failure under `LocalFallback`: it must not lock the
     /// shards (here one is held elsewhere) nor count the keys.
     #[test]

@@ -488,6 +488,12 @@ impl Shard {
         Some(slot)
     }
 
+    /// Whether `key` is held, and protected from eviction (see the module docs).
+    #[cfg(test)]
+    pub(super) fn is_protected(&self, key: &str) -> Option<bool> {
+        self.slot_of(key).map(|slot| self.slots[slot].protected)
+    }
+
     pub(super) fn remove_slot(&mut self, slot: usize) {
         let removed = self.slots.swap_remove(slot);
         self.log_entries -= removed.stored.state.log_entries();
