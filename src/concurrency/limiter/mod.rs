@@ -46,10 +46,10 @@ pub const MIN_SLOT_LEASE: Duration = Duration::from_millis(300);
 /// admits nobody while it is.
 ///
 /// A [`MemoryStore`](crate::store::MemoryStore) loses a held slot only when a new key finds the
-/// slot's shard full of protected keys (held slots, operators' controls, blocks; see its
-/// docs): it evicts the one closest to expiry, and the slot is put back the same way. A store
-/// whose shard holds more held slots' keys than its share (`max_keys / 64`) never counts them
-/// all: each renewal puts its own back and evicts another.
+/// slot's shard full of protected keys (held slots, suspensions, overrides, blocks; see its
+/// docs): it evicts the one closest to expiry, and the slot is put back the same way. A shard
+/// whose protected keys outnumber its share (`max_keys / 64`) never holds them all: each
+/// renewal puts its slots' key back and evicts the protected key closest to expiry.
 ///
 /// **A slot exists only while its request is in flight**, plus the time to reach the store. A
 /// slot given back (the [`Slot`] dropped), an acquisition that failed (a timeout: the script may
