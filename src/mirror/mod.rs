@@ -27,7 +27,7 @@ pub(crate) use self::driver::{
 };
 pub(crate) use self::layout::{
     capped_cost, is_tenant_key, learned_record_key, log_controls_key, tenant_key, Controls, Op,
-    Reply, CONTROLS, OVERRIDE_IDLE_MS, RECORD_SUFFIX, STAMP,
+    Reply, OVERRIDE_IDLE_MS, RECORD_SUFFIX, STAMP,
 };
 pub(crate) use self::refund::{log_refund, refund, reserved_before_reset};
 pub(crate) use self::scripts::{

@@ -28,6 +28,7 @@ mod concurrency;
 mod connection;
 mod deny_cache;
 mod differential;
+mod eviction;
 mod expiry;
 mod extremes;
 mod failure_policy;

@@ -38,11 +38,18 @@ pub const MIN_SLOT_LEASE: Duration = Duration::from_millis(300);
 /// client clock: an instance whose clock runs ahead cannot evict the others' live slots.
 ///
 /// **Slots that Redis lost** (`FLUSHALL`, a restart without persistence, a failover to a
-/// replica that lagged, or leases that ran out while Redis was unreachable) are put back under
-/// their ids at their next renewal. So within one renewal period after the loss (a third of a
-/// lease, plus that round's call) every request in flight is counted again. Requests admitted
-/// in between, while the key counted fewer, stay admitted: the key is then over `limit` until
-/// enough requests end, and admits nobody while it is.
+/// replica that lagged, Redis's eviction under `maxmemory` with any policy but `noeviction`, or
+/// leases that ran out while Redis was unreachable) are put back under their ids at their next
+/// renewal. So within one renewal period after the loss (a third of a lease, plus that round's
+/// call) every request in flight is counted again. Requests admitted in between, while the key
+/// counted fewer, stay admitted: the key is then over `limit` until enough requests end, and
+/// admits nobody while it is.
+///
+/// A [`MemoryStore`](crate::store::MemoryStore) loses a held slot only when a new key finds the
+/// slot's shard full of protected keys (held slots, suspensions, overrides, blocks; see its
+/// docs): it evicts the one closest to expiry, and the slot is put back the same way. A shard
+/// whose protected keys outnumber its share (`max_keys / 64`) never holds them all: each
+/// renewal puts its slots' key back and evicts the protected key closest to expiry.
 ///
 /// **A slot exists only while its request is in flight**, plus the time to reach the store. A
 /// slot given back (the [`Slot`] dropped), an acquisition that failed (a timeout: the script may

@@ -54,20 +54,31 @@ const EVICTION_BATCH: usize = 32;
 ///    holds one no live key is evicted;
 /// 2. else one ordinary live key: of the 16 closest to expiry, the one with the smallest share
 ///    of its quota in use (the share after its last decision, falling linearly to 0 at its
-///    expiry, when it is fresh again; a key whose share is unknown, such as a sliding log or a
-///    concurrency slot, counts as fully used), the closest to expiry among equals;
-/// 3. only when the shard holds no other live key, a key holding an operator's control (an
-///    override, a suspension, a tenant's reset) or a block, the closest to expiry first.
+///    expiry, when it is fresh again; a key whose share is unknown, such as a sliding log,
+///    counts as fully used), the closest to expiry among equals;
+/// 3. only when the shard holds no other live key, a protected key, the closest to expiry
+///    first. Protected is what a caller relies on and no later write gives back: a tenant's
+///    controls (its suspension, override or reset), a route's override or suspension (a
+///    sliding log's controls, learning's record too), a block's offences, and a
+///    [concurrency limit](crate::concurrency::ConcurrencyLimiter)'s held slots. A route's
+///    string whose controls hold nothing but the tenant's reset its states were written under
+///    is rate state: ordinary.
 ///
-/// So a flood of new keys cannot lift a suspension or a block while the shard holds any other
-/// live key, and resets a key that spent its quota only when none of the 16 candidates uses
-/// less. Each shard keeps its keys' expiry times in two
-/// min-heaps (controls and blocks; the others), updated lazily: a write that moves a key's expiry
-/// later (nearly all of them) does not touch them, the key's pair is moved up when it reaches the
-/// top; new keys, earlier expiries and a key changing class push a pair, and outdated pairs are
-/// compacted away once they outnumber the keys. A new key in a full shard costs O(log n)
-/// amortized (16 heap pops and pushes when it evicts a live key). A flood of
-/// distinct keys therefore cannot grow memory nor slow the store down.
+/// So a flood of new keys cannot lift a suspension or a block, nor free a held concurrency
+/// slot, while the shard holds any other live key, and resets a key that spent its quota only
+/// when none of the 16 candidates uses less. The bound: a shard holds `max_keys / 64` keys
+/// (rounded up), and the keys of one hash tag (a tenant's routes, controls and slots) share one;
+/// a shard holding nothing but protected keys makes room for a new key of any kind with the
+/// protected key closest to expiry (a held slot's key, renewed every third of a lease, usually
+/// expires first). A slot lost so is put back at its holder's next renewal, as one Redis lost;
+/// until then its key admits up to N more.
+/// Each shard keeps its keys' expiry times in two min-heaps (protected keys; the others),
+/// updated lazily: a write that moves a key's expiry later (nearly all of them) does not touch
+/// them, the key's pair is moved up when it reaches the top; new keys, earlier expiries and a
+/// key changing class push a pair, and outdated pairs are compacted away once they outnumber
+/// the keys. A new key in a full shard costs O(log n) amortized (16 heap pops and pushes when
+/// it evicts a live key). A flood of distinct keys therefore cannot grow memory nor slow the
+/// store down.
 /// Every algorithm keeps a few numbers per key, except the sliding log: one `f64` per admitted
 /// unit, up to `burst` per key.
 ///
@@ -329,6 +340,7 @@ impl MemoryStore {
                 (_, Some(slot)) => match &shard.slots[slot].stored.state {
                     KeyState::Log(_) if !log || key != request.key => Some("a zset".to_owned()),
                     KeyState::Log(_) => None,
+                    KeyState::Slots(_) => Some("a zset".to_owned()),
                     KeyState::Packed(_) | KeyState::Bytes(_) => {
                         let bytes = shard.bytes(slot).unwrap_or_default();
                         if log && key == request.key {
@@ -408,7 +420,13 @@ impl MemoryStore {
                 if let (Some(slot), _) = shard.find(&key, now) {
                     match &left {
                         Some(left) => {
-                            shard.slots[slot].stored.state = KeyState::Bytes(left.clone())
+                            // Its expiry stays; written through `put`, so that its eviction
+                            // class follows what it holds now.
+                            let stored = Stored {
+                                state: KeyState::Bytes(left.clone()),
+                                expires_at: shard.slots[slot].stored.expires_at,
+                            };
+                            shard.put(Some(slot), &key, stored, now, self.max_keys_per_shard);
                         }
                         None => shard.remove_slot(slot),
                     }
@@ -431,7 +449,7 @@ impl MemoryStore {
         let log_entries = log.then(|| match shard.find(request.key, now) {
             (_, Some(slot)) => match &shard.slots[slot].stored.state {
                 KeyState::Log(entries) => entries.len() as u64,
-                KeyState::Packed(_) | KeyState::Bytes(_) => 0,
+                KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Slots(_) => 0,
             },
             _ => 0,
         });
@@ -473,7 +491,7 @@ impl MemoryStore {
         }
         Some(match &stored.state {
             KeyState::Packed(packed) => packed.as_bytes().to_vec(),
-            KeyState::Bytes(bytes) => bytes.clone(),
+            KeyState::Bytes(bytes) | KeyState::Slots(bytes) => bytes.clone(),
             KeyState::Log(log) => log.iter().flat_map(|t| t.to_le_bytes()).collect(),
         })
     }
@@ -664,6 +682,102 @@ mod tests {
             assert_eq!(shard.log_entries, held);
             assert_consistent(&shard);
         }
+    }
+
+    /// Each writer's keys get the eviction class the type's docs promise: what a caller relies
+    /// on (a tenant's controls, a route's suspension or override, a sliding log's override,
+    /// learning's override and record, a block's suspension and offences, held slots) is
+    /// protected; rate state is not, even a reset tenant's route, whose string starts with
+    /// controls holding only that reset, nor a route whose suspension was resumed.
+    #[test]
+    fn every_writer_ranks_its_key_as_the_docs_say() {
+        use super::super::{Block, Control, SlotOp, SlotRequest};
+        use std::time::Duration;
+
+        let store = MemoryStore::new();
+        let now = 1_700_000_000_000_000;
+        let quotas: crate::quota::Quotas = Quota::per_hour(1).unwrap().into();
+        let minute = Duration::from_secs(60);
+        let control = |key: &str, algorithm, control| {
+            store.control_now(ControlRequest {
+                key,
+                algorithm,
+                control,
+                now_micros: Some(now),
+            });
+        };
+        let check = |key: &str, algorithm| {
+            store.check_now(CheckRequest {
+                key,
+                algorithm,
+                quotas: &quotas,
+                cost: 1,
+                now_micros: Some(now),
+            })
+        };
+        let tb = Algorithm::TokenBucket;
+        control("p:{a}#t", tb, Control::Suspend(minute));
+        control("p:{b}:r", tb, Control::Suspend(minute));
+        control("p:{c}:r", tb, Control::SetQuota(&quotas));
+        check("p:{c}:r", tb);
+        control("p:{d}:r", tb, Control::Learn(&quotas, minute));
+        control("p:{e}:r", Algorithm::SlidingLog, Control::SetQuota(&quotas));
+        check("p:{e}:r", Algorithm::SlidingLog);
+        let block = Block {
+            duration: minute,
+            max: minute * 4,
+        };
+        for _ in 0..2 {
+            let request = CheckRequest {
+                key: "p:{f}:r",
+                algorithm: tb,
+                quotas: &quotas,
+                cost: 1,
+                now_micros: Some(now),
+            };
+            store.check_blocking_now(request, block);
+        }
+        store.slots_now(SlotRequest {
+            key: "p:{g}:s#c",
+            op: SlotOp::Acquire { limit: 1 },
+            ids: &["one"],
+            lease: Duration::from_secs(30),
+            now_micros: Some(now),
+        });
+        control("p:{h}#t", tb, Control::Reset);
+        check("p:{h}:r", tb);
+        control("p:{i}:r", tb, Control::Suspend(minute));
+        control("p:{i}:r", tb, Control::Resume);
+        check("p:{i}:r", tb);
+        check("p:{j}:r", tb);
+        let reset_route = store.stored_state("p:{h}:r", now).unwrap_or_default();
+        assert_eq!(reset_route.first(), Some(&crate::mirror::layout::CONTROLS));
+        let class = |key: &str| {
+            let shard = store.shard(key).lock().unwrap();
+            shard.is_protected(key)
+        };
+        let expected = [
+            ("p:{a}#t", true),
+            ("p:{b}:r", true),
+            ("p:{c}:r", true),
+            ("p:{d}:r", true),
+            ("p:{d}:r#l", true),
+            ("p:{e}:r#m", true),
+            ("p:{e}:r", false),
+            ("p:{f}#t", true),
+            ("p:{f}#b", true),
+            ("p:{f}:r", false),
+            ("p:{g}:s#c", true),
+            ("p:{h}#t", true),
+            ("p:{h}:r", false),
+            ("p:{i}:r", false),
+            ("p:{j}:r", false),
+        ];
+        let seen: Vec<(&str, Option<bool>)> =
+            expected.iter().map(|&(k, _)| (k, class(k))).collect();
+        let expected: Vec<(&str, Option<bool>)> =
+            expected.iter().map(|&(k, p)| (k, Some(p))).collect();
+        assert_eq!(seen, expected, "(key, protected)");
     }
 
     /// `Debug` is logged on every store failure under `LocalFallback`: it must not lock the

@@ -1,15 +1,16 @@
 //! The keys of one [`MemoryStore`](super::MemoryStore) shard: a `Vec` of slots, an index from
-//! key to slot, and two min-heaps of expiry times (one for keys holding controls or a block,
-//! one for the others), so a full shard reclaims an expired key before it evicts a live one,
-//! and evicts what loses the least.
+//! key to slot, and two min-heaps of expiry times (one for the protected keys, one for the
+//! others), so a full shard reclaims an expired key before it evicts a live one, and evicts
+//! what loses the least.
 //!
 //! Eviction, when a new key finds the shard full: the expired keys go first (up to
 //! [`EVICTION_BATCH`], the longest expired first). When none has expired, one live key goes:
 //! of the [`CANDIDATES`] ordinary keys closest to expiry, the one with the least
 //! [`loss`](Slot::loss) (the share of its quota in use: the share used at its last write,
-//! falling linearly to 0 at its expiry, when its state is a fresh key's again). A key holding
-//! controls (an override, a suspension, a tenant's reset) or a block's offences is evicted only
-//! when the shard holds no other live key, the one closest to expiry first.
+//! falling linearly to 0 at its expiry, when its state is a fresh key's again). A protected key
+//! (see [`protected`]: an override, a suspension, a tenant's controls, a block's offences,
+//! learning's record, a concurrency limit's held slots) is evicted only when the shard holds no
+//! other live key, the one closest to expiry first.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use super::index::{Index, Indexed, KeyHasher, Lookup, Probe};
 use super::EVICTION_BATCH;
 use crate::algorithm::{sliding_log, Packed};
-use crate::mirror::{decide_log, is_tenant_key, tenant_key, LogWrite, Refused, Reply, CONTROLS};
+use crate::mirror::{decide_log, is_tenant_key, tenant_key, Controls, LogWrite, Refused, Reply};
 
 /// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
 pub(super) const CANDIDATES: usize = 16;
@@ -81,15 +82,29 @@ impl Slot {
     }
 }
 
-/// Whether `key` holding `state` is an operator's control or a block's: a tenant's controls,
-/// a block's offences, or a route's string that starts with its controls.
-fn protected(key: &str, state: &KeyState) -> bool {
-    let controls = match state {
-        KeyState::Packed(packed) => packed.as_bytes().first() == Some(&CONTROLS),
-        KeyState::Bytes(bytes) => bytes.first() == Some(&CONTROLS),
+/// Whether `key` holding `state`, written at `now`, holds what a caller relies on and no
+/// later write gives back: a tenant's controls (a suspension, an override, a reset), a block's
+/// offences, controls that suspend or override (a route's string, a sliding log's controls,
+/// learning's record), or a concurrency limit's held slots. Not a string whose controls hold
+/// only the tenant's reset its states were written under: that is rate state, which a fresh
+/// key's replaces, and it is ranked by its use like any other.
+fn protected(key: &str, state: &KeyState, now: u64) -> bool {
+    let held = match state {
+        KeyState::Packed(packed) => holds_controls(packed.as_bytes(), now),
+        KeyState::Bytes(bytes) => holds_controls(bytes, now),
         KeyState::Log(_) => false,
+        KeyState::Slots(_) => true,
     };
-    controls || is_tenant_key(key) || key.ends_with("}#b")
+    held || is_tenant_key(key) || key.ends_with("}#b")
+}
+
+/// Whether `bytes` start with controls holding an override or a suspension that has not ended
+/// at `now`.
+fn holds_controls(bytes: &[u8], now: u64) -> bool {
+    match Controls::parse(bytes) {
+        Controls::Some { until_us, n, .. } => n > 0 || until_us > now as f64,
+        Controls::None | Controls::Corrupt => false,
+    }
 }
 
 pub(super) struct Stored {
@@ -107,13 +122,16 @@ pub(super) enum KeyState {
     Bytes(Vec<u8>),
     /// O(burst): changed in place, never copied.
     Log(sliding_log::Log),
+    /// A concurrency limit's held slots (`lua/slots.lua`'s sorted set, in the encoding of
+    /// [`slots_step`](crate::mirror::slots_step)): protected from eviction while held.
+    Slots(Vec<u8>),
 }
 
 impl KeyState {
     /// Sliding-log entries this state has allocated.
     pub(super) fn log_entries(&self) -> usize {
         match self {
-            KeyState::Packed(_) | KeyState::Bytes(_) => 0,
+            KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Slots(_) => 0,
             KeyState::Log(log) => log.capacity(),
         }
     }
@@ -152,7 +170,7 @@ impl Shard {
                 let expires_at = stored.expires_at;
                 let was = self.slots[slot].class();
                 let held = &mut self.slots[slot];
-                held.protected = protected(key, &stored.state);
+                held.protected = protected(key, &stored.state, now);
                 held.stored.state = stored.state;
                 held.written_at = now;
                 held.used = 1.0;
@@ -226,7 +244,15 @@ impl Shard {
         match &self.slots[slot].stored.state {
             KeyState::Packed(packed) => Some(packed.as_bytes()),
             KeyState::Bytes(bytes) => Some(bytes),
-            KeyState::Log(_) => None,
+            KeyState::Log(_) | KeyState::Slots(_) => None,
+        }
+    }
+
+    /// The concurrency slots held at `slot`, if it holds slots.
+    pub(super) fn held_slots(&self, slot: usize) -> Option<&[u8]> {
+        match &self.slots[slot].stored.state {
+            KeyState::Slots(bytes) => Some(bytes),
+            KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Log(_) => None,
         }
     }
 
@@ -252,7 +278,9 @@ impl Shard {
         let (log, existing) = match live {
             Some(slot) => match &mut self.slots[slot].stored.state {
                 KeyState::Log(log) => (log, true),
-                KeyState::Packed(_) | KeyState::Bytes(_) => (&mut fresh, false),
+                KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Slots(_) => {
+                    (&mut fresh, false)
+                }
             },
             None => (&mut fresh, false),
         };
@@ -319,7 +347,7 @@ impl Shard {
         while self.slots.len() >= max.max(1) {
             self.make_room(now);
         }
-        let protected = protected(key, &stored.state);
+        let protected = protected(key, &stored.state, now);
         self.tenants += usize::from(is_tenant_key(key));
         let key: Arc<str> = Arc::from(key);
         let slot = self.slots.len();
@@ -460,6 +488,12 @@ impl Shard {
         Some(slot)
     }
 
+    /// Whether `key` is held, and protected from eviction (see the module docs).
+    #[cfg(test)]
+    pub(super) fn is_protected(&self, key: &str) -> Option<bool> {
+        self.slot_of(key).map(|slot| self.slots[slot].protected)
+    }
+
     pub(super) fn remove_slot(&mut self, slot: usize) {
         let removed = self.slots.swap_remove(slot);
         self.log_entries -= removed.stored.state.log_entries();
@@ -481,6 +515,7 @@ impl Shard {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::mirror::layout::CONTROLS;
 
     fn stored(expires_at: u64) -> Stored {
         Stored {
@@ -506,6 +541,32 @@ pub(super) mod tests {
             shard.insert(key, stored(expires_at), now, max_keys);
         }
         shard
+    }
+
+    /// Controls suspending until `until` (µs; 0: no suspension) with `n` override tiers (of
+    /// zeros: only their length is read here).
+    fn controls(until: u64, n: u8) -> Vec<u8> {
+        let mut bytes = vec![CONTROLS];
+        bytes.extend_from_slice(&(until as f64).to_le_bytes());
+        bytes.push(n);
+        bytes.resize(Controls::len(usize::from(n)), 0);
+        bytes
+    }
+
+    /// A concurrency limit's slots: `held` of them, leases ending at `until`.
+    fn slots(held: u64, until: u64) -> Stored {
+        let bytes = (0..held)
+            .flat_map(|id| {
+                (until as f64)
+                    .to_le_bytes()
+                    .into_iter()
+                    .chain(id.to_le_bytes())
+            })
+            .collect();
+        Stored {
+            state: KeyState::Slots(bytes),
+            expires_at: until,
+        }
     }
 
     fn keys(shard: &Shard) -> Vec<&str> {
@@ -538,8 +599,9 @@ pub(super) mod tests {
     fn a_full_shard_evicts_the_key_that_loses_the_least_and_controls_last() {
         let now = 1_000;
         let mut shard = Shard::default();
+        // Suspended until their expiry.
         let controls = |expires_at| Stored {
-            state: KeyState::Bytes(vec![CONTROLS; 10]),
+            state: KeyState::Bytes(controls(expires_at, 0)),
             expires_at,
         };
         // Closest to expiry first: a tenant's suspension, a route's override, a spent key, then
@@ -571,6 +633,155 @@ pub(super) mod tests {
         assert_eq!(keys(&only_controls), ["x", "{b}"]);
         assert_consistent(&shard);
         assert_consistent(&only_controls);
+    }
+
+    /// A held slot, closest to expiry and with the least loss of all (a lease's span is short,
+    /// a third of it gone), stays while the shard holds any other live key: 100 new keys spending
+    /// quotas of an hour each come and go around it.
+    #[test]
+    fn a_held_slot_is_evicted_after_every_ordinary_key() {
+        let now = 10_000_000;
+        let mut shard = Shard::default();
+        // Written a third of a lease (300 ms) ago, as between two renewals.
+        shard.insert("{k}:s#c", slots(1, now + 200_000), now - 100_000, 4);
+        for i in 0..100 {
+            let slot = shard.insert(&format!("{{c{i}}}"), stored(now + 3_600_000_000), now, 4);
+            shard.set_used(slot, 1.0);
+            assert!(shard.slot_of("{k}:s#c").is_some(), "evicted by key {i}");
+        }
+        assert_eq!(shard.slots.len(), 4);
+        assert_consistent(&shard);
+    }
+
+    /// A shard of nothing but protected keys (held slots, a suspension, a tenant's controls) makes
+    /// room for a new key of any kind with the one closest to expiry: the bound of the held
+    /// slots' protection.
+    #[test]
+    fn a_shard_of_protected_keys_evicts_the_one_closest_to_expiry() {
+        let now = 1_000;
+        let mut shard = Shard::default();
+        let suspended = Stored {
+            state: KeyState::Bytes(controls(now + 20, 0)),
+            expires_at: now + 20,
+        };
+        let tenant = Stored {
+            state: KeyState::Bytes(controls(0, 1)),
+            expires_at: now + 40,
+        };
+        shard.insert("{k}:r", suspended, now, 3);
+        shard.insert("{k}:s#c", slots(2, now + 30), now, 3);
+        shard.insert("{k}#t", tenant, now, 3);
+        shard.insert("{k}:x", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["{k}#t", "{k}:s#c", "{k}:x"]);
+        // The ordinary key goes before any protected one, however far its expiry.
+        shard.insert("{k}:y", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["{k}#t", "{k}:s#c", "{k}:y"]);
+        shard.insert("{k}:u#c", slots(1, now + 50), now, 3);
+        assert_eq!(keys(&shard), ["{k}#t", "{k}:s#c", "{k}:u#c"]);
+        // Nothing but protected keys: the held slots closest to expiry go.
+        shard.insert("{k}:z", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["{k}#t", "{k}:u#c", "{k}:z"]);
+        assert_consistent(&shard);
+    }
+
+    /// What a caller relies on and no later write gives back is protected; rate state is not,
+    /// even behind controls that hold nothing but the tenant's reset it was written under, or a
+    /// suspension that has ended.
+    #[test]
+    fn what_a_caller_relies_on_is_protected_and_rate_state_is_not() {
+        use crate::mirror::STAMP;
+        let now = 1_000_000;
+        let state = |bytes: Vec<u8>| KeyState::Bytes(bytes);
+        let mut reset_only = controls(0, 0);
+        reset_only.push(STAMP);
+        reset_only.extend_from_slice(&500_000f64.to_le_bytes());
+        reset_only.extend_from_slice(&[b't'; 17]);
+        let mut overridden = controls(0, 1);
+        overridden.extend_from_slice(&[b't'; 17]);
+        let cases = [
+            ("held slots", "p:{k}:s#c", slots(1, now + 1).state, true),
+            (
+                "a route's suspension",
+                "p:{k}:r",
+                state(controls(now + 1, 0)),
+                true,
+            ),
+            ("a route's override", "p:{k}:r", state(overridden), true),
+            (
+                "a sliding log's override",
+                "p:{k}:r#m",
+                state(controls(0, 2)),
+                true,
+            ),
+            (
+                "learning's record",
+                "p:{k}:r#l",
+                state(controls(now + 9, 1)),
+                true,
+            ),
+            (
+                "a tenant's controls",
+                "p:{k}#t",
+                state(controls(0, 0)),
+                true,
+            ),
+            ("a block's offences", "p:{k}#b", state(b"3".to_vec()), true),
+            (
+                "a suspension that ended",
+                "p:{k}:r",
+                state(controls(now, 0)),
+                false,
+            ),
+            (
+                "state under a tenant's reset",
+                "p:{k}:r",
+                state(reset_only),
+                false,
+            ),
+            ("a state", "p:{k}:r", state(vec![b't'; 17]), false),
+            (
+                "corrupt controls",
+                "p:{k}:r",
+                state(vec![CONTROLS; 10]),
+                false,
+            ),
+            (
+                "a sliding log",
+                "p:{k}:r",
+                KeyState::Log(sliding_log::Log::new()),
+                false,
+            ),
+        ];
+        let wrong: Vec<&str> = cases
+            .iter()
+            .filter(|(_, key, state, expected)| protected(key, state, now) != *expected)
+            .map(|(what, ..)| *what)
+            .collect();
+        assert!(wrong.is_empty(), "ranked wrong: {wrong:?}");
+    }
+
+    /// A key whose write changes what it holds changes class: suspended controls rewritten as
+    /// plain state are evicted as ordinary state, held slots written over by a string too.
+    #[test]
+    fn a_rewritten_key_is_evicted_by_what_it_holds_now() {
+        let now = 1_000;
+        let mut shard = Shard::default();
+        let suspended = Stored {
+            state: KeyState::Bytes(controls(now + 500, 0)),
+            expires_at: now + 500,
+        };
+        shard.insert("{a}", suspended, now, 3);
+        shard.insert("{b}#c", slots(1, now + 10), now, 3);
+        shard.insert("{c}", stored(now + 900), now, 3);
+        let held = shard.slot_of("{a}");
+        shard.put(held, "{a}", stored(now + 600), now, 3);
+        shard.insert("{d}", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["{b}#c", "{c}", "{d}"]);
+        let held = shard.slot_of("{b}#c");
+        shard.put(held, "{b}#c", stored(now + 100), now, 3);
+        shard.insert("{e}", stored(now + 1_000), now, 3);
+        assert_eq!(keys(&shard), ["{c}", "{d}", "{e}"]);
+        assert_consistent(&shard);
     }
 
     #[test]

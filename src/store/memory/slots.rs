@@ -25,10 +25,13 @@ impl MemoryStore {
             .unwrap_or_else(PoisonError::into_inner);
         let shard = &mut *guard;
         let (held, live) = shard.find(request.key, now);
-        let bytes = live.and_then(|slot| shard.bytes(slot)).unwrap_or_default();
-        if live.is_none() && op == RELEASE {
+        // Nothing held: absent, expired, or another type, which the script's `TYPE` check
+        // reads as a fresh key. A release then changes nothing.
+        let held_slots = live.and_then(|slot| shard.held_slots(slot));
+        if held_slots.is_none() && op == RELEASE {
             return SlotReply::of(request.op, false, 0, Duration::ZERO);
         }
+        let bytes = held_slots.unwrap_or_default();
         let ((ok, n, wait_us), after) = slots_step(bytes, op, limit, lease_us, &ids, now);
         let changed = op != ACQUIRE || ok;
         match after {
@@ -39,7 +42,7 @@ impl MemoryStore {
                     _ => live.map_or(now, |slot| shard.slots[slot].stored.expires_at),
                 };
                 let stored = Stored {
-                    state: KeyState::Bytes(bytes),
+                    state: KeyState::Slots(bytes),
                     expires_at,
                 };
                 shard.put(held, request.key, stored, now, self.max_keys_per_shard);
