@@ -530,7 +530,9 @@ impl Limiter {
         control: Control<'_>,
         tenant: bool,
     ) -> Result<KeyStatus, ControlError> {
-        let status = self.control_by(target.into(), control, tenant, None).await?;
+        let status = self
+            .control_by(target.into(), control, tenant, None)
+            .await?;
         Ok(status.expect("a caller's control always runs"))
     }
 
@@ -820,5 +822,211 @@ impl Limiter {
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
         self.control(target, Control::Inspect, false).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::Decision;
+    use crate::quota::Quota;
+    use crate::store::{CheckRequest, MemoryStore, Store};
+
+    const NOW: u64 = 1_800_000_000_000_000;
+
+    /// A route's reply after learning 40 a second for 10 minutes at [`NOW`], and its tenant's.
+    fn learned() -> (ControlReply, ControlReply) {
+        let store = MemoryStore::new();
+        let forty = Quotas::from(Quota::per_second(40).unwrap());
+        let request = |key, control| ControlRequest {
+            key,
+            algorithm: Algorithm::TokenBucket,
+            control,
+            now_micros: Some(NOW),
+        };
+        let ten_minutes = Duration::from_secs(600);
+        let route = store.control_now(request("redlimit:{k}", Control::Learn(&forty, ten_minutes)));
+        let tenant = store.control_now(request("redlimit:{k}#t", Control::Inspect));
+        (route, tenant)
+    }
+
+    #[test]
+    fn a_learning_records_end_is_read_back_bounded() {
+        use OverrideSource::{Learned, Operator};
+        let (route, tenant) = learned();
+        let source = |record: Option<Vec<u8>>| {
+            let reply = ControlReply {
+                record,
+                ..route.clone()
+            };
+            KeyStatus::decode(reply, &tenant).override_source
+        };
+        let written = route.record.clone().unwrap();
+        let ending = |end: f64| {
+            let mut record = written.clone();
+            record[1..9].copy_from_slice(&end.to_le_bytes());
+            record
+        };
+        let now = NOW as f64;
+        let ten_minutes = Duration::from_secs(600);
+        assert_eq!(
+            source(Some(written.clone())),
+            Some(Learned {
+                left: Some(ten_minutes)
+            })
+        );
+        // At most what a learning write sets.
+        let longest = now + MAX_SUSPENSION.as_micros() as f64;
+        assert_eq!(
+            source(Some(ending(longest))),
+            Some(Learned {
+                left: Some(MAX_SUSPENSION)
+            })
+        );
+        // Past it, or no time at all: over, never a quota for ever.
+        let year = 365.0 * 86_400e6;
+        for end in [
+            longest + 1.0,
+            now + 10.0 * year,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NAN,
+            f64::NEG_INFINITY,
+            -1e15,
+            0.0,
+            now,
+        ] {
+            let left = source(Some(ending(end)));
+            assert_eq!(left, Some(Learned { left: None }), "{end}");
+        }
+        // Longer than its controls: still the mark, its end still bounded.
+        let mut longer = ending(f64::INFINITY);
+        longer.extend_from_slice(b"xyz");
+        assert_eq!(source(Some(longer)), Some(Learned { left: None }));
+        // Cut short, or no record: no mark, so the override is an operator's (learning never
+        // takes an override it cannot prove its own).
+        let mut short = written.clone();
+        short.truncate(written.len() - 1);
+        for record in [Some(short), Some(b"M".to_vec()), None] {
+            assert_eq!(source(record.clone()), Some(Operator), "{record:?}");
+        }
+    }
+
+    /// A memory store whose suspensions that extend take `delay` before they are applied: a
+    /// pacing write held in flight.
+    #[derive(Debug, Clone)]
+    struct SlowExtensions {
+        inner: MemoryStore,
+        delay: Duration,
+    }
+
+    impl Store for SlowExtensions {
+        fn check<'a>(
+            &'a self,
+            request: CheckRequest<'a>,
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            self.inner.check(request)
+        }
+
+        fn control<'a>(
+            &'a self,
+            request: ControlRequest<'a>,
+        ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
+            Box::pin(async move {
+                if matches!(request.control, Control::Extend(_)) {
+                    tokio::time::sleep(self.delay).await;
+                }
+                self.inner.control(request).await
+            })
+        }
+    }
+
+    fn suspended(status: &KeyStatus) -> bool {
+        status.suspended_for.is_some()
+    }
+
+    #[tokio::test]
+    async fn a_later_control_overtakes_a_layer_write_not_sent_yet() {
+        let limiter = Limiter::new(MemoryStore::new());
+        let wait = Duration::from_secs(60);
+        // A resume after the write was started: the write is never sent.
+        let ticket = limiter.start_write(Target::key("a"), WriteKind::Suspension);
+        limiter.resume("a").await.unwrap();
+        let written = limiter.extend_suspension_by(&ticket, Target::key("a"), wait);
+        assert_eq!(written.await.unwrap(), None);
+        assert!(!suspended(&limiter.inspect("a").await.unwrap()));
+        // Nor a second write through the same ticket.
+        let again = limiter.extend_suspension_by(&ticket, Target::key("a"), wait);
+        assert_eq!(again.await.unwrap(), None);
+        drop(ticket);
+        assert!(limiter.inner.writes.lock().is_empty(), "the ticket is gone");
+
+        // A control of another kind, or on another key (the route of a scope, not the
+        // tenant), or made before the write started, does not.
+        let ticket = limiter.start_write(Target::key("b"), WriteKind::Suspension);
+        let quotas = Quotas::from(Quota::per_second(5).unwrap());
+        limiter.set_quota("b", &quotas).await.unwrap();
+        limiter.resume(Target::scoped("s", "b")).await.unwrap();
+        let written = limiter.extend_suspension_by(&ticket, Target::key("b"), wait);
+        assert!(suspended(&written.await.unwrap().unwrap()));
+        limiter.resume("c").await.unwrap();
+        let ticket = limiter.start_write(Target::key("c"), WriteKind::Suspension);
+        let written = limiter.extend_suspension_by(&ticket, Target::key("c"), wait);
+        assert!(suspended(&written.await.unwrap().unwrap()));
+
+        // Learning's writes give way to an operator's quota controls.
+        let ticket = limiter.start_write(Target::key("d"), WriteKind::Override);
+        limiter.clear_quota("d").await.unwrap();
+        let learned = limiter.learn_quota(&ticket, Target::key("d"), &quotas, wait);
+        assert_eq!(learned.await.unwrap(), None);
+        assert_eq!(limiter.inspect("d").await.unwrap().quota_override, None);
+    }
+
+    #[tokio::test]
+    async fn a_later_control_lands_after_a_layer_write_being_sent() {
+        let store = SlowExtensions {
+            inner: MemoryStore::new(),
+            delay: Duration::from_millis(200),
+        };
+        let limiter = Limiter::new(store);
+        let ticket = limiter.start_write(Target::key("a"), WriteKind::Suspension);
+        let write =
+            limiter.extend_suspension_by(&ticket, Target::key("a"), Duration::from_secs(60));
+        let resume = async {
+            // Once the write is under way.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            limiter.resume("a").await.unwrap()
+        };
+        let (written, resumed) = tokio::join!(write, resume);
+        assert!(suspended(&written.unwrap().unwrap()));
+        assert!(!suspended(&resumed), "the resume landed before the write");
+        assert!(!suspended(&limiter.inspect("a").await.unwrap()));
+    }
+
+    #[tokio::test]
+    async fn a_control_dropped_while_it_waits_overtakes_nothing() {
+        let store = SlowExtensions {
+            inner: MemoryStore::new(),
+            delay: Duration::from_millis(200),
+        };
+        let limiter = Limiter::new(store);
+        let (first, second) = (
+            limiter.start_write(Target::key("a"), WriteKind::Suspension),
+            limiter.start_write(Target::key("a"), WriteKind::Suspension),
+        );
+        let wait = Duration::from_secs(60);
+        let write = limiter.extend_suspension_by(&first, Target::key("a"), wait);
+        let resume = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Dropped while it waits for the first write: never ran.
+            let gave_up = tokio::time::timeout(Duration::from_millis(50), limiter.resume("a"));
+            assert!(gave_up.await.is_err());
+        };
+        let (written, ()) = tokio::join!(write, resume);
+        assert!(written.unwrap().is_some());
+        // The second write was not overtaken by a control that never ran.
+        let written = limiter.extend_suspension_by(&second, Target::key("a"), wait);
+        assert!(written.await.unwrap().is_some());
+        assert!(suspended(&limiter.inspect("a").await.unwrap()));
     }
 }

@@ -239,7 +239,11 @@ fn suspend(
             .max(Duration::from_micros(1));
         let scope = limits.scope.as_deref().unwrap_or("");
         let target = limits.target(&key);
-        match limits.limiter.extend_suspension_by(&ticket, target, wait).await {
+        match limits
+            .limiter
+            .extend_suspension_by(&ticket, target, wait)
+            .await
+        {
             Ok(Some(_)) => tracing::warn!(
                 status = status.as_u16(),
                 suspended_ms = wait.as_millis() as u64,

@@ -46,7 +46,9 @@ pub(crate) fn on_response(
     // the limiter after that wins over it.
     let ticket = (limits.limiter).start_write(limits.target(key), WriteKind::Suspension);
     let (limits, key) = (limits.clone(), key.clone());
-    Some(Box::pin(async move { pace(&limits, &key, pause, &ticket).await }))
+    Some(Box::pin(async move {
+        pace(&limits, &key, pause, &ticket).await
+    }))
 }
 
 /// Runs `round` in a task of its own, registered as the key's round in flight before it is
@@ -70,8 +72,7 @@ fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
     // worker) cannot finish before it is registered, which would leave it in flight for good.
     limits.provider.start(key, || {
         runtime.spawn(async move {
-            let learned_for =
-                learn_round(&ended.limits, &ended.key, round.target, &ticket).await;
+            let learned_for = learn_round(&ended.limits, &ended.key, round.target, &ticket).await;
             ended.learned(learned_for);
         });
         pending
@@ -377,6 +378,7 @@ mod tests {
     #[cfg(feature = "metrics")]
     #[test]
     fn a_learned_quota_and_a_pause_are_counted_in_the_metrics() {
+        use crate::limiter::Limiter;
         use crate::outbound::OutboundLayer;
         use crate::store::MemoryStore;
         use http::HeaderValue;
