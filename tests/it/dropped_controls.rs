@@ -40,14 +40,21 @@ async fn a_control_dropped_in_flight_still_ends_the_tenants_cached_denials() {
         match undo {
             Undo::Reset => assert!(cached.check(&key, &quota).await.is_allowed()),
             Undo::Resume => {
-                other.suspend(key.as_str(), Duration::from_secs(60)).await.unwrap();
+                other
+                    .suspend(key.as_str(), Duration::from_secs(60))
+                    .await
+                    .unwrap();
             }
         }
         // Denied by the store, then by the cache (no script call).
         assert!(!cached.check(&key, &quota).await.is_allowed());
         let calls = script_calls(&redis);
         assert!(!cached.check(&key, &quota).await.is_allowed());
-        assert_eq!(script_calls(&redis), calls, "{undo:?}: the denial is cached");
+        assert_eq!(
+            script_calls(&redis),
+            calls,
+            "{undo:?}: the denial is cached"
+        );
 
         // Redis naps 1 s; the control is sent meanwhile and its caller gives up after 300 ms.
         let nap = redis.debug_sleep(Duration::from_secs(1));
@@ -59,7 +66,10 @@ async fn a_control_dropped_in_flight_still_ends_the_tenants_cached_denials() {
             }
         };
         let dropped = tokio::time::timeout(Duration::from_millis(300), control).await;
-        assert!(dropped.is_err(), "{undo:?}: the control answered: {dropped:?}");
+        assert!(
+            dropped.is_err(),
+            "{undo:?}: the control answered: {dropped:?}"
+        );
         nap.join().unwrap();
         // Redis applied it once awake.
         let status = other.inspect(key.as_str()).await.unwrap();

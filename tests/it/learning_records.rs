@@ -97,10 +97,7 @@ async fn never_frozen(limiter: &Limiter, key: &str, silent: &str, what: &str) ->
 /// Redis, its override and TTL kept; `tail` is appended (a record longer than its controls).
 fn rewrite_end(redis: &RedisServer, record_key: &str, end: f64, tail: &[u8]) {
     let mut conn = redis.conn();
-    let mut record: Vec<u8> = redis::cmd("GET")
-        .arg(record_key)
-        .query(&mut conn)
-        .unwrap();
+    let mut record: Vec<u8> = redis::cmd("GET").arg(record_key).query(&mut conn).unwrap();
     assert_eq!(record.first(), Some(&b'M'), "{record_key}: {record:?}");
     record[1..9].copy_from_slice(&end.to_le_bytes());
     record.extend_from_slice(tail);
@@ -133,7 +130,11 @@ async fn a_corrupt_or_far_learning_record_never_freezes_the_learned_quota_on_red
         ("largest double", f64::MAX, b""),
         ("ten years ahead", now_micros() + 10.0 * YEAR_MICROS, b""),
         // Longer than its controls: what follows them is kept, the end still bounded.
-        ("years ahead, longer", now_micros() + 10.0 * YEAR_MICROS, b"\x01\x02\x03"),
+        (
+            "years ahead, longer",
+            now_micros() + 10.0 * YEAR_MICROS,
+            b"\x01\x02\x03",
+        ),
     ];
     let mut wrong = Vec::new();
     for (i, (what, end, tail)) in ends.into_iter().enumerate() {
