@@ -131,7 +131,9 @@ pub enum OverrideSource {
     /// announcements.
     Learned {
         /// The time the learned quota has left: past it, the layer's next learning round
-        /// clears it unless an answer confirmed it. `None` once over.
+        /// clears it unless an answer confirmed it. `None` once over, and for a record whose
+        /// end is no time or more than [`MAX_SUSPENSION`] ahead (no learning write sets one):
+        /// read back bounded, a corrupt record never makes a quota last for ever.
         left: Option<Duration>,
     },
 }
@@ -724,7 +726,9 @@ impl Limiter {
     /// Suspends `target` fleet-wide for `duration` (1 µs to [`MAX_SUSPENSION`]): until then every
     /// decision on it is denied with [`Decision::suspended`](crate::Decision::suspended) set and
     /// `retry_after` the time left, whatever its quotas hold. The check happens inside the same
-    /// atomic call as the decision. A new suspension replaces the old one.
+    /// atomic call as the decision. A new suspension replaces the old one, and wins over an
+    /// [`OutboundLayer`](crate::outbound::OutboundLayer)'s write for an answer handed back
+    /// before (see [after the response](crate::outbound#after-the-response)).
     ///
     /// ```
     /// use std::time::Duration;
@@ -778,7 +782,10 @@ impl Limiter {
         self.control(target, control, target.scope.is_none()).await
     }
 
-    /// Ends a suspension of `target`.
+    /// Ends a suspension of `target`. Made after an
+    /// [`OutboundLayer`](crate::outbound::OutboundLayer) on this limiter handed an upstream's
+    /// answer back, it wins over the suspension that answer calls for (see
+    /// [after the response](crate::outbound#after-the-response)).
     pub async fn resume<'a>(
         &self,
         target: impl Into<Target<'a>>,
