@@ -196,3 +196,38 @@ async fn a_learning_record_years_ahead_never_freezes_the_learned_quota_in_memory
     let wrong = never_frozen(&limiter, "ahead", "ahead-silent", "ten years ahead").await;
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// A record cut short holds no whole override, so it marks nothing: the override reads as an
+/// operator's (learning never takes for its own an override it cannot prove it set), and an
+/// operator's `clear_quota` ends it, after which learning learns again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learning_record_cut_short_marks_nothing_and_clear_quota_ends_it() {
+    let redis = RedisServer::start();
+    let limiter = support::redis_limiter(&redis, Algorithm::TokenBucket);
+    let key = "cut";
+    learn_forty(&limiter, key, TEN_MINUTES).await;
+    let record_key = format!("{}#l", limiter.storage_key(key));
+    let mut conn = redis.conn();
+    let record: Vec<u8> = redis::cmd("GET")
+        .arg(&record_key)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&record_key)
+        .arg(&record[..record.len() - 1])
+        .arg("KEEPTTL")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        learned(&limiter, key).await.1,
+        Some(OverrideSource::Operator)
+    );
+    answer(&layer(&limiter, key, TEN_MINUTES), Some("p;q=5;w=1")).await;
+    let (quota, _) = learned(&limiter, key).await;
+    assert_eq!(quota, Some(Quotas::from(per_second(40))), "an operator's stays");
+    limiter.clear_quota(key).await.unwrap();
+    answer(&layer(&limiter, key, TEN_MINUTES), Some("p;q=5;w=1")).await;
+    let (quota, source) = learned(&limiter, key).await;
+    assert_eq!(quota, Some(Quotas::from(per_second(5))));
+    assert!(matches!(source, Some(OverrideSource::Learned { .. })));
+}
