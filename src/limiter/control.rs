@@ -585,28 +585,26 @@ impl Limiter {
     async fn overtake(&self, key: &str, kind: WriteKind) {
         let writes = &self.inner.writes;
         let bound = self.store_call_timeout().unwrap_or(WRITE_WAIT_BOUND);
-        // Without a tokio runtime (no timer), a write being sent is waited for unbounded: its
-        // own store call is bounded.
-        let deadline = tokio::runtime::Handle::try_current()
+        // Without a tokio runtime there is no timer to bound the wait: the control does not
+        // wait (a layer's writes run on tokio, and on the memory store one is sent and answered
+        // within one poll), and never hangs.
+        let Some(deadline) = tokio::runtime::Handle::try_current()
             .ok()
-            .and_then(|_| tokio::time::Instant::now().checked_add(bound));
+            .and_then(|_| tokio::time::Instant::now().checked_add(bound))
+        else {
+            writes.overtake(key, kind, true);
+            return;
+        };
         loop {
             let sending = writes.overtake(key, kind, false);
             if sending.is_empty() {
                 return;
             }
             let all = futures::future::join_all(sending);
-            match deadline {
-                Some(deadline) => {
-                    if tokio::time::timeout_at(deadline, all).await.is_err() {
-                        // Held by a store that has not answered: the control goes on.
-                        writes.overtake(key, kind, true);
-                        return;
-                    }
-                }
-                None => {
-                    all.await;
-                }
+            if tokio::time::timeout_at(deadline, all).await.is_err() {
+                // Held by a store that has not answered: the control goes on.
+                writes.overtake(key, kind, true);
+                return;
             }
         }
     }

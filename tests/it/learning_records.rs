@@ -208,10 +208,7 @@ async fn a_learning_record_cut_short_marks_nothing_and_clear_quota_ends_it() {
     learn_forty(&limiter, key, TEN_MINUTES).await;
     let record_key = format!("{}#l", limiter.storage_key(key));
     let mut conn = redis.conn();
-    let record: Vec<u8> = redis::cmd("GET")
-        .arg(&record_key)
-        .query(&mut conn)
-        .unwrap();
+    let record: Vec<u8> = redis::cmd("GET").arg(&record_key).query(&mut conn).unwrap();
     let _: () = redis::cmd("SET")
         .arg(&record_key)
         .arg(&record[..record.len() - 1])
@@ -224,7 +221,11 @@ async fn a_learning_record_cut_short_marks_nothing_and_clear_quota_ends_it() {
     );
     answer(&layer(&limiter, key, TEN_MINUTES), Some("p;q=5;w=1")).await;
     let (quota, _) = learned(&limiter, key).await;
-    assert_eq!(quota, Some(Quotas::from(per_second(40))), "an operator's stays");
+    assert_eq!(
+        quota,
+        Some(Quotas::from(per_second(40))),
+        "an operator's stays"
+    );
     limiter.clear_quota(key).await.unwrap();
     answer(&layer(&limiter, key, TEN_MINUTES), Some("p;q=5;w=1")).await;
     let (quota, source) = learned(&limiter, key).await;
