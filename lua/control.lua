@@ -14,7 +14,9 @@
 -- operator's 'q' and 'c' remove the record's override in the same call; 'a' never replaces an
 -- operator's override, and under an override of every route in the tenant's controls (only
 -- an operator sets one) sets nothing and clears the route's learned override, as 'u' does.
--- The decision script never reads the record.
+-- The decision script never reads the record, and this one only its override (the mark): the
+-- end is read by Rust, bounded (no learning write sets one more than 30 days ahead; an end past
+-- that or no time reads as over: src/limiter/control.rs).
 -- ARGV  one string, packed little-endian: double now_us (-1 = Redis TIME), a byte naming the
 --       operation, a byte naming the algorithm (its tag; 0 on the tenant's key), then its
 --       operand:

@@ -29,6 +29,7 @@ pub use self::builder::LimiterBuilder;
 pub use self::control::{
     ControlError, KeyStatus, OverrideSource, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
+pub(crate) use self::control::{WriteKind, WriteTicket};
 use self::deny_cache::DenyCache;
 pub(crate) use self::keys::{KeyScope, StorageKey};
 pub use self::keys::{StoredKey, Target};
@@ -83,6 +84,8 @@ pub(crate) struct Inner {
     leases: Option<self::lease::LeaseTable>,
     /// The layer's settlements still running (`settle.rs`).
     settlements: self::settle::Settlements,
+    /// The outbound layers' writes in flight, which a later control wins over (`control.rs`).
+    writes: self::control::Writes,
 }
 
 impl fmt::Debug for Limiter {

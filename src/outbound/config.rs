@@ -51,6 +51,14 @@ impl Limits {
         self.auto_suspend || self.provider.learns()
     }
 
+    /// The target of `key` in the layer's scope.
+    pub(crate) fn target<'a>(&'a self, key: &'a str) -> Target<'a> {
+        match &self.scope {
+            Some(scope) => Target::scoped(scope, key),
+            None => Target::key(key),
+        }
+    }
+
     /// The longest an acquisition waits for the key's pacing write or learning round in flight:
     /// the store's call timeout, or [`WAIT_BOUND`] for a store that does not say.
     pub(crate) fn wait_bound(&self) -> Duration {

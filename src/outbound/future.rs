@@ -16,7 +16,7 @@ use super::config::{Acquire, Limits};
 use super::error::OutboundError;
 use super::react;
 use super::retry_after::upstream_backoff;
-use crate::limiter::Target;
+use crate::limiter::WriteKind;
 
 /// What a response future needs to suspend its key (or learn its quota): the limits and the key.
 pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
@@ -220,31 +220,50 @@ where
 
 /// Suspends `key` fleet-wide for at least `wait`, capped at the layer's `max_auto_suspension`
 /// (a suspension that ends later stays: a late answer never cuts an operator's), and says so in
-/// the logs (never with the key: it may be a secret).
-async fn suspend(limits: Arc<Limits>, key: Arc<str>, status: StatusCode, wait: Duration) {
-    let wait = wait
-        .min(limits.max_auto_suspension)
-        .min(crate::limiter::MAX_SUSPENSION)
-        .max(Duration::from_micros(1));
-    let target = match &limits.scope {
-        Some(scope) => Target::scoped(scope, &key),
-        None => Target::key(&key),
-    };
-    let scope = limits.scope.as_deref().unwrap_or("");
-    match limits.limiter.extend_suspension(target, wait).await {
-        Ok(_) => tracing::warn!(
-            status = status.as_u16(),
-            suspended_ms = wait.as_millis() as u64,
-            scope,
-            "upstream asked to back off (Retry-After): key suspended for the whole fleet"
-        ),
-        Err(error) => tracing::warn!(
-            %error,
-            status = status.as_u16(),
-            retry_after_ms = wait.as_millis() as u64,
-            scope,
-            "upstream asked to back off (Retry-After), but the key could not be suspended: \
-             the other workers keep calling"
-        ),
+/// the logs (never with the key: it may be a secret). The write is registered with the limiter
+/// here, before the answer is handed back: a `suspend` or `resume` made through the limiter
+/// after that wins over it (see the [module docs](super#after-the-response)).
+fn suspend(
+    limits: Arc<Limits>,
+    key: Arc<str>,
+    status: StatusCode,
+    wait: Duration,
+) -> impl Future<Output = ()> + Send + 'static {
+    let ticket = limits
+        .limiter
+        .start_write(limits.target(&key), WriteKind::Suspension);
+    async move {
+        let wait = wait
+            .min(limits.max_auto_suspension)
+            .min(crate::limiter::MAX_SUSPENSION)
+            .max(Duration::from_micros(1));
+        let scope = limits.scope.as_deref().unwrap_or("");
+        let target = limits.target(&key);
+        match limits
+            .limiter
+            .extend_suspension_by(&ticket, target, wait)
+            .await
+        {
+            Ok(Some(_)) => tracing::warn!(
+                status = status.as_u16(),
+                suspended_ms = wait.as_millis() as u64,
+                scope,
+                "upstream asked to back off (Retry-After): key suspended for the whole fleet"
+            ),
+            Ok(None) => tracing::debug!(
+                status = status.as_u16(),
+                scope,
+                "upstream asked to back off (Retry-After), but a suspend or resume made since \
+                 through this limiter wins: not suspended"
+            ),
+            Err(error) => tracing::warn!(
+                %error,
+                status = status.as_u16(),
+                retry_after_ms = wait.as_millis() as u64,
+                scope,
+                "upstream asked to back off (Retry-After), but the key could not be suspended: \
+                 the other workers keep calling"
+            ),
+        }
     }
 }

@@ -300,7 +300,12 @@ impl<K> OutboundLayerBuilder<K> {
     }
 
     /// How long a learned quota lasts without an answer that confirms it
-    /// ([`DEFAULT_LEARNED_TTL`], 10 minutes, by default); then the key is back to its own tiers.
+    /// ([`DEFAULT_LEARNED_TTL`], 10 minutes, by default; at most
+    /// [`MAX_SUSPENSION`](crate::limiter::MAX_SUSPENSION), 30 days: a longer one is taken as
+    /// that); then the key is back to its own tiers. Instances of one fleet should agree on
+    /// it: a learned quota with more time left than this layer's `learned_ttl` (set by an
+    /// instance with a longer one) is treated by this layer as expired, so this layer replaces,
+    /// renews or clears it at its next round.
     pub fn learned_ttl(mut self, ttl: Duration) -> Self {
         self.learned_ttl = ttl;
         self
@@ -357,6 +362,8 @@ impl<K> OutboundLayerBuilder<K> {
                 .supports(&Quotas::from(ceiling))
                 .map_err(|(_, error)| error)?;
         }
+        // The longest time a learning write sets (the store's record never says more).
+        let learned_ttl = self.learned_ttl.min(crate::limiter::MAX_SUSPENSION);
         Ok(OutboundLayer {
             config: Arc::new(Config {
                 limits: Arc::new(Limits {
@@ -369,8 +376,8 @@ impl<K> OutboundLayerBuilder<K> {
                         ceiling,
                         configured: self.quotas,
                         max_window: self.max_learned_window.min(self.max_auto_suspension),
-                        ttl: self.learned_ttl,
-                        period: self.learn_period.min(self.learned_ttl / 2),
+                        ttl: learned_ttl,
+                        period: self.learn_period.min(learned_ttl / 2),
                     })),
                     max_auto_suspension: self.max_auto_suspension,
                 }),

@@ -52,6 +52,15 @@
 //!   reading the store).
 //! - a write that fails is logged (warn) and paces nothing.
 //!
+//! Controls made through the layer's [`Limiter`](crate::Limiter) (or any clone of it) after the
+//! answer was handed back win over the writes that answer started: a `suspend` or `resume`
+//! over its pacing write, a `set_quota` or `clear_quota` over its learning round's write. A
+//! write being sent is waited for (at most the store's call timeout), so the control lands
+//! after it; a write not sent yet is never sent. The write never waits for a caller. A control
+//! made on another instance is not ordered with this instance's writes in flight: a `resume`
+//! there that lands first is undone by the pacing write (for what the upstream asked, at most
+//! `max_auto_suspension`); one made once [`OutboundLayer::settled`] returned holds.
+//!
 //! # Provider announcements
 //!
 //! Many providers say in every response what their limit is and what is left. The layer reads
@@ -83,9 +92,12 @@
 //!     period, the tightest limit and burst), so in any of the ceiling's windows a learned
 //!     quota admits no more than the ceiling itself would, and no configured tier is lost.
 //!   - **expiry**: a learned quota lasts [`learned_ttl`](OutboundLayerBuilder::learned_ttl)
-//!     ([`DEFAULT_LEARNED_TTL`], 10 minutes) from the last answer that confirmed it; the
-//!     first round after that without a confirming answer clears it, and the key is back to
-//!     its own tiers. An announcement equal to the layer's own tiers clears it at once.
+//!     ([`DEFAULT_LEARNED_TTL`], 10 minutes; at most 30 days) from the last answer that
+//!     confirmed it; the first round after that without a confirming answer clears it, and the
+//!     key is back to its own tiers. An announcement equal to the layer's own tiers clears it
+//!     at once. The time left is read back bounded, whoever wrote it: an end that is no time,
+//!     or more than 30 days ahead, reads as over, and so does, for this layer, a time left
+//!     longer than its own `learned_ttl`; a corrupt or far record never freezes the quota.
 //!   - **writes**: each instance runs at most one learning round per key per
 //!     [`learn_period`](OutboundLayerBuilder::learn_period) ([`DEFAULT_LEARN_PERIOD`], 30 s):
 //!     one read, and a write only on a change or to renew a confirmed quota; a round that

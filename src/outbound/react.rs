@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::announce;
 use super::config::Limits;
 use super::learn::{pause, same_tiers, Pending, Round};
-use crate::limiter::{ControlError, Limiter, OverrideSource, Target};
+use crate::limiter::{ControlError, OverrideSource, Target, WriteKind, WriteTicket};
 use crate::quota::Quotas;
 
 /// Reads what a response announces and returns the pacing it calls for, if any: the response
@@ -42,8 +42,13 @@ pub(crate) fn on_response(
     let pause = pacing
         .then(|| pause(&announced, limits.max_auto_suspension))
         .flatten()?;
+    // Registered now, before the answer is handed back: a `suspend` or `resume` made through
+    // the limiter after that wins over it.
+    let ticket = (limits.limiter).start_write(limits.target(key), WriteKind::Suspension);
     let (limits, key) = (limits.clone(), key.clone());
-    Some(Box::pin(async move { pace(&limits, &key, pause).await }))
+    Some(Box::pin(async move {
+        pace(&limits, &key, pause, &ticket).await
+    }))
 }
 
 /// Runs `round` in a task of its own, registered as the key's round in flight before it is
@@ -54,6 +59,9 @@ fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
         return;
     };
     let (pending, done) = in_flight();
+    // Registered now, before the answer is handed back: a `set_quota` or `clear_quota` made
+    // through the limiter after that wins over the round's write.
+    let ticket = (limits.limiter).start_write(limits.target(key), WriteKind::Override);
     let ended = RoundEnded {
         limits: limits.clone(),
         key: key.clone(),
@@ -64,7 +72,7 @@ fn spawn_round(limits: &Arc<Limits>, key: &Arc<str>, round: Round) {
     // worker) cannot finish before it is registered, which would leave it in flight for good.
     limits.provider.start(key, || {
         runtime.spawn(async move {
-            let learned_for = learn_round(&ended.limits, &ended.key, round.target).await;
+            let learned_for = learn_round(&ended.limits, &ended.key, round.target, &ticket).await;
             ended.learned(learned_for);
         });
         pending
@@ -164,13 +172,6 @@ pub(crate) fn then(
     }
 }
 
-fn target_of<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
-    match &limits.scope {
-        Some(scope) => Target::scoped(scope, key),
-        None => Target::key(key),
-    }
-}
-
 /// One learning round for `key` (at most one per key per period in this process): reads the
 /// key's override and who set it, then
 /// - leaves an operator's override alone;
@@ -184,12 +185,19 @@ fn target_of<'a>(limits: &'a Limits, key: &'a str) -> Target<'a> {
 /// override as learned (its record, `<key>#l`) and refuses to replace an operator's, and sets
 /// nothing (clearing the learned one) once the tenant holds an override of every route, so an
 /// operator's `set_quota` racing the round always wins (see
-/// [`OverrideSource`](crate::limiter::OverrideSource)). Returns how long the learned quota in
-/// force lasts (`None`: none).
-async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Option<Duration> {
+/// [`OverrideSource`](crate::limiter::OverrideSource)); the write goes through `ticket`, taken
+/// before the answer was handed back, so that a `set_quota` or `clear_quota` made through the
+/// limiter since wins over it. Returns how long the learned quota in force lasts (`None`:
+/// none).
+async fn learn_round(
+    limits: &Limits,
+    key: &str,
+    target: Option<Quotas>,
+    ticket: &WriteTicket,
+) -> Option<Duration> {
     let bounds = limits.provider.bounds()?;
     let scope = limits.scope.as_deref().unwrap_or("");
-    let at = target_of(limits, key);
+    let at = limits.target(key);
     let status = match limits.limiter.inspect(at).await {
         Ok(status) => status,
         Err(error) => {
@@ -206,16 +214,21 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
             tracing::debug!(scope, "an operator's override is in force: not learned");
             return None;
         }
-        Some(OverrideSource::Learned { left }) => left,
+        // A time left beyond this layer's `learned_ttl` was not set under it (an instance
+        // configured with a longer one, or bytes no learning write makes): read as over, so
+        // that this instance replaces, renews or clears the quota as its own time says.
+        Some(OverrideSource::Learned { left }) => left.filter(|left| *left <= bounds.ttl),
         _ => None,
     };
     let ours = in_force.filter(|_| status.override_source.is_some());
     if status.all_routes_override.is_some() {
         // An operator's override of every route, shadowed by the learned one on the route:
         // learning never loosens an operator's choice, so its own goes (whatever the period).
-        let cleared = limits.limiter.unlearn_quota(at).await;
+        let cleared = limits.limiter.unlearn_quota(ticket, at).await;
         match cleared {
-            Ok(_) => {
+            // A `set_quota` or `clear_quota` made since wins: nothing of learning's is left.
+            Ok(None) => return None,
+            Ok(Some(_)) => {
                 limits.provider.count_learned();
                 tracing::info!(
                     scope,
@@ -241,26 +254,31 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
             }
             limits
                 .limiter
-                .learn_quota(at, &wanted, bounds.ttl)
+                .learn_quota(ticket, at, &wanted, bounds.ttl)
                 .await
-                .map(|status| (status, false))
+                .map(|status| status.map(|status| (status, false)))
         }
         (_, Some(_)) if young => return left,
         (Some(wanted), _) => limits
             .limiter
-            .learn_quota(at, &wanted, bounds.ttl)
+            .learn_quota(ticket, at, &wanted, bounds.ttl)
             .await
-            .map(|status| (status, true)),
+            .map(|status| status.map(|status| (status, true))),
         (None, None) => return None,
         (None, Some(_)) if target.is_none() && left.is_some() => return left,
         (None, Some(_)) => limits
             .limiter
-            .unlearn_quota(at)
+            .unlearn_quota(ticket, at)
             .await
-            .map(|status| (status, true)),
+            .map(|status| status.map(|status| (status, true))),
     };
     match written {
-        Ok((status, changed)) => {
+        Ok(None) => {
+            // A `set_quota` or `clear_quota` made through the limiter since the answer wins.
+            tracing::debug!(scope, "an operator's control made since wins: not learned");
+            None
+        }
+        Ok(Some((status, changed))) => {
             let learned_now =
                 matches!(status.override_source, Some(OverrideSource::Learned { .. }));
             if wanted.is_some() && !learned_now {
@@ -296,10 +314,11 @@ async fn learn_round(limits: &Limits, key: &str, target: Option<Quotas>) -> Opti
     }
 }
 
-/// Suspends the key fleet-wide for `wait`, unless it already is for longer.
-async fn pace(limits: &Limits, key: &str, wait: Duration) {
+/// Suspends the key fleet-wide for `wait`, unless it already is for longer, or a `suspend` or
+/// `resume` made through the limiter since `ticket` was taken wins.
+async fn pace(limits: &Limits, key: &str, wait: Duration, ticket: &WriteTicket) {
     let scope = limits.scope.as_deref().unwrap_or("");
-    match suspend_at_least(&limits.limiter, target_of(limits, key), wait).await {
+    match suspend_at_least(limits, ticket, limits.target(key), wait).await {
         Ok(false) => {}
         Ok(true) => {
             limits.provider.count_paced();
@@ -321,19 +340,24 @@ async fn pace(limits: &Limits, key: &str, wait: Duration) {
 }
 
 /// Suspends `target` for at least `wait` unless its suspension already lasts that long:
-/// `Ok(true)` when it set or extended one. The write is [`Limiter::extend_suspension`], atomic
-/// in the store, so a suspension only ever extends even when instances race; the look before it
+/// `Ok(true)` when it set or extended one. The write is an extension
+/// ([`Limiter::extend_suspension`](crate::Limiter::extend_suspension)), atomic in the store, so
+/// a suspension only ever extends even when instances race, made through `ticket`, so that a
+/// `suspend` or `resume` made through the limiter since wins (`Ok(false)`); the look before it
 /// only spares the write (and the count) when nothing would change.
 async fn suspend_at_least(
-    limiter: &Limiter,
+    limits: &Limits,
+    ticket: &WriteTicket,
     target: Target<'_>,
     wait: Duration,
 ) -> Result<bool, ControlError> {
+    let limiter = &limits.limiter;
     let status = limiter.inspect(target).await?;
     if status.suspended_for.is_some_and(|left| left >= wait) {
         return Ok(false);
     }
-    limiter.extend_suspension(target, wait).await.map(|_| true)
+    let written = limiter.extend_suspension_by(ticket, target, wait).await?;
+    Ok(written.is_some())
 }
 
 /// The metrics of announcements (`metrics` feature).
@@ -354,6 +378,7 @@ mod tests {
     #[cfg(feature = "metrics")]
     #[test]
     fn a_learned_quota_and_a_pause_are_counted_in_the_metrics() {
+        use crate::limiter::Limiter;
         use crate::outbound::OutboundLayer;
         use crate::store::MemoryStore;
         use http::HeaderValue;
