@@ -33,6 +33,7 @@ mod fleet;
 mod harness;
 mod layer;
 mod layer_quotas;
+mod lease_remaining;
 mod leases;
 mod leases_cancel;
 mod logs;
