@@ -63,6 +63,13 @@ pub const MAX_TIERS: usize = 8;
 /// The burst (the bucket's capacity) defaults to the limit. Every constructor validates its input
 /// and returns a [`QuotaError`] instead of panicking.
 ///
+/// Decisions are exact over the whole range (counts up to [`MAX_COUNT`], periods up to
+/// [`MAX_PERIOD`]). The `RateLimit` headers of a layer hold integers of at most 15 digits, as
+/// every structured field does: a quota of more than 999 999 999 999 999 units at once or per
+/// second, or taking more than 999 999 999 999 999 seconds to refill its burst, is advertised
+/// within that bound, never as more than it gives (the exact rule is in the
+/// [headers guide](crate::guide::headers)).
+///
 /// ```
 /// use redlimit::Quota;
 /// use std::time::Duration;

@@ -14,7 +14,9 @@
 //! `X-RateLimit-Limit / -Remaining / -Reset` too.
 //!
 //! What `q`, `w`, `r` and `t` mean, and why they never contradict each other, is told in the
-//! docs of [`RateLimit`](crate::layer::RateLimit) (`# The numbers in the headers`).
+//! docs of [`RateLimit`](crate::layer::RateLimit) (`# The numbers in the headers`). Each is a
+//! structured-field Integer, at most [`MAX_INTEGER`] (see [`policy_window`] for the quotas that
+//! reach it).
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -32,19 +34,31 @@ static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy"
 static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// The largest Integer of a structured field (RFC 8941 §3.3.1: at most 15 digits). Every number
+/// of `RateLimit-Policy` and `RateLimit` is at most this, or no conforming parser reads the
+/// field.
+const MAX_INTEGER: u64 = 999_999_999_999_999;
+
 /// `q` and `w` of `RateLimit-Policy` (see the module docs): the capacity `r` counts against,
-/// and the longest a key takes from empty back to it, in whole seconds rounded up; a window
-/// under a second is scaled to one second.
+/// and the longest a key takes from empty back to it, in whole seconds rounded up. A window
+/// under a second is scaled to one second (`q` per second); one longer than [`MAX_INTEGER`]
+/// seconds is scaled down to it (`q` what comes back in that time, fewer than the capacity),
+/// and `q` is at most [`MAX_INTEGER`]: so `q` per `w` is never faster than the quota.
 fn policy_window(quota: &Quota, algorithm: Algorithm) -> (u64, u64) {
-    let capacity = quota.burst();
+    const SECOND: u128 = 1_000_000;
+    let capacity = u128::from(quota.burst());
     let window_us = algorithm.spec().window.full_again_us(quota).max(1);
-    if window_us >= 1_000_000 {
-        let w = window_us.div_ceil(1_000_000);
-        (capacity, u64::try_from(w).unwrap_or(u64::MAX))
+    let max = u128::from(MAX_INTEGER);
+    let (q, w) = if window_us < SECOND {
+        (capacity * SECOND / window_us, 1)
+    } else if window_us > max * SECOND {
+        // At most 10^15 × 10^21: within a u128.
+        (capacity * max * SECOND / window_us, max)
     } else {
-        let per_second = u128::from(capacity) * 1_000_000 / window_us;
-        (u64::try_from(per_second).unwrap_or(u64::MAX), 1)
-    }
+        (capacity, window_us.div_ceil(SECOND))
+    };
+    let bounded = |n: u128| u64::try_from(n.min(max)).unwrap_or(MAX_INTEGER);
+    (bounded(q), bounded(w))
 }
 
 /// How the layer writes its headers for one list of quotas; built once per layer (and once per
@@ -207,6 +221,10 @@ impl HeaderStyle {
         } else {
             (decision.remaining, Self::denied_secs(decision, tier.w))
         };
+        // Integers of a structured field: `r` counts against `q` (which may be written below the
+        // capacity, see `policy_window`), and a wait longer than the largest Integer is written
+        // as it (`Retry-After` keeps the exact wait).
+        let (remaining, t) = (remaining.min(tier.q), t.min(MAX_INTEGER));
         // Written on the stack and copied once into the header value: one allocation, where a
         // `format!` took two (the string, then the shrink into `Bytes`), and no formatting
         // machinery.
@@ -239,7 +257,8 @@ impl HeaderStyle {
 }
 
 /// A header value built on the stack. The `RateLimit` value fits: the quoted name is at most 68
-/// bytes (64, a tier number, quotes), each number 20 digits, with `;r=` and `;t=` 114 in all.
+/// bytes (64, a tier number, quotes), each number 15 digits ([`MAX_INTEGER`]), with `;r=` and
+/// `;t=` 104 in all.
 struct StackValue {
     bytes: [u8; StackValue::CAPACITY],
     len: usize,
@@ -273,6 +292,10 @@ impl StackValue {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::limiter::MAX_SUSPENSION;
+    use crate::quota::{MAX_COUNT, MAX_PERIOD};
+    use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
 
     #[test]
     fn policy_window_in_whole_seconds() {
@@ -376,7 +399,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_longest_state_fits_on_the_stack() {
-        let quota = Quota::per_minute(10).unwrap();
+        let quota = Quota::per_minute(MAX_COUNT).unwrap();
         let quotas = [quota, Quota::per_second(1).unwrap()];
         let name = "n".repeat(64);
         let style = style(&name, &quotas, false);
@@ -387,9 +410,116 @@ pub(crate) mod tests {
             ..denied(quota, Duration::ZERO)
         };
         let headers = written(&style, &decision);
-        let t = decision.retry_after_secs();
-        let expected = format!("\"{name}-1\";r={};t={t}", u64::MAX);
+        let expected = format!("\"{name}-1\";r={MAX_INTEGER};t={MAX_INTEGER}");
         assert_eq!(headers["ratelimit"], expected.as_str());
+    }
+
+    #[test]
+    fn a_burst_of_ten_to_the_fifteen_is_written_as_the_largest_integer() {
+        let style = style("default", &[Quota::per_second(MAX_COUNT).unwrap()], false);
+        assert_eq!(style.policy, r#""default";q=999999999999999;w=1"#);
+    }
+
+    #[test]
+    fn a_sub_second_window_scaled_past_fifteen_digits_is_written_as_the_largest_integer() {
+        let quota = Quota::new(MAX_COUNT, Duration::from_micros(1)).unwrap();
+        assert_eq!(
+            style("p", &[quota], false).policy,
+            r#""p";q=999999999999999;w=1"#
+        );
+    }
+
+    #[test]
+    fn a_refill_longer_than_the_largest_integer_of_seconds_is_scaled_down_to_it() {
+        // 10^15 units, one a century: 3.15 × 10^24 s to refill. What comes back in the
+        // largest `w`, 999 999 999 999 999 s, is 317 097.9 units.
+        let quota = Quota::new(1, MAX_PERIOD)
+            .unwrap()
+            .with_burst(MAX_COUNT)
+            .unwrap();
+        let style = style("p", &[quota], false);
+        assert_eq!(style.policy, r#""p";q=317097;w=999999999999999"#);
+        // `r` counts against that `q`.
+        let headers = written(&style, &allowed(quota, MAX_COUNT - 1, MAX_PERIOD));
+        assert_eq!(headers["ratelimit"], r#""p";r=317097;t=3153600000"#);
+    }
+
+    /// Quotas from 1 to 10^15 units over 1 µs to a century, in orders of magnitude.
+    fn any_quota() -> impl Strategy<Value = Quota> {
+        let count = (0u32..=15, 1u64..=9).prop_map(|(e, d)| (d * 10u64.pow(e)).min(MAX_COUNT));
+        let period_us = (0u32..=15, 1u64..=9).prop_map(|(e, d)| d.saturating_mul(10u64.pow(e)));
+        (count.clone(), period_us, count).prop_map(|(limit, period_us, burst)| {
+            let period = Duration::from_micros(period_us).min(MAX_PERIOD);
+            Quota::new(limit, period)
+                .unwrap()
+                .with_burst(burst)
+                .unwrap()
+        })
+    }
+
+    /// The numbers of a `"name";a=1;b=2` item, each checked to be a structured-field Integer.
+    fn integers(item: &str) -> Result<Vec<(String, u64)>, TestCaseError> {
+        let mut numbers = Vec::new();
+        for param in item.split(';').skip(1) {
+            let (key, value) = param.split_once('=').unwrap();
+            let digits = value.len() <= 15 && value.bytes().all(|b| b.is_ascii_digit());
+            prop_assert!(digits, "{} is not an Integer in {}", value, item);
+            numbers.push((key.to_owned(), value.parse().unwrap()));
+        }
+        Ok(numbers)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Every quota the crate accepts, under every algorithm, with any decision it can
+        /// make (a wait and a reset of at most the time to full, or any suspension): both fields
+        /// hold Integers of at most 15 digits, `r ≤ q`, `t ≤ w` (but a suspension's), and `q`
+        /// per `w` is never faster than the quota refills its burst.
+        #[test]
+        fn every_number_written_is_an_integer_of_a_structured_field(
+            quota in any_quota(),
+            algorithm in proptest::sample::select(Algorithm::ALL.to_vec()),
+            admitted in any::<bool>(),
+            suspended in any::<bool>(),
+            remaining in any::<u64>(),
+            wait in any::<u128>(),
+        ) {
+            let style = HeaderStyle::new("p", &quota.into(), algorithm, false, Duration::ZERO);
+            let full_us = algorithm.spec().window.full_again_us(&quota).max(1);
+            let suspended = suspended && !admitted;
+            let wait_ms = match suspended {
+                true => wait % (MAX_SUSPENSION.as_millis() + 1),
+                false => (wait % (full_us + 1)).div_ceil(1_000),
+            };
+            let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(u64::MAX));
+            let decision = Decision {
+                allowed: admitted,
+                limit: quota.limit(),
+                remaining: remaining % (quota.burst() + 1),
+                retry_after: if admitted { Duration::ZERO } else { wait },
+                reset_after: wait,
+                suspended,
+                quota,
+                overridden: false,
+            };
+            let headers = written(&style, &decision);
+            let policy = integers(headers["ratelimit-policy"].to_str().unwrap())?;
+            let state = integers(headers["ratelimit"].to_str().unwrap())?;
+            let ([(_, q), (_, w)], [(_, r), (_, t)]) = (&policy[..], &state[..]) else {
+                panic!("{policy:?} {state:?}");
+            };
+            prop_assert!(r <= q, "r {} > q {}", r, q);
+            prop_assert!(t <= w || decision.suspended, "t {} > w {}", t, w);
+            let capacity = u128::from(quota.burst());
+            prop_assert!(
+                u128::from(*q) * full_us <= capacity * u128::from(*w) * 1_000_000,
+                "{} per {} s is faster than {} per {} µs", q, w, capacity, full_us
+            );
+        }
     }
 
     #[test]

@@ -72,6 +72,9 @@ use crate::Verdict;
 ///   tier's `t` is capped at its own `w` (its own reset is never longer). On a denial `t` is
 ///   the exact wait (`w` for a cost the quota can never hold).
 /// - `X-RateLimit-Limit` is the same `q`, `X-RateLimit-Remaining` the same `r`.
+/// - Each is at most 999 999 999 999 999, the largest structured-field Integer: the few quotas
+///   whose numbers would be larger are written within it, never as more than they give (see
+///   the [headers guide](crate::guide::headers)).
 ///
 /// # Stacking limits
 ///

@@ -13,12 +13,18 @@
 //!   [`EPOCH_THRESHOLD`], 2001-09-09, is a date; nobody announces a 31-year window). The limit
 //!   carries no window: the caller supplies it.
 //!
+//! The IETF fields are Structured Fields (RFC 8941, and RFC 9651, which adds Dates `@…` and
+//! Display Strings `%"…"`), read as those RFCs define them: a parameter given twice takes its
+//! later value, and parameters this module does not know (`pk`, vendor parameters of any type,
+//! Dates and Display Strings included) are parsed and skipped.
+//!
 //! Bounds, so a hostile upstream (or anything between it and us) costs a little CPU and nothing
 //! else: a field of more than [`MAX_FIELD_LINES`] lines or [`MAX_FIELD_BYTES`] bytes, more than
 //! [`MAX_MEMBERS`] list members or [`MAX_PARAMS`] parameters on one, numbers of more than 15
-//! digits, anything that is not the RFC 8941 syntax (non-ASCII bytes included): the whole field
-//! is ignored, never a panic, never an allocation that grows with the input. A repeated
-//! `X-RateLimit-*` header is ignored too (which one would be true?).
+//! digits, anything that is not the Structured Field syntax (non-ASCII bytes included, an empty
+//! line among several): the whole field is ignored, never a panic, never an allocation that
+//! grows with the input. A repeated `X-RateLimit-*` header is ignored too (which one would be
+//! true?).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -201,7 +207,7 @@ fn for_each_member<'a>(
 ) -> Result<(), ()> {
     let mut parsed = [(false, Params::default()); MAX_MEMBERS];
     let mut count = 0;
-    let (mut lines, mut bytes) = (0, 0);
+    let (mut lines, mut bytes, mut empty_line) = (0, 0, false);
     for value in headers.get_all(name) {
         lines += 1;
         bytes += value.len();
@@ -214,6 +220,7 @@ fn for_each_member<'a>(
             at: 0,
         };
         parser.skip_spaces();
+        empty_line |= parser.done();
         while !parser.done() {
             if count == MAX_MEMBERS {
                 return Err(());
@@ -230,6 +237,10 @@ fn for_each_member<'a>(
                 return Err(()); // a trailing comma
             }
         }
+    }
+    if empty_line && lines > 1 {
+        // Lines joined with commas: an empty one leaves an empty member (RFC 8941 §4.2).
+        return Err(());
     }
     for (usable, params) in &parsed[..count] {
         if *usable {
@@ -248,6 +259,10 @@ enum Bare<'a> {
     Token(&'a [u8]),
     Bytes,
     Boolean,
+    /// RFC 9651 §3.3.7: `@` and an Integer, seconds since the Unix epoch.
+    Date,
+    /// RFC 9651 §3.3.8: `%"…"`, Unicode percent-encoded as UTF-8.
+    DisplayString,
 }
 
 /// A cursor over one field line.
@@ -292,7 +307,8 @@ impl<'a> Parser<'a> {
         let item = self.bare()?;
         let usable = matches!(item, Bare::String(_) | Bare::Token(_));
         let mut params = Params::default();
-        let mut wrong_type = false;
+        // Per known parameter (q, w, r, a, t, qu): its latest value has the wrong type.
+        let mut wrong_type = [false; 6];
         let mut count = 0;
         while self.peek() == Some(b';') {
             self.at += 1;
@@ -308,33 +324,31 @@ impl<'a> Parser<'a> {
             } else {
                 Bare::Boolean
             };
-            // A later parameter of the same name wins (RFC 8941 §4.2.3.2).
+            // A later parameter of the same name wins (RFC 8941 §4.2.3.2), its type too.
             let int = |value| match value {
                 Bare::Integer(Some(n)) => Some(n),
                 _ => None,
             };
-            let slot = match key {
-                b"q" => &mut params.q,
-                b"w" => &mut params.w,
-                b"r" => &mut params.r,
-                b"a" => &mut params.a,
-                b"t" => &mut params.t,
+            let (slot, known) = match key {
+                b"q" => (&mut params.q, 0),
+                b"w" => (&mut params.w, 1),
+                b"r" => (&mut params.r, 2),
+                b"a" => (&mut params.a, 3),
+                b"t" => (&mut params.t, 4),
                 b"qu" => {
                     params.qu = match value {
                         Bare::String(unit) => Some(unit),
-                        _ => {
-                            wrong_type = true;
-                            None
-                        }
+                        _ => None,
                     };
+                    wrong_type[5] = params.qu.is_none();
                     continue;
                 }
                 _ => continue, // pk, vendor parameters: comments to us
             };
             *slot = int(value);
-            wrong_type |= slot.is_none();
+            wrong_type[known] = slot.is_none();
         }
-        Ok((usable && !wrong_type, params))
+        Ok((usable && !wrong_type.contains(&true), params))
     }
 
     /// A parameter key: lcalpha or `*`, then lcalpha, digits, `_-.*`.
@@ -369,6 +383,14 @@ impl<'a> Parser<'a> {
                 }
             }
             b'A'..=b'Z' | b'a'..=b'z' | b'*' => Ok(self.token()),
+            b'@' => {
+                self.at += 1;
+                match self.number()? {
+                    Bare::Integer(_) => Ok(Bare::Date),
+                    _ => Err(()),
+                }
+            }
+            b'%' => self.display_string(),
             _ => Err(()),
         }
     }
@@ -400,7 +422,8 @@ impl<'a> Parser<'a> {
             return Ok(Bare::Decimal);
         }
         let value = integer(&self.input[start..self.at]).ok_or(())?;
-        Ok(Bare::Integer((!negative).then_some(value)))
+        // `-0` is zero, a valid Integer.
+        Ok(Bare::Integer((!negative || value == 0).then_some(value)))
     }
 
     /// A String: printable ASCII between quotes, `\"` and `\\` escaped. Returns the raw bytes
@@ -425,6 +448,38 @@ impl<'a> Parser<'a> {
                 0x20..=0x7e => self.at += 1,
                 _ => return Err(()),
             }
+        }
+    }
+
+    /// A Display String `%"…"` (RFC 9651 §4.2.10): printable ASCII but `"` and `%`, or `%` and
+    /// two lowercase hex digits; the bytes it stands for must be UTF-8. Checked, not kept: a
+    /// vendor parameter is a comment to us.
+    fn display_string(&mut self) -> Result<Bare<'a>, ()> {
+        self.at += 1;
+        self.expect(b'"')?;
+        // A line is at most `MAX_FIELD_BYTES` long, and its decoded text no longer.
+        let mut decoded = [0u8; MAX_FIELD_BYTES];
+        let mut len = 0;
+        loop {
+            let byte = match self.peek().ok_or(())? {
+                b'"' => {
+                    self.at += 1;
+                    std::str::from_utf8(&decoded[..len]).map_err(|_| ())?;
+                    return Ok(Bare::DisplayString);
+                }
+                b'%' => {
+                    let hex = self.input.get(self.at + 1..self.at + 3).ok_or(())?;
+                    self.at += 3;
+                    lowercase_hex(hex[0])? << 4 | lowercase_hex(hex[1])?
+                }
+                byte @ 0x20..=0x7e => {
+                    self.at += 1;
+                    byte
+                }
+                _ => return Err(()),
+            };
+            *decoded.get_mut(len).ok_or(())? = byte;
+            len += 1;
         }
     }
 
@@ -456,6 +511,18 @@ impl<'a> Parser<'a> {
         Bare::Token(&self.input[start..self.at])
     }
 }
+
+/// The value of a lowercase hex digit (a Display String's escapes allow no other).
+fn lowercase_hex(digit: u8) -> Result<u8, ()> {
+    match digit {
+        b'0'..=b'9' => Ok(digit - b'0'),
+        b'a'..=b'f' => Ok(digit - b'a' + 10),
+        _ => Err(()),
+    }
+}
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {
@@ -650,6 +717,69 @@ mod tests {
             HeaderValue::from_bytes(b"p\xff;q=1;w=1").unwrap(),
         );
         assert!(read(&map, at(NOW)).policies.is_empty());
+    }
+
+    /// The policies a `RateLimit-Policy` of `value` announces.
+    fn policies(value: &str) -> Vec<Policy> {
+        read(&headers(&[("ratelimit-policy", value)]), at(NOW)).policies
+    }
+
+    #[test]
+    fn a_repeated_parameter_takes_its_later_value() {
+        assert_eq!(policies(r#""p";q=x;q=10;w=1"#), [policy(10, 1)]);
+        assert_eq!(policies(r#""p";q=10;w=1;w=60;q=5"#), [policy(5, 60)]);
+        assert_eq!(policies(r#""p";q=10;q=x;w=1"#), []);
+        assert_eq!(
+            policies(r#""p";q=9;qu=requests;qu="requests";w=1"#),
+            [policy(9, 1)]
+        );
+    }
+
+    #[test]
+    fn dates_and_display_strings_are_parsed_and_skipped_as_vendor_parameters() {
+        assert_eq!(
+            policies(r#""p";q=10;w=1;x-at=@1750000000"#),
+            [policy(10, 1)]
+        );
+        assert_eq!(policies(r#""p";q=10;w=1;x-at=@-1"#), [policy(10, 1)]);
+        assert_eq!(
+            policies(r#""p";q=10;w=1;x-name=%"caf%c3%a9""#),
+            [policy(10, 1)]
+        );
+        assert_eq!(policies(r#""p";q=10;w=1;x-name=%"""#), [policy(10, 1)]);
+        // A Date or a Display String as the item: a member of the wrong shape, skipped.
+        assert_eq!(
+            policies(r#"@1;q=1;w=1, %"p";q=2;w=1, p;q=3;w=1"#),
+            [policy(3, 1)]
+        );
+        // Not one: the field is ignored.
+        for bad in [
+            "@1.5",
+            "@",
+            "@x",
+            r#"%"caf%C3%A9""#,
+            r#"%"%ff""#,
+            r#"%"%c3""#,
+            r#"%"%g0""#,
+            r#"%"50%""#,
+            r#"%"unterminated"#,
+            r#"%"no \"escapes\" here""#,
+            r#"%p"#,
+        ] {
+            let field = format!(r#""p";q=10;w=1;x={bad}"#);
+            assert_eq!(policies(&field), [], "{field}");
+        }
+    }
+
+    #[test]
+    fn minus_zero_is_the_integer_zero() {
+        assert_eq!(policies("p;q=-0;w=1"), [policy(0, 1)]);
+    }
+
+    #[test]
+    fn an_empty_line_among_several_leaves_an_empty_member_and_the_field_is_ignored() {
+        let lines = [("ratelimit-policy", "p;q=1;w=1"), ("ratelimit-policy", " ")];
+        assert_eq!(read(&headers(&lines), at(NOW)).policies, []);
     }
 
     #[test]

@@ -1,27 +1,15 @@
 //! Reading an upstream's `Retry-After` (RFC 9110 §10.2.3): delay-seconds or an HTTP-date.
 //!
-//! The HTTP-date parser accepts the three formats a recipient must accept (RFC 9110 §5.6.7,
-//! formerly RFC 7231 §7.1.1.1): the IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT` and the obsolete
-//! RFC 850 (`Sunday, 06-Nov-94 08:49:37 GMT`) and asctime (`Sun Nov  6 08:49:37 1994`) forms.
-//! (`httpdate` is only in the tree through optional and dev dependencies, hence these few lines.)
+//! HTTP-dates are read by `httpdate` (hyper's parser) in the three formats a recipient must
+//! accept (RFC 9110 §5.6.7): the IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT` and the obsolete
+//! RFC 850 (`Sunday, 06-Nov-94 08:49:37 GMT`, a two-digit year below 70 in 20xx) and asctime
+//! (`Sun Nov  6 08:49:37 1994`) forms, from 1970 to 9999, each with a day name that matches its
+//! date. The leap second RFC 9110 allows (`23:59:60`), which `httpdate` refuses, reads as the
+//! next second.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
-
-const SHORT_DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
-const LONG_DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
-const MONTHS: [&str; 12] = [
-    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-];
 
 /// How long an upstream asked the whole fleet to back off: its `Retry-After` on a `429` or
 /// `503`, when that is a positive duration. `None` for any other answer, a missing or
@@ -46,115 +34,36 @@ pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration
         // Absurdly long numbers saturate; the caller clamps.
         return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
     }
-    let date = UNIX_EPOCH + Duration::from_secs(http_date_unix_secs(value)?);
+    let date = http_date(value)?;
     Some(date.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// The seconds since the Unix epoch of an HTTP-date in any of its three formats; `None` when
-/// `value` is not one (or is before 1970).
-pub(crate) fn http_date_unix_secs(value: &str) -> Option<u64> {
-    match value.split_once(", ") {
-        Some((day, rest)) if SHORT_DAYS.contains(&day) => imf_fixdate(rest),
-        Some((day, rest)) if LONG_DAYS.contains(&day) => rfc850_date(rest),
-        Some(_) => None,
-        None => asctime_date(value),
+/// An HTTP-date in any of its three formats; `None` when `value` is not one.
+fn http_date(value: &str) -> Option<SystemTime> {
+    if let Ok(date) = httpdate::parse_http_date(value) {
+        return Some(date);
     }
-}
-
-/// `06 Nov 1994 08:49:37 GMT` (after the day name).
-fn imf_fixdate(rest: &str) -> Option<u64> {
-    let mut fields = rest.split(' ');
-    let day = number(fields.next()?, 2..=2)?;
-    let month = month(fields.next()?)?;
-    let year = number(fields.next()?, 4..=4)?;
-    let time = fields.next()?;
-    (fields.next()? == "GMT" && fields.next().is_none()).then_some(())?;
-    unix_secs(year, month, day, time)
-}
-
-/// `06-Nov-94 08:49:37 GMT` (after the day name). A two-digit year below 70 is in 20xx.
-fn rfc850_date(rest: &str) -> Option<u64> {
-    let mut fields = rest.split(' ');
-    let mut date = fields.next()?.split('-');
-    let time = fields.next()?;
-    (fields.next()? == "GMT" && fields.next().is_none()).then_some(())?;
-    let day = number(date.next()?, 2..=2)?;
-    let month = month(date.next()?)?;
-    let year = number(date.next()?, 2..=2)?;
-    date.next().is_none().then_some(())?;
-    let year = if year < 70 { 2000 + year } else { 1900 + year };
-    unix_secs(year, month, day, time)
-}
-
-/// `Sun Nov  6 08:49:37 1994` (the day of the month padded with a space).
-fn asctime_date(value: &str) -> Option<u64> {
-    let mut fields = value.split_whitespace();
-    SHORT_DAYS.contains(&fields.next()?).then_some(())?;
-    let month = month(fields.next()?)?;
-    let day = number(fields.next()?, 1..=2)?;
-    let time = fields.next()?;
-    let year = number(fields.next()?, 4..=4)?;
-    fields.next().is_none().then_some(())?;
-    unix_secs(year, month, day, time)
-}
-
-/// `digits` ASCII digits, as a number.
-fn number(text: &str, digits: std::ops::RangeInclusive<usize>) -> Option<u64> {
-    let valid = digits.contains(&text.len()) && text.bytes().all(|b| b.is_ascii_digit());
-    valid.then(|| text.parse().ok()).flatten()
-}
-
-/// `Jan` is 1.
-fn month(name: &str) -> Option<u64> {
-    MONTHS.iter().position(|m| *m == name).map(|i| i as u64 + 1)
-}
-
-/// Seconds since the epoch of a valid date and `HH:MM:SS` time (a leap second counts as the
-/// next second).
-fn unix_secs(year: u64, month: u64, day: u64, time: &str) -> Option<u64> {
-    let mut hms = time.split(':');
-    let hour = number(hms.next()?, 2..=2)?;
-    let minute = number(hms.next()?, 2..=2)?;
-    let second = number(hms.next()?, 2..=2)?;
-    let valid = hms.next().is_none()
-        && year >= 1970
-        && (1..=days_in_month(year, month)).contains(&day)
-        && hour < 24
-        && minute < 60
-        && second <= 60;
-    valid.then(|| days_since_epoch(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
-}
-
-fn days_in_month(year: u64, month: u64) -> u64 {
-    match month {
-        2 if year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400)) => {
-            29
-        }
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days from 1970-01-01 to a date on or after it (the proleptic Gregorian calendar, counted in
-/// years that start on March 1st so that the leap day ends them).
-fn days_since_epoch(year: u64, month: u64, day: u64) -> u64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year / 400;
-    let year_of_era = year % 400;
-    let shifted_month = (month + 9) % 12; // March is 0
-    let day_of_year = (153 * shifted_month + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    // 719_468 days from 0000-03-01 to 1970-01-01.
-    era * 146_097 + day_of_era - 719_468
+    // A leap second: `:60` and a space (the seconds; the minutes are followed by `:`).
+    let leap = value.find(":60 ")?;
+    let mut text = value.to_owned();
+    text.replace_range(leap..leap + 3, ":59");
+    let date = httpdate::parse_http_date(&text).ok()?;
+    Some(date + Duration::from_secs(1))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     /// RFC 9110's example date in its three formats.
     const EXAMPLE: u64 = 784_111_777;
+
+    /// Seconds since the Unix epoch of an HTTP-date, `None` when it is not one.
+    fn http_date_unix_secs(value: &str) -> Option<u64> {
+        let date = http_date(value)?;
+        Some(date.duration_since(UNIX_EPOCH).ok()?.as_secs())
+    }
 
     #[test]
     fn the_three_http_date_formats_agree() {
@@ -177,11 +86,27 @@ mod tests {
             ("Thu, 29 Feb 2024 23:59:59 GMT", 1_709_251_199),
             ("Tue, 01 Dec 2026 02:16:18 GMT", 1_796_091_378),
             ("Fri, 01 Jan 2100 00:00:00 GMT", 4_102_444_800),
-            ("Wednesday, 01-Jan-70 00:00:00 GMT", 0),
-            ("Friday, 31-Dec-69 23:59:59 GMT", 3_155_759_999), // 2069
+            ("Thursday, 01-Jan-70 00:00:00 GMT", 0),
+            ("Tuesday, 31-Dec-69 23:59:59 GMT", 3_155_759_999), // 2069
+            // A leap second is the next second.
+            ("Wed, 31 Dec 2008 23:59:60 GMT", 1_230_768_000),
+            ("Wed Dec 31 23:59:60 2008", 1_230_768_000),
         ];
         for (text, secs) in cases {
             assert_eq!(http_date_unix_secs(text), Some(secs), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_day_name_that_is_not_the_dates_is_refused() {
+        for text in [
+            "Mon, 06 Nov 1994 08:49:37 GMT",
+            "Monday, 06-Nov-94 08:49:37 GMT",
+            "Mon Nov  6 08:49:37 1994",
+            "Wednesday, 01-Jan-70 00:00:00 GMT",
+            "Fri, 31 Dec 2008 23:59:60 GMT",
+        ] {
+            assert_eq!(http_date_unix_secs(text), None, "{text:?}");
         }
     }
 
@@ -211,6 +136,8 @@ mod tests {
             "Sun Nov 006 08:49:37 1994",
             "Sun, 06 Nov 1994 08:49:3a GMT",
             "Sun, +6 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 08:60:37 GMT",
+            "Sun, 06 Nov 1994 08:49:61 GMT",
         ] {
             assert_eq!(http_date_unix_secs(text), None, "{text:?}");
         }

@@ -39,6 +39,7 @@ mod harness;
 mod layer;
 mod layer_quotas;
 mod learning_records;
+mod lease_remaining;
 mod leases;
 mod leases_cancel;
 mod logs;

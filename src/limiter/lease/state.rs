@@ -220,13 +220,14 @@ impl State {
 
     /// The decision a local admission reports: Redis's `remaining` at the last renewal plus
     /// the units this instance still holds (both as of that renewal, less what this instance
-    /// spent since), and the time to full counted down from the renewal.
+    /// spent since), at most the burst ([`remaining`]), and the time to full counted down from
+    /// the renewal.
     fn report(&self, seen: &Seen, now: u64) -> Decision {
         let elapsed = Duration::from_micros(now.saturating_sub(seen.at));
         Decision {
             allowed: true,
             limit: seen.limit,
-            remaining: seen.remaining.saturating_add(self.held),
+            remaining: remaining(seen.remaining, self.held, &seen.quota),
             retry_after: Duration::ZERO,
             reset_after: round_up_ms(seen.reset_after.saturating_sub(elapsed)),
             suspended: false,
@@ -379,7 +380,7 @@ impl State {
             overridden: decision.overridden,
         });
         Decision {
-            remaining: decision.remaining.saturating_add(self.held),
+            remaining: remaining(decision.remaining, self.held, &decision.quota),
             ..*decision
         }
     }
@@ -391,6 +392,14 @@ impl State {
         self.generation += 1;
         self.last_failed = failed;
     }
+}
+
+/// What a request answered under a lease reports as `remaining`: Redis's `remaining` at the last
+/// renewal plus the units held, at most the burst of the quota that decided it. The sum alone
+/// can pass the burst: units held from an earlier renewal were paid in Redis before, and the
+/// key may have refilled since (or been reset, or lost by Redis), so the renewal found it full.
+fn remaining(redis: u64, held: u64, quota: &Quota) -> u64 {
+    redis.saturating_add(held).min(quota.burst())
 }
 
 /// A duration rounded up to whole milliseconds, as every [`Decision`] reports.
@@ -454,6 +463,27 @@ mod tests {
         assert_eq!(next.reset_after, Duration::from_millis(10));
         assert_eq!(state.take(8, 300).unwrap().0.remaining, 990);
         assert_eq!(state.take(1, 400), None);
+    }
+
+    #[test]
+    fn units_held_from_an_earlier_renewal_never_lift_remaining_above_the_burst() {
+        let quota = Quota::per_second(200).unwrap().with_burst(60).unwrap();
+        for algorithm in [
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::FixedWindow,
+        ] {
+            let (mut state, s) = (State::new(quota.into(), 0), sizing(algorithm));
+            state.granted(6, 0, &admitted(54, 30, quota), (0, None), &s);
+            state.take(3, 100).unwrap();
+            // The key refilled (or was reset, or lost): the next renewal of 6 finds it full.
+            // 54 in Redis and 9 held were 63.
+            let answer = state.granted(5, 1, &admitted(54, 30, quota), (200, None), &s);
+            assert_eq!(answer.remaining, 60, "{algorithm}");
+            let (next, _) = state.take(1, 300).unwrap();
+            assert_eq!(next.remaining, 60, "{algorithm}");
+            assert_eq!(state.take(4, 400).unwrap().0.remaining, 57, "{algorithm}");
+        }
     }
 
     #[test]
