@@ -106,8 +106,7 @@ pub use self::failure::RedisFailure;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::redis::{
     BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
-    MAX_BATCH,
-    MIN_REDIS_VERSION,
+    MAX_BATCH, MIN_REDIS_VERSION,
 };
 pub use self::refund::{RefundRequest, ReservedAt};
 pub use self::slots::{SlotOp, SlotReply, SlotRequest};

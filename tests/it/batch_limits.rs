@@ -21,7 +21,10 @@ fn a_batch_larger_than_the_scripts_can_carry_is_refused_at_build() {
             .build();
         match built {
             Err(error @ BuildError::BatchTooLarge(_)) => {
-                assert!(error.to_string().contains(&MAX_BATCH.to_string()), "{error}")
+                assert!(
+                    error.to_string().contains(&MAX_BATCH.to_string()),
+                    "{error}"
+                )
             }
             other => panic!("max_batch({max_batch}): {other:?}"),
         }
@@ -53,17 +56,20 @@ async fn full_batches_at_the_bound_are_decided() {
         Algorithm::SlidingWindow,
     ];
     let count = 3 * MAX_BATCH + 7;
-    let keys: Vec<String> = (0..count).map(|i| format!("redlimit:{{full-{i}}}")).collect();
+    let keys: Vec<String> = (0..count)
+        .map(|i| format!("redlimit:{{full-{i}}}"))
+        .collect();
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let lead = store.check(request("redlimit:{lead}", &quotas, Algorithm::TokenBucket));
-    let queued = async {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        join_all(keys.iter().enumerate().map(|(i, key)| {
-            store.check(request(key, &quotas, algorithms[i % algorithms.len()]))
-        }))
-        .await
-    };
+    let queued =
+        async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            join_all(keys.iter().enumerate().map(|(i, key)| {
+                store.check(request(key, &quotas, algorithms[i % algorithms.len()]))
+            }))
+            .await
+        };
     let (lead, answers) = tokio::join!(lead, queued);
     sleeping.join().unwrap();
     lead.unwrap();
@@ -74,7 +80,9 @@ async fn full_batches_at_the_bound_are_decided() {
         failed.len(),
         failed.first()
     );
-    assert!(answers.iter().all(|answer| answer.as_ref().unwrap().allowed));
+    assert!(answers
+        .iter()
+        .all(|answer| answer.as_ref().unwrap().allowed));
 }
 
 /// Redis with `maxmemory` below what it uses and nothing to evict (`noeviction`).
@@ -113,15 +121,33 @@ async fn a_sliding_log_admission_alone_writes_nothing_past_maxmemory() {
     let quotas: Quotas = Quota::per_hour(10).unwrap().into();
     let key = "redlimit:{log-alone}";
     // One unit on record before, so that the log exists.
-    assert!(store.check(request(key, &quotas, Algorithm::SlidingLog)).await.unwrap().allowed);
+    assert!(
+        store
+            .check(request(key, &quotas, Algorithm::SlidingLog))
+            .await
+            .unwrap()
+            .allowed
+    );
     let before = sorted_sets(&redis);
     out_of_memory(&redis);
-    let answer = store.check(request(key, &quotas, Algorithm::SlidingLog)).await;
-    let fresh = store
-        .check(request("redlimit:{log-new}", &quotas, Algorithm::SlidingLog))
+    let answer = store
+        .check(request(key, &quotas, Algorithm::SlidingLog))
         .await;
-    assert!(is_oom(&answer), "a sliding log admission under maxmemory: {answer:?}");
-    assert!(is_oom(&fresh), "a new sliding log under maxmemory: {fresh:?}");
+    let fresh = store
+        .check(request(
+            "redlimit:{log-new}",
+            &quotas,
+            Algorithm::SlidingLog,
+        ))
+        .await;
+    assert!(
+        is_oom(&answer),
+        "a sliding log admission under maxmemory: {answer:?}"
+    );
+    assert!(
+        is_oom(&fresh),
+        "a new sliding log under maxmemory: {fresh:?}"
+    );
     assert_eq!(sorted_sets(&redis), before, "units written past maxmemory");
 }
 
@@ -153,15 +179,25 @@ async fn each_decision_of_a_batch_meets_maxmemory_as_alone() {
     let quotas: Quotas = Quota::per_hour(1).unwrap().into();
     // A key at its limit, and the batch script loaded, before memory runs out.
     let full = "redlimit:{oom-full}";
-    assert!(store.check(request(full, &quotas, Algorithm::Gcra)).await.unwrap().allowed);
+    assert!(
+        store
+            .check(request(full, &quotas, Algorithm::Gcra))
+            .await
+            .unwrap()
+            .allowed
+    );
     let warm = generous();
     let sleeping = redis.debug_sleep(Duration::from_millis(100));
     tokio::time::sleep(Duration::from_millis(20)).await;
     join_all((0..4).map(|i| {
         let key = format!("redlimit:{{oom-warm-{i}}}");
         let store = store.clone();
-        let warm = warm.clone();
-        async move { store.check(request(&key, &warm, Algorithm::TokenBucket)).await }
+        let warm = &warm;
+        async move {
+            store
+                .check(request(&key, warm, Algorithm::TokenBucket))
+                .await
+        }
     }))
     .await;
     sleeping.join().unwrap();
@@ -183,19 +219,28 @@ async fn each_decision_of_a_batch_meets_maxmemory_as_alone() {
     };
     let batch = async {
         tokio::time::sleep(Duration::from_millis(30)).await;
-        join_all([
-            request("redlimit:{oom-log}", &quotas, Algorithm::SlidingLog),
-            request("redlimit:{oom-bucket}", &quotas, Algorithm::TokenBucket),
-            request(full, &quotas, Algorithm::Gcra),
-        ]
-        .map(|request| store.check(request)))
+        join_all(
+            [
+                request("redlimit:{oom-log}", &quotas, Algorithm::SlidingLog),
+                request("redlimit:{oom-bucket}", &quotas, Algorithm::TokenBucket),
+                request(full, &quotas, Algorithm::Gcra),
+            ]
+            .map(|request| store.check(request)),
+        )
         .await
     };
     let (lead, first, answers) = tokio::join!(lead, first, batch);
     sleeping.join().unwrap();
-    assert!(lead.is_ok() && first.is_ok(), "peeks write nothing: {lead:?} {first:?}");
+    assert!(
+        lead.is_ok() && first.is_ok(),
+        "peeks write nothing: {lead:?} {first:?}"
+    );
     assert!(is_oom(&answers[0]), "sliding log: {:?}", answers[0]);
-    assert!(is_oom(&answers[1]), "token bucket after it: {:?}", answers[1]);
+    assert!(
+        is_oom(&answers[1]),
+        "token bucket after it: {:?}",
+        answers[1]
+    );
     assert!(
         matches!(&answers[2], Ok(decision) if !decision.allowed),
         "a denial is decided as alone: {:?}",

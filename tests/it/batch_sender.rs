@@ -27,7 +27,11 @@ fn main_runtime() -> tokio::runtime::Runtime {
 }
 
 /// A store on `redis` with `timeout`, built (and connected) on `runtime`.
-fn store_on(runtime: &tokio::runtime::Runtime, redis: &RedisServer, timeout: Duration) -> RedisStore {
+fn store_on(
+    runtime: &tokio::runtime::Runtime,
+    redis: &RedisServer,
+    timeout: Duration,
+) -> RedisStore {
     runtime.block_on(async {
         let store = RedisStore::builder(redis.url())
             .timeout(timeout)

@@ -12,14 +12,14 @@ use redis::{Client, ConnectionAddr, ConnectionInfo, RedisError};
 
 use super::batch::Batches;
 use super::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
+use super::reload::Reloads;
+use super::runtime::StoreRuntime;
 use super::sentinel::{self, SentinelOptions, SentinelTarget};
 use super::server::{self, ServerInfo};
 use super::tls::explain_tls;
 #[cfg(feature = "tls")]
 use super::tls::require_tls;
-use super::runtime::StoreRuntime;
 use super::{Backend, BuildError, RedisStore, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT, MAX_BATCH};
-use super::reload::Reloads;
 use crate::store::breaker::{BreakerState, CircuitBreaker};
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`], [`RedisStore::cluster_builder`] and
