@@ -25,9 +25,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod batching;
 mod faults;
 mod fleet;
 mod generator;
+mod health;
 mod oracles;
 mod shrink;
 

@@ -13,7 +13,9 @@ use redlimit::limiter::{LeaseStats, LimiterStats};
 use redlimit::Algorithm;
 
 use crate::faults::Fault;
-use crate::fleet::{one_window, per_window, Event, Outcome, Run, SLOT_LEASE, STORE_TIMEOUT};
+use crate::fleet::{
+    one_window, per_window, Event, Outcome, Run, Timed, SLOT_LEASE, STORE_TIMEOUT,
+};
 use crate::generator::{Family, Policy, Schedule, Settlement};
 
 /// A broken promise.
@@ -28,6 +30,8 @@ pub struct Violation {
 pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
     let mut out = Vec::new();
     never_hangs(run, &mut out);
+    remaining_within_burst(run, &mut out);
+    within_timeout(run, &mut out);
     match schedule.config.family {
         Family::Rate => {
             // The `Clock` docs: "Instances whose clocks differ by more than `MAX_SKEW` fall
@@ -56,8 +60,192 @@ pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
             slots_recovery(run, &mut out);
         }
         Family::Outbound => recovery(run, &mut out),
+        Family::Batching => {
+            store_decides(run, &mut out);
+            out_of_memory(run, &mut out);
+        }
     }
     out
+}
+
+/// What this machine may add to a decision's wait past its store timeout: the failure policy's
+/// answer and the scheduling of the task that returns it, on two cores shared with other work.
+pub const WAIT_SLACK: Duration = Duration::from_millis(150);
+
+/// A stall of this process's threads longer than this (seen by the health monitor) excuses a
+/// wait past [`WAIT_SLACK`].
+const STARVED: Duration = Duration::from_millis(50);
+
+/// The longest Redis may go without answering the health monitor while a decision waits for
+/// the decision's timeout to still be the store's own: a fifth of the store timeout.
+const STEADY: Duration = Duration::from_millis(50);
+
+/// docs/failure.md: "Every Redis call is bounded by a timeout" (on `NOSCRIPT` and Cluster
+/// redirects, "at most 4 times within the timeout"), and every failure goes to the failure
+/// policy; docs/production.md, batching: each decision keeps "its own reply, error and
+/// timeout". So a decision that is one store call, polled to its end, returns within its
+/// store's timeout plus the policy's answer: [`WAIT_SLACK`] for this machine, unless the health
+/// monitor saw this process stalled meanwhile.
+fn within_timeout(run: &Run, out: &mut Vec<Violation>) {
+    let late: Vec<_> = run
+        .timed
+        .iter()
+        .filter_map(|t| {
+            let waited = t.ended - t.started;
+            let bound = t.timeout? + WAIT_SLACK;
+            let starved = run.health.ran() && run.health.starved(t.started, t.ended, STARVED);
+            (waited > bound && !starved).then_some((t, waited, bound))
+        })
+        .collect();
+    if let Some((t, waited, bound)) = late.iter().max_by_key(|(_, waited, _)| *waited) {
+        out.push(Violation {
+            oracle: "within-timeout",
+            detail: format!(
+                "{} decisions waited past their store timeout plus {WAIT_SLACK:?}; longest: a {} check of op {} on instance {} ({:?}) waited {waited:?}, bound {bound:?}, then {:?}{}",
+                late.len(),
+                t.caller,
+                t.op,
+                t.inst,
+                t.algorithm,
+                t.outcome,
+                t.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+            ),
+        });
+    }
+}
+
+/// docs/headers.md, "The numbers agree": "`r ≤ q` ... on every response, for every algorithm",
+/// `q` being the capacity `r` counts against (the burst) and `r` the decision's `remaining`
+/// (docs/leases.md: an admission from a lease reports remaining too). On every decided verdict
+/// (the store's, a lease's, a `LocalFallback`'s), and on every settled response's headers.
+fn remaining_within_burst(run: &Run, out: &mut Vec<Violation>) {
+    let over: Vec<String> = run
+        .timed
+        .iter()
+        .filter_map(|t| {
+            let (r, q) = t.header?;
+            (r > q).then(|| {
+                format!(
+                    "a {} check of op {} on instance {} ({:?}, {:?}): remaining {r} > burst {q}",
+                    t.caller, t.op, t.inst, t.algorithm, t.outcome
+                )
+            })
+        })
+        .chain(run.headers.iter().filter(|(_, _, r, q)| r > q).map(
+            |(op, inst, r, q)| format!("a response of op {op} on instance {inst}: r={r} > q={q}"),
+        ))
+        .collect();
+    if let Some(first) = over.first() {
+        out.push(Violation {
+            oracle: "remaining-within-burst",
+            detail: format!("{} decisions; first: {first}", over.len()),
+        });
+    }
+}
+
+/// docs/production.md and `redlimit::store` (batching): "a single caller or a quiet service
+/// never waits for a batch", each decision "is still decided on its own, atomically, with its
+/// own reply, error and timeout"; docs/failure.md: the failure policy answers when the store
+/// fails. So while Redis answers, every decision polled to its end is decided by the store,
+/// whatever other callers do: their runtimes (idle, shut down), their tasks (working without
+/// yielding after their decision), their futures (parked, dropped), the size of the batch. A
+/// timeout counts only when the health monitor saw Redis answer at least every [`STEADY`]
+/// throughout the decision's wait; any other store error with Redis up (a batch dropped, a
+/// script that could not serve its batch) counts always; an open circuit breaker is the
+/// consequence of the failures before it; and while Redis is out of memory the policy answers
+/// by design ([`out_of_memory`]).
+fn store_decides(run: &Run, out: &mut Vec<Violation>) {
+    let out_of_memory = |t: &Timed| {
+        run.out_of_memory.iter().any(|(began, _, lifted)| {
+            t.ended >= *began && t.started <= *lifted + Duration::from_millis(100)
+        })
+    };
+    let failed: Vec<&Timed> = run
+        .timed
+        .iter()
+        .filter(|t| t.timeout.is_some() && matches!(t.outcome, Outcome::Policy { .. }))
+        .filter(|t| !out_of_memory(t))
+        .filter(|t| {
+            let error = t.error.as_deref().unwrap_or_default();
+            if error.contains("circuit breaker") {
+                false
+            } else if error.contains("timed out") {
+                run.health.steady(t.started, t.ended, STEADY)
+            } else {
+                true
+            }
+        })
+        .collect();
+    let Some(first) = failed.first() else {
+        return;
+    };
+    let mut callers: Vec<&str> = failed.iter().map(|t| t.caller).collect();
+    callers.sort();
+    callers.dedup();
+    out.push(Violation {
+        oracle: "store-decides",
+        detail: format!(
+            "{} decisions answered by the failure policy while Redis answered (callers: {}); first: a {} check of op {} on instance {} ({:?}) after {:?}: {}",
+            failed.len(),
+            callers.join(", "),
+            first.caller,
+            first.op,
+            first.inst,
+            first.algorithm,
+            first.ended - first.started,
+            first.error.as_deref().unwrap_or("no error")
+        ),
+    });
+}
+
+/// The store under `maxmemory` with `noeviction` (docs/production.md: each decision is decided
+/// "on its own, atomically"; Redis refuses a write past `maxmemory` with `OOM`, and the
+/// decision goes to the failure policy): nothing is admitted and written past it. Every
+/// admission writes (it consumes), so a decision that started once Redis was out of memory and
+/// returned before the lift began is never admitted by the store. The detail says how many
+/// other decisions on its store overlapped it (0: it went alone).
+fn out_of_memory(run: &Run, out: &mut Vec<Violation>) {
+    let admitted: Vec<&Timed> = run
+        .timed
+        .iter()
+        .filter(|t| t.outcome == Outcome::Allowed)
+        .filter(|t| {
+            run.out_of_memory
+                .iter()
+                .any(|(_, since, lifted)| t.started >= *since && t.ended <= *lifted)
+        })
+        .collect();
+    let Some(first) = admitted.first() else {
+        return;
+    };
+    let overlapping = |t: &Timed| {
+        run.timed
+            .iter()
+            .filter(|o| o.inst == t.inst && o.started < t.ended && t.started < o.ended)
+            .count()
+            - 1
+    };
+    let mut algorithms: Vec<String> = admitted
+        .iter()
+        .map(|t| format!("{:?}", t.algorithm))
+        .collect();
+    algorithms.sort();
+    algorithms.dedup();
+    let in_batches = admitted.iter().filter(|t| overlapping(t) > 0).count();
+    out.push(Violation {
+        oracle: "out-of-memory",
+        detail: format!(
+            "{} decisions admitted and written while Redis was past maxmemory ({} of them with other decisions of their store in flight; algorithms: {}); first: a {} check of op {} on instance {} ({:?}), {} others in flight",
+            admitted.len(),
+            in_batches,
+            algorithms.join(", "),
+            first.caller,
+            first.op,
+            first.inst,
+            first.algorithm,
+            overlapping(first)
+        ),
+    });
 }
 
 /// docs/failure.md: "Every Redis call is bounded by a timeout ... a hung or dead Redis never
