@@ -97,7 +97,16 @@ impl Fleet {
             Quota::new(config.limit, Duration::from_millis(config.period_ms)).expect("quota");
         let limiters = (0..config.instances)
             .map(|_| {
-                let store = fixture.store(config.backend);
+                let store = if std::env::var("TORTURE_UNBATCHED").is_ok() {
+                    let url = fixture.redis.lock().unwrap().url();
+                    RedisStore::builder(url).max_batch(1).timeout(STORE_TIMEOUT).build().unwrap()
+                } else {
+                    fixture.store(config.backend)
+                };
+                if std::env::var("TORTURE_WARM").is_ok() {
+                    let store = store.clone();
+                    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(async move { let _ = store.verify().await; }));
+                }
                 limiters_on(&store, schedule.seed, config.policy)
             })
             .collect();
@@ -286,7 +295,7 @@ pub async fn run<'a>(
                             .build()
                     }
                     .expect("runtime");
-                    let check = own.polled_once((i, inst, alg, key), "own runtime", polled);
+                    let check = own.polled_once((i, inst, alg, key), "on a runtime of its own", polled);
                     runtime.block_on(check);
                     if shutdown {
                         drop(runtime);
@@ -295,18 +304,18 @@ pub async fn run<'a>(
                     // Idle: nothing drives the runtime (a current-thread one runs its tasks
                     // only inside `block_on`).
                     std::thread::sleep(Duration::from_millis(idle_ms));
-                    runtime.block_on(sleep(Duration::from_millis(20)));
+                    runtime.block_on(async { sleep(Duration::from_millis(20)).await });
                 }));
                 first_poll(first).await;
                 let mut queued = JoinSet::new();
                 for &(alg, key) in &draws[1..=n] {
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued"));
+                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued behind another runtime's"));
                 }
                 while queued.join_next().await.is_some() {}
                 // A lone decision after them, with the other runtime idle or gone.
                 sleep(Duration::from_millis(50)).await;
                 let (alg, key) = draws[n + 1];
-                fleet.decide_on((i, inst, alg, key), "lone").await;
+                fleet.decide_on((i, inst, alg, key), "lone after another runtime's").await;
             }
             Op::Busy {
                 inst,
@@ -322,11 +331,11 @@ pub async fn run<'a>(
                 first_poll(first).await;
                 let mut queued = JoinSet::new();
                 for &(alg, key) in &draws[1..=n] {
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued"));
+                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued behind a busy task's"));
                 }
                 for &(alg, key) in &draws[n + 1..] {
                     sleep(work / 4).await;
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "lone"));
+                    queued.spawn(fleet.decide_on((i, inst, alg, key), "lone during a busy task's work"));
                 }
                 while queued.join_next().await.is_some() {}
                 busy.await.expect("the busy task");
@@ -350,11 +359,11 @@ pub async fn run<'a>(
                 first_poll(first).await;
                 let mut queued = JoinSet::new();
                 for &(alg, key) in &draws[1..=n] {
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued"));
+                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued behind a parked one"));
                 }
                 for &(alg, key) in &draws[n + 1..] {
                     sleep(park / 4).await;
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "lone"));
+                    queued.spawn(fleet.decide_on((i, inst, alg, key), "lone beside a parked one"));
                 }
                 while queued.join_next().await.is_some() {}
             }
@@ -422,7 +431,7 @@ impl Fleet {
         cpu: bool,
         polled: oneshot::Sender<()>,
     ) {
-        self.polled_once((op, inst, alg, key), "busy task", polled)
+        self.polled_once((op, inst, alg, key), "a busy task's", polled)
             .await;
         if cpu {
             let until = Instant::now() + work;

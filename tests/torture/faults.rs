@@ -177,9 +177,13 @@ pub async fn out_of_memory(
     let lift = std::thread::spawn(move || {
         let redis = redis.lock().unwrap();
         let mut conn = redis.conn();
-        let _: () = redis::cmd("SET")
+        // Made by a script, not sent: an 8 MB argument would leave a query buffer that Redis
+        // trims later, taking its memory back under `maxmemory`.
+        let _: () = redis::cmd("EVAL")
+            .arg("redis.call('SET', KEYS[1], string.rep('x', ARGV[1]))")
+            .arg(1)
             .arg(FILLER_KEY)
-            .arg(vec![b'x'; FILLER])
+            .arg(FILLER)
             .query(&mut conn)
             .expect("the filler is written");
         let used = redis.used_memory();

@@ -249,7 +249,7 @@ pub struct Timed {
     pub op: usize,
     pub inst: usize,
     pub algorithm: Algorithm,
-    /// Who asked: `queued`, `lone`, `burst`, `own runtime`, `busy task`, `parked`, `full batch`.
+    /// Who asked, and beside what (`burst`, `queued behind a busy task's`, ...).
     pub caller: &'static str,
     pub started: Instant,
     pub ended: Instant,

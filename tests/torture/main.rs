@@ -177,7 +177,10 @@ async fn torture_run() {
         }
         if keep_going {
             for v in &found_here {
-                let name = format!("{} ({:?})", v.oracle, schedule.config.family);
+                let name = match v.class.as_str() {
+                    "" => format!("{} ({:?})", v.oracle, schedule.config.family),
+                    class => format!("{} ({:?}, {class})", v.oracle, schedule.config.family),
+                };
                 let secs = started.elapsed().as_secs_f64();
                 found
                     .entry(name)

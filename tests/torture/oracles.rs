@@ -5,7 +5,7 @@
 //! To add an oracle: a function `fn name(schedule, run, out)` that pushes a [`Violation`]
 //! named after the promise, citing the doc line it restates, and a line in [`check`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use redlimit::clock::Clock;
@@ -23,6 +23,8 @@ use crate::generator::{Family, Policy, Schedule, Settlement};
 pub struct Violation {
     /// The oracle's name: what was promised.
     pub oracle: &'static str,
+    /// Which way it broke, when an oracle tells several apart (`TORTURE_KEEP_GOING` lists each).
+    pub class: String,
     pub detail: String,
 }
 
@@ -100,6 +102,7 @@ fn within_timeout(run: &Run, out: &mut Vec<Violation>) {
     if let Some((t, waited, bound)) = late.iter().max_by_key(|(_, waited, _)| *waited) {
         out.push(Violation {
             oracle: "within-timeout",
+            class: String::new(),
             detail: format!(
                 "{} decisions waited past their store timeout plus {WAIT_SLACK:?}; longest: a {} check of op {} on instance {} ({:?}) waited {waited:?}, bound {bound:?}, then {:?}{}",
                 late.len(),
@@ -138,6 +141,7 @@ fn remaining_within_burst(run: &Run, out: &mut Vec<Violation>) {
     if let Some(first) = over.first() {
         out.push(Violation {
             oracle: "remaining-within-burst",
+            class: String::new(),
             detail: format!("{} decisions; first: {first}", over.len()),
         });
     }
@@ -160,42 +164,43 @@ fn store_decides(run: &Run, out: &mut Vec<Violation>) {
             t.ended >= *began && t.started <= *lifted + Duration::from_millis(100)
         })
     };
-    let failed: Vec<&Timed> = run
+    // Per (caller, error): the decisions, in order.
+    let mut failed: BTreeMap<(&str, String), Vec<&Timed>> = BTreeMap::new();
+    for t in run
         .timed
         .iter()
         .filter(|t| t.timeout.is_some() && matches!(t.outcome, Outcome::Policy { .. }))
         .filter(|t| !out_of_memory(t))
-        .filter(|t| {
-            let error = t.error.as_deref().unwrap_or_default();
-            if error.contains("circuit breaker") {
-                false
-            } else if error.contains("timed out") {
-                run.health.steady(t.started, t.ended, STEADY)
-            } else {
-                true
-            }
-        })
-        .collect();
-    let Some(first) = failed.first() else {
-        return;
-    };
-    let mut callers: Vec<&str> = failed.iter().map(|t| t.caller).collect();
-    callers.sort();
-    callers.dedup();
-    out.push(Violation {
-        oracle: "store-decides",
-        detail: format!(
-            "{} decisions answered by the failure policy while Redis answered (callers: {}); first: a {} check of op {} on instance {} ({:?}) after {:?}: {}",
-            failed.len(),
-            callers.join(", "),
-            first.caller,
-            first.op,
-            first.inst,
-            first.algorithm,
-            first.ended - first.started,
-            first.error.as_deref().unwrap_or("no error")
-        ),
-    });
+    {
+        let error = t.error.as_deref().unwrap_or("no error");
+        let counts = if error.contains("circuit breaker") {
+            false
+        } else if error.contains("timed out") {
+            run.health.steady(t.started, t.ended, STEADY)
+        } else {
+            true
+        };
+        if counts {
+            let error = error.split(':').next().unwrap_or(error).to_owned();
+            failed.entry((t.caller, error)).or_default().push(t);
+        }
+    }
+    for ((caller, error), decisions) in failed {
+        let first = decisions[0];
+        out.push(Violation {
+            oracle: "store-decides",
+            class: format!("{caller} check: {error}"),
+            detail: format!(
+                "{} {caller} checks answered by the failure policy while Redis answered; first: op {} on instance {} ({:?}) after {:?}: {}",
+                decisions.len(),
+                first.op,
+                first.inst,
+                first.algorithm,
+                first.ended - first.started,
+                first.error.as_deref().unwrap_or("no error")
+            ),
+        });
+    }
 }
 
 /// The store under `maxmemory` with `noeviction` (docs/production.md: each decision is decided
@@ -205,6 +210,13 @@ fn store_decides(run: &Run, out: &mut Vec<Violation>) {
 /// returned before the lift began is never admitted by the store. The detail says how many
 /// other decisions on its store overlapped it (0: it went alone).
 fn out_of_memory(run: &Run, out: &mut Vec<Violation>) {
+    let overlapping = |t: &Timed| {
+        run.timed
+            .iter()
+            .filter(|o| o.inst == t.inst && o.started < t.ended && t.started < o.ended)
+            .count()
+            - 1
+    };
     let admitted: Vec<&Timed> = run
         .timed
         .iter()
@@ -215,37 +227,39 @@ fn out_of_memory(run: &Run, out: &mut Vec<Violation>) {
                 .any(|(_, since, lifted)| t.started >= *since && t.ended <= *lifted)
         })
         .collect();
-    let Some(first) = admitted.first() else {
-        return;
-    };
-    let overlapping = |t: &Timed| {
-        run.timed
-            .iter()
-            .filter(|o| o.inst == t.inst && o.started < t.ended && t.started < o.ended)
-            .count()
-            - 1
-    };
-    let mut algorithms: Vec<String> = admitted
+    let refused = run
+        .timed
         .iter()
-        .map(|t| format!("{:?}", t.algorithm))
-        .collect();
-    algorithms.sort();
-    algorithms.dedup();
-    let in_batches = admitted.iter().filter(|t| overlapping(t) > 0).count();
-    out.push(Violation {
-        oracle: "out-of-memory",
-        detail: format!(
-            "{} decisions admitted and written while Redis was past maxmemory ({} of them with other decisions of their store in flight; algorithms: {}); first: a {} check of op {} on instance {} ({:?}), {} others in flight",
-            admitted.len(),
-            in_batches,
-            algorithms.join(", "),
-            first.caller,
-            first.op,
-            first.inst,
-            first.algorithm,
-            overlapping(first)
-        ),
-    });
+        .filter(|t| t.error.as_deref().is_some_and(|e| e.contains("OOM")))
+        .count();
+    // Apart: those that went alone on their store, and those that may have shared a call.
+    let (alone, shared): (Vec<&Timed>, Vec<&Timed>) =
+        admitted.into_iter().partition(|t| overlapping(t) == 0);
+    for (class, admitted) in [("alone", alone), ("with others in flight", shared)] {
+        let Some(first) = admitted.first() else {
+            continue;
+        };
+        let mut algorithms: Vec<String> = admitted
+            .iter()
+            .map(|t| format!("{:?}", t.algorithm))
+            .collect();
+        algorithms.sort();
+        algorithms.dedup();
+        out.push(Violation {
+            oracle: "out-of-memory",
+            class: class.to_owned(),
+            detail: format!(
+                "{} decisions {class} on their store admitted and written while Redis was past maxmemory (algorithms: {}; {refused} decisions refused with OOM); first: a {} check of op {} on instance {} ({:?}), {} others in flight",
+                admitted.len(),
+                algorithms.join(", "),
+                first.caller,
+                first.op,
+                first.inst,
+                first.algorithm,
+                overlapping(first),
+            ),
+        });
+    }
 }
 
 /// docs/failure.md: "Every Redis call is bounded by a timeout ... a hung or dead Redis never
@@ -255,6 +269,7 @@ fn never_hangs(run: &Run, out: &mut Vec<Violation>) {
     for (op, what) in &run.hangs {
         out.push(Violation {
             oracle: "never-hangs",
+            class: String::new(),
             detail: format!("op {op}: {what}"),
         });
     }
@@ -370,6 +385,7 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 if units > limit + slack {
                     out.push(Violation {
                         oracle: "admitted",
+                        class: String::new(),
                         detail: format!(
                             "key {key} window {window} segment {epoch}: admitted {units} of {limit} (+{slack} leased before the segment)",
                         ),
@@ -404,6 +420,7 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 if units > bound {
                     out.push(Violation {
                         oracle: "admitted",
+                        class: String::new(),
                         detail: format!(
                             "key {key} segment {epoch}: admitted {units}, bound {bound} (burst {limit} + refill {refill} + 1 + {slack} leased before)",
                         ),
@@ -434,6 +451,7 @@ fn controls(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
         if let Some(e) = late.clone().next() {
             out.push(Violation {
                 oracle: "controls",
+                class: String::new(),
                 detail: format!(
                     "suspension of op {} on key {}: {} admitted after it, first at op {} on instance {}, {:?} after the suspension returned",
                     s.op,
@@ -499,6 +517,7 @@ fn overrides(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             if units > bound {
                 out.push(Violation {
                     oracle: "override",
+                    class: String::new(),
                     detail: format!(
                         "override of {} by op {} on key {}: {units} admitted under it in {} segment {epoch}, bound {bound} ({slack} leased before a reset in it)",
                         o.limit,
@@ -531,6 +550,7 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             if let Some(e) = run.events.iter().filter(by_policy).find(|e| !allowed(e)) {
                 out.push(Violation {
                     oracle: "failure-policy",
+                    class: String::new(),
                     detail: format!(
                         "FailOpen denied a check of op {} on instance {}",
                         e.op, e.inst
@@ -543,6 +563,7 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             if let Some(e) = admitted.first() {
                 out.push(Violation {
                     oracle: "failure-policy",
+                    class: String::new(),
                     detail: format!(
                         "FailClosed admitted {} checks, first of op {} on instance {}",
                         admitted.len(),
@@ -581,6 +602,7 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 if units > bound {
                     out.push(Violation {
                         oracle: "failure-policy",
+                        class: String::new(),
                         detail: format!(
                             "LocalFallback({n}) on instance {inst} key {key} (window {window}, era {era}): admitted {units}, its share allows {bound}"
                         ),
@@ -598,6 +620,7 @@ fn differential(run: &Run, out: &mut Vec<Violation>) {
     if let Some(first) = run.differences.first() {
         out.push(Violation {
             oracle: "differential",
+            class: String::new(),
             detail: format!(
                 "{} operations differ; first: {first}",
                 run.differences.len()
@@ -643,6 +666,7 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
             if limiter || lease {
                 out.push(Violation {
                     oracle: "counters",
+                    class: String::new(),
                     detail: format!("instance {inst}: a counter went back: {a:?} then {b:?}"),
                 });
                 break;
@@ -652,6 +676,7 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
             if l.leased != l.spent + l.held + l.returned + l.stranded {
                 out.push(Violation {
                     oracle: "counters",
+                    class: String::new(),
                     detail: format!("instance {inst}: leased != spent + held + returned + stranded at the end: {l:?}"),
                 });
             }
@@ -666,6 +691,7 @@ fn shadow(run: &Run, out: &mut Vec<Violation>) {
     if let Some((op, inst, status)) = run.refused_in_shadow.first() {
         out.push(Violation {
             oracle: "shadow",
+            class: String::new(),
             detail: format!(
                 "{} requests refused in shadow, first of op {op} on instance {inst}: {status}",
                 run.refused_in_shadow.len()
@@ -684,6 +710,7 @@ fn clock_recovery(run: &Run, out: &mut Vec<Violation>) {
     if let Some((inst, key, outcome)) = run.stuck.first() {
         out.push(Violation {
             oracle: "clock-recovery",
+            class: String::new(),
             detail: format!(
                 "{} (instance, key) never admitted again within {:?}; first: instance {inst} key {key}: {outcome}",
                 run.stuck.len(),
@@ -714,6 +741,7 @@ fn shadow_tiers(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
         if seen != *counted {
             out.push(Violation {
                 oracle: "shadow-tiers",
+                class: String::new(),
                 detail: format!(
                     "instance {inst}: {seen} requests reached the service with a ShadowLimited, shadow_limited counts {counted}"
                 ),
@@ -739,6 +767,7 @@ fn shadow_tiers(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
         if units > bound {
             out.push(Violation {
                 oracle: "shadow-tiers",
+                class: String::new(),
                 detail: format!(
                     "key {key} window {window}: requests the shadow tier admitted used {units} of its {bound}"
                 ),
@@ -779,6 +808,7 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 .sum();
             out.push(Violation {
                 oracle: "settled",
+                class: String::new(),
                 detail: format!(
                     "key {key} window {window}: admitted requests used {units} (reserved {reserved}) of {bound}"
                 ),
@@ -856,6 +886,7 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
             .unwrap_or_else(|| "no data loss before".to_owned());
         out.push(Violation {
             oracle: "concurrency",
+            class: String::new(),
             detail: format!(
                 "key {key}: {n} in flight over a limit of {} at an admission of op {op}, {} admissions over it outside the allowance ({since})",
                 run.limit,
@@ -886,6 +917,7 @@ fn slots_recovery(run: &Run, out: &mut Vec<Violation>) {
     for (inst, key, what) in &run.stuck {
         out.push(Violation {
             oracle: "concurrency-recovery",
+            class: String::new(),
             detail: format!("key {key} on instance {inst}: {what}"),
         });
     }
@@ -899,6 +931,7 @@ fn recovery(run: &Run, out: &mut Vec<Violation>) {
     for (inst, what) in &run.lockouts {
         out.push(Violation {
             oracle: "outbound-recovery",
+            class: String::new(),
             detail: format!("instance {inst}: {what}"),
         });
     }
