@@ -72,6 +72,8 @@ struct Fleet {
     policy: crate::generator::Policy,
     timed: Mutex<Vec<Timed>>,
     hangs: Mutex<Vec<(usize, String)>>,
+    /// When a task of the fleet's runtime worked without yielding.
+    busy: Mutex<Vec<(Instant, Instant)>>,
 }
 
 /// One limiter per algorithm on `store`.
@@ -120,6 +122,7 @@ impl Fleet {
             policy: config.policy,
             timed: Mutex::default(),
             hangs: Mutex::default(),
+            busy: Mutex::default(),
         })
     }
 
@@ -407,6 +410,7 @@ pub async fn run<'a>(
     run.health = joined.await.expect("joined");
     run.timed = std::mem::take(&mut *fleet.timed.lock().unwrap());
     run.hangs = std::mem::take(&mut *fleet.hangs.lock().unwrap());
+    run.busy = std::mem::take(&mut *fleet.busy.lock().unwrap());
     run
 }
 
@@ -431,8 +435,10 @@ impl Fleet {
         cpu: bool,
         polled: oneshot::Sender<()>,
     ) {
-        self.polled_once((op, inst, alg, key), "a busy task's", polled)
+        self.clone()
+            .polled_once((op, inst, alg, key), "a busy task's", polled)
             .await;
+        let began = Instant::now();
         if cpu {
             let until = Instant::now() + work;
             while Instant::now() < until {
@@ -441,6 +447,7 @@ impl Fleet {
         } else {
             std::thread::sleep(work);
         }
+        self.busy.lock().unwrap().push((began, Instant::now()));
     }
 
     /// A check future polled once (`polled` told), then kept `park` neither polled nor dropped,

@@ -376,6 +376,8 @@ pub struct Run {
     pub out_of_memory: Vec<(Instant, Instant, Instant)>,
     /// What the health monitor saw (batching schedules).
     pub health: crate::health::Health,
+    /// When a task of the fleet's runtime worked without yielding (batching): (from, to).
+    pub busy: Vec<(Instant, Instant)>,
     /// The headers' `r` and `q` of each response that had them (settlement): (op, inst, r, q).
     pub headers: Vec<(usize, usize, u64, u64)>,
 }

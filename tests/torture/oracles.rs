@@ -86,35 +86,68 @@ const STEADY: Duration = Duration::from_millis(50);
 /// redirects, "at most 4 times within the timeout"), and every failure goes to the failure
 /// policy; docs/production.md, batching: each decision keeps "its own reply, error and
 /// timeout". So a decision that is one store call, polled to its end, returns within its
-/// store's timeout plus the policy's answer: [`WAIT_SLACK`] for this machine, unless the health
-/// monitor saw this process stalled meanwhile.
+/// store's timeout plus the policy's answer: [`WAIT_SLACK`] for this machine.
+///
+/// Not judged: a decision whose wait overlapped a task's synchronous work on the fleet's
+/// runtime (the task that tokio would run next on that worker waits for it, a test's task as
+/// well as the crate's: [`store_decides`] judges those decisions by their answers), and one
+/// during which the health monitor saw this process stalled. A stall is the store's when it
+/// delays at least two decisions of one operation on one store ([`corroborated`]); one
+/// decision late alone is this machine's.
 fn within_timeout(run: &Run, out: &mut Vec<Violation>) {
-    let late: Vec<_> = run
+    let late: Vec<&Timed> = run
         .timed
         .iter()
-        .filter_map(|t| {
-            let waited = t.ended - t.started;
-            let bound = t.timeout? + WAIT_SLACK;
+        .filter(|t| {
+            let Some(timeout) = t.timeout else {
+                return false;
+            };
+            let busy = run
+                .busy
+                .iter()
+                .any(|(from, to)| t.started <= *to && *from <= t.ended);
             let starved = run.health.ran() && run.health.starved(t.started, t.ended, STARVED);
-            (waited > bound && !starved).then_some((t, waited, bound))
+            t.ended - t.started > timeout + WAIT_SLACK && !busy && !starved
         })
         .collect();
-    if let Some((t, waited, bound)) = late.iter().max_by_key(|(_, waited, _)| *waited) {
+    let late = corroborated(late);
+    if let Some(t) = late.iter().max_by_key(|t| t.ended - t.started) {
         out.push(Violation {
             oracle: "within-timeout",
-            class: String::new(),
+            class: format!("{} check", t.caller),
             detail: format!(
-                "{} decisions waited past their store timeout plus {WAIT_SLACK:?}; longest: a {} check of op {} on instance {} ({:?}) waited {waited:?}, bound {bound:?}, then {:?}{}",
+                "{} decisions waited past their store timeout plus {WAIT_SLACK:?}; longest: a {} check of op {} on instance {} ({:?}) waited {:?} (timeout {:?}), then {:?}{}",
                 late.len(),
                 t.caller,
                 t.op,
                 t.inst,
                 t.algorithm,
+                t.ended - t.started,
+                t.timeout.unwrap_or_default(),
                 t.outcome,
                 t.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
             ),
         });
     }
+}
+
+/// The decisions of `decisions` that share their operation and store with another of them
+/// whose wait overlapped theirs: a store's stall delays every decision queued on it, a loaded
+/// machine one now and then.
+fn corroborated(decisions: Vec<&Timed>) -> Vec<&Timed> {
+    decisions
+        .iter()
+        .filter(|t| {
+            decisions.iter().any(|o| {
+                !std::ptr::eq::<Timed>(**t, *o)
+                    && o.op == t.op
+                    && o.inst == t.inst
+                    && o.started < t.ended
+                    && t.started < o.ended
+            })
+        })
+        .copied()
+        .collect()
 }
 
 /// docs/headers.md, "The numbers agree": "`r ≤ q` ... on every response, for every algorithm",
@@ -154,7 +187,8 @@ fn remaining_within_burst(run: &Run, out: &mut Vec<Violation>) {
 /// whatever other callers do: their runtimes (idle, shut down), their tasks (working without
 /// yielding after their decision), their futures (parked, dropped), the size of the batch. A
 /// timeout counts only when the health monitor saw Redis answer at least every [`STEADY`]
-/// throughout the decision's wait; any other store error with Redis up (a batch dropped, a
+/// throughout the decision's wait, and another decision of the same operation on the same
+/// store timed out meanwhile ([`corroborated`]); any other store error with Redis up (a batch dropped, a
 /// script that could not serve its batch) counts always; an open circuit breaker is the
 /// consequence of the failures before it; and while Redis is out of memory the policy answers
 /// by design ([`out_of_memory`]).
@@ -186,6 +220,14 @@ fn store_decides(run: &Run, out: &mut Vec<Violation>) {
         }
     }
     for ((caller, error), decisions) in failed {
+        // A timeout is the store's when it is not alone ([`corroborated`]).
+        let decisions = match error.contains("timed out") {
+            true => corroborated(decisions),
+            false => decisions,
+        };
+        if decisions.is_empty() {
+            continue;
+        }
         let first = decisions[0];
         out.push(Violation {
             oracle: "store-decides",
