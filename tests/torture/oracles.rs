@@ -274,30 +274,31 @@ fn out_of_memory(run: &Run, out: &mut Vec<Violation>) {
         .iter()
         .filter(|t| t.error.as_deref().is_some_and(|e| e.contains("OOM")))
         .count();
-    // Apart: those that went alone on their store, and those that may have shared a call.
-    let (alone, shared): (Vec<&Timed>, Vec<&Timed>) =
-        admitted.into_iter().partition(|t| overlapping(t) == 0);
-    for (class, admitted) in [("alone", alone), ("with others in flight", shared)] {
-        let Some(first) = admitted.first() else {
-            continue;
+    // Apart per algorithm: those that went alone on their store, and those that may have
+    // shared a call (a sliding log's expired entries are removed before its first write: Redis
+    // then lets a script go on writing).
+    let mut groups: BTreeMap<(String, &str), Vec<&Timed>> = BTreeMap::new();
+    for t in admitted {
+        let alone = match overlapping(t) {
+            0 => "alone",
+            _ => "with others in flight",
         };
-        let mut algorithms: Vec<String> = admitted
-            .iter()
-            .map(|t| format!("{:?}", t.algorithm))
-            .collect();
-        algorithms.sort();
-        algorithms.dedup();
+        groups
+            .entry((format!("{:?}", t.algorithm), alone))
+            .or_default()
+            .push(t);
+    }
+    for ((algorithm, alone), admitted) in groups {
+        let first = admitted[0];
         out.push(Violation {
             oracle: "out-of-memory",
-            class: class.to_owned(),
+            class: format!("{algorithm} {alone}"),
             detail: format!(
-                "{} decisions {class} on their store admitted and written while Redis was past maxmemory (algorithms: {}; {refused} decisions refused with OOM); first: a {} check of op {} on instance {} ({:?}), {} others in flight",
+                "{} {algorithm} decisions {alone} on their store admitted and written while Redis was past maxmemory ({refused} decisions refused with OOM); first: a {} check of op {} on instance {}, {} others in flight",
                 admitted.len(),
-                algorithms.join(", "),
                 first.caller,
                 first.op,
                 first.inst,
-                first.algorithm,
                 overlapping(first),
             ),
         });
