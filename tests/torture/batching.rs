@@ -32,11 +32,30 @@ pub const FULL_BATCH: usize = 9_000;
 /// on a loaded machine), so that what its decisions meet is the batch's answer, not a timeout.
 pub const FULL_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How many decisions queue at once on the full batch's store of `max_batch`: more than the
-/// first calls take (a call alone, then a quarter of `max_batch` behind it), so that a later
-/// call carries a full `max_batch` (10 000 at 9 000).
+/// How many decisions queue at once on the full batch's store of `max_batch`: what the first
+/// calls may take (a call alone, then a quarter of `max_batch` behind it) and a full
+/// `max_batch` more (11 251 at 9 000).
 pub fn full_queue(max_batch: usize) -> usize {
-    max_batch + max_batch / 9
+    1 + max_batch.div_ceil(4) + max_batch
+}
+
+/// How long Redis pauses (`DEBUG SLEEP`) while a full batch's decisions queue.
+const FULL_PAUSE: Duration = Duration::from_millis(500);
+
+/// Polls each of `checks` once, in one go, and returns those still pending.
+async fn queue_all<F: Future<Output = ()> + Unpin>(checks: Vec<F>) -> Vec<F> {
+    let mut checks = checks;
+    let mut pending = Vec::with_capacity(checks.len());
+    std::future::poll_fn(|cx| {
+        for mut check in checks.drain(..) {
+            if std::pin::Pin::new(&mut check).poll(cx).is_pending() {
+                pending.push(check);
+            }
+        }
+        Poll::Ready(())
+    })
+    .await;
+    pending
 }
 
 /// The largest `max_batch` at most [`FULL_BATCH`] that a store builder accepts.
@@ -66,6 +85,8 @@ struct Fleet {
     /// Per instance, one limiter per algorithm of [`Algorithm::ALL`], all on the instance's
     /// store.
     limiters: Vec<Vec<Limiter>>,
+    /// The instances' stores.
+    stores: Vec<RedisStore>,
     /// The full batch's limiters, one per algorithm on one store, and its `max_batch`.
     full: Mutex<Option<(Vec<Limiter>, usize)>>,
     url: String,
@@ -97,18 +118,11 @@ impl Fleet {
         let config = &schedule.config;
         let quota =
             Quota::new(config.limit, Duration::from_millis(config.period_ms)).expect("quota");
+        let mut stores = Vec::new();
         let limiters = (0..config.instances)
             .map(|_| {
-                let store = if std::env::var("TORTURE_UNBATCHED").is_ok() {
-                    let url = fixture.redis.lock().unwrap().url();
-                    RedisStore::builder(url).max_batch(1).timeout(STORE_TIMEOUT).build().unwrap()
-                } else {
-                    fixture.store(config.backend)
-                };
-                if std::env::var("TORTURE_WARM").is_ok() {
-                    let store = store.clone();
-                    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(async move { let _ = store.verify().await; }));
-                }
+                let store = fixture.store(config.backend);
+                stores.push(store.clone());
                 limiters_on(&store, schedule.seed, config.policy)
             })
             .collect();
@@ -117,6 +131,7 @@ impl Fleet {
             keys: config.keys,
             quotas: Quotas::from(quota),
             limiters,
+            stores,
             full: Mutex::default(),
             url: fixture.redis.lock().unwrap().url(),
             policy: config.policy,
@@ -241,6 +256,12 @@ pub async fn run<'a>(
     fixture: &Fixture,
 ) -> Run {
     let fleet = Fleet::new(schedule, fixture);
+    if schedule.config.warm {
+        // As a service's startup check would: each store connects from the fleet's runtime.
+        for store in &fleet.stores {
+            let _ = timeout(BOUND, store.verify()).await;
+        }
+    }
     let monitor = Monitor::start(fleet.url.clone());
     let mut run = Run::default();
     // Threads with a runtime of their own, going idle or shut down while the schedule goes on.
@@ -373,14 +394,26 @@ pub async fn run<'a>(
             Op::Full { seed } => {
                 let (limiters, max_batch) = fleet.full();
                 let draws = fleet.draw(seed, full_queue(max_batch));
-                // One task polls them all: every decision is queued before any call ends.
-                let checks = draws.into_iter().map(|(alg, key)| {
-                    let limiter = limiters[alg].clone();
-                    // Its instance number is one past the fleet's.
-                    let inst = fleet.limiters.len();
-                    fleet.decide(limiter, FULL_TIMEOUT, (i, inst, alg, key), "full batch")
-                });
-                futures::future::join_all(checks).await;
+                let checks: Vec<_> = draws
+                    .into_iter()
+                    .map(|(alg, key)| {
+                        let limiter = limiters[alg].clone();
+                        // Its instance number is one past the fleet's.
+                        let inst = fleet.limiters.len();
+                        Box::pin(fleet.decide(limiter, FULL_TIMEOUT, (i, inst, alg, key), "full batch"))
+                    })
+                    .collect();
+                // Redis pauses while every decision is queued (each polled once, in one go):
+                // the calls that carry them are all sent before the first answer comes back,
+                // so one carries a full `max_batch`.
+                let pause = fixture.redis.lock().unwrap().debug_sleep(FULL_PAUSE);
+                sleep(Duration::from_millis(20)).await;
+                let pending = queue_all(checks).await;
+                futures::future::join_all(pending).await;
+                tokio::task::spawn_blocking(move || pause.join())
+                    .await
+                    .expect("joined")
+                    .expect("the pause");
             }
             Op::Sleep { ms } => sleep(Duration::from_millis(ms)).await,
             Op::Fault(fault @ Fault::OutOfMemory { ms, over }) => {

@@ -91,6 +91,10 @@ pub struct Config {
     /// the concurrency family's): a data loss widens what the oracles allow, and fault-free
     /// schedules hold the tight bounds (and feed the differential oracle).
     pub faults: bool,
+    /// Batching: each store connects from the fleet's runtime before the schedule (a
+    /// service's startup check); in a quarter of the schedules not, and a store's first use
+    /// may come from another runtime. Always on in the other families.
+    pub warm: bool,
 }
 
 impl Config {
@@ -489,6 +493,7 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
         // Concurrency's oracle has nothing to judge without a fault: few of its schedules
         // go without.
         faults: rng.u32(0..6) >= if family == Family::Concurrency { 1 } else { 2 },
+        warm: true,
     }
 }
 
@@ -519,6 +524,7 @@ fn batching_config(rng: &mut fastrand::Rng) -> Config {
         offsets_ms: vec![0; instances],
         cancels: rng.bool(),
         faults: rng.u32(0..3) > 0,
+        warm: rng.u32(0..4) > 0,
     }
 }
 

@@ -158,11 +158,17 @@ async fn torture_run() {
                 .iter()
                 .filter(|e| e.outcome == fleet::Outcome::Policy { allowed: true })
                 .count();
+            let timed_by_policy = run
+                .timed
+                .iter()
+                .filter(|t| matches!(t.outcome, fleet::Outcome::Policy { .. }))
+                .count();
             println!(
-                "torture: seed {seed} {:?}: {} events, {allowed} allowed, {by_policy} allowed by the policy, {} overrides, {} violations",
+                "torture: seed {seed} {:?}: {} events, {allowed} allowed, {by_policy} allowed by the policy, {} overrides, {} decisions timed ({timed_by_policy} answered by the policy), {} violations",
                 schedule.config,
                 run.events.len(),
                 run.overrides.len(),
+                run.timed.len(),
                 found_here.len()
             );
         }

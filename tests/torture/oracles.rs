@@ -215,8 +215,7 @@ fn store_decides(run: &Run, out: &mut Vec<Violation>) {
             true
         };
         if counts {
-            let error = error.split(':').next().unwrap_or(error).to_owned();
-            failed.entry((t.caller, error)).or_default().push(t);
+            failed.entry((t.caller, error_class(error))).or_default().push(t);
         }
     }
     for ((caller, error), decisions) in failed {
@@ -242,6 +241,20 @@ fn store_decides(run: &Run, out: &mut Vec<Violation>) {
                 first.error.as_deref().unwrap_or("no error")
             ),
         });
+    }
+}
+
+/// What a store error says, without what varies (a script's hash, a line number).
+fn error_class(error: &str) -> String {
+    let known = [
+        "timed out",
+        "batch was dropped",
+        "too many results to unpack",
+        "broken pipe",
+    ];
+    match known.iter().find(|k| error.contains(*k)) {
+        Some(known) => (*known).to_owned(),
+        None => error.chars().take(60).collect(),
     }
 }
 
