@@ -646,6 +646,8 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
     let quotas = quotas(config);
     let keys = storage_keys(schedule, &operator);
     let mut run = Run::default();
+    // Whether this process stalled (`within-timeout`): any server answers that.
+    let monitor = crate::health::Monitor::start(redis.redis.lock().unwrap().url());
     let mut epochs = vec![0u32; config.keys];
     let mut era = 0u32;
     // How far the clock stepped back within `Clock::MAX_SKEW` in all: a check then decides as
@@ -1034,6 +1036,9 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
     // Quiet: renewals and give-backs in flight land before the last sample.
     sleep(Duration::from_millis(300)).await;
     sample(&mut run, &fleet);
+    run.health = tokio::task::spawn_blocking(move || monitor.stop())
+        .await
+        .expect("the monitor");
     if config.backend != Backend::Memory && !ran.iter().any(|op| matches!(op, Op::Fault(_))) {
         run.differences = differential(schedule, &ran, redis).await;
     }

@@ -89,7 +89,7 @@ const STEADY: Duration = Duration::from_millis(50);
 /// store's timeout plus the policy's answer: [`WAIT_SLACK`] for this machine.
 ///
 /// Not judged: a decision whose wait overlapped a task's synchronous work on the fleet's
-/// runtime (the task that tokio would run next on that worker waits for it, a test's task as
+/// runtime (batching) (the task that tokio would run next on that worker waits for it, a test's task as
 /// well as the crate's: [`store_decides`] judges those decisions by their answers), and one
 /// during which the health monitor saw this process stalled. A stall is the store's when it
 /// delays at least two decisions of one operation on one store ([`corroborated`]); one
