@@ -8,9 +8,9 @@
 //!   [`SHRINK_SECS`] at most, so the default run, Redis's startup and a failure's report
 //!   included, ends well under 80 s; `TORTURE_BASE=<n>` repeats a run's seed sequence.
 //! - `TORTURE_SEED=<seed>`: replays one schedule.
-//! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound>` runs one family alone,
+//! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound|batching>` runs one family alone,
 //!   `TORTURE_BACKEND=<redis|memory|cluster>` one backend, `TORTURE_VERBOSE=1` prints a line
-//!   per schedule and one per violation. The 3-master Cluster starts the first time a schedule draws it.
+//!   per schedule, one per violation and a violating schedule's operations. The 3-master Cluster starts the first time a schedule draws it.
 //! - `TORTURE_KEEP_GOING=1`: does not stop at the first violation; prints each distinct oracle
 //!   that fired with its first seed and the seconds it took to find.
 //!
@@ -180,6 +180,7 @@ async fn torture_run() {
             for v in &found_here {
                 println!("torture: seed {seed} violation: {}: {}", v.oracle, v.detail);
             }
+            print!("{schedule}");
         }
         if keep_going {
             for v in &found_here {
