@@ -7,8 +7,8 @@
 //! recorded with its wall time ([`Timed`]) for the oracles, with what a health monitor saw of
 //! Redis meanwhile ([`Monitor`]).
 
-use std::sync::{Arc, Mutex};
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -105,9 +105,7 @@ fn limiters_on(store: &RedisStore, seed: u64, policy: crate::generator::Policy) 
             let builder = Limiter::builder(store.clone())
                 .algorithm(*algorithm)
                 .prefix(format!("t{seed}"));
-            with_policy(builder, policy)
-                .build()
-                .expect("valid limiter")
+            with_policy(builder, policy).build().expect("valid limiter")
         })
         .collect()
 }
@@ -222,7 +220,11 @@ impl Fleet {
         let limiter = self.limiters[inst][alg].clone();
         let name = self.name(alg, key);
         let started = Instant::now();
-        let mut check = Box::pin(marked_why(limiter.check_quotas(name.as_str(), &self.quotas, 1)));
+        let mut check = Box::pin(marked_why(limiter.check_quotas(
+            name.as_str(),
+            &self.quotas,
+            1,
+        )));
         let first = poll_once(&mut check).await;
         let _ = polled.send(());
         let checked = match first {
@@ -319,7 +321,8 @@ pub async fn run<'a>(
                             .build()
                     }
                     .expect("runtime");
-                    let check = own.polled_once((i, inst, alg, key), "on a runtime of its own", polled);
+                    let check =
+                        own.polled_once((i, inst, alg, key), "on a runtime of its own", polled);
                     runtime.block_on(check);
                     if shutdown {
                         drop(runtime);
@@ -333,13 +336,17 @@ pub async fn run<'a>(
                 first_poll(first).await;
                 let mut queued = JoinSet::new();
                 for &(alg, key) in &draws[1..=n] {
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued behind another runtime's"));
+                    queued.spawn(
+                        fleet.decide_on((i, inst, alg, key), "queued behind another runtime's"),
+                    );
                 }
                 while queued.join_next().await.is_some() {}
                 // A lone decision after them, with the other runtime idle or gone.
                 sleep(Duration::from_millis(50)).await;
                 let (alg, key) = draws[n + 1];
-                fleet.decide_on((i, inst, alg, key), "lone after another runtime's").await;
+                fleet
+                    .decide_on((i, inst, alg, key), "lone after another runtime's")
+                    .await;
             }
             Op::Busy {
                 inst,
@@ -355,11 +362,14 @@ pub async fn run<'a>(
                 first_poll(first).await;
                 let mut queued = JoinSet::new();
                 for &(alg, key) in &draws[1..=n] {
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued behind a busy task's"));
+                    queued
+                        .spawn(fleet.decide_on((i, inst, alg, key), "queued behind a busy task's"));
                 }
                 for &(alg, key) in &draws[n + 1..] {
                     sleep(work / 4).await;
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "lone during a busy task's work"));
+                    queued.spawn(
+                        fleet.decide_on((i, inst, alg, key), "lone during a busy task's work"),
+                    );
                 }
                 while queued.join_next().await.is_some() {}
                 busy.await.expect("the busy task");
@@ -383,7 +393,8 @@ pub async fn run<'a>(
                 first_poll(first).await;
                 let mut queued = JoinSet::new();
                 for &(alg, key) in &draws[1..=n] {
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "queued behind a parked one"));
+                    queued
+                        .spawn(fleet.decide_on((i, inst, alg, key), "queued behind a parked one"));
                 }
                 for &(alg, key) in &draws[n + 1..] {
                     sleep(park / 4).await;
@@ -400,7 +411,12 @@ pub async fn run<'a>(
                         let limiter = limiters[alg].clone();
                         // Its instance number is one past the fleet's.
                         let inst = fleet.limiters.len();
-                        Box::pin(fleet.decide(limiter, FULL_TIMEOUT, (i, inst, alg, key), "full batch"))
+                        Box::pin(fleet.decide(
+                            limiter,
+                            FULL_TIMEOUT,
+                            (i, inst, alg, key),
+                            "full batch",
+                        ))
                     })
                     .collect();
                 // Redis pauses while every decision is queued (each polled once, in one go):
@@ -496,7 +512,11 @@ impl Fleet {
         let limiter = self.limiters[inst][alg].clone();
         let name = self.name(alg, key);
         let started = Instant::now();
-        let mut check = Box::pin(marked_why(limiter.check_quotas(name.as_str(), &self.quotas, 1)));
+        let mut check = Box::pin(marked_why(limiter.check_quotas(
+            name.as_str(),
+            &self.quotas,
+            1,
+        )));
         let first = poll_once(&mut check).await;
         let _ = polled.send(());
         let what = (op, inst, Algorithm::ALL[alg], "parked");

@@ -13,9 +13,7 @@ use redlimit::limiter::{LeaseStats, LimiterStats};
 use redlimit::Algorithm;
 
 use crate::faults::Fault;
-use crate::fleet::{
-    one_window, per_window, Event, Outcome, Run, Timed, SLOT_LEASE, STORE_TIMEOUT,
-};
+use crate::fleet::{one_window, per_window, Event, Outcome, Run, Timed, SLOT_LEASE, STORE_TIMEOUT};
 use crate::generator::{Family, Policy, Schedule, Settlement};
 
 /// A broken promise.
@@ -167,9 +165,14 @@ fn remaining_within_burst(run: &Run, out: &mut Vec<Violation>) {
                 )
             })
         })
-        .chain(run.headers.iter().filter(|(_, _, r, q)| r > q).map(
-            |(op, inst, r, q)| format!("a response of op {op} on instance {inst}: r={r} > q={q}"),
-        ))
+        .chain(
+            run.headers
+                .iter()
+                .filter(|(_, _, r, q)| r > q)
+                .map(|(op, inst, r, q)| {
+                    format!("a response of op {op} on instance {inst}: r={r} > q={q}")
+                }),
+        )
         .collect();
     if let Some(first) = over.first() {
         out.push(Violation {
@@ -217,7 +220,10 @@ fn store_decides(run: &Run, out: &mut Vec<Violation>) {
             true
         };
         if counts {
-            failed.entry((t.caller, error_class(error))).or_default().push(t);
+            failed
+                .entry((t.caller, error_class(error)))
+                .or_default()
+                .push(t);
         }
     }
     for ((caller, error), decisions) in failed {
