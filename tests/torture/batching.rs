@@ -322,8 +322,7 @@ pub async fn run<'a>(
                             .build()
                     }
                     .expect("runtime");
-                    let check =
-                        own.polled_once((i, inst, alg, key), "on a runtime of its own", polled);
+                    let check = own.polled_once((i, inst, alg, key), "other runtime's own", polled);
                     runtime.block_on(check);
                     if shutdown {
                         drop(runtime);
@@ -486,7 +485,7 @@ impl Fleet {
         polled: oneshot::Sender<()>,
     ) {
         self.clone()
-            .polled_once((op, inst, alg, key), "a busy task's", polled)
+            .polled_once((op, inst, alg, key), "busy task's own", polled)
             .await;
         let began = Instant::now();
         if cpu {

@@ -114,7 +114,7 @@ fn within_timeout(run: &Run, out: &mut Vec<Violation>) {
             oracle: "within-timeout",
             class: format!("{} check", t.caller),
             detail: format!(
-                "{} decisions waited past their store timeout plus {WAIT_SLACK:?}; longest: a {} check of op {} on instance {} ({:?}) waited {:?} (timeout {:?}), then {:?}{}",
+                "{} decisions waited past their store timeout plus {WAIT_SLACK:?}; longest: the {} check of op {} on instance {} ({:?}) waited {:?} (timeout {:?}), then {:?}{}",
                 late.len(),
                 t.caller,
                 t.op,
@@ -160,7 +160,7 @@ fn remaining_within_burst(run: &Run, out: &mut Vec<Violation>) {
             let (r, q) = t.header?;
             (r > q).then(|| {
                 format!(
-                    "a {} check of op {} on instance {} ({:?}, {:?}): remaining {r} > burst {q}",
+                    "the {} check of op {} on instance {} ({:?}, {:?}): remaining {r} > burst {q}",
                     t.caller, t.op, t.inst, t.algorithm, t.outcome
                 )
             })
@@ -315,7 +315,7 @@ fn out_of_memory(run: &Run, out: &mut Vec<Violation>) {
             oracle: "out-of-memory",
             class: format!("{algorithm} {alone}"),
             detail: format!(
-                "{} {algorithm} decisions {alone} on their store admitted and written while Redis was past maxmemory ({refused} decisions refused with OOM); first: a {} check of op {} on instance {}, {} others in flight",
+                "{} {algorithm} decisions {alone} on their store admitted and written while Redis was past maxmemory ({refused} decisions refused with OOM); first: the {} check of op {} on instance {}, {} others in flight",
                 admitted.len(),
                 first.caller,
                 first.op,
