@@ -5,7 +5,7 @@
 //! loss exactly as the docs allow.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::fleet::Fixture;
 use crate::generator::{Backend, Config, Family};
@@ -35,6 +35,10 @@ pub enum Fault {
     /// the background while the schedule goes on (docs/failure.md: "a slot migration fails no
     /// decision open"; `MIGRATE` keeps each key's state: no data is lost).
     Migrate { key: usize },
+    /// `maxmemory` set `over` bytes above the memory in use with `noeviction`, then a write
+    /// takes Redis past it, for `ms` while the schedule goes on; then lifted
+    /// ([`out_of_memory`]). Nothing is lost: writes are refused.
+    OutOfMemory { ms: u64, over: u64 },
 }
 
 impl Fault {
@@ -49,6 +53,12 @@ impl Fault {
 
 /// A fault for `config`'s backend (a `MemoryStore` has none to suffer: it gets none).
 pub fn draw(rng: &mut fastrand::Rng, config: &Config) -> Fault {
+    if config.family == Family::Batching {
+        return Fault::OutOfMemory {
+            ms: rng.u64(200..1_500),
+            over: rng.u64(0..65_536),
+        };
+    }
     if config.backend == Backend::Memory {
         return Fault::DebugSleep { ms: 0 };
     }
@@ -138,6 +148,63 @@ fn evict(redis: &RedisServer, bytes: u64) {
     config(&mut conn, "maxmemory", "0".into());
 }
 
+/// The value that takes Redis past `maxmemory` ([`Fault::OutOfMemory`]): far more than the memory
+/// other clients may give back meanwhile (a full batch's query buffer is about 1 MB), so that
+/// Redis stays out of memory until the fault is lifted.
+const FILLER: usize = 8 << 20;
+const FILLER_KEY: &str = "out-of-memory-filler";
+
+/// Redis out of memory ([`Fault::OutOfMemory`]): a value of [`FILLER`] bytes is written, then
+/// `maxmemory-policy noeviction` and `maxmemory` `over` bytes above what Redis used without it,
+/// so Redis is past `maxmemory` by about the filler; after `ms`, the value is deleted and
+/// `maxmemory` lifted. Returns once Redis is out of memory, with the moment it was, and the
+/// thread that lifts it, which returns the moment the lift began.
+pub async fn out_of_memory(
+    fixture: &Fixture,
+    ms: u64,
+    over: u64,
+) -> (Instant, std::thread::JoinHandle<Instant>) {
+    let redis = fixture.redis.clone();
+    let (out, is_out) = tokio::sync::oneshot::channel();
+    let config = |conn: &mut redis::Connection, name: &str, value: String| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(conn)
+            .expect("CONFIG SET");
+    };
+    let lift = std::thread::spawn(move || {
+        let redis = redis.lock().unwrap();
+        let mut conn = redis.conn();
+        // Made by a script, not sent: an 8 MB argument would leave a query buffer that Redis
+        // trims later, taking its memory back under `maxmemory`.
+        let _: () = redis::cmd("EVAL")
+            .arg("redis.call('SET', KEYS[1], string.rep('x', ARGV[1]))")
+            .arg(1)
+            .arg(FILLER_KEY)
+            .arg(FILLER)
+            .query(&mut conn)
+            .expect("the filler is written");
+        let used = redis.used_memory();
+        drop(redis);
+        config(&mut conn, "maxmemory-policy", "noeviction".into());
+        let maxmemory = used.saturating_sub(FILLER as u64) + over;
+        config(&mut conn, "maxmemory", maxmemory.max(1).to_string());
+        let _ = out.send(Instant::now());
+        std::thread::sleep(Duration::from_millis(ms));
+        let lifted = Instant::now();
+        let _: () = redis::cmd("DEL")
+            .arg(FILLER_KEY)
+            .query(&mut conn)
+            .expect("DEL");
+        config(&mut conn, "maxmemory", "0".into());
+        lifted
+    });
+    let since = is_out.await.expect("Redis is out of memory");
+    (since, lift)
+}
+
 /// Injects `fault` on the schedule's store (blocking calls, run off the runtime's workers);
 /// `keys` are the schedule's storage keys, in pairs per key (its tenant's, then its own): what
 /// a corruption writes into, and on Cluster which slot and master a fault aims at.
@@ -156,7 +223,8 @@ pub async fn inject(fixture: &Fixture, fault: Fault, keys: Vec<String>, backend:
             Fault::FlushAll => redis.flushall(),
             Fault::ClientKill => redis.client_kill_normal(),
             Fault::ScriptFlush => redis.script_flush(),
-            Fault::DebugSleep { ms: 0 } | Fault::Migrate { .. } => {}
+            // An out-of-memory is [`out_of_memory`]'s: the fleet keeps its lifting thread.
+            Fault::DebugSleep { ms: 0 } | Fault::Migrate { .. } | Fault::OutOfMemory { .. } => {}
             // The sleep runs on a thread of its own while the fleet keeps calling.
             Fault::DebugSleep { ms } => drop(redis.debug_sleep(Duration::from_millis(ms))),
             Fault::Restart => redis.restart(),
@@ -219,6 +287,9 @@ fn on_cluster(cluster: Arc<Mutex<Option<RedisCluster>>>, fault: Fault, keys: &[S
             cluster.restart_node(node);
         }
         // Not drawn on Cluster.
-        Fault::Corrupt { .. } | Fault::Evict { .. } | Fault::Migrate { .. } => {}
+        Fault::Corrupt { .. }
+        | Fault::Evict { .. }
+        | Fault::Migrate { .. }
+        | Fault::OutOfMemory { .. } => {}
     }
 }

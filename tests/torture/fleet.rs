@@ -23,10 +23,10 @@ use redlimit::failure_policy::{
 use redlimit::key::FnKey;
 use redlimit::layer::ShadowLimited;
 use redlimit::limiter::{AcquireError, BlockFor};
-use redlimit::limiter::{LeaseStats, Leases, LimiterStats};
+use redlimit::limiter::{LeaseStats, Leases, LimiterBuilder, LimiterStats};
 use redlimit::outbound::{OutboundError, OutboundLayer};
 use redlimit::store::{MemoryStore, RedisStore};
-use redlimit::{Limiter, Quota, Quotas, RateLimitLayer, Verdict};
+use redlimit::{Algorithm, Limiter, Quota, Quotas, RateLimitLayer, Verdict};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -60,6 +60,8 @@ const CLOCK_START: Duration = Duration::from_secs(1_800_000_000);
 tokio::task_local! {
     /// Set when the failure policy answered the check running in this task.
     static BY_POLICY: std::cell::Cell<bool>;
+    /// The store error the failure policy answered, when a caller asks ([`marked_why`]).
+    static WHY: std::cell::RefCell<Option<String>>;
 }
 
 /// The schedule's failure policy, marking the checks it answers: a `LocalFallback` answers
@@ -70,7 +72,17 @@ struct Marked<P>(P);
 impl<P: FailurePolicy> FailurePolicy for Marked<P> {
     fn on_store_error(&self, ctx: &FailureContext<'_>) -> redlimit::Verdict {
         let _ = BY_POLICY.try_with(|marked| marked.set(true));
+        let _ = WHY.try_with(|why| *why.borrow_mut() = Some(ctx.error.to_string()));
         self.0.on_store_error(ctx)
+    }
+}
+
+/// `builder` with the schedule's failure `policy`, marked ([`Marked`]).
+pub fn with_policy(builder: LimiterBuilder, policy: Policy) -> LimiterBuilder {
+    match policy {
+        Policy::FailOpen => builder.failure_policy(Marked(FailOpen)),
+        Policy::FailClosed => builder.failure_policy(Marked(FailClosed::default())),
+        Policy::LocalFallback(n) => builder.failure_policy(Marked(LocalFallback::new(n))),
     }
 }
 
@@ -230,6 +242,54 @@ pub struct Event {
     pub outcome: Outcome,
 }
 
+/// One decision with its wall time, for the oracles on waits, on the failure policy and on the
+/// headers' numbers.
+#[derive(Clone, Debug)]
+pub struct Timed {
+    pub op: usize,
+    pub inst: usize,
+    pub algorithm: Algorithm,
+    /// Who asked, and beside what (`burst`, `queued behind a busy task's`, ...).
+    pub caller: &'static str,
+    pub started: Instant,
+    pub ended: Instant,
+    pub outcome: Outcome,
+    /// The store error the failure policy answered.
+    pub error: Option<String>,
+    /// The store's timeout, when the decision is one store call polled to its end (its wait is
+    /// judged); `None` for one parked, cancelled, or of several calls (leases).
+    pub timeout: Option<Duration>,
+    /// `remaining` and the deciding quota's burst, of a decided verdict (store or policy).
+    pub header: Option<(u64, u64)>,
+}
+
+impl Timed {
+    /// The record of a check that `started` and returned now with `checked` ([`marked_why`]).
+    pub fn new(
+        (op, inst, algorithm, caller): (usize, usize, Algorithm, &'static str),
+        started: Instant,
+        checked: &(Verdict, bool, Option<String>),
+        timeout: Option<Duration>,
+    ) -> Timed {
+        let (verdict, by_policy, error) = checked;
+        Timed {
+            op,
+            inst,
+            algorithm,
+            caller,
+            started,
+            ended: Instant::now(),
+            outcome: outcome(verdict, *by_policy),
+            error: error.clone(),
+            timeout,
+            header: match verdict {
+                Verdict::Decided(d) => Some((d.remaining, d.quota.burst())),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// A reset or a data loss: the key starts a new segment.
 #[derive(Clone, Debug)]
 pub struct Segment {
@@ -308,6 +368,18 @@ pub struct Run {
     pub cancellations: u64,
     /// The schedule's limit (for the reports).
     pub limit: u64,
+    /// Decisions with their wall time ([`Timed`]): the batching family's, and the rate family's
+    /// checks.
+    pub timed: Vec<Timed>,
+    /// When Redis was out of memory ([`Fault::OutOfMemory`]): when the fault began, when Redis
+    /// was out of memory, and when the lift began.
+    pub out_of_memory: Vec<(Instant, Instant, Instant)>,
+    /// What the health monitor saw (batching schedules).
+    pub health: crate::health::Health,
+    /// When a task of the fleet's runtime worked without yielding (batching): (from, to).
+    pub busy: Vec<(Instant, Instant)>,
+    /// The headers' `r` and `q` of each response that had them (settlement): (op, inst, r, q).
+    pub headers: Vec<(usize, usize, u64, u64)>,
 }
 
 /// The fixture shared by every schedule: one private Redis (restarted by faults), and the
@@ -346,7 +418,7 @@ impl Fixture {
     }
 
     /// A store of the fleet's on `backend` (not the memory store).
-    fn store(&self, backend: Backend) -> RedisStore {
+    pub fn store(&self, backend: Backend) -> RedisStore {
         let builder = match backend {
             Backend::Cluster => {
                 let urls = self.cluster_urls.get().expect("the cluster runs").clone();
@@ -408,11 +480,7 @@ fn limiters_on(
         .algorithm(config.algorithm)
         .clock(clock.clone())
         .prefix(format!("t{}", schedule.seed));
-        builder = match config.policy {
-            Policy::FailOpen => builder.failure_policy(Marked(FailOpen)),
-            Policy::FailClosed => builder.failure_policy(Marked(FailClosed::default())),
-            Policy::LocalFallback(n) => builder.failure_policy(Marked(LocalFallback::new(n))),
-        };
+        builder = with_policy(builder, config.policy);
         if config.deny_cache {
             builder = builder.deny_cache(1_000);
         }
@@ -456,6 +524,7 @@ pub async fn run(schedule: &Schedule, ops: &[Op], redis: &Fixture, deadline: Ins
         Family::Concurrency => concurrency(schedule, ops, redis).await,
         Family::Settle => settle(schedule, ops, redis).await,
         Family::Outbound => outbound(schedule, ops, redis).await,
+        Family::Batching => crate::batching::run(schedule, ops, redis).await,
     }
 }
 
@@ -512,6 +581,17 @@ async fn fault(run: &mut Run, redis: &Fixture, fault: Fault, keys: Vec<String>, 
     run.fault_starts.push(began);
 }
 
+/// `check`'s verdict, whether the failure policy answered it, and the store error it answered.
+pub async fn marked_why<F: std::future::Future<Output = Verdict>>(
+    check: F,
+) -> (Verdict, bool, Option<String>) {
+    WHY.scope(std::cell::RefCell::new(None), async {
+        let (verdict, by_policy) = marked(check).await;
+        (verdict, by_policy, WHY.with(|why| why.borrow_mut().take()))
+    })
+    .await
+}
+
 /// `check`'s verdict, with whether the failure policy answered it.
 async fn marked<F: std::future::Future<Output = Verdict>>(check: F) -> (Verdict, bool) {
     BY_POLICY
@@ -566,6 +646,8 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
     let quotas = quotas(config);
     let keys = storage_keys(schedule, &operator);
     let mut run = Run::default();
+    // Whether this process stalled (`within-timeout`): any server answers that.
+    let monitor = crate::health::Monitor::start(redis.redis.lock().unwrap().url());
     let mut epochs = vec![0u32; config.keys];
     let mut era = 0u32;
     // How far the clock stepped back within `Clock::MAX_SKEW` in all: a check then decides as
@@ -588,16 +670,25 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                 cancel_us,
             } => {
                 let name = key_name(schedule, key);
+                // Without leases a check is one store call: its wait is judged.
+                let judged = match config.backend {
+                    Backend::Memory => None,
+                    _ => config.lease_ms.is_none().then_some(STORE_TIMEOUT),
+                };
                 let checks = (0..n).map(|_| {
                     let (limiter, quotas, name, clocks) = (&fleet[inst], &quotas, &name, &clocks);
                     async move {
                         let started = Instant::now();
                         let start_us = clocks.now(inst);
-                        let check = marked_check(limiter, name.as_str(), quotas, cost);
+                        let check = marked_why(limiter.check_quotas(name.as_str(), quotas, cost));
                         let bound = cancel_us.map(Duration::from_micros).unwrap_or(BOUND);
-                        let outcome = match timeout(bound, check).await {
-                            Ok(outcome) => outcome,
-                            Err(_) if cancel_us.is_some() => Outcome::Cancelled,
+                        let (outcome, timed) = match timeout(bound, check).await {
+                            Ok(checked) => {
+                                let what = (i, inst, config.algorithm, "burst");
+                                let timed = Timed::new(what, started, &checked, judged);
+                                (outcome(&checked.0, checked.1), Some(timed))
+                            }
+                            Err(_) if cancel_us.is_some() => (Outcome::Cancelled, None),
                             Err(_) => {
                                 return Err(format!(
                                     "check of {cost} still pending after {BOUND:?}"
@@ -605,12 +696,13 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                             }
                         };
                         let end_us = clocks.end(inst, skew_us);
-                        Ok((started, start_us, end_us, outcome))
+                        Ok((started, start_us, end_us, outcome, timed))
                     }
                 });
                 for result in futures::future::join_all(checks).await {
                     match result {
-                        Ok((started, clock_us, end_us, outcome)) => {
+                        Ok((started, clock_us, end_us, outcome, timed)) => {
+                            run.timed.extend(timed);
                             run.cancellations += u64::from(outcome == Outcome::Cancelled);
                             run.events.push(Event {
                                 op: i,
@@ -663,6 +755,9 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                         ));
                         continue;
                     };
+                    let what = (i, inst, config.algorithm, "blocking");
+                    let checked = (verdict, by_policy, None);
+                    run.timed.push(Timed::new(what, started, &checked, None));
                     // docs (`check_blocking`): "Until the block ends every check on the key is
                     // denied as suspended", with `retry_after` the time left: a suspended
                     // denial tells of a suspension in force until at least its start plus
@@ -717,7 +812,13 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     Some(us) => Duration::from_micros(us),
                     None => Duration::from_millis(wait_ms) + BOUND,
                 };
-                let outcome = match timeout(bound, acquire).await {
+                let acquired = timeout(bound, acquire).await;
+                if let Ok((Ok(verdict), by_policy)) = acquired {
+                    let what = (i, inst, config.algorithm, "acquire");
+                    let checked = (verdict, by_policy, None);
+                    run.timed.push(Timed::new(what, started, &checked, None));
+                }
+                let outcome = match acquired {
                     Ok((Ok(verdict), false)) => outcome(&verdict, false),
                     // The policy answered a try: the last answer may be the store's.
                     Ok((Ok(verdict), true)) => match verdict {
@@ -935,6 +1036,9 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
     // Quiet: renewals and give-backs in flight land before the last sample.
     sleep(Duration::from_millis(300)).await;
     sample(&mut run, &fleet);
+    run.health = tokio::task::spawn_blocking(move || monitor.stop())
+        .await
+        .expect("the monitor");
     if config.backend != Backend::Memory && !ran.iter().any(|op| matches!(op, Op::Fault(_))) {
         run.differences = differential(schedule, &ran, redis).await;
     }
@@ -1515,6 +1619,7 @@ async fn settle<'a>(
         .collect();
     let hangs = Arc::new(Mutex::new(Vec::new()));
     let refused = Arc::new(Mutex::new(Vec::new()));
+    let numbers = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
     let mut run = Run::default();
     for (i, op) in ops.enumerate() {
@@ -1546,13 +1651,20 @@ async fn settle<'a>(
                         .header("x-clock", manual.now_micros())
                         .body(String::new())
                         .unwrap();
-                    let (svc, hangs, refused) =
-                        (services[inst].clone(), hangs.clone(), refused.clone());
+                    let (svc, hangs, refused, numbers) = (
+                        services[inst].clone(),
+                        hangs.clone(),
+                        refused.clone(),
+                        numbers.clone(),
+                    );
                     let shadow = config.settlement == Settlement::Shadow;
                     tasks.spawn(async move {
                         let bound = BOUND + Duration::from_millis(hold_ms);
                         match timeout(bound, svc.oneshot(request)).await {
                             Ok(Ok(response)) => {
+                                if let Some((r, q)) = header_numbers(response.headers()) {
+                                    numbers.lock().unwrap().push((i, inst, r, q));
+                                }
                                 let status = response.status();
                                 assert!(
                                     status == StatusCode::OK
@@ -1595,9 +1707,26 @@ async fn settle<'a>(
         .unzip();
     run.shadow_counted = fleet.iter().map(|l| l.stats().shadow_limited).collect();
     run.refused_in_shadow = std::mem::take(&mut *refused.lock().unwrap());
+    run.headers = std::mem::take(&mut *numbers.lock().unwrap());
     run.hangs
         .extend(std::mem::take(&mut *hangs.lock().unwrap()));
     run
+}
+
+/// `r` of a response's `RateLimit` field, and `q` of the policy it names in `RateLimit-Policy`
+/// (docs/headers.md: `"name";r=1;t=40` and `"name";q=3;w=60`).
+fn header_numbers(headers: &http::HeaderMap) -> Option<(u64, u64)> {
+    let state = headers.get("ratelimit")?.to_str().ok()?;
+    let policy = headers.get("ratelimit-policy")?.to_str().ok()?;
+    let mut params = state.split(';');
+    let name = params.next()?.trim();
+    let r = params.find_map(|p| p.trim().strip_prefix("r=")?.parse().ok())?;
+    let q = policy.split(',').find_map(|item| {
+        let mut params = item.split(';');
+        (params.next()?.trim() == name).then_some(())?;
+        params.find_map(|p| p.trim().strip_prefix("q=")?.parse().ok())
+    })?;
+    Some((r, q))
 }
 
 /// The scripted upstream's answer under `upstream`.

@@ -21,6 +21,10 @@ pub enum Family {
     Settle,
     /// `OutboundLayer` against a scripted upstream.
     Outbound,
+    /// Stores shared by limiters of every algorithm, used from runtimes other than the one that
+    /// built them, by tasks that work without yielding after their decision, by futures parked or
+    /// dropped, at the largest `max_batch`, and while Redis is out of memory (`batching.rs`).
+    Batching,
 }
 
 /// Where the fleet's state lives.
@@ -87,6 +91,10 @@ pub struct Config {
     /// the concurrency family's): a data loss widens what the oracles allow, and fault-free
     /// schedules hold the tight bounds (and feed the differential oracle).
     pub faults: bool,
+    /// Batching: each store connects from the fleet's runtime before the schedule (a
+    /// service's startup check); in a quarter of the schedules not, and a store's first use
+    /// may come from another runtime. Always on in the other families.
+    pub warm: bool,
 }
 
 impl Config {
@@ -252,6 +260,52 @@ pub enum Op {
         inst: usize,
         n: usize,
     },
+    /// Batching: `n` concurrent checks on instance `inst`'s store, each of an algorithm and a key
+    /// drawn from `seed`; with `cancel_us`, each is dropped after that long (at an await).
+    Mixed {
+        inst: usize,
+        n: usize,
+        seed: u64,
+        cancel_us: Option<u64>,
+    },
+    /// Batching: a check on a runtime of its own (current-thread, driven by `block_on` in a
+    /// thread of its own; multi-thread when `multi`), polled once; while its call is in flight,
+    /// `n` checks of `seed` on the fleet's runtime; then that runtime goes idle for `idle_ms`
+    /// without being driven while the schedule goes on, or, when `shutdown`, is shut down at once.
+    Runtime {
+        inst: usize,
+        n: usize,
+        seed: u64,
+        idle_ms: u64,
+        shutdown: bool,
+        multi: bool,
+    },
+    /// Batching: a check whose task, once the check returned, works `work_ms` without yielding
+    /// (CPU when `cpu`, else `std::thread::sleep`), as a handler may after the layer's check;
+    /// while its call is in flight, `n` checks of `seed` from tasks of their own, and a lone
+    /// check every quarter of the work.
+    Busy {
+        inst: usize,
+        n: usize,
+        seed: u64,
+        work_ms: u64,
+        cpu: bool,
+    },
+    /// Batching: a check future polled once, then kept `park_ms` neither polled nor dropped
+    /// while the schedule goes on, then dropped (`then_drop`) or polled to its end; while its
+    /// call is in flight, `n` checks of `seed`, and a lone check every quarter of the park.
+    Park {
+        inst: usize,
+        n: usize,
+        seed: u64,
+        park_ms: u64,
+        then_drop: bool,
+    },
+    /// Batching: on a store of its own with `max_batch` at its largest allowed value, the
+    /// decisions of `seed` (more than fill one batch) queued at once on one group.
+    Full {
+        seed: u64,
+    },
     /// A fault on the store.
     Fault(Fault),
 }
@@ -277,11 +331,12 @@ impl fmt::Display for Schedule {
 /// The schedule of `seed`.
 pub fn schedule(seed: u64) -> Schedule {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let family = match rng.u32(0..9) {
+    let family = match rng.u32(0..11) {
         0..=3 => Family::Rate,
         4..=5 => Family::Settle,
         6..=7 => Family::Concurrency,
-        _ => Family::Outbound,
+        8 => Family::Outbound,
+        _ => Family::Batching,
     };
     let config = config(&mut rng, family);
     let len = rng.usize(8..32);
@@ -289,14 +344,24 @@ pub fn schedule(seed: u64) -> Schedule {
     // After an operator's reset of a key that leasing instances may hold units of, half the
     // time the next few operations stay on that key (see [`after_reset`]).
     let mut focus: Option<(usize, usize)> = None;
+    // After Redis ran out of memory, the next few operations decide while it is out (see
+    // [`while_out_of_memory`]).
+    let mut out_of_memory = 0;
     while ops.len() < len {
         let op = match focus {
             Some((key, left)) if left > 0 => {
                 focus = Some((key, left - 1));
                 after_reset(&mut rng, &config, key)
             }
+            _ if out_of_memory > 0 => {
+                out_of_memory -= 1;
+                while_out_of_memory(&mut rng, &config)
+            }
             _ => draw(&mut rng, &config),
         };
+        if let Op::Fault(Fault::OutOfMemory { .. }) = op {
+            out_of_memory = rng.usize(1..4);
+        }
         if let Op::Reset { key, via: None } = op {
             if config.lease_ms.is_some() && rng.bool() {
                 focus = Some((key, rng.usize(3..10)));
@@ -329,7 +394,31 @@ fn after_reset(rng: &mut fastrand::Rng, config: &Config, key: usize) -> Op {
     }
 }
 
+/// An operation while Redis is out of memory: queued decisions of every algorithm, so that
+/// batches mix them (a sliding log's first, whose expired entries it removes before it adds).
+fn while_out_of_memory(rng: &mut fastrand::Rng, config: &Config) -> Op {
+    let inst = rng.usize(0..config.instances);
+    match rng.u32(0..4) {
+        0 => Op::Busy {
+            inst,
+            n: rng.usize(2..30),
+            seed: rng.u64(..),
+            work_ms: rng.u64(50..300),
+            cpu: false,
+        },
+        _ => Op::Mixed {
+            inst,
+            n: rng.usize(2..60),
+            seed: rng.u64(..),
+            cancel_us: None,
+        },
+    }
+}
+
 fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
+    if family == Family::Batching {
+        return batching_config(rng);
+    }
     let backend = match family {
         Family::Rate if rng.u32(0..4) == 0 => Backend::Memory,
         Family::Rate | Family::Settle | Family::Concurrency if rng.u32(0..5) == 0 => {
@@ -404,6 +493,84 @@ fn config(rng: &mut fastrand::Rng, family: Family) -> Config {
         // Concurrency's oracle has nothing to judge without a fault: few of its schedules
         // go without.
         faults: rng.u32(0..6) >= if family == Family::Concurrency { 1 } else { 2 },
+        warm: true,
+    }
+}
+
+/// A batching schedule's configuration: single-node Redis (where `maxmemory` is set), every
+/// algorithm on each instance's store (`algorithm` is unused), no leases and no deny cache (every
+/// check reaches the store), quotas large enough that most checks are admitted (an admission
+/// writes), on windows short enough that a sliding log's entries expire within a schedule.
+fn batching_config(rng: &mut fastrand::Rng) -> Config {
+    let instances = rng.usize(2..=3);
+    let limit = rng.u64(20..2_000);
+    Config {
+        family: Family::Batching,
+        backend: Backend::Redis,
+        algorithm: Algorithm::TokenBucket,
+        instances,
+        limit,
+        period_ms: [1_000, 1_000, 10_000][rng.usize(0..3)],
+        lease_ms: None,
+        deny_cache: false,
+        keys: rng.usize(1..4),
+        policy: match rng.u32(0..3) {
+            0 => Policy::FailOpen,
+            1 => Policy::FailClosed,
+            _ => Policy::LocalFallback(rng.u64(1..=4)),
+        },
+        settlement: Settlement::Response,
+        shadow_limit: limit,
+        offsets_ms: vec![0; instances],
+        cancels: rng.bool(),
+        faults: rng.u32(0..3) > 0,
+        warm: rng.u32(0..4) > 0,
+    }
+}
+
+/// The batching family's operations: rolls below 8 are Redis running out of memory.
+fn draw_batching(rng: &mut fastrand::Rng, config: &Config) -> Op {
+    let inst = rng.usize(0..config.instances);
+    let n = rng.usize(1..40);
+    let seed = rng.u64(..);
+    match rng.u32(if config.faults { 0 } else { 8 }..100) {
+        0..=7 => Op::Fault(crate::faults::draw(rng, config)),
+        8..=39 => Op::Mixed {
+            inst,
+            n,
+            seed,
+            cancel_us: if config.cancels && rng.u32(0..3) == 0 {
+                cancel(rng)
+            } else {
+                None
+            },
+        },
+        40..=54 => Op::Runtime {
+            inst,
+            n,
+            seed,
+            idle_ms: rng.u64(300..2_500),
+            shutdown: rng.u32(0..3) == 0,
+            multi: rng.bool(),
+        },
+        55..=67 => Op::Busy {
+            inst,
+            n,
+            seed,
+            work_ms: rng.u64(300..900),
+            cpu: rng.u32(0..3) == 0,
+        },
+        68..=77 => Op::Park {
+            inst,
+            n,
+            seed,
+            park_ms: rng.u64(50..1_500),
+            then_drop: rng.bool(),
+        },
+        78..=80 => Op::Full { seed },
+        _ => Op::Sleep {
+            ms: rng.u64(1..400),
+        },
     }
 }
 
@@ -426,6 +593,9 @@ fn cancel(rng: &mut fastrand::Rng) -> Option<u64> {
 }
 
 fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
+    if config.family == Family::Batching {
+        return draw_batching(rng, config);
+    }
     let inst = rng.usize(0..config.instances);
     let key = key(rng, config);
     // Rolls below 6 are faults (below 10 in the concurrency family, whose oracle judges what
@@ -572,6 +742,7 @@ fn draw(rng: &mut fastrand::Rng, config: &Config) -> Op {
                 ms: rng.u64(1..300),
             },
         },
+        Family::Batching => unreachable!("drawn by draw_batching"),
     }
 }
 

@@ -8,9 +8,9 @@
 //!   [`SHRINK_SECS`] at most, so the default run, Redis's startup and a failure's report
 //!   included, ends well under 80 s; `TORTURE_BASE=<n>` repeats a run's seed sequence.
 //! - `TORTURE_SEED=<seed>`: replays one schedule.
-//! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound>` runs one family alone,
+//! - `TORTURE_FAMILY=<rate|settle|concurrency|outbound|batching>` runs one family alone,
 //!   `TORTURE_BACKEND=<redis|memory|cluster>` one backend, `TORTURE_VERBOSE=1` prints a line
-//!   per schedule and one per violation. The 3-master Cluster starts the first time a schedule draws it.
+//!   per schedule, one per violation and a violating schedule's operations. The 3-master Cluster starts the first time a schedule draws it.
 //! - `TORTURE_KEEP_GOING=1`: does not stop at the first violation; prints each distinct oracle
 //!   that fired with its first seed and the seconds it took to find.
 //!
@@ -25,9 +25,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod batching;
 mod faults;
 mod fleet;
 mod generator;
+mod health;
 mod oracles;
 mod shrink;
 
@@ -156,11 +158,17 @@ async fn torture_run() {
                 .iter()
                 .filter(|e| e.outcome == fleet::Outcome::Policy { allowed: true })
                 .count();
+            let timed_by_policy = run
+                .timed
+                .iter()
+                .filter(|t| matches!(t.outcome, fleet::Outcome::Policy { .. }))
+                .count();
             println!(
-                "torture: seed {seed} {:?}: {} events, {allowed} allowed, {by_policy} allowed by the policy, {} overrides, {} violations",
+                "torture: seed {seed} {:?}: {} events, {allowed} allowed, {by_policy} allowed by the policy, {} overrides, {} decisions timed ({timed_by_policy} answered by the policy), {} violations",
                 schedule.config,
                 run.events.len(),
                 run.overrides.len(),
+                run.timed.len(),
                 found_here.len()
             );
         }
@@ -172,10 +180,14 @@ async fn torture_run() {
             for v in &found_here {
                 println!("torture: seed {seed} violation: {}: {}", v.oracle, v.detail);
             }
+            print!("{schedule}");
         }
         if keep_going {
             for v in &found_here {
-                let name = format!("{} ({:?})", v.oracle, schedule.config.family);
+                let name = match v.class.as_str() {
+                    "" => format!("{} ({:?})", v.oracle, schedule.config.family),
+                    class => format!("{} ({:?}, {class})", v.oracle, schedule.config.family),
+                };
                 let secs = started.elapsed().as_secs_f64();
                 found
                     .entry(name)

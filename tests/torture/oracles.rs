@@ -5,7 +5,7 @@
 //! To add an oracle: a function `fn name(schedule, run, out)` that pushes a [`Violation`]
 //! named after the promise, citing the doc line it restates, and a line in [`check`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use redlimit::clock::Clock;
@@ -13,7 +13,7 @@ use redlimit::limiter::{LeaseStats, LimiterStats};
 use redlimit::Algorithm;
 
 use crate::faults::Fault;
-use crate::fleet::{one_window, per_window, Event, Outcome, Run, SLOT_LEASE, STORE_TIMEOUT};
+use crate::fleet::{one_window, per_window, Event, Outcome, Run, Timed, SLOT_LEASE, STORE_TIMEOUT};
 use crate::generator::{Family, Policy, Schedule, Settlement};
 
 /// A broken promise.
@@ -21,6 +21,8 @@ use crate::generator::{Family, Policy, Schedule, Settlement};
 pub struct Violation {
     /// The oracle's name: what was promised.
     pub oracle: &'static str,
+    /// Which way it broke, when an oracle tells several apart (`TORTURE_KEEP_GOING` lists each).
+    pub class: String,
     pub detail: String,
 }
 
@@ -28,6 +30,8 @@ pub struct Violation {
 pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
     let mut out = Vec::new();
     never_hangs(run, &mut out);
+    remaining_within_burst(run, &mut out);
+    within_timeout(run, &mut out);
     match schedule.config.family {
         Family::Rate => {
             // The `Clock` docs: "Instances whose clocks differ by more than `MAX_SKEW` fall
@@ -56,8 +60,270 @@ pub fn check(schedule: &Schedule, run: &Run) -> Vec<Violation> {
             slots_recovery(run, &mut out);
         }
         Family::Outbound => recovery(run, &mut out),
+        Family::Batching => {
+            store_decides(run, &mut out);
+            out_of_memory(run, &mut out);
+        }
     }
     out
+}
+
+/// What this machine may add to a decision's wait past its store timeout: the failure policy's
+/// answer and the scheduling of the task that returns it, on two cores shared with other work.
+pub const WAIT_SLACK: Duration = Duration::from_millis(150);
+
+/// A stall of this process's threads longer than this (seen by the health monitor) excuses a
+/// wait past [`WAIT_SLACK`].
+const STARVED: Duration = Duration::from_millis(50);
+
+/// The longest Redis may go without answering the health monitor while a decision waits for
+/// the decision's timeout to still be the store's own: a fifth of the store timeout.
+const STEADY: Duration = Duration::from_millis(50);
+
+/// docs/failure.md: "Every Redis call is bounded by a timeout" (on `NOSCRIPT` and Cluster
+/// redirects, "at most 4 times within the timeout"), and every failure goes to the failure
+/// policy; docs/production.md, batching: each decision keeps "its own reply, error and
+/// timeout". So a decision that is one store call, polled to its end, returns within its
+/// store's timeout plus the policy's answer: [`WAIT_SLACK`] for this machine.
+///
+/// Not judged: a decision whose wait overlapped a task's synchronous work on the fleet's
+/// runtime (batching) (the task that tokio would run next on that worker waits for it, a test's task as
+/// well as the crate's: [`store_decides`] judges those decisions by their answers), and one
+/// during which the health monitor saw this process stalled. A stall is the store's when it
+/// delays at least two decisions of one operation on one store ([`corroborated`]); one
+/// decision late alone is this machine's.
+fn within_timeout(run: &Run, out: &mut Vec<Violation>) {
+    let late: Vec<&Timed> = run
+        .timed
+        .iter()
+        .filter(|t| {
+            let Some(timeout) = t.timeout else {
+                return false;
+            };
+            let busy = run
+                .busy
+                .iter()
+                .any(|(from, to)| t.started <= *to && *from <= t.ended);
+            let starved = run.health.ran() && run.health.starved(t.started, t.ended, STARVED);
+            t.ended - t.started > timeout + WAIT_SLACK && !busy && !starved
+        })
+        .collect();
+    let late = corroborated(late);
+    if let Some(t) = late.iter().max_by_key(|t| t.ended - t.started) {
+        out.push(Violation {
+            oracle: "within-timeout",
+            class: format!("{} check", t.caller),
+            detail: format!(
+                "{} decisions waited past their store timeout plus {WAIT_SLACK:?}; longest: the {} check of op {} on instance {} ({:?}) waited {:?} (timeout {:?}), then {:?}{}",
+                late.len(),
+                t.caller,
+                t.op,
+                t.inst,
+                t.algorithm,
+                t.ended - t.started,
+                t.timeout.unwrap_or_default(),
+                t.outcome,
+                t.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+            ),
+        });
+    }
+}
+
+/// The decisions of `decisions` that share their operation and store with another of them
+/// whose wait overlapped theirs: a store's stall delays every decision queued on it, a loaded
+/// machine one now and then.
+fn corroborated(decisions: Vec<&Timed>) -> Vec<&Timed> {
+    decisions
+        .iter()
+        .filter(|t| {
+            decisions.iter().any(|o| {
+                !std::ptr::eq::<Timed>(**t, *o)
+                    && o.op == t.op
+                    && o.inst == t.inst
+                    && o.started < t.ended
+                    && t.started < o.ended
+            })
+        })
+        .copied()
+        .collect()
+}
+
+/// docs/headers.md, "The numbers agree": "`r ≤ q` ... on every response, for every algorithm",
+/// `q` being the capacity `r` counts against (the burst) and `r` the decision's `remaining`
+/// (docs/leases.md: an admission from a lease reports remaining too). On every decided verdict
+/// (the store's, a lease's, a `LocalFallback`'s), and on every settled response's headers.
+fn remaining_within_burst(run: &Run, out: &mut Vec<Violation>) {
+    let over: Vec<String> = run
+        .timed
+        .iter()
+        .filter_map(|t| {
+            let (r, q) = t.header?;
+            (r > q).then(|| {
+                format!(
+                    "the {} check of op {} on instance {} ({:?}, {:?}): remaining {r} > burst {q}",
+                    t.caller, t.op, t.inst, t.algorithm, t.outcome
+                )
+            })
+        })
+        .chain(
+            run.headers
+                .iter()
+                .filter(|(_, _, r, q)| r > q)
+                .map(|(op, inst, r, q)| {
+                    format!("a response of op {op} on instance {inst}: r={r} > q={q}")
+                }),
+        )
+        .collect();
+    if let Some(first) = over.first() {
+        out.push(Violation {
+            oracle: "remaining-within-burst",
+            class: String::new(),
+            detail: format!("{} decisions; first: {first}", over.len()),
+        });
+    }
+}
+
+/// docs/production.md and `redlimit::store` (batching): "a single caller or a quiet service
+/// never waits for a batch", each decision "is still decided on its own, atomically, with its
+/// own reply, error and timeout"; docs/failure.md: the failure policy answers when the store
+/// fails. So while Redis answers, every decision polled to its end is decided by the store,
+/// whatever other callers do: their runtimes (idle, shut down), their tasks (working without
+/// yielding after their decision), their futures (parked, dropped), the size of the batch. A
+/// timeout counts only when the health monitor saw Redis answer at least every [`STEADY`]
+/// throughout the decision's wait, and another decision of the same operation on the same
+/// store timed out meanwhile ([`corroborated`]); any other store error with Redis up (a batch dropped, a
+/// script that could not serve its batch) counts always; an open circuit breaker is the
+/// consequence of the failures before it; and while Redis is out of memory the policy answers
+/// by design ([`out_of_memory`]).
+fn store_decides(run: &Run, out: &mut Vec<Violation>) {
+    let out_of_memory = |t: &Timed| {
+        run.out_of_memory.iter().any(|(began, _, lifted)| {
+            t.ended >= *began && t.started <= *lifted + Duration::from_millis(100)
+        })
+    };
+    // Per (caller, error): the decisions, in order.
+    let mut failed: BTreeMap<(&str, String), Vec<&Timed>> = BTreeMap::new();
+    for t in run
+        .timed
+        .iter()
+        .filter(|t| t.timeout.is_some() && matches!(t.outcome, Outcome::Policy { .. }))
+        .filter(|t| !out_of_memory(t))
+    {
+        let error = t.error.as_deref().unwrap_or("no error");
+        // Redis refused the write: out of memory, by design (its lift may wait behind a
+        // `DEBUG SLEEP`, past the window).
+        let counts = if error.contains("circuit breaker") || error.contains("OOM") {
+            false
+        } else if error.contains("timed out") {
+            run.health.steady(t.started, t.ended, STEADY)
+        } else {
+            true
+        };
+        if counts {
+            failed
+                .entry((t.caller, error_class(error)))
+                .or_default()
+                .push(t);
+        }
+    }
+    for ((caller, error), decisions) in failed {
+        // A timeout is the store's when it is not alone ([`corroborated`]).
+        let decisions = match error.contains("timed out") {
+            true => corroborated(decisions),
+            false => decisions,
+        };
+        if decisions.is_empty() {
+            continue;
+        }
+        let first = decisions[0];
+        out.push(Violation {
+            oracle: "store-decides",
+            class: format!("{caller} check: {error}"),
+            detail: format!(
+                "{} {caller} checks answered by the failure policy while Redis answered; first: op {} on instance {} ({:?}) after {:?}: {}",
+                decisions.len(),
+                first.op,
+                first.inst,
+                first.algorithm,
+                first.ended - first.started,
+                first.error.as_deref().unwrap_or("no error")
+            ),
+        });
+    }
+}
+
+/// What a store error says, without what varies (a script's hash, a line number).
+fn error_class(error: &str) -> String {
+    let known = [
+        "timed out",
+        "batch was dropped",
+        "too many results to unpack",
+        "broken pipe",
+    ];
+    match known.iter().find(|k| error.contains(*k)) {
+        Some(known) => (*known).to_owned(),
+        None => error.chars().take(60).collect(),
+    }
+}
+
+/// The store under `maxmemory` with `noeviction` (docs/production.md: each decision is decided
+/// "on its own, atomically"; Redis refuses a write past `maxmemory` with `OOM`, and the
+/// decision goes to the failure policy): nothing is admitted and written past it. Every
+/// admission writes (it consumes), so a decision that started once Redis was out of memory and
+/// returned before the lift began is never admitted by the store. The detail says how many
+/// other decisions on its store overlapped it (0: it went alone).
+fn out_of_memory(run: &Run, out: &mut Vec<Violation>) {
+    let overlapping = |t: &Timed| {
+        run.timed
+            .iter()
+            .filter(|o| o.inst == t.inst && o.started < t.ended && t.started < o.ended)
+            .count()
+            - 1
+    };
+    let admitted: Vec<&Timed> = run
+        .timed
+        .iter()
+        .filter(|t| t.outcome == Outcome::Allowed)
+        .filter(|t| {
+            run.out_of_memory
+                .iter()
+                .any(|(_, since, lifted)| t.started >= *since && t.ended <= *lifted)
+        })
+        .collect();
+    let refused = run
+        .timed
+        .iter()
+        .filter(|t| t.error.as_deref().is_some_and(|e| e.contains("OOM")))
+        .count();
+    // Apart per algorithm: those that went alone on their store, and those that may have
+    // shared a call (a sliding log's expired entries are removed before its first write: Redis
+    // then lets a script go on writing).
+    let mut groups: BTreeMap<(String, &str), Vec<&Timed>> = BTreeMap::new();
+    for t in admitted {
+        let alone = match overlapping(t) {
+            0 => "alone",
+            _ => "with others in flight",
+        };
+        groups
+            .entry((format!("{:?}", t.algorithm), alone))
+            .or_default()
+            .push(t);
+    }
+    for ((algorithm, alone), admitted) in groups {
+        let first = admitted[0];
+        out.push(Violation {
+            oracle: "out-of-memory",
+            class: format!("{algorithm} {alone}"),
+            detail: format!(
+                "{} {algorithm} decisions {alone} on their store admitted and written while Redis was past maxmemory ({refused} decisions refused with OOM); first: the {} check of op {} on instance {}, {} others in flight",
+                admitted.len(),
+                first.caller,
+                first.op,
+                first.inst,
+                overlapping(first),
+            ),
+        });
+    }
 }
 
 /// docs/failure.md: "Every Redis call is bounded by a timeout ... a hung or dead Redis never
@@ -67,6 +333,7 @@ fn never_hangs(run: &Run, out: &mut Vec<Violation>) {
     for (op, what) in &run.hangs {
         out.push(Violation {
             oracle: "never-hangs",
+            class: String::new(),
             detail: format!("op {op}: {what}"),
         });
     }
@@ -182,6 +449,7 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 if units > limit + slack {
                     out.push(Violation {
                         oracle: "admitted",
+                        class: String::new(),
                         detail: format!(
                             "key {key} window {window} segment {epoch}: admitted {units} of {limit} (+{slack} leased before the segment)",
                         ),
@@ -216,6 +484,7 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 if units > bound {
                     out.push(Violation {
                         oracle: "admitted",
+                        class: String::new(),
                         detail: format!(
                             "key {key} segment {epoch}: admitted {units}, bound {bound} (burst {limit} + refill {refill} + 1 + {slack} leased before)",
                         ),
@@ -246,6 +515,7 @@ fn controls(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
         if let Some(e) = late.clone().next() {
             out.push(Violation {
                 oracle: "controls",
+                class: String::new(),
                 detail: format!(
                     "suspension of op {} on key {}: {} admitted after it, first at op {} on instance {}, {:?} after the suspension returned",
                     s.op,
@@ -311,6 +581,7 @@ fn overrides(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             if units > bound {
                 out.push(Violation {
                     oracle: "override",
+                    class: String::new(),
                     detail: format!(
                         "override of {} by op {} on key {}: {units} admitted under it in {} segment {epoch}, bound {bound} ({slack} leased before a reset in it)",
                         o.limit,
@@ -343,6 +614,7 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             if let Some(e) = run.events.iter().filter(by_policy).find(|e| !allowed(e)) {
                 out.push(Violation {
                     oracle: "failure-policy",
+                    class: String::new(),
                     detail: format!(
                         "FailOpen denied a check of op {} on instance {}",
                         e.op, e.inst
@@ -355,6 +627,7 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             if let Some(e) = admitted.first() {
                 out.push(Violation {
                     oracle: "failure-policy",
+                    class: String::new(),
                     detail: format!(
                         "FailClosed admitted {} checks, first of op {} on instance {}",
                         admitted.len(),
@@ -393,6 +666,7 @@ fn policy(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 if units > bound {
                     out.push(Violation {
                         oracle: "failure-policy",
+                        class: String::new(),
                         detail: format!(
                             "LocalFallback({n}) on instance {inst} key {key} (window {window}, era {era}): admitted {units}, its share allows {bound}"
                         ),
@@ -410,6 +684,7 @@ fn differential(run: &Run, out: &mut Vec<Violation>) {
     if let Some(first) = run.differences.first() {
         out.push(Violation {
             oracle: "differential",
+            class: String::new(),
             detail: format!(
                 "{} operations differ; first: {first}",
                 run.differences.len()
@@ -455,6 +730,7 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
             if limiter || lease {
                 out.push(Violation {
                     oracle: "counters",
+                    class: String::new(),
                     detail: format!("instance {inst}: a counter went back: {a:?} then {b:?}"),
                 });
                 break;
@@ -464,6 +740,7 @@ fn counters(run: &Run, out: &mut Vec<Violation>) {
             if l.leased != l.spent + l.held + l.returned + l.stranded {
                 out.push(Violation {
                     oracle: "counters",
+                    class: String::new(),
                     detail: format!("instance {inst}: leased != spent + held + returned + stranded at the end: {l:?}"),
                 });
             }
@@ -478,6 +755,7 @@ fn shadow(run: &Run, out: &mut Vec<Violation>) {
     if let Some((op, inst, status)) = run.refused_in_shadow.first() {
         out.push(Violation {
             oracle: "shadow",
+            class: String::new(),
             detail: format!(
                 "{} requests refused in shadow, first of op {op} on instance {inst}: {status}",
                 run.refused_in_shadow.len()
@@ -496,6 +774,7 @@ fn clock_recovery(run: &Run, out: &mut Vec<Violation>) {
     if let Some((inst, key, outcome)) = run.stuck.first() {
         out.push(Violation {
             oracle: "clock-recovery",
+            class: String::new(),
             detail: format!(
                 "{} (instance, key) never admitted again within {:?}; first: instance {inst} key {key}: {outcome}",
                 run.stuck.len(),
@@ -526,6 +805,7 @@ fn shadow_tiers(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
         if seen != *counted {
             out.push(Violation {
                 oracle: "shadow-tiers",
+                class: String::new(),
                 detail: format!(
                     "instance {inst}: {seen} requests reached the service with a ShadowLimited, shadow_limited counts {counted}"
                 ),
@@ -551,6 +831,7 @@ fn shadow_tiers(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
         if units > bound {
             out.push(Violation {
                 oracle: "shadow-tiers",
+                class: String::new(),
                 detail: format!(
                     "key {key} window {window}: requests the shadow tier admitted used {units} of its {bound}"
                 ),
@@ -591,6 +872,7 @@ fn settled(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
                 .sum();
             out.push(Violation {
                 oracle: "settled",
+                class: String::new(),
                 detail: format!(
                     "key {key} window {window}: admitted requests used {units} (reserved {reserved}) of {bound}"
                 ),
@@ -668,6 +950,7 @@ fn in_flight(run: &Run, out: &mut Vec<Violation>) {
             .unwrap_or_else(|| "no data loss before".to_owned());
         out.push(Violation {
             oracle: "concurrency",
+            class: String::new(),
             detail: format!(
                 "key {key}: {n} in flight over a limit of {} at an admission of op {op}, {} admissions over it outside the allowance ({since})",
                 run.limit,
@@ -698,6 +981,7 @@ fn slots_recovery(run: &Run, out: &mut Vec<Violation>) {
     for (inst, key, what) in &run.stuck {
         out.push(Violation {
             oracle: "concurrency-recovery",
+            class: String::new(),
             detail: format!("key {key} on instance {inst}: {what}"),
         });
     }
@@ -711,6 +995,7 @@ fn recovery(run: &Run, out: &mut Vec<Violation>) {
     for (inst, what) in &run.lockouts {
         out.push(Violation {
             oracle: "outbound-recovery",
+            class: String::new(),
             detail: format!("instance {inst}: {what}"),
         });
     }
