@@ -267,7 +267,14 @@ async fn decisions_dropped_before_their_call_are_left_out_and_a_dropped_first_ca
             Algorithm::TokenBucket,
         )),
     );
-    // Fewer than a quarter of max_batch in all: the queue waits for the first call.
+    // A decision queued behind it: the store's sender takes it at once, and its call waits
+    // behind the sleep too. Then fewer than a quarter of max_batch: they wait for that call.
+    let ahead = async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        store
+            .check(request("redlimit:{ahead}", &quotas, Algorithm::TokenBucket))
+            .await
+    };
     let kept_keys: Vec<String> = (0..7).map(|i| format!("redlimit:{{kept-{i}}}")).collect();
     let dropped_keys: Vec<String> = (0..7)
         .map(|i| format!("redlimit:{{dropped-{i}}}"))
@@ -290,9 +297,13 @@ async fn decisions_dropped_before_their_call_are_left_out_and_a_dropped_first_ca
         );
         tokio::join!(kept, dropped)
     };
-    let (first, (kept, dropped)) = tokio::join!(first, queued);
+    let (first, ahead, (kept, dropped)) = tokio::join!(first, ahead, queued);
     sleeping.join().unwrap();
     assert!(first.is_err(), "the first call was dropped");
+    assert!(
+        ahead.unwrap().allowed,
+        "the sender's first call is answered"
+    );
     assert!(dropped.is_err(), "the dropped decisions were dropped");
     for answer in kept {
         assert!(answer.unwrap().allowed, "a kept decision is answered");

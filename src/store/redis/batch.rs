@@ -78,7 +78,8 @@ impl Hasher for SlotHasher {
 /// One group's calls in flight and the decisions waiting for the next.
 ///
 /// Whenever the queue holds a decision, a sender is in flight for the group: the one that
-/// queued it started one if none was, and a sender ends only with an empty queue.
+/// queued it started one if none was, and a sender ends only with an empty queue. (Another
+/// sender may take the queue first: a sender that finds it empty ends.)
 #[derive(Default)]
 struct Group {
     /// Calls in flight: at most one caller's own, and the senders'.
@@ -206,9 +207,11 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Sends `batch`, then every next one of the group's, as a task of its own on the store's
-/// runtime: no caller's future, task or runtime carries other callers' decisions.
-fn spawn_sender(store: &RedisStore, slot: u16, batch: Vec<Queued>) {
+/// Sends the group's queue, call after call while decisions keep arriving, as a task of its own
+/// on the store's runtime: no caller's future, task or runtime carries other callers'
+/// decisions. It takes its first batch when it first runs, so that the decisions queued
+/// meanwhile share it.
+fn spawn_sender(store: &RedisStore, slot: u16) {
     let sending = Sending {
         store: store.clone(),
         slot,
@@ -216,14 +219,10 @@ fn spawn_sender(store: &RedisStore, slot: u16, batch: Vec<Queued>) {
     };
     // A runtime that has shut down drops the task at once: `Sending` says so to the group.
     let _ = store.runtime.spawn(async move {
-        let mut batch = batch;
-        loop {
+        while let Some(batch) = sending.store.batches.next(slot) {
             sending.store.send_batch(batch).await;
-            match sending.store.batches.next(slot) {
-                Some(next) => batch = next,
-                None => return sending.finish(),
-            }
         }
+        sending.finish();
     });
 }
 
@@ -346,9 +345,8 @@ impl RedisStore {
         {
             group.in_flight += 1;
             group.senders += 1;
-            let batch: Vec<Queued> = group.queue.drain(..queued.min(max)).collect();
             drop(groups);
-            spawn_sender(self, slot, batch);
+            spawn_sender(self, slot);
         }
         Entry::Queued(receiver)
     }
