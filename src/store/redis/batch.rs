@@ -224,6 +224,13 @@ fn spawn_sender(store: &RedisStore, slot: u16) {
         }
         sending.finish();
     });
+    // Spawned from a worker of that runtime, the sender lands in the worker's LIFO slot, which
+    // no other worker steals (tokio-rs/tokio#4941): a caller that polled its decision once and
+    // then blocked the worker would hold every queued decision. A second spawn moves the sender
+    // to the worker's queue, where an idle worker is woken to steal it.
+    if store.runtime.is_current() {
+        let _ = store.runtime.spawn(async {});
+    }
 }
 
 /// A sender's call in flight. Dropped before its task ends (the store's runtime shut down), it
@@ -267,6 +274,12 @@ impl RedisStore {
             // A probe goes alone: its own outcome opens or closes the circuit.
             Admission::Probe => return self.check_alone(request, admission, timed).await,
             Admission::Call => {}
+        }
+        // A sliding log's decision costs Redis O(its cost) (a member per unit): one of more
+        // than a unit goes alone, so that no call's work grows with several such costs and
+        // holds other clients behind it (Redis serves none while a script runs).
+        if request.algorithm == Algorithm::SlidingLog && request.cost > 1 {
+            return self.check_alone(request, admission, timed).await;
         }
         let mut receiver = match self.enter(&request, timed) {
             Entry::Alone(in_flight) => {

@@ -78,6 +78,8 @@ pub(super) struct Ready<C> {
     pub(super) connection: C,
     pub(super) server: ServerInfo,
     at: Instant,
+    /// The store runtime's binding the attempt ran under: its driver task lives there.
+    epoch: u64,
 }
 
 /// The connection attempt of a slot that is not ready yet.
@@ -141,15 +143,22 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
     #[inline]
     pub(super) fn connection(&self) -> (u64, Option<C>) {
         let slot = self.current.load();
-        (
-            slot.generation,
-            slot.ready.get().map(|ready| ready.connection.clone()),
-        )
+        let open = match slot.ready.get() {
+            Some(ready) if self.runtime.is_live(ready.epoch) => Some(ready.connection.clone()),
+            Some(_) => {
+                // Made on a runtime that has shut down: its driver died with it.
+                self.replace(&slot, "the store's runtime shut down");
+                None
+            }
+            None => None,
+        };
+        (slot.generation, open)
     }
 
     /// The current connection, waiting for the connection attempt (started if none runs and the
     /// backoff after the last failure has passed).
     pub(super) async fn wait_ready(&self) -> Result<(C, ServerInfo), StoreError> {
+        let _ = self.connection(); // replaces a connection whose runtime shut down
         let slot = self.current.load_full();
         if let Some(ready) = slot.ready.get() {
             return Ok((ready.connection.clone(), ready.server.clone()));
@@ -180,17 +189,24 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
         if let Some(ready) = slot.ready.get() {
             return Ok((ready.connection.clone(), ready.server.clone()));
         }
-        let result = match &*slot.attempt() {
+        let mut attempt = slot.attempt();
+        match &*attempt {
             Attempt::Failed { error, .. } => Err(StoreError::redis(error.clone())),
+            Attempt::Running(ended) if ended.peek().is_some() => {
+                // Its task was dropped unfinished (the store's runtime shut down): the next
+                // call makes another.
+                *attempt = Attempt::Idle { failures: 0 };
+                Err(StoreError::Unavailable("connection attempt abandoned"))
+            }
             _ => Err(StoreError::Unavailable("connection attempt abandoned")),
-        };
-        result
+        }
     }
 
     /// Runs one connection attempt as a task of its own on the store's runtime: it goes on
     /// when the calls waiting for it give up, and the connection's driver lives there too.
     fn spawn_attempt(&self, slot: Arc<Slot<C>>, failures: u32) -> Shared<BoxFuture<'static, ()>> {
         let connecting = (self.connect)();
+        let epoch = self.runtime.epoch();
         let task = self.runtime.spawn(async move {
             let result = within(ATTEMPT_TIMEOUT, "connection attempt timed out", connecting).await;
             let mut attempt = slot.attempt();
@@ -205,6 +221,7 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
                         connection,
                         server,
                         at: Instant::now(),
+                        epoch,
                     });
                     *attempt = Attempt::Idle { failures: 0 };
                 }
@@ -269,11 +286,17 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
         if !slot.proven.load(Ordering::Relaxed) && ready.at.elapsed() < CONNECT_TIMEOUT {
             return;
         }
+        self.replace(&slot, reason);
+    }
+
+    /// Puts a fresh slot in place of `slot` (unless another call already did): the next call
+    /// makes a new connection.
+    fn replace(&self, slot: &Arc<Slot<C>>, reason: &'static str) {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let previous = self
             .current
-            .compare_and_swap(&slot, Arc::new(Slot::new(generation)));
-        if Arc::ptr_eq(&previous, &slot) {
+            .compare_and_swap(slot, Arc::new(Slot::new(generation)));
+        if Arc::ptr_eq(&previous, slot) {
             // Dropping the last handle of the old connection closes it.
             tracing::warn!(reason, "rate limit store connection is stale; reconnecting");
         }
@@ -291,6 +314,7 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
             connection,
             server: ServerInfo::default(),
             at,
+            epoch: self.runtime.epoch(),
         });
     }
 }

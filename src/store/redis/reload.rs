@@ -105,6 +105,7 @@ impl Reloads {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
+        let abandoned = Arc::clone(&reload);
         let task = self.runtime.spawn(async move {
             let load = load(&mut connection, source);
             let result = within(LOAD_TIMEOUT, "SCRIPT LOAD timed out", load).await;
@@ -117,7 +118,12 @@ impl Reloads {
             }
             result
         });
-        let ended = || {
+        // A task dropped unfinished (its runtime shut down) ends the load all the same, so that
+        // the next NOSCRIPT starts another instead of joining this one for good.
+        let ended = move || {
+            let mut running = abandoned.lock();
+            abandoned.done.fetch_add(1, Ordering::AcqRel);
+            *running = None;
             Err(RedisError::from((
                 ErrorKind::Client,
                 "SCRIPT LOAD task ended without an answer",
@@ -128,7 +134,13 @@ impl Reloads {
                 .map(move |joined| joined.unwrap_or_else(|_| ended()))
                 .boxed()
                 .shared(),
-            None => futures::future::ready(ended()).boxed().shared(),
+            // No runtime at all (this call holds the lock: nothing to end).
+            None => futures::future::ready(Err(RedisError::from((
+                ErrorKind::Client,
+                "no Tokio runtime to load the script on",
+            ))))
+            .boxed()
+            .shared(),
         }
     }
 }

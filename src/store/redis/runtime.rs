@@ -25,9 +25,13 @@ use tokio::task::JoinHandle;
 #[derive(Default)]
 pub(super) struct StoreRuntime {
     bound: ArcSwapOption<Bound>,
+    /// Bindings made so far: each binding's number.
+    bindings: std::sync::atomic::AtomicU64,
 }
 
 struct Bound {
+    /// Which binding: what a connection made on this runtime remembers.
+    epoch: u64,
     handle: Handle,
     /// Set when the runtime drops the watch task: it shut down.
     gone: Arc<AtomicBool>,
@@ -55,6 +59,7 @@ impl StoreRuntime {
         let gone = Arc::new(AtomicBool::new(false));
         let (alive, stopped) = oneshot::channel::<()>();
         let fresh = Arc::new(Bound {
+            epoch: self.bindings.fetch_add(1, Ordering::Relaxed) + 1,
             handle: handle.clone(),
             gone: Arc::clone(&gone),
             _alive: alive,
@@ -78,6 +83,35 @@ impl StoreRuntime {
             guard.disarm(); // the store went first
         });
         Some(fresh)
+    }
+
+    /// The binding tasks spawned now run under (bound now if need be); 0 when none can be.
+    pub(super) fn epoch(&self) -> u64 {
+        self.bound().map_or(0, |bound| bound.epoch)
+    }
+
+    /// Whether the binding `epoch` still runs: what was made under it (a connection and its
+    /// driver task) still works.
+    #[inline]
+    pub(super) fn is_live(&self, epoch: u64) -> bool {
+        match &*self.bound.load() {
+            Some(bound) => bound.epoch == epoch && !bound.gone.load(Ordering::Relaxed),
+            None => epoch == 0, // made where no runtime could be bound
+        }
+    }
+
+    /// Whether the caller runs on the store's runtime (a multi-thread one: a current-thread
+    /// runtime has one worker and nothing to steal).
+    pub(super) fn is_current(&self) -> bool {
+        let Ok(current) = Handle::try_current() else {
+            return false;
+        };
+        current.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+            && self
+                .bound
+                .load()
+                .as_ref()
+                .is_some_and(|bound| bound.handle.id() == current.id())
     }
 
     /// Runs `future` as a task on the store's runtime. A runtime that shuts down drops it (its
