@@ -868,6 +868,7 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
         let before_batched = contents(&batched_redis);
         assert_eq!(before_batched, contents(&alone_redis), "twins start alike");
         // Batched: a peek in flight, then the whole plan queued behind it in one call.
+        batched_redis.reset_stats();
         let sleeping = batched_redis.debug_sleep(Duration::from_millis(250));
         tokio::time::sleep(Duration::from_millis(20)).await;
         let lead_key = "redlimit:{lead-peek}";
@@ -888,7 +889,6 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
             };
             tokio::join!(first, rest).1
         };
-        batched_redis.reset_stats();
         let (_, batched_answers) = tokio::join!(lead, queued);
         sleeping.join().unwrap();
         let (calls, batches) = script_calls(&batched_redis);
@@ -898,7 +898,11 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
              with OOM",
             batched_answers.len()
         );
-        assert!(batches >= 1 && calls <= 4, "the plan went in one batch call: {calls} calls");
+        let stats = batched_redis.info("commandstats");
+        assert!(
+            batches == 1 && calls <= 4,
+            "the plan went in one batch call: {calls} calls: {stats}"
+        );
         assert!(refused >= 5, "writers refused under maxmemory: {refused}");
         let mut alone_answers = Vec::new();
         for r in &requests {
@@ -1219,4 +1223,240 @@ async fn on_cluster_a_master_killed_with_queues_on_several_slots_holds_up_no_oth
         dead.iter().filter(|(a, _)| a.is_err()).count(),
         dead.len()
     );
+}
+
+/// FINDING: one batch call carries the Redis work of up to MAX_BATCH decisions, and Redis runs it
+/// as one script: 1 024 sliding-log admissions of 4 000 units each (burst 5 000, the log's
+/// O(burst) work per decision) make one `EVALSHA` that runs for seconds, past Redis's
+/// `busy-reply-threshold` (5 s): meanwhile Redis answers `BUSY` to every other client (here a
+/// second store, another instance of the fleet), and the script cannot be killed (it wrote).
+/// Sent alone (`max_batch(1)`), the same decisions are separate scripts of ~10 ms each: the
+/// other instance waits (Redis reads one client's pipelined commands together) but is never
+/// refused with `BUSY`. Promise (src/store/mod.rs, "Batching"): "Nothing
+/// else changes for a user ... What changes is the cost"; docs/production.md: "only Redis's
+/// cost per decision drops".
+#[test]
+fn a_full_batch_of_costly_decisions_keeps_other_clients_decided_as_alone() {
+    let mut figures = Vec::new();
+    let mut busies = Vec::new();
+    for max_batch in [MAX_BATCH, 1] {
+        let redis = RedisServer::start();
+        let main = main_runtime();
+        let store = store_on(&main, &redis, Duration::from_secs(60), max_batch);
+        let other = store_on(&main, &redis, Duration::from_secs(1), 1);
+        let quotas: Quotas = Quota::per_hour(5_000).unwrap().into();
+        let keys: Vec<String> = (0..MAX_BATCH + 1)
+            .map(|i| format!("redlimit:{{costly-{i}}}"))
+            .collect();
+        let (admitted, other_answers, took) = main.block_on(async {
+            let started = Instant::now();
+            let costly = async {
+                join_all(keys.iter().map(|key| {
+                    store.check(CheckRequest {
+                        cost: 4_000,
+                        ..request(key, &quotas, Algorithm::SlidingLog)
+                    })
+                }))
+                .await
+            };
+            let beside = async {
+                let mut answers = Vec::new();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                while started.elapsed() < Duration::from_secs(8) {
+                    answers.push(timed(&other, &format!("redlimit:{{other-{}}}", answers.len())).await);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                answers
+            };
+            let (costly, beside) = tokio::join!(costly, beside);
+            let admitted = costly.iter().filter(|a| matches!(a, Ok(d) if d.allowed)).count();
+            (admitted, beside, started.elapsed())
+        });
+        let stats = redis.info("commandstats");
+        let evalsha = support::info_field(&stats, "cmdstat_evalsha").unwrap_or("").to_owned();
+        let busy = other_answers
+            .iter()
+            .filter(|(a, _)| matches!(a, Err(e) if e.to_string().contains("BUSY")))
+            .count();
+        let failed = other_answers.iter().filter(|(a, _)| a.is_err()).count();
+        figures.push(format!(
+            "max_batch {max_batch}: {admitted} of {} admitted in {took:.1?} ({evalsha}); the other \
+             instance: {failed} of {} failed ({busy} BUSY)",
+            keys.len(),
+            other_answers.len()
+        ));
+        figures.push(show(&other_answers));
+        busies.push(busy);
+    }
+    eprintln!("{figures:#?}");
+    // The control: alone, Redis never refuses the other instance with BUSY (it may make it
+    // wait: Redis reads a client's pipelined commands together).
+    assert_eq!(busies[1], 0, "{figures:#?}");
+    assert_eq!(busies[0], 0, "BUSY answers to the other instance: {figures:#?}");
+}
+
+/// A store's first connection attempt runs on the store's runtime (here the runtime it was built
+/// in); that runtime shuts down while the attempt waits for a server that accepted the TCP
+/// connection but has not answered yet. Once the server answers, the next runtime's decisions
+/// are decided. Promise (src/store/mod.rs, "The store's runtime"): "the store binds the runtime
+/// of its next call and reconnects there, so a store outlives a runtime".
+///
+/// FINDING: the attempt's task is dropped with the runtime and never records an outcome, so the
+/// connection slot stays `Attempt::Running` with a future that has already ended
+/// (`Replaceable::wait_ready`, src/store/redis/connection.rs): every later call joins it, hears
+/// "connection attempt abandoned" at once, and no new attempt ever starts (`settle` replaces
+/// only a slot that has a connection). The store never connects again.
+#[test]
+fn a_connection_attempt_dropped_with_the_stores_runtime_is_made_again_on_the_next() {
+    let mut redis = RedisServer::start();
+    let port = redis.port();
+    redis.stop();
+    // A server that accepts (the kernel's backlog) and never answers `HELLO`.
+    let silent = std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port again");
+    let own = main_runtime();
+    let store = {
+        let _inside = own.enter();
+        RedisStore::builder(format!("redis://127.0.0.1:{port}/"))
+            .timeout(Duration::from_millis(300))
+            .without_circuit_breaker()
+            .build()
+            .unwrap()
+    };
+    let first = own.block_on(timed(&store, "redlimit:{first}"));
+    // The attempt goes on in the background (up to 10 s): the runtime shuts down meanwhile.
+    own.shutdown_timeout(Duration::from_millis(100));
+    drop(silent);
+    redis.restart();
+    let next = main_runtime();
+    let answers = next.block_on(async {
+        let mut answers = Vec::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(4) {
+            answers.push(timed(&store, &format!("redlimit:{{next-{}}}", answers.len())).await);
+            if answers.last().unwrap().0.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        answers
+    });
+    assert!(
+        answers.last().unwrap().0.is_ok(),
+        "first (its attempt then dropped): {}\n{} decisions over 4 s after the restart: {}",
+        show(&[first]),
+        answers.len(),
+        show(&answers[answers.len().saturating_sub(3)..])
+    );
+}
+
+/// FINDING: a `SCRIPT LOAD` task dropped with the store's runtime before it ran (the runtime's
+/// workers busy, then shut down) leaves its `Reloads` entry `running` for good (only the task
+/// clears it, src/store/redis/reload.rs): every later `NOSCRIPT` joins that ended load, hears
+/// "SCRIPT LOAD task ended without an answer", and sends the whole script body with `EVAL`.
+/// Promise (src/store/redis/reload.rs, and src/store/mod.rs: "the one `SCRIPT LOAD` after
+/// `NOSCRIPT`"): one flush costs one load per script, not one `EVAL` of the body per call.
+#[test]
+fn a_script_load_dropped_with_the_stores_runtime_leaves_one_load_per_flush() {
+    let redis = RedisServer::start();
+    let own = main_runtime();
+    let timeout = Duration::from_millis(300);
+    let store = store_on(&own, &redis, timeout, 1);
+    let main = main_runtime();
+    let rebound = main.block_on(async {
+        // The connection is made again from this runtime (its driver then lives here: see the
+        // first finding), so that only the store's own tasks are left on `own`.
+        redis.client_kill_normal();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut rebound = Vec::new();
+        for i in 0..5 {
+            rebound.push(timed(&store, &format!("redlimit:{{rebind-{i}}}")).await);
+            if rebound.last().unwrap().0.is_ok() {
+                break;
+            }
+        }
+        rebound
+    });
+    // Both of `own`'s workers busy: the load after the next NOSCRIPT waits in its queue.
+    for _ in 0..2 {
+        own.spawn(async { std::thread::sleep(Duration::from_millis(1200)) });
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    redis.script_flush();
+    let stalled = main.block_on(timed(&store, "redlimit:{stalled}"));
+    own.shutdown_background();
+    std::thread::sleep(Duration::from_millis(1500));
+    redis.script_flush();
+    redis.reset_stats();
+    let answers = main.block_on(together(&store, "after-flush", 50));
+    let loads = redis.command_calls("script|load");
+    let evals = redis.command_calls("eval");
+    let figures = format!(
+        "after a flush, 50 concurrent decisions sent {loads} SCRIPT LOAD and {evals} EVAL \
+         (rebind: {}; the decision whose load waited on the busy runtime: {}; answers: {})",
+        show(&rebound),
+        show(&[stalled]),
+        show(&answers[..3])
+    );
+    eprintln!("{figures}");
+    assert!(all_decided_within(&answers, timeout + SLACK), "{figures}");
+    assert!(loads <= 1 && evals <= 1, "{figures}");
+}
+
+/// The store's own runtime (multi-thread) shuts down with a batch on the wire and decisions
+/// queued behind it: those on the wire hear that they may have run (not a stall), those never
+/// sent are sent alone and decided, each within its timeout plus the slack, and nothing is
+/// consumed twice.
+///
+/// FINDING (same cause as `after_the_stores_runtime_shut_down_the_next_decisions_are_decided`):
+/// of the nine decisions never sent, the first sent alone fails with `broken pipe`, the error
+/// of the connection whose driver died with the runtime; the other eight are decided.
+#[test]
+fn the_stores_runtime_shut_down_mid_batch_fails_only_what_was_on_the_wire() {
+    let redis = RedisServer::start();
+    let own = main_runtime();
+    let timeout = Duration::from_millis(1500);
+    let store = store_on(&own, &redis, timeout, 64);
+    let main = main_runtime();
+    let key = "redlimit:{mid-batch}";
+    let before = main.block_on(consumed(&store, key));
+    let sleeping = redis.debug_sleep(Duration::from_millis(400));
+    std::thread::sleep(Duration::from_millis(20));
+    let one = |store: &RedisStore| {
+        let store = store.clone();
+        async move {
+            let quotas = shared_quota();
+            let started = Instant::now();
+            let answer = store.check(on_shared("redlimit:{mid-batch}", &quotas, 1)).await;
+            (answer, started.elapsed())
+        }
+    };
+    let lead = main.spawn(one(&store));
+    std::thread::sleep(Duration::from_millis(20));
+    let queued: Vec<_> = (0..10).map(|_| main.spawn(one(&store))).collect();
+    std::thread::sleep(Duration::from_millis(60));
+    own.shutdown_timeout(Duration::from_millis(100));
+    let (lead, queued) = main.block_on(async {
+        let lead = lead.await.unwrap();
+        let mut answers = Vec::new();
+        for task in queued {
+            answers.push(task.await.unwrap());
+        }
+        (lead, answers)
+    });
+    sleeping.join().unwrap();
+    let used = main.block_on(async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        consumed(&store, key).await
+    }) - before;
+    let decided = queued.iter().filter(|(a, _)| a.is_ok()).count();
+    let figures = format!(
+        "consumed {used}; lead {}; queued ({decided} decided): {}",
+        show(&[lead.clone()]),
+        show(&queued)
+    );
+    eprintln!("{figures}");
+    assert!(none_past(&queued, timeout + SLACK), "{figures}");
+    // The first queued decision went in the sender's call; the other nine were never sent.
+    assert!(decided >= 9, "{figures}");
+    assert!(used <= 11 && used as usize >= decided, "{figures}");
 }
