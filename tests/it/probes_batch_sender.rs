@@ -245,7 +245,10 @@ fn a_connection_remade_by_another_runtimes_call_fails_no_decision_when_that_runt
         run.await.unwrap()
     });
     thread.join().unwrap();
-    let failed: Vec<_> = answers.iter().filter(|(answer, _)| answer.is_err()).collect();
+    let failed: Vec<_> = answers
+        .iter()
+        .filter(|(answer, _)| answer.is_err())
+        .collect();
     assert!(
         failed.is_empty(),
         "helper: {helper:?}\n{} of {} decisions of the main runtime failed when the helper's \
@@ -291,9 +294,9 @@ fn queued_decisions_never_sent_are_sent_alone_when_the_stores_runtime_shuts_down
     let (lead, queued) = main.block_on(async { (lead.await.unwrap(), queued.await.unwrap()) });
     let later = main.block_on(one_by_one(&store, "later", 3));
     assert_eq!(calls_before, 0, "nothing reached Redis before the shutdown");
-    let gone = queued.iter().filter(|(answer, _)| {
-        matches!(answer, Err(error) if error.to_string().contains("may have run"))
-    });
+    let gone = queued.iter().filter(
+        |(answer, _)| matches!(answer, Err(error) if error.to_string().contains("may have run")),
+    );
     assert_eq!(
         gone.count(),
         0,
@@ -379,6 +382,7 @@ fn no_decision_waits_past_its_timeout_while_the_stores_runtime_idles() {
         (lone, queued)
     });
     drop(own);
+    eprintln!("lone: {}\nqueued: {}", show(&lone), show(&queued));
     assert!(
         none_past(&lone, timeout + SLACK) && none_past(&queued, timeout + SLACK),
         "lone: {}\nqueued: {}",
@@ -409,6 +413,7 @@ fn a_store_built_outside_any_runtime_outlives_its_first_callers_runtime() {
         answers
     });
     let failed = answers.iter().filter(|(answer, _)| answer.is_err()).count();
+    eprintln!("{failed} failed: {}", show(&answers));
     assert!(
         none_past(&answers, Duration::from_millis(500) + SLACK),
         "{}",
@@ -451,7 +456,11 @@ async fn consumed(store: &RedisStore, key: &str) -> u64 {
 
 /// Whether three decisions entered in one poll, Redis idle, went as a lone call and a sender's
 /// call of one each (3 script calls, no batch script): the group holds no call in flight.
-async fn lone_and_fast(redis: &RedisServer, store: &RedisStore, prefix: &str) -> (u64, u64, Vec<Answer>) {
+async fn lone_and_fast(
+    redis: &RedisServer,
+    store: &RedisStore,
+    prefix: &str,
+) -> (u64, u64, Vec<Answer>) {
     // A sender that just answered ends on its next poll: a decision that arrives before that
     // is queued and carried by it (harmless, and not what this looks for).
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -519,6 +528,10 @@ async fn decisions_dropped_at_every_await_consume_only_what_was_sent_and_leave_n
         // Sent: the leader, the first queued, the 9 kept even ones after the first (i = 2..18).
         let expected = 1 + 1 + answers.len() as u64;
         let after = consumed(&store, key).await;
+        eprintln!(
+            "round {round}: consumed {} for {expected} sent",
+            after - before
+        );
         assert_eq!(
             after - before,
             expected,
@@ -574,9 +587,16 @@ async fn a_parked_queued_decision_holds_up_nothing_and_is_decided_once() {
     let (lead, (first, second, parked_pending, parked, took, others)) = tokio::join!(lead, rest);
     sleeping.join().unwrap();
     assert!(parked_pending);
-    assert!(lead.is_ok() && first.is_ok() && second.is_ok(), "{lead:?} {first:?} {second:?}");
+    assert!(
+        lead.is_ok() && first.is_ok() && second.is_ok(),
+        "{lead:?} {first:?} {second:?}"
+    );
     assert!(took < Duration::from_secs(1), "{took:?}");
-    assert!(all_decided_within(&others, Duration::from_millis(300)), "{}", show(&others));
+    assert!(
+        all_decided_within(&others, Duration::from_millis(300)),
+        "{}",
+        show(&others)
+    );
     let (calls, batches, later) = lone_and_fast(&redis, &store, "after-parked").await;
     // lead, first, second, parked: 4 consumed, whatever became of the parked future.
     let after = consumed(&store, key).await;
@@ -745,18 +765,57 @@ async fn mixed_fixture(redis: &RedisServer, now: u64) {
     store.check(ahead).await.unwrap();
     let tight = Quotas::from(Quota::per_hour(2).unwrap());
     for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingLog] {
-        let limiter = Limiter::builder(store.clone()).algorithm(algorithm).build().unwrap();
-        let name = format!("over-{}", if algorithm == Algorithm::SlidingLog { "log" } else { "tb" });
+        let limiter = Limiter::builder(store.clone())
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let name = format!(
+            "over-{}",
+            if algorithm == Algorithm::SlidingLog {
+                "log"
+            } else {
+                "tb"
+            }
+        );
         limiter.set_quota(name.as_str(), &tight).await.unwrap();
-        let tenant = format!("tenant-{}", if algorithm == Algorithm::SlidingLog { "log" } else { "tb" });
+        let tenant = format!(
+            "tenant-{}",
+            if algorithm == Algorithm::SlidingLog {
+                "log"
+            } else {
+                "tb"
+            }
+        );
         // A used route, then a tenant-wide override and a tenant reset.
         let route = Target::scoped("api", &tenant);
         let key = limiter.storage_key(route);
-        store.check(CheckRequest { key: &key, algorithm, quotas: &one, cost: 1, now_micros: Some(now - 1_000_000) }).await.unwrap();
-        limiter.set_quota(Target::all_routes(&tenant), &tight).await.unwrap();
+        store
+            .check(CheckRequest {
+                key: &key,
+                algorithm,
+                quotas: &one,
+                cost: 1,
+                now_micros: Some(now - 1_000_000),
+            })
+            .await
+            .unwrap();
+        limiter
+            .set_quota(Target::all_routes(&tenant), &tight)
+            .await
+            .unwrap();
         limiter.reset(tenant.as_str()).await.unwrap();
-        let suspended = format!("susp-{}", if algorithm == Algorithm::SlidingLog { "log" } else { "tb" });
-        limiter.suspend(suspended.as_str(), Duration::from_secs(3600)).await.unwrap();
+        let suspended = format!(
+            "susp-{}",
+            if algorithm == Algorithm::SlidingLog {
+                "log"
+            } else {
+                "tb"
+            }
+        );
+        limiter
+            .suspend(suspended.as_str(), Duration::from_secs(3600))
+            .await
+            .unwrap();
     }
     let mut conn = redis.conn();
     let _: () = redis::cmd("SET")
@@ -796,26 +855,57 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
     let log_tenant = probe.storage_key(Target::scoped("api", "tenant-log"));
     let tb_tenant = probe.storage_key(Target::scoped("api", "tenant-tb"));
     let plan: Vec<(String, Algorithm, &Quotas, u64)> = vec![
-        ("redlimit:{known-tb}".into(), Algorithm::TokenBucket, &one, 0), // peek
-        ("redlimit:{full-gcra}".into(), Algorithm::Gcra, &one, 1),       // denial
-        ("redlimit:{full-log}".into(), Algorithm::SlidingLog, &one, 1),  // denial
-        ("redlimit:{full-sw}".into(), Algorithm::SlidingWindow, &one, 0), // peek
-        ("redlimit:{string-log}".into(), Algorithm::SlidingLog, &one, 0), // peek, foreign
-        ("redlimit:{susp-tb}".into(), Algorithm::TokenBucket, &one, 1),  // suspended
-        ("redlimit:{susp-log}".into(), Algorithm::SlidingLog, &one, 1),  // suspended
-        ("redlimit:{ahead-log}".into(), Algorithm::SlidingLog, &one, 5), // stepped back, denied
-        ("redlimit:{new-log}".into(), Algorithm::SlidingLog, &one, 1),   // admission
-        ("redlimit:{known-tb}".into(), Algorithm::TokenBucket, &plenty, 1), // admission
-        ("redlimit:{eight}".into(), Algorithm::FixedWindow, &eight, 3),  // 8 tiers
-        ("redlimit:{over-tb}".into(), Algorithm::TokenBucket, &one, 1),  // override admits
-        ("redlimit:{over-log}".into(), Algorithm::SlidingLog, &one, 1),  // override admits
-        (tb_tenant.clone(), Algorithm::TokenBucket, &one, 1),            // tenant reset + override
-        (log_tenant.clone(), Algorithm::SlidingLog, &one, 1),            // tenant reset (DEL)
-        ("redlimit:{string-log}".into(), Algorithm::SlidingLog, &one, 1), // foreign: DEL
-        ("redlimit:{new-gcra}".into(), Algorithm::Gcra, &one, 1),        // admission
+        (
+            "redlimit:{known-tb}".into(),
+            Algorithm::TokenBucket,
+            &one,
+            0,
+        ), // peek
+        ("redlimit:{full-gcra}".into(), Algorithm::Gcra, &one, 1), // denial
+        ("redlimit:{full-log}".into(), Algorithm::SlidingLog, &one, 1), // denial
+        (
+            "redlimit:{full-sw}".into(),
+            Algorithm::SlidingWindow,
+            &one,
+            0,
+        ), // peek
+        (
+            "redlimit:{string-log}".into(),
+            Algorithm::SlidingLog,
+            &one,
+            0,
+        ), // peek, foreign
+        ("redlimit:{susp-tb}".into(), Algorithm::TokenBucket, &one, 1), // suspended
+        ("redlimit:{susp-log}".into(), Algorithm::SlidingLog, &one, 1), // suspended
+        (
+            "redlimit:{ahead-log}".into(),
+            Algorithm::SlidingLog,
+            &one,
+            5,
+        ), // stepped back, denied
+        ("redlimit:{new-log}".into(), Algorithm::SlidingLog, &one, 1), // admission
+        (
+            "redlimit:{known-tb}".into(),
+            Algorithm::TokenBucket,
+            &plenty,
+            1,
+        ), // admission
+        ("redlimit:{eight}".into(), Algorithm::FixedWindow, &eight, 3), // 8 tiers
+        ("redlimit:{over-tb}".into(), Algorithm::TokenBucket, &one, 1), // override admits
+        ("redlimit:{over-log}".into(), Algorithm::SlidingLog, &one, 1), // override admits
+        (tb_tenant.clone(), Algorithm::TokenBucket, &one, 1),      // tenant reset + override
+        (log_tenant.clone(), Algorithm::SlidingLog, &one, 1),      // tenant reset (DEL)
+        (
+            "redlimit:{string-log}".into(),
+            Algorithm::SlidingLog,
+            &one,
+            1,
+        ), // foreign: DEL
+        ("redlimit:{new-gcra}".into(), Algorithm::Gcra, &one, 1),  // admission
     ];
     // Several orders: as written, reversed, denials and peeks last, writers first.
-    let mut orders: Vec<Vec<usize>> = vec![(0..plan.len()).collect(), (0..plan.len()).rev().collect()];
+    let mut orders: Vec<Vec<usize>> =
+        vec![(0..plan.len()).collect(), (0..plan.len()).rev().collect()];
     let mut rotated: Vec<usize> = (0..plan.len()).collect();
     rotated.rotate_left(8);
     orders.push(rotated);
@@ -847,7 +937,10 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
         warm_batch_script(&batched_redis, &batched).await;
         let mut conn = batched_redis.conn();
         for i in 0..4 {
-            let _: () = redis::cmd("DEL").arg(format!("redlimit:{{warm-{i}}}")).query(&mut conn).unwrap();
+            let _: () = redis::cmd("DEL")
+                .arg(format!("redlimit:{{warm-{i}}}"))
+                .query(&mut conn)
+                .unwrap();
         }
         for redis in [&batched_redis, &alone_redis] {
             out_of_memory(redis);
@@ -892,7 +985,10 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
         let (_, batched_answers) = tokio::join!(lead, queued);
         sleeping.join().unwrap();
         let (calls, batches) = script_calls(&batched_redis);
-        let refused = batched_answers.iter().filter(|a| outcome(a) == "OOM").count();
+        let refused = batched_answers
+            .iter()
+            .filter(|a| outcome(a) == "OOM")
+            .count();
         eprintln!(
             "order {o}: {calls} script calls, {batches} batch calls; {refused} of {} refused \
              with OOM",
@@ -924,7 +1020,11 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
                 .zip(&after_a)
                 .filter(|(b, a)| b != a)
                 .collect();
-            failures.push(format!("order {o}: data differ: {differ:?} ({} / {} keys)", after_b.len(), after_a.len()));
+            failures.push(format!(
+                "order {o}: data differ: {differ:?} ({} / {} keys)",
+                after_b.len(),
+                after_a.len()
+            ));
         }
         if after_b != before_batched {
             failures.push(format!("order {o}: written past maxmemory"));
@@ -960,7 +1060,11 @@ async fn full_batches_of_costly_eight_tier_sliding_logs_with_long_keys_are_decid
     redis.reset_stats();
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let lead = store.check(request("redlimit:{big-lead}", &eight, Algorithm::SlidingLog));
+    let lead = store.check(request(
+        "redlimit:{big-lead}",
+        &eight,
+        Algorithm::SlidingLog,
+    ));
     let started = Instant::now();
     let queued = async {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -977,13 +1081,23 @@ async fn full_batches_of_costly_eight_tier_sliding_logs_with_long_keys_are_decid
     sleeping.join().unwrap();
     lead.unwrap();
     let stats = redis.info("commandstats");
-    let evalsha = support::info_field(&stats, "cmdstat_evalsha").unwrap_or("").to_owned();
+    let evalsha = support::info_field(&stats, "cmdstat_evalsha")
+        .unwrap_or("")
+        .to_owned();
     let failed: Vec<_> = answers.iter().filter(|a| a.is_err()).collect();
     eprintln!("{count} costly decisions in {took:?}; {evalsha}");
-    assert!(failed.is_empty(), "{} of {count} failed, e.g. {:?}", failed.len(), failed.first());
+    assert!(
+        failed.is_empty(),
+        "{} of {count} failed, e.g. {:?}",
+        failed.len(),
+        failed.first()
+    );
     for answer in &answers {
         let decision = answer.as_ref().unwrap();
-        assert!(decision.allowed && decision.remaining == 4_000, "{decision:?}");
+        assert!(
+            decision.allowed && decision.remaining == 4_000,
+            "{decision:?}"
+        );
     }
 }
 
@@ -996,7 +1110,8 @@ async fn full_batches_of_costly_eight_tier_sliding_logs_with_long_keys_are_decid
 /// calls sent (the leader's and the sender's first); the decisions that timed out before their
 /// call was sent consume nothing; and later decisions go alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_only_what_was_sent() {
+async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_only_what_was_sent()
+{
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(300);
     let store = RedisStore::builder(redis.url())
@@ -1039,7 +1154,10 @@ async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_o
     tokio::time::sleep(Duration::from_millis(100)).await;
     let used = consumed(&store, key).await - before;
     let worst = answers.iter().map(|(_, took)| *took).max().unwrap();
-    let timed_out = answers.iter().filter(|(a, _)| matches!(a, Err(StoreError::Timeout(_)))).count();
+    let timed_out = answers
+        .iter()
+        .filter(|(a, _)| matches!(a, Err(StoreError::Timeout(_))))
+        .count();
     assert!(
         none_past(&answers, timeout + SLACK),
         "worst {worst:?} (timeout {timeout:?}): {}",
@@ -1088,6 +1206,12 @@ async fn redis_killed_mid_batch_answers_each_within_its_timeout_and_the_store_re
     redis.stop();
     let mut answers = vec![lead.await.unwrap()];
     answers.extend(queued.await.unwrap());
+    let worst = answers.iter().map(|(_, took)| *took).max().unwrap();
+    let failed = answers.iter().filter(|(a, _)| a.is_err()).count();
+    eprintln!(
+        "killed mid-batch: {failed} of {} failed, worst {worst:?}",
+        answers.len()
+    );
     assert!(none_past(&answers, timeout + SLACK), "{}", show(&answers));
     redis.restart();
     // Reconnecting takes a few calls at most (the manager backs off from 10 ms).
@@ -1102,6 +1226,10 @@ async fn redis_killed_mid_batch_answers_each_within_its_timeout_and_the_store_re
     }
     assert!(recovered.is_some(), "no decision after the restart");
     let (calls, batches, later) = lone_and_fast(&redis, &store, "after-restart-lone").await;
+    eprintln!(
+        "recovered after {recovered:?} attempts; later {calls} calls {batches} batches: {}",
+        show(&later)
+    );
     assert!(
         calls >= 3 && batches == 0 && all_decided_within(&later, Duration::from_millis(300)),
         "recovered after {recovered:?} attempts; later: {calls} calls, {batches} batches: {}",
@@ -1136,7 +1264,8 @@ fn a_script_flush_after_the_stores_runtime_shut_down_is_survived_by_batches() {
         (first, queued, lone)
     });
     assert!(
-        all_decided_within(&queued, Duration::from_secs(1)) && all_decided_within(&lone, Duration::from_secs(1)),
+        all_decided_within(&queued, Duration::from_secs(1))
+            && all_decided_within(&lone, Duration::from_secs(1)),
         "first after the rebind: {}\nqueued after SCRIPT FLUSH: {}\nlone: {}",
         show(&first),
         show(&queued),
@@ -1175,7 +1304,9 @@ async fn on_cluster_a_master_killed_with_queues_on_several_slots_holds_up_no_oth
             .flat_map(|tag| (0..10).map(move |k| format!("redlimit:{{{tag}}}{k}")))
             .collect()
     };
-    let all: Vec<(usize, String)> = (0..3).flat_map(|n| keys_of(n).into_iter().map(move |k| (n, k))).collect();
+    let all: Vec<(usize, String)> = (0..3)
+        .flat_map(|n| keys_of(n).into_iter().map(move |k| (n, k)))
+        .collect();
     // Warm: the batch script on every master.
     let _ = join_all(all.iter().map(|(_, key)| timed(&store, key))).await;
     let sleeps: Vec<_> = cluster
@@ -1203,7 +1334,10 @@ async fn on_cluster_a_master_killed_with_queues_on_several_slots_holds_up_no_oth
             let _ = sleep.join();
         }
     }
-    let late: Vec<_> = answers.iter().filter(|(_, (_, took))| *took > timeout + SLACK).collect();
+    let late: Vec<_> = answers
+        .iter()
+        .filter(|(_, (_, took))| *took > timeout + SLACK)
+        .collect();
     let survivors_failed: Vec<_> = answers
         .iter()
         .filter(|(node, (answer, _))| *node != 1 && answer.is_err())
@@ -1214,9 +1348,23 @@ async fn on_cluster_a_master_killed_with_queues_on_several_slots_holds_up_no_oth
             after.push(timed(&store, key).await);
         }
     }
-    let dead = answers.iter().filter(|(n, _)| *n == 1).map(|(_, a)| a).collect::<Vec<_>>();
+    let dead = answers
+        .iter()
+        .filter(|(n, _)| *n == 1)
+        .map(|(_, a)| a)
+        .collect::<Vec<_>>();
+    let worst = answers.iter().map(|(_, (_, took))| *took).max().unwrap();
+    eprintln!(
+        "cluster: worst {worst:?}; dead master's {} of {} failed; survivors' failed {}; after: {}",
+        dead.iter().filter(|(a, _)| a.is_err()).count(),
+        dead.len(),
+        survivors_failed.len(),
+        show(&after)
+    );
     assert!(
-        late.is_empty() && survivors_failed.is_empty() && all_decided_within(&after, Duration::from_millis(300)),
+        late.is_empty()
+            && survivors_failed.is_empty()
+            && all_decided_within(&after, Duration::from_millis(300)),
         "late: {late:?}\nsurviving masters' decisions failed: {survivors_failed:?}\nafter: {}\n\
          (dead master's: {} of {} failed)",
         show(&after),
@@ -1263,17 +1411,24 @@ fn a_full_batch_of_costly_decisions_keeps_other_clients_decided_as_alone() {
                 let mut answers = Vec::new();
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 while started.elapsed() < Duration::from_secs(8) {
-                    answers.push(timed(&other, &format!("redlimit:{{other-{}}}", answers.len())).await);
+                    answers.push(
+                        timed(&other, &format!("redlimit:{{other-{}}}", answers.len())).await,
+                    );
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 answers
             };
             let (costly, beside) = tokio::join!(costly, beside);
-            let admitted = costly.iter().filter(|a| matches!(a, Ok(d) if d.allowed)).count();
+            let admitted = costly
+                .iter()
+                .filter(|a| matches!(a, Ok(d) if d.allowed))
+                .count();
             (admitted, beside, started.elapsed())
         });
         let stats = redis.info("commandstats");
-        let evalsha = support::info_field(&stats, "cmdstat_evalsha").unwrap_or("").to_owned();
+        let evalsha = support::info_field(&stats, "cmdstat_evalsha")
+            .unwrap_or("")
+            .to_owned();
         let busy = other_answers
             .iter()
             .filter(|(a, _)| matches!(a, Err(e) if e.to_string().contains("BUSY")))
@@ -1292,7 +1447,10 @@ fn a_full_batch_of_costly_decisions_keeps_other_clients_decided_as_alone() {
     // The control: alone, Redis never refuses the other instance with BUSY (it may make it
     // wait: Redis reads a client's pipelined commands together).
     assert_eq!(busies[1], 0, "{figures:#?}");
-    assert_eq!(busies[0], 0, "BUSY answers to the other instance: {figures:#?}");
+    assert_eq!(
+        busies[0], 0,
+        "BUSY answers to the other instance: {figures:#?}"
+    );
 }
 
 /// A store's first connection attempt runs on the store's runtime (here the runtime it was built
@@ -1426,7 +1584,9 @@ fn the_stores_runtime_shut_down_mid_batch_fails_only_what_was_on_the_wire() {
         async move {
             let quotas = shared_quota();
             let started = Instant::now();
-            let answer = store.check(on_shared("redlimit:{mid-batch}", &quotas, 1)).await;
+            let answer = store
+                .check(on_shared("redlimit:{mid-batch}", &quotas, 1))
+                .await;
             (answer, started.elapsed())
         }
     };
@@ -1451,7 +1611,7 @@ fn the_stores_runtime_shut_down_mid_batch_fails_only_what_was_on_the_wire() {
     let decided = queued.iter().filter(|(a, _)| a.is_ok()).count();
     let figures = format!(
         "consumed {used}; lead {}; queued ({decided} decided): {}",
-        show(&[lead.clone()]),
+        show(std::slice::from_ref(&lead)),
         show(&queued)
     );
     eprintln!("{figures}");
@@ -1459,4 +1619,103 @@ fn the_stores_runtime_shut_down_mid_batch_fails_only_what_was_on_the_wire() {
     // The first queued decision went in the sender's call; the other nine were never sent.
     assert!(decided >= 9, "{figures}");
     assert!(used <= 11 && used as usize >= decided, "{figures}");
+}
+
+/// The same on Sentinel (a plain connection to the primary, replaced when dropped).
+#[test]
+fn through_sentinel_after_the_stores_runtime_shut_down_the_next_decisions_are_decided() {
+    use support::sentinel::{RedisSentinel, MASTER_NAME};
+    let setup = RedisSentinel::start();
+    let own = main_runtime();
+    let store = own.block_on(async {
+        let store = RedisStore::sentinel_builder(setup.sentinel_urls(), MASTER_NAME)
+            .timeout(Duration::from_millis(500))
+            .without_circuit_breaker()
+            .build()
+            .unwrap();
+        store.verify().await.expect("verify via Sentinel");
+        let _ = one_by_one(&store, "before", 3).await;
+        store
+    });
+    drop(own);
+    let next = main_runtime();
+    let answers = next.block_on(one_by_one(&store, "next", 5));
+    let failed = answers.iter().filter(|(answer, _)| answer.is_err()).count();
+    eprintln!("sentinel: {failed} failed: {}", show(&answers));
+    assert!(
+        answers[1..].iter().all(|(answer, _)| answer.is_ok()),
+        "{failed} of {} decisions after the store's runtime shut down failed: {}",
+        answers.len(),
+        show(&answers)
+    );
+}
+
+/// Cluster: a slot moved for good (its keys migrated, `SETSLOT NODE`) just before a burst of
+/// decisions on it and on another slot of the same master: the store's slot map is stale, so
+/// the batch of the moved slot meets `MOVED` and its decisions go again alone. Each decision is
+/// decided once: each shared key's consumption equals the decisions answered, in every round
+/// (the slot moved back and forth).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_cluster_a_slot_moved_under_queues_decides_each_decision_once() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .without_circuit_breaker()
+        .build()
+        .unwrap();
+    store.verify().await.unwrap();
+    let moved_key = "redlimit:{moving}";
+    let home = cluster.node_for_key(moved_key);
+    let slot = cluster.slot_of(moved_key);
+    // A key of another slot on the same master.
+    let other_key = (0..)
+        .map(|i| format!("redlimit:{{still-{i}}}"))
+        .find(|key| cluster.node_for_key(key) == home && cluster.slot_of(key) != slot)
+        .unwrap();
+    let away = (home + 1) % 3;
+    let quotas = shared_quota();
+    let mut figures = Vec::new();
+    let mut expected = [0u64; 2];
+    for round in 0..4 {
+        // Warm the slot map, then move the slot without telling the store.
+        let _ = consumed(&store, moved_key).await;
+        let (from, to) = if round % 2 == 0 {
+            (home, away)
+        } else {
+            (away, home)
+        };
+        cluster.begin_slot_migration(slot, from, to);
+        while cluster.migrate_keys(slot, from, to, 100) > 0 {}
+        cluster.finish_slot_migration(slot, from, to);
+        let answers = join_all((0..60).map(|i| {
+            let key = if i % 2 == 0 {
+                moved_key
+            } else {
+                other_key.as_str()
+            };
+            let store = store.clone();
+            async move { (i % 2, store.check(on_shared(key, &quotas, 1)).await) }
+        }))
+        .await;
+        let mut decided = [0u64; 2];
+        let mut failed = Vec::new();
+        for (which, answer) in &answers {
+            match answer {
+                Ok(_) => decided[*which] += 1,
+                Err(error) => failed.push(error.to_string()),
+            }
+        }
+        expected[0] += decided[0];
+        expected[1] += decided[1];
+        let used = [
+            consumed(&store, moved_key).await,
+            consumed(&store, &other_key).await,
+        ];
+        figures.push(format!(
+            "round {round}: decided {decided:?}, consumed in all {used:?} (answered in all \
+             {expected:?}), failed {failed:?}"
+        ));
+        assert!(failed.is_empty() && used == expected, "{figures:#?}");
+    }
+    eprintln!("{figures:#?}");
 }
