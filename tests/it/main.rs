@@ -46,6 +46,7 @@ mod logs;
 mod misconfiguration;
 mod modes;
 mod outbound;
+mod probes_batch_sender;
 mod probes_batching;
 mod probes_expiry;
 mod probes_lease_drops;
