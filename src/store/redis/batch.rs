@@ -78,8 +78,7 @@ impl Hasher for SlotHasher {
 /// One group's calls in flight and the decisions waiting for the next.
 ///
 /// Whenever the queue holds a decision, a sender is in flight for the group: the one that
-/// queued it started one if none was, and a sender ends only with an empty queue. (Another
-/// sender may take the queue first: a sender that finds it empty ends.)
+/// queued it started one if none was, and a sender ends only with an empty queue.
 #[derive(Default)]
 struct Group {
     /// Calls in flight: at most one caller's own, and the senders'.
@@ -207,20 +206,22 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Sends the group's queue, call after call while decisions keep arriving, as a task of its own
-/// on the store's runtime: no caller's future, task or runtime carries other callers'
-/// decisions. It takes its first batch when it first runs, so that the decisions queued
-/// meanwhile share it.
-fn spawn_sender(store: &RedisStore, slot: u16) {
-    let sending = Sending {
+/// Sends `batch`, then the group's queue call after call while decisions keep arriving, as a
+/// task of its own on the store's runtime: no caller's future, task or runtime carries other
+/// callers' decisions.
+fn spawn_sender(store: &RedisStore, slot: u16, batch: Vec<Queued>) {
+    let mut sending = Sending {
         store: store.clone(),
         slot,
+        unsent: Some(batch),
         done: false,
     };
     // A runtime that has shut down drops the task at once: `Sending` says so to the group.
     let _ = store.runtime.spawn(async move {
-        while let Some(batch) = sending.store.batches.next(slot) {
-            sending.store.send_batch(batch).await;
+        let mut batch = sending.unsent.take();
+        while let Some(next) = batch {
+            sending.store.send_batch(next).await;
+            batch = sending.store.batches.next(slot);
         }
         sending.finish();
     });
@@ -234,10 +235,12 @@ fn spawn_sender(store: &RedisStore, slot: u16) {
 }
 
 /// A sender's call in flight. Dropped before its task ends (the store's runtime shut down), it
-/// ends the sender, so that the group does not count a call that nothing sends.
+/// ends the sender, so that the group does not count a call that nothing sends; a first batch
+/// it never took (its task never ran) goes back to its callers to be sent alone.
 struct Sending {
     store: RedisStore,
     slot: u16,
+    unsent: Option<Vec<Queued>>,
     done: bool,
 }
 
@@ -251,6 +254,9 @@ impl Sending {
 impl Drop for Sending {
     fn drop(&mut self) {
         if !self.done {
+            for queued in self.unsent.take().into_iter().flatten() {
+                let _ = queued.answer.send(Answer::Alone);
+            }
             self.store.batches.abandon(self.slot);
         }
     }
@@ -358,8 +364,9 @@ impl RedisStore {
         {
             group.in_flight += 1;
             group.senders += 1;
+            let batch: Vec<Queued> = group.queue.drain(..queued.min(max)).collect();
             drop(groups);
-            spawn_sender(self, slot);
+            spawn_sender(self, slot, batch);
         }
         Entry::Queued(receiver)
     }
