@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::FutureExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
 use redis::cluster::ClusterClient;
 use redis::{Client, ConnectionAddr, ConnectionInfo, RedisError};
 
@@ -261,9 +262,10 @@ impl RedisStoreBuilder {
                 let client = Client::open(info)?;
                 Backend::Single {
                     addr,
-                    connection: Replaceable::new(Box::new(move || {
-                        connect_single(client.clone()).boxed()
-                    }))
+                    connection: Replaceable::with_stale(
+                        Box::new(move || connect_single(client.clone()).boxed()),
+                        stale_server_or_dropped,
+                    )
                     .on(Arc::clone(&runtime)),
                 }
             }
@@ -325,17 +327,17 @@ impl RedisStoreBuilder {
     }
 }
 
-/// Opens the single-node connection: a `ConnectionManager` that reconnects by itself.
-async fn connect_single(client: Client) -> Result<(ConnectionManager, ServerInfo), RedisError> {
-    let config = ConnectionManagerConfig::new()
-        .set_number_of_retries(1)
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(500))
+/// Opens the single-node connection: a plain multiplexed connection, replaced by the store
+/// (on its own runtime) once it proves dropped or stale. (A `ConnectionManager` would reconnect
+/// by itself, on the runtime of whichever call met the dropped connection.)
+async fn connect_single(client: Client) -> Result<(MultiplexedConnection, ServerInfo), RedisError> {
+    let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
         // One timer per call: the store's. (redis-rs would otherwise cut every reply at its
         // own 500 ms default, whatever the store's timeout.)
         .set_response_timeout(None);
-    let mut connection = ConnectionManager::new_with_config(client, config)
+    let mut connection = client
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(explain_tls)?;
     let server = server::inspect(&mut connection).await;

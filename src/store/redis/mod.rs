@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::aio::ConnectionManager;
+use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 
@@ -126,7 +126,7 @@ pub struct RedisStore {
 enum Backend {
     Single {
         addr: String,
-        connection: Replaceable<ConnectionManager>,
+        connection: Replaceable<MultiplexedConnection>,
     },
     Cluster {
         connection: Replaceable<ClusterConnection>,

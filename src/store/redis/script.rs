@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::args::PackedArgs;
@@ -156,17 +156,10 @@ pub(super) trait ScriptConnection: ConnectionLike + Clone + Send + Sync + 'stati
     ) -> impl Future<Output = Result<redis::Value, StoreError>> + Send;
 }
 
-impl ScriptConnection for ConnectionManager {
+impl ScriptConnection for MultiplexedConnection {
     async fn run(&mut self, reloads: &Reloads, call: Call<'_>) -> Result<redis::Value, StoreError> {
-        match invoke(self, reloads, call).await {
-            // The manager may still hold a connection attempt that failed while Redis was down.
-            // Nothing was sent, so one retry is safe, and it reconnects now instead of one
-            // cool-down later.
-            Err(StoreError::Redis(error)) if error.inner().is_connection_refusal() => {
-                invoke(self, reloads, call).await
-            }
-            result => result,
-        }
+        // No resend: a dropped connection is replaced, on the store's runtime.
+        invoke(self, reloads, call).await
     }
 }
 
