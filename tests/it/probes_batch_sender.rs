@@ -9,7 +9,7 @@
 //!
 //! Every decision's latency is checked against its own store timeout plus a slack stated where
 //! it is used (the machine running these is shared and loaded). A test that found a broken
-//! promise says so at its top with `FINDING:`.
+//! promise names at its top the cause it guards against.
 
 use crate::support;
 
@@ -175,7 +175,7 @@ fn helper_calls_then_idles(
     (texts, release, helper)
 }
 
-/// FINDING: the single-node connection is a redis-rs `ConnectionManager`, which reconnects by
+/// Guards against: the single-node connection is a redis-rs `ConnectionManager`, which reconnects by
 /// itself with `tokio::spawn` on the runtime of the call that met the dropped connection
 /// (redis-rs 1.8.1 `aio/connection_manager.rs`, `reconnect`: `internals.runtime.spawn`, and
 /// the new `MultiplexedConnection`'s driver is spawned wherever that future is polled). So
@@ -215,7 +215,7 @@ fn a_connection_remade_by_another_runtimes_call_stalls_no_decision_when_that_run
     );
 }
 
-/// FINDING (same cause as the test above): the helper runtime that remade the connection shuts
+/// Guards against (same cause as the test above): the helper runtime that remade the connection shuts
 /// down, and the decisions of the main runtime made at that moment fail with the dropped
 /// connection's error, though it was not their runtime.
 #[test]
@@ -265,7 +265,7 @@ fn a_connection_remade_by_another_runtimes_call_fails_no_decision_when_that_runt
 /// the calls in flight on it fail (a decision that may have run is not sent again), queued
 /// decisions not yet sent are sent by their callers alone".
 ///
-/// FINDING: the queued decisions were handed to a sender task that the store's runtime never
+/// Guards against: the queued decisions were handed to a sender task that the store's runtime never
 /// polled (`spawn_sender` moves the batch into the task at spawn time); dropped unpolled with
 /// the runtime, it drops their answer channels, and each hears SENDER_GONE "the store's
 /// runtime shut down with this decision's call in flight (it may have run)" although no call
@@ -311,7 +311,7 @@ fn queued_decisions_never_sent_are_sent_alone_when_the_stores_runtime_shuts_down
 /// decided. Promise: "the store binds the runtime of its next call and reconnects there, so a
 /// store outlives a runtime".
 ///
-/// FINDING (single node): the first decision(s) after the shutdown fail with the dropped
+/// Guards against (single node): the first decision(s) after the shutdown fail with the dropped
 /// connection's error: the `ConnectionManager` still holds the connection whose driver died
 /// with the runtime, and only that failure makes it reconnect.
 #[test]
@@ -331,7 +331,7 @@ fn after_the_stores_runtime_shut_down_the_next_decisions_are_decided() {
 
 /// The same on Cluster.
 ///
-/// FINDING (Cluster): see the assertion's figures: the cluster connection's driver died with the
+/// Guards against (Cluster): see the assertion's figures: the cluster connection's driver died with the
 /// runtime, and nothing replaces the connection (`stale_server` names only `READONLY` and
 /// `MASTERDOWN`), so decisions keep failing.
 #[test]
@@ -610,7 +610,7 @@ async fn a_parked_queued_decision_holds_up_nothing_and_is_decided_once() {
     );
 }
 
-/// FINDING (documented only for the connection's driver, not for the sender): a task that polls
+/// Guards against (documented only for the connection's driver, not for the sender): a task that polls
 /// a queued decision once and then blocks its worker with synchronous work. The first poll
 /// spawns the group's sender from that worker, into its LIFO slot, which no other worker
 /// steals (tokio-rs/tokio#4941): every decision queued in that sender's group waits for the
@@ -1373,7 +1373,7 @@ async fn on_cluster_a_master_killed_with_queues_on_several_slots_holds_up_no_oth
     );
 }
 
-/// FINDING: one batch call carries the Redis work of up to MAX_BATCH decisions, and Redis runs it
+/// Guards against: one batch call carries the Redis work of up to MAX_BATCH decisions, and Redis runs it
 /// as one script: 1 024 sliding-log admissions of 4 000 units each (burst 5 000, the log's
 /// O(burst) work per decision) make one `EVALSHA` that runs for seconds, past Redis's
 /// `busy-reply-threshold` (5 s): meanwhile Redis answers `BUSY` to every other client (here a
@@ -1459,7 +1459,7 @@ fn a_full_batch_of_costly_decisions_keeps_other_clients_decided_as_alone() {
 /// are decided. Promise (src/store/mod.rs, "The store's runtime"): "the store binds the runtime
 /// of its next call and reconnects there, so a store outlives a runtime".
 ///
-/// FINDING: the attempt's task is dropped with the runtime and never records an outcome, so the
+/// Guards against: the attempt's task is dropped with the runtime and never records an outcome, so the
 /// connection slot stays `Attempt::Running` with a future that has already ended
 /// (`Replaceable::wait_ready`, src/store/redis/connection.rs): every later call joins it, hears
 /// "connection attempt abandoned" at once, and no new attempt ever starts (`settle` replaces
@@ -1507,7 +1507,7 @@ fn a_connection_attempt_dropped_with_the_stores_runtime_is_made_again_on_the_nex
     );
 }
 
-/// FINDING: a `SCRIPT LOAD` task dropped with the store's runtime before it ran (the runtime's
+/// Guards against: a `SCRIPT LOAD` task dropped with the store's runtime before it ran (the runtime's
 /// workers busy, then shut down) leaves its `Reloads` entry `running` for good (only the task
 /// clears it, src/store/redis/reload.rs): every later `NOSCRIPT` joins that ended load, hears
 /// "SCRIPT LOAD task ended without an answer", and sends the whole script body with `EVAL`.
@@ -1565,7 +1565,7 @@ fn a_script_load_dropped_with_the_stores_runtime_leaves_one_load_per_flush() {
 /// sent are sent alone and decided, each within its timeout plus the slack, and nothing is
 /// consumed twice.
 ///
-/// FINDING (same cause as `after_the_stores_runtime_shut_down_the_next_decisions_are_decided`):
+/// Guards against (same cause as `after_the_stores_runtime_shut_down_the_next_decisions_are_decided`):
 /// of the nine decisions never sent, the first sent alone fails with `broken pipe`, the error
 /// of the connection whose driver died with the runtime; the other eight are decided.
 #[test]

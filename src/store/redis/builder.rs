@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures::future::FutureExt;
 use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
 use redis::cluster::ClusterClient;
+use redis::AsyncConnectionConfig;
 use redis::{Client, ConnectionAddr, ConnectionInfo, RedisError};
 
 use super::batch::Batches;
