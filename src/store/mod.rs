@@ -75,13 +75,17 @@
 //! Tokio cannot steal a task from a worker's LIFO slot (tokio-rs/tokio#4941): a task that
 //! polls a store call once and then blocks its worker thread without yielding (a future polled
 //! by hand, then seconds of synchronous work) can hold up the connection's driver, which it
-//! woke into that slot, as with any redis-rs connection on that runtime. A call that has ended
-//! holds nothing up: work after a decision (a handler's) never delays another decision.
+//! woke into that slot, as with any redis-rs connection on that runtime. (The batch sender is
+//! moved out of that slot when it is spawned, so such a task holds up no queued decision.) A
+//! call that has ended holds nothing up: work after a decision (a handler's) never delays
+//! another decision.
 //! The circuit breaker counts a failed call once, however many decisions it carried. What changes
 //! is the cost: Redis pays a call's fixed part (the command, the script's lookup and start) once
 //! per call instead of once per decision; see `benches/README.md` for the figures. Lease renewals
 //! and settlement charges are decisions and batch like the others; blocking checks, refunds and
-//! give-backs, concurrency slots and fleet controls are always sent alone. `max_batch(1)` sends
+//! give-backs, concurrency slots, fleet controls and sliding-log decisions of more than one unit
+//! (whose cost to Redis grows with their units: batched, several would make one long call that
+//! holds every other client of Redis behind it) are always sent alone. `max_batch(1)` sends
 //! every decision alone.
 
 use std::time::Duration;
