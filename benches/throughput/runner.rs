@@ -81,7 +81,7 @@ pub(crate) async fn measure<O: Op>(
     run.redis_cpu = redis
         .cpu()
         .zip(cpu_before)
-        .map(|(after, before)| after - before);
+        .map(|(after, before)| after.saturating_sub(before));
     run.own_cpu = own_cpu()
         .zip(own_before)
         .map(|(after, before)| after.saturating_sub(before));
