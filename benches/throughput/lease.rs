@@ -9,8 +9,9 @@
 //!   of its own and counts what the 3 instances admitted: never above the quota, and at most
 //!   the documented stranding bound (instances × k, k at most a tenth of the capacity) below
 //!   when the window was spent (a check was denied) and every store call answered in time, as
-//!   docs/leases.md promises (a busy machine may leave a window unspent: then only the upper
-//!   bound is checked, and a note on stderr says why).
+//!   docs/leases.md promises. Answers are counted by the system clock's window they came in; a
+//!   window below the bound that a busy machine left unspent, or with an answer after its end
+//!   or a store error, is excused with a note on stderr that says which.
 //!
 //! `cargo bench --bench throughput -- --quick lease` runs only this scenario.
 
@@ -233,8 +234,8 @@ pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) -> Checked {
     let bound = INSTANCES as u64 * (BINDING / 10).min(redlimit::limiter::DEFAULT_MAX_LEASE_UNITS);
     let windows = settings.deny_rounds.max(3);
     let mut per_window = Vec::new();
-    // Why a window's lower bound does not apply, for each window it does not.
-    let mut unchecked = Vec::new();
+    // The windows below the lower bound where it does not apply, and why.
+    let mut excused = Vec::new();
     let store_errors = || binders.iter().map(|l| l.stats().store_errors).sum::<u64>();
     for window in 0..windows {
         let end = next_window().await;
@@ -245,8 +246,11 @@ pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) -> Checked {
         // Renewals that failed count here too, not only checks the failure policy answered.
         let errors = store_errors() - errors_before;
         per_window.push(seen.admitted);
-        if seen.denied == 0 || seen.late > 0 || seen.failed > 0 || errors > 0 {
-            unchecked.push((window, seen, errors));
+        // A window not spent, an answer after its end, a store error: each can only lower the
+        // count, so each excuses a count below the bound, never one above the quota.
+        let spent_in_time = seen.denied > 0 && seen.late == 0 && seen.failed == 0 && errors == 0;
+        if seen.admitted + bound < BINDING && !spent_in_time {
+            excused.push((window, seen, errors));
         }
     }
     let stranded: u64 = binders.iter().map(|l| l.lease_stats().stranded).sum();
@@ -289,20 +293,24 @@ pub(super) async fn lease_bench(settings: &Settings, admin: &Admin) -> Checked {
         per_window,
         BINDING - bound
     );
-    for (window, seen, errors) in &unchecked {
+    for (window, seen, errors) in &excused {
         eprintln!(
-            "lease binding window {window}: {} admitted, {} denied, {} answered after the \
-             window's end, {} by the failure policy, {errors} store errors: the lower bound holds \
-             only for a window spent (a denial) with every answer in time, so only the upper \
-             bound is checked",
-            seen.admitted, seen.denied, seen.late, seen.failed
+            "lease binding window {window}: {} admitted, below {}, but {} denied, {} answered \
+             after the window's end, {} by the failure policy, {errors} store errors: the lower \
+             bound holds only for a window spent (a denial) with every answer before its end and \
+             no store error, so only the upper bound is checked",
+            seen.admitted,
+            BINDING - bound,
+            seen.denied,
+            seen.late,
+            seen.failed
         );
     }
-    let checked_below = |window: usize| unchecked.iter().all(|(w, _, _)| *w != window);
+    let excused_below = |window: usize| excused.iter().any(|(w, _, _)| *w == window);
     let exact = per_window
         .iter()
         .enumerate()
-        .all(|(window, &a)| a <= BINDING && (a + bound >= BINDING || !checked_below(window)));
+        .all(|(window, &a)| a <= BINDING && (a + bound >= BINDING || excused_below(window)));
     ensure!(
         exact,
         "lease binding: a binding quota over-admitted or stranded more than the bound: \
