@@ -171,8 +171,11 @@ pub(crate) async fn batch_bench(settings: &Settings, admin: &Admin) -> Checked {
             runs[i].push(run);
         }
     }
-    for limiter in [&batched, &unbatched] {
-        assert_only(limiter, "allowed", |s| s.denied == 0 && s.store_errors == 0)?;
+    for (limiter, side) in [(&batched, "batched"), (&unbatched, "unbatched")] {
+        let scenario = format!("batch scenario, {side}");
+        assert_only(limiter, &scenario, "allowed", |s| {
+            s.denied == 0 && s.store_errors == 0
+        })?;
     }
     let [batched64, unbatched64, batched1, unbatched1, peer] = &runs[..] else {
         unreachable!("one list of runs per step");

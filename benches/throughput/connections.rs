@@ -58,8 +58,11 @@ impl Bench {
                     cpu[i].1.push(run.redis_cpu_us());
                 }
             }
-            for limiter in &limiters {
-                assert_only(limiter, "allowed", |s| s.denied == 0 && s.store_errors == 0)?;
+            for (limiter, n) in limiters.iter().zip(CONNECTIONS) {
+                let scenario = format!("connections {} over {n}", shape.label());
+                assert_only(limiter, &scenario, "allowed", |s| {
+                    s.denied == 0 && s.store_errors == 0
+                })?;
             }
             let rate =
                 |i: usize| format!("{} -> {:.0}/s", CONNECTIONS[i], median(rates[i].clone()));
@@ -103,17 +106,19 @@ impl Bench {
     }
 }
 
-/// Fails the bench when the limiter's counters show another path than the one measured.
+/// Fails the bench when the limiter's counters show another path than the one measured by
+/// `scenario` (named in the failure, with the counters).
 pub(crate) fn assert_only(
     limiter: &Limiter,
+    scenario: &str,
     path: &str,
     ok: impl Fn(&LimiterStats) -> bool,
 ) -> Checked {
     let stats = limiter.stats();
     ensure!(
         ok(&stats),
-        "a run of the {path} path saw other decisions or store errors: the figures are not \
-         valid ({stats:?})"
+        "{scenario}: a run of the {path} path saw other decisions or store errors: the figures \
+         are not valid ({stats:?})"
     );
     Ok(())
 }

@@ -116,7 +116,8 @@ impl Bench {
         let limiter = self.admin.limiter(algorithm, &prefix, false).await?;
         let ops = self.check_ops(&limiter, admitting(algorithm), true, shape);
         let (run, _) = measure(&self.settings, &self.admin, ops).await?;
-        assert_only(&limiter, "allowed", |s| {
+        let scenario = format!("check {algorithm} at {}", shape.label());
+        assert_only(&limiter, &scenario, "allowed", |s| {
             s.denied == 0 && s.store_errors == 0
         })?;
         self.record(&format!("check {algorithm}"), shape, run.clone())?;
@@ -157,7 +158,8 @@ impl Bench {
         let service = layer.layer(trivial_service());
         let ops = self.service_ops(&service, shape);
         let (run, _) = measure(&self.settings, &self.admin, ops).await?;
-        assert_only(&limiter, "allowed", |s| {
+        let scenario = format!("layer (ready+call) at {}", shape.label());
+        assert_only(&limiter, &scenario, "allowed", |s| {
             s.denied == 0 && s.store_errors == 0
         })?;
         self.record("layer (ready+call)", shape, run.clone())?;
@@ -215,7 +217,8 @@ impl Bench {
         let _ = shutdown.send(());
         let _ = server.await;
         if with_layer {
-            assert_only(&limiter, "allowed", |s| {
+            let scenario = format!("http + layer at {}", shape.label());
+            assert_only(&limiter, &scenario, "allowed", |s| {
                 s.denied == 0 && s.store_errors == 0
             })?;
         }

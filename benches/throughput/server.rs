@@ -123,7 +123,13 @@ impl Admin {
         limiter
             .try_check_quotas("warm-up", &admitting(algorithm).into(), 1)
             .await
-            .map_err(|e| failure!("Redis at {} does not answer: {e}", self.url))?;
+            .map_err(|e| {
+                failure!(
+                    "Redis at {} does not answer the first check of the limiter under {prefix}: \
+                     {e}",
+                    self.url
+                )
+            })?;
         Ok(limiter)
     }
 }
