@@ -82,8 +82,8 @@ impl Op for PeerOp {
 
 /// A token-bucket limiter on a store of its own, batching (the default) or not
 /// (`max_batch(1)`), checked once so that a dead Redis fails here.
-async fn limiter(admin: &Admin, batched: bool) -> Limiter {
-    let builder = RedisStore::builder(admin.url.as_str()).timeout(Duration::from_secs(2));
+async fn limiter(admin: &Admin, batched: bool) -> Checked<Limiter> {
+    let builder = RedisStore::builder(admin.url.as_str()).timeout(TIMEOUT);
     let builder = if batched {
         builder
     } else {
@@ -100,25 +100,25 @@ async fn limiter(admin: &Admin, batched: bool) -> Limiter {
     limiter
         .try_check_quotas("warm-up", &admitting(algorithm).into(), 1)
         .await
-        .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", admin.url));
-    limiter
+        .map_err(|e| failure!("Redis at {} does not answer: {e}", admin.url))?;
+    Ok(limiter)
 }
 
 /// The runs of one step, round by round.
 type Runs = Vec<Run>;
 
 /// Runs the scenario and prints its lines.
-pub(crate) async fn batch_bench(settings: &Settings, admin: &Admin) {
+pub(crate) async fn batch_bench(settings: &Settings, admin: &Admin) -> Checked {
     let keys = KeySet::new();
-    let batched = limiter(admin, true).await;
-    let unbatched = limiter(admin, false).await;
-    let mut connection = connect(&admin.url).await;
+    let batched = limiter(admin, true).await?;
+    let unbatched = limiter(admin, false).await?;
+    let mut connection = connect(&admin.url).await?;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(PEER_SCRIPT)
         .query_async(&mut connection)
         .await
-        .expect("SCRIPT LOAD of the peer's script");
+        .map_err(|e| failure!("SCRIPT LOAD of the peer's script: {e}"))?;
     let sha: Arc<str> = sha.into();
     let peer_keys: Arc<Vec<String>> = Arc::new(
         keys.plain
@@ -146,7 +146,7 @@ pub(crate) async fn batch_bench(settings: &Settings, admin: &Admin) {
                             task,
                         })
                         .collect();
-                    measure(settings, admin, ops).await.0
+                    measure(settings, admin, ops).await?.0
                 }
                 Step::Peer => {
                     let ops = (0..LOADED.concurrency)
@@ -158,11 +158,11 @@ pub(crate) async fn batch_bench(settings: &Settings, admin: &Admin) {
                             task,
                         })
                         .collect();
-                    measure(settings, admin, ops).await.0
+                    measure(settings, admin, ops).await?.0
                 }
             };
-            assert!(
-                run.failures == 0 && run.ops > 0,
+            ensure!(
+                run.failures == 0,
                 "batch scenario {:?}: {} of {} operations failed: the figures would not be valid",
                 STEPS[i],
                 run.failures,
@@ -171,8 +171,11 @@ pub(crate) async fn batch_bench(settings: &Settings, admin: &Admin) {
             runs[i].push(run);
         }
     }
-    for limiter in [&batched, &unbatched] {
-        assert_only(limiter, "allowed", |s| s.denied == 0 && s.store_errors == 0);
+    for (limiter, side) in [(&batched, "batched"), (&unbatched, "unbatched")] {
+        let scenario = format!("batch scenario, {side}");
+        assert_only(limiter, &scenario, "allowed", |s| {
+            s.denied == 0 && s.store_errors == 0
+        })?;
     }
     let [batched64, unbatched64, batched1, unbatched1, peer] = &runs[..] else {
         unreachable!("one list of runs per step");
@@ -183,6 +186,7 @@ pub(crate) async fn batch_bench(settings: &Settings, admin: &Admin) {
         [batched64, unbatched64, batched1, unbatched1],
         peer,
     );
+    Ok(())
 }
 
 /// Prints the informational lines, then the contract lines.
@@ -279,7 +283,7 @@ fn report(settings: &Settings, admin: &Admin, checks: [&Runs; 4], peer: &Runs) {
 }
 
 /// `cargo bench --bench throughput -- batch`: only this scenario.
-pub(crate) async fn only(settings: Settings) {
-    let admin = Admin::connect().await;
-    batch_bench(&settings, &admin).await;
+pub(crate) async fn only(settings: Settings) -> Checked {
+    let admin = Admin::connect().await?;
+    batch_bench(&settings, &admin).await
 }

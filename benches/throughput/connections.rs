@@ -26,7 +26,7 @@ impl Bench {
     /// interleaved round by round (starting at a rotating place), on the hot key and over
     /// [`KEYS`] keys. Prints decisions/s of each (medians) and the per-round ratios to one
     /// connection.
-    pub(crate) async fn connections(&mut self) {
+    pub(crate) async fn connections(&mut self) -> Checked {
         let algorithm = Algorithm::TokenBucket;
         let rounds = self.settings.connection_rounds;
         for keys in [Keys::Hot, Keys::Spread] {
@@ -34,7 +34,7 @@ impl Bench {
             let mut limiters = Vec::new();
             for n in CONNECTIONS {
                 let prefix = format!("{PREFIX}-connections-{n}");
-                limiters.push(self.admin.round_robin_limiter(n, &prefix).await);
+                limiters.push(self.admin.round_robin_limiter(n, &prefix).await?);
             }
             let mut rates = vec![Vec::new(); CONNECTIONS.len()];
             // This process's and Redis's CPU µs per decision.
@@ -43,15 +43,26 @@ impl Bench {
                 for step in 0..CONNECTIONS.len() {
                     let i = (step + round) % CONNECTIONS.len();
                     let ops = self.check_ops(&limiters[i], admitting(algorithm), true, shape);
-                    let (run, _) = measure(&self.settings, &self.admin, ops).await;
-                    assert_eq!(run.failures, 0, "{} connections failed", CONNECTIONS[i]);
+                    let (run, _) = measure(&self.settings, &self.admin, ops).await?;
+                    ensure!(
+                        run.failures == 0,
+                        "connections {} over {} connections: {} of {} operations failed or had an \
+                         unexpected decision: the figures would not be valid",
+                        shape.label(),
+                        CONNECTIONS[i],
+                        run.failures,
+                        run.ops
+                    );
                     rates[i].push(run.rate());
                     cpu[i].0.push(run.own_cpu_us());
                     cpu[i].1.push(run.redis_cpu_us());
                 }
             }
-            for limiter in &limiters {
-                assert_only(limiter, "allowed", |s| s.denied == 0 && s.store_errors == 0);
+            for (limiter, n) in limiters.iter().zip(CONNECTIONS) {
+                let scenario = format!("connections {} over {n}", shape.label());
+                assert_only(limiter, &scenario, "allowed", |s| {
+                    s.denied == 0 && s.store_errors == 0
+                })?;
             }
             let rate =
                 |i: usize| format!("{} -> {:.0}/s", CONNECTIONS[i], median(rates[i].clone()));
@@ -91,15 +102,23 @@ impl Bench {
                 cpu.join(", ")
             );
         }
+        Ok(())
     }
 }
 
-/// Fails the bench when the limiter's counters show another path than the one measured.
-pub(crate) fn assert_only(limiter: &Limiter, path: &str, ok: impl Fn(&LimiterStats) -> bool) {
+/// Fails the bench when the limiter's counters show another path than the one measured by
+/// `scenario` (named in the failure, with the counters).
+pub(crate) fn assert_only(
+    limiter: &Limiter,
+    scenario: &str,
+    path: &str,
+    ok: impl Fn(&LimiterStats) -> bool,
+) -> Checked {
     let stats = limiter.stats();
-    assert!(
+    ensure!(
         ok(&stats),
-        "a run of the {path} path saw other decisions or store errors: the figures are not \
-         valid ({stats:?})"
+        "{scenario}: a run of the {path} path saw other decisions or store errors: the figures \
+         are not valid ({stats:?})"
     );
+    Ok(())
 }

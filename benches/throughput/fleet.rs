@@ -5,25 +5,27 @@ use super::*;
 impl Bench {
     /// A fleet feature on the token bucket, concurrency 64, hot key: its own limiter and key,
     /// the feature set up (or set again) before the run and checked with one decision.
-    pub(crate) async fn fleet(&mut self, fleet: Fleet) -> Run {
+    pub(crate) async fn fleet(&mut self, fleet: Fleet) -> Checked<Run> {
         if fleet == Fleet::Untenanted {
             return self.untenanted().await;
         }
         let algorithm = Algorithm::TokenBucket;
         let prefix = format!("{PREFIX}-fleet-{}", fleet.name().replace(' ', "-"));
-        let limiter = self.admin.limiter(algorithm, &prefix, false).await;
+        let limiter = self.admin.limiter(algorithm, &prefix, false).await?;
         let key = self.keys.plain[0].as_str();
         let admitting = admitting(algorithm);
         let (quotas, suspended) = match fleet {
             Fleet::Override => {
                 // Another admitting quota, so that the decisions show which one was in force.
                 let forced = Quotas::from(Quota::per_second(2_000_000_000).expect("a valid quota"));
-                limiter.set_quota(key, &forced).await.expect("set_quota");
+                limiter
+                    .set_quota(key, &forced)
+                    .await
+                    .map_err(|e| failure!("fleet override: set_quota: {e}"))?;
                 let first = limiter.check(key, &admitting).await;
-                assert_eq!(
-                    first.decision().map(|d| d.quota),
-                    Some(forced[0]),
-                    "the override is in force"
+                ensure!(
+                    first.decision().map(|d| d.quota) == Some(forced[0]),
+                    "fleet override: the override is not in force ({first:?})"
                 );
                 (Quotas::from(admitting), false)
             }
@@ -37,7 +39,7 @@ impl Bench {
                 limiter
                     .suspend(key, Duration::from_secs(3600))
                     .await
-                    .expect("suspend");
+                    .map_err(|e| failure!("fleet suspended: suspend: {e}"))?;
                 (Quotas::from(admitting), true)
             }
         };
@@ -50,9 +52,9 @@ impl Bench {
                 keys: self.keys.clone(),
             })
             .collect();
-        let (run, _) = measure(&self.settings, &self.admin, ops).await;
+        let (run, _) = measure(&self.settings, &self.admin, ops).await?;
         let after = limiter.stats();
-        assert!(
+        ensure!(
             after.store_errors == 0
                 && if suspended {
                     after.allowed == before.allowed
@@ -66,23 +68,23 @@ impl Bench {
             &format!("fleet {}", fleet.name()),
             Shape::RATIO,
             run.clone(),
-        );
-        run
+        )?;
+        Ok(run)
     }
 
     /// [`Fleet::Untenanted`]: the token bucket's `check` of [`Bench::check`] (same keys, same
     /// quota, the server's clock), but the crate's script sent by hand without the tenant's key.
-    async fn untenanted(&mut self) -> Run {
+    async fn untenanted(&mut self) -> Checked<Run> {
         let algorithm = Algorithm::TokenBucket;
         let prefix = format!("{PREFIX}-fleet-untenanted");
-        let limiter = self.admin.limiter(algorithm, &prefix, false).await;
-        let mut connection = connect(&self.admin.url).await;
+        let limiter = self.admin.limiter(algorithm, &prefix, false).await?;
+        let mut connection = connect(&self.admin.url).await?;
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(redlimit::mirror::script_source())
             .query_async(&mut connection)
             .await
-            .expect("SCRIPT LOAD of the crate's script");
+            .map_err(|e| failure!("SCRIPT LOAD of the crate's script: {e}"))?;
         let keys: Vec<String> = self
             .keys
             .plain
@@ -115,10 +117,9 @@ impl Bench {
                 task,
             })
             .collect();
-        let (run, ops) = measure(&self.settings, &self.admin, ops).await;
+        let (run, ops) = measure(&self.settings, &self.admin, ops).await?;
         drop(ops);
-        assert!(run.ops > 0, "fleet no tenant key: nothing measured");
-        self.record("fleet no tenant key", shape, run.clone());
-        run
+        self.record("fleet no tenant key", shape, run.clone())?;
+        Ok(run)
     }
 }

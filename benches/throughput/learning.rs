@@ -19,8 +19,9 @@ use redlimit::store::RedisStore;
 use redlimit::{Algorithm, Limiter, Quota};
 use tower::{Layer, ServiceExt};
 
+use crate::failure::{failure, Checked};
 use crate::server::Admin;
-use crate::settings::Settings;
+use crate::settings::{Settings, TIMEOUT};
 
 /// Instances, each calling the upstream in sequence.
 const INSTANCES: usize = 3;
@@ -28,7 +29,7 @@ const INSTANCES: usize = 3;
 /// One instance's layer: a limiter on a store of its own, learning under `ceiling`.
 fn instance(url: &str, ceiling: Quota) -> OutboundLayer {
     let store = RedisStore::builder(url)
-        .timeout(Duration::from_secs(2))
+        .timeout(TIMEOUT)
         .build()
         .expect("a valid Redis URL");
     let limiter = Limiter::builder(store)
@@ -44,12 +45,12 @@ fn instance(url: &str, ceiling: Quota) -> OutboundLayer {
 }
 
 /// Runs the scenario and prints its line.
-pub(super) async fn learning_bench(settings: &Settings, admin: &Admin) {
+pub(super) async fn learning_bench(settings: &Settings, admin: &Admin) -> Checked {
     if !admin.stats {
         println!(
             "learning redis calls per upstream call: n/a (CONFIG RESETSTAT refused by this Redis)"
         );
-        return;
+        return Ok(());
     }
     let per_instance: u64 = if settings.quick { 500 } else { 2000 };
     let ceiling = Quota::per_second(5000).expect("a valid quota");
@@ -87,14 +88,18 @@ pub(super) async fn learning_bench(settings: &Settings, admin: &Admin) {
                         .layer(upstream.clone())
                         .oneshot(Request::new(()))
                         .await
-                        .expect("an upstream call within max_wait");
+                        .map_err(|e| format!("an upstream call through the layer: {e}"))?;
                 }
                 layer.settled().await;
+                Ok::<_, String>(())
             })
         })
         .collect();
     for task in tasks {
-        task.await.expect("a bench task");
+        task.await
+            .map_err(|e| e.to_string())
+            .and_then(|result| result)
+            .map_err(|e| failure!("learning scenario: {e}"))?;
     }
     let calls = admin.script_calls().await;
     let upstream_calls = answers.load(Ordering::Relaxed);
@@ -102,10 +107,11 @@ pub(super) async fn learning_bench(settings: &Settings, admin: &Admin) {
         "learning redis calls per upstream call: {:.2}",
         calls as f64 / upstream_calls.max(1) as f64
     );
+    Ok(())
 }
 
 /// `cargo bench --bench throughput -- learning`: only this scenario.
-pub(super) async fn only(settings: Settings) {
-    let admin = Admin::connect().await;
-    learning_bench(&settings, &admin).await;
+pub(super) async fn only(settings: Settings) -> Checked {
+    let admin = Admin::connect().await?;
+    learning_bench(&settings, &admin).await
 }

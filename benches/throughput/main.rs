@@ -83,7 +83,7 @@ use tower::{Layer, Service, ServiceExt};
 
 #[path = "../support/mod.rs"]
 mod support;
-use support::{admitting, PrivateRedis};
+use support::{admitting, PrivateRedis, ServerTls};
 // The TLS tests' certificates (a private CA, a server certificate for 127.0.0.1).
 #[allow(dead_code)]
 #[path = "../../tests/support/tls.rs"]
@@ -93,6 +93,7 @@ mod alloc;
 // The batch scenario (`batched redis usec per decision / unbatched` and its two companions).
 mod batch;
 mod connections;
+mod failure;
 mod fleet;
 mod histogram;
 // The lease scenario (`lease speedup`, `lease redis calls per decision`).
@@ -109,6 +110,7 @@ mod tls_overhead;
 
 use alloc::*;
 use connections::*;
+use failure::*;
 use histogram::*;
 use ops::*;
 use output::*;
@@ -118,34 +120,47 @@ use server::*;
 use settings::*;
 use tls_overhead::*;
 
-fn main() {
+fn main() -> std::process::ExitCode {
     let settings = Settings::from_args();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    if std::env::args().any(|arg| arg == "lease") {
-        return runtime.block_on(lease::only(settings));
+    let only = |name: &str| std::env::args().any(|arg| arg == name);
+    let result = if only("lease") {
+        runtime.block_on(lease::only(settings))
+    } else if only("learning") {
+        runtime.block_on(learning::only(settings))
+    } else if only("batch") {
+        runtime.block_on(batch::only(settings))
+    } else {
+        runtime.block_on(bench(settings))
+    };
+    // The servers are stopped by now (each is dropped with the future that started it).
+    drop(runtime);
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(failure) => {
+            // A store that timed out on a busy machine reads differently from one on an idle one.
+            eprintln!(
+                "throughput bench failed: {failure} (load average {})",
+                load_average()
+            );
+            std::process::ExitCode::FAILURE
+        }
     }
-    if std::env::args().any(|arg| arg == "learning") {
-        return runtime.block_on(learning::only(settings));
-    }
-    if std::env::args().any(|arg| arg == "batch") {
-        return runtime.block_on(batch::only(settings));
-    }
-    runtime.block_on(bench(settings));
 }
 
-async fn bench(settings: Settings) {
+async fn bench(settings: Settings) -> Checked {
     let started = Instant::now();
-    let admin = Admin::connect().await;
+    let admin = Admin::connect().await?;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(REFERENCE_SCRIPT)
         .query_async(&mut admin.connection.clone())
         .await
-        .expect("SCRIPT LOAD of the reference script");
-    let raw_connection = connect(&admin.url).await;
+        .map_err(|e| failure!("SCRIPT LOAD of the reference script: {e}"))?;
+    let raw_connection = connect(&admin.url).await?;
     let version = admin.version().await;
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     let load_at_start = load_average();
@@ -181,15 +196,15 @@ async fn bench(settings: Settings) {
         let mut checks: Vec<(Algorithm, Run)> = Vec::new();
         for step in 0..compared {
             match (step + round) % compared {
-                0 => raw = Some(bench.raw(Shape::RATIO).await),
-                1 => layer = Some(bench.layer(Shape::RATIO).await),
+                0 => raw = Some(bench.raw(Shape::RATIO).await?),
+                1 => layer = Some(bench.layer(Shape::RATIO).await?),
                 i if i < 2 + Algorithm::ALL.len() => {
                     let algorithm = Algorithm::ALL[i - 2];
-                    checks.push((algorithm, bench.check(algorithm, Shape::RATIO).await));
+                    checks.push((algorithm, bench.check(algorithm, Shape::RATIO).await?));
                 }
                 i => {
                     let (fleet, costs) = &mut fleet_cost[i - 2 - Algorithm::ALL.len()];
-                    let run = bench.fleet(*fleet).await;
+                    let run = bench.fleet(*fleet).await?;
                     costs.usec.push(run.usec_per_decision());
                     costs.cpu.push(run.redis_cpu_us());
                 }
@@ -217,28 +232,28 @@ async fn bench(settings: Settings) {
             slot.1.cpu.push(run.redis_cpu_us());
         }
     }
-    bench.service_alone(Shape::RATIO).await;
+    bench.service_alone(Shape::RATIO).await?;
 
     // Every other shape once.
     for shape in Shape::ALL.into_iter().filter(|&s| s != Shape::RATIO) {
-        bench.raw(shape).await;
+        bench.raw(shape).await?;
         for &algorithm in Algorithm::ALL {
-            bench.check(algorithm, shape).await;
+            bench.check(algorithm, shape).await?;
         }
-        bench.layer(shape).await;
-        bench.service_alone(shape).await;
+        bench.layer(shape).await?;
+        bench.service_alone(shape).await?;
     }
     for shape in Shape::ALL {
-        bench.http(shape, false).await;
-        bench.http(shape, true).await;
+        bench.http(shape, false).await?;
+        bench.http(shape, true).await?;
     }
     for &algorithm in Algorithm::ALL {
         bench
             .denied(algorithm, Shape::new(RATIO_CONCURRENCY, Keys::Hot))
-            .await;
+            .await?;
         bench
             .denied(algorithm, Shape::new(RATIO_CONCURRENCY, Keys::Spread))
-            .await;
+            .await?;
     }
 
     // The deny cache: interleaved with and without, per algorithm.
@@ -249,11 +264,11 @@ async fn bench(settings: Settings) {
             let (mut speedup, mut calls) = (Vec::new(), Vec::new());
             for round in 0..deny_rounds {
                 let (with, without) = if round % 2 == 0 {
-                    let with = bench.deny_mix(algorithm, true).await;
-                    (with, bench.deny_mix(algorithm, false).await)
+                    let with = bench.deny_mix(algorithm, true).await?;
+                    (with, bench.deny_mix(algorithm, false).await?)
                 } else {
-                    let without = bench.deny_mix(algorithm, false).await;
-                    (bench.deny_mix(algorithm, true).await, without)
+                    let without = bench.deny_mix(algorithm, false).await?;
+                    (bench.deny_mix(algorithm, true).await?, without)
                 };
                 speedup.push(with.rate() / without.rate());
                 // EVALSHA calls per decision, with the cache over without.
@@ -418,8 +433,8 @@ async fn bench(settings: Settings) {
         "fleet cost (usec_per_call / reference): {}",
         fleet_line.join(", ")
     );
-    tls_overhead(&bench.settings).await;
-    bench.connections().await;
+    tls_overhead(&bench.settings).await?;
+    bench.connections().await?;
     println!();
     println!("check/raw ratio: {:.2}", check_raw.median);
     println!("layer/check ratio: {:.2}", layer_check.median);
@@ -443,7 +458,7 @@ async fn bench(settings: Settings) {
         Some(speedup) => println!("deny-cache speedup: {speedup:.2}"),
         None => println!("deny-cache speedup: n/a (this build has no deny cache)"),
     }
-    lease::lease_bench(&bench.settings, &bench.admin).await;
-    learning::learning_bench(&bench.settings, &bench.admin).await;
-    batch::batch_bench(&bench.settings, &bench.admin).await;
+    lease::lease_bench(&bench.settings, &bench.admin).await?;
+    learning::learning_bench(&bench.settings, &bench.admin).await?;
+    batch::batch_bench(&bench.settings, &bench.admin).await
 }

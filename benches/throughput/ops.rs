@@ -197,22 +197,24 @@ impl HttpOp {
         keys: Arc<KeySet>,
         shape: Shape,
         task: usize,
-    ) -> HttpOp {
+    ) -> Checked<HttpOp> {
         let stream = tokio::net::TcpStream::connect(address)
             .await
-            .expect("the bench server accepts connections");
-        stream.set_nodelay(true).expect("TCP_NODELAY");
+            .map_err(|e| failure!("the bench's HTTP server at {address} refused: {e}"))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| failure!("TCP_NODELAY: {e}"))?;
         let (sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
-                .expect("an HTTP/1.1 handshake");
+                .map_err(|e| failure!("an HTTP/1.1 handshake with {address}: {e}"))?;
         tokio::spawn(connection);
-        HttpOp {
+        Ok(HttpOp {
             sender,
             keys,
             shape,
             task,
-        }
+        })
     }
 }
 

@@ -73,20 +73,20 @@ pub(crate) async fn measure<O: Op>(
     settings: &Settings,
     redis: &Admin,
     ops: Vec<O>,
-) -> (Run, Vec<O>) {
-    let (_, ops) = run_tasks(ops, settings.warm_up, settings.max_ops).await;
+) -> Checked<(Run, Vec<O>)> {
+    let (_, ops) = run_tasks(ops, settings.warm_up, settings.max_ops).await?;
     redis.reset_stats().await;
     let (cpu_before, own_before) = (redis.cpu(), own_cpu());
-    let (mut run, ops) = run_tasks(ops, settings.run, settings.max_ops).await;
+    let (mut run, ops) = run_tasks(ops, settings.run, settings.max_ops).await?;
     run.redis_cpu = redis
         .cpu()
         .zip(cpu_before)
-        .map(|(after, before)| after - before);
+        .map(|(after, before)| after.saturating_sub(before));
     run.own_cpu = own_cpu()
         .zip(own_before)
         .map(|(after, before)| after.saturating_sub(before));
     run.redis = redis.script_stat().await;
-    (run, ops)
+    Ok((run, ops))
 }
 
 /// CPU time of this process so far: the time on a CPU of each of its threads
@@ -102,11 +102,14 @@ pub(crate) fn own_cpu() -> Option<Duration> {
     Some(Duration::from_nanos(nanos))
 }
 
+/// Runs `ops` (one task each) for `duration` (or `max_ops` in all). Each task makes at least one
+/// operation, so that a run has a figure even when a busy machine left a task no time before
+/// the end.
 pub(crate) async fn run_tasks<O: Op>(
     ops: Vec<O>,
     duration: Duration,
     max_ops: u64,
-) -> (Run, Vec<O>) {
+) -> Checked<(Run, Vec<O>)> {
     let per_task = (max_ops / ops.len() as u64).max(1);
     let go = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -119,13 +122,16 @@ pub(crate) async fn run_tasks<O: Op>(
                 tokio::task::yield_now().await;
             }
             let (mut n, mut failures) = (0, 0);
-            while n < per_task && !stop.load(Ordering::Relaxed) {
+            loop {
                 let start = Instant::now();
                 if !op.run(n).await {
                     failures += 1;
                 }
                 histogram.record(start.elapsed().as_nanos() as u64);
                 n += 1;
+                if n >= per_task || stop.load(Ordering::Relaxed) {
+                    break;
+                }
             }
             (op, n, failures, histogram)
         }));
@@ -139,7 +145,10 @@ pub(crate) async fn run_tasks<O: Op>(
     stop.store(true, Ordering::Relaxed);
     let mut results = Vec::with_capacity(tasks.len());
     for task in tasks {
-        results.push(task.await.expect("a bench task panicked"));
+        results.push(
+            task.await
+                .map_err(|e| failure!("a bench task failed: {e}"))?,
+        );
     }
     let elapsed = start.elapsed();
     let allocations = allocations() - allocations_before;
@@ -163,5 +172,5 @@ pub(crate) async fn run_tasks<O: Op>(
         redis_cpu: None,
         own_cpu: None,
     };
-    (run, ops)
+    Ok((run, ops))
 }

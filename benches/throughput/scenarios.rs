@@ -39,10 +39,9 @@ pub(crate) struct Bench {
 }
 
 impl Bench {
-    pub(crate) fn record(&mut self, scenario: &str, shape: Shape, run: Run) {
-        assert_eq!(
-            run.failures,
-            0,
+    pub(crate) fn record(&mut self, scenario: &str, shape: Shape, run: Run) -> Checked {
+        ensure!(
+            run.failures == 0,
             "{scenario} at {}: {} of {} operations failed or had an unexpected decision: the \
              figures would not be valid",
             shape.label(),
@@ -61,9 +60,10 @@ impl Bench {
                 runs: vec![run],
             }),
         }
+        Ok(())
     }
 
-    pub(crate) async fn raw(&mut self, shape: Shape) -> Run {
+    pub(crate) async fn raw(&mut self, shape: Shape) -> Checked<Run> {
         let ops = (0..shape.concurrency)
             .map(|task| RawOp {
                 connection: self.raw_connection.clone(),
@@ -73,9 +73,9 @@ impl Bench {
                 task,
             })
             .collect();
-        let (run, _) = measure(&self.settings, &self.admin, ops).await;
-        self.record("raw EVALSHA (reference)", shape, run.clone());
-        run
+        let (run, _) = measure(&self.settings, &self.admin, ops).await?;
+        self.record("raw EVALSHA (reference)", shape, run.clone())?;
+        Ok(run)
     }
 
     pub(crate) fn check_ops(
@@ -111,44 +111,45 @@ impl Bench {
     }
 
     /// (b) on the allowed path.
-    pub(crate) async fn check(&mut self, algorithm: Algorithm, shape: Shape) -> Run {
+    pub(crate) async fn check(&mut self, algorithm: Algorithm, shape: Shape) -> Checked<Run> {
         let prefix = format!("{PREFIX}-{algorithm}");
-        let limiter = self.admin.limiter(algorithm, &prefix, false).await;
+        let limiter = self.admin.limiter(algorithm, &prefix, false).await?;
         let ops = self.check_ops(&limiter, admitting(algorithm), true, shape);
-        let (run, _) = measure(&self.settings, &self.admin, ops).await;
-        assert_only(&limiter, "allowed", |s| {
+        let (run, _) = measure(&self.settings, &self.admin, ops).await?;
+        let scenario = format!("check {algorithm} at {}", shape.label());
+        assert_only(&limiter, &scenario, "allowed", |s| {
             s.denied == 0 && s.store_errors == 0
-        });
-        self.record(&format!("check {algorithm}"), shape, run.clone());
-        run
+        })?;
+        self.record(&format!("check {algorithm}"), shape, run.clone())?;
+        Ok(run)
     }
 
     /// (b) on the denied path: every key's quota is spent before the run.
-    pub(crate) async fn denied(&mut self, algorithm: Algorithm, shape: Shape) {
+    pub(crate) async fn denied(&mut self, algorithm: Algorithm, shape: Shape) -> Checked {
         let prefix = format!("{PREFIX}-denied-{algorithm}");
-        let limiter = self.admin.limiter(algorithm, &prefix, false).await;
+        let limiter = self.admin.limiter(algorithm, &prefix, false).await?;
         let quota = spent();
         let keys = if shape.keys == Keys::Hot { 1 } else { KEYS };
         for chunk in self.keys.plain[..keys].chunks(256) {
-            futures::future::join_all(chunk.iter().map(|key| limiter.check(key, &quota))).await;
+            spend(&limiter, chunk, &quota).await?;
         }
         let before = limiter.stats();
         let ops = self.check_ops(&limiter, quota, false, shape);
-        let (run, _) = measure(&self.settings, &self.admin, ops).await;
+        let (run, _) = measure(&self.settings, &self.admin, ops).await?;
         let after = limiter.stats();
-        assert!(
+        ensure!(
             after.allowed == before.allowed && after.store_errors == 0,
             "{algorithm}: the denied run admitted or failed ({before:?} -> {after:?})"
         );
-        self.record(&format!("denied {algorithm}"), shape, run);
+        self.record(&format!("denied {algorithm}"), shape, run)
     }
 
     /// (c) the layer over a trivial service, token bucket.
-    pub(crate) async fn layer(&mut self, shape: Shape) -> Run {
+    pub(crate) async fn layer(&mut self, shape: Shape) -> Checked<Run> {
         let limiter = self
             .admin
             .limiter(Algorithm::TokenBucket, &format!("{PREFIX}-layer"), false)
-            .await;
+            .await?;
         let layer = RateLimitLayer::new(
             limiter.clone(),
             admitting(Algorithm::TokenBucket),
@@ -156,28 +157,29 @@ impl Bench {
         );
         let service = layer.layer(trivial_service());
         let ops = self.service_ops(&service, shape);
-        let (run, _) = measure(&self.settings, &self.admin, ops).await;
-        assert_only(&limiter, "allowed", |s| {
+        let (run, _) = measure(&self.settings, &self.admin, ops).await?;
+        let scenario = format!("layer (ready+call) at {}", shape.label());
+        assert_only(&limiter, &scenario, "allowed", |s| {
             s.denied == 0 && s.store_errors == 0
-        });
-        self.record("layer (ready+call)", shape, run.clone());
-        run
+        })?;
+        self.record("layer (ready+call)", shape, run.clone())?;
+        Ok(run)
     }
 
     /// What (c) costs without the layer: the request the bench builds and the trivial service.
-    pub(crate) async fn service_alone(&mut self, shape: Shape) {
+    pub(crate) async fn service_alone(&mut self, shape: Shape) -> Checked {
         let service = trivial_service();
         let ops = self.service_ops(&service, shape);
-        let (run, _) = measure(&self.settings, &self.admin, ops).await;
-        self.record("service alone (no layer)", shape, run);
+        let (run, _) = measure(&self.settings, &self.admin, ops).await?;
+        self.record("service alone (no layer)", shape, run)
     }
 
     /// (d) HTTP through the example's router, with or without the layer.
-    pub(crate) async fn http(&mut self, shape: Shape, with_layer: bool) {
+    pub(crate) async fn http(&mut self, shape: Shape, with_layer: bool) -> Checked {
         let limiter = self
             .admin
             .limiter(Algorithm::TokenBucket, &format!("{PREFIX}-http"), false)
-            .await;
+            .await?;
         // The router and handler of examples/axum.rs.
         let app = Router::new().route("/", get(|| async { "ok" }));
         let app = if with_layer {
@@ -191,8 +193,10 @@ impl Bench {
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .expect("a loopback port");
-        let address = listener.local_addr().expect("a local address");
+            .map_err(|e| failure!("no loopback port for the HTTP server: {e}"))?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| failure!("the HTTP server's address: {e}"))?;
         let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             axum::serve(
@@ -206,39 +210,58 @@ impl Bench {
         });
         let mut ops = Vec::with_capacity(shape.concurrency);
         for task in 0..shape.concurrency {
-            ops.push(HttpOp::connect(address, self.keys.clone(), shape, task).await);
+            ops.push(HttpOp::connect(address, self.keys.clone(), shape, task).await?);
         }
-        let (run, ops) = measure(&self.settings, &self.admin, ops).await;
+        let (run, ops) = measure(&self.settings, &self.admin, ops).await?;
         drop(ops);
         let _ = shutdown.send(());
         let _ = server.await;
         if with_layer {
-            assert_only(&limiter, "allowed", |s| {
+            let scenario = format!("http + layer at {}", shape.label());
+            assert_only(&limiter, &scenario, "allowed", |s| {
                 s.denied == 0 && s.store_errors == 0
-            });
+            })?;
         }
         let scenario = if with_layer {
             "http + layer"
         } else {
             "http (no layer)"
         };
-        self.record(scenario, shape, run);
+        self.record(scenario, shape, run)
     }
 
     /// (b) with the deny cache or without, 90 % of the traffic on a hot key over its quota.
-    pub(crate) async fn deny_mix(&mut self, algorithm: Algorithm, deny_cache: bool) -> Run {
+    pub(crate) async fn deny_mix(
+        &mut self,
+        algorithm: Algorithm,
+        deny_cache: bool,
+    ) -> Checked<Run> {
         let shape = Shape::new(RATIO_CONCURRENCY, Keys::HotDenied);
         let prefix = format!("{PREFIX}-mix-{algorithm}-{deny_cache}");
-        let limiter = self.admin.limiter(algorithm, &prefix, deny_cache).await;
-        limiter.check(&self.keys.plain[0], &spent()).await;
+        let limiter = self.admin.limiter(algorithm, &prefix, deny_cache).await?;
+        spend(&limiter, &self.keys.plain[..1], &spent()).await?;
         let ops = self.check_ops(&limiter, admitting(algorithm), true, shape);
-        let (run, _) = measure(&self.settings, &self.admin, ops).await;
+        let (run, _) = measure(&self.settings, &self.admin, ops).await?;
         let cache = if deny_cache { "with" } else { "without" };
         self.record(
             &format!("deny-cache {cache} {algorithm}"),
             shape,
             run.clone(),
-        );
-        run
+        )?;
+        Ok(run)
     }
+}
+
+/// Spends `quota` on each of `keys` with one decision from Redis each (no failure policy: a
+/// check that failed open would leave its key unspent, and the denied run that follows would
+/// then see an admission).
+async fn spend(limiter: &Limiter, keys: &[String], quota: &Quota) -> Checked {
+    let quotas = Quotas::from(*quota);
+    let checks = keys
+        .iter()
+        .map(|key| limiter.try_check_quotas(key.as_str(), &quotas, 1));
+    for (key, result) in keys.iter().zip(futures::future::join_all(checks).await) {
+        result.map_err(|e| failure!("spending the quota of {key} before a denied run: {e}"))?;
+    }
+    Ok(())
 }

@@ -12,17 +12,17 @@ pub(crate) struct Admin {
 }
 
 impl Admin {
-    pub(crate) async fn connect() -> Admin {
+    pub(crate) async fn connect() -> Checked<Admin> {
         let (url, server) = match std::env::var("REDIS_URL") {
             Ok(url) => (url, None),
             Err(_) => {
-                let server = PrivateRedis::start().unwrap_or_else(|e| {
-                    panic!("{e}: install redis-server or set REDIS_URL to a Redis of your own")
-                });
+                let server = PrivateRedis::start().map_err(|e| {
+                    failure!("{e}: install redis-server or set REDIS_URL to a Redis of your own")
+                })?;
                 (server.url(), Some(server))
             }
         };
-        let connection = connect(&url).await;
+        let connection = connect(&url).await?;
         let mut admin = Admin {
             url,
             connection,
@@ -34,7 +34,7 @@ impl Admin {
             .query_async::<()>(&mut admin.connection)
             .await
             .is_ok();
-        admin
+        Ok(admin)
     }
 
     pub(crate) async fn info(&self, section: &str) -> String {
@@ -108,9 +108,9 @@ impl Admin {
         algorithm: Algorithm,
         prefix: &str,
         deny_cache: bool,
-    ) -> Limiter {
+    ) -> Checked<Limiter> {
         let store = RedisStore::builder(self.url.as_str())
-            .timeout(Duration::from_secs(2))
+            .timeout(TIMEOUT)
             .build()
             .expect("a valid Redis URL");
         let builder = Limiter::builder(store).algorithm(algorithm).prefix(prefix);
@@ -123,18 +123,28 @@ impl Admin {
         limiter
             .try_check_quotas("warm-up", &admitting(algorithm).into(), 1)
             .await
-            .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
-        limiter
+            .map_err(|e| {
+                failure!(
+                    "Redis at {} does not answer the first check of the limiter under {prefix}: \
+                     {e}",
+                    self.url
+                )
+            })?;
+        Ok(limiter)
     }
 }
 
 impl Admin {
     /// A token-bucket limiter on [`RoundRobin`] over `connections` connections, checked once.
-    pub(crate) async fn round_robin_limiter(&self, connections: usize, prefix: &str) -> Limiter {
+    pub(crate) async fn round_robin_limiter(
+        &self,
+        connections: usize,
+        prefix: &str,
+    ) -> Checked<Limiter> {
         let stores = (0..connections)
             .map(|_| {
                 RedisStore::builder(self.url.as_str())
-                    .timeout(Duration::from_secs(2))
+                    .timeout(TIMEOUT)
                     .build()
                     .expect("a valid Redis URL")
             })
@@ -154,18 +164,24 @@ impl Admin {
             limiter
                 .try_check_quotas("warm-up", &admitting(algorithm).into(), 1)
                 .await
-                .unwrap_or_else(|e| panic!("Redis at {} does not answer: {e}", self.url));
+                .map_err(|e| failure!("Redis at {} does not answer: {e}", self.url))?;
         }
-        limiter
+        Ok(limiter)
     }
 }
 
-pub(crate) async fn connect(url: &str) -> MultiplexedConnection {
+/// A redis-rs connection of the bench's own (the raw runs, stats), bound by [`TIMEOUT`] like
+/// the stores: redis-rs's default of 500 ms for a reply would fail a raw run that a busy
+/// machine slows, where the stores it is compared with wait 2 s.
+pub(crate) async fn connect(url: &str) -> Checked<MultiplexedConnection> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(TIMEOUT))
+        .set_response_timeout(Some(TIMEOUT));
     redis::Client::open(url)
-        .expect("a valid Redis URL")
-        .get_multiplexed_async_connection()
+        .map_err(|e| failure!("{url} is not a Redis URL: {e}"))?
+        .get_multiplexed_async_connection_with_config(&config)
         .await
-        .unwrap_or_else(|e| panic!("cannot connect to Redis at {url}: {e}"))
+        .map_err(|e| failure!("cannot connect to Redis at {url}: {e}"))
 }
 
 pub(crate) fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {

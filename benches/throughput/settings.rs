@@ -48,6 +48,9 @@ impl Settings {
     }
 }
 
+/// The time one Redis call may take: the stores' timeout, and the bound of a reply on the
+/// bench's own connections, so that both sides of a comparison wait alike.
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(2);
 /// Distinct keys of the spread runs.
 pub(crate) const KEYS: usize = 10_000;
 /// Keys the deny cache may hold in the deny-cache runs.

@@ -5,54 +5,31 @@ use super::*;
 /// The TLS overhead: token-bucket `Limiter::check` on one hot key through a `redis-server` that
 /// listens both in plain text and with TLS, each side in turn over a few rounds, at concurrency
 /// 1 and 64. Prints decisions/s of both and the median of the per-round ratios.
-pub(crate) async fn tls_overhead(settings: &Settings) {
+pub(crate) async fn tls_overhead(settings: &Settings) -> Checked {
     let files = tls::TlsFiles::generate("redlimit-bench");
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let free_port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port()
-    };
-    let (plain_port, tls_port) = (free_port(), free_port());
-    let mut server = std::process::Command::new("redis-server")
-        .args(["--port", &plain_port.to_string(), "--bind", "127.0.0.1"])
-        .args([
-            "--tls-port",
-            &tls_port.to_string(),
-            "--tls-auth-clients",
-            "no",
-        ])
-        .arg("--tls-cert-file")
-        .arg(files.server_cert())
-        .arg("--tls-key-file")
-        .arg(files.server_key())
-        .arg("--tls-ca-cert-file")
-        .arg(files.ca())
-        .args(["--save", "", "--appendonly", "no", "--dir"])
-        .arg(dir.path())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server with TLS");
-    let ca = tls::TlsFiles::read(&files.ca());
-    let plain = RedisStore::builder(format!("redis://127.0.0.1:{plain_port}/"))
-        .timeout(Duration::from_secs(2))
+    let (cert, key, ca) = (files.server_cert(), files.server_key(), files.ca());
+    let server = PrivateRedis::start_tls(&ServerTls {
+        cert: &cert,
+        key: &key,
+        ca: &ca,
+    })
+    .map_err(|e| failure!("the TLS redis-server: {e}"))?;
+    let tls_port = server.tls_port.expect("started with TLS");
+    let plain = RedisStore::builder(server.url())
+        .timeout(TIMEOUT)
         .build()
         .expect("a plain store");
     let secure = RedisStore::builder(format!("rediss://127.0.0.1:{tls_port}/"))
-        .tls_ca_pem(ca)
-        .timeout(Duration::from_secs(2))
+        .tls_ca_pem(tls::TlsFiles::read(&ca))
+        .timeout(TIMEOUT)
         .build()
         .expect("a TLS store");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while plain.verify().await.is_err() || secure.verify().await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the TLS redis-server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // The plain port answered already; the TLS one listens from the same start.
+    for (store, side) in [(&plain, "plain"), (&secure, "TLS")] {
+        store
+            .verify()
+            .await
+            .map_err(|e| failure!("the TLS redis-server's {side} port does not answer: {e}"))?;
     }
     let quota = admitting(Algorithm::TokenBucket);
     let limiters = [Limiter::new(plain), Limiter::new(secure)];
@@ -71,16 +48,26 @@ pub(crate) async fn tls_overhead(settings: &Settings) {
                         while Instant::now() < stop {
                             let decision =
                                 limiter.try_check_quotas("tls-hot", &quota.into(), 1).await;
-                            assert!(decision.expect("a decision").allowed, "admitted");
-                            done += 1;
+                            match decision {
+                                Ok(decision) if decision.allowed => done += 1,
+                                Ok(decision) => return Err(format!("denied: {decision:?}")),
+                                Err(e) => return Err(e.to_string()),
+                            }
                         }
-                        done
+                        Ok(done)
                     })
                 });
                 let started = Instant::now();
                 let mut done = 0;
                 for task in tasks.collect::<Vec<_>>() {
-                    done += task.await.expect("a task");
+                    let side = if side == 0 { "plain" } else { "TLS" };
+                    done += task
+                        .await
+                        .map_err(|e| e.to_string())
+                        .and_then(|done| done)
+                        .map_err(|e| {
+                            failure!("tls/plain c{concurrency}, a {side} check failed: {e}")
+                        })?;
                 }
                 rates[side].push(done as f64 / started.elapsed().as_secs_f64());
             }
@@ -94,6 +81,5 @@ pub(crate) async fn tls_overhead(settings: &Settings) {
             median(ratios)
         );
     }
-    let _ = server.kill();
-    let _ = server.wait();
+    Ok(())
 }
