@@ -450,8 +450,17 @@ fn on_shared<'a>(key: &'a str, quotas: &'a Quotas, cost: u64) -> CheckRequest<'a
 
 async fn consumed(store: &RedisStore, key: &str) -> u64 {
     let quotas = shared_quota();
-    let peek = store.check(on_shared(key, &quotas, 0)).await.unwrap();
-    QUOTA - peek.remaining
+    // The count's own peek may meet a slot still moving (a redirect past the store's resends):
+    // it is asked again, a moment later.
+    let mut last = None;
+    for attempt in 0..5 {
+        match store.check(on_shared(key, &quotas, 0)).await {
+            Ok(peek) => return QUOTA - peek.remaining,
+            Err(error) => last = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
+    }
+    panic!("the count's peek failed 5 times: {last:?}")
 }
 
 /// Whether three decisions entered in one poll, Redis idle, went as a lone call and a sender's
