@@ -44,7 +44,8 @@
 //!   second at c = 64 and p50 at c = 1, batched over unbatched.
 //!
 //! Allowed runs use a quota that admits everything (10^9 a second; the sliding log 100 000 per
-//! 100 ms, its burst cap); a run that saw a denial, an error or a non-200 answer fails. Each run
+//! 100 ms, its burst cap); a run that saw a denial, an error or a non-200 answer fails: the bench
+//! stops with `throughput bench failed: …` on stderr and exit status 1 (failure.rs). Each run
 //! is warmed up first. Redis time per decision is the `usec` total of `EVALSHA` in
 //! `INFO commandstats` after a `CONFIG RESETSTAT`, divided by the run's decisions: the store
 //! batches decisions that queue up (at concurrency 64, one call carries many), so
