@@ -86,7 +86,7 @@ async fn full_batches_at_the_bound_are_decided() {
 }
 
 /// Redis with `maxmemory` below what it uses and nothing to evict (`noeviction`).
-fn out_of_memory(redis: &RedisServer) {
+pub(crate) fn out_of_memory(redis: &RedisServer) {
     let mut conn = redis.conn();
     let _: () = redis::cmd("CONFIG")
         .arg("SET")

@@ -18,7 +18,7 @@ use support::RedisServer;
 use super::batching::{generous, request};
 
 /// The main runtime of these tests: a multi-thread one, as an application's.
-fn main_runtime() -> tokio::runtime::Runtime {
+pub(crate) fn main_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

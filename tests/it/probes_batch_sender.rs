@@ -13,6 +13,9 @@
 
 use crate::support;
 
+use super::batch_limits::out_of_memory;
+use super::batch_sender::main_runtime;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::mpsc;
@@ -31,14 +34,6 @@ use super::batching::{generous, request};
 const SLACK: Duration = Duration::from_millis(250);
 
 type Answer = (Result<Decision, StoreError>, Duration);
-
-fn main_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// A store on `redis`, built (and connected, its decision and batch scripts loaded) inside
 /// `runtime`'s `block_on`.
@@ -678,22 +673,6 @@ fn a_queued_decisions_first_poll_then_synchronous_work_holds_up_no_other_queued_
 // ---------------------------------------------------------------------------------------------
 // maxmemory.
 // ---------------------------------------------------------------------------------------------
-
-fn out_of_memory(redis: &RedisServer) {
-    let mut conn = redis.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query(&mut conn)
-        .unwrap();
-}
 
 /// Every key with its type and content (strings' bytes; sorted sets' members and scores), no
 /// TTLs: what two servers that decided the same must hold alike.
