@@ -706,6 +706,17 @@ async fn one_probe_at_a_time() {
     assert!(store.circuit_open(), "no call since it opened: still open");
 
     let callers = 64;
+    // Redis holds the probe's reply for a while (well within the timeout), so that every
+    // caller arrives while the probe is in flight: a probe answered before the last caller
+    // came would close the circuit, and that caller would rightly go to Redis.
+    blocking(|| {
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(50)
+            .arg("ALL")
+            .query(&mut redis.conn())
+            .expect("CLIENT PAUSE");
+    });
     let verdicts = join_all((0..callers).map(|_| probe_check(limiter))).await;
     let decided = verdicts
         .iter()
