@@ -19,7 +19,7 @@ use super::settle::Settlement;
 use super::shadow::{self, ShadowLimited};
 use crate::decision::Decision;
 use crate::decision::Verdict;
-use crate::limiter::Origin;
+use crate::limiter::{Ask, BlockFor, Later, Origin};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::layer::RateLimit): it waits for the limiter's
@@ -79,71 +79,68 @@ pub(crate) struct Checked<K> {
 /// Asks the limiter about the request stored under `storage_key`, against the quotas of
 /// `style` (a resolver's choice) or else the layer's own, and hands back the verdict with what
 /// the response headers need. Boxed as a [`Check`]: the store's future borrows the key and the
-/// quotas, so it is only ever built inside the future that owns them.
+/// quotas, so it is only ever built inside the future that owns them. `later`: what the layer's
+/// call left of the check after answering what it could at once (the layer's own quotas, no
+/// mode on), so that nothing runs twice.
 pub(crate) async fn check<K>(
     config: Arc<Config<K>>,
     storage_key: &str,
     style: Option<Arc<HeaderStyle>>,
     cost: u64,
+    later: Option<Later>,
 ) -> Checked<K> {
     let quotas = style.as_deref().map_or(&config.quotas, HeaderStyle::quotas);
     let modes = &config.modes;
     let limiter = &config.limiter;
-    // When and where the units are reserved: a settlement gives them back there, or nowhere.
-    let reserved = limiter.mark_reservation();
     let settles = modes.settle.is_some();
     let label = &config.metrics_label;
     // A shadow layer has no effects: its would-be denials block nobody.
-    let check = async {
-        match modes.block.as_ref().filter(|_| !modes.shadow) {
-            Some(block) => {
-                let check =
-                    limiter.check_storage_key_blocking(storage_key, quotas, cost, label, block);
-                Origin::of(check).await
-            }
-            None => Origin::of(limiter.check_storage_key(storage_key, quotas, cost, label)).await,
-        }
+    let block = modes.block.as_ref().filter(|_| !modes.shadow);
+    let ask = Ask::new(storage_key, quotas, cost, label)
+        .blocking(block.map(BlockFor::store_block))
+        .reserving(settles);
+    // When and where the units are reserved: a settlement gives them back there, or nowhere.
+    let reserved = settles.then(|| limiter.mark_reservation());
+    let answer = match later {
+        Some(later) => limiter.answer_later(ask, later).await,
+        None => limiter.answer(ask).await,
     };
-    let ((verdict, origin), reserved) = if settles {
-        reserved.during(check).await
-    } else {
-        (check.await, reserved)
-    };
+    let (verdict, origin) = (answer.verdict, answer.origin);
     let admitted = matches!(verdict, Verdict::Decided(decision) if decision.allowed);
     let (mut shadow, mut shadow_admitted) = (None, None);
     if let (true, Some(tiers)) = (admitted, &modes.shadow_tiers) {
         let key = [storage_key, shadow::SHADOW_SCOPE_SUFFIX].concat();
         let label = config.shadow_label();
-        let check = Origin::of(limiter.check_storage_key(&key, tiers, cost, &label));
-        let shadow_reserved = limiter.mark_reservation();
-        let ((shadow_verdict, shadow_origin), shadow_reserved) = if settles {
-            shadow_reserved.during(check).await
-        } else {
-            (check.await, shadow_reserved)
-        };
-        if let Verdict::Decided(decision) = shadow_verdict {
+        let shadow_reserved = settles.then(|| limiter.mark_reservation());
+        let shadow_answer = limiter
+            .answer(Ask::new(&key, tiers, cost, &label).reserving(settles))
+            .await;
+        if let Verdict::Decided(decision) = shadow_answer.verdict {
             if decision.allowed {
                 // Settled like the enforced tiers, when the layer settles (if the store, not
                 // the failure policy, reserved the units).
-                shadow_admitted =
-                    (shadow_origin == Origin::Store).then_some((key, *tiers, shadow_reserved));
+                shadow_admitted = shadow_reserved
+                    .filter(|_| shadow_answer.origin == Origin::Store)
+                    .map(|reserved| (key, *tiers, reserved.taking(shadow_answer.taken, limiter)));
             } else {
                 shadow = Some(decision);
             }
         }
     }
     // A request the failure policy admitted is settled nowhere: the store never reserved it.
-    let settlement = match &modes.settle {
-        Some(settle) if admitted && origin == Origin::Store => Some(Box::new(Settlement {
-            limiter: config.limiter.clone(),
-            storage_key: storage_key.to_owned(),
-            quotas: *quotas,
-            reserved: cost,
-            reserved_at: reserved,
-            settle: Arc::clone(settle),
-            label: config.metrics_label.clone(),
-            shadow: shadow_admitted,
-        })),
+    let settlement = match (&modes.settle, reserved) {
+        (Some(settle), Some(reserved)) if admitted && origin == Origin::Store => {
+            Some(Box::new(Settlement {
+                limiter: config.limiter.clone(),
+                storage_key: storage_key.to_owned(),
+                quotas: *quotas,
+                reserved: cost,
+                reserved_at: reserved.taking(answer.taken, limiter),
+                settle: Arc::clone(settle),
+                label: config.metrics_label.clone(),
+                shadow: shadow_admitted,
+            }))
+        }
         _ => None,
     };
     Checked {

@@ -12,9 +12,9 @@ use super::config::{Config, MissingKey};
 use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
 use super::response::Wire;
+use crate::decision::Verdict;
 use crate::key::KeyExtractor;
-use crate::limiter::StorageKey;
-use crate::Verdict;
+use crate::limiter::{Ask, Later, StorageKey};
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
 ///
@@ -246,21 +246,24 @@ where
                 config.keys.storage_key(key)
             };
             let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
-            // A verdict that needs no waiting (a lease that holds enough, a store in this
-            // process) is acted on at once: no future to box (a layer with a production mode on
-            // takes the usual check, which runs the modes).
+            // A verdict that needs no waiting (a lease that holds enough, the deny cache, a
+            // store in this process) is acted on at once: no future to box. What is left of
+            // the check goes on in the future (a layer with a production mode on takes the
+            // whole check there, which runs the modes).
+            let mut later = None;
             if matches!(resolved, Resolved::Default) && config.modes.none() {
-                let now = config.limiter.check_storage_key_now(
+                let ask = Ask::new(
                     storage_key.as_str(),
                     &config.quotas,
                     cost,
                     &config.metrics_label,
                 );
-                if let Some(verdict) = now {
-                    return Keyed::Decided(verdict);
+                match config.limiter.answer_now(ask) {
+                    Ok(answer) => return Keyed::Decided(answer.verdict),
+                    Err(rest) => later = Some(rest),
                 }
             }
-            Keyed::Check(checking(config, storage_key, resolved, cost))
+            Keyed::Check(checking(config, storage_key, resolved, cost, later))
         });
         let check = match keyed {
             Keyed::Decided(verdict) => {
@@ -294,6 +297,7 @@ fn checking<K: KeyExtractor>(
     storage_key: StorageKey,
     resolved: Resolved,
     cost: u64,
+    later: Option<Later>,
 ) -> Check<K> {
     let config = config.clone();
     let style = match &resolved {
@@ -305,10 +309,12 @@ fn checking<K: KeyExtractor>(
             let style = lookup
                 .await
                 .and_then(|quotas| config.resolved_style(&quotas));
-            future::check(config, storage_key.as_str(), style, cost).await
+            future::check(config, storage_key.as_str(), style, cost, None).await
         })
     } else {
-        Box::pin(async move { future::check(config, storage_key.as_str(), style, cost).await })
+        Box::pin(
+            async move { future::check(config, storage_key.as_str(), style, cost, later).await },
+        )
     }
 }
 

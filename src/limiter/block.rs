@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{ControlError, Limiter, PolicyLabel, Target, MAX_SUSPENSION};
+use super::{Ask, ControlError, Limiter, PolicyLabel, Target, MAX_SUSPENSION};
 use crate::decision::Verdict;
 use crate::quota::Quotas;
 
@@ -131,27 +131,10 @@ impl Limiter {
         block: &BlockFor,
     ) -> Verdict {
         let storage_key = self.target_key(target.into());
-        self.check_storage_key_blocking(
-            storage_key.as_str(),
-            quotas,
-            cost,
-            &PolicyLabel::direct(),
-            block,
-        )
-        .await
-    }
-
-    /// A layer's check that blocks the key on a denial (the layer's plain path is
-    /// [`check_storage_key`](Self::check_storage_key)).
-    pub(crate) async fn check_storage_key_blocking(
-        &self,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        label: &PolicyLabel,
-        block: &BlockFor,
-    ) -> Verdict {
-        self.check_storage_key_with(storage_key, quotas, cost, label, Some(block.store_block()))
+        let label = PolicyLabel::direct();
+        let ask = Ask::new(storage_key.as_str(), quotas, cost, &label);
+        self.answer(ask.blocking(Some(block.store_block())))
             .await
+            .verdict
     }
 }

@@ -3,18 +3,18 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, Verdict};
-use crate::failure_policy::{FailOpen, FailureContext, FailurePolicy};
+use crate::failure_policy::{FailOpen, FailurePolicy};
 use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod acquire;
 mod block;
 mod builder;
+mod check;
 mod control;
 mod deny_cache;
 mod keys;
@@ -26,6 +26,7 @@ pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
+pub(crate) use self::check::{Answer, Ask, Later};
 pub use self::control::{
     ControlError, KeyStatus, OverrideSource, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
@@ -39,7 +40,7 @@ pub use self::lease::{
 };
 pub(crate) use self::settle::Origin;
 pub use self::settle::Reserved;
-use self::stats::{Counters, StoreTimer};
+use self::stats::Counters;
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
 pub(crate) use self::stats::{PolicyLabel, Shadow};
 
@@ -199,8 +200,9 @@ impl Limiter {
         cost: u64,
     ) -> Verdict {
         let storage_key = self.target_key(target.into());
-        self.check_storage_key(storage_key.as_str(), quotas, cost, &PolicyLabel::direct())
-            .await
+        let label = PolicyLabel::direct();
+        let ask = Ask::new(storage_key.as_str(), quotas, cost, &label);
+        self.answer(ask).await.verdict
     }
 
     /// The constant parts of the storage keys of `scope` (`None`: unscoped), computed once, so
@@ -266,135 +268,6 @@ impl Limiter {
         self.end_tenant_leases(tenant, !reset);
     }
 
-    /// Checks the request of `cost` on a storage key built by [`KeyScope::storage_key`] (or
-    /// [`Target`]'s); `label` names the layer's policy in metrics.
-    pub(crate) async fn check_storage_key(
-        &self,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        label: &PolicyLabel,
-    ) -> Verdict {
-        self.check_storage_key_with(storage_key, quotas, cost, label, None)
-            .await
-    }
-
-    /// [`check_storage_key`](Self::check_storage_key) when its verdict needs no waiting: from a
-    /// lease (leases on), or from a store that decides at once ([`Store::decide_now`]). `None`
-    /// when the check must be awaited.
-    pub(crate) fn check_storage_key_now(
-        &self,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        label: &PolicyLabel,
-    ) -> Option<Verdict> {
-        if self.inner.leases.is_some() {
-            return self.check_leased_now(storage_key, quotas, cost, label);
-        }
-        // The deny cache's steps around the store call, and the logged denial of a quota the
-        // algorithm cannot serve, are the awaited path's.
-        if self.inner.deny_cache.is_some() || self.supports(quotas).is_err() {
-            return None;
-        }
-        let request = self.request(storage_key, quotas, cost);
-        // No latency recorded: a decision made in this process has no round trip to watch
-        // (docs/using.md, the metrics' table).
-        let result = self.inner.store.decide_now(request)?;
-        Some(match result {
-            Ok(decision) => {
-                self.inner.stats.count_decision(&decision, label);
-                Verdict::Decided(decision)
-            }
-            Err(error) => {
-                self.inner.stats.count_store_error();
-                self.fail(error, request, label)
-            }
-        })
-    }
-
-    /// [`check_storage_key`](Self::check_storage_key), blocking the key on a denial when
-    /// `block` is given (`block.rs`).
-    async fn check_storage_key_with(
-        &self,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        label: &PolicyLabel,
-        block: Option<crate::store::Block>,
-    ) -> Verdict {
-        if let Err((quota, error)) = self.supports(quotas) {
-            tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
-            let decision = Decision {
-                allowed: false,
-                limit: quota.limit(),
-                remaining: 0,
-                retry_after: Decision::NEVER,
-                reset_after: Duration::ZERO,
-                suspended: false,
-                quota,
-                overridden: false,
-            };
-            self.inner.stats.count_decision(&decision, label);
-            return Verdict::Decided(decision);
-        }
-        // A check that blocks on a denial is one store call: the block is the script's.
-        if let (Some(leases), None) = (&self.inner.leases, block) {
-            return self
-                .decide_leased(leases, storage_key, quotas, cost, label)
-                .await;
-        }
-        let request = self.request(storage_key, quotas, cost);
-        self.decide_direct(request, label, block).await
-    }
-
-    /// [`check_storage_key`](Self::check_storage_key) by one store call (no lease), its
-    /// failure to the policy.
-    async fn decide_direct(
-        &self,
-        request: CheckRequest<'_>,
-        label: &PolicyLabel,
-        block: Option<crate::store::Block>,
-    ) -> Verdict {
-        match self.ask_with(request, label, block).await {
-            Ok(decision) => Verdict::Decided(decision),
-            Err(error) => {
-                self.inner.stats.count_store_error();
-                self.fail(error, request, label)
-            }
-        }
-    }
-
-    /// The failure policy's verdict for `request`, whose store call failed with `error`
-    /// (counted already), counted and logged.
-    fn fail(&self, error: StoreError, request: CheckRequest<'_>, label: &PolicyLabel) -> Verdict {
-        let stats = &self.inner.stats;
-        let verdict = self.inner.policy.on_store_error(&FailureContext {
-            error: &error,
-            request,
-        });
-        self::settle::Origin::policy_answered();
-        stats.count_failure(&verdict, label);
-        // The key is never logged: it may be a secret. While the circuit breaker is open
-        // every request lands here; the breaker itself logs its state changes, so those
-        // are debug-level to keep an outage from flooding the logs.
-        if matches!(error, StoreError::Unavailable(_)) {
-            tracing::debug!(%error, allowed = verdict.is_allowed(), "rate limit store skipped; the failure policy decided");
-        } else if let Some(suppressed) = crate::store::failure_log_gate() {
-            // One line a second at most: a poisoned key hammered must not flood.
-            tracing::warn!(
-                %error,
-                transport = error.is_transport(),
-                algorithm = %self.inner.algorithm,
-                policy = ?self.inner.policy,
-                allowed = verdict.is_allowed(),
-                suppressed,
-                "rate limit store failed; the failure policy decided"
-            );
-        }
-        verdict
-    }
-
     /// [`check_quotas`](Self::check_quotas) without the failure policy: the store's decision or
     /// its error.
     ///
@@ -431,11 +304,9 @@ impl Limiter {
     ) -> Result<Decision, StoreError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
         let storage_key = self.target_key(target.into());
-        self.ask(
-            self.request(storage_key.as_str(), quotas, cost),
-            &PolicyLabel::direct(),
-        )
-        .await
+        let request = self.request(storage_key.as_str(), quotas, cost);
+        self.decide_without_policy(request, &PolicyLabel::direct())
+            .await
     }
 
     /// Whether the algorithm serves every quota; else the first it cannot.
@@ -450,81 +321,6 @@ impl Limiter {
                 .map_err(|error| (*quota, error))?;
         }
         Ok(())
-    }
-
-    /// The decision for `request`: from the deny cache when it holds one, else from the store
-    /// (a denial that will end is then remembered). Counts the decision; errors are the
-    /// caller's.
-    async fn ask(
-        &self,
-        request: CheckRequest<'_>,
-        label: &PolicyLabel,
-    ) -> Result<Decision, StoreError> {
-        self.ask_with(request, label, None).await
-    }
-
-    /// [`ask`](Self::ask), blocking the key on a denial when `block` is given.
-    async fn ask_with(
-        &self,
-        request: CheckRequest<'_>,
-        label: &PolicyLabel,
-        block: Option<crate::store::Block>,
-    ) -> Result<Decision, StoreError> {
-        let stats = &self.inner.stats;
-        let cache = self.inner.deny_cache.as_ref();
-        let CheckRequest {
-            key, quotas, cost, ..
-        } = request;
-        if let Some(cache) = cache {
-            let now = cache.now(request.now_micros);
-            if let Some(decision) = cache.lookup(key, quotas, cost, now) {
-                stats.count_cached_denial(label);
-                return Ok(decision);
-            }
-        }
-        // Taken before the store call: a control that returns while it is in flight keeps its
-        // denial out of the cache.
-        let started = cache.map(|cache| cache.start(key, cache.now(request.now_micros)));
-        // A decision the store makes at once records no latency (as in `check_storage_key_now`);
-        // a blocking check always waits for the store.
-        // A reservation on the store's clock asks the store when it admits (`Reserved::during`).
-        let timed = request.now_micros.is_none() && Reserved::asked();
-        let decided_now = match block {
-            Some(_) => None,
-            None if timed => None,
-            None => self.inner.store.decide_now(request),
-        };
-        let result = match decided_now {
-            Some(result) => result,
-            None => {
-                let timer = StoreTimer::start();
-                let result = match block {
-                    _ if timed => (self.inner.store.check_timed(request, block).await).map(
-                        |(decision, at)| {
-                            Reserved::decided(at);
-                            decision
-                        },
-                    ),
-                    Some(block) => self.inner.store.check_blocking(request, block).await,
-                    None => self.inner.store.check(request).await,
-                };
-                timer.stop(label);
-                result
-            }
-        };
-        let decision = result?;
-        stats.count_decision(&decision, label);
-        if let (Some(cache), Some(started)) = (cache, started) {
-            if !decision.allowed {
-                // The store decided at `now_micros` (client clock), or before its reply came.
-                let now = cache.now(request.now_micros);
-                cache.remember(key, quotas, cost, &decision, now, started);
-            } else if cost > 0 {
-                // An admission consumed: a cached wait for another cost may now be too short.
-                cache.admitted(key, quotas, cost);
-            }
-        }
-        Ok(decision)
     }
 
     /// The algorithm that decides.
@@ -552,7 +348,12 @@ impl Limiter {
         self.inner.stats.snapshot()
     }
 
-    fn request<'a>(&self, storage_key: &'a str, quotas: &'a Quotas, cost: u64) -> CheckRequest<'a> {
+    pub(crate) fn request<'a>(
+        &self,
+        storage_key: &'a str,
+        quotas: &'a Quotas,
+        cost: u64,
+    ) -> CheckRequest<'a> {
         CheckRequest {
             key: storage_key,
             algorithm: self.inner.algorithm,

@@ -2,13 +2,13 @@
 //! settlements, which remember when and where their units were reserved, and
 //! [`Limiter::flush_settlements`].
 
-use std::cell::Cell;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use tokio::sync::Notify;
 
+use super::check::Ask;
+use super::lease::Reservation;
 use super::{Limiter, PolicyLabel, Shadow};
 use crate::decision::Verdict;
 use crate::failure_policy::FailureContext;
@@ -37,16 +37,17 @@ pub struct Reserved {
     earlier: u64,
 }
 
-/// What the check that makes a reservation learns of when its units were reserved.
+/// What a check learns of when the units it reserved were reserved, handed back with its
+/// verdict ([`Answer`](super::check::Answer)).
 #[derive(Debug, Clone, Copy, Default)]
-enum Taken {
+pub(crate) enum Taken {
     /// Nothing more than the reservation's mark.
     #[default]
     Marked,
     /// The store's time of its admission.
     Decided(u64),
     /// A lease's renewal reserved them, earlier than the check.
-    Renewal(Renewal),
+    Lease(Reservation),
 }
 
 /// The lease renewal that reserved the units a request spent (the oldest of them): a settlement
@@ -59,11 +60,6 @@ pub(crate) struct Renewal {
     pub(crate) client_micros: Option<u64>,
     /// The store's clock's µs at which it admitted the renewal, when it told.
     pub(crate) store_micros: Option<u64>,
-}
-
-tokio::task_local! {
-    /// Within [`Reserved::during`]: what the reserving check learns of its units' reservation.
-    static TAKEN: Cell<Taken>;
 }
 
 impl Reserved {
@@ -80,44 +76,23 @@ impl Reserved {
         }
     }
 
-    /// Runs `check`, the check that makes this reservation: on the store's clock it asks the
-    /// store when it admits ([`Store::check_timed`](crate::store::Store::check_timed)), and
-    /// the reservation keeps that time; a check answered from a lease hands on the renewal's
-    /// reservation instead (its time, on either clock).
-    pub(crate) async fn during<T>(mut self, check: impl Future<Output = T>) -> (T, Reserved) {
-        let (out, taken) = TAKEN
-            .scope(Cell::new(Taken::Marked), async {
-                let out = check.await;
-                (out, TAKEN.with(Cell::get))
-            })
-            .await;
+    /// This reservation as the check that made it learned it: on the store's clock, the time
+    /// the store told for its admission; answered from a lease, the renewal's reservation (its
+    /// time, on either clock).
+    pub(crate) fn taking(mut self, taken: Taken, limiter: &Limiter) -> Reserved {
         match taken {
             Taken::Marked => {}
             Taken::Decided(at) => self.store_micros = Some(at),
-            Taken::Renewal(renewal) => {
-                self.sent = renewal.sent;
-                self.client_micros = renewal.client_micros;
-                self.store_micros = renewal.store_micros;
+            Taken::Lease(reservation) => {
+                if let Some(leases) = &limiter.inner.leases {
+                    let renewal = leases.renewal(&limiter.inner.clock, reservation);
+                    self.sent = renewal.sent;
+                    self.client_micros = renewal.client_micros;
+                    self.store_micros = renewal.store_micros;
+                }
             }
         }
-        (out, self)
-    }
-
-    /// Whether the running check makes a reservation ([`during`](Self::during)).
-    pub(crate) fn asked() -> bool {
-        TAKEN.try_with(|_| ()).is_ok()
-    }
-
-    /// Records the store's time of the reserving check's admission (`None`: not told).
-    pub(crate) fn decided(at: Option<u64>) {
-        let taken = at.map_or(Taken::Marked, Taken::Decided);
-        let _ = TAKEN.try_with(|cell| cell.set(taken));
-    }
-
-    /// Records that the reserving check was answered from a lease: its units were reserved by
-    /// `renewal`.
-    pub(crate) fn renewed(renewal: Renewal) {
-        let _ = TAKEN.try_with(|cell| cell.set(Taken::Renewal(renewal)));
+        self
     }
 }
 
@@ -128,31 +103,6 @@ impl Reserved {
 pub(crate) enum Origin {
     Store,
     Policy,
-}
-
-tokio::task_local! {
-    /// Set within [`Origin::of`] when the failure policy answered the check.
-    static POLICY_ANSWERED: Cell<bool>;
-}
-
-impl Origin {
-    /// Marks the check running in [`Origin::of`] as the policy's (`Limiter::fail`).
-    pub(super) fn policy_answered() {
-        let _ = POLICY_ANSWERED.try_with(|answered| answered.set(true));
-    }
-
-    /// Runs `check` and tells whether the failure policy answered it.
-    pub(crate) async fn of<T>(check: impl Future<Output = T>) -> (T, Origin) {
-        POLICY_ANSWERED
-            .scope(Cell::new(false), async {
-                let out = check.await;
-                match POLICY_ANSWERED.with(Cell::get) {
-                    true => (out, Origin::Policy),
-                    false => (out, Origin::Store),
-                }
-            })
-            .await
-    }
 }
 
 /// The layer's settlements still running, for [`Limiter::flush_settlements`].
@@ -304,9 +254,11 @@ impl Limiter {
         cost: u64,
     ) -> (Verdict, Reserved) {
         let reserved = self.mark_reservation();
-        reserved
-            .during(self.check_quotas(target, quotas, cost))
-            .await
+        let storage_key = self.target_key(target.into());
+        let label = PolicyLabel::direct();
+        let ask = Ask::new(storage_key.as_str(), quotas, cost, &label).reserving(true);
+        let answer = self.answer(ask).await;
+        (answer.verdict, reserved.taking(answer.taken, self))
     }
 
     /// The time of a reservation about to be made, for
@@ -464,11 +416,11 @@ impl Limiter {
     ) -> Result<(), StoreError> {
         let label = label.shadowed(Shadow::Uncounted);
         let peek = self
-            .ask(self.request(storage_key, quotas, 0), &label)
+            .decide_without_policy(self.request(storage_key, quotas, 0), &label)
             .await?;
         let take = units.min(peek.remaining);
         if take > 0 {
-            self.ask(self.request(storage_key, quotas, take), &label)
+            self.decide_without_policy(self.request(storage_key, quotas, take), &label)
                 .await?;
         }
         Ok(())

@@ -26,9 +26,9 @@ use tokio::sync::futures::Notified;
 use super::state::{Released, Reservation};
 use super::{Counters, Lease, LeaseStats, LeaseTable};
 use crate::decision::Decision;
-use crate::decision::Verdict;
+use crate::limiter::settle::Taken;
 use crate::limiter::stats::{PolicyLabel, StoreTimer};
-use crate::limiter::{Inner, Limiter, Reserved};
+use crate::limiter::{Answer, Ask, Inner, Limiter};
 use crate::quota::Quotas;
 use crate::store::{RefundRequest, ReservedAt, StoreError};
 
@@ -38,7 +38,7 @@ enum Step<'a> {
     /// a background renewal to start.
     Spent(Decision, Reservation, Option<u64>),
     /// Answered without the store (the deny cache, or the failed renewal it waited for).
-    Answered(Verdict),
+    Answered(Answer),
     /// Wait for the renewal in flight (made under the lease's lock, so a renewal that ends
     /// after the look wakes it).
     Wait(Notified<'a>),
@@ -53,19 +53,22 @@ impl Limiter {
     pub(in crate::limiter) async fn decide_leased(
         &self,
         leases: &LeaseTable,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        label: &PolicyLabel,
-    ) -> Verdict {
+        ask: Ask<'_>,
+    ) -> Answer {
+        let Ask {
+            storage_key,
+            quotas,
+            cost,
+            label,
+            ..
+        } = ask;
         let now = leases.now(&self.inner.clock);
         let lease = match leases.applies(quotas, cost) {
             true => leases.lease(storage_key, quotas, now),
             false => None,
         };
         let Some(mut lease) = lease else {
-            let request = self.request(storage_key, quotas, cost);
-            return self.decide_direct(request, label, None).await;
+            return self.answer_direct(ask).await;
         };
         self.start_sweeping(leases);
         let mut waited_for = None;
@@ -83,18 +86,15 @@ impl Limiter {
                 &mut waited_for,
             ) {
                 Step::Spent(decision, reservation, prefetch) => {
-                    if Reserved::asked() {
-                        // A settlement gives these units back to the renewal's window.
-                        Reserved::renewed(leases.renewal(&self.inner.clock, reservation));
-                    }
                     self.inner.stats.count_decision(&decision, label);
                     Counters::add(&leases.counters.spent, cost);
                     if let Some(ask) = prefetch {
                         self.spawn_prefetch(lease.clone(), storage_key, ask, label);
                     }
-                    return Verdict::Decided(decision);
+                    // A settlement gives these units back to the renewal's window.
+                    return Answer::decided(decision).taken(Taken::Lease(reservation));
                 }
-                Step::Answered(verdict) => return verdict,
+                Step::Answered(answer) => return answer,
                 Step::Wait(notified) => {
                     if let Err(timeout) = self.wait_for_renewal(notified, &mut deadline).await {
                         let request = self.request(storage_key, quotas, cost);
@@ -113,8 +113,7 @@ impl Limiter {
                 Some(new) => lease = new,
                 // The table is full, or the key's hash holds another lease.
                 None => {
-                    let request = self.request(storage_key, quotas, cost);
-                    let direct = self.decide_direct(request, label, None);
+                    let direct = self.answer_direct(ask);
                     return self
                         .within(deadline, direct, storage_key, quotas, cost, label)
                         .await;
@@ -150,17 +149,17 @@ impl Limiter {
     async fn within(
         &self,
         deadline: Option<(tokio::time::Instant, Duration)>,
-        decided: impl Future<Output = Verdict>,
+        decided: impl Future<Output = Answer>,
         key: &str,
         quotas: &Quotas,
         cost: u64,
         label: &PolicyLabel,
-    ) -> Verdict {
+    ) -> Answer {
         let Some((deadline, timeout)) = deadline else {
             return decided.await;
         };
         match tokio::time::timeout_at(deadline, decided).await {
-            Ok(verdict) => verdict,
+            Ok(answer) => answer,
             Err(_) => self.fail(
                 StoreError::Timeout(timeout),
                 self.request(key, quotas, cost),
@@ -171,16 +170,17 @@ impl Limiter {
 
     /// The decision for a request of `cost` on `storage_key` when the key's lease holds enough
     /// units: no store call, nothing to await, so a caller (the layer) need not box a future
-    /// for it. `None` when it must be checked as usual ([`check_storage_key`]).
+    /// for it. `None` when it must wait ([`answer_later`]).
     ///
-    /// [`check_storage_key`]: Limiter::check_storage_key
-    pub(crate) fn check_leased_now(
-        &self,
-        storage_key: &str,
-        quotas: &Quotas,
-        cost: u64,
-        label: &PolicyLabel,
-    ) -> Option<Verdict> {
+    /// [`answer_later`]: Limiter::answer_later
+    pub(crate) fn check_leased_now(&self, ask: Ask<'_>) -> Option<Answer> {
+        let Ask {
+            storage_key,
+            quotas,
+            cost,
+            label,
+            ..
+        } = ask;
         let leases = self.inner.leases.as_ref()?;
         if !leases.applies(quotas, cost) {
             return None;
@@ -201,15 +201,12 @@ impl Limiter {
         };
         self.release(leases, storage_key, quotas, expired);
         let (decision, reservation) = taken?;
-        if Reserved::asked() {
-            Reserved::renewed(leases.renewal(&self.inner.clock, reservation));
-        }
         self.inner.stats.count_decision(&decision, label);
         Counters::add(&leases.counters.spent, cost);
         if let Some(ask) = prefetch {
             self.spawn_prefetch(lease, storage_key, ask, label);
         }
-        Some(Verdict::Decided(decision))
+        Some(Answer::decided(decision).taken(Taken::Lease(reservation)))
     }
 
     /// One look at the lease, under its lock, at `now`.
@@ -246,7 +243,7 @@ impl Limiter {
             *waited_for = Some(state.generation);
             Step::Wait(lease.renewed.notified())
         } else if let Some(decision) = self.cached_denial(key, &lease.quotas, cost, label) {
-            Step::Answered(Verdict::Decided(decision))
+            Step::Answered(Answer::decided(decision))
         } else {
             state.renewing = true;
             Step::Renew(state.plan(now, cost, sizing))
@@ -279,7 +276,7 @@ impl Limiter {
         ask: u64,
         cost: u64,
         label: &PolicyLabel,
-    ) -> Verdict {
+    ) -> Answer {
         let (limiter, owned, key, label) = (
             self.clone(),
             lease.clone(),
@@ -311,7 +308,7 @@ impl Limiter {
         mut ask: u64,
         cost: u64,
         label: &PolicyLabel,
-    ) -> Option<Verdict> {
+    ) -> Option<Answer> {
         let leases = self.inner.leases.as_ref()?;
         let quotas = &lease.quotas;
         loop {
@@ -360,13 +357,10 @@ impl Limiter {
                 if abandoned {
                     return None;
                 }
-                if Reserved::asked() {
-                    // The request's units are this renewal's.
-                    let reservation = Reservation { sent, decided };
-                    Reserved::renewed(leases.renewal(&self.inner.clock, reservation));
-                }
                 self.inner.stats.count_decision(&answer, label);
-                return Some(Verdict::Decided(answer));
+                // The request's units are this renewal's.
+                let reservation = Reservation { sent, decided };
+                return Some(Answer::decided(answer).taken(Taken::Lease(reservation)));
             }
             let (released, abandoned) = {
                 let mut state = lease.state.lock().expect("lease");
@@ -396,7 +390,7 @@ impl Limiter {
                 return None;
             }
             self.inner.stats.count_decision(&decision, label);
-            return Some(Verdict::Decided(decision));
+            return Some(Answer::decided(decision));
         }
     }
 
@@ -672,19 +666,19 @@ impl Limiter {
 /// was), it hands the renewal to a task, which ends it and keeps the request's units held;
 /// without a runtime to take it, the renewal is dropped and [`Unfinished`] ends it.
 struct HandOn {
-    renewal: Option<BoxFuture<'static, Option<Verdict>>>,
+    renewal: Option<BoxFuture<'static, Option<Answer>>>,
     lease: Arc<Lease>,
 }
 
 impl Future for HandOn {
-    type Output = Verdict;
+    type Output = Answer;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
         let renewal = self.renewal.as_mut().expect("polled after its answer");
-        let verdict = std::task::ready!(renewal.as_mut().poll(cx));
+        let answer = std::task::ready!(renewal.as_mut().poll(cx));
         self.renewal = None;
         // Only a dropped request's renewal answers `None`, and this one is still polled.
-        Poll::Ready(verdict.expect("a renewal answers the request that waits for it"))
+        Poll::Ready(answer.expect("a renewal answers the request that waits for it"))
     }
 }
 
@@ -807,7 +801,7 @@ mod tests {
     use crate::clock::{Clock, ManualClock};
     use crate::decision::Decision;
     use crate::limiter::stats::PolicyLabel;
-    use crate::limiter::Leases;
+    use crate::limiter::{Ask, Leases};
     use crate::store::{
         CheckRequest, ControlReply, ControlRequest, MemoryStore, RefundRequest, Store, StoreError,
     };
@@ -1042,25 +1036,34 @@ mod tests {
         let key = limiter.storage_key("hot");
         let label = PolicyLabel::direct();
         assert!(
-            limiter.check_leased_now(&key, &quotas, 1, &label).is_none(),
+            limiter
+                .check_leased_now(Ask::new(&key, &quotas, 1, &label))
+                .is_none(),
             "no lease yet"
         );
         for _ in 0..100 {
-            limiter.check_storage_key(&key, &quotas, 1, &label).await;
+            limiter.answer(Ask::new(&key, &quotas, 1, &label)).await;
         }
         let held = limiter.lease_stats().held;
         assert!(held > 0);
-        let verdict = limiter.check_leased_now(&key, &quotas, 1, &label).unwrap();
+        let verdict = limiter
+            .check_leased_now(Ask::new(&key, &quotas, 1, &label))
+            .unwrap()
+            .verdict;
         assert!(verdict.is_allowed());
         let stats = limiter.lease_stats();
         assert_eq!(stats.spent, 101);
         assert_eq!(limiter.stats().allowed, 101);
         // Other quotas, a peek, a cost above what is held: the usual check.
         let other = Quotas::from(Quota::per_second(999_999).unwrap());
-        assert!(limiter.check_leased_now(&key, &other, 1, &label).is_none());
-        assert!(limiter.check_leased_now(&key, &quotas, 0, &label).is_none());
         assert!(limiter
-            .check_leased_now(&key, &quotas, u64::MAX, &label)
+            .check_leased_now(Ask::new(&key, &other, 1, &label))
+            .is_none());
+        assert!(limiter
+            .check_leased_now(Ask::new(&key, &quotas, 0, &label))
+            .is_none());
+        assert!(limiter
+            .check_leased_now(Ask::new(&key, &quotas, u64::MAX, &label))
             .is_none());
     }
 }

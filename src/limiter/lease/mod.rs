@@ -26,7 +26,8 @@ use crate::quota::Quotas;
 mod flow;
 mod state;
 
-use self::state::{Reservation, Sizing, State};
+pub(crate) use self::state::Reservation;
+use self::state::{Sizing, State};
 use super::settle::Renewal;
 
 /// The most units one renewal takes by default.
@@ -328,7 +329,7 @@ impl LeaseTable {
     /// The renewal that reserved `reservation`, as a settlement dates it (as a give-back of the
     /// lease's units is dated, `flow.rs`): on a client clock its time, else the store's time of
     /// its admission when it told, or the instant it was sent on this table's monotonic clock.
-    fn renewal(&self, clock: &Clock, reservation: Reservation) -> Renewal {
+    pub(in crate::limiter) fn renewal(&self, clock: &Clock, reservation: Reservation) -> Renewal {
         let Reservation { sent, decided } = reservation;
         match clock.now_micros() {
             Some(now) => Renewal {

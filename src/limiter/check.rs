@@ -1,0 +1,351 @@
+//! One check, from the request to its answer, by one path: what can be answered at once
+//! ([`Limiter::answer_now`]: a quota the algorithm cannot serve, a lease that holds enough, the
+//! deny cache, a store that decides in this process) is answered there, once; the rest
+//! ([`Limiter::answer_later`]) waits for the store, or for a lease's renewal. Every check of
+//! the crate goes through here, and hands back what it decided as a value ([`Answer`]).
+
+use std::time::Duration;
+
+use super::deny_cache::Started;
+use super::settle::{Origin, Taken};
+use super::stats::{PolicyLabel, StoreTimer};
+use super::Limiter;
+use crate::decision::{Decision, Verdict};
+use crate::failure_policy::FailureContext;
+use crate::quota::{Quota, QuotaError, Quotas};
+use crate::store::{Block, CheckRequest, StoreError};
+
+/// One check to run: which storage key, under which quotas, at what cost, and what its caller
+/// needs beyond the verdict.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask<'a> {
+    pub(crate) storage_key: &'a str,
+    pub(crate) quotas: &'a Quotas,
+    pub(crate) cost: u64,
+    /// The layer's policy, in metrics.
+    pub(crate) label: &'a PolicyLabel,
+    /// Suspend the key's tenant on a denial, in the same store call (`block.rs`).
+    pub(crate) block: Option<Block>,
+    /// The caller will refund what it reserves: on the store's clock, the store is asked when
+    /// it admits ([`Taken::Decided`]).
+    pub(crate) reserving: bool,
+}
+
+impl<'a> Ask<'a> {
+    /// A plain check: no block, no reservation.
+    pub(crate) fn new(
+        storage_key: &'a str,
+        quotas: &'a Quotas,
+        cost: u64,
+        label: &'a PolicyLabel,
+    ) -> Self {
+        Ask {
+            storage_key,
+            quotas,
+            cost,
+            label,
+            block: None,
+            reserving: false,
+        }
+    }
+
+    /// The same check, suspending the key's tenant for `block` on a denial.
+    pub(crate) fn blocking(self, block: Option<Block>) -> Self {
+        Ask { block, ..self }
+    }
+
+    /// The same check, whose caller refunds what it reserves when `reserving`.
+    pub(crate) fn reserving(self, reserving: bool) -> Self {
+        Ask { reserving, ..self }
+    }
+}
+
+/// What a check decided, and how: who answered, and when its units were reserved.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answer {
+    pub(crate) verdict: Verdict,
+    /// The store, or the failure policy (whose units no settlement gives back).
+    pub(crate) origin: Origin,
+    /// What a refund of the units needs to date them.
+    pub(crate) taken: Taken,
+}
+
+impl Answer {
+    /// The store's (or this process's own) answer.
+    pub(crate) fn decided(decision: Decision) -> Self {
+        Answer {
+            verdict: Verdict::Decided(decision),
+            origin: Origin::Store,
+            taken: Taken::Marked,
+        }
+    }
+
+    /// The same answer, its units reserved as `taken` says.
+    pub(crate) fn taken(self, taken: Taken) -> Self {
+        Answer { taken, ..self }
+    }
+}
+
+/// What the part of a check done at once leaves to [`Limiter::answer_later`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Later {
+    /// Through the key's lease (it holds too little, or the key has none yet).
+    Lease,
+    /// One store call.
+    Store(StoreCall),
+}
+
+/// What [`Limiter::ask_now`] found at once.
+enum Asked {
+    /// The deny cache's denial (counted as such).
+    Cached(Decision),
+    /// The store's decision or error, not counted yet.
+    Stored(Result<Decision, StoreError>),
+}
+
+/// A store call still to make: at the time read at once, with the deny cache's mark taken
+/// before it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreCall {
+    now_micros: Option<u64>,
+    started: Option<Started>,
+}
+
+impl Limiter {
+    /// Runs `ask` to its answer.
+    pub(crate) async fn answer(&self, ask: Ask<'_>) -> Answer {
+        match self.answer_now(ask) {
+            Ok(answer) => answer,
+            Err(later) => self.answer_later(ask, later).await,
+        }
+    }
+
+    /// The answer to `ask` when it needs no waiting; else what is left to await.
+    pub(crate) fn answer_now(&self, ask: Ask<'_>) -> Result<Answer, Later> {
+        if let Err((quota, error)) = self.supports(ask.quotas) {
+            return Ok(self.refused(quota, error, ask.label));
+        }
+        // A check that blocks on a denial is one store call: the block is the script's.
+        if self.inner.leases.is_some() && ask.block.is_none() {
+            return self.check_leased_now(ask).ok_or(Later::Lease);
+        }
+        let request = self.request(ask.storage_key, ask.quotas, ask.cost);
+        match self.ask_now(request, ask) {
+            Ok(Asked::Cached(decision)) => Ok(Answer::decided(decision)),
+            Ok(Asked::Stored(result)) => Ok(self.answered(result, request, ask.label)),
+            Err(call) => Err(Later::Store(call)),
+        }
+    }
+
+    /// The rest of a check that [`answer_now`](Self::answer_now) could not answer.
+    pub(crate) async fn answer_later(&self, ask: Ask<'_>, later: Later) -> Answer {
+        match (later, &self.inner.leases) {
+            (Later::Store(call), _) => {
+                // At the time read when the check began: the clock is read once per check.
+                let request = CheckRequest {
+                    key: ask.storage_key,
+                    algorithm: self.inner.algorithm,
+                    quotas: ask.quotas,
+                    cost: ask.cost,
+                    now_micros: call.now_micros,
+                };
+                let (result, taken) = self.ask_later(request, ask, call).await;
+                self.answered(result, request, ask.label).taken(taken)
+            }
+            (Later::Lease, Some(leases)) => self.decide_leased(leases, ask).await,
+            (Later::Lease, None) => self.answer_direct(ask).await,
+        }
+    }
+
+    /// A check by one store call (no lease), its failure to the policy.
+    pub(crate) async fn answer_direct(&self, ask: Ask<'_>) -> Answer {
+        let request = self.request(ask.storage_key, ask.quotas, ask.cost);
+        let (result, taken) = match self.ask_now(request, ask) {
+            Ok(Asked::Cached(decision)) => return Answer::decided(decision),
+            Ok(Asked::Stored(result)) => (result, Taken::Marked),
+            Err(call) => self.ask_later(request, ask, call).await,
+        };
+        self.answered(result, request, ask.label).taken(taken)
+    }
+
+    /// The store's decision for `request` when it needs no waiting (the deny cache's, or a
+    /// store's in this process: [`Store::decide_now`]); else the store call to await.
+    ///
+    /// [`Store::decide_now`]: crate::store::Store::decide_now
+    fn ask_now(&self, request: CheckRequest<'_>, ask: Ask<'_>) -> Result<Asked, StoreCall> {
+        let cache = self.inner.deny_cache.as_ref();
+        let CheckRequest {
+            key, quotas, cost, ..
+        } = request;
+        if let Some(cache) = cache {
+            let now = cache.now(request.now_micros);
+            if let Some(decision) = cache.lookup(key, quotas, cost, now) {
+                self.inner.stats.count_cached_denial(ask.label);
+                return Ok(Asked::Cached(decision));
+            }
+        }
+        // Taken before the store call: a control that returns while it is in flight keeps its
+        // denial out of the cache.
+        let started = cache.map(|cache| cache.start(key, cache.now(request.now_micros)));
+        // A blocking check always waits for the store; so does a reservation on the store's
+        // clock, which asks the store when it admits.
+        let timed = ask.reserving && request.now_micros.is_none();
+        if ask.block.is_none() && !timed {
+            // No latency recorded: a decision made in this process has no round trip to watch
+            // (docs/using.md, the metrics' table).
+            if let Some(result) = self.inner.store.decide_now(request) {
+                return Ok(Asked::Stored(self.remembered(result, request, started)));
+            }
+        }
+        Err(StoreCall {
+            now_micros: request.now_micros,
+            started,
+        })
+    }
+
+    /// The store call of a check, and what it told of its admission's time.
+    async fn ask_later(
+        &self,
+        request: CheckRequest<'_>,
+        ask: Ask<'_>,
+        call: StoreCall,
+    ) -> (Result<Decision, StoreError>, Taken) {
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        let (result, taken) = if ask.reserving && request.now_micros.is_none() {
+            match store.check_timed(request, ask.block).await {
+                Ok((decision, at)) => (Ok(decision), at.map_or(Taken::Marked, Taken::Decided)),
+                Err(error) => (Err(error), Taken::Marked),
+            }
+        } else {
+            let result = match ask.block {
+                Some(block) => store.check_blocking(request, block).await,
+                None => store.check(request).await,
+            };
+            (result, Taken::Marked)
+        };
+        timer.stop(ask.label);
+        (self.remembered(result, request, call.started), taken)
+    }
+
+    /// The store's `result` for `request`, as the deny cache learns it: a denial that will
+    /// end is remembered, an admission that consumed drops a cached wait it made too short.
+    fn remembered(
+        &self,
+        result: Result<Decision, StoreError>,
+        request: CheckRequest<'_>,
+        started: Option<Started>,
+    ) -> Result<Decision, StoreError> {
+        if let (Ok(decision), Some(cache), Some(started)) =
+            (&result, &self.inner.deny_cache, started)
+        {
+            let CheckRequest {
+                key, quotas, cost, ..
+            } = request;
+            if !decision.allowed {
+                // The store decided at `now_micros` (client clock), or before its reply came.
+                let now = cache.now(request.now_micros);
+                cache.remember(key, quotas, cost, decision, now, started);
+            } else if cost > 0 {
+                // An admission consumed: a cached wait for another cost may now be too short.
+                cache.admitted(key, quotas, cost);
+            }
+        }
+        result
+    }
+
+    /// The answer to a check whose decision (or error) is `result`: counted, an error to the
+    /// failure policy.
+    fn answered(
+        &self,
+        result: Result<Decision, StoreError>,
+        request: CheckRequest<'_>,
+        label: &PolicyLabel,
+    ) -> Answer {
+        match result {
+            Ok(decision) => {
+                self.inner.stats.count_decision(&decision, label);
+                Answer::decided(decision)
+            }
+            Err(error) => {
+                self.inner.stats.count_store_error();
+                self.fail(error, request, label)
+            }
+        }
+    }
+
+    /// A quota the algorithm cannot serve: a programming error, logged, and the request denied
+    /// as never allowed.
+    fn refused(&self, quota: Quota, error: QuotaError, label: &PolicyLabel) -> Answer {
+        tracing::error!(%error, algorithm = %self.inner.algorithm, "quota refused; request denied");
+        let decision = Decision {
+            allowed: false,
+            limit: quota.limit(),
+            remaining: 0,
+            retry_after: Decision::NEVER,
+            reset_after: Duration::ZERO,
+            suspended: false,
+            quota,
+            overridden: false,
+        };
+        self.inner.stats.count_decision(&decision, label);
+        Answer::decided(decision)
+    }
+
+    /// The failure policy's answer for `request`, whose store call failed with `error`
+    /// (counted already), counted and logged.
+    pub(crate) fn fail(
+        &self,
+        error: StoreError,
+        request: CheckRequest<'_>,
+        label: &PolicyLabel,
+    ) -> Answer {
+        let stats = &self.inner.stats;
+        let verdict = self.inner.policy.on_store_error(&FailureContext {
+            error: &error,
+            request,
+        });
+        stats.count_failure(&verdict, label);
+        // The key is never logged: it may be a secret. While the circuit breaker is open
+        // every request lands here; the breaker itself logs its state changes, so those
+        // are debug-level to keep an outage from flooding the logs.
+        if matches!(error, StoreError::Unavailable(_)) {
+            tracing::debug!(%error, allowed = verdict.is_allowed(), "rate limit store skipped; the failure policy decided");
+        } else if let Some(suppressed) = crate::store::failure_log_gate() {
+            // One line a second at most: a poisoned key hammered must not flood.
+            tracing::warn!(
+                %error,
+                transport = error.is_transport(),
+                algorithm = %self.inner.algorithm,
+                policy = ?self.inner.policy,
+                allowed = verdict.is_allowed(),
+                suppressed,
+                "rate limit store failed; the failure policy decided"
+            );
+        }
+        Answer {
+            verdict,
+            origin: Origin::Policy,
+            taken: Taken::Marked,
+        }
+    }
+
+    /// [`check_quotas`](Self::check_quotas)'s decision without the failure policy: the store's
+    /// (or the deny cache's), or the store's error.
+    pub(crate) async fn decide_without_policy(
+        &self,
+        request: CheckRequest<'_>,
+        label: &PolicyLabel,
+    ) -> Result<Decision, StoreError> {
+        let ask = Ask::new(request.key, request.quotas, request.cost, label);
+        let result = match self.ask_now(request, ask) {
+            Ok(Asked::Cached(decision)) => return Ok(decision),
+            Ok(Asked::Stored(result)) => result,
+            Err(call) => self.ask_later(request, ask, call).await.0,
+        };
+        if let Ok(decision) = &result {
+            self.inner.stats.count_decision(decision, label);
+        }
+        result
+    }
+}
