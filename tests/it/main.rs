@@ -20,8 +20,6 @@ mod grpc;
 
 mod acl;
 mod algorithms;
-mod batch_limits;
-mod batch_sender;
 mod batching;
 mod cluster;
 mod concurrency;
@@ -44,8 +42,6 @@ mod logs;
 mod misconfiguration;
 mod modes;
 mod outbound;
-mod probes_batch_sender;
-mod probes_batching;
 mod probes_expiry;
 mod probes_refund;
 mod route_limits;
