@@ -42,8 +42,6 @@ mod logs;
 mod misconfiguration;
 mod modes;
 mod outbound;
-mod probes_expiry;
-mod probes_refund;
 mod route_limits;
 mod sentinel;
 mod store_faults;

@@ -6,6 +6,7 @@ mod basics;
 mod cancel;
 mod controls;
 mod drops;
+mod give_back;
 mod hostile_input;
 mod remaining;
 pub(crate) mod settle;
