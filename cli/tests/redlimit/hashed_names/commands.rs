@@ -1,4 +1,4 @@
-//! An outside review of hashed names: every command given a stored id (`#` and 64 lower-case
+//! Every command given a stored id (`#` and 64 lower-case
 //! hex digits) reaches exactly the tenant or route stored under it, on a single node and on
 //! Cluster; no argument reaches another tenant's keys or keys outside the prefix.
 
