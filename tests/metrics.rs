@@ -312,7 +312,7 @@ fn locally<F: std::future::Future<Output = ()>>(recorder: &DebuggingRecorder, bo
     });
 }
 
-/// Probe (outside review): a recorder installed locally, not globally, gets every outcome under
+/// A recorder installed locally, not globally, gets every outcome under
 /// the right `policy`: two layers with different names on one limiter, a layer built before the
 /// recorder was set, a shadow layer and shadow tiers, the deny cache, the failure policies,
 /// unkeyed requests, `direct` checks; and one latency sample per Redis check.
@@ -457,7 +457,7 @@ fn settled_on_redis(policy: &'static str, reserve: u64, used: u64) -> Metrics {
     Metrics::take(&snapshotter)
 }
 
-/// Probe (outside review): docs/using.md, `redlimit_store_latency_seconds` times "every
+/// docs/using.md, `redlimit_store_latency_seconds` times "every
 /// decision's store call that waits for its answer"; "refunds ... are not timed". A layer's
 /// settlement on Redis: its check is one sample under the layer's policy, its refund none.
 #[test]
@@ -474,7 +474,7 @@ fn probe_a_settlements_check_is_timed_and_its_refund_is_not() {
     );
 }
 
-/// Probe (outside review): a layer's settlement that charges more after the response (a peek
+/// A layer's settlement that charges more after the response (a peek
 /// and a check on Redis) records its latency under the layer's `policy`, never as `direct`
 /// traffic, and counts no decision.
 #[test]

@@ -6,5 +6,4 @@ mod block;
 mod concurrency;
 mod refund;
 pub(crate) mod settle;
-pub(crate) mod settle_leases;
 mod shadow;

@@ -696,5 +696,6 @@ mod provider;
 #[path = "outbound/learning.rs"]
 mod learning;
 
-#[path = "outbound/probes.rs"]
-mod probes;
+// Learning and pacing after the response: what an upstream, an operator or a caller may break.
+#[path = "outbound/after_the_response.rs"]
+mod after_the_response;

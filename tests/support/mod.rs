@@ -233,3 +233,15 @@ pub async fn poison_key(redis: &RedisServer, limiter: &redlimit::Limiter, key: &
         .query(&mut redis.conn())
         .expect("SETRANGE");
 }
+
+/// A tiny deterministic generator (xorshift), so a failing run can be replayed by its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}

@@ -7,13 +7,24 @@ mod support;
 mod commands;
 mod connection;
 mod dead_master;
-mod hashed_probes;
+mod exit_codes;
+mod hashed_names;
 mod limited;
-mod probes;
+mod passwords;
 mod secrets;
+mod stored_keys;
+mod tenants;
+mod watch;
 
+use std::io::Read;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlimit::{Limiter, Quota, Target};
+
+use support::RedisServer;
 
 /// The binary under test, built by cargo for this test run.
 const BINARY: &str = env!("CARGO_BIN_EXE_redlimit");
@@ -112,5 +123,149 @@ fn assert_usage_errors(cases: &[(&str, &str)], dead: &str) {
         let output = run_to_exit(&args);
         support::example::assert_usage_error(&output, &args, message);
         assert!(output.stdout.is_empty(), "{args:?} printed on stdout");
+    }
+}
+
+/// Runs `redlimit args` with exactly `envs` of the Redis settings, to its exit or
+/// [`EXIT_TIMEOUT`] (then it panics: a hang); returns the output and how long it took.
+fn run_timed(args: &[&str], envs: &[(&str, &str)]) -> (Output, Duration) {
+    run_within(args, envs, EXIT_TIMEOUT)
+}
+
+/// [`run_timed`] with another bound on a hang.
+fn run_within(args: &[&str], envs: &[(&str, &str)], bound: Duration) -> (Output, Duration) {
+    let mut command = Command::new(crate::BINARY);
+    command
+        .args(args)
+        .env_remove("REDIS_URL")
+        .env_remove("REDLIMIT_HEADER_SECRET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    let started = Instant::now();
+    let mut child = command.spawn().expect("spawn redlimit");
+    // Read both pipes while waiting: a large output must not block the child.
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = out.read_to_end(&mut bytes);
+        bytes
+    });
+    let err = thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = err.read_to_end(&mut bytes);
+        bytes
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll redlimit") {
+            break status;
+        }
+        if started.elapsed() > bound {
+            let _ = child.kill();
+            panic!("redlimit {args:?} did not exit within {bound:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let took = started.elapsed();
+    let output = Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    };
+    (output, took)
+}
+
+fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    run_timed(args, envs).0
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs it against `redis`, asserting exit 0; returns stdout.
+fn ok(redis: &RedisServer, args: &[&str]) -> String {
+    let url = redis.url();
+    let mut all = vec!["--redis", url.as_str()];
+    all.extend_from_slice(args);
+    let output = run(&all, &[]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{args:?}: {}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    text(&output.stdout)
+}
+
+/// A limited tenant (its quota spent on a layer's route) beside the hostile keys, so the
+/// listing still has a row to show.
+async fn a_limited_tenant(redis: &RedisServer) -> String {
+    let limiter: Limiter = support::Ctx::default().redis(redis);
+    let quota = Quota::per_hour(2).unwrap();
+    let scope = "default:token-bucket:2/3600s";
+    for _ in 0..2 {
+        let verdict = limiter
+            .check_quotas(Target::scoped(scope, "spent"), &quota.into(), 1)
+            .await;
+        assert!(verdict.is_allowed());
+    }
+    scope.to_owned()
+}
+
+/// Spawns `limited --watch INTERVAL` on `url`; its stdout lines arrive on the receiver.
+fn watch(url: &str, interval: &str) -> (std::process::Child, mpsc::Receiver<String>) {
+    let mut child = crate::redlimit_command()
+        .args(["--redis", url, "limited", "--watch", interval])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlimit");
+    let lines = support::example::stdout_lines(&mut child);
+    (child, lines)
+}
+
+/// Writes `value` at the raw key `name` (any bytes).
+fn set_raw(redis: &RedisServer, name: &[u8], value: &[u8]) {
+    let _: () = redis::cmd("SET")
+        .arg(name)
+        .arg(value)
+        .query(&mut redis.conn())
+        .unwrap();
+}
+
+/// A control character other than a line end: what a terminal would act on.
+fn assert_no_control_bytes(what: &str, bytes: &[u8]) {
+    let bad: Vec<u8> = bytes
+        .iter()
+        .copied()
+        .filter(|&b| (b < 0x20 && b != b'\n') || b == 0x7f)
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what} printed raw control bytes {bad:x?}: {:?}",
+        text(bytes)
+    );
+}
+
+/// Waits for the child's exit (a bound on a hang); its code and stderr.
+fn exit_of(mut child: std::process::Child) -> (Option<i32>, String) {
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+            return (status.code(), stderr);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("limited --watch did not exit");
+        }
+        thread::sleep(Duration::from_millis(10));
     }
 }

@@ -18,6 +18,7 @@ use tower::{Layer, Service, ServiceExt};
 use crate::support::{Ctx, RedisServer};
 
 mod faults;
+mod redis_count;
 
 /// What the inner service counts: requests in it now, the most at once, and all it served.
 #[derive(Default)]

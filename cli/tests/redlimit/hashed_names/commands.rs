@@ -1,6 +1,6 @@
-//! An outside review of hashed names: every command given a stored id (`#` and 64 lower-case
-//! hex digits) reaches exactly the tenant or route stored under it, on a single node and on
-//! Cluster; no argument reaches another tenant's keys or keys outside the prefix.
+//! Every command given a stored id (`#` and 64 lower-case hex digits) reaches exactly the tenant
+//! or route stored under it, on a single node and on Cluster; no argument reaches another
+//! tenant's keys or keys outside the prefix.
 
 use redlimit::{Limiter, Quota, Quotas, Target};
 use serde_json::Value;

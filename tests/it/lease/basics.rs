@@ -5,6 +5,8 @@
 
 use crate::support;
 
+use super::{INTERVAL, T0};
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,9 +17,6 @@ use redlimit::limiter::{ConfigError, LeaseError, LeaseStats, Leases};
 use redlimit::store::{MemoryStore, RedisStore, Store};
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, Target, Verdict};
 use support::{Ctx, RedisCluster, RedisServer};
-
-const INTERVAL: Duration = Duration::from_millis(50);
-const T0: Duration = Duration::from_secs(1_700_003_600);
 
 fn leasing(store: RedisStore, algorithm: Algorithm) -> Limiter {
     Limiter::builder(store)

@@ -120,7 +120,7 @@ async fn a_request_dropped_during_its_renewal_never_hangs_the_later_requests_on_
     );
     // Each dropped renewal was finished by the store call it had sent: nothing leased is lost.
     let stats = limiter.lease_stats();
-    crate::leases::assert_accounted(&stats);
+    super::basics::assert_accounted(&stats);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,5 +213,5 @@ async fn a_request_dropped_after_its_lease_ended_while_it_waited_loses_no_unit()
         "Redis counts more units consumed than the {admitted} admitted and {} stranded: {stats:?}",
         stats.stranded
     );
-    crate::leases::assert_accounted(&stats);
+    super::basics::assert_accounted(&stats);
 }

@@ -21,7 +21,7 @@ use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Targ
 use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
-use super::settle::until_entered;
+use crate::modes::settle::until_entered;
 use crate::support::service::{status_of, TestService};
 use crate::support::{Ctx, RedisServer};
 

@@ -1,9 +1,7 @@
-//! Break-it probes of two lease promises (docs/leases.md): a fixed window's leased units end
-//! with their window ("Validity": per aligned window, admissions never exceed the quota), and a
-//! settlement of a request answered from a lease is dated by its renewal (its refund reaches
-//! the renewal's window and reset epoch or nothing, never a later window nor the state written
-//! after a reset). Counts are by the window each admission happened in, on a client
-//! `ManualClock`, on Redis and on the memory store.
+//! A fixed window's leased units end with their window (docs/leases.md, "Validity": per aligned
+//! window, admissions never exceed the quota), and so does a leasing instance's cached denial.
+//! Counts are by the window each admission happened in, on a client `ManualClock`, on Redis and
+//! on the memory store.
 
 use std::time::Duration;
 
@@ -12,7 +10,8 @@ use redlimit::limiter::Leases;
 use redlimit::store::{MemoryStore, Store};
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
-use crate::modes::settle_leases::target;
+use super::settle::target;
+use super::{INTERVAL, T0};
 use crate::support::{Ctx, RedisServer};
 
 /// A fixed-window limiter on `store` with leases of `interval`.
@@ -386,4 +385,40 @@ async fn two_leasing_instances_alone_admit_per_window_between_the_quota_less_ins
             "window {w} admitted {admitted} (quota 1 000, at least 800): {per_window:?}; {stats:?}"
         );
     }
+}
+
+/// Deny cache at a fixed window's turn (manual clock): a leasing instance that spent its
+/// window is denied from the cache; once the window turns it admits at once (the cached
+/// denial ends with the window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_a_cached_denial_ends_with_its_fixed_window() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
+    let leasing = Limiter::builder(ctx.redis_store(&redis))
+        .algorithm(Algorithm::FixedWindow)
+        .clock(Clock::Manual(clock.clone()))
+        .leases(Leases::new(INTERVAL))
+        .build()
+        .unwrap();
+    let quota = Quota::per_minute(100).unwrap();
+    let mut ok = 0;
+    for _ in 0..150 {
+        ok += u64::from(leasing.check("w", &quota).await.is_allowed());
+    }
+    assert_eq!(ok, 100);
+    let denied = *leasing.check("w", &quota).await.decision().unwrap();
+    assert!(!denied.allowed);
+    clock.advance(denied.retry_after + Duration::from_micros(1));
+    let v = leasing.check("w", &quota).await;
+    assert!(
+        v.is_allowed(),
+        "denied after its retry_after {:?}: {v:?}",
+        denied.retry_after
+    );
+    let mut second = 1;
+    for _ in 0..150 {
+        second += u64::from(leasing.check("w", &quota).await.is_allowed());
+    }
+    assert_eq!(second, 100, "admitted in the second window");
 }

@@ -1,4 +1,4 @@
-//! Break-it probes of the dating of a lease-answered request's settlement (docs/leases.md "A
+//! How a lease-answered request's settlement is dated, directly on the limiter (docs/leases.md "A
 //! settlement is dated by the renewal", docs/modes.md): its refund reaches the window and the
 //! reset epoch its renewal was charged to, or nothing (lost, stranded), never a later window nor
 //! the state written after a reset made since the renewal. Every algorithm that leases, on a
@@ -11,10 +11,10 @@ use redlimit::limiter::Leases;
 use redlimit::store::{MemoryStore, Store};
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
-use crate::modes::settle_leases::{store_left, target};
+use super::settle::{store_left, target};
 use crate::support::{Ctx, RedisServer};
 
-/// A day's quota: leases of up to 100 units, and no refill worth a unit within a probe.
+/// A day's quota: leases of up to 100 units, and no refill worth a unit within a test.
 const CAPACITY: u64 = 1_000;
 
 /// The algorithms that lease.
@@ -88,14 +88,14 @@ pub(crate) async fn leases_ended(limiter: &Limiter) {
     panic!("the lease never ended: {:?}", limiter.lease_stats());
 }
 
-/// Moves a manual clock on by 1 ms (the steps of a probe happen at distinct times).
+/// Moves a manual clock on by 1 ms (the steps of a test happen at distinct times).
 fn tick(clock: &Clock) {
     if let Clock::Manual(manual) = clock {
         manual.advance(Duration::from_millis(1));
     }
 }
 
-/// The clocks probed: the store's, and a client clock in the middle of a day.
+/// The clocks tested: the store's, and a client clock in the middle of a day.
 fn clocks() -> [Clock; 2] {
     let manual = ManualClock::new(Duration::from_secs(1_700_006_400 + 43_200));
     [Clock::default(), Clock::Manual(manual)]
@@ -152,7 +152,7 @@ async fn a_lease_answered_refund_never_lands_after_a_reset_for_every_algorithm_a
 }
 
 /// The control: without a reset, the refund of a request answered from the lease lands in the
-/// renewal's state (every algorithm, both clocks, both stores); so the probe above tells a
+/// renewal's state (every algorithm, both clocks, both stores); so the test above tells a
 /// refund kept out from one never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_answered_refund_lands_in_its_renewals_state_for_every_algorithm_and_clock() {

@@ -1,5 +1,7 @@
-//! An outside review's probes of issue 27 (learning and pacing after the response): each test
-//! states the promise of docs/outbound.md it tries to break, with the figures it saw.
+//! Learning and pacing after the response: each test states the promise of docs/outbound.md it
+//! tries to break (an operator's override is never loosened, a learned quota expires, hostile
+//! pacing headers are capped, a caller that gives up loses no pacing, a flapping upstream costs
+//! one write per period), with the figures it saw.
 
 use std::sync::Arc;
 use std::time::Duration;

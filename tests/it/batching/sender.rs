@@ -15,7 +15,7 @@ use redlimit::store::{RedisStore, Store, StoreError};
 use redlimit::{Algorithm, Decision};
 use support::RedisServer;
 
-use super::batching::{generous, request};
+use super::{generous, request};
 
 /// The main runtime of these tests: a multi-thread one, as an application's.
 pub(crate) fn main_runtime() -> tokio::runtime::Runtime {

@@ -1,15 +1,15 @@
-//! Probes (outside review) of the remembered expiry (`lua/common.lua`'s write: a one-tier key
-//! on Redis's clock keeps its TTL with `SET … KEEPTTL` while the expiry it remembers after its
-//! state is late enough): a key never expires before its state is fresh again, and an idle key
-//! outlives its freshness by at most half of it and half of its period. Against a previous
-//! release's script on the same keys (a rolling deploy), remembered times that are no time,
-//! quota changes, and a fleet of mixed clocks.
+//! The remembered expiry at its edges (`lua/common.lua`'s write: a one-tier key on Redis's clock
+//! keeps its TTL with `SET … KEEPTTL` while the expiry it remembers after its state is late
+//! enough): a key never expires before its state is fresh again, and an idle key outlives its
+//! freshness by at most half of it and half of its period. Against a previous release's script
+//! on the same keys (a rolling deploy), Redis without `KEEPTTL`, remembered times that are no
+//! time, quota and tier changes, operators on a busy key, and a fleet of mixed clocks.
 
 use crate::support;
 
 use std::time::{Duration, Instant};
 
-use crate::expiry::{packed, pttl, Lcg};
+use super::basics::{packed, pttl, Lcg};
 use redlimit::{Algorithm, Limiter, Quota};
 use support::{Ctx, RedisServer};
 
@@ -31,7 +31,7 @@ fn put_for_an_hour(redis: &RedisServer, key: &str, bytes: &[u8]) {
 
 /// The key's string, which must be there.
 fn stored(redis: &RedisServer, key: &str) -> Vec<u8> {
-    crate::expiry::stored(redis, key).expect("the key")
+    super::basics::stored(redis, key).expect("the key")
 }
 
 /// The decision script's one argument on Redis's clock (now_us -1): cost 1, the algorithm's

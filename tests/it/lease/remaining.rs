@@ -5,15 +5,14 @@
 
 use crate::support;
 
+use super::{INTERVAL, T0};
+
 use std::time::Duration;
 
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::limiter::Leases;
 use redlimit::{Algorithm, Decision, Limiter, Quota};
 use support::RedisServer;
-
-const INTERVAL: Duration = Duration::from_millis(50);
-const T0: Duration = Duration::from_secs(1_700_003_600);
 
 /// An instance leasing on `redis` under `algorithm`, on `clock`.
 fn leasing(redis: &RedisServer, algorithm: Algorithm, clock: &ManualClock) -> Limiter {

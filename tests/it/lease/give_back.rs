@@ -1,8 +1,8 @@
-//! Probes (outside review) of the give-back and refund promises of docs/leases.md ("so it
-//! never lands in another window, nor in the state written after a reset made anywhere since")
-//! and docs/modes.md (settlement refunds): an operator's reset from a limiter of its own, under
-//! clocks ahead of or behind the leasing instance's, on real Redis and on the `MemoryStore`
-//! (they must agree); a refund Redis runs late; corrupt reset stamps; dropped refunds.
+//! The give-back and refund promises of docs/leases.md ("so it never lands in another window,
+//! nor in the state written after a reset made anywhere since") and docs/modes.md (settlement
+//! refunds): an operator's reset from a limiter of its own, under clocks ahead of or behind the
+//! leasing instance's, on real Redis and on the `MemoryStore` (they must agree); a refund Redis
+//! runs late; corrupt reset stamps; dropped refunds.
 
 use crate::support;
 
@@ -16,7 +16,7 @@ use redlimit::store::{MemoryStore, RefundRequest, ReservedAt, Store};
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 use support::{Ctx, RedisServer};
 
-/// The middle of an hour: every per-hour window in these probes is far from its end.
+/// The middle of an hour: every per-hour window in these tests is far from its end.
 const T0: Duration = Duration::from_secs(1_700_004_600);
 const CAPACITY: u64 = 1_000;
 const LEASING: [Algorithm; 3] = [
@@ -81,7 +81,7 @@ enum Operator {
 /// Instance A leases `key`; an operator's limiter of its own resets the tenant; instance B (no
 /// leases) then spends 5 in the state written after the reset; A gives its lease back. Returns
 /// B's remaining before and after the give-back, A's lease stats, and what the same give-back
-/// did on a key nobody reset (the control: the probe sees a give-back that lands).
+/// did on a key nobody reset (the control: the test sees a give-back that lands).
 async fn give_back_after_reset<S: Store>(
     mk: impl Fn() -> S,
     algorithm: Algorithm,

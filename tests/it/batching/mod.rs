@@ -1,0 +1,247 @@
+//! Batching: decisions that queue behind a call in flight share the next `EVALSHA`
+//! (`src/store/redis/batch.rs`, `lua/batch.lua`), and each is still decided as it would be
+//! alone: its own reply, error and timeout, at most once, whatever its caller, its runtime or
+//! Redis does meanwhile. A `DEBUG SLEEP` holds the first call, so the decisions behind it queue
+//! for certain.
+
+mod cancel;
+mod cluster;
+mod decisions;
+mod faults;
+mod limits;
+mod runtime;
+mod sender;
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use redlimit::store::{CheckRequest, RedisStore, Store, StoreError};
+use redlimit::{Algorithm, Decision, Quota, Quotas};
+
+use crate::support::RedisServer;
+
+/// A quota nothing in these tests exhausts unless it says so.
+pub(crate) fn generous() -> Quotas {
+    Quota::per_hour(1_000).unwrap().into()
+}
+
+/// A decision of cost 1 on Redis's clock.
+pub(crate) fn request<'a>(
+    key: &'a str,
+    quotas: &'a Quotas,
+    algorithm: Algorithm,
+) -> CheckRequest<'a> {
+    CheckRequest {
+        key,
+        algorithm,
+        quotas,
+        cost: 1,
+        now_micros: None,
+    }
+}
+
+/// What a decision may take beyond its own timeout on this loaded 2-core machine: the timer's
+/// and the scheduler's lateness, never a wait for another call.
+const SLACK: Duration = Duration::from_millis(250);
+
+type Answer = (Result<Decision, StoreError>, Duration);
+
+/// A store on `redis`, built (and connected, its decision and batch scripts loaded) inside
+/// `runtime`'s `block_on`.
+fn store_on(
+    runtime: &tokio::runtime::Runtime,
+    redis: &RedisServer,
+    timeout: Duration,
+    max_batch: usize,
+) -> RedisStore {
+    runtime.block_on(async {
+        let store = RedisStore::builder(redis.url())
+            .timeout(timeout)
+            .max_batch(max_batch)
+            .without_circuit_breaker()
+            .build()
+            .unwrap();
+        store.verify().await.expect("Redis is up");
+        warm_batch_script(redis, &store).await;
+        store
+    })
+}
+
+/// Loads the batch script: a queue behind a held call, so that no `NOSCRIPT` blurs timings.
+async fn warm_batch_script(redis: &RedisServer, store: &RedisStore) {
+    let sleeping = redis.debug_sleep(Duration::from_millis(60));
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    let quotas = generous();
+    let keys: Vec<String> = (0..4).map(|i| format!("redlimit:{{warm-{i}}}")).collect();
+    for answer in join_all(
+        keys.iter()
+            .map(|key| store.check(request(key, &quotas, Algorithm::TokenBucket))),
+    )
+    .await
+    {
+        answer.expect("warm-up decided");
+    }
+    sleeping.join().unwrap();
+}
+
+async fn timed(store: &RedisStore, key: &str) -> Answer {
+    let quotas = generous();
+    let started = Instant::now();
+    let answer = store
+        .check(request(key, &quotas, Algorithm::TokenBucket))
+        .await;
+    (answer, started.elapsed())
+}
+
+/// `count` decisions on keys of their own, all entered in one poll; each with its time.
+async fn together(store: &RedisStore, prefix: &str, count: usize) -> Vec<Answer> {
+    let keys: Vec<String> = (0..count)
+        .map(|i| format!("redlimit:{{{prefix}-{i}}}"))
+        .collect();
+    join_all(keys.iter().map(|key| timed(store, key))).await
+}
+
+fn show(answers: &[Answer]) -> String {
+    answers
+        .iter()
+        .map(|(answer, took)| match answer {
+            Ok(decision) => format!("ok({}) {took:.0?}", decision.allowed),
+            Err(error) => format!("err({error}) {took:.0?}"),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn all_decided_within(answers: &[Answer], within: Duration) -> bool {
+    answers
+        .iter()
+        .all(|(answer, took)| answer.is_ok() && *took <= within)
+}
+
+fn none_past(answers: &[Answer], limit: Duration) -> bool {
+    answers.iter().all(|(_, took)| *took <= limit)
+}
+
+/// Script calls Redis ran (`EVALSHA` and `EVAL`), and of those the batch script's (the only
+/// script that runs `MGET`).
+fn script_calls(redis: &RedisServer) -> (u64, u64) {
+    (
+        redis.command_calls("evalsha") + redis.command_calls("eval"),
+        redis.command_calls("mget"),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Futures dropped and parked.
+// ---------------------------------------------------------------------------------------------
+
+/// A fixed-window quota of `QUOTA` per hour on one shared key: what Redis consumed is
+/// `QUOTA - remaining` of a peek.
+const QUOTA: u64 = 100_000;
+
+fn shared_quota() -> Quotas {
+    Quota::per_hour(QUOTA).unwrap().into()
+}
+
+fn on_shared<'a>(key: &'a str, quotas: &'a Quotas, cost: u64) -> CheckRequest<'a> {
+    CheckRequest {
+        key,
+        algorithm: Algorithm::FixedWindow,
+        quotas,
+        cost,
+        now_micros: None,
+    }
+}
+
+async fn consumed(store: &RedisStore, key: &str) -> u64 {
+    let quotas = shared_quota();
+    // The count's own peek may meet a slot still moving (a redirect past the store's resends):
+    // it is asked again, a moment later.
+    let mut last = None;
+    for attempt in 0..5 {
+        match store.check(on_shared(key, &quotas, 0)).await {
+            Ok(peek) => return QUOTA - peek.remaining,
+            Err(error) => last = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
+    }
+    panic!("the count's peek failed 5 times: {last:?}")
+}
+
+/// Whether three decisions entered in one poll, Redis idle, went as a lone call and a sender's
+/// call of one each (3 script calls, no batch script): the group holds no call in flight.
+async fn lone_and_fast(
+    redis: &RedisServer,
+    store: &RedisStore,
+    prefix: &str,
+) -> (u64, u64, Vec<Answer>) {
+    // A sender that just answered ends on its next poll: a decision that arrives before that
+    // is queued and carried by it (harmless, and not what this looks for).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    redis.reset_stats();
+    let answers = together(store, prefix, 3).await;
+    let (calls, batches) = script_calls(redis);
+    (calls, batches, answers)
+}
+
+/// `count` keys of their own, `redlimit:{<prefix>-<i>}`.
+fn keys(prefix: &str, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| format!("redlimit:{{{prefix}-{i}}}"))
+        .collect()
+}
+
+/// An answer as text, to compare two stores' answers or print one.
+fn text(answer: &Result<Decision, StoreError>) -> String {
+    match answer {
+        Ok(decision) => format!("{decision:?}"),
+        Err(error) => format!("error: {error}"),
+    }
+}
+
+/// Tries one decision on `key` up to `attempts` times, a moment apart, and returns the first
+/// that Redis decided, or every error seen. A new runtime's first call may meet a connection
+/// that an older runtime's shutdown dropped, which the store replaces by itself.
+async fn decided_within(
+    store: &RedisStore,
+    key: &str,
+    attempts: usize,
+) -> Result<Decision, Vec<String>> {
+    let quotas = generous();
+    let mut errors = Vec::new();
+    for _ in 0..attempts {
+        let started = Instant::now();
+        match store
+            .check(request(key, &quotas, Algorithm::TokenBucket))
+            .await
+        {
+            Ok(decision) => return Ok(decision),
+            Err(error) => errors.push(format!("{error} after {:?}", started.elapsed())),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(errors)
+}
+
+/// Holds Redis for `sleep`, then sends `first` (alone, behind the sleep) and, once it is on the
+/// wire, every request of `rest` (queued behind it, in order); `during` runs on a thread of its
+/// own while Redis sleeps. Answers in the order given, `first`'s first.
+async fn behind_a_sleep(
+    redis: &RedisServer,
+    store: &RedisStore,
+    sleep: Duration,
+    first: CheckRequest<'_>,
+    rest: &[CheckRequest<'_>],
+) -> Vec<Result<Decision, StoreError>> {
+    store.verify().await.expect("Redis is up");
+    let sleeping = redis.debug_sleep(sleep);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let leader = store.check(first);
+    let followers = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        join_all(rest.iter().map(|request| store.check(*request))).await
+    };
+    let (first, rest) = tokio::join!(leader, followers);
+    let _ = sleeping.join();
+    std::iter::once(first).chain(rest).collect()
+}
