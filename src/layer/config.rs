@@ -99,7 +99,7 @@ pub(crate) struct Config<K> {
     pub skip: Option<Box<SkipFn>>,
     /// Whether the first request counted against the shared key was logged.
     pub unkeyed_logged: AtomicBool,
-    /// Shadow, settlement, block on abuse (`modes.rs`).
+    /// Shadow, settlement, block on abuse (`config.rs`: `Modes`; `shadow.rs`, `settle.rs`).
     pub modes: Modes,
 }
 

@@ -69,9 +69,9 @@ pub(crate) type Check<K> = BoxFuture<'static, Checked<K>>;
 pub(crate) struct Checked<K> {
     pub verdict: Verdict,
     pub headers: Headers<K>,
-    /// The shadow tiers' denial, if they would have denied (`modes.rs`).
+    /// The shadow tiers' denial, if they would have denied (`shadow.rs`).
     pub shadow: Option<Decision>,
-    /// The settlement due after the response (`modes.rs`); boxed, as the future is moved
+    /// The settlement due after the response (`settle.rs`); boxed, as the future is moved
     /// whole on every request and only the settling layers have one.
     pub settlement: Option<Box<Settlement>>,
 }

@@ -208,7 +208,7 @@ pub struct RateLimitLayerBuilder<K> {
     legacy_headers: bool,
     cost: Option<Box<CostFn>>,
     skip: Option<Box<SkipFn>>,
-    /// Shadow, settlement, block on abuse (`modes.rs`).
+    /// Shadow, settlement, block on abuse (`config.rs`: `Modes`; `shadow.rs`, `settle.rs`).
     pub(super) modes: super::config::Modes,
 }
 
