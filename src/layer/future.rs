@@ -121,7 +121,7 @@ pub(crate) async fn check<K>(
                 // the failure policy, reserved the units).
                 shadow_admitted = shadow_reserved
                     .filter(|_| shadow_answer.origin == Origin::Store)
-                    .map(|reserved| (key, *tiers, reserved.taking(shadow_answer.taken, limiter)));
+                    .map(|reserved| (key, *tiers, reserved.taking(shadow_answer.taken)));
             } else {
                 shadow = Some(decision);
             }
@@ -135,7 +135,7 @@ pub(crate) async fn check<K>(
                 storage_key: storage_key.to_owned(),
                 quotas: *quotas,
                 reserved: cost,
-                reserved_at: reserved.taking(answer.taken, limiter),
+                reserved_at: reserved.taking(answer.taken),
                 settle: Arc::clone(settle),
                 label: config.metrics_label.clone(),
                 shadow: shadow_admitted,

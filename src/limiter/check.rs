@@ -4,10 +4,9 @@
 //! ([`Limiter::answer_later`]) waits for the store, or for a lease's renewal. Every check of
 //! the crate goes through here, and hands back what it decided as a value ([`Answer`]).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::deny_cache::Started;
-use super::settle::{Origin, Taken};
 use super::stats::{PolicyLabel, StoreTimer};
 use super::Limiter;
 use crate::decision::{Decision, Verdict};
@@ -84,6 +83,41 @@ impl Answer {
     pub(crate) fn taken(self, taken: Taken) -> Self {
         Answer { taken, ..self }
     }
+}
+
+/// What a check learns of when the units it reserved were reserved, handed back with its
+/// verdict ([`Answer`](super::check::Answer)).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) enum Taken {
+    /// Nothing more than the reservation's mark.
+    #[default]
+    Marked,
+    /// The store's time of its admission.
+    Decided(u64),
+    /// A lease's renewal reserved them, earlier than the check (told only to a check that
+    /// reserves).
+    Renewal(Renewal),
+}
+
+/// The lease renewal that reserved the units a request spent (the oldest of them): a settlement
+/// of that request is dated by it, as a give-back of the lease's units is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal {
+    /// Taken before the renewal's store call was sent.
+    pub(crate) sent: Instant,
+    /// The client clock's time then, when the limiter has a client clock.
+    pub(crate) client_micros: Option<u64>,
+    /// The store's clock's µs at which it admitted the renewal, when it told.
+    pub(crate) store_micros: Option<u64>,
+}
+
+/// Which store made a reservation: the limiter's own, or its failure policy's (a
+/// [`LocalFallback`](crate::failure_policy::LocalFallback)'s memory). A settlement goes to the first,
+/// or nowhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    Store,
+    Policy,
 }
 
 /// What the part of a check done at once leaves to [`Limiter::answer_later`].

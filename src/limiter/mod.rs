@@ -26,7 +26,7 @@ pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
-pub(crate) use self::check::{Answer, Ask, Later};
+pub(crate) use self::check::{Answer, Ask, Later, Origin};
 pub use self::control::{
     ControlError, KeyStatus, OverrideSource, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
@@ -38,7 +38,6 @@ pub use self::lease::{
     LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
     MAX_LEASE_INTERVAL,
 };
-pub(crate) use self::settle::Origin;
 pub use self::settle::Reserved;
 use self::stats::Counters;
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};

@@ -7,8 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
-use super::check::Ask;
-use super::lease::Reservation;
+use super::check::{Ask, Taken};
 use super::{Limiter, PolicyLabel, Shadow};
 use crate::decision::Verdict;
 use crate::failure_policy::FailureContext;
@@ -37,31 +36,6 @@ pub struct Reserved {
     earlier: u64,
 }
 
-/// What a check learns of when the units it reserved were reserved, handed back with its
-/// verdict ([`Answer`](super::check::Answer)).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) enum Taken {
-    /// Nothing more than the reservation's mark.
-    #[default]
-    Marked,
-    /// The store's time of its admission.
-    Decided(u64),
-    /// A lease's renewal reserved them, earlier than the check.
-    Lease(Reservation),
-}
-
-/// The lease renewal that reserved the units a request spent (the oldest of them): a settlement
-/// of that request is dated by it, as a give-back of the lease's units is.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Renewal {
-    /// Taken before the renewal's store call was sent.
-    pub(crate) sent: Instant,
-    /// The client clock's time then, when the limiter has a client clock.
-    pub(crate) client_micros: Option<u64>,
-    /// The store's clock's µs at which it admitted the renewal, when it told.
-    pub(crate) store_micros: Option<u64>,
-}
-
 impl Reserved {
     /// When the refund says the units were reserved: the client clock's time, else the time
     /// the store told for its admission, else the store's time less the age measured here.
@@ -79,30 +53,18 @@ impl Reserved {
     /// This reservation as the check that made it learned it: on the store's clock, the time
     /// the store told for its admission; answered from a lease, the renewal's reservation (its
     /// time, on either clock).
-    pub(crate) fn taking(mut self, taken: Taken, limiter: &Limiter) -> Reserved {
+    pub(crate) fn taking(mut self, taken: Taken) -> Reserved {
         match taken {
             Taken::Marked => {}
             Taken::Decided(at) => self.store_micros = Some(at),
-            Taken::Lease(reservation) => {
-                if let Some(leases) = &limiter.inner.leases {
-                    let renewal = leases.renewal(&limiter.inner.clock, reservation);
-                    self.sent = renewal.sent;
-                    self.client_micros = renewal.client_micros;
-                    self.store_micros = renewal.store_micros;
-                }
+            Taken::Renewal(renewal) => {
+                self.sent = renewal.sent;
+                self.client_micros = renewal.client_micros;
+                self.store_micros = renewal.store_micros;
             }
         }
         self
     }
-}
-
-/// Which store made a reservation: the limiter's own, or its failure policy's (a
-/// [`LocalFallback`](crate::failure_policy::LocalFallback)'s memory). A settlement goes to the first,
-/// or nowhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
-    Store,
-    Policy,
 }
 
 /// The layer's settlements still running, for [`Limiter::flush_settlements`].
@@ -258,7 +220,7 @@ impl Limiter {
         let label = PolicyLabel::direct();
         let ask = Ask::new(storage_key.as_str(), quotas, cost, &label).reserving(true);
         let answer = self.answer(ask).await;
-        (answer.verdict, reserved.taking(answer.taken, self))
+        (answer.verdict, reserved.taking(answer.taken))
     }
 
     /// The time of a reservation about to be made, for

@@ -26,7 +26,7 @@ use tokio::sync::futures::Notified;
 use super::state::{Released, Reservation};
 use super::{Counters, Lease, LeaseStats, LeaseTable};
 use crate::decision::Decision;
-use crate::limiter::settle::Taken;
+use crate::limiter::check::Taken;
 use crate::limiter::stats::{PolicyLabel, StoreTimer};
 use crate::limiter::{Answer, Ask, Inner, Limiter};
 use crate::quota::Quotas;
@@ -60,6 +60,7 @@ impl Limiter {
             quotas,
             cost,
             label,
+            reserving,
             ..
         } = ask;
         let now = leases.now(&self.inner.clock);
@@ -74,7 +75,7 @@ impl Limiter {
         let mut waited_for = None;
         let mut deadline = None;
         let mut now = Some(now);
-        let ask = loop {
+        let units = loop {
             let now = now.take().unwrap_or_else(|| leases.now(&self.inner.clock));
             match self.step(
                 leases,
@@ -92,7 +93,8 @@ impl Limiter {
                         self.spawn_prefetch(lease.clone(), storage_key, ask, label);
                     }
                     // A settlement gives these units back to the renewal's window.
-                    return Answer::decided(decision).taken(Taken::Lease(reservation));
+                    let answer = Answer::decided(decision);
+                    return self.reserved_by(answer, ask, leases, reservation);
                 }
                 Step::Answered(answer) => return answer,
                 Step::Wait(notified) => {
@@ -102,7 +104,7 @@ impl Limiter {
                     }
                     continue;
                 }
-                Step::Renew(ask) => break ask,
+                Step::Renew(units) => break units,
                 Step::Ended => {}
             }
             // The lease ended while this request waited: it starts again on the key's new
@@ -120,7 +122,7 @@ impl Limiter {
                 }
             }
         };
-        let renewal = self.renew(&lease, storage_key, ask, cost, label);
+        let renewal = self.renew(&lease, storage_key, units, cost, label, reserving);
         self.within(deadline, renewal, storage_key, quotas, cost, label)
             .await
     }
@@ -206,7 +208,24 @@ impl Limiter {
         if let Some(ask) = prefetch {
             self.spawn_prefetch(lease, storage_key, ask, label);
         }
-        Some(Answer::decided(decision).taken(Taken::Lease(reservation)))
+        Some(self.reserved_by(Answer::decided(decision), ask, leases, reservation))
+    }
+
+    /// `answer`, spent from units `reservation` reserved: for a check that reserves, dated by
+    /// that renewal.
+    fn reserved_by(
+        &self,
+        answer: Answer,
+        ask: Ask<'_>,
+        leases: &LeaseTable,
+        reservation: Reservation,
+    ) -> Answer {
+        match ask.reserving {
+            true => answer.taken(Taken::Renewal(
+                leases.renewal(&self.inner.clock, reservation),
+            )),
+            false => answer,
+        }
     }
 
     /// One look at the lease, under its lock, at `now`.
@@ -276,6 +295,7 @@ impl Limiter {
         ask: u64,
         cost: u64,
         label: &PolicyLabel,
+        reserving: bool,
     ) -> Answer {
         let (limiter, owned, key, label) = (
             self.clone(),
@@ -285,9 +305,11 @@ impl Limiter {
         );
         let renewal = async move {
             let unfinished = Unfinished::new(&owned);
-            let verdict = limiter.renewal(&owned, &key, ask, cost, &label).await;
+            let answer = limiter
+                .renewal(&owned, &key, ask, cost, &label, reserving)
+                .await;
             unfinished.disarm();
-            verdict
+            answer
         };
         HandOn {
             renewal: Some(Box::pin(renewal)),
@@ -308,6 +330,7 @@ impl Limiter {
         mut ask: u64,
         cost: u64,
         label: &PolicyLabel,
+        reserving: bool,
     ) -> Option<Answer> {
         let leases = self.inner.leases.as_ref()?;
         let quotas = &lease.quotas;
@@ -360,7 +383,13 @@ impl Limiter {
                 self.inner.stats.count_decision(&answer, label);
                 // The request's units are this renewal's.
                 let reservation = Reservation { sent, decided };
-                return Some(Answer::decided(answer).taken(Taken::Lease(reservation)));
+                let answer = Answer::decided(answer);
+                return Some(match reserving {
+                    true => answer.taken(Taken::Renewal(
+                        leases.renewal(&self.inner.clock, reservation),
+                    )),
+                    false => answer,
+                });
             }
             let (released, abandoned) = {
                 let mut state = lease.state.lock().expect("lease");

@@ -26,9 +26,8 @@ use crate::quota::Quotas;
 mod flow;
 mod state;
 
-pub(crate) use self::state::Reservation;
-use self::state::{Sizing, State};
-use super::settle::Renewal;
+use self::state::{Reservation, Sizing, State};
+use super::check::Renewal;
 
 /// The most units one renewal takes by default.
 pub const DEFAULT_MAX_LEASE_UNITS: u64 = 65_536;
@@ -329,7 +328,7 @@ impl LeaseTable {
     /// The renewal that reserved `reservation`, as a settlement dates it (as a give-back of the
     /// lease's units is dated, `flow.rs`): on a client clock its time, else the store's time of
     /// its admission when it told, or the instant it was sent on this table's monotonic clock.
-    pub(in crate::limiter) fn renewal(&self, clock: &Clock, reservation: Reservation) -> Renewal {
+    fn renewal(&self, clock: &Clock, reservation: Reservation) -> Renewal {
         let Reservation { sent, decided } = reservation;
         match clock.now_micros() {
             Some(now) => Renewal {

@@ -40,7 +40,7 @@ pub(super) struct Batch {
 /// the store told for every batch it spent from. Earlier than the truth for the newer units: a
 /// refund dated so may be lost, never given to a window after theirs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reservation {
+pub(super) struct Reservation {
     pub(super) sent: u64,
     pub(super) decided: Option<u64>,
 }
