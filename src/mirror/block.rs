@@ -1,7 +1,7 @@
 //! Block on abuse: what the memory store's mirror of `lua/block.lua` (the decision script
 //! wrapped) shares with it. Its wire (keys, arguments) is in `src/store/redis/block.rs`.
 
-use super::tenant_key;
+use crate::store::wire::layout::tenant_key;
 
 /// The key of a tenant's offence count: its hash tag and `#b`, beside its controls (`#t`).
 pub(crate) fn offences_key(key: &str) -> String {

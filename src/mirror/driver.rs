@@ -2,14 +2,14 @@
 //! (`lua/control.lua`), which [`MemoryStore`](crate::store::MemoryStore) runs: the same steps in
 //! the same order over the same strings, so both store the same bytes.
 
-use super::layout::{
-    f64_at, put_quota, Controls, Op, Reply, Tier, CONTROLS, CONTROLS_HEAD, MAX_REPLY_MS,
-    MAX_TTL_MS, OVERRIDE_IDLE_MS, STAMP,
-};
 use crate::algorithm::{
     is_one_state, ms_up, sliding_log, state_len_of, Algorithm, Args, Packed, PackedStep,
 };
 use crate::quota::{Quota, MAX_TIERS};
+use crate::store::wire::layout::{
+    f64_at, put_quota, Controls, Op, Reply, Tier, CONTROLS, CONTROLS_HEAD, MAX_REPLY_MS,
+    MAX_TTL_MS, OVERRIDE_IDLE_MS, STAMP,
+};
 
 /// Why the mirror refused a call (the script answers an error reply).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -591,7 +591,7 @@ pub(crate) fn control(
         }
         Op::Resume => until_us = 0.0,
         Op::Reset if tenant => {
-            let last = super::layout::reset_time(reset_us);
+            let last = crate::store::wire::layout::reset_time(reset_us);
             reset_us = now;
             if reset_us <= last {
                 reset_us = last + 1.0;

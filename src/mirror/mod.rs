@@ -1,9 +1,5 @@
 //! The Rust twin of the scripts: everything that reads or writes what the Lua reads and writes.
 //!
-//! - `scripts.rs`: the scripts as Redis runs them, assembled from `lua/` and the algorithms'
-//!   specs, and the constants every script shares (written into them at assembly).
-//! - `layout.rs`: the layout both stores share: the controls at the start of a key's string,
-//!   the keys a call names, the reply, the shared numbers.
 //! - `driver.rs`: the Rust mirror of the driver (`lua/common.lua`) and of the controls
 //!   (`lua/control.lua`), which [`MemoryStore`](crate::store::MemoryStore) runs over the same
 //!   bytes.
@@ -15,9 +11,7 @@
 
 mod block;
 mod driver;
-pub(crate) mod layout;
 mod refund;
-mod scripts;
 mod slots;
 
 pub(crate) use self::block::{block_us, offences_key};
@@ -25,14 +19,7 @@ pub(crate) use self::driver::{
     control, decide, decide_log, foreign_state, learning, marked_override, LogWrite, RecordWrite,
     Refused, Written,
 };
-pub(crate) use self::layout::{
-    capped_cost, is_tenant_key, learned_record_key, log_controls_key, tenant_key, Controls, Op,
-    Reply, OVERRIDE_IDLE_MS, RECORD_SUFFIX, STAMP,
-};
 pub(crate) use self::refund::{log_refund, refund, reserved_before_reset};
-pub(crate) use self::scripts::{
-    BATCH_SOURCE, BLOCK_SOURCE, CONTROL_SOURCE, REFUND_SOURCE, SLOTS_SOURCE, SOURCE,
-};
 pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW};
 
 /// The decision script as the crate sends it (`lua/common.lua` with every step spliced in),
@@ -40,7 +27,7 @@ pub(crate) use self::slots::{slots_step, ACQUIRE, RELEASE, RENEW};
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub fn script_source() -> &'static str {
-    &SOURCE
+    &crate::store::wire::scripts::SOURCE
 }
 
 /// The keys a decision on the storage key `key` names besides it, as the crate builds them:
@@ -48,5 +35,6 @@ pub fn script_source() -> &'static str {
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub fn control_keys(key: &str) -> [String; 2] {
+    use crate::store::wire::layout::{log_controls_key, tenant_key};
     [log_controls_key(key), tenant_key(key)]
 }

@@ -4,9 +4,9 @@
 //! Gives units back to every tier of one route, never above a tier's capacity, and only to the
 //! window they were reserved in (the script's header states the rule per algorithm).
 
-use super::layout::Controls;
 use crate::algorithm::{is_one_state, lua_mod, packed_by_tag, sliding_log, state_len_of, Refund};
 use crate::quota::Quota;
+use crate::store::wire::layout::Controls;
 
 /// What a refund of `units` reserved at `reserved` (µs) does to a route's string `route` under
 /// its tenant's string `tenant`, for the algorithm tagged `tag` (not the sliding log: see

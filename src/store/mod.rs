@@ -100,9 +100,12 @@ mod block;
 mod breaker;
 mod failure;
 mod memory;
+mod op;
+mod ops;
 mod redis;
 mod refund;
 pub(crate) mod slots;
+pub(crate) mod wire;
 
 pub use self::block::Block;
 pub use self::breaker::CircuitBreaker;
@@ -287,7 +290,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         Box::pin(async move {
             let mut decision = self.check(request).await?;
             if !decision.allowed && !decision.suspended {
-                let tenant = crate::mirror::tenant_key(request.key);
+                let tenant = crate::store::wire::layout::tenant_key(request.key);
                 self.control(ControlRequest {
                     key: &tenant,
                     algorithm: request.algorithm,
@@ -379,8 +382,8 @@ pub enum Control<'a> {
 
 impl<'a> Control<'a> {
     /// The operation the scripts (and their mirror) run: durations in whole µs, at least 1.
-    pub(crate) fn op(self) -> crate::mirror::Op<'a> {
-        use crate::mirror::Op;
+    pub(crate) fn op(self) -> crate::store::wire::layout::Op<'a> {
+        use crate::store::wire::layout::Op;
         match self {
             Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
             Control::ClearQuota => Op::ClearQuota,

@@ -16,9 +16,9 @@ use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{Kind, MAX_SLIDING_LOG_BURST};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
-use crate::mirror::{
-    capped_cost, control, decide, foreign_state, learned_record_key, learning, log_controls_key,
-    tenant_key, Controls, Op, RecordWrite, Refused, Written,
+use crate::mirror::{control, decide, foreign_state, learning, RecordWrite, Refused, Written};
+use crate::store::wire::layout::{
+    capped_cost, learned_record_key, log_controls_key, tenant_key, Controls, Op,
 };
 
 /// The default cap on keys held at once.
@@ -751,7 +751,10 @@ mod tests {
         check("p:{i}:r", tb);
         check("p:{j}:r", tb);
         let reset_route = store.stored_state("p:{h}:r", now).unwrap_or_default();
-        assert_eq!(reset_route.first(), Some(&crate::mirror::layout::CONTROLS));
+        assert_eq!(
+            reset_route.first(),
+            Some(&crate::store::wire::layout::CONTROLS)
+        );
         let class = |key: &str| {
             let shard = store.shard(key).lock().unwrap();
             shard.is_protected(key)

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use super::index::{Index, Indexed, KeyHasher, Lookup, Probe};
 use super::EVICTION_BATCH;
 use crate::algorithm::{sliding_log, Packed};
-use crate::mirror::{decide_log, is_tenant_key, tenant_key, Controls, LogWrite, Refused, Reply};
+use crate::mirror::{decide_log, LogWrite, Refused};
+use crate::store::wire::layout::{is_tenant_key, tenant_key, Controls, Reply};
 
 /// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
 pub(super) const CANDIDATES: usize = 16;
@@ -515,7 +516,7 @@ impl Shard {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::mirror::layout::CONTROLS;
+    use crate::store::wire::layout::CONTROLS;
 
     fn stored(expires_at: u64) -> Stored {
         Stored {
@@ -689,7 +690,7 @@ pub(super) mod tests {
     /// suspension that has ended.
     #[test]
     fn what_a_caller_relies_on_is_protected_and_rate_state_is_not() {
-        use crate::mirror::STAMP;
+        use crate::store::wire::layout::STAMP;
         let now = 1_000_000;
         let state = |bytes: Vec<u8>| KeyState::Bytes(bytes);
         let mut reset_only = controls(0, 0);

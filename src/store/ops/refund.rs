@@ -1,17 +1,44 @@
-//! Settlement's refund on the wire (`lua/refund.lua`): its script, keys and packed argument.
+//! Settlement's refund (`lua/refund.lua`): its script, keys, packed argument and reply.
 
-use std::sync::LazyLock;
-
-use crate::mirror::layout::exact;
-use crate::mirror::{log_controls_key, tenant_key, REFUND_SOURCE};
 use crate::quota::Quota;
-use crate::store::{RefundRequest, ReservedAt};
+use crate::store::op::{Script, ScriptId, ScriptOp};
+use crate::store::wire::layout::exact;
+use crate::store::wire::layout::{log_controls_key, tenant_key};
+use crate::store::wire::scripts::REFUND_SOURCE;
+use crate::store::{RefundRequest, ReservedAt, StoreError};
 
-pub(super) static REFUND: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&REFUND_SOURCE));
+/// The refund script.
+pub(crate) static REFUND: Script = Script {
+    id: ScriptId::Refund,
+    source: &REFUND_SOURCE,
+    hashed: std::sync::LazyLock::new(|| redis::Script::new(&REFUND_SOURCE)),
+};
+
+/// One refund: its reply is the number of tiers that got units back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RefundOp<'a>(pub(crate) RefundRequest<'a>);
+
+impl ScriptOp for RefundOp<'_> {
+    type Output = u64;
+
+    fn script(&self) -> &'static Script {
+        &REFUND
+    }
+
+    fn write_args(&self, cmd: &mut redis::Cmd) {
+        push_refund(cmd, &self.0);
+    }
+
+    fn read_reply(&self, reply: redis::Value) -> Result<u64, StoreError> {
+        match reply {
+            redis::Value::Int(n) if n >= 0 => Ok(n as u64),
+            other => Err(StoreError::BadReply(format!("{other:?}"))),
+        }
+    }
+}
 
 /// Appends a refund's `numkeys`, `KEYS` and `ARGV`.
-pub(super) fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {
+fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {
     if r.algorithm.spec().is_log() {
         cmd.arg(3)
             .arg(log_controls_key(r.key))

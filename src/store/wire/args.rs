@@ -2,9 +2,9 @@
 //! decision sends, whichever script wraps it.
 
 use crate::algorithm::Algorithm;
-use crate::mirror::capped_cost;
-use crate::mirror::layout::{exact, put_quota, ARGS_HEADER, QUOTA_BYTES};
 use crate::quota::{Quota, MAX_TIERS};
+use crate::store::wire::layout::capped_cost;
+use crate::store::wire::layout::{exact, put_quota, ARGS_HEADER, QUOTA_BYTES};
 use crate::store::CheckRequest;
 
 /// The longest argument: now, cost, the algorithm, and 8 tiers.

@@ -1,0 +1,65 @@
+//! Block on abuse (`lua/block.lua`, the decision script wrapped): its script, keys, packed
+//! arguments and reply (a decision's).
+
+use super::decide::read_decision;
+use crate::decision::Decision;
+use crate::mirror::offences_key;
+use crate::store::op::{Script, ScriptId, ScriptOp};
+use crate::store::wire::args::PackedArgs;
+use crate::store::wire::layout::exact;
+use crate::store::wire::layout::{log_controls_key, tenant_key};
+use crate::store::wire::scripts::BLOCK_SOURCE;
+use crate::store::{micros, Block, CheckRequest, StoreError};
+
+/// The block script.
+pub(crate) static BLOCK: Script = Script {
+    id: ScriptId::Block,
+    source: &BLOCK_SOURCE,
+    hashed: std::sync::LazyLock::new(|| redis::Script::new(&BLOCK_SOURCE)),
+};
+
+/// A decision that blocks the key on a denial; `timed` as for a
+/// [`DecideOp`](super::decide::DecideOp).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BlockOp<'a> {
+    pub(crate) request: CheckRequest<'a>,
+    pub(crate) block: Block,
+    pub(crate) timed: bool,
+}
+
+impl ScriptOp for BlockOp<'_> {
+    type Output = (Decision, Option<u64>);
+
+    fn script(&self) -> &'static Script {
+        &BLOCK
+    }
+
+    fn write_args(&self, cmd: &mut redis::Cmd) {
+        push_block(cmd, &self.request, &self.block, self.timed);
+    }
+
+    fn read_reply(&self, reply: redis::Value) -> Result<Self::Output, StoreError> {
+        read_decision(reply, &self.request)
+    }
+}
+
+/// Appends a blocking decision's `numkeys`, `KEYS` and `ARGV`.
+fn push_block(cmd: &mut redis::Cmd, r: &CheckRequest<'_>, block: &Block, timed: bool) {
+    let args = PackedArgs::of(r, timed);
+    if r.algorithm.spec().is_log() {
+        cmd.arg(4).arg(log_controls_key(r.key)).arg(r.key);
+    } else {
+        cmd.arg(3).arg(r.key);
+    }
+    cmd.arg(tenant_key(r.key)).arg(offences_key(r.key));
+    cmd.arg(args.as_bytes())
+        .arg(block_args(micros(block.duration), micros(block.max)));
+}
+
+/// The block script's second argument: `'<dd'` block_us, max_us.
+fn block_args(block_us: u64, max_us: u64) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(16);
+    bytes.extend_from_slice(&exact(block_us).to_le_bytes());
+    bytes.extend_from_slice(&exact(max_us).to_le_bytes());
+    bytes
+}
