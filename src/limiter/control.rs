@@ -16,8 +16,8 @@ use tokio::sync::oneshot;
 
 use super::{Limiter, Target};
 use crate::algorithm::{is_one_state, packed_by_tag, state_len_of, Algorithm};
-use crate::mirror::marked_override;
 use crate::quota::{QuotaError, Quotas};
+use crate::store::ops::control::marked_override;
 use crate::store::wire::layout::{Controls, OVERRIDE_IDLE_MS, STAMP};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
 

@@ -101,7 +101,7 @@ mod breaker;
 mod failure;
 mod memory;
 mod op;
-mod ops;
+pub(crate) mod ops;
 mod redis;
 mod refund;
 pub(crate) mod slots;

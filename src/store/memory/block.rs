@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{expiry, KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
-use crate::mirror::{block_us, offences_key};
+use crate::store::ops::block::{block_us, offences_key};
 use crate::store::wire::layout::{tenant_key, Controls};
 use crate::store::{micros, Block, CheckRequest, Control, ControlRequest};
 

@@ -5,18 +5,20 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::BoxFuture;
 
 mod block;
+mod driver;
 mod index;
 mod refund;
 mod shard;
 mod slots;
 
+use self::driver::{decide, Refused, Written};
 use self::index::{KeyHasher, Probe};
 use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{Kind, MAX_SLIDING_LOG_BURST};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
-use crate::mirror::{control, decide, foreign_state, learning, RecordWrite, Refused, Written};
+use crate::store::ops::control::{control, foreign_state, learning, RecordWrite};
 use crate::store::wire::layout::{
     capped_cost, learned_record_key, log_controls_key, tenant_key, Controls, Op,
 };

@@ -4,9 +4,8 @@ use std::sync::PoisonError;
 
 use super::{KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
-use crate::mirror::{log_refund, refund, reserved_before_reset};
-use crate::store::wire::layout::log_controls_key;
-use crate::store::wire::layout::Controls;
+use crate::store::ops::refund::{log_refund, refund, reserved_before_reset};
+use crate::store::wire::layout::{log_controls_key, Controls};
 use crate::store::{RefundRequest, ReservedAt};
 
 impl MemoryStore {

@@ -16,10 +16,10 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
+use super::driver::{decide_log, LogWrite, Refused};
 use super::index::{Index, Indexed, KeyHasher, Lookup, Probe};
 use super::EVICTION_BATCH;
 use crate::algorithm::{sliding_log, Packed};
-use crate::mirror::{decide_log, LogWrite, Refused};
 use crate::store::wire::layout::{is_tenant_key, tenant_key, Controls, Reply};
 
 /// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
@@ -124,7 +124,7 @@ pub(super) enum KeyState {
     /// O(burst): changed in place, never copied.
     Log(sliding_log::Log),
     /// A concurrency limit's held slots (`lua/slots.lua`'s sorted set, in the encoding of
-    /// [`slots_step`](crate::mirror::slots_step)): protected from eviction while held.
+    /// [`slots_step`](crate::store::ops::slots::slots_step)): protected from eviction while held.
     Slots(Vec<u8>),
 }
 

@@ -1,13 +1,12 @@
 //! Block on abuse (`lua/block.lua`, the decision script wrapped): its script, keys, packed
-//! arguments and reply (a decision's).
+//! arguments and reply (a decision's), and what its Rust mirror, which the memory store runs,
+//! shares with it.
 
 use super::decide::read_decision;
 use crate::decision::Decision;
-use crate::mirror::offences_key;
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::wire::args::PackedArgs;
-use crate::store::wire::layout::exact;
-use crate::store::wire::layout::{log_controls_key, tenant_key};
+use crate::store::wire::layout::{exact, log_controls_key, tenant_key};
 use crate::store::wire::scripts::BLOCK_SOURCE;
 use crate::store::{micros, Block, CheckRequest, StoreError};
 
@@ -62,4 +61,21 @@ fn block_args(block_us: u64, max_us: u64) -> Vec<u8> {
     bytes.extend_from_slice(&exact(block_us).to_le_bytes());
     bytes.extend_from_slice(&exact(max_us).to_le_bytes());
     bytes
+}
+
+/// The key of a tenant's offence count: its hash tag and `#b`, beside its controls (`#t`).
+pub(crate) fn offences_key(key: &str) -> String {
+    let mut tenant = tenant_key(key);
+    tenant.pop();
+    tenant.push('b');
+    tenant
+}
+
+/// The block for the offence after `offences` earlier ones: `min(block * 2^n, max)` in µs, as
+/// `lua/block.lua` computes it (in doubles).
+pub(crate) fn block_us(block_us: u64, max_us: u64, offences: f64) -> f64 {
+    if max_us <= block_us {
+        return block_us as f64;
+    }
+    (block_us as f64 * 2f64.powf(offences.min(60.0))).min(max_us as f64)
 }

@@ -6,8 +6,7 @@ use crate::decision::Decision;
 use crate::quota::Quota;
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
 use crate::store::wire::args::PackedArgs;
-use crate::store::wire::layout::log_controls_key;
-use crate::store::wire::layout::{f64_at, tenant_key, Reply, MAX_REPLY_MS};
+use crate::store::wire::layout::{f64_at, log_controls_key, tenant_key, Reply, MAX_REPLY_MS};
 use crate::store::wire::scripts::SOURCE;
 use crate::store::{CheckRequest, StoreError};
 

@@ -1,9 +1,13 @@
-//! Settlement's refund (`lua/refund.lua`): its script, keys, packed argument and reply.
+//! Settlement's refund (`lua/refund.lua`): its script, keys, packed argument and reply, and its
+//! Rust mirror, step for step over the same bytes, which the memory store runs.
+//!
+//! Gives units back to every tier of one route, never above a tier's capacity, and only to the
+//! window they were reserved in (the script's header states the rule per algorithm).
 
+use crate::algorithm::{is_one_state, lua_mod, packed_by_tag, sliding_log, state_len_of, Refund};
 use crate::quota::Quota;
 use crate::store::op::{Script, ScriptId, ScriptOp};
-use crate::store::wire::layout::exact;
-use crate::store::wire::layout::{log_controls_key, tenant_key};
+use crate::store::wire::layout::{exact, log_controls_key, tenant_key, Controls};
 use crate::store::wire::scripts::REFUND_SOURCE;
 use crate::store::{RefundRequest, ReservedAt, StoreError};
 
@@ -71,4 +75,134 @@ fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
         }
     }
     bytes
+}
+
+/// What a refund of `units` reserved at `reserved` (µs) does to a route's string `route` under
+/// its tenant's string `tenant`, for the algorithm tagged `tag` (not the sliding log: see
+/// [`log_refund`]). `client`: `reserved` is a client clock's (see [`reserved_before_reset`]).
+/// `None`: nothing changes; else the new string and the number of tiers that got units back.
+pub(crate) fn refund(
+    route: Option<&[u8]>,
+    tenant: Option<&[u8]>,
+    tag: u8,
+    units: f64,
+    (reserved, client): (f64, bool),
+    quotas: &[Quota],
+) -> Option<(Vec<u8>, u64)> {
+    let mut tiers: Vec<(f64, f64)> = quotas
+        .iter()
+        .map(|q| (q.period_micros() as f64, q.burst() as f64))
+        .collect();
+    let reset_us = tenant_reset(tenant);
+    if let Some(over) = reset_us.1 {
+        tiers = over;
+    }
+    let s = route?;
+    // The algorithm's own refund step (the sliding log has none here: see `log_refund`).
+    let step = packed_by_tag(tag).and_then(|a| a.spec().refund)?;
+    let (mut at, mut stamp) = (0, 0.0);
+    if !is_one_state(s.len()) {
+        match Controls::parse(s) {
+            Controls::None => {}
+            Controls::Corrupt => return None,
+            controls @ Controls::Some { n, .. } => {
+                if let Some(over) = override_tiers(&controls) {
+                    tiers = over;
+                }
+                (stamp, at) = Controls::stamp(s, Controls::len(n));
+            }
+        }
+    }
+    if reset_us.0 > 0.0
+        && (stamp < reset_us.0 || reserved_before_reset(reserved, reset_us.0, client))
+    {
+        return None;
+    }
+    let mut out = s[..at].to_vec();
+    let (mut changed, mut i) = (0, 0);
+    while at < s.len() {
+        let tag_at = s[at];
+        if tag_at == 0 {
+            out.push(0);
+            at += 1;
+            i += 1;
+            continue;
+        }
+        let len = state_len_of(tag_at);
+        let state = &s[at..(at + len).min(s.len())];
+        at += len;
+        i += 1;
+        let new = match tiers.get(i - 1) {
+            Some(&(period, burst)) if state.len() == len && tag_at == tag => {
+                // The start of the fixed window the units were reserved in.
+                let start = reserved - lua_mod(reserved, period);
+                let refund = Refund {
+                    units,
+                    start,
+                    period,
+                    burst,
+                };
+                step(state, &refund)
+            }
+            _ => None,
+        };
+        match new {
+            Some(new) if new.as_bytes() != state => {
+                out.extend_from_slice(new.as_bytes());
+                changed += 1;
+            }
+            _ => out.extend_from_slice(state),
+        }
+    }
+    (changed > 0).then_some((out, changed))
+}
+
+/// The periods and bursts of the override in `controls`, if any.
+fn override_tiers(controls: &Controls<'_>) -> Option<Vec<(f64, f64)>> {
+    let &Controls::Some { n, .. } = controls else {
+        return None;
+    };
+    (n > 0).then(|| {
+        (0..n)
+            .filter_map(|i| controls.tier(i))
+            .map(|t| (t.period, t.burst))
+            .collect()
+    })
+}
+
+/// The tenant's reset (0: none) and its override's periods and bursts, if any.
+fn tenant_reset(tenant: Option<&[u8]>) -> (f64, Option<Vec<(f64, f64)>>) {
+    let Some(t) = tenant else {
+        return (0.0, None);
+    };
+    let controls = Controls::parse(t);
+    let Controls::Some { n, .. } = controls else {
+        return (0.0, None);
+    };
+    (
+        Controls::tenant_reset(t, Controls::len(n)),
+        override_tiers(&controls),
+    )
+}
+
+/// Whether units reserved at `reserved` may have been paid for before a reset at `reset_us`: a
+/// client clock's reservation within `MAX_SKEW` after it counts as before, since the reset may
+/// have been made under another client's clock up to that far behind (`lua/refund.lua`).
+pub(crate) fn reserved_before_reset(reserved: f64, reset_us: f64, client: bool) -> bool {
+    let skew = if client {
+        crate::algorithm::MAX_SKEW_US
+    } else {
+        0.0
+    };
+    reserved < reset_us + skew
+}
+
+/// The sliding log's refund of `units` reserved at `reserved`: the `units` oldest entries
+/// scored at or after `reserved` removed from `log` (sorted oldest first), as
+/// `ZRANGEBYSCORE … LIMIT` and `ZREM` do in `lua/refund.lua`. Returns the entries removed.
+pub(crate) fn log_refund(log: &mut sliding_log::Log, units: f64, reserved: f64) -> u64 {
+    let older = log.partition_point(|&score| score < reserved);
+    let n = (units.min(usize::MAX as f64) as usize).min(log.len() - older);
+    log.drain(older..older + n);
+    n as u64
 }

@@ -13,3 +13,22 @@
 pub(crate) mod args;
 pub(crate) mod layout;
 pub(crate) mod scripts;
+
+/// Hooks for the crate's own tests, which run the scripts by hand.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod test_hooks {
+    use super::layout::{log_controls_key, tenant_key};
+
+    /// The decision script as the crate sends it (`lua/common.lua` with every step spliced
+    /// in).
+    pub fn script_source() -> &'static str {
+        &super::scripts::SOURCE
+    }
+
+    /// The keys a decision on the storage key `key` names besides it, as the crate builds
+    /// them: the sliding log's controls (`<key>#m`), then the tenant's (`<prefix>:{<id>}#t`).
+    pub fn control_keys(key: &str) -> [String; 2] {
+        [log_controls_key(key), tenant_key(key)]
+    }
+}
