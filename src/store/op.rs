@@ -8,7 +8,7 @@
 
 use std::sync::LazyLock;
 
-use crate::store::{CheckRequest, StoreError};
+use crate::store::contract::{CheckRequest, StoreError};
 
 /// One kind of script call, as the Redis store runs it. Crate-private, so sealed: only the
 /// crate's own operations exist.

@@ -14,10 +14,12 @@ mod slots;
 use self::driver::{decide, Refused, Written};
 use self::index::{KeyHasher, Probe};
 use self::shard::{expiry, used_share, KeyState, Shard, Stored};
-use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{Kind, MAX_SLIDING_LOG_BURST};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
+use crate::store::contract::{
+    CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError,
+};
 use crate::store::ops::control::{control, foreign_state, learning, RecordWrite};
 use crate::store::wire::layout::{
     capped_cost, learned_record_key, log_controls_key, tenant_key, Controls, Op,
@@ -310,7 +312,7 @@ impl MemoryStore {
             // Refused: nothing changed; report the key as it is.
             Err(_) => self
                 .try_control(ControlRequest {
-                    control: super::Control::Inspect,
+                    control: Control::Inspect,
                     ..request
                 })
                 .expect("inspect is never refused"),
@@ -521,7 +523,7 @@ impl Store for MemoryStore {
     fn check_blocking<'a>(
         &'a self,
         request: CheckRequest<'a>,
-        block: super::Block,
+        block: crate::store::block::Block,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(std::future::ready(Ok(
             self.check_blocking_now(request, block)
@@ -530,7 +532,7 @@ impl Store for MemoryStore {
 
     fn refund<'a>(
         &'a self,
-        request: super::RefundRequest<'a>,
+        request: crate::store::refund::RefundRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(std::future::ready(Ok(self.refund_now(request))))
     }
@@ -539,7 +541,7 @@ impl Store for MemoryStore {
     fn check_timed<'a>(
         &'a self,
         request: CheckRequest<'a>,
-        block: Option<super::Block>,
+        block: Option<crate::store::block::Block>,
     ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
         let (now, asked) = match request.now_micros {
             Some(now) => (now, false),
@@ -559,8 +561,8 @@ impl Store for MemoryStore {
 
     fn slots<'a>(
         &'a self,
-        request: super::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<super::SlotReply, StoreError>> {
+        request: crate::store::slots::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::slots::SlotReply, StoreError>> {
         Box::pin(std::future::ready(Ok(self.slots_now(request))))
     }
 }
@@ -693,7 +695,9 @@ mod tests {
     /// controls holding only that reset, nor a route whose suspension was resumed.
     #[test]
     fn every_writer_ranks_its_key_as_the_docs_say() {
-        use super::super::{Block, Control, SlotOp, SlotRequest};
+        use crate::store::block::Block;
+        use crate::store::contract::Control;
+        use crate::store::slots::{SlotOp, SlotRequest};
         use std::time::Duration;
 
         let store = MemoryStore::new();

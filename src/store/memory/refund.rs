@@ -5,8 +5,8 @@ use std::sync::PoisonError;
 use super::{KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
 use crate::store::ops::refund::{log_refund, refund, reserved_before_reset};
+use crate::store::refund::{RefundRequest, ReservedAt};
 use crate::store::wire::layout::{log_controls_key, Controls};
-use crate::store::{RefundRequest, ReservedAt};
 
 impl MemoryStore {
     /// A refund (`lua/refund.lua`), synchronously.

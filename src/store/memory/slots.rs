@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::{KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
+use crate::store::contract::micros;
 use crate::store::ops::slots::{slots_step, ACQUIRE, RELEASE, RENEW};
-use crate::store::{micros, SlotReply, SlotRequest};
+use crate::store::slots::{SlotReply, SlotRequest};
 
 impl MemoryStore {
     /// A slot call (`lua/slots.lua`), synchronously.

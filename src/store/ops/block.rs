@@ -4,11 +4,12 @@
 
 use super::decide::read_decision;
 use crate::decision::Decision;
+use crate::store::block::Block;
+use crate::store::contract::{micros, CheckRequest, StoreError};
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::wire::args::PackedArgs;
 use crate::store::wire::layout::{exact, log_controls_key, tenant_key};
 use crate::store::wire::scripts::BLOCK_SOURCE;
-use crate::store::{micros, Block, CheckRequest, StoreError};
 
 /// The block script.
 pub(crate) static BLOCK: Script = Script {

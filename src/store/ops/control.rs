@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use crate::algorithm::{is_one_state, ms_up, state_len_of, Algorithm};
 use crate::quota::MAX_TIERS;
+use crate::store::contract::{ControlReply, ControlRequest, StoreError};
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::wire::layout::{
     exact, f64_at, learned_record_key, log_controls_key, put_quota, reset_time, tenant_key,
     Controls, Op, CONTROLS, CONTROLS_HEAD, MAX_TTL_MS, OVERRIDE_IDLE_MS, STAMP,
 };
 use crate::store::wire::scripts::CONTROL_SOURCE;
-use crate::store::{ControlReply, ControlRequest, StoreError};
 
 /// The fleet controls' script.
 pub(crate) static CONTROL: Script = Script {

@@ -4,11 +4,11 @@
 use crate::algorithm::{Algorithm, MAX_EXACT};
 use crate::decision::Decision;
 use crate::quota::Quota;
+use crate::store::contract::{CheckRequest, StoreError};
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
 use crate::store::wire::args::PackedArgs;
 use crate::store::wire::layout::{f64_at, log_controls_key, tenant_key, Reply, MAX_REPLY_MS};
 use crate::store::wire::scripts::SOURCE;
-use crate::store::{CheckRequest, StoreError};
 
 /// The decision script (every algorithm's; the arguments name the algorithm).
 pub(crate) static DECIDE: Script = Script {
@@ -68,6 +68,19 @@ impl ScriptOp for SplitDecideOp<'_> {
 
     fn read_reply(&self, reply: redis::Value) -> Result<Self::Output, StoreError> {
         read_decision(reply, &self.decide.request)
+    }
+}
+
+impl PackedArgs {
+    /// A decision's argument; `timed`: its admission tells when Redis decided.
+    pub(crate) fn of(request: &CheckRequest<'_>, timed: bool) -> Self {
+        Self::new(
+            request.algorithm,
+            request.quotas,
+            request.cost,
+            request.now_micros,
+            timed,
+        )
     }
 }
 

@@ -6,10 +6,11 @@
 
 use crate::algorithm::{is_one_state, lua_mod, packed_by_tag, sliding_log, state_len_of, Refund};
 use crate::quota::Quota;
+use crate::store::contract::StoreError;
 use crate::store::op::{Script, ScriptId, ScriptOp};
+use crate::store::refund::{RefundRequest, ReservedAt};
 use crate::store::wire::layout::{exact, log_controls_key, tenant_key, Controls};
 use crate::store::wire::scripts::REFUND_SOURCE;
-use crate::store::{RefundRequest, ReservedAt, StoreError};
 
 /// The refund script.
 pub(crate) static REFUND: Script = Script {

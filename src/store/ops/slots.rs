@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use crate::store::contract::{micros, StoreError};
 use crate::store::op::{Script, ScriptId, ScriptOp};
+use crate::store::slots::{SlotOp, SlotReply, SlotRequest};
 use crate::store::wire::layout::exact;
 use crate::store::wire::scripts::SLOTS_SOURCE;
-use crate::store::{micros, SlotOp, SlotReply, SlotRequest, StoreError};
 
 /// The concurrency slots' script.
 pub(crate) static SLOTS: Script = Script {

@@ -28,11 +28,11 @@ use super::{count_error, Backend, RedisStore};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::store::breaker::Admission;
+use crate::store::contract::{CheckRequest, StoreError};
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
 use crate::store::ops::decide::{key_count, push_keys, DecideOp, DECIDE};
 use crate::store::wire::args::PackedArgs;
 use crate::store::wire::scripts::BATCH_SOURCE;
-use crate::store::{CheckRequest, StoreError};
 
 /// The default of [`RedisStoreBuilder::max_batch`](super::RedisStoreBuilder::max_batch): the
 /// most decisions one script call carries.

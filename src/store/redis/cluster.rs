@@ -9,9 +9,9 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::invoke::{invoke, is_noscript, ScriptConnection};
 use super::reload::Reloads;
+use crate::store::contract::StoreError;
 use crate::store::op::{OnRehashing, ScriptOp};
 use crate::store::ops::decide::{split_keys, DecideOp, SplitDecideOp};
-use crate::store::StoreError;
 
 impl ScriptConnection for ClusterConnection {
     async fn run<O: ScriptOp + Sync>(

@@ -10,9 +10,9 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::reload::{load, Reloads};
 use super::sentinel::PrimaryConnection;
+use crate::store::contract::StoreError;
 use crate::store::op::ScriptOp;
 use crate::store::ops::decide::DECIDE;
-use crate::store::StoreError;
 
 /// How each backend's connection sends a script call: the one place they differ.
 pub(super) trait ScriptConnection: ConnectionLike + Clone + Send + Sync + 'static {

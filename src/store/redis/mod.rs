@@ -41,8 +41,9 @@ use super::ops::control::ControlOp;
 use super::ops::decide::DecideOp;
 use super::ops::refund::RefundOp;
 use super::ops::slots::SlotsOp;
-use super::{Block, CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::decision::Decision;
+use crate::store::block::Block;
+use crate::store::contract::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 
 /// The default time a store call may take before it counts as a failure.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -447,7 +448,7 @@ impl Store for RedisStore {
     fn check_blocking<'a>(
         &'a self,
         request: CheckRequest<'a>,
-        block: super::Block,
+        block: crate::store::block::Block,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move { Ok(self.block_call(request, block, false).await?.0) })
     }
@@ -456,7 +457,7 @@ impl Store for RedisStore {
     fn check_timed<'a>(
         &'a self,
         request: CheckRequest<'a>,
-        block: Option<super::Block>,
+        block: Option<crate::store::block::Block>,
     ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
         match block {
             Some(block) => self.block_call(request, block, true),
@@ -473,15 +474,15 @@ impl Store for RedisStore {
 
     fn refund<'a>(
         &'a self,
-        request: super::RefundRequest<'a>,
+        request: crate::store::refund::RefundRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.guarded(RefundOp(request), "refund"))
     }
 
     fn slots<'a>(
         &'a self,
-        request: super::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<super::SlotReply, StoreError>> {
+        request: crate::store::slots::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::slots::SlotReply, StoreError>> {
         Box::pin(self.guarded(SlotsOp(request), "slots"))
     }
 
