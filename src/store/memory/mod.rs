@@ -39,9 +39,6 @@ fn shard_of(tag: u64) -> usize {
     (tag % SHARDS as u64) as usize
 }
 
-/// The most expired keys a full shard drops at once to make room for a new key.
-const EVICTION_BATCH: usize = 32;
-
 /// A [`Store`] in process memory, for one instance, tests, and the
 /// [`LocalFallback`](crate::failure_policy::LocalFallback) policy.
 ///

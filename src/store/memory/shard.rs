@@ -18,9 +18,11 @@ use std::sync::Arc;
 
 use super::driver::{decide_log, LogWrite, Refused};
 use super::index::{Index, Indexed, KeyHasher, Lookup, Probe};
-use super::EVICTION_BATCH;
 use crate::algorithm::{sliding_log, Packed};
 use crate::store::wire::layout::{is_tenant_key, tenant_key, Controls, Reply};
+
+/// The most expired keys a full shard drops at once to make room for a new key.
+const EVICTION_BATCH: usize = 32;
 
 /// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
 pub(super) const CANDIDATES: usize = 16;
