@@ -14,7 +14,7 @@
 
 -- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
 -- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
--- src/mirror/scripts.rs), so they have one source and no call pays for a local.
+-- src/store/wire/scripts.rs), so they have one source and no call pays for a local.
 local byte, find, error_reply = string.byte, string.find, redis.error_reply
 -- What the decision script looks up first, once for the call.
 local spack, sunpack, call, rpcall = struct.pack, struct.unpack, redis.call, redis.pcall
@@ -48,7 +48,7 @@ local tenants = redis.call('MGET', unpack(tenant_keys))
 
 -- `decide` is the decision script with its keys, argument and tenant's string as parameters
 -- instead of KEYS, ARGV and its own reads: Rust replaces the lines that read them when it
--- assembles this script (`BATCH_SOURCE` in src/mirror/scripts.rs). `key3` is the sliding log's
+-- assembles this script (`BATCH_SOURCE` in src/store/wire/scripts.rs). `key3` is the sliding log's
 -- third key (false for the others).
 local function decide(skey, lkey, key3, args, tenant)
 -- @decide

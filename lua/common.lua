@@ -87,7 +87,7 @@
 
 -- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
 -- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
--- src/mirror/scripts.rs), so they have one source and no call pays for a local.
+-- src/store/wire/scripts.rs), so they have one source and no call pays for a local.
 -- MAX_EXACT is 2^53; MAX_REPLY_MS, the longest time a reply carries (2^62 ms keeps its
 -- integers inside an i64); OVERRIDE_IDLE_MS, how long an override lives after the last request
 -- admitted on its key.

@@ -39,7 +39,7 @@
 
 -- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
 -- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
--- src/mirror/scripts.rs), so they have one source and no call pays for a local.
+-- src/store/wire/scripts.rs), so they have one source and no call pays for a local.
 local sunpack, spack, byte, sub, call = struct.unpack, struct.pack, string.byte, string.sub,
   redis.call
 -- NAMES: every algorithm's name under its tag byte, written here by Rust from the algorithms'

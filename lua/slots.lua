@@ -18,7 +18,7 @@
 
 -- Names in capitals (MAX_EXACT, CONTROLS, STATE_LEN, ...) are the numbers every script shares:
 -- Rust writes each one's value in as a literal when it assembles the script (`CONSTANTS` in
--- src/mirror/scripts.rs), so they have one source and no call pays for a local.
+-- src/store/wire/scripts.rs), so they have one source and no call pays for a local.
 local args = ARGV[1] or ''
 if #ARGV < 2 or not KEYS[1] or #args ~= 25 then
   return redis.error_reply('ERR redlimit: invalid slot arguments; expected one key, one ' ..

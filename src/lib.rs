@@ -111,9 +111,7 @@ pub mod layer;
 pub mod limiter;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
-pub mod mirror;
-#[cfg(not(feature = "test-hooks"))]
-mod mirror;
+pub use crate::store::wire::test_hooks as mirror;
 pub mod outbound;
 pub mod quota;
 pub mod store;

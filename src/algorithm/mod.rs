@@ -12,7 +12,7 @@
 //! Each algorithm is declared once, in a `Spec` beside its Rust step: its name, tag byte, kind,
 //! state fields, Lua step (with its refund step), Rust refund step, header window, largest
 //! burst and how its units may be leased (`Leasing`: whenever, within their window, or not at
-//! all). Everything else (the scripts assembled in `src/mirror/`, the argument byte,
+//! all). Everything else (the scripts assembled in `src/store/wire/`, the argument byte,
 //! the split of a key's string into tiers, `inspect`, refunds, token leases, the
 //! `RateLimit-Policy` window) reads the spec; `Algorithm::spec` is the one exhaustive `match`.
 //!
@@ -23,7 +23,7 @@
 //!    `lua/common.lua`'s header); then a `-- @refund` line and its refund step, reading `state`,
 //!    `units`, `start`, `period`, `burst` and setting `new` (see `lua/refund.lua`'s header). Its
 //!    state is a new tag byte and doubles. Shared numbers are written by their names
-//!    (`MAX_EXACT`, ...: `CONSTANTS` in `src/mirror/scripts.rs`).
+//!    (`MAX_EXACT`, ...: `CONSTANTS` in `src/store/wire/scripts.rs`).
 //! 2. **A Rust step file**, `src/algorithm/<algorithm>.rs`: the mirror of both Lua steps, line
 //!    for line, and its `pub(crate) const SPEC: Spec` (name, tag, `Kind::Packed(step)`, field
 //!    names, `include_str!` of the Lua file, `refund`, `Window`, `max_burst`, `leasing`; a
@@ -37,7 +37,7 @@
 //! The unit tests also hold the Lua step's tag, `#stored` length and `spack` layout to the spec
 //! (`spec.rs`), its refund to its Rust twin's presence and effect, and every script to the
 //! shared constants and to the two state lengths the scripts split a key's string by
-//! (`src/mirror/scripts.rs`: a state of a third length fails there, and needs the split in
+//! (`src/store/wire/scripts.rs`: a state of a third length fails there, and needs the split in
 //! `lua/common.lua`, `lua/control.lua` and `lua/refund.lua`). The integration test
 //! `several_quotas_are_exact_under_concurrency_across_instances` (`tests/it/fleet.rs`) asks for
 //! the new state's expected field. A throwaway copy of the fixed window took exactly these:

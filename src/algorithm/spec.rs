@@ -1,7 +1,7 @@
 //! One [`Spec`] per algorithm: its name, tag byte, kind, state fields, Lua step (with its
 //! refund), Rust refund, header window, largest burst and leasing, declared once beside its Rust
 //! step (`SPEC` in `src/algorithm/<algorithm>.rs`) and read by everything else, the scripts
-//! assembled from them included (`src/mirror/scripts.rs`).
+//! assembled from them included (`src/store/wire/scripts.rs`).
 
 use super::{Algorithm, PackedStep, RefundStep};
 use crate::quota::Quota;
@@ -207,7 +207,7 @@ mod tests {
     }
 
     /// Every algorithm's refund is its own: a packed step has a Rust refund step, and a Lua one
-    /// after its `@refund` line (`src/mirror/scripts.rs` holds the splice); the sliding log,
+    /// after its `@refund` line (`src/store/wire/scripts.rs` holds the splice); the sliding log,
     /// whose entries the refund script removes itself, has neither. Each gives back what an
     /// admission took, in the window it was taken in.
     #[test]
@@ -279,7 +279,7 @@ mod tests {
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
             // The driver, the controls' reading, the controls, the production modes' scripts and the
             // batch script
-            // (src/mirror/scripts.rs).
+            // (src/store/wire/scripts.rs).
             let scripts = [
                 "common.lua",
                 "controls.lua",

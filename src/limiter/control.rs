@@ -16,8 +16,9 @@ use tokio::sync::oneshot;
 
 use super::{Limiter, Target};
 use crate::algorithm::{is_one_state, packed_by_tag, state_len_of, Algorithm};
-use crate::mirror::{marked_override, Controls, OVERRIDE_IDLE_MS, STAMP};
 use crate::quota::{QuotaError, Quotas};
+use crate::store::ops::control::marked_override;
+use crate::store::wire::layout::{Controls, OVERRIDE_IDLE_MS, STAMP};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
 
 /// The longest suspension [`Limiter::suspend`] accepts: 30 days.
@@ -548,7 +549,7 @@ impl Limiter {
         ticket: Option<&WriteTicket>,
     ) -> Result<Option<KeyStatus>, ControlError> {
         let route = self.route_key(target);
-        let tenant_key = crate::mirror::tenant_key(&route);
+        let tenant_key = crate::store::wire::layout::tenant_key(&route);
         let (written, other) = if tenant {
             (&tenant_key, &route)
         } else {
@@ -715,7 +716,9 @@ impl Limiter {
         // The key the write's control writes: a suspension of an unscoped target is the
         // tenant's (as `suspension` makes it), learning's is the route's.
         let key = match kind {
-            WriteKind::Suspension if target.scope.is_none() => crate::mirror::tenant_key(&route),
+            WriteKind::Suspension if target.scope.is_none() => {
+                crate::store::wire::layout::tenant_key(&route)
+            }
             _ => route,
         };
         self.inner.writes.start(self.clone(), key, kind)

@@ -263,8 +263,8 @@ pub enum StoredKey<'a> {
 /// The suffix of a tenant's controls and of the sliding log's, as the stores derive them.
 fn suffixes() -> (String, String) {
     let bare = "p:{k}";
-    let tenant = crate::mirror::tenant_key(bare);
-    let log = crate::mirror::log_controls_key(bare);
+    let tenant = crate::store::wire::layout::tenant_key(bare);
+    let log = crate::store::wire::layout::log_controls_key(bare);
     (
         tenant[bare.len()..].to_owned(),
         log[bare.len()..].to_owned(),
@@ -279,7 +279,7 @@ impl StoredKey<'_> {
         if rest == tenant {
             return Some(StoredKey::Tenant { id });
         }
-        let record = crate::mirror::RECORD_SUFFIX;
+        let record = crate::store::wire::layout::RECORD_SUFFIX;
         let (route, derived) = if let Some(route) = rest.strip_suffix(log.as_str()) {
             (route, Some(true))
         } else if let Some(route) = rest.strip_suffix(record) {
@@ -453,8 +453,8 @@ mod tests {
         let route = limiter.storage_key("t");
         let scoped = limiter.storage_key(Target::scoped("login", "t"));
         let hashed = limiter.storage_key("{t}");
-        let tenant = crate::mirror::tenant_key(&scoped);
-        let log = crate::mirror::log_controls_key(&scoped);
+        let tenant = crate::store::wire::layout::tenant_key(&scoped);
+        let log = crate::store::wire::layout::log_controls_key(&scoped);
         let hashed_id = &hashed["p:{".len()..hashed.len() - 1];
         assert_eq!(
             read(&limiter, &route),
@@ -486,7 +486,7 @@ mod tests {
             })
         );
         // A learning record is not a route, whatever its scope.
-        let record = crate::mirror::learned_record_key(&scoped).unwrap();
+        let record = crate::store::wire::layout::learned_record_key(&scoped).unwrap();
         assert_eq!(record, "p:{t}:login#l");
         assert_eq!(
             read(&limiter, &record),
@@ -495,7 +495,7 @@ mod tests {
                 scope: Some("login")
             })
         );
-        let record = crate::mirror::learned_record_key(&route).unwrap();
+        let record = crate::store::wire::layout::learned_record_key(&route).unwrap();
         assert_eq!(
             read(&limiter, &record),
             Some(StoredKey::LearningRecord {
@@ -506,7 +506,7 @@ mod tests {
         // The route of the scope `learned` is a route, and its record is not.
         let learned = limiter.storage_key(Target::scoped("learned", "t"));
         assert_ne!(
-            crate::mirror::learned_record_key(&route),
+            crate::store::wire::layout::learned_record_key(&route),
             Some(learned.clone())
         );
         assert!(matches!(
@@ -655,7 +655,9 @@ mod probes {
                     let stored = [
                         limiter.storage_key(other.as_str()),
                         limiter.storage_key(Target::scoped("login", other)),
-                        crate::mirror::tenant_key(&limiter.storage_key(other.as_str())),
+                        crate::store::wire::layout::tenant_key(
+                            &limiter.storage_key(other.as_str()),
+                        ),
                     ];
                     for stored in stored {
                         let matched = glob(pattern.as_bytes(), stored.as_bytes());

@@ -79,7 +79,7 @@ impl std::error::Error for RedisFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreError;
+    use crate::store::contract::StoreError;
 
     #[test]
     fn a_failure_reads_like_the_clients_error_and_gives_the_servers_code() {

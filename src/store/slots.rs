@@ -71,13 +71,3 @@ impl SlotReply {
         }
     }
 }
-
-/// A slot operation's byte and limit (1 for the operations that take none).
-pub(crate) fn slot_op(op: SlotOp) -> (u8, u64) {
-    use crate::mirror::{ACQUIRE, RELEASE, RENEW};
-    match op {
-        SlotOp::Acquire { limit } => (ACQUIRE, limit),
-        SlotOp::Renew => (RENEW, 1),
-        SlotOp::Release => (RELEASE, 1),
-    }
-}

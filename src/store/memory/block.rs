@@ -6,8 +6,10 @@ use std::time::Duration;
 use super::{expiry, KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
-use crate::mirror::{block_us, offences_key, tenant_key, Controls};
-use crate::store::{micros, Block, CheckRequest, Control, ControlRequest};
+use crate::store::block::Block;
+use crate::store::contract::{micros, CheckRequest, Control, ControlRequest};
+use crate::store::ops::block::{block_us, offences_key};
+use crate::store::wire::layout::{tenant_key, Controls};
 
 impl MemoryStore {
     /// A decision that blocks on a denial (`lua/block.lua`), synchronously: the decision, then

@@ -5,20 +5,24 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::BoxFuture;
 
 mod block;
+mod driver;
 mod index;
 mod refund;
 mod shard;
 mod slots;
 
+use self::driver::{decide, Refused, Written};
 use self::index::{KeyHasher, Probe};
 use self::shard::{expiry, used_share, KeyState, Shard, Stored};
-use super::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 use crate::algorithm::{Kind, MAX_SLIDING_LOG_BURST};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
-use crate::mirror::{
-    capped_cost, control, decide, foreign_state, learned_record_key, learning, log_controls_key,
-    tenant_key, Controls, Op, RecordWrite, Refused, Written,
+use crate::store::contract::{
+    CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError,
+};
+use crate::store::ops::control::{control, foreign_state, learning, RecordWrite};
+use crate::store::wire::layout::{
+    capped_cost, learned_record_key, log_controls_key, tenant_key, Controls, Op,
 };
 
 /// The default cap on keys held at once.
@@ -34,9 +38,6 @@ const SHARDS: usize = 64;
 fn shard_of(tag: u64) -> usize {
     (tag % SHARDS as u64) as usize
 }
-
-/// The most expired keys a full shard drops at once to make room for a new key.
-const EVICTION_BATCH: usize = 32;
 
 /// A [`Store`] in process memory, for one instance, tests, and the
 /// [`LocalFallback`](crate::failure_policy::LocalFallback) policy.
@@ -308,7 +309,7 @@ impl MemoryStore {
             // Refused: nothing changed; report the key as it is.
             Err(_) => self
                 .try_control(ControlRequest {
-                    control: super::Control::Inspect,
+                    control: Control::Inspect,
                     ..request
                 })
                 .expect("inspect is never refused"),
@@ -519,7 +520,7 @@ impl Store for MemoryStore {
     fn check_blocking<'a>(
         &'a self,
         request: CheckRequest<'a>,
-        block: super::Block,
+        block: crate::store::block::Block,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(std::future::ready(Ok(
             self.check_blocking_now(request, block)
@@ -528,7 +529,7 @@ impl Store for MemoryStore {
 
     fn refund<'a>(
         &'a self,
-        request: super::RefundRequest<'a>,
+        request: crate::store::refund::RefundRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(std::future::ready(Ok(self.refund_now(request))))
     }
@@ -537,7 +538,7 @@ impl Store for MemoryStore {
     fn check_timed<'a>(
         &'a self,
         request: CheckRequest<'a>,
-        block: Option<super::Block>,
+        block: Option<crate::store::block::Block>,
     ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
         let (now, asked) = match request.now_micros {
             Some(now) => (now, false),
@@ -557,8 +558,8 @@ impl Store for MemoryStore {
 
     fn slots<'a>(
         &'a self,
-        request: super::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<super::SlotReply, StoreError>> {
+        request: crate::store::slots::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::slots::SlotReply, StoreError>> {
         Box::pin(std::future::ready(Ok(self.slots_now(request))))
     }
 }
@@ -691,7 +692,9 @@ mod tests {
     /// controls holding only that reset, nor a route whose suspension was resumed.
     #[test]
     fn every_writer_ranks_its_key_as_the_docs_say() {
-        use super::super::{Block, Control, SlotOp, SlotRequest};
+        use crate::store::block::Block;
+        use crate::store::contract::Control;
+        use crate::store::slots::{SlotOp, SlotRequest};
         use std::time::Duration;
 
         let store = MemoryStore::new();
@@ -751,7 +754,10 @@ mod tests {
         check("p:{i}:r", tb);
         check("p:{j}:r", tb);
         let reset_route = store.stored_state("p:{h}:r", now).unwrap_or_default();
-        assert_eq!(reset_route.first(), Some(&crate::mirror::layout::CONTROLS));
+        assert_eq!(
+            reset_route.first(),
+            Some(&crate::store::wire::layout::CONTROLS)
+        );
         let class = |key: &str| {
             let shard = store.shard(key).lock().unwrap();
             shard.is_protected(key)

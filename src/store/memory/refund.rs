@@ -4,9 +4,9 @@ use std::sync::PoisonError;
 
 use super::{KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
-use crate::mirror::layout::Controls;
-use crate::mirror::{log_controls_key, log_refund, refund, reserved_before_reset};
-use crate::store::{RefundRequest, ReservedAt};
+use crate::store::ops::refund::{log_refund, refund, reserved_before_reset};
+use crate::store::refund::{RefundRequest, ReservedAt};
+use crate::store::wire::layout::{log_controls_key, Controls};
 
 impl MemoryStore {
     /// A refund (`lua/refund.lua`), synchronously.
@@ -16,11 +16,11 @@ impl MemoryStore {
             ReservedAt::Store(at) => (system_now_micros(), at as f64, false),
             ReservedAt::Ago(age) => {
                 let now = system_now_micros();
-                let age = crate::mirror::capped_cost(age) as f64;
+                let age = crate::store::wire::layout::capped_cost(age) as f64;
                 (now, now as f64 - age, false)
             }
         };
-        let units = crate::mirror::capped_cost(request.units) as f64;
+        let units = crate::store::wire::layout::capped_cost(request.units) as f64;
         let log = request.algorithm.spec().is_log();
         let mut guard = self
             .shard(request.key)

@@ -16,10 +16,13 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
+use super::driver::{decide_log, LogWrite, Refused};
 use super::index::{Index, Indexed, KeyHasher, Lookup, Probe};
-use super::EVICTION_BATCH;
 use crate::algorithm::{sliding_log, Packed};
-use crate::mirror::{decide_log, is_tenant_key, tenant_key, Controls, LogWrite, Refused, Reply};
+use crate::store::wire::layout::{is_tenant_key, tenant_key, Controls, Reply};
+
+/// The most expired keys a full shard drops at once to make room for a new key.
+const EVICTION_BATCH: usize = 32;
 
 /// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
 pub(super) const CANDIDATES: usize = 16;
@@ -123,7 +126,7 @@ pub(super) enum KeyState {
     /// O(burst): changed in place, never copied.
     Log(sliding_log::Log),
     /// A concurrency limit's held slots (`lua/slots.lua`'s sorted set, in the encoding of
-    /// [`slots_step`](crate::mirror::slots_step)): protected from eviction while held.
+    /// [`slots_step`](crate::store::ops::slots::slots_step)): protected from eviction while held.
     Slots(Vec<u8>),
 }
 
@@ -515,7 +518,7 @@ impl Shard {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::mirror::layout::CONTROLS;
+    use crate::store::wire::layout::CONTROLS;
 
     fn stored(expires_at: u64) -> Stored {
         Stored {
@@ -689,7 +692,7 @@ pub(super) mod tests {
     /// suspension that has ended.
     #[test]
     fn what_a_caller_relies_on_is_protected_and_rate_state_is_not() {
-        use crate::mirror::STAMP;
+        use crate::store::wire::layout::STAMP;
         let now = 1_000_000;
         let state = |bytes: Vec<u8>| KeyState::Bytes(bytes);
         let mut reset_only = controls(0, 0);

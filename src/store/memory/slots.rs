@@ -5,14 +5,15 @@ use std::time::Duration;
 
 use super::{KeyState, MemoryStore, Stored};
 use crate::clock::system_now_micros;
-use crate::mirror::{slots_step, ACQUIRE, RELEASE, RENEW};
-use crate::store::{micros, SlotReply, SlotRequest};
+use crate::store::contract::micros;
+use crate::store::ops::slots::{slots_step, ACQUIRE, RELEASE, RENEW};
+use crate::store::slots::{SlotReply, SlotRequest};
 
 impl MemoryStore {
     /// A slot call (`lua/slots.lua`), synchronously.
     pub(super) fn slots_now(&self, request: SlotRequest<'_>) -> SlotReply {
         let now = request.now_micros.unwrap_or_else(system_now_micros);
-        let (op, limit) = crate::store::slots::slot_op(request.op);
+        let (op, limit) = crate::store::ops::slots::slot_op(request.op);
         let lease_us = micros(request.lease);
         let ids: Vec<u64> = request
             .ids

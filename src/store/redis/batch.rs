@@ -22,15 +22,17 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::args::PackedArgs;
 use super::cluster::is_rehashing;
 use super::connection::is_stale_server;
-use super::script::{read_decision, Call};
 use super::{count_error, Backend, RedisStore};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::store::breaker::Admission;
-use crate::store::{CheckRequest, StoreError};
+use crate::store::contract::{CheckRequest, StoreError};
+use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
+use crate::store::ops::decide::{key_count, push_keys, DecideOp, DECIDE};
+use crate::store::wire::args::PackedArgs;
+use crate::store::wire::scripts::BATCH_SOURCE;
 
 /// The default of [`RedisStoreBuilder::max_batch`](super::RedisStoreBuilder::max_batch): the
 /// most decisions one script call carries.
@@ -89,20 +91,11 @@ struct Group {
 }
 
 /// A decision waiting for a call: what the call sends for it, and where its answer goes.
-pub(super) struct Queued {
-    pub(super) key: String,
-    pub(super) algorithm: Algorithm,
-    pub(super) args: PackedArgs,
+struct Queued {
+    key: String,
+    algorithm: Algorithm,
+    args: PackedArgs,
     answer: oneshot::Sender<Answer>,
-}
-
-impl std::fmt::Debug for Queued {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Queued")
-            .field("key", &self.key)
-            .field("algorithm", &self.algorithm)
-            .finish_non_exhaustive()
-    }
 }
 
 /// What a queued decision hears.
@@ -304,9 +297,13 @@ impl RedisStore {
             .map_err(|_| timed_out())?
             .map_err(|_| StoreError::Unavailable(SENDER_GONE))?;
         match answer {
-            Answer::Reply(Ok(value)) => read_decision(value, &request).inspect_err(|_| {
-                count_error("check", false);
-            }),
+            Answer::Reply(Ok(value)) => {
+                DecideOp { request, timed }
+                    .read_reply(value)
+                    .inspect_err(|_| {
+                        count_error("check", false);
+                    })
+            }
             Answer::Reply(Err(error)) => Err(error),
             Answer::Alone => {
                 tokio::time::timeout_at(deadline, self.check_alone(request, admission, timed))
@@ -323,13 +320,8 @@ impl RedisStore {
         admission: Admission,
         timed: bool,
     ) -> Result<(Decision, Option<u64>), StoreError> {
-        self.guarded_with(
-            admission,
-            Call::Check(request, timed),
-            "check",
-            move |reply| read_decision(reply, &request),
-        )
-        .await
+        self.guarded_with(admission, DecideOp { request, timed }, "check")
+            .await
     }
 
     /// Goes alone when nothing is in flight for the request's group, else queues it, and
@@ -378,7 +370,7 @@ impl RedisStore {
         if batch.is_empty() {
             return;
         }
-        let result = self.run_script(Call::Batch(&batch), Ok).await;
+        let result = self.run_script(&BatchOp(&batch)).await;
         if let Err(StoreError::Redis(error)) = &result {
             if is_rehashing(error.inner())
                 || (batch.len() > 1 && refused_before_running(error.inner()))
@@ -414,6 +406,55 @@ impl RedisStore {
                 }
             }
         }
+    }
+}
+
+/// The batch script (`lua/batch.lua`): several decisions in one call.
+static BATCH: Script = Script {
+    id: ScriptId::Batch,
+    source: &BATCH_SOURCE,
+    hashed: std::sync::LazyLock::new(|| redis::Script::new(&BATCH_SOURCE)),
+};
+
+/// Queued decisions in one call: one alone runs the decision script, several the batch script.
+/// Its reply is the call's, which [`split_reply`] shares out.
+struct BatchOp<'a>(&'a [Queued]);
+
+impl ScriptOp for BatchOp<'_> {
+    type Output = redis::Value;
+
+    fn script(&self) -> &'static Script {
+        match self.0 {
+            [_] => &DECIDE,
+            _ => &BATCH,
+        }
+    }
+
+    /// Every decision's keys in order, then every one's argument (`lua/batch.lua`'s header);
+    /// one decision alone as the decision script takes it.
+    fn write_args(&self, cmd: &mut redis::Cmd) {
+        let keys: usize = self
+            .0
+            .iter()
+            .map(|queued| key_count(queued.algorithm))
+            .sum();
+        cmd.arg(keys);
+        for queued in self.0 {
+            push_keys(cmd, &queued.key, queued.algorithm);
+        }
+        for queued in self.0 {
+            cmd.arg(queued.args.as_bytes());
+        }
+    }
+
+    fn read_reply(&self, reply: redis::Value) -> Result<redis::Value, StoreError> {
+        Ok(reply)
+    }
+
+    /// A slot in migration refused the call before any decision ran: each goes again alone,
+    /// where it can take the split form.
+    fn on_rehashing(&self) -> OnRehashing<'_> {
+        OnRehashing::HandBack
     }
 }
 

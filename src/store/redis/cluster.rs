@@ -7,13 +7,19 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
+use super::invoke::{invoke, is_noscript, ScriptConnection};
 use super::reload::Reloads;
-use super::script::{invoke, is_noscript, split_keys, Call, ScriptConnection};
-use crate::store::{CheckRequest, StoreError};
+use crate::store::contract::StoreError;
+use crate::store::op::{OnRehashing, ScriptOp};
+use crate::store::ops::decide::{split_keys, DecideOp, SplitDecideOp};
 
 impl ScriptConnection for ClusterConnection {
-    async fn run(&mut self, reloads: &Reloads, call: Call<'_>) -> Result<redis::Value, StoreError> {
-        invoke_on_cluster(self, reloads, call).await
+    async fn run<O: ScriptOp + Sync>(
+        &mut self,
+        reloads: &Reloads,
+        op: &O,
+    ) -> Result<redis::Value, StoreError> {
+        invoke_on_cluster(self, reloads, op).await
     }
 }
 
@@ -50,15 +56,18 @@ impl ScriptConnection for ClusterConnection {
 /// moves Redis refuses it with `TRYAGAIN Multiple keys request during rehashing of slot`
 /// whenever some of them exist and some do not, on the source and (after `ASKING`) on the
 /// target alike: the tenant's key usually does not exist, so no resend can help. On that
-/// refusal alone a decision takes [`split_check`] instead; every other call is as it was.
-async fn invoke_on_cluster(
+/// refusal alone a decision takes [`split_check`] instead ([`ScriptOp::on_rehashing`]); every
+/// other call is as it was.
+async fn invoke_on_cluster<O: ScriptOp + Sync>(
     connection: &mut ClusterConnection,
     reloads: &Reloads,
-    request: Call<'_>,
+    op: &O,
 ) -> Result<redis::Value, StoreError> {
-    match follow(connection, reloads, request).await {
-        Err(StoreError::Redis(error)) if is_rehashing(error.inner()) => match request {
-            Call::Check(check, timed) => split_check(connection, reloads, check, timed).await,
+    match follow(connection, reloads, op).await {
+        Err(StoreError::Redis(error)) if is_rehashing(error.inner()) => match op.on_rehashing() {
+            OnRehashing::Split { request, timed } => {
+                split_check(connection, reloads, DecideOp { request, timed }).await
+            }
             _ => Err(StoreError::Redis(error)),
         },
         result => result,
@@ -73,14 +82,17 @@ async fn invoke_on_cluster(
 async fn split_check(
     connection: &mut ClusterConnection,
     reloads: &Reloads,
-    check: CheckRequest<'_>,
-    timed: bool,
+    decide: DecideOp<'_>,
 ) -> Result<redis::Value, StoreError> {
     let mut extras = Vec::with_capacity(2);
-    for key in split_keys(check.key, check.algorithm) {
+    for key in split_keys(decide.request.key, decide.request.algorithm) {
         extras.push(read_string(connection, &key).await?);
     }
-    follow(connection, reloads, Call::Split(check, timed, &extras)).await
+    let split = SplitDecideOp {
+        decide,
+        extras: &extras,
+    };
+    follow(connection, reloads, &split).await
 }
 
 /// One string by a one-key `MGET` (as the script reads it: a key of another type reads as
@@ -124,24 +136,25 @@ pub(super) fn is_rehashing(error: &RedisError) -> bool {
             .is_some_and(|detail| detail.starts_with("Multiple keys request during rehashing"))
 }
 
-/// One call with the resends of [`invoke_on_cluster`]: a decision's `TRYAGAIN` on several
-/// keys ([`is_rehashing`]) comes back at once, for the split form.
-async fn follow(
+/// One call with the resends of [`invoke_on_cluster`]: a `TRYAGAIN` on several keys
+/// ([`is_rehashing`]) comes back at once for an operation that does not resend it (a
+/// decision, for the split form; a batch, whose decisions go again alone).
+async fn follow<O: ScriptOp + Sync>(
     connection: &mut ClusterConnection,
     reloads: &Reloads,
-    request: Call<'_>,
+    op: &O,
 ) -> Result<redis::Value, StoreError> {
     let mut resends = 0;
     let mut redirect: Option<Redirect> = None;
     loop {
         let result = match &redirect {
-            None => invoke(connection, reloads, request).await,
-            Some(to) => invoke_redirected(connection, to, request).await,
+            None => invoke(connection, reloads, op).await,
+            Some(to) => invoke_redirected(connection, to, op).await,
         };
         match result {
             Err(StoreError::Redis(error))
                 if is_rehashing(error.inner())
-                    && matches!(request, Call::Check(..) | Call::Batch(_)) =>
+                    && !matches!(op.on_rehashing(), OnRehashing::Resend) =>
             {
                 return Err(StoreError::Redis(error));
             }
@@ -187,13 +200,13 @@ impl Redirect {
 /// One script call sent to the node `to` names, after `ASKING` for an `ASK`. The target of a
 /// migration may not have the script yet: on `NOSCRIPT` the body goes with `EVAL` (which
 /// caches it there, so the next call's `EVALSHA` finds it).
-async fn invoke_redirected(
+async fn invoke_redirected<O: ScriptOp>(
     connection: &mut ClusterConnection,
     to: &Redirect,
-    request: Call<'_>,
+    op: &O,
 ) -> Result<redis::Value, StoreError> {
-    let reply = match send_to(connection, to, request.evalsha()).await {
-        Err(error) if is_noscript(&error) => send_to(connection, to, request.eval())
+    let reply = match send_to(connection, to, op.evalsha()).await {
+        Err(error) if is_noscript(&error) => send_to(connection, to, op.eval())
             .await
             .map_err(StoreError::redis)?,
         result => result.map_err(StoreError::redis)?,

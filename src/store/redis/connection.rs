@@ -12,7 +12,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::runtime::StoreRuntime;
 use super::server::ServerInfo;
-use crate::store::StoreError;
+use crate::store::contract::StoreError;
 
 /// How long one connection attempt may take (TCP connect per node; the attempt as a whole is
 /// bounded by [`ATTEMPT_TIMEOUT`]).

@@ -44,11 +44,11 @@ pub enum BuildError {
          (64) to batch decisions that queue behind a call in flight"
     )]
     ZeroBatch,
-    /// A batch larger than [`MAX_BATCH`](super::MAX_BATCH), the most one script call can always
-    /// carry (Lua's stack bounds what a script may unpack).
+    /// A batch larger than [`MAX_BATCH`](super::batch::MAX_BATCH), the most one script call can
+    /// always carry (Lua's stack bounds what a script may unpack).
     #[error(
         "max_batch must be at most {max}, the most decisions one script call can carry (it was          {0}); larger batches save Redis nothing more and wait longer for their call",
-        max = super::MAX_BATCH
+        max = super::batch::MAX_BATCH
     )]
     BatchTooLarge(usize),
     /// Settings that do not fit together, e.g. TLS certificates for a URL without TLS, or

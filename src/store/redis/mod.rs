@@ -1,20 +1,16 @@
 //! [`RedisStore`]: every decision is one Lua script run atomically in Redis (single node,
 //! Cluster, or a primary found through Sentinel).
 
-mod args;
 mod batch;
-mod block;
 mod builder;
 mod cluster;
 mod connection;
 mod error;
-mod refund;
+mod invoke;
 mod reload;
 mod runtime;
-mod script;
 mod sentinel;
 mod server;
-mod slots;
 mod tls;
 
 use std::fmt;
@@ -33,17 +29,21 @@ pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::connection::Replaceable;
 pub use self::error::BuildError;
+use self::invoke::{check_server, ScriptConnection};
 use self::reload::Reloads;
 use self::runtime::StoreRuntime;
-use self::script::{check_server, read_control, read_decision, Call, ScriptConnection};
 use self::sentinel::{PrimaryConnection, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState};
-use super::{
-    Block, CheckRequest, ControlReply, ControlRequest, RefundRequest, SlotReply, SlotRequest,
-    Store, StoreError,
-};
+use super::op::ScriptOp;
+use super::ops::block::BlockOp;
+use super::ops::control::ControlOp;
+use super::ops::decide::DecideOp;
+use super::ops::refund::RefundOp;
+use super::ops::slots::SlotsOp;
 use crate::decision::Decision;
+use crate::store::block::Block;
+use crate::store::contract::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
 
 /// The default time a store call may take before it counts as a failure.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -179,31 +179,29 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Runs one script call behind the circuit breaker: skipped while it is open, its outcome
-    /// heard by the breaker (even when this future is dropped first), and only transport
-    /// trouble counted toward it: a script's error or an unreadable reply concerns this key
-    /// alone, and the server did answer. Errors are counted under `name`.
-    async fn guarded<T>(
+    /// Runs one script operation behind the circuit breaker: skipped while it is open, its
+    /// outcome heard by the breaker (even when this future is dropped first), and only
+    /// transport trouble counted toward it: a script's error or an unreadable reply concerns
+    /// this key alone, and the server did answer. Errors are counted under `name`.
+    async fn guarded<O: ScriptOp + Sync>(
         &self,
-        call: Call<'_>,
+        op: O,
         name: &'static str,
-        read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    ) -> Result<O::Output, StoreError> {
         let admission = match &self.breaker {
             Some(breaker) => breaker.admit(),
             None => Admission::Call,
         };
-        self.guarded_with(admission, call, name, read).await
+        self.guarded_with(admission, op, name).await
     }
 
     /// [`guarded`](Self::guarded) with the breaker's admission already asked.
-    async fn guarded_with<T>(
+    async fn guarded_with<O: ScriptOp + Sync>(
         &self,
         admission: Admission,
-        call: Call<'_>,
+        op: O,
         name: &'static str,
-        read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    ) -> Result<O::Output, StoreError> {
         if admission == Admission::Skip {
             return Err(StoreError::Unavailable("circuit breaker open"));
         }
@@ -211,7 +209,7 @@ impl RedisStore {
             breaker: self.breaker.as_deref(),
             admission,
         };
-        let result = self.run_script(call, read).await;
+        let result = self.run_script(&op).await;
         unsettled.breaker = None;
         let transport = result.as_ref().err().map(StoreError::is_transport);
         if let Some(breaker) = &self.breaker {
@@ -378,23 +376,18 @@ impl RedisStore {
             .unwrap_or(Err(StoreError::Timeout(VERIFY_TIMEOUT)))
     }
 
-    /// One call, bounded by the timeout, on the current connection, its reply read by `read`; a
-    /// stale connection is replaced afterwards.
-    async fn run_script<T>(
-        &self,
-        call: Call<'_>,
-        read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        on_backend!(&*self.backend, connection => self.run_on(connection, call, read).await)
+    /// One operation, bounded by the timeout, on the current connection, its reply read by the
+    /// operation; a stale connection is replaced afterwards.
+    async fn run_script<O: ScriptOp + Sync>(&self, op: &O) -> Result<O::Output, StoreError> {
+        on_backend!(&*self.backend, connection => self.run_on(connection, op).await)
     }
 
     /// [`run_script`](Self::run_script) on one backend's connection.
-    async fn run_on<C: ScriptConnection, T>(
+    async fn run_on<C: ScriptConnection, O: ScriptOp + Sync>(
         &self,
         connection: &Replaceable<C>,
-        call: Call<'_>,
-        read: impl FnOnce(redis::Value) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+        op: &O,
+    ) -> Result<O::Output, StoreError> {
         let (generation, open) = connection.connection();
         let mut inner_error = None;
         let result = self
@@ -403,9 +396,9 @@ impl RedisStore {
                     Some(open) => open,
                     None => connection.wait_ready().await?.0,
                 };
-                let reply = connection.run(&self.reloads, call).await?;
+                let reply = connection.run(&self.reloads, op).await?;
                 inner_error = batch::stale_server_error(&reply);
-                read(reply)
+                op.read_reply(reply)
             })
             .await;
         match inner_error {
@@ -445,17 +438,17 @@ impl Store for RedisStore {
         if self.batches.max() > 1 {
             return Box::pin(async move { Ok(self.batched_check(request, false).await?.0) });
         }
-        Box::pin(
-            self.guarded(Call::Check(request, false), "check", move |reply| {
-                Ok(read_decision(reply, &request)?.0)
-            }),
-        )
+        let decide = DecideOp {
+            request,
+            timed: false,
+        };
+        Box::pin(async move { Ok(self.guarded(decide, "check").await?.0) })
     }
 
     fn check_blocking<'a>(
         &'a self,
         request: CheckRequest<'a>,
-        block: super::Block,
+        block: crate::store::block::Block,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move { Ok(self.block_call(request, block, false).await?.0) })
     }
@@ -464,31 +457,33 @@ impl Store for RedisStore {
     fn check_timed<'a>(
         &'a self,
         request: CheckRequest<'a>,
-        block: Option<super::Block>,
+        block: Option<crate::store::block::Block>,
     ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
         match block {
             Some(block) => self.block_call(request, block, true),
             None if self.batches.max() > 1 => Box::pin(self.batched_check(request, true)),
-            None => Box::pin(
-                self.guarded(Call::Check(request, true), "check", move |reply| {
-                    read_decision(reply, &request)
-                }),
-            ),
+            None => Box::pin(self.guarded(
+                DecideOp {
+                    request,
+                    timed: true,
+                },
+                "check",
+            )),
         }
     }
 
     fn refund<'a>(
         &'a self,
-        request: super::RefundRequest<'a>,
+        request: crate::store::refund::RefundRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.refund_call(request)
+        Box::pin(self.guarded(RefundOp(request), "refund"))
     }
 
     fn slots<'a>(
         &'a self,
-        request: super::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<super::SlotReply, StoreError>> {
-        self.slots_call(request)
+        request: crate::store::slots::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::slots::SlotReply, StoreError>> {
+        Box::pin(self.guarded(SlotsOp(request), "slots"))
     }
 
     /// Controls go to Redis even while the circuit breaker is open: an operator's change is
@@ -498,7 +493,7 @@ impl Store for RedisStore {
         request: ControlRequest<'a>,
     ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
         Box::pin(async move {
-            let result = self.run_script(Call::Control(request), read_control).await;
+            let result = self.run_script(&ControlOp(request)).await;
             if let Err(error) = &result {
                 // Loud: a control that did not run (an ACL without a command the script
                 // calls, a server refusing it) leaves an operator's change, or an upstream's
@@ -547,48 +542,19 @@ impl Drop for Unsettled<'_> {
     }
 }
 
-/// The production modes' calls (their wire is in `refund.rs`, `block.rs` and `slots.rs`).
 impl RedisStore {
-    pub(super) fn refund_call<'a>(
-        &'a self,
-        request: RefundRequest<'a>,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(
-            self.guarded(Call::Refund(request), "refund", |reply| match reply {
-                redis::Value::Int(n) if n >= 0 => Ok(n as u64),
-                other => Err(StoreError::BadReply(format!("{other:?}"))),
-            }),
-        )
-    }
-
-    pub(super) fn block_call<'a>(
+    /// A decision that blocks the key on a denial (`ops/block.rs`).
+    fn block_call<'a>(
         &'a self,
         request: CheckRequest<'a>,
         block: Block,
         timed: bool,
     ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
-        Box::pin(
-            self.guarded(Call::Block(request, block, timed), "check", move |reply| {
-                read_decision(reply, &request)
-            }),
-        )
-    }
-
-    pub(super) fn slots_call<'a>(
-        &'a self,
-        request: SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
-        let op = request.op;
-        Box::pin(self.guarded(Call::Slots(request), "slots", move |reply| {
-            let (ok, n, wait_ms): (i64, i64, i64) = redis::from_redis_value_ref(&reply)
-                .map_err(|_| StoreError::BadReply(format!("{reply:?}")))?;
-            let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
-            Ok(SlotReply::of(
-                op,
-                ok == 1,
-                u64::try_from(n).unwrap_or(0),
-                wait,
-            ))
-        }))
+        let op = BlockOp {
+            request,
+            block,
+            timed,
+        };
+        Box::pin(self.guarded(op, "check"))
     }
 }

@@ -20,26 +20,15 @@ use redis::{ErrorKind, RedisError};
 
 use super::connection::within;
 use super::runtime::StoreRuntime;
+use crate::store::op::ScriptId;
 
 /// How long one background `SCRIPT LOAD` may take; calls wait for it within their own timeout.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Which script: every decision runs one, every control another; the production modes
-/// (`super::modes`) one each.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Script {
-    Decide = 0,
-    Control = 1,
-    Refund = 2,
-    Block = 3,
-    Slots = 4,
-    Batch = 5,
-}
-
 /// The reload state of every script, shared by every clone of a store.
 #[derive(Default)]
 pub(super) struct Reloads {
-    scripts: [Arc<Reload>; 6],
+    scripts: [Arc<Reload>; ScriptId::COUNT],
     /// Where loads run.
     runtime: Arc<StoreRuntime>,
 }
@@ -66,7 +55,7 @@ impl Reloads {
 
     /// What a call reads before its `EVALSHA`, to tell a `NOSCRIPT` that a finished load
     /// already answered from one that needs a load.
-    pub(super) fn seen(&self, script: Script) -> u64 {
+    pub(super) fn seen(&self, script: ScriptId) -> u64 {
         self.scripts[script as usize].done.load(Ordering::Acquire)
     }
 
@@ -75,7 +64,7 @@ impl Reloads {
     /// since. Err is the load's error.
     pub(super) async fn reload<C>(
         &self,
-        script: Script,
+        script: ScriptId,
         seen: u64,
         connection: &C,
         source: &'static str,
@@ -152,7 +141,7 @@ impl Reload {
     }
 }
 
-/// `SCRIPT LOAD` of `source`: the one load, at [`check_server`](super::script::check_server)
+/// `SCRIPT LOAD` of `source`: the one load, at [`check_server`](super::invoke::check_server)
 /// and after `NOSCRIPT`.
 pub(super) async fn load(
     connection: &mut impl ConnectionLike,

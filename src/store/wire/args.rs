@@ -2,10 +2,9 @@
 //! decision sends, whichever script wraps it.
 
 use crate::algorithm::Algorithm;
-use crate::mirror::capped_cost;
-use crate::mirror::layout::{exact, put_quota, ARGS_HEADER, QUOTA_BYTES};
 use crate::quota::{Quota, MAX_TIERS};
-use crate::store::CheckRequest;
+use crate::store::wire::layout::capped_cost;
+use crate::store::wire::layout::{exact, put_quota, ARGS_HEADER, QUOTA_BYTES};
 
 /// The longest argument: now, cost, the algorithm, and 8 tiers.
 const MAX_ARGS: usize = ARGS_HEADER + QUOTA_BYTES * MAX_TIERS;
@@ -40,17 +39,6 @@ impl PackedArgs {
             at = put_quota(&mut bytes, at, quota);
         }
         PackedArgs { len: at, bytes }
-    }
-
-    /// A decision's argument; `timed`: its admission tells when Redis decided.
-    pub(crate) fn of(request: &CheckRequest<'_>, timed: bool) -> Self {
-        Self::new(
-            request.algorithm,
-            request.quotas,
-            request.cost,
-            request.now_micros,
-            timed,
-        )
     }
 
     pub(crate) fn as_bytes(&self) -> &[u8] {

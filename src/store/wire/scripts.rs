@@ -109,7 +109,7 @@ fn renamed(script: &str, new: impl Fn(&str) -> Option<String>) -> String {
 /// The reading of the controls at the start of a key's string (`lua/controls.lua`): its code
 /// (the header comment left out) is spliced in, its stamp's part (between `@stamp` and `@end`)
 /// only where asked for.
-const CONTROLS_READ: &str = include_str!("../../lua/controls.lua");
+const CONTROLS_READ: &str = include_str!("../../../lua/controls.lua");
 
 /// `script` with the reading of the controls spliced in, as code, at each of its lines
 /// `-- @controls <string> -> <n>, <len>, <until_us>[, <stamp>, <at>]`, the names given put for
@@ -181,7 +181,7 @@ pub(crate) static SOURCE: LazyLock<String> = LazyLock::new(|| {
             .map(|spec| format!("  elseif alg == {} then\n{}", spec.tag, spec.lua_step()))
             .collect()
     };
-    let driver = with_controls(include_str!("../../lua/common.lua"));
+    let driver = with_controls(include_str!("../../../lua/common.lua"));
     let spliced = driver
         .replacen("-- @packed-steps\n", &branches(true), 1)
         .replacen("-- @steps\n", &branches(false), 1);
@@ -205,7 +205,7 @@ pub(crate) static REFUND_SOURCE: LazyLock<String> = LazyLock::new(|| {
             Some(format!("      elseif alg == {} then\n{refund}", spec.tag))
         })
         .collect();
-    let script = with_controls(include_str!("../../lua/refund.lua"));
+    let script = with_controls(include_str!("../../../lua/refund.lua"));
     let spliced = script.replacen("      -- @refunds\n", &branches, 1);
     assert_ne!(spliced, script, "lua/refund.lua has its @refunds line");
     with_constants(&spliced)
@@ -219,7 +219,7 @@ pub(crate) static CONTROL_SOURCE: LazyLock<String> = LazyLock::new(|| {
         .collect();
     let line = format!("local NAMES = {{ {} }}\n", names.join(", "));
     let spliced =
-        with_controls(include_str!("../../lua/control.lua")).replacen("-- @names\n", &line, 1);
+        with_controls(include_str!("../../../lua/control.lua")).replacen("-- @names\n", &line, 1);
     assert!(
         spliced.contains(&line),
         "lua/control.lua has its @names line"
@@ -229,7 +229,7 @@ pub(crate) static CONTROL_SOURCE: LazyLock<String> = LazyLock::new(|| {
 
 /// The block script: the decision script as a function, spliced into `lua/block.lua`.
 pub(crate) static BLOCK_SOURCE: LazyLock<String> = LazyLock::new(|| {
-    let wrapper = with_controls(include_str!("../../lua/block.lua"));
+    let wrapper = with_controls(include_str!("../../../lua/block.lua"));
     let spliced = wrapper.replacen("-- @decide\n", &SOURCE, 1);
     assert_ne!(spliced, wrapper, "lua/block.lua has its @decide line");
     with_constants(&spliced)
@@ -272,7 +272,7 @@ pub(crate) static BATCH_SOURCE: LazyLock<String> = LazyLock::new(|| {
         );
         decide = decide.replacen(read, instead, 1);
     }
-    let wrapper = include_str!("../../lua/batch.lua");
+    let wrapper = include_str!("../../../lua/batch.lua");
     let spliced = wrapper.replacen("-- @decide\n", &decide, 1);
     assert_ne!(spliced, wrapper, "lua/batch.lua has its @decide line");
     with_constants(&spliced)
@@ -280,42 +280,46 @@ pub(crate) static BATCH_SOURCE: LazyLock<String> = LazyLock::new(|| {
 
 /// The concurrency slots' script.
 pub(crate) static SLOTS_SOURCE: LazyLock<String> =
-    LazyLock::new(|| with_constants(include_str!("../../lua/slots.lua")));
+    LazyLock::new(|| with_constants(include_str!("../../../lua/slots.lua")));
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mirror::layout::ARGS_HEADER;
+    use crate::store::wire::layout::ARGS_HEADER;
 
     /// Every script as sent, and the files it is made of (the controls' reading as part of the
     /// decision script).
     fn scripts() -> [(&'static str, &'static str, &'static str); 7] {
         [
-            ("common.lua", include_str!("../../lua/common.lua"), &SOURCE),
+            (
+                "common.lua",
+                include_str!("../../../lua/common.lua"),
+                &SOURCE,
+            ),
             ("controls.lua", CONTROLS_READ, &SOURCE),
             (
                 "control.lua",
-                include_str!("../../lua/control.lua"),
+                include_str!("../../../lua/control.lua"),
                 &CONTROL_SOURCE,
             ),
             (
                 "refund.lua",
-                include_str!("../../lua/refund.lua"),
+                include_str!("../../../lua/refund.lua"),
                 &REFUND_SOURCE,
             ),
             (
                 "block.lua",
-                include_str!("../../lua/block.lua"),
+                include_str!("../../../lua/block.lua"),
                 &BLOCK_SOURCE,
             ),
             (
                 "batch.lua",
-                include_str!("../../lua/batch.lua"),
+                include_str!("../../../lua/batch.lua"),
                 &BATCH_SOURCE,
             ),
             (
                 "slots.lua",
-                include_str!("../../lua/slots.lua"),
+                include_str!("../../../lua/slots.lua"),
                 &SLOTS_SOURCE,
             ),
         ]
