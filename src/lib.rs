@@ -109,12 +109,12 @@ mod intern;
 pub mod key;
 pub mod layer;
 pub mod limiter;
-#[cfg(feature = "test-hooks")]
-#[doc(hidden)]
-pub use crate::store::wire::test_hooks as mirror;
 pub mod outbound;
 pub mod quota;
 pub mod store;
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use crate::store::wire::test_hooks;
 
 // The quick start's and the common paths' names; everything else lives in its module.
 pub use crate::algorithm::Algorithm;

@@ -81,7 +81,7 @@ impl Bench {
         let mut connection = connect(&self.admin.url).await?;
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(redlimit::mirror::script_source())
+            .arg(redlimit::test_hooks::script_source())
             .query_async(&mut connection)
             .await
             .map_err(|e| failure!("SCRIPT LOAD of the crate's script: {e}"))?;

@@ -533,7 +533,7 @@ async fn memory_per_key() {
 
 /// The script as the crate sends it: the driver with every step spliced in.
 fn script_source() -> &'static str {
-    redlimit::mirror::script_source()
+    redlimit::test_hooks::script_source()
 }
 
 /// The byte naming `algorithm` in the script's arguments, as the crate sends it.
@@ -750,7 +750,7 @@ fn the_split_form_decides_as_the_normal_one() {
             format!("redlimit:{{n-{algorithm}}}"),
             format!("redlimit:{{s-{algorithm}}}"),
         );
-        let [log_controls, tenant_key] = redlimit::mirror::control_keys(&normal);
+        let [log_controls, tenant_key] = redlimit::test_hooks::control_keys(&normal);
         let decide = |conn: &mut redis::Connection, now: f64, tenant: Option<&[u8]>| {
             let args = pack_args(now, 1.0, alg, &[quota]);
             let mut cmd = redis::cmd("EVAL");

@@ -195,7 +195,7 @@ async fn run(
             // state stale under its own quota is not fresh under an override's.
             let storage_key = in_memory.storage_key(key);
             // The tenant's controls (`#t`) as well.
-            let [log_controls, tenant] = redlimit::mirror::control_keys(&storage_key);
+            let [log_controls, tenant] = redlimit::test_hooks::control_keys(&storage_key);
             for k in [storage_key.clone(), log_controls, tenant] {
                 if memory.stored_state(&k, now).is_none() {
                     let _: () = redis::cmd("DEL").arg(&k).query_async(conn).await.unwrap();
@@ -336,7 +336,7 @@ async fn run(
         }
         if algorithm == Algorithm::SlidingLog {
             // Its controls live next to its log.
-            let [controls, _] = redlimit::mirror::control_keys(&storage_key);
+            let [controls, _] = redlimit::test_hooks::control_keys(&storage_key);
             // (Only while the memory store holds them: Redis expires on its own clock.)
             if let Some(expected) = memory.stored_state(&controls, now) {
                 let stored = redis_state(conn, Algorithm::TokenBucket, &controls).await;

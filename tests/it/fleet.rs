@@ -491,7 +491,7 @@ async fn a_corrupted_first_tier_of_a_stored_override_is_refused() {
         let storage_key = match algorithm {
             // The sliding log keeps its sorted set under the key, its controls beside it.
             Algorithm::SlidingLog => {
-                redlimit::mirror::control_keys(&limiter.storage_key(&key))[0].clone()
+                redlimit::test_hooks::control_keys(&limiter.storage_key(&key))[0].clone()
             }
             _ => limiter.storage_key(&key),
         };
@@ -775,8 +775,8 @@ async fn a_suspension_far_ahead_denies_with_a_readable_reply() {
     far.extend_from_slice(&1e300f64.to_le_bytes());
     far.push(0);
     // The route's controls: in its string, for the sliding log beside its sorted set.
-    let [_, tenant] = redlimit::mirror::control_keys("redlimit:{t}");
-    let [log_controls, _] = redlimit::mirror::control_keys("redlimit:{r}");
+    let [_, tenant] = redlimit::test_hooks::control_keys("redlimit:{t}");
+    let [log_controls, _] = redlimit::test_hooks::control_keys("redlimit:{r}");
     for key in [tenant.as_str(), "redlimit:{r}", log_controls.as_str()] {
         let _: () = redis::cmd("SET")
             .arg(key)

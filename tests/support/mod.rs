@@ -221,7 +221,7 @@ pub async fn poison_key(redis: &RedisServer, limiter: &redlimit::Limiter, key: &
         .expect("set_quota before the poisoning");
     let storage_key = match limiter.algorithm() {
         redlimit::Algorithm::SlidingLog => {
-            let [log_controls, _] = redlimit::mirror::control_keys(&limiter.storage_key(key));
+            let [log_controls, _] = redlimit::test_hooks::control_keys(&limiter.storage_key(key));
             log_controls
         }
         _ => limiter.storage_key(key),

@@ -1165,7 +1165,7 @@ async fn differential(schedule: &Schedule, ops: &[Op], redis: &Fixture) -> Vec<S
                 // the clock goes from Redis too, before the quota changes.
                 let now = manual.now_micros();
                 let storage_key = pair[1].storage_key(name);
-                let [log_controls, tenant] = redlimit::mirror::control_keys(&storage_key);
+                let [log_controls, tenant] = redlimit::test_hooks::control_keys(&storage_key);
                 let gone: Vec<String> = [storage_key, log_controls, tenant]
                     .into_iter()
                     .filter(|k| memory.stored_state(k, now).is_none())

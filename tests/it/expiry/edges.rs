@@ -61,7 +61,7 @@ fn previous_release_script() -> String {
         assert_eq!(source.matches(from).count(), times, "{from:?}");
         *source = source.replace(from, to);
     }
-    let mut source = redlimit::mirror::script_source().to_owned();
+    let mut source = redlimit::test_hooks::script_source().to_owned();
     // The one-tier path's strings, and the write.
     let start = source
         .find("local plain = not t and tiers == 1 and not log\n")
@@ -92,7 +92,7 @@ fn a_previous_release_reads_what_this_release_admitted() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
     let previous = previous_release_script();
-    let current = redlimit::mirror::script_source();
+    let current = redlimit::test_hooks::script_source();
     for algorithm in packed() {
         // 5 a minute, a burst of 5: 5 of 20 requests within the minute, whichever release
         // decides each.
@@ -364,7 +364,7 @@ async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
 fn without_keepttl_the_write_sets_a_ttl() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
-    let current = redlimit::mirror::script_source();
+    let current = redlimit::test_hooks::script_source();
     assert_eq!(current.matches("'KEEPTTL'").count(), 1);
     let redis5 = current.replace("'KEEPTTL'", "'KEEPTTL5'");
     for algorithm in packed() {
@@ -735,7 +735,7 @@ async fn heads_no_script_writes_read_alike_everywhere() {
 fn the_split_form_counts_on_a_busy_key() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
-    let script = redlimit::mirror::script_source();
+    let script = redlimit::test_hooks::script_source();
     for algorithm in packed() {
         // 100 an hour: nothing comes back within the test.
         let args = server_clock_args(algorithm, 100.0, 3_600e6, 100.0);

@@ -262,7 +262,7 @@ async fn probe_refund_run_late_by_redis_never_reaches_the_next_window() {
 
 /// The tenant's controls string of `key` (its reset stamp from byte 10 on, with no override).
 fn tenant_key(limiter: &Limiter, key: &str) -> String {
-    let [_, tenant] = redlimit::mirror::control_keys(&limiter.storage_key(key));
+    let [_, tenant] = redlimit::test_hooks::control_keys(&limiter.storage_key(key));
     tenant
 }
 
