@@ -9,7 +9,8 @@
 # `cargo test --test torture` there with TORTURE_KEEP_GOING=1. Generator, fleet and oracles stay
 # byte-identical to this tree's. For a commit from before `redlimit::concurrency`,
 # `failure_policy` and `mirror` existed, the copied files' paths to them are rewritten to a shim
-# (compat.rs.txt here) that re-exports them from where they were.
+# (compat.rs.txt here) that re-exports them from where they were; for one from before the test
+# hooks were named `test_hooks`, to their earlier name `mirror`.
 #
 # CARGO_TARGET_DIR is passed through: pointing it at this tree's target/ reuses the
 # dependencies already built.
@@ -34,6 +35,10 @@ fi
 dst=$old/tests/torture
 rm -rf "$dst"
 cp -r "$root/tests/torture" "$dst"
+# Before the test hooks were `redlimit::test_hooks` they were `redlimit::mirror`.
+if ! git -C "$root" show "$commit:src/lib.rs" 2>/dev/null | grep -q 'test_hooks'; then
+    sed -i 's/redlimit::test_hooks::/redlimit::mirror::/g' "$dst"/*.rs
+fi
 if ! git -C "$root" cat-file -e "$commit:src/failure_policy.rs" 2>/dev/null; then
     cp "$here/compat.rs.txt" "$dst/compat.rs"
     sed -i \
