@@ -200,7 +200,7 @@ mod tests {
     #[tokio::test]
     async fn the_shared_key_is_no_key_an_extractor_can_produce() {
         let store = MemoryStore::new();
-        let limiter = crate::Limiter::new(store.clone());
+        let limiter = crate::limiter::Limiter::new(store.clone());
         let by_user = FnKey::new(|parts: &http::request::Parts| {
             let user = parts.headers.get("x-user")?.to_str().ok()?;
             Some(user.to_owned())

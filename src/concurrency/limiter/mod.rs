@@ -373,8 +373,8 @@ mod tests {
 
     use super::ConcurrencyLimiter;
     use crate::limiter::ConfigError;
+    use crate::limiter::Limiter;
     use crate::store::MemoryStore;
-    use crate::Limiter;
 
     /// A lease too short to be renewed in time (a third of it between renewals, less than
     /// one store timeout) is refused when the limiter is built.

@@ -829,12 +829,14 @@ mod tests {
 
     use crate::clock::{Clock, ManualClock};
     use crate::decision::Decision;
+    use crate::decision::Verdict;
     use crate::limiter::stats::PolicyLabel;
     use crate::limiter::{Ask, Leases};
+    use crate::limiter::{Limiter, Target};
+    use crate::quota::{Quota, Quotas};
     use crate::store::{
         CheckRequest, ControlReply, ControlRequest, MemoryStore, RefundRequest, Store, StoreError,
     };
-    use crate::{Limiter, Quota, Quotas, Target, Verdict};
 
     /// A memory store that counts its checks and peeks (checks of cost 0), and can leave its
     /// first check unanswered for good (a store that breaks its own timeout).

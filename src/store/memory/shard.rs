@@ -893,7 +893,9 @@ pub(super) mod tests {
     /// spent its quota.
     #[tokio::test(flavor = "current_thread")]
     async fn a_key_flood_evicts_the_barely_used_keys_before_a_suspension_or_a_spent_key() {
-        use crate::{store::MemoryStore, Limiter, Quota};
+        use crate::limiter::Limiter;
+        use crate::quota::Quota;
+        use crate::store::MemoryStore;
         use std::time::Duration;
 
         let limiter = Limiter::new(MemoryStore::with_max_keys(1_024));
