@@ -12,6 +12,7 @@ mod limits;
 mod runtime;
 mod sender;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -224,8 +225,8 @@ async fn decided_within(
 }
 
 /// Holds Redis for `sleep`, then sends `first` (alone, behind the sleep) and, once it is on the
-/// wire, every request of `rest` (queued behind it, in order); `during` runs on a thread of its
-/// own while Redis sleeps. Answers in the order given, `first`'s first.
+/// wire, every request of `rest` (queued behind it, in order). Answers in the order given,
+/// `first`'s first.
 async fn behind_a_sleep(
     redis: &RedisServer,
     store: &RedisStore,
@@ -234,14 +235,47 @@ async fn behind_a_sleep(
     rest: &[CheckRequest<'_>],
 ) -> Vec<Result<Decision, StoreError>> {
     store.verify().await.expect("Redis is up");
+    let (first, rest) = while_asleep(
+        redis,
+        sleep,
+        || store.check(first),
+        || join_all(rest.iter().map(|request| store.check(*request))),
+    )
+    .await;
+    std::iter::once(first).chain(rest).collect()
+}
+
+/// Holds Redis for `sleep`, then starts `first` (which goes alone and waits behind the sleep)
+/// and, once it is on the wire, `rest` (which queues behind it); both answers once Redis wakes.
+async fn while_asleep<First: Future, Rest: Future>(
+    redis: &RedisServer,
+    sleep: Duration,
+    first: impl FnOnce() -> First,
+    rest: impl FnOnce() -> Rest,
+) -> (First::Output, Rest::Output) {
     let sleeping = redis.debug_sleep(sleep);
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let leader = store.check(first);
+    let leader = first();
     let followers = async {
+        // The first call is in flight before the others arrive.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        join_all(rest.iter().map(|request| store.check(*request))).await
+        rest().await
     };
-    let (first, rest) = tokio::join!(leader, followers);
-    let _ = sleeping.join();
-    std::iter::once(first).chain(rest).collect()
+    let answers = tokio::join!(leader, followers);
+    sleeping.join().unwrap();
+    answers
+}
+
+/// Two stores for comparing answers: `batched` sends a whole queue in one call, so that it runs
+/// in the order given (decisions in calls that overlap have no order between them, as
+/// concurrent calls never had); `alone` never batches.
+fn batched_and_alone(batched: &RedisServer, alone: &RedisServer) -> (RedisStore, RedisStore) {
+    let store = |redis: &RedisServer, max_batch| {
+        RedisStore::builder(redis.url())
+            .timeout(crate::support::PATIENT_TIMEOUT)
+            .max_batch(max_batch)
+            .build()
+            .unwrap()
+    };
+    (store(batched, 256), store(alone, 1))
 }
