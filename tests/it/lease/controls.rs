@@ -6,12 +6,12 @@ use std::time::Duration;
 use http::StatusCode;
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::limiter::Leases;
-use redlimit::{Algorithm, Limiter, Quota, Quotas};
+use redlimit::{Limiter, Quota, Quotas};
 use tower::ServiceExt;
 
 use super::settle::{call, lease_held_behind_a_gate, store_left, target};
 use super::settle_every_algorithm::leases_ended;
-use super::{CAPACITY, INTERVAL, T0};
+use super::{CAPACITY, INTERVAL, LEASING, T0};
 use crate::modes::settle::until_entered;
 use crate::support::{Ctx, RedisServer};
 
@@ -66,11 +66,7 @@ async fn a_settlement_in_flight_across_this_limiters_reset_gives_nothing_after_i
     let redis = RedisServer::start();
     let quota = Quota::per_day(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
+    for algorithm in LEASING {
         let (limiter, other, svc, gate, entered) =
             lease_held_behind_a_gate(&redis, algorithm, quota).await;
         let before = limiter.lease_stats();

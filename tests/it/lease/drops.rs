@@ -11,7 +11,7 @@ use tower::ServiceExt;
 
 use super::settle::{call, lease_held_behind_a_gate, store_left, target};
 use super::settle_every_algorithm::leases_ended;
-use super::{balanced, leasing, leasing_with, settled, CAPACITY};
+use super::{balanced, leasing, leasing_with, settled, CAPACITY, LEASING};
 use crate::modes::settle::until_entered;
 use crate::support::{self, Ctx, RedisServer, Rng};
 
@@ -26,11 +26,7 @@ async fn lease_answered_settlements_dropped_at_every_await_balance_and_never_han
     let redis = RedisServer::start();
     let quota = Quota::per_day(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
+    for algorithm in LEASING {
         let (limiter, other, svc, gate, entered) =
             lease_held_behind_a_gate(&redis, algorithm, quota).await;
         let (mut refunded_at_least, mut requests) = (0u64, 0u64);

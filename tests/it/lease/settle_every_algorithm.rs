@@ -7,31 +7,15 @@
 use std::time::Duration;
 
 use redlimit::clock::{Clock, ManualClock};
-use redlimit::limiter::Leases;
-use redlimit::store::{MemoryStore, Store};
+use redlimit::store::MemoryStore;
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
 use super::settle::{store_left, target};
+use super::{leasing_on, LEASING};
 use crate::support::{Ctx, RedisServer};
 
 /// A day's quota: leases of up to 100 units, and no refill worth a unit within a test.
 const CAPACITY: u64 = 1_000;
-
-/// The algorithms that lease.
-const LEASING: [Algorithm; 3] = [
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-    Algorithm::FixedWindow,
-];
-/// A limiter of `algorithm` on `store` with leases of 50 ms.
-fn leasing(store: impl Store, algorithm: Algorithm, clock: Clock) -> Limiter {
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .clock(clock)
-        .leases(Leases::new(Duration::from_millis(50)))
-        .build()
-        .unwrap()
-}
 
 /// The leasing limiter and a plain one (another instance, or an operator's process) on one
 /// store: Redis (flushed) or a fresh memory store.
@@ -46,14 +30,14 @@ fn pair(
         "redis" => {
             redis.flushall();
             (
-                leasing(ctx.redis_store(redis), algorithm, clock.clone()),
+                leasing_on(ctx.redis_store(redis), algorithm, clock.clone()),
                 ctx.redis(redis),
             )
         }
         _ => {
             let memory = MemoryStore::new();
             (
-                leasing(memory.clone(), algorithm, clock.clone()),
+                leasing_on(memory.clone(), algorithm, clock.clone()),
                 ctx.limiter(memory),
             )
         }
