@@ -3,7 +3,7 @@
 //! without Redis: `--help`, completions, one-line errors for a bad duration or quota.
 
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use redlimit::Limiter;
@@ -14,16 +14,11 @@ use crate::support::{self, RedisServer, TlsFiles, TlsSetup};
 
 /// Runs `redlimit args` with `envs` (and nothing else of the test's Redis settings).
 fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(crate::BINARY);
-    command
+    crate::redlimit_command()
         .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("REDLIMIT_HEADER_SECRET")
-        .stdin(Stdio::null());
-    for (name, value) in envs {
-        command.env(name, value);
-    }
-    command.output().expect("run redlimit")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run redlimit")
 }
 
 fn stdout(output: &Output) -> String {

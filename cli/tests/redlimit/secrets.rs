@@ -4,30 +4,22 @@
 //! not inside a password; and the header secret can come from a file, off the command line.
 
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use http::StatusCode;
 use redlimit::key::HeaderKey;
 use redlimit::{Quota, RateLimitLayer};
 
 use crate::support::{self, free_port, RedisCluster, RedisServer};
+use crate::text;
 
 /// Runs `redlimit args` with `envs` (and no other Redis setting of the test's environment).
 fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(crate::BINARY);
-    command
+    crate::redlimit_command()
         .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("REDLIMIT_HEADER_SECRET")
-        .stdin(Stdio::null());
-    for (name, value) in envs {
-        command.env(name, value);
-    }
-    command.output().expect("run redlimit")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run redlimit")
 }
 
 /// A password as written in a URL, and the pieces of it that no output may hold. Each piece is
