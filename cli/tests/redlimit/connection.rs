@@ -2,12 +2,12 @@
 //! printed), TLS with a private CA and a client certificate, Sentinel; and what it prints
 //! without Redis: `--help`, completions, one-line errors for a bad duration or quota.
 
-use std::io::Write;
 use std::process::Output;
 use std::time::Duration;
 
 use redlimit::Limiter;
 
+use crate::file_with;
 use crate::support::example::dead_redis_url;
 use crate::support::sentinel::{RedisSentinel, MASTER_NAME};
 use crate::support::{self, RedisServer, TlsFiles, TlsSetup};
@@ -32,23 +32,8 @@ fn stderr(output: &Output) -> String {
 /// A Redis with the user `operator` (every command and key) whose password is `password`.
 fn redis_with_operator(password: &str) -> RedisServer {
     let redis = RedisServer::start();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("operator")
-        .arg("on")
-        .arg(format!(">{password}"))
-        .arg("~*")
-        .arg("+@all")
-        .query(&mut redis.conn())
-        .expect("ACL SETUSER");
+    crate::create_operator(&redis, password);
     redis
-}
-
-/// A file holding `text`, removed on drop.
-fn file_with(text: &str) -> tempfile::NamedTempFile {
-    let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
-    file.write_all(text.as_bytes()).expect("write it");
-    file
 }
 
 /// `REDIS_URL` names the Redis when no flag does, and `--password-file` gives the password of
