@@ -7,19 +7,10 @@ use std::time::Duration;
 
 use redlimit::Limiter;
 
-use crate::file_with;
 use crate::support::example::dead_redis_url;
 use crate::support::sentinel::{RedisSentinel, MASTER_NAME};
 use crate::support::{self, RedisServer, TlsFiles, TlsSetup};
-
-/// Runs `redlimit args` with `envs` (and nothing else of the test's Redis settings).
-fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    crate::redlimit_command()
-        .args(args)
-        .envs(envs.iter().copied())
-        .output()
-        .expect("run redlimit")
-}
+use crate::{file_with, run};
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()

@@ -179,6 +179,7 @@ fn run_within(args: &[&str], envs: &[(&str, &str)], bound: Duration) -> (Output,
     (output, took)
 }
 
+/// Runs `redlimit args` with exactly `envs` of the Redis settings (see [`run_timed`]).
 fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     run_timed(args, envs).0
 }

@@ -3,23 +3,12 @@
 //! `--sentinel` and `REDIS_URL`, is printed nowhere in any form; a list is cut between URLs,
 //! not inside a password; and the header secret can come from a file, off the command line.
 
-use std::process::Output;
-
 use http::StatusCode;
 use redlimit::key::HeaderKey;
 use redlimit::{Quota, RateLimitLayer};
 
 use crate::support::{self, free_port, RedisCluster, RedisServer};
-use crate::{create_operator, file_with, text};
-
-/// Runs `redlimit args` with `envs` (and no other Redis setting of the test's environment).
-fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    crate::redlimit_command()
-        .args(args)
-        .envs(envs.iter().copied())
-        .output()
-        .expect("run redlimit")
-}
+use crate::{create_operator, file_with, run, text};
 
 /// A password as written in a URL, and the pieces of it that no output may hold. Each piece is
 /// letters and digits only, which no encoding changes: whatever the form a message shows the
