@@ -15,8 +15,7 @@ use redlimit::{Algorithm, Quota, Quotas};
 
 use super::{
     all_decided_within, behind_a_sleep, consumed, decided_within, generous, keys, lone_and_fast,
-    none_past, on_shared, request, shared_quota, show, text, timed, together, warm_batch_script,
-    SLACK,
+    none_past, on_shared, request, shared_quota, show, text, timed, together, warm_store, SLACK,
 };
 use crate::support::{self, RedisServer};
 
@@ -29,13 +28,7 @@ async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_o
 {
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(300);
-    let store = RedisStore::builder(redis.url())
-        .timeout(timeout)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    warm_batch_script(&redis, &store).await;
+    let store = warm_store(&redis, timeout, DEFAULT_MAX_BATCH).await;
     let key = "redlimit:{slept}";
     let quotas = shared_quota();
     let before = consumed(&store, key).await;
@@ -99,13 +92,7 @@ async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_o
 async fn redis_killed_mid_batch_answers_each_within_its_timeout_and_the_store_recovers() {
     let mut redis = RedisServer::start();
     let timeout = Duration::from_millis(400);
-    let store = RedisStore::builder(redis.url())
-        .timeout(timeout)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    warm_batch_script(&redis, &store).await;
+    let store = warm_store(&redis, timeout, DEFAULT_MAX_BATCH).await;
     let _sleeping = redis.debug_sleep(Duration::from_millis(2_000));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let lead = tokio::spawn({

@@ -3,7 +3,7 @@
 //! would alone (`lua/batch.lua`, `lua/sliding_log.lua`).
 
 use super::sender::main_runtime;
-use super::{script_calls, show, store_on, timed, warm_batch_script};
+use super::{script_calls, show, store_on, timed, warm_batch_script, warm_store};
 use crate::support;
 use redlimit::{Limiter, Target};
 use std::time::Instant;
@@ -614,14 +614,7 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_batches_of_costly_eight_tier_sliding_logs_with_long_keys_are_decided() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(30))
-        .max_batch(MAX_BATCH)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    warm_batch_script(&redis, &store).await;
+    let store = warm_store(&redis, Duration::from_secs(30), MAX_BATCH).await;
     let eight = Quotas::new((0..8).map(|i| Quota::per_hour(5_000 + i).unwrap())).unwrap();
     let count = MAX_BATCH + MAX_BATCH / 2;
     let pad = "x".repeat(2_000);

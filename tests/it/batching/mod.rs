@@ -55,17 +55,21 @@ fn store_on(
     timeout: Duration,
     max_batch: usize,
 ) -> RedisStore {
-    runtime.block_on(async {
-        let store = RedisStore::builder(redis.url())
-            .timeout(timeout)
-            .max_batch(max_batch)
-            .without_circuit_breaker()
-            .build()
-            .unwrap();
-        store.verify().await.expect("Redis is up");
-        warm_batch_script(redis, &store).await;
-        store
-    })
+    runtime.block_on(warm_store(redis, timeout, max_batch))
+}
+
+/// A store on `redis` with `timeout`, carrying at most `max_batch` decisions a call, with no
+/// circuit breaker: connected, its decision and batch scripts loaded.
+async fn warm_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
+    let store = RedisStore::builder(redis.url())
+        .timeout(timeout)
+        .max_batch(max_batch)
+        .without_circuit_breaker()
+        .build()
+        .unwrap();
+    store.verify().await.expect("Redis is up");
+    warm_batch_script(redis, &store).await;
+    store
 }
 
 /// Loads the batch script: a queue behind a held call, so that no `NOSCRIPT` blurs timings.
