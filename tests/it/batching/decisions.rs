@@ -3,7 +3,7 @@
 //! error, its own timeout, all tiers or none. A `DEBUG SLEEP` holds the first call, so the
 //! decisions behind it queue for certain.
 
-use super::{batched_and_alone, behind_a_sleep, generous, request, text, while_asleep};
+use super::{batched_and_alone, behind_a_sleep, generous, request, requests, text, while_asleep};
 use crate::support;
 use redlimit::store::DEFAULT_MAX_BATCH;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -113,16 +113,14 @@ async fn one_decisions_error_is_its_own() {
         poisoned.as_str(),
         "redlimit:{ok-3}",
     ];
-    let requests: Vec<CheckRequest<'_>> = keys
-        .iter()
-        .map(|key| request(key, &quotas, Algorithm::Gcra))
-        .collect();
+    let first = request("redlimit:{ok-first}", &quotas, Algorithm::Gcra);
+    let sleep = Duration::from_millis(300);
     let answers = behind_a_sleep(
         &redis,
         &store,
-        Duration::from_millis(300),
-        request("redlimit:{ok-first}", &quotas, Algorithm::Gcra),
-        &requests,
+        sleep,
+        first,
+        &requests(&keys, &quotas, Algorithm::Gcra),
     )
     .await;
     for i in [0, 1, 3, 5] {
@@ -143,17 +141,14 @@ async fn one_decisions_error_is_its_own() {
     assert!(!store.circuit_open());
     // Without the refused key, one call carries the queue and the poisoned key's error is
     // its own reply in it: nothing is sent twice (each other key admitted twice in all).
-    let requests: Vec<CheckRequest<'_>> = [keys[0], keys[3], keys[4]]
-        .iter()
-        .map(|key| request(key, &quotas, Algorithm::Gcra))
-        .collect();
+    let again = [keys[0], keys[3], keys[4]];
     redis.reset_stats();
     let answers = behind_a_sleep(
         &redis,
         &store,
-        Duration::from_millis(300),
-        request("redlimit:{ok-first}", &quotas, Algorithm::Gcra),
-        &requests,
+        sleep,
+        first,
+        &requests(&again, &quotas, Algorithm::Gcra),
     )
     .await;
     assert!(answers[2].is_err(), "{:?}", answers[2]);
@@ -183,16 +178,12 @@ async fn a_batch_that_times_out_counts_once_toward_the_breaker() {
         .unwrap();
     let quotas = generous();
     let keys: Vec<String> = (0..30).map(|i| format!("redlimit:{{slow-{i}}}")).collect();
-    let requests: Vec<CheckRequest<'_>> = keys
-        .iter()
-        .map(|key| request(key, &quotas, Algorithm::TokenBucket))
-        .collect();
     let answers = behind_a_sleep(
         &redis,
         &store,
         Duration::from_millis(600),
         request("redlimit:{slow-first}", &quotas, Algorithm::TokenBucket),
-        &requests,
+        &requests(&keys, &quotas, Algorithm::TokenBucket),
     )
     .await;
     for answer in &answers {

@@ -15,7 +15,8 @@ use redlimit::{Algorithm, Quota, Quotas};
 
 use super::{
     all_decided_within, behind_a_sleep, consumed, decided_within, generous, keys, lone_and_fast,
-    none_past, on_shared, request, shared_quota, show, text, timed, together, warm_store, SLACK,
+    none_past, on_shared, request, requests, shared_quota, show, text, timed, together, warm_store,
+    SLACK,
 };
 use crate::support::{self, RedisServer};
 
@@ -342,16 +343,12 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(max
     );
     // The new connection answers (a denial), then a queue of admissions in one batch.
     let keys = keys("ro-batch", 5);
-    let queued: Vec<CheckRequest<'_>> = keys
-        .iter()
-        .map(|key| request(key, &quotas, Algorithm::Gcra))
-        .collect();
     let answers = behind_a_sleep(
         &demoted,
         &store,
         Duration::from_millis(300),
         request(lead, &tight, Algorithm::Gcra),
-        &queued,
+        &requests(&keys, &quotas, Algorithm::Gcra),
     )
     .await;
     assert!(

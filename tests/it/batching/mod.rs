@@ -228,6 +228,17 @@ async fn decided_within(
     Err(errors)
 }
 
+/// A decision of cost 1 on Redis's clock for each of `keys`, in order.
+fn requests<'a, K: AsRef<str>>(
+    keys: &'a [K],
+    quotas: &'a Quotas,
+    algorithm: Algorithm,
+) -> Vec<CheckRequest<'a>> {
+    keys.iter()
+        .map(|key| request(key.as_ref(), quotas, algorithm))
+        .collect()
+}
+
 /// Holds Redis for `sleep`, then sends `first` (alone, behind the sleep) and, once it is on the
 /// wire, every request of `rest` (queued behind it, in order). Answers in the order given,
 /// `first`'s first.
