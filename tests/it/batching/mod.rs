@@ -58,9 +58,16 @@ fn store_on(
     runtime.block_on(warm_store(redis, timeout, max_batch))
 }
 
-/// A store on `redis` with `timeout`, carrying at most `max_batch` decisions a call, with no
-/// circuit breaker: connected, its decision and batch scripts loaded.
+/// [`connected_store`], its batch script loaded too.
 async fn warm_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
+    let store = connected_store(redis, timeout, max_batch).await;
+    warm_batch_script(redis, &store).await;
+    store
+}
+
+/// A store on `redis` with `timeout`, carrying at most `max_batch` decisions a call, with no
+/// circuit breaker: connected, its decision script loaded.
+async fn connected_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
     let store = RedisStore::builder(redis.url())
         .timeout(timeout)
         .max_batch(max_batch)
@@ -68,7 +75,6 @@ async fn warm_store(redis: &RedisServer, timeout: Duration, max_batch: usize) ->
         .build()
         .unwrap();
     store.verify().await.expect("Redis is up");
-    warm_batch_script(redis, &store).await;
     store
 }
 
