@@ -375,18 +375,10 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(max
 /// primary and share calls there, and the last requests are all decided.
 #[test]
 fn through_a_sentinel_failover_queued_decisions_move_to_the_new_primary() {
-    use support::sentinel::{RedisSentinel, MASTER_NAME};
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    use support::sentinel::RedisSentinel;
+    let runtime = support::multi_thread_runtime();
     let setup = RedisSentinel::start();
-    let urls = setup.sentinel_urls();
-    let store = RedisStore::sentinel(urls.iter().map(String::as_str), MASTER_NAME).unwrap();
-    runtime
-        .block_on(store.verify())
-        .expect("verify via Sentinel");
+    let store = setup.verified_store(&runtime);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let tasks: Vec<_> = (0..32)
@@ -410,15 +402,7 @@ fn through_a_sentinel_failover_queued_decisions_move_to_the_new_primary() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let mut sentinel = redis::Client::open(urls[0].as_str())
-        .unwrap()
-        .get_connection_with_timeout(Duration::from_secs(1))
-        .unwrap();
-    let _: () = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(MASTER_NAME)
-        .query(&mut sentinel)
-        .expect("SENTINEL FAILOVER");
+    setup.ask_failover();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !setup.replica_promoted() {
         assert!(Instant::now() < deadline, "{}", setup.sentinel_logs());

@@ -18,11 +18,7 @@ use super::{generous, request, store_on, together};
 
 /// The main runtime of these tests: a multi-thread one, as an application's.
 pub(crate) fn main_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    support::multi_thread_runtime()
 }
 
 /// Every answer decided by Redis within `within`, else what each got.
