@@ -191,7 +191,7 @@ async fn a_lease_answered_refund_made_in_the_next_window_gives_it_nothing_client
         lease_held(&limiter, &quotas, backend).await;
         manual.set(boundary - Duration::from_millis(1));
         let before = limiter.lease_stats();
-        let reserved = answered_from_the_lease(&limiter, &quotas, &backend).await;
+        let reserved = answered_from_the_lease(&limiter, &quotas, backend).await;
         assert_eq!(limiter.lease_stats().spent, before.spent + 1, "{backend}");
         // A background renewal it started ends in W (one sent in W+1 would take W+1's units).
         tokio::time::sleep(Duration::from_millis(20)).await;
