@@ -44,11 +44,7 @@ const STREAMS: usize = 4;
 /// the replication lag), so the bound is what it admitted.
 #[test]
 fn the_limiter_follows_a_sentinel_failover_and_readmits_at_most_the_lagged_writes() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = support::multi_thread_runtime();
     let mut setup = RedisSentinel::start();
     let urls = setup.sentinel_urls();
     let (old_port, new_port) = (setup.master.port(), setup.replica.port());
@@ -367,31 +363,15 @@ impl Requests {
 /// no request waits beyond the bound.
 #[test]
 fn the_limiter_follows_a_failover_asked_of_the_sentinels() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = support::multi_thread_runtime();
     let setup = RedisSentinel::start();
-    let urls = setup.sentinel_urls();
-    let store = RedisStore::sentinel(urls.iter().map(String::as_str), MASTER_NAME).unwrap();
-    runtime
-        .block_on(store.verify())
-        .expect("verify via Sentinel");
+    let store = setup.verified_store(&runtime);
     let limiter = Limiter::new(store);
     let stream = Stream::start(&runtime, &limiter);
     thread::sleep(Duration::from_millis(200));
 
     let asked_at = Instant::now();
-    let mut sentinel = redis::Client::open(urls[0].as_str())
-        .unwrap()
-        .get_connection_with_timeout(Duration::from_secs(1))
-        .unwrap();
-    let _: () = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(MASTER_NAME)
-        .query(&mut sentinel)
-        .expect("SENTINEL FAILOVER");
+    setup.ask_failover();
     let promoted = wait_until(asked_at, || setup.replica_promoted());
     let promoted = promoted.unwrap_or_else(|| {
         panic!(

@@ -164,6 +164,15 @@ pub fn current_thread_runtime() -> tokio::runtime::Runtime {
     runtime.expect("a current-thread runtime")
 }
 
+/// A multi-thread runtime of 2 workers (as an application's), for a test that drives its own.
+pub fn multi_thread_runtime() -> tokio::runtime::Runtime {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    runtime.expect("a multi-thread runtime")
+}
+
 /// A Redis on TLS with a certificate of `name` (asking clients for theirs when `mutual`), or
 /// `None` when this machine's redis-server has no TLS (`test` names the skipped test).
 pub fn tls_server(test: &str, name: &str, mutual: bool) -> Option<(TlsFiles, RedisServer)> {

@@ -88,6 +88,32 @@ impl RedisSentinel {
             .collect()
     }
 
+    /// A store with the defaults through these sentinels, connected on `runtime`.
+    pub fn verified_store(&self, runtime: &tokio::runtime::Runtime) -> redlimit::store::RedisStore {
+        let urls = self.sentinel_urls();
+        let store =
+            redlimit::store::RedisStore::sentinel(urls.iter().map(String::as_str), MASTER_NAME)
+                .unwrap();
+        runtime
+            .block_on(store.verify())
+            .expect("verify via Sentinel");
+        store
+    }
+
+    /// Asks the first sentinel for a failover (`SENTINEL FAILOVER`): the old primary stays up
+    /// until Sentinel demotes it.
+    pub fn ask_failover(&self) {
+        let mut sentinel = redis::Client::open(self.sentinel_urls()[0].as_str())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .unwrap();
+        let _: () = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(MASTER_NAME)
+            .query(&mut sentinel)
+            .expect("SENTINEL FAILOVER");
+    }
+
     /// The primary's port as each sentinel that answers names it
     /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`).
     pub fn named_master_ports(&self) -> Vec<u16> {

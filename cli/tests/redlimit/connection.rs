@@ -2,8 +2,7 @@
 //! printed), TLS with a private CA and a client certificate, Sentinel; and what it prints
 //! without Redis: `--help`, completions, one-line errors for a bad duration or quota.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use redlimit::Limiter;
@@ -11,20 +10,7 @@ use redlimit::Limiter;
 use crate::support::example::dead_redis_url;
 use crate::support::sentinel::{RedisSentinel, MASTER_NAME};
 use crate::support::{self, RedisServer, TlsFiles, TlsSetup};
-
-/// Runs `redlimit args` with `envs` (and nothing else of the test's Redis settings).
-fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(crate::BINARY);
-    command
-        .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("REDLIMIT_HEADER_SECRET")
-        .stdin(Stdio::null());
-    for (name, value) in envs {
-        command.env(name, value);
-    }
-    command.output().expect("run redlimit")
-}
+use crate::{file_with, run};
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
@@ -37,23 +23,8 @@ fn stderr(output: &Output) -> String {
 /// A Redis with the user `operator` (every command and key) whose password is `password`.
 fn redis_with_operator(password: &str) -> RedisServer {
     let redis = RedisServer::start();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("operator")
-        .arg("on")
-        .arg(format!(">{password}"))
-        .arg("~*")
-        .arg("+@all")
-        .query(&mut redis.conn())
-        .expect("ACL SETUSER");
+    crate::create_operator(&redis, password);
     redis
-}
-
-/// A file holding `text`, removed on drop.
-fn file_with(text: &str) -> tempfile::NamedTempFile {
-    let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
-    file.write_all(text.as_bytes()).expect("write it");
-    file
 }
 
 /// `REDIS_URL` names the Redis when no flag does, and `--password-file` gives the password of

@@ -6,6 +6,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::support::RedisCluster;
+use crate::text;
 
 /// How long the nodes get to flag a dead master (`cluster-node-timeout` is 2 s here).
 const FLAG_TIMEOUT: Duration = Duration::from_secs(30);
@@ -21,10 +22,6 @@ fn on_cluster(cluster: &RedisCluster, args: &[&str]) -> Output {
         .args(args)
         .output();
     output.expect("run redlimit")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// One tenant on each master (by the slot of its hash tag), each suspended through `redlimit`.

@@ -16,7 +16,7 @@ mod stored_keys;
 mod tenants;
 mod watch;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -179,6 +179,7 @@ fn run_within(args: &[&str], envs: &[(&str, &str)], bound: Duration) -> (Output,
     (output, took)
 }
 
+/// Runs `redlimit args` with exactly `envs` of the Redis settings (see [`run_timed`]).
 fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     run_timed(args, envs).0
 }
@@ -228,6 +229,26 @@ fn watch(url: &str, interval: &str) -> (std::process::Child, mpsc::Receiver<Stri
         .expect("spawn redlimit");
     let lines = support::example::stdout_lines(&mut child);
     (child, lines)
+}
+
+/// Adds to `node` the user `operator` (every command and key) whose password is `password`.
+fn create_operator(node: &RedisServer, password: &str) {
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("operator")
+        .arg("on")
+        .arg(format!(">{password}"))
+        .arg("~*")
+        .arg("+@all")
+        .query(&mut node.conn())
+        .expect("ACL SETUSER");
+}
+
+/// A file holding `content`, removed on drop.
+fn file_with(content: impl AsRef<[u8]>) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
+    file.write_all(content.as_ref()).expect("write it");
+    file
 }
 
 /// Writes `value` at the raw key `name` (any bytes).

@@ -4,7 +4,7 @@
 
 use crate::support::example::dead_redis_url;
 use crate::support::RedisServer;
-use crate::{run, text};
+use crate::{create_operator, run, text};
 
 /// A password in a URL is printed nowhere, even when the URL does not parse (no `//`, no
 /// scheme), comes from `REDIS_URL`, or names a host that does not answer.
@@ -75,15 +75,7 @@ fn a_password_in_a_url_is_never_printed() {
 #[test]
 fn password_files() {
     let redis = RedisServer::start();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("operator")
-        .arg("on")
-        .arg(">file-s3cret")
-        .arg("~*")
-        .arg("+@all")
-        .query(&mut redis.conn())
-        .unwrap();
+    create_operator(&redis, "file-s3cret");
     let url = format!("redis://operator@127.0.0.1:{}/", redis.port());
     let dir = tempfile::tempdir().unwrap();
     let file = |name: &str, bytes: &[u8]| {

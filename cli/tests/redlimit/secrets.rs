@@ -3,32 +3,12 @@
 //! `--sentinel` and `REDIS_URL`, is printed nowhere in any form; a list is cut between URLs,
 //! not inside a password; and the header secret can come from a file, off the command line.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
-
 use http::StatusCode;
 use redlimit::key::HeaderKey;
 use redlimit::{Quota, RateLimitLayer};
 
 use crate::support::{self, free_port, RedisCluster, RedisServer};
-
-/// Runs `redlimit args` with `envs` (and no other Redis setting of the test's environment).
-fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(crate::BINARY);
-    command
-        .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("REDLIMIT_HEADER_SECRET")
-        .stdin(Stdio::null());
-    for (name, value) in envs {
-        command.env(name, value);
-    }
-    command.output().expect("run redlimit")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::{create_operator, file_with, run, text};
 
 /// A password as written in a URL, and the pieces of it that no output may hold. Each piece is
 /// letters and digits only, which no encoding changes: whatever the form a message shows the
@@ -154,19 +134,6 @@ fn a_password_is_printed_in_no_form_through_any_flag() {
     );
 }
 
-/// A Redis whose user `operator` (every command and key) has `password`.
-fn create_operator(node: &RedisServer, password: &str) {
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("operator")
-        .arg("on")
-        .arg(format!(">{password}"))
-        .arg("~*")
-        .arg("+@all")
-        .query(&mut node.conn())
-        .expect("ACL SETUSER");
-}
-
 /// A password with a comma (and `@`, `:`) works through `--redis-cluster`: the list is cut
 /// between its URLs, not at the password's comma, and the command does what it says.
 #[test]
@@ -204,13 +171,6 @@ fn a_comma_in_a_password_does_not_cut_the_list() {
         !all.contains("wr0ng") && !all.contains("s3cret"),
         "printed it: {all}"
     );
-}
-
-/// A file holding `text`, removed on drop.
-fn file_with(text: &[u8]) -> tempfile::NamedTempFile {
-    let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
-    file.write_all(text).expect("write it");
-    file
 }
 
 /// `--header-secret-file` hashes as the layer with that secret does (its newline dropped), as

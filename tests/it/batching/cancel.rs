@@ -14,7 +14,7 @@ use redlimit::Algorithm;
 use super::sender::main_runtime;
 use super::{
     all_decided_within, consumed, decided_within, generous, keys, lone_and_fast, on_shared,
-    request, shared_quota, show, store_on, text, timed, together, warm_batch_script,
+    request, shared_quota, show, store_on, text, timed, together, warm_store,
 };
 use crate::support::{self, RedisServer};
 
@@ -33,13 +33,7 @@ fn poll_once<F: Future + Unpin>(future: &mut F) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_dropped_at_every_await_consume_only_what_was_sent_and_leave_no_call_counted() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(2))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    warm_batch_script(&redis, &store).await;
+    let store = warm_store(&redis, Duration::from_secs(2), DEFAULT_MAX_BATCH).await;
     let key = "redlimit:{shared}";
     let quotas = shared_quota();
     for round in 0..3 {
@@ -108,13 +102,7 @@ async fn decisions_dropped_at_every_await_consume_only_what_was_sent_and_leave_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_queued_decision_holds_up_nothing_and_is_decided_once() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(1))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    warm_batch_script(&redis, &store).await;
+    let store = warm_store(&redis, Duration::from_secs(1), DEFAULT_MAX_BATCH).await;
     let key = "redlimit:{parked-shared}";
     let quotas = shared_quota();
     let before = consumed(&store, key).await;

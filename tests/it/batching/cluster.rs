@@ -13,6 +13,23 @@ use super::{
 };
 use crate::support::{self, RedisCluster};
 
+/// A store on `cluster` with `timeout`, connected and its scripts loaded: with no circuit
+/// breaker, or with `max_batch` decisions a call at most and the default breaker.
+async fn cluster_store(
+    cluster: &RedisCluster,
+    timeout: Duration,
+    max_batch: Option<usize>,
+) -> RedisStore {
+    let builder = RedisStore::cluster_builder(cluster.urls()).timeout(timeout);
+    let builder = match max_batch {
+        Some(max_batch) => builder.max_batch(max_batch),
+        None => builder.without_circuit_breaker(),
+    };
+    let store = builder.build().unwrap();
+    store.verify().await.unwrap();
+    store
+}
+
 /// Cluster: queues on several slots (keys on every master) behind calls held by `DEBUG SLEEP`
 /// on every master, and one master killed meanwhile. Each decision answers within its timeout
 /// plus the slack; the other masters' decisions are decided; and after, decisions on the
@@ -21,12 +38,7 @@ use crate::support::{self, RedisCluster};
 async fn on_cluster_a_master_killed_with_queues_on_several_slots_holds_up_no_other_slot() {
     let mut cluster = RedisCluster::start();
     let timeout = Duration::from_millis(500);
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(timeout)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = cluster_store(&cluster, timeout, None).await;
     // Keys on each master: two slots per master, ten keys per slot (one hash tag each).
     let mut tags: Vec<Vec<String>> = vec![Vec::new(); 3];
     let mut i = 0;
@@ -125,12 +137,7 @@ async fn on_cluster_a_master_killed_with_queues_on_several_slots_holds_up_no_oth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_cluster_a_slot_moved_under_queues_decides_each_decision_once() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(Duration::from_secs(2))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = cluster_store(&cluster, Duration::from_secs(2), None).await;
     let moved_key = "redlimit:{moving}";
     let home = cluster.node_for_key(moved_key);
     let slot = cluster.slot_of(moved_key);
@@ -204,12 +211,7 @@ async fn on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_unbat
 
 async fn on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_with(max_batch: usize) {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(max_batch)
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = cluster_store(&cluster, support::PATIENT_TIMEOUT, Some(max_batch)).await;
     let quotas = generous();
     let keys = [
         "redlimit:{mig}:lead",
@@ -279,12 +281,7 @@ async fn on_cluster_unbatched_decisions_are_decided_through_a_whole_migration() 
 
 async fn through_a_whole_migration(max_batch: usize) {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(max_batch)
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = cluster_store(&cluster, support::PATIENT_TIMEOUT, Some(max_batch)).await;
     let tight: Quotas = Quota::per_hour(4).unwrap().into();
     // Six keys of one slot, half under GCRA and half under the sliding log (3 keys a decision).
     let keys: Vec<String> = (0..6).map(|i| format!("redlimit:{{mv}}:k{i}")).collect();

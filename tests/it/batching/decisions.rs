@@ -3,7 +3,7 @@
 //! error, its own timeout, all tiers or none. A `DEBUG SLEEP` holds the first call, so the
 //! decisions behind it queue for certain.
 
-use super::{behind_a_sleep, generous, request, text};
+use super::{batched_and_alone, behind_a_sleep, generous, request, requests, text, while_asleep};
 use crate::support;
 use redlimit::store::DEFAULT_MAX_BATCH;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,30 +16,6 @@ use futures::future::join_all;
 use redlimit::store::{CheckRequest, CircuitBreaker, RedisStore, Store, StoreError};
 use redlimit::{Algorithm, Quota, Quotas};
 use support::{RedisCluster, RedisServer};
-
-/// Holds Redis for `sleep`, then sends `first` (which goes alone and waits behind the sleep)
-/// and, once it is on the wire, every request of `rest` (which queue behind it). Answers in
-/// the order given, `first`'s first.
-async fn queued_behind_a_sleep(
-    redis: &RedisServer,
-    store: &RedisStore,
-    sleep: Duration,
-    first: CheckRequest<'_>,
-    rest: &[CheckRequest<'_>],
-) -> Vec<Result<redlimit::Decision, StoreError>> {
-    store.verify().await.expect("Redis is up");
-    let sleeping = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let leader = store.check(first);
-    let followers = async {
-        // The first call is in flight before the others arrive.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        join_all(rest.iter().map(|request| store.check(*request))).await
-    };
-    let (first, rest) = tokio::join!(leader, followers);
-    sleeping.join().unwrap();
-    std::iter::once(first).chain(rest).collect()
-}
 
 #[tokio::test]
 async fn decisions_queued_behind_a_call_share_the_next_and_each_is_decided_on_its_own() {
@@ -56,8 +32,7 @@ async fn decisions_queued_behind_a_call_share_the_next_and_each_is_decided_on_it
         let extra = format!("redlimit:{{batch-first-{algorithm}}}");
         let first = request(&extra, &tight, algorithm);
         let answers =
-            queued_behind_a_sleep(&redis, &store, Duration::from_millis(300), first, &requests)
-                .await;
+            behind_a_sleep(&redis, &store, Duration::from_millis(300), first, &requests).await;
         let mut admitted = vec![0; keys.len()];
         for (i, answer) in answers[1..].iter().enumerate() {
             let decision = answer
@@ -138,16 +113,14 @@ async fn one_decisions_error_is_its_own() {
         poisoned.as_str(),
         "redlimit:{ok-3}",
     ];
-    let requests: Vec<CheckRequest<'_>> = keys
-        .iter()
-        .map(|key| request(key, &quotas, Algorithm::Gcra))
-        .collect();
-    let answers = queued_behind_a_sleep(
+    let first = request("redlimit:{ok-first}", &quotas, Algorithm::Gcra);
+    let sleep = Duration::from_millis(300);
+    let answers = behind_a_sleep(
         &redis,
         &store,
-        Duration::from_millis(300),
-        request("redlimit:{ok-first}", &quotas, Algorithm::Gcra),
-        &requests,
+        sleep,
+        first,
+        &requests(&keys, &quotas, Algorithm::Gcra),
     )
     .await;
     for i in [0, 1, 3, 5] {
@@ -168,17 +141,14 @@ async fn one_decisions_error_is_its_own() {
     assert!(!store.circuit_open());
     // Without the refused key, one call carries the queue and the poisoned key's error is
     // its own reply in it: nothing is sent twice (each other key admitted twice in all).
-    let requests: Vec<CheckRequest<'_>> = [keys[0], keys[3], keys[4]]
-        .iter()
-        .map(|key| request(key, &quotas, Algorithm::Gcra))
-        .collect();
+    let again = [keys[0], keys[3], keys[4]];
     redis.reset_stats();
-    let answers = queued_behind_a_sleep(
+    let answers = behind_a_sleep(
         &redis,
         &store,
-        Duration::from_millis(300),
-        request("redlimit:{ok-first}", &quotas, Algorithm::Gcra),
-        &requests,
+        sleep,
+        first,
+        &requests(&again, &quotas, Algorithm::Gcra),
     )
     .await;
     assert!(answers[2].is_err(), "{:?}", answers[2]);
@@ -208,16 +178,12 @@ async fn a_batch_that_times_out_counts_once_toward_the_breaker() {
         .unwrap();
     let quotas = generous();
     let keys: Vec<String> = (0..30).map(|i| format!("redlimit:{{slow-{i}}}")).collect();
-    let requests: Vec<CheckRequest<'_>> = keys
-        .iter()
-        .map(|key| request(key, &quotas, Algorithm::TokenBucket))
-        .collect();
-    let answers = queued_behind_a_sleep(
+    let answers = behind_a_sleep(
         &redis,
         &store,
         Duration::from_millis(600),
         request("redlimit:{slow-first}", &quotas, Algorithm::TokenBucket),
-        &requests,
+        &requests(&keys, &quotas, Algorithm::TokenBucket),
     )
     .await;
     for answer in &answers {
@@ -468,11 +434,8 @@ async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_wit
     let slow = "redlimit:{ok-slow}";
     fill_old_log(&redis, slow, 1_000_000);
     let quotas = generous();
-    let sleeping = redis.debug_sleep(Duration::from_millis(250));
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let leader = store.check(request("redlimit:{ok-first}", &quotas, Algorithm::Gcra));
-    let followers = async {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let leader = || store.check(request("redlimit:{ok-first}", &quotas, Algorithm::Gcra));
+    let followers = || async {
         let timed = |request: CheckRequest<'static>| {
             let store = &store;
             async move {
@@ -487,8 +450,8 @@ async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_wit
             timed(request(slow, quotas, Algorithm::SlidingLog)),
         )
     };
-    let (leader, (refused, slow)) = tokio::join!(leader, followers);
-    sleeping.join().unwrap();
+    let (leader, (refused, slow)) =
+        while_asleep(&redis, Duration::from_millis(250), leader, followers).await;
     // The first call's own answer is no matter here (without batching, Redis writes it only
     // after the slow decision sent behind it on the same connection).
     println!("the first call: {}", text(&leader));
@@ -515,18 +478,7 @@ async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_wit
 async fn a_mixed_queue_decides_each_decision_as_it_would_alone() {
     let batched_redis = RedisServer::start();
     let alone_redis = RedisServer::start();
-    // The whole queue in one call, so that it runs in the order given (decisions in calls
-    // that overlap have no order between them, as concurrent calls never had).
-    let batched = RedisStore::builder(batched_redis.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(256)
-        .build()
-        .unwrap();
-    let alone = RedisStore::builder(alone_redis.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(1)
-        .build()
-        .unwrap();
+    let (batched, alone) = batched_and_alone(&batched_redis, &alone_redis);
     for redis in [&batched_redis, &alone_redis] {
         let mut conn = redis.conn();
         let _: () = redis::pipe()
@@ -624,6 +576,39 @@ async fn a_mixed_queue_decides_each_decision_as_it_would_alone() {
     }
 }
 
+/// Runs 64 tasks on each of `stores`, each deciding on `key` round after round while `go_on`
+/// says so for the round about to start; the count admitted in all.
+async fn race(
+    stores: &[RedisStore],
+    key: &str,
+    quotas: Quotas,
+    algorithm: Algorithm,
+    go_on: impl Fn(usize) -> bool + Copy + Send + 'static,
+) -> usize {
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for store in stores {
+        for _ in 0..64 {
+            let (store, key, admitted) = (store.clone(), key.to_owned(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut round = 0;
+                while go_on(round) {
+                    let decision = store
+                        .check(request(&key, &quotas, algorithm))
+                        .await
+                        .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+                    admitted.fetch_add(usize::from(decision.allowed), Ordering::Relaxed);
+                    round += 1;
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    admitted.load(Ordering::Relaxed)
+}
+
 /// Two stores (two instances, each batching) race many tasks on one key per algorithm: the
 /// admitted count is exactly the quota, never more (a decision decided twice or on stale
 /// state would overshoot), never less (a denial that consumed would undershoot).
@@ -634,29 +619,10 @@ async fn two_batching_stores_racing_on_one_key_admit_exactly_the_quota() {
     let quota = 50;
     for &algorithm in Algorithm::ALL {
         let key = format!("redlimit:{{race-{algorithm}}}");
-        let admitted = Arc::new(AtomicUsize::new(0));
-        let mut tasks = Vec::new();
-        for store in &stores {
-            for _ in 0..64 {
-                let (store, key, admitted) = (store.clone(), key.clone(), admitted.clone());
-                tasks.push(tokio::spawn(async move {
-                    let quotas: Quotas = Quota::per_hour(quota).unwrap().into();
-                    for _ in 0..3 {
-                        let decision = store
-                            .check(request(&key, &quotas, algorithm))
-                            .await
-                            .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
-                        admitted.fetch_add(usize::from(decision.allowed), Ordering::Relaxed);
-                    }
-                }));
-            }
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
+        let quotas: Quotas = Quota::per_hour(quota).unwrap().into();
+        let admitted = race(&stores, &key, quotas, algorithm, |round| round < 3).await;
         assert_eq!(
-            admitted.load(Ordering::Relaxed),
-            quota as usize,
+            admitted, quota as usize,
             "{algorithm}: 384 requests from two stores on one key"
         );
     }
@@ -672,30 +638,15 @@ async fn two_batching_stores_racing_across_windows_stay_within_the_rate() {
     let rate = 20u64;
     for &algorithm in Algorithm::ALL {
         let key = format!("redlimit:{{window-race-{algorithm}}}");
-        let admitted = Arc::new(AtomicUsize::new(0));
         let started = Instant::now();
         let until = started + Duration::from_millis(1200);
-        let mut tasks = Vec::new();
-        for store in &stores {
-            for _ in 0..64 {
-                let (store, key, admitted) = (store.clone(), key.clone(), admitted.clone());
-                tasks.push(tokio::spawn(async move {
-                    let quotas: Quotas = Quota::per_second(rate).unwrap().into();
-                    while Instant::now() < until {
-                        let decision = store
-                            .check(request(&key, &quotas, algorithm))
-                            .await
-                            .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
-                        admitted.fetch_add(usize::from(decision.allowed), Ordering::Relaxed);
-                    }
-                }));
-            }
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
+        let quotas: Quotas = Quota::per_second(rate).unwrap().into();
+        let admitted = race(&stores, &key, quotas, algorithm, move |_| {
+            Instant::now() < until
+        })
+        .await;
         let seconds = started.elapsed().as_secs_f64();
-        let admitted = admitted.load(Ordering::Relaxed) as f64;
+        let admitted = admitted as f64;
         let rate = rate as f64;
         let most = match algorithm {
             // A burst, then the refill over the run.
@@ -749,18 +700,7 @@ async fn run(store: &RedisStore, op: Op<'_>) -> String {
 async fn blocking_checks_and_slots_among_queued_decisions_answer_as_alone() {
     let batched_redis = RedisServer::start();
     let alone_redis = RedisServer::start();
-    // The whole queue in one call, so that it runs in the order given (decisions in calls
-    // that overlap have no order between them, as concurrent calls never had).
-    let batched = RedisStore::builder(batched_redis.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(256)
-        .build()
-        .unwrap();
-    let alone = RedisStore::builder(alone_redis.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(1)
-        .build()
-        .unwrap();
+    let (batched, alone) = batched_and_alone(&batched_redis, &alone_redis);
     let tight: Quotas = Quota::per_hour(2).unwrap().into();
     let block = redlimit::store::Block {
         duration: Duration::from_secs(60),
@@ -806,19 +746,19 @@ async fn blocking_checks_and_slots_among_queued_decisions_answer_as_alone() {
         run(&batched, warm).await;
     }
     batched_redis.reset_stats();
-    let sleeping = batched_redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let leader = batched.check(request(
-        "redlimit:{mix-lead}",
-        &tight,
-        Algorithm::TokenBucket,
-    ));
-    let followers = async {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        join_all(ops.iter().map(|op| run(&batched, *op))).await
-    };
-    let (leader, answers) = tokio::join!(leader, followers);
-    sleeping.join().unwrap();
+    let (leader, answers) = while_asleep(
+        &batched_redis,
+        Duration::from_millis(300),
+        || {
+            batched.check(request(
+                "redlimit:{mix-lead}",
+                &tight,
+                Algorithm::TokenBucket,
+            ))
+        },
+        || join_all(ops.iter().map(|op| run(&batched, *op))),
+    )
+    .await;
     assert!(leader.unwrap().allowed);
     let checks = ops.iter().filter(|op| matches!(op, Op::Check(_))).count() as u64;
     let batch_calls = batched_redis.command_calls("evalsha") + batched_redis.command_calls("eval");

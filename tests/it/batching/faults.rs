@@ -15,7 +15,7 @@ use redlimit::{Algorithm, Quota, Quotas};
 
 use super::{
     all_decided_within, behind_a_sleep, consumed, decided_within, generous, keys, lone_and_fast,
-    none_past, on_shared, request, shared_quota, show, text, timed, together, warm_batch_script,
+    none_past, on_shared, request, requests, shared_quota, show, text, timed, together, warm_store,
     SLACK,
 };
 use crate::support::{self, RedisServer};
@@ -29,13 +29,7 @@ async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_o
 {
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(300);
-    let store = RedisStore::builder(redis.url())
-        .timeout(timeout)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    warm_batch_script(&redis, &store).await;
+    let store = warm_store(&redis, timeout, DEFAULT_MAX_BATCH).await;
     let key = "redlimit:{slept}";
     let quotas = shared_quota();
     let before = consumed(&store, key).await;
@@ -99,13 +93,7 @@ async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_o
 async fn redis_killed_mid_batch_answers_each_within_its_timeout_and_the_store_recovers() {
     let mut redis = RedisServer::start();
     let timeout = Duration::from_millis(400);
-    let store = RedisStore::builder(redis.url())
-        .timeout(timeout)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    warm_batch_script(&redis, &store).await;
+    let store = warm_store(&redis, timeout, DEFAULT_MAX_BATCH).await;
     let _sleeping = redis.debug_sleep(Duration::from_millis(2_000));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let lead = tokio::spawn({
@@ -355,16 +343,12 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(max
     );
     // The new connection answers (a denial), then a queue of admissions in one batch.
     let keys = keys("ro-batch", 5);
-    let queued: Vec<CheckRequest<'_>> = keys
-        .iter()
-        .map(|key| request(key, &quotas, Algorithm::Gcra))
-        .collect();
     let answers = behind_a_sleep(
         &demoted,
         &store,
         Duration::from_millis(300),
         request(lead, &tight, Algorithm::Gcra),
-        &queued,
+        &requests(&keys, &quotas, Algorithm::Gcra),
     )
     .await;
     assert!(
@@ -391,18 +375,10 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(max
 /// primary and share calls there, and the last requests are all decided.
 #[test]
 fn through_a_sentinel_failover_queued_decisions_move_to_the_new_primary() {
-    use support::sentinel::{RedisSentinel, MASTER_NAME};
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    use support::sentinel::RedisSentinel;
+    let runtime = support::multi_thread_runtime();
     let setup = RedisSentinel::start();
-    let urls = setup.sentinel_urls();
-    let store = RedisStore::sentinel(urls.iter().map(String::as_str), MASTER_NAME).unwrap();
-    runtime
-        .block_on(store.verify())
-        .expect("verify via Sentinel");
+    let store = setup.verified_store(&runtime);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let tasks: Vec<_> = (0..32)
@@ -426,15 +402,7 @@ fn through_a_sentinel_failover_queued_decisions_move_to_the_new_primary() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let mut sentinel = redis::Client::open(urls[0].as_str())
-        .unwrap()
-        .get_connection_with_timeout(Duration::from_secs(1))
-        .unwrap();
-    let _: () = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(MASTER_NAME)
-        .query(&mut sentinel)
-        .expect("SENTINEL FAILOVER");
+    setup.ask_failover();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !setup.replica_promoted() {
         assert!(Instant::now() < deadline, "{}", setup.sentinel_logs());

@@ -3,7 +3,7 @@
 //! would alone (`lua/batch.lua`, `lua/sliding_log.lua`).
 
 use super::sender::main_runtime;
-use super::{script_calls, show, store_on, timed, warm_batch_script};
+use super::{connected_store, script_calls, show, store_on, timed, warm_batch_script, warm_store};
 use crate::support;
 use redlimit::{Limiter, Target};
 use std::time::Instant;
@@ -11,7 +11,9 @@ use std::time::Instant;
 use std::time::Duration;
 
 use futures::future::join_all;
-use redlimit::store::{BuildError, CheckRequest, RedisStore, Store, StoreError, MAX_BATCH};
+use redlimit::store::{
+    BuildError, CheckRequest, RedisStore, Store, StoreError, DEFAULT_MAX_BATCH, MAX_BATCH,
+};
 use redlimit::{Algorithm, Decision, Quota, Quotas};
 use support::RedisServer;
 
@@ -44,13 +46,7 @@ fn a_batch_larger_than_the_scripts_can_carry_is_refused_at_build() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_batches_at_the_bound_are_decided() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(MAX_BATCH)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = connected_store(&redis, support::PATIENT_TIMEOUT, MAX_BATCH).await;
     let quotas = generous();
     let algorithms = [
         Algorithm::SlidingLog,
@@ -115,13 +111,7 @@ fn is_oom(answer: &Result<Decision, StoreError>) -> bool {
 #[tokio::test]
 async fn a_sliding_log_admission_alone_writes_nothing_past_maxmemory() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(1)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = connected_store(&redis, support::PATIENT_TIMEOUT, 1).await;
     let quotas: Quotas = Quota::per_hour(10).unwrap().into();
     let key = "redlimit:{log-alone}";
     // One unit on record before, so that the log exists.
@@ -174,12 +164,7 @@ fn sorted_sets(redis: &RedisServer) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_decision_of_a_batch_meets_maxmemory_as_alone() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = connected_store(&redis, support::PATIENT_TIMEOUT, DEFAULT_MAX_BATCH).await;
     let quotas: Quotas = Quota::per_hour(1).unwrap().into();
     // A key at its limit, and the batch script loaded, before memory runs out.
     let full = "redlimit:{oom-full}";
@@ -614,14 +599,7 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_batches_of_costly_eight_tier_sliding_logs_with_long_keys_are_decided() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(30))
-        .max_batch(MAX_BATCH)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    warm_batch_script(&redis, &store).await;
+    let store = warm_store(&redis, Duration::from_secs(30), MAX_BATCH).await;
     let eight = Quotas::new((0..8).map(|i| Quota::per_hour(5_000 + i).unwrap())).unwrap();
     let count = MAX_BATCH + MAX_BATCH / 2;
     let pad = "x".repeat(2_000);

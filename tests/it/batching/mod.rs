@@ -12,6 +12,7 @@ mod limits;
 mod runtime;
 mod sender;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -54,17 +55,27 @@ fn store_on(
     timeout: Duration,
     max_batch: usize,
 ) -> RedisStore {
-    runtime.block_on(async {
-        let store = RedisStore::builder(redis.url())
-            .timeout(timeout)
-            .max_batch(max_batch)
-            .without_circuit_breaker()
-            .build()
-            .unwrap();
-        store.verify().await.expect("Redis is up");
-        warm_batch_script(redis, &store).await;
-        store
-    })
+    runtime.block_on(warm_store(redis, timeout, max_batch))
+}
+
+/// [`connected_store`], its batch script loaded too.
+async fn warm_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
+    let store = connected_store(redis, timeout, max_batch).await;
+    warm_batch_script(redis, &store).await;
+    store
+}
+
+/// A store on `redis` with `timeout`, carrying at most `max_batch` decisions a call, with no
+/// circuit breaker: connected, its decision script loaded.
+async fn connected_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
+    let store = RedisStore::builder(redis.url())
+        .timeout(timeout)
+        .max_batch(max_batch)
+        .without_circuit_breaker()
+        .build()
+        .unwrap();
+    store.verify().await.expect("Redis is up");
+    store
 }
 
 /// Loads the batch script: a queue behind a held call, so that no `NOSCRIPT` blurs timings.
@@ -223,9 +234,20 @@ async fn decided_within(
     Err(errors)
 }
 
+/// A decision of cost 1 on Redis's clock for each of `keys`, in order.
+fn requests<'a, K: AsRef<str>>(
+    keys: &'a [K],
+    quotas: &'a Quotas,
+    algorithm: Algorithm,
+) -> Vec<CheckRequest<'a>> {
+    keys.iter()
+        .map(|key| request(key.as_ref(), quotas, algorithm))
+        .collect()
+}
+
 /// Holds Redis for `sleep`, then sends `first` (alone, behind the sleep) and, once it is on the
-/// wire, every request of `rest` (queued behind it, in order); `during` runs on a thread of its
-/// own while Redis sleeps. Answers in the order given, `first`'s first.
+/// wire, every request of `rest` (queued behind it, in order). Answers in the order given,
+/// `first`'s first.
 async fn behind_a_sleep(
     redis: &RedisServer,
     store: &RedisStore,
@@ -234,14 +256,47 @@ async fn behind_a_sleep(
     rest: &[CheckRequest<'_>],
 ) -> Vec<Result<Decision, StoreError>> {
     store.verify().await.expect("Redis is up");
+    let (first, rest) = while_asleep(
+        redis,
+        sleep,
+        || store.check(first),
+        || join_all(rest.iter().map(|request| store.check(*request))),
+    )
+    .await;
+    std::iter::once(first).chain(rest).collect()
+}
+
+/// Holds Redis for `sleep`, then starts `first` (which goes alone and waits behind the sleep)
+/// and, once it is on the wire, `rest` (which queues behind it); both answers once Redis wakes.
+async fn while_asleep<First: Future, Rest: Future>(
+    redis: &RedisServer,
+    sleep: Duration,
+    first: impl FnOnce() -> First,
+    rest: impl FnOnce() -> Rest,
+) -> (First::Output, Rest::Output) {
     let sleeping = redis.debug_sleep(sleep);
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let leader = store.check(first);
+    let leader = first();
     let followers = async {
+        // The first call is in flight before the others arrive.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        join_all(rest.iter().map(|request| store.check(*request))).await
+        rest().await
     };
-    let (first, rest) = tokio::join!(leader, followers);
-    let _ = sleeping.join();
-    std::iter::once(first).chain(rest).collect()
+    let answers = tokio::join!(leader, followers);
+    sleeping.join().unwrap();
+    answers
+}
+
+/// Two stores for comparing answers: `batched` sends a whole queue in one call, so that it runs
+/// in the order given (decisions in calls that overlap have no order between them, as
+/// concurrent calls never had); `alone` never batches.
+fn batched_and_alone(batched: &RedisServer, alone: &RedisServer) -> (RedisStore, RedisStore) {
+    let store = |redis: &RedisServer, max_batch| {
+        RedisStore::builder(redis.url())
+            .timeout(crate::support::PATIENT_TIMEOUT)
+            .max_batch(max_batch)
+            .build()
+            .unwrap()
+    };
+    (store(batched, 256), store(alone, 1))
 }

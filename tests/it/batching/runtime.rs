@@ -25,6 +25,19 @@ async fn one_by_one(store: &RedisStore, prefix: &str, count: usize) -> Vec<Answe
     answers
 }
 
+/// `lone` decisions one by one (keys `<prefix>-<i>`), then `queued` sent together (keys
+/// `<prefix>-queued-<i>`).
+async fn lone_then_queued(
+    store: &RedisStore,
+    prefix: &str,
+    lone: usize,
+    queued: usize,
+) -> (Vec<Answer>, Vec<Answer>) {
+    let lone = one_by_one(store, prefix, lone).await;
+    let queued = together(store, &format!("{prefix}-queued"), queued).await;
+    (lone, queued)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Other runtimes.
 // ---------------------------------------------------------------------------------------------
@@ -59,6 +72,18 @@ fn helper_calls_then_idles(
     (texts, release, helper)
 }
 
+/// A store on `redis` built on `main` with a timeout of 500 ms, whose connection Redis then
+/// dropped (`CLIENT KILL`): the next call to meet it remakes it.
+fn store_with_a_dropped_connection(
+    main: &tokio::runtime::Runtime,
+    redis: &RedisServer,
+) -> RedisStore {
+    let store = store_on(main, redis, Duration::from_millis(500), DEFAULT_MAX_BATCH);
+    redis.client_kill_normal();
+    std::thread::sleep(Duration::from_millis(50));
+    store
+}
+
 /// Guards against: the single-node connection is a redis-rs `ConnectionManager`, which reconnects by
 /// itself with `tokio::spawn` on the runtime of the call that met the dropped connection
 /// (redis-rs 1.8.1 `aio/connection_manager.rs`, `reconnect`: `internals.runtime.spawn`, and
@@ -75,17 +100,10 @@ fn helper_calls_then_idles(
 fn a_connection_remade_by_another_runtimes_call_stalls_no_decision_when_that_runtime_idles() {
     let redis = RedisServer::start();
     let main = main_runtime();
-    let timeout = Duration::from_millis(500);
-    let store = store_on(&main, &redis, timeout, redlimit::store::DEFAULT_MAX_BATCH);
-    // The connection drops; the helper's calls are the first to meet it.
-    redis.client_kill_normal();
-    std::thread::sleep(Duration::from_millis(50));
+    let store = store_with_a_dropped_connection(&main, &redis);
+    // The helper's calls are the first to meet the dropped connection.
     let (helper, release, thread) = helper_calls_then_idles(&store);
-    let (lone, queued) = main.block_on(async {
-        let lone = one_by_one(&store, "after-helper", 4).await;
-        let queued = together(&store, "after-helper-queued", 8).await;
-        (lone, queued)
-    });
+    let (lone, queued) = main.block_on(lone_then_queued(&store, "after-helper", 4, 8));
     release.send(()).unwrap();
     thread.join().unwrap();
     // Redis idle, nothing in flight: each decision takes a few ms.
@@ -106,10 +124,7 @@ fn a_connection_remade_by_another_runtimes_call_stalls_no_decision_when_that_run
 fn a_connection_remade_by_another_runtimes_call_fails_no_decision_when_that_runtime_shuts_down() {
     let redis = RedisServer::start();
     let main = main_runtime();
-    let timeout = Duration::from_millis(500);
-    let store = store_on(&main, &redis, timeout, redlimit::store::DEFAULT_MAX_BATCH);
-    redis.client_kill_normal();
-    std::thread::sleep(Duration::from_millis(50));
+    let store = store_with_a_dropped_connection(&main, &redis);
     let (helper, release, thread) = helper_calls_then_idles(&store);
     let answers = main.block_on(async {
         // Decisions every 5 ms, through the helper runtime's shutdown 100 ms in.
@@ -260,11 +275,7 @@ fn no_decision_waits_past_its_timeout_while_the_stores_runtime_idles() {
     let timeout = Duration::from_millis(300);
     let store = store_on(&own, &redis, timeout, 64);
     let main = main_runtime();
-    let (lone, queued) = main.block_on(async {
-        let lone = one_by_one(&store, "idle-own", 2).await;
-        let queued = together(&store, "idle-own-queued", 20).await;
-        (lone, queued)
-    });
+    let (lone, queued) = main.block_on(lone_then_queued(&store, "idle-own", 2, 20));
     drop(own);
     eprintln!("lone: {}\nqueued: {}", show(&lone), show(&queued));
     assert!(
@@ -291,11 +302,8 @@ fn a_store_built_outside_any_runtime_outlives_its_first_callers_runtime() {
         startup.block_on(store.verify()).expect("Redis is up");
     }
     let main = main_runtime();
-    let answers = main.block_on(async {
-        let mut answers = one_by_one(&store, "after-startup", 5).await;
-        answers.extend(together(&store, "after-startup-queued", 10).await);
-        answers
-    });
+    let (mut answers, queued) = main.block_on(lone_then_queued(&store, "after-startup", 5, 10));
+    answers.extend(queued);
     let failed = answers.iter().filter(|(answer, _)| answer.is_err()).count();
     eprintln!("{failed} failed: {}", show(&answers));
     assert!(

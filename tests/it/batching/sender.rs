@@ -8,76 +8,17 @@ use crate::support;
 
 use std::future::Future;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::future::join_all;
-use redlimit::store::{RedisStore, Store, StoreError};
+use redlimit::store::{Store, StoreError, DEFAULT_MAX_BATCH};
 use redlimit::{Algorithm, Decision};
 use support::RedisServer;
 
-use super::{generous, request};
+use super::{generous, request, store_on, together};
 
 /// The main runtime of these tests: a multi-thread one, as an application's.
 pub(crate) fn main_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// A store on `redis` with `timeout`, built (and connected) on `runtime`.
-fn store_on(
-    runtime: &tokio::runtime::Runtime,
-    redis: &RedisServer,
-    timeout: Duration,
-) -> RedisStore {
-    runtime.block_on(async {
-        let store = RedisStore::builder(redis.url())
-            .timeout(timeout)
-            .without_circuit_breaker()
-            .build()
-            .unwrap();
-        store.verify().await.expect("Redis is up");
-        // The batch script loaded too, so that no NOSCRIPT resend blurs the timings.
-        let sleeping = redis.debug_sleep(Duration::from_millis(50));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let quotas = generous();
-        let keys: Vec<String> = (0..4).map(|i| format!("redlimit:{{warm-{i}}}")).collect();
-        for answer in join_all(
-            keys.iter()
-                .map(|key| store.check(request(key, &quotas, Algorithm::TokenBucket))),
-        )
-        .await
-        {
-            answer.expect("warm-up decided");
-        }
-        sleeping.join().unwrap();
-        store
-    })
-}
-
-/// `count` decisions on keys of their own, sent together; each answer with its time.
-async fn decisions(
-    store: &RedisStore,
-    prefix: &str,
-    count: usize,
-) -> Vec<(Result<Decision, StoreError>, Duration)> {
-    let quotas = generous();
-    let keys: Vec<String> = (0..count)
-        .map(|i| format!("redlimit:{{{prefix}-{i}}}"))
-        .collect();
-    join_all(keys.iter().map(|key| {
-        let quotas = &quotas;
-        async move {
-            let started = Instant::now();
-            let answer = store
-                .check(request(key, quotas, Algorithm::TokenBucket))
-                .await;
-            (answer, started.elapsed())
-        }
-    }))
-    .await
+    support::multi_thread_runtime()
 }
 
 /// Every answer decided by Redis within `within`, else what each got.
@@ -94,7 +35,7 @@ fn all_decided(answers: &[(Result<Decision, StoreError>, Duration)], within: Dur
 fn an_idle_runtime_that_made_the_call_in_flight_stalls_no_queued_decision() {
     let redis = RedisServer::start();
     let main = main_runtime();
-    let store = store_on(&main, &redis, Duration::from_secs(1));
+    let store = store_on(&main, &redis, Duration::from_secs(1), DEFAULT_MAX_BATCH);
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
     std::thread::sleep(Duration::from_millis(30));
     let (decided, helper_decided) = mpsc::channel();
@@ -117,11 +58,11 @@ fn an_idle_runtime_that_made_the_call_in_flight_stalls_no_queued_decision() {
     };
     std::thread::sleep(Duration::from_millis(30));
     let (queued, later) = main.block_on(async {
-        let queued = decisions(&store, "queued", 4).await;
+        let queued = together(&store, "queued", 4).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let mut later = Vec::new();
         for i in 0..3 {
-            later.extend(decisions(&store, &format!("later-{i}"), 1).await);
+            later.extend(together(&store, &format!("later-{i}"), 1).await);
         }
         (queued, later)
     });
@@ -146,7 +87,7 @@ fn an_idle_runtime_that_made_the_call_in_flight_stalls_no_queued_decision() {
 fn queued_decisions_do_not_wait_for_the_first_callers_synchronous_work() {
     let redis = RedisServer::start();
     let main = main_runtime();
-    let store = store_on(&main, &redis, Duration::from_millis(600));
+    let store = store_on(&main, &redis, Duration::from_millis(600), DEFAULT_MAX_BATCH);
     let (queued, first) = main.block_on(async {
         let sleeping = redis.debug_sleep(Duration::from_millis(150));
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -163,7 +104,7 @@ fn queued_decisions_do_not_wait_for_the_first_callers_synchronous_work() {
             })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let queued = decisions(&store, "behind-busy", 6).await;
+        let queued = together(&store, "behind-busy", 6).await;
         let first = first.await.unwrap();
         sleeping.join().unwrap();
         (queued, first)
@@ -181,7 +122,7 @@ fn queued_decisions_do_not_wait_for_the_first_callers_synchronous_work() {
 fn another_runtimes_shutdown_fails_no_queued_decision() {
     let redis = RedisServer::start();
     let main = main_runtime();
-    let store = store_on(&main, &redis, Duration::from_secs(1));
+    let store = store_on(&main, &redis, Duration::from_secs(1), DEFAULT_MAX_BATCH);
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
     std::thread::sleep(Duration::from_millis(30));
     let other = tokio::runtime::Builder::new_multi_thread()
@@ -202,7 +143,7 @@ fn another_runtimes_shutdown_fails_no_queued_decision() {
     let queued = main.block_on(async {
         let queue = tokio::spawn({
             let store = store.clone();
-            async move { decisions(&store, "behind-other", 3).await }
+            async move { together(&store, "behind-other", 3).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         // The other runtime goes away with its call still in flight behind the sleep.
@@ -222,7 +163,7 @@ fn another_runtimes_shutdown_fails_no_queued_decision() {
 fn a_parked_decision_slows_no_later_decision() {
     let redis = RedisServer::start();
     let main = main_runtime();
-    let store = store_on(&main, &redis, Duration::from_secs(2));
+    let store = store_on(&main, &redis, Duration::from_secs(2), DEFAULT_MAX_BATCH);
     let later = main.block_on(async {
         let quotas = generous();
         // Held, so that the parked call cannot be answered within its first poll.
@@ -240,7 +181,7 @@ fn a_parked_decision_slows_no_later_decision() {
         sleeping.join().unwrap();
         let mut later = Vec::new();
         for i in 0..5 {
-            later.extend(decisions(&store, &format!("after-parked-{i}"), 1).await);
+            later.extend(together(&store, &format!("after-parked-{i}"), 1).await);
         }
         drop(parked);
         later

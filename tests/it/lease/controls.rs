@@ -1,20 +1,17 @@
 //! Controls reaching a leasing instance: an operator's suspension within one lease interval,
 //! and a reset by this limiter while a lease-answered request's settlement is in flight.
 
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::limiter::Leases;
-use redlimit::{Algorithm, Limiter, Quota, Quotas};
-use tokio::sync::Semaphore;
+use redlimit::{Limiter, Quota, Quotas};
 use tower::ServiceExt;
 
-use super::settle::{answering, call, lease_held, refund_5xx, store_left, target};
+use super::settle::{call, lease_held_behind_a_gate, store_left, target};
 use super::settle_every_algorithm::leases_ended;
-use super::{leasing, CAPACITY, INTERVAL, T0};
+use super::{CAPACITY, INTERVAL, LEASING, T0};
 use crate::modes::settle::until_entered;
 use crate::support::{Ctx, RedisServer};
 
@@ -69,22 +66,9 @@ async fn a_settlement_in_flight_across_this_limiters_reset_gives_nothing_after_i
     let redis = RedisServer::start();
     let quota = Quota::per_day(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
-        redis.flushall();
-        let ctx = Ctx::new(algorithm);
-        let limiter = leasing(ctx.redis_store(&redis), algorithm);
-        let other = ctx.redis(&redis);
-        let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
-        let svc = refund_5xx(
-            limiter.clone(),
-            quota,
-            answering(gate.clone(), entered.clone()),
-        );
-        lease_held(&limiter, &svc).await;
+    for algorithm in LEASING {
+        let (limiter, other, svc, gate, entered) =
+            lease_held_behind_a_gate(&redis, algorithm, quota).await;
         let before = limiter.lease_stats();
         let failing = {
             let svc = svc.clone();

@@ -1,18 +1,17 @@
 //! Requests, settlements and renewals of a leased key dropped at every await or at random
 //! points: no request waits on work nobody finishes, no unit is lost, and the counters balance.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use redlimit::{Algorithm, Limiter, Quota, Quotas, Verdict};
-use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
-use super::settle::{answering, call, lease_held, refund_5xx, store_left, target};
+use super::settle::{call, lease_held_behind_a_gate, store_left, target};
 use super::settle_every_algorithm::leases_ended;
-use super::{balanced, leasing, leasing_with, settled, CAPACITY};
+use super::{balanced, leasing, leasing_with, settled, CAPACITY, LEASING};
 use crate::modes::settle::until_entered;
 use crate::support::{self, Ctx, RedisServer, Rng};
 
@@ -27,22 +26,9 @@ async fn lease_answered_settlements_dropped_at_every_await_balance_and_never_han
     let redis = RedisServer::start();
     let quota = Quota::per_day(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
-        redis.flushall();
-        let ctx = Ctx::new(algorithm);
-        let limiter = leasing(ctx.redis_store(&redis), algorithm);
-        let other = ctx.redis(&redis);
-        let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
-        let svc = refund_5xx(
-            limiter.clone(),
-            quota,
-            answering(gate.clone(), entered.clone()),
-        );
-        lease_held(&limiter, &svc).await;
+    for algorithm in LEASING {
+        let (limiter, other, svc, gate, entered) =
+            lease_held_behind_a_gate(&redis, algorithm, quota).await;
         let (mut refunded_at_least, mut requests) = (0u64, 0u64);
         for round in 0..60u64 {
             let n = entered.load(Ordering::SeqCst);

@@ -4,6 +4,7 @@
 //! leasing instance's, on real Redis and on the `MemoryStore` (they must agree); a refund Redis
 //! runs late; corrupt reset stamps; dropped refunds.
 
+use super::{leasing_on, LEASING};
 use crate::support;
 
 use std::future::Future;
@@ -19,27 +20,12 @@ use support::{Ctx, RedisServer};
 /// The middle of an hour: every per-hour window in these tests is far from its end.
 const T0: Duration = Duration::from_secs(1_700_004_600);
 const CAPACITY: u64 = 1_000;
-const LEASING: [Algorithm; 3] = [
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-    Algorithm::FixedWindow,
-];
-
 fn quotas() -> Quotas {
     Quotas::from(Quota::per_hour(CAPACITY).unwrap())
 }
 
 fn clock_at(at: Duration) -> Clock {
     Clock::Manual(ManualClock::new(at))
-}
-
-fn leasing(store: impl Store, algorithm: Algorithm, clock: Clock) -> Limiter {
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .clock(clock)
-        .leases(Leases::new(Duration::from_millis(50)))
-        .build()
-        .unwrap()
 }
 
 fn plain(store: impl Store, algorithm: Algorithm, clock: Clock) -> Limiter {
@@ -98,7 +84,7 @@ async fn give_back_after_reset<S: Store>(
             (clock_at(T0), clock_at(o), clock_at(T0))
         }
     };
-    let a = leasing(mk(), algorithm, a_clock);
+    let a = leasing_on(mk(), algorithm, a_clock);
     let o = plain(mk(), algorithm, o_clock);
     let b = plain(mk(), algorithm, b_clock);
     hold(&a, "reset-me").await;
@@ -175,7 +161,7 @@ async fn probe_reset_exactly_at_a_window_start_then_give_back() {
     for store in ["redis", "memory"] {
         let (a, o, b) = match store {
             "redis" => (
-                leasing(
+                leasing_on(
                     Ctx::default().redis_store(&redis),
                     Algorithm::FixedWindow,
                     clock_at(start),
@@ -192,7 +178,7 @@ async fn probe_reset_exactly_at_a_window_start_then_give_back() {
                 ),
             ),
             _ => (
-                leasing(memory.clone(), Algorithm::FixedWindow, clock_at(start)),
+                leasing_on(memory.clone(), Algorithm::FixedWindow, clock_at(start)),
                 plain(memory.clone(), Algorithm::FixedWindow, clock_at(start)),
                 plain(memory.clone(), Algorithm::FixedWindow, clock_at(start)),
             ),
@@ -352,7 +338,7 @@ async fn probe_a_reset_over_a_corrupt_reset_stamp_still_resets() {
 async fn probe_flushall_between_lease_and_give_back_stays_within_capacity() {
     let redis = RedisServer::start();
     for algorithm in LEASING {
-        let a = leasing(Ctx::default().redis_store(&redis), algorithm, clock_at(T0));
+        let a = leasing_on(Ctx::default().redis_store(&redis), algorithm, clock_at(T0));
         let b = plain(Ctx::default().redis_store(&redis), algorithm, clock_at(T0));
         let held = hold(&a, "flushed").await;
         redis.flushall();
@@ -539,7 +525,7 @@ async fn probe_units_refused_after_an_operators_reset_count_as_stranded() {
     for store in ["redis", "memory"] {
         let (a, o) = match store {
             "redis" => (
-                leasing(
+                leasing_on(
                     Ctx::default().redis_store(&redis),
                     Algorithm::TokenBucket,
                     clock_at(T0),
@@ -551,7 +537,7 @@ async fn probe_units_refused_after_an_operators_reset_count_as_stranded() {
                 ),
             ),
             _ => (
-                leasing(memory.clone(), Algorithm::TokenBucket, clock_at(T0)),
+                leasing_on(memory.clone(), Algorithm::TokenBucket, clock_at(T0)),
                 plain(memory.clone(), Algorithm::TokenBucket, clock_at(T0)),
             ),
         };

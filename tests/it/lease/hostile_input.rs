@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use redlimit::{Algorithm, Quota, Quotas, Verdict};
 
-use super::{balanced, leasing_with, settled, INTERVAL};
+use super::{balanced, leasing_with, settled, INTERVAL, LEASING};
 use crate::support::{Ctx, RedisServer};
 
 /// Hostile input: corrupt bytes written over a leased key's state, for every leasing
@@ -16,11 +16,7 @@ async fn probe_corrupt_bytes_in_a_leased_key_never_hang_and_the_key_decides_agai
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(300);
     let bound = timeout * 3 + Duration::from_millis(700);
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
+    for algorithm in LEASING {
         let limiter = leasing_with(&redis, algorithm, timeout);
         let quota = Quota::per_second(100_000).unwrap();
         let key = format!("hot-{algorithm:?}");

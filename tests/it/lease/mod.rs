@@ -65,11 +65,24 @@ async fn settled(limiter: &Limiter) -> LeaseStats {
 /// A day's quota: leases of up to 100 units.
 const CAPACITY: u64 = 1_000;
 
+/// The algorithms that lease.
+const LEASING: [Algorithm; 3] = [
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::FixedWindow,
+];
+
+/// A limiter of `algorithm` on `store` with leases of 50 ms, on the store's clock.
 fn leasing(store: impl Store, algorithm: Algorithm) -> Limiter {
+    leasing_on(store, algorithm, Clock::default())
+}
+
+/// A limiter of `algorithm` on `store` with leases of 50 ms, on `clock`.
+fn leasing_on(store: impl Store, algorithm: Algorithm, clock: Clock) -> Limiter {
     Limiter::builder(store)
         .algorithm(algorithm)
-        .clock(Clock::default())
-        .leases(Leases::new(Duration::from_millis(50)))
+        .clock(clock)
+        .leases(Leases::new(INTERVAL))
         .build()
         .unwrap()
 }

@@ -5,23 +5,21 @@
 
 use crate::support;
 
-use super::{INTERVAL, T0};
+use super::{LEASING, T0};
 
 use std::time::Duration;
 
 use redlimit::clock::{Clock, ManualClock};
-use redlimit::limiter::Leases;
 use redlimit::{Algorithm, Decision, Limiter, Quota};
 use support::RedisServer;
 
 /// An instance leasing on `redis` under `algorithm`, on `clock`.
 fn leasing(redis: &RedisServer, algorithm: Algorithm, clock: &ManualClock) -> Limiter {
-    Limiter::builder(support::redis_store(redis))
-        .algorithm(algorithm)
-        .clock(Clock::Manual(clock.clone()))
-        .leases(Leases::new(INTERVAL))
-        .build()
-        .unwrap()
+    super::leasing_on(
+        support::redis_store(redis),
+        algorithm,
+        Clock::Manual(clock.clone()),
+    )
 }
 
 /// Bursts of 50 requests at one instant, a millisecond apart: k grows to a tenth of the burst
@@ -112,11 +110,7 @@ async fn a_lease_reports_no_more_than_the_burst_after_redis_lost_the_key() {
     let redis = RedisServer::start();
     let quota = Quota::per_minute(1_000).unwrap();
     let mut failures = Vec::new();
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-    ] {
+    for algorithm in LEASING {
         redis.flushall();
         let clock = ManualClock::new(T0);
         let limiter = leasing(&redis, algorithm, &clock);

@@ -86,6 +86,25 @@ pub(crate) fn call(status: u16, gated: bool) -> Request<Full<Bytes>> {
     request.body(Full::new(Bytes::new())).unwrap()
 }
 
+/// `refund_5xx` over `answering`: the layer, the gate its gated requests wait at (closed), and
+/// the count of those that entered it.
+pub(crate) fn gated_refund_5xx(
+    limiter: &Limiter,
+    quota: Quota,
+) -> (
+    RateLimit<impl TestService, GlobalKey>,
+    Arc<Semaphore>,
+    Arc<AtomicUsize>,
+) {
+    let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
+    let svc = refund_5xx(
+        limiter.clone(),
+        quota,
+        answering(gate.clone(), entered.clone()),
+    );
+    (svc, gate, entered)
+}
+
 /// Requests answered 200 through `svc` until `limiter`'s lease of the key holds units.
 pub(crate) async fn lease_held<S, B>(limiter: &Limiter, svc: &S) -> u64
 where
@@ -99,6 +118,28 @@ where
     let held = limiter.lease_stats().held;
     assert!(held > 0, "no lease held: {:?}", limiter.lease_stats());
     held
+}
+
+/// On `redis` (flushed first), a limiter leasing under `algorithm` whose lease of the key holds
+/// units, behind `gated_refund_5xx` (the layer, its gate and count), and another instance.
+pub(crate) async fn lease_held_behind_a_gate(
+    redis: &RedisServer,
+    algorithm: Algorithm,
+    quota: Quota,
+) -> (
+    Limiter,
+    Limiter,
+    RateLimit<impl TestService, GlobalKey>,
+    Arc<Semaphore>,
+    Arc<AtomicUsize>,
+) {
+    redis.flushall();
+    let ctx = Ctx::new(algorithm);
+    let limiter = super::leasing(ctx.redis_store(redis), algorithm);
+    let other = ctx.redis(redis);
+    let (svc, gate, entered) = gated_refund_5xx(&limiter, quota);
+    lease_held(&limiter, &svc).await;
+    (limiter, other, svc, gate, entered)
 }
 
 /// What the key has left under `quotas`, by a check of `limiter` (which `try_check` sends to the
@@ -225,12 +266,7 @@ async fn a_lease_answered_refund_run_late_by_redis_never_reaches_the_next_window
     let quota = Quota::per_second(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
     let limiter = leasing(Ctx::default().redis_store(&redis), Clock::default());
-    let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
-    let svc = refund_5xx(
-        limiter.clone(),
-        quota,
-        answering(gate.clone(), entered.clone()),
-    );
+    let (svc, gate, entered) = gated_refund_5xx(&limiter, quota);
     let next =
         late_refund_behind_the_next_window(&redis, &limiter, &svc, (&gate, &entered), &quotas)
             .await

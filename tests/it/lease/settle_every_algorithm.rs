@@ -7,31 +7,16 @@
 use std::time::Duration;
 
 use redlimit::clock::{Clock, ManualClock};
-use redlimit::limiter::Leases;
-use redlimit::store::{MemoryStore, Store};
+use redlimit::limiter::Reserved;
+use redlimit::store::MemoryStore;
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
 use super::settle::{store_left, target};
+use super::{leasing_on, LEASING};
 use crate::support::{Ctx, RedisServer};
 
 /// A day's quota: leases of up to 100 units, and no refill worth a unit within a test.
 const CAPACITY: u64 = 1_000;
-
-/// The algorithms that lease.
-const LEASING: [Algorithm; 3] = [
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-    Algorithm::FixedWindow,
-];
-/// A limiter of `algorithm` on `store` with leases of 50 ms.
-fn leasing(store: impl Store, algorithm: Algorithm, clock: Clock) -> Limiter {
-    Limiter::builder(store)
-        .algorithm(algorithm)
-        .clock(clock)
-        .leases(Leases::new(Duration::from_millis(50)))
-        .build()
-        .unwrap()
-}
 
 /// The leasing limiter and a plain one (another instance, or an operator's process) on one
 /// store: Redis (flushed) or a fresh memory store.
@@ -46,14 +31,14 @@ fn pair(
         "redis" => {
             redis.flushall();
             (
-                leasing(ctx.redis_store(redis), algorithm, clock.clone()),
+                leasing_on(ctx.redis_store(redis), algorithm, clock.clone()),
                 ctx.redis(redis),
             )
         }
         _ => {
             let memory = MemoryStore::new();
             (
-                leasing(memory.clone(), algorithm, clock.clone()),
+                leasing_on(memory.clone(), algorithm, clock.clone()),
                 ctx.limiter(memory),
             )
         }
@@ -86,6 +71,22 @@ pub(crate) async fn leases_ended(limiter: &Limiter) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     panic!("the lease never ended: {:?}", limiter.lease_stats());
+}
+
+/// A request answered by `limiter` (from its lease), its unit reserved; `what` names the case.
+async fn answered_from_the_lease(limiter: &Limiter, quotas: &Quotas, what: &str) -> Reserved {
+    let (verdict, reserved) = limiter.check_reserving(target(), quotas, 1).await;
+    assert!(verdict.is_allowed(), "{what}");
+    reserved
+}
+
+/// Refunds the request's unit, then waits until the lease the refund ends is given back.
+async fn refunded_in_full(limiter: &Limiter, quotas: &Quotas, reserved: Reserved) {
+    limiter
+        .refund_reserved(target(), quotas, 1, reserved)
+        .await
+        .unwrap();
+    leases_ended(limiter).await;
 }
 
 /// Moves a manual clock on by 1 ms (the steps of a test happen at distinct times).
@@ -123,15 +124,10 @@ async fn a_lease_answered_refund_never_lands_after_a_reset_for_every_algorithm_a
                 assert!(after.is_allowed(), "{what}");
                 tick(&clock);
                 let before = limiter.lease_stats();
-                let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
-                assert!(verdict.is_allowed(), "{what}");
+                let reserved = answered_from_the_lease(&limiter, &quotas, &what).await;
                 assert_eq!(limiter.lease_stats().spent, before.spent + 1, "{what}");
                 tick(&clock);
-                limiter
-                    .refund_reserved(target(), &quotas, 1, reserved)
-                    .await
-                    .unwrap();
-                leases_ended(&limiter).await;
+                refunded_in_full(&limiter, &quotas, reserved).await;
                 let after = limiter.lease_stats();
                 // What renewals took after the reset (a background one at low water) and
                 // give-backs returned there are the state's own.
@@ -166,14 +162,9 @@ async fn a_lease_answered_refund_lands_in_its_renewals_state_for_every_algorithm
                 let (limiter, other) = pair(backend, &redis, algorithm, &clock);
                 lease_held(&limiter, &quotas, &what).await;
                 tick(&clock);
-                let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
-                assert!(verdict.is_allowed(), "{what}");
+                let reserved = answered_from_the_lease(&limiter, &quotas, &what).await;
                 tick(&clock);
-                limiter
-                    .refund_reserved(target(), &quotas, 1, reserved)
-                    .await
-                    .unwrap();
-                leases_ended(&limiter).await;
+                refunded_in_full(&limiter, &quotas, reserved).await;
                 let stats = limiter.lease_stats();
                 let left = store_left(&other, &quotas).await;
                 if left + stats.leased != CAPACITY + stats.returned + 1 {
@@ -200,19 +191,14 @@ async fn a_lease_answered_refund_made_in_the_next_window_gives_it_nothing_client
         lease_held(&limiter, &quotas, backend).await;
         manual.set(boundary - Duration::from_millis(1));
         let before = limiter.lease_stats();
-        let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
-        assert!(verdict.is_allowed(), "{backend}");
+        let reserved = answered_from_the_lease(&limiter, &quotas, backend).await;
         assert_eq!(limiter.lease_stats().spent, before.spent + 1, "{backend}");
         // A background renewal it started ends in W (one sent in W+1 would take W+1's units).
         tokio::time::sleep(Duration::from_millis(20)).await;
         manual.set(boundary + Duration::from_millis(1));
         let full = other.try_check_quotas(target(), &quotas, CAPACITY).await;
         assert!(full.unwrap().allowed, "{backend}: W+1 admits its 1 000");
-        limiter
-            .refund_reserved(target(), &quotas, 1, reserved)
-            .await
-            .unwrap();
-        leases_ended(&limiter).await;
+        refunded_in_full(&limiter, &quotas, reserved).await;
         let left = store_left(&other, &quotas).await;
         assert_eq!(left, 0, "{backend}: W+1 got {left} back of W's units");
     }
@@ -233,14 +219,9 @@ async fn a_lease_answered_refund_after_a_flushall_never_raises_the_key_above_cap
             tick(&clock);
             redis.flushall();
             tick(&clock);
-            let (verdict, reserved) = limiter.check_reserving(target(), &quotas, 1).await;
-            assert!(verdict.is_allowed(), "{what}");
+            let reserved = answered_from_the_lease(&limiter, &quotas, &what).await;
             tick(&clock);
-            limiter
-                .refund_reserved(target(), &quotas, 1, reserved)
-                .await
-                .unwrap();
-            leases_ended(&limiter).await;
+            refunded_in_full(&limiter, &quotas, reserved).await;
             let left = store_left(&other, &quotas).await;
             assert!(
                 left <= CAPACITY,

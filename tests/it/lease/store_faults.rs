@@ -2,18 +2,15 @@
 //! refunds, or restarted without its data. No request waits past its bound, no window admits
 //! more than its quota, and a late refund never reaches the next window.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlimit::limiter::Leases;
 use redlimit::store::Store;
 use redlimit::{Algorithm, Limiter, Quota, Quotas, Verdict};
-use tokio::sync::Semaphore;
 
-use super::settle::{
-    answering, late_refund_behind_the_next_window, refund_5xx, store_left, target,
-};
+use super::settle::{gated_refund_5xx, late_refund_behind_the_next_window, store_left, target};
 use super::{leasing, leasing_with, settled, CAPACITY};
 use crate::support::{Ctx, RedisServer};
 
@@ -115,12 +112,7 @@ async fn a_lease_answered_refund_that_times_out_and_runs_late_never_reaches_the_
     let other = Ctx::new(Algorithm::FixedWindow)
         .timeout(Duration::from_secs(5))
         .redis(&redis);
-    let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
-    let svc = refund_5xx(
-        limiter.clone(),
-        quota,
-        answering(gate.clone(), entered.clone()),
-    );
+    let (svc, gate, entered) = gated_refund_5xx(&limiter, quota);
     // The check of W+1 queued first on the limiter's connection times out here, and Redis runs
     // it all the same, before the refund.
     let next =
@@ -185,12 +177,7 @@ async fn a_lease_answered_refund_through_a_wrapping_store_run_late_never_reaches
     let ctx = Ctx::new(Algorithm::FixedWindow).timeout(Duration::from_secs(5));
     let limiter = leasing(Wrapped(ctx.redis_store(&redis)), Algorithm::FixedWindow);
     let other = ctx.redis(&redis);
-    let (gate, entered) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
-    let svc = refund_5xx(
-        limiter.clone(),
-        quota,
-        answering(gate.clone(), entered.clone()),
-    );
+    let (svc, gate, entered) = gated_refund_5xx(&limiter, quota);
     let next =
         late_refund_behind_the_next_window(&redis, &limiter, &svc, (&gate, &entered), &quotas)
             .await
