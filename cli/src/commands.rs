@@ -440,6 +440,13 @@ async fn watch_limited(
     let every = show::duration_text(interval);
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
+    // `ctrl_c` installs its handler when first polled: polled now, before the first list is
+    // written, a Ctrl-C right after that list ends the watch with 0 instead of killing it.
+    tokio::select! {
+        biased;
+        _ = &mut interrupted => return Ok(()),
+        () = std::future::ready(()) => {}
+    }
     for refresh in 1u64.. {
         let rows = limited(connection, request, limiter, store)
             .await
