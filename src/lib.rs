@@ -103,6 +103,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod concurrency;
 pub mod decision;
+mod deny_cache;
 pub mod failure_policy;
 pub mod guide;
 mod intern;

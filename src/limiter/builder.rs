@@ -3,13 +3,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::deny_cache::DenyCache;
 use super::keys::KeyScope;
 use super::lease::{LeaseTable, Leases, LEASE_DENY_CACHE_KEYS};
 use super::stats::Counters;
 use super::{ConfigError, Inner, Limiter};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
+use crate::deny_cache::DenyCache;
 use crate::failure_policy::FailurePolicy;
 use crate::store::Store;
 

@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::deny_cache::Started;
 use super::stats::{PolicyLabel, StoreTimer};
 use super::Limiter;
 use crate::decision::{Decision, Verdict};
+use crate::deny_cache::Started;
 use crate::failure_policy::FailureContext;
 use crate::quota::{Quota, QuotaError, Quotas};
 use crate::store::{Block, CheckRequest, StoreError};

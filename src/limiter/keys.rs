@@ -174,13 +174,6 @@ fn tail(scope: Option<&str>) -> String {
     }
 }
 
-/// The unscoped storage key of `key`'s tenant, `<prefix>:{<id>}`: what every storage key of
-/// the tenant starts with (its scopes', and its controls' `<prefix>:{<id>}#t`). A key without
-/// a hash tag is its own tenant.
-pub(crate) fn tenant_route(key: &str) -> &str {
-    key.find('}').map_or(key, |close| &key[..=close])
-}
-
 /// `text` with Redis glob patterns' special characters escaped: it matches only itself.
 fn glob_escaped(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());

@@ -16,7 +16,6 @@ mod block;
 mod builder;
 mod check;
 mod control;
-mod deny_cache;
 mod keys;
 mod lease;
 mod settle;
@@ -31,7 +30,6 @@ pub use self::control::{
     ControlError, KeyStatus, OverrideSource, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
 };
 pub(crate) use self::control::{WriteKind, WriteTicket};
-use self::deny_cache::DenyCache;
 pub(crate) use self::keys::{KeyScope, StorageKey};
 pub use self::keys::{StoredKey, Target};
 pub use self::lease::{
@@ -42,6 +40,7 @@ pub use self::settle::Reserved;
 use self::stats::Counters;
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
 pub(crate) use self::stats::{PolicyLabel, Shadow};
+use crate::deny_cache::DenyCache;
 
 /// The default prefix of every Redis key.
 pub const DEFAULT_PREFIX: &str = "redlimit";
@@ -259,7 +258,7 @@ impl Limiter {
     /// what its waiters learned, its leases, whose units go back unless `reset`), and keeps any
     /// denial decided before out of the deny cache.
     pub(crate) fn forget_tenant(&self, storage_key: &str, reset: bool) {
-        let tenant = self::keys::tenant_route(storage_key);
+        let tenant = crate::store::wire::layout::tenant_route(storage_key);
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget_tenant(tenant);
         }

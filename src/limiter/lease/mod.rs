@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::deny_cache::Prehashed;
 use crate::algorithm::{Algorithm, Leasing};
 use crate::clock::Clock;
+use crate::deny_cache::Prehashed;
 use crate::quota::Quotas;
 
 mod flow;

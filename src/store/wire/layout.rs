@@ -84,6 +84,13 @@ pub(crate) fn log_controls_key(key: &str) -> String {
 /// `}:`), so the tenant's controls are nobody else's.
 const TENANT_SUFFIX: &str = "#t";
 
+/// The unscoped storage key of `key`'s tenant, `<prefix>:{<id>}`: what every storage key of
+/// the tenant starts with (its scopes', and its controls' `<prefix>:{<id>}#t`). A key without
+/// a hash tag is its own tenant.
+pub(crate) fn tenant_route(key: &str) -> &str {
+    key.find('}').map_or(key, |close| &key[..=close])
+}
+
 /// The key of the tenant's controls (a suspension, an override of every route, a reset of every
 /// route) for a storage key: its hash tag and `#t`, `<prefix>:{<id>}#t`, in the same Cluster
 /// slot as every route of the tenant. A key without a hash tag gets its whole self as the tag

@@ -54,9 +54,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
-use super::keys::tenant_route;
 use crate::decision::Decision;
 use crate::quota::{Quota, Quotas};
+use crate::store::wire::layout::tenant_route;
 
 /// Shards of the map (fewer when `max_keys` is smaller).
 const SHARDS: usize = 16;
@@ -169,7 +169,7 @@ struct Slot {
 
 /// The index's keys are hashes already: used as they are.
 #[derive(Default)]
-pub(super) struct Prehashed(u64);
+pub(crate) struct Prehashed(u64);
 
 impl Hasher for Prehashed {
     fn finish(&self) -> u64 {
