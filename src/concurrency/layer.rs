@@ -10,6 +10,7 @@ use super::config::Shared;
 use super::service::ConcurrencyLimit;
 use super::ConcurrencyLimiter;
 use crate::key::KeyExtractor;
+use crate::layer::headers::MAX_INTEGER;
 use crate::limiter::{is_name, ConfigError};
 
 /// A [`Layer`] that allows at most [`ConcurrencyLimiter::limit`] requests in flight per key,
@@ -79,7 +80,10 @@ impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
         if !is_name(&name) {
             return Err(ConfigError::InvalidPolicyName);
         }
-        let policy = format!("\"{name}\";q={};qu=\"concurrent-requests\"", slots.limit());
+        // `q` is a structured-field Integer: at most 15 digits (a limit of 10^15 is written as
+        // the largest Integer, as the rate limit's headers write theirs).
+        let q = slots.limit().min(MAX_INTEGER);
+        let policy = format!("\"{name}\";q={q};qu=\"concurrent-requests\"");
         let policy = HeaderValue::from_str(&policy).map_err(|_| ConfigError::InvalidPolicyName)?;
         Ok(ConcurrencyLimitLayer {
             shared: Arc::new(Shared {
@@ -100,5 +104,46 @@ impl<S, K> Layer<S> for ConcurrencyLimitLayer<K> {
             inner,
             shared: Arc::clone(&self.shared),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http::{Request, Response};
+    use tower::{Service, ServiceExt};
+
+    use super::*;
+    use crate::concurrency::ConcurrencyLimiter;
+    use crate::key::GlobalKey;
+    use crate::limiter::Limiter;
+    use crate::quota::{QuotaError, MAX_COUNT};
+    use crate::store::MemoryStore;
+
+    /// The largest limit accepted (10^15) is written as the largest structured-field Integer
+    /// (15 digits); one above it is refused as too large, not as zero.
+    #[tokio::test]
+    async fn the_policy_header_of_the_largest_limit_is_a_15_digit_integer() {
+        let limiter = Limiter::new(MemoryStore::new());
+        let refused = ConcurrencyLimiter::new(limiter.clone(), MAX_COUNT + 1).unwrap_err();
+        assert_eq!(refused, ConfigError::Quota(QuotaError::CountTooLarge));
+        let slots = ConcurrencyLimiter::new(limiter, MAX_COUNT).unwrap();
+        let layer = ConcurrencyLimitLayer::new(slots, GlobalKey::new("all"), "big").unwrap();
+        let mut svc = layer.layer(tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(()))
+        }));
+        let response = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(
+            response.headers()["ratelimit-policy"],
+            "\"big\";q=999999999999999;qu=\"concurrent-requests\""
+        );
+        assert_eq!(response.headers()["ratelimit"], "\"big\";r=999999999999999");
     }
 }

@@ -37,7 +37,7 @@ static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 /// The largest Integer of a structured field (RFC 8941 §3.3.1: at most 15 digits). Every number
 /// of `RateLimit-Policy` and `RateLimit` is at most this, or no conforming parser reads the
 /// field.
-const MAX_INTEGER: u64 = 999_999_999_999_999;
+pub(crate) const MAX_INTEGER: u64 = 999_999_999_999_999;
 
 /// `q` and `w` of `RateLimit-Policy` (see the module docs): the capacity `r` counts against,
 /// and the longest a key takes from empty back to it, in whole seconds rounded up. A window

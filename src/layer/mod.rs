@@ -273,7 +273,7 @@
 mod body;
 mod config;
 mod future;
-mod headers;
+pub(crate) mod headers;
 #[allow(clippy::module_inception)] // the layer of the `layer` module, as tower-http names it
 mod layer;
 mod resolver;

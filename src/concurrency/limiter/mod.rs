@@ -250,8 +250,11 @@ impl ConcurrencyLimiter {
         lease: Duration,
         scope: &str,
     ) -> Result<Self, ConfigError> {
-        if limit == 0 || limit > crate::quota::MAX_COUNT {
+        if limit == 0 {
             return Err(ConfigError::Quota(crate::quota::QuotaError::ZeroLimit));
+        }
+        if limit > crate::quota::MAX_COUNT {
+            return Err(ConfigError::Quota(crate::quota::QuotaError::CountTooLarge));
         }
         if lease < MIN_SLOT_LEASE || lease > crate::limiter::MAX_SUSPENSION {
             return Err(ConfigError::InvalidLease);
