@@ -14,37 +14,23 @@ use crate::store::contract::StoreError;
 use crate::store::op::ScriptOp;
 use crate::store::ops::decide::DECIDE;
 
-/// How each backend's connection sends a script call: the one place they differ.
+/// How each backend's connection sends a script call. By default once, with no resend: a
+/// dropped single-node connection is replaced on the store's runtime, and a dropped Sentinel
+/// one too, its next call going to the primary the sentinels name then. Cluster resends what
+/// proves it did not run (`cluster.rs`).
 pub(super) trait ScriptConnection: ConnectionLike + Clone + Send + Sync + 'static {
     fn run<O: ScriptOp + Sync>(
         &mut self,
         reloads: &Reloads,
         op: &O,
-    ) -> impl Future<Output = Result<redis::Value, StoreError>> + Send;
-}
-
-impl ScriptConnection for MultiplexedConnection {
-    async fn run<O: ScriptOp + Sync>(
-        &mut self,
-        reloads: &Reloads,
-        op: &O,
-    ) -> Result<redis::Value, StoreError> {
-        // No resend: a dropped connection is replaced, on the store's runtime.
-        invoke(self, reloads, op).await
+    ) -> impl Future<Output = Result<redis::Value, StoreError>> + Send {
+        invoke(self, reloads, op)
     }
 }
 
-impl ScriptConnection for PrimaryConnection {
-    async fn run<O: ScriptOp + Sync>(
-        &mut self,
-        reloads: &Reloads,
-        op: &O,
-    ) -> Result<redis::Value, StoreError> {
-        // No resend: a dropped connection is replaced, and the next call goes to the primary
-        // the sentinels name then.
-        invoke(self, reloads, op).await
-    }
-}
+impl ScriptConnection for MultiplexedConnection {}
+
+impl ScriptConnection for PrimaryConnection {}
 
 /// `PING` and `SCRIPT LOAD` of the decision script: what a decision needs besides `EVALSHA`.
 pub(super) async fn check_server(connection: &mut impl ConnectionLike) -> Result<(), StoreError> {
