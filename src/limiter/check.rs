@@ -12,6 +12,7 @@ use crate::decision::{Decision, Verdict};
 use crate::deny_cache::Started;
 use crate::failure_policy::FailureContext;
 use crate::quota::{Quota, QuotaError, Quotas};
+use crate::store::ops::StoreExt;
 use crate::store::{Block, CheckRequest, StoreError};
 
 /// One check to run: which storage key, under which quotas, at what cost, and what its caller

@@ -18,6 +18,7 @@ use super::{Limiter, Target};
 use crate::algorithm::{is_one_state, packed_by_tag, state_len_of, Algorithm};
 use crate::quota::{QuotaError, Quotas};
 use crate::store::ops::control::marked_override;
+use crate::store::ops::StoreExt;
 use crate::store::wire::layout::{Controls, OVERRIDE_IDLE_MS, STAMP};
 use crate::store::{Control, ControlReply, ControlRequest, StoreError};
 
@@ -838,7 +839,7 @@ mod tests {
     use super::*;
     use crate::decision::Decision;
     use crate::quota::Quota;
-    use crate::store::{CheckRequest, MemoryStore, Store};
+    use crate::store::{CheckRequest, MemoryStore, Operation, OperationRequest, Store};
 
     const NOW: u64 = 1_800_000_000_000_000;
 
@@ -936,15 +937,20 @@ mod tests {
             self.inner.check(request)
         }
 
-        fn control<'a>(
-            &'a self,
-            request: ControlRequest<'a>,
-        ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
+        /// The controls alone.
+        fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+            let extends = match operation.request() {
+                OperationRequest::Control(request) => matches!(request.control, Control::Extend(_)),
+                _ => {
+                    let refused = StoreError::Unsupported("controls only");
+                    return Box::pin(std::future::ready(Err(refused)));
+                }
+            };
             Box::pin(async move {
-                if matches!(request.control, Control::Extend(_)) {
+                if extends {
                     tokio::time::sleep(self.delay).await;
                 }
-                self.inner.control(request).await
+                self.inner.run(operation).await
             })
         }
     }

@@ -13,6 +13,7 @@ use crate::decision::Verdict;
 use crate::failure_policy::FailureContext;
 use crate::limiter::{ControlError, Target};
 use crate::quota::Quotas;
+use crate::store::ops::StoreExt;
 use crate::store::{RefundRequest, ReservedAt, StoreError};
 
 /// When units were reserved, so that a refund gives them back to the window (and the reset
@@ -29,7 +30,7 @@ pub struct Reserved {
     /// The client clock's time at that moment, when the limiter has a client clock.
     client_micros: Option<u64>,
     /// The store's clock's µs at which it admitted the reservation, when it told
-    /// ([`Store::check_timed`](crate::store::Store::check_timed), asked within
+    /// ([`StoreExt::check_timed`](crate::store::StoreExt::check_timed), asked within
     /// [`during`](Self::during)).
     store_micros: Option<u64>,
     /// µs before that moment the reservation may have been made (0 for the layer's).
@@ -206,7 +207,7 @@ impl Limiter {
     /// [`check_quotas`](Self::check_quotas), and the time of the reservation it made, for
     /// [`refund_reserved`](Self::refund_reserved): with a client clock that clock's time, with
     /// the store's clock the time the store tells for its admission
-    /// ([`Store::check_timed`](crate::store::Store::check_timed)), which the refund sends as it
+    /// ([`StoreExt::check_timed`]), which the refund sends as it
     /// is, however late the store runs it. A check answered from a lease returns the time of
     /// the lease's renewal that reserved its units, on either clock.
     pub async fn check_reserving<'a>(

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// A block on abuse for [`Store::check_blocking`](super::Store::check_blocking): a denial by a
+/// A block on abuse for [`StoreExt::check_blocking`](super::StoreExt::check_blocking): a denial by a
 /// quota suspends the key's tenant for `duration`, doubled per repeated offence up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {

@@ -1,6 +1,7 @@
 //! The [`Store`] trait, and what its calls take and answer: the contract between the limiter
 //! and a store (re-exported by [`store`](crate::store)).
 
+use std::any::Any;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -8,7 +9,7 @@ use futures::future::BoxFuture;
 use super::block::Block;
 use super::failure::RedisFailure;
 use super::refund::RefundRequest;
-use super::slots::{SlotReply, SlotRequest};
+use super::slots::SlotRequest;
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::quota::Quotas;
@@ -61,33 +62,40 @@ pub struct CheckRequest<'a> {
 ///
 /// # Implementing a store
 ///
-/// Decisions are typed: a store takes a [`CheckRequest`] (key, algorithm, quotas, cost, time)
-/// and answers a [`Decision`], so any store can decide (a test double, a store that denies
-/// everything, a router over several stores). The fleet controls are not: they are sealed to
-/// [`RedisStore`](super::RedisStore) and [`MemoryStore`](super::MemoryStore), because their
-/// state is the scripts' byte layout (every tier's state, the overrides, the tenant's reset),
-/// which must match `lua/common.lua` byte for byte to mean anything and is no public
-/// contract. [`ControlReply`] has no public
-/// constructor, so a custom store keeps the default [`control`](Store::control) (the controls
-/// are refused) or forwards to a store it wraps. `MemoryStore` is the reference for what a
-/// decision must answer.
+/// A store does two things:
 ///
-/// A custom store usually wraps one of them, e.g. to count or route calls. A wrapper forwards
-/// [`check_timed`](Store::check_timed) too (the default tells no time, so refunds of what it
-/// admits are dated by age: see there), and [`refund`](Store::refund) when it settles:
+/// - **It decides**: [`check`](Store::check) takes a [`CheckRequest`] (key, algorithm, quotas,
+///   cost, time) and answers a [`Decision`]. Any store can decide: a test double, a store
+///   that denies everything, a router over several stores. `MemoryStore` is the reference for
+///   what a decision must answer.
+/// - **It runs the crate's other operations** ([`run`](Store::run)): the fleet controls, the
+///   refunds of settlement and leases, blocking decisions, decisions that tell their time, the
+///   concurrency slots. An [`Operation`] is opaque: its state is the scripts' byte layout
+///   (every tier's state, the overrides, the tenant's reset), which must match
+///   `lua/common.lua` byte for byte to mean anything and is no public contract, so only
+///   `RedisStore` and `MemoryStore` can run one. A custom store forwards it to a store it
+///   wraps; the default refuses it with [`StoreError::Unsupported`] (the controls, refunds and
+///   slots are then refused; a blocking decision and a decision that tells its time fall back
+///   to [`check`](Store::check): see [`StoreExt`](super::StoreExt)).
+///
+/// [`StoreExt`](super::StoreExt) runs each operation on any store, e.g. `store.control(request)`.
+///
+/// A custom store usually wraps one of the crate's, e.g. to count or route calls, and forwards
+/// both:
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
+/// use std::time::Duration;
 /// use futures::future::BoxFuture;
-/// use redlimit::store::{Block, CheckRequest, MemoryStore, RefundRequest, Store, StoreError};
+/// use redlimit::store::{CheckRequest, MemoryStore, Operation, Store, StoreError};
 /// use redlimit::{Decision, Limiter, Quota};
 ///
-/// /// Counts the checks that reach the store, and lets a `MemoryStore` decide.
+/// /// Counts the calls that reach the store, and lets a `MemoryStore` run them.
 /// #[derive(Debug, Default)]
 /// struct Counted {
 ///     inner: MemoryStore,
-///     checks: Arc<AtomicU64>,
+///     calls: Arc<AtomicU64>,
 /// }
 ///
 /// impl Store for Counted {
@@ -95,33 +103,27 @@ pub struct CheckRequest<'a> {
 ///         &'a self,
 ///         request: CheckRequest<'a>,
 ///     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-///         self.checks.fetch_add(1, Ordering::Relaxed);
+///         self.calls.fetch_add(1, Ordering::Relaxed);
 ///         self.inner.check(request)
 ///     }
 ///
-///     fn check_timed<'a>(
-///         &'a self,
-///         request: CheckRequest<'a>,
-///         block: Option<Block>,
-///     ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
-///         self.checks.fetch_add(1, Ordering::Relaxed);
-///         self.inner.check_timed(request, block)
-///     }
-///
-///     fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
-///         self.inner.refund(request)
+///     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+///         self.calls.fetch_add(1, Ordering::Relaxed);
+///         self.inner.run(operation)
 ///     }
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let store = Counted::default();
-/// let checks = store.checks.clone();
+/// let calls = store.calls.clone();
 /// let limiter = Limiter::new(store);
 /// let quota = Quota::per_minute(1).unwrap();
 /// assert!(limiter.check("k", &quota).await.is_allowed());
 /// assert!(!limiter.check("k", &quota).await.is_allowed());
-/// assert_eq!(checks.load(Ordering::Relaxed), 2);
+/// // A fleet control runs through the wrapper too.
+/// limiter.suspend("k", Duration::from_secs(60)).await.unwrap();
+/// assert_eq!(calls.load(Ordering::Relaxed), 3);
 /// # }
 /// ```
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
@@ -142,78 +144,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
-    /// Decides like [`check`](Self::check), or with a `block` like
-    /// [`check_blocking`](Self::check_blocking), and with the store's own clock (`now_micros`
-    /// `None`) tells, on an admission, the µs on that clock at which it decided: the time a
-    /// refund of the units it reserved sends ([`ReservedAt::Store`]), exact however late the
-    /// refund runs. `None` otherwise; the default always answers `None` (a refund then sends
-    /// the reservation's age, [`ReservedAt::Ago`], which the store counts back from when it
-    /// runs the refund: one it runs late may land in a later window or after a reset). A store
-    /// that wraps another forwards this too.
-    ///
-    /// [`ReservedAt::Store`]: super::ReservedAt::Store
-    /// [`ReservedAt::Ago`]: super::ReservedAt::Ago
-    fn check_timed<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        block: Option<Block>,
-    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
-        Box::pin(async move {
-            let decision = match block {
-                Some(block) => self.check_blocking(request, block).await?,
-                None => self.check(request).await?,
-            };
-            Ok((decision, None))
-        })
-    }
-
-    /// Runs a fleet control on one key (an override of its quotas, a suspension, a reset, or a
-    /// look), atomically like a decision. [`RedisStore`](super::RedisStore) and
-    /// [`MemoryStore`](super::MemoryStore) implement it; the default answers
-    /// [`StoreError::Unsupported`], so a wrapper that does not forward it refuses the controls
-    /// instead of ignoring them.
-    fn control<'a>(
-        &'a self,
-        request: ControlRequest<'a>,
-    ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
-        let _ = request;
-        unsupported("this store has no fleet controls")
-    }
-
-    /// Decides like [`check`](Self::check), and when a quota denies (not a suspension), suspends
-    /// the key's tenant for the `block` in the same atomic call (`lua/block.lua`). The default
-    /// runs `check` then extends the tenant's suspension with [`control`](Self::control): two
-    /// calls, and no doubling.
-    fn check_blocking<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        block: Block,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            let mut decision = self.check(request).await?;
-            if !decision.allowed && !decision.suspended {
-                let tenant = crate::store::wire::layout::tenant_key(request.key);
-                self.control(ControlRequest {
-                    key: &tenant,
-                    algorithm: request.algorithm,
-                    control: Control::Extend(block.duration),
-                    now_micros: request.now_micros,
-                })
-                .await?;
-                decision.retry_after = decision.retry_after.max(block.duration);
-            }
-            Ok(decision)
-        })
-    }
-
-    /// Gives units back to a route's tiers in one atomic call, never above a tier's capacity,
-    /// and only to the window (and reset epoch) of their reservation
-    /// ([`RefundRequest::reserved`]); answers how many tiers (for the sliding log, entries)
-    /// got units back. The default
-    /// answers [`StoreError::Unsupported`].
-    fn refund<'a>(&'a self, request: RefundRequest<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let _ = request;
-        unsupported("this store has no refunds")
+    /// Runs one of the crate's operations (a fleet control, a refund, a blocking decision, a
+    /// decision that tells its time, a concurrency slot), atomically like a decision, and
+    /// leaves its reply in it. [`RedisStore`](super::RedisStore) and
+    /// [`MemoryStore`](super::MemoryStore) run every operation; a store that wraps one forwards
+    /// it. The default answers [`StoreError::Unsupported`], so a store that does not forward it
+    /// refuses the controls instead of ignoring them.
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = operation;
+        Box::pin(std::future::ready(Err(StoreError::Unsupported(
+            "this store runs none of the crate's operations",
+        ))))
     }
 
     /// The longest one call takes before it fails with [`StoreError::Timeout`], when the store
@@ -223,16 +164,85 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn call_timeout(&self) -> Option<Duration> {
         None
     }
+}
 
-    /// Takes, renews or gives back a fleet-wide concurrency slot, atomically
-    /// (`lua/slots.lua`). The default answers [`StoreError::Unsupported`].
-    fn slots<'a>(
-        &'a self,
-        request: SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<SlotReply, StoreError>> {
-        let _ = request;
-        unsupported("this store has no concurrency slots")
+/// One of the crate's operations, for a [`Store`] to [`run`](Store::run): opaque, so that only
+/// [`RedisStore`](super::RedisStore) and [`MemoryStore`](super::MemoryStore) run one (see
+/// [`Store`]); [`StoreExt`](super::StoreExt) makes them.
+pub struct Operation<'a> {
+    pending: &'a mut (dyn Pending + 'a),
+}
+
+impl<'a> Operation<'a> {
+    /// An operation waiting for its reply in `pending`.
+    pub(crate) fn new(pending: &'a mut (dyn Pending + 'a)) -> Self {
+        Operation { pending }
     }
+
+    /// What it asks: which key, and what to do there, e.g. for a store that routes keys or
+    /// counts calls by kind.
+    pub fn request(&self) -> OperationRequest<'_> {
+        self.pending.request()
+    }
+
+    /// Runs it on `store`, one of the crate's stores, which hands itself over.
+    pub(crate) fn run_on(
+        self,
+        store: &'a (dyn Any + Send + Sync),
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.pending.run_on(store)
+    }
+}
+
+impl std::fmt::Debug for Operation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Operation").field(&self.request()).finish()
+    }
+}
+
+/// What an [`Operation`] asks (see [`Operation::request`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum OperationRequest<'a> {
+    /// A fleet control ([`StoreExt::control`](super::StoreExt::control)).
+    Control(ControlRequest<'a>),
+    /// A refund ([`StoreExt::refund`](super::StoreExt::refund)).
+    Refund(RefundRequest<'a>),
+    /// A concurrency slot call ([`StoreExt::slots`](super::StoreExt::slots)).
+    Slots(SlotRequest<'a>),
+    /// A decision that blocks on a denial
+    /// ([`StoreExt::check_blocking`](super::StoreExt::check_blocking)).
+    Blocking(CheckRequest<'a>, Block),
+    /// A decision that tells when the store admitted
+    /// ([`StoreExt::check_timed`](super::StoreExt::check_timed)).
+    Timed(CheckRequest<'a>),
+}
+
+impl OperationRequest<'_> {
+    /// The storage key it runs on.
+    pub fn key(&self) -> &str {
+        match self {
+            OperationRequest::Control(request) => request.key,
+            OperationRequest::Refund(request) => request.key,
+            OperationRequest::Slots(request) => request.key,
+            OperationRequest::Blocking(request, _) | OperationRequest::Timed(request) => {
+                request.key
+            }
+        }
+    }
+}
+
+/// An operation and the place for its reply (see `ops/mod.rs`): it runs on the store handed to
+/// it when it knows that store, and answers [`StoreError::Unsupported`] otherwise.
+pub(crate) trait Pending: Send {
+    /// What it asks.
+    fn request(&self) -> OperationRequest<'_>;
+
+    /// Runs on `store` and keeps the reply.
+    fn run_on<'s>(
+        &'s mut self,
+        store: &'s (dyn Any + Send + Sync),
+    ) -> BoxFuture<'s, Result<(), StoreError>>;
 }
 
 /// One fleet control to run: which storage key, under which algorithm (the sliding log keeps
@@ -312,7 +322,7 @@ pub(crate) fn micros(duration: Duration) -> u64 {
 ///
 /// Opaque but for its typed accessors: it holds the key's string in the scripts' own layout,
 /// which is no contract, so only [`RedisStore`](super::RedisStore) and
-/// [`MemoryStore`](super::MemoryStore) make one. A custom store forwards its inner store's (see
+/// [`MemoryStore`](super::MemoryStore) make one. A custom store forwards the operation to its inner store (see
 /// [`Store`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlReply {
@@ -399,12 +409,6 @@ pub enum StoreError {
     /// The store cannot do this (e.g. a custom store without fleet controls).
     #[error("unsupported by the store: {0}")]
     Unsupported(&'static str),
-}
-
-/// The answer of a [`Store`] method's default: [`StoreError::Unsupported`] saying `what` the
-/// store lacks.
-fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, StoreError>> {
-    Box::pin(std::future::ready(Err(StoreError::Unsupported(what))))
 }
 
 impl StoreError {

@@ -103,9 +103,13 @@ pub(crate) mod wire;
 pub use self::block::Block;
 pub use self::breaker::CircuitBreaker;
 pub(crate) use self::contract::failure_log_gate;
-pub use self::contract::{CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError};
+pub use self::contract::{
+    CheckRequest, Control, ControlReply, ControlRequest, Operation, OperationRequest, Store,
+    StoreError,
+};
 pub use self::failure::RedisFailure;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
+pub use self::ops::StoreExt;
 pub use self::redis::{
     BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
     MAX_BATCH, MIN_REDIS_VERSION,

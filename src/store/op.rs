@@ -59,7 +59,7 @@ pub(crate) enum OnRehashing<'a> {
     Resend,
     /// Handed back at once: its caller sends its parts again alone (a batch).
     HandBack,
-    /// A decision (`timed`: see `ops/decide.rs`), decided in the split form instead
+    /// A decision (`timed`: see `wire/decide.rs`), decided in the split form instead
     /// (`lua/common.lua`'s header, "Split"), which no migration refuses.
     Split {
         request: CheckRequest<'a>,

@@ -26,7 +26,7 @@ pub enum ReservedAt {
     /// On the caller's client clock, in µs since the Unix epoch.
     Client(u64),
     /// On the store's own clock, in µs since the Unix epoch: the time the store told for the
-    /// admission that reserved them ([`Store::check_timed`](super::Store::check_timed)).
+    /// admission that reserved them ([`StoreExt::check_timed`](super::StoreExt::check_timed)).
     Store(u64),
     /// On the store's own clock, this many µs before the store runs the refund: measured from
     /// before the reservation's store call was sent, so never less than the true age when the

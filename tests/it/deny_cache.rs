@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redlimit::limiter::BlockFor;
-use redlimit::store::{CheckRequest, ControlReply, ControlRequest, MemoryStore, Store, StoreError};
+use redlimit::store::{CheckRequest, MemoryStore, Operation, OperationRequest, Store, StoreError};
 use redlimit::{
     clock::{Clock, ManualClock},
     Algorithm, Decision, Limiter, Quota, Quotas, Target,
@@ -432,11 +432,14 @@ impl<S: Store> Store for Shared<S> {
         })
     }
 
-    fn control<'a>(
-        &'a self,
-        request: ControlRequest<'a>,
-    ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
-        self.0.inner.control(request)
+    /// The controls alone.
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        match operation.request() {
+            OperationRequest::Control(_) => self.0.inner.run(operation),
+            _ => Box::pin(std::future::ready(Err(StoreError::Unsupported(
+                "controls only",
+            )))),
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use redlimit::limiter::BlockFor;
-use redlimit::store::{MemoryStore, RedisStore, RefundRequest, ReservedAt, Store};
+use redlimit::store::{MemoryStore, RedisStore, RefundRequest, ReservedAt, StoreExt};
 use redlimit::{clock::ManualClock, Algorithm, Decision, Quota, Quotas, Target};
 use support::{Ctx, RedisServer};
 
@@ -68,7 +68,7 @@ enum Step {
     Reset,
     /// Give this many units back (`Limiter::refund`).
     Refund(u64),
-    /// Give this many units back, reserved this many µs ago (`Store::refund`, the client time
+    /// Give this many units back, reserved this many µs ago (`StoreExt::refund`, the client time
     /// of the reservation).
     RefundReserved(u64, u64),
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::{HeaderValue, Request, Response};
 use redlimit::limiter::{OverrideSource, MAX_SUSPENSION};
 use redlimit::outbound::OutboundLayer;
-use redlimit::store::{Control, ControlRequest, MemoryStore, Store};
+use redlimit::store::{Control, ControlRequest, MemoryStore, StoreExt};
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 use tower::{Layer, ServiceExt};
 

@@ -15,6 +15,7 @@ use crate::decision::Verdict;
 use crate::failure_policy::FailureContext;
 use crate::limiter::{ConfigError, Limiter, Target};
 use crate::quota::{Quota, Quotas};
+use crate::store::ops::StoreExt;
 use crate::store::{CheckRequest, SlotOp, SlotReply, SlotRequest, StoreError};
 
 /// The default lease of a slot: a holder that dies frees its slots this long after its last

@@ -30,6 +30,7 @@ use crate::limiter::check::Taken;
 use crate::limiter::stats::{PolicyLabel, StoreTimer};
 use crate::limiter::{Answer, Ask, Inner, Limiter};
 use crate::quota::Quotas;
+use crate::store::ops::StoreExt;
 use crate::store::{RefundRequest, ReservedAt, StoreError};
 
 /// What a request on a lease does next.
@@ -834,9 +835,7 @@ mod tests {
     use crate::limiter::{Ask, Leases};
     use crate::limiter::{Limiter, Target};
     use crate::quota::{Quota, Quotas};
-    use crate::store::{
-        CheckRequest, ControlReply, ControlRequest, MemoryStore, RefundRequest, Store, StoreError,
-    };
+    use crate::store::{CheckRequest, MemoryStore, Operation, OperationRequest, Store, StoreError};
 
     /// A memory store that counts its checks and peeks (checks of cost 0), and can leave its
     /// first check unanswered for good (a store that breaks its own timeout).
@@ -872,21 +871,17 @@ mod tests {
             hang_or(hang, self.memory.check(request))
         }
 
-        fn refund<'a>(
-            &'a self,
-            request: RefundRequest<'a>,
-        ) -> BoxFuture<'a, Result<u64, StoreError>> {
-            hang_or(
-                self.hang_refunds.load(Ordering::Relaxed),
-                self.memory.refund(request),
-            )
-        }
-
-        fn control<'a>(
-            &'a self,
-            request: ControlRequest<'a>,
-        ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
-            self.memory.control(request)
+        /// Refunds (which may hang) and controls; a decision that tells its time is refused,
+        /// so that it goes through `check` above.
+        fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+            match operation.request() {
+                OperationRequest::Refund(_) => hang_or(
+                    self.hang_refunds.load(Ordering::Relaxed),
+                    self.memory.run(operation),
+                ),
+                OperationRequest::Control(_) => self.memory.run(operation),
+                _ => Box::pin(std::future::ready(Err(StoreError::Unsupported("probe")))),
+            }
         }
 
         fn call_timeout(&self) -> Option<Duration> {

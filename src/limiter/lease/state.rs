@@ -31,7 +31,7 @@ pub(super) struct Batch {
     /// When its renewal was sent: no later than the store took the units.
     pub(super) sent: u64,
     /// When the store admitted its renewal, on the store's own clock, when it told
-    /// ([`Store::check_timed`](crate::store::Store::check_timed)).
+    /// ([`StoreExt::check_timed`](crate::store::StoreExt::check_timed)).
     pub(super) decided: Option<u64>,
 }
 

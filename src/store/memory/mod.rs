@@ -4,12 +4,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 
-mod block;
 mod driver;
 mod index;
-mod refund;
-mod shard;
-mod slots;
+pub(crate) mod shard;
 
 use self::driver::{decide, Refused, Written};
 use self::index::{KeyHasher, Probe};
@@ -17,13 +14,8 @@ use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use crate::algorithm::{Kind, MAX_SLIDING_LOG_BURST};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
-use crate::store::contract::{
-    CheckRequest, Control, ControlReply, ControlRequest, Store, StoreError,
-};
-use crate::store::ops::control::{control, foreign_state, learning, RecordWrite};
-use crate::store::wire::layout::{
-    capped_cost, learned_record_key, log_controls_key, tenant_key, Controls, Op,
-};
+use crate::store::contract::{CheckRequest, Operation, Store, StoreError};
+use crate::store::wire::layout::{capped_cost, log_controls_key};
 
 /// The default cap on keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -98,7 +90,7 @@ fn shard_of(tag: u64) -> usize {
 pub struct MemoryStore {
     shards: Arc<[Mutex<Shard>]>,
     hasher: KeyHasher,
-    max_keys_per_shard: usize,
+    pub(crate) max_keys_per_shard: usize,
     max_log_entries_per_shard: usize,
 }
 
@@ -285,185 +277,13 @@ impl MemoryStore {
         }
     }
 
-    /// Runs a fleet control synchronously, under the key's shard lock (see
-    /// [`Store::control`]).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use redlimit::store::{Control, ControlRequest, MemoryStore};
-    /// use redlimit::Algorithm;
-    ///
-    /// let store = MemoryStore::new();
-    /// let request = ControlRequest {
-    ///     key: "redlimit:{k}",
-    ///     algorithm: Algorithm::TokenBucket,
-    ///     control: Control::Suspend(Duration::from_secs(2)),
-    ///     now_micros: Some(1_000_000),
-    /// };
-    /// let reply = store.control_now(request);
-    /// assert_eq!(reply.expires_in(), Some(Duration::from_secs(2)));
-    /// ```
-    pub fn control_now(&self, request: ControlRequest<'_>) -> ControlReply {
-        match self.try_control(request) {
-            Ok(reply) => reply,
-            // Refused: nothing changed; report the key as it is.
-            Err(_) => self
-                .try_control(ControlRequest {
-                    control: Control::Inspect,
-                    ..request
-                })
-                .expect("inspect is never refused"),
-        }
+    /// A concurrency slot holder's id, hashed with the store's key: what its set keeps.
+    pub(crate) fn hash_id(&self, id: &str) -> u64 {
+        self.hasher.bytes(id.as_bytes())
     }
 
-    /// [`control_now`](Self::control_now), or the refusal of a control on a key that holds
-    /// another algorithm's state (as `lua/control.lua` refuses it; nothing changed).
-    fn try_control(&self, request: ControlRequest<'_>) -> Result<ControlReply, StoreError> {
-        let now = request.now_micros.unwrap_or_else(system_now_micros);
-        let op = request.control.op();
-        let tenant = op.is_tenant(request.key);
-        let log = !tenant && request.algorithm.spec().is_log();
-        let controls_key = if tenant {
-            tenant_key(request.key)
-        } else if log {
-            log_controls_key(request.key)
-        } else {
-            request.key.to_owned()
-        };
-        let mut guard = self
-            .shard(request.key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let shard = &mut *guard;
-        let (held, live) = shard.find(&controls_key, now);
-        if !tenant && op != Op::Inspect {
-            let holds = |key: &str| match shard.find(key, now) {
-                (_, Some(slot)) => match &shard.slots[slot].stored.state {
-                    KeyState::Log(_) if !log || key != request.key => Some("a zset".to_owned()),
-                    KeyState::Log(_) => None,
-                    KeyState::Slots(_) => Some("a zset".to_owned()),
-                    KeyState::Packed(_) | KeyState::Bytes(_) => {
-                        let bytes = shard.bytes(slot).unwrap_or_default();
-                        if log && key == request.key {
-                            let tag = bytes.first().copied().unwrap_or(0);
-                            let name = crate::algorithm::Algorithm::ALL
-                                .iter()
-                                .find(|a| a.tag() == tag)
-                                .map_or("unreadable", |a| a.name());
-                            Some(format!("{name} state"))
-                        } else {
-                            foreign_state(bytes, request.algorithm)
-                                .map(|name| format!("{name} state"))
-                        }
-                    }
-                },
-                _ => None,
-            };
-            let what = holds(&controls_key).or_else(|| log.then(|| holds(request.key)).flatten());
-            if let Some(what) = what {
-                return Err(StoreError::BadReply(format!(
-                    "redlimit: refused: the key holds {what}, not {} state; nothing changed",
-                    request.algorithm
-                )));
-            }
-        }
-        let pttl = live.map(|slot| (shard.slots[slot].stored.expires_at - now).div_ceil(1000));
-        let stored = live.and_then(|slot| shard.bytes(slot)).map(<[u8]>::to_vec);
-        // The route's learning record, in the same shard (its hash tag).
-        let record_key = learned_record_key(request.key).filter(|_| !tenant && op.uses_record());
-        // Learning reads the tenant's controls: an operator's override of every route stops it.
-        let all_routes = matches!(op, Op::Learn(..))
-            && shard
-                .tenant(request.key, now)
-                .is_some_and(|t| matches!(Controls::parse(&t), Controls::Some { n, .. } if n > 0));
-        let record: Option<Option<Vec<u8>>> =
-            record_key
-                .as_ref()
-                .and_then(|key| match shard.find(key, now) {
-                    (_, Some(slot)) => shard.bytes(slot).map(|bytes| Some(bytes.to_vec())),
-                    _ => Some(None),
-                });
-        let (op, record_write) = learning(
-            stored.as_deref(),
-            record.as_ref().map(Option::as_deref),
-            all_routes,
-            now as f64,
-            op,
-        );
-        let after = match control(stored.as_deref(), pttl, now as f64, op, tenant) {
-            None => stored,
-            Some((None, _)) => {
-                if let Some(slot) = held {
-                    shard.remove_slot(slot);
-                }
-                None
-            }
-            Some((Some(bytes), ttl_ms)) => {
-                let stored = Stored {
-                    state: KeyState::Bytes(bytes.clone()),
-                    expires_at: expiry(now, ttl_ms),
-                };
-                shard.put(held, &controls_key, stored, now, self.max_keys_per_shard);
-                Some(bytes)
-            }
-        };
-        let record = match (record_key, record_write) {
-            (Some(key), RecordWrite::Put(bytes, ttl_ms)) => {
-                let stored = Stored {
-                    state: KeyState::Bytes(bytes.clone()),
-                    expires_at: expiry(now, ttl_ms),
-                };
-                let (held, _) = shard.find(&key, now);
-                shard.put(held, &key, stored, now, self.max_keys_per_shard);
-                Some(bytes)
-            }
-            (Some(key), RecordWrite::Unmark(left)) => {
-                if let (Some(slot), _) = shard.find(&key, now) {
-                    match &left {
-                        Some(left) => {
-                            // Its expiry stays; written through `put`, so that its eviction
-                            // class follows what it holds now.
-                            let stored = Stored {
-                                state: KeyState::Bytes(left.clone()),
-                                expires_at: shard.slots[slot].stored.expires_at,
-                            };
-                            shard.put(Some(slot), &key, stored, now, self.max_keys_per_shard);
-                        }
-                        None => shard.remove_slot(slot),
-                    }
-                }
-                left
-            }
-            _ => record.flatten(),
-        };
-        if log && op == Op::Reset {
-            if let (Some(slot), _) = shard.find(request.key, now) {
-                shard.remove_slot(slot);
-            }
-        }
-        let expires_in = match shard.find(&controls_key, now) {
-            (_, Some(slot)) => Some(std::time::Duration::from_millis(
-                (shard.slots[slot].stored.expires_at - now).div_ceil(1000),
-            )),
-            _ => None,
-        };
-        let log_entries = log.then(|| match shard.find(request.key, now) {
-            (_, Some(slot)) => match &shard.slots[slot].stored.state {
-                KeyState::Log(entries) => entries.len() as u64,
-                KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Slots(_) => 0,
-            },
-            _ => 0,
-        });
-        Ok(ControlReply {
-            stored: after,
-            expires_in,
-            now_micros: now,
-            log_entries,
-            record,
-        })
-    }
-
-    fn shard(&self, key: &str) -> &Mutex<Shard> {
+    /// The shard that holds `key`, and every key of its hash tag.
+    pub(crate) fn shard(&self, key: &str) -> &Mutex<Shard> {
         &self.shards[self.shard_index(key)]
     }
 
@@ -510,57 +330,8 @@ impl Store for MemoryStore {
         Some(Ok(self.check_now(request)))
     }
 
-    fn control<'a>(
-        &'a self,
-        request: ControlRequest<'a>,
-    ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
-        Box::pin(std::future::ready(self.try_control(request)))
-    }
-
-    fn check_blocking<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        block: crate::store::block::Block,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(std::future::ready(Ok(
-            self.check_blocking_now(request, block)
-        )))
-    }
-
-    fn refund<'a>(
-        &'a self,
-        request: crate::store::refund::RefundRequest<'a>,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.refund_now(request))))
-    }
-
-    /// The system clock's µs it decided at, read once and decided with.
-    fn check_timed<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        block: Option<crate::store::block::Block>,
-    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
-        let (now, asked) = match request.now_micros {
-            Some(now) => (now, false),
-            None => (system_now_micros(), true),
-        };
-        let request = CheckRequest {
-            now_micros: Some(now),
-            ..request
-        };
-        let decision = match block {
-            Some(block) => self.check_blocking_now(request, block),
-            None => self.check_now(request),
-        };
-        let at = (asked && decision.allowed).then_some(now);
-        Box::pin(std::future::ready(Ok((decision, at))))
-    }
-
-    fn slots<'a>(
-        &'a self,
-        request: crate::store::slots::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<crate::store::slots::SlotReply, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.slots_now(request))))
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        operation.run_on(self)
     }
 }
 
@@ -570,6 +341,7 @@ mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::quota::Quota;
+    use crate::store::contract::ControlRequest;
 
     /// A flood of distinct keys, with time passing so that some keys expire on the way, under
     /// every algorithm: `len()` never exceeds the cap, the store fills up to it, and the newest

@@ -25,7 +25,7 @@ use crate::store::wire::layout::{is_tenant_key, tenant_key, Controls, Reply};
 const EVICTION_BATCH: usize = 32;
 
 /// How many ordinary keys, the closest to expiry, a full shard weighs to evict one.
-pub(super) const CANDIDATES: usize = 16;
+pub(crate) const CANDIDATES: usize = 16;
 
 /// A key's eviction class: the index of its heap.
 const ORDINARY: usize = 0;
@@ -34,25 +34,25 @@ const PROTECTED: usize = 1;
 /// The keys of one shard: stored in a `Vec`, with an index from key to slot and a min-heap of
 /// their expiry times per class.
 #[derive(Default)]
-pub(super) struct Shard {
+pub(crate) struct Shard {
     pub(super) index: Index,
     /// The store's hasher, which hashes the keys of the index.
     hasher: KeyHasher,
-    pub(super) slots: Vec<Slot>,
+    pub(crate) slots: Vec<Slot>,
     /// Per class (ordinary, protected), `(expires_at, slot)` pairs: every slot has one at or
     /// before its expiry in its class's heap (see [`Shard::set_expiry`]), plus outdated ones
     /// (another key moved in, the key's expiry moved, or its class changed) corrected or
     /// dropped when they come to the top.
-    pub(super) expiries: [BinaryHeap<Reverse<(u64, usize)>>; 2],
+    pub(crate) expiries: [BinaryHeap<Reverse<(u64, usize)>>; 2],
     /// Sliding-log entries allocated by the logs in `slots`.
-    pub(super) log_entries: usize,
+    pub(crate) log_entries: usize,
     /// Tenants' keys held (live or not): while there is none, a decision looks none up.
     tenants: usize,
 }
 
-pub(super) struct Slot {
-    pub(super) key: Arc<str>,
-    pub(super) stored: Stored,
+pub(crate) struct Slot {
+    pub(crate) key: Arc<str>,
+    pub(crate) stored: Stored,
     /// When the key was last written (µs).
     written_at: u64,
     /// The share of its quota in use at its last write, from 0 to 1 (1 when the writer did not
@@ -110,16 +110,16 @@ fn holds_controls(bytes: &[u8], now: u64) -> bool {
     }
 }
 
-pub(super) struct Stored {
-    pub(super) state: KeyState,
+pub(crate) struct Stored {
+    pub(crate) state: KeyState,
     /// µs time at which the key expires, as Redis's PEXPIRE would.
-    pub(super) expires_at: u64,
+    pub(crate) expires_at: u64,
 }
 
 /// The state of one key: a string, byte for byte what Redis holds (the controls and every tier's
 /// state: see `lua/common.lua`), or a sliding log.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum KeyState {
+pub(crate) enum KeyState {
     /// One plain state (no controls, one tier), kept without an allocation.
     Packed(Packed),
     Bytes(Vec<u8>),
@@ -132,7 +132,7 @@ pub(super) enum KeyState {
 
 impl KeyState {
     /// Sliding-log entries this state has allocated.
-    pub(super) fn log_entries(&self) -> usize {
+    pub(crate) fn log_entries(&self) -> usize {
         match self {
             KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Slots(_) => 0,
             KeyState::Log(log) => log.capacity(),
@@ -142,7 +142,7 @@ impl KeyState {
 
 /// The share of its binding quota a decision's key has in use after it (`reply`): 1 less
 /// remaining over burst.
-pub(super) fn used_share(reply: &Reply, quotas: &[crate::quota::Quota]) -> f32 {
+pub(crate) fn used_share(reply: &Reply, quotas: &[crate::quota::Quota]) -> f32 {
     let burst = match reply.overridden {
         Some((_, _, burst)) => burst,
         None => quotas.get(reply.tier).map_or(1, crate::quota::Quota::burst),
@@ -151,14 +151,14 @@ pub(super) fn used_share(reply: &Reply, quotas: &[crate::quota::Quota]) -> f32 {
 }
 
 /// The µs time at which a key written at `now` with a TTL of `ttl_ms` expires.
-pub(super) fn expiry(now: u64, ttl_ms: u64) -> u64 {
+pub(crate) fn expiry(now: u64, ttl_ms: u64) -> u64 {
     now.saturating_add(ttl_ms.saturating_mul(1000))
 }
 
 impl Shard {
     /// Stores `stored` under `key`, held at `held` (live, expired or of another algorithm) or
     /// new, as fully used (see [`set_used`](Self::set_used)); returns its slot.
-    pub(super) fn put(
+    pub(crate) fn put(
         &mut self,
         held: Option<usize>,
         key: &str,
@@ -192,13 +192,13 @@ impl Shard {
 
     /// Records the share of its quota the key at `slot` has in use as of its last write (0 to
     /// 1), which orders eviction.
-    pub(super) fn set_used(&mut self, slot: usize, used: f32) {
+    pub(crate) fn set_used(&mut self, slot: usize, used: f32) {
         self.slots[slot].used = used.clamp(0.0, 1.0);
     }
 
     /// The string of `key`'s tenant's controls (see `lua/common.lua`), when live: copied, as
     /// the decision then writes to the shard.
-    pub(super) fn tenant(&self, key: &str, now: u64) -> Option<Vec<u8>> {
+    pub(crate) fn tenant(&self, key: &str, now: u64) -> Option<Vec<u8>> {
         // Nearly every shard holds no tenant's controls: no key to build, nothing to hash.
         if self.tenants == 0 {
             return None;
@@ -224,12 +224,12 @@ impl Shard {
     }
 
     /// The slot of `key`, if the shard holds it (live or not).
-    pub(super) fn slot_of(&self, key: &str) -> Option<usize> {
+    pub(crate) fn slot_of(&self, key: &str) -> Option<usize> {
         self.index.get(&self.probe(key) as &dyn Lookup).copied()
     }
 
     /// Where `key` is held (live, expired or of another kind), and whether it is live.
-    pub(super) fn find(&self, key: &str, now: u64) -> (Option<usize>, Option<usize>) {
+    pub(crate) fn find(&self, key: &str, now: u64) -> (Option<usize>, Option<usize>) {
         self.find_hashed(self.probe(key), now)
     }
 
@@ -243,7 +243,7 @@ impl Shard {
     }
 
     /// The string held at `slot`, if it holds one.
-    pub(super) fn bytes(&self, slot: usize) -> Option<&[u8]> {
+    pub(crate) fn bytes(&self, slot: usize) -> Option<&[u8]> {
         match &self.slots[slot].stored.state {
             KeyState::Packed(packed) => Some(packed.as_bytes()),
             KeyState::Bytes(bytes) => Some(bytes),
@@ -252,7 +252,7 @@ impl Shard {
     }
 
     /// The concurrency slots held at `slot`, if it holds slots.
-    pub(super) fn held_slots(&self, slot: usize) -> Option<&[u8]> {
+    pub(crate) fn held_slots(&self, slot: usize) -> Option<&[u8]> {
         match &self.slots[slot].stored.state {
             KeyState::Slots(bytes) => Some(bytes),
             KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Log(_) => None,
@@ -262,7 +262,7 @@ impl Shard {
     /// The sliding log's decision: a live log changes in place (its expiry refreshed when the
     /// decision writes); a fresh one is stored only when it writes. Its controls live at
     /// `controls_key`, as in Redis.
-    pub(super) fn log_step(
+    pub(crate) fn log_step(
         &mut self,
         key: &str,
         controls_key: &str,
@@ -327,7 +327,7 @@ impl Shard {
 
     /// Evicts other sliding-log keys, the closest to expiry first, until the shard's log entries
     /// fit in `budget` or only `keep`'s log is left.
-    pub(super) fn trim_logs(&mut self, keep: &str, budget: usize) {
+    pub(crate) fn trim_logs(&mut self, keep: &str, budget: usize) {
         while self.log_entries > budget {
             let victim = self
                 .slots
@@ -345,7 +345,7 @@ impl Shard {
 
     /// Stores `key`, which the shard does not hold, keeping the shard within `max` keys (never
     /// above): while it is full, make room. Returns its slot.
-    pub(super) fn insert(&mut self, key: &str, stored: Stored, now: u64, max: usize) -> usize {
+    pub(crate) fn insert(&mut self, key: &str, stored: Stored, now: u64, max: usize) -> usize {
         debug_assert!(self.slot_of(key).is_none());
         while self.slots.len() >= max.max(1) {
             self.make_room(now);
@@ -376,7 +376,7 @@ impl Shard {
     /// Sets the expiry of the key at `slot`. A later expiry (nearly every write: a key's state
     /// is fresh again later after each admission) leaves the heap alone: its pair there is then
     /// earlier than the key's expiry, and is moved up when it comes to the top.
-    pub(super) fn set_expiry(&mut self, slot: usize, expires_at: u64) {
+    pub(crate) fn set_expiry(&mut self, slot: usize, expires_at: u64) {
         let stored = &mut self.slots[slot].stored;
         let earlier = expires_at < stored.expires_at;
         stored.expires_at = expires_at;
@@ -388,7 +388,7 @@ impl Shard {
     /// Records in its class's heap that `slot` now expires at `expires_at`; compacts the heaps
     /// once their outdated pairs outnumber the keys (O(n) every n writes or more: O(1)
     /// amortized).
-    pub(super) fn note_expiry(&mut self, slot: usize, expires_at: u64) {
+    pub(crate) fn note_expiry(&mut self, slot: usize, expires_at: u64) {
         let pairs: usize = self.expiries.iter().map(BinaryHeap::len).sum();
         if pairs > 2 * self.slots.len() + 64 {
             for (class, heap) in self.expiries.iter_mut().enumerate() {
@@ -434,7 +434,7 @@ impl Shard {
     /// (up to [`EVICTION_BATCH`]); when none has expired, the ordinary key that loses the least
     /// among the [`CANDIDATES`] closest to expiry; when the shard holds none, the protected key
     /// closest to expiry.
-    pub(super) fn make_room(&mut self, now: u64) {
+    pub(crate) fn make_room(&mut self, now: u64) {
         let mut removed = 0;
         while removed < EVICTION_BATCH {
             let expired = [ORDINARY, PROTECTED]
@@ -493,11 +493,11 @@ impl Shard {
 
     /// Whether `key` is held, and protected from eviction (see the module docs).
     #[cfg(test)]
-    pub(super) fn is_protected(&self, key: &str) -> Option<bool> {
+    pub(crate) fn is_protected(&self, key: &str) -> Option<bool> {
         self.slot_of(key).map(|slot| self.slots[slot].protected)
     }
 
-    pub(super) fn remove_slot(&mut self, slot: usize) {
+    pub(crate) fn remove_slot(&mut self, slot: usize) {
         let removed = self.slots.swap_remove(slot);
         self.log_entries -= removed.stored.state.log_entries();
         self.tenants -= usize::from(is_tenant_key(&removed.key));

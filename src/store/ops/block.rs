@@ -2,13 +2,24 @@
 //! arguments and reply (a decision's), and what its Rust mirror, which the memory store runs,
 //! shares with it.
 
-use super::decide::read_decision;
+use std::future::Future;
+use std::sync::PoisonError;
+use std::time::Duration;
+
+use super::timed::decide_in_memory;
+use super::StoreOp;
+use crate::clock::system_now_micros;
 use crate::decision::Decision;
 use crate::store::block::Block;
-use crate::store::contract::{micros, CheckRequest, StoreError};
+use crate::store::contract::OperationRequest;
+use crate::store::contract::{micros, CheckRequest, Control, ControlRequest, StoreError};
+use crate::store::memory::shard::{expiry, KeyState, Stored};
+use crate::store::memory::MemoryStore;
 use crate::store::op::{Script, ScriptId, ScriptOp};
+use crate::store::redis::RedisStore;
 use crate::store::wire::args::PackedArgs;
-use crate::store::wire::layout::{exact, log_controls_key, tenant_key};
+use crate::store::wire::decide::read_decision;
+use crate::store::wire::layout::{exact, log_controls_key, tenant_key, Controls};
 use crate::store::wire::scripts::BLOCK_SOURCE;
 
 /// The block script.
@@ -19,7 +30,7 @@ pub(crate) static BLOCK: Script = Script {
 };
 
 /// A decision that blocks the key on a denial; `timed` as for a
-/// [`DecideOp`](super::decide::DecideOp).
+/// [`DecideOp`](crate::store::wire::decide::DecideOp).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BlockOp<'a> {
     pub(crate) request: CheckRequest<'a>,
@@ -79,4 +90,87 @@ pub(crate) fn block_us(block_us: u64, max_us: u64, offences: f64) -> f64 {
         return block_us as f64;
     }
     (block_us as f64 * 2f64.powf(offences.min(60.0))).min(max_us as f64)
+}
+
+impl StoreOp for BlockOp<'_> {
+    type Output = (Decision, Option<u64>);
+
+    fn request(&self) -> OperationRequest<'_> {
+        OperationRequest::Blocking(self.request, self.block)
+    }
+
+    const LACKING: &'static str = "this store cannot block";
+
+    fn on_redis<'s>(
+        &'s self,
+        store: &'s RedisStore,
+    ) -> impl Future<Output = Result<Self::Output, StoreError>> + Send + 's {
+        store.guarded(*self, "check")
+    }
+
+    fn in_memory(&self, store: &MemoryStore) -> Result<Self::Output, StoreError> {
+        let decide = |request: CheckRequest<'_>| store.check_blocking_now(request, self.block);
+        Ok(match self.timed {
+            true => decide_in_memory(self.request, decide),
+            false => (decide(self.request), None),
+        })
+    }
+}
+
+/// The mirror.
+impl MemoryStore {
+    /// A decision that blocks on a denial (`lua/block.lua`), synchronously: the decision, then
+    /// the block at the same time (a memory store serves one process: nothing comes between
+    /// that could tell the two apart).
+    pub(crate) fn check_blocking_now(&self, request: CheckRequest<'_>, block: Block) -> Decision {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let mut decision = self.check_now(CheckRequest {
+            now_micros: Some(now),
+            ..request
+        });
+        if decision.allowed || decision.suspended {
+            return decision;
+        }
+        let (base, max) = (micros(block.duration), micros(block.max));
+        let okey = offences_key(request.key);
+        let offences = if max > base {
+            let guard = self
+                .shard(request.key)
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (_, live) = guard.find(&okey, now);
+            live.and_then(|slot| guard.bytes(slot))
+                .and_then(|b| std::str::from_utf8(b).ok()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        let d = block_us(base, max, offences);
+        let tenant = tenant_key(request.key);
+        let reply = self.control_now(ControlRequest {
+            key: &tenant,
+            algorithm: request.algorithm,
+            control: Control::Extend(Duration::from_micros(d as u64)),
+            now_micros: Some(now),
+        });
+        if max > base {
+            let mut guard = self
+                .shard(request.key)
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (held, _) = guard.find(&okey, now);
+            let stored = Stored {
+                state: KeyState::Bytes(format!("{}", offences as u64 + 1).into_bytes()),
+                expires_at: expiry(now, ((d + max as f64) / 1000.0).ceil() as u64),
+            };
+            guard.put(held, &okey, stored, now, self.max_keys_per_shard);
+        }
+        if let Controls::Some { until_us, .. } =
+            Controls::parse(reply.stored.as_deref().unwrap_or_default())
+        {
+            let left = ((until_us - now as f64) / 1000.0).ceil().max(0.0);
+            decision.retry_after = Duration::from_millis(left as u64);
+        }
+        decision
+    }
 }

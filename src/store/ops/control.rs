@@ -1,12 +1,20 @@
 //! A fleet control (`lua/control.lua`): its script, keys, packed argument and reply, and its
 //! Rust mirror, which the memory store runs over the same strings.
 
+use std::sync::PoisonError;
 use std::time::Duration;
 
+use super::StoreOp;
+use crate::store::contract::OperationRequest;
+
 use crate::algorithm::{is_one_state, ms_up, state_len_of, Algorithm};
+use crate::clock::system_now_micros;
 use crate::quota::MAX_TIERS;
-use crate::store::contract::{ControlReply, ControlRequest, StoreError};
+use crate::store::contract::{Control, ControlReply, ControlRequest, StoreError};
+use crate::store::memory::shard::{expiry, KeyState, Stored};
+use crate::store::memory::MemoryStore;
 use crate::store::op::{Script, ScriptId, ScriptOp};
+use crate::store::redis::{count_error, RedisStore};
 use crate::store::wire::layout::{
     exact, f64_at, learned_record_key, log_controls_key, put_quota, reset_time, tenant_key,
     Controls, Op, CONTROLS, CONTROLS_HEAD, MAX_TTL_MS, OVERRIDE_IDLE_MS, STAMP,
@@ -341,6 +349,223 @@ pub(crate) fn control(
         ttl = ttl.max(ms_up(until_us - now) as u64);
     }
     Some((Some(new), ttl.min(MAX_TTL_MS as u64)))
+}
+
+impl StoreOp for ControlOp<'_> {
+    type Output = ControlReply;
+
+    fn request(&self) -> OperationRequest<'_> {
+        OperationRequest::Control(self.0)
+    }
+
+    const LACKING: &'static str = "this store has no fleet controls";
+
+    /// Controls go to Redis even while the circuit breaker is open: an operator's change is
+    /// worth a try, and it is bounded by the same timeout.
+    async fn on_redis(&self, store: &RedisStore) -> Result<ControlReply, StoreError> {
+        let result = store.run_script(self).await;
+        if let Err(error) = &result {
+            // Loud: a control that did not run (an ACL without a command the script
+            // calls, a server refusing it) leaves an operator's change, or an upstream's
+            // Retry-After, without effect on the fleet. Never the key: it may be a secret.
+            count_error("control", error.is_transport());
+            tracing::error!(
+                %error,
+                algorithm = %self.0.algorithm,
+                control = ?self.0.control,
+                "rate limit control failed: nothing was changed in the store"
+            );
+        }
+        result
+    }
+
+    fn in_memory(&self, store: &MemoryStore) -> Result<ControlReply, StoreError> {
+        store.try_control(self.0)
+    }
+}
+
+/// The mirror: the same control under the key's shard lock.
+impl MemoryStore {
+    /// Runs a fleet control synchronously, under the key's shard lock (see
+    /// [`StoreExt::control`](crate::store::StoreExt::control)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::store::{Control, ControlRequest, MemoryStore};
+    /// use redlimit::Algorithm;
+    ///
+    /// let store = MemoryStore::new();
+    /// let request = ControlRequest {
+    ///     key: "redlimit:{k}",
+    ///     algorithm: Algorithm::TokenBucket,
+    ///     control: Control::Suspend(Duration::from_secs(2)),
+    ///     now_micros: Some(1_000_000),
+    /// };
+    /// let reply = store.control_now(request);
+    /// assert_eq!(reply.expires_in(), Some(Duration::from_secs(2)));
+    /// ```
+    pub fn control_now(&self, request: ControlRequest<'_>) -> ControlReply {
+        match self.try_control(request) {
+            Ok(reply) => reply,
+            // Refused: nothing changed; report the key as it is.
+            Err(_) => self
+                .try_control(ControlRequest {
+                    control: Control::Inspect,
+                    ..request
+                })
+                .expect("inspect is never refused"),
+        }
+    }
+
+    /// [`control_now`](Self::control_now), or the refusal of a control on a key that holds
+    /// another algorithm's state (as `lua/control.lua` refuses it; nothing changed).
+    pub(crate) fn try_control(
+        &self,
+        request: ControlRequest<'_>,
+    ) -> Result<ControlReply, StoreError> {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let op = request.control.op();
+        let tenant = op.is_tenant(request.key);
+        let log = !tenant && request.algorithm.spec().is_log();
+        let controls_key = if tenant {
+            tenant_key(request.key)
+        } else if log {
+            log_controls_key(request.key)
+        } else {
+            request.key.to_owned()
+        };
+        let mut guard = self
+            .shard(request.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shard = &mut *guard;
+        let (held, live) = shard.find(&controls_key, now);
+        if !tenant && op != Op::Inspect {
+            let holds = |key: &str| match shard.find(key, now) {
+                (_, Some(slot)) => match &shard.slots[slot].stored.state {
+                    KeyState::Log(_) if !log || key != request.key => Some("a zset".to_owned()),
+                    KeyState::Log(_) => None,
+                    KeyState::Slots(_) => Some("a zset".to_owned()),
+                    KeyState::Packed(_) | KeyState::Bytes(_) => {
+                        let bytes = shard.bytes(slot).unwrap_or_default();
+                        if log && key == request.key {
+                            let tag = bytes.first().copied().unwrap_or(0);
+                            let name = crate::algorithm::Algorithm::ALL
+                                .iter()
+                                .find(|a| a.tag() == tag)
+                                .map_or("unreadable", |a| a.name());
+                            Some(format!("{name} state"))
+                        } else {
+                            foreign_state(bytes, request.algorithm)
+                                .map(|name| format!("{name} state"))
+                        }
+                    }
+                },
+                _ => None,
+            };
+            let what = holds(&controls_key).or_else(|| log.then(|| holds(request.key)).flatten());
+            if let Some(what) = what {
+                return Err(StoreError::BadReply(format!(
+                    "redlimit: refused: the key holds {what}, not {} state; nothing changed",
+                    request.algorithm
+                )));
+            }
+        }
+        let pttl = live.map(|slot| (shard.slots[slot].stored.expires_at - now).div_ceil(1000));
+        let stored = live.and_then(|slot| shard.bytes(slot)).map(<[u8]>::to_vec);
+        // The route's learning record, in the same shard (its hash tag).
+        let record_key = learned_record_key(request.key).filter(|_| !tenant && op.uses_record());
+        // Learning reads the tenant's controls: an operator's override of every route stops it.
+        let all_routes = matches!(op, Op::Learn(..))
+            && shard
+                .tenant(request.key, now)
+                .is_some_and(|t| matches!(Controls::parse(&t), Controls::Some { n, .. } if n > 0));
+        let record: Option<Option<Vec<u8>>> =
+            record_key
+                .as_ref()
+                .and_then(|key| match shard.find(key, now) {
+                    (_, Some(slot)) => shard.bytes(slot).map(|bytes| Some(bytes.to_vec())),
+                    _ => Some(None),
+                });
+        let (op, record_write) = learning(
+            stored.as_deref(),
+            record.as_ref().map(Option::as_deref),
+            all_routes,
+            now as f64,
+            op,
+        );
+        let after = match control(stored.as_deref(), pttl, now as f64, op, tenant) {
+            None => stored,
+            Some((None, _)) => {
+                if let Some(slot) = held {
+                    shard.remove_slot(slot);
+                }
+                None
+            }
+            Some((Some(bytes), ttl_ms)) => {
+                let stored = Stored {
+                    state: KeyState::Bytes(bytes.clone()),
+                    expires_at: expiry(now, ttl_ms),
+                };
+                shard.put(held, &controls_key, stored, now, self.max_keys_per_shard);
+                Some(bytes)
+            }
+        };
+        let record = match (record_key, record_write) {
+            (Some(key), RecordWrite::Put(bytes, ttl_ms)) => {
+                let stored = Stored {
+                    state: KeyState::Bytes(bytes.clone()),
+                    expires_at: expiry(now, ttl_ms),
+                };
+                let (held, _) = shard.find(&key, now);
+                shard.put(held, &key, stored, now, self.max_keys_per_shard);
+                Some(bytes)
+            }
+            (Some(key), RecordWrite::Unmark(left)) => {
+                if let (Some(slot), _) = shard.find(&key, now) {
+                    match &left {
+                        Some(left) => {
+                            // Its expiry stays; written through `put`, so that its eviction
+                            // class follows what it holds now.
+                            let stored = Stored {
+                                state: KeyState::Bytes(left.clone()),
+                                expires_at: shard.slots[slot].stored.expires_at,
+                            };
+                            shard.put(Some(slot), &key, stored, now, self.max_keys_per_shard);
+                        }
+                        None => shard.remove_slot(slot),
+                    }
+                }
+                left
+            }
+            _ => record.flatten(),
+        };
+        if log && op == Op::Reset {
+            if let (Some(slot), _) = shard.find(request.key, now) {
+                shard.remove_slot(slot);
+            }
+        }
+        let expires_in = match shard.find(&controls_key, now) {
+            (_, Some(slot)) => Some(std::time::Duration::from_millis(
+                (shard.slots[slot].stored.expires_at - now).div_ceil(1000),
+            )),
+            _ => None,
+        };
+        let log_entries = log.then(|| match shard.find(request.key, now) {
+            (_, Some(slot)) => match &shard.slots[slot].stored.state {
+                KeyState::Log(entries) => entries.len() as u64,
+                KeyState::Packed(_) | KeyState::Bytes(_) | KeyState::Slots(_) => 0,
+            },
+            _ => 0,
+        });
+        Ok(ControlReply {
+            stored: after,
+            expires_in,
+            now_micros: now,
+            log_entries,
+            record,
+        })
+    }
 }
 
 #[cfg(test)]

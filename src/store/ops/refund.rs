@@ -1,13 +1,23 @@
 //! Settlement's refund (`lua/refund.lua`): its script, keys, packed argument and reply, and its
-//! Rust mirror, step for step over the same bytes, which the memory store runs.
+//! Rust mirror, step for step over the same bytes, which the memory store runs under the key's
+//! shard lock.
 //!
 //! Gives units back to every tier of one route, never above a tier's capacity, and only to the
 //! window they were reserved in (the script's header states the rule per algorithm).
 
+use std::future::Future;
+use std::sync::PoisonError;
+
+use super::StoreOp;
 use crate::algorithm::{is_one_state, lua_mod, packed_by_tag, sliding_log, state_len_of, Refund};
+use crate::clock::system_now_micros;
 use crate::quota::Quota;
+use crate::store::contract::OperationRequest;
 use crate::store::contract::StoreError;
+use crate::store::memory::shard::{KeyState, Stored};
+use crate::store::memory::MemoryStore;
 use crate::store::op::{Script, ScriptId, ScriptOp};
+use crate::store::redis::RedisStore;
 use crate::store::refund::{RefundRequest, ReservedAt};
 use crate::store::wire::layout::{exact, log_controls_key, tenant_key, Controls};
 use crate::store::wire::scripts::REFUND_SOURCE;
@@ -206,4 +216,117 @@ pub(crate) fn log_refund(log: &mut sliding_log::Log, units: f64, reserved: f64) 
     let n = (units.min(usize::MAX as f64) as usize).min(log.len() - older);
     log.drain(older..older + n);
     n as u64
+}
+
+impl StoreOp for RefundOp<'_> {
+    type Output = u64;
+
+    fn request(&self) -> OperationRequest<'_> {
+        OperationRequest::Refund(self.0)
+    }
+
+    const LACKING: &'static str = "this store has no refunds";
+
+    fn on_redis<'s>(
+        &'s self,
+        store: &'s RedisStore,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 's {
+        store.guarded(*self, "refund")
+    }
+
+    fn in_memory(&self, store: &MemoryStore) -> Result<u64, StoreError> {
+        Ok(store.refund_now(self.0))
+    }
+}
+
+/// The mirror: the same refund under the key's shard lock.
+impl MemoryStore {
+    /// A refund (`lua/refund.lua`), synchronously.
+    pub(crate) fn refund_now(&self, request: RefundRequest<'_>) -> u64 {
+        let (now, reserved, client) = match request.reserved {
+            ReservedAt::Client(at) => (at, at as f64, true),
+            ReservedAt::Store(at) => (system_now_micros(), at as f64, false),
+            ReservedAt::Ago(age) => {
+                let now = system_now_micros();
+                let age = crate::store::wire::layout::capped_cost(age) as f64;
+                (now, now as f64 - age, false)
+            }
+        };
+        let units = crate::store::wire::layout::capped_cost(request.units) as f64;
+        let log = request.algorithm.spec().is_log();
+        let mut guard = self
+            .shard(request.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shard = &mut *guard;
+        let tenant = shard.tenant(request.key, now);
+        let route_key = if log {
+            log_controls_key(request.key)
+        } else {
+            request.key.to_owned()
+        };
+        let (held, live) = shard.find(&route_key, now);
+        let route = live.and_then(|slot| shard.bytes(slot)).map(<[u8]>::to_vec);
+        if log {
+            // Only the controls' string: its stamp against the tenant's reset.
+            let stale = stale(route.as_deref(), tenant.as_deref());
+            if stale {
+                return 0;
+            }
+            let (_, live) = shard.find(request.key, now);
+            let Some(slot) = live else { return 0 };
+            let KeyState::Log(entries) = &mut shard.slots[slot].stored.state else {
+                return 0;
+            };
+            let reset = tenant_reset_us(tenant.as_deref());
+            if reset > 0.0 && reserved_before_reset(reserved, reset, client) {
+                return 0; // reserved before the tenant's reset
+            }
+            return log_refund(entries, units, reserved);
+        }
+        let Some((bytes, changed)) = refund(
+            route.as_deref(),
+            tenant.as_deref(),
+            request.algorithm.tag(),
+            units,
+            (reserved, client),
+            request.quotas,
+        ) else {
+            return 0;
+        };
+        let (Some(slot), Some(_)) = (held, live) else {
+            return 0;
+        };
+        let expires_at = shard.slots[slot].stored.expires_at;
+        let stored = Stored {
+            state: KeyState::Bytes(bytes),
+            expires_at,
+        };
+        // The key keeps its expiry, as `SET … PX <its PTTL>` does.
+        shard.put(held, &route_key, stored, now, self.max_keys_per_shard);
+        changed
+    }
+}
+
+/// The tenant's reset in µs (0: none).
+fn tenant_reset_us(tenant: Option<&[u8]>) -> f64 {
+    match tenant.map(Controls::parse) {
+        Some(Controls::Some { n, .. }) => {
+            Controls::tenant_reset(tenant.unwrap_or_default(), Controls::len(n))
+        }
+        _ => 0.0,
+    }
+}
+
+/// Whether the states under `route`'s controls were written before its tenant's reset.
+fn stale(route: Option<&[u8]>, tenant: Option<&[u8]>) -> bool {
+    let reset = tenant_reset_us(tenant);
+    if reset <= 0.0 {
+        return false;
+    }
+    let stamp = match route.map(|s| (s, Controls::parse(s))) {
+        Some((s, Controls::Some { n, .. })) => Controls::stamp(s, Controls::len(n)).0,
+        _ => 0.0,
+    };
+    stamp < reset
 }

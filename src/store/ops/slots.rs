@@ -3,10 +3,19 @@
 //! the lease's end as a little-endian double, then the id's 8-byte hash; the ids themselves are
 //! the holders' business).
 
+use std::future::Future;
+use std::sync::PoisonError;
 use std::time::Duration;
 
+use super::StoreOp;
+use crate::clock::system_now_micros;
+use crate::store::contract::OperationRequest;
+
 use crate::store::contract::{micros, StoreError};
+use crate::store::memory::shard::{KeyState, Stored};
+use crate::store::memory::MemoryStore;
 use crate::store::op::{Script, ScriptId, ScriptOp};
+use crate::store::redis::RedisStore;
 use crate::store::slots::{SlotOp, SlotReply, SlotRequest};
 use crate::store::wire::layout::exact;
 use crate::store::wire::scripts::SLOTS_SOURCE;
@@ -143,6 +152,79 @@ pub(crate) fn slot_op(op: SlotOp) -> (u8, u64) {
         SlotOp::Acquire { limit } => (ACQUIRE, limit),
         SlotOp::Renew => (RENEW, 1),
         SlotOp::Release => (RELEASE, 1),
+    }
+}
+
+impl StoreOp for SlotsOp<'_> {
+    type Output = SlotReply;
+
+    fn request(&self) -> OperationRequest<'_> {
+        OperationRequest::Slots(self.0)
+    }
+
+    const LACKING: &'static str = "this store has no concurrency slots";
+
+    fn on_redis<'s>(
+        &'s self,
+        store: &'s RedisStore,
+    ) -> impl Future<Output = Result<SlotReply, StoreError>> + Send + 's {
+        store.guarded(*self, "slots")
+    }
+
+    fn in_memory(&self, store: &MemoryStore) -> Result<SlotReply, StoreError> {
+        Ok(store.slots_now(self.0))
+    }
+}
+
+/// The mirror: the same call under the key's shard lock.
+impl MemoryStore {
+    /// A slot call (`lua/slots.lua`), synchronously.
+    pub(crate) fn slots_now(&self, request: SlotRequest<'_>) -> SlotReply {
+        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let (op, limit) = slot_op(request.op);
+        let lease_us = micros(request.lease);
+        let ids: Vec<u64> = request.ids.iter().map(|id| self.hash_id(id)).collect();
+        let mut guard = self
+            .shard(request.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shard = &mut *guard;
+        let (held, live) = shard.find(request.key, now);
+        // Nothing held: absent, expired, or another type, which the script's `TYPE` check
+        // reads as a fresh key. A release then changes nothing.
+        let held_slots = live.and_then(|slot| shard.held_slots(slot));
+        if held_slots.is_none() && op == RELEASE {
+            return SlotReply::of(request.op, false, 0, Duration::ZERO);
+        }
+        let bytes = held_slots.unwrap_or_default();
+        let ((ok, n, wait_us), after) = slots_step(bytes, op, limit, lease_us, &ids, now);
+        let changed = op != ACQUIRE || ok;
+        match after {
+            Some(bytes) if changed => {
+                // The set expires one lease after the lease it last began or renewed.
+                let expires_at = match op {
+                    ACQUIRE | RENEW => now + lease_us.div_ceil(1000) * 1000,
+                    _ => live.map_or(now, |slot| shard.slots[slot].stored.expires_at),
+                };
+                let stored = Stored {
+                    state: KeyState::Slots(bytes),
+                    expires_at,
+                };
+                shard.put(held, request.key, stored, now, self.max_keys_per_shard);
+            }
+            None => {
+                if let Some(slot) = held {
+                    shard.remove_slot(slot);
+                }
+            }
+            Some(_) => {}
+        }
+        SlotReply::of(
+            request.op,
+            ok,
+            n,
+            Duration::from_millis(wait_us.div_ceil(1000)),
+        )
     }
 }
 

@@ -30,8 +30,8 @@ use crate::decision::Decision;
 use crate::store::breaker::Admission;
 use crate::store::contract::{CheckRequest, StoreError};
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
-use crate::store::ops::decide::{key_count, push_keys, DecideOp, DECIDE};
 use crate::store::wire::args::PackedArgs;
+use crate::store::wire::decide::{key_count, push_keys, DecideOp, DECIDE};
 use crate::store::wire::scripts::BATCH_SOURCE;
 
 /// The default of [`RedisStoreBuilder::max_batch`](super::RedisStoreBuilder::max_batch): the
@@ -258,7 +258,7 @@ impl Drop for Sending {
 impl RedisStore {
     /// A decision, batched with others when calls queue up (see the module docs); `timed`: an
     /// admission tells when Redis decided
-    /// ([`Store::check_timed`](crate::store::Store::check_timed)).
+    /// ([`StoreExt::check_timed`](crate::store::StoreExt::check_timed)).
     pub(super) async fn batched_check(
         &self,
         request: CheckRequest<'_>,

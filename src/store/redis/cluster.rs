@@ -11,7 +11,7 @@ use super::invoke::{invoke, is_noscript, ScriptConnection};
 use super::reload::Reloads;
 use crate::store::contract::StoreError;
 use crate::store::op::{OnRehashing, ScriptOp};
-use crate::store::ops::decide::{split_keys, DecideOp, SplitDecideOp};
+use crate::store::wire::decide::{split_keys, DecideOp, SplitDecideOp};
 
 impl ScriptConnection for ClusterConnection {
     async fn run<O: ScriptOp + Sync>(

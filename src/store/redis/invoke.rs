@@ -12,7 +12,7 @@ use super::reload::{load, Reloads};
 use super::sentinel::PrimaryConnection;
 use crate::store::contract::StoreError;
 use crate::store::op::ScriptOp;
-use crate::store::ops::decide::DECIDE;
+use crate::store::wire::decide::DECIDE;
 
 /// How each backend's connection sends a script call. By default once, with no resend: a
 /// dropped single-node connection is replaced on the store's runtime, and a dropped Sentinel

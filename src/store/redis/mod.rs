@@ -36,14 +36,9 @@ use self::sentinel::{PrimaryConnection, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState};
 use super::op::ScriptOp;
-use super::ops::block::BlockOp;
-use super::ops::control::ControlOp;
-use super::ops::decide::DecideOp;
-use super::ops::refund::RefundOp;
-use super::ops::slots::SlotsOp;
+use super::wire::decide::DecideOp;
 use crate::decision::Decision;
-use crate::store::block::Block;
-use crate::store::contract::{CheckRequest, ControlReply, ControlRequest, Store, StoreError};
+use crate::store::contract::{CheckRequest, Operation, Store, StoreError};
 
 /// The default time a store call may take before it counts as a failure.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -179,11 +174,23 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// One decision, batched when the store batches; `timed`: as for a [`DecideOp`].
+    pub(crate) async fn decide(
+        &self,
+        request: CheckRequest<'_>,
+        timed: bool,
+    ) -> Result<(Decision, Option<u64>), StoreError> {
+        if self.batches.max() > 1 {
+            return self.batched_check(request, timed).await;
+        }
+        self.guarded(DecideOp { request, timed }, "check").await
+    }
+
     /// Runs one script operation behind the circuit breaker: skipped while it is open, its
     /// outcome heard by the breaker (even when this future is dropped first), and only
     /// transport trouble counted toward it: a script's error or an unreadable reply concerns
     /// this key alone, and the server did answer. Errors are counted under `name`.
-    async fn guarded<O: ScriptOp + Sync>(
+    pub(crate) async fn guarded<O: ScriptOp + Sync>(
         &self,
         op: O,
         name: &'static str,
@@ -378,7 +385,10 @@ impl RedisStore {
 
     /// One operation, bounded by the timeout, on the current connection, its reply read by the
     /// operation; a stale connection is replaced afterwards.
-    async fn run_script<O: ScriptOp + Sync>(&self, op: &O) -> Result<O::Output, StoreError> {
+    pub(crate) async fn run_script<O: ScriptOp + Sync>(
+        &self,
+        op: &O,
+    ) -> Result<O::Output, StoreError> {
         on_backend!(&*self.backend, connection => self.run_on(connection, op).await)
     }
 
@@ -435,79 +445,11 @@ impl Store for RedisStore {
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        if self.batches.max() > 1 {
-            return Box::pin(async move { Ok(self.batched_check(request, false).await?.0) });
-        }
-        let decide = DecideOp {
-            request,
-            timed: false,
-        };
-        Box::pin(async move { Ok(self.guarded(decide, "check").await?.0) })
+        Box::pin(async move { Ok(self.decide(request, false).await?.0) })
     }
 
-    fn check_blocking<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        block: crate::store::block::Block,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move { Ok(self.block_call(request, block, false).await?.0) })
-    }
-
-    /// The script's own `TIME` when it admits (`now_us` -2, `lua/common.lua`'s header).
-    fn check_timed<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        block: Option<crate::store::block::Block>,
-    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
-        match block {
-            Some(block) => self.block_call(request, block, true),
-            None if self.batches.max() > 1 => Box::pin(self.batched_check(request, true)),
-            None => Box::pin(self.guarded(
-                DecideOp {
-                    request,
-                    timed: true,
-                },
-                "check",
-            )),
-        }
-    }
-
-    fn refund<'a>(
-        &'a self,
-        request: crate::store::refund::RefundRequest<'a>,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.guarded(RefundOp(request), "refund"))
-    }
-
-    fn slots<'a>(
-        &'a self,
-        request: crate::store::slots::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<crate::store::slots::SlotReply, StoreError>> {
-        Box::pin(self.guarded(SlotsOp(request), "slots"))
-    }
-
-    /// Controls go to Redis even while the circuit breaker is open: an operator's change is
-    /// worth a try, and it is bounded by the same timeout.
-    fn control<'a>(
-        &'a self,
-        request: ControlRequest<'a>,
-    ) -> BoxFuture<'a, Result<ControlReply, StoreError>> {
-        Box::pin(async move {
-            let result = self.run_script(&ControlOp(request)).await;
-            if let Err(error) = &result {
-                // Loud: a control that did not run (an ACL without a command the script
-                // calls, a server refusing it) leaves an operator's change, or an upstream's
-                // Retry-After, without effect on the fleet. Never the key: it may be a secret.
-                count_error("control", error.is_transport());
-                tracing::error!(
-                    %error,
-                    algorithm = %request.algorithm,
-                    control = ?request.control,
-                    "rate limit control failed: nothing was changed in the store"
-                );
-            }
-            result
-        })
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        operation.run_on(self)
     }
 }
 
@@ -516,7 +458,7 @@ impl Store for RedisStore {
 /// `request`: a script error or an unreadable reply, for that call alone).
 #[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn count_error(call: &'static str, transport: bool) {
+pub(crate) fn count_error(call: &'static str, transport: bool) {
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "redlimit_store_errors_total",
@@ -539,22 +481,5 @@ impl Drop for Unsettled<'_> {
         if let Some(breaker) = self.breaker {
             breaker.on_abandoned(self.admission);
         }
-    }
-}
-
-impl RedisStore {
-    /// A decision that blocks the key on a denial (`ops/block.rs`).
-    fn block_call<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        block: Block,
-        timed: bool,
-    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
-        let op = BlockOp {
-            request,
-            block,
-            timed,
-        };
-        Box::pin(self.guarded(op, "check"))
     }
 }

@@ -5,7 +5,7 @@
 
 use super::{batched_and_alone, behind_a_sleep, generous, request, requests, text, while_asleep};
 use crate::support;
-use redlimit::store::DEFAULT_MAX_BATCH;
+use redlimit::store::{StoreExt, DEFAULT_MAX_BATCH};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;

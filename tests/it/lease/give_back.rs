@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::limiter::{LeaseStats, Leases};
-use redlimit::store::{MemoryStore, RefundRequest, ReservedAt, Store};
+use redlimit::store::{MemoryStore, RefundRequest, ReservedAt, Store, StoreExt};
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 use support::{Ctx, RedisServer};
 

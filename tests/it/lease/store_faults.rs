@@ -136,11 +136,12 @@ async fn a_lease_answered_refund_that_times_out_and_runs_late_never_reaches_the_
     );
 }
 
-/// A store wrapping a `RedisStore` that forwards `check` and `refund` but not `check_timed`:
+/// A store wrapping a `RedisStore` that forwards `check` and refunds but no decision that tells
+/// its time (`StoreExt::check_timed`):
 /// Redis's clock then tells no time, and the lease's renewals, like the settlement of a request
 /// answered from it, are dated by their age. The same late refund as above (Redis asleep until
 /// half a second into W+1, behind a check that charged W+1 in full) then gives W+1 a unit of W:
-/// the limit `Store::check_timed` and docs/leases.md state (a wrapper forwards `check_timed`,
+/// the limit `StoreExt::check_timed` and docs/leases.md state (a wrapper forwards every operation,
 /// as the trait's example does). Run it with `--ignored` to see it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a documented limit: a store that tells no time (check_timed not forwarded) dates \
@@ -148,7 +149,7 @@ async fn a_lease_answered_refund_that_times_out_and_runs_late_never_reaches_the_
             in W+1"]
 async fn a_lease_answered_refund_through_a_wrapping_store_run_late_never_reaches_the_next_window() {
     use futures::future::BoxFuture;
-    use redlimit::store::{CheckRequest, RedisStore, RefundRequest, StoreError};
+    use redlimit::store::{CheckRequest, Operation, OperationRequest, RedisStore, StoreError};
     use redlimit::Decision;
 
     /// Counts nothing; forwards the checks and refunds, as a metrics wrapper does.
@@ -163,11 +164,14 @@ async fn a_lease_answered_refund_through_a_wrapping_store_run_late_never_reaches
             self.0.check(request)
         }
 
-        fn refund<'a>(
-            &'a self,
-            request: RefundRequest<'a>,
-        ) -> BoxFuture<'a, Result<u64, StoreError>> {
-            self.0.refund(request)
+        /// The refunds alone.
+        fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+            match operation.request() {
+                OperationRequest::Refund(_) => self.0.run(operation),
+                _ => Box::pin(std::future::ready(Err(StoreError::Unsupported(
+                    "refunds only",
+                )))),
+            }
         }
     }
 

@@ -141,7 +141,7 @@ fn redis_now(redis: &RedisServer) -> u64 {
 /// empty). Each case is retried when Redis's clock crossed a window it must not cross.
 #[tokio::test]
 async fn on_redis_time_a_refund_reaches_only_its_reservations_window() {
-    use redlimit::store::{RefundRequest, ReservedAt, Store};
+    use redlimit::store::{RefundRequest, ReservedAt, StoreExt};
     use std::time::Instant;
     let redis = RedisServer::start();
     let period = 1_000_000;
@@ -210,13 +210,13 @@ async fn on_redis_time_a_refund_reaches_only_its_reservations_window() {
     assert_eq!(next, Some((0, 0)), "a refund never reaches the next window");
 }
 
-/// `Store::check_timed` tells, for an admission on the store's own clock, the µs of that clock
+/// `StoreExt::check_timed` tells, for an admission on the store's own clock, the µs of that clock
 /// at which the store decided: on Redis a lone call, calls batched together, a blocking check
 /// and an override's admission; in memory the system clock. Denials and client clocks tell
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_timed_tells_when_the_store_admitted() {
-    use redlimit::store::{Block, CheckRequest, MemoryStore, Store};
+    use redlimit::store::{Block, CheckRequest, MemoryStore, StoreExt};
     let redis = RedisServer::start();
     let algorithm = Algorithm::TokenBucket;
     let quotas = Quotas::from(Quota::per_hour(10).unwrap());

@@ -525,7 +525,7 @@ async fn a_dropped_response_future_never_loses_the_suspension() {
 /// record hold the same bytes after every control.
 #[tokio::test]
 async fn learning_controls_store_the_same_bytes_on_redis_and_in_memory() {
-    use redlimit::store::{Control, ControlRequest, MemoryStore, Store};
+    use redlimit::store::{Control, ControlRequest, MemoryStore, StoreExt};
 
     let server = RedisServer::start();
     let mut conn = server.conn();

@@ -18,7 +18,7 @@ pub(crate) static DECIDE: Script = Script {
 };
 
 /// One decision. `timed`: whether it asks when Redis decided (`now_us` -2, see
-/// [`PackedArgs`]), for [`Store::check_timed`](crate::store::Store::check_timed).
+/// [`PackedArgs`]), for [`StoreExt::check_timed`](crate::store::StoreExt::check_timed).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DecideOp<'a> {
     pub(crate) request: CheckRequest<'a>,
