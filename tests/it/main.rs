@@ -25,6 +25,7 @@ mod cluster;
 mod concurrency;
 mod connection;
 mod controls_after_answers;
+mod custom_store;
 mod deny_cache;
 mod differential;
 mod dropped_controls;
