@@ -292,24 +292,6 @@ pub enum Control<'a> {
     Unlearn,
 }
 
-impl<'a> Control<'a> {
-    /// The operation the scripts (and their mirror) run: durations in whole µs, at least 1.
-    pub(crate) fn op(self) -> crate::store::wire::layout::Op<'a> {
-        use crate::store::wire::layout::Op;
-        match self {
-            Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
-            Control::ClearQuota => Op::ClearQuota,
-            Control::Suspend(duration) => Op::Suspend(micros(duration)),
-            Control::Extend(duration) => Op::Extend(micros(duration)),
-            Control::Resume => Op::Resume,
-            Control::Reset => Op::Reset,
-            Control::Inspect => Op::Inspect,
-            Control::Learn(quotas, duration) => Op::Learn(quotas.as_slice(), micros(duration)),
-            Control::Unlearn => Op::Unlearn,
-        }
-    }
-}
-
 /// Whole µs, at least 1.
 pub(crate) fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros())

@@ -12,6 +12,7 @@ use crate::algorithm::MAX_EXACT;
 pub(crate) use crate::algorithm::MAX_REPLY_MS;
 use crate::decision::Decision;
 use crate::quota::{Quota, MAX_TIERS};
+use crate::store::contract::{micros, Control};
 
 /// An override lives until no request was admitted on its key for this long: 30 days
 /// (`OVERRIDE_IDLE_MS` in the scripts).
@@ -135,6 +136,23 @@ pub(crate) enum Op<'a> {
     Learn(&'a [Quota], u64),
     /// Clears the override when it is learned, and its record.
     Unlearn,
+}
+
+impl<'a> Control<'a> {
+    /// The operation the scripts (and their mirror) run: durations in whole µs, at least 1.
+    pub(crate) fn op(self) -> Op<'a> {
+        match self {
+            Control::SetQuota(quotas) => Op::SetQuota(quotas.as_slice()),
+            Control::ClearQuota => Op::ClearQuota,
+            Control::Suspend(duration) => Op::Suspend(micros(duration)),
+            Control::Extend(duration) => Op::Extend(micros(duration)),
+            Control::Resume => Op::Resume,
+            Control::Reset => Op::Reset,
+            Control::Inspect => Op::Inspect,
+            Control::Learn(quotas, duration) => Op::Learn(quotas.as_slice(), micros(duration)),
+            Control::Unlearn => Op::Unlearn,
+        }
+    }
 }
 
 impl Op<'_> {
