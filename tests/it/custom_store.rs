@@ -105,7 +105,7 @@ async fn a_store_written_outside_the_crate_runs_every_operation_by_forwarding_it
     let five = Quotas::from(Quota::per_minute(5).unwrap());
     limiter.set_quota("beta", &five).await.unwrap();
     let status = limiter.inspect("beta").await.unwrap();
-    assert_eq!(status.quota_override, Some(five.clone()), "{status:?}");
+    assert_eq!(status.quota_override, Some(five), "{status:?}");
     assert_eq!(
         limiter
             .check("beta", &quota)

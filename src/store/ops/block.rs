@@ -17,8 +17,8 @@ use crate::store::memory::shard::{expiry, KeyState, Stored};
 use crate::store::memory::MemoryStore;
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::redis::RedisStore;
-use crate::store::wire::args::PackedArgs;
 use crate::store::wire::decide::read_decision;
+use crate::store::wire::decide::PackedArgs;
 use crate::store::wire::layout::{exact, log_controls_key, tenant_key, Controls};
 use crate::store::wire::scripts::BLOCK_SOURCE;
 

@@ -30,7 +30,7 @@ use crate::decision::Decision;
 use crate::store::breaker::Admission;
 use crate::store::contract::{CheckRequest, StoreError};
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
-use crate::store::wire::args::PackedArgs;
+use crate::store::wire::decide::PackedArgs;
 use crate::store::wire::decide::{key_count, push_keys, DecideOp, DECIDE};
 use crate::store::wire::scripts::BATCH_SOURCE;
 

@@ -1,13 +1,16 @@
 //! A decision (`lua/common.lua`): the decision script, a decision's keys and packed
-//! argument, its split form for a Cluster slot in migration, and its reply.
+//! argument (which every decision sends, whichever script wraps it), its split form for a
+//! Cluster slot in migration, and its reply.
 
 use crate::algorithm::{Algorithm, MAX_EXACT};
 use crate::decision::Decision;
-use crate::quota::Quota;
+use crate::quota::{Quota, MAX_TIERS};
 use crate::store::contract::{CheckRequest, StoreError};
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
-use crate::store::wire::args::PackedArgs;
-use crate::store::wire::layout::{f64_at, log_controls_key, tenant_key, Reply, MAX_REPLY_MS};
+use crate::store::wire::layout::{
+    capped_cost, exact, f64_at, log_controls_key, put_quota, tenant_key, Reply, ARGS_HEADER,
+    MAX_REPLY_MS, QUOTA_BYTES,
+};
 use crate::store::wire::scripts::SOURCE;
 
 /// The decision script (every algorithm's; the arguments name the algorithm).
@@ -68,6 +71,46 @@ impl ScriptOp for SplitDecideOp<'_> {
 
     fn read_reply(&self, reply: redis::Value) -> Result<Self::Output, StoreError> {
         read_decision(reply, &self.decide.request)
+    }
+}
+
+/// The longest argument: now, cost, the algorithm, and 8 tiers.
+const MAX_ARGS: usize = ARGS_HEADER + QUOTA_BYTES * MAX_TIERS;
+
+/// The decision script's one argument: `'<ddB' .. n * '<ddd'` (see `lua/common.lua`).
+pub(crate) struct PackedArgs {
+    len: usize,
+    bytes: [u8; MAX_ARGS],
+}
+
+impl PackedArgs {
+    pub(crate) fn new(
+        algorithm: Algorithm,
+        quotas: &[Quota],
+        cost: u64,
+        now_micros: Option<u64>,
+        timed: bool,
+    ) -> Self {
+        let quotas = &quotas[..quotas.len().min(MAX_TIERS)];
+        let now = match now_micros {
+            Some(now) => exact(now),
+            None if timed => -2.0,
+            None => -1.0,
+        };
+        let cost = exact(capped_cost(cost));
+        let mut bytes = [0; MAX_ARGS];
+        bytes[0..8].copy_from_slice(&now.to_le_bytes());
+        bytes[8..16].copy_from_slice(&cost.to_le_bytes());
+        bytes[16] = algorithm.tag();
+        let mut at = ARGS_HEADER;
+        for quota in quotas {
+            at = put_quota(&mut bytes, at, quota);
+        }
+        PackedArgs { len: at, bytes }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
 }
 

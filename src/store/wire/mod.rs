@@ -4,14 +4,13 @@
 //!   reply, the numbers every script keeps.
 //! - `scripts.rs`: the scripts as Redis runs them, assembled from `lua/` and the algorithms'
 //!   specs, and the constants every script shares (written into them at assembly).
-//! - `args.rs`: the decision script's packed argument, which every decision sends.
-//! - `decide.rs`: the decision's operation, which both stores run natively (`Store::check`).
+//! - `decide.rs`: the decision's operation, which both stores run natively (`Store::check`),
+//!   and its packed argument, which every decision sends.
 //!
 //! Which other call sends what (keys, arguments, the reply read) is each operation's own, in
 //! `ops/`; the pure math of each algorithm, and its [`Spec`](crate::algorithm), are in
 //! [`algorithm`](crate::algorithm), which this module builds on, never the other way.
 
-pub(crate) mod args;
 pub(crate) mod decide;
 pub(crate) mod layout;
 pub(crate) mod scripts;
