@@ -100,8 +100,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
+mod block;
 pub mod clock;
 pub mod concurrency;
+mod control;
+mod core;
 pub mod decision;
 mod deny_cache;
 pub mod failure_policy;

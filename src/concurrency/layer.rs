@@ -9,9 +9,9 @@ use tower_layer::Layer;
 use super::config::Shared;
 use super::service::ConcurrencyLimit;
 use super::ConcurrencyLimiter;
+use crate::core::{is_name, ConfigError};
 use crate::key::KeyExtractor;
 use crate::layer::headers::MAX_INTEGER;
-use crate::limiter::{is_name, ConfigError};
 
 /// A [`Layer`] that allows at most [`ConcurrencyLimiter::limit`] requests in flight per key,
 /// fleet-wide. A request that finds every slot taken is answered `429 Too Many Requests` with
@@ -116,8 +116,8 @@ mod tests {
 
     use super::*;
     use crate::concurrency::ConcurrencyLimiter;
+    use crate::core::Limiter;
     use crate::key::GlobalKey;
-    use crate::limiter::Limiter;
     use crate::quota::{QuotaError, MAX_COUNT};
     use crate::store::MemoryStore;
 

@@ -12,8 +12,9 @@ use http::StatusCode;
 use super::headers::HeaderStyle;
 use super::resolver::QuotaResolver;
 use super::settle::Settle;
+use crate::block::BlockFor;
+use crate::core::{KeyScope, Limiter, PolicyLabel, Shadow};
 use crate::key::KeyExtractor;
-use crate::limiter::{BlockFor, KeyScope, Limiter, PolicyLabel, Shadow};
 use crate::quota::Quotas;
 
 /// What happens to a request whose key cannot be extracted (no API-key header, no peer address).
@@ -200,7 +201,7 @@ mod tests {
     #[tokio::test]
     async fn the_shared_key_is_no_key_an_extractor_can_produce() {
         let store = MemoryStore::new();
-        let limiter = crate::limiter::Limiter::new(store.clone());
+        let limiter = crate::core::Limiter::new(store.clone());
         let by_user = FnKey::new(|parts: &http::request::Parts| {
             let user = parts.headers.get("x-user")?.to_str().ok()?;
             Some(user.to_owned())

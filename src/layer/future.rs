@@ -17,9 +17,10 @@ use super::headers::HeaderStyle;
 use super::response::{self, Wire};
 use super::settle::Settlement;
 use super::shadow::{self, ShadowLimited};
+use crate::block::BlockFor;
+use crate::core::{Ask, Later, Origin};
 use crate::decision::Decision;
 use crate::decision::Verdict;
-use crate::limiter::{Ask, BlockFor, Later, Origin};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::layer::RateLimit): it waits for the limiter's

@@ -292,7 +292,7 @@ impl StackValue {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::limiter::MAX_SUSPENSION;
+    use crate::core::MAX_SUSPENSION;
     use crate::quota::{MAX_COUNT, MAX_PERIOD};
     use proptest::prelude::*;
     use proptest::test_runner::TestCaseError;

@@ -15,8 +15,9 @@ use super::resolver::QuotaResolver;
 use super::service::RateLimit;
 use super::settle::Settle;
 use crate::algorithm::Algorithm;
+use crate::block::BlockFor;
+use crate::core::{is_name, ConfigError, Limiter, PolicyLabel, Shadow};
 use crate::key::KeyExtractor;
-use crate::limiter::{is_name, BlockFor, ConfigError, Limiter, PolicyLabel, Shadow};
 use crate::quota::{Quota, Quotas};
 
 /// Rate-limits requests per key across every instance sharing the limiter's store.

@@ -12,9 +12,9 @@ use super::config::{Config, MissingKey};
 use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
 use super::response::Wire;
+use crate::core::{Ask, Later, StorageKey};
 use crate::decision::Verdict;
 use crate::key::KeyExtractor;
-use crate::limiter::{Ask, Later, StorageKey};
 
 /// The service [`RateLimitLayer`](crate::RateLimitLayer) wraps around an inner service.
 ///

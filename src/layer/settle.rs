@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use http::{Response, StatusCode};
 
-use crate::limiter::{Limiter, PolicyLabel, Reserved, Shadow};
+use crate::core::{Limiter, PolicyLabel, Reserved, Shadow};
 use crate::quota::Quotas;
 
 /// What settles a request's cost from its response.

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 
 use super::learn::Provider;
+use crate::core::{AcquireError, Limiter, Target};
 use crate::decision::Verdict;
-use crate::limiter::{AcquireError, Limiter, Target};
 use crate::quota::Quotas;
 
 /// Which key a request is acquired for.

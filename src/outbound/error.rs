@@ -3,7 +3,7 @@
 use std::error::Error;
 use std::fmt;
 
-use crate::limiter::AcquireError;
+use crate::core::AcquireError;
 
 /// The error of an [`Outbound`](super::Outbound) service: the inner service's own error, or
 /// the layer's reason for not sending the request. A request that fails with

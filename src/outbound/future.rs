@@ -16,7 +16,7 @@ use super::config::{Acquire, Limits};
 use super::error::OutboundError;
 use super::react;
 use super::retry_after::upstream_backoff;
-use crate::limiter::WriteKind;
+use crate::control::WriteKind;
 
 /// What a response future needs to suspend its key (or learn its quota): the limits and the key.
 pub(crate) type Backoff = (Arc<Limits>, Arc<str>);
@@ -235,7 +235,7 @@ fn suspend(
     async move {
         let wait = wait
             .min(limits.max_auto_suspension)
-            .min(crate::limiter::MAX_SUSPENSION)
+            .min(crate::core::MAX_SUSPENSION)
             .max(Duration::from_micros(1));
         let scope = limits.scope.as_deref().unwrap_or("");
         let target = limits.target(&key);

@@ -12,8 +12,8 @@ use super::learn::{
     DEFAULT_MAX_LEARNED_WINDOW,
 };
 use super::service::Outbound;
+use crate::core::{is_name, ConfigError, Limiter};
 use crate::key::{GlobalKey, KeyExtractor};
-use crate::limiter::{is_name, ConfigError, Limiter};
 use crate::quota::{Quota, Quotas};
 
 /// How long a request waits for the limiter by default: 10 seconds.
@@ -363,7 +363,7 @@ impl<K> OutboundLayerBuilder<K> {
                 .map_err(|(_, error)| error)?;
         }
         // The longest time a learning write sets (the store's record never says more).
-        let learned_ttl = self.learned_ttl.min(crate::limiter::MAX_SUSPENSION);
+        let learned_ttl = self.learned_ttl.min(crate::core::MAX_SUSPENSION);
         Ok(OutboundLayer {
             config: Arc::new(Config {
                 limits: Arc::new(Limits {

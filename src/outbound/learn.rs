@@ -387,7 +387,7 @@ fn faster(quota: &Quota, ceiling: &Quota) -> bool {
 pub(super) fn pause(announced: &Announcement, cap: Duration) -> Option<Duration> {
     let left = announced.left?;
     let reset = left.reset.filter(|reset| !reset.is_zero())?;
-    (left.remaining == 0).then(|| reset.min(cap).min(crate::limiter::MAX_SUSPENSION))
+    (left.remaining == 0).then(|| reset.min(cap).min(crate::core::MAX_SUSPENSION))
 }
 
 #[cfg(test)]

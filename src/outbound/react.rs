@@ -13,7 +13,8 @@ use tokio::sync::oneshot;
 use super::announce;
 use super::config::Limits;
 use super::learn::{pause, same_tiers, Pending, Round};
-use crate::limiter::{ControlError, OverrideSource, Target, WriteKind, WriteTicket};
+use crate::control::{OverrideSource, WriteKind, WriteTicket};
+use crate::core::{ControlError, Target};
 use crate::quota::Quotas;
 
 /// Reads what a response announces and returns the pacing it calls for, if any: the response
@@ -378,7 +379,7 @@ mod tests {
     #[cfg(feature = "metrics")]
     #[test]
     fn a_learned_quota_and_a_pause_are_counted_in_the_metrics() {
-        use crate::limiter::Limiter;
+        use crate::core::Limiter;
         use crate::outbound::OutboundLayer;
         use crate::store::MemoryStore;
         use http::HeaderValue;

@@ -10,8 +10,8 @@ use tower_service::Service;
 use super::config::{Acquire, Config, KeySource};
 use super::error::OutboundError;
 use super::future::ResponseFuture;
+use crate::core::AcquireError;
 use crate::key::{GlobalKey, KeyExtractor};
-use crate::limiter::AcquireError;
 
 /// The service [`OutboundLayer`](super::OutboundLayer) wraps around a client: see the
 /// [module docs](super) for an example.

@@ -11,9 +11,9 @@ use tokio::sync::Notify;
 
 mod background;
 
+use crate::core::{ConfigError, Limiter, Target};
 use crate::decision::Verdict;
 use crate::failure_policy::FailureContext;
-use crate::limiter::{ConfigError, Limiter, Target};
 use crate::quota::{Quota, Quotas};
 use crate::store::ops::StoreExt;
 use crate::store::{CheckRequest, SlotOp, SlotReply, SlotRequest, StoreError};
@@ -257,10 +257,10 @@ impl ConcurrencyLimiter {
         if limit > crate::quota::MAX_COUNT {
             return Err(ConfigError::Quota(crate::quota::QuotaError::CountTooLarge));
         }
-        if lease < MIN_SLOT_LEASE || lease > crate::limiter::MAX_SUSPENSION {
+        if lease < MIN_SLOT_LEASE || lease > crate::core::MAX_SUSPENSION {
             return Err(ConfigError::InvalidLease);
         }
-        if !crate::limiter::is_name(scope) {
+        if !crate::core::is_name(scope) {
             return Err(ConfigError::InvalidScope);
         }
         let process = {
@@ -376,8 +376,8 @@ mod tests {
     use std::time::Duration;
 
     use super::ConcurrencyLimiter;
-    use crate::limiter::ConfigError;
-    use crate::limiter::Limiter;
+    use crate::core::ConfigError;
+    use crate::core::Limiter;
     use crate::store::MemoryStore;
 
     /// A lease too short to be renewed in time (a third of it between renewals, less than

@@ -893,7 +893,7 @@ pub(super) mod tests {
     /// spent its quota.
     #[tokio::test(flavor = "current_thread")]
     async fn a_key_flood_evicts_the_barely_used_keys_before_a_suspension_or_a_spent_key() {
-        use crate::limiter::Limiter;
+        use crate::core::Limiter;
         use crate::quota::Quota;
         use crate::store::MemoryStore;
         use std::time::Duration;

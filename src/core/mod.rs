@@ -1,5 +1,8 @@
-//! [`Limiter`]: a store, an algorithm, a key prefix, a clock and a failure policy — usable
-//! without tower.
+//! The limiter's core: [`Limiter`], a store, an algorithm, keys, a clock, a failure policy and
+//! its counters; a check (`check.rs`), the wait mode (`acquire.rs`), the builder. The features
+//! that extend it (`crate::control`, `crate::block`) stand above it and import it; it names
+//! none of them. Users see it through [`crate::limiter`], which re-exports it with what the
+//! features add.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,10 +15,10 @@ use crate::quota::{Quota, Quotas};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod acquire;
-mod block;
 mod builder;
 mod check;
-mod control;
+mod error;
+mod features;
 mod keys;
 mod lease;
 mod settle;
@@ -23,13 +26,10 @@ mod stats;
 
 pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
-pub use self::block::BlockFor;
 pub use self::builder::LimiterBuilder;
 pub(crate) use self::check::{Answer, Ask, Later, Origin};
-pub use self::control::{
-    ControlError, KeyStatus, OverrideSource, TierState, MAX_SUSPENSION, OVERRIDE_IDLE_TTL,
-};
-pub(crate) use self::control::{WriteKind, WriteTicket};
+pub use self::error::{ControlError, MAX_SUSPENSION};
+use self::features::FeatureStates;
 pub(crate) use self::keys::{KeyScope, StorageKey};
 pub use self::keys::{StoredKey, Target};
 pub use self::lease::{
@@ -83,8 +83,9 @@ pub(crate) struct Inner {
     leases: Option<self::lease::LeaseTable>,
     /// The layer's settlements still running (`settle.rs`).
     settlements: self::settle::Settlements,
-    /// The outbound layers' writes in flight, which a later control wins over (`control.rs`).
-    writes: self::control::Writes,
+    /// What the features above the core keep per limiter, each its own type (the controls'
+    /// writes in flight, `crate::control`).
+    features: FeatureStates,
 }
 
 impl fmt::Debug for Limiter {

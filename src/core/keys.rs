@@ -31,12 +31,12 @@ use super::Limiter;
 /// override reaches the route the target names, or every route with [`Target::all_routes`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target<'a> {
-    pub(super) scope: Option<&'a str>,
-    pub(super) key: &'a str,
-    pub(super) all_routes: bool,
+    pub(crate) scope: Option<&'a str>,
+    pub(crate) key: &'a str,
+    pub(crate) all_routes: bool,
     /// `key` and `scope` are ids as the store holds them (see [`Target::stored`]), not names to
     /// hash.
-    pub(super) stored: bool,
+    pub(crate) stored: bool,
 }
 
 impl<'a> Target<'a> {
@@ -52,7 +52,7 @@ impl<'a> Target<'a> {
 
     /// `key` on every route: for [`Limiter::set_quota`] and [`Limiter::clear_quota`], an
     /// override of every route of the tenant that has none of its own (kept until cleared, or
-    /// for [`OVERRIDE_IDLE_TTL`](super::OVERRIDE_IDLE_TTL) after it was set); for the other controls the same as
+    /// for [`OVERRIDE_IDLE_TTL`](crate::limiter::OVERRIDE_IDLE_TTL) after it was set); for the other controls the same as
     /// [`Target::key`].
     pub fn all_routes(key: &'a str) -> Self {
         Target {

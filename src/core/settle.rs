@@ -9,9 +9,9 @@ use tokio::sync::Notify;
 
 use super::check::{Ask, Taken};
 use super::{Limiter, PolicyLabel, Shadow};
+use crate::core::{ControlError, Target};
 use crate::decision::Verdict;
 use crate::failure_policy::FailureContext;
-use crate::limiter::{ControlError, Target};
 use crate::quota::Quotas;
 use crate::store::ops::StoreExt;
 use crate::store::{RefundRequest, ReservedAt, StoreError};

@@ -25,10 +25,10 @@ use tokio::sync::futures::Notified;
 
 use super::state::{Released, Reservation};
 use super::{Counters, Lease, LeaseStats, LeaseTable};
+use crate::core::check::Taken;
+use crate::core::stats::{PolicyLabel, StoreTimer};
+use crate::core::{Answer, Ask, Inner, Limiter};
 use crate::decision::Decision;
-use crate::limiter::check::Taken;
-use crate::limiter::stats::{PolicyLabel, StoreTimer};
-use crate::limiter::{Answer, Ask, Inner, Limiter};
 use crate::quota::Quotas;
 use crate::store::ops::StoreExt;
 use crate::store::{RefundRequest, ReservedAt, StoreError};
@@ -51,11 +51,7 @@ enum Step<'a> {
 
 impl Limiter {
     /// Decides a request of `cost` on `storage_key` under leases (see [`Leases`](super::Leases)).
-    pub(in crate::limiter) async fn decide_leased(
-        &self,
-        leases: &LeaseTable,
-        ask: Ask<'_>,
-    ) -> Answer {
+    pub(in crate::core) async fn decide_leased(&self, leases: &LeaseTable, ask: Ask<'_>) -> Answer {
         let Ask {
             storage_key,
             quotas,
@@ -667,7 +663,7 @@ impl Limiter {
     /// their units back unless `give_back` is false (the control hook; a reset's units were
     /// leased before it and must not come back after it: they are stranded): nothing that
     /// starts after it is admitted from units leased before.
-    pub(in crate::limiter) fn end_tenant_leases(&self, tenant: &str, give_back: bool) {
+    pub(crate) fn end_tenant_leases(&self, tenant: &str, give_back: bool) {
         if let Some(leases) = &self.inner.leases {
             let now = leases.now(&self.inner.clock);
             for (key, quotas, released) in leases.remove_tenant(tenant, now) {
@@ -682,7 +678,7 @@ impl Limiter {
     }
 
     /// Ends `storage_key`'s lease, giving its units back (the forget hook).
-    pub(in crate::limiter) fn end_lease(&self, storage_key: &str) {
+    pub(crate) fn end_lease(&self, storage_key: &str) {
         if let Some(leases) = &self.inner.leases {
             let now = leases.now(&self.inner.clock);
             if let Some((quotas, released)) = leases.remove(storage_key, now) {
@@ -829,11 +825,11 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use crate::clock::{Clock, ManualClock};
+    use crate::core::stats::PolicyLabel;
+    use crate::core::{Ask, Leases};
+    use crate::core::{Limiter, Target};
     use crate::decision::Decision;
     use crate::decision::Verdict;
-    use crate::limiter::stats::PolicyLabel;
-    use crate::limiter::{Ask, Leases};
-    use crate::limiter::{Limiter, Target};
     use crate::quota::{Quota, Quotas};
     use crate::store::{CheckRequest, MemoryStore, Operation, OperationRequest, Store, StoreError};
 
@@ -1016,7 +1012,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let balanced =
-            |s: crate::limiter::LeaseStats| s.leased == s.spent + s.held + s.returned + s.stranded;
+            |s: crate::core::LeaseStats| s.leased == s.spent + s.held + s.returned + s.stranded;
         hang.store(true, Ordering::Relaxed);
         let held = limiter.lease_stats().held;
         assert!(

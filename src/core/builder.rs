@@ -283,7 +283,7 @@ impl LimiterBuilder {
                 waiters: Default::default(),
                 leases,
                 settlements: Default::default(),
-                writes: Default::default(),
+                features: Default::default(),
             }),
         })
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Ask, ControlError, Limiter, PolicyLabel, Target, MAX_SUSPENSION};
+use crate::core::{Ask, ControlError, Limiter, PolicyLabel, Target, MAX_SUSPENSION};
 use crate::decision::Verdict;
 use crate::quota::Quotas;
 

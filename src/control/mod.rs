@@ -14,69 +14,18 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use tokio::sync::oneshot;
 
-use super::{Limiter, Target};
 use crate::algorithm::{is_one_state, packed_by_tag, state_len_of, Algorithm};
-use crate::quota::{QuotaError, Quotas};
+use crate::core::{ControlError, Limiter, Target, MAX_SUSPENSION};
+use crate::quota::Quotas;
 use crate::store::ops::control::marked_override;
 use crate::store::ops::StoreExt;
 use crate::store::wire::layout::{Controls, OVERRIDE_IDLE_MS, STAMP};
-use crate::store::{Control, ControlReply, ControlRequest, StoreError};
-
-/// The longest suspension [`Limiter::suspend`] accepts: 30 days.
-pub const MAX_SUSPENSION: Duration = Duration::from_secs(30 * 24 * 3600);
+use crate::store::{Control, ControlReply, ControlRequest};
 
 /// How long an override set with [`Limiter::set_quota`] outlives the key's last admitted
 /// request: 30 days. Every admission on the key keeps it that long again; an idle key then
 /// evaporates, override included, like any idle key.
 pub const OVERRIDE_IDLE_TTL: Duration = Duration::from_millis(OVERRIDE_IDLE_MS);
-
-/// Why a control was refused or failed. Nothing was changed by a refused control.
-///
-/// ```
-/// use std::time::Duration;
-/// use redlimit::{limiter::ControlError, store::MemoryStore, Limiter};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let limiter = Limiter::new(MemoryStore::new());
-/// let zero = limiter.suspend("k", Duration::ZERO).await;
-/// assert!(matches!(zero, Err(ControlError::InvalidDuration)));
-/// # }
-/// ```
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ControlError {
-    /// A quota the limiter's algorithm cannot serve.
-    #[error(transparent)]
-    Quota(#[from] QuotaError),
-    /// A suspension of zero, or longer than [`MAX_SUSPENSION`].
-    #[error("a suspension must last from 1 µs to 30 days")]
-    InvalidDuration,
-    /// The key holds another algorithm's state (or another Redis type) than the limiter's:
-    /// the control was aimed at the wrong key or with the wrong algorithm. Nothing changed.
-    #[error("{0}; give the algorithm of the limiters that use this key")]
-    WrongKind(String),
-    /// The store failed (or has no controls).
-    #[error(transparent)]
-    Store(StoreError),
-}
-
-impl From<StoreError> for ControlError {
-    fn from(error: StoreError) -> Self {
-        // The scripts (and the memory store) refuse a control on another algorithm's key by
-        // an error that starts so; anything else is the store's.
-        const REFUSED: &str = "redlimit: refused: ";
-        let text = error.to_string();
-        match text.find(REFUSED) {
-            Some(at) if matches!(error, StoreError::Redis(_) | StoreError::BadReply(_)) => {
-                let what = &text[at + REFUSED.len()..];
-                let what = what.split("; nothing changed").next().unwrap_or(what);
-                ControlError::WrongKind(what.to_owned())
-            }
-            _ => ControlError::Store(error),
-        }
-    }
-}
 
 /// What a key looks like in the store, without consuming anything: see [`Limiter::inspect`].
 #[derive(Debug, Clone, PartialEq)]
@@ -368,7 +317,9 @@ impl fmt::Debug for WriteTicket {
 
 impl Drop for WriteTicket {
     fn drop(&mut self) {
-        self.limiter.inner.writes.end(&self.key, self.id);
+        self.limiter
+            .feature_state::<Writes>()
+            .end(&self.key, self.id);
     }
 }
 
@@ -558,8 +509,9 @@ impl Limiter {
         };
         // No await between the registry's look and the store call: a write marked as sending
         // is sent, and a caller's control that found none sending is sent before any.
+        let writes = self.feature_state::<Writes>();
         let sending = match ticket {
-            Some(ticket) => match self.inner.writes.send(ticket) {
+            Some(ticket) => match writes.send(ticket) {
                 Sending::Overtaken => return Ok(None),
                 Sending::Started(sending) => Some(sending),
             },
@@ -585,7 +537,8 @@ impl Limiter {
     /// first), at most the store's call timeout, then marks the ones not sent yet as
     /// overtaken: they are never sent. Dropped while waiting, it overtakes nothing.
     async fn overtake(&self, key: &str, kind: WriteKind) {
-        let writes = &self.inner.writes;
+        let writes = self.feature_state::<Writes>();
+        let writes = &*writes;
         let bound = self.store_call_timeout().unwrap_or(WRITE_WAIT_BOUND);
         // Without a tokio runtime there is no timer to bound the wait: the control does not
         // wait (a layer's writes run on tokio, and on the memory store one is sent and answered
@@ -722,7 +675,8 @@ impl Limiter {
             }
             _ => route,
         };
-        self.inner.writes.start(self.clone(), key, kind)
+        self.feature_state::<Writes>()
+            .start(self.clone(), key, kind)
     }
 
     /// Suspends `target` fleet-wide for `duration` (1 µs to [`MAX_SUSPENSION`]): until then every
@@ -839,7 +793,7 @@ mod tests {
     use super::*;
     use crate::decision::Decision;
     use crate::quota::Quota;
-    use crate::store::{CheckRequest, MemoryStore, Operation, OperationRequest, Store};
+    use crate::store::{CheckRequest, MemoryStore, Operation, OperationRequest, Store, StoreError};
 
     const NOW: u64 = 1_800_000_000_000_000;
 
@@ -973,7 +927,10 @@ mod tests {
         let again = limiter.extend_suspension_by(&ticket, Target::key("a"), wait);
         assert_eq!(again.await.unwrap(), None);
         drop(ticket);
-        assert!(limiter.inner.writes.lock().is_empty(), "the ticket is gone");
+        assert!(
+            limiter.feature_state::<Writes>().lock().is_empty(),
+            "the ticket is gone"
+        );
 
         // A control of another kind, or on another key (the route of a scope, not the
         // tenant), or made before the write started, does not.
