@@ -115,6 +115,7 @@ pub mod layer;
 pub mod limiter;
 pub mod outbound;
 pub mod quota;
+mod settle;
 pub mod store;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]

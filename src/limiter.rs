@@ -8,7 +8,8 @@ pub use crate::block::BlockFor;
 pub use crate::control::{KeyStatus, OverrideSource, TierState, OVERRIDE_IDLE_TTL};
 pub use crate::core::{
     AcquireError, ConfigError, ControlError, LeaseError, LeaseStats, Leases, Limiter,
-    LimiterBuilder, LimiterStats, Reserved, StoredKey, Target, DEFAULT_MAX_LEASE_KEYS,
+    LimiterBuilder, LimiterStats, StoredKey, Target, DEFAULT_MAX_LEASE_KEYS,
     DEFAULT_MAX_LEASE_UNITS, DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_LEASE_INTERVAL,
     MAX_SUSPENSION,
 };
+pub use crate::settle::Reserved;

@@ -282,7 +282,6 @@ impl LimiterBuilder {
                 unscoped,
                 waiters: Default::default(),
                 leases,
-                settlements: Default::default(),
                 features: Default::default(),
             }),
         })

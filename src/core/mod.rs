@@ -1,6 +1,6 @@
 //! The limiter's core: [`Limiter`], a store, an algorithm, keys, a clock, a failure policy and
 //! its counters; a check (`check.rs`), the wait mode (`acquire.rs`), the builder. The features
-//! that extend it (`crate::control`, `crate::block`) stand above it and import it; it names
+//! that extend it (`crate::control`, `crate::block`, `crate::settle`) stand above it and import it; it names
 //! none of them. Users see it through [`crate::limiter`], which re-exports it with what the
 //! features add.
 
@@ -21,13 +21,12 @@ mod error;
 mod features;
 mod keys;
 mod lease;
-mod settle;
 mod stats;
 
 pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::builder::LimiterBuilder;
-pub(crate) use self::check::{Answer, Ask, Later, Origin};
+pub(crate) use self::check::{Answer, Ask, Later, Origin, Taken};
 pub use self::error::{ControlError, MAX_SUSPENSION};
 use self::features::FeatureStates;
 pub(crate) use self::keys::{KeyScope, StorageKey};
@@ -36,7 +35,6 @@ pub use self::lease::{
     LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
     MAX_LEASE_INTERVAL,
 };
-pub use self::settle::Reserved;
 use self::stats::Counters;
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
 pub(crate) use self::stats::{PolicyLabel, Shadow};
@@ -81,10 +79,8 @@ pub(crate) struct Inner {
     waiters: Waiters,
     /// Token leases for hot keys, when on ([`LimiterBuilder::leases`]).
     leases: Option<self::lease::LeaseTable>,
-    /// The layer's settlements still running (`settle.rs`).
-    settlements: self::settle::Settlements,
     /// What the features above the core keep per limiter, each its own type (the controls'
-    /// writes in flight, `crate::control`).
+    /// writes in flight, `crate::control`; the settlements running, `crate::settle`).
     features: FeatureStates,
 }
 

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use http::{Response, StatusCode};
 
-use crate::core::{Limiter, PolicyLabel, Reserved, Shadow};
+use crate::core::{Limiter, PolicyLabel, Shadow};
 use crate::quota::Quotas;
+use crate::settle::Reserved;
 
 /// What settles a request's cost from its response.
 pub(crate) type SettleFn = dyn Fn(&Response<()>) -> u64 + Send + Sync;

@@ -3,13 +3,12 @@
 //! [`Limiter::flush_settlements`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::Notify;
 
-use super::check::{Ask, Taken};
-use super::{Limiter, PolicyLabel, Shadow};
-use crate::core::{ControlError, Target};
+use crate::core::{Ask, ControlError, Limiter, PolicyLabel, Shadow, Taken, Target};
 use crate::decision::Verdict;
 use crate::failure_policy::FailureContext;
 use crate::quota::Quotas;
@@ -79,6 +78,7 @@ pub(crate) struct Settlements {
 /// runtime shut down), it is counted as a failed settlement.
 pub(crate) struct Pending {
     limiter: Limiter,
+    settlements: Arc<Settlements>,
     finished: bool,
 }
 
@@ -96,7 +96,7 @@ impl Drop for Pending {
                 "the settlement was dropped before it ended (runtime shut down)",
             );
         }
-        let settlements = &self.limiter.inner.settlements;
+        let settlements = &self.settlements;
         if settlements.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             settlements.idle.notify_waiters();
         }
@@ -298,7 +298,7 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn flush_settlements(&self) {
-        let settlements = &self.inner.settlements;
+        let settlements = self.feature_state::<Settlements>();
         loop {
             let mut idle = std::pin::pin!(settlements.idle.notified());
             idle.as_mut().enable();
@@ -311,12 +311,11 @@ impl Limiter {
 
     /// Counts a settlement about to be spawned, until its [`Pending`] is finished or dropped.
     pub(crate) fn settlement_started(&self) -> Pending {
-        self.inner
-            .settlements
-            .pending
-            .fetch_add(1, Ordering::AcqRel);
+        let settlements = self.feature_state::<Settlements>();
+        settlements.pending.fetch_add(1, Ordering::AcqRel);
         Pending {
             limiter: self.clone(),
+            settlements,
             finished: false,
         }
     }
