@@ -46,6 +46,7 @@ mod outbound;
 mod route_limits;
 mod sentinel;
 mod store_faults;
+mod store_seam;
 mod tls;
 mod token_bucket;
 mod tonic;
