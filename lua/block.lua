@@ -10,7 +10,7 @@
 -- ARGV  [1] as a decision's; [2] packed '<dd': block_us (the first offence's), max_us (the
 --       longest; equal: no doubling). Integers from 1 below 2^53.
 -- Reply as a decision's (with now_us -2, an admission's time too); a denial that blocks says
---       retry_after_ms = the block's time left.
+--       retry_after_ms = the longer of the block's time left and the decision's own wait.
 -- The offence count n (absent: 0) makes the block min(block_us * 2^n, max_us); it is written
 -- back as n + 1 with a TTL of the block plus max_us, so offences are forgotten once the cap has
 -- passed with no new block. The split form of a Cluster slot migration is not taken here: a
@@ -100,9 +100,13 @@ if max_us > block_us then
     string.format('%d', math.ceil((d + max_us) / 1000)))
 end
 
--- The reply: the denial, told to come back when the block ends.
+-- The reply: the denial, told to come back when the block ends, or when the quota admits
+-- again if that is later (never sooner than a request would be admitted).
 local rest_of_reply = string.sub(reply, 27)
-local _, pos, rem, _, reset = sunpack('<BBddd', reply)
+local _, pos, rem, retry, reset = sunpack('<BBddd', reply)
+if retry > left then
+  left = retry
+end
 if left > MAX_EXACT then
   left = MAX_EXACT
 end

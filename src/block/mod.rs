@@ -96,7 +96,9 @@ impl Limiter {
     /// Checks one request of `cost` against `quotas`, as [`check_quotas`](Self::check_quotas)
     /// does, and when a quota denies it, blocks the key: its tenant is suspended fleet-wide,
     /// on every route, for the `block` (doubled per repeated offence when it doubles), in the
-    /// same atomic store call. The denial's `retry_after` is then the block's. Until the block
+    /// same atomic store call. The denial's `retry_after` is then the block's time left, or the
+    /// quota's own wait when that is longer (a client that obeys it is never denied by the
+    /// quota, and so never blocked again, for coming back too early). Until the block
     /// ends every check on the key is denied as [`suspended`](crate::Decision::suspended);
     /// [`inspect`](Self::inspect) shows it and [`resume`](Self::resume) ends it early. A
     /// suspension already in force is never shortened.

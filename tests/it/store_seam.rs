@@ -565,42 +565,68 @@ async fn a_store_that_forwards_only_some_kinds_refuses_the_others_and_decides_on
     println!("seen: {:?}; the slot: {outcome:?}", seen.lock().unwrap());
 }
 
-/// A store that forwards the controls and refuses blocking decisions gets the fallback of
-/// `StoreExt::check_blocking` (a decision, then the block as a control): its block must still
-/// be the one `BlockFor::doubling_up_to` promises, doubled per repeated offence, as on the
-/// store itself.
+/// A store that forwards the controls and refuses blocking decisions cannot keep the count of
+/// offences that `BlockFor::doubling_up_to` needs: a doubling block through it is refused
+/// (`StoreError::Unsupported`, before anything is decided), never silently weakened to the
+/// base block; a block that does not double still blocks, through the fallback (a decision,
+/// then the block as a control), as long as on the store itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_block_through_the_fallback_doubles_per_offence_as_on_the_store_itself() {
+async fn a_doubling_block_through_a_store_that_runs_no_blocking_decisions_is_refused_not_weakened()
+{
     let redis = RedisServer::start();
-    // The quota's own wait (1 s) is shorter than any block: the block is the whole answer.
     let one = Quotas::from(Quota::per_second(1).unwrap());
-    let block = BlockFor::new(Duration::from_secs(10))
-        .unwrap()
-        .doubling_up_to(Duration::from_secs(80))
+    let doubling = Block {
+        duration: Duration::from_secs(10),
+        max: Duration::from_secs(80),
+    };
+    let flat = Block {
+        duration: Duration::from_secs(10),
+        max: Duration::from_secs(10),
+    };
+    let partial = Partial::new(redis_store(&redis), &["control"][..]);
+    let request = |key| CheckRequest {
+        key,
+        algorithm: Algorithm::TokenBucket,
+        quotas: &one,
+        cost: 1,
+        now_micros: None,
+    };
+    let refused = partial
+        .check_blocking(request("redlimit:{doubling}"), doubling)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Unsupported(_))),
+        "{refused:?}"
+    );
+    // Nothing was decided: the quota is full.
+    let peek = partial
+        .check(CheckRequest {
+            cost: 0,
+            ..request("redlimit:{doubling}")
+        })
+        .await
         .unwrap();
-    let mut blocks = Vec::new();
-    for (name, forwards) in [("itself", EVERY_KIND), ("fallback", &["control"][..])] {
-        let clock = clock();
-        let limiter = on(
-            Partial::new(redis_store(&redis), forwards),
-            Algorithm::TokenBucket,
-            &clock,
+    assert_eq!(peek.remaining, 1, "{peek:?}");
+    // A block that does not double: as on the store itself.
+    let mut waits = Vec::new();
+    for store in [&partial as &dyn Store, &redis_store(&redis)] {
+        let key = if waits.is_empty() {
+            "redlimit:{flat-a}"
+        } else {
+            "redlimit:{flat-b}"
+        };
+        assert!(
+            store
+                .check_blocking(request(key), flat)
+                .await
+                .unwrap()
+                .allowed
         );
-        let key = format!("abuser-{name}");
-        let mut waits = Vec::new();
-        for _ in 0..3 {
-            let first = limiter.check_blocking(key.as_str(), &one, 1, &block).await;
-            assert!(first.is_allowed(), "{name}: {first:?}");
-            let denied = limiter.check_blocking(key.as_str(), &one, 1, &block).await;
-            let wait = denied.decision().expect("decided").retry_after;
-            waits.push(wait);
-            // Past the block, with the quota full again.
-            clock.advance(wait + Duration::from_secs(2));
-        }
-        blocks.push((name, waits));
+        let denied = store.check_blocking(request(key), flat).await.unwrap();
+        assert!(!denied.allowed, "{denied:?}");
+        waits.push(denied.retry_after.as_secs());
     }
-    println!("{blocks:?}");
-    assert_eq!(blocks[1].1, blocks[0].1, "{blocks:?}");
+    assert_eq!(waits[0], waits[1], "{waits:?}");
 }
 
 /// A blocking denial's `retry_after` never tells a client to come back before a request would

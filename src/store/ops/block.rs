@@ -169,7 +169,8 @@ impl MemoryStore {
             Controls::parse(reply.stored.as_deref().unwrap_or_default())
         {
             let left = ((until_us - now as f64) / 1000.0).ceil().max(0.0);
-            decision.retry_after = Duration::from_millis(left as u64);
+            // Never sooner than the quota admits (`lua/block.lua`'s reply).
+            decision.retry_after = decision.retry_after.max(Duration::from_millis(left as u64));
         }
         decision
     }

@@ -161,9 +161,13 @@ pub trait StoreExt: Store {
     }
 
     /// Decides like [`check`](Store::check), and when a quota denies (not a suspension),
-    /// suspends the key's tenant for the `block` in the same atomic call (`lua/block.lua`). On
-    /// a store that does not run operations: `check`, then the tenant's suspension extended
-    /// with [`control`](Self::control) (which it refuses: the error is the answer).
+    /// suspends the key's tenant for the `block` in the same atomic call (`lua/block.lua`); the
+    /// denial's `retry_after` is the longer of the block's time left and the quota's own wait.
+    /// On a store that does not run blocking decisions: a block that doubles is refused
+    /// ([`StoreError::Unsupported`], before anything is decided: doubling needs the store's
+    /// count of offences); one that does not is `check`, then the tenant's suspension extended
+    /// with [`control`](Self::control), two calls (a store that refuses the control too
+    /// answers its refusal).
     fn check_blocking<'a>(
         &'a self,
         request: CheckRequest<'a>,
@@ -215,6 +219,12 @@ async fn decide<S: Store + ?Sized>(
         None => return Ok((store.check(request).await?, None)),
     };
     match result {
+        // A doubling block needs the store's count of offences: refused, never weakened.
+        Err(StoreError::Unsupported(_)) if block.is_some_and(|b| b.max > b.duration) => {
+            Err(StoreError::Unsupported(
+                "this store cannot double a block: it runs no blocking decisions",
+            ))
+        }
         Err(StoreError::Unsupported(_)) => {
             Ok((check_then_block(store, request, block).await?, None))
         }
