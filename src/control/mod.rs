@@ -444,7 +444,7 @@ impl Writes {
 impl Limiter {
     /// The store's bound on one call ([`Store::call_timeout`](crate::store::Store::call_timeout)).
     pub(crate) fn store_call_timeout(&self) -> Option<Duration> {
-        self.inner.store.call_timeout()
+        self.store().call_timeout()
     }
 
     /// The storage key of a target's route.
@@ -458,9 +458,9 @@ impl Limiter {
     async fn run(&self, key: &str, control: Control<'_>) -> Result<ControlReply, ControlError> {
         let request = ControlRequest {
             key,
-            algorithm: self.inner.algorithm,
+            algorithm: self.algorithm(),
             control,
-            now_micros: self.inner.clock.now_micros(),
+            now_micros: self.clock().now_micros(),
         };
         // Whatever happens to the call (it fails and may have run, or this future is dropped
         // while the store applies it), nothing this process holds of the tenant may outlive a
@@ -471,7 +471,7 @@ impl Limiter {
             key,
             reset: matches!(control, Control::Reset),
         });
-        let reply = self.inner.store.control(request).await;
+        let reply = self.store().control(request).await;
         drop(forget);
         Ok(reply?)
     }

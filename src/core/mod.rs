@@ -63,15 +63,15 @@ pub struct Limiter {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// What every clone of a [`Limiter`] shares; the feature modules beside `limiter` (the
-/// concurrency limit) read its store, clock, policy and counters.
+/// What every clone of a [`Limiter`] shares. Private to the core: the features above it read
+/// the store, clock, policy and counters through `Limiter`'s accessors.
 pub(crate) struct Inner {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) algorithm: Algorithm,
+    store: Arc<dyn Store>,
+    algorithm: Algorithm,
     prefix: String,
-    pub(crate) clock: Clock,
-    pub(crate) policy: Arc<dyn FailurePolicy>,
-    pub(crate) stats: Counters,
+    clock: Clock,
+    policy: Arc<dyn FailurePolicy>,
+    stats: Counters,
     deny_cache: Option<DenyCache>,
     /// The constant parts of unscoped storage keys.
     unscoped: KeyScope,
@@ -321,6 +321,26 @@ impl Limiter {
     /// The algorithm that decides.
     pub fn algorithm(&self) -> Algorithm {
         self.inner.algorithm
+    }
+
+    /// The store, for the features above the core.
+    pub(crate) fn store(&self) -> &dyn Store {
+        &*self.inner.store
+    }
+
+    /// The clock, for the features above the core.
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// The failure policy, for the features above the core.
+    pub(crate) fn policy(&self) -> &dyn FailurePolicy {
+        &*self.inner.policy
+    }
+
+    /// The counters, for the features above the core.
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.inner.stats
     }
 
     /// Counts of what this limiter (and its clones) decided so far.

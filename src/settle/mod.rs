@@ -151,7 +151,7 @@ impl Limiter {
         self.supports(quotas).map_err(|(_, error)| error)?;
         let key = self.target_key(target.into());
         let mut reserved = self.mark_reservation();
-        if self.inner.algorithm.spec().is_log() {
+        if self.algorithm().spec().is_log() {
             // Reserved at some time in the log's window: its oldest entries in it go.
             let longest = quotas.iter().map(|q| q.period_micros()).max().unwrap_or(1);
             reserved.earlier = longest - 1;
@@ -233,7 +233,7 @@ impl Limiter {
     pub fn mark_reservation(&self) -> Reserved {
         Reserved {
             sent: Instant::now(),
-            client_micros: self.inner.clock.now_micros(),
+            client_micros: self.clock().now_micros(),
             store_micros: None,
             earlier: 0,
         }
@@ -253,12 +253,12 @@ impl Limiter {
         }
         let request = RefundRequest {
             key: storage_key,
-            algorithm: self.inner.algorithm,
+            algorithm: self.algorithm(),
             quotas,
             units,
             reserved: reserved.at(),
         };
-        let result = self.inner.store.refund(request).await;
+        let result = self.store().refund(request).await;
         // A cached denial may now be too long.
         self.forget_storage_key(storage_key);
         result.map(|_| ())
@@ -341,21 +341,21 @@ impl Limiter {
                 .await
         };
         let Err(error) = result else { return };
-        self.inner.stats.count_store_error();
+        self.counters().count_store_error();
         if charge > 0 {
             let request = self.request(storage_key, quotas, charge);
-            let verdict = self.inner.policy.on_store_error(&FailureContext {
+            let verdict = self.policy().on_store_error(&FailureContext {
                 error: &error,
                 request,
             });
-            self.inner.stats.count_failure(&verdict, label);
+            self.counters().count_failure(&verdict, label);
         }
         self.count_settle_failure(&error.to_string());
     }
 
     /// Counts a settlement that failed, and logs it at a bounded rate (never the key).
     pub(crate) fn count_settle_failure(&self, error: &str) {
-        self.inner.stats.count_settle_failure();
+        self.counters().count_settle_failure();
         if let Some(suppressed) = crate::store::failure_log_gate() {
             tracing::warn!(
                 error,

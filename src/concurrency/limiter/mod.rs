@@ -220,8 +220,7 @@ impl SlotsInner {
 
     async fn call(&self, key: &str, ids: &[&str], op: SlotOp) -> Result<SlotReply, StoreError> {
         self.limiter
-            .inner
-            .store
+            .store()
             .slots(SlotRequest {
                 key,
                 op,
@@ -342,21 +341,21 @@ impl ConcurrencyLimiter {
     /// A failed acquisition, as the failure policy sees a check of `limit` per lease.
     fn on_store_error(&self, storage_key: &str, error: &StoreError) -> SlotOutcome {
         let inner = &self.inner;
-        let limiter = &inner.limiter.inner;
-        limiter.stats.count_store_error();
+        let limiter = &inner.limiter;
+        limiter.counters().count_store_error();
         let quota = Quota::new(inner.limit, inner.lease).ok();
         let Some(quotas) = quota.map(Quotas::from) else {
             return SlotOutcome::FailedOpen;
         };
         let request = CheckRequest {
             key: storage_key,
-            algorithm: limiter.algorithm,
+            algorithm: limiter.algorithm(),
             quotas: &quotas,
             cost: 1,
-            now_micros: limiter.clock.now_micros(),
+            now_micros: limiter.clock().now_micros(),
         };
         let verdict = limiter
-            .policy
+            .policy()
             .on_store_error(&FailureContext { error, request });
         if let Some(suppressed) = crate::store::failure_log_gate() {
             tracing::warn!(%error, allowed = verdict.is_allowed(), suppressed, "concurrency slot store failed; the failure policy decided");
