@@ -19,7 +19,7 @@ use crate::store::memory::MemoryStore;
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::redis::RedisStore;
 use crate::store::refund::{RefundRequest, ReservedAt};
-use crate::store::wire::layout::{exact, log_controls_key, tenant_key, Controls};
+use crate::store::wire::layout::{capped_cost, exact, log_controls_key, tenant_key, Controls};
 use crate::store::wire::scripts::REFUND_SOURCE;
 
 /// The refund script.
@@ -67,7 +67,9 @@ fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {
 
 /// The refund script's one argument: `'<dBdd' .. n * '<ddd'`: now_us, the algorithm's tag, the
 /// units, age_us, then the caller's tiers; the reservation's time as `lua/refund.lua`'s header
-/// reads it (a client's time and age 0; -2 and Redis's time; -1 and the age).
+/// reads it (a client's time and age 0; -2 and Redis's time; -1 and the age). The units are
+/// capped as a decision's cost is ([`capped_cost`]): no tier holds more, and the mirror caps
+/// them alike.
 fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
     let quotas: &[Quota] = r.quotas;
     let (now, age) = match r.reserved {
@@ -78,7 +80,7 @@ fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(25 + 24 * quotas.len());
     bytes.extend_from_slice(&now.to_le_bytes());
     bytes.push(r.algorithm.tag());
-    bytes.extend_from_slice(&exact(r.units).to_le_bytes());
+    bytes.extend_from_slice(&exact(capped_cost(r.units)).to_le_bytes());
     bytes.extend_from_slice(&age.to_le_bytes());
     for quota in quotas.iter().take(crate::quota::MAX_TIERS) {
         for v in [quota.limit(), quota.period_micros(), quota.burst()] {
@@ -252,7 +254,7 @@ impl MemoryStore {
                 (now, now as f64 - age, false)
             }
         };
-        let units = crate::store::wire::layout::capped_cost(request.units) as f64;
+        let units = capped_cost(request.units) as f64;
         let log = request.algorithm.spec().is_log();
         let mut guard = self
             .shard(request.key)
