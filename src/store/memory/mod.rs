@@ -573,13 +573,15 @@ mod tests {
             };
             store.check_blocking_now(request, block);
         }
-        store.slots_now(SlotRequest {
-            key: "p:{g}:s#c",
-            op: SlotOp::Acquire { limit: 1 },
-            ids: &["one"],
-            lease: Duration::from_secs(30),
-            now_micros: Some(now),
-        });
+        store
+            .slots_now(SlotRequest {
+                key: "p:{g}:s#c",
+                op: SlotOp::Acquire { limit: 1 },
+                ids: &["one"],
+                lease: Duration::from_secs(30),
+                now_micros: Some(now),
+            })
+            .expect("a valid slot call");
         control("p:{h}#t", tb, Control::Reset);
         check("p:{h}:r", tb);
         control("p:{i}:r", tb, Control::Suspend(minute));
