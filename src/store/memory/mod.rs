@@ -14,8 +14,9 @@ use self::shard::{expiry, used_share, KeyState, Shard, Stored};
 use crate::algorithm::{Kind, MAX_SLIDING_LOG_BURST};
 use crate::clock::system_now_micros;
 use crate::decision::Decision;
+use crate::quota::Quota;
 use crate::store::contract::{CheckRequest, Operation, Store, StoreError};
-use crate::store::wire::layout::{capped_cost, log_controls_key};
+use crate::store::wire::layout::{capped_cost, is_exact, log_controls_key};
 
 /// The default cap on keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -199,6 +200,9 @@ impl MemoryStore {
 
     /// Decides synchronously: the whole step runs under the key's shard lock.
     ///
+    /// A call the decision script refuses (a client time at or past 2^53 µs) is denied, and
+    /// nothing is written; [`Store::check`] answers it with the script's error instead.
+    ///
     /// ```
     /// use redlimit::store::{CheckRequest, MemoryStore};
     /// use redlimit::{Algorithm, Quota};
@@ -216,7 +220,13 @@ impl MemoryStore {
     /// assert_eq!(store.len(), 1);
     /// ```
     pub fn check_now(&self, request: CheckRequest<'_>) -> Decision {
-        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        self.try_check(request)
+            .unwrap_or_else(|_| denied(request.quotas.as_slice()))
+    }
+
+    /// [`check_now`](Self::check_now), or the refusal of arguments the decision script refuses.
+    pub(crate) fn try_check(&self, request: CheckRequest<'_>) -> Result<Decision, StoreError> {
+        let now = call_time(request.now_micros, "decision")?;
         let (now_f, cost) = (now as f64, capped_cost(request.cost) as f64);
         let quotas = request.quotas.as_slice();
         // One hash of the key's tag picks the shard and finds the key in it.
@@ -258,23 +268,14 @@ impl MemoryStore {
                 result
             }
         };
-        match result.map(|reply| reply.into_decision(quotas)) {
+        Ok(match result.map(|reply| reply.into_decision(quotas)) {
             Ok(Some(decision)) => decision,
             // Unreachable from the crate's own quotas and controls; never a panic, never a pass.
             Ok(None) | Err(Refused(_)) => {
                 tracing::error!("memory store: invalid quota in the controls; request denied");
-                Decision {
-                    allowed: false,
-                    limit: quotas[0].limit(),
-                    remaining: 0,
-                    retry_after: Decision::NEVER,
-                    reset_after: std::time::Duration::ZERO,
-                    suspended: false,
-                    quota: quotas[0],
-                    overridden: false,
-                }
+                denied(quotas)
             }
-        }
+        })
     }
 
     /// A concurrency slot holder's id, hashed with the store's key: what its set keeps.
@@ -318,16 +319,76 @@ impl MemoryStore {
     }
 }
 
+/// The answer to a call the store cannot decide: denied, for ever (never a pass).
+fn denied(quotas: &[Quota]) -> Decision {
+    Decision {
+        allowed: false,
+        limit: quotas[0].limit(),
+        remaining: 0,
+        retry_after: Decision::NEVER,
+        reset_after: std::time::Duration::ZERO,
+        suspended: false,
+        quota: quotas[0],
+        overridden: false,
+    }
+}
+
+/// The memory store's refusal of arguments a script refuses (`lua/`, each script's argument
+/// checks): the error Redis answers for them, a script's error reply (code `ERR`, a request's
+/// trouble, not the store's), so that a call gets one answer from either store. `call` names
+/// the script's call (`slot`, `refund`, ...), `what` the argument and what it must be.
+pub(crate) fn refused(call: &str, what: &str) -> StoreError {
+    let detail = format!("redlimit: invalid {call} arguments; {what}");
+    StoreError::redis(::redis::RedisError::from((
+        ::redis::ErrorKind::Server(::redis::ServerErrorKind::ResponseError),
+        "refused by the memory store",
+        detail,
+    )))
+}
+
+/// A time in µs (a caller's clock, a reservation's age), as the scripts take one: from 0 below
+/// 2^53 (past it, a double no longer tells one µs from the next).
+pub(crate) fn time(us: u64, call: &str, name: &str) -> Result<u64, StoreError> {
+    if is_exact(us) {
+        Ok(us)
+    } else {
+        Err(refused(
+            call,
+            &format!("{name} must be an integer from 0 below 2^53"),
+        ))
+    }
+}
+
+/// A call's time in µs: the caller's ([`time`]), else the system clock's.
+pub(crate) fn call_time(now_micros: Option<u64>, call: &str) -> Result<u64, StoreError> {
+    match now_micros {
+        Some(now) => time(now, call, "now_us"),
+        None => Ok(system_now_micros()),
+    }
+}
+
+/// A count or a duration in µs, as the scripts take one: from 1 below 2^53.
+pub(crate) fn positive(v: u64, call: &str, name: &str) -> Result<u64, StoreError> {
+    if v >= 1 && is_exact(v) {
+        Ok(v)
+    } else {
+        Err(refused(
+            call,
+            &format!("{name} must be an integer from 1 below 2^53"),
+        ))
+    }
+}
+
 impl Store for MemoryStore {
     fn check<'a>(
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.check_now(request))))
+        Box::pin(std::future::ready(self.try_check(request)))
     }
 
     fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
-        Some(Ok(self.check_now(request)))
+        Some(self.try_check(request))
     }
 
     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -512,13 +573,15 @@ mod tests {
             };
             store.check_blocking_now(request, block);
         }
-        store.slots_now(SlotRequest {
-            key: "p:{g}:s#c",
-            op: SlotOp::Acquire { limit: 1 },
-            ids: &["one"],
-            lease: Duration::from_secs(30),
-            now_micros: Some(now),
-        });
+        store
+            .slots_now(SlotRequest {
+                key: "p:{g}:s#c",
+                op: SlotOp::Acquire { limit: 1 },
+                ids: &["one"],
+                lease: Duration::from_secs(30),
+                now_micros: Some(now),
+            })
+            .expect("a valid slot call");
         control("p:{h}#t", tb, Control::Reset);
         check("p:{h}:r", tb);
         control("p:{i}:r", tb, Control::Suspend(minute));
@@ -574,5 +637,42 @@ mod tests {
             shown,
             "MemoryStore { max_keys: 128, max_log_entries: 6400000, .. }"
         );
+    }
+
+    /// A client time past 2^53 µs, which the scripts refuse: the calls that return a result
+    /// refuse it with the script's error (`ERR`, not transport trouble); `check_now` denies and
+    /// `control_now` reports the key as it is. Nothing is written either way.
+    #[test]
+    fn a_time_the_scripts_refuse_is_refused_and_writes_nothing() {
+        use crate::store::contract::Control;
+        use std::time::Duration;
+
+        let store = MemoryStore::new();
+        let quotas: crate::quota::Quotas = Quota::per_minute(10).unwrap().into();
+        let check = CheckRequest {
+            key: "redlimit:{k}",
+            algorithm: Algorithm::TokenBucket,
+            quotas: &quotas,
+            cost: 1,
+            now_micros: Some(u64::MAX),
+        };
+        let error = store.try_check(check).unwrap_err();
+        let StoreError::Redis(failure) = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!(failure.code(), Some("ERR"), "{error}");
+        assert!(!error.is_transport());
+        let denied = store.check_now(check);
+        assert!(!denied.allowed && !denied.suspended, "{denied:?}");
+        let control = ControlRequest {
+            key: "redlimit:{k}",
+            algorithm: Algorithm::TokenBucket,
+            control: Control::Suspend(Duration::from_secs(5)),
+            now_micros: Some(u64::MAX),
+        };
+        assert!(store.try_control(control).is_err());
+        let reply = store.control_now(control);
+        assert_eq!((&reply.stored, reply.expires_in), (&None, None));
+        assert!(store.is_empty(), "{} keys written", store.len());
     }
 }

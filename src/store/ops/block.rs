@@ -14,7 +14,7 @@ use crate::store::block::Block;
 use crate::store::contract::OperationRequest;
 use crate::store::contract::{micros, CheckRequest, Control, ControlRequest, StoreError};
 use crate::store::memory::shard::{expiry, KeyState, Stored};
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{positive, refused, time, MemoryStore};
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::redis::RedisStore;
 use crate::store::wire::decide::read_decision;
@@ -108,12 +108,21 @@ impl StoreOp for BlockOp<'_> {
         store.guarded(*self, "check")
     }
 
+    /// Refuses what `lua/block.lua` refuses (its block, then the decision's arguments).
     fn in_memory(&self, store: &MemoryStore) -> Result<Self::Output, StoreError> {
-        let decide = |request: CheckRequest<'_>| store.check_blocking_now(request, self.block);
-        Ok(match self.timed {
+        let block_us = positive(micros(self.block.duration), "block", "block_us")?;
+        let max_us = positive(micros(self.block.max), "block", "max_us")?;
+        if max_us < block_us {
+            return Err(refused("block", "max_us must be at least block_us"));
+        }
+        if let Some(now) = self.request.now_micros {
+            time(now, "decision", "now_us")?;
+        }
+        let decide = |request: CheckRequest<'_>| Ok(store.check_blocking_now(request, self.block));
+        match self.timed {
             true => decide_in_memory(self.request, decide),
-            false => (decide(self.request), None),
-        })
+            false => Ok((decide(self.request)?, None)),
+        }
     }
 }
 

@@ -8,16 +8,15 @@ use super::StoreOp;
 use crate::store::contract::OperationRequest;
 
 use crate::algorithm::{is_one_state, ms_up, state_len_of, Algorithm};
-use crate::clock::system_now_micros;
 use crate::quota::MAX_TIERS;
 use crate::store::contract::{Control, ControlReply, ControlRequest, StoreError};
 use crate::store::memory::shard::{expiry, KeyState, Stored};
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{call_time, positive, MemoryStore};
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::redis::{count_error, RedisStore};
 use crate::store::wire::layout::{
-    exact, f64_at, learned_record_key, log_controls_key, put_quota, reset_time, tenant_key,
-    Controls, Op, CONTROLS, CONTROLS_HEAD, MAX_TTL_MS, OVERRIDE_IDLE_MS, STAMP,
+    exact, f64_at, is_exact, learned_record_key, log_controls_key, put_quota, reset_time,
+    tenant_key, Controls, Op, CONTROLS, CONTROLS_HEAD, MAX_TTL_MS, OVERRIDE_IDLE_MS, STAMP,
 };
 use crate::store::wire::scripts::CONTROL_SOURCE;
 
@@ -389,6 +388,11 @@ impl MemoryStore {
     /// Runs a fleet control synchronously, under the key's shard lock (see
     /// [`StoreExt::control`](crate::store::StoreExt::control)).
     ///
+    /// A control that `lua/control.lua` refuses (a key holding another algorithm's state, a
+    /// client time or a duration at or past 2^53 µs) changes nothing: the reply reports the key
+    /// as it is (at the store's clock when the time was refused); `StoreExt::control` answers
+    /// the refusal.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use redlimit::store::{Control, ControlRequest, MemoryStore};
@@ -407,24 +411,34 @@ impl MemoryStore {
     pub fn control_now(&self, request: ControlRequest<'_>) -> ControlReply {
         match self.try_control(request) {
             Ok(reply) => reply,
-            // Refused: nothing changed; report the key as it is.
             Err(_) => self
                 .try_control(ControlRequest {
                     control: Control::Inspect,
+                    now_micros: request.now_micros.filter(|&now| is_exact(now)),
                     ..request
                 })
                 .expect("inspect is never refused"),
         }
     }
 
-    /// [`control_now`](Self::control_now), or the refusal of a control on a key that holds
-    /// another algorithm's state (as `lua/control.lua` refuses it; nothing changed).
+    /// [`control_now`](Self::control_now), or the refusal of what `lua/control.lua` refuses:
+    /// its arguments, or a control on a key that holds another algorithm's state (nothing
+    /// changed).
     pub(crate) fn try_control(
         &self,
         request: ControlRequest<'_>,
     ) -> Result<ControlReply, StoreError> {
-        let now = request.now_micros.unwrap_or_else(system_now_micros);
+        let now = call_time(request.now_micros, "control")?;
         let op = request.control.op();
+        match op {
+            Op::Suspend(us) | Op::Extend(us) => {
+                positive(us, "control", "the suspension in µs")?;
+            }
+            Op::Learn(_, us) => {
+                positive(us, "control", "the learned quota's time in µs")?;
+            }
+            _ => {}
+        }
         let tenant = op.is_tenant(request.key);
         let log = !tenant && request.algorithm.spec().is_log();
         let controls_key = if tenant {

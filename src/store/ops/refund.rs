@@ -15,11 +15,11 @@ use crate::quota::Quota;
 use crate::store::contract::OperationRequest;
 use crate::store::contract::StoreError;
 use crate::store::memory::shard::{KeyState, Stored};
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{positive, time, MemoryStore};
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::redis::RedisStore;
 use crate::store::refund::{RefundRequest, ReservedAt};
-use crate::store::wire::layout::{exact, log_controls_key, tenant_key, Controls};
+use crate::store::wire::layout::{capped_cost, exact, log_controls_key, tenant_key, Controls};
 use crate::store::wire::scripts::REFUND_SOURCE;
 
 /// The refund script.
@@ -67,7 +67,9 @@ fn push_refund(cmd: &mut redis::Cmd, r: &RefundRequest<'_>) {
 
 /// The refund script's one argument: `'<dBdd' .. n * '<ddd'`: now_us, the algorithm's tag, the
 /// units, age_us, then the caller's tiers; the reservation's time as `lua/refund.lua`'s header
-/// reads it (a client's time and age 0; -2 and Redis's time; -1 and the age).
+/// reads it (a client's time and age 0; -2 and Redis's time; -1 and the age). The units are
+/// capped as a decision's cost is ([`capped_cost`]): no tier holds more, and the mirror caps
+/// them alike.
 fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
     let quotas: &[Quota] = r.quotas;
     let (now, age) = match r.reserved {
@@ -78,7 +80,7 @@ fn refund_args(r: &RefundRequest<'_>) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(25 + 24 * quotas.len());
     bytes.extend_from_slice(&now.to_le_bytes());
     bytes.push(r.algorithm.tag());
-    bytes.extend_from_slice(&exact(r.units).to_le_bytes());
+    bytes.extend_from_slice(&exact(capped_cost(r.units)).to_le_bytes());
     bytes.extend_from_slice(&age.to_le_bytes());
     for quota in quotas.iter().take(crate::quota::MAX_TIERS) {
         for v in [quota.limit(), quota.period_micros(), quota.burst()] {
@@ -235,24 +237,33 @@ impl StoreOp for RefundOp<'_> {
     }
 
     fn in_memory(&self, store: &MemoryStore) -> Result<u64, StoreError> {
-        Ok(store.refund_now(self.0))
+        store.refund_now(self.0)
     }
 }
 
 /// The mirror: the same refund under the key's shard lock.
 impl MemoryStore {
-    /// A refund (`lua/refund.lua`), synchronously.
-    pub(crate) fn refund_now(&self, request: RefundRequest<'_>) -> u64 {
+    /// A refund (`lua/refund.lua`), synchronously; refused as the script refuses its arguments
+    /// (no unit, or a time at or past 2^53 µs: a client's, a store's, an age).
+    pub(crate) fn refund_now(&self, request: RefundRequest<'_>) -> Result<u64, StoreError> {
         let (now, reserved, client) = match request.reserved {
-            ReservedAt::Client(at) => (at, at as f64, true),
-            ReservedAt::Store(at) => (system_now_micros(), at as f64, false),
+            ReservedAt::Client(at) => {
+                let at = time(at, "refund", "now_us")?;
+                (at, at as f64, true)
+            }
+            // Sent as `age_us` (with now_us -2 or -1).
+            ReservedAt::Store(at) => {
+                let at = time(at, "refund", "age_us")?;
+                (system_now_micros(), at as f64, false)
+            }
             ReservedAt::Ago(age) => {
+                let age = time(age, "refund", "age_us")?;
                 let now = system_now_micros();
-                let age = crate::store::wire::layout::capped_cost(age) as f64;
-                (now, now as f64 - age, false)
+                (now, now as f64 - age as f64, false)
             }
         };
-        let units = crate::store::wire::layout::capped_cost(request.units) as f64;
+        // Capped as on the wire (`refund_args`).
+        let units = positive(capped_cost(request.units), "refund", "units")? as f64;
         let log = request.algorithm.spec().is_log();
         let mut guard = self
             .shard(request.key)
@@ -271,18 +282,18 @@ impl MemoryStore {
             // Only the controls' string: its stamp against the tenant's reset.
             let stale = stale(route.as_deref(), tenant.as_deref());
             if stale {
-                return 0;
+                return Ok(0);
             }
             let (_, live) = shard.find(request.key, now);
-            let Some(slot) = live else { return 0 };
+            let Some(slot) = live else { return Ok(0) };
             let KeyState::Log(entries) = &mut shard.slots[slot].stored.state else {
-                return 0;
+                return Ok(0);
             };
             let reset = tenant_reset_us(tenant.as_deref());
             if reset > 0.0 && reserved_before_reset(reserved, reset, client) {
-                return 0; // reserved before the tenant's reset
+                return Ok(0); // reserved before the tenant's reset
             }
-            return log_refund(entries, units, reserved);
+            return Ok(log_refund(entries, units, reserved));
         }
         let Some((bytes, changed)) = refund(
             route.as_deref(),
@@ -292,10 +303,10 @@ impl MemoryStore {
             (reserved, client),
             request.quotas,
         ) else {
-            return 0;
+            return Ok(0);
         };
         let (Some(slot), Some(_)) = (held, live) else {
-            return 0;
+            return Ok(0);
         };
         let expires_at = shard.slots[slot].stored.expires_at;
         let stored = Stored {
@@ -304,7 +315,7 @@ impl MemoryStore {
         };
         // The key keeps its expiry, as `SET … PX <its PTTL>` does.
         shard.put(held, &route_key, stored, now, self.max_keys_per_shard);
-        changed
+        Ok(changed)
     }
 }
 

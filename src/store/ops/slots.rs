@@ -8,12 +8,11 @@ use std::sync::PoisonError;
 use std::time::Duration;
 
 use super::StoreOp;
-use crate::clock::system_now_micros;
 use crate::store::contract::OperationRequest;
 
 use crate::store::contract::{micros, StoreError};
 use crate::store::memory::shard::{KeyState, Stored};
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{call_time, positive, refused, MemoryStore};
 use crate::store::op::{Script, ScriptId, ScriptOp};
 use crate::store::redis::RedisStore;
 use crate::store::slots::{SlotOp, SlotReply, SlotRequest};
@@ -172,17 +171,35 @@ impl StoreOp for SlotsOp<'_> {
     }
 
     fn in_memory(&self, store: &MemoryStore) -> Result<SlotReply, StoreError> {
-        Ok(store.slots_now(self.0))
+        store.slots_now(self.0)
     }
 }
 
+/// The longest slot id `lua/slots.lua` takes, in bytes.
+const MAX_ID_BYTES: usize = 64;
+
 /// The mirror: the same call under the key's shard lock.
 impl MemoryStore {
-    /// A slot call (`lua/slots.lua`), synchronously.
-    pub(crate) fn slots_now(&self, request: SlotRequest<'_>) -> SlotReply {
-        let now = request.now_micros.unwrap_or_else(system_now_micros);
+    /// A slot call (`lua/slots.lua`), synchronously; refused as the script refuses its
+    /// arguments, in the same order.
+    pub(crate) fn slots_now(&self, request: SlotRequest<'_>) -> Result<SlotReply, StoreError> {
+        if request.ids.is_empty() {
+            return Err(refused("slot", "expected the slot ids"));
+        }
+        let now = call_time(request.now_micros, "slot")?;
         let (op, limit) = slot_op(request.op);
-        let lease_us = micros(request.lease);
+        positive(limit, "slot", "limit")?;
+        let lease_us = positive(micros(request.lease), "slot", "lease_us")?;
+        if request
+            .ids
+            .iter()
+            .any(|id| id.is_empty() || id.len() > MAX_ID_BYTES)
+        {
+            return Err(refused("slot", "a slot id has 1 to 64 bytes"));
+        }
+        if op == ACQUIRE && request.ids.len() != 1 {
+            return Err(refused("slot", "acquire takes one slot id"));
+        }
         let ids: Vec<u64> = request.ids.iter().map(|id| self.hash_id(id)).collect();
         let mut guard = self
             .shard(request.key)
@@ -194,7 +211,7 @@ impl MemoryStore {
         // reads as a fresh key. A release then changes nothing.
         let held_slots = live.and_then(|slot| shard.held_slots(slot));
         if held_slots.is_none() && op == RELEASE {
-            return SlotReply::of(request.op, false, 0, Duration::ZERO);
+            return Ok(SlotReply::of(request.op, false, 0, Duration::ZERO));
         }
         let bytes = held_slots.unwrap_or_default();
         let ((ok, n, wait_us), after) = slots_step(bytes, op, limit, lease_us, &ids, now);
@@ -219,12 +236,12 @@ impl MemoryStore {
             }
             Some(_) => {}
         }
-        SlotReply::of(
+        Ok(SlotReply::of(
             request.op,
             ok,
             n,
             Duration::from_millis(wait_us.div_ceil(1000)),
-        )
+        ))
     }
 }
 

@@ -33,7 +33,7 @@ impl StoreOp for TimedOp<'_> {
 
     /// The system clock's µs it decided at, read once and decided with.
     fn in_memory(&self, store: &MemoryStore) -> Result<Self::Output, StoreError> {
-        Ok(decide_in_memory(self.0, |request| store.check_now(request)))
+        decide_in_memory(self.0, |request| store.try_check(request))
     }
 }
 
@@ -41,8 +41,8 @@ impl StoreOp for TimedOp<'_> {
 /// once: `decide` runs with it, and an admission tells it.
 pub(crate) fn decide_in_memory(
     request: CheckRequest<'_>,
-    decide: impl FnOnce(CheckRequest<'_>) -> Decision,
-) -> (Decision, Option<u64>) {
+    decide: impl FnOnce(CheckRequest<'_>) -> Result<Decision, StoreError>,
+) -> Result<(Decision, Option<u64>), StoreError> {
     let (now, asked) = match request.now_micros {
         Some(now) => (now, false),
         None => (system_now_micros(), true),
@@ -50,7 +50,7 @@ pub(crate) fn decide_in_memory(
     let decision = decide(CheckRequest {
         now_micros: Some(now),
         ..request
-    });
+    })?;
     let at = (asked && decision.allowed).then_some(now);
-    (decision, at)
+    Ok((decision, at))
 }

@@ -49,6 +49,11 @@ pub(crate) fn exact(v: u64) -> f64 {
     }
 }
 
+/// Whether the scripts take `v` as it is: [`exact`] sends it as itself, not NaN.
+pub(crate) fn is_exact(v: u64) -> bool {
+    !exact(v).is_nan()
+}
+
 /// Any cost above the largest burst a quota can have is never allowed, whatever the quotas in
 /// force (an override may have a larger burst than the caller's): capped there, so Lua stays
 /// below 2^53.
