@@ -91,11 +91,13 @@ pub struct CheckRequest<'a> {
 /// use redlimit::store::{CheckRequest, MemoryStore, Operation, Store, StoreError};
 /// use redlimit::{Decision, Limiter, Quota};
 ///
-/// /// Counts the calls that reach the store, and lets a `MemoryStore` run them.
+/// /// Counts the decisions and the operations that reach the store, and lets a `MemoryStore`
+/// /// run them.
 /// #[derive(Debug, Default)]
 /// struct Counted {
 ///     inner: MemoryStore,
-///     calls: Arc<AtomicU64>,
+///     checks: Arc<AtomicU64>,
+///     operations: Arc<AtomicU64>,
 /// }
 ///
 /// impl Store for Counted {
@@ -103,12 +105,12 @@ pub struct CheckRequest<'a> {
 ///         &'a self,
 ///         request: CheckRequest<'a>,
 ///     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-///         self.calls.fetch_add(1, Ordering::Relaxed);
+///         self.checks.fetch_add(1, Ordering::Relaxed);
 ///         self.inner.check(request)
 ///     }
 ///
 ///     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-///         self.calls.fetch_add(1, Ordering::Relaxed);
+///         self.operations.fetch_add(1, Ordering::Relaxed);
 ///         self.inner.run(operation)
 ///     }
 /// }
@@ -116,14 +118,16 @@ pub struct CheckRequest<'a> {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let store = Counted::default();
-/// let calls = store.calls.clone();
+/// let (checks, operations) = (store.checks.clone(), store.operations.clone());
 /// let limiter = Limiter::new(store);
 /// let quota = Quota::per_minute(1).unwrap();
 /// assert!(limiter.check("k", &quota).await.is_allowed());
 /// assert!(!limiter.check("k", &quota).await.is_allowed());
-/// // A fleet control runs through the wrapper too.
+/// assert_eq!(checks.load(Ordering::Relaxed), 2);
+/// // A fleet control runs through the wrapper too: the suspension of the key's tenant, and a
+/// // look at its route for the status it answers.
 /// limiter.suspend("k", Duration::from_secs(60)).await.unwrap();
-/// assert_eq!(calls.load(Ordering::Relaxed), 3);
+/// assert_eq!(operations.load(Ordering::Relaxed), 2);
 /// # }
 /// ```
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
