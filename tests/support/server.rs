@@ -190,6 +190,12 @@ impl RedisServer {
             .expect("SCRIPT FLUSH");
     }
 
+    /// The server's clock (`TIME`), since the Unix epoch.
+    pub fn time(&self) -> Duration {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut self.conn()).unwrap();
+        Duration::from_secs(secs) + Duration::from_micros(micros)
+    }
+
     /// `FLUSHALL`: deletes every key.
     pub fn flushall(&self) {
         let _: () = redis::cmd("FLUSHALL")
