@@ -181,6 +181,12 @@ impl RedisServer {
         debug_sleep_via(&self.client(), duration)
     }
 
+    /// The server's clock (`TIME`), since the Unix epoch.
+    pub fn time(&self) -> Duration {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut self.conn()).unwrap();
+        Duration::from_secs(secs) + Duration::from_micros(micros)
+    }
+
     /// `SCRIPT FLUSH`: forgets every loaded Lua script (EVALSHA then fails
     /// with NOSCRIPT).
     pub fn script_flush(&self) {
@@ -188,12 +194,6 @@ impl RedisServer {
             .arg("FLUSH")
             .query(&mut self.conn())
             .expect("SCRIPT FLUSH");
-    }
-
-    /// The server's clock (`TIME`), since the Unix epoch.
-    pub fn time(&self) -> Duration {
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut self.conn()).unwrap();
-        Duration::from_secs(secs) + Duration::from_micros(micros)
     }
 
     /// `FLUSHALL`: deletes every key.
