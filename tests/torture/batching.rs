@@ -211,12 +211,15 @@ impl Fleet {
     }
 
     /// A check on instance `inst`'s store polled once, `polled` told (its call is then in
-    /// flight, unless it returned at once), then polled to its end and recorded as `caller`'s.
+    /// flight, unless it returned at once); then, if `parked` gives a time, kept that long
+    /// neither polled nor dropped, then dropped (`then_drop`) or polled on. Polled to its end,
+    /// it is recorded as `caller`'s, its wait judged unless it was parked.
     async fn polled_once(
         self: Arc<Self>,
         (op, inst, alg, key): (usize, usize, usize, usize),
         caller: &'static str,
         polled: oneshot::Sender<()>,
+        parked: Option<(Duration, bool)>,
     ) {
         let limiter = self.limiters[inst][alg].clone();
         let name = self.name(alg, key);
@@ -228,17 +231,23 @@ impl Fleet {
         )));
         let first = poll_once(&mut check).await;
         let _ = polled.send(());
-        let checked = match first {
-            Poll::Ready(checked) => checked,
-            Poll::Pending => match timeout(BOUND, check).await {
-                Ok(checked) => checked,
-                Err(_) => {
-                    return self.hang(op, format!("{caller} check still pending after {BOUND:?}"))
-                }
-            },
-        };
         let what = (op, inst, Algorithm::ALL[alg], caller);
-        self.record(Timed::new(what, started, &checked, Some(STORE_TIMEOUT)));
+        if let Poll::Ready(checked) = first {
+            return self.record(Timed::new(what, started, &checked, Some(STORE_TIMEOUT)));
+        }
+        let mut judged = Some(STORE_TIMEOUT);
+        if let Some((park, then_drop)) = parked {
+            sleep(park).await;
+            if then_drop {
+                drop(check);
+                return;
+            }
+            judged = None;
+        }
+        match timeout(BOUND, check).await {
+            Ok(checked) => self.record(Timed::new(what, started, &checked, judged)),
+            Err(_) => self.hang(op, format!("{caller} check still pending after {BOUND:?}")),
+        }
     }
 }
 
@@ -322,7 +331,8 @@ pub async fn run<'a>(
                             .build()
                     }
                     .expect("runtime");
-                    let check = own.polled_once((i, inst, alg, key), "other runtime's own", polled);
+                    let caller = "other runtime's own";
+                    let check = own.polled_once((i, inst, alg, key), caller, polled, None);
                     runtime.block_on(check);
                     if shutdown {
                         drop(runtime);
@@ -385,11 +395,10 @@ pub async fn run<'a>(
                 let (polled, first) = oneshot::channel();
                 let park = Duration::from_millis(park_ms);
                 run.cancellations += u64::from(then_drop);
-                parked.spawn(
-                    fleet
-                        .clone()
-                        .park((i, inst), draws[0], park, then_drop, polled),
-                );
+                let (alg, key) = draws[0];
+                let what = (i, inst, alg, key);
+                let parking = Some((park, then_drop));
+                parked.spawn(fleet.clone().polled_once(what, "parked", polled, parking));
                 first_poll(first).await;
                 let mut queued = JoinSet::new();
                 for &(alg, key) in &draws[1..=n] {
@@ -485,7 +494,7 @@ impl Fleet {
         polled: oneshot::Sender<()>,
     ) {
         self.clone()
-            .polled_once((op, inst, alg, key), "busy task's own", polled)
+            .polled_once((op, inst, alg, key), "busy task's own", polled, None)
             .await;
         let began = Instant::now();
         if cpu {
@@ -497,40 +506,5 @@ impl Fleet {
             std::thread::sleep(work);
         }
         self.busy.lock().unwrap().push((began, Instant::now()));
-    }
-
-    /// A check future polled once (`polled` told), then kept `park` neither polled nor dropped,
-    /// then dropped (`then_drop`) or polled to its end (recorded, its wait not judged).
-    async fn park(
-        self: Arc<Self>,
-        (op, inst): (usize, usize),
-        (alg, key): (usize, usize),
-        park: Duration,
-        then_drop: bool,
-        polled: oneshot::Sender<()>,
-    ) {
-        let limiter = self.limiters[inst][alg].clone();
-        let name = self.name(alg, key);
-        let started = Instant::now();
-        let mut check = Box::pin(marked_why(limiter.check_quotas(
-            name.as_str(),
-            &self.quotas,
-            1,
-        )));
-        let first = poll_once(&mut check).await;
-        let _ = polled.send(());
-        let what = (op, inst, Algorithm::ALL[alg], "parked");
-        if let Poll::Ready(checked) = first {
-            return self.record(Timed::new(what, started, &checked, Some(STORE_TIMEOUT)));
-        }
-        sleep(park).await;
-        if then_drop {
-            drop(check);
-            return;
-        }
-        match timeout(BOUND, check).await {
-            Ok(checked) => self.record(Timed::new(what, started, &checked, None)),
-            Err(_) => self.hang(op, format!("parked check still pending after {BOUND:?}")),
-        }
     }
 }
