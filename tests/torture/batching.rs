@@ -210,6 +210,30 @@ impl Fleet {
         self.decide(limiter, STORE_TIMEOUT, (op, inst, alg, key), caller)
     }
 
+    /// Once a first check's first poll is over (`first`), decisions on instance `inst` for the
+    /// op `op`: `queued` ones (`(alg, key)`) at once, behind that check, then `lone` ones a
+    /// quarter of `gap` apart, each recorded as its caller's (`callers`: the queued ones', the
+    /// lone ones'). Returns once all are done.
+    async fn behind_a_first_check(
+        self: &Arc<Self>,
+        (op, inst): (usize, usize),
+        first: oneshot::Receiver<()>,
+        (queued, lone): (&[(usize, usize)], &[(usize, usize)]),
+        gap: Duration,
+        callers: (&'static str, &'static str),
+    ) {
+        first_poll(first).await;
+        let mut decisions = JoinSet::new();
+        for &(alg, key) in queued {
+            decisions.spawn(self.decide_on((op, inst, alg, key), callers.0));
+        }
+        for &(alg, key) in lone {
+            sleep(gap / 4).await;
+            decisions.spawn(self.decide_on((op, inst, alg, key), callers.1));
+        }
+        while decisions.join_next().await.is_some() {}
+    }
+
     /// A check on instance `inst`'s store polled once, `polled` told (its call is then in
     /// flight, unless it returned at once); then, if `parked` gives a time, kept that long
     /// neither polled nor dropped, then dropped (`then_drop`) or polled on. Polled to its end,
@@ -369,19 +393,14 @@ pub async fn run<'a>(
                 let (polled, first) = oneshot::channel();
                 let work = Duration::from_millis(work_ms);
                 let busy = tokio::spawn(fleet.clone().busy((i, inst), draws[0], work, cpu, polled));
-                first_poll(first).await;
-                let mut queued = JoinSet::new();
-                for &(alg, key) in &draws[1..=n] {
-                    queued
-                        .spawn(fleet.decide_on((i, inst, alg, key), "queued behind a busy task's"));
-                }
-                for &(alg, key) in &draws[n + 1..] {
-                    sleep(work / 4).await;
-                    queued.spawn(
-                        fleet.decide_on((i, inst, alg, key), "lone during a busy task's work"),
-                    );
-                }
-                while queued.join_next().await.is_some() {}
+                let draws = (&draws[1..=n], &draws[n + 1..]);
+                let callers = (
+                    "queued behind a busy task's",
+                    "lone during a busy task's work",
+                );
+                fleet
+                    .behind_a_first_check((i, inst), first, draws, work, callers)
+                    .await;
                 busy.await.expect("the busy task");
             }
             Op::Park {
@@ -399,17 +418,11 @@ pub async fn run<'a>(
                 let what = (i, inst, alg, key);
                 let parking = Some((park, then_drop));
                 parked.spawn(fleet.clone().polled_once(what, "parked", polled, parking));
-                first_poll(first).await;
-                let mut queued = JoinSet::new();
-                for &(alg, key) in &draws[1..=n] {
-                    queued
-                        .spawn(fleet.decide_on((i, inst, alg, key), "queued behind a parked one"));
-                }
-                for &(alg, key) in &draws[n + 1..] {
-                    sleep(park / 4).await;
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "lone beside a parked one"));
-                }
-                while queued.join_next().await.is_some() {}
+                let draws = (&draws[1..=n], &draws[n + 1..]);
+                let callers = ("queued behind a parked one", "lone beside a parked one");
+                fleet
+                    .behind_a_first_check((i, inst), first, draws, park, callers)
+                    .await;
             }
             Op::Full { seed } => {
                 let (limiters, max_batch) = fleet.full();

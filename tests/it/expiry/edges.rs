@@ -243,18 +243,11 @@ async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     let redis = RedisServer::start();
-    let quota = Quota::new(60, Duration::from_secs(1))
-        .unwrap()
-        .with_burst(20)
-        .unwrap();
+    let quota = support::quota_with_burst(60, Duration::from_secs(1), 20);
     let quotas: Quotas = quota.into();
     let two: Quotas =
         Quotas::new([quota, Quota::new(40, Duration::from_secs(2)).unwrap()]).unwrap();
-    let tight: Quotas = Quota::new(5, Duration::from_secs(1))
-        .unwrap()
-        .with_burst(3)
-        .unwrap()
-        .into();
+    let tight: Quotas = support::quota_with_burst(5, Duration::from_secs(1), 3).into();
     let wall = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
     let skew = Duration::from_millis(4_000);
     for algorithm in packed() {
@@ -454,6 +447,19 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
             }
             *last = Some(decision.remaining);
         };
+        // Suspends `target` for a minute: the route's next decision must say so.
+        let suspended = async |target: Target<'_>, what: &str, failures: &mut Vec<String>| {
+            limiter
+                .suspend(target, Duration::from_secs(60))
+                .await
+                .unwrap();
+            let denied = support::decision(&limiter, route, &quota).await;
+            if !denied.suspended {
+                failures.push(format!(
+                    "{algorithm} (scoped {scoped}): {what}, decided {denied:?}"
+                ));
+            }
+        };
         for _ in 0..3 {
             admit("admissions", &mut failures, &mut last).await;
         }
@@ -472,16 +478,7 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         }
 
         // Suspend, then resume.
-        limiter
-            .suspend(route, Duration::from_secs(60))
-            .await
-            .unwrap();
-        let denied = support::decision(&limiter, route, &quota).await;
-        if !denied.suspended {
-            failures.push(format!(
-                "{algorithm} (scoped {scoped}): suspended, decided {denied:?}"
-            ));
-        }
+        suspended(route, "suspended", &mut failures).await;
         limiter.resume(route).await.unwrap();
         admit("resume", &mut failures, &mut last).await;
         admit("resume, again", &mut failures, &mut last).await;
@@ -517,16 +514,7 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         admit("tenant clear_quota", &mut failures, &mut last).await;
         admit("tenant clear_quota, again", &mut failures, &mut last).await;
         // The tenant suspended, then resumed.
-        limiter
-            .suspend(Target::all_routes(busy), Duration::from_secs(60))
-            .await
-            .unwrap();
-        let denied = support::decision(&limiter, route, &quota).await;
-        if !denied.suspended {
-            failures.push(format!(
-                "{algorithm} (scoped {scoped}): tenant suspended, decided {denied:?}"
-            ));
-        }
+        suspended(Target::all_routes(busy), "tenant suspended", &mut failures).await;
         limiter.resume(Target::all_routes(busy)).await.unwrap();
         admit("tenant resume", &mut failures, &mut last).await;
         admit("tenant resume, again", &mut failures, &mut last).await;
