@@ -541,17 +541,6 @@ fn tag(algorithm: Algorithm) -> u8 {
     redlimit::algorithm::script_tag(algorithm)
 }
 
-/// The script's one argument: doubles now_us and cost, the algorithm's byte, then per tier
-/// doubles limit, period_us, burst (little-endian).
-fn pack_args(now: f64, cost: f64, alg: u8, tiers: &[(f64, f64, f64)]) -> Vec<u8> {
-    let mut args = [now, cost].map(f64::to_le_bytes).concat();
-    args.push(alg);
-    for &(limit, period, burst) in tiers {
-        args.extend([limit, period, burst].map(f64::to_le_bytes).concat());
-    }
-    args
-}
-
 /// The usual call, an admission under the caller's one quota, replies one integer,
 /// `reset_after_ms * (burst + 1) + remaining`; a denial, and an admission whose integer would
 /// reach 2^53, reply the packed string.
@@ -562,13 +551,8 @@ fn one_quota_admission_replies_one_integer() {
     let source = script_source();
     let now = T0.as_micros() as f64;
     let call = |conn: &mut redis::Connection, key: &str, tier: (f64, f64, f64)| {
-        redis::cmd("EVAL")
-            .arg(source)
-            .arg(1)
-            .arg(key)
-            .arg(pack_args(now, 1.0, tag(Algorithm::TokenBucket), &[tier]))
-            .query::<redis::Value>(conn)
-            .unwrap()
+        let args = support::script_args(now, 1.0, tag(Algorithm::TokenBucket), &[tier]);
+        support::eval_on_key::<redis::Value>(conn, source, key, args)
     };
     // 10 a minute: 9 left, full again in 6 s.
     let minute = (10.0, 60e6, 10.0);
@@ -606,7 +590,8 @@ fn several_tiers_are_all_or_none() {
     let mut conn = redis.conn();
     let source = script_source();
     let now = T0.as_micros() as f64;
-    let pack = |cost: f64, alg: u8, tiers: &[(f64, f64, f64)]| pack_args(now, cost, alg, tiers);
+    let pack =
+        |cost: f64, alg: u8, tiers: &[(f64, f64, f64)]| support::script_args(now, cost, alg, tiers);
     // The reply: flags (1 allowed, 2 suspended), the binding tier's position (from 1), then
     // doubles remaining, retry_after_ms, reset_after_ms.
     let unpack = |reply: Vec<u8>| -> [i64; 5] {
@@ -620,15 +605,8 @@ fn several_tiers_are_all_or_none() {
     };
     let tiers = [(10.0, 60e6, 10.0), (2.0, 60e6, 2.0)];
     let call = |conn: &mut redis::Connection, cost: f64| -> [i64; 5] {
-        unpack(
-            redis::cmd("EVAL")
-                .arg(source)
-                .arg(1)
-                .arg("redlimit:{t}")
-                .arg(pack(cost, tag(Algorithm::TokenBucket), &tiers))
-                .query(conn)
-                .unwrap(),
-        )
+        let args = pack(cost, tag(Algorithm::TokenBucket), &tiers);
+        unpack(support::eval_on_key(conn, source, "redlimit:{t}", args))
     };
     // The 2-a-minute tier binds (1 left of 2, while the other has 9 of 10).
     assert_eq!(call(&mut conn, 1.0), [1, 2, 1, 0, 30_000]);
@@ -752,7 +730,7 @@ fn the_split_form_decides_as_the_normal_one() {
         );
         let [log_controls, tenant_key] = redlimit::test_hooks::control_keys(&normal);
         let decide = |conn: &mut redis::Connection, now: f64, tenant: Option<&[u8]>| {
-            let args = pack_args(now, 1.0, alg, &[quota]);
+            let args = support::script_args(now, 1.0, alg, &[quota]);
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(source);
             if log {

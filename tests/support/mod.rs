@@ -243,6 +243,34 @@ pub async fn poison_key(redis: &RedisServer, limiter: &redlimit::Limiter, key: &
         .expect("SETRANGE");
 }
 
+/// The decision script's one argument, as the crate packs it: doubles `now_us` (-1: Redis's
+/// clock) and `cost`, the algorithm's byte, then per tier doubles limit, period_us, burst
+/// (little-endian).
+pub fn script_args(now_us: f64, cost: f64, algorithm: u8, tiers: &[(f64, f64, f64)]) -> Vec<u8> {
+    let mut args = [now_us, cost].map(f64::to_le_bytes).concat();
+    args.push(algorithm);
+    for &(limit, period_us, burst) in tiers {
+        args.extend([limit, period_us, burst].map(f64::to_le_bytes).concat());
+    }
+    args
+}
+
+/// `EVAL source` on the one key `key` with the one argument `arg`: the script's reply.
+pub fn eval_on_key<T: redis::FromRedisValue>(
+    conn: &mut redis::Connection,
+    source: &str,
+    key: &str,
+    arg: impl redis::ToRedisArgs,
+) -> T {
+    let reply = redis::cmd("EVAL")
+        .arg(source)
+        .arg(1)
+        .arg(key)
+        .arg(arg)
+        .query(conn);
+    reply.expect("the script's reply")
+}
+
 /// A tiny deterministic generator (xorshift), so a failing run can be replayed by its seed.
 pub struct Rng(pub u64);
 

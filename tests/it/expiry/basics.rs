@@ -137,10 +137,8 @@ async fn a_key_never_expires_before_its_state_is_fresh_whatever_writes_it_in_bet
                     server.clear_quota("k").await.expect("clear");
                 }
                 7..=9 => {
-                    server
-                        .refund("k", &quotas, 1 + random.below(2))
-                        .await
-                        .expect("refund");
+                    let units = 1 + random.below(2);
+                    server.refund("k", &quotas, units).await.expect("refund");
                 }
                 _ => {}
             }
@@ -176,8 +174,8 @@ async fn a_key_never_expires_before_its_state_is_fresh_whatever_writes_it_in_bet
 
 #[tokio::test]
 async fn a_new_key_gets_its_exact_ttl_and_no_remembered_time() {
-    let redis = RedisServer::start();
     let quota = Quota::per_hour(1_000).unwrap();
+    let redis = RedisServer::start();
     for algorithm in packed() {
         let (limiter, name, key) = on_redis(&redis, algorithm, "once");
         let decision = support::decision(&limiter, name.as_str(), &quota).await;

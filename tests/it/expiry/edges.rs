@@ -37,10 +37,8 @@ fn stored(redis: &RedisServer, key: &str) -> Vec<u8> {
 /// The decision script's one argument on Redis's clock (now_us -1): cost 1, the algorithm's
 /// byte, one tier.
 fn server_clock_args(algorithm: Algorithm, limit: f64, period_us: f64, burst: f64) -> Vec<u8> {
-    let mut args = [-1f64, 1.0].map(f64::to_le_bytes).concat();
-    args.push(redlimit::algorithm::script_tag(algorithm));
-    args.extend([limit, period_us, burst].map(f64::to_le_bytes).concat());
-    args
+    let tag = redlimit::algorithm::script_tag(algorithm);
+    support::script_args(-1.0, 1.0, tag, &[(limit, period_us, burst)])
 }
 
 /// Whether a decision script's reply admits: an integer (the one-quota admission), or the
@@ -102,13 +100,7 @@ fn a_previous_release_reads_what_this_release_admitted() {
             (0..20)
                 .filter(|&i| {
                     let source: &str = if pick(i) { current } else { &previous };
-                    let reply: redis::Value = redis::cmd("EVAL")
-                        .arg(source)
-                        .arg(1)
-                        .arg(&key)
-                        .arg(&args)
-                        .query(&mut conn)
-                        .expect("a decision");
+                    let reply: redis::Value = support::eval_on_key(&mut conn, source, &key, &args);
                     admits(&reply)
                 })
                 .count()
@@ -295,10 +287,8 @@ async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
                     server.reset("k").await.expect("reset");
                 }
                 13..=16 => {
-                    server
-                        .refund("k", &quotas, 1 + random.below(2))
-                        .await
-                        .expect("refund");
+                    let units = 1 + random.below(2);
+                    server.refund("k", &quotas, units).await.expect("refund");
                 }
                 17..=22 => {
                     let limiter = if roll.is_multiple_of(2) {
@@ -366,13 +356,7 @@ fn without_keepttl_the_write_sets_a_ttl() {
         let key = format!("redlimit:{{redis5-{algorithm}}}");
         let mut admitted = 0;
         for _ in 0..15 {
-            let reply: redis::Value = redis::cmd("EVAL")
-                .arg(&redis5)
-                .arg(1)
-                .arg(&key)
-                .arg(&args)
-                .query(&mut conn)
-                .expect("a decision");
+            let reply: redis::Value = support::eval_on_key(&mut conn, &redis5, &key, &args);
             if admits(&reply) {
                 admitted += 1;
                 let left = pttl(&redis, &key);
