@@ -187,6 +187,14 @@ impl RedisServer {
         Duration::from_secs(secs) + Duration::from_micros(micros)
     }
 
+    /// Waits for a [`debug_sleep`](Self::debug_sleep) to end (Redis answers again) on a
+    /// blocking thread, so that the runtime goes on meanwhile.
+    pub async fn awake(sleeping: JoinHandle<()>) {
+        tokio::task::spawn_blocking(move || sleeping.join().unwrap())
+            .await
+            .unwrap();
+    }
+
     /// `SCRIPT FLUSH`: forgets every loaded Lua script (EVALSHA then fails
     /// with NOSCRIPT).
     pub fn script_flush(&self) {

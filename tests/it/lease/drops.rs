@@ -403,9 +403,7 @@ async fn probe_a_waiter_dropped_after_a_reset_ended_its_lease_loses_no_unit() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     second.abort();
     let _ = second.await;
-    tokio::task::spawn_blocking(move || sleeping.join().unwrap())
-        .await
-        .unwrap();
+    RedisServer::awake(sleeping).await;
     let first = tokio::time::timeout(Duration::from_secs(3), first)
         .await
         .expect("the first request hung")

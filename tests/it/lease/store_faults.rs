@@ -233,9 +233,7 @@ async fn probe_debug_sleep_past_the_timeout_never_holds_a_request_past_its_bound
     tokio::time::sleep(Duration::from_millis(200)).await;
     for _ in 0..3 {
         let sleeping = redis.debug_sleep(Duration::from_millis(1_500));
-        tokio::task::spawn_blocking(move || sleeping.join().unwrap())
-            .await
-            .unwrap();
+        RedisServer::awake(sleeping).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -277,9 +275,7 @@ async fn probe_a_store_that_times_out_never_lets_leases_admit_past_the_quota() {
             }
         }
         if let Some(s) = sleeping {
-            tokio::task::spawn_blocking(move || s.join().unwrap())
-                .await
-                .unwrap();
+            RedisServer::awake(s).await;
         }
         let peek = observer.try_check_quotas("k", &quotas, 0).await.unwrap();
         if peek.remaining == 0 && limiter.lease_stats().held == 0 {
