@@ -218,7 +218,7 @@ impl Fleet {
         self: &Arc<Self>,
         (op, inst): (usize, usize),
         first: oneshot::Receiver<()>,
-        (queued, lone): (&[(usize, usize)], &[(usize, usize)]),
+        (queued, lone): (&[Draw], &[Draw]),
         gap: Duration,
         callers: (&'static str, &'static str),
     ) {
@@ -274,6 +274,9 @@ impl Fleet {
         }
     }
 }
+
+/// A draw of [`Fleet::draw`]: an algorithm's index and a key's.
+type Draw = (usize, usize);
 
 /// Polls `future` once, with this task's waker.
 async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {

@@ -282,7 +282,7 @@ fn outcome(answer: &Result<Decision, StoreError>) -> String {
 /// Sets up the same data on a server: keys at their limit, overrides (route and tenant-wide), a
 /// tenant reset, a suspension, a log of another type, a clock that stepped back.
 async fn mixed_fixture(redis: &RedisServer, now: u64) {
-    let store = store_without_breaker(&redis, support::PATIENT_TIMEOUT, 1);
+    let store = store_without_breaker(redis, support::PATIENT_TIMEOUT, 1);
     let one: Quotas = Quota::per_hour(1).unwrap().into();
     let at = |key, algorithm, cost| CheckRequest {
         key,
