@@ -167,6 +167,15 @@ fn api_key_layer(limiter: Limiter, policy: &str, limit: u64) -> RateLimitLayer<H
     .unwrap()
 }
 
+/// A layer of 5 a minute on a memory store, keyed by the peer address.
+fn peer_ip_layer(policy: &str) -> RateLimitLayer<PeerIp> {
+    let limiter = Limiter::new(MemoryStore::new());
+    RateLimitLayer::builder(limiter, Quota::per_minute(5).unwrap(), PeerIp::new())
+        .policy_name(policy)
+        .build()
+        .unwrap()
+}
+
 fn dead_limiter(policy: impl FailurePolicy) -> Limiter {
     Limiter::builder(RedisStore::new(dead_redis_url()).unwrap())
         .failure_policy(policy)
@@ -191,14 +200,7 @@ async fn metrics_follow_real_traffic() {
         [200, 200, 429]
     );
     // A layer whose key is the peer address, which a bare service never has: unkeyed.
-    let anon = RateLimitLayer::builder(
-        Limiter::new(MemoryStore::new()),
-        Quota::per_minute(5).unwrap(),
-        PeerIp::new(),
-    )
-    .policy_name("anon")
-    .build()
-    .unwrap();
+    let anon = peer_ip_layer("anon");
     assert_eq!(statuses(&anon, None, 2).await, [200, 200]);
 
     let metrics = Metrics::take(&snapshotter);
@@ -362,14 +364,7 @@ fn probe_local_recorder_counts_every_outcome_under_its_policy() {
         assert_eq!(statuses(&closed, Some("a"), 2).await, [503, 503]);
         let fallback = api_key_layer(dead_limiter(LocalFallback::new(1)), "local-fallback", 1);
         assert_eq!(statuses(&fallback, Some("a"), 2).await, [200, 429]);
-        let anon = RateLimitLayer::builder(
-            Limiter::new(MemoryStore::new()),
-            Quota::per_minute(5).unwrap(),
-            PeerIp::new(),
-        )
-        .policy_name("local-anon")
-        .build()
-        .unwrap();
+        let anon = peer_ip_layer("local-anon");
         assert_eq!(statuses(&anon, None, 2).await, [200, 200]);
         let q = Quota::per_minute(1).unwrap();
         assert!(limiter.check("direct-key", &q).await.is_allowed());

@@ -69,14 +69,7 @@ struct PeerOp {
 impl Op for PeerOp {
     async fn run(&mut self, n: u64) -> bool {
         let key = &self.keys[self.shape.key(self.task, n)];
-        let reply: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
-            .arg(&*self.sha)
-            .arg(1)
-            .arg(key)
-            .arg(1000)
-            .query_async(&mut self.connection)
-            .await;
-        matches!(reply, Ok(redis::Value::Int(_)))
+        evalsha_is_an_integer(&mut self.connection, &self.sha, key, 1000).await
     }
 }
 

@@ -136,15 +136,25 @@ pub(crate) struct UntenantedOp {
 impl Op for UntenantedOp {
     async fn run(&mut self, n: u64) -> bool {
         let key = &self.keys[self.shape.key(self.task, n)];
-        let reply: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
-            .arg(&*self.sha)
-            .arg(1)
-            .arg(key)
-            .arg(&*self.args)
-            .query_async(&mut self.connection)
-            .await;
-        matches!(reply, Ok(redis::Value::Int(_)))
+        evalsha_is_an_integer(&mut self.connection, &self.sha, key, &*self.args).await
     }
+}
+
+/// `EVALSHA sha 1 key arg` on `connection`: whether Redis replied an integer.
+pub(crate) async fn evalsha_is_an_integer(
+    connection: &mut MultiplexedConnection,
+    sha: &str,
+    key: &str,
+    arg: impl redis::ToRedisArgs,
+) -> bool {
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
+        .arg(sha)
+        .arg(1)
+        .arg(key)
+        .arg(arg)
+        .query_async(connection)
+        .await;
+    matches!(reply, Ok(redis::Value::Int(_)))
 }
 
 /// (c) `ready` + `call` on a service (the layer over a trivial service, or the trivial service

@@ -115,6 +115,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algorithm::sequences;
     use crate::algorithm::testing::{expect, Seq, S};
 
     proptest! {
@@ -149,36 +150,17 @@ mod tests {
 
     #[test]
     fn burst_drain_cost_and_peek() {
-        // 10 a minute: T = 6 s, tolerance 60 s.
-        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
-        // (allowed, remaining, retry_after_ms, reset_after_ms)
-        expect(s.at(0.0).cost(1.0), (true, 9, 0, 6_000));
-        expect(s.cost(9.0), (true, 0, 0, 60_000));
-        expect(s.cost(1.0), (false, 0, 6_000, 60_000));
-        // A peek: the debt is 9.83 after 1 s; nothing is written.
-        expect(s.at(1.0 * S).cost(0.0), (true, 0, 0, 59_000));
-        assert!(!s.wrote());
-        expect(s.at(6.0 * S).cost(1.0), (true, 0, 0, 60_000));
-        expect(s.cost(2.0), (false, 0, 12_000, 60_000));
-        // Debt 9.5 at 9 s: a cost-1 request fits at 12 s.
-        expect(s.at(9.0 * S).cost(1.0), (false, 0, 3_000, 57_000));
-        // 60 s after the last write the debt is paid off: a fresh key.
-        expect(s.at(66.0 * S).cost(1.0), (true, 9, 0, 6_000));
-        // More than the tolerance can ever hold: never, and nothing consumed.
-        expect(s.cost(11.0), (false, 9, -1, 6_000));
-        expect(s.cost(9.0), (true, 0, 0, 60_000));
+        Seq::packed(step).run(sequences::REFILL_BURST);
     }
 
     #[test]
     fn keeps_a_fractional_debt() {
-        // 10 per 64 s: T = 6.4 s, and 1 s drains 0.15625 requests (exact in binary).
-        let mut s = Seq::packed(step).quota(10.0, 64.0 * S, 10.0);
-        expect(s.at(0.0).cost(5.0), (true, 5, 0, 32_000));
-        expect(s.at(1.0 * S).cost(1.0), (true, 4, 0, 37_400));
-        expect(s.cost(4.0), (true, 0, 0, 63_000));
-        // Debt 9.84375: room for 1 once 0.84375 has drained, 5.4 s later.
-        expect(s.cost(1.0), (false, 0, 5_400, 63_000));
-        expect(s.at(6.4 * S).cost(1.0), (true, 0, 0, 64_000));
+        Seq::packed(step).run(sequences::GCRA_FRACTIONAL_DEBT);
+    }
+
+    #[test]
+    fn a_tightened_quota_caps_the_debt() {
+        Seq::packed(step).run(sequences::REFILL_TIGHTENED);
     }
 
     #[test]
@@ -204,16 +186,6 @@ mod tests {
         expect(s.cost(1.0), (false, 0, 1, 1_000));
         // 1 µs later 1000 requests have drained.
         expect(s.at(now + 1.0).cost(1.0), (true, 999, 0, 1_000));
-    }
-
-    #[test]
-    fn a_tightened_quota_caps_the_debt() {
-        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(0.0).cost(10.0), (true, 0, 0, 60_000));
-        // Now 2 a minute: the debt of 10 counts as 2, paid off in 60 s, not 300 s.
-        let mut s = s.quota(2.0, 60.0 * S, 2.0);
-        expect(s.cost(1.0), (false, 0, 30_000, 60_000));
-        expect(s.at(30.0 * S).cost(1.0), (true, 0, 0, 60_000));
     }
 
     #[test]

@@ -85,6 +85,8 @@ mod spec;
 pub(crate) mod token_bucket;
 
 #[cfg(test)]
+pub(crate) mod sequences;
+#[cfg(test)]
 pub(crate) mod testing;
 
 pub(crate) use self::spec::{
@@ -411,10 +413,9 @@ pub(crate) fn window_time(w: Option<f64>, now: f64, period: f64) -> f64 {
 mod tests {
     use proptest::prelude::*;
 
-    use super::testing::{self, expect, Seq, SlidingLog, S};
-    use super::{
-        gcra, lua_mod, sliding_window, token_bucket, Algorithm, Kind, PackedStep, MAX_SKEW_US,
-    };
+    use super::sequences;
+    use super::testing::{self, Seq, SlidingLog};
+    use super::{gcra, lua_mod, sliding_window, token_bucket, Algorithm, Kind, MAX_SKEW_US};
 
     proptest! {
         /// Every algorithm keeps the shared invariants (`testing::check_invariants`).
@@ -458,56 +459,16 @@ mod tests {
     // The token bucket and GCRA admit alike (GCRA is a token bucket with continuous refill), so
     // each refill scenario below runs on both.
 
-    /// A clock stepped back moves the state's time (`ts`, `at`) to now, and a denial writes that
-    /// down: otherwise every call would move it again and refill would wait until the clock
-    /// caught up with the old time (60 s here), whatever `retry_after` said. (A failure names
-    /// the line that ran the scenario, so the algorithm.)
-    #[track_caller]
-    fn refill_clock_stepped_back_does_not_lock_the_key_out(step: PackedStep) {
-        let mut s = Seq::packed(step);
-        expect(s.at(100.0 * S).cost(10.0), (true, 0, 0, 60_000));
-        // The clock jumps back 60 s: the state is kept but measured from now, and that is
-        // written even though the request is denied...
-        expect(s.at(40.0 * S).cost(1.0), (false, 0, 6_000, 60_000));
-        assert!(s.wrote());
-        // ...so it refills from there, not from 100 s.
-        expect(s.at(46.0 * S).cost(1.0), (true, 0, 0, 60_000));
-        // A peek after another step back writes nothing.
-        expect(s.at(10.0 * S).cost(0.0), (true, 0, 0, 60_000));
-        assert!(!s.wrote());
-    }
-
     #[test]
     fn a_clock_stepped_back_never_locks_a_refill_key_out() {
-        refill_clock_stepped_back_does_not_lock_the_key_out(token_bucket::step);
-        refill_clock_stepped_back_does_not_lock_the_key_out(gcra::step);
-    }
-
-    /// A clock behind the stored time (`ts`, `at`) by at most `MAX_SKEW` (another instance's,
-    /// skewed) decides as of that time: no refill, nothing written backwards, an admission keeps
-    /// it, and its times count from its own clock. Further behind, the clock stepped back:
-    /// repaired as above.
-    #[track_caller]
-    fn refill_clock_behind_by_the_skew_decides_as_of_the_stored_time(step: PackedStep) {
-        let mut s = Seq::packed(step);
-        expect(s.at(100.0 * S).cost(9.0), (true, 1, 0, 54_000));
-        // 3 s behind: the last unit, as of 100 s (not refilled back to 97 s).
-        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 63_000));
-        // Denied, written nothing: the unit due at 106 s is 9 s away on this clock.
-        expect(s.cost(1.0), (false, 0, 9_000, 63_000));
-        assert!(!s.wrote());
-        expect(s.at(106.0 * S).cost(1.0), (true, 0, 0, 60_000));
-        // Exactly MAX_SKEW behind is still skew; 1 µs more is a clock that stepped back.
-        expect(s.at(101.0 * S).cost(1.0), (false, 0, 11_000, 65_000));
-        assert!(!s.wrote());
-        expect(s.at(101.0 * S - 1.0).cost(1.0), (false, 0, 6_000, 60_000));
-        assert!(s.wrote());
+        Seq::packed(token_bucket::step).run(sequences::REFILL_CLOCK_STEPPED_BACK);
+        Seq::packed(gcra::step).run(sequences::REFILL_CLOCK_STEPPED_BACK);
     }
 
     #[test]
     fn a_refill_clock_behind_by_the_skew_decides_as_of_the_stored_time() {
-        refill_clock_behind_by_the_skew_decides_as_of_the_stored_time(token_bucket::step);
-        refill_clock_behind_by_the_skew_decides_as_of_the_stored_time(gcra::step);
+        Seq::packed(token_bucket::step).run(sequences::REFILL_CLOCK_BEHIND);
+        Seq::packed(gcra::step).run(sequences::REFILL_CLOCK_BEHIND);
     }
 
     /// One fact, one home: every Lua step tells skew from a clock stepped back by

@@ -137,69 +137,26 @@ pub(crate) fn apply(
 
 #[cfg(test)]
 mod tests {
-    use crate::algorithm::testing::{expect, Seq, SlidingLog, S};
+    use crate::algorithm::sequences;
+    use crate::algorithm::testing::{Seq, SlidingLog};
 
     #[test]
     fn counts_every_unit_in_the_last_period() {
-        // 3 per 10 s.
-        let mut s = Seq::new(SlidingLog).quota(3.0, 10.0 * S, 3.0);
-        // (allowed, remaining, retry_after_ms, reset_after_ms)
-        expect(s.at(0.0).cost(1.0), (true, 2, 0, 10_000));
-        expect(s.at(2.0 * S).cost(1.0), (true, 1, 0, 10_000));
-        expect(s.at(4.0 * S).cost(1.0), (true, 0, 0, 10_000));
-        // Full: one unit fits when the one of 0 s leaves, two when the one of 2 s does.
-        expect(s.at(5.0 * S).cost(1.0), (false, 0, 5_000, 9_000));
-        expect(s.cost(2.0), (false, 0, 7_000, 9_000));
-        assert!(!s.wrote());
-        expect(s.at(10.0 * S).cost(1.0), (true, 0, 0, 10_000));
-        expect(s.cost(0.0), (true, 0, 0, 10_000));
-        assert!(!s.wrote());
-        expect(s.cost(4.0), (false, 0, -1, 10_000));
-        // In the window at 13 s: the units of 4 s and 10 s.
-        expect(s.at(13.0 * S).cost(2.0), (false, 1, 1_000, 7_000));
-        expect(s.at(14.0 * S).cost(2.0), (true, 0, 0, 10_000));
-        // A unit of 14 s counts until 24 s, excluded.
-        expect(s.at(24.0 * S - 1.0).cost(0.0), (true, 1, 0, 1));
-        expect(s.at(24.0 * S).cost(0.0), (true, 3, 0, 0));
+        Seq::new(SlidingLog).run(sequences::LOG_EXACT_WINDOW);
     }
 
     #[test]
     fn a_tightened_quota_waits_at_most_one_period() {
-        let mut s = Seq::new(SlidingLog).quota(3.0, 10.0 * S, 3.0);
-        expect(s.at(0.0).cost(3.0), (true, 0, 0, 10_000));
-        let mut s = s.quota(1.0, 10.0 * S, 1.0);
-        expect(s.at(1.0 * S).cost(1.0), (false, 0, 9_000, 9_000));
-        expect(s.at(10.0 * S).cost(1.0), (true, 0, 0, 10_000));
+        Seq::new(SlidingLog).run(sequences::LOG_TIGHTENED);
     }
 
     #[test]
     fn a_clock_stepped_back_never_locks_the_key_out() {
-        let mut s = Seq::new(SlidingLog).quota(3.0, 10.0 * S, 3.0);
-        expect(s.at(100.0 * S).cost(3.0), (true, 0, 0, 10_000));
-        // Back 60 s: a peek sees the units as admitted now and writes nothing...
-        expect(s.at(40.0 * S).cost(0.0), (true, 0, 0, 10_000));
-        assert!(!s.wrote());
-        // ...a denied request writes that down...
-        expect(s.cost(1.0), (false, 0, 10_000, 10_000));
-        assert_eq!(s.ttl_ms(), Some(10_000));
-        // ...so they leave the window 10 s later, not 70 s.
-        expect(s.at(50.0 * S).cost(1.0), (true, 2, 0, 10_000));
+        Seq::new(SlidingLog).run(sequences::LOG_CLOCK_STEPPED_BACK);
     }
 
-    /// A clock behind the newest entry by at most `MAX_SKEW` (another instance's, skewed)
-    /// decides as of that entry and adds its units there, never before it (they would leave the
-    /// window early); its times count from its own clock. Further behind, the clock stepped back:
-    /// repaired as above.
     #[test]
     fn a_clock_behind_by_the_skew_decides_as_of_the_newest_entry() {
-        let mut s = Seq::new(SlidingLog).quota(3.0, 10.0 * S, 3.0);
-        expect(s.at(100.0 * S).cost(2.0), (true, 1, 0, 10_000));
-        expect(s.at(97.0 * S).cost(1.0), (true, 0, 0, 13_000));
-        // All three units stay until 110 s: 13 s on this clock.
-        expect(s.cost(1.0), (false, 0, 13_000, 13_000));
-        assert!(!s.wrote());
-        expect(s.at(110.0 * S).cost(1.0), (true, 2, 0, 10_000));
-        // 6 s behind the newest: a clock stepped back, whose entries count as admitted now.
-        expect(s.at(104.0 * S).cost(1.0), (true, 1, 0, 10_000));
+        Seq::new(SlidingLog).run(sequences::LOG_CLOCK_BEHIND);
     }
 }

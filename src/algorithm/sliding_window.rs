@@ -135,7 +135,8 @@ pub(crate) fn refund(state: &[u8], r: &Refund) -> Option<Packed> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::testing::{expect, Seq, S};
+    use crate::algorithm::sequences;
+    use crate::algorithm::testing::{Seq, S};
 
     /// A client at exactly the rate (10 a minute, one every 6 s) is never denied, whatever the
     /// phase of its requests against the windows, including requests on a window's first µs
@@ -159,83 +160,33 @@ mod tests {
         assert!((200..=210).contains(&admitted), "{admitted} in 20 minutes");
     }
 
-    /// Cloudflare's worked example: limit 50 per minute, 42 in the previous window, 18 in the
-    /// current one, 15 s in: 42 * 0.75 + 18 = 49.5 < 50, admitted; the next one is not.
     #[test]
     fn cloudflares_worked_example() {
-        let mut s = Seq::packed(step).quota(50.0, 60.0 * S, 50.0);
-        expect(s.at(10.0 * S).cost(42.0), (true, 8, 0, 108_572));
-        // At 13 s into the next window the 42 weigh floor(42 * 47/60) = 32: room for 18.
-        expect(s.at(73.0 * S).cost(18.0), (true, 0, 0, 103_667));
-        expect(s.at(75.0 * S).cost(1.0), (true, 0, 0, 101_843));
-        // The next one waits until the 42 weigh 30: 15.714285 s in.
-        expect(s.cost(1.0), (false, 0, 715, 101_843));
+        Seq::packed(step).run(sequences::WINDOW_CLOUDFLARE);
     }
 
     #[test]
     fn weighs_the_previous_window_by_its_overlap() {
-        // 10 a minute; windows [0, 60 s), [60 s, 120 s)...
-        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
-        // (allowed, remaining, retry_after_ms, reset_after_ms)
-        expect(s.at(0.0).cost(5.0), (true, 5, 0, 108_000));
-        expect(s.at(30.0 * S).cost(5.0), (true, 0, 0, 84_000));
-        // Full in this window; on the next window's first µs the 10 weigh 9.99..., rounded
-        // down to 9: room for 1.
-        expect(s.cost(1.0), (false, 0, 30_000, 84_000));
-        expect(s.at(60.0 * S).cost(1.0), (true, 0, 0, 60_000));
-        // 9 + 1 now; room for one more when the share is 8: at 66 s.
-        expect(s.cost(1.0), (false, 0, 6_000, 60_000));
-        // At 90 s the previous 10 weigh 4.99..., rounded down to 4.
-        expect(s.at(90.0 * S).cost(0.0), (true, 5, 0, 30_000));
-        assert!(!s.wrote());
-        expect(s.cost(5.0), (true, 0, 0, 80_000));
-        assert_eq!(s.ttl_ms(), Some(80_000));
-        // Two windows later both counts have faded: fresh.
-        expect(s.at(200.0 * S).cost(0.0), (true, 10, 0, 0));
-        expect(s.cost(11.0), (false, 10, -1, 0));
+        Seq::packed(step).run(sequences::WINDOW_WEIGHTED);
     }
 
     #[test]
     fn retry_is_exact_to_the_microsecond() {
-        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(0.0).cost(10.0), (true, 0, 0, 114_000));
-        // At 66 s the 10 weigh floor(8.99...) = 8.
-        expect(s.at(66.0 * S).cost(2.0), (true, 0, 0, 84_000));
-        expect(s.cost(1.0), (false, 0, 6_000, 84_000));
-        expect(s.at(72.0 * S - 1.0).cost(1.0), (false, 0, 1, 78_001));
-        expect(s.at(72.0 * S).cost(1.0), (true, 0, 0, 88_000));
+        Seq::packed(step).run(sequences::WINDOW_RETRY);
     }
 
     #[test]
     fn a_tightened_quota_caps_the_counts() {
-        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(30.0 * S).cost(10.0), (true, 0, 0, 84_000));
-        // Now 5 a minute: the 10 count as 5, which fill this window; in the next one they
-        // weigh less than 5 from its first µs on.
-        let mut s = s.quota(5.0, 60.0 * S, 5.0);
-        expect(s.cost(1.0), (false, 0, 30_000, 78_000));
-        expect(s.at(60.0 * S).cost(1.0), (true, 0, 0, 60_000));
+        Seq::packed(step).run(sequences::WINDOW_TIGHTENED);
     }
 
     #[test]
     fn a_clock_stepped_back_never_locks_the_key_out() {
-        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(70.0 * S).cost(10.0), (true, 0, 0, 104_000));
-        // Back within the window: the count stands.
-        expect(s.at(65.0 * S).cost(1.0), (false, 0, 55_000, 109_000));
-        // Back into an earlier window: counts of a later window do not apply.
-        expect(s.at(50.0 * S).cost(1.0), (true, 9, 0, 10_000));
+        Seq::packed(step).run(sequences::WINDOW_CLOCK_STEPPED_BACK);
     }
 
-    /// A clock up to `MAX_SKEW` before the stored window's start (another instance's, skewed)
-    /// decides as of that window's first µs, not in an empty earlier one; its times count from
-    /// its own clock. Further before, the clock stepped back: empty, as above.
     #[test]
     fn a_clock_behind_by_the_skew_decides_in_the_stored_window() {
-        let mut s = Seq::packed(step).quota(10.0, 60.0 * S, 10.0);
-        expect(s.at(120.0 * S).cost(10.0), (true, 0, 0, 114_000));
-        expect(s.at(118.0 * S).cost(1.0), (false, 0, 62_000, 116_000));
-        assert!(!s.wrote());
-        expect(s.at(114.0 * S).cost(1.0), (true, 9, 0, 6_000));
+        Seq::packed(step).run(sequences::WINDOW_CLOCK_BEHIND);
     }
 }

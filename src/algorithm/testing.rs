@@ -5,6 +5,7 @@ use std::fmt::Debug;
 
 use proptest::prelude::*;
 
+use super::sequences::Step;
 use super::sliding_log::{self, Log};
 use super::{ms_up, Args, Outcome, Packed, PackedStep, MAX_EXACT, MAX_REPLY_MS};
 
@@ -183,6 +184,24 @@ impl<M: Mirror> Seq<M> {
     /// The TTL (ms) the last step set, if it wrote.
     pub(crate) fn ttl_ms(&self) -> Option<u64> {
         self.last_ttl
+    }
+
+    /// Runs `steps` (a sequence of [`sequences`](super::sequences)) from here, asserting each
+    /// decision and each check of what was written.
+    #[track_caller]
+    pub(crate) fn run(self, steps: &[Step]) {
+        let mut s = self;
+        for step in steps {
+            match *step {
+                Step::Quota(limit, period, burst) => {
+                    s = s.quota(limit as f64, period as f64, burst as f64);
+                }
+                Step::At(at, cost, reply) => expect(s.at(at as f64).cost(cost as f64), reply),
+                Step::Wrote(true) => assert!(s.wrote()),
+                Step::Wrote(false) => assert!(!s.wrote()),
+                Step::Ttl(ms) => assert_eq!(s.ttl_ms(), Some(ms)),
+            }
+        }
     }
 }
 

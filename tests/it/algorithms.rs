@@ -1,13 +1,15 @@
 //! Every algorithm on a real Redis and on the memory store.
 //!
-//! - Written-out sequences (the numbers of the unit tests beside each Rust mirror in
-//!   `src/algorithm/`) run on a `RedisStore` and on a `MemoryStore`, both on a manual clock; each
-//!   step must give exactly the written decision on both.
+//! - The written-out sequences of the unit tests beside each Rust mirror in `src/algorithm/`
+//!   (`src/algorithm/sequences.rs`), and a few of Redis's own, run on a `RedisStore` and on a
+//!   `MemoryStore`, both on a manual clock; each step must give exactly the written decision on
+//!   both.
 //! - A key of the wrong type, or garbage in its fields, heals: it decides like a fresh key.
 //! - `memory_per_key` measures the Redis memory one key takes (`MEMORY USAGE`) per algorithm.
 //!
 //! Every test starts its own `redis-server`.
 
+use crate::sequences::{self, Expect, Step, S};
 use crate::support;
 
 use std::time::Duration;
@@ -18,15 +20,6 @@ use support::{Ctx, RedisServer};
 
 /// 2023-11-14T22:14:00Z: a whole minute, so minute windows start at T0.
 const T0: Duration = Duration::from_secs(1_700_000_040);
-
-/// One second, in µs.
-const S: u64 = 1_000_000;
-
-/// `(allowed, remaining, retry_after_ms, reset_after_ms)`, with -1 for a retry of "never".
-type Expect = (bool, u64, i64, i64);
-
-/// One step: `at` µs after T0, a request of `cost` under `quota`, and the decision it must get.
-type Step = (u64, Quota, u64, Expect);
 
 fn summary(decision: &Decision) -> Expect {
     let retry = if decision.never_allowed() {
@@ -53,12 +46,32 @@ async fn check(limiter: &Limiter, key: &str, quota: &Quota, cost: u64) -> Decisi
         .unwrap_or_else(|e| panic!("store failed: {e}"))
 }
 
+/// The decisions of `steps`, in order: `(at, quota, cost, expect)` (what the mirror wrote is
+/// its unit tests' to check).
+fn decisions(steps: &[Step]) -> Vec<(u64, Quota, u64, Expect)> {
+    let mut quota = None;
+    let mut decisions = Vec::new();
+    for step in steps {
+        match *step {
+            Step::Quota(limit, period_us, burst) => {
+                let period = Duration::from_micros(period_us);
+                quota = Some(support::quota_with_burst(limit, period, burst));
+            }
+            Step::At(at, cost, expect) => {
+                decisions.push((at, quota.expect("a quota first"), cost, expect));
+            }
+            Step::Wrote(_) | Step::Ttl(_) => {}
+        }
+    }
+    decisions
+}
+
 /// Runs `steps` on the fresh key `key`, on Redis and in memory, asserting every decision.
 async fn run(redis: &RedisServer, algorithm: Algorithm, key: &str, steps: &[Step]) {
     let clock = ManualClock::new(T0);
     let on_redis = Ctx::new(algorithm).manual(&clock).redis(redis);
     let in_memory = Ctx::new(algorithm).manual(&clock).memory();
-    for (i, (at, quota, cost, expect)) in steps.iter().enumerate() {
+    for (i, (at, quota, cost, expect)) in decisions(steps).iter().enumerate() {
         clock.set(T0 + Duration::from_micros(*at));
         for (store, limiter) in [("redis", &on_redis), ("memory", &in_memory)] {
             let got = summary(&check(limiter, key, quota, *cost).await);
@@ -71,197 +84,115 @@ async fn run(redis: &RedisServer, algorithm: Algorithm, key: &str, steps: &[Step
     }
 }
 
+/// Runs each `(key, sequence)` of `named` on `algorithm` (see [`run`]).
+async fn run_all(redis: &RedisServer, algorithm: Algorithm, named: &[(&str, &[Step])]) {
+    for (key, steps) in named {
+        run(redis, algorithm, key, steps).await;
+    }
+}
+
 /// The token bucket and GCRA make the same admissions: one table, run on both.
 #[tokio::test]
 async fn token_bucket_and_gcra_sequences() {
     let redis = RedisServer::start();
-    let (q10, q2) = (per(10, 60), per(2, 60));
     for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
-        #[rustfmt::skip]
-        run(&redis, algorithm, &format!("{algorithm}-burst-refill-cost-peek"), &[
-            (0, q10, 1, (true, 9, 0, 6_000)),
-            (0, q10, 9, (true, 0, 0, 60_000)),
-            (0, q10, 1, (false, 0, 6_000, 60_000)),
-            (S, q10, 0, (true, 0, 0, 59_000)),
-            (6 * S, q10, 1, (true, 0, 0, 60_000)),
-            (6 * S, q10, 2, (false, 0, 12_000, 60_000)),
-            (9 * S, q10, 1, (false, 0, 3_000, 57_000)),
-            (66 * S, q10, 1, (true, 9, 0, 6_000)),
-            (66 * S, q10, 11, (false, 9, -1, 6_000)),
-            (66 * S, q10, 9, (true, 0, 0, 60_000)),
-        ]).await;
-        #[rustfmt::skip]
-        run(&redis, algorithm, &format!("{algorithm}-tightened"), &[
-            (0, q10, 10, (true, 0, 0, 60_000)),
-            (0, q2, 1, (false, 0, 30_000, 60_000)),
-            (30 * S, q2, 1, (true, 0, 0, 60_000)),
-        ]).await;
+        let key = format!("{algorithm}-burst-refill-cost-peek");
+        run(&redis, algorithm, &key, sequences::REFILL_BURST).await;
+        let key = format!("{algorithm}-tightened");
+        run(&redis, algorithm, &key, sequences::REFILL_TIGHTENED).await;
     }
 }
 
 #[tokio::test]
 async fn token_bucket_sequences() {
     let redis = RedisServer::start();
-    let q10 = per(10, 60);
-    #[rustfmt::skip]
-    run(&redis, Algorithm::TokenBucket, "clock-stepped-back", &[
-        (100 * S, q10, 10, (true, 0, 0, 60_000)),
-        (40 * S, q10, 1, (false, 0, 6_000, 60_000)),
-        (46 * S, q10, 1, (true, 0, 0, 60_000)),
-    ]).await;
+    let steps = sequences::REFILL_CLOCK_STEPPED_BACK;
+    run(&redis, Algorithm::TokenBucket, "clock-stepped-back", steps).await;
 }
 
 #[tokio::test]
 async fn gcra_sequences() {
     let redis = RedisServer::start();
-    let q10 = per(10, 60);
     let algorithm = Algorithm::Gcra;
     // A fractional debt goes through Redis and back exactly: 10 per 64 s drains 0.15625 a second.
-    let q64 = per(10, 64);
-    #[rustfmt::skip]
-    run(&redis, algorithm, "fractional-debt", &[
-        (0, q64, 5, (true, 5, 0, 32_000)),
-        (S, q64, 1, (true, 4, 0, 37_400)),
-        (S, q64, 4, (true, 0, 0, 63_000)),
-        (S, q64, 1, (false, 0, 5_400, 63_000)),
-        (6_400_000, q64, 1, (true, 0, 0, 64_000)),
-    ]).await;
+    let steps = sequences::GCRA_FRACTIONAL_DEBT;
+    run(&redis, algorithm, "fractional-debt", steps).await;
     // 11 a minute: T = 5.45 s is inexact, yet the 11th request of a burst passes.
-    let q11 = per(11, 60);
     let resets = [
         5_455, 10_910, 16_364, 21_819, 27_273, 32_728, 38_182, 43_637, 49_091, 54_546, 60_000,
     ];
-    let mut steps: Vec<Step> = (0..11)
-        .map(|i| (0, q11, 1, (true, 10 - i as u64, 0, resets[i])))
-        .collect();
-    steps.push((0, q11, 1, (false, 0, 5_455, 60_000)));
+    let mut steps = vec![Step::Quota(11, 60 * S, 11)];
+    steps.extend((0..11).map(|i| Step::At(0, 1, (true, 10 - i as u64, 0, resets[i]))));
+    steps.push(Step::At(0, 1, (false, 0, 5_455, 60_000)));
     run(&redis, algorithm, "inexact-emission-interval", &steps).await;
     // 10^9 a second (T = 0.001 µs) with a burst of 10^12, near 1.7e15 µs.
-    let billion = Quota::per_second(1_000_000_000)
-        .unwrap()
-        .with_burst(1_000_000_000_000)
-        .unwrap();
     #[rustfmt::skip]
     run(&redis, algorithm, "a-billion-a-second", &[
-        (0, billion, 999_999_999_999, (true, 1, 0, 1_000_000)),
-        (0, billion, 1, (true, 0, 0, 1_000_000)),
-        (0, billion, 1, (false, 0, 1, 1_000_000)),
-        (1, billion, 1, (true, 999, 0, 1_000_000)),
+        Step::Quota(1_000_000_000, S, 1_000_000_000_000),
+        Step::At(0, 999_999_999_999, (true, 1, 0, 1_000_000)),
+        Step::At(0, 1, (true, 0, 0, 1_000_000)),
+        Step::At(0, 1, (false, 0, 1, 1_000_000)),
+        Step::At(1, 1, (true, 999, 0, 1_000_000)),
     ]).await;
     // 10^13 at once, one a second: paid off in 10^16 ms (said exactly); PEXPIRE stops at 2^53 ms.
-    let tiny_rate = Quota::per_second(1)
-        .unwrap()
-        .with_burst(10_000_000_000_000)
-        .unwrap();
     #[rustfmt::skip]
     run(&redis, algorithm, "burst-far-above-a-tiny-rate", &[
-        (0, tiny_rate, 10_000_000_000_000, (true, 0, 0, 10_000_000_000_000_000)),
-        (0, tiny_rate, 1, (false, 0, 1_000, 10_000_000_000_000_000)),
+        Step::Quota(1, S, 10_000_000_000_000),
+        Step::At(0, 10_000_000_000_000, (true, 0, 0, 10_000_000_000_000_000)),
+        Step::At(0, 1, (false, 0, 1_000, 10_000_000_000_000_000)),
     ]).await;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "clock-stepped-back", &[
-        (100 * S, q10, 10, (true, 0, 0, 60_000)),
-        (40 * S, q10, 1, (false, 0, 6_000, 60_000)),
-        (46 * S, q10, 1, (true, 0, 0, 60_000)),
-        (10 * S, q10, 0, (true, 0, 0, 60_000)),
-    ]).await;
+    let steps = sequences::REFILL_CLOCK_STEPPED_BACK;
+    run(&redis, algorithm, "clock-stepped-back", steps).await;
 }
 
 #[tokio::test]
 async fn fixed_window_sequences() {
     let redis = RedisServer::start();
-    let (q10, q5) = (per(10, 60), per(10, 60).with_burst(5).unwrap());
     let algorithm = Algorithm::FixedWindow;
-    // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...
-    #[rustfmt::skip]
-    run(&redis, algorithm, "windows", &[
-        (10 * S, q10, 1, (true, 9, 0, 50_000)),
-        (10 * S, q10, 8, (true, 1, 0, 50_000)),
-        (20 * S, q10, 2, (false, 1, 40_000, 40_000)),
-        (20 * S, q10, 0, (true, 1, 0, 40_000)),
-        (20 * S, q10, 1, (true, 0, 0, 40_000)),
-        (60 * S - 1, q10, 1, (false, 0, 1, 1)),
-        (60 * S, q10, 10, (true, 0, 0, 60_000)),
-        (60 * S, q10, 11, (false, 0, -1, 60_000)),
-        (130 * S, q10, 0, (true, 10, 0, 0)),
-    ]).await;
-    // The capacity is the burst; the reply shows the limit (checked below).
-    let q10b3 = per(10, 60).with_burst(3).unwrap();
-    #[rustfmt::skip]
-    run(&redis, algorithm, "burst-below-limit", &[
-        (0, q10b3, 3, (true, 0, 0, 60_000)),
-        (0, q10b3, 1, (false, 0, 60_000, 60_000)),
-        (0, q10b3, 4, (false, 0, -1, 60_000)),
-    ]).await;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "tightened", &[
-        (0, q10, 10, (true, 0, 0, 60_000)),
-        (S, q5, 1, (false, 0, 59_000, 59_000)),
-        (60 * S, q5, 1, (true, 4, 0, 60_000)),
-    ]).await;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "clock-stepped-back", &[
-        (70 * S, q10, 10, (true, 0, 0, 50_000)),
-        (65 * S, q10, 1, (false, 0, 55_000, 55_000)),
-        (50 * S, q10, 1, (true, 9, 0, 10_000)),
-        (70 * S, q10, 1, (true, 9, 0, 50_000)),
-    ]).await;
+    // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...; the capacity is the burst, and the
+    // reply shows the limit (checked below).
+    let named: [(&str, &[Step]); 4] = [
+        ("windows", sequences::FIXED_WINDOWS),
+        ("burst-below-limit", sequences::FIXED_BURST_BELOW_LIMIT),
+        ("tightened", sequences::FIXED_TIGHTENED),
+        ("clock-stepped-back", sequences::FIXED_CLOCK_STEPPED_BACK),
+    ];
+    run_all(&redis, algorithm, &named).await;
 
     let clock = ManualClock::new(T0);
     let limiter = Ctx::new(algorithm).manual(&clock).redis(&redis);
+    let q10b3 = per(10, 60).with_burst(3).unwrap();
     assert_eq!(check(&limiter, "limit", &q10b3, 1).await.limit, 10);
 }
 
 #[tokio::test]
 async fn sliding_log_sequences() {
     let redis = RedisServer::start();
-    let (q3, q1) = (per(3, 10), per(1, 10));
     let algorithm = Algorithm::SlidingLog;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "exact-window", &[
-        (0, q3, 1, (true, 2, 0, 10_000)),
-        (2 * S, q3, 1, (true, 1, 0, 10_000)),
-        (4 * S, q3, 1, (true, 0, 0, 10_000)),
-        (5 * S, q3, 1, (false, 0, 5_000, 9_000)),
-        (5 * S, q3, 2, (false, 0, 7_000, 9_000)),
-        (10 * S, q3, 1, (true, 0, 0, 10_000)),
-        (10 * S, q3, 0, (true, 0, 0, 10_000)),
-        (10 * S, q3, 4, (false, 0, -1, 10_000)),
-        (13 * S, q3, 2, (false, 1, 1_000, 7_000)),
-        (14 * S, q3, 2, (true, 0, 0, 10_000)),
-        (24 * S - 1, q3, 0, (true, 1, 0, 1)),
-        (24 * S, q3, 0, (true, 3, 0, 0)),
-    ]).await;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "tightened", &[
-        (0, q3, 3, (true, 0, 0, 10_000)),
-        (S, q1, 1, (false, 0, 9_000, 9_000)),
-        (10 * S, q1, 1, (true, 0, 0, 10_000)),
-    ]).await;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "clock-stepped-back", &[
-        (100 * S, q3, 3, (true, 0, 0, 10_000)),
-        (40 * S, q3, 0, (true, 0, 0, 10_000)),
-        (40 * S, q3, 1, (false, 0, 10_000, 10_000)),
-        (50 * S, q3, 1, (true, 2, 0, 10_000)),
-    ]).await;
+    let named: [(&str, &[Step]); 3] = [
+        ("exact-window", sequences::LOG_EXACT_WINDOW),
+        ("tightened", sequences::LOG_TIGHTENED),
+        ("clock-stepped-back", sequences::LOG_CLOCK_STEPPED_BACK),
+    ];
+    run_all(&redis, algorithm, &named).await;
 
     // Member names "<now>:<n>" start after the units in the window. A period shortened at the
     // same µs drops older units, so the next name is taken ("5 s:3"): ZADD NX tries one more.
-    let q3_2s = Quota::new(3, Duration::from_secs(2)).unwrap();
     #[rustfmt::skip]
     run(&redis, algorithm, "member-name-taken", &[
-        (0, q3, 2, (true, 1, 0, 10_000)),
-        (5 * S, q3, 1, (true, 0, 0, 10_000)),
-        (5 * S, q3_2s, 2, (true, 0, 0, 2_000)),
-        (5 * S, q3_2s, 1, (false, 0, 2_000, 2_000)),
+        Step::Quota(3, 10 * S, 3),
+        Step::At(0, 2, (true, 1, 0, 10_000)),
+        Step::At(5 * S, 1, (true, 0, 0, 10_000)),
+        Step::Quota(3, 2 * S, 3),
+        Step::At(5 * S, 2, (true, 0, 0, 2_000)),
+        Step::At(5 * S, 1, (false, 0, 2_000, 2_000)),
     ]).await;
     // A cost of 2500 adds 2500 members, in batches.
-    let q2500 = per(2500, 10);
     #[rustfmt::skip]
     run(&redis, algorithm, "large-cost", &[
-        (0, q2500, 2500, (true, 0, 0, 10_000)),
-        (0, q2500, 1, (false, 0, 10_000, 10_000)),
+        Step::Quota(2500, 10 * S, 2500),
+        Step::At(0, 2500, (true, 0, 0, 10_000)),
+        Step::At(0, 1, (false, 0, 10_000, 10_000)),
     ]).await;
     let log = |key: &str| {
         Ctx::new(algorithm)
@@ -285,63 +216,28 @@ async fn sliding_log_sequences() {
 #[tokio::test]
 async fn sliding_window_sequences() {
     let redis = RedisServer::start();
-    let (q10, q5) = (per(10, 60), per(5, 60));
     let algorithm = Algorithm::SlidingWindow;
-    // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...
-    #[rustfmt::skip]
-    run(&redis, algorithm, "weighted-previous-window", &[
-        (0, q10, 5, (true, 5, 0, 108_000)),
-        (30 * S, q10, 5, (true, 0, 0, 84_000)),
-        (30 * S, q10, 1, (false, 0, 30_000, 84_000)),
-        (60 * S, q10, 1, (true, 0, 0, 60_000)),
-        (60 * S, q10, 1, (false, 0, 6_000, 60_000)),
-        (90 * S, q10, 0, (true, 5, 0, 30_000)),
-        (90 * S, q10, 5, (true, 0, 0, 80_000)),
-        (200 * S, q10, 0, (true, 10, 0, 0)),
-        (200 * S, q10, 11, (false, 10, -1, 0)),
-    ]).await;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "retry-to-the-microsecond", &[
-        (0, q10, 10, (true, 0, 0, 114_000)),
-        (66 * S, q10, 2, (true, 0, 0, 84_000)),
-        (66 * S, q10, 1, (false, 0, 6_000, 84_000)),
-        (72 * S - 1, q10, 1, (false, 0, 1, 78_001)),
-        (72 * S, q10, 1, (true, 0, 0, 88_000)),
-    ]).await;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "tightened", &[
-        (30 * S, q10, 10, (true, 0, 0, 84_000)),
-        (30 * S, q5, 1, (false, 0, 30_000, 78_000)),
-        (60 * S, q5, 1, (true, 0, 0, 60_000)),
-    ]).await;
-    #[rustfmt::skip]
-    run(&redis, algorithm, "clock-stepped-back", &[
-        (70 * S, q10, 10, (true, 0, 0, 104_000)),
-        (65 * S, q10, 1, (false, 0, 55_000, 109_000)),
-        (50 * S, q10, 1, (true, 9, 0, 10_000)),
-    ]).await;
-    // Cloudflare's worked example: 50 a minute, 42 in the previous window, 18 in this one,
-    // 15 s in: 42 * 0.75 + 18 = 49.5 < 50, admitted.
-    let q50 = per(50, 60);
-    #[rustfmt::skip]
-    run(&redis, algorithm, "cloudflare", &[
-        (10 * S, q50, 42, (true, 8, 0, 108_572)),
-        (73 * S, q50, 18, (true, 0, 0, 103_667)),
-        (75 * S, q50, 1, (true, 0, 0, 101_843)),
-        (75 * S, q50, 1, (false, 0, 715, 101_843)),
-    ]).await;
+    // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...; Cloudflare's worked example: 50 a
+    // minute, 42 in the previous window, 18 in this one, 15 s in: 42 * 0.75 + 18 = 49.5 < 50,
+    // admitted.
+    let named: [(&str, &[Step]); 5] = [
+        ("weighted-previous-window", sequences::WINDOW_WEIGHTED),
+        ("retry-to-the-microsecond", sequences::WINDOW_RETRY),
+        ("tightened", sequences::WINDOW_TIGHTENED),
+        ("clock-stepped-back", sequences::WINDOW_CLOCK_STEPPED_BACK),
+        ("cloudflare", sequences::WINDOW_CLOUDFLARE),
+    ];
+    run_all(&redis, algorithm, &named).await;
     // A client at exactly the rate, on the windows' first µs: never denied.
-    let steady: Vec<Step> = (0..30)
-        .map(|i| (i * 6 * S, q10, 1, (true, 0, 0, 0)))
-        .collect();
+    let q10 = per(10, 60);
     let clock = ManualClock::new(T0);
     for (store, limiter) in [
         ("redis", Ctx::new(algorithm).manual(&clock).redis(&redis)),
         ("memory", Ctx::new(algorithm).manual(&clock).memory()),
     ] {
-        for (at, quota, cost, _) in &steady {
-            clock.set(T0 + Duration::from_micros(*at));
-            let d = check(&limiter, "steady", quota, *cost).await;
+        for at in (0..30).map(|i| i * 6 * S) {
+            clock.set(T0 + Duration::from_micros(at));
+            let d = check(&limiter, "steady", &q10, 1).await;
             assert!(
                 d.allowed,
                 "{store}: a client at the rate denied at {at} µs: {d:?}"
@@ -541,17 +437,6 @@ fn tag(algorithm: Algorithm) -> u8 {
     redlimit::algorithm::script_tag(algorithm)
 }
 
-/// The script's one argument: doubles now_us and cost, the algorithm's byte, then per tier
-/// doubles limit, period_us, burst (little-endian).
-fn pack_args(now: f64, cost: f64, alg: u8, tiers: &[(f64, f64, f64)]) -> Vec<u8> {
-    let mut args = [now, cost].map(f64::to_le_bytes).concat();
-    args.push(alg);
-    for &(limit, period, burst) in tiers {
-        args.extend([limit, period, burst].map(f64::to_le_bytes).concat());
-    }
-    args
-}
-
 /// The usual call, an admission under the caller's one quota, replies one integer,
 /// `reset_after_ms * (burst + 1) + remaining`; a denial, and an admission whose integer would
 /// reach 2^53, reply the packed string.
@@ -562,13 +447,8 @@ fn one_quota_admission_replies_one_integer() {
     let source = script_source();
     let now = T0.as_micros() as f64;
     let call = |conn: &mut redis::Connection, key: &str, tier: (f64, f64, f64)| {
-        redis::cmd("EVAL")
-            .arg(source)
-            .arg(1)
-            .arg(key)
-            .arg(pack_args(now, 1.0, tag(Algorithm::TokenBucket), &[tier]))
-            .query::<redis::Value>(conn)
-            .unwrap()
+        let args = support::script_args(now, 1.0, tag(Algorithm::TokenBucket), &[tier]);
+        support::eval_on_key::<redis::Value>(conn, source, key, args)
     };
     // 10 a minute: 9 left, full again in 6 s.
     let minute = (10.0, 60e6, 10.0);
@@ -606,7 +486,8 @@ fn several_tiers_are_all_or_none() {
     let mut conn = redis.conn();
     let source = script_source();
     let now = T0.as_micros() as f64;
-    let pack = |cost: f64, alg: u8, tiers: &[(f64, f64, f64)]| pack_args(now, cost, alg, tiers);
+    let pack =
+        |cost: f64, alg: u8, tiers: &[(f64, f64, f64)]| support::script_args(now, cost, alg, tiers);
     // The reply: flags (1 allowed, 2 suspended), the binding tier's position (from 1), then
     // doubles remaining, retry_after_ms, reset_after_ms.
     let unpack = |reply: Vec<u8>| -> [i64; 5] {
@@ -620,15 +501,8 @@ fn several_tiers_are_all_or_none() {
     };
     let tiers = [(10.0, 60e6, 10.0), (2.0, 60e6, 2.0)];
     let call = |conn: &mut redis::Connection, cost: f64| -> [i64; 5] {
-        unpack(
-            redis::cmd("EVAL")
-                .arg(source)
-                .arg(1)
-                .arg("redlimit:{t}")
-                .arg(pack(cost, tag(Algorithm::TokenBucket), &tiers))
-                .query(conn)
-                .unwrap(),
-        )
+        let args = pack(cost, tag(Algorithm::TokenBucket), &tiers);
+        unpack(support::eval_on_key(conn, source, "redlimit:{t}", args))
     };
     // The 2-a-minute tier binds (1 left of 2, while the other has 9 of 10).
     assert_eq!(call(&mut conn, 1.0), [1, 2, 1, 0, 30_000]);
@@ -752,7 +626,7 @@ fn the_split_form_decides_as_the_normal_one() {
         );
         let [log_controls, tenant_key] = redlimit::test_hooks::control_keys(&normal);
         let decide = |conn: &mut redis::Connection, now: f64, tenant: Option<&[u8]>| {
-            let args = pack_args(now, 1.0, alg, &[quota]);
+            let args = support::script_args(now, 1.0, alg, &[quota]);
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(source);
             if log {

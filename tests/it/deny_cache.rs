@@ -201,10 +201,7 @@ async fn exactness_under_concurrency_holds_with_the_cache_on() {
 #[tokio::test]
 async fn the_cache_never_changes_a_decision() {
     let redis = RedisServer::start();
-    let quota = Quota::new(5, Duration::from_secs(10))
-        .unwrap()
-        .with_burst(5)
-        .unwrap();
+    let quota = support::quota_with_burst(5, Duration::from_secs(10), 5);
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move |bound: u64| {
         seed ^= seed << 13;

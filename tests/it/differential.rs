@@ -75,10 +75,7 @@ enum Step {
 
 fn quota_of(shape: usize) -> Quota {
     let (limit, period_s, burst) = SHAPES[shape];
-    Quota::new(limit, Duration::from_secs(period_s))
-        .unwrap()
-        .with_burst(burst)
-        .unwrap()
+    support::quota_with_burst(limit, Duration::from_secs(period_s), burst)
 }
 
 impl Scenario {

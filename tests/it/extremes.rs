@@ -208,20 +208,15 @@ async fn limit_one() {
     for &algorithm in Algorithm::ALL {
         for quota in [Quota::per_second(1).unwrap(), Quota::new(1, YEAR).unwrap()] {
             let period = quota.period();
-            let d = bench
-                .run(
-                    algorithm,
-                    quota,
-                    &[
-                        now(1),
-                        now(1),
-                        now(2),
-                        now(0),
-                        // Two periods later the key is fresh under every algorithm.
-                        at(2 * period.as_micros() as u64, 1),
-                    ],
-                )
-                .await;
+            let steps = [
+                now(1),
+                now(1),
+                now(2),
+                now(0),
+                // Two periods later the key is fresh under every algorithm.
+                at(2 * period.as_micros() as u64, 1),
+            ];
+            let d = bench.run(algorithm, quota, &steps).await;
             assert_eq!(
                 outcomes(&d),
                 [(true, 0), (false, 0), (false, 0), (true, 0), (true, 0)],
@@ -242,21 +237,16 @@ async fn limit_a_billion_per_second() {
         if !holds(algorithm, &quota) {
             continue;
         }
-        let d = bench
-            .run(
-                algorithm,
-                quota,
-                &[
-                    now(billion),
-                    now(1),
-                    at(MS, 0),
-                    at(2 * SEC, 123_456_789),
-                    now(billion),
-                    now(billion + 1),
-                    now(billion - 123_456_789),
-                ],
-            )
-            .await;
+        let steps = [
+            now(billion),
+            now(1),
+            at(MS, 0),
+            at(2 * SEC, 123_456_789),
+            now(billion),
+            now(billion + 1),
+            now(billion - 123_456_789),
+        ];
+        let d = bench.run(algorithm, quota, &steps).await;
         assert_eq!(
             (d[0].allowed, d[0].remaining),
             (true, 0),
@@ -290,26 +280,18 @@ async fn period_one_millisecond() {
     let bench = Bench::new();
     for &algorithm in Algorithm::ALL {
         for (limit, burst) in [(1, 1), (5, 5), (5, 50)] {
-            let quota = Quota::new(limit, Duration::from_millis(1))
-                .unwrap()
-                .with_burst(burst)
-                .unwrap();
+            let quota = support::quota_with_burst(limit, Duration::from_millis(1), burst);
             // Long enough for every algorithm to be back to full: two periods, or twice the
             // time the burst takes to refill.
             let full_again = 2 * MS * (burst / limit).max(1);
-            let d = bench
-                .run(
-                    algorithm,
-                    quota,
-                    &[
-                        now(burst),
-                        now(1),
-                        now(burst + 1),
-                        at(full_again, burst),
-                        at(full_again, 1),
-                    ],
-                )
-                .await;
+            let steps = [
+                now(burst),
+                now(1),
+                now(burst + 1),
+                at(full_again, burst),
+                at(full_again, 1),
+            ];
+            let d = bench.run(algorithm, quota, &steps).await;
             assert_eq!(
                 outcomes(&d),
                 [
@@ -361,18 +343,13 @@ async fn period_one_year() {
         if !holds(algorithm, &quota) {
             continue;
         }
-        let d = bench
-            .run(
-                algorithm,
-                quota,
-                &[
-                    now(billion),
-                    at(1_000 * 31_536, 0),
-                    at(999_000 * 31_536, 0),
-                    at(2 * year_us, 0),
-                ],
-            )
-            .await;
+        let steps = [
+            now(billion),
+            at(1_000 * 31_536, 0),
+            at(999_000 * 31_536, 0),
+            at(2 * year_us, 0),
+        ];
+        let d = bench.run(algorithm, quota, &steps).await;
         assert_eq!((d[0].allowed, d[0].remaining), (true, 0), "{algorithm}");
         assert_eq!(d[3].remaining, billion, "{algorithm}");
         if emission_based(algorithm) {
@@ -465,20 +442,15 @@ async fn counts_near_max_count() {
         }
         // 10^15 a second: a unit every femtosecond.
         let quota = Quota::per_second(max).unwrap();
-        let d = bench
-            .run(
-                algorithm,
-                quota,
-                &[
-                    now(max - 1),
-                    now(1),
-                    now(1),
-                    at(2 * SEC, max / 3),
-                    now(max - max / 3),
-                    now(1 << 53),
-                ],
-            )
-            .await;
+        let steps = [
+            now(max - 1),
+            now(1),
+            now(1),
+            at(2 * SEC, max / 3),
+            now(max - max / 3),
+            now(1 << 53),
+        ];
+        let d = bench.run(algorithm, quota, &steps).await;
         assert_eq!(
             outcomes(&d),
             [
@@ -597,10 +569,7 @@ async fn coming_back_after_retry_after_is_admitted() {
                 &[1, 999, 1_000_001, billion][..],
             ),
             (
-                Quota::new(7, Duration::from_secs(10))
-                    .unwrap()
-                    .with_burst(9)
-                    .unwrap(),
+                support::quota_with_burst(7, Duration::from_secs(10), 9),
                 &[1, 2, 8, 9][..],
             ),
         ] {

@@ -23,7 +23,7 @@ use redlimit::{
     layer::{MissingKey, ResponseBody},
     Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
 };
-use support::service::{counting, SEEN};
+use support::service::{counting, status_of, SEEN};
 use support::{Ctx, Fixture, RedisServer};
 use tower::buffer::Buffer;
 use tower::limit::ConcurrencyLimit;
@@ -232,6 +232,16 @@ async fn cost_above_capacity_headers_are_valid() {
     assert_eq!(state, "\"default\";r=2;t=60");
 }
 
+/// A layer of two a minute per `x-api-key` on `fx`'s limiter, answering requests without the
+/// header as `on_missing` says.
+fn by_api_key(fx: &Fixture, on_missing: MissingKey) -> RateLimitLayer<HeaderKey> {
+    let key = HeaderKey::named("x-api-key").unwrap();
+    RateLimitLayer::builder(fx.limiter.clone(), two_a_minute(), key)
+        .on_missing_key(on_missing)
+        .build()
+        .unwrap()
+}
+
 fn keyed(key: &str) -> Request<Full<Bytes>> {
     Request::get("/")
         .header("x-api-key", key)
@@ -243,24 +253,13 @@ fn keyed(key: &str) -> Request<Full<Bytes>> {
 #[tokio::test]
 async fn missing_key_shares_one_key_by_default() {
     let fx = Fixture::new();
-    let layer = RateLimitLayer::new(
-        fx.limiter.clone(),
-        two_a_minute(),
-        HeaderKey::named("x-api-key").unwrap(),
-    );
+    let layer = by_api_key(&fx, MissingKey::default());
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer.layer(counting(calls.clone()));
 
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        statuses.push(
-            svc.clone()
-                .oneshot(get("/"))
-                .await
-                .unwrap()
-                .status()
-                .as_u16(),
-        );
+        statuses.push(status_of(&svc, get("/")).await.as_u16());
     }
     assert_eq!(statuses, [200, 200, 429], "keyless requests share a quota");
     let keyed_response = svc.clone().oneshot(keyed("k-1")).await.unwrap();
@@ -272,14 +271,7 @@ async fn missing_key_shares_one_key_by_default() {
 #[tokio::test]
 async fn missing_key_reject_answers_the_status_without_calling_inner() {
     let fx = Fixture::new();
-    let layer = RateLimitLayer::builder(
-        fx.limiter.clone(),
-        two_a_minute(),
-        HeaderKey::named("x-api-key").unwrap(),
-    )
-    .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
-    .build()
-    .unwrap();
+    let layer = by_api_key(&fx, MissingKey::Reject(StatusCode::UNAUTHORIZED));
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer.layer(counting(calls.clone()));
 
@@ -295,14 +287,7 @@ async fn missing_key_reject_answers_the_status_without_calling_inner() {
 #[tokio::test]
 async fn missing_key_allow_lets_keyless_requests_through_unlimited() {
     let fx = Fixture::new();
-    let layer = RateLimitLayer::builder(
-        fx.limiter.clone(),
-        two_a_minute(),
-        HeaderKey::named("x-api-key").unwrap(),
-    )
-    .on_missing_key(MissingKey::Allow)
-    .build()
-    .unwrap();
+    let layer = by_api_key(&fx, MissingKey::Allow);
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer.layer(counting(calls.clone()));
 
@@ -315,14 +300,7 @@ async fn missing_key_allow_lets_keyless_requests_through_unlimited() {
     // Keyed requests are still limited.
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        statuses.push(
-            svc.clone()
-                .oneshot(keyed("k"))
-                .await
-                .unwrap()
-                .status()
-                .as_u16(),
-        );
+        statuses.push(status_of(&svc, keyed("k")).await.as_u16());
     }
     assert_eq!(statuses, [200, 200, 429]);
 }

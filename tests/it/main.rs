@@ -14,6 +14,10 @@ mod support;
 // The hand-written gRPC service of the examples, for `layer_quotas` and `tonic` (loaded once).
 #[path = "../../examples/common/greeter.rs"]
 mod greeter;
+// The algorithms' written-out sequences, data shared with their unit tests (`algorithms`).
+#[path = "../../src/algorithm/sequences.rs"]
+#[allow(dead_code)] // The unit tests run every sequence; `algorithms` those it names.
+mod sequences;
 // What the gRPC tests read from a status (outside `support`: the CLI's tests load that too).
 #[path = "../support/grpc.rs"]
 mod grpc;

@@ -102,13 +102,7 @@ fn the_limiter_follows_a_sentinel_failover_and_readmits_at_most_the_lagged_write
     let killed_at = Instant::now();
     setup.thaw_replica();
 
-    let promoted = wait_until(killed_at, || setup.replica_promoted());
-    let promoted = promoted.unwrap_or_else(|| {
-        panic!(
-            "the sentinels did not promote the replica within {FAILOVER_DEADLINE:?}\n{}",
-            setup.sentinel_logs()
-        )
-    });
+    let promoted = promoted_since(&setup, killed_at);
     let decided = wait_until(killed_at, || stream.decided_after(killed_at).is_some());
     assert!(
         decided.is_some(),
@@ -221,6 +215,18 @@ async fn admitted_until_denied(limiter: &Limiter, key: &str, quota: &Quota) -> u
 }
 
 /// Polls `done` every 20 ms until [`FAILOVER_DEADLINE`] after `since`; how long it took.
+/// How long after `since` the sentinels promoted the replica; panics, with their logs, past
+/// [`FAILOVER_DEADLINE`].
+fn promoted_since(setup: &RedisSentinel, since: Instant) -> Duration {
+    let promoted = wait_until(since, || setup.replica_promoted());
+    promoted.unwrap_or_else(|| {
+        panic!(
+            "the sentinels did not promote the replica within {FAILOVER_DEADLINE:?}\n{}",
+            setup.sentinel_logs()
+        )
+    })
+}
+
 fn wait_until(since: Instant, mut done: impl FnMut() -> bool) -> Option<Duration> {
     while since.elapsed() < FAILOVER_DEADLINE {
         if done() {
@@ -372,13 +378,7 @@ fn the_limiter_follows_a_failover_asked_of_the_sentinels() {
 
     let asked_at = Instant::now();
     setup.ask_failover();
-    let promoted = wait_until(asked_at, || setup.replica_promoted());
-    let promoted = promoted.unwrap_or_else(|| {
-        panic!(
-            "the sentinels did not promote the replica within {FAILOVER_DEADLINE:?}\n{}",
-            setup.sentinel_logs()
-        )
-    });
+    let promoted = promoted_since(&setup, asked_at);
     let moved = wait_until(asked_at, || {
         setup.replica.command_calls("evalsha") + setup.replica.command_calls("eval") > 0
     });

@@ -45,6 +45,14 @@ impl Fixture {
     }
 }
 
+/// A quota of `limit` per `period`, up to `burst` at once.
+pub fn quota_with_burst(limit: u64, period: Duration, burst: u64) -> Quota {
+    Quota::new(limit, period)
+        .unwrap()
+        .with_burst(burst)
+        .unwrap()
+}
+
 /// The store timeout unless a test says otherwise: generous, because these tests are about
 /// decisions, and a slow answer on a busy 2-core machine must not turn into an error or a
 /// fail-open admission (the failure tests set their own timeouts).

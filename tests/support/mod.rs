@@ -27,8 +27,8 @@ mod tls;
 pub use cluster::{key_slot, RedisCluster};
 pub use limiters::{
     admits, answers_within_10s, breaker_opening_after, cluster_limiter, decision, memory_limiter,
-    redis_error_on_verify, redis_limiter, redis_store, store_limited_to, suspended_for, Ctx,
-    Denials, Fixture, PATIENT_TIMEOUT,
+    quota_with_burst, redis_error_on_verify, redis_limiter, redis_store, store_limited_to,
+    suspended_for, Ctx, Denials, Fixture, PATIENT_TIMEOUT,
 };
 pub use server::{debug_sleep_via, RedisServer};
 pub use tls::{TlsFiles, TlsSetup};
@@ -241,6 +241,34 @@ pub async fn poison_key(redis: &RedisServer, limiter: &redlimit::Limiter, key: &
         .arg(&0f64.to_le_bytes()[..])
         .query(&mut redis.conn())
         .expect("SETRANGE");
+}
+
+/// The decision script's one argument, as the crate packs it: doubles `now_us` (-1: Redis's
+/// clock) and `cost`, the algorithm's byte, then per tier doubles limit, period_us, burst
+/// (little-endian).
+pub fn script_args(now_us: f64, cost: f64, algorithm: u8, tiers: &[(f64, f64, f64)]) -> Vec<u8> {
+    let mut args = [now_us, cost].map(f64::to_le_bytes).concat();
+    args.push(algorithm);
+    for &(limit, period_us, burst) in tiers {
+        args.extend([limit, period_us, burst].map(f64::to_le_bytes).concat());
+    }
+    args
+}
+
+/// `EVAL source` on the one key `key` with the one argument `arg`: the script's reply.
+pub fn eval_on_key<T: redis::FromRedisValue>(
+    conn: &mut redis::Connection,
+    source: &str,
+    key: &str,
+    arg: impl redis::ToRedisArgs,
+) -> T {
+    let reply = redis::cmd("EVAL")
+        .arg(source)
+        .arg(1)
+        .arg(key)
+        .arg(arg)
+        .query(conn);
+    reply.expect("the script's reply")
 }
 
 /// A tiny deterministic generator (xorshift), so a failing run can be replayed by its seed.

@@ -181,6 +181,20 @@ impl RedisServer {
         debug_sleep_via(&self.client(), duration)
     }
 
+    /// The server's clock (`TIME`), since the Unix epoch.
+    pub fn time(&self) -> Duration {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut self.conn()).unwrap();
+        Duration::from_secs(secs) + Duration::from_micros(micros)
+    }
+
+    /// Waits for a [`debug_sleep`](Self::debug_sleep) to end (Redis answers again) on a
+    /// blocking thread, so that the runtime goes on meanwhile.
+    pub async fn awake(sleeping: JoinHandle<()>) {
+        tokio::task::spawn_blocking(move || sleeping.join().unwrap())
+            .await
+            .unwrap();
+    }
+
     /// `SCRIPT FLUSH`: forgets every loaded Lua script (EVALSHA then fails
     /// with NOSCRIPT).
     pub fn script_flush(&self) {

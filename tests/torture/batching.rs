@@ -210,13 +210,40 @@ impl Fleet {
         self.decide(limiter, STORE_TIMEOUT, (op, inst, alg, key), caller)
     }
 
+    /// Once a first check's first poll is over (`first`), decisions on instance `inst` for the
+    /// op `op`: `queued` ones (`(alg, key)`) at once, behind that check, then `lone` ones a
+    /// quarter of `gap` apart, each recorded as its caller's (`callers`: the queued ones', the
+    /// lone ones'). Returns once all are done.
+    async fn behind_a_first_check(
+        self: &Arc<Self>,
+        (op, inst): (usize, usize),
+        first: oneshot::Receiver<()>,
+        (queued, lone): (&[Draw], &[Draw]),
+        gap: Duration,
+        callers: (&'static str, &'static str),
+    ) {
+        first_poll(first).await;
+        let mut decisions = JoinSet::new();
+        for &(alg, key) in queued {
+            decisions.spawn(self.decide_on((op, inst, alg, key), callers.0));
+        }
+        for &(alg, key) in lone {
+            sleep(gap / 4).await;
+            decisions.spawn(self.decide_on((op, inst, alg, key), callers.1));
+        }
+        while decisions.join_next().await.is_some() {}
+    }
+
     /// A check on instance `inst`'s store polled once, `polled` told (its call is then in
-    /// flight, unless it returned at once), then polled to its end and recorded as `caller`'s.
+    /// flight, unless it returned at once); then, if `parked` gives a time, kept that long
+    /// neither polled nor dropped, then dropped (`then_drop`) or polled on. Polled to its end,
+    /// it is recorded as `caller`'s, its wait judged unless it was parked.
     async fn polled_once(
         self: Arc<Self>,
         (op, inst, alg, key): (usize, usize, usize, usize),
         caller: &'static str,
         polled: oneshot::Sender<()>,
+        parked: Option<(Duration, bool)>,
     ) {
         let limiter = self.limiters[inst][alg].clone();
         let name = self.name(alg, key);
@@ -228,19 +255,28 @@ impl Fleet {
         )));
         let first = poll_once(&mut check).await;
         let _ = polled.send(());
-        let checked = match first {
-            Poll::Ready(checked) => checked,
-            Poll::Pending => match timeout(BOUND, check).await {
-                Ok(checked) => checked,
-                Err(_) => {
-                    return self.hang(op, format!("{caller} check still pending after {BOUND:?}"))
-                }
-            },
-        };
         let what = (op, inst, Algorithm::ALL[alg], caller);
-        self.record(Timed::new(what, started, &checked, Some(STORE_TIMEOUT)));
+        if let Poll::Ready(checked) = first {
+            return self.record(Timed::new(what, started, &checked, Some(STORE_TIMEOUT)));
+        }
+        let mut judged = Some(STORE_TIMEOUT);
+        if let Some((park, then_drop)) = parked {
+            sleep(park).await;
+            if then_drop {
+                drop(check);
+                return;
+            }
+            judged = None;
+        }
+        match timeout(BOUND, check).await {
+            Ok(checked) => self.record(Timed::new(what, started, &checked, judged)),
+            Err(_) => self.hang(op, format!("{caller} check still pending after {BOUND:?}")),
+        }
     }
 }
+
+/// A draw of [`Fleet::draw`]: an algorithm's index and a key's.
+type Draw = (usize, usize);
 
 /// Polls `future` once, with this task's waker.
 async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
@@ -322,7 +358,8 @@ pub async fn run<'a>(
                             .build()
                     }
                     .expect("runtime");
-                    let check = own.polled_once((i, inst, alg, key), "other runtime's own", polled);
+                    let caller = "other runtime's own";
+                    let check = own.polled_once((i, inst, alg, key), caller, polled, None);
                     runtime.block_on(check);
                     if shutdown {
                         drop(runtime);
@@ -359,19 +396,14 @@ pub async fn run<'a>(
                 let (polled, first) = oneshot::channel();
                 let work = Duration::from_millis(work_ms);
                 let busy = tokio::spawn(fleet.clone().busy((i, inst), draws[0], work, cpu, polled));
-                first_poll(first).await;
-                let mut queued = JoinSet::new();
-                for &(alg, key) in &draws[1..=n] {
-                    queued
-                        .spawn(fleet.decide_on((i, inst, alg, key), "queued behind a busy task's"));
-                }
-                for &(alg, key) in &draws[n + 1..] {
-                    sleep(work / 4).await;
-                    queued.spawn(
-                        fleet.decide_on((i, inst, alg, key), "lone during a busy task's work"),
-                    );
-                }
-                while queued.join_next().await.is_some() {}
+                let draws = (&draws[1..=n], &draws[n + 1..]);
+                let callers = (
+                    "queued behind a busy task's",
+                    "lone during a busy task's work",
+                );
+                fleet
+                    .behind_a_first_check((i, inst), first, draws, work, callers)
+                    .await;
                 busy.await.expect("the busy task");
             }
             Op::Park {
@@ -385,22 +417,15 @@ pub async fn run<'a>(
                 let (polled, first) = oneshot::channel();
                 let park = Duration::from_millis(park_ms);
                 run.cancellations += u64::from(then_drop);
-                parked.spawn(
-                    fleet
-                        .clone()
-                        .park((i, inst), draws[0], park, then_drop, polled),
-                );
-                first_poll(first).await;
-                let mut queued = JoinSet::new();
-                for &(alg, key) in &draws[1..=n] {
-                    queued
-                        .spawn(fleet.decide_on((i, inst, alg, key), "queued behind a parked one"));
-                }
-                for &(alg, key) in &draws[n + 1..] {
-                    sleep(park / 4).await;
-                    queued.spawn(fleet.decide_on((i, inst, alg, key), "lone beside a parked one"));
-                }
-                while queued.join_next().await.is_some() {}
+                let (alg, key) = draws[0];
+                let what = (i, inst, alg, key);
+                let parking = Some((park, then_drop));
+                parked.spawn(fleet.clone().polled_once(what, "parked", polled, parking));
+                let draws = (&draws[1..=n], &draws[n + 1..]);
+                let callers = ("queued behind a parked one", "lone beside a parked one");
+                fleet
+                    .behind_a_first_check((i, inst), first, draws, park, callers)
+                    .await;
             }
             Op::Full { seed } => {
                 let (limiters, max_batch) = fleet.full();
@@ -485,7 +510,7 @@ impl Fleet {
         polled: oneshot::Sender<()>,
     ) {
         self.clone()
-            .polled_once((op, inst, alg, key), "busy task's own", polled)
+            .polled_once((op, inst, alg, key), "busy task's own", polled, None)
             .await;
         let began = Instant::now();
         if cpu {
@@ -497,40 +522,5 @@ impl Fleet {
             std::thread::sleep(work);
         }
         self.busy.lock().unwrap().push((began, Instant::now()));
-    }
-
-    /// A check future polled once (`polled` told), then kept `park` neither polled nor dropped,
-    /// then dropped (`then_drop`) or polled to its end (recorded, its wait not judged).
-    async fn park(
-        self: Arc<Self>,
-        (op, inst): (usize, usize),
-        (alg, key): (usize, usize),
-        park: Duration,
-        then_drop: bool,
-        polled: oneshot::Sender<()>,
-    ) {
-        let limiter = self.limiters[inst][alg].clone();
-        let name = self.name(alg, key);
-        let started = Instant::now();
-        let mut check = Box::pin(marked_why(limiter.check_quotas(
-            name.as_str(),
-            &self.quotas,
-            1,
-        )));
-        let first = poll_once(&mut check).await;
-        let _ = polled.send(());
-        let what = (op, inst, Algorithm::ALL[alg], "parked");
-        if let Poll::Ready(checked) = first {
-            return self.record(Timed::new(what, started, &checked, Some(STORE_TIMEOUT)));
-        }
-        sleep(park).await;
-        if then_drop {
-            drop(check);
-            return;
-        }
-        match timeout(BOUND, check).await {
-            Ok(checked) => self.record(Timed::new(what, started, &checked, None)),
-            Err(_) => self.hang(op, format!("parked check still pending after {BOUND:?}")),
-        }
     }
 }

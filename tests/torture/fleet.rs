@@ -242,6 +242,32 @@ pub struct Event {
     pub outcome: Outcome,
 }
 
+impl Event {
+    /// A check of the rate family: `(op, inst, key, cost)`, its units used as charged; when it
+    /// `started`, on the manual clock then (`clock_us`) and once decided (`end_us`); in its
+    /// key's `epoch` and the clocks' `era`.
+    fn check(
+        (op, inst, key, cost): (usize, usize, usize, u64),
+        (started, clock_us, end_us): (Instant, u64, u64),
+        (epoch, era): (u32, u32),
+        outcome: Outcome,
+    ) -> Event {
+        Event {
+            op,
+            inst,
+            key,
+            cost,
+            used: cost,
+            clock_us,
+            end_us,
+            epoch,
+            era,
+            started,
+            outcome,
+        }
+    }
+}
+
 /// One decision with its wall time, for the oracles on waits, on the failure policy and on the
 /// headers' numbers.
 #[derive(Clone, Debug)]
@@ -704,19 +730,10 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                         Ok((started, clock_us, end_us, outcome, timed)) => {
                             run.timed.extend(timed);
                             run.cancellations += u64::from(outcome == Outcome::Cancelled);
-                            run.events.push(Event {
-                                op: i,
-                                inst,
-                                key,
-                                cost,
-                                used: cost,
-                                clock_us,
-                                end_us,
-                                epoch: epochs[key],
-                                era,
-                                started,
-                                outcome,
-                            });
+                            let times = (started, clock_us, end_us);
+                            let lineage = (epochs[key], era);
+                            let event = Event::check((i, inst, key, cost), times, lineage, outcome);
+                            run.events.push(event);
                         }
                         Err(what) => run.hangs.push((i, format!("instance {inst}: {what}"))),
                     }
@@ -776,19 +793,10 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                             });
                         }
                     }
-                    run.events.push(Event {
-                        op: i,
-                        inst,
-                        key,
-                        cost,
-                        used: cost,
-                        clock_us,
-                        end_us,
-                        epoch: epochs[key],
-                        era,
-                        started,
-                        outcome: outcome(&verdict, by_policy),
-                    });
+                    let (times, lineage) = ((started, clock_us, end_us), (epochs[key], era));
+                    let outcome = outcome(&verdict, by_policy);
+                    let event = Event::check((i, inst, key, cost), times, lineage, outcome);
+                    run.events.push(event);
                 }
             }
             Op::Acquire {
@@ -837,19 +845,9 @@ async fn rate<'a>(schedule: &Schedule, ops: impl Iterator<Item = &'a Op>, redis:
                     }
                 };
                 run.cancellations += u64::from(outcome == Outcome::Cancelled);
-                run.events.push(Event {
-                    op: i,
-                    inst,
-                    key,
-                    cost,
-                    used: cost,
-                    clock_us,
-                    end_us: clocks.end(inst, skew_us),
-                    epoch: epochs[key],
-                    era,
-                    started,
-                    outcome,
-                });
+                let times = (started, clock_us, clocks.end(inst, skew_us));
+                let event = Event::check((i, inst, key, cost), times, (epochs[key], era), outcome);
+                run.events.push(event);
             }
             Op::Advance { ms } => clocks.advance(Duration::from_millis(ms)),
             Op::Edge { before_us } => {

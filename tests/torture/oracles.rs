@@ -458,13 +458,8 @@ fn admitted(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             }
         }
         _ => {
-            let mut segments: HashMap<(usize, u32), (u64, u64)> = HashMap::new();
-            for e in run.events.iter().filter(|e| allowed(e)) {
-                let entry = segments.entry((e.key, e.epoch)).or_insert((0, 0));
-                entry.0 += e.cost;
-                entry.1 = entry.1.max(e.end_us);
-            }
-            for ((key, epoch), (units, last_us)) in segments {
+            let admitted = run.events.iter().filter(|e| allowed(e));
+            for ((key, epoch), (units, last_us)) in units_by(admitted, |e| (e.key, e.epoch)) {
                 let start_us = run
                     .segments
                     .iter()
@@ -548,18 +543,11 @@ fn overrides(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
         };
         // Per (window or segment, segment): units, and whether a segment began after the
         // override was set (its leases' slack).
-        let mut sums: HashMap<(u64, u32), (u64, u64)> = HashMap::new();
         let fixed = schedule.config.algorithm == Algorithm::FixedWindow;
-        for e in run.events.iter().filter(under) {
-            if fixed && !one_window(e, period_us) {
-                continue;
-            }
-            let group = if fixed { e.clock_us / period_us } else { 0 };
-            let entry = sums.entry((group, e.epoch)).or_insert((0, 0));
-            entry.0 += e.cost;
-            entry.1 = entry.1.max(e.end_us);
-        }
-        for ((window, epoch), (units, last_us)) in sums {
+        let counted = run.events.iter().filter(under);
+        let counted = counted.filter(|e| !fixed || one_window(e, period_us));
+        let group = |e: &Event| (if fixed { e.clock_us / period_us } else { 0 }, e.epoch);
+        for ((window, epoch), (units, last_us)) in units_by(counted, group) {
             let segment = run
                 .segments
                 .iter()
@@ -593,6 +581,21 @@ fn overrides(schedule: &Schedule, run: &Run, out: &mut Vec<Violation>) {
             }
         }
     }
+}
+
+/// The units charged by `events` and the latest clock any of them was decided at (`end_us`),
+/// per group (`group` of each event).
+fn units_by<'a, G: std::hash::Hash + Eq>(
+    events: impl Iterator<Item = &'a Event>,
+    group: impl Fn(&Event) -> G,
+) -> HashMap<G, (u64, u64)> {
+    let mut sums: HashMap<G, (u64, u64)> = HashMap::new();
+    for e in events {
+        let entry = sums.entry(group(e)).or_insert((0, 0));
+        entry.0 += e.cost;
+        entry.1 = entry.1.max(e.end_us);
+    }
+    sums
 }
 
 /// A fallback's share: (instance, key, window or 0, era), summed as (units, first clock, last

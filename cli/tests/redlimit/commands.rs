@@ -83,6 +83,13 @@ fn limiter(redis: &RedisServer) -> Limiter {
     support::Ctx::default().redis(redis)
 }
 
+/// A private Redis and a limiter on it.
+fn redis_and_limiter() -> (RedisServer, Limiter) {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis);
+    (redis, limiter)
+}
+
 async fn decide(limiter: &Limiter, key: &str, quota: &Quota) -> Decision {
     match limiter.check(key, quota).await {
         Verdict::Decided(decision) => decision,
@@ -137,8 +144,7 @@ async fn set_quota_is_shown_by_inspect_and_obeyed_by_a_limiter() {
 /// at spaces by the shell) or quoted as one argument, it sets the same tiers.
 #[tokio::test]
 async fn set_quota_takes_back_the_override_inspect_prints() {
-    let redis = RedisServer::start();
-    let limiter = limiter(&redis);
+    let (redis, limiter) = redis_and_limiter();
     let periods = [
         Duration::from_secs(3600),
         Duration::from_secs(600),
@@ -215,8 +221,7 @@ async fn suspend_shows_the_time_left_and_denies_until_resume() {
 
 #[tokio::test]
 async fn reset_forgets_the_usage() {
-    let redis = RedisServer::start();
-    let limiter = limiter(&redis);
+    let (redis, limiter) = redis_and_limiter();
     let quota = Quota::per_hour(2).unwrap();
     for _ in 0..2 {
         assert!(decide(&limiter, "ip:203.0.113.7", &quota).await.allowed);
@@ -542,8 +547,7 @@ fn unknown_tenants_and_routes_exit_2_and_write_nothing() {
 /// `set-quota --all-routes` overrides every route of the tenant, as a layer on any route sees.
 #[tokio::test]
 async fn set_quota_all_routes_reaches_every_route() {
-    let redis = RedisServer::start();
-    let limiter = limiter(&redis);
+    let (redis, limiter) = redis_and_limiter();
     let own = Quota::per_second(1_000).unwrap();
     let stdout = redlimit_ok(&redis, &["--all-routes", "set-quota", "t", "2/1m"]);
     assert_eq!(field(&stdout, "override"), "2/1m", "{stdout}");
@@ -559,8 +563,7 @@ async fn set_quota_all_routes_reaches_every_route() {
 /// and as JSON, and changes nothing.
 #[tokio::test]
 async fn limited_lists_the_most_constrained_keys_first() {
-    let redis = RedisServer::start();
-    let limiter = limiter(&redis);
+    let (redis, limiter) = redis_and_limiter();
     let quota = Quota::per_hour(20).unwrap();
     let scope = api_key_scope(&limiter, quota);
     // spent: 20 of 20 used (denied); low: 1 left (5 %); fine: 18 left; held: suspended.
@@ -614,8 +617,7 @@ async fn limited_lists_the_most_constrained_keys_first() {
 /// them could flip between runs. Tenants go most constrained first.
 #[tokio::test]
 async fn limited_lists_a_tenants_own_row_first_then_its_routes() {
-    let redis = RedisServer::start();
-    let limiter = limiter(&redis);
+    let (redis, limiter) = redis_and_limiter();
     let (five, forty) = (Quota::per_hour(5).unwrap(), Quota::per_hour(40).unwrap());
     let (scope5, scope40) = (
         api_key_scope(&limiter, five),
@@ -756,8 +758,7 @@ async fn limited_and_inspect_scan_every_master_of_a_cluster() {
 /// suspension and time to reset; plain text stays without `--json`.
 #[tokio::test]
 async fn inspect_json_names_the_routes() {
-    let redis = RedisServer::start();
-    let limiter = limiter(&redis);
+    let (redis, limiter) = redis_and_limiter();
     let quota = Quota::per_minute(10).unwrap();
     for scope in ["api", "login"] {
         assert!(limiter
@@ -841,8 +842,7 @@ fn redis_and_redis_cluster_together_exit_2_and_write_nothing() {
 /// block's time left, and `resume` ends it early.
 #[tokio::test]
 async fn a_block_on_abuse_shows_in_inspect_and_resume_ends_it() {
-    let redis = RedisServer::start();
-    let limiter = limiter(&redis);
+    let (redis, limiter) = redis_and_limiter();
     let quotas = redlimit::Quotas::from(Quota::per_minute(1).unwrap());
     let block = redlimit::limiter::BlockFor::new(Duration::from_secs(900)).unwrap();
     assert!(limiter
@@ -1089,8 +1089,7 @@ const OUTSIDE: &str = "sessions:alice";
 /// Every command as the README's operator user on a single node.
 #[tokio::test]
 async fn every_admin_command_works_as_the_readmes_operator_user() {
-    let redis = RedisServer::start();
-    let limiter = limiter(&redis);
+    let (redis, limiter) = redis_and_limiter();
     every_command_works_as_the_operator(std::slice::from_ref(&redis), &limiter, 0).await;
 }
 

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use redlimit::Limiter;
 
 use crate::support::example::dead_redis_url;
 use crate::support::{self, RedisServer};
-use crate::{a_limited_tenant, run, run_timed, text, EXIT_TIMEOUT};
+use crate::{a_limited_tenant, run, run_at, run_timed, text, EXIT_TIMEOUT};
 
 /// Bad arguments exit 2, with nothing on stdout, before any connection; ours are one line.
 #[test]
@@ -321,9 +321,7 @@ async fn a_slow_link_to_redis_is_not_a_failure() {
         &["limited"],
         &["resume", "t"],
     ] {
-        let mut args = vec!["--redis", url.as_str()];
-        args.extend_from_slice(command);
-        let output = run(&args, &[]);
+        let output = run_at(&url, command);
         assert_eq!(
             output.status.code(),
             Some(0),
@@ -372,9 +370,7 @@ fn the_services_user_is_told_it_lacks_scan() {
         &["--json", "limited"],
         &["limited", "--watch", "1s"],
     ] {
-        let mut args = vec!["--redis", url.as_str()];
-        args.extend_from_slice(command);
-        let output = run(&args, &[]);
+        let output = run_at(&url, command);
         let stderr = text(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{command:?}: {stderr}");
         assert!(
@@ -390,14 +386,7 @@ fn the_services_user_is_told_it_lacks_scan() {
 /// Runs `redlimit args` with its stdout a pipe closed at once (`| head -0`): the command ends,
 /// without a panic, with exit 0.
 fn run_into_a_closed_pipe(args: &[&str]) -> Output {
-    let mut child = Command::new(crate::BINARY)
-        .args(args)
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn redlimit");
+    let mut child = crate::spawn(args, Stdio::piped());
     drop(child.stdout.take());
     let deadline = Instant::now() + EXIT_TIMEOUT;
     while child.try_wait().unwrap().is_none() {

@@ -147,12 +147,8 @@ struct Watch {
 
 impl Watch {
     fn start(url: &str) -> Watch {
-        let mut child = crate::redlimit_command()
-            .args(["--redis", url, "limited", "--watch", "100ms"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redlimit");
+        let args = ["--redis", url, "limited", "--watch", "100ms"];
+        let mut child = crate::spawn(&args, Stdio::null());
         let lines = support::example::stdout_lines(&mut child);
         Watch { child, lines }
     }

@@ -188,12 +188,14 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Runs it against `redis`, asserting exit 0; returns stdout.
-fn ok(redis: &RedisServer, args: &[&str]) -> String {
-    let url = redis.url();
-    let mut all = vec!["--redis", url.as_str()];
-    all.extend_from_slice(args);
-    let output = run(&all, &[]);
+/// Runs `redlimit --redis URL args` (see [`run`]), with no other Redis setting.
+fn run_at(url: &str, args: &[&str]) -> Output {
+    run(&[&["--redis", url], args].concat(), &[])
+}
+
+/// Runs it against `redis`, asserting exit 0; returns the output.
+fn ok_output(redis: &RedisServer, args: &[&str]) -> Output {
+    let output = run_at(&redis.url(), args);
     assert_eq!(
         output.status.code(),
         Some(0),
@@ -201,7 +203,22 @@ fn ok(redis: &RedisServer, args: &[&str]) -> String {
         text(&output.stdout),
         text(&output.stderr)
     );
-    text(&output.stdout)
+    output
+}
+
+/// Runs it against `redis`, asserting exit 0; returns stdout.
+fn ok(redis: &RedisServer, args: &[&str]) -> String {
+    text(&ok_output(redis, args).stdout)
+}
+
+/// Spawns `redlimit args` (see [`redlimit_command`]) with its stdout a pipe, and `stderr`.
+fn spawn(args: &[&str], stderr: Stdio) -> std::process::Child {
+    let command = redlimit_command()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn();
+    command.expect("spawn redlimit")
 }
 
 /// A limited tenant (its quota spent on a layer's route) beside the hostile keys, so the
@@ -221,12 +238,10 @@ async fn a_limited_tenant(redis: &RedisServer) -> String {
 
 /// Spawns `limited --watch INTERVAL` on `url`; its stdout lines arrive on the receiver.
 fn watch(url: &str, interval: &str) -> (std::process::Child, mpsc::Receiver<String>) {
-    let mut child = crate::redlimit_command()
-        .args(["--redis", url, "limited", "--watch", interval])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn redlimit");
+    let mut child = spawn(
+        &["--redis", url, "limited", "--watch", interval],
+        Stdio::piped(),
+    );
     let lines = support::example::stdout_lines(&mut child);
     (child, lines)
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::support::RedisServer;
-use crate::{a_limited_tenant, assert_no_control_bytes, ok, run, run_within, set_raw, text};
+use crate::{a_limited_tenant, assert_no_control_bytes, ok, ok_output, run_within, set_raw, text};
 
 /// `inspect` and `limited` (text and `--json`) on `tenant` among hostile keys: exit 0, no raw
 /// control byte, JSON that parses; `limited` still lists the spent tenant.
@@ -18,17 +18,8 @@ fn assert_survives(redis: &RedisServer, tenant: &str, spent_route: &str) {
         &["limited"],
         &["--json", "limited"],
     ] {
-        let url = redis.url();
-        let mut all = vec!["--redis", url.as_str()];
-        all.extend_from_slice(args);
-        let output = run(&all, &[]);
+        let output = ok_output(redis, args);
         let stdout = text(&output.stdout);
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{args:?}: {stdout}{}",
-            text(&output.stderr)
-        );
         assert_no_control_bytes(&format!("{args:?}"), &output.stdout);
         assert_no_control_bytes(&format!("{args:?}"), &output.stderr);
         if args[0] == "--json" {
@@ -42,6 +33,18 @@ fn assert_survives(redis: &RedisServer, tenant: &str, spent_route: &str) {
             );
         }
     }
+}
+
+/// A Redis with a limited tenant `t` and keys named `names` (each holding "x") under the
+/// prefix: asserts that `inspect` and `limited` survive them ([`assert_survives`]).
+async fn survives_names(names: &[&[u8]]) -> RedisServer {
+    let redis = RedisServer::start();
+    let route = a_limited_tenant(&redis).await;
+    for name in names {
+        set_raw(&redis, name, b"x");
+    }
+    assert_survives(&redis, "t", &route);
+    redis
 }
 
 /// Keys of the limiter's shape holding the wrong type, garbage, or a truncated state: no
@@ -83,30 +86,26 @@ async fn corrupt_values_under_the_prefix() {
 /// text): it must not stop `inspect` or `limited` from showing the others.
 #[tokio::test]
 async fn a_key_name_that_is_not_utf8() {
-    let redis = RedisServer::start();
-    let route = a_limited_tenant(&redis).await;
-    set_raw(&redis, b"redlimit:{t}", b"x");
-    set_raw(&redis, b"redlimit:{bad\xff}", b"x");
-    set_raw(&redis, b"redlimit:{t}:\xc3(", b"x");
-    assert_survives(&redis, "t", &route);
+    let names: [&[u8]; 3] = [
+        b"redlimit:{t}",
+        b"redlimit:{bad\xff}",
+        b"redlimit:{t}:\xc3(",
+    ];
+    survives_names(&names).await;
 }
 
 /// Key names with terminal escapes and line breaks (written by someone with access to the
 /// prefix): `inspect` lists the routes it finds, escaped, never as raw control bytes.
 #[tokio::test]
 async fn key_names_with_terminal_escapes() {
-    let redis = RedisServer::start();
-    let route = a_limited_tenant(&redis).await;
-    set_raw(&redis, b"redlimit:{t}", b"x");
-    set_raw(&redis, b"redlimit:{t}:\x1b]0;pwned\x07\x1b[2J", b"x");
-    set_raw(&redis, b"redlimit:{t}:a\nroute b: fake\r", b"x");
-    set_raw(
-        &redis,
+    let names: [&[u8]; 5] = [
+        b"redlimit:{t}",
+        b"redlimit:{t}:\x1b]0;pwned\x07\x1b[2J",
+        b"redlimit:{t}:a\nroute b: fake\r",
         b"redlimit:{\x1b[31mred}:default:token-bucket:2/3600s",
-        b"x",
-    );
-    set_raw(&redis, b"redlimit:{\x1b[31mred}#t", b"x");
-    assert_survives(&redis, "t", &route);
+        b"redlimit:{\x1b[31mred}#t",
+    ];
+    let redis = survives_names(&names).await;
     let inspected = ok(&redis, &["inspect", "t"]);
     assert!(inspected.contains(r"\u{1b}]0;pwned"), "{inspected}");
     // A line break in a name cannot forge a line of its own.

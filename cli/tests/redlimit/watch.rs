@@ -14,21 +14,15 @@ use crate::{a_limited_tenant, exit_of, watch, EXIT_TIMEOUT};
 async fn watch_json_is_one_array_per_refresh() {
     let redis = RedisServer::start();
     a_limited_tenant(&redis).await;
-    let mut child = Command::new(crate::BINARY)
-        .args([
-            "--redis",
-            &redis.url(),
-            "--json",
-            "limited",
-            "--watch",
-            "50ms",
-        ])
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn redlimit");
+    let args = [
+        "--redis",
+        &redis.url(),
+        "--json",
+        "limited",
+        "--watch",
+        "50ms",
+    ];
+    let mut child = crate::spawn(&args, Stdio::null());
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     for _ in 0..3 {
         let line = lines.next().expect("a refresh").expect("a line");

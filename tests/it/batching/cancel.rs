@@ -8,13 +8,14 @@ use std::task::Context;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redlimit::store::{CheckRequest, RedisStore, Store, StoreError, DEFAULT_MAX_BATCH};
+use redlimit::store::{CheckRequest, Store, StoreError, DEFAULT_MAX_BATCH};
 use redlimit::Algorithm;
 
 use super::sender::main_runtime;
 use super::{
-    all_decided_within, consumed, decided_within, generous, keys, lone_and_fast, on_shared,
-    request, shared_quota, show, store_on, text, timed, together, warm_store,
+    all_decided_within, batched_and_unbatched, consumed, decide, decided_within, generous, keys,
+    lone_and_fast, new_store, on_shared, request, runtime_and_store, shared_quota, show, text,
+    timed, together, warm_store,
 };
 use crate::support::{self, RedisServer};
 
@@ -165,9 +166,8 @@ async fn a_parked_queued_decision_holds_up_nothing_and_is_decided_once() {
 #[test]
 fn a_queued_decisions_first_poll_then_synchronous_work_holds_up_no_other_queued_decision() {
     let redis = RedisServer::start();
-    let main = main_runtime();
     let timeout = Duration::from_millis(800);
-    let store = store_on(&main, &redis, timeout, 64);
+    let (main, store) = runtime_and_store(main_runtime(), &redis, timeout, 64);
     let (queued, busy) = main.block_on(async {
         let sleeping = redis.debug_sleep(Duration::from_millis(150));
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -212,34 +212,14 @@ fn a_queued_decisions_first_poll_then_synchronous_work_holds_up_no_other_queued_
 /// A first call whose future is dropped outside any runtime (a future kept in a struct that a
 /// plain thread drops) must still hand its queue on: the decisions queued behind it are then
 /// decided by Redis, not failed, and the group is not left with a call in flight for good.
-#[test]
-fn a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on() {
-    a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_with(DEFAULT_MAX_BATCH);
-}
-
-/// The same on a store that never batches (the control: it holds).
-#[test]
-fn a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_unbatched() {
-    a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_with(1);
-}
-
 fn a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_with(max_batch: usize) {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_millis(1000))
-        .max_batch(max_batch)
-        .build()
-        .unwrap();
+    let store = new_store(&redis, Duration::from_millis(1000), max_batch);
     let runtime = support::current_thread_runtime();
     runtime.block_on(store.verify()).expect("Redis is up");
-    let quotas = generous();
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
     std::thread::sleep(Duration::from_millis(30));
-    let mut first = Box::pin(store.check(request(
-        "redlimit:{dropped-outside}",
-        &quotas,
-        Algorithm::TokenBucket,
-    )));
+    let mut first = Box::pin(decide(&store, "redlimit:{dropped-outside}"));
     let queued = runtime.block_on(async {
         // The first call goes on the wire and waits behind the sleep.
         assert!(tokio::time::timeout(Duration::from_millis(20), &mut first)
@@ -249,12 +229,7 @@ fn a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_with(max_batc
             .into_iter()
             .map(|key| {
                 let store = store.clone();
-                tokio::spawn(async move {
-                    let quotas = generous();
-                    store
-                        .check(request(&key, &quotas, Algorithm::TokenBucket))
-                        .await
-                })
+                tokio::spawn(async move { decide(&store, &key).await })
             })
             .collect();
         // They queue behind the first call.
@@ -280,6 +255,12 @@ fn a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_with(max_batc
     assert!(later.is_ok(), "the next decisions: {later:?}");
 }
 
+batched_and_unbatched! {
+    fn a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on,
+    a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_unbatched
+        = a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_with
+}
+
 /// Callers that go away anywhere (an outer timeout, a `select!` that takes another branch, an
 /// aborted task), while queued or while their call is in flight, and a Redis that sleeps past
 /// the store's timeout meanwhile: each decision runs at most once (never twice), each caller
@@ -289,10 +270,7 @@ fn a_first_call_dropped_outside_a_runtime_still_hands_its_queue_on_with(max_batc
 async fn decisions_dropped_anywhere_run_at_most_once_and_leave_no_queue_stuck() {
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(150);
-    let store = RedisStore::builder(redis.url())
-        .timeout(timeout)
-        .build()
-        .unwrap();
+    let store = new_store(&redis, timeout, DEFAULT_MAX_BATCH);
     store.verify().await.unwrap();
     let keys = keys("drop", 400);
     let mut rng = fastrand::Rng::with_seed(31);
@@ -380,14 +358,7 @@ async fn decisions_dropped_anywhere_run_at_most_once_and_leave_no_queue_stuck() 
     println!("{heard} callers heard, {ran} decisions ran");
     redis.reset_stats();
     let lone = Instant::now();
-    let decision = store
-        .check(request(
-            "redlimit:{after-drops}",
-            &quotas,
-            Algorithm::TokenBucket,
-        ))
-        .await
-        .unwrap();
+    let decision = decide(&store, "redlimit:{after-drops}").await.unwrap();
     assert!(decision.allowed);
     assert!(
         lone.elapsed() < Duration::from_millis(100),
@@ -405,47 +376,22 @@ async fn decisions_dropped_anywhere_run_at_most_once_and_leave_no_queue_stuck() 
 /// (kept, not dropped: a `select!` loop busy elsewhere, a future polled once by hand) must not
 /// hold up other callers' decisions: Redis answers them at once, as it would without
 /// batching, within their timeout.
-#[tokio::test]
-async fn a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others() {
-    a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others_with(DEFAULT_MAX_BATCH)
-        .await;
-}
-
-/// The same on a store that never batches (the control: it holds).
-#[tokio::test]
-async fn a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others_unbatched() {
-    a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others_with(1).await;
-}
-
 async fn a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others_with(
     max_batch: usize,
 ) {
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(200);
-    let store = RedisStore::builder(redis.url())
-        .timeout(timeout)
-        .max_batch(max_batch)
-        .build()
-        .unwrap();
+    let store = new_store(&redis, timeout, max_batch);
     store.verify().await.unwrap();
-    let quotas = generous();
     let sleeping = redis.debug_sleep(Duration::from_millis(100));
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let mut parked = Box::pin(store.check(request(
-        "redlimit:{parked}",
-        &quotas,
-        Algorithm::TokenBucket,
-    )));
+    let mut parked = Box::pin(decide(&store, "redlimit:{parked}"));
     assert!(tokio::time::timeout(Duration::from_millis(20), &mut parked)
         .await
         .is_err());
     let keys = keys("behind-parked", 5);
     let started = Instant::now();
-    let answers = join_all(
-        keys.iter()
-            .map(|key| store.check(request(key, &quotas, Algorithm::TokenBucket))),
-    )
-    .await;
+    let answers = join_all(keys.iter().map(|key| decide(&store, key))).await;
     let elapsed = started.elapsed();
     sleeping.join().unwrap();
     let parked = parked.await;
@@ -456,4 +402,10 @@ async fn a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others_wit
          {texts:?} after {elapsed:?} (the parked one, polled again: {})",
         text(&parked)
     );
+}
+
+batched_and_unbatched! {
+    async fn a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others,
+    a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others_unbatched
+        = a_first_call_whose_caller_stops_polling_does_not_hold_up_the_others_with
 }

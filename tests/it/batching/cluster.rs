@@ -9,7 +9,8 @@ use redlimit::store::{CheckRequest, RedisStore, Store, DEFAULT_MAX_BATCH};
 use redlimit::{Algorithm, Quota, Quotas};
 
 use super::{
-    all_decided_within, consumed, generous, on_shared, request, shared_quota, show, timed, SLACK,
+    all_decided_within, batched_and_unbatched, consumed, generous, on_shared, request,
+    shared_quota, show, timed, SLACK,
 };
 use crate::support::{self, RedisCluster};
 
@@ -198,17 +199,6 @@ async fn on_cluster_a_slot_moved_under_queues_decides_each_decision_once() {
 /// refused with `TRYAGAIN` and taken in the split form. A decision queued behind a call of its
 /// slot must be decided so too, whether it shares the next call with others or goes in it
 /// alone.
-#[tokio::test]
-async fn on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided() {
-    on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_with(DEFAULT_MAX_BATCH).await;
-}
-
-/// The same on a store that never batches (the control: it holds).
-#[tokio::test]
-async fn on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_unbatched() {
-    on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_with(1).await;
-}
-
 async fn on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_with(max_batch: usize) {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster, support::PATIENT_TIMEOUT, Some(max_batch)).await;
@@ -261,6 +251,12 @@ async fn on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_with(
     }
     while cluster.migrate_keys(slot, from, to, 10) > 0 {}
     cluster.finish_slot_migration(slot, from, to);
+}
+
+batched_and_unbatched! {
+    async fn on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided,
+    on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_unbatched
+        = on_cluster_a_decision_queued_in_a_migrating_slot_is_still_decided_with
 }
 
 /// On Cluster, queues of one slot through a whole migration: some keys moved and some not

@@ -3,7 +3,10 @@
 //! error, its own timeout, all tiers or none. A `DEBUG SLEEP` holds the first call, so the
 //! decisions behind it queue for certain.
 
-use super::{batched_and_alone, behind_a_sleep, generous, request, requests, text, while_asleep};
+use super::{
+    admits, batched_and_alone, batched_and_unbatched, behind_a_sleep, generous, request, requests,
+    store_without_breaker, text, while_asleep,
+};
 use crate::support;
 use redlimit::store::{StoreExt, DEFAULT_MAX_BATCH};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,13 +74,7 @@ async fn a_lone_decision_goes_out_alone_on_the_decision_script() {
     redis.reset_stats();
     for i in 0..20 {
         let key = format!("redlimit:{{alone-{i}}}");
-        assert!(
-            store
-                .check(request(&key, &quotas, Algorithm::TokenBucket))
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(admits(&store, &key, &quotas, Algorithm::TokenBucket).await);
     }
     assert_eq!(redis.command_calls("evalsha"), 20);
     // The batch script was never needed, so never loaded: the one cached script is the
@@ -115,14 +112,8 @@ async fn one_decisions_error_is_its_own() {
     ];
     let first = request("redlimit:{ok-first}", &quotas, Algorithm::Gcra);
     let sleep = Duration::from_millis(300);
-    let answers = behind_a_sleep(
-        &redis,
-        &store,
-        sleep,
-        first,
-        &requests(&keys, &quotas, Algorithm::Gcra),
-    )
-    .await;
+    let queue = requests(&keys, &quotas, Algorithm::Gcra);
+    let answers = behind_a_sleep(&redis, &store, sleep, first, &queue).await;
     for i in [0, 1, 3, 5] {
         assert!(answers[i].as_ref().unwrap().allowed, "{:?}", answers[i]);
     }
@@ -143,14 +134,8 @@ async fn one_decisions_error_is_its_own() {
     // its own reply in it: nothing is sent twice (each other key admitted twice in all).
     let again = [keys[0], keys[3], keys[4]];
     redis.reset_stats();
-    let answers = behind_a_sleep(
-        &redis,
-        &store,
-        sleep,
-        first,
-        &requests(&again, &quotas, Algorithm::Gcra),
-    )
-    .await;
+    let queue = requests(&again, &quotas, Algorithm::Gcra);
+    let answers = behind_a_sleep(&redis, &store, sleep, first, &queue).await;
     assert!(answers[2].is_err(), "{:?}", answers[2]);
     for i in [0, 1, 3] {
         assert!(answers[i].as_ref().unwrap().allowed, "{:?}", answers[i]);
@@ -320,11 +305,7 @@ async fn on_cluster_only_decisions_of_one_slot_share_a_call() {
 #[test]
 fn a_runtime_shut_down_with_decisions_in_flight_leaves_the_store_working_on_another() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_secs(2))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
+    let store = store_without_breaker(&redis, Duration::from_secs(2), DEFAULT_MAX_BATCH);
     let quotas = generous();
     let first = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -412,18 +393,6 @@ fn fill_old_log(redis: &RedisServer, key: &str, count: u64) {
 /// clock. Here the batch is refused near the end of the timeout and the decision alone is slow
 /// (a sliding log with a million old entries to remove): its caller must still hear within
 /// about the timeout, as it would have without batching.
-#[tokio::test]
-async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout() {
-    a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_with(DEFAULT_MAX_BATCH)
-        .await;
-}
-
-/// The same on a store that never batches (the control: it holds).
-#[tokio::test]
-async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_unbatched() {
-    a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_with(1).await;
-}
-
 async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_with(
     max_batch: usize,
 ) {
@@ -466,6 +435,12 @@ async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_wit
              after {elapsed:?}, past the timeout of {timeout:?}: {heard:?}"
         );
     }
+}
+
+batched_and_unbatched! {
+    async fn a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout,
+    a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_unbatched
+        = a_decision_sent_again_alone_after_a_refused_batch_keeps_its_timeout_with
 }
 
 /// One queue mixing every algorithm (the sliding log's 3 keys beside the others' 2), two

@@ -14,9 +14,9 @@ use redlimit::store::{
 use redlimit::{Algorithm, Quota, Quotas};
 
 use super::{
-    all_decided_within, behind_a_sleep, consumed, decided_within, generous, keys, lone_and_fast,
-    none_past, on_shared, request, requests, shared_quota, show, text, timed, together, warm_store,
-    SLACK,
+    admits, all_decided_within, batched_and_unbatched, behind_a_sleep, consumed, decided_within,
+    generous, keys, lone_and_fast, new_store, none_past, on_shared, request, requests,
+    shared_quota, show, text, timed, together, warm_store, SLACK,
 };
 use crate::support::{self, RedisServer};
 
@@ -195,10 +195,7 @@ async fn a_half_open_probe_goes_alone_and_closes_the_circuit() {
 async fn a_queue_survives_script_flush_flushall_and_a_restart_mid_batch() {
     let mut redis = RedisServer::start();
     let timeout = Duration::from_millis(500);
-    let store = RedisStore::builder(redis.url())
-        .timeout(timeout)
-        .build()
-        .unwrap();
+    let store = new_store(&redis, timeout, DEFAULT_MAX_BATCH);
     let tight: Quotas = Quota::per_hour(3).unwrap().into();
     for (round, trouble) in ["warm", "script flush", "flushall"].into_iter().enumerate() {
         let keys = keys(&format!("survive-{round}"), 10);
@@ -278,17 +275,6 @@ fn stale_logs(captured: &support::logs::Captured) -> usize {
 /// batched together hear `READONLY` each in their own reply, inside the batch's array: that
 /// must tell the connection the same, or under load (every call a batch) the store keeps
 /// writing to the demoted server.
-#[tokio::test]
-async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone() {
-    readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(DEFAULT_MAX_BATCH).await;
-}
-
-/// The same on a store that never batches (the control: it holds).
-#[tokio::test]
-async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_unbatched() {
-    readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(1).await;
-}
-
 async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(max_batch: usize) {
     let (captured, _guard) = support::logs::capture(tracing::Level::WARN);
     let primary = RedisServer::start();
@@ -298,13 +284,7 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(max
     // The first call's key is spent on the primary, so that on the replica its decision is a
     // denial, which writes nothing and answers.
     let on_primary = support::redis_store(&primary);
-    assert!(
-        on_primary
-            .check(request(lead, &tight, Algorithm::Gcra))
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(admits(&on_primary, lead, &tight, Algorithm::Gcra).await);
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
         .arg(primary.port())
@@ -315,11 +295,7 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(max
         assert!(Instant::now() < deadline, "the replica never synced");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let store = RedisStore::builder(demoted.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(max_batch)
-        .build()
-        .unwrap();
+    let store = new_store(&demoted, support::PATIENT_TIMEOUT, max_batch);
     let quotas = generous();
     // Alone: an admission's READONLY replaces the connection.
     let denied = store
@@ -368,6 +344,12 @@ async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with(max
          server:\n{}",
         captured.text()
     );
+}
+
+batched_and_unbatched! {
+    async fn readonly_inside_a_batch_replaces_the_stale_connection_as_alone,
+    readonly_inside_a_batch_replaces_the_stale_connection_as_alone_unbatched
+        = readonly_inside_a_batch_replaces_the_stale_connection_as_alone_with
 }
 
 /// Through a failover asked of the sentinels, under a load that keeps queues full (32 callers

@@ -3,7 +3,10 @@
 //! would alone (`lua/batch.lua`, `lua/sliding_log.lua`).
 
 use super::sender::main_runtime;
-use super::{connected_store, script_calls, show, store_on, timed, warm_batch_script, warm_store};
+use super::{
+    admits, connected_store, script_calls, show, store_on, store_without_breaker, timed,
+    warm_batch_script, warm_store,
+};
 use crate::support;
 use redlimit::{Limiter, Target};
 use std::time::Instant;
@@ -115,13 +118,7 @@ async fn a_sliding_log_admission_alone_writes_nothing_past_maxmemory() {
     let quotas: Quotas = Quota::per_hour(10).unwrap().into();
     let key = "redlimit:{log-alone}";
     // One unit on record before, so that the log exists.
-    assert!(
-        store
-            .check(request(key, &quotas, Algorithm::SlidingLog))
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(admits(&store, key, &quotas, Algorithm::SlidingLog).await);
     let before = sorted_sets(&redis);
     out_of_memory(&redis);
     let answer = store
@@ -168,13 +165,7 @@ async fn each_decision_of_a_batch_meets_maxmemory_as_alone() {
     let quotas: Quotas = Quota::per_hour(1).unwrap().into();
     // A key at its limit, and the batch script loaded, before memory runs out.
     let full = "redlimit:{oom-full}";
-    assert!(
-        store
-            .check(request(full, &quotas, Algorithm::Gcra))
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(admits(&store, full, &quotas, Algorithm::Gcra).await);
     let warm = generous();
     let sleeping = redis.debug_sleep(Duration::from_millis(100));
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -291,12 +282,7 @@ fn outcome(answer: &Result<Decision, StoreError>) -> String {
 /// Sets up the same data on a server: keys at their limit, overrides (route and tenant-wide), a
 /// tenant reset, a suspension, a log of another type, a clock that stepped back.
 async fn mixed_fixture(redis: &RedisServer, now: u64) {
-    let store = RedisStore::builder(redis.url())
-        .timeout(support::PATIENT_TIMEOUT)
-        .max_batch(1)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
+    let store = store_without_breaker(redis, support::PATIENT_TIMEOUT, 1);
     let one: Quotas = Quota::per_hour(1).unwrap().into();
     let at = |key, algorithm, cost| CheckRequest {
         key,
@@ -475,18 +461,8 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
         let alone_redis = RedisServer::start();
         mixed_fixture(&batched_redis, now).await;
         copy_data(&batched_redis, &alone_redis);
-        let batched = RedisStore::builder(batched_redis.url())
-            .timeout(support::PATIENT_TIMEOUT)
-            .max_batch(MAX_BATCH)
-            .without_circuit_breaker()
-            .build()
-            .unwrap();
-        let alone = RedisStore::builder(alone_redis.url())
-            .timeout(support::PATIENT_TIMEOUT)
-            .max_batch(1)
-            .without_circuit_breaker()
-            .build()
-            .unwrap();
+        let batched = store_without_breaker(&batched_redis, support::PATIENT_TIMEOUT, MAX_BATCH);
+        let alone = store_without_breaker(&alone_redis, support::PATIENT_TIMEOUT, 1);
         batched.verify().await.unwrap();
         alone.verify().await.unwrap();
         // The batch script loaded (its warm-up keys then deleted on both twins alike).

@@ -13,10 +13,11 @@ mod runtime;
 mod sender;
 
 use std::future::Future;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redlimit::store::{CheckRequest, RedisStore, Store, StoreError};
+use redlimit::store::{CheckRequest, RedisStore, RedisStoreBuilder, Store, StoreError};
 use redlimit::{Algorithm, Decision, Quota, Quotas};
 
 use crate::support::RedisServer;
@@ -41,6 +42,12 @@ pub(crate) fn request<'a>(
     }
 }
 
+/// Whether `store` admits a decision of cost 1 on `key` (it must decide).
+async fn admits(store: &RedisStore, key: &str, quotas: &Quotas, algorithm: Algorithm) -> bool {
+    let decision = store.check(request(key, quotas, algorithm)).await;
+    decision.unwrap().allowed
+}
+
 /// What a decision may take beyond its own timeout on this loaded 2-core machine: the timer's
 /// and the scheduler's lateness, never a wait for another call.
 const SLACK: Duration = Duration::from_millis(250);
@@ -58,6 +65,17 @@ fn store_on(
     runtime.block_on(warm_store(redis, timeout, max_batch))
 }
 
+/// `runtime`, with a store on `redis` built on it as by [`store_on`].
+fn runtime_and_store(
+    runtime: tokio::runtime::Runtime,
+    redis: &RedisServer,
+    timeout: Duration,
+    max_batch: usize,
+) -> (tokio::runtime::Runtime, RedisStore) {
+    let store = store_on(&runtime, redis, timeout, max_batch);
+    (runtime, store)
+}
+
 /// [`connected_store`], its batch script loaded too.
 async fn warm_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
     let store = connected_store(redis, timeout, max_batch).await;
@@ -68,15 +86,57 @@ async fn warm_store(redis: &RedisServer, timeout: Duration, max_batch: usize) ->
 /// A store on `redis` with `timeout`, carrying at most `max_batch` decisions a call, with no
 /// circuit breaker: connected, its decision script loaded.
 async fn connected_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
-    let store = RedisStore::builder(redis.url())
-        .timeout(timeout)
-        .max_batch(max_batch)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
+    let store = store_without_breaker(redis, timeout, max_batch);
     store.verify().await.expect("Redis is up");
     store
 }
+
+/// A store's builder on `redis` with `timeout`, carrying at most `max_batch` decisions a call.
+fn builder(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStoreBuilder {
+    RedisStore::builder(redis.url())
+        .timeout(timeout)
+        .max_batch(max_batch)
+}
+
+/// A store of [`builder`] (with the default circuit breaker); built, not yet connected.
+fn new_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
+    builder(redis, timeout, max_batch).build().unwrap()
+}
+
+/// [`new_store`] with no circuit breaker.
+fn store_without_breaker(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
+    let builder = builder(redis, timeout, max_batch);
+    builder.without_circuit_breaker().build().unwrap()
+}
+
+/// The two tests of one scenario, the body `$with(max_batch)` written above the call:
+/// `$batched` on a store that batches (`DEFAULT_MAX_BATCH`), and `$unbatched` on a store that
+/// never does (the control: it holds).
+macro_rules! batched_and_unbatched {
+    (fn $batched:ident, $unbatched:ident = $with:ident) => {
+        #[test]
+        fn $batched() {
+            $with(redlimit::store::DEFAULT_MAX_BATCH);
+        }
+
+        #[test]
+        fn $unbatched() {
+            $with(1);
+        }
+    };
+    (async fn $batched:ident, $unbatched:ident = $with:ident) => {
+        #[tokio::test]
+        async fn $batched() {
+            $with(redlimit::store::DEFAULT_MAX_BATCH).await;
+        }
+
+        #[tokio::test]
+        async fn $unbatched() {
+            $with(1).await;
+        }
+    };
+}
+pub(crate) use batched_and_unbatched;
 
 /// Loads the batch script: a queue behind a held call, so that no `NOSCRIPT` blurs timings.
 async fn warm_batch_script(redis: &RedisServer, store: &RedisStore) {
@@ -95,13 +155,48 @@ async fn warm_batch_script(redis: &RedisServer, store: &RedisStore) {
     sleeping.join().unwrap();
 }
 
-async fn timed(store: &RedisStore, key: &str) -> Answer {
+/// A decision of cost 1 on `key` under the [`generous`] quota (token bucket).
+async fn decide(store: &RedisStore, key: &str) -> Result<Decision, StoreError> {
     let quotas = generous();
-    let started = Instant::now();
-    let answer = store
+    store
         .check(request(key, &quotas, Algorithm::TokenBucket))
-        .await;
+        .await
+}
+
+/// [`decide`], with the time it took.
+async fn timed(store: &RedisStore, key: &str) -> Answer {
+    let started = Instant::now();
+    let answer = decide(store, key).await;
     (answer, started.elapsed())
+}
+
+/// A helper thread, as a health check or a second service on a runtime of its own may be: its
+/// current-thread runtime runs `calls` on a clone of `store` and sends back their answer, then
+/// idles undriven until released (a send on the returned sender, or its drop), and is dropped.
+/// Returns the answer's receiver, that sender, and the thread.
+fn helper_runtime<T, F>(
+    store: &RedisStore,
+    calls: impl FnOnce(RedisStore) -> F + Send + 'static,
+) -> (
+    mpsc::Receiver<T>,
+    mpsc::Sender<()>,
+    std::thread::JoinHandle<()>,
+)
+where
+    T: Send + 'static,
+    F: Future<Output = T>,
+{
+    let (answered, answer) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let store = store.clone();
+    let helper = std::thread::spawn(move || {
+        let runtime = crate::support::current_thread_runtime();
+        answered.send(runtime.block_on(calls(store))).unwrap();
+        // Idle: the runtime lives on, undriven, until released.
+        let _ = released.recv();
+        drop(runtime);
+    });
+    (answer, release, helper)
 }
 
 /// `count` decisions on keys of their own, all entered in one poll; each with its time.
@@ -218,14 +313,10 @@ async fn decided_within(
     key: &str,
     attempts: usize,
 ) -> Result<Decision, Vec<String>> {
-    let quotas = generous();
     let mut errors = Vec::new();
     for _ in 0..attempts {
         let started = Instant::now();
-        match store
-            .check(request(key, &quotas, Algorithm::TokenBucket))
-            .await
-        {
+        match decide(store, key).await {
             Ok(decision) => return Ok(decision),
             Err(error) => errors.push(format!("{error} after {:?}", started.elapsed())),
         }
@@ -291,12 +382,6 @@ async fn while_asleep<First: Future, Rest: Future>(
 /// in the order given (decisions in calls that overlap have no order between them, as
 /// concurrent calls never had); `alone` never batches.
 fn batched_and_alone(batched: &RedisServer, alone: &RedisServer) -> (RedisStore, RedisStore) {
-    let store = |redis: &RedisServer, max_batch| {
-        RedisStore::builder(redis.url())
-            .timeout(crate::support::PATIENT_TIMEOUT)
-            .max_batch(max_batch)
-            .build()
-            .unwrap()
-    };
+    let store = |redis, max_batch| new_store(redis, crate::support::PATIENT_TIMEOUT, max_batch);
     (store(batched, 256), store(alone, 1))
 }

@@ -6,13 +6,14 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use redlimit::store::{RedisStore, Store, DEFAULT_MAX_BATCH};
+use redlimit::store::{RedisStore, RedisStoreBuilder, Store, DEFAULT_MAX_BATCH};
 use redlimit::Algorithm;
 
 use super::sender::main_runtime;
 use super::{
-    all_decided_within, consumed, decided_within, generous, keys, none_past, on_shared, request,
-    script_calls, shared_quota, show, store_on, timed, together, Answer, SLACK,
+    all_decided_within, batched_and_unbatched, consumed, decided_within, generous, helper_runtime,
+    keys, new_store, none_past, on_shared, request, runtime_and_store, script_calls, shared_quota,
+    show, store_without_breaker, timed, together, Answer, SLACK,
 };
 use crate::support::{self, RedisCluster, RedisServer};
 
@@ -38,6 +39,46 @@ async fn lone_then_queued(
     (lone, queued)
 }
 
+/// A store on `redis` with `timeout`, built (and connected) on a runtime of its own that then
+/// shut down, nothing in flight; and the next runtime, where the store goes on.
+fn outliving_its_runtime(
+    redis: &RedisServer,
+    timeout: Duration,
+) -> (tokio::runtime::Runtime, RedisStore) {
+    let (own, store) = runtime_and_store(main_runtime(), redis, timeout, 64);
+    drop(own);
+    (main_runtime(), store)
+}
+
+/// A store of `builder` (a timeout of 500 ms, no circuit breaker) that made its first
+/// decisions on a runtime of its own, which then shut down, nothing in flight; and the next
+/// runtime, where the store goes on.
+fn outliving_its_first_runtime(
+    builder: RedisStoreBuilder,
+) -> (tokio::runtime::Runtime, RedisStore) {
+    let own = main_runtime();
+    let store = own.block_on(async {
+        let builder = builder.timeout(Duration::from_millis(500));
+        let store = builder.without_circuit_breaker().build().unwrap();
+        store.verify().await.expect("the store reaches Redis");
+        let _ = one_by_one(&store, "before", 3).await;
+        store
+    });
+    drop(own);
+    (main_runtime(), store)
+}
+
+/// A store on `redis` built on a runtime of its own as by [`runtime_and_store`], and the main
+/// runtime its callers use: (own, store, main).
+fn store_on_its_own_runtime(
+    redis: &RedisServer,
+    timeout: Duration,
+    max_batch: usize,
+) -> (tokio::runtime::Runtime, RedisStore, tokio::runtime::Runtime) {
+    let (own, store) = runtime_and_store(main_runtime(), redis, timeout, max_batch);
+    (own, store, main_runtime())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Other runtimes.
 // ---------------------------------------------------------------------------------------------
@@ -48,40 +89,30 @@ async fn lone_then_queued(
 fn helper_calls_then_idles(
     store: &RedisStore,
 ) -> (Vec<String>, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
-    let (answered, answers) = mpsc::channel();
-    let (release, released) = mpsc::channel::<()>();
-    let helper = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            let runtime = support::current_thread_runtime();
-            let texts = runtime.block_on(async {
-                let mut texts = Vec::new();
-                for i in 0..4 {
-                    let (answer, took) = timed(&store, &format!("redlimit:{{helper-{i}}}")).await;
-                    texts.push(format!("{:?} {took:.0?}", answer.map(|d| d.allowed)));
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                texts
-            });
-            answered.send(texts).unwrap();
-            let _ = released.recv();
-            drop(runtime);
-        })
-    };
-    let texts = answers.recv().unwrap();
-    (texts, release, helper)
+    let (answers, release, helper) = helper_runtime(store, |store| async move {
+        let mut texts = Vec::new();
+        for i in 0..4 {
+            let (answer, took) = timed(&store, &format!("redlimit:{{helper-{i}}}")).await;
+            texts.push(format!("{:?} {took:.0?}", answer.map(|d| d.allowed)));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        texts
+    });
+    (answers.recv().unwrap(), release, helper)
 }
 
-/// A store on `redis` built on `main` with a timeout of 500 ms, whose connection Redis then
-/// dropped (`CLIENT KILL`): the next call to meet it remakes it.
-fn store_with_a_dropped_connection(
-    main: &tokio::runtime::Runtime,
-    redis: &RedisServer,
-) -> RedisStore {
-    let store = store_on(main, redis, Duration::from_millis(500), DEFAULT_MAX_BATCH);
+/// The main runtime, and a store on `redis` built on it with a timeout of 500 ms, whose
+/// connection Redis then dropped (`CLIENT KILL`): the next call to meet it remakes it.
+fn store_with_a_dropped_connection(redis: &RedisServer) -> (tokio::runtime::Runtime, RedisStore) {
+    let (main, store) = runtime_and_store(
+        main_runtime(),
+        redis,
+        Duration::from_millis(500),
+        DEFAULT_MAX_BATCH,
+    );
     redis.client_kill_normal();
     std::thread::sleep(Duration::from_millis(50));
-    store
+    (main, store)
 }
 
 /// Guards against: the single-node connection is a redis-rs `ConnectionManager`, which reconnects by
@@ -99,8 +130,7 @@ fn store_with_a_dropped_connection(
 #[test]
 fn a_connection_remade_by_another_runtimes_call_stalls_no_decision_when_that_runtime_idles() {
     let redis = RedisServer::start();
-    let main = main_runtime();
-    let store = store_with_a_dropped_connection(&main, &redis);
+    let (main, store) = store_with_a_dropped_connection(&redis);
     // The helper's calls are the first to meet the dropped connection.
     let (helper, release, thread) = helper_calls_then_idles(&store);
     let (lone, queued) = main.block_on(lone_then_queued(&store, "after-helper", 4, 8));
@@ -123,8 +153,7 @@ fn a_connection_remade_by_another_runtimes_call_stalls_no_decision_when_that_run
 #[test]
 fn a_connection_remade_by_another_runtimes_call_fails_no_decision_when_that_runtime_shuts_down() {
     let redis = RedisServer::start();
-    let main = main_runtime();
-    let store = store_with_a_dropped_connection(&main, &redis);
+    let (main, store) = store_with_a_dropped_connection(&redis);
     let (helper, release, thread) = helper_calls_then_idles(&store);
     let answers = main.block_on(async {
         // Decisions every 5 ms, through the helper runtime's shutdown 100 ms in.
@@ -174,7 +203,7 @@ fn queued_decisions_never_sent_are_sent_alone_when_the_stores_runtime_shuts_down
     let redis = RedisServer::start();
     let own = support::current_thread_runtime();
     let timeout = Duration::from_millis(1500);
-    let store = store_on(&own, &redis, timeout, redlimit::store::DEFAULT_MAX_BATCH);
+    let (own, store) = runtime_and_store(own, &redis, timeout, DEFAULT_MAX_BATCH);
     let main = main_runtime();
     redis.reset_stats();
     // `own` is no longer driven: the connection's driver and any sender on it wait.
@@ -216,10 +245,7 @@ fn queued_decisions_never_sent_are_sent_alone_when_the_stores_runtime_shuts_down
 #[test]
 fn after_the_stores_runtime_shut_down_the_next_decisions_are_decided() {
     let redis = RedisServer::start();
-    let own = main_runtime();
-    let store = store_on(&own, &redis, Duration::from_millis(500), 64);
-    drop(own);
-    let next = main_runtime();
+    let (next, store) = outliving_its_runtime(&redis, Duration::from_millis(500));
     let answers = next.block_on(one_by_one(&store, "next", 5));
     assert!(
         answers.iter().all(|(answer, _)| answer.is_ok()),
@@ -236,19 +262,7 @@ fn after_the_stores_runtime_shut_down_the_next_decisions_are_decided() {
 #[test]
 fn on_cluster_after_the_stores_runtime_shut_down_the_next_decisions_are_decided() {
     let cluster = RedisCluster::start();
-    let own = main_runtime();
-    let store = own.block_on(async {
-        let store = RedisStore::cluster_builder(cluster.urls())
-            .timeout(Duration::from_millis(500))
-            .without_circuit_breaker()
-            .build()
-            .unwrap();
-        store.verify().await.expect("cluster up");
-        let _ = one_by_one(&store, "before", 3).await;
-        store
-    });
-    drop(own);
-    let next = main_runtime();
+    let (next, store) = outliving_its_first_runtime(RedisStore::cluster_builder(cluster.urls()));
     let answers = next.block_on(async {
         let mut answers = one_by_one(&store, "next", 5).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -271,9 +285,8 @@ fn on_cluster_after_the_stores_runtime_shut_down_the_next_decisions_are_decided(
 #[test]
 fn no_decision_waits_past_its_timeout_while_the_stores_runtime_idles() {
     let redis = RedisServer::start();
-    let own = support::current_thread_runtime();
     let timeout = Duration::from_millis(300);
-    let store = store_on(&own, &redis, timeout, 64);
+    let (own, store) = runtime_and_store(support::current_thread_runtime(), &redis, timeout, 64);
     let main = main_runtime();
     let (lone, queued) = main.block_on(lone_then_queued(&store, "idle-own", 2, 20));
     drop(own);
@@ -292,11 +305,7 @@ fn no_decision_waits_past_its_timeout_while_the_stores_runtime_idles() {
 #[test]
 fn a_store_built_outside_any_runtime_outlives_its_first_callers_runtime() {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_millis(500))
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
+    let store = store_without_breaker(&redis, Duration::from_millis(500), DEFAULT_MAX_BATCH);
     {
         let startup = support::current_thread_runtime();
         startup.block_on(store.verify()).expect("Redis is up");
@@ -323,10 +332,7 @@ fn a_store_built_outside_any_runtime_outlives_its_first_callers_runtime() {
 #[test]
 fn a_script_flush_after_the_stores_runtime_shut_down_is_survived_by_batches() {
     let redis = RedisServer::start();
-    let own = main_runtime();
-    let store = store_on(&own, &redis, Duration::from_secs(1), 64);
-    drop(own);
-    let next = main_runtime();
+    let (next, store) = outliving_its_runtime(&redis, Duration::from_secs(1));
     let (first, queued, lone) = next.block_on(async {
         // Let the store reconnect on this runtime (see the finding above: a first call may fail).
         let first = one_by_one(&store, "rebind", 3).await;
@@ -417,10 +423,8 @@ fn a_connection_attempt_dropped_with_the_stores_runtime_is_made_again_on_the_nex
 #[test]
 fn a_script_load_dropped_with_the_stores_runtime_leaves_one_load_per_flush() {
     let redis = RedisServer::start();
-    let own = main_runtime();
     let timeout = Duration::from_millis(300);
-    let store = store_on(&own, &redis, timeout, 1);
-    let main = main_runtime();
+    let (own, store, main) = store_on_its_own_runtime(&redis, timeout, 1);
     let rebound = main.block_on(async {
         // The connection is made again from this runtime (its driver then lives here: see the
         // first finding), so that only the store's own tasks are left on `own`.
@@ -472,10 +476,8 @@ fn a_script_load_dropped_with_the_stores_runtime_leaves_one_load_per_flush() {
 #[test]
 fn the_stores_runtime_shut_down_mid_batch_fails_only_what_was_on_the_wire() {
     let redis = RedisServer::start();
-    let own = main_runtime();
     let timeout = Duration::from_millis(1500);
-    let store = store_on(&own, &redis, timeout, 64);
-    let main = main_runtime();
+    let (own, store, main) = store_on_its_own_runtime(&redis, timeout, 64);
     let key = "redlimit:{mid-batch}";
     let before = main.block_on(consumed(&store, key));
     let sleeping = redis.debug_sleep(Duration::from_millis(400));
@@ -527,19 +529,8 @@ fn the_stores_runtime_shut_down_mid_batch_fails_only_what_was_on_the_wire() {
 fn through_sentinel_after_the_stores_runtime_shut_down_the_next_decisions_are_decided() {
     use support::sentinel::{RedisSentinel, MASTER_NAME};
     let setup = RedisSentinel::start();
-    let own = main_runtime();
-    let store = own.block_on(async {
-        let store = RedisStore::sentinel_builder(setup.sentinel_urls(), MASTER_NAME)
-            .timeout(Duration::from_millis(500))
-            .without_circuit_breaker()
-            .build()
-            .unwrap();
-        store.verify().await.expect("verify via Sentinel");
-        let _ = one_by_one(&store, "before", 3).await;
-        store
-    });
-    drop(own);
-    let next = main_runtime();
+    let builder = RedisStore::sentinel_builder(setup.sentinel_urls(), MASTER_NAME);
+    let (next, store) = outliving_its_first_runtime(builder);
     let answers = next.block_on(one_by_one(&store, "next", 5));
     let failed = answers.iter().filter(|(answer, _)| answer.is_err()).count();
     eprintln!("sentinel: {failed} failed: {}", show(&answers));
@@ -555,24 +546,9 @@ fn through_sentinel_after_the_stores_runtime_shut_down_the_next_decisions_are_de
 /// call dropped with the runtime, never finishing) must not leave the group's call counted as
 /// in flight for good: a store outlives a runtime (a test's, an application's that restarts its
 /// runtime), and the next runtime's decisions must reach Redis.
-#[test]
-fn a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable() {
-    a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable_with(DEFAULT_MAX_BATCH);
-}
-
-/// The same on a store that never batches (the control: it holds).
-#[test]
-fn a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable_unbatched() {
-    a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable_with(1);
-}
-
 fn a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable_with(max_batch: usize) {
     let redis = RedisServer::start();
-    let store = RedisStore::builder(redis.url())
-        .timeout(Duration::from_millis(500))
-        .max_batch(max_batch)
-        .build()
-        .unwrap();
+    let store = new_store(&redis, Duration::from_millis(500), max_batch);
     let first = support::current_thread_runtime();
     let sleeping = first.block_on(async {
         store.verify().await.expect("Redis is up");
@@ -610,4 +586,10 @@ fn a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable_with(
         "after a runtime shut down with a full queue in flight, no decision of the next \
          runtime reached Redis ({calls} script calls): {decided:?}"
     );
+}
+
+batched_and_unbatched! {
+    fn a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable,
+    a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable_unbatched
+        = a_runtime_shut_down_with_a_full_queue_in_flight_leaves_the_store_usable_with
 }

@@ -7,22 +7,30 @@
 use crate::support;
 
 use std::future::Future;
-use std::sync::mpsc;
 use std::time::Duration;
 
-use redlimit::store::{Store, StoreError, DEFAULT_MAX_BATCH};
-use redlimit::{Algorithm, Decision};
+use redlimit::store::{RedisStore, StoreError, DEFAULT_MAX_BATCH};
+use redlimit::Decision;
 use support::RedisServer;
 
-use super::{generous, request, store_on, together};
+use super::{decide, helper_runtime, runtime_and_store, together};
 
 /// The main runtime of these tests: a multi-thread one, as an application's.
 pub(crate) fn main_runtime() -> tokio::runtime::Runtime {
     support::multi_thread_runtime()
 }
 
-/// Every answer decided by Redis within `within`, else what each got.
-fn all_decided(answers: &[(Result<Decision, StoreError>, Duration)], within: Duration) -> bool {
+/// A private Redis, the main runtime, and a store on that Redis built on it (see
+/// [`runtime_and_store`]) with `timeout`, batching as by default.
+fn on_main_runtime(timeout: Duration) -> (RedisServer, tokio::runtime::Runtime, RedisStore) {
+    let redis = RedisServer::start();
+    let (main, store) = runtime_and_store(main_runtime(), &redis, timeout, DEFAULT_MAX_BATCH);
+    (redis, main, store)
+}
+
+/// Every answer decided by Redis within `within_ms` ms.
+fn all_decided(answers: &[(Result<Decision, StoreError>, Duration)], within_ms: u64) -> bool {
+    let within = Duration::from_millis(within_ms);
     answers
         .iter()
         .all(|(answer, took)| answer.is_ok() && *took < within)
@@ -33,29 +41,13 @@ fn all_decided(answers: &[(Result<Decision, StoreError>, Duration)], within: Dur
 /// behind it on the main runtime, and every later decision, are decided without it.
 #[test]
 fn an_idle_runtime_that_made_the_call_in_flight_stalls_no_queued_decision() {
-    let redis = RedisServer::start();
-    let main = main_runtime();
-    let store = store_on(&main, &redis, Duration::from_secs(1), DEFAULT_MAX_BATCH);
+    let (redis, main, store) = on_main_runtime(Duration::from_secs(1));
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
     std::thread::sleep(Duration::from_millis(30));
-    let (decided, helper_decided) = mpsc::channel();
-    let (release, released) = mpsc::channel::<()>();
-    let helper = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            let runtime = support::current_thread_runtime();
-            let quotas = generous();
-            let answer = runtime.block_on(store.check(request(
-                "redlimit:{helper}",
-                &quotas,
-                Algorithm::TokenBucket,
-            )));
-            decided.send(answer.is_ok()).unwrap();
-            // Idle: the runtime lives on, undriven, until the test ends.
-            let _ = released.recv();
-            drop(runtime);
-        })
-    };
+    // Idle once it decided: the runtime lives on, undriven, until the test ends.
+    let (helper_decided, release, helper) = helper_runtime(&store, |store| async move {
+        decide(&store, "redlimit:{helper}").await.is_ok()
+    });
     std::thread::sleep(Duration::from_millis(30));
     let (queued, later) = main.block_on(async {
         let queued = together(&store, "queued", 4).await;
@@ -71,11 +63,11 @@ fn an_idle_runtime_that_made_the_call_in_flight_stalls_no_queued_decision() {
     release.send(()).unwrap();
     helper.join().unwrap();
     assert!(
-        all_decided(&queued, Duration::from_millis(900)),
+        all_decided(&queued, 900),
         "decisions queued behind an idle runtime's call: {queued:?}"
     );
     assert!(
-        all_decided(&later, Duration::from_millis(200)),
+        all_decided(&later, 200),
         "lone decisions after it, Redis idle: {later:?}"
     );
 }
@@ -85,19 +77,14 @@ fn an_idle_runtime_that_made_the_call_in_flight_stalls_no_queued_decision() {
 /// do not wait for that work.
 #[test]
 fn queued_decisions_do_not_wait_for_the_first_callers_synchronous_work() {
-    let redis = RedisServer::start();
-    let main = main_runtime();
-    let store = store_on(&main, &redis, Duration::from_millis(600), DEFAULT_MAX_BATCH);
+    let (redis, main, store) = on_main_runtime(Duration::from_millis(600));
     let (queued, first) = main.block_on(async {
         let sleeping = redis.debug_sleep(Duration::from_millis(150));
         tokio::time::sleep(Duration::from_millis(30)).await;
         let first = {
             let store = store.clone();
             tokio::spawn(async move {
-                let quotas = generous();
-                let answer = store
-                    .check(request("redlimit:{busy}", &quotas, Algorithm::TokenBucket))
-                    .await;
+                let answer = decide(&store, "redlimit:{busy}").await;
                 // Synchronous work in the same task, without yielding.
                 std::thread::sleep(Duration::from_secs(1));
                 answer.is_ok()
@@ -111,7 +98,7 @@ fn queued_decisions_do_not_wait_for_the_first_callers_synchronous_work() {
     });
     assert!(first, "the busy task's own decision");
     assert!(
-        all_decided(&queued, Duration::from_millis(500)),
+        all_decided(&queued, 500),
         "decisions queued behind a task that went on with synchronous work: {queued:?}"
     );
 }
@@ -120,9 +107,7 @@ fn queued_decisions_do_not_wait_for_the_first_callers_synchronous_work() {
 /// down: the decisions queued behind that call on the main runtime are still decided.
 #[test]
 fn another_runtimes_shutdown_fails_no_queued_decision() {
-    let redis = RedisServer::start();
-    let main = main_runtime();
-    let store = store_on(&main, &redis, Duration::from_secs(1), DEFAULT_MAX_BATCH);
+    let (redis, main, store) = on_main_runtime(Duration::from_secs(1));
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
     std::thread::sleep(Duration::from_millis(30));
     let other = tokio::runtime::Builder::new_multi_thread()
@@ -133,10 +118,7 @@ fn another_runtimes_shutdown_fails_no_queued_decision() {
     {
         let store = store.clone();
         other.spawn(async move {
-            let quotas = generous();
-            let _ = store
-                .check(request("redlimit:{other}", &quotas, Algorithm::TokenBucket))
-                .await;
+            let _ = decide(&store, "redlimit:{other}").await;
         });
     }
     std::thread::sleep(Duration::from_millis(30));
@@ -152,7 +134,7 @@ fn another_runtimes_shutdown_fails_no_queued_decision() {
     });
     sleeping.join().unwrap();
     assert!(
-        all_decided(&queued, Duration::from_millis(900)),
+        all_decided(&queued, 900),
         "decisions queued when another runtime shut down: {queued:?}"
     );
 }
@@ -161,19 +143,12 @@ fn another_runtimes_shutdown_fails_no_queued_decision() {
 /// dropped: later lone decisions, with Redis idle, do not wait for it.
 #[test]
 fn a_parked_decision_slows_no_later_decision() {
-    let redis = RedisServer::start();
-    let main = main_runtime();
-    let store = store_on(&main, &redis, Duration::from_secs(2), DEFAULT_MAX_BATCH);
+    let (redis, main, store) = on_main_runtime(Duration::from_secs(2));
     let later = main.block_on(async {
-        let quotas = generous();
         // Held, so that the parked call cannot be answered within its first poll.
         let sleeping = redis.debug_sleep(Duration::from_millis(100));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let mut parked = Box::pin(store.check(request(
-            "redlimit:{parked}",
-            &quotas,
-            Algorithm::TokenBucket,
-        )));
+        let mut parked = Box::pin(decide(&store, "redlimit:{parked}"));
         let waker = futures::task::noop_waker();
         let mut context = std::task::Context::from_waker(&waker);
         let polled = parked.as_mut().poll(&mut context);
@@ -187,7 +162,7 @@ fn a_parked_decision_slows_no_later_decision() {
         later
     });
     assert!(
-        all_decided(&later, Duration::from_millis(150)),
+        all_decided(&later, 150),
         "lone decisions while another is parked (a take-over delay would be 500 ms): {later:?}"
     );
 }

@@ -29,6 +29,14 @@ fn state_len(algorithm: Algorithm) -> usize {
     }
 }
 
+/// A limiter of `algorithm` on `redis`, the name `<prefix>-<algorithm>` and its storage key.
+fn on_redis(redis: &RedisServer, algorithm: Algorithm, prefix: &str) -> (Limiter, String, String) {
+    let limiter = Ctx::new(algorithm).redis(redis);
+    let name = format!("{prefix}-{algorithm}");
+    let key = limiter.storage_key(name.as_str());
+    (limiter, name, key)
+}
+
 pub(crate) fn pttl(redis: &RedisServer, key: &str) -> i64 {
     redis::cmd("PTTL")
         .arg(key)
@@ -50,9 +58,7 @@ async fn a_busy_key_keeps_its_expiry_instead_of_setting_one_on_every_admission()
     // expiry set on every admission moves up on every admission.
     let quota = Quota::per_hour(1_000).unwrap();
     for algorithm in packed() {
-        let limiter = Ctx::new(algorithm).redis(&redis);
-        let name = format!("busy-{algorithm}");
-        let key = limiter.storage_key(name.as_str());
+        let (limiter, name, key) = on_redis(&redis, algorithm, "busy");
         let mut last = i64::MAX;
         let mut moved = 0;
         for _ in 0..200 {
@@ -110,16 +116,9 @@ impl Lcg {
 async fn a_key_never_expires_before_its_state_is_fresh_whatever_writes_it_in_between() {
     let redis = RedisServer::start();
     // Short TTLs (at most 2 s), so that keys expire and come back during the run.
-    let quota = Quota::new(20, Duration::from_secs(1))
-        .unwrap()
-        .with_burst(10)
-        .unwrap();
+    let quota = support::quota_with_burst(20, Duration::from_secs(1), 10);
     let quotas: Quotas = quota.into();
-    let tight: Quotas = Quota::new(5, Duration::from_secs(1))
-        .unwrap()
-        .with_burst(3)
-        .unwrap()
-        .into();
+    let tight: Quotas = support::quota_with_burst(5, Duration::from_secs(1), 3).into();
     for algorithm in packed() {
         let server = Ctx::new(algorithm).redis(&redis);
         let client = Ctx::new(algorithm).clock(Clock::System).redis(&redis);
@@ -138,10 +137,8 @@ async fn a_key_never_expires_before_its_state_is_fresh_whatever_writes_it_in_bet
                     server.clear_quota("k").await.expect("clear");
                 }
                 7..=9 => {
-                    server
-                        .refund("k", &quotas, 1 + random.below(2))
-                        .await
-                        .expect("refund");
+                    let units = 1 + random.below(2);
+                    server.refund("k", &quotas, units).await.expect("refund");
                 }
                 _ => {}
             }
@@ -177,12 +174,10 @@ async fn a_key_never_expires_before_its_state_is_fresh_whatever_writes_it_in_bet
 
 #[tokio::test]
 async fn a_new_key_gets_its_exact_ttl_and_no_remembered_time() {
-    let redis = RedisServer::start();
     let quota = Quota::per_hour(1_000).unwrap();
+    let redis = RedisServer::start();
     for algorithm in packed() {
-        let limiter = Ctx::new(algorithm).redis(&redis);
-        let name = format!("once-{algorithm}");
-        let key = limiter.storage_key(name.as_str());
+        let (limiter, name, key) = on_redis(&redis, algorithm, "once");
         let decision = support::decision(&limiter, name.as_str(), &quota).await;
         let bytes = stored(&redis, &key).expect("the key");
         assert_eq!(bytes.len(), state_len(algorithm), "{algorithm}: {bytes:?}");

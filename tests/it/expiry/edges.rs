@@ -37,10 +37,8 @@ fn stored(redis: &RedisServer, key: &str) -> Vec<u8> {
 /// The decision script's one argument on Redis's clock (now_us -1): cost 1, the algorithm's
 /// byte, one tier.
 fn server_clock_args(algorithm: Algorithm, limit: f64, period_us: f64, burst: f64) -> Vec<u8> {
-    let mut args = [-1f64, 1.0].map(f64::to_le_bytes).concat();
-    args.push(redlimit::algorithm::script_tag(algorithm));
-    args.extend([limit, period_us, burst].map(f64::to_le_bytes).concat());
-    args
+    let tag = redlimit::algorithm::script_tag(algorithm);
+    support::script_args(-1.0, 1.0, tag, &[(limit, period_us, burst)])
 }
 
 /// Whether a decision script's reply admits: an integer (the one-quota admission), or the
@@ -102,13 +100,7 @@ fn a_previous_release_reads_what_this_release_admitted() {
             (0..20)
                 .filter(|&i| {
                     let source: &str = if pick(i) { current } else { &previous };
-                    let reply: redis::Value = redis::cmd("EVAL")
-                        .arg(source)
-                        .arg(1)
-                        .arg(&key)
-                        .arg(&args)
-                        .query(&mut conn)
-                        .expect("a decision");
+                    let reply: redis::Value = support::eval_on_key(&mut conn, source, &key, &args);
                     admits(&reply)
                 })
                 .count()
@@ -243,18 +235,11 @@ async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     let redis = RedisServer::start();
-    let quota = Quota::new(60, Duration::from_secs(1))
-        .unwrap()
-        .with_burst(20)
-        .unwrap();
+    let quota = support::quota_with_burst(60, Duration::from_secs(1), 20);
     let quotas: Quotas = quota.into();
     let two: Quotas =
         Quotas::new([quota, Quota::new(40, Duration::from_secs(2)).unwrap()]).unwrap();
-    let tight: Quotas = Quota::new(5, Duration::from_secs(1))
-        .unwrap()
-        .with_burst(3)
-        .unwrap()
-        .into();
+    let tight: Quotas = support::quota_with_burst(5, Duration::from_secs(1), 3).into();
     let wall = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
     let skew = Duration::from_millis(4_000);
     for algorithm in packed() {
@@ -302,10 +287,8 @@ async fn a_mixed_fleet_never_lets_a_key_expire_before_its_state_is_fresh() {
                     server.reset("k").await.expect("reset");
                 }
                 13..=16 => {
-                    server
-                        .refund("k", &quotas, 1 + random.below(2))
-                        .await
-                        .expect("refund");
+                    let units = 1 + random.below(2);
+                    server.refund("k", &quotas, units).await.expect("refund");
                 }
                 17..=22 => {
                     let limiter = if roll.is_multiple_of(2) {
@@ -373,13 +356,7 @@ fn without_keepttl_the_write_sets_a_ttl() {
         let key = format!("redlimit:{{redis5-{algorithm}}}");
         let mut admitted = 0;
         for _ in 0..15 {
-            let reply: redis::Value = redis::cmd("EVAL")
-                .arg(&redis5)
-                .arg(1)
-                .arg(&key)
-                .arg(&args)
-                .query(&mut conn)
-                .expect("a decision");
+            let reply: redis::Value = support::eval_on_key(&mut conn, &redis5, &key, &args);
             if admits(&reply) {
                 admitted += 1;
                 let left = pttl(&redis, &key);
@@ -454,6 +431,19 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
             }
             *last = Some(decision.remaining);
         };
+        // Suspends `target` for a minute: the route's next decision must say so.
+        let suspended = async |target: Target<'_>, what: &str, failures: &mut Vec<String>| {
+            limiter
+                .suspend(target, Duration::from_secs(60))
+                .await
+                .unwrap();
+            let denied = support::decision(&limiter, route, &quota).await;
+            if !denied.suspended {
+                failures.push(format!(
+                    "{algorithm} (scoped {scoped}): {what}, decided {denied:?}"
+                ));
+            }
+        };
         for _ in 0..3 {
             admit("admissions", &mut failures, &mut last).await;
         }
@@ -472,16 +462,7 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         }
 
         // Suspend, then resume.
-        limiter
-            .suspend(route, Duration::from_secs(60))
-            .await
-            .unwrap();
-        let denied = support::decision(&limiter, route, &quota).await;
-        if !denied.suspended {
-            failures.push(format!(
-                "{algorithm} (scoped {scoped}): suspended, decided {denied:?}"
-            ));
-        }
+        suspended(route, "suspended", &mut failures).await;
         limiter.resume(route).await.unwrap();
         admit("resume", &mut failures, &mut last).await;
         admit("resume, again", &mut failures, &mut last).await;
@@ -517,16 +498,7 @@ async fn operators_on_a_busy_key_keep_its_count_and_its_life() {
         admit("tenant clear_quota", &mut failures, &mut last).await;
         admit("tenant clear_quota, again", &mut failures, &mut last).await;
         // The tenant suspended, then resumed.
-        limiter
-            .suspend(Target::all_routes(busy), Duration::from_secs(60))
-            .await
-            .unwrap();
-        let denied = support::decision(&limiter, route, &quota).await;
-        if !denied.suspended {
-            failures.push(format!(
-                "{algorithm} (scoped {scoped}): tenant suspended, decided {denied:?}"
-            ));
-        }
+        suspended(Target::all_routes(busy), "tenant suspended", &mut failures).await;
         limiter.resume(Target::all_routes(busy)).await.unwrap();
         admit("tenant resume", &mut failures, &mut last).await;
         admit("tenant resume, again", &mut failures, &mut last).await;

@@ -74,9 +74,7 @@ async fn drop_a_request(redis: &RedisServer, limiter: &Limiter, key: &str, point
             let dropped =
                 tokio::time::timeout(Duration::from_millis(50), limiter.check(key, &quota)).await;
             assert!(dropped.is_err(), "Redis sleeps: the renewal is in flight");
-            tokio::task::spawn_blocking(move || sleeping.join().unwrap())
-                .await
-                .unwrap();
+            RedisServer::awake(sleeping).await;
         }
         DropPoint::AfterAnswer => {
             assert!(limiter.check(key, &quota).await.is_allowed());
@@ -148,9 +146,7 @@ async fn a_response_future_dropped_by_a_timeout_never_hangs_the_later_requests_t
     )
     .await;
     assert!(dropped.is_err(), "Redis sleeps: the renewal is in flight");
-    tokio::task::spawn_blocking(move || sleeping.join().unwrap())
-        .await
-        .unwrap();
+    RedisServer::awake(sleeping).await;
 
     let mut hung = 0;
     for _ in 0..5 {
@@ -197,9 +193,7 @@ async fn a_request_dropped_after_its_lease_ended_while_it_waited_loses_no_unit()
         second.await.is_err_and(|e| e.is_cancelled()),
         "dropped while Redis sleeps"
     );
-    tokio::task::spawn_blocking(move || sleeping.join().unwrap())
-        .await
-        .unwrap();
+    RedisServer::awake(sleeping).await;
     assert!(first.await.unwrap().is_allowed());
     // Ends the leases (their units go back) and lets every give-back land.
     limiter.release_leases().await;

@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use redlimit::clock::{Clock, ManualClock};
-use redlimit::limiter::Leases;
-use redlimit::{Limiter, Quota, Quotas};
+use redlimit::clock::ManualClock;
+use redlimit::{Quota, Quotas};
 use tower::ServiceExt;
 
 use super::settle::{call, lease_held_behind_a_gate, store_left, target};
 use super::settle_every_algorithm::leases_ended;
+use super::{admitted_of, one_interval_later, renewed_and_returned, Backend};
 use super::{CAPACITY, INTERVAL, LEASING, T0};
 use crate::modes::settle::until_entered;
 use crate::support::{Ctx, RedisServer};
@@ -23,12 +23,7 @@ async fn probe_operator_controls_reach_a_leasing_instance_within_one_interval_on
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
     let ctx = Ctx::default().manual(&clock);
-    let leasing = Limiter::builder(ctx.redis_store(&redis))
-        .algorithm(ctx.algorithm)
-        .clock(Clock::Manual(clock.clone()))
-        .leases(Leases::new(INTERVAL))
-        .build()
-        .unwrap();
+    let leasing = Backend::Redis(&redis).leasing(&ctx, INTERVAL);
     let operator = ctx.redis(&redis);
     let quota = Quota::per_second(100_000).unwrap();
     super::basics::hold_units(&leasing, "k", &quota, &clock).await;
@@ -36,24 +31,16 @@ async fn probe_operator_controls_reach_a_leasing_instance_within_one_interval_on
     let ten_minutes = Duration::from_secs(600);
     super::basics::suspend_once_leased(&leasing, &operator, "k", ten_minutes, "k").await;
     clock.advance(INTERVAL + Duration::from_micros(1));
-    let mut admitted = 0;
-    for _ in 0..100 {
-        admitted += u64::from(leasing.check("k", &quota).await.is_allowed());
-    }
+    let admitted = admitted_of(&leasing, "k", &quota, 100).await;
     assert_eq!(admitted, 0, "admitted one interval after a suspension");
     operator.resume("k").await.unwrap();
-    clock.advance(INTERVAL + Duration::from_micros(1));
-    let v = leasing.check("k", &quota).await;
+    let v = one_interval_later(&leasing, &clock, "k", &quota).await;
     assert!(v.is_allowed(), "denied one interval after a resume: {v:?}");
     let small = Quota::per_hour(100).unwrap();
-    let mut ok = 0;
-    for _ in 0..150 {
-        ok += u64::from(leasing.check("s", &small).await.is_allowed());
-    }
+    let ok = admitted_of(&leasing, "s", &small, 150).await;
     assert_eq!(ok, 100, "quota 100");
     operator.reset("s").await.unwrap();
-    clock.advance(INTERVAL + Duration::from_micros(1));
-    let v = leasing.check("s", &small).await;
+    let v = one_interval_later(&leasing, &clock, "s", &small).await;
     assert!(v.is_allowed(), "denied one interval after a reset: {v:?}");
 }
 
@@ -64,11 +51,10 @@ async fn probe_operator_controls_reach_a_leasing_instance_within_one_interval_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_in_flight_across_this_limiters_reset_gives_nothing_after_it() {
     let redis = RedisServer::start();
-    let quota = Quota::per_day(CAPACITY).unwrap();
-    let quotas = Quotas::from(quota);
+    let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
     for algorithm in LEASING {
         let (limiter, other, svc, gate, entered) =
-            lease_held_behind_a_gate(&redis, algorithm, quota).await;
+            lease_held_behind_a_gate(&redis, algorithm).await;
         let before = limiter.lease_stats();
         let failing = {
             let svc = svc.clone();
@@ -88,8 +74,7 @@ async fn a_settlement_in_flight_across_this_limiters_reset_gives_nothing_after_i
         limiter.flush_settlements().await;
         leases_ended(&limiter).await;
         let after = limiter.lease_stats();
-        let renewed = after.leased - answered.leased;
-        let returned = after.returned - answered.returned;
+        let (renewed, returned) = renewed_and_returned(&answered, &after);
         let left = store_left(&other, &quotas).await;
         assert_eq!(
             left + renewed,

@@ -11,7 +11,9 @@ use tower::ServiceExt;
 
 use super::settle::{call, lease_held_behind_a_gate, store_left, target};
 use super::settle_every_algorithm::leases_ended;
-use super::{balanced, leasing, leasing_with, settled, CAPACITY, LEASING};
+use super::{
+    balanced, consumed, leasing, leasing_and_observer, leasing_with, settled, CAPACITY, LEASING,
+};
 use crate::modes::settle::until_entered;
 use crate::support::{self, Ctx, RedisServer, Rng};
 
@@ -24,11 +26,9 @@ use crate::support::{self, Ctx, RedisServer, Rng};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_answered_settlements_dropped_at_every_await_balance_and_never_hang() {
     let redis = RedisServer::start();
-    let quota = Quota::per_day(CAPACITY).unwrap();
-    let quotas = Quotas::from(quota);
     for algorithm in LEASING {
         let (limiter, other, svc, gate, entered) =
-            lease_held_behind_a_gate(&redis, algorithm, quota).await;
+            lease_held_behind_a_gate(&redis, algorithm).await;
         let (mut refunded_at_least, mut requests) = (0u64, 0u64);
         for round in 0..60u64 {
             let n = entered.load(Ordering::SeqCst);
@@ -76,6 +76,7 @@ async fn lease_answered_settlements_dropped_at_every_await_balance_and_never_han
         leases_ended_or_release(&limiter).await;
         let stats = limiter.lease_stats();
         let settle_failures = limiter.stats().settle_failures;
+        let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
         let left = store_left(&other, &quotas).await;
         let back = (left + stats.leased)
             .checked_sub(CAPACITY + stats.returned)
@@ -170,12 +171,6 @@ async fn a_renewal_dropped_mid_flight_with_waiters_leaves_none_waiting() {
 /// midnight UTC unless unlucky; the tests check the window did not turn).
 fn daily() -> Quota {
     Quota::per_day(1_000_000).unwrap()
-}
-
-/// Units Redis counts consumed on `key` under `quota` (a peek: cost 0 is never leased).
-async fn consumed(limiter: &Limiter, key: &str, quota: &Quota) -> u64 {
-    let peek = limiter.try_check_quotas(key, &Quotas::from(quota), 0).await;
-    quota.burst() - peek.expect("the store decides").remaining
 }
 
 /// Many concurrent requests on one hot key, on two instances, each dropped at a random point
@@ -290,8 +285,7 @@ async fn probe_layer_requests_dropped_at_random_points_lose_no_unit_and_never_ha
     use tower::{Layer, ServiceExt};
 
     let redis = RedisServer::start();
-    let limiter = leasing_with(&redis, Algorithm::FixedWindow, Duration::from_secs(2));
-    let observer = Ctx::new(Algorithm::FixedWindow).redis(&redis);
+    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
     let quota = Quota::per_day(1_000_000).unwrap();
     let layer = RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("g"))
         .build()
@@ -360,15 +354,7 @@ async fn probe_layer_requests_dropped_at_random_points_lose_no_unit_and_never_ha
     let stats = settled(&limiter).await;
     assert!(balanced(&stats), "{stats:?}");
     let scope = layer.scope().to_owned();
-    let peek = observer
-        .try_check_quotas(
-            redlimit::Target::scoped(&scope, "g"),
-            &Quotas::from(&quota),
-            0,
-        )
-        .await
-        .unwrap();
-    let consumed = quota.burst() - peek.remaining;
+    let consumed = consumed(&observer, redlimit::Target::scoped(&scope, "g"), &quota).await;
     let served = calls.load(Ordering::SeqCst) as u64;
     eprintln!("served {served}, consumed {consumed}; {stats:?}");
     assert_eq!(
@@ -396,8 +382,7 @@ async fn probe_layer_requests_dropped_at_random_points_lose_no_unit_and_never_ha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_a_waiter_dropped_after_a_reset_ended_its_lease_loses_no_unit() {
     let redis = RedisServer::start();
-    let limiter = leasing_with(&redis, Algorithm::FixedWindow, Duration::from_secs(1));
-    let observer = Ctx::new(Algorithm::FixedWindow).redis(&redis);
+    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(1));
     let quota = Quota::per_day(1_000).unwrap();
     assert!(limiter.check("warm", &quota).await.is_allowed());
     let sleeping = redis.debug_sleep(Duration::from_millis(400));
@@ -418,9 +403,7 @@ async fn probe_a_waiter_dropped_after_a_reset_ended_its_lease_loses_no_unit() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     second.abort();
     let _ = second.await;
-    tokio::task::spawn_blocking(move || sleeping.join().unwrap())
-        .await
-        .unwrap();
+    RedisServer::awake(sleeping).await;
     let first = tokio::time::timeout(Duration::from_secs(3), first)
         .await
         .expect("the first request hung")
@@ -434,11 +417,7 @@ async fn probe_a_waiter_dropped_after_a_reset_ended_its_lease_loses_no_unit() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     limiter.release_leases().await;
     let stats = settled(&limiter).await;
-    let peek = observer
-        .try_check_quotas("hot", &Quotas::from(&quota), 0)
-        .await
-        .unwrap();
-    let consumed = quota.burst() - peek.remaining;
+    let consumed = consumed(&observer, "hot", &quota).await;
     eprintln!(
         "reset while waiting: first {first:?}; consumed after the reset {consumed}; {stats:?}"
     );

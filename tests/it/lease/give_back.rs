@@ -4,7 +4,10 @@
 //! leasing instance's, on real Redis and on the `MemoryStore` (they must agree); a refund Redis
 //! runs late; corrupt reset stamps; dropped refunds.
 
-use super::{leasing_on, LEASING};
+use super::{
+    asleep_until_half_into_the_next_second, backends, early_in_a_second, leasing_on, INTERVAL,
+    LEASING,
+};
 use crate::support;
 
 use std::future::Future;
@@ -156,33 +159,11 @@ async fn probe_give_back_never_lands_after_an_operators_reset_redis_and_memory()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_reset_exactly_at_a_window_start_then_give_back() {
     let redis = RedisServer::start();
-    let memory = MemoryStore::new();
     let start = Duration::from_secs(1_700_002_800); // an hour's start
-    for store in ["redis", "memory"] {
-        let (a, o, b) = match store {
-            "redis" => (
-                leasing_on(
-                    Ctx::default().redis_store(&redis),
-                    Algorithm::FixedWindow,
-                    clock_at(start),
-                ),
-                plain(
-                    Ctx::default().redis_store(&redis),
-                    Algorithm::FixedWindow,
-                    clock_at(start),
-                ),
-                plain(
-                    Ctx::default().redis_store(&redis),
-                    Algorithm::FixedWindow,
-                    clock_at(start),
-                ),
-            ),
-            _ => (
-                leasing_on(memory.clone(), Algorithm::FixedWindow, clock_at(start)),
-                plain(memory.clone(), Algorithm::FixedWindow, clock_at(start)),
-                plain(memory.clone(), Algorithm::FixedWindow, clock_at(start)),
-            ),
-        };
+    for store in backends(&redis) {
+        let at_start = || Ctx::new(Algorithm::FixedWindow).clock(clock_at(start));
+        let (a, o) = store.pair(&at_start(), INTERVAL);
+        let b = store.plain(&at_start());
         hold(&a, "edge").await;
         o.reset("edge").await.unwrap();
         assert!(b.check_quotas("edge", &quotas(), 5).await.is_allowed());
@@ -210,20 +191,12 @@ async fn probe_refund_run_late_by_redis_never_reaches_the_next_window() {
         .redis(&redis);
     let quotas = Quotas::from(Quota::per_second(10).unwrap());
     let key = "late";
-    let ms_in_second = || -> u64 {
-        let (_, us): (u64, u64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
-        us / 1_000
-    };
     // Reserve early in a second (window W), so the steps below end well inside it.
-    while ms_in_second() > 300 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    early_in_a_second(&redis, 300);
     let (check, reserved) = limiter.check_reserving(key, &quotas, 8).await;
     assert!(check.is_allowed());
     // Redis sleeps until half a second into the next window.
-    let sleep = Duration::from_millis(1_000 - ms_in_second() + 500);
-    let sleeper = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeper = asleep_until_half_into_the_next_second(&redis).await;
     // Queued first on the limiter's connection: a check of the whole next window.
     let next = {
         let limiter = limiter.clone();
@@ -475,13 +448,7 @@ async fn probe_give_back_run_late_by_redis_never_reaches_the_next_window() {
         .unwrap();
     let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
     let key = "late-lease";
-    let ms_in_second = || -> u64 {
-        let (_, us): (u64, u64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
-        us / 1_000
-    };
-    while ms_in_second() > 200 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    early_in_a_second(&redis, 200);
     let mut held = 0;
     for _ in 0..400 {
         assert!(limiter.check_quotas(key, &quotas, 1).await.is_allowed());
@@ -491,9 +458,7 @@ async fn probe_give_back_run_late_by_redis_never_reaches_the_next_window() {
         }
     }
     assert!(held > 0, "{:?}", limiter.lease_stats());
-    let sleep = Duration::from_millis(1_000 - ms_in_second() + 500);
-    let sleeper = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeper = asleep_until_half_into_the_next_second(&redis).await;
     // Not leased (`try_check_quotas`): queued first on the limiter's connection.
     let next = {
         let limiter = limiter.clone();
@@ -521,26 +486,9 @@ async fn probe_give_back_run_late_by_redis_never_reaches_the_next_window() {
 #[tokio::test]
 async fn probe_units_refused_after_an_operators_reset_count_as_stranded() {
     let redis = RedisServer::start();
-    let memory = MemoryStore::new();
-    for store in ["redis", "memory"] {
-        let (a, o) = match store {
-            "redis" => (
-                leasing_on(
-                    Ctx::default().redis_store(&redis),
-                    Algorithm::TokenBucket,
-                    clock_at(T0),
-                ),
-                plain(
-                    Ctx::default().redis_store(&redis),
-                    Algorithm::TokenBucket,
-                    clock_at(T0),
-                ),
-            ),
-            _ => (
-                leasing_on(memory.clone(), Algorithm::TokenBucket, clock_at(T0)),
-                plain(memory.clone(), Algorithm::TokenBucket, clock_at(T0)),
-            ),
-        };
+    for store in backends(&redis) {
+        let at_t0 = || Ctx::new(Algorithm::TokenBucket).clock(clock_at(T0));
+        let (a, o) = (store.leasing(&at_t0(), INTERVAL), store.plain(&at_t0()));
         let held = hold(&a, "refused").await;
         o.reset("refused").await.unwrap();
         a.release_leases().await;

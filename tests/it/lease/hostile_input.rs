@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use redlimit::{Algorithm, Quota, Quotas, Verdict};
+use redlimit::{Quota, Quotas, Verdict};
 
-use super::{balanced, leasing_with, settled, INTERVAL, LEASING};
-use crate::support::{Ctx, RedisServer};
+use super::{balanced, consumed, leasing_and_observer, leasing_with, settled, INTERVAL, LEASING};
+use crate::support::RedisServer;
 
 /// Hostile input: corrupt bytes written over a leased key's state, for every leasing
 /// algorithm. No request may wait past its bound (three store calls), and once the key is
@@ -81,8 +81,7 @@ async fn probe_corrupt_bytes_in_a_leased_key_never_hang_and_the_key_decides_agai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_zero_and_huge_costs_on_a_leased_key() {
     let redis = RedisServer::start();
-    let limiter = leasing_with(&redis, Algorithm::FixedWindow, Duration::from_secs(2));
-    let observer = Ctx::new(Algorithm::FixedWindow).redis(&redis);
+    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
     let quota = Quota::per_day(1_000_000).unwrap();
     let quotas = Quotas::from(&quota);
     let mut admitted = 0u64;
@@ -105,8 +104,7 @@ async fn probe_zero_and_huge_costs_on_a_leased_key() {
     // A cost of exactly the burst less what was used: admitted all at once, or denied.
     limiter.release_leases().await;
     let stats = settled(&limiter).await;
-    let peek = observer.try_check_quotas("k", &quotas, 0).await.unwrap();
-    let consumed = quota.burst() - peek.remaining;
+    let consumed = consumed(&observer, "k", &quota).await;
     eprintln!("costs: admitted {admitted}, consumed {consumed}; {stats:?}");
     assert_eq!(
         consumed,

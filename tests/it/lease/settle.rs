@@ -15,12 +15,15 @@ use http_body_util::Full;
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::key::GlobalKey;
 use redlimit::layer::RateLimit;
-use redlimit::limiter::Leases;
-use redlimit::store::{MemoryStore, Store, StoreError};
+use redlimit::store::StoreError;
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Target};
 use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
+use super::{
+    asleep_until_half_into_the_next_second, backends, early_in_a_second, renewed_and_returned,
+    Backend, INTERVAL,
+};
 use crate::modes::settle::until_entered;
 use crate::support::service::{status_of, TestService};
 use crate::support::{Ctx, RedisServer};
@@ -31,16 +34,6 @@ pub(crate) const CAPACITY: u64 = 1_000;
 /// The key every layer here limits, under the policy "api".
 pub(crate) fn target() -> Target<'static> {
     Target::scoped("api", "hot")
-}
-
-/// A fixed-window limiter on `store` with leases of 50 ms.
-fn leasing(store: impl Store, clock: Clock) -> Limiter {
-    Limiter::builder(store)
-        .algorithm(Algorithm::FixedWindow)
-        .clock(clock)
-        .leases(Leases::new(Duration::from_millis(50)))
-        .build()
-        .unwrap()
 }
 
 /// The service: answers the status of the request's `x-status` (200 without one); a request
@@ -105,6 +98,17 @@ pub(crate) fn gated_refund_5xx(
     (svc, gate, entered)
 }
 
+/// `refund_5xx` over `answering` (its gate closed), once `limiter`'s lease of the key holds
+/// units.
+async fn refunding_with_a_lease_held(
+    limiter: &Limiter,
+    quota: Quota,
+) -> RateLimit<impl TestService, GlobalKey> {
+    let (svc, ..) = gated_refund_5xx(limiter, quota);
+    lease_held(limiter, &svc).await;
+    svc
+}
+
 /// Requests answered 200 through `svc` until `limiter`'s lease of the key holds units.
 pub(crate) async fn lease_held<S, B>(limiter: &Limiter, svc: &S) -> u64
 where
@@ -121,11 +125,11 @@ where
 }
 
 /// On `redis` (flushed first), a limiter leasing under `algorithm` whose lease of the key holds
-/// units, behind `gated_refund_5xx` (the layer, its gate and count), and another instance.
+/// units, behind `gated_refund_5xx` (the layer, its gate and count) under a day's quota of
+/// `CAPACITY`, and another instance.
 pub(crate) async fn lease_held_behind_a_gate(
     redis: &RedisServer,
     algorithm: Algorithm,
-    quota: Quota,
 ) -> (
     Limiter,
     Limiter,
@@ -137,6 +141,7 @@ pub(crate) async fn lease_held_behind_a_gate(
     let ctx = Ctx::new(algorithm);
     let limiter = super::leasing(ctx.redis_store(redis), algorithm);
     let other = ctx.redis(redis);
+    let quota = Quota::per_day(CAPACITY).unwrap();
     let (svc, gate, entered) = gated_refund_5xx(&limiter, quota);
     lease_held(&limiter, &svc).await;
     (limiter, other, svc, gate, entered)
@@ -156,27 +161,15 @@ pub(crate) async fn store_left(limiter: &Limiter, quotas: &Quotas) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_lease_answers_nothing_past_its_window_client_clock() {
     let redis = RedisServer::start();
-    let memory = MemoryStore::new();
     let quota = Quota::per_second(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
     // A window boundary (1 s windows).
     let boundary = Duration::from_secs(1_700_000_000);
-    for backend in ["redis", "memory"] {
+    for backend in backends(&redis) {
         let clock = ManualClock::new(boundary - Duration::from_micros(1_500));
         let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
-        let (limiter, other) = match backend {
-            "redis" => (
-                leasing(ctx.redis_store(&redis), ctx.clock.clone()),
-                ctx.redis(&redis),
-            ),
-            _ => (
-                leasing(memory.clone(), ctx.clock.clone()),
-                ctx.limiter(memory.clone()),
-            ),
-        };
-        let gate = Arc::new(Semaphore::new(0));
-        let svc = refund_5xx(limiter.clone(), quota, answering(gate, Arc::default()));
-        lease_held(&limiter, &svc).await;
+        let (limiter, other) = backend.pair(&ctx, INTERVAL);
+        let svc = refunding_with_a_lease_held(&limiter, quota).await;
         // W+1, 0.1 ms in: another instance takes all of it.
         clock.set(boundary + Duration::from_micros(100));
         let full = other.try_check_quotas(target(), &quotas, CAPACITY).await;
@@ -196,40 +189,26 @@ async fn a_fixed_window_lease_answers_nothing_past_its_window_client_clock() {
 }
 
 /// On Redis's clock, the late refund of a request answered from `limiter`'s lease: early in a
-/// window W, with a lease held, a request through `svc` (the layer over
-/// [`answering`]`(gate, entered)`) fails with a 503 while Redis sleeps until half a second into
-/// W+1, behind a check of the whole of W+1 queued first on the limiter's connection. Returns
-/// that check's answer, once the settlement was flushed (the refund ran, or failed).
-pub(crate) async fn late_refund_behind_the_next_window<S, B>(
+/// window W, with a lease held, a request through [`gated_refund_5xx`] under `quota` fails with
+/// a 503 while Redis sleeps until half a second into W+1, behind a check of the whole of W+1
+/// queued first on the limiter's connection. Returns that check's answer, once the settlement
+/// was flushed (the refund ran, or failed).
+pub(crate) async fn late_refund_in_the_next_window(
     redis: &RedisServer,
     limiter: &Limiter,
-    svc: &S,
-    (gate, entered): (&Semaphore, &AtomicUsize),
-    quotas: &Quotas,
-) -> Result<Decision, StoreError>
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send,
-{
-    let ms_in_second = || -> u64 {
-        let (_, us): (u64, u64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
-        us / 1_000
-    };
+    quota: Quota,
+) -> Result<Decision, StoreError> {
+    let (svc, gate, entered) = gated_refund_5xx(limiter, quota);
+    let quotas = Quotas::from(quota);
     // Early in a second (window W), so the steps below end well inside it.
-    while ms_in_second() > 300 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    lease_held(limiter, svc).await;
+    early_in_a_second(redis, 300);
+    lease_held(limiter, &svc).await;
     let spent = limiter.lease_stats().spent;
     let failing = {
         let svc = svc.clone();
         tokio::spawn(async move { status_of(&svc, call(503, true)).await })
     };
-    until_entered(entered, 1).await;
+    until_entered(&entered, 1).await;
     assert_eq!(
         limiter.lease_stats().spent,
         spent + 1,
@@ -238,13 +217,11 @@ where
     // A background renewal the request started ends.
     tokio::time::sleep(Duration::from_millis(10)).await;
     // Redis sleeps until half a second into the next window.
-    let sleep = Duration::from_millis(1_000 - ms_in_second() + 500);
-    let sleeper = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeper = asleep_until_half_into_the_next_second(redis).await;
     // Queued first on the limiter's connection (Redis serves one connection in order): a check
     // of the whole next window.
     let next = {
-        let (limiter, quotas) = (limiter.clone(), *quotas);
+        let limiter = limiter.clone();
         tokio::spawn(async move { limiter.try_check_quotas(target(), &quotas, CAPACITY).await })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -265,12 +242,10 @@ async fn a_lease_answered_refund_run_late_by_redis_never_reaches_the_next_window
     let redis = RedisServer::start();
     let quota = Quota::per_second(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
-    let limiter = leasing(Ctx::default().redis_store(&redis), Clock::default());
-    let (svc, gate, entered) = gated_refund_5xx(&limiter, quota);
-    let next =
-        late_refund_behind_the_next_window(&redis, &limiter, &svc, (&gate, &entered), &quotas)
-            .await
-            .unwrap();
+    let limiter = Backend::Redis(&redis).leasing(&Ctx::new(Algorithm::FixedWindow), INTERVAL);
+    let next = late_refund_in_the_next_window(&redis, &limiter, quota)
+        .await
+        .unwrap();
     assert!(next.allowed, "the next window admits its 1 000: {next:?}");
     assert_eq!(limiter.stats().settle_failures, 0);
     let left = store_left(&limiter, &quotas).await;
@@ -288,26 +263,13 @@ async fn a_lease_answered_refund_run_late_by_redis_never_reaches_the_next_window
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_answered_refund_never_lands_after_a_reset_made_since_the_renewal() {
     let redis = RedisServer::start();
-    let memory = MemoryStore::new();
     let quota = Quota::per_hour(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
-    for backend in ["redis", "memory"] {
-        let ctx = Ctx::new(Algorithm::FixedWindow);
-        let (limiter, operator) = match backend {
-            "redis" => (
-                leasing(ctx.redis_store(&redis), Clock::default()),
-                ctx.redis(&redis),
-            ),
-            _ => (
-                leasing(memory.clone(), Clock::default()),
-                ctx.limiter(memory.clone()),
-            ),
-        };
-        let gate = Arc::new(Semaphore::new(0));
-        let svc = refund_5xx(limiter.clone(), quota, answering(gate, Arc::default()));
+    for backend in backends(&redis) {
+        let (limiter, operator) = backend.pair(&Ctx::new(Algorithm::FixedWindow), INTERVAL);
         // Leased in a burst; the operator resets the tenant, and another instance spends 5 in
         // the state written after it.
-        lease_held(&limiter, &svc).await;
+        let svc = refunding_with_a_lease_held(&limiter, quota).await;
         operator.reset("hot").await.unwrap();
         let after = operator.check_quotas(target(), &quotas, 5).await;
         assert!(after.is_allowed(), "{backend}");
@@ -325,8 +287,7 @@ async fn a_lease_answered_refund_never_lands_after_a_reset_made_since_the_renewa
         assert_eq!(after.spent, before.spent + 1, "{backend}: {after:?}");
         // What renewals took after the reset (a background one at low water) and give-backs
         // returned there are the state's own.
-        let renewed = after.leased - before.leased;
-        let returned = after.returned - before.returned;
+        let (renewed, returned) = renewed_and_returned(&before, &after);
         let left = store_left(&operator, &quotas).await;
         assert_eq!(
             left + renewed,
@@ -347,23 +308,11 @@ async fn a_lease_answered_refund_lands_in_the_renewals_window() {
     // The middle of an hour.
     let manual = ManualClock::new(Duration::from_secs(1_700_004_600));
     for clock in [Clock::default(), Clock::Manual(manual)] {
-        for backend in ["redis", "memory"] {
+        for backend in backends(&redis) {
             let ctx = Ctx::new(Algorithm::FixedWindow).clock(clock.clone());
             redis.flushall();
-            let memory = MemoryStore::new();
-            let (limiter, other) = match backend {
-                "redis" => (
-                    leasing(ctx.redis_store(&redis), clock.clone()),
-                    ctx.redis(&redis),
-                ),
-                _ => (
-                    leasing(memory.clone(), clock.clone()),
-                    ctx.limiter(memory.clone()),
-                ),
-            };
-            let gate = Arc::new(Semaphore::new(0));
-            let svc = refund_5xx(limiter.clone(), quota, answering(gate, Arc::default()));
-            lease_held(&limiter, &svc).await;
+            let (limiter, other) = backend.pair(&ctx, INTERVAL);
+            let svc = refunding_with_a_lease_held(&limiter, quota).await;
             let status = status_of(&svc, call(503, false)).await;
             assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{backend}");
             limiter.flush_settlements().await;

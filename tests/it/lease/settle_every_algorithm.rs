@@ -12,7 +12,7 @@ use redlimit::store::MemoryStore;
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
 use super::settle::{store_left, target};
-use super::{leasing_on, LEASING};
+use super::{renewed_and_returned, Backend, INTERVAL, LEASING};
 use crate::support::{Ctx, RedisServer};
 
 /// A day's quota: leases of up to 100 units, and no refill worth a unit within a test.
@@ -27,22 +27,54 @@ fn pair(
     clock: &Clock,
 ) -> (Limiter, Limiter) {
     let ctx = Ctx::new(algorithm).clock(clock.clone());
-    match backend {
+    let backend = match backend {
         "redis" => {
             redis.flushall();
-            (
-                leasing_on(ctx.redis_store(redis), algorithm, clock.clone()),
-                ctx.redis(redis),
-            )
+            Backend::Redis(redis)
         }
-        _ => {
-            let memory = MemoryStore::new();
-            (
-                leasing_on(memory.clone(), algorithm, clock.clone()),
-                ctx.limiter(memory),
-            )
+        _ => Backend::Memory(MemoryStore::new()),
+    };
+    backend.pair(&ctx, INTERVAL)
+}
+
+/// One case of [`assert_every_case`].
+struct Case {
+    /// Its name: the algorithm, the store, the clock.
+    what: String,
+    clock: Clock,
+    /// The leasing limiter, its lease of the key holding units.
+    limiter: Limiter,
+    /// A plain limiter on the same store.
+    other: Limiter,
+    /// A day's quota of `CAPACITY`.
+    quotas: Quotas,
+}
+
+/// Runs `case` for every leasing algorithm, clock and store (see [`pair`]), once the leasing
+/// limiter's lease of the key holds units and the clock moved on; asserts that no case failed
+/// (a case returns its failure).
+async fn assert_every_case(redis: &RedisServer, mut case: impl AsyncFnMut(Case) -> Option<String>) {
+    let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
+    let mut failures = Vec::new();
+    for algorithm in LEASING {
+        for clock in clocks() {
+            for backend in ["redis", "memory"] {
+                let what = format!("{algorithm} {backend} {clock:?}");
+                let (limiter, other) = pair(backend, redis, algorithm, &clock);
+                lease_held(&limiter, &quotas, &what).await;
+                tick(&clock);
+                let leased = Case {
+                    what,
+                    clock: clock.clone(),
+                    limiter,
+                    other,
+                    quotas,
+                };
+                failures.extend(case(leased).await);
+            }
         }
     }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Checks of cost 1 until `limiter`'s lease of the key holds units.
@@ -89,6 +121,17 @@ async fn refunded_in_full(limiter: &Limiter, quotas: &Quotas, reserved: Reserved
     leases_ended(limiter).await;
 }
 
+/// Checks of cost 1 through `limiter` until one is denied; asserts after each admission that
+/// at most `bound` were admitted (`past` says what more means). Returns how many were.
+async fn admitted_until_denied(limiter: &Limiter, quotas: &Quotas, bound: u64, past: &str) -> u64 {
+    let mut admitted = 0;
+    while limiter.check_quotas(target(), quotas, 1).await.is_allowed() {
+        admitted += 1;
+        assert!(admitted <= bound, "{past}");
+    }
+    admitted
+}
+
 /// Moves a manual clock on by 1 ms (the steps of a test happen at distinct times).
 fn tick(clock: &Clock) {
     if let Clock::Manual(manual) = clock {
@@ -109,42 +152,39 @@ fn clocks() -> [Clock; 2] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_answered_refund_never_lands_after_a_reset_for_every_algorithm_and_clock() {
     let redis = RedisServer::start();
-    let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
-    let mut failures = Vec::new();
-    for algorithm in LEASING {
-        for clock in clocks() {
-            for backend in ["redis", "memory"] {
-                let what = format!("{algorithm} {backend} {clock:?}");
-                let (limiter, operator) = pair(backend, &redis, algorithm, &clock);
-                lease_held(&limiter, &quotas, &what).await;
-                tick(&clock);
-                operator.reset("hot").await.unwrap();
-                tick(&clock);
-                let after = operator.check_quotas(target(), &quotas, 5).await;
-                assert!(after.is_allowed(), "{what}");
-                tick(&clock);
-                let before = limiter.lease_stats();
-                let reserved = answered_from_the_lease(&limiter, &quotas, &what).await;
-                assert_eq!(limiter.lease_stats().spent, before.spent + 1, "{what}");
-                tick(&clock);
-                refunded_in_full(&limiter, &quotas, reserved).await;
-                let after = limiter.lease_stats();
-                // What renewals took after the reset (a background one at low water) and
-                // give-backs returned there are the state's own.
-                let renewed = after.leased - before.leased;
-                let returned = after.returned - before.returned;
-                let left = store_left(&operator, &quotas).await;
-                if left + renewed != CAPACITY - 5 + returned {
-                    failures.push(format!(
-                        "{what}: left {left}, renewed since {renewed}, returned {returned}: \
-                         {} unit(s) leased before the reset landed after it; {after:?}",
-                        (left + renewed) as i64 - (CAPACITY - 5 + returned) as i64
-                    ));
-                }
-            }
+    assert_every_case(&redis, async |case| {
+        let Case {
+            other: operator,
+            what,
+            clock,
+            limiter,
+            quotas,
+        } = case;
+        operator.reset("hot").await.unwrap();
+        tick(&clock);
+        let after = operator.check_quotas(target(), &quotas, 5).await;
+        assert!(after.is_allowed(), "{what}");
+        tick(&clock);
+        let before = limiter.lease_stats();
+        let reserved = answered_from_the_lease(&limiter, &quotas, &what).await;
+        assert_eq!(limiter.lease_stats().spent, before.spent + 1, "{what}");
+        tick(&clock);
+        refunded_in_full(&limiter, &quotas, reserved).await;
+        let after = limiter.lease_stats();
+        // What renewals took after the reset (a background one at low water) and give-backs
+        // returned there are the state's own.
+        let (renewed, returned) = renewed_and_returned(&before, &after);
+        let left = store_left(&operator, &quotas).await;
+        if left + renewed != CAPACITY - 5 + returned {
+            return Some(format!(
+                "{what}: left {left}, renewed since {renewed}, returned {returned}: \
+                 {} unit(s) leased before the reset landed after it; {after:?}",
+                (left + renewed) as i64 - (CAPACITY - 5 + returned) as i64
+            ));
         }
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
+        None
+    })
+    .await;
 }
 
 /// The control: without a reset, the refund of a request answered from the lease lands in the
@@ -153,27 +193,25 @@ async fn a_lease_answered_refund_never_lands_after_a_reset_for_every_algorithm_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_answered_refund_lands_in_its_renewals_state_for_every_algorithm_and_clock() {
     let redis = RedisServer::start();
-    let quotas = Quotas::from(Quota::per_day(CAPACITY).unwrap());
-    let mut failures = Vec::new();
-    for algorithm in LEASING {
-        for clock in clocks() {
-            for backend in ["redis", "memory"] {
-                let what = format!("{algorithm} {backend} {clock:?}");
-                let (limiter, other) = pair(backend, &redis, algorithm, &clock);
-                lease_held(&limiter, &quotas, &what).await;
-                tick(&clock);
-                let reserved = answered_from_the_lease(&limiter, &quotas, &what).await;
-                tick(&clock);
-                refunded_in_full(&limiter, &quotas, reserved).await;
-                let stats = limiter.lease_stats();
-                let left = store_left(&other, &quotas).await;
-                if left + stats.leased != CAPACITY + stats.returned + 1 {
-                    failures.push(format!("{what}: left {left}; {stats:?}"));
-                }
-            }
+    assert_every_case(&redis, async |case| {
+        let Case {
+            other,
+            what,
+            clock,
+            limiter,
+            quotas,
+        } = case;
+        let reserved = answered_from_the_lease(&limiter, &quotas, &what).await;
+        tick(&clock);
+        refunded_in_full(&limiter, &quotas, reserved).await;
+        let stats = limiter.lease_stats();
+        let left = store_left(&other, &quotas).await;
+        if left + stats.leased != CAPACITY + stats.returned + 1 {
+            return Some(format!("{what}: left {left}; {stats:?}"));
         }
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
+        None
+    })
+    .await;
 }
 
 /// Client clock, fixed windows of 1 s: a request answered from a lease 1 ms before W's end is
@@ -228,14 +266,8 @@ async fn a_lease_answered_refund_after_a_flushall_never_raises_the_key_above_cap
                 "{what}: {left} left after a FLUSHALL, held {held}"
             );
             // The fresh state admits at most its quota (the units held at the loss aside).
-            let mut admitted = 0;
-            while other.check_quotas(target(), &quotas, 1).await.is_allowed() {
-                admitted += 1;
-                assert!(
-                    admitted <= CAPACITY,
-                    "{what}: the fresh key admitted past {CAPACITY}"
-                );
-            }
+            let past = format!("{what}: the fresh key admitted past {CAPACITY}");
+            admitted_until_denied(&other, &quotas, CAPACITY, &past).await;
         }
     }
 }
@@ -272,14 +304,10 @@ async fn a_lease_answered_refund_across_a_redis_restart_never_raises_the_key_abo
         // The docs' bound after a loss: a fresh quota plus the units held at it. A give-back
         // of the lease's units (started when the refund ended the lease) may land in the fresh
         // state while the loop below runs.
-        let mut admitted = 0;
-        while other.check_quotas(target(), &quotas, 1).await.is_allowed() {
-            admitted += 1;
-            assert!(
-                admitted <= CAPACITY + held,
-                "{algorithm}: the fresh key admitted past {CAPACITY} + the {held} held at the loss"
-            );
-        }
+        let past = format!(
+            "{algorithm}: the fresh key admitted past {CAPACITY} + the {held} held at the loss"
+        );
+        let admitted = admitted_until_denied(&other, &quotas, CAPACITY + held, &past).await;
         assert!(
             admitted >= CAPACITY,
             "{algorithm}: the fresh key admitted only {admitted}"

@@ -10,8 +10,8 @@ use redlimit::limiter::Leases;
 use redlimit::store::Store;
 use redlimit::{Algorithm, Limiter, Quota, Quotas, Verdict};
 
-use super::settle::{gated_refund_5xx, late_refund_behind_the_next_window, store_left, target};
-use super::{leasing, leasing_with, settled, CAPACITY};
+use super::settle::{late_refund_in_the_next_window, store_left, target};
+use super::{consumed, leasing, leasing_and_observer, leasing_with, settled, CAPACITY};
 use crate::support::{Ctx, RedisServer};
 
 /// Which 1 s window the machine's clock (the one a local Redis's `TIME` reads) is in.
@@ -105,19 +105,15 @@ async fn a_slow_redis_during_renewals_and_give_backs_never_over_admits_a_window(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_answered_refund_that_times_out_and_runs_late_never_reaches_the_next_window() {
     let redis = RedisServer::start();
-    let quota = Quota::per_second(CAPACITY).unwrap();
-    let quotas = Quotas::from(quota);
-    let ctx = Ctx::new(Algorithm::FixedWindow).timeout(Duration::from_millis(100));
-    let limiter = leasing(ctx.redis_store(&redis), Algorithm::FixedWindow);
+    let limiter = leasing_with(&redis, Algorithm::FixedWindow, Duration::from_millis(100));
     let other = Ctx::new(Algorithm::FixedWindow)
         .timeout(Duration::from_secs(5))
         .redis(&redis);
-    let (svc, gate, entered) = gated_refund_5xx(&limiter, quota);
+    let quota = Quota::per_second(CAPACITY).unwrap();
+    let quotas = Quotas::from(quota);
     // The check of W+1 queued first on the limiter's connection times out here, and Redis runs
     // it all the same, before the refund.
-    let next =
-        late_refund_behind_the_next_window(&redis, &limiter, &svc, (&gate, &entered), &quotas)
-            .await;
+    let next = late_refund_in_the_next_window(&redis, &limiter, quota).await;
     let failures = limiter.stats().settle_failures;
     assert!(
         next.is_err(),
@@ -181,14 +177,12 @@ async fn a_lease_answered_refund_through_a_wrapping_store_run_late_never_reaches
     let ctx = Ctx::new(Algorithm::FixedWindow).timeout(Duration::from_secs(5));
     let limiter = leasing(Wrapped(ctx.redis_store(&redis)), Algorithm::FixedWindow);
     let other = ctx.redis(&redis);
-    let (svc, gate, entered) = gated_refund_5xx(&limiter, quota);
-    let next =
-        late_refund_behind_the_next_window(&redis, &limiter, &svc, (&gate, &entered), &quotas)
-            .await
-            .unwrap();
+    let next = late_refund_in_the_next_window(&redis, &limiter, quota)
+        .await
+        .unwrap();
     assert!(next.allowed, "W+1 admits its 1 000: {next:?}");
-    assert_eq!(limiter.stats().settle_failures, 0);
     let left = store_left(&other, &quotas).await;
+    assert_eq!(limiter.stats().settle_failures, 0);
     println!(
         "left {left}, {:?}, {:?}",
         limiter.lease_stats(),
@@ -243,9 +237,7 @@ async fn probe_debug_sleep_past_the_timeout_never_holds_a_request_past_its_bound
     tokio::time::sleep(Duration::from_millis(200)).await;
     for _ in 0..3 {
         let sleeping = redis.debug_sleep(Duration::from_millis(1_500));
-        tokio::task::spawn_blocking(move || sleeping.join().unwrap())
-            .await
-            .unwrap();
+        RedisServer::awake(sleeping).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -271,8 +263,7 @@ async fn probe_debug_sleep_past_the_timeout_never_holds_a_request_past_its_bound
 async fn probe_a_store_that_times_out_never_lets_leases_admit_past_the_quota() {
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(100);
-    let limiter = leasing_with(&redis, Algorithm::FixedWindow, timeout);
-    let observer = Ctx::new(Algorithm::FixedWindow).redis(&redis);
+    let (limiter, observer) = leasing_and_observer(&redis, timeout);
     let quota = Quota::per_day(2_000).unwrap();
     let quotas = Quotas::from(&quota);
     let (mut admitted, mut by_policy) = (0u64, 0u64);
@@ -288,9 +279,7 @@ async fn probe_a_store_that_times_out_never_lets_leases_admit_past_the_quota() {
             }
         }
         if let Some(s) = sleeping {
-            tokio::task::spawn_blocking(move || s.join().unwrap())
-                .await
-                .unwrap();
+            RedisServer::awake(s).await;
         }
         let peek = observer.try_check_quotas("k", &quotas, 0).await.unwrap();
         if peek.remaining == 0 && limiter.lease_stats().held == 0 {
@@ -299,8 +288,7 @@ async fn probe_a_store_that_times_out_never_lets_leases_admit_past_the_quota() {
     }
     limiter.release_leases().await;
     let stats = settled(&limiter).await;
-    let peek = observer.try_check_quotas("k", &quotas, 0).await.unwrap();
-    let consumed = quota.burst() - peek.remaining;
+    let consumed = consumed(&observer, "k", &quota).await;
     eprintln!("admitted {admitted} (by a decision), by the failure policy {by_policy}, consumed {consumed}; {stats:?}");
     // Never more than the quota (every admission was paid for); how much less is the cost of
     // the timeouts, printed above.

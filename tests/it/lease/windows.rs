@@ -5,24 +5,12 @@
 
 use std::time::Duration;
 
-use redlimit::clock::{Clock, ManualClock};
-use redlimit::limiter::Leases;
-use redlimit::store::{MemoryStore, Store};
+use redlimit::clock::ManualClock;
 use redlimit::{Algorithm, Limiter, Quota, Quotas};
 
 use super::settle::target;
-use super::{INTERVAL, T0};
+use super::{backends, Backend, INTERVAL, T0};
 use crate::support::{Ctx, RedisServer};
-
-/// A fixed-window limiter on `store` with leases of `interval`.
-fn leasing(store: impl Store, clock: Clock, interval: Duration) -> Limiter {
-    Limiter::builder(store)
-        .algorithm(Algorithm::FixedWindow)
-        .clock(clock)
-        .leases(Leases::new(interval))
-        .build()
-        .unwrap()
-}
 
 /// How many of `n` checks of cost 1 through `limiter` are admitted.
 async fn admitted(limiter: &Limiter, quotas: &Quotas, n: u64) -> u64 {
@@ -35,25 +23,22 @@ async fn admitted(limiter: &Limiter, quotas: &Quotas, n: u64) -> u64 {
     admitted
 }
 
-/// The leasing limiter and a plain one (another instance) on one store: Redis or memory.
-fn pair(
-    backend: &str,
-    redis: &RedisServer,
-    memory: &MemoryStore,
-    clock: &ManualClock,
-    interval: Duration,
-) -> (Limiter, Limiter) {
-    let ctx = Ctx::new(Algorithm::FixedWindow).manual(clock);
-    match backend {
-        "redis" => (
-            leasing(ctx.redis_store(redis), ctx.clock.clone(), interval),
-            ctx.redis(redis),
-        ),
-        _ => (
-            leasing(memory.clone(), ctx.clock.clone(), interval),
-            ctx.limiter(memory.clone()),
-        ),
-    }
+/// A fixed-window limiter leasing every `interval` and a plain one (another instance) on
+/// `backend`, on `clock`.
+fn pair(backend: &Backend, clock: &ManualClock, interval: Duration) -> (Limiter, Limiter) {
+    backend.pair(&Ctx::new(Algorithm::FixedWindow).manual(clock), interval)
+}
+
+/// A window's start: the client clock of the fleet scenarios starts there.
+const BASE: Duration = Duration::from_secs(1_700_000_000);
+
+/// A client clock at `BASE`, and `N` fixed-window instances on `redis` leasing every 50 ms on
+/// it.
+fn leasing_fleet<const N: usize>(redis: &RedisServer) -> (ManualClock, [Limiter; N]) {
+    let clock = ManualClock::new(BASE);
+    let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
+    let fleet = std::array::from_fn(|_| Backend::Redis(redis).leasing(&ctx, INTERVAL));
+    (clock, fleet)
 }
 
 /// A period that is not a whole number of µs (1 s + 0.5 µs): the scripts count it as 1 000 001
@@ -63,15 +48,14 @@ fn pair(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_lease_of_a_fractional_microsecond_period_ends_with_its_window() {
     let redis = RedisServer::start();
-    let memory = MemoryStore::new();
     let quota = Quota::new(1_000, Duration::from_nanos(1_000_000_500)).unwrap();
     let quotas = Quotas::from(quota);
     // A window boundary of 1 000 001 µs windows, 999 ms into a whole second (so a 1 000 000 µs
     // reading of the period puts the window's end 1 ms later than it is).
     let boundary = Duration::from_micros(1_699_999_000 * 1_000_001);
-    for backend in ["redis", "memory"] {
+    for backend in backends(&redis) {
         let clock = ManualClock::new(boundary - Duration::from_micros(1_500));
-        let (limiter, other) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
+        let (limiter, other) = pair(&backend, &clock, Duration::from_millis(50));
         assert_eq!(admitted(&limiter, &quotas, 400).await, 400, "{backend}");
         tokio::time::sleep(Duration::from_millis(20)).await;
         let held = limiter.lease_stats().held;
@@ -97,13 +81,12 @@ async fn a_fixed_window_lease_of_a_fractional_microsecond_period_ends_with_its_w
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_lease_of_one_millisecond_windows_and_cost_7_ends_with_its_window() {
     let redis = RedisServer::start();
-    let memory = MemoryStore::new();
     let quota = Quota::new(1_000, Duration::from_millis(1)).unwrap();
     let quotas = Quotas::from(quota);
     let boundary = Duration::from_secs(1_700_000_000);
-    for backend in ["redis", "memory"] {
+    for backend in backends(&redis) {
         let clock = ManualClock::new(boundary - Duration::from_micros(300));
-        let (limiter, _) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
+        let (limiter, _) = pair(&backend, &clock, Duration::from_millis(50));
         let mut spent = 0;
         for _ in 0..100 {
             if limiter
@@ -143,17 +126,15 @@ async fn a_fixed_window_lease_of_one_millisecond_windows_and_cost_7_ends_with_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_override_of_several_windows_leases_nothing_past_its_shortest_window() {
     let redis = RedisServer::start();
-    let memory = MemoryStore::new();
     let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
     let long = Quota::new(100, Duration::from_millis(1_250)).unwrap();
     let short = Quota::per_second(100).unwrap();
     let tight = Quotas::new([long, short]).unwrap();
-    // A multiple of 5 s: the 1 s and 1.25 s windows both start there.
-    let base = Duration::from_secs(1_700_000_000);
-    let at = |ms: u64| base + Duration::from_millis(ms);
-    for backend in ["redis", "memory"] {
+    // BASE is a multiple of 5 s: the 1 s and 1.25 s windows both start there.
+    let at = |ms: u64| BASE + Duration::from_millis(ms);
+    for backend in backends(&redis) {
         let clock = ManualClock::new(at(1_850));
-        let (limiter, other) = pair(backend, &redis, &memory, &clock, Duration::from_millis(500));
+        let (limiter, other) = pair(&backend, &clock, Duration::from_millis(500));
         // A hot key: the lease grows (its own quota, before any override).
         assert_eq!(admitted(&limiter, &quotas, 300).await, 300, "{backend}");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -196,22 +177,16 @@ async fn an_override_of_several_windows_leases_nothing_past_its_shortest_window(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an_interval() {
     let redis = RedisServer::start();
-    let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
-    let base = Duration::from_secs(1_700_000_000);
-    let clock = ManualClock::new(base);
-    let interval = Duration::from_millis(50);
+    let (clock, [a, b]) = leasing_fleet(&redis);
     let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
-    let fleet = [
-        leasing(ctx.redis_store(&redis), ctx.clock.clone(), interval),
-        leasing(ctx.redis_store(&redis), ctx.clock.clone(), interval),
-        ctx.redis(&redis),
-    ];
+    let fleet = [a, b, ctx.redis(&redis)];
     let operator = ctx.redis(&redis);
+    let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
     let mut per_window = [0u64; 6];
     // Admissions that started more than one interval after the suspension.
     let mut late = 0;
     for ms in (0..5_500u64).step_by(20) {
-        clock.set(base + Duration::from_millis(ms));
+        clock.set(BASE + Duration::from_millis(ms));
         if ms == 3_500 {
             let tight = Quotas::from(Quota::per_second(300).unwrap());
             operator.set_quota(target(), &tight).await.unwrap();
@@ -256,7 +231,6 @@ async fn a_fleet_admits_per_window_within_the_quota_and_obeys_controls_within_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_lease_of_the_shortest_and_longest_periods_ends_with_its_window() {
     let redis = RedisServer::start();
-    let memory = MemoryStore::new();
     let longest = redlimit::quota::MAX_PERIOD;
     let cases = [
         // (period, the lease's time, a time in the next window)
@@ -273,10 +247,10 @@ async fn a_fixed_window_lease_of_the_shortest_and_longest_periods_ends_with_its_
     ];
     for (period, leased_at, next) in cases {
         let quotas = Quotas::from(Quota::new(1_000, period).unwrap());
-        for backend in ["redis", "memory"] {
+        for backend in backends(&redis) {
             redis.flushall();
             let clock = ManualClock::new(leased_at);
-            let (limiter, _) = pair(backend, &redis, &memory, &clock, Duration::from_millis(50));
+            let (limiter, _) = pair(&backend, &clock, Duration::from_millis(50));
             let what = format!("{backend} {period:?}");
             assert_eq!(admitted(&limiter, &quotas, 400).await, 400, "{what}");
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -304,19 +278,12 @@ async fn a_fixed_window_lease_of_the_shortest_and_longest_periods_ends_with_its_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_by_one_leasing_instance_mid_window_bounds_the_rest_of_the_window() {
     let redis = RedisServer::start();
+    let (clock, [a, b]) = leasing_fleet(&redis);
     let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
-    let base = Duration::from_secs(1_700_000_000);
-    let clock = ManualClock::new(base);
-    let interval = Duration::from_millis(50);
-    let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
-    let (a, b) = (
-        leasing(ctx.redis_store(&redis), ctx.clock.clone(), interval),
-        leasing(ctx.redis_store(&redis), ctx.clock.clone(), interval),
-    );
     let (mut before, mut after, mut after_interval) = (0, 0, 0);
     let mut held_at_reset = [0; 2];
     for ms in (0..1_000u64).step_by(10) {
-        clock.set(base + Duration::from_millis(ms));
+        clock.set(BASE + Duration::from_millis(ms));
         if ms == 200 {
             held_at_reset = [a.lease_stats().held, b.lease_stats().held];
             b.reset("hot").await.unwrap();
@@ -355,24 +322,10 @@ async fn a_reset_by_one_leasing_instance_mid_window_bounds_the_rest_of_the_windo
 async fn two_leasing_instances_alone_admit_per_window_between_the_quota_less_instances_k_and_it() {
     let redis = RedisServer::start();
     let quotas = Quotas::from(Quota::per_second(1_000).unwrap());
-    let base = Duration::from_secs(1_700_000_000);
-    let clock = ManualClock::new(base);
-    let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
-    let fleet = [
-        leasing(
-            ctx.redis_store(&redis),
-            ctx.clock.clone(),
-            Duration::from_millis(50),
-        ),
-        leasing(
-            ctx.redis_store(&redis),
-            ctx.clock.clone(),
-            Duration::from_millis(50),
-        ),
-    ];
+    let (clock, fleet) = leasing_fleet::<2>(&redis);
     let mut per_window = [0u64; 4];
     for ms in (0..4_000u64).step_by(10) {
-        clock.set(base + Duration::from_millis(ms));
+        clock.set(BASE + Duration::from_millis(ms));
         for limiter in &fleet {
             per_window[(ms / 1_000) as usize] += admitted(limiter, &quotas, 10).await;
         }
@@ -395,12 +348,7 @@ async fn probe_a_cached_denial_ends_with_its_fixed_window() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
     let ctx = Ctx::new(Algorithm::FixedWindow).manual(&clock);
-    let leasing = Limiter::builder(ctx.redis_store(&redis))
-        .algorithm(Algorithm::FixedWindow)
-        .clock(Clock::Manual(clock.clone()))
-        .leases(Leases::new(INTERVAL))
-        .build()
-        .unwrap();
+    let leasing = Backend::Redis(&redis).leasing(&ctx, INTERVAL);
     let quota = Quota::per_minute(100).unwrap();
     let mut ok = 0;
     for _ in 0..150 {

@@ -113,9 +113,7 @@ async fn probe_acquire_dropped_at_random_points_leaves_no_ghost_slot() {
         }
     }
     for s in sleeps {
-        tokio::task::spawn_blocking(move || s.join().unwrap())
-            .await
-            .unwrap();
+        RedisServer::awake(s).await;
     }
     let (count, took) = emptied_within_3s(&redis, &slots).await;
     eprintln!(
@@ -156,9 +154,7 @@ async fn probe_acquire_during_a_debug_sleep_answers_within_the_timeout_and_frees
     .await;
     let slowest = timed.iter().map(|(t, _)| *t).max().unwrap();
     let acquired = timed.iter().filter(|(_, a)| *a).count();
-    tokio::task::spawn_blocking(move || sleeping.join().unwrap())
-        .await
-        .unwrap();
+    RedisServer::awake(sleeping).await;
     let (count, took) = emptied_within_3s(&redis, &slots).await;
     eprintln!(
         "acquire in a sleep: slowest {slowest:?}, acquired {acquired}; ZCARD {count} {took:?} after Redis answered"
