@@ -25,13 +25,15 @@ impl KeyHasher {
 
     /// The hash of `key`'s hash tag: what picks its shard.
     pub(super) fn tag(&self, key: &str) -> u64 {
-        self.0.hash_one(split_tag(key.as_bytes()).1)
+        self.bytes(split_tag(key.as_bytes()).1)
     }
 
-    /// The hash of `key`'s tag and its hash in the index, from one hash of the tag.
+    /// The hash of `key`'s tag and its hash in the index, from one hash of the tag. The tag is
+    /// hashed as its bytes alone, as [`bytes`](Self::bytes) does: one hash of one slice needs
+    /// no length before it to tell it apart (`hash_one` would write one, another SipHash round).
     pub(super) fn hash(&self, key: &str) -> (u64, u64) {
         let (before, tag, after) = split_tag(key.as_bytes());
-        let tag = self.0.hash_one(tag);
+        let tag = self.bytes(tag);
         (tag, mix(fold(fold(tag, before), after)))
     }
 }
