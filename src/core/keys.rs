@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::key::{scope_id, storage_id, SHARED_ID_PREFIX};
+use crate::key::{fingerprint, scope_id, storage_id, SHARED_ID_PREFIX};
 
 use super::Limiter;
 
@@ -450,7 +450,7 @@ const RECENT_KEYS: usize = 64;
 /// text were a fifth of a layer's own instructions per request, its store's decision aside).
 ///
 /// A small direct-mapped cache, as [`HeaderKey`](crate::key::HeaderKey)'s of hashes: a key's
-/// slot is picked by a cheap fingerprint of it, and holds the last key kept there with its
+/// slot is picked by a cheap [`fingerprint`] of it, and holds the last key kept there with its
 /// storage key. A key is kept the second time in a row its slot sees it: a flood of distinct
 /// keys allocates nothing (it only notes fingerprints), and a collision only costs a build.
 struct RecentKeys {
@@ -503,24 +503,6 @@ impl RecentKeys {
         recent.seen = Some(print);
         built
     }
-}
-
-/// A few instructions' fingerprint of `bytes` (its length, its first and last eight bytes): it
-/// picks a slot and tells a key seen again, never a key apart (the text is compared).
-fn fingerprint(bytes: &[u8]) -> u64 {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    let word = |bytes: &[u8]| {
-        let mut word = [0u8; 8];
-        let n = bytes.len().min(8);
-        word[..n].copy_from_slice(&bytes[..n]);
-        u64::from_le_bytes(word)
-    };
-    let first = word(bytes);
-    let last = word(&bytes[bytes.len().saturating_sub(8)..]);
-    (first.rotate_left(29) ^ last ^ bytes.len() as u64)
-        .wrapping_mul(K)
-        .rotate_left(17)
-        .wrapping_mul(K)
 }
 
 #[cfg(test)]
