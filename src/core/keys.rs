@@ -447,7 +447,7 @@ const RECENT_KEYS: usize = 64;
 
 /// The storage keys of one scope's recently seen keys, so that a busy client's storage key is
 /// built once rather than on every request (checking its id, joining it and checking the joined
-/// text were a fifth of a layer's own instructions per request, its store's decision aside).
+/// text cost about 400 instructions a request; a kept key, about 100).
 ///
 /// A small direct-mapped cache, as [`HeaderKey`](crate::key::HeaderKey)'s of hashes: a key's
 /// slot is picked by a cheap [`fingerprint`] of it, and holds the last key kept there with its
