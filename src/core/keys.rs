@@ -6,7 +6,9 @@
 //! The braces make a Redis Cluster hash tag shared by every key of one limiter key; `<id>` is
 //! the key itself when short and printable, or its SHA-256 otherwise (see [`key`](crate::key)).
 
-use crate::key::{scope_id, storage_id, SHARED_ID_PREFIX};
+use std::sync::{Arc, Mutex};
+
+use crate::key::{fingerprint, scope_id, storage_id, SHARED_ID_PREFIX};
 
 use super::Limiter;
 
@@ -139,6 +141,8 @@ impl<'a> From<&'a String> for Target<'a> {
 pub(crate) struct KeyScope {
     head: String,
     tail: String,
+    /// The storage keys of the keys that came back (shared by clones: the same scope).
+    recent: Arc<RecentKeys>,
 }
 
 impl KeyScope {
@@ -146,12 +150,19 @@ impl KeyScope {
         KeyScope {
             head: head(prefix),
             tail: tail(scope),
+            recent: Arc::default(),
         }
     }
 
     /// The storage key of `key` in this scope, without allocating when it fits inline.
     pub(crate) fn storage_key(&self, key: &str) -> StorageKey {
         StorageKey::join(&[&self.head, &storage_id(key), &self.tail])
+    }
+
+    /// [`storage_key`](Self::storage_key), built once for a key that keeps coming back (see
+    /// [`RecentKeys`]): for a path that checks every request's key, such as a layer's.
+    pub(crate) fn recent_storage_key(&self, key: &str) -> StorageKey {
+        self.recent.storage_key(self, key)
     }
 
     /// The storage key of the shared key `name` of requests without a key in this scope: an id
@@ -397,10 +408,11 @@ impl Limiter {
 const INLINE_KEY: usize = 128;
 
 /// A storage key built for one check: inline when short, so the request path does not allocate
-/// for it.
+/// for it; or one kept by [`RecentKeys`], shared.
 pub(crate) enum StorageKey {
     Inline { bytes: [u8; INLINE_KEY], len: usize },
     Heap(String),
+    Kept(Arc<str>),
 }
 
 impl StorageKey {
@@ -425,7 +437,71 @@ impl StorageKey {
                 std::str::from_utf8(&bytes[..*len]).expect("joined from whole str values")
             }
             StorageKey::Heap(key) => key,
+            StorageKey::Kept(key) => key,
         }
+    }
+}
+
+/// Slots of [`RecentKeys`].
+const RECENT_KEYS: usize = 64;
+
+/// The storage keys of one scope's recently seen keys, so that a busy client's storage key is
+/// built once rather than on every request (checking its id, joining it and checking the joined
+/// text cost about 400 instructions a request; a kept key, about 100).
+///
+/// A small direct-mapped cache, as [`HeaderKey`](crate::key::HeaderKey)'s of hashes: a key's
+/// slot is picked by a cheap [`fingerprint`] of it, and holds the last key kept there with its
+/// storage key. A key is kept the second time in a row its slot sees it: a flood of distinct
+/// keys allocates nothing (it only notes fingerprints), and a collision only costs a build.
+struct RecentKeys {
+    slots: Box<[Mutex<Recent>]>,
+}
+
+#[derive(Default)]
+struct Recent {
+    /// The fingerprint of the last key seen here and not kept.
+    seen: Option<u64>,
+    /// A key and its storage key.
+    kept: Option<(Box<str>, Arc<str>)>,
+}
+
+impl Default for RecentKeys {
+    fn default() -> Self {
+        RecentKeys {
+            slots: (0..RECENT_KEYS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RecentKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecentKeys").finish_non_exhaustive()
+    }
+}
+
+impl RecentKeys {
+    /// [`KeyScope::storage_key`] of `key` in `scope` (the one scope whose keys this holds),
+    /// kept when `key` comes back.
+    fn storage_key(&self, scope: &KeyScope, key: &str) -> StorageKey {
+        let print = fingerprint(key.as_bytes());
+        let slot = &self.slots[(print >> 58) as usize % self.slots.len()];
+        // Never waits: a slot another thread holds is skipped.
+        let Ok(mut recent) = slot.try_lock() else {
+            return scope.storage_key(key);
+        };
+        if let Some((kept, storage_key)) = &recent.kept {
+            if **kept == *key {
+                return StorageKey::Kept(storage_key.clone());
+            }
+        }
+        let built = scope.storage_key(key);
+        if recent.seen == Some(print) {
+            let storage_key: Arc<str> = built.as_str().into();
+            recent.kept = Some((key.into(), storage_key.clone()));
+            return StorageKey::Kept(storage_key);
+        }
+        recent.seen = Some(print);
+        built
     }
 }
 
@@ -516,6 +592,73 @@ mod tests {
         for foreign in ["q:{t}", "p:t", "p:{t}x", "p:{t"] {
             assert_eq!(read(&limiter, foreign), None, "{foreign}");
         }
+    }
+    /// Whether `key` is one [`RecentKeys`] handed out kept.
+    fn kept(key: &StorageKey) -> bool {
+        matches!(key, StorageKey::Kept(_))
+    }
+
+    #[test]
+    fn a_recent_storage_key_is_the_storage_key_whether_built_or_kept() {
+        let scope = KeyScope::new("p", Some("login"));
+        let long = "k".repeat(INLINE_KEY);
+        let keys = ["t", "{t}", "#t", "", "tenant-42", &long, "x-api-key:0123"];
+        for round in 0..3 {
+            for key in keys {
+                let recent = scope.recent_storage_key(key);
+                assert_eq!(recent.as_str(), scope.storage_key(key).as_str(), "{key}");
+                // Built the first time, kept from the second time in a row on.
+                assert_eq!(kept(&recent), round > 0, "{key} in round {round}");
+                assert_eq!(scope.recent_storage_key(key).as_str(), recent.as_str());
+            }
+        }
+        // Every clone of the scope shares what it kept.
+        assert!(kept(&scope.clone().recent_storage_key("t")));
+        // Another scope keeps its own.
+        let other = KeyScope::new("p", None);
+        assert_eq!(other.recent_storage_key("t").as_str(), "p:{t}");
+    }
+
+    #[test]
+    fn a_flood_of_distinct_keys_keeps_none_and_a_key_that_comes_back_is_kept() {
+        let scope = KeyScope::new("p", None);
+        for i in 0..10_000 {
+            let key = format!("ip:10.0.{}.{}", i / 256, i % 256);
+            let recent = scope.recent_storage_key(&key);
+            assert!(!kept(&recent), "{key}");
+            assert_eq!(recent.as_str(), format!("p:{{{key}}}"));
+        }
+        // Two keys of one slot take turns: each is right, and kept when it comes back.
+        let slot = |key: &str| fingerprint(key.as_bytes()) >> 58;
+        let a = "tenant-a";
+        let b = (0..)
+            .map(|i| format!("tenant-{i}"))
+            .find(|b| slot(b) == slot(a))
+            .unwrap();
+        for _ in 0..3 {
+            for (key, is_kept) in [(a, false), (a, true), (&b, false), (&b, true)] {
+                let recent = scope.recent_storage_key(key);
+                assert_eq!(recent.as_str(), format!("p:{{{key}}}"));
+                assert_eq!(kept(&recent), is_kept, "{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn threads_sharing_a_scope_get_their_own_keys() {
+        let scope = KeyScope::new("p", Some("s"));
+        std::thread::scope(|threads| {
+            for t in 0..4 {
+                let scope = &scope;
+                threads.spawn(move || {
+                    for i in 0..2_000 {
+                        let key = format!("k-{}", (i / 3 + t) % 50);
+                        let recent = scope.recent_storage_key(&key);
+                        assert_eq!(recent.as_str(), format!("p:{{{key}}}:s"));
+                    }
+                });
+            }
+        });
     }
 }
 

@@ -243,7 +243,7 @@ where
             let storage_key = if shared {
                 config.keys.shared_storage_key(key)
             } else {
-                config.keys.storage_key(key)
+                config.keys.recent_storage_key(key)
             };
             let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
             // A verdict that needs no waiting (a lease that holds enough, the deny cache, a

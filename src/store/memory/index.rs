@@ -9,30 +9,98 @@ use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// A store's hasher of keys, keyed at random per store; its clones (and its shards) share it.
+/// A store's hasher of keys, keyed at random per store; its clones (and its shards) share it,
+/// and the hashes of the keys it hashed recently.
 #[derive(Clone, Default)]
-pub(super) struct KeyHasher(RandomState);
+pub(super) struct KeyHasher {
+    keys: RandomState,
+    recent: Arc<RecentHashes>,
+}
 
 impl KeyHasher {
     /// The hash of `bytes`, written as they are (a holder's id, for the slots).
     pub(super) fn bytes(&self, bytes: &[u8]) -> u64 {
-        let mut hasher = self.0.build_hasher();
+        let mut hasher = self.keys.build_hasher();
         hasher.write(bytes);
         hasher.finish()
     }
 
     /// The hash of `key`'s hash tag: what picks its shard.
     pub(super) fn tag(&self, key: &str) -> u64 {
-        self.0.hash_one(split_tag(key.as_bytes()).1)
+        self.bytes(split_tag(key.as_bytes()).1)
     }
 
-    /// The hash of `key`'s tag and its hash in the index, from one hash of the tag.
+    /// The hash of `key`'s tag and its hash in the index, from one hash of the tag. The tag is
+    /// hashed as its bytes alone, as [`bytes`](Self::bytes) does: one hash of one slice needs
+    /// no length before it to tell it apart (`hash_one` would write one, another SipHash round).
     pub(super) fn hash(&self, key: &str) -> (u64, u64) {
+        self.recent.hash(key, || self.computed(key))
+    }
+
+    /// [`hash`](Self::hash), computed.
+    fn computed(&self, key: &str) -> (u64, u64) {
         let (before, tag, after) = split_tag(key.as_bytes());
-        let tag = self.0.hash_one(tag);
+        let tag = self.bytes(tag);
         (tag, mix(fold(fold(tag, before), after)))
+    }
+}
+
+/// Slots of [`RecentHashes`].
+const RECENT: usize = 64;
+
+/// The hashes of the keys a store decided recently, so that a busy key's tag is found and
+/// hashed once rather than on every decision (searching the braces and SipHash cost about 400
+/// instructions a decision; kept hashes, about 180).
+///
+/// A small direct-mapped cache, as the layer's of storage keys: a key's slot is picked by an
+/// unkeyed hash of it ([`slot_hash`], a few instructions a word), and holds the last key kept there
+/// with its hashes, compared in full before they are used. A key is kept the second time in a
+/// row its slot sees it, so a flood of distinct keys allocates nothing. The slot's hash is
+/// unkeyed: keys chosen to share a slot only cost the cache its hits, as fresh keys do; the
+/// shard and the index still see only the keyed hashes.
+struct RecentHashes {
+    slots: Box<[Mutex<Recent>]>,
+}
+
+#[derive(Default)]
+struct Recent {
+    /// The unkeyed hash of the last key seen here and not kept.
+    seen: Option<u64>,
+    /// A key and its hashes.
+    kept: Option<(Box<str>, (u64, u64))>,
+}
+
+impl Default for RecentHashes {
+    fn default() -> Self {
+        RecentHashes {
+            slots: (0..RECENT).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+impl RecentHashes {
+    /// The hashes of `key`, kept, or else `hash`ed (and kept when `key` comes back).
+    fn hash(&self, key: &str, hash: impl FnOnce() -> (u64, u64)) -> (u64, u64) {
+        let print = slot_hash(key.as_bytes());
+        let slot = &self.slots[(print >> 58) as usize % self.slots.len()];
+        // Never waits: a slot another thread holds is skipped.
+        let Ok(mut recent) = slot.try_lock() else {
+            return hash();
+        };
+        if let Some((kept, hashes)) = &recent.kept {
+            if **kept == *key {
+                return *hashes;
+            }
+        }
+        let hashes = hash();
+        if recent.seen == Some(print) {
+            recent.kept = Some((key.into(), hashes));
+        } else {
+            recent.seen = Some(print);
+        }
+        hashes
     }
 }
 
@@ -67,6 +135,30 @@ fn fold(hash: u64, bytes: &[u8]) -> u64 {
             .iter()
             .fold(hash, |hash, &byte| step(hash, u64::from(byte))),
     }
+}
+
+/// The unkeyed hash that picks a key's slot in [`RecentHashes`]: every byte of the key, sixteen
+/// at a time (a xor and a multiply each eight), then [`mix`]ed.
+fn slot_hash(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let word = |bytes: &[u8]| u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+    let step = |hash: u64, word: u64| (hash ^ word).wrapping_mul(K);
+    let mut hash = bytes.len() as u64;
+    let mut pairs = bytes.chunks_exact(16);
+    for pair in pairs.by_ref() {
+        hash = step(step(hash, word(&pair[..8])), word(&pair[8..]));
+    }
+    let rest = pairs.remainder();
+    hash = match rest.len() {
+        0 => hash,
+        // The last 16 bytes, overlapping the last whole pair: no copy.
+        _ if bytes.len() >= 16 => {
+            let last = &bytes[bytes.len() - 16..];
+            step(step(hash, word(&last[..8])), word(&last[8..]))
+        }
+        _ => fold(hash, rest),
+    };
+    mix(hash)
 }
 
 /// A 64-bit finalizer (MurmurHash3's): every bit of the result depends on every bit of `hash`,
@@ -202,5 +294,55 @@ mod tests {
         assert_ne!(hasher.hash("q:{k}").1, in_index);
         // Another store, another key.
         assert_ne!(KeyHasher::default().hash("p:{k}"), (route, in_index));
+    }
+
+    #[test]
+    fn a_kept_hash_is_the_hash_of_that_key() {
+        let hasher = KeyHasher::default();
+        let keys = ["p:{k}", "p:{k}:s", "p:{k}#t", "k", "", "p:{j}", "p:{k}:t"];
+        for _ in 0..3 {
+            for key in keys {
+                assert_eq!(hasher.hash(key), hasher.computed(key), "{key}");
+            }
+        }
+        // Clones share the keys kept, and still hash with the same key.
+        assert_eq!(hasher.clone().hash("p:{k}"), hasher.computed("p:{k}"));
+        // Two keys of one slot take turns, each with its own hashes.
+        let slot = |key: &str| slot_hash(key.as_bytes()) >> 58;
+        let b = (0..)
+            .map(|i| format!("p:{{{i}}}"))
+            .find(|b| slot(b) == slot("p:{k}"))
+            .unwrap();
+        for _ in 0..3 {
+            for key in ["p:{k}", "p:{k}", &b, &b] {
+                assert_eq!(hasher.hash(key), hasher.computed(key), "{key}");
+            }
+        }
+        // A flood of distinct keys keeps none of them.
+        let flood = KeyHasher::default();
+        for i in 0..1_000 {
+            let key = format!("p:{{ip:{i}}}");
+            assert_eq!(flood.hash(&key), flood.computed(&key));
+        }
+        let kept = flood.recent.slots.iter();
+        assert!(kept
+            .filter_map(|slot| slot.lock().ok())
+            .all(|slot| slot.kept.is_none()));
+    }
+
+    #[test]
+    fn threads_sharing_a_hasher_get_their_own_keys_hashes() {
+        let hasher = KeyHasher::default();
+        std::thread::scope(|threads| {
+            for t in 0..4 {
+                let hasher = hasher.clone();
+                threads.spawn(move || {
+                    for i in 0..2_000 {
+                        let key = format!("p:{{k-{}}}:s", (i / 3 + t) % 50);
+                        assert_eq!(hasher.hash(&key), hasher.computed(&key));
+                    }
+                });
+            }
+        });
     }
 }

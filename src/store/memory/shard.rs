@@ -209,9 +209,15 @@ impl Shard {
 
     /// A shard of keys hashed by `hasher` (the store's).
     pub(super) fn new(hasher: KeyHasher) -> Shard {
+        // Field by field: a default shard would build a hasher of its own (keys and a cache)
+        // only to drop it.
         Shard {
+            index: Index::default(),
             hasher,
-            ..Shard::default()
+            slots: Vec::new(),
+            expiries: Default::default(),
+            log_entries: 0,
+            tenants: 0,
         }
     }
 
