@@ -279,6 +279,35 @@ pub(crate) fn decide(
     cost: f64,
     quotas: &[Quota],
 ) -> Result<(Reply, Write), Refused> {
+    // Most decisions: one tier, no tenant string, the route's string a bare state or absent.
+    // That is the `plain` case below, reached without opening (no tiers array to build).
+    if let ([quota], None) = (quotas, tenant) {
+        if stored.is_none_or(|s| is_one_state(s.len())) {
+            let tier = Tier::of(quota);
+            if !tier.valid() {
+                return Err(Refused("limit, period_us and burst must be integers"));
+            }
+            let args = Args {
+                now,
+                cost,
+                limit: tier.limit,
+                period: tier.period,
+                burst: tier.burst,
+            };
+            let outcome = step(stored, &args);
+            let mut gather = Gather::new();
+            gather.add(
+                0,
+                outcome.allowed,
+                outcome.remaining,
+                outcome.retry_us,
+                outcome.reset_us,
+            );
+            let (_, ttl) = gather.times();
+            let write = outcome.state.map(|state| (Written::Packed(state), ttl));
+            return Ok((gather.reply(), write));
+        }
+    }
     let opened = match open(stored, tenant, now, quotas) {
         Ok(opened) => opened,
         Err(suspended) => return Ok((suspended, None)),
@@ -293,7 +322,7 @@ pub(crate) fn decide(
     let s = opened.states;
     let mut at = 0;
     let mut gather = Gather::new();
-    gather.overridden = opened.overridden.then_some(*tiers);
+    gather.overridden = opened.overridden.then(|| *tiers);
     let mut olds: Vec<Option<&[u8]>> = Vec::new();
     let mut news = Vec::new();
     let mut oks = Vec::new();
@@ -389,7 +418,7 @@ pub(crate) fn decide_log(
     }
     let tiers = &opened.tiers;
     let mut gather = Gather::new();
-    gather.overridden = opened.overridden.then_some(*tiers);
+    gather.overridden = opened.overridden.then(|| *tiers);
     let mut writer: Option<(f64, bool)> = None; // (period, stepped back) of the longest writer
     for (i, tier) in tiers.iter().enumerate() {
         if !tier.valid() {
