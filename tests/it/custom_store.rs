@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
-use redlimit::limiter::BlockFor;
 use redlimit::store::{CheckRequest, Operation, OperationRequest, RedisStore, Store, StoreError};
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas};
 
-use crate::support::{redis_store, RedisServer};
+use crate::support::{self, redis_store, RedisServer};
 
 /// Routes each key to one of two stores by its first letter (`a`… to the first), and counts
 /// what it forwards by kind: what a sharding wrapper written by a user does.
@@ -87,18 +86,8 @@ async fn a_store_written_outside_the_crate_runs_every_operation_by_forwarding_it
         .unwrap();
     let decision = *limiter.check("alpha", &quota).await.decision().unwrap();
     assert!(decision.suspended && !decision.allowed, "{decision:?}");
-    assert!(direct[0]
-        .inspect("alpha")
-        .await
-        .unwrap()
-        .suspended_for
-        .is_some());
-    assert!(direct[1]
-        .inspect("alpha")
-        .await
-        .unwrap()
-        .suspended_for
-        .is_none());
+    assert!(support::suspended_for(&direct[0], "alpha").await.is_some());
+    assert!(support::suspended_for(&direct[1], "alpha").await.is_none());
     limiter.resume("alpha").await.unwrap();
 
     // An override, read back through the wrapper.
@@ -124,27 +113,8 @@ async fn a_store_written_outside_the_crate_runs_every_operation_by_forwarding_it
     assert_eq!(left.decision().unwrap().remaining, 10, "all 4 units back");
 
     // A blocking check blocks the tenant on its denial.
-    let block = BlockFor::new(Duration::from_secs(30)).unwrap();
-    let one = Quotas::from(Quota::per_minute(1).unwrap());
-    assert!(limiter
-        .check_blocking("abuser", &one, 1, &block)
-        .await
-        .is_allowed());
-    let denied = *limiter
-        .check_blocking("abuser", &one, 1, &block)
-        .await
-        .decision()
-        .unwrap();
-    assert!(
-        !denied.allowed && denied.retry_after >= Duration::from_secs(29),
-        "{denied:?}"
-    );
-    assert!(direct[0]
-        .inspect("abuser")
-        .await
-        .unwrap()
-        .suspended_for
-        .is_some());
+    support::denied_by_a_block(&limiter, "abuser").await;
+    assert!(support::suspended_for(&direct[0], "abuser").await.is_some());
 
     // Concurrency slots.
     let slots = ConcurrencyLimiter::new(limiter.clone(), 1).unwrap();

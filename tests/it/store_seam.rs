@@ -22,7 +22,7 @@ use redlimit::store::{
 };
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, Verdict};
 
-use crate::support::{redis_store, Ctx, RedisServer};
+use crate::support::{self, redis_store, Ctx, RedisServer};
 
 // ---------------------------------------------------------------------------------------------
 // Stores a user writes.
@@ -320,26 +320,10 @@ fn status(status: Result<KeyStatus, ControlError>) -> String {
 /// Every key on `redis` and what it holds: a string's bytes, a sorted set's size (the slots'
 /// members are ids of the process that took them).
 fn dump(redis: &RedisServer) -> Vec<(String, String)> {
-    let mut conn = redis.conn();
-    let mut keys = redis.keys();
-    keys.sort();
-    keys.into_iter()
-        .map(|key| {
-            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
-            let value = match kind.as_str() {
-                "string" => {
-                    let bytes: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
-                    format!("{bytes:?}")
-                }
-                "zset" => {
-                    let n: u64 = redis::cmd("ZCARD").arg(&key).query(&mut conn).unwrap();
-                    format!("zset of {n}")
-                }
-                other => other.to_owned(),
-            };
-            (key, value)
-        })
-        .collect()
+    redis.contents(|conn, key| {
+        let n: u64 = redis::cmd("ZCARD").arg(key).query(conn).unwrap();
+        format!("zset of {n}")
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -540,21 +524,7 @@ async fn a_store_that_forwards_only_some_kinds_refuses_the_others_and_decides_on
         ),
         "{refused:?}"
     );
-    let block = BlockFor::new(Duration::from_secs(30)).unwrap();
-    let one = Quotas::from(Quota::per_minute(1).unwrap());
-    assert!(limiter
-        .check_blocking("b", &one, 1, &block)
-        .await
-        .is_allowed());
-    let denied = *limiter
-        .check_blocking("b", &one, 1, &block)
-        .await
-        .decision()
-        .unwrap();
-    assert!(
-        !denied.allowed && denied.retry_after >= Duration::from_secs(29),
-        "{denied:?}"
-    );
+    support::denied_by_a_block(&limiter, "b").await;
     let status = limiter.inspect("b").await.unwrap();
     assert!(status.suspended_for.is_some(), "blocked: {status:?}");
     // A refused slot call goes to the failure policy (which fails open by default): no slot

@@ -290,6 +290,27 @@ pub async fn suspended_for<'a>(
     status.expect("the store answers inspect").suspended_for
 }
 
+/// A blocking check of 30 s on `key` under one a minute, twice: the first is admitted, the
+/// second denied with the block's time left (at least 29 s). Returns that denial.
+pub async fn denied_by_a_block(limiter: &Limiter, key: &str) -> Decision {
+    let block = redlimit::limiter::BlockFor::new(Duration::from_secs(30)).unwrap();
+    let one = redlimit::Quotas::from(Quota::per_minute(1).unwrap());
+    assert!(limiter
+        .check_blocking(key, &one, 1, &block)
+        .await
+        .is_allowed());
+    let denied = *limiter
+        .check_blocking(key, &one, 1, &block)
+        .await
+        .decision()
+        .unwrap();
+    assert!(
+        !denied.allowed && denied.retry_after >= Duration::from_secs(29),
+        "{denied:?}"
+    );
+    denied
+}
+
 /// Decisions that must be admissions, each a denial noted under what it was, reported together
 /// at the end so that one run shows every case that failed.
 #[derive(Debug, Default)]

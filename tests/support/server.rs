@@ -195,6 +195,31 @@ impl RedisServer {
             .unwrap();
     }
 
+    /// Every key, sorted, with what it holds: a string's bytes, a sorted set as `zset` reads it
+    /// (on a connection, by key), any other type by its name.
+    pub fn contents(
+        &self,
+        zset: impl Fn(&mut redis::Connection, &str) -> String,
+    ) -> Vec<(String, String)> {
+        let mut conn = self.conn();
+        let mut keys = self.keys();
+        keys.sort();
+        keys.into_iter()
+            .map(|key| {
+                let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
+                let value = match kind.as_str() {
+                    "string" => {
+                        let bytes: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+                        format!("{bytes:?}")
+                    }
+                    "zset" => zset(&mut conn, &key),
+                    other => other.to_owned(),
+                };
+                (key, value)
+            })
+            .collect()
+    }
+
     /// `SCRIPT FLUSH`: forgets every loaded Lua script (EVALSHA then fails
     /// with NOSCRIPT).
     pub fn script_flush(&self) {

@@ -234,34 +234,18 @@ async fn each_decision_of_a_batch_meets_maxmemory_as_alone() {
 // ---------------------------------------------------------------------------------------------
 
 /// Every key with its type and content (strings' bytes; sorted sets' members and scores), no
-/// TTLs: what two servers that decided the same must hold alike.
+/// TTLs, sorted by key: what two servers that decided the same must hold alike.
 fn contents(redis: &RedisServer) -> Vec<(String, String)> {
-    let mut conn = redis.conn();
-    redis
-        .keys()
-        .into_iter()
-        .map(|key| {
-            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
-            let value = match kind.as_str() {
-                "string" => {
-                    let bytes: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
-                    format!("{bytes:?}")
-                }
-                "zset" => {
-                    let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES")
-                        .query(&mut conn)
-                        .unwrap();
-                    format!("{members:?}")
-                }
-                other => other.to_owned(),
-            };
-            (key, value)
-        })
-        .collect()
+    redis.contents(|conn, key| {
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(conn)
+            .unwrap();
+        format!("{members:?}")
+    })
 }
 
 fn outcome(answer: &Result<Decision, StoreError>) -> String {
