@@ -81,7 +81,9 @@ pub struct CheckRequest<'a> {
 /// [`StoreExt`](super::StoreExt) runs each operation on any store, e.g. `store.control(request)`.
 ///
 /// A custom store usually wraps one of the crate's, e.g. to count or route calls, and forwards
-/// both:
+/// `check`, `run` and [`call_timeout`](Store::call_timeout) (so that a request waiting for
+/// another's lease renewal waits as long as the wrapped store's calls may take, not the 1 s
+/// bound for a store that does not say):
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,6 +114,10 @@ pub struct CheckRequest<'a> {
 ///     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
 ///         self.operations.fetch_add(1, Ordering::Relaxed);
 ///         self.inner.run(operation)
+///     }
+///
+///     fn call_timeout(&self) -> Option<Duration> {
+///         self.inner.call_timeout()
 ///     }
 /// }
 ///
@@ -164,7 +170,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The longest one call takes before it fails with [`StoreError::Timeout`], when the store
     /// bounds its calls; `None` (the default) when it does not say. A request waiting for
     /// another request's lease renewal waits no longer than this before the failure policy
-    /// answers it.
+    /// answers it: 1 s when the store does not say (as the crate's other waits for a store's
+    /// work in flight: the outbound layer's, a control's). A store that wraps another forwards
+    /// it, so that those waits follow the store that makes the calls.
     fn call_timeout(&self) -> Option<Duration> {
         None
     }

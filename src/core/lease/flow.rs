@@ -4,34 +4,51 @@
 //! renewal in flight, or, when none is, it renews itself: one store call of cost k (or of its
 //! own cost at k = 1, which is exactly a check without leases), whose decision it gets.
 //!
-//! A request's future may be dropped at any await (a client that disconnects, a timeout, a
-//! `select!`), so no request waits on a renewal that nobody will finish: a renewal a request
-//! started is handed to a task when that request is dropped ([`HandOn`]), and keeps the units
-//! it would have spent; any renewal's future that is dropped before its end ends it
-//! ([`Unfinished`]), which wakes the waiters to renew themselves. A waiter also waits no longer
-//! than the store's [`call_timeout`](crate::store::Store::call_timeout): past it the failure
-//! policy answers. A lease that ends (forgotten, released, idle, a control) wakes its waiters,
-//! which then start again on the key's new lease (so a waiter's store call is a renewal, handed
-//! on like any other), or check as without leases when the key cannot have one now.
+//! A renewal that other requests wait for is nobody's request: it runs as a task of its own on
+//! the leases' runtime ([`LeaseTable::spawn`]), never inside the future of the request that
+//! started it, which may be dropped at any await (a client that disconnects, a timeout, a
+//! `select!`), parked (polled once, then neither polled nor dropped), or on a runtime that
+//! idles or shuts down. That request only waits for its answer ([`Claim`]): dropped before it,
+//! it leaves the renewal its units, which stay held; dropped with the answer come but unread,
+//! it gives back the units the answer spent. A renewal's task dropped before its end (its
+//! runtime shut down) ends it ([`Unfinished`]), which wakes the waiters to renew themselves. A
+//! waiter waits no longer than the store's [`call_timeout`](crate::store::Store::call_timeout),
+//! or [`WAIT_BOUND`] for a store that does not say: past it the failure policy answers. A lease
+//! that ends (forgotten, released, idle, a control) wakes its waiters, which then start again
+//! on the key's new lease (so a waiter's store call is a renewal like any other), or check as
+//! without leases when the key cannot have one now.
 
 use std::future::Future;
-use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio::sync::futures::Notified;
+use tokio::sync::oneshot;
 
-use super::state::{Released, Reservation};
+use super::state::{Batch, Released, Reservation};
 use super::{Counters, Lease, LeaseStats, LeaseTable};
 use crate::core::check::Taken;
 use crate::core::stats::{PolicyLabel, StoreTimer};
 use crate::core::{Answer, Ask, Inner, Limiter};
-use crate::decision::Decision;
+use crate::decision::{Decision, Verdict};
 use crate::quota::Quotas;
 use crate::store::ops::StoreExt;
 use crate::store::{RefundRequest, ReservedAt, StoreError};
+
+/// How long a request waits for another's renewal when the store does not say how long its
+/// calls take ([`Store::call_timeout`](crate::store::Store::call_timeout) is `None`): 1 s, as
+/// the crate's other waits for a store's work in flight.
+pub(crate) const WAIT_BOUND: Duration = Duration::from_secs(1);
+
+/// When a request that waits for another's renewal stops waiting, and the bound that sets it;
+/// `None` without a Tokio runtime (no timer to bound the wait with).
+type Deadline = Option<(tokio::time::Instant, Duration)>;
+
+/// What a request hears from the renewal it started when that renewal's task was dropped
+/// unfinished (its runtime shut down).
+const RENEWAL_GONE: &str =
+    "the lease renewal this request started ended unanswered (its runtime shut down)";
 
 /// What a request on a lease does next.
 enum Step<'a> {
@@ -43,8 +60,9 @@ enum Step<'a> {
     /// Wait for the renewal in flight (made under the lease's lock, so a renewal that ends
     /// after the look wakes it).
     Wait(Notified<'a>),
-    /// Renew now, for this many units.
-    Renew(u64),
+    /// Renew now, for this many units; the renewal ends the lease's renewals counted so far
+    /// (its generation).
+    Renew(u64, u64),
     /// The lease ended while this request waited: start again on the key's new lease.
     Ended,
 }
@@ -70,9 +88,10 @@ impl Limiter {
         };
         self.start_sweeping(leases);
         let mut waited_for = None;
-        let mut deadline = None;
+        // Set when this request first waits.
+        let mut deadline: Option<Deadline> = None;
         let mut now = Some(now);
-        let units = loop {
+        let (units, generation) = loop {
             let now = now.take().unwrap_or_else(|| leases.now(&self.inner.clock));
             match self.step(
                 leases,
@@ -87,7 +106,7 @@ impl Limiter {
                     self.inner.stats.count_decision(&decision, label);
                     Counters::add(&leases.counters.spent, cost);
                     if let Some(ask) = prefetch {
-                        self.spawn_prefetch(lease.clone(), storage_key, ask, label);
+                        self.spawn_prefetch(leases, lease.clone(), ask, label);
                     }
                     // A settlement gives these units back to the renewal's window.
                     let answer = Answer::decided(decision);
@@ -95,18 +114,20 @@ impl Limiter {
                 }
                 Step::Answered(answer) => return answer,
                 Step::Wait(notified) => {
-                    if let Err(timeout) = self.wait_for_renewal(notified, &mut deadline).await {
+                    let deadline = *deadline.get_or_insert_with(|| self.wait_deadline());
+                    if let Err(bound) = wait_until(deadline, notified).await {
                         let request = self.request(storage_key, quotas, cost);
-                        return self.fail(StoreError::Timeout(timeout), request, label);
+                        return self.fail(StoreError::Timeout(bound), request, label);
                     }
                     continue;
                 }
-                Step::Renew(units) => break units,
+                Step::Renew(units, generation) => break (units, generation),
                 Step::Ended => {}
             }
             // The lease ended while this request waited: it starts again on the key's new
-            // lease, so its store call is a renewal, handed on if the request is dropped (a
-            // check of its own, dropped in flight, would consume units that nobody spends).
+            // lease, so its store call is a renewal, whose units stay with the lease if the
+            // request is dropped (a check of its own, dropped in flight, would consume units
+            // that nobody spends).
             waited_for = None;
             match leases.lease(storage_key, quotas, now) {
                 Some(new) => lease = new,
@@ -114,40 +135,37 @@ impl Limiter {
                 None => {
                     let direct = self.answer_direct(ask);
                     return self
-                        .within(deadline, direct, storage_key, quotas, cost, label)
+                        .within(deadline.flatten(), direct, storage_key, quotas, cost, label)
                         .await;
                 }
             }
         };
-        let renewal = self.renew(&lease, storage_key, units, cost, label, reserving);
-        self.within(deadline, renewal, storage_key, quotas, cost, label)
-            .await
+        let renewal = self.renew(leases, &lease, generation, units, cost, label, reserving);
+        self.within(
+            deadline.flatten(),
+            renewal,
+            storage_key,
+            quotas,
+            cost,
+            label,
+        )
+        .await
     }
 
-    /// Waits for the renewal in flight, until the store's call timeout after this request
-    /// first waited; the timeout when it ran out (that renewal should have ended by then).
-    async fn wait_for_renewal(
-        &self,
-        notified: Notified<'_>,
-        deadline: &mut Option<(tokio::time::Instant, Duration)>,
-    ) -> Result<(), Duration> {
-        let Some(timeout) = self.inner.store.call_timeout() else {
-            notified.await;
-            return Ok(());
-        };
-        let (deadline, _) =
-            *deadline.get_or_insert_with(|| (tokio::time::Instant::now() + timeout, timeout));
-        tokio::time::timeout_at(deadline, notified)
-            .await
-            .map_err(|_| timeout)
+    /// The end of a wait for another's renewal that starts now: the store's call timeout
+    /// ([`WAIT_BOUND`] when it does not say) from now. That renewal should have ended by then.
+    fn wait_deadline(&self) -> Deadline {
+        let bound = self.inner.store.call_timeout().unwrap_or(WAIT_BOUND);
+        tokio::runtime::Handle::try_current().ok()?;
+        Some((tokio::time::Instant::now().checked_add(bound)?, bound))
     }
 
     /// `decided` for a request that waited (so has a `deadline`): within the store's call
     /// timeout of its first wait, else the failure policy's answer (a renewal it started goes
-    /// on in a task).
+    /// on in its task).
     async fn within(
         &self,
-        deadline: Option<(tokio::time::Instant, Duration)>,
+        deadline: Deadline,
         decided: impl Future<Output = Answer>,
         key: &str,
         quotas: &Quotas,
@@ -203,7 +221,7 @@ impl Limiter {
         self.inner.stats.count_decision(&decision, label);
         Counters::add(&leases.counters.spent, cost);
         if let Some(ask) = prefetch {
-            self.spawn_prefetch(lease, storage_key, ask, label);
+            self.spawn_prefetch(leases, lease, ask, label);
         }
         Some(self.reserved_by(Answer::decided(decision), ask, leases, reservation))
     }
@@ -262,7 +280,7 @@ impl Limiter {
             Step::Answered(Answer::decided(decision))
         } else {
             state.renewing = true;
-            Step::Renew(state.plan(now, cost, sizing))
+            Step::Renew(state.plan(now, cost, sizing), state.generation)
         };
         self.release(leases, key, &lease.quotas, expired);
         step
@@ -283,54 +301,83 @@ impl Limiter {
         Some(decision)
     }
 
-    /// The renewal a request waits on: `ask` units, `cost` of them its own (see
-    /// [`renewal`](Self::renewal)). Handed to a task if the request is dropped first.
+    /// The renewal a request starts and waits on: `ask` units, `cost` of them its own (see
+    /// [`renewal`](Self::renewal)), run as a task on the leases' runtime, so that it ends and
+    /// wakes the waiters whatever becomes of this request. `generation`: the lease's renewals
+    /// counted when this one was marked. Only without any Tokio runtime does the request run
+    /// it itself.
+    #[allow(clippy::too_many_arguments)]
     async fn renew(
         &self,
+        leases: &LeaseTable,
         lease: &Arc<Lease>,
-        key: &str,
+        generation: u64,
         ask: u64,
         cost: u64,
         label: &PolicyLabel,
         reserving: bool,
     ) -> Answer {
-        let (limiter, owned, key, label) = (
-            self.clone(),
-            lease.clone(),
-            Box::<str>::from(key),
-            label.clone(),
-        );
+        let (send, answer) = oneshot::channel();
+        let mut claim = Claim {
+            limiter: self,
+            lease,
+            generation,
+            answer,
+            read: false,
+        };
+        // Armed before the task is spawned: a task dropped before its first poll ends the
+        // renewal too.
+        let unfinished = Unfinished::new(lease.clone());
+        let (limiter, owned, owned_label) = (self.clone(), lease.clone(), label.clone());
         let renewal = async move {
-            let unfinished = Unfinished::new(&owned);
-            let answer = limiter
-                .renewal(&owned, &key, ask, cost, &label, reserving)
+            let delivery = limiter
+                .renewal(&owned, ask, cost, &owned_label, reserving)
                 .await;
             unfinished.disarm();
-            answer
+            if let Some(delivery) = delivery {
+                if let Err(unread) = send.send(delivery) {
+                    // The request went away after the renewal had spent its units.
+                    limiter.unclaimed(&owned, unread);
+                }
+            }
         };
-        HandOn {
-            renewal: Some(Box::pin(renewal)),
-            lease: lease.clone(),
+        if let Err(renewal) = leases.spawn(renewal) {
+            renewal.await;
         }
-        .await
+        let (key, quotas) = (&*lease.key, &lease.quotas);
+        match claim.answer().await {
+            Some(Delivery::Decided(answer, _)) => {
+                if let Verdict::Decided(decision) = &answer.verdict {
+                    self.inner.stats.count_decision(decision, label);
+                }
+                answer
+            }
+            Some(Delivery::Failed(error)) => {
+                self.fail(error, self.request(key, quotas, cost), label)
+            }
+            None => self.fail(
+                StoreError::Unavailable(RENEWAL_GONE),
+                self.request(key, quotas, cost),
+                label,
+            ),
+        }
     }
 
     /// A renewal of `ask` units, `cost` of them for the request that started it. A denial of
     /// more than `cost` is asked again for what is left (so the last units of a quota are
     /// leased too), then for `cost` alone (so the denial is exactly the one a check would
-    /// get). The request's decision, or `None` when the request was dropped meanwhile (its
-    /// units then stay held).
+    /// get). What the request gets (not counted yet: counted when it reads it), or `None` when
+    /// the request was dropped meanwhile (its units then stay held).
     async fn renewal(
         &self,
         lease: &Lease,
-        key: &str,
         mut ask: u64,
         cost: u64,
         label: &PolicyLabel,
         reserving: bool,
-    ) -> Option<Answer> {
+    ) -> Option<Delivery> {
         let leases = self.inner.leases.as_ref()?;
-        let quotas = &lease.quotas;
+        let (key, quotas) = (&*lease.key, &lease.quotas);
         loop {
             let sent = leases.now(&self.inner.clock);
             let started = (self.inner.deny_cache.as_ref())
@@ -346,8 +393,7 @@ impl Limiter {
                         abandoned
                     };
                     lease.renewed.notify_waiters();
-                    return (!abandoned)
-                        .then(|| self.fail(error, self.request(key, quotas, cost), label));
+                    return (!abandoned).then_some(Delivery::Failed(error));
                 }
             };
             if decision.allowed {
@@ -377,16 +423,17 @@ impl Limiter {
                 if abandoned {
                     return None;
                 }
-                self.inner.stats.count_decision(&answer, label);
                 // The request's units are this renewal's.
                 let reservation = Reservation { sent, decided };
                 let answer = Answer::decided(answer);
-                return Some(match reserving {
+                let answer = match reserving {
                     true => answer.taken(Taken::Renewal(
                         leases.renewal(&self.inner.clock, reservation),
                     )),
                     false => answer,
-                });
+                };
+                let units = Batch::of(spent, &decision, (sent, decided), &leases.sizing);
+                return Some(Delivery::Decided(answer, Some(units)));
             }
             let (released, abandoned) = {
                 let mut state = lease.state.lock().expect("lease");
@@ -415,9 +462,24 @@ impl Limiter {
             if abandoned {
                 return None;
             }
-            self.inner.stats.count_decision(&decision, label);
-            return Some(Answer::decided(decision));
+            return Some(Delivery::Decided(Answer::decided(decision), None));
         }
+    }
+
+    /// A renewal's answer that its request never read (it went away after the renewal had
+    /// spent its units): those units go back to the store, as a lease's do when it ends.
+    fn unclaimed(&self, lease: &Lease, delivery: Delivery) {
+        let (Delivery::Decided(_, Some(units)), Some(leases)) = (delivery, &self.inner.leases)
+        else {
+            return;
+        };
+        leases
+            .counters
+            .spent
+            .fetch_sub(units.units, Ordering::Relaxed);
+        let now = leases.now(&self.inner.clock);
+        let released = Released::of(&units, now, leases.sizing.interval);
+        self.release(leases, &lease.key, &lease.quotas, released);
     }
 
     /// One store call of cost `ask` for a lease.
@@ -445,33 +507,34 @@ impl Limiter {
         result
     }
 
-    fn finish(&self, lease: &Lease, failed: bool) {
-        lease.state.lock().expect("lease").finish(failed);
-        lease.renewed.notify_waiters();
-    }
-
-    /// Starts a background renewal of `ask` units (the lease is marked renewing already).
-    fn spawn_prefetch(&self, lease: Arc<Lease>, key: &str, ask: u64, label: &PolicyLabel) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.finish(&lease, false);
-            return;
-        };
-        let (limiter, key, label) = (self.clone(), Box::<str>::from(key), label.clone());
-        runtime.spawn(async move {
-            let unfinished = Unfinished::new(&lease);
-            limiter.prefetch(&lease, &key, ask, &label).await;
+    /// Starts a background renewal of `ask` units (the lease is marked renewing already), as
+    /// a task on the leases' runtime; without one, ends it at once.
+    fn spawn_prefetch(
+        &self,
+        leases: &LeaseTable,
+        lease: Arc<Lease>,
+        ask: u64,
+        label: &PolicyLabel,
+    ) {
+        // Armed before the task is spawned: a task dropped before its first poll (or not
+        // spawned) ends the renewal too.
+        let unfinished = Unfinished::new(lease.clone());
+        let (limiter, label) = (self.clone(), label.clone());
+        let prefetch = async move {
+            limiter.prefetch(&lease, ask, &label).await;
             unfinished.disarm();
-        });
+        };
+        let _ = leases.spawn(prefetch);
     }
 
     /// A background renewal: like [`renew`](Self::renew) with no request of its own. A denial
     /// leaves the lease to run out (the next request then renews and gets the denial); a
     /// suspension ends it at once.
-    async fn prefetch(&self, lease: &Lease, key: &str, mut ask: u64, label: &PolicyLabel) {
+    async fn prefetch(&self, lease: &Lease, mut ask: u64, label: &PolicyLabel) {
         let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
-        let quotas = &lease.quotas;
+        let (key, quotas) = (&*lease.key, &lease.quotas);
         loop {
             let sent = leases.now(&self.inner.clock);
             let result = self.lease_call(leases, key, quotas, ask, label).await;
@@ -518,15 +581,13 @@ impl Limiter {
             return;
         }
         let returning = Returning::start(self.clone(), released.returnable);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            returning.end(false);
-            return;
-        };
         let (key, quotas) = (Box::<str>::from(key), *quotas);
-        runtime.spawn(async move {
+        let give_back = async move {
             let limiter = returning.limiter.clone();
             limiter.give_back(&key, &quotas, released, returning).await
-        });
+        };
+        // Without a runtime the give-back is dropped unsent: its units are stranded.
+        let _ = leases.spawn(give_back);
     }
 
     /// Gives the returnable units of `released` back to the store, never above a tier's
@@ -580,21 +641,13 @@ impl Limiter {
     /// Starts the sweeper once: every interval it ends expired batches and idle leases, giving
     /// their units back. It holds the limiter weakly and stops when the limiter is dropped.
     fn start_sweeping(&self, leases: &LeaseTable) {
-        if leases
-            .sweeping
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
+        if leases.sweeping.swap(true, Ordering::Relaxed) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            leases
-                .sweeping
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-            return;
-        };
-        let weak = Arc::downgrade(&self.inner);
+        let sweeper = Sweeper(Arc::downgrade(&self.inner));
         let every = leases.config.interval;
-        runtime.spawn(sweep(weak, every));
+        // Without a runtime the sweeper is dropped, and the next request tries again.
+        let _ = leases.spawn(sweep(sweeper, every));
     }
 
     /// Ends every lease of this limiter and gives its unspent units back to the store (never
@@ -688,46 +741,74 @@ impl Limiter {
     }
 }
 
-/// A renewal a request started and waits on. Dropped before its end (the request's future
-/// was), it hands the renewal to a task, which ends it and keeps the request's units held;
-/// without a runtime to take it, the renewal is dropped and [`Unfinished`] ends it.
-struct HandOn {
-    renewal: Option<BoxFuture<'static, Option<Answer>>>,
-    lease: Arc<Lease>,
+/// Waits for `notified` until `deadline`; the bound that set it when it ran out.
+async fn wait_until(deadline: Deadline, notified: Notified<'_>) -> Result<(), Duration> {
+    let Some((deadline, bound)) = deadline else {
+        notified.await;
+        return Ok(());
+    };
+    tokio::time::timeout_at(deadline, notified)
+        .await
+        .map_err(|_| bound)
 }
 
-impl Future for HandOn {
-    type Output = Answer;
+/// What a renewal hands the request that started it.
+enum Delivery {
+    /// Its answer, and the units it spent of the renewal (none for a denial): given back if the
+    /// request went away before it read the answer.
+    Decided(Answer, Option<Batch>),
+    /// The store failed: the failure policy answers the request.
+    Failed(StoreError),
+}
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
-        let renewal = self.renewal.as_mut().expect("polled after its answer");
-        let answer = std::task::ready!(renewal.as_mut().poll(cx));
-        self.renewal = None;
-        // Only a dropped request's renewal answers `None`, and this one is still polled.
-        Poll::Ready(answer.expect("a renewal answers the request that waits for it"))
+/// A request's wait for the renewal it started (which runs in a task of its own). Dropped
+/// before the answer came (the request's future was), it leaves its units to the renewal:
+/// they stay held for the next requests. Dropped with the answer come but unread, it gives back
+/// the units the answer spent.
+struct Claim<'a> {
+    limiter: &'a Limiter,
+    lease: &'a Lease,
+    /// The lease's renewals counted when this one was marked: a renewal that ended since is
+    /// not this one.
+    generation: u64,
+    answer: oneshot::Receiver<Delivery>,
+    read: bool,
+}
+
+impl Claim<'_> {
+    /// The renewal's answer; `None` when its task ended without one (its runtime shut down).
+    async fn answer(&mut self) -> Option<Delivery> {
+        let delivery = (&mut self.answer).await.ok();
+        self.read = true;
+        delivery
     }
 }
 
-impl Drop for HandOn {
+impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        let Some(renewal) = self.renewal.take() else {
+        if self.read {
             return;
-        };
-        if let Ok(mut state) = self.lease.state.lock() {
-            state.abandoned = true;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(renewal);
+        if let Ok(mut state) = self.lease.state.lock() {
+            if state.renewing && state.generation == self.generation {
+                state.abandoned = true;
+            }
+        }
+        // Either the renewal sent its answer before this, or its send fails and it gives the
+        // units back itself.
+        self.answer.close();
+        if let Ok(delivery) = self.answer.try_recv() {
+            self.limiter.unclaimed(self.lease, delivery);
         }
     }
 }
 
 /// Ends a lease's renewal if the future running it is dropped first (a task cancelled at
-/// shutdown, a renewal that could not be handed on): the waiters wake and renew themselves.
-struct Unfinished<'a>(Option<&'a Lease>);
+/// shutdown, or dropped unspawned): the waiters wake and renew themselves.
+struct Unfinished(Option<Arc<Lease>>);
 
-impl<'a> Unfinished<'a> {
-    fn new(lease: &'a Lease) -> Self {
+impl Unfinished {
+    fn new(lease: Arc<Lease>) -> Self {
         Unfinished(Some(lease))
     }
 
@@ -737,7 +818,7 @@ impl<'a> Unfinished<'a> {
     }
 }
 
-impl Drop for Unfinished<'_> {
+impl Drop for Unfinished {
     fn drop(&mut self) {
         if let Some(lease) = self.0.take() {
             if let Ok(mut state) = lease.state.lock() {
@@ -748,13 +829,25 @@ impl Drop for Unfinished<'_> {
     }
 }
 
+/// The sweeper's hold on its limiter (weak). Dropped while the limiter lives (its task was
+/// dropped: its runtime shut down, or there was none), it lets the next request start another.
+struct Sweeper(Weak<Inner>);
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        if let Some(leases) = self.0.upgrade().as_ref().and_then(|i| i.leases.as_ref()) {
+            leases.sweeping.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The sweeper's loop (see [`Limiter::start_sweeping`]).
-async fn sweep(weak: Weak<Inner>, every: std::time::Duration) {
+async fn sweep(sweeper: Sweeper, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(inner) = weak.upgrade() else {
+        let Some(inner) = sweeper.0.upgrade() else {
             return;
         };
         let limiter = Limiter { inner };
@@ -801,9 +894,7 @@ impl Returning {
                 },
                 units,
             );
-            counters
-                .returning
-                .fetch_sub(units, std::sync::atomic::Ordering::Relaxed);
+            counters.returning.fetch_sub(units, Ordering::Relaxed);
         }
     }
 }
@@ -833,8 +924,9 @@ mod tests {
     use crate::quota::{Quota, Quotas};
     use crate::store::{CheckRequest, MemoryStore, Operation, OperationRequest, Store, StoreError};
 
-    /// A memory store that counts its checks and peeks (checks of cost 0), and can leave its
-    /// first check unanswered for good (a store that breaks its own timeout).
+    /// A memory store that counts its checks and peeks (checks of cost 0), can leave its
+    /// first check unanswered for good (a store that breaks its own timeout), and can answer
+    /// each check after a `delay` (a timer of the runtime that first polls the call).
     #[derive(Debug, Default)]
     struct Probe {
         memory: MemoryStore,
@@ -843,6 +935,7 @@ mod tests {
         hang_first: Arc<AtomicBool>,
         hang_refunds: Arc<AtomicBool>,
         timeout: Option<Duration>,
+        delay: Duration,
     }
 
     /// A future that never answers when `hang`, else `answer`.
@@ -864,7 +957,17 @@ mod tests {
                 self.peeks.fetch_add(1, Ordering::Relaxed);
             }
             let hang = self.hang_first.swap(false, Ordering::Relaxed);
-            hang_or(hang, self.memory.check(request))
+            let (answer, delay) = (self.memory.check(request), self.delay);
+            if delay.is_zero() {
+                return hang_or(hang, answer);
+            }
+            hang_or(
+                hang,
+                Box::pin(async move {
+                    tokio::time::sleep(delay).await;
+                    answer.await
+                }),
+            )
         }
 
         /// Refunds (which may hang) and controls; a decision that tells its time is refused,
@@ -1087,5 +1190,180 @@ mod tests {
         assert!(limiter
             .check_leased_now(Ask::new(&key, &quotas, u64::MAX, &label))
             .is_none());
+    }
+
+    /// Polls `future` once.
+    async fn poll_once<F: Future + Unpin>(future: &mut F) -> std::task::Poll<F::Output> {
+        std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *future).poll(cx)))
+            .await
+    }
+
+    /// What becomes of the runtime a request started its key's renewal on, once it has polled
+    /// that request once and left it parked (neither polled nor dropped).
+    #[derive(Debug, Clone, Copy)]
+    enum Then {
+        /// Nothing drives it any more.
+        Idles,
+        /// It shuts down.
+        ShutsDown,
+    }
+
+    /// A request on a key whose store answers in 20 ms is polled once on a runtime of its own,
+    /// which then idles or shuts down with the request parked: the renewal that request started
+    /// is nobody's, and the later requests on the key are decided by the store within a few
+    /// store calls, not after a wait bound (this store states no timeout).
+    async fn a_renewal_started_on_a_runtime_that(then: Then) {
+        let probe = Probe {
+            delay: Duration::from_millis(20),
+            ..Probe::default()
+        };
+        let limiter = Limiter::builder(probe)
+            .leases(Leases::default())
+            .build()
+            .unwrap();
+        let quota = Quota::per_hour(1_000).unwrap();
+        let (polled, first_poll) = tokio::sync::oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let other = limiter.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut parked = Box::pin(other.check("k", &quota));
+            let pending = runtime.block_on(poll_once(&mut parked)).is_pending();
+            if let Then::ShutsDown = then {
+                drop(runtime);
+                polled.send(pending).unwrap();
+                released.recv().unwrap();
+            } else {
+                polled.send(pending).unwrap();
+                released.recv().unwrap();
+                drop(runtime);
+            }
+            drop(parked);
+        });
+        assert!(first_poll.await.unwrap(), "the store answers in 20 ms");
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let verdict = tokio::time::timeout(Duration::from_secs(5), limiter.check("k", &quota));
+            answers.push((verdict.await, started.elapsed()));
+        }
+        release.send(()).unwrap();
+        tokio::task::spawn_blocking(move || thread.join().unwrap())
+            .await
+            .unwrap();
+        for (verdict, took) in &answers {
+            assert!(
+                matches!(verdict, Ok(Verdict::Decided(d)) if d.allowed)
+                    && *took < Duration::from_millis(500),
+                "{then:?}: a later request: {verdict:?} after {took:?} (all: {answers:?})"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_started_on_a_runtime_that_then_idles_holds_up_no_later_request() {
+        a_renewal_started_on_a_runtime_that(Then::Idles).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_started_on_a_runtime_that_then_shuts_down_holds_up_no_later_request() {
+        a_renewal_started_on_a_runtime_that(Then::ShutsDown).await;
+    }
+
+    /// A store that states no timeout never answers the first request's renewal: a request
+    /// waiting for it gets the failure policy's answer after 1 s ([`super::WAIT_BOUND`]).
+    #[tokio::test(start_paused = true)]
+    async fn without_a_store_timeout_a_waiter_waits_for_a_renewal_one_second_then_the_policy_answers(
+    ) {
+        let (limiter, first) = with_a_renewal_hung(None, "k".into()).await;
+        let quota = Quota::per_hour(1_000).unwrap();
+        let started = tokio::time::Instant::now();
+        let waited = tokio::time::timeout(Duration::from_secs(20), limiter.check("k", &quota));
+        assert_eq!(waited.await.ok(), Some(Verdict::FailedOpen));
+        assert_eq!(started.elapsed(), super::WAIT_BOUND);
+        first.abort();
+    }
+
+    /// A request polled once, whose renewal then answered while nothing polled it, and then
+    /// dropped: the unit the renewal spent for it goes back to the store, and the counters
+    /// balance.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_dropped_with_its_renewals_answer_unread_gives_its_unit_back() {
+        let probe = Probe {
+            delay: Duration::from_millis(10),
+            ..Probe::default()
+        };
+        let memory = probe.memory.clone();
+        // Units that stay valid past the test: only a give-back brings one back.
+        let limiter = Limiter::builder(probe)
+            .leases(Leases::new(Duration::from_secs(5)))
+            .build()
+            .unwrap();
+        let quota = Quota::per_hour(1_000).unwrap();
+        let mut parked = Box::pin(limiter.check("k", &quota));
+        assert!(poll_once(&mut parked).await.is_pending());
+        // The renewal answers meanwhile.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(parked);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stats = limiter.lease_stats();
+        assert_eq!(
+            (stats.leased, stats.spent, stats.held, stats.returned),
+            (1, 0, 0, 1),
+            "{stats:?}"
+        );
+        let key = limiter.storage_key("k");
+        let peek = CheckRequest {
+            key: &key,
+            algorithm: crate::Algorithm::TokenBucket,
+            quotas: &quota.into(),
+            cost: 0,
+            now_micros: None,
+        };
+        assert_eq!(memory.check_now(peek).remaining, 1_000, "the unit is back");
+    }
+
+    /// The sweeper's runtime shuts down: the next request on this limiter, on another runtime,
+    /// starts another, which ends the idle leases and gives their units back.
+    #[test]
+    fn the_sweeper_of_a_runtime_that_shut_down_starts_again_on_the_next() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        // The leases' time stands still until the test moves it: nothing ends early.
+        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+        let quota = Quota::per_second(1_000_000).unwrap();
+        let first = runtime();
+        let limiter = first.block_on(async {
+            let limiter = Limiter::builder(MemoryStore::new())
+                .clock(Clock::Manual(clock.clone()))
+                .leases(Leases::new(Duration::from_millis(10)))
+                .build()
+                .unwrap();
+            for _ in 0..200 {
+                assert!(limiter.check("hot", &quota).await.is_allowed());
+                clock.advance(Duration::from_micros(10));
+                tokio::task::yield_now().await;
+            }
+            limiter
+        });
+        drop(first);
+        let held = limiter.lease_stats().held;
+        assert!(held > 0, "{:?}", limiter.lease_stats());
+        clock.advance(Duration::from_secs(1));
+        runtime().block_on(async {
+            // A request through a lease's renewal (a new key): the sweeper's start.
+            assert!(limiter.check("other", &quota).await.is_allowed());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+        let stats = limiter.lease_stats();
+        assert_eq!(stats.held, 0, "the idle leases ended: {stats:?}");
+        assert!(stats.returned >= held, "{stats:?}");
     }
 }

@@ -11,6 +11,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,7 @@ use crate::algorithm::{Algorithm, Leasing};
 use crate::clock::Clock;
 use crate::deny_cache::Prehashed;
 use crate::quota::Quotas;
+use crate::store::StoreRuntime;
 
 mod flow;
 mod state;
@@ -50,10 +52,13 @@ pub(super) const LEASE_DENY_CACHE_KEYS: usize = 10_000;
 ///
 /// With leases on, an instance takes k units of a key's quota in one store call, consumed in
 /// Redis first in every tier (all or none), spends them in process, and renews in the
-/// background when half are spent, with at most one renewal in flight per key. A request that
-/// waits for another's renewal waits at most the store's
-/// [`call_timeout`](crate::store::Store::call_timeout) before the failure policy answers it,
-/// and a renewal outlives a request dropped during it (see the guide). k follows this
+/// background when half are spent, with at most one renewal in flight per key. A renewal runs
+/// as a task of its own, so it ends whatever becomes of the request that started it (dropped,
+/// parked, or on a runtime that idles or shuts down), and a request that waits for another's
+/// renewal waits at most the store's [`call_timeout`](crate::store::Store::call_timeout), or
+/// 1 s for a store that does not say, before the failure policy answers it (see the guide).
+/// The renewals run on the runtime current when the limiter was built (as a
+/// [`RedisStore`](crate::store::RedisStore)'s own tasks do): keep it running. k follows this
 /// instance's own rate on the key, about rate × `interval`, at least 1, at most
 /// [`max_units`](Self::max_units) and a tenth of the smallest capacity of the key's quotas; at
 /// k = 1 every request is one store call, as without leases, with the same decisions and
@@ -286,6 +291,9 @@ pub(super) struct LeaseTable {
     origin: Instant,
     counters: Counters,
     sweeping: AtomicBool,
+    /// Where the leases' own work runs (renewals, give-backs, the sweeper): never on the
+    /// runtime of whichever request started it.
+    runtime: StoreRuntime,
 }
 
 impl std::fmt::Debug for LeaseTable {
@@ -314,7 +322,30 @@ impl LeaseTable {
             origin: Instant::now(),
             counters: Counters::default(),
             sweeping: AtomicBool::new(false),
+            runtime: StoreRuntime::current(),
         }
+    }
+
+    /// Runs `work` as a task on the leases' runtime: the one current when the limiter was
+    /// built, or, built outside any (or after that one shut down), the one of the first call
+    /// that needs it, as a store binds its own ([`StoreRuntime`]). Hands `work` back when no
+    /// Tokio runtime is bound nor current: the caller then runs it or drops it.
+    fn spawn<F>(&self, work: F) -> Result<(), F>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        if self.runtime.epoch() == 0 {
+            return Err(work);
+        }
+        let _ = self.runtime.spawn(work);
+        // As the store's batch sender: spawned from a worker of that runtime, the task lands in
+        // the worker's LIFO slot, which no other worker steals (tokio-rs/tokio#4941), so a
+        // request polled once and then blocking its worker would hold it. A second spawn moves
+        // it to the worker's queue, where an idle worker steals it.
+        if self.runtime.is_current() {
+            let _ = self.runtime.spawn(async {});
+        }
+        Ok(())
     }
 
     /// The leases' time in µs: the client clock's when there is one (so a

@@ -35,6 +35,49 @@ pub(super) struct Batch {
     pub(super) decided: Option<u64>,
 }
 
+impl Batch {
+    /// `units` of the renewal that `decision` answered, sent at `sent` (the lease table's µs)
+    /// and admitted at `decided` on the store's clock when it told: valid for one interval
+    /// from `sent`, and a fixed window's no later than their window's end.
+    pub(super) fn of(
+        units: u64,
+        decision: &Decision,
+        (sent, decided): (u64, Option<u64>),
+        sizing: &Sizing,
+    ) -> Batch {
+        let reset_us = u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX);
+        let window_end = (sizing.algorithm.spec().leasing == Leasing::WithinWindow).then(|| {
+            // The window's end, from when the renewal was sent (so never after it): what is
+            // left of the window at the time it was decided, exact; else the reply's time to
+            // it, in whole ms rounded up, less 1 ms.
+            // The scripts' period: whole µs, rounded up.
+            let period = decision.quota.period_micros();
+            // When it was decided, in µs since the Unix epoch (which windows are aligned to):
+            // the store's time it told, or a client clock's (the table's µs).
+            let aligned = decided.or(sizing.epoch_clock.then_some(sent));
+            let left = match aligned {
+                // An override may hold several windows and the reply names the longest's end
+                // and the binding one's quota, neither of which bounds the shortest: the units
+                // of a renewal that learnt of it end at once (it is not leased, see `cap`).
+                _ if decision.overridden => 0,
+                Some(at) if period > 0 => (period - at % period).min(reset_us),
+                _ => reset_us.saturating_sub(1_000),
+            };
+            sent.saturating_add(left)
+        });
+        let until = sent
+            .saturating_add(sizing.interval)
+            .min(window_end.unwrap_or(u64::MAX));
+        Batch {
+            units,
+            until,
+            window_end,
+            sent,
+            decided,
+        }
+    }
+}
+
 /// When the units a request spent were reserved: by the renewal of the oldest batch it spent
 /// from, sent at `sent` (the lease table's µs), admitted at `decided` on the store's clock when
 /// the store told for every batch it spent from. Earlier than the truth for the newer units: a
@@ -74,6 +117,13 @@ pub(super) struct Released {
 }
 
 impl Released {
+    /// What goes back of `batch` when it ends at `now` (see [`add`](Self::add)).
+    pub(super) fn of(batch: &Batch, now: u64, interval: u64) -> Released {
+        let mut released = Released::default();
+        released.add(batch, now, interval);
+        released
+    }
+
     fn add(&mut self, batch: &Batch, now: u64, interval: u64) {
         // A give-back lands within a round trip; one interval of margin keeps a fixed window's
         // units from reaching the next window.
@@ -337,37 +387,9 @@ impl State {
         (sent, decided): (u64, Option<u64>),
         sizing: &Sizing,
     ) -> Decision {
-        let reset_us = u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX);
-        let window_end = (sizing.algorithm.spec().leasing == Leasing::WithinWindow).then(|| {
-            // The window's end, from when the renewal was sent (so never after it): what is
-            // left of the window at the time it was decided, exact; else the reply's time to
-            // it, in whole ms rounded up, less 1 ms.
-            // The scripts' period: whole µs, rounded up.
-            let period = decision.quota.period_micros();
-            // When it was decided, in µs since the Unix epoch (which windows are aligned to):
-            // the store's time it told, or a client clock's (the table's µs).
-            let aligned = decided.or(sizing.epoch_clock.then_some(sent));
-            let left = match aligned {
-                // An override may hold several windows and the reply names the longest's end
-                // and the binding one's quota, neither of which bounds the shortest: the units
-                // of a renewal that learnt of it end at once (it is not leased, see `cap`).
-                _ if decision.overridden => 0,
-                Some(at) if period > 0 => (period - at % period).min(reset_us),
-                _ => reset_us.saturating_sub(1_000),
-            };
-            sent.saturating_add(left)
-        });
-        let until = sent
-            .saturating_add(sizing.interval)
-            .min(window_end.unwrap_or(u64::MAX));
         if units > 0 {
-            self.batches.push_back(Batch {
-                units,
-                until,
-                window_end,
-                sent,
-                decided,
-            });
+            self.batches
+                .push_back(Batch::of(units, decision, (sent, decided), sizing));
             self.held += units;
         }
         self.spent_since += spent;

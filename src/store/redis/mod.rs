@@ -31,7 +31,7 @@ use self::connection::Replaceable;
 pub use self::error::BuildError;
 use self::invoke::{check_server, ScriptConnection};
 use self::reload::Reloads;
-use self::runtime::StoreRuntime;
+pub(crate) use self::runtime::StoreRuntime;
 use self::sentinel::{PrimaryConnection, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
 use super::breaker::{Admission, BreakerState};

@@ -11,6 +11,10 @@
 //! its first call. Only that runtime's shutdown touches the store: what is in flight on it
 //! fails, and the store then binds the runtime of its next call (and reconnects there), so a
 //! store outlives a runtime.
+//!
+//! A limiter's token leases bind one the same way for their renewals, give-backs and sweeps
+//! (`src/core/lease/`): a renewal that other requests wait for must not run on the runtime of
+//! whichever request started it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +27,7 @@ use tokio::task::JoinHandle;
 
 /// The runtime one store (and its clones) runs its own tasks on.
 #[derive(Default)]
-pub(super) struct StoreRuntime {
+pub(crate) struct StoreRuntime {
     bound: ArcSwapOption<Bound>,
     /// Bindings made so far: each binding's number.
     bindings: std::sync::atomic::AtomicU64,
@@ -41,7 +45,7 @@ struct Bound {
 
 impl StoreRuntime {
     /// A store's runtime, bound now to the current one if there is one.
-    pub(super) fn current() -> Self {
+    pub(crate) fn current() -> Self {
         let runtime = StoreRuntime::default();
         runtime.bound();
         runtime
@@ -86,7 +90,7 @@ impl StoreRuntime {
     }
 
     /// The binding tasks spawned now run under (bound now if need be); 0 when none can be.
-    pub(super) fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.bound().map_or(0, |bound| bound.epoch)
     }
 
@@ -102,7 +106,7 @@ impl StoreRuntime {
 
     /// Whether the caller runs on the store's runtime (a multi-thread one: a current-thread
     /// runtime has one worker and nothing to steal).
-    pub(super) fn is_current(&self) -> bool {
+    pub(crate) fn is_current(&self) -> bool {
         let Ok(current) = Handle::try_current() else {
             return false;
         };
@@ -117,7 +121,7 @@ impl StoreRuntime {
     /// Runs `future` as a task on the store's runtime. A runtime that shuts down drops it (its
     /// drop guards run, its awaiting callers hear so); `None` only when no runtime is bound
     /// and none is current.
-    pub(super) fn spawn<F>(&self, future: F) -> Option<JoinHandle<F::Output>>
+    pub(crate) fn spawn<F>(&self, future: F) -> Option<JoinHandle<F::Output>>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
