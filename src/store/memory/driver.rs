@@ -322,7 +322,7 @@ pub(crate) fn decide(
     let s = opened.states;
     let mut at = 0;
     let mut gather = Gather::new();
-    gather.overridden = opened.overridden.then(|| *tiers);
+    gather.overridden = opened.overridden.then_some(*tiers);
     let mut olds: Vec<Option<&[u8]>> = Vec::new();
     let mut news = Vec::new();
     let mut oks = Vec::new();
@@ -418,7 +418,7 @@ pub(crate) fn decide_log(
     }
     let tiers = &opened.tiers;
     let mut gather = Gather::new();
-    gather.overridden = opened.overridden.then(|| *tiers);
+    gather.overridden = opened.overridden.then_some(*tiers);
     let mut writer: Option<(f64, bool)> = None; // (period, stepped back) of the longest writer
     for (i, tier) in tiers.iter().enumerate() {
         if !tier.valid() {
