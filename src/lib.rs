@@ -112,6 +112,7 @@ pub mod guide;
 mod intern;
 pub mod key;
 pub mod layer;
+mod lease;
 pub mod limiter;
 pub mod outbound;
 pub mod quota;

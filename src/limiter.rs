@@ -7,9 +7,10 @@
 pub use crate::block::BlockFor;
 pub use crate::control::{KeyStatus, OverrideSource, TierState, OVERRIDE_IDLE_TTL};
 pub use crate::core::{
-    AcquireError, ConfigError, ControlError, LeaseError, LeaseStats, Leases, Limiter,
-    LimiterBuilder, LimiterStats, StoredKey, Target, DEFAULT_MAX_LEASE_KEYS,
-    DEFAULT_MAX_LEASE_UNITS, DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_LEASE_INTERVAL,
-    MAX_SUSPENSION,
+    AcquireError, ConfigError, ControlError, LeaseError, Limiter, LimiterBuilder, LimiterStats,
+    StoredKey, Target, DEFAULT_PREFIX, DIRECT_POLICY_LABEL, MAX_SUSPENSION,
+};
+pub use crate::lease::{
+    LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS, MAX_LEASE_INTERVAL,
 };
 pub use crate::settle::Reserved;

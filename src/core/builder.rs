@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::keys::KeyScope;
-use super::lease::{LeaseTable, Leases, LEASE_DENY_CACHE_KEYS};
 use super::stats::Counters;
+use super::DelegateConfig;
 use super::{ConfigError, Inner, Limiter};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
@@ -165,7 +165,9 @@ pub struct LimiterBuilder {
     pub(super) clock: Clock,
     pub(super) policy: Arc<dyn FailurePolicy>,
     pub(super) deny_cache: Option<usize>,
-    pub(super) leases: Option<Leases>,
+    /// The feature that answers checks in the store's place (`crate::lease`'s
+    /// `LimiterBuilder::leases` sets it).
+    pub(crate) delegate: Option<Box<dyn DelegateConfig>>,
 }
 
 impl fmt::Debug for LimiterBuilder {
@@ -174,7 +176,7 @@ impl fmt::Debug for LimiterBuilder {
             .field("algorithm", &self.algorithm)
             .field("prefix", &self.prefix)
             .field("deny_cache", &self.deny_cache)
-            .field("leases", &self.leases)
+            .field("delegate", &self.delegate)
             .finish_non_exhaustive()
     }
 }
@@ -214,38 +216,6 @@ impl LimiterBuilder {
         self
     }
 
-    /// Turns on token leases for hot keys (off by default): each instance takes several units
-    /// of a busy key's quota in one store call, spends them in process and renews in the
-    /// background; a slow key (k = 1) is checked exactly as without leases. See [`Leases`] and
-    /// the guide's [`leases`](crate::guide::leases) page for the bounds (controls reach a
-    /// leasing instance within one lease interval; at most instances × k units per interval
-    /// end unspent).
-    ///
-    /// Leases need token bucket, GCRA or fixed window; a zero interval or another algorithm is
-    /// refused by [`build`](Self::build) ([`ConfigError::Lease`]). They turn on the deny cache
-    /// (10 000 keys unless [`deny_cache`](Self::deny_cache) says otherwise): a renewal's
-    /// denial is served from it until its `retry_after`, for one lease interval at most.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use redlimit::{limiter::Leases, store::MemoryStore, Limiter, Quota};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let limiter = Limiter::builder(MemoryStore::new())
-    ///     .leases(Leases::new(Duration::from_millis(50)))
-    ///     .build()
-    ///     .unwrap();
-    /// let quota = Quota::per_hour(40).unwrap();
-    /// let admitted = futures::future::join_all((0..100).map(|_| limiter.check("k", &quota))).await;
-    /// assert_eq!(admitted.iter().filter(|v| v.is_allowed()).count(), 40);
-    /// # }
-    /// ```
-    pub fn leases(mut self, leases: Leases) -> Self {
-        self.leases = Some(leases);
-        self
-    }
-
     /// Builds the limiter, validating the prefix ([`ConfigError::InvalidPrefix`]).
     pub fn build(self) -> Result<Limiter, ConfigError> {
         let valid = (1..=64).contains(&self.prefix.len())
@@ -256,16 +226,16 @@ impl LimiterBuilder {
         if !valid {
             return Err(ConfigError::InvalidPrefix);
         }
-        if let Some(leases) = &self.leases {
-            leases.validate(self.algorithm)?;
+        if let Some(delegate) = &self.delegate {
+            delegate.validate(self.algorithm)?;
         }
-        let deny_cache = match (self.deny_cache, self.leases) {
-            (None, Some(_)) => Some(LEASE_DENY_CACHE_KEYS),
-            (keys, _) => keys,
-        };
-        let leases = self.leases.map(|config| {
-            LeaseTable::new(config, self.algorithm, !matches!(self.clock, Clock::Server))
-        });
+        // A delegate's deny cache: on unless asked otherwise, and its entries answer for as
+        // long as it says at most (a lease interval: a control made elsewhere reaches a
+        // leasing limiter within it, even on a denied key).
+        let needs = self.delegate.as_ref().map(|delegate| delegate.deny_cache());
+        let deny_cache = self.deny_cache.or(needs.map(|(keys, _)| keys));
+        let delegate =
+            (self.delegate.as_ref()).map(|config| config.build(self.algorithm, &self.clock));
         let unscoped = KeyScope::new(&self.prefix, None);
         Ok(Limiter {
             inner: Arc::new(Inner {
@@ -275,13 +245,11 @@ impl LimiterBuilder {
                 clock: self.clock,
                 policy: self.policy,
                 stats: Counters::default(),
-                // A leasing limiter's entries answer one lease interval at most: a control made
-                // elsewhere reaches it within that delay, even on a denied key.
                 deny_cache: deny_cache
-                    .map(|keys| DenyCache::new(keys, self.leases.map(|l| l.interval()))),
+                    .map(|keys| DenyCache::new(keys, needs.map(|(_, max_age)| max_age))),
                 unscoped,
                 waiters: Default::default(),
-                leases,
+                delegate,
                 features: Default::default(),
             }),
         })

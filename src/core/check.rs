@@ -124,8 +124,8 @@ pub(crate) enum Origin {
 /// What the part of a check done at once leaves to [`Limiter::answer_later`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Later {
-    /// Through the key's lease (it holds too little, or the key has none yet).
-    Lease,
+    /// Through the limiter's delegate (a lease that holds too little, or none yet).
+    Delegate,
     /// One store call.
     Store(StoreCall),
 }
@@ -160,9 +160,10 @@ impl Limiter {
         if let Err((quota, error)) = self.supports(ask.quotas) {
             return Ok(self.refused(quota, error, ask.label));
         }
-        // A check that blocks on a denial is one store call: the block is the script's.
-        if self.inner.leases.is_some() && ask.block.is_none() {
-            return self.check_leased_now(ask).ok_or(Later::Lease);
+        if let Some(delegate) = self.inner.delegate.as_deref() {
+            if delegate.takes(&ask) {
+                return delegate.answer_now(self, ask).ok_or(Later::Delegate);
+            }
         }
         let request = self.request(ask.storage_key, ask.quotas, ask.cost);
         match self.ask_now(request, ask) {
@@ -174,7 +175,7 @@ impl Limiter {
 
     /// The rest of a check that [`answer_now`](Self::answer_now) could not answer.
     pub(crate) async fn answer_later(&self, ask: Ask<'_>, later: Later) -> Answer {
-        match (later, &self.inner.leases) {
+        match (later, self.inner.delegate.as_deref()) {
             (Later::Store(call), _) => {
                 // At the time read when the check began: the clock is read once per check.
                 let request = CheckRequest {
@@ -187,8 +188,8 @@ impl Limiter {
                 let (result, taken) = self.ask_later(request, ask, call).await;
                 self.answered(result, request, ask.label).taken(taken)
             }
-            (Later::Lease, Some(leases)) => self.decide_leased(leases, ask).await,
-            (Later::Lease, None) => self.answer_direct(ask).await,
+            (Later::Delegate, Some(delegate)) => delegate.answer_later(self, ask).await,
+            (Later::Delegate, None) => self.answer_direct(ask).await,
         }
     }
 

@@ -1,8 +1,10 @@
 //! [`ControlError`]: why an operation on one key (a control, a refund, a blocking check) was
-//! refused or failed, and [`MAX_SUSPENSION`], the longest suspension any of them sets.
+//! refused or failed, and [`MAX_SUSPENSION`], the longest suspension any of them sets;
+//! [`LeaseError`], a lease configuration the builder refuses (a [`ConfigError`](super::ConfigError)'s).
 
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::quota::QuotaError;
 use crate::store::StoreError;
 
@@ -55,4 +57,46 @@ impl From<StoreError> for ControlError {
             _ => ControlError::Store(error),
         }
     }
+}
+
+/// A lease configuration the builder refuses (inside
+/// [`ConfigError::Lease`](crate::limiter::ConfigError::Lease)).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlimit::limiter::{ConfigError, LeaseError, Leases};
+/// use redlimit::{store::MemoryStore, Algorithm, Limiter};
+///
+/// let zero = Limiter::builder(MemoryStore::new()).leases(Leases::new(Duration::ZERO)).build();
+/// assert_eq!(zero.err(), Some(ConfigError::Lease(LeaseError::ZeroInterval)));
+///
+/// let log = Limiter::builder(MemoryStore::new())
+///     .algorithm(Algorithm::SlidingLog)
+///     .leases(Leases::default())
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(log, ConfigError::Lease(LeaseError::Unsupported(Algorithm::SlidingLog)));
+/// assert!(log.to_string().contains("token-bucket, gcra or fixed-window"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// The lease interval is zero.
+    #[error("the lease interval must be above zero (50 ms is a good start)")]
+    ZeroInterval,
+    /// The lease interval is above [`MAX_LEASE_INTERVAL`](crate::limiter::MAX_LEASE_INTERVAL).
+    #[error("the lease interval must be at most 10 s: controls reach a leasing instance only within one interval")]
+    IntervalTooLong,
+    /// `max_units` is zero.
+    #[error("a lease must be allowed at least 1 unit (max_units)")]
+    ZeroMaxUnits,
+    /// `max_keys` is below 16.
+    #[error("leases need room for at least 16 keys (max_keys)")]
+    TooFewKeys,
+    /// `idle_after` is shorter than the lease interval.
+    #[error("a lease's idle time must be at least its interval")]
+    IdleShorterThanInterval,
+    /// The algorithm cannot lease exactly.
+    #[error("{0} cannot lease exactly; leases need token-bucket, gcra or fixed-window")]
+    Unsupported(Algorithm),
 }

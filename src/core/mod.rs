@@ -17,27 +17,24 @@ use crate::store::{CheckRequest, Store, StoreError};
 mod acquire;
 mod builder;
 mod check;
+mod delegate;
 mod error;
 mod features;
 mod keys;
-mod lease;
 mod stats;
 
 pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::builder::LimiterBuilder;
-pub(crate) use self::check::{Answer, Ask, Later, Origin, Taken};
-pub use self::error::{ControlError, MAX_SUSPENSION};
+pub(crate) use self::check::{Answer, Ask, Later, Origin, Renewal, Taken};
+pub(crate) use self::delegate::{Delegate, DelegateConfig};
+pub use self::error::{ControlError, LeaseError, MAX_SUSPENSION};
 use self::features::FeatureStates;
 pub(crate) use self::keys::{KeyScope, StorageKey};
 pub use self::keys::{StoredKey, Target};
-pub use self::lease::{
-    LeaseError, LeaseStats, Leases, DEFAULT_MAX_LEASE_KEYS, DEFAULT_MAX_LEASE_UNITS,
-    MAX_LEASE_INTERVAL,
-};
 use self::stats::Counters;
 pub use self::stats::{LimiterStats, DIRECT_POLICY_LABEL};
-pub(crate) use self::stats::{PolicyLabel, Shadow};
+pub(crate) use self::stats::{PolicyLabel, Shadow, StoreTimer};
 use crate::deny_cache::DenyCache;
 
 /// The default prefix of every Redis key.
@@ -63,6 +60,17 @@ pub struct Limiter {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// A [`Limiter`] that does not keep it alive ([`Limiter::downgrade`]).
+#[derive(Clone)]
+pub(crate) struct WeakLimiter(std::sync::Weak<Inner>);
+
+impl WeakLimiter {
+    /// The limiter, while any clone of it lives.
+    pub(crate) fn upgrade(&self) -> Option<Limiter> {
+        self.0.upgrade().map(|inner| Limiter { inner })
+    }
+}
+
 /// What every clone of a [`Limiter`] shares. Private to the core: the features above it read
 /// the store, clock, policy and counters through `Limiter`'s accessors.
 pub(crate) struct Inner {
@@ -77,8 +85,9 @@ pub(crate) struct Inner {
     unscoped: KeyScope,
     /// The lines of [`acquire`](Limiter::acquire)'s waiters, per key.
     waiters: Waiters,
-    /// Token leases for hot keys, when on ([`LimiterBuilder::leases`]).
-    leases: Option<self::lease::LeaseTable>,
+    /// The feature that answers checks in the store's place, when on (leases,
+    /// [`LimiterBuilder::leases`]).
+    delegate: Option<Arc<dyn Delegate>>,
     /// What the features above the core keep per limiter, each its own type (the controls'
     /// writes in flight, `crate::control`; the settlements running, `crate::settle`).
     features: FeatureStates,
@@ -93,7 +102,7 @@ impl fmt::Debug for Limiter {
             .field("clock", &self.inner.clock)
             .field("policy", &self.inner.policy)
             .field("deny_cache", &self.inner.deny_cache)
-            .field("leases", &self.inner.leases)
+            .field("delegate", &self.inner.delegate)
             .finish()
     }
 }
@@ -127,7 +136,7 @@ impl Limiter {
             clock: Clock::default(),
             policy: Arc::new(FailOpen),
             deny_cache: None,
-            leases: None,
+            delegate: None,
         }
     }
 
@@ -247,7 +256,9 @@ impl Limiter {
             cache.forget(storage_key);
         }
         self.inner.waiters.forget(storage_key);
-        self.end_lease(storage_key);
+        if let Some(delegate) = &self.inner.delegate {
+            delegate.forget(self, storage_key);
+        }
     }
 
     /// The hook every control goes through, once its store call returned: drops what this
@@ -260,7 +271,9 @@ impl Limiter {
             cache.forget_tenant(tenant);
         }
         self.inner.waiters.forget(tenant);
-        self.end_tenant_leases(tenant, !reset);
+        if let Some(delegate) = &self.inner.delegate {
+            delegate.forget_tenant(self, tenant, !reset);
+        }
     }
 
     /// [`check_quotas`](Self::check_quotas) without the failure policy: the store's decision or
@@ -341,6 +354,16 @@ impl Limiter {
     /// The counters, for the features above the core.
     pub(crate) fn counters(&self) -> &Counters {
         &self.inner.stats
+    }
+
+    /// The deny cache, when on, for the features above the core.
+    pub(crate) fn deny_cache(&self) -> Option<&DenyCache> {
+        self.inner.deny_cache.as_ref()
+    }
+
+    /// A handle that does not keep the limiter alive (a feature's background task holds it).
+    pub(crate) fn downgrade(&self) -> WeakLimiter {
+        WeakLimiter(Arc::downgrade(&self.inner))
     }
 
     /// Counts of what this limiter (and its clones) decided so far.

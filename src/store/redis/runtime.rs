@@ -13,7 +13,7 @@
 //! store outlives a runtime.
 //!
 //! A limiter's token leases bind one the same way for their renewals, give-backs and sweeps
-//! (`src/core/lease/`): a renewal that other requests wait for must not run on the runtime of
+//! (`src/lease/`): a renewal that other requests wait for must not run on the runtime of
 //! whichever request started it.
 
 use std::future::Future;

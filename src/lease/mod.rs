@@ -1,4 +1,4 @@
-//! Token leases for hot keys (opt-in, [`LimiterBuilder::leases`](super::LimiterBuilder::leases)):
+//! Token leases for hot keys (opt-in, [`LimiterBuilder::leases`]):
 //! an instance takes k units of a key's quota in one store call, consumed in every tier first
 //! (all or none, as any check of cost k), spends them in process, and renews in the background
 //! when they run low. See the guide's [`leases`](crate::guide::leases) page.
@@ -8,6 +8,10 @@
 //! - `state.rs`: one key's lease (its batches, the rate that sizes k), pure bookkeeping;
 //! - `flow.rs`: the request path (spend, wait for the renewal in flight, or renew) and the
 //!   background renewals, give-backs and sweeps.
+//!
+//! A feature above the core: its table is the limiter's [`Delegate`], which the core asks
+//! first on every check and tells of every control and forgotten key; the core names none of
+//! its types.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -19,8 +23,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use futures::future::BoxFuture;
+
 use crate::algorithm::{Algorithm, Leasing};
 use crate::clock::Clock;
+use crate::core::{
+    Answer, Ask, ConfigError, Delegate, DelegateConfig, LeaseError, Limiter, LimiterBuilder,
+    Renewal,
+};
 use crate::deny_cache::Prehashed;
 use crate::quota::Quotas;
 use crate::store::StoreRuntime;
@@ -29,7 +39,6 @@ mod flow;
 mod state;
 
 use self::state::{Reservation, Sizing, State};
-use super::check::Renewal;
 
 /// The most units one renewal takes by default.
 pub const DEFAULT_MAX_LEASE_UNITS: u64 = 65_536;
@@ -45,10 +54,10 @@ pub const MAX_LEASE_INTERVAL: Duration = Duration::from_secs(10);
 const SHARDS: usize = 16;
 
 /// Keys the deny cache holds when leases turn it on (a renewal's denial is served from it).
-pub(super) const LEASE_DENY_CACHE_KEYS: usize = 10_000;
+const LEASE_DENY_CACHE_KEYS: usize = 10_000;
 
 /// Token leases for hot keys: the configuration given to
-/// [`LimiterBuilder::leases`](super::LimiterBuilder::leases).
+/// [`LimiterBuilder::leases`].
 ///
 /// With leases on, an instance takes k units of a key's quota in one store call, consumed in
 /// Redis first in every tier (all or none), spends them in process, and renews in the
@@ -146,7 +155,7 @@ impl Leases {
     }
 
     /// The configuration's errors under `algorithm`, checked by the builder.
-    pub(super) fn validate(&self, algorithm: Algorithm) -> Result<(), LeaseError> {
+    fn validate(&self, algorithm: Algorithm) -> Result<(), LeaseError> {
         if self.interval.is_zero() {
             return Err(LeaseError::ZeroInterval);
         }
@@ -173,48 +182,6 @@ impl Leases {
 /// the store would have (its spec's [`Leasing`]).
 fn leases_exactly(algorithm: Algorithm) -> bool {
     algorithm.spec().leasing != Leasing::Refused
-}
-
-/// A lease configuration the builder refuses (inside
-/// [`ConfigError::Lease`](crate::limiter::ConfigError::Lease)).
-///
-/// ```
-/// use std::time::Duration;
-/// use redlimit::limiter::{ConfigError, LeaseError, Leases};
-/// use redlimit::{store::MemoryStore, Algorithm, Limiter};
-///
-/// let zero = Limiter::builder(MemoryStore::new()).leases(Leases::new(Duration::ZERO)).build();
-/// assert_eq!(zero.err(), Some(ConfigError::Lease(LeaseError::ZeroInterval)));
-///
-/// let log = Limiter::builder(MemoryStore::new())
-///     .algorithm(Algorithm::SlidingLog)
-///     .leases(Leases::default())
-///     .build()
-///     .unwrap_err();
-/// assert_eq!(log, ConfigError::Lease(LeaseError::Unsupported(Algorithm::SlidingLog)));
-/// assert!(log.to_string().contains("token-bucket, gcra or fixed-window"));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LeaseError {
-    /// The lease interval is zero.
-    #[error("the lease interval must be above zero (50 ms is a good start)")]
-    ZeroInterval,
-    /// The lease interval is above [`MAX_LEASE_INTERVAL`].
-    #[error("the lease interval must be at most 10 s: controls reach a leasing instance only within one interval")]
-    IntervalTooLong,
-    /// `max_units` is zero.
-    #[error("a lease must be allowed at least 1 unit (max_units)")]
-    ZeroMaxUnits,
-    /// `max_keys` is below 16.
-    #[error("leases need room for at least 16 keys (max_keys)")]
-    TooFewKeys,
-    /// `idle_after` is shorter than the lease interval.
-    #[error("a lease's idle time must be at least its interval")]
-    IdleShorterThanInterval,
-    /// The algorithm cannot lease exactly.
-    #[error("{0} cannot lease exactly; leases need token-bucket, gcra or fixed-window")]
-    Unsupported(Algorithm),
 }
 
 /// What this limiter's leases did since it was built; see
@@ -281,7 +248,7 @@ struct Lease {
 type Shard = Mutex<HashMap<u64, Arc<Lease>, BuildHasherDefault<Prehashed>>>;
 
 /// Every key's lease in this limiter.
-pub(super) struct LeaseTable {
+pub(crate) struct LeaseTable {
     config: Leases,
     sizing: Sizing,
     shards: Box<[Shard]>,
@@ -307,7 +274,7 @@ impl std::fmt::Debug for LeaseTable {
 impl LeaseTable {
     /// The table of `config`'s leases for `algorithm`; `epoch_clock`: the limiter has a client
     /// clock (the table reads its µs, since the Unix epoch).
-    pub(super) fn new(config: Leases, algorithm: Algorithm, epoch_clock: bool) -> LeaseTable {
+    fn new(config: Leases, algorithm: Algorithm, epoch_clock: bool) -> LeaseTable {
         LeaseTable {
             config,
             sizing: Sizing {
@@ -537,6 +504,83 @@ impl LeaseTable {
             returned: load(&c.returned),
             stranded: load(&c.stranded),
         }
+    }
+}
+
+impl LimiterBuilder {
+    /// Turns on token leases for hot keys (off by default): each instance takes several units
+    /// of a busy key's quota in one store call, spends them in process and renews in the
+    /// background; a slow key (k = 1) is checked exactly as without leases. See [`Leases`] and
+    /// the guide's [`leases`](crate::guide::leases) page for the bounds (controls reach a
+    /// leasing instance within one lease interval; at most instances × k units per interval
+    /// end unspent).
+    ///
+    /// Leases need token bucket, GCRA or fixed window; a zero interval or another algorithm is
+    /// refused by [`build`](Self::build) ([`ConfigError::Lease`](crate::limiter::ConfigError::Lease)). They turn on the deny cache
+    /// (10 000 keys unless [`deny_cache`](Self::deny_cache) says otherwise): a renewal's
+    /// denial is served from it until its `retry_after`, for one lease interval at most.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{limiter::Leases, store::MemoryStore, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .leases(Leases::new(Duration::from_millis(50)))
+    ///     .build()
+    ///     .unwrap();
+    /// let quota = Quota::per_hour(40).unwrap();
+    /// let admitted = futures::future::join_all((0..100).map(|_| limiter.check("k", &quota))).await;
+    /// assert_eq!(admitted.iter().filter(|v| v.is_allowed()).count(), 40);
+    /// # }
+    /// ```
+    pub fn leases(mut self, leases: Leases) -> Self {
+        self.delegate = Some(Box::new(leases));
+        self
+    }
+}
+
+impl DelegateConfig for Leases {
+    fn validate(&self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        Ok(Leases::validate(self, algorithm)?)
+    }
+
+    /// A renewal's denial is served from the deny cache until its `retry_after`, for one lease
+    /// interval at most.
+    fn deny_cache(&self) -> (usize, Duration) {
+        (LEASE_DENY_CACHE_KEYS, self.interval)
+    }
+
+    fn build(&self, algorithm: Algorithm, clock: &Clock) -> Arc<dyn Delegate> {
+        Arc::new(LeaseTable::new(
+            *self,
+            algorithm,
+            !matches!(clock, Clock::Server),
+        ))
+    }
+}
+
+impl Delegate for LeaseTable {
+    /// A check that blocks on a denial is one store call: the block is the script's.
+    fn takes(&self, ask: &Ask<'_>) -> bool {
+        ask.block.is_none()
+    }
+
+    fn answer_now(&self, limiter: &Limiter, ask: Ask<'_>) -> Option<Answer> {
+        limiter.check_leased_now(self, ask)
+    }
+
+    fn answer_later<'a>(&'a self, limiter: &'a Limiter, ask: Ask<'a>) -> BoxFuture<'a, Answer> {
+        Box::pin(limiter.decide_leased(self, ask))
+    }
+
+    fn forget(&self, limiter: &Limiter, storage_key: &str) {
+        limiter.end_lease(self, storage_key);
+    }
+
+    fn forget_tenant(&self, limiter: &Limiter, tenant: &str, give_back: bool) {
+        limiter.end_tenant_leases(self, tenant, give_back);
     }
 }
 

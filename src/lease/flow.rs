@@ -20,7 +20,7 @@
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::futures::Notified;
@@ -28,9 +28,7 @@ use tokio::sync::oneshot;
 
 use super::state::{Batch, Released, Reservation};
 use super::{Counters, Lease, LeaseStats, LeaseTable};
-use crate::core::check::Taken;
-use crate::core::stats::{PolicyLabel, StoreTimer};
-use crate::core::{Answer, Ask, Inner, Limiter};
+use crate::core::{Answer, Ask, Limiter, PolicyLabel, StoreTimer, Taken, WeakLimiter};
 use crate::decision::{Decision, Verdict};
 use crate::quota::Quotas;
 use crate::store::ops::StoreExt;
@@ -69,7 +67,7 @@ enum Step<'a> {
 
 impl Limiter {
     /// Decides a request of `cost` on `storage_key` under leases (see [`Leases`](super::Leases)).
-    pub(in crate::core) async fn decide_leased(&self, leases: &LeaseTable, ask: Ask<'_>) -> Answer {
+    pub(super) async fn decide_leased(&self, leases: &LeaseTable, ask: Ask<'_>) -> Answer {
         let Ask {
             storage_key,
             quotas,
@@ -78,7 +76,7 @@ impl Limiter {
             reserving,
             ..
         } = ask;
-        let now = leases.now(&self.inner.clock);
+        let now = leases.now(self.clock());
         let lease = match leases.applies(quotas, cost) {
             true => leases.lease(storage_key, quotas, now),
             false => None,
@@ -92,7 +90,7 @@ impl Limiter {
         let mut deadline: Option<Deadline> = None;
         let mut now = Some(now);
         let (units, generation) = loop {
-            let now = now.take().unwrap_or_else(|| leases.now(&self.inner.clock));
+            let now = now.take().unwrap_or_else(|| leases.now(self.clock()));
             match self.step(
                 leases,
                 &lease,
@@ -103,7 +101,7 @@ impl Limiter {
                 &mut waited_for,
             ) {
                 Step::Spent(decision, reservation, prefetch) => {
-                    self.inner.stats.count_decision(&decision, label);
+                    self.counters().count_decision(&decision, label);
                     Counters::add(&leases.counters.spent, cost);
                     if let Some(ask) = prefetch {
                         self.spawn_prefetch(leases, lease.clone(), ask, label);
@@ -155,7 +153,7 @@ impl Limiter {
     /// The end of a wait for another's renewal that starts now: the store's call timeout
     /// ([`WAIT_BOUND`] when it does not say) from now. That renewal should have ended by then.
     fn wait_deadline(&self) -> Deadline {
-        let bound = self.inner.store.call_timeout().unwrap_or(WAIT_BOUND);
+        let bound = self.store().call_timeout().unwrap_or(WAIT_BOUND);
         tokio::runtime::Handle::try_current().ok()?;
         Some((tokio::time::Instant::now().checked_add(bound)?, bound))
     }
@@ -190,7 +188,7 @@ impl Limiter {
     /// for it. `None` when it must wait ([`answer_later`]).
     ///
     /// [`answer_later`]: Limiter::answer_later
-    pub(crate) fn check_leased_now(&self, ask: Ask<'_>) -> Option<Answer> {
+    pub(super) fn check_leased_now(&self, leases: &LeaseTable, ask: Ask<'_>) -> Option<Answer> {
         let Ask {
             storage_key,
             quotas,
@@ -198,12 +196,11 @@ impl Limiter {
             label,
             ..
         } = ask;
-        let leases = self.inner.leases.as_ref()?;
         if !leases.applies(quotas, cost) {
             return None;
         }
         let lease = leases.find(storage_key, quotas)?;
-        let now = leases.now(&self.inner.clock);
+        let now = leases.now(self.clock());
         let sizing = &leases.sizing;
         let (taken, prefetch, expired) = {
             let mut state = lease.state.lock().expect("lease");
@@ -218,7 +215,7 @@ impl Limiter {
         };
         self.release(leases, storage_key, quotas, expired);
         let (decision, reservation) = taken?;
-        self.inner.stats.count_decision(&decision, label);
+        self.counters().count_decision(&decision, label);
         Counters::add(&leases.counters.spent, cost);
         if let Some(ask) = prefetch {
             self.spawn_prefetch(leases, lease, ask, label);
@@ -236,9 +233,7 @@ impl Limiter {
         reservation: Reservation,
     ) -> Answer {
         match ask.reserving {
-            true => answer.taken(Taken::Renewal(
-                leases.renewal(&self.inner.clock, reservation),
-            )),
+            true => answer.taken(Taken::Renewal(leases.renewal(self.clock(), reservation))),
             false => answer,
         }
     }
@@ -294,10 +289,10 @@ impl Limiter {
         cost: u64,
         label: &PolicyLabel,
     ) -> Option<Decision> {
-        let cache = self.inner.deny_cache.as_ref()?;
-        let now = cache.now(self.inner.clock.now_micros());
+        let cache = self.deny_cache()?;
+        let now = cache.now(self.clock().now_micros());
         let decision = cache.lookup(key, quotas, cost, now)?;
-        self.inner.stats.count_cached_denial(label);
+        self.counters().count_cached_denial(label);
         Some(decision)
     }
 
@@ -348,7 +343,7 @@ impl Limiter {
         match claim.answer().await {
             Some(Delivery::Decided(answer, _)) => {
                 if let Verdict::Decided(decision) = &answer.verdict {
-                    self.inner.stats.count_decision(decision, label);
+                    self.counters().count_decision(decision, label);
                 }
                 answer
             }
@@ -376,12 +371,12 @@ impl Limiter {
         label: &PolicyLabel,
         reserving: bool,
     ) -> Option<Delivery> {
-        let leases = self.inner.leases.as_ref()?;
+        let leases = self.delegate::<LeaseTable>()?;
         let (key, quotas) = (&*lease.key, &lease.quotas);
         loop {
-            let sent = leases.now(&self.inner.clock);
-            let started = (self.inner.deny_cache.as_ref())
-                .map(|c| c.start(key, c.now(self.inner.clock.now_micros())));
+            let sent = leases.now(self.clock());
+            let started =
+                (self.deny_cache()).map(|c| c.start(key, c.now(self.clock().now_micros())));
             let result = self.lease_call(leases, key, quotas, ask, label).await;
             let (decision, decided) = match result {
                 Ok(answer) => answer,
@@ -409,7 +404,7 @@ impl Limiter {
                 );
                 let detached = state
                     .detached
-                    .then(|| state.clear(leases.now(&self.inner.clock), leases.sizing.interval));
+                    .then(|| state.clear(leases.now(self.clock()), leases.sizing.interval));
                 state.finish(false);
                 drop(state);
                 lease.renewed.notify_waiters();
@@ -417,7 +412,7 @@ impl Limiter {
                 if let Some(released) = detached {
                     self.release(leases, key, quotas, released);
                 }
-                if let Some(cache) = &self.inner.deny_cache {
+                if let Some(cache) = self.deny_cache() {
                     cache.admitted(key, quotas, ask);
                 }
                 if abandoned {
@@ -427,9 +422,7 @@ impl Limiter {
                 let reservation = Reservation { sent, decided };
                 let answer = Answer::decided(answer);
                 let answer = match reserving {
-                    true => answer.taken(Taken::Renewal(
-                        leases.renewal(&self.inner.clock, reservation),
-                    )),
+                    true => answer.taken(Taken::Renewal(leases.renewal(self.clock(), reservation))),
                     false => answer,
                 };
                 let units = Batch::of(spent, &decision, (sent, decided), &leases.sizing);
@@ -447,7 +440,7 @@ impl Limiter {
                 }
                 let released = decision
                     .suspended
-                    .then(|| state.clear(leases.now(&self.inner.clock), leases.sizing.interval));
+                    .then(|| state.clear(leases.now(self.clock()), leases.sizing.interval));
                 state.finish(false);
                 (released, abandoned)
             };
@@ -455,8 +448,8 @@ impl Limiter {
             if let Some(released) = released {
                 self.release(leases, key, quotas, released);
             }
-            if let (Some(cache), Some(started)) = (&self.inner.deny_cache, started) {
-                let now = cache.now(self.inner.clock.now_micros());
+            if let (Some(cache), Some(started)) = (self.deny_cache(), started) {
+                let now = cache.now(self.clock().now_micros());
                 cache.remember(key, quotas, cost, &decision, now, started);
             }
             if abandoned {
@@ -469,7 +462,8 @@ impl Limiter {
     /// A renewal's answer that its request never read (it went away after the renewal had
     /// spent its units): those units go back to the store, as a lease's do when it ends.
     fn unclaimed(&self, lease: &Lease, delivery: Delivery) {
-        let (Delivery::Decided(_, Some(units)), Some(leases)) = (delivery, &self.inner.leases)
+        let (Delivery::Decided(_, Some(units)), Some(leases)) =
+            (delivery, self.delegate::<LeaseTable>())
         else {
             return;
         };
@@ -477,7 +471,7 @@ impl Limiter {
             .counters
             .spent
             .fetch_sub(units.units, Ordering::Relaxed);
-        let now = leases.now(&self.inner.clock);
+        let now = leases.now(self.clock());
         let released = Released::of(&units, now, leases.sizing.interval);
         self.release(leases, &lease.key, &lease.quotas, released);
     }
@@ -494,7 +488,7 @@ impl Limiter {
         let timer = StoreTimer::start();
         // Asked when the store admits (on its own clock): a give-back of these units sends it.
         let request = self.request(key, quotas, ask);
-        let result = self.inner.store.check_timed(request, None).await;
+        let result = self.store().check_timed(request, None).await;
         timer.stop(label);
         Counters::add(&leases.counters.renewals, 1);
         if let Ok((decision, _)) = &result {
@@ -502,7 +496,7 @@ impl Limiter {
                 Counters::add(&leases.counters.leased, ask);
             }
         } else {
-            self.inner.stats.count_store_error();
+            self.counters().count_store_error();
         }
         result
     }
@@ -531,15 +525,15 @@ impl Limiter {
     /// leaves the lease to run out (the next request then renews and gets the denial); a
     /// suspension ends it at once.
     async fn prefetch(&self, lease: &Lease, mut ask: u64, label: &PolicyLabel) {
-        let Some(leases) = self.inner.leases.as_ref() else {
+        let Some(leases) = self.delegate::<LeaseTable>() else {
             return;
         };
         let (key, quotas) = (&*lease.key, &lease.quotas);
         loop {
-            let sent = leases.now(&self.inner.clock);
+            let sent = leases.now(self.clock());
             let result = self.lease_call(leases, key, quotas, ask, label).await;
             let mut state = lease.state.lock().expect("lease");
-            let now = leases.now(&self.inner.clock);
+            let now = leases.now(self.clock());
             let released = match result {
                 Ok((decision, decided)) if decision.allowed => {
                     state.granted(ask, 0, &decision, (sent, decided), &leases.sizing);
@@ -601,7 +595,7 @@ impl Limiter {
         released: Released,
         returning: Returning,
     ) {
-        let Some(leases) = self.inner.leases.as_ref() else {
+        let Some(leases) = self.delegate::<LeaseTable>() else {
             return;
         };
         let units = released.returnable;
@@ -611,19 +605,19 @@ impl Limiter {
         // The lease table's µs: the client clock's; else the store's time of the admission
         // when it told, or the age on the table's own monotonic clock.
         let sent = released.reserved.unwrap_or(0);
-        let reserved = match (self.inner.clock.now_micros(), released.decided) {
+        let reserved = match (self.clock().now_micros(), released.decided) {
             (Some(_), _) => ReservedAt::Client(sent),
             (None, Some(at)) => ReservedAt::Store(at),
-            (None, None) => ReservedAt::Ago(leases.now(&self.inner.clock).saturating_sub(sent)),
+            (None, None) => ReservedAt::Ago(leases.now(self.clock()).saturating_sub(sent)),
         };
         let request = RefundRequest {
             key,
-            algorithm: self.inner.algorithm,
+            algorithm: self.algorithm(),
             quotas,
             units,
             reserved,
         };
-        match self.inner.store.refund(request).await {
+        match self.store().refund(request).await {
             // No tier took any (a reset since, the window gone, every tier full): stranded.
             Ok(tiers) => returning.end(tiers > 0),
             // Never retried: a give-back landing late could reach a fixed window's next window.
@@ -632,7 +626,7 @@ impl Limiter {
                 returning.end(false);
             }
         }
-        if let Some(cache) = &self.inner.deny_cache {
+        if let Some(cache) = self.deny_cache() {
             // A cached denial may now be too long.
             cache.forget(key);
         }
@@ -644,7 +638,7 @@ impl Limiter {
         if leases.sweeping.swap(true, Ordering::Relaxed) {
             return;
         }
-        let sweeper = Sweeper(Arc::downgrade(&self.inner));
+        let sweeper = Sweeper(self.downgrade());
         let every = leases.config.interval;
         // Without a runtime the sweeper is dropped, and the next request tries again.
         let _ = leases.spawn(sweep(sweeper, every));
@@ -667,10 +661,10 @@ impl Limiter {
     /// # }
     /// ```
     pub async fn release_leases(&self) -> u64 {
-        let Some(leases) = self.inner.leases.as_ref() else {
+        let Some(leases) = self.delegate::<LeaseTable>() else {
             return 0;
         };
-        let now = leases.now(&self.inner.clock);
+        let now = leases.now(self.clock());
         // Every drained unit is accounted for at once (held until its give-back is answered),
         // so a caller that drops this future mid-way strands the rest instead of losing them.
         let drained: Vec<_> = leases
@@ -705,9 +699,7 @@ impl Limiter {
     /// # }
     /// ```
     pub fn lease_stats(&self) -> LeaseStats {
-        self.inner
-            .leases
-            .as_ref()
+        self.delegate::<LeaseTable>()
             .map(LeaseTable::snapshot)
             .unwrap_or_default()
     }
@@ -716,27 +708,23 @@ impl Limiter {
     /// their units back unless `give_back` is false (the control hook; a reset's units were
     /// leased before it and must not come back after it: they are stranded): nothing that
     /// starts after it is admitted from units leased before.
-    pub(crate) fn end_tenant_leases(&self, tenant: &str, give_back: bool) {
-        if let Some(leases) = &self.inner.leases {
-            let now = leases.now(&self.inner.clock);
-            for (key, quotas, released) in leases.remove_tenant(tenant, now) {
-                if give_back {
-                    self.release(leases, &key, &quotas, released);
-                } else {
-                    let units = released.stranded + released.returnable;
-                    Counters::add(&leases.counters.stranded, units);
-                }
+    pub(super) fn end_tenant_leases(&self, leases: &LeaseTable, tenant: &str, give_back: bool) {
+        let now = leases.now(self.clock());
+        for (key, quotas, released) in leases.remove_tenant(tenant, now) {
+            if give_back {
+                self.release(leases, &key, &quotas, released);
+            } else {
+                let units = released.stranded + released.returnable;
+                Counters::add(&leases.counters.stranded, units);
             }
         }
     }
 
     /// Ends `storage_key`'s lease, giving its units back (the forget hook).
-    pub(crate) fn end_lease(&self, storage_key: &str) {
-        if let Some(leases) = &self.inner.leases {
-            let now = leases.now(&self.inner.clock);
-            if let Some((quotas, released)) = leases.remove(storage_key, now) {
-                self.release(leases, storage_key, &quotas, released);
-            }
+    pub(super) fn end_lease(&self, leases: &LeaseTable, storage_key: &str) {
+        let now = leases.now(self.clock());
+        if let Some((quotas, released)) = leases.remove(storage_key, now) {
+            self.release(leases, storage_key, &quotas, released);
         }
     }
 }
@@ -831,12 +819,14 @@ impl Drop for Unfinished {
 
 /// The sweeper's hold on its limiter (weak). Dropped while the limiter lives (its task was
 /// dropped: its runtime shut down, or there was none), it lets the next request start another.
-struct Sweeper(Weak<Inner>);
+struct Sweeper(WeakLimiter);
 
 impl Drop for Sweeper {
     fn drop(&mut self) {
-        if let Some(leases) = self.0.upgrade().as_ref().and_then(|i| i.leases.as_ref()) {
-            leases.sweeping.store(false, Ordering::Relaxed);
+        if let Some(limiter) = self.0.upgrade() {
+            if let Some(leases) = limiter.delegate::<LeaseTable>() {
+                leases.sweeping.store(false, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -847,14 +837,13 @@ async fn sweep(sweeper: Sweeper, every: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(inner) = sweeper.0.upgrade() else {
+        let Some(limiter) = sweeper.0.upgrade() else {
             return;
         };
-        let limiter = Limiter { inner };
-        let Some(leases) = limiter.inner.leases.as_ref() else {
+        let Some(leases) = limiter.delegate::<LeaseTable>() else {
             return;
         };
-        let now = leases.now(&limiter.inner.clock);
+        let now = leases.now(limiter.clock());
         for (key, quotas, released) in leases.sweep(now) {
             limiter.release(leases, &key, &quotas, released);
         }
@@ -871,7 +860,7 @@ pub(super) struct Returning {
 
 impl Returning {
     fn start(limiter: Limiter, units: u64) -> Self {
-        if let Some(leases) = &limiter.inner.leases {
+        if let Some(leases) = limiter.delegate::<LeaseTable>() {
             Counters::add(&leases.counters.returning, units);
         }
         Returning { limiter, units }
@@ -884,7 +873,7 @@ impl Returning {
 
     fn settle(&mut self, returned: bool) {
         let units = std::mem::take(&mut self.units);
-        if let (Some(leases), true) = (&self.limiter.inner.leases, units > 0) {
+        if let (Some(leases), true) = (self.limiter.delegate::<LeaseTable>(), units > 0) {
             let counters = &leases.counters;
             Counters::add(
                 if returned {
@@ -916,13 +905,18 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use crate::clock::{Clock, ManualClock};
-    use crate::core::stats::PolicyLabel;
-    use crate::core::{Ask, Leases};
-    use crate::core::{Limiter, Target};
-    use crate::decision::Decision;
-    use crate::decision::Verdict;
+    use crate::core::{Answer, Ask, Limiter, PolicyLabel, Target};
+    use crate::decision::{Decision, Verdict};
+    use crate::lease::{LeaseTable, Leases};
     use crate::quota::{Quota, Quotas};
     use crate::store::{CheckRequest, MemoryStore, Operation, OperationRequest, Store, StoreError};
+
+    impl Limiter {
+        /// The answer of this limiter's leases at once, as the core asks for it.
+        fn leased_now(&self, ask: Ask<'_>) -> Option<Answer> {
+            self.check_leased_now(self.delegate::<LeaseTable>().expect("leases on"), ask)
+        }
+    }
 
     /// A memory store that counts its checks and peeks (checks of cost 0), can leave its
     /// first check unanswered for good (a store that breaks its own timeout), and can answer
@@ -1115,7 +1109,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let balanced =
-            |s: crate::core::LeaseStats| s.leased == s.spent + s.held + s.returned + s.stranded;
+            |s: crate::lease::LeaseStats| s.leased == s.spent + s.held + s.returned + s.stranded;
         hang.store(true, Ordering::Relaxed);
         let held = limiter.lease_stats().held;
         assert!(
@@ -1162,7 +1156,7 @@ mod tests {
         let label = PolicyLabel::direct();
         assert!(
             limiter
-                .check_leased_now(Ask::new(&key, &quotas, 1, &label))
+                .leased_now(Ask::new(&key, &quotas, 1, &label))
                 .is_none(),
             "no lease yet"
         );
@@ -1172,7 +1166,7 @@ mod tests {
         let held = limiter.lease_stats().held;
         assert!(held > 0);
         let verdict = limiter
-            .check_leased_now(Ask::new(&key, &quotas, 1, &label))
+            .leased_now(Ask::new(&key, &quotas, 1, &label))
             .unwrap()
             .verdict;
         assert!(verdict.is_allowed());
@@ -1182,13 +1176,13 @@ mod tests {
         // Other quotas, a peek, a cost above what is held: the usual check.
         let other = Quotas::from(Quota::per_second(999_999).unwrap());
         assert!(limiter
-            .check_leased_now(Ask::new(&key, &other, 1, &label))
+            .leased_now(Ask::new(&key, &other, 1, &label))
             .is_none());
         assert!(limiter
-            .check_leased_now(Ask::new(&key, &quotas, 0, &label))
+            .leased_now(Ask::new(&key, &quotas, 0, &label))
             .is_none());
         assert!(limiter
-            .check_leased_now(Ask::new(&key, &quotas, u64::MAX, &label))
+            .leased_now(Ask::new(&key, &quotas, u64::MAX, &label))
             .is_none());
     }
 
