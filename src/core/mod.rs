@@ -57,7 +57,7 @@ pub const DEFAULT_PREFIX: &str = "redlimit";
 /// ```
 #[derive(Clone)]
 pub struct Limiter {
-    pub(crate) inner: Arc<Inner>,
+    pub(in crate::core) inner: Arc<Inner>,
 }
 
 /// A [`Limiter`] that does not keep it alive ([`Limiter::downgrade`]).
