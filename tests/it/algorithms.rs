@@ -84,11 +84,14 @@ async fn run(redis: &RedisServer, algorithm: Algorithm, key: &str, steps: &[Step
     }
 }
 
+/// A written-out sequence and the key it runs on.
+type Named = (&'static str, &'static [Step]);
+
 /// The written-out sequences each window algorithm runs on Redis and in memory (see [`run`]),
 /// under a key named after it. Windows are [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...; the
 /// sliding window's include Cloudflare's worked example: 50 a minute, 42 in the previous
 /// window, 18 in this one, 15 s in: 42 * 0.75 + 18 = 49.5 < 50, admitted.
-const NAMED: &[(Algorithm, &[(&str, &[Step])])] = &[
+const NAMED: &[(Algorithm, &[Named])] = &[
     (
         Algorithm::FixedWindow,
         &[
