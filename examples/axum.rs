@@ -20,7 +20,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
@@ -70,12 +69,7 @@ async fn run(options: Options) -> Result<(), String> {
         tokio::spawn(async move { axum::serve(listener, metrics_app).await });
     }
 
-    let listener = tokio::net::TcpListener::bind(options.bind)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", options.bind))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    println!("listening on {local}");
-    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    let listener = server::listen(options.bind).await?;
 
     axum::serve(
         listener,

@@ -27,7 +27,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use common::greeter::GreeterServer;
@@ -48,12 +47,7 @@ async fn main() -> ExitCode {
 async fn run(options: Options) -> Result<(), String> {
     let layer = server::layer(&options).await?;
 
-    let listener = tokio::net::TcpListener::bind(options.bind)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", options.bind))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    println!("listening on {local}");
-    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    let listener = server::listen(options.bind).await?;
 
     tonic::transport::Server::builder()
         // tonic's server puts each connection's TcpConnectInfo into the requests: PeerIp reads it.

@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -129,6 +130,17 @@ impl Program {
             given,
         })
     }
+}
+
+/// Listens on `bind` and says where (`listening on ADDR`, flushed: the tests wait for it).
+pub async fn listen(bind: SocketAddr) -> Result<tokio::net::TcpListener, String> {
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| format!("cannot listen on {bind}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("listening on {local}");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    Ok(listener)
 }
 
 /// The layer the example puts in front of its service: prints `store: ...` and `quota: ...`.

@@ -84,10 +84,52 @@ async fn run(redis: &RedisServer, algorithm: Algorithm, key: &str, steps: &[Step
     }
 }
 
-/// Runs each `(key, sequence)` of `named` on `algorithm` (see [`run`]).
-async fn run_all(redis: &RedisServer, algorithm: Algorithm, named: &[(&str, &[Step])]) {
-    for (key, steps) in named {
-        run(redis, algorithm, key, steps).await;
+/// A written-out sequence and the key it runs on.
+type Named = (&'static str, &'static [Step]);
+
+/// The written-out sequences each window algorithm runs on Redis and in memory (see [`run`]),
+/// under a key named after it. Windows are [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...; the
+/// sliding window's include Cloudflare's worked example: 50 a minute, 42 in the previous
+/// window, 18 in this one, 15 s in: 42 * 0.75 + 18 = 49.5 < 50, admitted.
+const NAMED: &[(Algorithm, &[Named])] = &[
+    (
+        Algorithm::FixedWindow,
+        &[
+            ("windows", sequences::FIXED_WINDOWS),
+            ("burst-below-limit", sequences::FIXED_BURST_BELOW_LIMIT),
+            ("tightened", sequences::FIXED_TIGHTENED),
+            ("clock-stepped-back", sequences::FIXED_CLOCK_STEPPED_BACK),
+        ],
+    ),
+    (
+        Algorithm::SlidingLog,
+        &[
+            ("exact-window", sequences::LOG_EXACT_WINDOW),
+            ("tightened", sequences::LOG_TIGHTENED),
+            ("clock-stepped-back", sequences::LOG_CLOCK_STEPPED_BACK),
+        ],
+    ),
+    (
+        Algorithm::SlidingWindow,
+        &[
+            ("weighted-previous-window", sequences::WINDOW_WEIGHTED),
+            ("retry-to-the-microsecond", sequences::WINDOW_RETRY),
+            ("tightened", sequences::WINDOW_TIGHTENED),
+            ("clock-stepped-back", sequences::WINDOW_CLOCK_STEPPED_BACK),
+            ("cloudflare", sequences::WINDOW_CLOUDFLARE),
+        ],
+    ),
+];
+
+/// Runs `algorithm`'s sequences of [`NAMED`], each on its key (see [`run`]).
+async fn run_named(redis: &RedisServer, algorithm: Algorithm) {
+    for (_, named) in NAMED
+        .iter()
+        .filter(|(named_for, _)| *named_for == algorithm)
+    {
+        for (key, steps) in *named {
+            run(redis, algorithm, key, steps).await;
+        }
     }
 }
 
@@ -149,15 +191,8 @@ async fn gcra_sequences() {
 async fn fixed_window_sequences() {
     let redis = RedisServer::start();
     let algorithm = Algorithm::FixedWindow;
-    // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...; the capacity is the burst, and the
-    // reply shows the limit (checked below).
-    let named: [(&str, &[Step]); 4] = [
-        ("windows", sequences::FIXED_WINDOWS),
-        ("burst-below-limit", sequences::FIXED_BURST_BELOW_LIMIT),
-        ("tightened", sequences::FIXED_TIGHTENED),
-        ("clock-stepped-back", sequences::FIXED_CLOCK_STEPPED_BACK),
-    ];
-    run_all(&redis, algorithm, &named).await;
+    run_named(&redis, algorithm).await;
+    // The capacity is the burst, and the reply shows the limit.
 
     let clock = ManualClock::new(T0);
     let limiter = Ctx::new(algorithm).manual(&clock).redis(&redis);
@@ -169,12 +204,7 @@ async fn fixed_window_sequences() {
 async fn sliding_log_sequences() {
     let redis = RedisServer::start();
     let algorithm = Algorithm::SlidingLog;
-    let named: [(&str, &[Step]); 3] = [
-        ("exact-window", sequences::LOG_EXACT_WINDOW),
-        ("tightened", sequences::LOG_TIGHTENED),
-        ("clock-stepped-back", sequences::LOG_CLOCK_STEPPED_BACK),
-    ];
-    run_all(&redis, algorithm, &named).await;
+    run_named(&redis, algorithm).await;
 
     // Member names "<now>:<n>" start after the units in the window. A period shortened at the
     // same µs drops older units, so the next name is taken ("5 s:3"): ZADD NX tries one more.
@@ -217,17 +247,7 @@ async fn sliding_log_sequences() {
 async fn sliding_window_sequences() {
     let redis = RedisServer::start();
     let algorithm = Algorithm::SlidingWindow;
-    // Windows [T0, T0 + 60 s), [T0 + 60 s, T0 + 120 s)...; Cloudflare's worked example: 50 a
-    // minute, 42 in the previous window, 18 in this one, 15 s in: 42 * 0.75 + 18 = 49.5 < 50,
-    // admitted.
-    let named: [(&str, &[Step]); 5] = [
-        ("weighted-previous-window", sequences::WINDOW_WEIGHTED),
-        ("retry-to-the-microsecond", sequences::WINDOW_RETRY),
-        ("tightened", sequences::WINDOW_TIGHTENED),
-        ("clock-stepped-back", sequences::WINDOW_CLOCK_STEPPED_BACK),
-        ("cloudflare", sequences::WINDOW_CLOUDFLARE),
-    ];
-    run_all(&redis, algorithm, &named).await;
+    run_named(&redis, algorithm).await;
     // A client at exactly the rate, on the windows' first µs: never denied.
     let q10 = per(10, 60);
     let clock = ManualClock::new(T0);
@@ -432,6 +452,14 @@ fn script_source() -> &'static str {
     redlimit::test_hooks::script_source()
 }
 
+/// A Redis of its own, a connection to it, the script as the crate sends it, and `T0` in µs:
+/// what a test that calls the script by hand starts with.
+fn by_hand() -> (RedisServer, redis::Connection, &'static str, f64) {
+    let redis = RedisServer::start();
+    let conn = redis.conn();
+    (redis, conn, script_source(), T0.as_micros() as f64)
+}
+
 /// The byte naming `algorithm` in the script's arguments, as the crate sends it.
 fn tag(algorithm: Algorithm) -> u8 {
     redlimit::algorithm::script_tag(algorithm)
@@ -442,10 +470,7 @@ fn tag(algorithm: Algorithm) -> u8 {
 /// reach 2^53, reply the packed string.
 #[test]
 fn one_quota_admission_replies_one_integer() {
-    let redis = RedisServer::start();
-    let mut conn = redis.conn();
-    let source = script_source();
-    let now = T0.as_micros() as f64;
+    let (_redis, mut conn, source, now) = by_hand();
     let call = |conn: &mut redis::Connection, key: &str, tier: (f64, f64, f64)| {
         let args = support::script_args(now, 1.0, tag(Algorithm::TokenBucket), &[tier]);
         support::eval_on_key::<redis::Value>(conn, source, key, args)
@@ -482,10 +507,7 @@ fn one_quota_admission_replies_one_integer() {
 /// states live in one string. Token bucket, tier 1: 10 a minute; tier 2: 2 a minute.
 #[test]
 fn several_tiers_are_all_or_none() {
-    let redis = RedisServer::start();
-    let mut conn = redis.conn();
-    let source = script_source();
-    let now = T0.as_micros() as f64;
+    let (_redis, mut conn, source, now) = by_hand();
     let pack =
         |cost: f64, alg: u8, tiers: &[(f64, f64, f64)]| support::script_args(now, cost, alg, tiers);
     // The reply: flags (1 allowed, 2 suspended), the binding tier's position (from 1), then
@@ -598,10 +620,7 @@ fn several_tiers_are_all_or_none() {
 /// deleting its set, and must still give exactly 10 more).
 #[test]
 fn the_split_form_decides_as_the_normal_one() {
-    let redis = RedisServer::start();
-    let mut conn = redis.conn();
-    let source = script_source();
-    let t0 = T0.as_micros() as f64;
+    let (_redis, mut conn, source, t0) = by_hand();
     let quota = (10.0, 60e6, 10.0);
     let override_three = {
         let mut s = vec![b'M'];

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
-use redlimit::store::{CheckRequest, Operation, OperationRequest, RedisStore, Store, StoreError};
+use redlimit::store::{CheckRequest, Operation, RedisStore, Store, StoreError};
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas};
 
+use crate::support::stores::{kind, DecideOnly};
 use crate::support::{self, redis_store, RedisServer};
 
 /// Routes each key to one of two stores by its first letter (`a`… to the first), and counts
@@ -44,14 +45,7 @@ impl Store for Routed {
 
     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
         let request = operation.request();
-        self.count(match request {
-            OperationRequest::Control(_) => "control",
-            OperationRequest::Refund(_) => "refund",
-            OperationRequest::Slots(_) => "slots",
-            OperationRequest::Blocking(..) => "blocking",
-            OperationRequest::Timed(_) => "timed",
-            _ => "other",
-        });
+        self.count(kind(&request));
         let store = self.store_of(request.key());
         store.run(operation)
     }
@@ -137,19 +131,6 @@ async fn a_store_written_outside_the_crate_runs_every_operation_by_forwarding_it
 /// `StoreError::Unsupported` rather than ignoring them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_runs_no_operation_decides_and_refuses_the_controls() {
-    /// Decides through Redis; runs nothing else (the trait's default `run`).
-    #[derive(Debug)]
-    struct DecideOnly(RedisStore);
-
-    impl Store for DecideOnly {
-        fn check<'a>(
-            &'a self,
-            request: CheckRequest<'a>,
-        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-            self.0.check(request)
-        }
-    }
-
     let redis = RedisServer::start();
     let limiter = Limiter::new(DecideOnly(redis_store(&redis)));
     let quota = Quota::per_minute(1).unwrap();

@@ -4,6 +4,7 @@
 //! limiter without it over random schedules, for every algorithm).
 
 use crate::support;
+use crate::support::stores::refused;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -433,9 +434,7 @@ impl<S: Store> Store for Shared<S> {
     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
         match operation.request() {
             OperationRequest::Control(_) => self.0.inner.run(operation),
-            _ => Box::pin(std::future::ready(Err(StoreError::Unsupported(
-                "controls only",
-            )))),
+            _ => refused("controls only"),
         }
     }
 }
@@ -468,13 +467,7 @@ async fn race_a_control(ctx: &Ctx, store: &str, inner: impl Store) -> Vec<String
     let limiter = ctx.clone().manual(&clock).limiter(Shared(gated.clone()));
     let keys: Vec<String> = (0..KEYS).map(|i| format!("{store}-race-{i}")).collect();
     for key in &keys {
-        assert!(
-            limiter
-                .try_check_quotas(key.as_str(), &quota, 1)
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(support::admits_quotas(&limiter, key.as_str(), &quota).await);
     }
     gated.armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let in_flight: Vec<_> = keys

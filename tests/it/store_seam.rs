@@ -8,254 +8,23 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use redlimit::clock::{Clock, ManualClock};
 use redlimit::concurrency::{ConcurrencyLimiter, SlotOutcome};
 use redlimit::limiter::{BlockFor, ControlError, KeyStatus, LeaseStats, Leases};
 use redlimit::store::{
-    Block, CheckRequest, Control, ControlRequest, MemoryStore, Operation, OperationRequest,
-    RedisStore, RefundRequest, ReservedAt, SlotOp, SlotRequest, Store, StoreError, StoreExt,
+    Block, CheckRequest, Control, ControlRequest, MemoryStore, RefundRequest, ReservedAt, SlotOp,
+    SlotRequest, Store, StoreError, StoreExt,
 };
 use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, Verdict};
 
+use crate::support::stores::{
+    BoxedStore, DecideOnly, Delayed, Faithful, Forward, Liar, Mixed, Partial, Shared, EVERY_KIND,
+};
 use crate::support::{self, redis_store, Ctx, RedisServer};
-
-// ---------------------------------------------------------------------------------------------
-// Stores a user writes.
-
-/// Forwards `check` and `run` to the store it wraps, and nothing else, as the `Store` docs'
-/// example does (`decide_now` and `call_timeout` are the trait's defaults).
-#[derive(Debug)]
-struct Forward<S>(S);
-
-impl<S: Store> Store for Forward<S> {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.run(operation)
-    }
-}
-
-/// Forwards all four methods of the trait.
-#[derive(Debug)]
-struct Faithful<S>(S);
-
-impl<S: Store> Store for Faithful<S> {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
-        self.0.decide_now(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.run(operation)
-    }
-
-    fn call_timeout(&self) -> Option<Duration> {
-        self.0.call_timeout()
-    }
-}
-
-/// Holds its store behind an `Arc` it shares.
-#[derive(Debug)]
-struct Shared(Arc<RedisStore>);
-
-impl Store for Shared {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.run(operation)
-    }
-}
-
-/// Waits (a millisecond, as for a permit or a log write) before it forwards each call, holding
-/// the operation across the wait.
-#[derive(Debug)]
-struct Delayed<S>(S);
-
-impl<S: Store> Store for Delayed<S> {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            self.0.check(request).await
-        })
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            assert!(!operation.request().key().is_empty());
-            self.0.run(operation).await
-        })
-    }
-}
-
-/// Decides on Redis, and runs every operation on a memory store.
-#[derive(Debug)]
-struct Mixed {
-    decide: RedisStore,
-    operations: MemoryStore,
-}
-
-impl Store for Mixed {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.decide.check(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.operations.run(operation)
-    }
-}
-
-/// Decides on Redis, and answers `Ok(())` to every operation without running it.
-#[derive(Debug)]
-struct Liar(RedisStore);
-
-impl Store for Liar {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        let _ = operation;
-        Box::pin(std::future::ready(Ok(())))
-    }
-}
-
-/// Decides on Redis and runs nothing else (the trait's default `run`).
-#[derive(Debug)]
-struct DecideOnly(RedisStore);
-
-impl Store for DecideOnly {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-}
-
-/// A boxed store, as a store: what a user holding `Box<dyn Store>` writes.
-#[derive(Debug)]
-struct BoxedStore(Box<dyn Store>);
-
-impl Store for BoxedStore {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
-        self.0.decide_now(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.run(operation)
-    }
-
-    fn call_timeout(&self) -> Option<Duration> {
-        self.0.call_timeout()
-    }
-}
-
-/// The kind of an operation, as a wrapper names it.
-fn kind(request: &OperationRequest<'_>) -> &'static str {
-    match request {
-        OperationRequest::Control(_) => "control",
-        OperationRequest::Refund(_) => "refund",
-        OperationRequest::Slots(_) => "slots",
-        OperationRequest::Blocking(..) => "blocking",
-        OperationRequest::Timed(_) => "timed",
-        _ => "other",
-    }
-}
-
-/// Forwards the kinds of operation it is given and refuses the others with
-/// `StoreError::Unsupported`; notes each operation it sees (a refund with its `ReservedAt`'s
-/// variant).
-#[derive(Debug)]
-struct Partial<S> {
-    inner: S,
-    forwards: &'static [&'static str],
-    seen: Arc<Mutex<Vec<String>>>,
-}
-
-impl<S> Partial<S> {
-    fn new(inner: S, forwards: &'static [&'static str]) -> Self {
-        Partial {
-            inner,
-            forwards,
-            seen: Arc::default(),
-        }
-    }
-
-    fn seen(&self) -> Arc<Mutex<Vec<String>>> {
-        self.seen.clone()
-    }
-}
-
-impl<S: Store> Store for Partial<S> {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.inner.check(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        let request = operation.request();
-        let kind = kind(&request);
-        let note = match request {
-            OperationRequest::Refund(refund) => match refund.reserved {
-                ReservedAt::Client(_) => "refund Client".to_owned(),
-                ReservedAt::Store(_) => "refund Store".to_owned(),
-                ReservedAt::Ago(_) => "refund Ago".to_owned(),
-            },
-            _ => kind.to_owned(),
-        };
-        self.seen.lock().unwrap().push(note);
-        if self.forwards.contains(&kind) {
-            self.inner.run(operation)
-        } else {
-            Box::pin(std::future::ready(Err(StoreError::Unsupported(
-                "not forwarded",
-            ))))
-        }
-    }
-}
-
-/// Every kind of operation.
-const EVERY_KIND: &[&str] = &["control", "refund", "slots", "blocking", "timed"];
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
@@ -270,6 +39,14 @@ fn on(store: impl Store, algorithm: Algorithm, clock: &ManualClock) -> Limiter {
     Limiter::builder(store)
         .algorithm(algorithm)
         .clock(Clock::Manual(clock.clone()))
+        .build()
+        .unwrap()
+}
+
+/// A limiter on `store` with leases of 50 ms.
+fn with_leases(store: impl Store) -> Limiter {
+    Limiter::builder(store)
+        .leases(Leases::new(Duration::from_millis(50)))
         .build()
         .unwrap()
 }
@@ -948,10 +725,7 @@ async fn on_redis_time_a_forwarding_wrapper_dates_refunds_by_the_time_redis_admi
             .await
             .unwrap();
         assert_eq!(remaining(&limiter, &key, &quotas).await, 1_000);
-        let leasing = Limiter::builder(Partial::new(redis_store(&redis), forwards))
-            .leases(Leases::new(Duration::from_millis(50)))
-            .build()
-            .unwrap();
+        let leasing = with_leases(Partial::new(redis_store(&redis), forwards));
         for _ in 0..50 {
             assert!(leasing.check_quotas("hot", &quotas, 1).await.is_allowed());
         }
@@ -971,10 +745,7 @@ async fn on_redis_time_a_forwarding_wrapper_dates_refunds_by_the_time_redis_admi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_on_a_store_without_operations_strand_what_they_cannot_give_back() {
     let redis = RedisServer::start();
-    let limiter = Limiter::builder(DecideOnly(redis_store(&redis)))
-        .leases(Leases::new(Duration::from_millis(50)))
-        .build()
-        .unwrap();
+    let limiter = with_leases(DecideOnly(redis_store(&redis)));
     let quotas = Quotas::from(Quota::per_hour(1_000).unwrap());
     for _ in 0..200 {
         assert!(limiter.check_quotas("hot", &quotas, 1).await.is_allowed());
@@ -1069,13 +840,7 @@ async fn operations_dropped_at_any_point_through_a_wrapper_take_once_or_not_at_a
         poll_then_drop(suspend, polls, gap).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         limiter.resume(key.as_str()).await.unwrap();
-        assert!(
-            limiter
-                .try_check_quotas(key.as_str(), &quotas, 1)
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(support::admits_quotas(&limiter, key.as_str(), &quotas).await);
     }
     let slots = ConcurrencyLimiter::new(limiter.clone(), 2).unwrap();
     for i in 0..24u32 {
@@ -1151,10 +916,7 @@ async fn a_parked_operation_holds_up_no_other_caller() {
 async fn a_request_parked_in_its_lease_renewal_holds_up_no_later_request_on_its_key() {
     let redis = RedisServer::start();
     let timeout = Duration::from_millis(300);
-    let limiter = Limiter::builder(Ctx::default().timeout(timeout).redis_store(&redis))
-        .leases(Leases::new(Duration::from_millis(50)))
-        .build()
-        .unwrap();
+    let limiter = with_leases(Ctx::default().timeout(timeout).redis_store(&redis));
     let quota = Quota::per_hour(1_000).unwrap();
     let mut parked = Box::pin(limiter.check("hot", &quota));
     assert!(poll_once(parked.as_mut()).await.is_pending());
@@ -1179,10 +941,7 @@ async fn a_request_parked_in_its_lease_renewal_holds_up_no_later_request_on_its_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_parked_in_its_lease_renewal_through_a_wrapper_hangs_no_later_request() {
     let redis = RedisServer::start();
-    let limiter = Limiter::builder(Forward(redis_store(&redis)))
-        .leases(Leases::new(Duration::from_millis(50)))
-        .build()
-        .unwrap();
+    let limiter = with_leases(Forward(redis_store(&redis)));
     let quota = Quota::per_hour(1_000).unwrap();
     let mut parked = Box::pin(limiter.check("hot", &quota));
     assert!(poll_once(parked.as_mut()).await.is_pending());
@@ -1210,6 +969,21 @@ enum Call {
 /// Runs `call` on `store` and says what it answered.
 async fn answer<S: Store>(store: &S, call: &Call) -> String {
     let algorithm = Algorithm::TokenBucket;
+    fn check_request<'a>(
+        key: &'a str,
+        quotas: &'a Quotas,
+        cost: u64,
+        now_micros: Option<u64>,
+    ) -> CheckRequest<'a> {
+        let algorithm = Algorithm::TokenBucket;
+        CheckRequest {
+            key,
+            algorithm,
+            quotas,
+            cost,
+            now_micros,
+        }
+    }
     fn short<T: Debug>(result: Result<T, StoreError>) -> String {
         match result {
             Ok(value) => {
@@ -1260,13 +1034,7 @@ async fn answer<S: Store>(store: &S, call: &Call) -> String {
             )
         }
         Call::Blocking(key, quotas, cost, block, now) => {
-            let request = CheckRequest {
-                key,
-                algorithm,
-                quotas,
-                cost: *cost,
-                now_micros: *now,
-            };
+            let request = check_request(key, quotas, *cost, *now);
             short(
                 store
                     .check_blocking(request, *block)
@@ -1275,13 +1043,7 @@ async fn answer<S: Store>(store: &S, call: &Call) -> String {
             )
         }
         Call::Timed(key, quotas, cost, now) => {
-            let request = CheckRequest {
-                key,
-                algorithm,
-                quotas,
-                cost: *cost,
-                now_micros: *now,
-            };
+            let request = check_request(key, quotas, *cost, *now);
             short(
                 store
                     .check_timed(request, None)

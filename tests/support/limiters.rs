@@ -18,7 +18,7 @@ use redlimit::limiter::LimiterBuilder;
 use redlimit::store::{CircuitBreaker, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 use redlimit::{
     clock::{Clock, ManualClock},
-    Algorithm, Decision, Limiter, Quota, Target,
+    Algorithm, Decision, Limiter, Quota, Quotas, Target,
 };
 
 use super::{RedisCluster, RedisServer};
@@ -279,6 +279,17 @@ pub async fn decision<'a>(
 /// Whether `limiter` admits one request of `target` under `quota` ([`decision`]).
 pub async fn admits<'a>(limiter: &Limiter, target: impl Into<Target<'a>>, quota: &Quota) -> bool {
     decision(limiter, target, quota).await.allowed
+}
+
+/// Whether `limiter` admits one request on `target` under every tier of `quotas` (the store
+/// must decide).
+pub async fn admits_quotas<'a>(
+    limiter: &Limiter,
+    target: impl Into<Target<'a>>,
+    quotas: &Quotas,
+) -> bool {
+    let decision = limiter.try_check_quotas(target, quotas, 1).await;
+    decision.expect("the store decides").allowed
 }
 
 /// How long `target` stays suspended, as `limiter` reads it (`None`: not suspended).

@@ -22,11 +22,12 @@ pub mod logs;
 pub mod sentinel;
 mod server;
 pub mod service;
+pub mod stores;
 mod tls;
 
 pub use cluster::{key_slot, RedisCluster};
 pub use limiters::{
-    admits, answers_within_10s, breaker_opening_after, cluster_limiter, decision,
+    admits, admits_quotas, answers_within_10s, breaker_opening_after, cluster_limiter, decision,
     denied_by_a_block, memory_limiter, quota_with_burst, redis_error_on_verify, redis_limiter,
     redis_store, store_limited_to, suspended_for, Ctx, Denials, Fixture, PATIENT_TIMEOUT,
 };

@@ -8,7 +8,7 @@ use super::StoreOp;
 use crate::store::contract::OperationRequest;
 
 use crate::algorithm::{is_one_state, ms_up, state_len_of, Algorithm};
-use crate::quota::MAX_TIERS;
+use crate::quota::{Quota, MAX_TIERS};
 use crate::store::contract::{Control, ControlReply, ControlRequest, StoreError};
 use crate::store::memory::shard::{expiry, KeyState, Stored};
 use crate::store::memory::{call_time, positive, MemoryStore};
@@ -128,21 +128,24 @@ fn control_args(op: Op<'_>, algorithm: u8, now_micros: Option<u64>) -> Vec<u8> {
         bytes.extend_from_slice(&exact(micros).to_le_bytes());
     }
     match op {
-        Op::SetQuota(quotas) | Op::Learn(quotas, _) => {
-            bytes.push(quotas.len() as u8);
-            let at = bytes.len();
-            bytes.resize(at + 24 * quotas.len(), 0);
-            let mut at = at;
-            for quota in quotas {
-                at = put_quota(&mut bytes, at, quota);
-            }
-        }
+        Op::SetQuota(quotas) | Op::Learn(quotas, _) => push_quotas(&mut bytes, quotas),
         Op::Suspend(micros) | Op::Extend(micros) => {
             bytes.extend_from_slice(&exact(micros).to_le_bytes())
         }
         _ => {}
     }
     bytes
+}
+
+/// Appends a list of quotas as the control script reads one: their count, then each quota's
+/// 24 bytes ([`put_quota`]).
+fn push_quotas(bytes: &mut Vec<u8>, quotas: &[Quota]) {
+    bytes.push(quotas.len() as u8);
+    let mut at = bytes.len();
+    bytes.resize(at + 24 * quotas.len(), 0);
+    for quota in quotas {
+        at = put_quota(bytes, at, quota);
+    }
 }
 
 /// The name of the algorithm whose state a route's string holds, when it is not `algorithm`'s
@@ -231,13 +234,7 @@ pub(crate) fn learning<'a>(
             }
             let mut new = vec![CONTROLS];
             new.extend_from_slice(&(now + micros as f64).to_le_bytes());
-            new.push(quotas.len() as u8);
-            let at = new.len();
-            new.resize(at + 24 * quotas.len(), 0);
-            let mut at = at;
-            for quota in quotas {
-                at = put_quota(&mut new, at, quota);
-            }
+            push_quotas(&mut new, quotas);
             let ttl = (ms_up(micros as f64) as u64).max(OVERRIDE_IDLE_MS);
             (Op::SetQuota(quotas), RecordWrite::Put(new, ttl))
         }
@@ -283,12 +280,8 @@ pub(crate) fn control(
         // Learning's controls reach here as what `learning` made of them.
         Op::Inspect | Op::Learn(..) | Op::Unlearn => return None,
         Op::SetQuota(quotas) => {
-            override_bytes = vec![quotas.len() as u8];
-            override_bytes.resize(1 + 24 * quotas.len(), 0);
-            let mut at = 1;
-            for quota in quotas {
-                at = put_quota(&mut override_bytes, at, quota);
-            }
+            override_bytes = Vec::with_capacity(1 + 24 * quotas.len());
+            push_quotas(&mut override_bytes, quotas);
         }
         Op::ClearQuota => override_bytes = vec![0],
         Op::Suspend(micros) => until_us = now + micros as f64,

@@ -13,9 +13,9 @@ use redlimit::Algorithm;
 
 use super::sender::main_runtime;
 use super::{
-    all_decided_within, batched_and_unbatched, consumed, decide, decided_within, generous, keys,
-    lone_and_fast, new_store, on_shared, request, runtime_and_store, shared_quota, show, text,
-    timed, together, warm_store,
+    all_decided_within, assert_later_decisions_go_alone, batched_and_unbatched, consumed, decide,
+    decided_within, generous, keys, new_store, on_shared, request, runtime_and_store, shared_quota,
+    show, text, timed_owned, together, together_owned, warm_store,
 };
 use crate::support::{self, RedisServer};
 
@@ -89,12 +89,7 @@ async fn decisions_dropped_at_every_await_consume_only_what_was_sent_and_leave_n
             after - before
         );
     }
-    let (calls, batches, answers) = lone_and_fast(&redis, &store, "after-drops").await;
-    assert!(
-        calls == 3 && batches == 0 && all_decided_within(&answers, Duration::from_millis(200)),
-        "later decisions: {calls} script calls, {batches} batch calls: {}",
-        show(&answers)
-    );
+    assert_later_decisions_go_alone(&redis, &store, "after-drops", "after the drops").await;
 }
 
 /// A queued decision polled once and then parked (never polled, never dropped) while its batch
@@ -141,17 +136,12 @@ async fn a_parked_queued_decision_holds_up_nothing_and_is_decided_once() {
         "{}",
         show(&others)
     );
-    let (calls, batches, later) = lone_and_fast(&redis, &store, "after-parked").await;
+    let beside = "beside a parked queued future";
+    assert_later_decisions_go_alone(&redis, &store, "after-parked", beside).await;
     // lead, first, second, parked: 4 consumed, whatever became of the parked future.
     let after = consumed(&store, key).await;
     drop(parked);
     assert_eq!(after - before, 4, "consumed");
-    assert!(
-        calls == 3 && batches == 0 && all_decided_within(&later, Duration::from_millis(200)),
-        "later decisions beside a parked queued future: {calls} script calls, {batches} batch \
-         calls: {}",
-        show(&later)
-    );
 }
 
 /// Guards against (documented only for the connection's driver, not for the sender): a task that polls
@@ -172,10 +162,7 @@ fn a_queued_decisions_first_poll_then_synchronous_work_holds_up_no_other_queued_
         let sleeping = redis.debug_sleep(Duration::from_millis(150));
         tokio::time::sleep(Duration::from_millis(20)).await;
         // The lone leader, behind the sleep, on a task of its own.
-        let lead = tokio::spawn({
-            let store = store.clone();
-            async move { timed(&store, "redlimit:{busy-lead}").await }
-        });
+        let lead = tokio::spawn(timed_owned(&store, "redlimit:{busy-lead}"));
         tokio::time::sleep(Duration::from_millis(20)).await;
         // A task polls its decision once (queued: it spawns the group's sender), then works.
         let busy = tokio::spawn({
@@ -190,12 +177,9 @@ fn a_queued_decisions_first_poll_then_synchronous_work_holds_up_no_other_queued_
             }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let queued = tokio::spawn({
-            let store = store.clone();
-            async move { together(&store, "behind-busy-poll", 6).await }
-        })
-        .await
-        .unwrap();
+        let queued = tokio::spawn(together_owned(&store, "behind-busy-poll", 6))
+            .await
+            .unwrap();
         let _ = lead.await;
         let busy = busy.await.unwrap();
         sleeping.join().unwrap();

@@ -14,9 +14,10 @@ use redlimit::store::{
 use redlimit::{Algorithm, Quota, Quotas};
 
 use super::{
-    admits, all_decided_within, batched_and_unbatched, behind_a_sleep, consumed, decided_within,
-    generous, keys, lone_and_fast, new_store, none_past, on_shared, request, requests,
-    shared_quota, show, text, timed, together, warm_store, SLACK,
+    admits, all_decided_within, assert_later_decisions_go_alone, batched_and_unbatched,
+    behind_a_sleep, consumed, decided_within, generous, keys, lone_and_fast, new_store, none_past,
+    on_shared, request, requests, shared_quota, show, text, timed, timed_owned, together_owned,
+    warm_store, SLACK,
 };
 use crate::support::{self, RedisServer};
 
@@ -78,12 +79,8 @@ async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_o
         "consumed {used} for 201 decisions of which {timed_out} timed out"
     );
     eprintln!("consumed {used} for 201 decisions of which {timed_out} timed out; worst {worst:?}");
-    let (calls, batches, later) = lone_and_fast(&redis, &store, "after-sleep").await;
-    assert!(
-        calls == 3 && batches == 0 && all_decided_within(&later, Duration::from_millis(200)),
-        "consumed {used}; later: {calls} calls, {batches} batches: {}",
-        show(&later)
-    );
+    let after = format!("after a sleep that consumed {used}");
+    assert_later_decisions_go_alone(&redis, &store, "after-sleep", &after).await;
 }
 
 /// Redis killed (SIGKILL) with a leader and a queue in flight, then started again: every decision
@@ -96,15 +93,9 @@ async fn redis_killed_mid_batch_answers_each_within_its_timeout_and_the_store_re
     let store = warm_store(&redis, timeout, DEFAULT_MAX_BATCH).await;
     let _sleeping = redis.debug_sleep(Duration::from_millis(2_000));
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let lead = tokio::spawn({
-        let store = store.clone();
-        async move { timed(&store, "redlimit:{killed-lead}").await }
-    });
+    let lead = tokio::spawn(timed_owned(&store, "redlimit:{killed-lead}"));
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let queued = tokio::spawn({
-        let store = store.clone();
-        async move { together(&store, "killed-queued", 100).await }
-    });
+    let queued = tokio::spawn(together_owned(&store, "killed-queued", 100));
     tokio::time::sleep(Duration::from_millis(50)).await;
     redis.stop();
     let mut answers = vec![lead.await.unwrap()];

@@ -170,6 +170,25 @@ async fn timed(store: &RedisStore, key: &str) -> Answer {
     (answer, started.elapsed())
 }
 
+/// [`timed`] on a clone of `store`: a future that owns what it needs, to spawn.
+fn timed_owned(
+    store: &RedisStore,
+    key: &'static str,
+) -> impl Future<Output = Answer> + Send + 'static {
+    let store = store.clone();
+    async move { timed(&store, key).await }
+}
+
+/// [`together`] on a clone of `store`: a future that owns what it needs, to spawn.
+fn together_owned(
+    store: &RedisStore,
+    prefix: &'static str,
+    count: usize,
+) -> impl Future<Output = Vec<Answer>> + Send + 'static {
+    let store = store.clone();
+    async move { together(&store, prefix, count).await }
+}
+
 /// A helper thread, as a health check or a second service on a runtime of its own may be: its
 /// current-thread runtime runs `calls` on a clone of `store` and sends back their answer, then
 /// idles undriven until released (a send on the returned sender, or its drop), and is dropped.
@@ -288,6 +307,22 @@ async fn lone_and_fast(
     let answers = together(store, prefix, 3).await;
     let (calls, batches) = script_calls(redis);
     (calls, batches, answers)
+}
+
+/// Asserts what [`lone_and_fast`] looks for, each of the three decided within 200 ms: the
+/// group holds nothing of what came before (`after`, for the message).
+async fn assert_later_decisions_go_alone(
+    redis: &RedisServer,
+    store: &RedisStore,
+    prefix: &str,
+    after: &str,
+) {
+    let (calls, batches, later) = lone_and_fast(redis, store, prefix).await;
+    assert!(
+        calls == 3 && batches == 0 && all_decided_within(&later, Duration::from_millis(200)),
+        "later decisions, {after}: {calls} script calls, {batches} batch calls: {}",
+        show(&later)
+    );
 }
 
 /// `count` keys of their own, `redlimit:{<prefix>-<i>}`.

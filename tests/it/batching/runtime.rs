@@ -13,7 +13,7 @@ use super::sender::main_runtime;
 use super::{
     all_decided_within, batched_and_unbatched, consumed, decided_within, generous, helper_runtime,
     keys, new_store, none_past, on_shared, request, runtime_and_store, script_calls, shared_quota,
-    show, store_without_breaker, timed, together, Answer, SLACK,
+    show, store_without_breaker, timed, timed_owned, together, together_owned, Answer, SLACK,
 };
 use crate::support::{self, RedisCluster, RedisServer};
 
@@ -207,15 +207,9 @@ fn queued_decisions_never_sent_are_sent_alone_when_the_stores_runtime_shuts_down
     let main = main_runtime();
     redis.reset_stats();
     // `own` is no longer driven: the connection's driver and any sender on it wait.
-    let lead = main.spawn({
-        let store = store.clone();
-        async move { timed(&store, "redlimit:{lead}").await }
-    });
+    let lead = main.spawn(timed_owned(&store, "redlimit:{lead}"));
     std::thread::sleep(Duration::from_millis(30));
-    let queued = main.spawn({
-        let store = store.clone();
-        async move { together(&store, "queued", 3).await }
-    });
+    let queued = main.spawn(together_owned(&store, "queued", 3));
     std::thread::sleep(Duration::from_millis(50));
     let (calls_before, _) = script_calls(&redis);
     drop(own);

@@ -13,7 +13,7 @@ use redlimit::store::{RedisStore, StoreError, DEFAULT_MAX_BATCH};
 use redlimit::Decision;
 use support::RedisServer;
 
-use super::{decide, helper_runtime, runtime_and_store, together};
+use super::{decide, helper_runtime, runtime_and_store, together, together_owned};
 
 /// The main runtime of these tests: a multi-thread one, as an application's.
 pub(crate) fn main_runtime() -> tokio::runtime::Runtime {
@@ -123,10 +123,7 @@ fn another_runtimes_shutdown_fails_no_queued_decision() {
     }
     std::thread::sleep(Duration::from_millis(30));
     let queued = main.block_on(async {
-        let queue = tokio::spawn({
-            let store = store.clone();
-            async move { together(&store, "behind-other", 3).await }
-        });
+        let queue = tokio::spawn(together_owned(&store, "behind-other", 3));
         tokio::time::sleep(Duration::from_millis(50)).await;
         // The other runtime goes away with its call still in flight behind the sleep.
         other.shutdown_background();

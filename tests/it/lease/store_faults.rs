@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlimit::limiter::Leases;
-use redlimit::store::Store;
 use redlimit::{Algorithm, Limiter, Quota, Quotas, Verdict};
 
 use super::settle::{late_refund_in_the_next_window, store_left, target};
 use super::{consumed, leasing, leasing_and_observer, leasing_with, settled, CAPACITY};
+use crate::support::stores::Partial;
 use crate::support::{Ctx, RedisServer};
 
 /// Which 1 s window the machine's clock (the one a local Redis's `TIME` reads) is in.
@@ -144,38 +144,13 @@ async fn a_lease_answered_refund_that_times_out_and_runs_late_never_reaches_the_
             refunds by age, which Redis counts back from when it runs them: run late, one lands \
             in W+1"]
 async fn a_lease_answered_refund_through_a_wrapping_store_run_late_never_reaches_the_next_window() {
-    use futures::future::BoxFuture;
-    use redlimit::store::{CheckRequest, Operation, OperationRequest, RedisStore, StoreError};
-    use redlimit::Decision;
-
-    /// Counts nothing; forwards the checks and refunds, as a metrics wrapper does.
-    #[derive(Debug)]
-    struct Wrapped(RedisStore);
-
-    impl Store for Wrapped {
-        fn check<'a>(
-            &'a self,
-            request: CheckRequest<'a>,
-        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-            self.0.check(request)
-        }
-
-        /// The refunds alone.
-        fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-            match operation.request() {
-                OperationRequest::Refund(_) => self.0.run(operation),
-                _ => Box::pin(std::future::ready(Err(StoreError::Unsupported(
-                    "refunds only",
-                )))),
-            }
-        }
-    }
-
     let redis = RedisServer::start();
     let quota = Quota::per_second(CAPACITY).unwrap();
     let quotas = Quotas::from(quota);
     let ctx = Ctx::new(Algorithm::FixedWindow).timeout(Duration::from_secs(5));
-    let limiter = leasing(Wrapped(ctx.redis_store(&redis)), Algorithm::FixedWindow);
+    // Forwards the checks and the refunds alone, as a metrics wrapper may.
+    let wrapped = Partial::new(ctx.redis_store(&redis), &["refund"]);
+    let limiter = leasing(wrapped, Algorithm::FixedWindow);
     let other = ctx.redis(&redis);
     let next = late_refund_in_the_next_window(&redis, &limiter, quota)
         .await

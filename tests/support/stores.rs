@@ -1,0 +1,247 @@
+//! Stores a user writes around the crate's: wrappers that forward `Store::run` (one level,
+//! two, through an `Arc` or a `Box`, to a memory store while deciding on Redis, only some kinds
+//! of operation), one that claims to have run an operation it never ran, one that runs none.
+//! Written as outside the crate, against its public `Store` trait.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redlimit::store::{
+    CheckRequest, MemoryStore, Operation, OperationRequest, RedisStore, ReservedAt, Store,
+    StoreError,
+};
+use redlimit::Decision;
+
+/// What a store answers to an operation it does not run: `StoreError::Unsupported(why)`.
+pub fn refused<'a>(why: &'static str) -> BoxFuture<'a, Result<(), StoreError>> {
+    Box::pin(std::future::ready(Err(StoreError::Unsupported(why))))
+}
+
+/// Forwards `check` and `run` to the store it wraps, and nothing else, as the `Store` docs'
+/// example does (`decide_now` and `call_timeout` are the trait's defaults).
+#[derive(Debug)]
+pub struct Forward<S>(pub S);
+
+impl<S: Store> Store for Forward<S> {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.0.check(request)
+    }
+
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.0.run(operation)
+    }
+}
+
+/// Forwards all four methods of the trait.
+#[derive(Debug)]
+pub struct Faithful<S>(pub S);
+
+impl<S: Store> Store for Faithful<S> {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.0.check(request)
+    }
+
+    fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
+        self.0.decide_now(request)
+    }
+
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.0.run(operation)
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        self.0.call_timeout()
+    }
+}
+
+/// Holds its store behind an `Arc` it shares.
+#[derive(Debug)]
+pub struct Shared(pub Arc<RedisStore>);
+
+impl Store for Shared {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.0.check(request)
+    }
+
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.0.run(operation)
+    }
+}
+
+/// Waits (a millisecond, as for a permit or a log write) before it forwards each call, holding
+/// the operation across the wait.
+#[derive(Debug)]
+pub struct Delayed<S>(pub S);
+
+impl<S: Store> Store for Delayed<S> {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            self.0.check(request).await
+        })
+    }
+
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert!(!operation.request().key().is_empty());
+            self.0.run(operation).await
+        })
+    }
+}
+
+/// Decides on Redis, and runs every operation on a memory store.
+#[derive(Debug)]
+pub struct Mixed {
+    pub decide: RedisStore,
+    pub operations: MemoryStore,
+}
+
+impl Store for Mixed {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.decide.check(request)
+    }
+
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.operations.run(operation)
+    }
+}
+
+/// Decides on Redis, and answers `Ok(())` to every operation without running it.
+#[derive(Debug)]
+pub struct Liar(pub RedisStore);
+
+impl Store for Liar {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.0.check(request)
+    }
+
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = operation;
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Decides on Redis and runs nothing else (the trait's default `run`).
+#[derive(Debug)]
+pub struct DecideOnly(pub RedisStore);
+
+impl Store for DecideOnly {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.0.check(request)
+    }
+}
+
+/// A boxed store, as a store: what a user holding `Box<dyn Store>` writes.
+#[derive(Debug)]
+pub struct BoxedStore(pub Box<dyn Store>);
+
+impl Store for BoxedStore {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.0.check(request)
+    }
+
+    fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
+        self.0.decide_now(request)
+    }
+
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.0.run(operation)
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        self.0.call_timeout()
+    }
+}
+
+/// The kind of an operation, as a wrapper names it.
+pub fn kind(request: &OperationRequest<'_>) -> &'static str {
+    match request {
+        OperationRequest::Control(_) => "control",
+        OperationRequest::Refund(_) => "refund",
+        OperationRequest::Slots(_) => "slots",
+        OperationRequest::Blocking(..) => "blocking",
+        OperationRequest::Timed(_) => "timed",
+        _ => "other",
+    }
+}
+
+/// Forwards the kinds of operation it is given and refuses the others with
+/// `StoreError::Unsupported`; notes each operation it sees (a refund with its `ReservedAt`'s
+/// variant).
+#[derive(Debug)]
+pub struct Partial<S> {
+    inner: S,
+    forwards: &'static [&'static str],
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl<S> Partial<S> {
+    pub fn new(inner: S, forwards: &'static [&'static str]) -> Self {
+        Partial {
+            inner,
+            forwards,
+            seen: Arc::default(),
+        }
+    }
+
+    pub fn seen(&self) -> Arc<Mutex<Vec<String>>> {
+        self.seen.clone()
+    }
+}
+
+impl<S: Store> Store for Partial<S> {
+    fn check<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.inner.check(request)
+    }
+
+    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        let request = operation.request();
+        let kind = kind(&request);
+        let note = match request {
+            OperationRequest::Refund(refund) => match refund.reserved {
+                ReservedAt::Client(_) => "refund Client".to_owned(),
+                ReservedAt::Store(_) => "refund Store".to_owned(),
+                ReservedAt::Ago(_) => "refund Ago".to_owned(),
+            },
+            _ => kind.to_owned(),
+        };
+        self.seen.lock().unwrap().push(note);
+        if self.forwards.contains(&kind) {
+            self.inner.run(operation)
+        } else {
+            refused("not forwarded")
+        }
+    }
+}
+
+/// Every kind of operation.
+pub const EVERY_KIND: &[&str] = &["control", "refund", "slots", "blocking", "timed"];
