@@ -16,6 +16,22 @@
 //! Prints a table, `in-process plain layer/tower_governor: X.XX` (the `redlimit` side's
 //! instructions per request over tower_governor's) and `in-process layer/tower_governor: X.XX`
 //! (the `redlimit+lease` side's).
+//!
+//! ```text
+//! cargo bench --bench inprocess -- files   # needs valgrind and redis-server
+//! ```
+//!
+//! The `files` mode counts the crate's own source files one plain request runs code in, on
+//! Redis: the side `redlimit on redis` (`RateLimitLayer` on a `RedisStore` on a private
+//! `redis-server`, token bucket, no leases, no deny cache, `max_batch(1)`) runs 50 requests of
+//! warm-up, then 200 counted ones, all on one current-thread runtime, under callgrind, which
+//! counts everything that runs inside `files::measured` (the tasks of the store and of
+//! redis-rs's connection included: the runtime polls them there). The dump is read per source
+//! file (`support/callgrind.rs`: self cost, inlined code in the file it came from, code on no
+//! source line in none); it prints each file under `src/` with its instructions per request,
+//! sorted by path, then `one plain request on Redis runs code in N product files`. It needs
+//! this package's line tables, which `Cargo.toml` gives the bench profile.
+//! `INPROCESS_FILES_DUMP=<file>` keeps callgrind's dump there, for `callgrind_annotate`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
@@ -27,9 +43,14 @@ use axum::body::Body;
 use http::{HeaderName, HeaderValue, Request, Response};
 use redlimit::key::HeaderKey;
 use redlimit::limiter::Leases;
-use redlimit::store::MemoryStore;
-use redlimit::{Limiter, Quota, RateLimitLayer};
+use redlimit::store::{MemoryStore, RedisStore};
+use redlimit::{Algorithm, Limiter, Quota, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
+
+#[path = "support/callgrind.rs"]
+mod callgrind;
+#[path = "support/mod.rs"]
+mod support;
 
 struct CountingAlloc;
 
@@ -230,6 +251,23 @@ fn main() {
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1))
     };
+    if let Some(url) = value("--files-side") {
+        let n = value("--requests")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(files::FILES_REQUESTS);
+        if let Err(e) = files::side(url, n) {
+            eprintln!("inprocess files side failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if args.iter().skip(1).any(|a| a == "files") {
+        if let Err(e) = files::run() {
+            eprintln!("inprocess files failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Some(side) = value("--side") {
         let n = value("--requests")
             .and_then(|n| n.parse().ok())
@@ -274,5 +312,172 @@ fn main() {
             println!("in-process layer/tower_governor: {:.2}", ours / theirs)
         }
         _ => println!("in-process layer/tower_governor: n/a (valgrind not found)"),
+    }
+}
+
+/// The `files` mode: the product source files one plain request on Redis runs code in.
+mod files {
+    use super::*;
+
+    /// Requests of the `files` mode before the count: connection, script and caches settled.
+    const WARM_UP: u64 = 50;
+    /// Requests the `files` mode counts.
+    pub(super) const FILES_REQUESTS: u64 = 200;
+    /// The function callgrind counts in for the `files` mode (see [`measured`]).
+    const MEASURED: &str = "inprocess::files::measured";
+
+    /// Runs `requests` on `runtime`: callgrind counts everything on this thread while it runs,
+    /// the tasks the runtime polls meanwhile (the store's own, redis-rs's connection driver)
+    /// included, since a current-thread runtime polls them inside `block_on`.
+    #[inline(never)]
+    fn measured(
+        runtime: &tokio::runtime::Runtime,
+        requests: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>,
+    ) {
+        runtime.block_on(requests);
+    }
+
+    /// `n` requests through the `files` mode's service; an error, not a panic, unless each is
+    /// answered 200 with its `RateLimit` headers.
+    async fn files_requests<S, B>(service: &mut S, n: u64) -> Result<(), String>
+    where
+        S: Service<Request<Body>, Response = Response<B>>,
+        S::Error: std::fmt::Debug,
+    {
+        for _ in 0..n {
+            let ready = service.ready().await.map_err(|e| format!("{e:?}"))?;
+            let response = ready.call(request()).await.map_err(|e| format!("{e:?}"))?;
+            if !response.status().is_success() || !response.headers().contains_key("ratelimit") {
+                return Err(format!(
+                    "a response {} without the RateLimit headers: not the store's decision",
+                    response.status()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `files` mode's side, `redlimit on redis`, in the process callgrind runs: [`WARM_UP`]
+    /// requests, then `n` inside [`measured`]; fails unless every one was admitted by the store.
+    pub(super) fn side(url: &str, n: u64) -> Result<(), String> {
+        let runtime = runtime();
+        let (limiter, mut service) = runtime.block_on(async {
+            // Under valgrind the first connection takes longer than the default 100 ms.
+            let store = RedisStore::builder(url)
+                .timeout(Duration::from_secs(10))
+                .max_batch(1)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let limiter = Limiter::builder(store)
+                .algorithm(Algorithm::TokenBucket)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let quota = support::admitting(Algorithm::TokenBucket);
+            let layer = RateLimitLayer::builder(limiter.clone(), quota, HeaderKey::new(API_KEY))
+                .build()
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((limiter, layer.layer(tower::service_fn(inner))))
+        })?;
+        runtime.block_on(files_requests(&mut service, WARM_UP))?;
+        let mut outcome = Ok(());
+        measured(
+            &runtime,
+            Box::pin(async { outcome = files_requests(&mut service, n).await }),
+        );
+        outcome?;
+        let stats = limiter.stats();
+        if stats.allowed != WARM_UP + n || stats.store_errors != 0 || stats.failed_open != 0 {
+            return Err(format!(
+                "expected {} requests admitted by Redis, the limiter counted {stats:?}",
+                WARM_UP + n
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `files` mode: runs [`side`] under callgrind and prints the product files it ran
+    /// code in, with their instructions per request.
+    pub(super) fn run() -> Result<(), String> {
+        let server = support::PrivateRedis::start()?;
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = dir.path().join("callgrind.out");
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let run = Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg("--collect-atstart=no")
+            .arg(format!("--toggle-collect={MEASURED}"))
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(exe)
+            .args(["--files-side", &server.url()])
+            .args(["--requests", &FILES_REQUESTS.to_string()])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run valgrind: {e}"))?;
+        if !run.status.success() {
+            return Err(format!(
+                "the side under callgrind failed ({}): {}",
+                run.status,
+                String::from_utf8_lossy(&run.stderr).trim()
+            ));
+        }
+        if let Some(kept) = std::env::var_os("INPROCESS_FILES_DUMP") {
+            std::fs::copy(&out, &kept)
+                .map_err(|e| format!("cannot keep the dump at {}: {e}", kept.to_string_lossy()))?;
+        }
+        let text = std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+        let cost = callgrind::self_cost(&text)?;
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/");
+        let product: Vec<(&str, u64)> = cost
+            .by_file
+            .iter()
+            .filter_map(|(file, &ir)| {
+                let file = file.strip_prefix(root)?;
+                file.starts_with("src/").then_some((file, ir))
+            })
+            .collect();
+        if product.is_empty() {
+            return Err(format!(
+                "the dump names no file under {root}src/ ({} files, {} of {} instructions on a \
+                 source line): the executable has no line tables of this crate (Cargo.toml's \
+                 [profile.bench.package.redlimit] gives them; else build with \
+                 CARGO_PROFILE_BENCH_DEBUG=line-tables-only)",
+                cost.by_file.len(),
+                cost.total - cost.no_line,
+                cost.total
+            ));
+        }
+        if !product
+            .iter()
+            .any(|(file, _)| file.starts_with("src/store/redis/"))
+        {
+            return Err(
+                "no file under src/store/redis/ ran in the counted span: the store's \
+                        work was not counted"
+                    .to_owned(),
+            );
+        }
+        let per = |ir: u64| ir as f64 / FILES_REQUESTS as f64;
+        println!(
+            "files: redlimit on redis (RateLimitLayer, HeaderKey x-api-key, token bucket, \
+             RedisStore max_batch 1, no leases, no deny cache), {WARM_UP} requests of warm-up, \
+             then {FILES_REQUESTS} counted; instructions per request, self cost by source file"
+        );
+        println!("{:<40} {:>24}", "file", "instructions/request");
+        for (file, ir) in &product {
+            println!("{file:<40} {:>24.0}", per(*ir));
+        }
+        let in_product: u64 = product.iter().map(|(_, ir)| ir).sum();
+        println!(
+            "in product files {:.0} of {:.0} instructions per request ({:.0} on no source line: \
+             line 0)",
+            per(in_product),
+            per(cost.total),
+            per(cost.no_line)
+        );
+        println!(
+            "one plain request on Redis runs code in {} product files",
+            product.len()
+        );
+        Ok(())
     }
 }
