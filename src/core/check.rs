@@ -147,6 +147,37 @@ pub(crate) struct StoreCall {
 }
 
 impl Limiter {
+    /// Whether the algorithm serves every quota; else the first it cannot.
+    pub(crate) fn supports(
+        &self,
+        quotas: &Quotas,
+    ) -> Result<(), (Quota, crate::quota::QuotaError)> {
+        for quota in quotas {
+            self.inner
+                .algorithm
+                .supports(quota)
+                .map_err(|error| (*quota, error))?;
+        }
+        Ok(())
+    }
+
+    /// The store's request for a check of `cost` on `storage_key` under `quotas`, at the
+    /// clock's time (`None`: the store's), read once per check.
+    pub(crate) fn request<'a>(
+        &self,
+        storage_key: &'a str,
+        quotas: &'a Quotas,
+        cost: u64,
+    ) -> CheckRequest<'a> {
+        CheckRequest {
+            key: storage_key,
+            algorithm: self.inner.algorithm,
+            quotas,
+            cost,
+            now_micros: self.inner.clock.now_micros(),
+        }
+    }
+
     /// Runs `ask` to its answer.
     pub(crate) async fn answer(&self, ask: Ask<'_>) -> Answer {
         match self.answer_now(ask) {

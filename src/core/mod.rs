@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Verdict};
 use crate::failure_policy::{FailOpen, FailurePolicy};
 use crate::quota::{Quota, Quotas};
-use crate::store::{CheckRequest, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 mod acquire;
 mod builder;
@@ -317,20 +317,6 @@ impl Limiter {
             .await
     }
 
-    /// Whether the algorithm serves every quota; else the first it cannot.
-    pub(crate) fn supports(
-        &self,
-        quotas: &Quotas,
-    ) -> Result<(), (Quota, crate::quota::QuotaError)> {
-        for quota in quotas {
-            self.inner
-                .algorithm
-                .supports(quota)
-                .map_err(|error| (*quota, error))?;
-        }
-        Ok(())
-    }
-
     /// The algorithm that decides.
     pub fn algorithm(&self) -> Algorithm {
         self.inner.algorithm
@@ -384,21 +370,6 @@ impl Limiter {
     /// ```
     pub fn stats(&self) -> LimiterStats {
         self.inner.stats.snapshot()
-    }
-
-    pub(crate) fn request<'a>(
-        &self,
-        storage_key: &'a str,
-        quotas: &'a Quotas,
-        cost: u64,
-    ) -> CheckRequest<'a> {
-        CheckRequest {
-            key: storage_key,
-            algorithm: self.inner.algorithm,
-            quotas,
-            cost,
-            now_micros: self.inner.clock.now_micros(),
-        }
     }
 }
 

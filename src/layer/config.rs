@@ -102,6 +102,9 @@ pub(crate) struct Config<K> {
     pub unkeyed_logged: AtomicBool,
     /// Shadow, settlement, block on abuse (`config.rs`: `Modes`; `shadow.rs`, `settle.rs`).
     pub modes: Modes,
+    /// No mode is on ([`Modes::none`], read once at build): a check's verdict is all a
+    /// request needs, so `call` answers what it can at once.
+    pub plain: bool,
 }
 
 impl<K: KeyExtractor> Config<K> {

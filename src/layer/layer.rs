@@ -347,6 +347,7 @@ impl<K: KeyExtractor> RateLimitLayerBuilder<K> {
                 cost: self.cost,
                 skip: self.skip,
                 unkeyed_logged: AtomicBool::new(false),
+                plain: self.modes.none(),
                 modes: self.modes,
             }),
         })

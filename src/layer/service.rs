@@ -251,7 +251,7 @@ where
             // the check goes on in the future (a layer with a production mode on takes the
             // whole check there, which runs the modes).
             let mut later = None;
-            if matches!(resolved, Resolved::Default) && config.modes.none() {
+            if matches!(resolved, Resolved::Default) && config.plain {
                 let ask = Ask::new(
                     storage_key.as_str(),
                     &config.quotas,

@@ -36,6 +36,14 @@ pub(crate) trait ScriptOp {
         OnRehashing::Resend
     }
 
+    /// An error inside its reply that says the connection is stale, though the call itself
+    /// answered: none by default, as a call that answers one decision fails whole. A batch's
+    /// decisions answer on their own, and one's `READONLY` (a script's write on a demoted
+    /// server) says so of its connection.
+    fn stale_connection(&self, _reply: &redis::Value) -> Option<StoreError> {
+        None
+    }
+
     /// An `EVALSHA` of this call (the SHA-1, `numkeys`, `KEYS` and `ARGV`).
     fn evalsha(&self) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");

@@ -430,6 +430,10 @@ impl ScriptOp for BatchOp<'_> {
         }
     }
 
+    fn stale_connection(&self, reply: &redis::Value) -> Option<StoreError> {
+        stale_server_error(reply)
+    }
+
     /// Every decision's keys in order, then every one's argument (`lua/batch.lua`'s header);
     /// one decision alone as the decision script takes it.
     fn write_args(&self, cmd: &mut redis::Cmd) {
@@ -478,7 +482,7 @@ fn refused_before_running(error: &redis::RedisError) -> bool {
 /// A decision's error among a batch's replies (an array's elements) that says the server is
 /// no primary (`READONLY`: a script's write on a demoted server), if any: what the call says
 /// about its connection besides its own outcome.
-pub(super) fn stale_server_error(reply: &redis::Value) -> Option<StoreError> {
+fn stale_server_error(reply: &redis::Value) -> Option<StoreError> {
     let redis::Value::Array(replies) = reply else {
         return None;
     };

@@ -407,13 +407,12 @@ impl RedisStore {
                     None => connection.wait_ready().await?.0,
                 };
                 let reply = connection.run(&self.reloads, op).await?;
-                inner_error = batch::stale_server_error(&reply);
+                inner_error = op.stale_connection(&reply);
                 op.read_reply(reply)
             })
             .await;
         match inner_error {
-            // A batch's decisions answer on their own, and one's error can still say the
-            // connection is stale (`READONLY`: a script's write on a demoted server).
+            // The call answered, and what it answered says the connection is stale.
             Some(error) if result.is_ok() => connection.settle::<()>(generation, &Err(error)),
             _ => connection.settle(generation, &result),
         }
