@@ -441,6 +441,20 @@ impl Writes {
     }
 }
 
+/// Whether `control` on `target` writes the tenant's key rather than the route's: an override
+/// of every route ([`Target::all_routes`]), and a suspension, its end or a reset of an unscoped
+/// target (the tenant's, every route). Learning writes the route; an inspection writes nothing
+/// and reads the route first.
+fn writes_tenant(target: Target<'_>, control: Control<'_>) -> bool {
+    match control {
+        Control::SetQuota(_) | Control::ClearQuota => target.all_routes,
+        Control::Suspend(_) | Control::Extend(_) | Control::Resume | Control::Reset => {
+            target.scope.is_none()
+        }
+        Control::Learn(..) | Control::Unlearn | Control::Inspect => false,
+    }
+}
+
 impl Limiter {
     /// The store's bound on one call ([`Store::call_timeout`](crate::store::Store::call_timeout)).
     pub(crate) fn store_call_timeout(&self) -> Option<Duration> {
@@ -476,30 +490,33 @@ impl Limiter {
         Ok(reply?)
     }
 
-    /// Runs a caller's `control` on the tenant's key (`tenant`) or the target's route, then
-    /// reports the route under its tenant's controls. It wins over the writes this limiter's
-    /// layers started before it and have not sent (see [`Writes`]).
+    /// Runs a caller's `control` on the key it writes ([`writes_tenant`]), then reports the
+    /// route under its tenant's controls. It wins over the writes this limiter's layers started
+    /// before it and have not sent (see [`Writes`]).
     async fn control<'a>(
         &self,
         target: impl Into<Target<'a>>,
         control: Control<'_>,
-        tenant: bool,
     ) -> Result<KeyStatus, ControlError> {
-        let status = self
-            .control_by(target.into(), control, tenant, None)
-            .await?;
+        let status = self.control_by(target.into(), control, None).await?;
         Ok(status.expect("a caller's control always runs"))
     }
 
     /// [`control`](Self::control), or with `ticket` a layer's write started earlier: then
-    /// `None` when a caller's control overtook it (nothing was sent).
+    /// `None` when a caller's control overtook it (nothing was sent). A suspension's duration
+    /// is checked first: 1 µs to [`MAX_SUSPENSION`].
     async fn control_by(
         &self,
         target: Target<'_>,
         control: Control<'_>,
-        tenant: bool,
         ticket: Option<&WriteTicket>,
     ) -> Result<Option<KeyStatus>, ControlError> {
+        if let Control::Suspend(duration) | Control::Extend(duration) = control {
+            if duration.as_micros() == 0 || duration > MAX_SUSPENSION {
+                return Err(ControlError::InvalidDuration);
+            }
+        }
+        let tenant = writes_tenant(target, control);
         let route = self.route_key(target);
         let tenant_key = crate::store::wire::layout::tenant_key(&route);
         let (written, other) = if tenant {
@@ -598,9 +615,7 @@ impl Limiter {
         quotas: &Quotas,
     ) -> Result<KeyStatus, ControlError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
-        let target = target.into();
-        self.control(target, Control::SetQuota(quotas), target.all_routes)
-            .await
+        self.control(target, Control::SetQuota(quotas)).await
     }
 
     /// Removes the override set with [`set_quota`](Self::set_quota), or a learned one: the
@@ -609,9 +624,7 @@ impl Limiter {
         &self,
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
-        let target = target.into();
-        self.control(target, Control::ClearQuota, target.all_routes)
-            .await
+        self.control(target, Control::ClearQuota).await
     }
 
     /// Sets `quotas` as the override of `target`'s route, marked as learned and lasting `ttl`
@@ -628,7 +641,7 @@ impl Limiter {
     ) -> Result<Option<KeyStatus>, ControlError> {
         self.supports(quotas).map_err(|(_, error)| error)?;
         let ttl = ttl.clamp(Duration::from_millis(1), MAX_SUSPENSION);
-        self.control_by(target, Control::Learn(quotas, ttl), false, Some(ticket))
+        self.control_by(target, Control::Learn(quotas, ttl), Some(ticket))
             .await
     }
 
@@ -640,7 +653,7 @@ impl Limiter {
         ticket: &WriteTicket,
         target: Target<'_>,
     ) -> Result<Option<KeyStatus>, ControlError> {
-        self.control_by(target, Control::Unlearn, false, Some(ticket))
+        self.control_by(target, Control::Unlearn, Some(ticket))
             .await
     }
 
@@ -653,11 +666,7 @@ impl Limiter {
         target: Target<'_>,
         duration: Duration,
     ) -> Result<Option<KeyStatus>, ControlError> {
-        if duration.as_micros() == 0 || duration > MAX_SUSPENSION {
-            return Err(ControlError::InvalidDuration);
-        }
-        let tenant = target.scope.is_none();
-        self.control_by(target, Control::Extend(duration), tenant, Some(ticket))
+        self.control_by(target, Control::Extend(duration), Some(ticket))
             .await
     }
 
@@ -667,8 +676,8 @@ impl Limiter {
     /// ends it.
     pub(crate) fn start_write(&self, target: Target<'_>, kind: WriteKind) -> WriteTicket {
         let route = self.route_key(target);
-        // The key the write's control writes: a suspension of an unscoped target is the
-        // tenant's (as `suspension` makes it), learning's is the route's.
+        // The key the write's control writes (see `writes_tenant`): a suspension (`Extend`) of
+        // an unscoped target is the tenant's, learning's is the route's.
         let key = match kind {
             WriteKind::Suspension if target.scope.is_none() => {
                 crate::store::wire::layout::tenant_key(&route)
@@ -707,8 +716,7 @@ impl Limiter {
         target: impl Into<Target<'a>>,
         duration: Duration,
     ) -> Result<KeyStatus, ControlError> {
-        self.suspension(target.into(), duration, Control::Suspend(duration))
-            .await
+        self.control(target, Control::Suspend(duration)).await
     }
 
     /// Suspends `target` for at least `duration`, as [`suspend`](Self::suspend) does, except
@@ -720,22 +728,7 @@ impl Limiter {
         target: impl Into<Target<'a>>,
         duration: Duration,
     ) -> Result<KeyStatus, ControlError> {
-        self.suspension(target.into(), duration, Control::Extend(duration))
-            .await
-    }
-
-    /// A suspension of `duration` (`control`: set or extend), after checking its bounds; an
-    /// unscoped target is the tenant's, every route.
-    async fn suspension(
-        &self,
-        target: Target<'_>,
-        duration: Duration,
-        control: Control<'_>,
-    ) -> Result<KeyStatus, ControlError> {
-        if duration.as_micros() == 0 || duration > MAX_SUSPENSION {
-            return Err(ControlError::InvalidDuration);
-        }
-        self.control(target, control, target.scope.is_none()).await
+        self.control(target, Control::Extend(duration)).await
     }
 
     /// Ends a suspension of `target`. Made after an
@@ -746,9 +739,7 @@ impl Limiter {
         &self,
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
-        let target = target.into();
-        self.control(target, Control::Resume, target.scope.is_none())
-            .await
+        self.control(target, Control::Resume).await
     }
 
     /// Forgets the usage of `target`: every quota starts full again. An override and a
@@ -757,9 +748,7 @@ impl Limiter {
         &self,
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
-        let target = target.into();
-        self.control(target, Control::Reset, target.scope.is_none())
-            .await
+        self.control(target, Control::Reset).await
     }
 
     /// What `target` looks like in the store, without consuming anything: its override, its
@@ -784,7 +773,7 @@ impl Limiter {
         &self,
         target: impl Into<Target<'a>>,
     ) -> Result<KeyStatus, ControlError> {
-        self.control(target, Control::Inspect, false).await
+        self.control(target, Control::Inspect).await
     }
 }
 

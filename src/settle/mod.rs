@@ -148,17 +148,13 @@ impl Limiter {
         quotas: &Quotas,
         units: u64,
     ) -> Result<(), ControlError> {
-        self.supports(quotas).map_err(|(_, error)| error)?;
-        let key = self.target_key(target.into());
         let mut reserved = self.mark_reservation();
         if self.algorithm().spec().is_log() {
             // Reserved at some time in the log's window: its oldest entries in it go.
             let longest = quotas.iter().map(|q| q.period_micros()).max().unwrap_or(1);
             reserved.earlier = longest - 1;
         }
-        self.refund_storage_key(key.as_str(), quotas, units, reserved)
-            .await?;
-        Ok(())
+        self.refund_reserved(target, quotas, units, reserved).await
     }
 
     /// [`refund`](Self::refund) of units reserved at `reserved`: they go back only to the

@@ -13,6 +13,37 @@ use redlimit::store::{
 };
 use redlimit::Decision;
 
+/// `Store` methods that hand the call as it is to the store in a field: `forward!(0: check,
+/// run)` writes `check` and `run` calling `self.0.check` and `self.0.run`.
+macro_rules! forward {
+    ($store:tt: check) => {
+        fn check<'a>(
+            &'a self,
+            request: CheckRequest<'a>,
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            self.$store.check(request)
+        }
+    };
+    ($store:tt: decide_now) => {
+        fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
+            self.$store.decide_now(request)
+        }
+    };
+    ($store:tt: run) => {
+        fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.$store.run(operation)
+        }
+    };
+    ($store:tt: call_timeout) => {
+        fn call_timeout(&self) -> Option<Duration> {
+            self.$store.call_timeout()
+        }
+    };
+    ($store:tt: $($method:ident),+) => {
+        $(forward!($store: $method);)+
+    };
+}
+
 /// What a store answers to an operation it does not run: `StoreError::Unsupported(why)`.
 pub fn refused<'a>(why: &'static str) -> BoxFuture<'a, Result<(), StoreError>> {
     Box::pin(std::future::ready(Err(StoreError::Unsupported(why))))
@@ -24,16 +55,7 @@ pub fn refused<'a>(why: &'static str) -> BoxFuture<'a, Result<(), StoreError>> {
 pub struct Forward<S>(pub S);
 
 impl<S: Store> Store for Forward<S> {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.run(operation)
-    }
+    forward!(0: check, run);
 }
 
 /// Forwards all four methods of the trait.
@@ -41,24 +63,7 @@ impl<S: Store> Store for Forward<S> {
 pub struct Faithful<S>(pub S);
 
 impl<S: Store> Store for Faithful<S> {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
-        self.0.decide_now(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.run(operation)
-    }
-
-    fn call_timeout(&self) -> Option<Duration> {
-        self.0.call_timeout()
-    }
+    forward!(0: check, decide_now, run, call_timeout);
 }
 
 /// Holds its store behind an `Arc` it shares.
@@ -66,16 +71,7 @@ impl<S: Store> Store for Faithful<S> {
 pub struct Shared(pub Arc<RedisStore>);
 
 impl Store for Shared {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.run(operation)
-    }
+    forward!(0: check, run);
 }
 
 /// Waits (a millisecond, as for a permit or a log write) before it forwards each call, holding
@@ -111,16 +107,8 @@ pub struct Mixed {
 }
 
 impl Store for Mixed {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.decide.check(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.operations.run(operation)
-    }
+    forward!(decide: check);
+    forward!(operations: run);
 }
 
 /// Decides on Redis, and answers `Ok(())` to every operation without running it.
@@ -128,12 +116,7 @@ impl Store for Mixed {
 pub struct Liar(pub RedisStore);
 
 impl Store for Liar {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
+    forward!(0: check);
 
     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
         let _ = operation;
@@ -146,12 +129,7 @@ impl Store for Liar {
 pub struct DecideOnly(pub RedisStore);
 
 impl Store for DecideOnly {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
+    forward!(0: check);
 }
 
 /// A boxed store, as a store: what a user holding `Box<dyn Store>` writes.
@@ -159,24 +137,7 @@ impl Store for DecideOnly {
 pub struct BoxedStore(pub Box<dyn Store>);
 
 impl Store for BoxedStore {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.0.check(request)
-    }
-
-    fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
-        self.0.decide_now(request)
-    }
-
-    fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.run(operation)
-    }
-
-    fn call_timeout(&self) -> Option<Duration> {
-        self.0.call_timeout()
-    }
+    forward!(0: check, decide_now, run, call_timeout);
 }
 
 /// The kind of an operation, as a wrapper names it.
@@ -216,12 +177,7 @@ impl<S> Partial<S> {
 }
 
 impl<S: Store> Store for Partial<S> {
-    fn check<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.inner.check(request)
-    }
+    forward!(inner: check);
 
     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
         let request = operation.request();
