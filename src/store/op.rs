@@ -46,7 +46,10 @@ pub(crate) trait ScriptOp {
 
     /// An `EVALSHA` of this call (the SHA-1, `numkeys`, `KEYS` and `ARGV`).
     fn evalsha(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
+        // Room for a decision's call (the SHA-1, two or three keys, its packed argument) from
+        // the start: the command's buffers are not grown argument by argument.
+        let mut cmd = redis::Cmd::with_capacity(8, 256);
+        cmd.arg("EVALSHA");
         cmd.arg(self.script().hashed.get_hash());
         self.write_args(&mut cmd);
         cmd

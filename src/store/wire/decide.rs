@@ -8,8 +8,8 @@ use crate::quota::{Quota, MAX_TIERS};
 use crate::store::contract::{CheckRequest, StoreError};
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
 use crate::store::wire::layout::{
-    capped_cost, exact, f64_at, log_controls_key, put_quota, tenant_key, Reply, ARGS_HEADER,
-    MAX_REPLY_MS, QUOTA_BYTES,
+    capped_cost, exact, f64_at, log_controls_key, push_tenant_key, put_quota, tenant_key, Reply,
+    ARGS_HEADER, MAX_REPLY_MS, QUOTA_BYTES,
 };
 use crate::store::wire::scripts::SOURCE;
 
@@ -171,7 +171,8 @@ pub(crate) fn push_keys(cmd: &mut redis::Cmd, key: &str, algorithm: Algorithm) {
     if algorithm.spec().is_log() {
         cmd.arg(log_controls_key(key));
     }
-    cmd.arg(key).arg(tenant_key(key));
+    cmd.arg(key);
+    push_tenant_key(cmd, key);
 }
 
 /// Appends the split form of a decision (`lua/common.lua`'s header, "Split"), which a Cluster

@@ -102,21 +102,33 @@ pub(crate) fn tenant_route(key: &str) -> &str {
 /// slot as every route of the tenant. A key without a hash tag gets its whole self as the tag
 /// (`{<key>}#t`), which hashes to the same slot.
 pub(crate) fn tenant_key(key: &str) -> String {
+    tenant_key_parts(key).concat()
+}
+
+/// [`tenant_key`] in the pieces it is made of, in order: so that a command writes it as one
+/// argument without building it first.
+pub(crate) fn tenant_key_parts(key: &str) -> [&str; 4] {
     if is_tenant_key(key) {
-        return key.to_owned();
+        return [key, "", "", ""];
     }
     let tagged = key.find('{').and_then(|open| {
         let close = open + 1 + key[open + 1..].find('}')?;
         (close > open + 1).then_some(close)
     });
     match tagged {
-        Some(close) => {
-            let mut tenant = String::with_capacity(close + 3);
-            tenant.push_str(&key[..=close]);
-            tenant.push_str(TENANT_SUFFIX);
-            tenant
-        }
-        None => format!("{{{key}}}{TENANT_SUFFIX}"),
+        Some(close) => [&key[..=close], TENANT_SUFFIX, "", ""],
+        None => ["{", key, "}", TENANT_SUFFIX],
+    }
+}
+
+/// Appends [`tenant_key`] of `key` to `cmd` as one argument, written in place.
+pub(crate) fn push_tenant_key(cmd: &mut redis::Cmd, key: &str) {
+    use redis::RedisWrite;
+    use std::io::Write;
+    let mut arg = cmd.writer_for_next_arg();
+    for part in tenant_key_parts(key) {
+        // Writing into the command's own buffer cannot fail.
+        let _ = arg.write_all(part.as_bytes());
     }
 }
 
@@ -390,6 +402,16 @@ mod tests {
         // No hash tag: the whole key becomes it.
         assert_eq!(tenant_key("plain"), "{plain}#t");
         assert_eq!(tenant_key("a{}b"), "{a{}b}#t");
+        // Written into a command in place, it is the same argument.
+        for key in ["redlimit:{k1}:api", "redlimit:{k1}#t", "plain", "a{}b", ""] {
+            let mut cmd = redis::cmd("X");
+            push_tenant_key(&mut cmd, key);
+            let arg = cmd.args_iter().nth(1);
+            assert!(
+                matches!(arg, Some(redis::Arg::Simple(bytes)) if bytes == tenant_key(key).as_bytes()),
+                "{key:?}"
+            );
+        }
         assert!(is_tenant_key(&tenant_key("x:{y}:z")));
         assert!(!is_tenant_key("redlimit:{k1}:api"));
     }
