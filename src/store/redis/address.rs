@@ -206,4 +206,25 @@ mod tests {
             "redis://u:***@a:1/,rediss://:***@b:2/,redis://c:3/"
         );
     }
+
+    #[test]
+    fn a_store_is_described_by_its_address_without_passwords() {
+        use crate::store::RedisStore;
+        let single = RedisStore::new("redis://limiter:pw-single@h:6379/2").unwrap();
+        let cluster =
+            RedisStore::cluster(["redis://:pw-node@a:1/", "redis://:pw-node@b:2/"]).unwrap();
+        let sentinel = RedisStore::sentinel(["redis://:pw-sentinel@s:26379"], "mymaster").unwrap();
+        for (store, address) in [
+            (single, "redis://limiter:***@h:6379/2"),
+            (cluster, "cluster redis://:***@a:1/,redis://:***@b:2/"),
+            (sentinel, "sentinel mymaster at redis://:***@s:26379"),
+        ] {
+            let described = format!("{store:?}");
+            assert!(
+                described.contains(&format!("address: \"{address}\"")),
+                "{described}"
+            );
+            assert!(!described.contains("pw-"), "{described}");
+        }
+    }
 }
