@@ -251,6 +251,7 @@ mod tests {
     #[test]
     fn stores_described_alike_share_a_log_and_others_do_not() {
         #[derive(Debug)]
+        #[allow(dead_code)] // read through its `Debug`
         struct Described<'a>(&'a str);
         let (description, first) = failure_log(&Described("a store shared by description"));
         assert_eq!(description, r#"Described("a store shared by description")"#);
