@@ -11,7 +11,9 @@
 //! the `RateLimit` headers. The store (a Redis, a Cluster, Sentinel, or memory when no Redis
 //! answers), the failure policy and `--metrics-bind` (Prometheus text at `http://ADDR/metrics`)
 //! come from the command line this example shares with the tonic one
-//! (`examples/common/server.rs`); every flag is in docs/examples.md.
+//! (`examples/common/server.rs`); every flag is in docs/examples.md. The Redis store is
+//! verified before serving (`RedisStore::verify`), so a wrong `--redis` shows at start-up, not
+//! as requests that pass unlimited: a service would return that error (`verify().await?`).
 //!
 //! ```text
 //! $ cargo run --example axum -- --limit 3 --period 1m

@@ -14,7 +14,8 @@
 //! `RESOURCE_EXHAUSTED` and the metadata `retry-after` (seconds) and `grpc-retry-pushback-ms`;
 //! with `--on-redis-error closed` a call fails with `UNAVAILABLE` while Redis is down, and with
 //! `--on-redis-error local --instances N` each instance enforces `1/N` of the quota in memory
-//! until Redis is back.
+//! until Redis is back. As in the axum example, the Redis store is verified before serving
+//! (`RedisStore::verify`): a wrong `--redis` shows at start-up.
 //!
 //! The service is written by hand (`examples/common/greeter.rs`), so no `protoc` is needed. With
 //! [grpcurl](https://github.com/fullstorydev/grpcurl) and that file's proto:

@@ -11,9 +11,11 @@
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     // The store connects in the background and never hangs a request (100 ms timeout).
-//!     let limiter = Limiter::new(RedisStore::new("redis://127.0.0.1:6379")?);
+//!     let store = RedisStore::new("redis://127.0.0.1:6379")?;
+//!     // Fail fast at start-up: with a wrong URL the default policy would let every request pass.
+//!     store.verify().await?;
 //!     // 100 requests a minute per client address, across the whole fleet.
-//!     let layer = RateLimitLayer::new(limiter, Quota::per_minute(100)?, PeerIp::new());
+//!     let layer = RateLimitLayer::new(Limiter::new(store), Quota::per_minute(100)?, PeerIp::new());
 //!     let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
 //!
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;

@@ -204,6 +204,10 @@ pub async fn layer(
 
 /// Verifies the store (connect, PING, script load) and prints `store: SHOWN (Redis 7.0.15)` or
 /// `store: SHOWN (not reachable yet: ...)`. Whether it answered.
+///
+/// `verify()` is how a service fails fast on a wrong URL at start-up (`store.verify().await?`
+/// before serving, as in the quick start): the store connects lazily and the default policy
+/// fails open. The example only warns, so that it can start before Redis.
 async fn announce(shown: &str, store: &RedisStore) -> bool {
     let verified = store.verify().await;
     match &verified {

@@ -373,22 +373,38 @@ impl Limiter {
             request,
         });
         stats.count_failure(&verdict, label);
-        // The key is never logged: it may be a secret. While the circuit breaker is open
-        // every request lands here; the breaker itself logs its state changes, so those
-        // are debug-level to keep an outage from flooding the logs.
-        if matches!(error, StoreError::Unavailable(_)) {
-            tracing::debug!(%error, allowed = verdict.is_allowed(), "rate limit store skipped; the failure policy decided");
-        } else if let Some(suppressed) = crate::store::failure_log_gate() {
-            // One line a second at most: a poisoned key hammered must not flood.
-            tracing::warn!(
+        // The key is never logged: it may be a secret. The store's description is (a
+        // `RedisStore` shows its address, passwords hidden). One line at the first failure of
+        // an episode, then one a minute while it lasts (`StoreFailureLog`): an outage or a
+        // poisoned key hammered must not flood, and the circuit breaker logs its own changes.
+        let logs = self.feature_state::<crate::store::StoreFailureLog>();
+        let (description, log) = logs.of(&self.inner.store);
+        match log.failed() {
+            Some(line) if line.first => tracing::warn!(
+                store = %description,
                 %error,
                 transport = error.is_transport(),
                 algorithm = %self.inner.algorithm,
                 policy = ?self.inner.policy,
                 allowed = verdict.is_allowed(),
-                suppressed,
+                left_out = line.left_out,
+                "rate limit store failed; the failure policy decides until it answers"
+            ),
+            Some(line) => tracing::warn!(
+                store = %description,
+                %error,
+                transport = error.is_transport(),
+                algorithm = %self.inner.algorithm,
+                policy = ?self.inner.policy,
+                allowed = verdict.is_allowed(),
+                left_out = line.left_out,
+                "rate limit store still failing; the failure policy decides until it answers"
+            ),
+            None => tracing::debug!(
+                %error,
+                allowed = verdict.is_allowed(),
                 "rate limit store failed; the failure policy decided"
-            );
+            ),
         }
         Answer {
             verdict,

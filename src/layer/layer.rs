@@ -27,6 +27,12 @@ use crate::quota::{Quota, Quotas};
 /// or is answered **429** with `Retry-After` (gRPC: `RESOURCE_EXHAUSTED`). See the
 /// [crate docs](crate) for a complete example.
 ///
+/// **Hot keys: leases.** A key with a large share of the traffic (a global key, a big tenant)
+/// costs one store call per request. Token leases answer most of its requests in process, and
+/// are set on the limiter the layer wraps:
+/// [`LimiterBuilder::leases`](crate::limiter::LimiterBuilder::leases) (see
+/// [the layer's module docs](crate::layer#hot-keys-leases) for an example).
+///
 /// ```
 /// use redlimit::{key::PeerIp, store::MemoryStore, Limiter, Quota, RateLimitLayer};
 ///
@@ -177,6 +183,10 @@ impl<S, K> Layer<S> for RateLimitLayer<K> {
 }
 
 /// Builds a [`RateLimitLayer`]; see [`RateLimitLayer::builder`].
+///
+/// Token leases for hot keys are not a layer option: they are set on the limiter it wraps
+/// ([`LimiterBuilder::leases`](crate::limiter::LimiterBuilder::leases); see
+/// [hot keys](crate::layer#hot-keys-leases)).
 ///
 /// ```
 /// use http::StatusCode;

@@ -67,6 +67,43 @@
 //! # }
 //! ```
 //!
+//! # Hot keys: leases
+//!
+//! A key that takes a large share of the traffic (a global key, a big tenant, one upstream's
+//! quota) costs one store call per request, and Redis decides one key's calls one at a time.
+//! **Token leases** take that off Redis: each instance takes several units of a busy key's
+//! quota in one call and answers from them in process, never more than the quota fleet-wide.
+//! They are set on the limiter the layer wraps, with
+//! [`LimiterBuilder::leases`](crate::limiter::LimiterBuilder::leases) and
+//! [`Leases`](crate::limiter::Leases), not on the layer; the layer, its headers and its
+//! answers stay the same. The bounds are on the guide's [leases](crate::guide::leases) page.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{body::Body, routing::get, Router};
+//! use http::{Request, StatusCode};
+//! use redlimit::{key::GlobalKey, limiter::Leases, store::MemoryStore, Limiter, Quota};
+//! use redlimit::RateLimitLayer;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::builder(MemoryStore::new()) // a RedisStore in a fleet
+//!     .leases(Leases::new(Duration::from_millis(50)))
+//!     .build()?;
+//! let quota = Quota::per_second(100_000)?;
+//! let layer = RateLimitLayer::new(limiter.clone(), quota, GlobalKey::new("upstream"));
+//! let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+//! for _ in 0..2_000 {
+//!     let response = app.clone().oneshot(Request::get("/").body(Body::empty())?).await?;
+//!     assert_eq!(response.status(), StatusCode::OK);
+//! }
+//! let leases = limiter.lease_stats();
+//! assert!(leases.renewals < 100, "{leases:?}"); // most requests never reached the store
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Several quotas, tiers and suspension
 //!
 //! A layer takes one [`Quota`](crate::Quota) or several ([`Quotas`](crate::Quotas): 10 a second

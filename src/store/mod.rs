@@ -108,6 +108,7 @@ pub use self::contract::{
     StoreError,
 };
 pub use self::failure::RedisFailure;
+pub(crate) use self::failure::StoreFailureLog;
 pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::ops::StoreExt;
 pub(crate) use self::redis::StoreRuntime;

@@ -9,7 +9,7 @@ use futures::future::FutureExt;
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::AsyncConnectionConfig;
-use redis::{Client, ConnectionAddr, ConnectionInfo, RedisError};
+use redis::{Client, ConnectionInfo, RedisError};
 
 use super::batch::Batches;
 use super::connection::{stale_server_or_dropped, Replaceable, CONNECT_TIMEOUT};
@@ -22,6 +22,7 @@ use super::tls::explain_tls;
 use super::tls::require_tls;
 use super::{Backend, BuildError, RedisStore, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT, MAX_BATCH};
 use crate::store::breaker::{BreakerState, CircuitBreaker};
+use crate::store::failure::failure_log;
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`], [`RedisStore::cluster_builder`] and
 /// [`RedisStore::sentinel_builder`].
@@ -48,6 +49,8 @@ pub struct RedisStoreBuilder {
     max_batch: usize,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
+    /// Where it connects, passwords hidden (`RedisStore`'s description).
+    address: String,
 }
 
 /// What the builder connects to.
@@ -67,7 +70,7 @@ impl fmt::Debug for RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    pub(super) fn new(target: Result<Target, RedisError>) -> Self {
+    pub(super) fn new(target: Result<Target, RedisError>, address: String) -> Self {
         RedisStoreBuilder {
             target,
             timeout: DEFAULT_TIMEOUT,
@@ -76,6 +79,7 @@ impl RedisStoreBuilder {
             max_batch: DEFAULT_MAX_BATCH,
             #[cfg(feature = "tls")]
             tls: None,
+            address,
         }
     }
 
@@ -245,11 +249,6 @@ impl RedisStoreBuilder {
         let backend = match target {
             Target::Single(info) => {
                 let info = with_credentials(*info);
-                let addr = match info.addr() {
-                    ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
-                    ConnectionAddr::TcpTls { host, port, .. } => format!("tls {host}:{port}"),
-                    other => other.to_string(),
-                };
                 #[cfg(feature = "tls")]
                 let client = match self.tls {
                     Some(certificates) => {
@@ -261,7 +260,6 @@ impl RedisStoreBuilder {
                 #[cfg(not(feature = "tls"))]
                 let client = Client::open(info)?;
                 Backend::Single {
-                    addr,
                     connection: Replaceable::with_stale(
                         Box::new(move || connect_single(client.clone()).boxed()),
                         stale_server_or_dropped,
@@ -310,20 +308,25 @@ impl RedisStoreBuilder {
                 #[cfg(not(feature = "tls"))]
                 let connect = sentinel::connect(client, &target);
                 Backend::Sentinel {
-                    master: target.master,
                     connection: Replaceable::with_stale(connect, stale_server_or_dropped)
                         .on(Arc::clone(&runtime)),
                 }
             }
         };
-        Ok(RedisStore {
+        let mut store = RedisStore {
             backend: Arc::new(backend),
             timeout,
             breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
             reloads: Arc::new(Reloads::on(Arc::clone(&runtime))),
             batches: Arc::new(Batches::new(self.max_batch)),
             runtime,
-        })
+            address: self.address.into(),
+            breaker_settings: self.breaker,
+            failures: Arc::default(),
+        };
+        // The log its limiters find by its description, so that its answers end their episodes.
+        store.failures = failure_log(&store).1;
+        Ok(store)
     }
 }
 

@@ -226,11 +226,9 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
                     *attempt = Attempt::Idle { failures: 0 };
                 }
                 Err(error) => {
-                    if failures == 0 {
-                        tracing::warn!(%error, "rate limit store cannot connect to Redis");
-                    } else {
-                        tracing::debug!(%error, failures, "rate limit store cannot connect to Redis");
-                    }
+                    // Debug-level: the limiter logs the first failure of its calls at `warn`,
+                    // with the store's address (`FailureLog`).
+                    tracing::debug!(%error, failures, "rate limit store cannot connect to Redis");
                     *attempt = Attempt::Failed {
                         at: Instant::now(),
                         error,

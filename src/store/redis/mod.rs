@@ -1,6 +1,7 @@
 //! [`RedisStore`]: every decision is one Lua script run atomically in Redis (single node,
 //! Cluster, or a primary found through Sentinel).
 
+mod address;
 mod batch;
 mod builder;
 mod cluster;
@@ -34,7 +35,8 @@ use self::reload::Reloads;
 pub(crate) use self::runtime::StoreRuntime;
 use self::sentinel::{PrimaryConnection, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
-use super::breaker::{Admission, BreakerState};
+use super::breaker::{Admission, BreakerState, CircuitBreaker};
+use super::failure::FailureLog;
 use super::op::ScriptOp;
 use super::wire::decide::DecideOp;
 use crate::decision::Decision;
@@ -116,18 +118,23 @@ pub struct RedisStore {
     batches: Arc<Batches>,
     /// Where the store's own tasks run: its connection, its script loads, its batch senders.
     runtime: Arc<StoreRuntime>,
+    /// Where it connects, as written, passwords hidden, and its breaker's settings: with the
+    /// timeout, its `Debug`, its description in log lines (its settings, never its state).
+    address: Arc<str>,
+    breaker_settings: Option<CircuitBreaker>,
+    /// The log of its failures, which the limiters using it write; every answer ends an
+    /// episode of failures there.
+    failures: Arc<FailureLog>,
 }
 
 enum Backend {
     Single {
-        addr: String,
         connection: Replaceable<MultiplexedConnection>,
     },
     Cluster {
         connection: Replaceable<ClusterConnection>,
     },
     Sentinel {
-        master: String,
         connection: Replaceable<PrimaryConnection>,
     },
 }
@@ -161,14 +168,10 @@ fn parse_url(url: impl AsRef<str>) -> Result<ConnectionInfo, RedisError> {
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut s = f.debug_struct("RedisStore");
-        match &*self.backend {
-            Backend::Single { addr, .. } => s.field("addr", addr),
-            Backend::Cluster { .. } => s.field("addr", &"cluster"),
-            Backend::Sentinel { master, .. } => s.field("sentinel_master", master),
-        };
-        s.field("timeout", &self.timeout)
-            .field("breaker", &self.breaker)
+        f.debug_struct("RedisStore")
+            .field("address", &self.address)
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker_settings)
             .finish()
     }
 }
@@ -247,7 +250,11 @@ impl RedisStore {
 
     /// Starts a builder for a store on the Redis at `url` (written as for [`new`](Self::new)).
     pub fn builder<T: AsRef<str>>(url: T) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(parse_url(url).map(|info| Target::Single(Box::new(info))))
+        let address = address::redacted(url.as_ref());
+        RedisStoreBuilder::new(
+            parse_url(url).map(|info| Target::Single(Box::new(info))),
+            address,
+        )
     }
 
     /// Starts a builder for a store on a Redis Cluster.
@@ -263,9 +270,14 @@ impl RedisStore {
     /// # Ok::<(), redlimit::store::BuildError>(())
     /// ```
     pub fn cluster_builder<T: AsRef<str>>(nodes: impl IntoIterator<Item = T>) -> RedisStoreBuilder {
+        let nodes: Vec<T> = nodes.into_iter().collect();
+        let address = format!(
+            "cluster {}",
+            address::redacted_list(nodes.iter().map(AsRef::as_ref))
+        );
         let nodes: Result<Vec<ConnectionInfo>, RedisError> =
             nodes.into_iter().map(parse_url).collect();
-        RedisStoreBuilder::new(nodes.map(Target::Cluster))
+        RedisStoreBuilder::new(nodes.map(Target::Cluster), address)
     }
 
     /// A store on the primary that the sentinels at `sentinels` monitor as `master_name`
@@ -310,11 +322,17 @@ impl RedisStore {
         sentinels: impl IntoIterator<Item = T>,
         master_name: impl Into<String>,
     ) -> RedisStoreBuilder {
+        let sentinels: Vec<T> = sentinels.into_iter().collect();
+        let master = master_name.into();
+        let address = format!(
+            "sentinel {master} at {}",
+            address::redacted_list(sentinels.iter().map(AsRef::as_ref))
+        );
         let sentinels: Result<Vec<ConnectionInfo>, RedisError> =
             sentinels.into_iter().map(parse_url).collect();
-        let master = master_name.into();
         RedisStoreBuilder::new(
             sentinels.map(|sentinels| Target::Sentinel(SentinelTarget { sentinels, master })),
+            address,
         )
     }
 
@@ -415,6 +433,9 @@ impl RedisStore {
             // The call answered, and what it answered says the connection is stale.
             Some(error) if result.is_ok() => connection.settle::<()>(generation, &Err(error)),
             _ => connection.settle(generation, &result),
+        }
+        if result.is_ok() {
+            self.failures.answered();
         }
         result
     }
