@@ -8,6 +8,7 @@
 //! cargo bench --bench throughput -- --quick lease   # only the lease scenario (lease.rs)
 //! cargo bench --bench throughput -- --quick learning   # only the learning scenario (learning.rs)
 //! cargo bench --bench throughput -- --quick batch   # only the batch scenario (batch.rs)
+//! cargo bench --bench throughput -- --quick http   # only the http rounds (http_cost.rs)
 //! REDIS_URL=redis://10.0.0.5:6379/ cargo bench --bench throughput -- --quick
 //! ```
 //!
@@ -23,7 +24,9 @@
 //! - `layer`: the `RateLimitLayer` in process (`ready` + `call` on a trivial `service_fn`), and
 //!   `service` the same service without the layer (what the bench itself costs);
 //! - `http`, `http+layer`: the axum example's router served on 127.0.0.1:0, driven by hyper
-//!   clients over keep-alive connections (one per task);
+//!   clients over keep-alive connections (one per task); at concurrency 64 (hot key and 10 000
+//!   keys) the two are interleaved round by round (http_cost.rs), and the `http cost` line
+//!   after the table gives what the layer adds per request (medians of the rounds);
 //! - `denied/<algorithm>`: `Limiter::check` on keys whose quota is already spent;
 //! - `deny-cache/<algorithm>`: a hot over-limit key makes 90 % of the traffic, the rest is spread
 //!   over other keys, with and without the limiter's deny cache;
@@ -97,6 +100,8 @@ mod connections;
 mod failure;
 mod fleet;
 mod histogram;
+// The `http cost` line: `http + layer` against `http (no layer)` in interleaved rounds.
+mod http_cost;
 // The lease scenario (`lease speedup`, `lease redis calls per decision`).
 mod lease;
 // The learning scenario (`learning redis calls per upstream call`).
@@ -113,6 +118,7 @@ use alloc::*;
 use connections::*;
 use failure::*;
 use histogram::*;
+use http_cost::*;
 use ops::*;
 use output::*;
 use runner::*;
@@ -134,6 +140,8 @@ fn main() -> std::process::ExitCode {
         runtime.block_on(learning::only(settings))
     } else if only("batch") {
         runtime.block_on(batch::only(settings))
+    } else if only("http") {
+        runtime.block_on(http_cost::only(settings))
     } else {
         runtime.block_on(bench(settings))
     };
@@ -154,25 +162,10 @@ fn main() -> std::process::ExitCode {
 
 async fn bench(settings: Settings) -> Checked {
     let started = Instant::now();
-    let admin = Admin::connect().await?;
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(REFERENCE_SCRIPT)
-        .query_async(&mut admin.connection.clone())
-        .await
-        .map_err(|e| failure!("SCRIPT LOAD of the reference script: {e}"))?;
-    let raw_connection = connect(&admin.url).await?;
-    let version = admin.version().await;
-    let cores = std::thread::available_parallelism().map_or(0, usize::from);
     let load_at_start = load_average();
-    let mut bench = Bench {
-        settings,
-        admin,
-        keys: KeySet::new(),
-        sha: sha.into(),
-        raw_connection,
-        rows: Vec::new(),
-    };
+    let mut bench = Bench::start(settings).await?;
+    let version = bench.admin.version().await;
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
 
     // The compared runs, interleaved: round r runs each in turn, starting at a rotating place.
     let rounds = bench.settings.rounds;
@@ -244,7 +237,12 @@ async fn bench(settings: Settings) -> Checked {
         bench.layer(shape).await?;
         bench.service_alone(shape).await?;
     }
-    for shape in Shape::ALL {
+    // The shapes of the `http cost` line in interleaved rounds, every other shape once.
+    let http_cost = bench.http_cost().await?;
+    for shape in Shape::ALL
+        .into_iter()
+        .filter(|s| !HTTP_COST_SHAPES.contains(s))
+    {
         bench.http(shape, false).await?;
         bench.http(shape, true).await?;
     }
@@ -344,6 +342,8 @@ async fn bench(settings: Settings) -> Checked {
     );
     println!();
     print_table(&bench.rows);
+    println!();
+    println!("{}", http_cost_line(&http_cost));
     println!();
     println!("redis-benchmark -P 16 -c 64 of the reference script:");
     println!("{redis_benchmark}");

@@ -39,6 +39,27 @@ pub(crate) struct Bench {
 }
 
 impl Bench {
+    /// The bench on the Redis under test (a private server, or `REDIS_URL`), with the
+    /// reference script loaded and the raw runs' connection open.
+    pub(crate) async fn start(settings: Settings) -> Checked<Bench> {
+        let admin = Admin::connect().await?;
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(REFERENCE_SCRIPT)
+            .query_async(&mut admin.connection.clone())
+            .await
+            .map_err(|e| failure!("SCRIPT LOAD of the reference script: {e}"))?;
+        let raw_connection = connect(&admin.url).await?;
+        Ok(Bench {
+            settings,
+            admin,
+            keys: KeySet::new(),
+            sha: sha.into(),
+            raw_connection,
+            rows: Vec::new(),
+        })
+    }
+
     pub(crate) fn record(&mut self, scenario: &str, shape: Shape, run: Run) -> Checked {
         ensure!(
             run.failures == 0,
@@ -175,7 +196,7 @@ impl Bench {
     }
 
     /// (d) HTTP through the example's router, with or without the layer.
-    pub(crate) async fn http(&mut self, shape: Shape, with_layer: bool) -> Checked {
+    pub(crate) async fn http(&mut self, shape: Shape, with_layer: bool) -> Checked<Run> {
         let limiter = self
             .admin
             .limiter(Algorithm::TokenBucket, &format!("{PREFIX}-http"), false)
@@ -227,7 +248,8 @@ impl Bench {
         } else {
             "http (no layer)"
         };
-        self.record(scenario, shape, run)
+        self.record(scenario, shape, run.clone())?;
+        Ok(run)
     }
 
     /// (b) with the deny cache or without, 90 % of the traffic on a hot key over its quota.

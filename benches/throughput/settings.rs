@@ -15,6 +15,9 @@ pub(crate) struct Settings {
     pub(crate) deny_rounds: usize,
     /// Interleaved rounds of the connections runs (1, 2 and 4 connections), per shape.
     pub(crate) connection_rounds: usize,
+    /// Interleaved rounds of `http (no layer)` and `http + layer`, per shape of the
+    /// `http cost` line.
+    pub(crate) http_rounds: usize,
     /// `-n` of `redis-benchmark`.
     pub(crate) redis_benchmark_requests: u64,
 }
@@ -31,6 +34,7 @@ impl Settings {
                 rounds: 9,
                 deny_rounds: 3,
                 connection_rounds: 4,
+                http_rounds: 9,
                 redis_benchmark_requests: 200_000,
             }
         } else {
@@ -42,6 +46,7 @@ impl Settings {
                 rounds: 15,
                 deny_rounds: 5,
                 connection_rounds: 9,
+                http_rounds: 15,
                 redis_benchmark_requests: 1_000_000,
             }
         }
