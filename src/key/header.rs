@@ -2,7 +2,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderName;
 use http::request::Parts;
 
 use super::{fingerprint, write_sha256_hex, KeyExtractor};
@@ -145,17 +145,28 @@ impl Recent {
         }
         // Never waits: a slot another thread holds is skipped.
         let mut slot = self.slot(value).try_lock().ok()?;
-        match &*slot {
-            Some((seen, key)) if **seen == *value => Some(key.clone()),
-            _ => {
-                let mut digits = [0u8; DIGITS];
-                write_sha256_hex(&mut digits, secret, value);
-                let digits = std::str::from_utf8(&digits).expect("hex digits are ASCII");
-                let key: Arc<str> = [name, ":", digits].concat().into();
-                *slot = Some((value.into(), key.clone()));
-                Some(key)
+        if let Some((seen, key)) = &*slot {
+            if **seen == *value {
+                return Some(key.clone());
             }
         }
+        // One allocation for the key (its `Arc` made from the stack, not from a `String`),
+        // and none for the value when the slot's buffer has its length (an API's keys
+        // usually share one): a miss over many keys allocates once, not three times.
+        let key: Arc<str> = match name.len() + 1 + DIGITS {
+            len if len <= STACK_KEY => {
+                Arc::from(write_key(name, secret, value, &mut [0u8; STACK_KEY][..len]))
+            }
+            len => Arc::from(write_key(name, secret, value, &mut vec![0u8; len])),
+        };
+        match &mut *slot {
+            Some((seen, seen_key)) if seen.len() == value.len() => {
+                seen.copy_from_slice(value);
+                *seen_key = key.clone();
+            }
+            other => *other = Some((value.into(), key.clone())),
+        }
+        Some(key)
     }
 }
 
@@ -209,18 +220,16 @@ impl fmt::Debug for HeaderKey {
     }
 }
 
-impl HeaderKey {
-    /// Writes the key of a request whose header holds `value` into `out`, exactly
-    /// `name.len() + 1 + DIGITS` bytes: `<name>:<hex digits of the hash>`.
-    fn write_key<'b>(&self, value: &HeaderValue, out: &'b mut [u8]) -> &'b str {
-        let name = self.name.as_str().as_bytes();
-        let (head, digits) = out.split_at_mut(name.len() + 1);
-        head[..name.len()].copy_from_slice(name);
-        head[name.len()] = b':';
-        write_sha256_hex(digits, self.secret.as_deref(), value.as_bytes());
-        // A header name and hex digits: ASCII.
-        std::str::from_utf8(out).expect("header names and hex digits are ASCII")
-    }
+/// Writes the key of a request whose header `name` holds `value` into `out`, exactly
+/// `name.len() + 1 + DIGITS` bytes: `<name>:<hex digits of the hash>`.
+fn write_key<'b>(name: &str, secret: Option<&[u8]>, value: &[u8], out: &'b mut [u8]) -> &'b str {
+    let name = name.as_bytes();
+    let (head, digits) = out.split_at_mut(name.len() + 1);
+    head[..name.len()].copy_from_slice(name);
+    head[name.len()] = b':';
+    write_sha256_hex(digits, secret, value);
+    // A header name and hex digits: ASCII.
+    std::str::from_utf8(out).expect("header names and hex digits are ASCII")
 }
 
 impl KeyExtractor for HeaderKey {
@@ -241,10 +250,15 @@ impl KeyExtractor for HeaderKey {
         let len = self.name.as_str().len() + 1 + DIGITS;
         if len <= STACK_KEY {
             let mut stack = [0u8; STACK_KEY];
-            f(Some(self.write_key(value, &mut stack[..len])))
+            f(Some(write_key(
+                name,
+                secret,
+                value.as_bytes(),
+                &mut stack[..len],
+            )))
         } else {
             let mut heap = vec![0u8; len];
-            f(Some(self.write_key(value, &mut heap)))
+            f(Some(write_key(name, secret, value.as_bytes(), &mut heap)))
         }
     }
 

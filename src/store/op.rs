@@ -44,11 +44,17 @@ pub(crate) trait ScriptOp {
         None
     }
 
+    /// About how many arguments, and bytes in all, its call writes: its command is sized once,
+    /// not grown argument by argument. By default a decision's (the SHA-1, two or three keys,
+    /// its packed argument).
+    fn capacity(&self) -> (usize, usize) {
+        (8, 256)
+    }
+
     /// An `EVALSHA` of this call (the SHA-1, `numkeys`, `KEYS` and `ARGV`).
     fn evalsha(&self) -> redis::Cmd {
-        // Room for a decision's call (the SHA-1, two or three keys, its packed argument) from
-        // the start: the command's buffers are not grown argument by argument.
-        let mut cmd = redis::Cmd::with_capacity(8, 256);
+        let (args, bytes) = self.capacity();
+        let mut cmd = redis::Cmd::with_capacity(args, bytes);
         cmd.arg("EVALSHA");
         cmd.arg(self.script().hashed.get_hash());
         self.write_args(&mut cmd);
@@ -57,7 +63,9 @@ pub(crate) trait ScriptOp {
 
     /// The same call as an `EVAL` with the script's body, which cannot fail with `NOSCRIPT`.
     fn eval(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVAL");
+        let (args, bytes) = self.capacity();
+        let mut cmd = redis::Cmd::with_capacity(args, bytes + self.script().source.len());
+        cmd.arg("EVAL");
         cmd.arg(self.script().source.as_str());
         self.write_args(&mut cmd);
         cmd

@@ -434,6 +434,12 @@ impl ScriptOp for BatchOp<'_> {
         stale_server_error(reply)
     }
 
+    /// Up to three keys and an argument per decision, each key about a hundred bytes.
+    fn capacity(&self) -> (usize, usize) {
+        let decisions = self.0.len();
+        (3 + 4 * decisions, 64 + 256 * decisions)
+    }
+
     /// Every decision's keys in order, then every one's argument (`lua/batch.lua`'s header);
     /// one decision alone as the decision script takes it.
     fn write_args(&self, cmd: &mut redis::Cmd) {
