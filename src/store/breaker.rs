@@ -3,6 +3,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::failure::FailureLog;
+
 /// When to stop calling a failing store, and for how long.
 ///
 /// After `failure_threshold` consecutive transport failures (timeouts, I/O errors, a server that
@@ -109,13 +111,19 @@ impl BreakerState {
         }
     }
 
-    pub(crate) fn on_failure(&self, admission: Admission) {
+    /// A transport failure of a call admitted as `admission`. Its changes of state are told
+    /// through the store's `log` (a `warn` only as an outage's first line).
+    pub(crate) fn on_failure(&self, admission: Admission, log: &FailureLog) {
         match admission {
             Admission::Probe => {
                 self.open_until
                     .store(self.now() + self.cool_down_micros(), Ordering::Release);
                 self.probing.store(false, Ordering::Release);
-                tracing::warn!(cool_down = ?self.config.cool_down, "rate limit store probe failed; circuit stays open");
+                if log.may_tell() {
+                    tracing::warn!(cool_down = ?self.config.cool_down, "rate limit store probe failed; circuit stays open");
+                } else {
+                    tracing::debug!(cool_down = ?self.config.cool_down, "rate limit store probe failed; circuit stays open");
+                }
             }
             Admission::Call => {
                 let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -131,11 +139,19 @@ impl BreakerState {
                         .is_ok()
                 {
                     set_open_gauge(true);
-                    tracing::warn!(
-                        failures,
-                        cool_down = ?self.config.cool_down,
-                        "rate limit store keeps failing; circuit opened"
-                    );
+                    if log.may_tell() {
+                        tracing::warn!(
+                            failures,
+                            cool_down = ?self.config.cool_down,
+                            "rate limit store keeps failing; circuit opened"
+                        );
+                    } else {
+                        tracing::debug!(
+                            failures,
+                            cool_down = ?self.config.cool_down,
+                            "rate limit store keeps failing; circuit opened"
+                        );
+                    }
                 }
             }
             Admission::Skip => {}
@@ -176,19 +192,20 @@ mod tests {
 
     #[test]
     fn opens_after_threshold_and_probes_once() {
+        let log = FailureLog::default();
         let breaker = BreakerState::new(CircuitBreaker {
             failure_threshold: 2,
             cool_down: Duration::ZERO,
         });
         assert_eq!(breaker.admit(), Admission::Call);
-        breaker.on_failure(Admission::Call);
+        breaker.on_failure(Admission::Call, &log);
         assert!(!breaker.is_open());
-        breaker.on_failure(Admission::Call);
+        breaker.on_failure(Admission::Call, &log);
         assert!(breaker.is_open());
         // Cool-down of zero: the next call probes, concurrent ones skip.
         assert_eq!(breaker.admit(), Admission::Probe);
         assert_eq!(breaker.admit(), Admission::Skip);
-        breaker.on_failure(Admission::Probe);
+        breaker.on_failure(Admission::Probe, &log);
         assert_eq!(breaker.admit(), Admission::Probe);
         breaker.on_success(Admission::Probe);
         assert!(!breaker.is_open());
@@ -197,11 +214,12 @@ mod tests {
 
     #[test]
     fn an_abandoned_probe_hands_over_to_the_next_call() {
+        let log = FailureLog::default();
         let breaker = BreakerState::new(CircuitBreaker {
             failure_threshold: 1,
             cool_down: Duration::ZERO,
         });
-        breaker.on_failure(Admission::Call);
+        breaker.on_failure(Admission::Call, &log);
         assert_eq!(breaker.admit(), Admission::Probe);
         assert_eq!(breaker.admit(), Admission::Skip);
         breaker.on_abandoned(Admission::Probe);
@@ -216,15 +234,16 @@ mod tests {
 
     #[test]
     fn skips_during_cool_down_and_success_resets_the_count() {
+        let log = FailureLog::default();
         let breaker = BreakerState::new(CircuitBreaker {
             failure_threshold: 2,
             cool_down: Duration::from_secs(3600),
         });
-        breaker.on_failure(Admission::Call);
+        breaker.on_failure(Admission::Call, &log);
         breaker.on_success(Admission::Call);
-        breaker.on_failure(Admission::Call);
+        breaker.on_failure(Admission::Call, &log);
         assert!(!breaker.is_open(), "failures must be consecutive");
-        breaker.on_failure(Admission::Call);
+        breaker.on_failure(Admission::Call, &log);
         assert_eq!(breaker.admit(), Admission::Skip);
     }
 }

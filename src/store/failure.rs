@@ -161,6 +161,20 @@ impl FailureLog {
         None
     }
 
+    /// Whether a change of the store's state (its circuit opening, a probe failing) is told at
+    /// `warn`: only as the first line of an episode, which it then is (the failures after it
+    /// count toward the next line, a minute on). Otherwise the episode's lines already tell
+    /// of the outage, and the change is a `debug` event: one outage, one warning.
+    pub(crate) fn may_tell(&self) -> bool {
+        if self.state.load(Ordering::Relaxed) == SAID {
+            return false;
+        }
+        let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1;
+        self.state.store(SAID, Ordering::Relaxed);
+        self.last_line.store(now, Ordering::Relaxed);
+        true
+    }
+
     /// The store answered: the episode, if any, is over, and the next failure is logged at
     /// once. One load when there is none.
     #[inline]

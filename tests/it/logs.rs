@@ -67,19 +67,33 @@ async fn outage_warns_once_and_recovery_is_an_info_event() {
 }
 
 /// A service started with a wrong `REDIS_URL` serves (the policy fails open), and says so once,
-/// with where it tried to connect, and not once per request nor once a second. The circuit
-/// breaker is off here: its state changes are lines of their own (the test above).
+/// with where it tried to connect, and not once per request nor once a second: with the
+/// defaults (the circuit breaker on: its opening and its failed probes belong to the same
+/// outage) and without a circuit breaker.
 #[tokio::test(flavor = "current_thread")]
 async fn a_wrong_url_logs_one_warning_at_the_first_failure_not_one_per_request() {
+    one_warning_for_a_wrong_url(|url| RedisStore::new(url).unwrap()).await;
+}
+
+/// The same without a circuit breaker: every request tries Redis.
+#[tokio::test(flavor = "current_thread")]
+async fn a_wrong_url_without_a_circuit_breaker_logs_one_warning() {
+    one_warning_for_a_wrong_url(|url| {
+        RedisStore::builder(url)
+            .without_circuit_breaker()
+            .build()
+            .unwrap()
+    })
+    .await;
+}
+
+async fn one_warning_for_a_wrong_url(store: impl FnOnce(&str) -> RedisStore) {
     let (captured, _guard) = crate::support::logs::capture(tracing::Level::DEBUG);
 
     let port = support::free_port(); // nothing listens there
     let password = "s3cret-pw";
     let url = format!("redis://limiter:{password}@127.0.0.1:{port}/");
-    let store = RedisStore::builder(&url)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
+    let store = store(&url);
     let limiter = Limiter::new(store);
     let quota = Quota::per_minute(100).unwrap();
     let requests = 150;

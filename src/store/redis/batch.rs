@@ -386,7 +386,7 @@ impl RedisStore {
         let transport = result.as_ref().err().map(StoreError::is_transport);
         if let Some(breaker) = &self.breaker {
             match transport {
-                Some(true) => breaker.on_failure(Admission::Call),
+                Some(true) => breaker.on_failure(Admission::Call, &self.failures),
                 _ => breaker.on_success(Admission::Call),
             }
         }

@@ -224,7 +224,7 @@ impl RedisStore {
         let transport = result.as_ref().err().map(StoreError::is_transport);
         if let Some(breaker) = &self.breaker {
             match transport {
-                Some(true) => breaker.on_failure(admission),
+                Some(true) => breaker.on_failure(admission, &self.failures),
                 _ => breaker.on_success(admission),
             }
         }
