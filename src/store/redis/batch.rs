@@ -92,10 +92,45 @@ struct Group {
 
 /// A decision waiting for a call: what the call sends for it, and where its answer goes.
 struct Queued {
-    key: String,
+    key: QueuedKey,
     algorithm: Algorithm,
     args: PackedArgs,
     answer: oneshot::Sender<Answer>,
+}
+
+/// A queued decision's storage key, kept in its queue entry when it fits (a prefix, a hash tag
+/// and a scope usually do): queueing a decision then allocates only its answer's channel.
+enum QueuedKey {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<str>),
+}
+
+/// The longest key a queue entry holds in place.
+const INLINE_KEY: usize = 160;
+
+impl QueuedKey {
+    fn new(key: &str) -> Self {
+        match key.len() {
+            len if len <= INLINE_KEY => {
+                let mut bytes = [0u8; INLINE_KEY];
+                bytes[..len].copy_from_slice(key.as_bytes());
+                QueuedKey::Inline {
+                    len: len as u8,
+                    bytes,
+                }
+            }
+            _ => QueuedKey::Heap(key.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            QueuedKey::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).expect("copied from a str")
+            }
+            QueuedKey::Heap(key) => key,
+        }
+    }
 }
 
 /// What a queued decision hears.
@@ -340,7 +375,7 @@ impl RedisStore {
         }
         let (answer, receiver) = oneshot::channel();
         group.queue.push(Queued {
-            key: request.key.to_owned(),
+            key: QueuedKey::new(request.key),
             algorithm: request.algorithm,
             args: PackedArgs::of(request, timed),
             answer,
@@ -450,7 +485,7 @@ impl ScriptOp for BatchOp<'_> {
             .sum();
         cmd.arg(keys);
         for queued in self.0 {
-            push_keys(cmd, &queued.key, queued.algorithm);
+            push_keys(cmd, queued.key.as_str(), queued.algorithm);
         }
         for queued in self.0 {
             cmd.arg(queued.args.as_bytes());
@@ -540,6 +575,23 @@ fn slot_of(key: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queued_key_is_the_key_whatever_its_length() {
+        for len in [
+            0,
+            1,
+            INLINE_KEY - 1,
+            INLINE_KEY,
+            INLINE_KEY + 1,
+            4 * INLINE_KEY,
+        ] {
+            let key: String = "r:{k}".chars().cycle().take(len).collect();
+            assert_eq!(QueuedKey::new(&key).as_str(), key, "{len} bytes");
+        }
+        let wide = "é".repeat(INLINE_KEY / 2);
+        assert_eq!(QueuedKey::new(&wide).as_str(), wide);
+    }
 
     #[test]
     fn slots_are_redis_cluster_slots() {
