@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, PoisonError};
 
+use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
 use super::cluster::is_rehashing;
@@ -348,15 +349,16 @@ impl RedisStore {
         }
     }
 
-    /// One decision in a call of its own, with the breaker's `admission`.
-    async fn check_alone(
-        &self,
-        request: CheckRequest<'_>,
+    /// One decision in a call of its own, with the breaker's `admission`. Boxed: a decision
+    /// that queues (most of them under load) then carries a future of a few hundred bytes, not
+    /// one that holds a whole call's, which every request would copy into its box.
+    fn check_alone<'a>(
+        &'a self,
+        request: CheckRequest<'a>,
         admission: Admission,
         timed: bool,
-    ) -> Result<(Decision, Option<u64>), StoreError> {
-        self.guarded_with(admission, DecideOp { request, timed }, "check")
-            .await
+    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
+        Box::pin(self.guarded_with(admission, DecideOp { request, timed }, "check"))
     }
 
     /// Goes alone when nothing is in flight for the request's group, else queues it, and

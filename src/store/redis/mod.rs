@@ -465,7 +465,18 @@ impl Store for RedisStore {
         &'a self,
         request: CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move { Ok(self.decide(request, false).await?.0) })
+        // Each way boxed on its own: a batching store's box holds only what a queued decision
+        // needs (its call of its own is boxed apart, `batch.rs`), not the largest future of
+        // the two.
+        if self.batches.max() > 1 {
+            Box::pin(async move { Ok(self.batched_check(request, false).await?.0) })
+        } else {
+            let op = DecideOp {
+                request,
+                timed: false,
+            };
+            Box::pin(async move { Ok(self.guarded(op, "check").await?.0) })
+        }
     }
 
     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
