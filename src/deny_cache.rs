@@ -49,12 +49,13 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
+use crate::key::Prehashed;
 use crate::quota::{Quota, Quotas};
 use crate::store::wire::layout::tenant_route;
 
@@ -165,27 +166,6 @@ impl Entry {
 struct Slot {
     key: Box<str>,
     entry: Entry,
-}
-
-/// The index's keys are hashes already: used as they are.
-#[derive(Default)]
-pub(crate) struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `u64`s are hashed (`write_u64`); folding keeps any other input well defined.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
 }
 
 /// One shard: its entries in a `Vec`, so that a full shard can look at a few of them in a

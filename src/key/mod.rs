@@ -266,6 +266,29 @@ pub(crate) fn fingerprint(bytes: &[u8]) -> u64 {
         .wrapping_mul(K)
 }
 
+/// The hasher of a map whose keys are hashes already (a key's [`fingerprint`] or a keyed
+/// hash): hands the `u64` on as it is. The deny cache, the memory store's index and the lease
+/// table use it.
+#[derive(Default)]
+pub(crate) struct Prehashed(u64);
+
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are hashed (`write_u64`); folding keeps any other input well defined.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 /// Whether every byte is printable ASCII other than `{` and `}`: a storage id as it is. One
 /// pass without early exits, which the compiler turns into wide compares (the layer checks
 /// every key of every request).

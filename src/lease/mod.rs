@@ -31,7 +31,7 @@ use crate::core::{
     Answer, Ask, ConfigError, Delegate, DelegateConfig, LeaseError, Limiter, LimiterBuilder,
     Renewal,
 };
-use crate::deny_cache::Prehashed;
+use crate::key::Prehashed;
 use crate::quota::Quotas;
 use crate::store::StoreRuntime;
 

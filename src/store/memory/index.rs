@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
+use crate::key::Prehashed;
+
 /// A store's hasher of keys, keyed at random per store; its clones (and its shards) share it,
 /// and the hashes of the keys it hashed recently.
 #[derive(Clone, Default)]
@@ -172,7 +174,7 @@ fn mix(mut hash: u64) -> u64 {
 }
 
 /// A shard's index: from key (with its hash) to slot.
-pub(super) type Index = HashMap<Indexed, usize, BuildHasherDefault<Passthrough>>;
+pub(super) type Index = HashMap<Indexed, usize, BuildHasherDefault<Prehashed>>;
 
 /// A key as the index holds it, with its hash.
 pub(super) struct Indexed {
@@ -245,25 +247,6 @@ impl PartialEq for Indexed {
 }
 
 impl Eq for Indexed {}
-
-/// The index's hasher: hands on the hash computed beforehand.
-#[derive(Default)]
-pub(super) struct Passthrough(u64);
-
-impl Hasher for Passthrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is ever called; folded all the same.
-        self.0 = fold(self.0, bytes);
-    }
-
-    fn write_u64(&mut self, hash: u64) {
-        self.0 = hash;
-    }
-}
 
 #[cfg(test)]
 mod tests {
