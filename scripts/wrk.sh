@@ -5,9 +5,11 @@
 #   ./scripts/wrk.sh [MIDDLEWARE...]      # default: all of them, in the table's order
 #
 # MIDDLEWARE is one of none, governor, memory, redis-lease, redis, redis-keys (what each is:
-# the example's docs). For each, the script starts the server, warms it up with wrk for 1 s, then
-# runs wrk ROUNDS times (64 connections for 5 s each) and keeps the median requests/s. The hot-key
-# middlewares get one fixed `x-api-key`; `redis-keys` gets 10 000 in turn (`scripts/wrk-keys.lua`).
+# the example's docs). The script starts a server for each and warms it up with wrk for 1 s,
+# then runs wrk on each in turn (64 connections for 5 s), ROUNDS times round by round, so that
+# load from elsewhere on the machine falls on all alike, and keeps each one's median requests/s.
+# The hot-key middlewares get one fixed `x-api-key`; `redis-keys` gets 10 000 in turn
+# (`scripts/wrk-keys.lua`).
 # A run that saw a non-2xx answer or a socket error fails. It prints a table, `middleware |
 # requests/s | / no limiter`, and the machine's load average before and after.
 #
@@ -78,13 +80,15 @@ for m in "${middlewares[@]}"; do
 done
 
 cargo build --release --quiet --example wrk_server
-server_bin=${CARGO_TARGET_DIR:-target}/release/examples/wrk_server
+target=${CARGO_TARGET_DIR:-target}
+server_bin=$target/release/examples/wrk_server
 
-work=$(mktemp -d)
+# Logs and Redis's directory, under the target directory rather than a shared /tmp.
+work=$(mktemp -d "$target/wrk.XXXXXX")
 redis_pid=
-server_pid=
+server_pids=()
 stop() {
-    for pid in $server_pid $redis_pid; do
+    for pid in ${server_pids[@]+"${server_pids[@]}"} $redis_pid; do
         kill "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
@@ -118,16 +122,17 @@ if [ -z "$redis_port" ]; then
 fi
 redis_url=redis://127.0.0.1:$redis_port/
 
-# Starts the server for middleware $1 on a free port; sets server_pid and url.
+# Starts the server for middleware $1 on a free port; sets url[$1].
+declare -A url
 start_server() {
-    local log=$work/$1.log
+    local log=$work/$1.log pid
     "$server_bin" "$1" --bind 127.0.0.1:0 --redis "$redis_url" >"$log" 2>&1 &
-    server_pid=$!
-    url=
+    pid=$!
+    server_pids+=("$pid")
     for _ in $(seq 100); do
-        url=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$log")
-        [ -n "$url" ] && return 0
-        if ! kill -0 "$server_pid" 2>/dev/null; then
+        url[$1]=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$log")
+        [ -n "${url[$1]}" ] && return 0
+        if ! kill -0 "$pid" 2>/dev/null; then
             break
         fi
         sleep 0.1
@@ -137,18 +142,12 @@ start_server() {
     return 1
 }
 
-stop_server() {
-    kill -INT "$server_pid"
-    wait "$server_pid" || true
-    server_pid=
-}
-
-# Runs wrk on $url for $1 with middleware $2's requests; prints its requests/s.
+# Runs wrk for $1 on middleware $2's server with its requests; prints the requests/s.
 run_wrk() {
     local duration=$1 m=$2 out
-    local requests=(-H "x-api-key: hot" "$url")
+    local requests=(-H "x-api-key: hot" "${url[$m]}")
     if [ "$m" = redis-keys ]; then
-        requests=(-s scripts/wrk-keys.lua "$url" -- 10000)
+        requests=(-s scripts/wrk-keys.lua "${url[$m]}" -- 10000)
     fi
     out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$duration" "${requests[@]}")
     if grep -Eq 'Non-2xx|Socket errors' <<<"$out"; then
@@ -184,18 +183,21 @@ echo "wrk $(wrk -v 2>&1 | head -1 | awk '{ print $2 }'), $(redis-server --versio
 echo "wrk -t $THREADS -c $CONNECTIONS -d $DURATION, $ROUNDS rounds after 1 s of warm-up, medians"
 echo "load average before: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 
-declare -A rate
 for m in "${middlewares[@]}"; do
-    redis-cli -p "$redis_port" flushall >/dev/null
     start_server "$m"
     run_wrk 1s "$m" >/dev/null
-    rounds=()
-    for _ in $(seq "$ROUNDS"); do
-        rounds+=("$(run_wrk "$DURATION" "$m")")
+done
+# Round by round, so that the machine's other load falls on every middleware alike.
+declare -A rounds rate
+for _ in $(seq "$ROUNDS"); do
+    for m in "${middlewares[@]}"; do
+        rounds[$m]+="$(run_wrk "$DURATION" "$m") "
     done
-    stop_server
-    rate[$m]=$(printf '%s\n' "${rounds[@]}" | median)
-    echo "$m: ${rounds[*]} requests/s, median ${rate[$m]}" >&2
+done
+for m in "${middlewares[@]}"; do
+    # shellcheck disable=SC2086 # one number per word
+    rate[$m]=$(printf '%s\n' ${rounds[$m]} | median)
+    echo "$m: ${rounds[$m]}requests/s, median ${rate[$m]}" >&2
 done
 
 echo "load average after: $(cut -d ' ' -f 1-3 /proc/loadavg)"
