@@ -7,7 +7,8 @@
 # MIDDLEWARE is one of none, governor, memory, redis-lease, redis, redis-keys (what each is:
 # the example's docs). The script starts a server for each and warms it up with wrk for 1 s,
 # then runs wrk on each in turn (64 connections for 5 s), ROUNDS times round by round, so that
-# load from elsewhere on the machine falls on all alike, and keeps each one's median requests/s.
+# load from elsewhere on the machine falls on all alike, and keeps each one's median requests/s
+# and the median of its ratios to `none` in the same round.
 # The hot-key middlewares get one fixed `x-api-key`; `redis-keys` gets 10 000 in turn
 # (`scripts/wrk-keys.lua`).
 # A run that saw a non-2xx answer or a socket error fails. It prints a table, `middleware |
@@ -207,7 +208,9 @@ echo "|---|---|---|"
 for m in "${middlewares[@]}"; do
     ratio=n/a
     if [ -n "${rate[none]:-}" ]; then
-        ratio=$(awk -v r="${rate[$m]}" -v n="${rate[none]}" 'BEGIN { printf "%.3f", r / n }')
+        # The median of the rounds' ratios: each round's own `none` is the one run nearest it.
+        ratio=$(paste -d ' ' <(tr ' ' '\n' <<<"${rounds[$m]}") <(tr ' ' '\n' <<<"${rounds[none]}") |
+            awk 'NF == 2 { print $1 / $2 }' | median | xargs printf '%.3f')
     fi
     echo "| $(label "$m") | $(thousands "${rate[$m]}") | $ratio |"
 done
