@@ -84,8 +84,8 @@ cargo build --release --quiet --example wrk_server
 target=${CARGO_TARGET_DIR:-target}
 server_bin=$target/release/examples/wrk_server
 
-# Logs and Redis's directory, under the target directory rather than a shared /tmp.
-work=$(mktemp -d "$target/wrk.XXXXXX")
+# The logs, and Redis's directory.
+work=$(mktemp -d)
 redis_pid=
 server_pids=()
 stop() {
@@ -127,6 +127,7 @@ redis_url=redis://127.0.0.1:$redis_port/
 declare -A url
 start_server() {
     local log=$work/$1.log pid
+    : >"$log" # before the server opens it in the background
     "$server_bin" "$1" --bind 127.0.0.1:0 --redis "$redis_url" >"$log" 2>&1 &
     pid=$!
     server_pids+=("$pid")
