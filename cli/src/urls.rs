@@ -112,50 +112,7 @@ fn starts_with_scheme(text: &str) -> bool {
 /// `://`, the query after the first `?` that follows. A URL without a password is shown as
 /// written.
 pub fn redacted(url: &str) -> String {
-    let parsed = redis::parse_redis_url(url);
-    let shown = match parsed.clone() {
-        Some(parsed) => redacted_parsed(url, parsed),
-        None => return redacted_loosely(url),
-    };
-    // A URL the parser reads but the client refuses (`redis:/u:pw@h` has no host, so no user
-    // info): what its writer meant is unknown, so the loose rules hide what they would too.
-    match parsed.map(IntoConnectionInfo::into_connection_info) {
-        Some(Ok(_)) => shown,
-        _ => redacted_loosely(&shown),
-    }
-}
-
-/// [`redacted`] of a URL the client's parser read as `parsed`.
-fn redacted_parsed(url: &str, mut parsed: url::Url) -> String {
-    let query = parsed.query().map(redacted_query);
-    let password = parsed.password().is_some();
-    if !password && query.as_ref().is_none_or(|(_, hidden)| !hidden) {
-        return url.to_owned();
-    }
-    if password && parsed.set_password(Some("***")).is_err() {
-        return redacted_loosely(url);
-    }
-    if let Some((query, true)) = query {
-        parsed.set_query(Some(&query));
-    }
-    parsed.to_string()
-}
-
-/// `query` (without its `?`) with the value of every `pass` or `password` parameter replaced
-/// by `***`, the rest as written; and whether any was.
-fn redacted_query(query: &str) -> (String, bool) {
-    let mut hidden = false;
-    let pieces: Vec<String> = query
-        .split('&')
-        .map(|piece| match piece.split_once('=') {
-            Some((name, _)) if is_secret_parameter(name) => {
-                hidden = true;
-                format!("{name}=***")
-            }
-            _ => piece.to_owned(),
-        })
-        .collect();
-    (pieces.join("&"), hidden)
+    redlimit::store::redacted_url(url)
 }
 
 /// Whether a query parameter's name, as written, names a password (in any case: the client
@@ -172,35 +129,6 @@ fn is_secret_name(name: &str) -> bool {
     SECRET_PARAMETERS
         .iter()
         .any(|secret| secret.eq_ignore_ascii_case(name))
-}
-
-/// [`redacted`] of text the client's parser does not read: the user info up to the last `@`
-/// (a password may hold `?` or `@`), then the query after the first `?` that follows.
-fn redacted_loosely(url: &str) -> String {
-    let (mut shown, rest) = match user_info(url) {
-        Some((start, info)) if info.contains(':') => {
-            let user = info.split(':').next().unwrap_or_default();
-            let shown = format!("{}{user}:***", &url[..start]);
-            (shown, &url[start + info.len()..])
-        }
-        _ => (String::new(), url),
-    };
-    let Some((before, query)) = rest.split_once('?') else {
-        shown.push_str(rest);
-        return shown;
-    };
-    let (query, fragment) = match query.split_once('#') {
-        Some((query, fragment)) => (query, Some(fragment)),
-        None => (query, None),
-    };
-    shown.push_str(before);
-    shown.push('?');
-    shown.push_str(&redacted_query(query).0);
-    if let Some(fragment) = fragment {
-        shown.push('#');
-        shown.push_str(fragment);
-    }
-    shown
 }
 
 /// Where `url`'s user info starts and the user info (up to the host's `@`, the last one: a

@@ -113,8 +113,8 @@ pub use self::memory::{MemoryStore, DEFAULT_MAX_KEYS, DEFAULT_MAX_LOG_ENTRIES};
 pub use self::ops::StoreExt;
 pub(crate) use self::redis::StoreRuntime;
 pub use self::redis::{
-    BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
-    MAX_BATCH, MIN_REDIS_VERSION,
+    redacted_url, BuildError, RedisStore, RedisStoreBuilder, ServerInfo, DEFAULT_MAX_BATCH,
+    DEFAULT_TIMEOUT, MAX_BATCH, MIN_REDIS_VERSION,
 };
 pub use self::refund::{RefundRequest, ReservedAt};
 pub use self::slots::{SlotOp, SlotReply, SlotRequest};

@@ -19,7 +19,18 @@ const HIDDEN: &str = "***";
 /// other text, and a URL the client then refuses, by the same rules read loosely: the user info
 /// up to the last `@` after `://`, the query after the first `?` that follows. A URL without a
 /// password is shown as written.
-pub(crate) fn redacted(url: &str) -> String {
+///
+/// What a `RedisStore`'s failures log as its address; public so that a service logs the URLs
+/// it was given the same way (the `redlimit` command does).
+///
+/// ```
+/// use redlimit::store::redacted_url;
+///
+/// assert_eq!(redacted_url("redis://app:s3cret@10.0.0.5:6379/0"), "redis://app:***@10.0.0.5:6379/0");
+/// assert_eq!(redacted_url("unix:///run/redis.sock?pass=s3cret"), "unix:///run/redis.sock?pass=***");
+/// assert_eq!(redacted_url("redis://10.0.0.5:6379"), "redis://10.0.0.5:6379");
+/// ```
+pub fn redacted_url(url: &str) -> String {
     let Some(parsed) = redis::parse_redis_url(url) else {
         return redacted_loosely(url);
     };
@@ -50,10 +61,10 @@ pub(crate) fn redacted(url: &str) -> String {
     }
 }
 
-/// The URLs of a list (a Cluster's nodes, a Sentinel's sentinels), each [`redacted`], joined
+/// The URLs of a list (a Cluster's nodes, a Sentinel's sentinels), each [`redacted_url`], joined
 /// with commas.
 pub(crate) fn redacted_list<'a>(urls: impl IntoIterator<Item = &'a str>) -> String {
-    let shown: Vec<String> = urls.into_iter().map(redacted).collect();
+    let shown: Vec<String> = urls.into_iter().map(redacted_url).collect();
     shown.join(",")
 }
 
@@ -108,7 +119,7 @@ fn form_decoded(text: &str) -> Vec<u8> {
     decoded
 }
 
-/// [`redacted`] of text the client's parser does not read: the user info up to the last `@`
+/// [`redacted_url`] of text the client's parser does not read: the user info up to the last `@`
 /// (a password may hold `?` or `@`), then the query after the first `?` that follows.
 fn redacted_loosely(url: &str) -> String {
     let start = url.find("://").map_or(0, |at| at + 3);
@@ -190,7 +201,7 @@ mod tests {
             ("redis://u:pw@[::1", "redis://u:***@[::1"),
             ("redis+unix://[?pass=a+b#x", "redis+unix://[?pass=***#x"),
         ] {
-            assert_eq!(redacted(url), shown, "{url}");
+            assert_eq!(redacted_url(url), shown, "{url}");
         }
     }
 

@@ -25,6 +25,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 
 use self::batch::Batches;
+pub use self::address::redacted_url;
 pub use self::batch::{DEFAULT_MAX_BATCH, MAX_BATCH};
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
@@ -250,7 +251,7 @@ impl RedisStore {
 
     /// Starts a builder for a store on the Redis at `url` (written as for [`new`](Self::new)).
     pub fn builder<T: AsRef<str>>(url: T) -> RedisStoreBuilder {
-        let address = address::redacted(url.as_ref());
+        let address = address::redacted_url(url.as_ref());
         RedisStoreBuilder::new(
             parse_url(url).map(|info| Target::Single(Box::new(info))),
             address,
