@@ -30,35 +30,8 @@ ROUNDS=${WRK_ROUNDS:-3}
 THREADS=${WRK_THREADS:-$(nproc)}
 ALL=(none governor memory redis-lease redis redis-keys)
 
-# Installs the Debian package $1 when its command $2 is missing.
-install() {
-    local package=$1 command=$2
-    if command -v "$command" >/dev/null 2>&1; then
-        return 0
-    fi
-    echo "$command not found: installing $package with apt-get" >&2
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "error: no apt-get here; install $package yourself" >&2
-        return 1
-    fi
-    local sudo=()
-    if [ "$(id -u)" -ne 0 ]; then
-        if command -v sudo >/dev/null 2>&1; then
-            sudo=(sudo)
-        else
-            echo "error: not root and no sudo; install $package yourself" >&2
-            return 1
-        fi
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    # A failing mirror need not stop the install: the package lists may already be there.
-    ${sudo[@]+"${sudo[@]}"} apt-get update -q </dev/null || echo "warning: apt-get update failed" >&2
-    ${sudo[@]+"${sudo[@]}"} apt-get install -y -q --no-install-recommends "$package" </dev/null
-    if ! command -v "$command" >/dev/null 2>&1; then
-        echo "error: $command is still not on PATH after apt-get install $package" >&2
-        return 1
-    fi
-}
+# `install PACKAGE COMMAND`: apt-get when the command is missing.
+. scripts/install.sh
 
 install wrk wrk
 # Debian's package may start a system-wide Redis on 6379; this script does not use it.

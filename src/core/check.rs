@@ -380,26 +380,22 @@ impl Limiter {
         let logs = self.feature_state::<crate::store::StoreFailureLog>();
         let (description, log) = logs.of(&self.inner.store);
         match log.failed() {
-            Some(line) if line.first => tracing::warn!(
-                store = %description,
-                %error,
-                transport = error.is_transport(),
-                algorithm = %self.inner.algorithm,
-                policy = ?self.inner.policy,
-                allowed = verdict.is_allowed(),
-                left_out = line.left_out,
-                "rate limit store failed; the failure policy decides until it answers"
-            ),
-            Some(line) => tracing::warn!(
-                store = %description,
-                %error,
-                transport = error.is_transport(),
-                algorithm = %self.inner.algorithm,
-                policy = ?self.inner.policy,
-                allowed = verdict.is_allowed(),
-                left_out = line.left_out,
-                "rate limit store still failing; the failure policy decides until it answers"
-            ),
+            Some(line) => {
+                let message = match line.first {
+                    true => "rate limit store failed; the failure policy decides until it answers",
+                    false => "rate limit store still failing; the failure policy decides until it answers",
+                };
+                tracing::warn!(
+                    store = %description,
+                    %error,
+                    transport = error.is_transport(),
+                    algorithm = %self.inner.algorithm,
+                    policy = ?self.inner.policy,
+                    allowed = verdict.is_allowed(),
+                    left_out = line.left_out,
+                    "{message}"
+                )
+            }
             None => tracing::debug!(
                 %error,
                 allowed = verdict.is_allowed(),

@@ -24,8 +24,8 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 
-use self::batch::Batches;
 pub use self::address::redacted_url;
+use self::batch::Batches;
 pub use self::batch::{DEFAULT_MAX_BATCH, MAX_BATCH};
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
