@@ -34,6 +34,12 @@ pub fn redacted_url(url: &str) -> String {
     let Some(parsed) = redis::parse_redis_url(url) else {
         return redacted_loosely(url);
     };
+    if has_user_info_past_authority(url, parsed.scheme()) {
+        // `redis://u:123#pw@h`: the parser reads `123` as a port and `#pw@h` as a fragment (or
+        // a query, or a path), so it finds no password; but the text before the last `@` is
+        // the user's password all the same.
+        return redacted_loosely(url);
+    }
     let accepted = parsed.clone().into_connection_info().is_ok();
     let mut parsed = parsed;
     let query = parsed.query().map(redacted_query);
@@ -52,6 +58,15 @@ pub fn redacted_url(url: &str) -> String {
     }
     if let Some((query, true)) = query {
         parsed.set_query(Some(&query));
+        // A password holding `#` unencoded runs on into the fragment: hidden too, unless it
+        // is the one the client reads (`#insecure`).
+        if last_parameter_is_secret(&query)
+            && parsed
+                .fragment()
+                .is_some_and(|fragment| fragment != "insecure")
+        {
+            parsed.set_fragment(Some(HIDDEN));
+        }
     }
     let shown = parsed.to_string();
     if accepted {
@@ -59,6 +74,26 @@ pub fn redacted_url(url: &str) -> String {
     } else {
         redacted_loosely(&shown)
     }
+}
+
+/// Whether `url`, whose scheme the parser read as `scheme`, is a TCP URL with an `@` after the
+/// authority the parser found (in its path, query or fragment): user info whose password holds
+/// a `/`, `?` or `#` unencoded after a part the parser took for a port.
+fn has_user_info_past_authority(url: &str, scheme: &str) -> bool {
+    let tcp = matches!(scheme, "redis" | "rediss" | "valkey" | "valkeys");
+    let Some(start) = url.find("://").map(|at| at + 3) else {
+        return false;
+    };
+    let rest = &url[start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    tcp && rest[authority_end..].contains('@')
+}
+
+/// Whether the last parameter of `query` (redacted) is a secret one.
+fn last_parameter_is_secret(query: &str) -> bool {
+    let last = query.rsplit('&').next().unwrap_or_default();
+    last.split_once('=')
+        .is_some_and(|(name, _)| is_secret_parameter(name))
 }
 
 /// The URLs of a list (a Cluster's nodes, a Sentinel's sentinels), each [`redacted_url`], joined
