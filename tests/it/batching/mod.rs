@@ -8,6 +8,7 @@ mod cancel;
 mod cluster;
 mod decisions;
 mod faults;
+mod key_shapes;
 mod limits;
 mod runtime;
 mod sender;
