@@ -285,7 +285,6 @@ async fn oom_refusals_warn_once_for_the_episode() {
 }
 
 /// `DEBUG SLEEP` past the timeout: every call times out; one warning.
-#[ignore = "two warnings an outage: the connection found stale (a dropped connection, 3 timeouts) is a warn of its own beside the episode's first failure (src/store/redis/connection.rs `replace`), not told through the store's FailureLog"]
 #[tokio::test(flavor = "current_thread")]
 async fn a_redis_asleep_past_the_timeout_warns_once() {
     let (captured, _guard) = support::logs::capture(tracing::Level::TRACE);
@@ -306,7 +305,6 @@ async fn a_redis_asleep_past_the_timeout_warns_once() {
 
 /// Redis killed with calls in flight and restarted, twice, more than a second apart: one
 /// warning per outage.
-#[ignore = "two warnings an outage: the connection found stale (a dropped connection, 3 timeouts) is a warn of its own beside the episode's first failure (src/store/redis/connection.rs `replace`), not told through the store's FailureLog"]
 #[tokio::test(flavor = "current_thread")]
 async fn each_outage_of_a_killed_redis_warns_once() {
     let (captured, _guard) = support::logs::capture(tracing::Level::TRACE);

@@ -147,7 +147,12 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
             Some(ready) if self.runtime.is_live(ready.epoch) => Some(ready.connection.clone()),
             Some(_) => {
                 // Made on a runtime that has shut down: its driver died with it.
-                self.replace(&slot, "the store's runtime shut down");
+                if self.replace(&slot) {
+                    tracing::warn!(
+                        reason = "the store's runtime shut down",
+                        "rate limit store connection is stale; reconnecting"
+                    );
+                }
                 None
             }
             None => None,
@@ -245,11 +250,16 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
     }
 
     /// Records how a call on generation `generation` went; replaces the connection if that
-    /// shows it stale.
-    pub(super) fn settle<T>(&self, generation: u64, result: &Result<T, StoreError>) {
+    /// shows it stale, and then says why (the caller logs it: as part of a failure's episode,
+    /// or on its own when the call answered).
+    pub(super) fn settle<T>(
+        &self,
+        generation: u64,
+        result: &Result<T, StoreError>,
+    ) -> Option<&'static str> {
         let slot = self.current.load();
         if slot.generation != generation {
-            return; // already replaced
+            return None; // already replaced
         }
         let reason = match result {
             Ok(_) => {
@@ -260,44 +270,37 @@ impl<C: Clone + Send + Sync + 'static> Replaceable<C> {
                 if !slot.proven.load(Ordering::Relaxed) {
                     slot.proven.store(true, Ordering::Relaxed);
                 }
-                return;
+                return None;
             }
             Err(StoreError::Timeout(_)) => {
                 let timeouts = slot.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
                 if timeouts < STALE_AFTER_TIMEOUTS {
-                    return;
+                    return None;
                 }
                 "consecutive timeouts"
             }
-            Err(StoreError::Redis(error)) => match (self.stale)(error.inner()) {
-                Some(reason) => reason,
-                None => return,
-            },
-            Err(_) => return,
+            Err(StoreError::Redis(error)) => (self.stale)(error.inner())?,
+            Err(_) => return None,
         };
         // A connection still being made is not stale: its attempt goes on in the background.
-        let Some(ready) = slot.ready.get() else {
-            return;
-        };
+        let ready = slot.ready.get()?;
         // A connection that never answered (a slow first reply, or a URL that leads to a
         // replica for good) is replaced at most once per connection attempt's time.
         if !slot.proven.load(Ordering::Relaxed) && ready.at.elapsed() < CONNECT_TIMEOUT {
-            return;
+            return None;
         }
-        self.replace(&slot, reason);
+        self.replace(&slot).then_some(reason)
     }
 
     /// Puts a fresh slot in place of `slot` (unless another call already did): the next call
-    /// makes a new connection.
-    fn replace(&self, slot: &Arc<Slot<C>>, reason: &'static str) {
+    /// makes a new connection. Whether this call replaced it.
+    fn replace(&self, slot: &Arc<Slot<C>>) -> bool {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let previous = self
             .current
             .compare_and_swap(slot, Arc::new(Slot::new(generation)));
-        if Arc::ptr_eq(&previous, slot) {
-            // Dropping the last handle of the old connection closes it.
-            tracing::warn!(reason, "rate limit store connection is stale; reconnecting");
-        }
+        // Dropping the last handle of the old connection closes it.
+        Arc::ptr_eq(&previous, slot)
     }
 
     #[cfg(test)]

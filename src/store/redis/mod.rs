@@ -430,10 +430,20 @@ impl RedisStore {
                 op.read_reply(reply)
             })
             .await;
-        match inner_error {
+        let replaced = match inner_error {
             // The call answered, and what it answered says the connection is stale.
             Some(error) if result.is_ok() => connection.settle::<()>(generation, &Err(error)),
             _ => connection.settle(generation, &result),
+        };
+        if let Some(reason) = replaced {
+            // A call that failed is told by its failure's episode (one outage, one warning: the
+            // failure policy's line, or the circuit breaker's); one that answered on a stale
+            // connection (a batch's `READONLY`) is told here, with where the store connects.
+            if result.is_ok() && self.failures.may_tell() {
+                tracing::warn!(store = ?self, reason, "rate limit store connection is stale; reconnecting");
+            } else {
+                tracing::debug!(reason, "rate limit store connection is stale; reconnecting");
+            }
         }
         if result.is_ok() {
             self.failures.answered();
