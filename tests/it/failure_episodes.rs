@@ -259,19 +259,7 @@ async fn oom_refusals_warn_once_for_the_episode() {
     let limiter = Limiter::new(RedisStore::new(redis.url()).unwrap());
     let quota = Quota::per_minute(1_000).unwrap();
     assert!(support::admits(&limiter, "warm", &quota).await);
-    let mut conn = redis.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("1")
-        .query(&mut conn)
-        .unwrap();
+    redis.out_of_memory();
     // Over more than two seconds, on keys never written: a line a second would show.
     for i in 0..50 {
         let key = format!("k{i}");

@@ -181,6 +181,20 @@ impl RedisServer {
         debug_sleep_via(&self.client(), duration)
     }
 
+    /// Puts `maxmemory` below what the server uses, with nothing to evict (`noeviction`):
+    /// every write is refused with `OOM`.
+    pub fn out_of_memory(&self) {
+        let mut conn = self.conn();
+        for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query(&mut conn)
+                .unwrap();
+        }
+    }
+
     /// The server's clock (`TIME`), since the Unix epoch.
     pub fn time(&self) -> Duration {
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut self.conn()).unwrap();

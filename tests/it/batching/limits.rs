@@ -88,23 +88,6 @@ async fn full_batches_at_the_bound_are_decided() {
         .all(|answer| answer.as_ref().unwrap().allowed));
 }
 
-/// Redis with `maxmemory` below what it uses and nothing to evict (`noeviction`).
-pub(crate) fn out_of_memory(redis: &RedisServer) {
-    let mut conn = redis.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query(&mut conn)
-        .unwrap();
-}
-
 fn is_oom(answer: &Result<Decision, StoreError>) -> bool {
     matches!(answer, Err(error) if error.to_string().contains("OOM"))
 }
@@ -120,7 +103,7 @@ async fn a_sliding_log_admission_alone_writes_nothing_past_maxmemory() {
     // One unit on record before, so that the log exists.
     assert!(admits(&store, key, &quotas, Algorithm::SlidingLog).await);
     let before = sorted_sets(&redis);
-    out_of_memory(&redis);
+    redis.out_of_memory();
     let answer = store
         .check(request(key, &quotas, Algorithm::SlidingLog))
         .await;
@@ -182,7 +165,7 @@ async fn each_decision_of_a_batch_meets_maxmemory_as_alone() {
     .await;
     sleeping.join().unwrap();
     let before = sorted_sets(&redis);
-    out_of_memory(&redis);
+    redis.out_of_memory();
 
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
     tokio::time::sleep(Duration::from_millis(30)).await;
@@ -459,7 +442,7 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
                 .unwrap();
         }
         for redis in [&batched_redis, &alone_redis] {
-            out_of_memory(redis);
+            redis.out_of_memory();
         }
         let requests: Vec<CheckRequest<'_>> = order
             .iter()
