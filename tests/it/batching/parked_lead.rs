@@ -199,3 +199,39 @@ async fn a_batching_and_an_unbatched_store_admit_the_same_under_one_quota() {
     }
     assert_eq!(admitted_by, [LIMIT, LIMIT], "batching, unbatched");
 }
+
+/// Checks dropped after 1 to 3 polls (a yield between polls), Redis idle, each alone in flight
+/// when dropped, 30 times on one key: Redis counts each at most once, the group is left clean
+/// (later decisions go alone), and 10 more decisions count exactly 10 more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_alone_in_flight_dropped_after_each_poll_count_at_most_once_and_leave_no_call_counted(
+) {
+    let redis = RedisServer::start();
+    let store = warm_store(&redis, TIMEOUT, DEFAULT_MAX_BATCH).await;
+    let key = "redlimit:{dropped-alone}";
+    let quotas: Quotas = Quota::per_hour(100_000).unwrap().into();
+    let peek = || async { 100_000 - store.check(on(key, &quotas, 0)).await.unwrap().remaining };
+    let mut pending_drops = 0;
+    for round in 0..30 {
+        let mut check = Box::pin(store.check(on(key, &quotas, 1)));
+        let mut pending = true;
+        for _ in 0..=(round % 3) {
+            pending = poll_once(&mut check);
+            if !pending {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        pending_drops += u64::from(pending);
+        drop(check);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let count = peek().await;
+    assert!(count <= 30, "Redis counts {count} of 30 checks");
+    assert!(pending_drops > 0, "every check decided within its polls");
+    assert_later_decisions_go_alone(&redis, &store, "after-alone", "after dropped lone checks")
+        .await;
+    let more = join_all((0..10).map(|_| store.check(on(key, &quotas, 1)))).await;
+    assert!(more.iter().all(Result::is_ok), "{more:?}");
+    assert_eq!(peek().await, count + 10, "10 more decisions");
+}
