@@ -10,6 +10,7 @@ mod decisions;
 mod faults;
 mod key_shapes;
 mod limits;
+mod parked_lead;
 mod runtime;
 mod sender;
 

@@ -2,6 +2,7 @@
 //! what a leasing instance admits, reports and gives back, when requests are dropped, when the
 //! store fails, under controls, and how a lease-answered request's settlement is dated.
 
+mod above_the_core;
 mod basics;
 mod cancel;
 mod controls;
