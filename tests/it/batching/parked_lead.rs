@@ -9,10 +9,12 @@ use std::task::Context;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redlimit::store::{CheckRequest, RedisStore, Store, DEFAULT_MAX_BATCH};
-use redlimit::{Algorithm, Quota, Quotas};
+use redlimit::store::{RedisStore, Store, DEFAULT_MAX_BATCH};
+use redlimit::{Quota, Quotas};
 
-use super::{assert_later_decisions_go_alone, batched_and_unbatched, warm_store, SLACK};
+use super::{
+    assert_later_decisions_go_alone, batched_and_unbatched, on_shared as on, warm_store, SLACK,
+};
 use crate::support::RedisServer;
 
 /// The quota of the one key: 40 an hour, fewer than the 64 decisions made on it.
@@ -20,16 +22,6 @@ const LIMIT: u64 = 40;
 
 fn forty() -> Quotas {
     Quota::per_hour(LIMIT).unwrap().into()
-}
-
-fn on<'a>(key: &'a str, quotas: &'a Quotas, cost: u64) -> CheckRequest<'a> {
-    CheckRequest {
-        key,
-        algorithm: Algorithm::FixedWindow,
-        quotas,
-        cost,
-        now_micros: None,
-    }
 }
 
 /// Units Redis counts on `key` under [`forty`]: a peek (cost 0).
