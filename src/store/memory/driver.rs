@@ -164,6 +164,22 @@ struct Opened<'a> {
     stale: bool,
 }
 
+/// A step's arguments for `tier` at `now` and `cost`; a tier of other than integers is refused,
+/// as the script refuses it.
+#[inline]
+fn args_of(tier: &Tier, now: f64, cost: f64) -> Result<Args, Refused> {
+    if !tier.valid() {
+        return Err(Refused("limit, period_us and burst must be integers"));
+    }
+    Ok(Args {
+        now,
+        cost,
+        limit: tier.limit,
+        period: tier.period,
+        burst: tier.burst,
+    })
+}
+
 /// A time left in µs as the reply carries it: whole ms rounded up, at most [`MAX_REPLY_MS`].
 fn reply_ms(us: f64) -> i64 {
     let ms = us / 1000.0;
@@ -283,17 +299,7 @@ pub(crate) fn decide(
     // That is the `plain` case below, reached without opening (no tiers array to build).
     if let ([quota], None) = (quotas, tenant) {
         if stored.is_none_or(|s| is_one_state(s.len())) {
-            let tier = Tier::of(quota);
-            if !tier.valid() {
-                return Err(Refused("limit, period_us and burst must be integers"));
-            }
-            let args = Args {
-                now,
-                cost,
-                limit: tier.limit,
-                period: tier.period,
-                burst: tier.burst,
-            };
+            let args = args_of(&Tier::of(quota), now, cost)?;
             let outcome = step(stored, &args);
             let mut gather = Gather::new();
             gather.add(
@@ -328,9 +334,7 @@ pub(crate) fn decide(
     let mut oks = Vec::new();
     let mut plain_state = None;
     for (i, tier) in tiers.iter().enumerate() {
-        if !tier.valid() {
-            return Err(Refused("limit, period_us and burst must be integers"));
-        }
+        let args = args_of(tier, now, cost)?;
         let stored = if plain {
             s
         } else {
@@ -341,13 +345,6 @@ pub(crate) fn decide(
                 at += len;
                 (tag != 0).then_some(state)
             })
-        };
-        let args = Args {
-            now,
-            cost,
-            limit: tier.limit,
-            period: tier.period,
-            burst: tier.burst,
         };
         let outcome = step(stored, &args);
         gather.add(
@@ -421,16 +418,7 @@ pub(crate) fn decide_log(
     gather.overridden = opened.overridden.then_some(*tiers);
     let mut writer: Option<(f64, bool)> = None; // (period, stepped back) of the longest writer
     for (i, tier) in tiers.iter().enumerate() {
-        if !tier.valid() {
-            return Err(Refused("limit, period_us and burst must be integers"));
-        }
-        let args = Args {
-            now,
-            cost,
-            limit: tier.limit,
-            period: tier.period,
-            burst: tier.burst,
-        };
+        let args = args_of(tier, now, cost)?;
         let (outcome, stepped_back) = sliding_log::decide(log, &args);
         gather.add(
             i,
