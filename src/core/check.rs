@@ -4,7 +4,11 @@
 //! ([`Limiter::answer_later`]) waits for the store, or for a lease's renewal. Every check of
 //! the crate goes through here, and hands back what it decided as a value ([`Answer`]).
 
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
+
+use pin_project_lite::pin_project;
 
 use super::stats::{PolicyLabel, StoreTimer};
 use super::Limiter;
@@ -13,7 +17,7 @@ use crate::deny_cache::Started;
 use crate::failure_policy::FailureContext;
 use crate::quota::{Quota, QuotaError, Quotas};
 use crate::store::ops::StoreExt;
-use crate::store::{Block, CheckRequest, StoreError};
+use crate::store::{Block, CheckRequest, QueuedDecision, StoreError};
 
 /// One check to run: which storage key, under which quotas, at what cost, and what its caller
 /// needs beyond the verdict.
@@ -121,8 +125,11 @@ pub(crate) enum Origin {
     Policy,
 }
 
-/// What the part of a check done at once leaves to [`Limiter::answer_later`].
-#[derive(Debug, Clone, Copy)]
+/// What the part of a check done at once leaves to [`Limiter::answer_later`]. Large when the
+/// store queued the decision (its timer inside): moved, never boxed, since a box per request is
+/// what queueing saves.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Later {
     /// Through the limiter's delegate (a lease that holds too little, or none yet).
     Delegate,
@@ -138,12 +145,26 @@ enum Asked {
     Stored(Result<Decision, StoreError>),
 }
 
-/// A store call still to make: at the time read at once, with the deny cache's mark taken
-/// before it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StoreCall {
-    now_micros: Option<u64>,
-    started: Option<Started>,
+pin_project! {
+    /// A store call still to make, or already queued: at the time read at once, with the deny
+    /// cache's mark taken before it.
+    #[derive(Debug)]
+    pub(crate) struct StoreCall {
+        now_micros: Option<u64>,
+        started: Option<Started>,
+        // The store's decision, started at once when the store queues it
+        // ([`Store::queue`](crate::store::Store::queue)), its wait timed from then.
+        #[pin]
+        queued: Option<QueuedDecision>,
+        timer: Option<StoreTimer>,
+    }
+}
+
+impl StoreCall {
+    /// Whether the store queued the decision: [`Limiter::poll_queued`] waits for it.
+    pub(crate) fn is_queued(&self) -> bool {
+        self.queued.is_some()
+    }
 }
 
 impl Limiter {
@@ -187,6 +208,7 @@ impl Limiter {
     }
 
     /// The answer to `ask` when it needs no waiting; else what is left to await.
+    #[allow(clippy::result_large_err)] // see `Later`
     pub(crate) fn answer_now(&self, ask: Ask<'_>) -> Result<Answer, Later> {
         if let Err((quota, error)) = self.supports(ask.quotas) {
             return Ok(self.refused(quota, error, ask.label));
@@ -239,6 +261,7 @@ impl Limiter {
     /// store's in this process: [`Store::decide_now`]); else the store call to await.
     ///
     /// [`Store::decide_now`]: crate::store::Store::decide_now
+    #[allow(clippy::result_large_err)] // see `Later`
     fn ask_now(&self, request: CheckRequest<'_>, ask: Ask<'_>) -> Result<Asked, StoreCall> {
         let cache = self.inner.deny_cache.as_ref();
         let CheckRequest {
@@ -257,17 +280,58 @@ impl Limiter {
         // A blocking check always waits for the store; so does a reservation on the store's
         // clock, which asks the store when it admits.
         let timed = ask.reserving && request.now_micros.is_none();
+        let mut queued = None;
         if ask.block.is_none() && !timed {
             // No latency recorded: a decision made in this process has no round trip to watch
             // (docs/using.md, the metrics' table).
             if let Some(result) = self.inner.store.decide_now(request) {
                 return Ok(Asked::Stored(self.remembered(result, request, started)));
             }
+            queued = self.inner.store.queue(request);
         }
         Err(StoreCall {
             now_micros: request.now_micros,
             started,
+            timer: queued.as_ref().map(|_| StoreTimer::start()),
+            queued,
         })
+    }
+
+    /// Polls a check whose store decision was queued ([`StoreCall::is_queued`]) to its answer:
+    /// the layer's plain check waits so, with no future of its own to box.
+    pub(crate) fn poll_queued(
+        &self,
+        cx: &mut Context<'_>,
+        ask: Ask<'_>,
+        call: Pin<&mut StoreCall>,
+    ) -> Poll<Answer> {
+        // At the time read when the check began: the clock is read once per check.
+        let request = CheckRequest {
+            key: ask.storage_key,
+            algorithm: self.inner.algorithm,
+            quotas: ask.quotas,
+            cost: ask.cost,
+            now_micros: call.now_micros,
+        };
+        let result = ready!(self.poll_queued_result(cx, request, ask.label, call));
+        Poll::Ready(self.answered(result, request, ask.label))
+    }
+
+    /// The store's result for a queued `call` of `request`, timed and remembered.
+    fn poll_queued_result(
+        &self,
+        cx: &mut Context<'_>,
+        request: CheckRequest<'_>,
+        label: &PolicyLabel,
+        call: Pin<&mut StoreCall>,
+    ) -> Poll<Result<Decision, StoreError>> {
+        let call = call.project();
+        let queued = call.queued.as_pin_mut().expect("a queued store call");
+        let result = ready!(queued.poll_decided(cx, request)).map(|(decision, _)| decision);
+        if let Some(timer) = call.timer.take() {
+            timer.stop(label);
+        }
+        Poll::Ready(self.remembered(result, request, *call.started))
     }
 
     /// The store call of a check, and what it told of its admission's time.
@@ -277,6 +341,13 @@ impl Limiter {
         ask: Ask<'_>,
         call: StoreCall,
     ) -> (Result<Decision, StoreError>, Taken) {
+        if call.is_queued() {
+            let mut call = std::pin::pin!(call);
+            let result = std::future::poll_fn(|cx| {
+                self.poll_queued_result(cx, request, ask.label, call.as_mut())
+            });
+            return (result.await, Taken::Marked);
+        }
         let store = &self.inner.store;
         let timer = StoreTimer::start();
         let (result, taken) = if ask.reserving && request.now_micros.is_none() {

@@ -26,7 +26,7 @@ mod stats;
 pub use self::acquire::AcquireError;
 use self::acquire::Waiters;
 pub use self::builder::LimiterBuilder;
-pub(crate) use self::check::{Answer, Ask, Later, Origin, Renewal, Taken};
+pub(crate) use self::check::{Answer, Ask, Later, Origin, Renewal, StoreCall, Taken};
 pub(crate) use self::delegate::{Delegate, DelegateConfig};
 pub use self::error::{ControlError, LeaseError, MAX_SUSPENSION};
 use self::features::FeatureStates;

@@ -174,6 +174,7 @@ fn record_outcome(label: &PolicyLabel, outcome: Outcome) {
 }
 
 /// Measures a store call for the latency histogram; nothing without the `metrics` feature.
+#[derive(Debug)]
 pub(crate) struct StoreTimer {
     #[cfg(feature = "metrics")]
     start: std::time::Instant,

@@ -18,7 +18,7 @@ use super::response::{self, Wire};
 use super::settle::Settlement;
 use super::shadow::{self, ShadowLimited};
 use crate::block::BlockFor;
-use crate::core::{Ask, Later, Origin};
+use crate::core::{Ask, Later, Origin, StorageKey, StoreCall};
 use crate::decision::Decision;
 use crate::decision::Verdict;
 
@@ -171,6 +171,17 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
+        // A plain check waiting for its store decision, queued when the layer was called: no
+        // future of its own, so nothing boxed.
+        Queued {
+            #[pin]
+            call: StoreCall,
+            storage_key: StorageKey,
+            cost: u64,
+            config: Option<Arc<Config<K>>>,
+            request: Option<Request<ReqBody>>,
+            inner: Option<S>,
+        },
         // Waiting for the limiter; holds the request and the ready inner service.
         Checking {
             check: Check<K>,
@@ -204,6 +215,28 @@ where
         ResponseFuture {
             state: State::Checking {
                 check,
+                request: Some(request),
+                inner: Some(inner),
+            },
+            wire: Wire::Http,
+        }
+    }
+
+    /// A plain request whose store decision was queued at once (see [`StoreCall::is_queued`]).
+    pub(crate) fn queued(
+        call: StoreCall,
+        storage_key: StorageKey,
+        cost: u64,
+        config: Arc<Config<K>>,
+        request: Request<ReqBody>,
+        inner: S,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Queued {
+                call,
+                storage_key,
+                cost,
+                config: Some(config),
                 request: Some(request),
                 inner: Some(inner),
             },
@@ -261,6 +294,40 @@ where
         let mut this = self.project();
         loop {
             let next = match this.state.as_mut().project() {
+                StateProj::Queued {
+                    call,
+                    storage_key,
+                    cost,
+                    config,
+                    request,
+                    inner,
+                } => {
+                    let layer = config
+                        .as_deref()
+                        .expect("ResponseFuture polled after completion");
+                    let ask = Ask::new(
+                        storage_key.as_str(),
+                        &layer.quotas,
+                        *cost,
+                        &layer.metrics_label,
+                    );
+                    let answer = ready!(layer.limiter.poll_queued(cx, ask, call));
+                    let (request, inner, config) =
+                        match (request.take(), inner.take(), config.take()) {
+                            (Some(request), Some(inner), Some(config)) => (request, inner, config),
+                            _ => panic!("ResponseFuture polled after completion"),
+                        };
+                    let checked = Checked {
+                        verdict: answer.verdict,
+                        headers: Headers {
+                            config,
+                            style: None,
+                        },
+                        shadow: None,
+                        settlement: None,
+                    };
+                    after_check(checked, request, inner, this.wire)
+                }
                 StateProj::Checking {
                     check,
                     request,

@@ -12,7 +12,7 @@ use super::config::{Config, MissingKey};
 use super::future::{self, Check, ResponseFuture};
 use super::resolver::Resolved;
 use super::response::Wire;
-use crate::core::{Ask, Later, StorageKey};
+use crate::core::{Ask, Later, StorageKey, StoreCall};
 use crate::decision::Verdict;
 use crate::key::KeyExtractor;
 
@@ -260,6 +260,10 @@ where
                 );
                 match config.limiter.answer_now(ask) {
                     Ok(answer) => return Keyed::Decided(answer.verdict),
+                    // Queued by the store: the response future waits for it, with no box.
+                    Err(Later::Store(call)) if call.is_queued() => {
+                        return Keyed::Queued(call, storage_key, cost)
+                    }
                     Err(rest) => later = Some(rest),
                 }
             }
@@ -275,6 +279,11 @@ where
                 return ResponseFuture::decided(verdict, headers, request, inner);
             }
             Keyed::Check(check) => check,
+            Keyed::Queued(call, storage_key, cost) => {
+                let request = Request::from_parts(parts, body);
+                let config = config.clone();
+                return ResponseFuture::queued(call, storage_key, cost, config, request, inner);
+            }
             Keyed::Reject(status) => {
                 return ResponseFuture::missing_key(status, Wire::of(&parts.headers))
             }
@@ -318,12 +327,16 @@ fn checking<K: KeyExtractor>(
     }
 }
 
-/// What the key of a request leads to.
+/// What the key of a request leads to. Large when queued (see `Later`): moved once into the
+/// response future.
+#[allow(clippy::large_enum_variant)]
 enum Keyed<K> {
     /// A verdict reached at once.
     Decided(Verdict),
     /// A check to await.
     Check(Check<K>),
+    /// A plain check whose store decision is queued: its call, storage key and cost.
+    Queued(StoreCall, StorageKey, u64),
     /// No key, and [`MissingKey::Reject`].
     Reject(StatusCode),
     /// No key, and [`MissingKey::Allow`].

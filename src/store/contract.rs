@@ -2,10 +2,16 @@
 //! and a store (re-exported by [`store`](crate::store)).
 
 use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 
+use super::answers::Receiver;
 use super::block::Block;
 use super::failure::RedisFailure;
 use super::refund::RefundRequest;
@@ -154,6 +160,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// Starts `request`'s decision when the store answers it without a boxed future: a
+    /// [`RedisStore`](super::RedisStore) that batches queues it for its sender, whose answer
+    /// comes through the returned [`QueuedDecision`]. `None` (the default): the request goes
+    /// through [`check`](Self::check). Asked only where `check` would be next, so a store
+    /// answering here records the request exactly as `check` would. Only the crate's stores
+    /// make a `QueuedDecision`; a store that wraps one forwards this.
+    fn queue(&self, request: CheckRequest<'_>) -> Option<QueuedDecision> {
+        let _ = request;
+        None
+    }
+
     /// Runs one of the crate's operations (a fleet control, a refund, a blocking decision, a
     /// decision that tells its time, a concurrency slot), atomically like a decision, and
     /// leaves its reply in it. [`RedisStore`](super::RedisStore) and
@@ -175,6 +192,154 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// it, so that those waits follow the store that makes the calls.
     fn call_timeout(&self) -> Option<Duration> {
         None
+    }
+}
+
+pin_project! {
+    /// A decision a store has started (see [`Store::queue`]): queued for a call that the
+    /// store's own sender makes, in a call of its own, or already answered. Opaque: only the
+    /// crate's stores make one, and only the limiter waits for it.
+    pub struct QueuedDecision {
+        #[pin]
+        state: Queued,
+    }
+}
+
+/// A decision's result, with the store's time of an admission when it told.
+pub(crate) type Decided = Result<(Decision, Option<u64>), StoreError>;
+
+/// A queued decision's call of its own, which owns what it sends.
+pub(crate) type AloneCall = BoxFuture<'static, Decided>;
+
+/// What a queued decision hears from the call that carried it.
+pub(crate) enum QueuedAnswer {
+    /// Its reply, or the error of its part or of the whole call.
+    Reply(Result<redis::Value, StoreError>),
+    /// The call was refused before any decision ran, in a way a decision alone may answer
+    /// otherwise, or its sender was gone before sending it: it goes alone, by the call this
+    /// makes (of the decision's request, within its deadline).
+    Alone(Box<dyn FnOnce(CheckRequest<'_>, Instant) -> AloneCall + Send>),
+}
+
+pin_project! {
+    #[project = QueuedProj]
+    enum Queued {
+        // Waiting for its sender's answer until `deadline`; its timer is made at the first
+        // poll, inside the runtime.
+        Waiting {
+            answer: Receiver<QueuedAnswer>,
+            deadline: Instant,
+            timeout: Duration,
+            read: fn(redis::Value, &CheckRequest<'_>) -> Decided,
+            #[pin]
+            timer: Option<Sleep>,
+        },
+        // In a call of its own.
+        Alone { call: AloneCall },
+        // Answered at once (a breaker open); taken by the first poll.
+        Answered { result: Option<Decided> },
+    }
+}
+
+/// What a queued decision hears when the call that carried it was dropped with its sender (the
+/// store's runtime shut down): it may have run, so it is not sent again.
+pub(crate) const SENDER_GONE: &str =
+    "the store's runtime shut down with this decision's call in flight (it may have run)";
+
+impl QueuedDecision {
+    /// Queued for a sender's call: `answer` hears it, `read` reads its reply, and the whole
+    /// wait ends at `deadline` (the store's `timeout` after it was queued).
+    pub(crate) fn waiting(
+        answer: Receiver<QueuedAnswer>,
+        deadline: Instant,
+        timeout: Duration,
+        read: fn(redis::Value, &CheckRequest<'_>) -> Decided,
+    ) -> Self {
+        QueuedDecision {
+            state: Queued::Waiting {
+                answer,
+                deadline,
+                timeout,
+                read,
+                timer: None,
+            },
+        }
+    }
+
+    /// In a call of its own.
+    pub(crate) fn alone(call: AloneCall) -> Self {
+        QueuedDecision {
+            state: Queued::Alone { call },
+        }
+    }
+
+    /// Answered already.
+    pub(crate) fn answered(result: Decided) -> Self {
+        QueuedDecision {
+            state: Queued::Answered {
+                result: Some(result),
+            },
+        }
+    }
+
+    /// Polls for the decision of `request`, the one it was queued for.
+    pub(crate) fn poll_decided(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        request: CheckRequest<'_>,
+    ) -> Poll<Decided> {
+        let mut state = self.project().state;
+        loop {
+            let alone = match state.as_mut().project() {
+                QueuedProj::Waiting {
+                    answer,
+                    deadline,
+                    timeout,
+                    read,
+                    mut timer,
+                } => {
+                    if timer.is_none() {
+                        timer.set(Some(tokio::time::sleep_until(*deadline)));
+                    }
+                    let heard = match Pin::new(answer).poll(cx) {
+                        Poll::Ready(heard) => heard,
+                        Poll::Pending => {
+                            let timer = timer.as_pin_mut().expect("set above");
+                            ready!(timer.poll(cx));
+                            return Poll::Ready(Err(StoreError::Timeout(*timeout)));
+                        }
+                    };
+                    match heard {
+                        Ok(QueuedAnswer::Reply(Ok(reply))) => {
+                            return Poll::Ready(read(reply, &request))
+                        }
+                        Ok(QueuedAnswer::Reply(Err(error))) => return Poll::Ready(Err(error)),
+                        Err(_) => return Poll::Ready(Err(StoreError::Unavailable(SENDER_GONE))),
+                        Ok(QueuedAnswer::Alone(go)) => go(request, *deadline),
+                    }
+                }
+                QueuedProj::Alone { call } => return call.as_mut().poll(cx),
+                QueuedProj::Answered { result } => {
+                    return Poll::Ready(
+                        result
+                            .take()
+                            .expect("a queued decision polled after its answer"),
+                    )
+                }
+            };
+            state.set(Queued::Alone { call: alone });
+        }
+    }
+}
+
+impl std::fmt::Debug for QueuedDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            Queued::Waiting { .. } => "waiting",
+            Queued::Alone { .. } => "alone",
+            Queued::Answered { .. } => "answered",
+        };
+        f.debug_tuple("QueuedDecision").field(&state).finish()
     }
 }
 

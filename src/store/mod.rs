@@ -88,6 +88,7 @@
 //! holds every other client of Redis behind it) are always sent alone. `max_batch(1)` sends
 //! every decision alone.
 
+mod answers;
 mod block;
 mod breaker;
 mod contract;
@@ -104,8 +105,8 @@ pub use self::block::Block;
 pub use self::breaker::CircuitBreaker;
 pub(crate) use self::contract::failure_log_gate;
 pub use self::contract::{
-    CheckRequest, Control, ControlReply, ControlRequest, Operation, OperationRequest, Store,
-    StoreError,
+    CheckRequest, Control, ControlReply, ControlRequest, Operation, OperationRequest,
+    QueuedDecision, Store, StoreError,
 };
 pub use self::failure::RedisFailure;
 pub(crate) use self::failure::StoreFailureLog;

@@ -449,3 +449,29 @@ async fn the_production_modes_work_as_the_least_privileged_user() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(matches!(slots.acquire("k").await, SlotOutcome::Acquired(_)));
 }
+
+/// A user that may neither load the script nor send it with `EVAL` fails every check: one
+/// episode of failures, one warning, though the script's load fails in it too (the load's
+/// failure goes through the store's one episode gate, as the failure policy's line does).
+#[tokio::test]
+async fn a_script_load_refused_in_a_failing_episode_adds_no_second_warning() {
+    let (captured, _guard) = support::logs::capture(tracing::Level::TRACE);
+    let redis = RedisServer::start();
+    let rules = acl_rules()
+        .replace(" +script|load", "")
+        .replace(" +eval ", " ");
+    create_user_with(&redis, &rules);
+    let limiter = Limiter::new(RedisStore::new(url_for(&redis, "s3cret-pass")).unwrap());
+    let quota = Quota::per_minute(100).unwrap();
+    for _ in 0..5 {
+        let verdict = limiter.check("k", &quota).await;
+        assert!(matches!(verdict, Verdict::FailedOpen), "{verdict:?}");
+    }
+    let text = captured.text();
+    let warnings: Vec<_> = text.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert!(
+        text.contains("rate limit script could not be loaded"),
+        "the load was refused:\n{text}"
+    );
+    assert_eq!(warnings.len(), 1, "one episode, one warning:\n{text}");
+}

@@ -788,6 +788,43 @@ async fn abandoned_probe_does_not_keep_the_circuit_open() {
     assert!(!store.circuit_open());
 }
 
+/// A layer starts a plain check's store decision when it is called: a probe started so and
+/// dropped before its response future was ever polled (a client gone at once, a `select!`
+/// that picked another branch) must not leave the circuit open for good either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_probe_started_by_a_layer_call_and_dropped_unpolled_does_not_keep_the_circuit_open() {
+    use tower::{Service, ServiceExt};
+    let cool_down = Duration::from_millis(300);
+    let open = opened(cool_down).await;
+    let (limiter, store) = (&open.limiter, &open.store);
+    let mut app = RateLimitLayer::new(limiter.clone(), quota(), GlobalKey::new("breaker"))
+        .layer(service_fn(hello));
+    tokio::time::sleep_until((open.opened_by + cool_down + Duration::from_millis(50)).into()).await;
+    // The first call after the cool-down takes the probe; dropped unpolled, it sends nothing.
+    let ready = app
+        .ready()
+        .await
+        .expect("the inner service is always ready");
+    drop(ready.call(Request::new(())));
+
+    let deadline = Instant::now() + cool_down * 3 + Duration::from_secs(1);
+    let closed_after = loop {
+        let started = Instant::now();
+        if let Verdict::Decided(_) = probe_check(limiter).await {
+            break Some(started);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        closed_after.is_some(),
+        "the circuit stays open forever after a probe dropped before its first poll"
+    );
+    assert!(!store.circuit_open());
+}
+
 // ---- LocalFallback ----
 
 /// With Redis down, `LocalFallback::new(4)` admits exactly a quarter of the quota per key;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redlimit::store::{
-    CheckRequest, MemoryStore, Operation, OperationRequest, RedisStore, ReservedAt, Store,
-    StoreError,
+    CheckRequest, MemoryStore, Operation, OperationRequest, QueuedDecision, RedisStore, ReservedAt,
+    Store, StoreError,
 };
 use redlimit::Decision;
 
@@ -27,6 +27,11 @@ macro_rules! forward {
     ($store:tt: decide_now) => {
         fn decide_now(&self, request: CheckRequest<'_>) -> Option<Result<Decision, StoreError>> {
             self.$store.decide_now(request)
+        }
+    };
+    ($store:tt: queue) => {
+        fn queue(&self, request: CheckRequest<'_>) -> Option<QueuedDecision> {
+            self.$store.queue(request)
         }
     };
     ($store:tt: run) => {
@@ -58,12 +63,12 @@ impl<S: Store> Store for Forward<S> {
     forward!(0: check, run);
 }
 
-/// Forwards all four methods of the trait.
+/// Forwards all five methods of the trait.
 #[derive(Debug)]
 pub struct Faithful<S>(pub S);
 
 impl<S: Store> Store for Faithful<S> {
-    forward!(0: check, decide_now, run, call_timeout);
+    forward!(0: check, decide_now, queue, run, call_timeout);
 }
 
 /// Holds its store behind an `Arc` it shares.
@@ -137,7 +142,7 @@ impl Store for DecideOnly {
 pub struct BoxedStore(pub Box<dyn Store>);
 
 impl Store for BoxedStore {
-    forward!(0: check, decide_now, run, call_timeout);
+    forward!(0: check, decide_now, queue, run, call_timeout);
 }
 
 /// The kind of an operation, as a wrapper names it.

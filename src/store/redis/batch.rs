@@ -18,21 +18,20 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Mutex, PoisonError};
-
-use futures::future::BoxFuture;
-use tokio::sync::oneshot;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::cluster::is_rehashing;
 use super::connection::is_stale_server;
 use super::{count_error, Backend, RedisStore};
 use crate::algorithm::Algorithm;
-use crate::decision::Decision;
-use crate::store::breaker::Admission;
-use crate::store::contract::{CheckRequest, StoreError};
+use crate::quota::Quotas;
+use crate::store::answers::{Answers, Receiver, Sender};
+use crate::store::breaker::{Admission, BreakerState};
+use crate::store::contract::StoreError;
+use crate::store::contract::{AloneCall, CheckRequest, Decided, QueuedAnswer, QueuedDecision};
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
 use crate::store::wire::decide::PackedArgs;
-use crate::store::wire::decide::{key_count, push_keys, DecideOp, DECIDE};
+use crate::store::wire::decide::{key_count, push_keys, read_decision, DecideOp, DECIDE};
 use crate::store::wire::scripts::BATCH_SOURCE;
 
 /// The default of [`RedisStoreBuilder::max_batch`](super::RedisStoreBuilder::max_batch): the
@@ -89,14 +88,18 @@ struct Group {
     /// Of those, the senders' (tasks on the store's runtime).
     senders: usize,
     queue: Vec<Queued>,
+    /// Where queued decisions' answers go, made a block at a time.
+    answers: Answers<QueuedAnswer>,
 }
 
 /// A decision waiting for a call: what the call sends for it, and where its answer goes.
 struct Queued {
     key: QueuedKey,
     algorithm: Algorithm,
+    /// Whether an admission tells when Redis decided (so does its call alone, if it goes so).
+    timed: bool,
     args: PackedArgs,
-    answer: oneshot::Sender<Answer>,
+    answer: Sender<QueuedAnswer>,
 }
 
 /// A queued decision's storage key, kept in its queue entry when it fits (a prefix, a hash tag
@@ -134,26 +137,11 @@ impl QueuedKey {
     }
 }
 
-/// What a queued decision hears.
-enum Answer {
-    /// Its reply, or the error of its part or of the whole call.
-    Reply(Result<redis::Value, StoreError>),
-    /// The call was refused before any decision ran, in a way a decision alone may answer
-    /// otherwise (an ACL refusing another decision's key; a Cluster slot migration's
-    /// `TRYAGAIN`, which a decision alone follows in the split form): send it alone.
-    Alone,
-}
-
 /// How a decision goes: alone (holding its group's call in flight), or queued in a group.
-enum Entry<'a> {
-    Alone(InFlight<'a>),
-    Queued(oneshot::Receiver<Answer>),
+enum Entry {
+    Alone(InFlight),
+    Queued(Receiver<QueuedAnswer>),
 }
-
-/// What a decision hears when the call that carried it was dropped with its sender (the store's
-/// runtime shut down): it may have run, so it is not sent again.
-const SENDER_GONE: &str =
-    "the store's runtime shut down with this decision's call in flight (it may have run)";
 
 /// The share of `max_batch` queued behind a single call in flight that starts a second call.
 const SECOND_CALL_AT: usize = 4;
@@ -192,7 +180,7 @@ impl Batches {
     /// Ends a sender that will send no more (its task dropped: the store's runtime shut down).
     /// With no other sender left, nothing would send the queue: its decisions, never sent, go
     /// back to their callers to be sent alone, on their own runtimes.
-    fn abandon(&self, slot: u16) {
+    fn abandon(&self, store: &RedisStore, slot: u16) {
         let mut groups = self.lock();
         let Some(group) = groups.get_mut(&slot) else {
             return;
@@ -206,8 +194,20 @@ impl Batches {
         end_call(&mut groups, slot);
         drop(groups);
         for queued in unsent {
-            let _ = queued.answer.send(Answer::Alone);
+            queued.go_alone(store);
         }
+    }
+}
+
+impl Queued {
+    /// Hands this decision back to its caller, to be sent in a call of its own (an error of
+    /// the batch that one decision alone may not meet, or no sender left to send it).
+    fn go_alone(self, store: &RedisStore) {
+        let (store, timed) = (store.clone(), self.timed);
+        let go = move |request: CheckRequest<'_>, deadline| {
+            alone_call(store, request, Admission::Call, timed, Some(deadline), None)
+        };
+        let _ = self.answer.send(QueuedAnswer::Alone(Box::new(go)));
     }
 }
 
@@ -224,12 +224,12 @@ fn end_call(groups: &mut Groups, slot: u16) {
 /// A group's call in flight from a caller's own future. Dropped when that call ends, or with
 /// the future (a client gone, an outer timeout). Nothing waits for it: decisions queued
 /// meanwhile have a sender of their own.
-struct InFlight<'a> {
-    store: &'a RedisStore,
+struct InFlight {
+    store: RedisStore,
     slot: u16,
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         end_call(&mut self.store.batches.lock(), self.slot);
     }
@@ -284,9 +284,9 @@ impl Drop for Sending {
     fn drop(&mut self) {
         if !self.done {
             for queued in self.unsent.take().into_iter().flatten() {
-                let _ = queued.answer.send(Answer::Alone);
+                queued.go_alone(&self.store);
             }
-            self.store.batches.abandon(self.slot);
+            self.store.batches.abandon(&self.store, self.slot);
         }
     }
 }
@@ -295,76 +295,61 @@ impl RedisStore {
     /// A decision, batched with others when calls queue up (see the module docs); `timed`: an
     /// admission tells when Redis decided
     /// ([`StoreExt::check_timed`](crate::store::StoreExt::check_timed)).
-    pub(super) async fn batched_check(
-        &self,
-        request: CheckRequest<'_>,
-        timed: bool,
-    ) -> Result<(Decision, Option<u64>), StoreError> {
+    pub(super) async fn batched_check(&self, request: CheckRequest<'_>, timed: bool) -> Decided {
+        let mut queued = std::pin::pin!(self.queue_decision(request, timed));
+        std::future::poll_fn(|cx| queued.as_mut().poll_decided(cx, request)).await
+    }
+
+    /// Starts a decision (see [`batched_check`](Self::batched_check)) without waiting: queued
+    /// for a sender, whose answer the caller polls with no box of its own; or in a call of its
+    /// own (a breaker's probe, a sliding log's decision of several units, or nothing in flight
+    /// for its group), which owns what it sends.
+    pub(super) fn queue_decision(&self, request: CheckRequest<'_>, timed: bool) -> QueuedDecision {
         let admission = match &self.breaker {
             Some(breaker) => breaker.admit(),
             None => Admission::Call,
         };
         match admission {
-            Admission::Skip => return Err(StoreError::Unavailable("circuit breaker open")),
+            Admission::Skip => {
+                return QueuedDecision::answered(Err(StoreError::Unavailable(
+                    "circuit breaker open",
+                )))
+            }
             // A probe goes alone: its own outcome opens or closes the circuit.
-            Admission::Probe => return self.check_alone(request, admission, timed).await,
+            Admission::Probe => {
+                let call = alone_call(self.clone(), request, admission, timed, None, None);
+                return QueuedDecision::alone(call);
+            }
             Admission::Call => {}
         }
         // A sliding log's decision costs Redis O(its cost) (a member per unit): one of more
         // than a unit goes alone, so that no call's work grows with several such costs and
         // holds other clients behind it (Redis serves none while a script runs).
         if request.algorithm == Algorithm::SlidingLog && request.cost > 1 {
-            return self.check_alone(request, admission, timed).await;
+            let call = alone_call(self.clone(), request, admission, timed, None, None);
+            return QueuedDecision::alone(call);
         }
-        let mut receiver = match self.enter(&request, timed) {
+        match self.enter(&request, timed) {
             Entry::Alone(in_flight) => {
-                let result = self.check_alone(request, admission, timed).await;
-                drop(in_flight);
-                return result;
+                let store = in_flight.store.clone();
+                let call = alone_call(store, request, admission, timed, None, Some(in_flight));
+                QueuedDecision::alone(call)
             }
-            Entry::Queued(receiver) => receiver,
-        };
-        // The decision's one timeout, from the moment it was queued: the wait, and the call of
-        // its own when the batch could not take it.
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let timed_out = || StoreError::Timeout(self.timeout);
-        let answer = tokio::time::timeout_at(deadline, &mut receiver)
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(|_| StoreError::Unavailable(SENDER_GONE))?;
-        match answer {
-            Answer::Reply(Ok(value)) => {
-                DecideOp { request, timed }
-                    .read_reply(value)
-                    .inspect_err(|_| {
-                        count_error("check", false);
-                    })
-            }
-            Answer::Reply(Err(error)) => Err(error),
-            Answer::Alone => {
-                tokio::time::timeout_at(deadline, self.check_alone(request, admission, timed))
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out()))
-            }
+            // The decision's one timeout, from the moment it was queued: the wait, and the call
+            // of its own when the batch could not take it.
+            Entry::Queued(answer) => QueuedDecision::waiting(
+                answer,
+                tokio::time::Instant::now() + self.timeout,
+                self.timeout,
+                read_queued,
+            ),
         }
-    }
-
-    /// One decision in a call of its own, with the breaker's `admission`. Boxed: a decision
-    /// that queues (most of them under load) then carries a future of a few hundred bytes, not
-    /// one that holds a whole call's, which every request would copy into its box.
-    fn check_alone<'a>(
-        &'a self,
-        request: CheckRequest<'a>,
-        admission: Admission,
-        timed: bool,
-    ) -> BoxFuture<'a, Result<(Decision, Option<u64>), StoreError>> {
-        Box::pin(self.guarded_with(admission, DecideOp { request, timed }, "check"))
     }
 
     /// Goes alone when nothing is in flight for the request's group, else queues it, and
     /// starts a sender when none is in flight for the group, when the queue is full, or when a
     /// quarter of it waits behind a single call.
-    fn enter(&self, request: &CheckRequest<'_>, timed: bool) -> Entry<'_> {
+    fn enter(&self, request: &CheckRequest<'_>, timed: bool) -> Entry {
         let slot = match &*self.backend {
             Backend::Cluster { .. } => slot_of(request.key.as_bytes()),
             _ => 0,
@@ -373,12 +358,17 @@ impl RedisStore {
         let group = groups.entry(slot).or_default();
         if group.in_flight == 0 {
             group.in_flight = 1;
-            return Entry::Alone(InFlight { store: self, slot });
+            drop(groups);
+            return Entry::Alone(InFlight {
+                store: self.clone(),
+                slot,
+            });
         }
-        let (answer, receiver) = oneshot::channel();
+        let (answer, receiver) = group.answers.channel();
         group.queue.push(Queued {
             key: QueuedKey::new(request.key),
             algorithm: request.algorithm,
+            timed,
             args: PackedArgs::of(request, timed),
             answer,
         });
@@ -415,7 +405,7 @@ impl RedisStore {
                 // Nothing ran: each decision goes again alone and hears its own answer (the
                 // one key an ACL refuses, the split form of a slot in migration).
                 for queued in batch {
-                    let _ = queued.answer.send(Answer::Alone);
+                    queued.go_alone(self);
                 }
                 return;
             }
@@ -434,16 +424,91 @@ impl RedisStore {
             Ok(reply) => {
                 let replies = split_reply(reply, batch.len());
                 for (queued, reply) in batch.into_iter().zip(replies) {
-                    let _ = queued.answer.send(Answer::Reply(reply));
+                    let _ = queued.answer.send(QueuedAnswer::Reply(reply));
                 }
             }
             Err(error) => {
                 for queued in batch {
-                    let _ = queued.answer.send(Answer::Reply(Err(error.clone())));
+                    let _ = queued.answer.send(QueuedAnswer::Reply(Err(error.clone())));
                 }
             }
         }
     }
+}
+
+/// A decision's call of its own, owning what it sends (`request`'s key and quotas, a clone of
+/// the store), with the breaker's `admission`; within `deadline` when it has one (the wait it
+/// comes after counts), and holding its group's `in_flight` call until it ends. Boxed: a
+/// decision that queues (most of them under load) then carries a few hundred bytes, not a
+/// whole call's future.
+fn alone_call(
+    store: RedisStore,
+    request: CheckRequest<'_>,
+    admission: Admission,
+    timed: bool,
+    deadline: Option<tokio::time::Instant>,
+    in_flight: Option<InFlight>,
+) -> AloneCall {
+    let admitted = Admitted {
+        breaker: store.breaker.clone(),
+        admission,
+    };
+    let key = QueuedKey::new(request.key);
+    let quotas: Quotas = *request.quotas;
+    let CheckRequest {
+        algorithm,
+        cost,
+        now_micros,
+        ..
+    } = request;
+    Box::pin(async move {
+        let _in_flight = in_flight;
+        // Handed to the call's own guard in the same poll, with no await between.
+        let admission = admitted.into_call();
+        let request = CheckRequest {
+            key: key.as_str(),
+            algorithm,
+            quotas: &quotas,
+            cost,
+            now_micros,
+        };
+        let call = store.guarded_with(admission, DecideOp { request, timed }, "check");
+        match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, call)
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Timeout(store.timeout))),
+            None => call.await,
+        }
+    })
+}
+
+/// A breaker's admission not handed to its call yet: a call of its own dropped before its first
+/// poll tells the breaker, as a call dropped midway does, so that an abandoned probe does not
+/// keep the circuit open for good.
+struct Admitted {
+    breaker: Option<Arc<BreakerState>>,
+    admission: Admission,
+}
+
+impl Admitted {
+    /// The admission, for the call that now answers for it.
+    fn into_call(mut self) -> Admission {
+        self.breaker = None;
+        self.admission
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some(breaker) = &self.breaker {
+            breaker.on_abandoned(self.admission);
+        }
+    }
+}
+
+/// A queued decision's reply, read for `request`; an unreadable one counted.
+fn read_queued(reply: redis::Value, request: &CheckRequest<'_>) -> Decided {
+    read_decision(reply, request).inspect_err(|_| count_error("check", false))
 }
 
 /// The batch script (`lua/batch.lua`): several decisions in one call.

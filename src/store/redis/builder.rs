@@ -324,8 +324,14 @@ impl RedisStoreBuilder {
             breaker_settings: self.breaker,
             failures: Arc::default(),
         };
-        // The log its limiters find by its description, so that its answers end their episodes.
-        store.failures = failure_log(&store).1;
+        // The log its limiters find by its description, so that its answers end their episodes,
+        // and its script loads tell their failures through it.
+        let (description, failures) = failure_log(&store);
+        if let Some(reloads) = Arc::get_mut(&mut store.reloads) {
+            reloads.failures = Arc::clone(&failures);
+            reloads.store = description.into();
+        }
+        store.failures = failures;
         Ok(store)
     }
 }

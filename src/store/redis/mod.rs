@@ -41,7 +41,7 @@ use super::failure::FailureLog;
 use super::op::ScriptOp;
 use super::wire::decide::DecideOp;
 use crate::decision::Decision;
-use crate::store::contract::{CheckRequest, Operation, Store, StoreError};
+use crate::store::contract::{CheckRequest, Operation, QueuedDecision, Store, StoreError};
 
 /// The default time a store call may take before it counts as a failure.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -488,6 +488,12 @@ impl Store for RedisStore {
             };
             Box::pin(async move { Ok(self.guarded(op, "check").await?.0) })
         }
+    }
+
+    /// A batching store's decision, queued for its sender (or in a call of its own when
+    /// nothing is in flight), with no box while it waits.
+    fn queue(&self, request: CheckRequest<'_>) -> Option<QueuedDecision> {
+        (self.batches.max() > 1).then(|| self.queue_decision(request, false))
     }
 
     fn run<'a>(&'a self, operation: Operation<'a>) -> BoxFuture<'a, Result<(), StoreError>> {

@@ -20,6 +20,7 @@ use redis::{ErrorKind, RedisError};
 
 use super::connection::within;
 use super::runtime::StoreRuntime;
+use crate::store::failure::FailureLog;
 use crate::store::op::ScriptId;
 
 /// How long one background `SCRIPT LOAD` may take; calls wait for it within their own timeout.
@@ -31,6 +32,9 @@ pub(super) struct Reloads {
     scripts: [Arc<Reload>; ScriptId::COUNT],
     /// Where loads run.
     runtime: Arc<StoreRuntime>,
+    /// The store's failure log, and its description there: a failed load is told through it.
+    pub(super) failures: Arc<FailureLog>,
+    pub(super) store: Arc<str>,
 }
 
 /// A load under way, awaited by every call that saw `NOSCRIPT` meanwhile.
@@ -50,6 +54,8 @@ impl Reloads {
         Reloads {
             scripts: Default::default(),
             runtime,
+            failures: Arc::default(),
+            store: Arc::from(""),
         }
     }
 
@@ -95,6 +101,7 @@ impl Reloads {
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
         let abandoned = Arc::clone(&reload);
+        let (failures, store) = (Arc::clone(&self.failures), Arc::clone(&self.store));
         let task = self.runtime.spawn(async move {
             let load = load(&mut connection, source);
             let result = within(LOAD_TIMEOUT, "SCRIPT LOAD timed out", load).await;
@@ -102,8 +109,14 @@ impl Reloads {
             reload.done.fetch_add(1, Ordering::AcqRel);
             *running = None;
             drop(running);
+            // One outage, one warning: a load that fails in an outage is one of its failures,
+            // told at `warn` only as the episode's first line.
             if let Err(error) = &result {
-                tracing::warn!(%error, "rate limit script could not be loaded; calls send it with EVAL");
+                if failures.may_tell() {
+                    tracing::warn!(%store, %error, "rate limit script could not be loaded; calls send it with EVAL");
+                } else {
+                    tracing::debug!(%error, "rate limit script could not be loaded; calls send it with EVAL");
+                }
             }
             result
         });
