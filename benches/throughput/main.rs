@@ -106,6 +106,7 @@ mod http_cost;
 mod lease;
 // The learning scenario (`learning redis calls per upstream call`).
 mod learning;
+mod memory;
 mod ops;
 mod output;
 mod runner;
@@ -142,6 +143,8 @@ fn main() -> std::process::ExitCode {
         runtime.block_on(batch::only(settings))
     } else if only("http") {
         runtime.block_on(http_cost::only(settings))
+    } else if only("memory") {
+        runtime.block_on(memory::only(settings))
     } else {
         runtime.block_on(bench(settings))
     };
@@ -227,6 +230,7 @@ async fn bench(settings: Settings) -> Checked {
         }
     }
     bench.service_alone(Shape::RATIO).await?;
+    let memory_cost = bench.memory_cost().await?;
 
     // Every other shape once.
     for shape in Shape::ALL.into_iter().filter(|&s| s != Shape::RATIO) {
@@ -439,6 +443,7 @@ async fn bench(settings: Settings) -> Checked {
     println!();
     println!("check/raw ratio: {:.2}", check_raw.median);
     println!("layer/check ratio: {:.2}", layer_check.median);
+    println!("{}", memory::memory_line(&memory_cost));
     // The order the acceptance checks read, whatever the order of `Algorithm::ALL`.
     let costs: Vec<String> = cost_line_order()
         .into_iter()

@@ -120,7 +120,7 @@ impl Bench {
     }
 
     /// One [`ServiceOp`] per task of `shape`, each on its clone of `service`.
-    fn service_ops<S: Clone>(&self, service: &S, shape: Shape) -> Vec<ServiceOp<S>> {
+    pub(crate) fn service_ops<S: Clone>(&self, service: &S, shape: Shape) -> Vec<ServiceOp<S>> {
         (0..shape.concurrency)
             .map(|task| ServiceOp {
                 service: service.clone(),
