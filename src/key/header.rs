@@ -120,27 +120,9 @@ struct Recent {
     slots: Box<[Mutex<Option<Seen>>]>,
 }
 
-/// A value seen, and its key (`<name>:<hex digits>`), kept in place: a hit copies the key out
-/// (no count shared between threads to touch), and a miss rewrites the slot's key and, when
-/// the lengths match (an API's keys usually share one), its value, allocating nothing.
-struct Seen {
-    value: Box<[u8]>,
-    key: CachedKey,
-}
-
-/// A key of at most [`STACK_KEY`] bytes, in place.
-#[derive(Clone, Copy)]
-struct CachedKey {
-    len: u8,
-    bytes: [u8; STACK_KEY],
-}
-
-impl CachedKey {
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.bytes[..usize::from(self.len)])
-            .expect("header names and hex digits are ASCII")
-    }
-}
+/// A value seen, and its key (`<name>:<hex digits>`): handed out whole, so a hit neither copies
+/// nor re-checks it.
+type Seen = (Box<[u8]>, Arc<str>);
 
 impl Recent {
     fn new() -> Arc<Recent> {
@@ -155,36 +137,36 @@ impl Recent {
     }
 
     /// The key of a request whose header `name` holds `value`, from the cache when it holds it
-    /// (hashed and cached otherwise); `None` when the value is not cached (too long, a name
-    /// too long for the stack, or its slot held by another thread).
-    fn key(&self, name: &str, secret: Option<&[u8]>, value: &[u8]) -> Option<CachedKey> {
-        let len = name.len() + 1 + DIGITS;
-        if value.len() > RECENT_MAX_VALUE || len > STACK_KEY {
+    /// (hashed and cached otherwise); `None` when the value is not cached (too long, or its
+    /// slot held by another thread).
+    fn key(&self, name: &str, secret: Option<&[u8]>, value: &[u8]) -> Option<Arc<str>> {
+        if value.len() > RECENT_MAX_VALUE {
             return None;
         }
         // Never waits: a slot another thread holds is skipped.
         let mut slot = self.slot(value).try_lock().ok()?;
-        if let Some(seen) = &*slot {
-            if *seen.value == *value {
-                return Some(seen.key);
+        if let Some((seen, key)) = &*slot {
+            if **seen == *value {
+                return Some(key.clone());
             }
         }
-        let seen = match &mut *slot {
-            Some(seen) if seen.value.len() == value.len() => {
-                seen.value.copy_from_slice(value);
-                seen
+        // One allocation for the key (its `Arc` made from the stack, not from a `String`),
+        // and none for the value when the slot's buffer has its length (an API's keys
+        // usually share one): a miss over many keys allocates once, not three times.
+        let key: Arc<str> = match name.len() + 1 + DIGITS {
+            len if len <= STACK_KEY => {
+                Arc::from(write_key(name, secret, value, &mut [0u8; STACK_KEY][..len]))
             }
-            other => other.insert(Seen {
-                value: value.into(),
-                key: CachedKey {
-                    len: 0,
-                    bytes: [0; STACK_KEY],
-                },
-            }),
+            len => Arc::from(write_key(name, secret, value, &mut vec![0u8; len])),
         };
-        write_key(name, secret, value, &mut seen.key.bytes[..len]);
-        seen.key.len = len as u8;
-        Some(seen.key)
+        match &mut *slot {
+            Some((seen, seen_key)) if seen.len() == value.len() => {
+                seen.copy_from_slice(value);
+                *seen_key = key.clone();
+            }
+            other => *other = Some((value.into(), key.clone())),
+        }
+        Some(key)
     }
 }
 
@@ -261,7 +243,7 @@ impl KeyExtractor for HeaderKey {
         };
         let (name, secret) = (self.name.as_str(), self.secret.as_deref());
         if let Some(key) = self.recent.key(name, secret, value.as_bytes()) {
-            return f(Some(key.as_str()));
+            return f(Some(&key));
         }
         // A value the cache cannot hold: the layer only reads the key while it builds the
         // storage key, so a buffer on the stack saves the request path an allocation.
