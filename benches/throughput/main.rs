@@ -440,10 +440,10 @@ async fn bench(settings: Settings) -> Checked {
     );
     tls_overhead(&bench.settings).await?;
     bench.connections().await?;
+    println!("{}", memory::memory_line(&memory_cost));
     println!();
     println!("check/raw ratio: {:.2}", check_raw.median);
     println!("layer/check ratio: {:.2}", layer_check.median);
-    println!("{}", memory::memory_line(&memory_cost));
     // The order the acceptance checks read, whatever the order of `Algorithm::ALL`.
     let costs: Vec<String> = cost_line_order()
         .into_iter()
