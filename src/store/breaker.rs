@@ -1,6 +1,6 @@
 //! [`CircuitBreaker`]: after repeated failures, skip the store for a cool-down.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::failure::FailureLog;
@@ -14,7 +14,9 @@ use super::failure::FailureLog;
 /// count (and, as an answer from the server, ends a run of failures): it concerns one key, and
 /// one corrupt key must not fail every key open. Then one call
 /// at a time is let through as a probe: success closes the circuit, failure opens it for
-/// another cool-down. Every state change is logged with `tracing` (a warning when the circuit
+/// another cool-down. A probe whose outcome has not come within twice the store's timeout (its
+/// caller holds its future without polling it) is taken over by the next call, so that no
+/// caller keeps the circuit open for the others. Every state change is logged with `tracing` (a warning when the circuit
 /// opens, an info event when it closes) and, with the `metrics` feature, shown by the gauge
 /// `redlimit_circuit_breaker_open` (1 open, 0 closed).
 ///
@@ -64,18 +66,24 @@ pub(crate) struct BreakerState {
     consecutive_failures: AtomicU32,
     /// µs since `epoch` until which the circuit stays open; 0 while closed.
     open_until: AtomicU64,
-    probing: AtomicBool,
+    /// µs since `epoch` at which the probe in flight was let through; 0 when none is.
+    probing: AtomicU64,
+    /// How long a probe may stay in flight before the next call takes over (see
+    /// [`CircuitBreaker`]).
+    probe_limit_micros: u64,
 }
 
 impl BreakerState {
-    pub(crate) fn new(config: CircuitBreaker) -> Self {
+    /// A closed circuit of a store whose calls take at most `timeout`.
+    pub(crate) fn new(config: CircuitBreaker, timeout: Duration) -> Self {
         set_open_gauge(false);
         BreakerState {
             config,
             epoch: Instant::now(),
             consecutive_failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
+            probing: AtomicU64::new(0),
+            probe_limit_micros: (timeout * 2).as_micros().min(u64::MAX as u128 / 4) as u64,
         }
     }
 
@@ -89,23 +97,36 @@ impl BreakerState {
         if open_until == 0 {
             return Admission::Call;
         }
-        if self.now() < open_until {
+        let now = self.now();
+        if now < open_until {
+            return Admission::Skip;
+        }
+        let probing = self.probing.load(Ordering::Acquire);
+        if probing != 0 && now < probing.saturating_add(self.probe_limit_micros) {
             return Admission::Skip;
         }
         match self
             .probing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(probing, now, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => Admission::Probe,
             Err(_) => Admission::Skip,
         }
     }
 
+    /// Whether the next [`admit`](Self::admit) may let a probe through (the circuit open, its
+    /// cool-down over): a call that is not polled yet waits for its first poll to ask, so that
+    /// a future held unpolled holds no probe.
+    pub(crate) fn probe_due(&self) -> bool {
+        let open_until = self.open_until.load(Ordering::Acquire);
+        open_until != 0 && self.now() >= open_until
+    }
+
     pub(crate) fn on_success(&self, admission: Admission) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
         if admission == Admission::Probe {
             self.open_until.store(0, Ordering::Release);
-            self.probing.store(false, Ordering::Release);
+            self.probing.store(0, Ordering::Release);
             set_open_gauge(false);
             tracing::info!("rate limit store recovered; circuit closed");
         }
@@ -118,7 +139,7 @@ impl BreakerState {
             Admission::Probe => {
                 self.open_until
                     .store(self.now() + self.cool_down_micros(), Ordering::Release);
-                self.probing.store(false, Ordering::Release);
+                self.probing.store(0, Ordering::Release);
                 if log.may_tell() {
                     tracing::warn!(cool_down = ?self.config.cool_down, "rate limit store probe failed; circuit stays open");
                 } else {
@@ -163,7 +184,7 @@ impl BreakerState {
     /// over: otherwise no call would ever probe again and the circuit would stay open for good.
     pub(crate) fn on_abandoned(&self, admission: Admission) {
         if admission == Admission::Probe {
-            self.probing.store(false, Ordering::Release);
+            self.probing.store(0, Ordering::Release);
             tracing::debug!("rate limit store probe abandoned by its caller; the next call probes");
         }
     }
@@ -193,10 +214,13 @@ mod tests {
     #[test]
     fn opens_after_threshold_and_probes_once() {
         let log = FailureLog::default();
-        let breaker = BreakerState::new(CircuitBreaker {
-            failure_threshold: 2,
-            cool_down: Duration::ZERO,
-        });
+        let breaker = BreakerState::new(
+            CircuitBreaker {
+                failure_threshold: 2,
+                cool_down: Duration::ZERO,
+            },
+            Duration::from_secs(3600),
+        );
         assert_eq!(breaker.admit(), Admission::Call);
         breaker.on_failure(Admission::Call, &log);
         assert!(!breaker.is_open());
@@ -215,10 +239,13 @@ mod tests {
     #[test]
     fn an_abandoned_probe_hands_over_to_the_next_call() {
         let log = FailureLog::default();
-        let breaker = BreakerState::new(CircuitBreaker {
-            failure_threshold: 1,
-            cool_down: Duration::ZERO,
-        });
+        let breaker = BreakerState::new(
+            CircuitBreaker {
+                failure_threshold: 1,
+                cool_down: Duration::ZERO,
+            },
+            Duration::from_secs(3600),
+        );
         breaker.on_failure(Admission::Call, &log);
         assert_eq!(breaker.admit(), Admission::Probe);
         assert_eq!(breaker.admit(), Admission::Skip);
@@ -235,15 +262,44 @@ mod tests {
     #[test]
     fn skips_during_cool_down_and_success_resets_the_count() {
         let log = FailureLog::default();
-        let breaker = BreakerState::new(CircuitBreaker {
-            failure_threshold: 2,
-            cool_down: Duration::from_secs(3600),
-        });
+        let breaker = BreakerState::new(
+            CircuitBreaker {
+                failure_threshold: 2,
+                cool_down: Duration::from_secs(3600),
+            },
+            Duration::from_secs(3600),
+        );
         breaker.on_failure(Admission::Call, &log);
         breaker.on_success(Admission::Call);
         breaker.on_failure(Admission::Call, &log);
         assert!(!breaker.is_open(), "failures must be consecutive");
         breaker.on_failure(Admission::Call, &log);
         assert_eq!(breaker.admit(), Admission::Skip);
+    }
+
+    #[test]
+    fn a_probe_held_past_twice_the_timeout_is_taken_over_by_the_next_call() {
+        let log = FailureLog::default();
+        let breaker = BreakerState::new(
+            CircuitBreaker {
+                failure_threshold: 1,
+                cool_down: Duration::ZERO,
+            },
+            Duration::from_millis(5),
+        );
+        breaker.on_failure(Admission::Call, &log);
+        assert!(breaker.probe_due());
+        assert_eq!(breaker.admit(), Admission::Probe);
+        assert_eq!(breaker.admit(), Admission::Skip, "one probe at a time");
+        std::thread::sleep(Duration::from_millis(12));
+        assert_eq!(
+            breaker.admit(),
+            Admission::Probe,
+            "the held probe is taken over"
+        );
+        assert_eq!(breaker.admit(), Admission::Skip);
+        breaker.on_success(Admission::Probe);
+        assert!(!breaker.is_open());
+        assert!(!breaker.probe_due());
     }
 }

@@ -205,7 +205,14 @@ impl Queued {
     fn go_alone(self, store: &RedisStore) {
         let (store, timed) = (store.clone(), self.timed);
         let go = move |request: CheckRequest<'_>, deadline| {
-            alone_call(store, request, Admission::Call, timed, Some(deadline), None)
+            alone_call(
+                store,
+                request,
+                Some(Admission::Call),
+                timed,
+                Some(deadline),
+                None,
+            )
         };
         let _ = self.answer.send(QueuedAnswer::Alone(Box::new(go)));
     }
@@ -306,6 +313,11 @@ impl RedisStore {
     /// for its group), which owns what it sends.
     pub(super) fn queue_decision(&self, request: CheckRequest<'_>, timed: bool) -> QueuedDecision {
         let admission = match &self.breaker {
+            // A probe is taken at the call's first poll: a future held unpolled holds none.
+            Some(breaker) if breaker.probe_due() => {
+                let call = alone_call(self.clone(), request, None, timed, None, None);
+                return QueuedDecision::alone(call);
+            }
             Some(breaker) => breaker.admit(),
             None => Admission::Call,
         };
@@ -317,7 +329,7 @@ impl RedisStore {
             }
             // A probe goes alone: its own outcome opens or closes the circuit.
             Admission::Probe => {
-                let call = alone_call(self.clone(), request, admission, timed, None, None);
+                let call = alone_call(self.clone(), request, Some(admission), timed, None, None);
                 return QueuedDecision::alone(call);
             }
             Admission::Call => {}
@@ -326,13 +338,20 @@ impl RedisStore {
         // than a unit goes alone, so that no call's work grows with several such costs and
         // holds other clients behind it (Redis serves none while a script runs).
         if request.algorithm == Algorithm::SlidingLog && request.cost > 1 {
-            let call = alone_call(self.clone(), request, admission, timed, None, None);
+            let call = alone_call(self.clone(), request, Some(admission), timed, None, None);
             return QueuedDecision::alone(call);
         }
         match self.enter(&request, timed) {
             Entry::Alone(in_flight) => {
                 let store = in_flight.store.clone();
-                let call = alone_call(store, request, admission, timed, None, Some(in_flight));
+                let call = alone_call(
+                    store,
+                    request,
+                    Some(admission),
+                    timed,
+                    None,
+                    Some(in_flight),
+                );
                 QueuedDecision::alone(call)
             }
             // The decision's one timeout, from the moment it was queued: the wait, and the call
@@ -437,22 +456,23 @@ impl RedisStore {
 }
 
 /// A decision's call of its own, owning what it sends (`request`'s key and quotas, a clone of
-/// the store), with the breaker's `admission`; within `deadline` when it has one (the wait it
-/// comes after counts), and holding its group's `in_flight` call until it ends. Boxed: a
+/// the store), with the breaker's `admission` (`None`: asked at its first poll); within
+/// `deadline` when it has one (the wait it comes after counts), and holding its group's
+/// `in_flight` call until it ends. Boxed: a
 /// decision that queues (most of them under load) then carries a few hundred bytes, not a
 /// whole call's future.
 fn alone_call(
     store: RedisStore,
     request: CheckRequest<'_>,
-    admission: Admission,
+    admission: Option<Admission>,
     timed: bool,
     deadline: Option<tokio::time::Instant>,
     in_flight: Option<InFlight>,
 ) -> AloneCall {
-    let admitted = Admitted {
+    let admitted = admission.map(|admission| Admitted {
         breaker: store.breaker.clone(),
         admission,
-    };
+    });
     let key = QueuedKey::new(request.key);
     let quotas: Quotas = *request.quotas;
     let CheckRequest {
@@ -464,7 +484,15 @@ fn alone_call(
     Box::pin(async move {
         let _in_flight = in_flight;
         // Handed to the call's own guard in the same poll, with no await between.
-        let admission = admitted.into_call();
+        let admission = match admitted {
+            Some(admitted) => admitted.into_call(),
+            None => match store.breaker.as_ref().map(|breaker| breaker.admit()) {
+                Some(Admission::Skip) => {
+                    return Err(StoreError::Unavailable("circuit breaker open"));
+                }
+                admission => admission.unwrap_or(Admission::Call),
+            },
+        };
         let request = CheckRequest {
             key: key.as_str(),
             algorithm,

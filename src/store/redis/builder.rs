@@ -316,7 +316,9 @@ impl RedisStoreBuilder {
         let mut store = RedisStore {
             backend: Arc::new(backend),
             timeout,
-            breaker: self.breaker.map(|b| Arc::new(BreakerState::new(b))),
+            breaker: self
+                .breaker
+                .map(|b| Arc::new(BreakerState::new(b, timeout))),
             reloads: Arc::new(Reloads::on(Arc::clone(&runtime))),
             batches: Arc::new(Batches::new(self.max_batch)),
             runtime,
