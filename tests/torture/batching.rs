@@ -2,12 +2,14 @@
 //! by one limiter per algorithm, so that a batch mixes algorithms, and used the ways no caller
 //! may be able to stall: from runtimes other than the one that built it (one that then goes
 //! idle without being driven, one shut down), by tasks that work without yielding right after
-//! their decision, through futures polled once and parked or dropped at an await, with
+//! their decision (the runtime's driver handed to its other worker meanwhile:
+//! [`DriverHandoff`]), through futures polled once and parked or dropped at an await, with
 //! `max_batch` at its largest allowed value, and while Redis is out of memory. Every decision is
 //! recorded with its wall time ([`Timed`]) for the oracles, with what a health monitor saw of
 //! Redis meanwhile ([`Monitor`]).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -57,6 +59,50 @@ async fn queue_all<F: Future<Output = ()> + Unpin>(checks: Vec<F>) -> Vec<F> {
     })
     .await;
     pending
+}
+
+/// How often [`DriverHandoff`] wakes the fleet's runtime.
+const HANDOFF_EVERY: Duration = Duration::from_millis(5);
+
+/// A thread that wakes the current runtime (the fleet's) every [`HANDOFF_EVERY`] until
+/// stopped, so that a worker parked without the I/O and time driver takes it up.
+///
+/// A multi-thread runtime's I/O and time driver is polled by a worker about to park; the other
+/// parked workers wait on a condition variable. A worker woken by the driver (a reply, a timer)
+/// leaves it to run the task woken, and no other worker is told to take it up (tokio does so
+/// only with its unstable `Builder::enable_eager_driver_handoff`). When that task then works
+/// without yielding, no reply is read and no timer fires anywhere on the runtime until the work
+/// ends, unless a wake from outside rouses another worker: every decision of the runtime's tasks
+/// waits for the work, with batching or without (`max_batch(1)`), and so does a plain
+/// `tokio::time::sleep`. That stall is the runtime's, not the store's (whose connection, as any
+/// redis-rs connection, is read on the runtime it was built on). Woken from outside, an idle
+/// worker runs the empty task, parks again holding the driver, and reads the replies; what the
+/// busy task still holds up is then only what it holds itself (the task in its worker's LIFO
+/// slot, its own poll), which is the store's to avoid.
+struct DriverHandoff {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl DriverHandoff {
+    fn start() -> DriverHandoff {
+        let runtime = tokio::runtime::Handle::current();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                drop(runtime.spawn(async {}));
+                std::thread::sleep(HANDOFF_EVERY);
+            }
+        });
+        DriverHandoff { stop, thread }
+    }
+
+    /// Stops the thread (it ends within [`HANDOFF_EVERY`]).
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the driver hand-off thread");
+    }
 }
 
 /// The largest `max_batch` at most [`FULL_BATCH`] that a store builder accepts.
@@ -395,6 +441,9 @@ pub async fn run<'a>(
                 let draws = fleet.draw(seed, n + 4);
                 let (polled, first) = oneshot::channel();
                 let work = Duration::from_millis(work_ms);
+                // The other worker takes the I/O and time driver while the busy one works, as
+                // with tokio's eager driver hand-off ([`DriverHandoff`]).
+                let handoff = DriverHandoff::start();
                 let busy = tokio::spawn(fleet.clone().busy((i, inst), draws[0], work, cpu, polled));
                 let draws = (&draws[1..=n], &draws[n + 1..]);
                 let callers = (
@@ -405,6 +454,7 @@ pub async fn run<'a>(
                     .behind_a_first_check((i, inst), first, draws, work, callers)
                     .await;
                 busy.await.expect("the busy task");
+                handoff.stop();
             }
             Op::Park {
                 inst,

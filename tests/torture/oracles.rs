@@ -188,13 +188,15 @@ fn remaining_within_burst(run: &Run, out: &mut Vec<Violation>) {
 /// own reply, error and timeout"; docs/failure.md: the failure policy answers when the store
 /// fails. So while Redis answers, every decision polled to its end is decided by the store,
 /// whatever other callers do: their runtimes (idle, shut down), their tasks (working without
-/// yielding after their decision), their futures (parked, dropped), the size of the batch. A
-/// timeout counts only when the health monitor saw Redis answer at least every [`STEADY`]
-/// throughout the decision's wait, and another decision of the same operation on the same
-/// store timed out meanwhile ([`corroborated`]); any other store error with Redis up (a batch dropped, a
-/// script that could not serve its batch) counts always; an open circuit breaker is the
-/// consequence of the failures before it; and while Redis is out of memory the policy answers
-/// by design ([`out_of_memory`]).
+/// yielding after their decision, on a runtime that hands its I/O and time driver to another
+/// worker meanwhile: without that, tokio reads no reply and fires no timer anywhere on the
+/// runtime until the work ends, whatever the store; `batching::DriverHandoff`), their futures
+/// (parked, dropped), the size of the batch. A timeout counts only when the health monitor saw
+/// Redis answer at least every [`STEADY`] throughout the decision's wait, and another decision
+/// of the same operation on the same store timed out meanwhile ([`corroborated`]); any other
+/// store error with Redis up (a batch dropped, a script that could not serve its batch) counts
+/// always; an open circuit breaker is the consequence of the failures before it; and while
+/// Redis is out of memory the policy answers by design ([`out_of_memory`]).
 fn store_decides(run: &Run, out: &mut Vec<Violation>) {
     let out_of_memory = |t: &Timed| {
         run.out_of_memory.iter().any(|(began, _, lifted)| {
