@@ -11,6 +11,7 @@ mod faults;
 mod key_shapes;
 mod limits;
 mod parked_lead;
+mod queued_layer;
 mod runtime;
 mod sender;
 
