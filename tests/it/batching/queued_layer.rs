@@ -1004,7 +1004,6 @@ async fn a_denial_polled_at_once_is_not_cached_past_its_retry_after() {
 /// The denial's future, queued when called, polled 1.2 s after Redis decided it: the deny
 /// cache must not deny past the denial's `retry_after` either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a queued denial polled late is cached from the poll, not from the decision: the deny cache denies past retry_after"]
 async fn a_denial_queued_when_called_and_polled_late_is_not_cached_past_its_retry_after() {
     let (next, cached, tokens) = denial_then_next(true).await;
     assert_eq!(
@@ -1282,7 +1281,6 @@ async fn layer_futures_dropped_unpolled_while_half_open_do_not_keep_the_circuit_
 /// polled and not dropped (queued in a buffer, a slow client): Redis is up again, yet every
 /// other request must not be skipped for good; within a few cool-downs the layer admits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a probe taken by RateLimit::call and held unpolled keeps the circuit open for every other caller"]
 async fn a_layer_future_holding_the_probe_unpolled_keeps_no_other_request_from_a_recovered_store() {
     let redis = RedisServer::start();
     let (store, hot) = opened_circuit(&redis).await;
@@ -1301,7 +1299,6 @@ async fn a_layer_future_holding_the_probe_unpolled_keeps_no_other_request_from_a
 /// The same through `Limiter::check`: the probe's check polled once (its call sent) and then
 /// parked; Redis is up, yet every other check must not be skipped for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a probe polled once and parked keeps the circuit open for every other caller"]
 async fn a_probe_check_polled_once_and_parked_keeps_no_other_check_from_a_recovered_store() {
     let redis = RedisServer::start();
     let (store, hot) = opened_circuit(&redis).await;
