@@ -77,8 +77,12 @@
 //! by hand, then seconds of synchronous work) can hold up the connection's driver, which it
 //! woke into that slot, as with any redis-rs connection on that runtime. (The batch sender is
 //! moved out of that slot when it is spawned, so such a task holds up no queued decision.) A
-//! call that has ended holds nothing up: work after a decision (a handler's) never delays
-//! another decision.
+//! call that has ended leaves nothing of the store with its caller: no sender, call or lock
+//! waits for that caller's task. The runtime is another matter: a task that blocks its worker
+//! without yielding can stall that runtime's I/O driver and timers for every task on it (Tokio
+//! hands the driver to an idle worker only with its unstable eager hand-off), the store's
+//! connection included when the store runs there. Keep seconds of synchronous work off the
+//! runtime (`tokio::task::spawn_blocking`), as Tokio asks of any async code.
 //! The circuit breaker counts a failed call once, however many decisions it carried. What changes
 //! is the cost: Redis pays a call's fixed part (the command, the script's lookup and start) once
 //! per call instead of once per decision; see `benches/README.md` for the figures. Lease renewals
