@@ -50,8 +50,7 @@ async fn a_parked_lead_holds_up_none_of_63_queued_and_redis_counts_the_admission
     let store = warm_store(&redis, TIMEOUT, max_batch).await;
     let key = "redlimit:{parked-lead}";
     let quotas = forty();
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let mut parked = Box::pin(store.check(on(key, &quotas, 1)));
     assert!(poll_once(&mut parked), "the lead decided behind a sleep");
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -90,8 +89,7 @@ async fn a_parked_queued_decision_holds_up_none_of_63_on_one_key_and_redis_count
     let store = warm_store(&redis, TIMEOUT, DEFAULT_MAX_BATCH).await;
     let key = "redlimit:{parked-queued}";
     let quotas = forty();
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let lead = store.check(on(key, &quotas, 1));
     let rest = async {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -137,8 +135,7 @@ async fn checks_dropped_after_one_poll_queued_and_alone_count_at_most_once_and_b
             100_000 - store.check(on(key, &quotas, 0)).await.unwrap().remaining
         }
     };
-    let sleeping = redis.debug_sleep(Duration::from_millis(250));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(250)).await;
     let mut lead = Box::pin(store.check(on(key, &quotas, 1)));
     assert!(poll_once(&mut lead));
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -173,8 +170,7 @@ async fn a_batching_and_an_unbatched_store_admit_the_same_under_one_quota() {
         let store = warm_store(&redis, TIMEOUT, max_batch).await;
         let key = format!("redlimit:{{compare-{name}}}");
         let quotas = forty();
-        let sleeping = redis.debug_sleep(Duration::from_millis(200));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(200)).await;
         let answers = join_all((0..64).map(|_| store.check(on(&key, &quotas, 1)))).await;
         sleeping.join().unwrap();
         let admitted = answers

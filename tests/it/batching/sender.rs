@@ -143,8 +143,7 @@ fn a_parked_decision_slows_no_later_decision() {
     let (redis, main, store) = on_main_runtime(Duration::from_secs(2));
     let later = main.block_on(async {
         // Held, so that the parked call cannot be answered within its first poll.
-        let sleeping = redis.debug_sleep(Duration::from_millis(100));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(100)).await;
         let mut parked = Box::pin(decide(&store, "redlimit:{parked}"));
         let waker = futures::task::noop_waker();
         let mut context = std::task::Context::from_waker(&waker);

@@ -213,8 +213,7 @@ async fn forget_wakes_the_requests_waiting_for_a_renewal_and_loses_no_unit() {
     let quota = daily();
     let mut admitted = hold_a_lease(&limiter, "hot", &quota).await;
     // Spend what is held, then a burst that must renew: it waits behind the sleep.
-    let sleeping = redis.debug_sleep(Duration::from_millis(400));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(400)).await;
     let waiting = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
@@ -340,8 +339,7 @@ async fn renewal_across_own_control(
     burst: usize,
     reset: bool,
 ) -> u64 {
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let checks = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
