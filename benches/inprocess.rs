@@ -208,18 +208,27 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// This bench's own executable under callgrind, its instructions counted only within the
+/// function `toggle` and dumped to `out`; the caller adds the executable's arguments.
+fn under_callgrind(toggle: &str, out: &std::path::Path) -> std::io::Result<Command> {
+    let exe = std::env::current_exe()?;
+    let mut command = Command::new("valgrind");
+    command
+        .arg("--tool=callgrind")
+        .arg("--collect-atstart=no")
+        .arg(format!("--toggle-collect={toggle}"))
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(exe);
+    Ok(command)
+}
+
 /// Instructions of one run of `side` with `n` requests under callgrind, or `None` without
 /// valgrind.
 fn instructions(side: &str, n: u64) -> Option<u64> {
     let dir = tempfile::tempdir().ok()?;
     let out = dir.path().join("callgrind.out");
-    let exe = std::env::current_exe().ok()?;
-    let status = Command::new("valgrind")
-        .arg("--tool=callgrind")
-        .arg("--collect-atstart=no")
-        .arg(format!("--toggle-collect={COUNTED}"))
-        .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg(exe)
+    let status = under_callgrind(COUNTED, &out)
+        .ok()?
         .args(["--side", side, "--requests", &n.to_string()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -401,13 +410,8 @@ mod files {
         let server = support::PrivateRedis::start()?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let out = dir.path().join("callgrind.out");
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let run = Command::new("valgrind")
-            .arg("--tool=callgrind")
-            .arg("--collect-atstart=no")
-            .arg(format!("--toggle-collect={MEASURED}"))
-            .arg(format!("--callgrind-out-file={}", out.display()))
-            .arg(exe)
+        let run = under_callgrind(MEASURED, &out)
+            .map_err(|e| e.to_string())?
             .args(["--files-side", &server.url()])
             .args(["--requests", &FILES_REQUESTS.to_string()])
             .stdin(std::process::Stdio::null())

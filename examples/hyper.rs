@@ -33,10 +33,7 @@ usage: cargo run --example hyper [-- ADDR | --bind ADDR]  (default 127.0.0.1:300
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match flags::or_exit(parse_args(std::env::args().skip(1)), USAGE) {
-        Ok(bind) => flags::exit_code(run(bind).await),
-        Err(code) => code,
-    }
+    flags::main(USAGE, parse_args(std::env::args().skip(1)), run).await
 }
 
 /// The address to listen on: `ADDR` or `--bind ADDR`, at most once.

@@ -62,10 +62,7 @@ struct Options {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match flags::or_exit(parse_args(std::env::args().skip(1)), USAGE) {
-        Ok(options) => flags::exit_code(run(options).await),
-        Err(code) => code,
-    }
+    flags::main(USAGE, parse_args(std::env::args().skip(1)), run).await
 }
 
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, CliError> {

@@ -2,6 +2,8 @@
 //! traffic: decisions by outcome and policy (never by key), store latency, the circuit breaker's
 //! gauge, unkeyed requests.
 
+#[path = "support/recorded.rs"]
+mod recorded;
 mod support;
 
 use std::sync::atomic::AtomicUsize;
@@ -12,6 +14,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use recorded::Labels;
 use redlimit::key::{HeaderKey, PeerIp};
 use redlimit::store::{MemoryStore, RedisStore};
 use redlimit::{
@@ -23,9 +26,6 @@ use support::example::dead_redis_url;
 use support::service::counting;
 use support::{Ctx, RedisServer};
 use tower::{Layer, ServiceExt};
-
-/// A metric's labels as `(name, value)`.
-type Labels = Vec<(String, String)>;
 
 /// A snapshot: each metric's name, labels and value.
 struct Metrics(Vec<(String, Labels, DebugValue)>);
@@ -63,21 +63,7 @@ impl Metrics {
     }
 
     fn read(snapshotter: &Snapshotter) -> Metrics {
-        Metrics(
-            snapshotter
-                .snapshot()
-                .into_vec()
-                .into_iter()
-                .map(|(key, _, _, value)| {
-                    let key = key.key();
-                    let labels = key
-                        .labels()
-                        .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                        .collect();
-                    (key.name().to_owned(), labels, value)
-                })
-                .collect(),
-        )
+        Metrics(recorded::metrics(snapshotter))
     }
 
     fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<&DebugValue> {

@@ -165,6 +165,23 @@ pub fn or_exit<T>(parsed: Result<T, CliError>, usage: &str) -> Result<T, ExitCod
     }
 }
 
+/// A program's `main` after its arguments were read into `parsed`: what [`or_exit`] exits with,
+/// else `run` with the options, and the [`exit_code`] of its end.
+pub async fn main<T, F, E>(
+    usage: &str,
+    parsed: Result<T, CliError>,
+    run: impl FnOnce(T) -> F,
+) -> ExitCode
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    match or_exit(parsed, usage) {
+        Ok(options) => exit_code(run(options).await),
+        Err(code) => code,
+    }
+}
+
 /// The status of a run that ended: success, or its error printed and failure.
 pub fn exit_code(ran: Result<(), impl std::fmt::Display>) -> ExitCode {
     match ran {

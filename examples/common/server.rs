@@ -76,16 +76,8 @@ impl Program {
         F: Future<Output = Result<(), String>>,
     {
         init_tracing();
-        match self.options() {
-            Ok(options) => flags::exit_code(run(options).await),
-            Err(code) => code,
-        }
-    }
-
-    /// The options from the process's arguments, or what to exit with.
-    pub fn options(&self) -> Result<Options, ExitCode> {
         let usage = self.usage();
-        flags::or_exit(self.parse(&usage), &usage)
+        flags::main(&usage, self.parse(&usage), run).await
     }
 
     fn parse(&self, usage: &str) -> Result<Options, CliError> {

@@ -211,16 +211,28 @@ fn set_open_gauge(open: bool) {
 mod tests {
     use super::*;
 
+    /// A breaker of `failure_threshold` and `cool_down`, and the failure log its calls report to.
+    /// A breaker of a store whose calls take at most `timeout`, and its log.
+    fn breaker_of(
+        failure_threshold: u32,
+        cool_down: Duration,
+        timeout: Duration,
+    ) -> (BreakerState, FailureLog) {
+        let config = CircuitBreaker {
+            failure_threshold,
+            cool_down,
+        };
+        (BreakerState::new(config, timeout), FailureLog::default())
+    }
+
+    /// A breaker whose probes never outlast the test.
+    fn breaker(failure_threshold: u32, cool_down: Duration) -> (BreakerState, FailureLog) {
+        breaker_of(failure_threshold, cool_down, Duration::from_secs(3600))
+    }
+
     #[test]
     fn opens_after_threshold_and_probes_once() {
-        let log = FailureLog::default();
-        let breaker = BreakerState::new(
-            CircuitBreaker {
-                failure_threshold: 2,
-                cool_down: Duration::ZERO,
-            },
-            Duration::from_secs(3600),
-        );
+        let (breaker, log) = breaker(2, Duration::ZERO);
         assert_eq!(breaker.admit(), Admission::Call);
         breaker.on_failure(Admission::Call, &log);
         assert!(!breaker.is_open());
@@ -238,14 +250,7 @@ mod tests {
 
     #[test]
     fn an_abandoned_probe_hands_over_to_the_next_call() {
-        let log = FailureLog::default();
-        let breaker = BreakerState::new(
-            CircuitBreaker {
-                failure_threshold: 1,
-                cool_down: Duration::ZERO,
-            },
-            Duration::from_secs(3600),
-        );
+        let (breaker, log) = breaker(1, Duration::ZERO);
         breaker.on_failure(Admission::Call, &log);
         assert_eq!(breaker.admit(), Admission::Probe);
         assert_eq!(breaker.admit(), Admission::Skip);
@@ -261,14 +266,7 @@ mod tests {
 
     #[test]
     fn skips_during_cool_down_and_success_resets_the_count() {
-        let log = FailureLog::default();
-        let breaker = BreakerState::new(
-            CircuitBreaker {
-                failure_threshold: 2,
-                cool_down: Duration::from_secs(3600),
-            },
-            Duration::from_secs(3600),
-        );
+        let (breaker, log) = breaker(2, Duration::from_secs(3600));
         breaker.on_failure(Admission::Call, &log);
         breaker.on_success(Admission::Call);
         breaker.on_failure(Admission::Call, &log);
@@ -279,14 +277,7 @@ mod tests {
 
     #[test]
     fn a_probe_held_past_twice_the_timeout_is_taken_over_by_the_next_call() {
-        let log = FailureLog::default();
-        let breaker = BreakerState::new(
-            CircuitBreaker {
-                failure_threshold: 1,
-                cool_down: Duration::ZERO,
-            },
-            Duration::from_millis(5),
-        );
+        let (breaker, log) = breaker_of(1, Duration::ZERO, Duration::from_millis(5));
         breaker.on_failure(Admission::Call, &log);
         assert!(breaker.probe_due());
         assert_eq!(breaker.admit(), Admission::Probe);

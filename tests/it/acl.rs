@@ -339,17 +339,13 @@ async fn a_control_that_fails_is_an_error_log_and_a_metric() {
         "says which control: {}",
         errors[0]
     );
-    let failed = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .find_map(|(key, _, _, value)| {
-            let key = key.key();
-            let control = key
-                .labels()
-                .any(|l| l.key() == "call" && l.value() == "control");
-            (key.name() == "redlimit_store_errors_total" && control).then_some(value)
-        });
+    let failed =
+        crate::recorded::metrics(&snapshotter)
+            .into_iter()
+            .find_map(|(name, labels, value)| {
+                let control = labels.iter().any(|(k, v)| k == "call" && v == "control");
+                (name == "redlimit_store_errors_total" && control).then_some(value)
+            });
     assert_eq!(failed, Some(DebugValue::Counter(1)), "counted once");
 }
 

@@ -49,6 +49,15 @@ fn logged_multi_thread_runtime(dispatch: &tracing::Dispatch) -> tokio::runtime::
         .unwrap()
 }
 
+/// A limiter on `redis` that has admitted a check of `warm` under 1 000 a minute, and that
+/// quota.
+async fn warm_limiter(redis: &RedisServer) -> (Limiter, Quota) {
+    let limiter = Limiter::new(RedisStore::new(redis.url()).unwrap());
+    let quota = Quota::per_minute(1_000).unwrap();
+    assert!(support::admits(&limiter, "warm", &quota).await);
+    (limiter, quota)
+}
+
 /// `requests` checks through `limiter`, `gap` apart, each answered by the policy (open).
 async fn checks_fail_open(limiter: &Limiter, requests: usize, gap: Duration) {
     let quota = Quota::per_minute(100).unwrap();
@@ -256,9 +265,7 @@ fn a_failing_store_used_from_several_runtimes_warns_once() {
 async fn oom_refusals_warn_once_for_the_episode() {
     let (captured, _guard) = support::logs::capture(tracing::Level::TRACE);
     let redis = RedisServer::start();
-    let limiter = Limiter::new(RedisStore::new(redis.url()).unwrap());
-    let quota = Quota::per_minute(1_000).unwrap();
-    assert!(support::admits(&limiter, "warm", &quota).await);
+    let (limiter, quota) = warm_limiter(&redis).await;
     redis.out_of_memory();
     // Over more than two seconds, on keys never written: a line a second would show.
     for i in 0..50 {
@@ -277,9 +284,7 @@ async fn oom_refusals_warn_once_for_the_episode() {
 async fn a_redis_asleep_past_the_timeout_warns_once() {
     let (captured, _guard) = support::logs::capture(tracing::Level::TRACE);
     let redis = RedisServer::start();
-    let limiter = Limiter::new(RedisStore::new(redis.url()).unwrap());
-    let quota = Quota::per_minute(1_000).unwrap();
-    assert!(support::admits(&limiter, "warm", &quota).await);
+    let (limiter, quota) = warm_limiter(&redis).await;
     let sleeping = redis.debug_sleep(Duration::from_millis(2_500));
     tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..20 {

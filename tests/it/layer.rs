@@ -23,7 +23,7 @@ use redlimit::{
     layer::{MissingKey, ResponseBody},
     Decision, Limiter, Quota, Quotas, RateLimitLayer, Target,
 };
-use support::service::{counting, status_of, SEEN};
+use support::service::{counting, status_of, statuses_of, SEEN};
 use support::{Ctx, Fixture, RedisServer};
 use tower::buffer::Buffer;
 use tower::limit::ConcurrencyLimit;
@@ -107,11 +107,7 @@ async fn works_behind_and_in_front_of_a_buffer() {
 
     let calls = Arc::new(AtomicUsize::new(0));
     let buffered = Buffer::new(fx.layer().layer(counting(calls.clone())), 16);
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        let response = buffered.clone().oneshot(get("/")).await.unwrap();
-        statuses.push(response.status().as_u16());
-    }
+    let statuses = statuses_of(&buffered, 3, || get("/")).await;
     assert_eq!(statuses, [200, 200, 429]);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 
@@ -119,11 +115,7 @@ async fn works_behind_and_in_front_of_a_buffer() {
     let layer = RateLimitLayer::new(fx.limiter.clone(), two_a_minute(), GlobalKey::new("other"));
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer.layer(Buffer::new(counting(calls.clone()), 1));
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        let response = svc.clone().oneshot(get("/")).await.unwrap();
-        statuses.push(response.status().as_u16());
-    }
+    let statuses = statuses_of(&svc, 3, || get("/")).await;
     assert_eq!(statuses, [200, 200, 429]);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
@@ -196,11 +188,12 @@ async fn skip_predicate_and_cost_function() {
         header(export.headers(), "ratelimit"),
         Some("\"default\";r=0;t=60")
     );
-    let after = svc.clone().oneshot(get("/")).await.unwrap();
-    assert_eq!(after.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status_of(&svc, get("/")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // Health checks still pass with the bucket empty.
-    let health = svc.clone().oneshot(get("/health")).await.unwrap();
-    assert_eq!(health.status(), StatusCode::OK);
+    assert_eq!(status_of(&svc, get("/health")).await, StatusCode::OK);
     assert_eq!(calls.load(Ordering::SeqCst), 7);
 }
 
@@ -257,10 +250,7 @@ async fn missing_key_shares_one_key_by_default() {
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer.layer(counting(calls.clone()));
 
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        statuses.push(status_of(&svc, get("/")).await.as_u16());
-    }
+    let statuses = statuses_of(&svc, 3, || get("/")).await;
     assert_eq!(statuses, [200, 200, 429], "keyless requests share a quota");
     let keyed_response = svc.clone().oneshot(keyed("k-1")).await.unwrap();
     assert_eq!(keyed_response.status(), StatusCode::OK);
@@ -275,12 +265,10 @@ async fn missing_key_reject_answers_the_status_without_calling_inner() {
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer.layer(counting(calls.clone()));
 
-    let rejected = svc.clone().oneshot(get("/")).await.unwrap();
-    assert_eq!(rejected.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(status_of(&svc, get("/")).await, StatusCode::UNAUTHORIZED);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert_eq!(fx.limiter.stats().allowed + fx.limiter.stats().denied, 0);
-    let ok = svc.clone().oneshot(keyed("k-1")).await.unwrap();
-    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(status_of(&svc, keyed("k-1")).await, StatusCode::OK);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
@@ -298,10 +286,7 @@ async fn missing_key_allow_lets_keyless_requests_through_unlimited() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 5);
     // Keyed requests are still limited.
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        statuses.push(status_of(&svc, keyed("k")).await.as_u16());
-    }
+    let statuses = statuses_of(&svc, 3, || keyed("k")).await;
     assert_eq!(statuses, [200, 200, 429]);
 }
 
@@ -521,22 +506,14 @@ async fn stacked_layers_keep_separate_counts_and_both_headers() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
     let limiter = Ctx::default().manual(&clock).redis(&redis);
-    let per_second = RateLimitLayer::builder(
-        limiter.clone(),
-        Quota::per_second(2).unwrap(),
-        GlobalKey::new("g"),
-    )
-    .policy_name("second")
-    .build()
-    .unwrap();
-    let per_minute = RateLimitLayer::builder(
-        limiter.clone(),
-        Quota::per_minute(5).unwrap(),
-        GlobalKey::new("g"),
-    )
-    .policy_name("minute")
-    .build()
-    .unwrap();
+    let named = |quota: Quota, name: &str| {
+        RateLimitLayer::builder(limiter.clone(), quota, GlobalKey::new("g"))
+            .policy_name(name)
+            .build()
+            .unwrap()
+    };
+    let per_second = named(Quota::per_second(2).unwrap(), "second");
+    let per_minute = named(Quota::per_minute(5).unwrap(), "minute");
     let calls = Arc::new(AtomicUsize::new(0));
     let service = per_minute.layer(per_second.layer(counting(calls.clone())));
 
@@ -555,7 +532,7 @@ async fn stacked_layers_keep_separate_counts_and_both_headers() {
     let mut admitted = 1;
     for _ in 1..60 {
         clock.advance(Duration::from_secs(1));
-        if service.clone().oneshot(get("/")).await.unwrap().status() == StatusCode::OK {
+        if status_of(&service, get("/")).await == StatusCode::OK {
             admitted += 1;
         }
     }
@@ -600,7 +577,7 @@ async fn one_layer_with_quotas_charges_the_outer_budget_only_for_admissions() {
 
     let mut admitted = 0;
     for _ in 0..30 {
-        if service.clone().oneshot(get("/")).await.unwrap().status() == StatusCode::OK {
+        if status_of(&service, get("/")).await == StatusCode::OK {
             admitted += 1;
         }
     }
@@ -639,7 +616,7 @@ async fn stacked_layers_charge_the_outer_budget_for_inner_denials() {
 
     let mut admitted = 0;
     for _ in 0..30 {
-        if service.clone().oneshot(get("/")).await.unwrap().status() == StatusCode::OK {
+        if status_of(&service, get("/")).await == StatusCode::OK {
             admitted += 1;
         }
     }
@@ -678,8 +655,7 @@ async fn grpc_is_told_by_its_media_type_in_both_layers() {
     let fx = Fixture::new();
     let rate = fx.layer().layer(counting(Arc::new(AtomicUsize::new(0))));
     for _ in 0..2 {
-        let ok = rate.clone().oneshot(get("/")).await.unwrap();
-        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(status_of(&rate, get("/")).await, StatusCode::OK);
     }
     let slots = ConcurrencyLimiter::new(fx.limiter.clone(), 1).unwrap();
     let SlotOutcome::Acquired(_held) = slots.acquire("busy").await else {

@@ -21,6 +21,9 @@ mod sequences;
 // What the gRPC tests read from a status (outside `support`: the CLI's tests load that too).
 #[path = "../support/grpc.rs"]
 mod grpc;
+// A metrics recorder's snapshot, read (outside `support` for the same reason), for `acl`.
+#[path = "../support/recorded.rs"]
+mod recorded;
 
 mod acl;
 mod algorithms;

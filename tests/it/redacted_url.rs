@@ -9,19 +9,21 @@ use redlimit::store::redacted_url;
 /// The secret every URL below carries, in some spelling.
 const SECRET: &str = "Zq9SECRETx";
 
-/// `url` redacted: it must not show `secret` (nor the [`SECRET`] in it).
-fn assert_hidden(url: &str, secret: &str) {
-    let shown = redacted_url(url);
-    assert!(
-        !shown.contains(secret) && !shown.contains(SECRET),
-        "{url:?} shown as {shown:?}, with {secret:?}"
-    );
+/// Each `(url, secret)` redacted: the url must not show `secret` (nor the [`SECRET`] in it).
+fn assert_all_hidden<const N: usize>(cases: [(String, String); N]) {
+    for (url, secret) in cases {
+        let shown = redacted_url(&url);
+        assert!(
+            !shown.contains(&secret) && !shown.contains(SECRET),
+            "{url:?} shown as {shown:?}, with {secret:?}"
+        );
+    }
 }
 
 #[test]
 fn every_url_form_hides_its_password() {
     let s = SECRET;
-    for (url, secret) in [
+    assert_all_hidden([
         (format!("redis://u:{s}@h:6379/0"), s.to_owned()),
         (format!("redis://:{s}@h"), s.to_owned()),
         (format!("rediss://u:{s}@h:6380/#insecure"), s.to_owned()),
@@ -66,9 +68,7 @@ fn every_url_form_hides_its_password() {
         (format!(" redis://u:{s}@h/ "), s.to_owned()),
         (format!("redis://u:{s}\n@h/"), s.to_owned()),
         (format!("REDIS://u:{s}@h/"), s.to_owned()),
-    ] {
-        assert_hidden(&url, &secret);
-    }
+    ]);
 }
 
 /// A password that starts with digits and holds `#`, `?` or `/`, written unencoded: the URL
@@ -78,31 +78,27 @@ fn every_url_form_hides_its_password() {
 #[test]
 fn a_password_of_digits_then_a_url_delimiter_is_hidden() {
     let s = SECRET;
-    for (url, secret) in [
+    assert_all_hidden([
         (format!("redis://u:123#{s}@h:6379/"), format!("123#{s}")),
         (format!("redis://u:123?{s}@h:6379/"), format!("123?{s}")),
         (format!("redis://u:123/{s}@h:6379/"), format!("123/{s}")),
         (format!("valkey://u:4#{s}@h/"), format!("4#{s}")),
         (format!("redis://:99?x={s}@h"), format!("99?x={s}")),
-    ] {
-        assert_hidden(&url, &secret);
-    }
+    ]);
 }
 
 /// A `pass=` value holding `#` unencoded: the parser reads what follows as the fragment.
 #[test]
 fn a_pass_parameter_holding_a_hash_is_hidden_whole() {
     let s = SECRET;
-    for (url, secret) in [
+    assert_all_hidden([
         (format!("unix:///run/r.sock?pass=a#{s}"), format!("a#{s}")),
         (
             format!("redis+unix:///r.sock?user=u&pass=a#{s}"),
             format!("a#{s}"),
         ),
         (format!("redis://h/?password=a#{s}"), format!("a#{s}")),
-    ] {
-        assert_hidden(&url, &secret);
-    }
+    ]);
     // The fragment the client reads (TLS without verification) is still shown.
     assert_eq!(
         redacted_url("rediss://h:6380/?password=x#insecure"),

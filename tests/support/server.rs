@@ -181,6 +181,14 @@ impl RedisServer {
         debug_sleep_via(&self.client(), duration)
     }
 
+    /// [`debug_sleep`](Self::debug_sleep), then 20 ms for the command to reach the server, so
+    /// that what the caller sends next waits behind it.
+    pub async fn asleep(&self, duration: Duration) -> JoinHandle<()> {
+        let sleeping = self.debug_sleep(duration);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        sleeping
+    }
+
     /// Puts `maxmemory` below what the server uses, with nothing to evict (`noeviction`):
     /// every write is refused with `OOM`.
     pub fn out_of_memory(&self) {

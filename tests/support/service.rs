@@ -73,6 +73,24 @@ where
     svc.clone().oneshot(request).await.unwrap().status()
 }
 
+/// The statuses (as numbers) `svc` answers `n` requests made by `request` with, sent one after
+/// another.
+pub async fn statuses_of<S, B>(
+    svc: &S,
+    n: usize,
+    request: impl Fn() -> Request<Full<Bytes>>,
+) -> Vec<u16>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        statuses.push(status_of(svc, request()).await.as_u16());
+    }
+    statuses
+}
+
 /// An empty response carrying `value` in the header `name`.
 pub fn with_header(name: &'static str, value: http::HeaderValue) -> Response<Full<Bytes>> {
     Response::builder()

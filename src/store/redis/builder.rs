@@ -8,7 +8,6 @@ use std::time::Duration;
 use futures::future::FutureExt;
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
-use redis::AsyncConnectionConfig;
 use redis::{Client, ConnectionInfo, RedisError};
 
 use super::batch::Batches;
@@ -342,17 +341,7 @@ impl RedisStoreBuilder {
 /// (on its own runtime) once it proves dropped or stale. (A `ConnectionManager` would reconnect
 /// by itself, on the runtime of whichever call met the dropped connection.)
 async fn connect_single(client: Client) -> Result<(MultiplexedConnection, ServerInfo), RedisError> {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        // One timer per call: the store's. (redis-rs would otherwise cut every reply at its
-        // own 500 ms default, whatever the store's timeout.)
-        .set_response_timeout(None);
-    let mut connection = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .map_err(explain_tls)?;
-    let server = server::inspect(&mut connection).await;
-    Ok((connection, server))
+    server::connect(&client, CONNECT_TIMEOUT).await
 }
 
 #[cfg(test)]

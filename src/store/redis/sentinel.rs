@@ -204,15 +204,7 @@ async fn connect_once(
     // the attempt as a whole is bounded by the store's attempt timeout.
     let primary = client.lock().await.async_get_client().await?;
     let address = primary.get_connection_info().addr().to_string();
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        // One timer per call: the store's.
-        .set_response_timeout(None);
-    let mut connection = primary
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .map_err(super::tls::explain_tls)?;
-    let server = server::inspect(&mut connection).await;
+    let (connection, server) = server::connect(&primary, CONNECT_TIMEOUT).await?;
     tracing::info!(primary = %address, "rate limit store: Sentinel names this primary");
     let moved = Arc::new(AtomicBool::new(false));
     if let Some(named) = host_port(primary.get_connection_info().addr()) {

@@ -2,9 +2,12 @@
 //! check.
 
 use std::fmt;
+use std::time::Duration;
 
-use redis::aio::ConnectionLike;
-use redis::{RedisResult, Value};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult, Value};
+
+use super::tls::explain_tls;
 
 /// The oldest Redis the scripts run on: they call `TIME` before writing, which Redis allows
 /// (replicating the script's effects) by default since 5.0.
@@ -34,6 +37,25 @@ impl fmt::Display for ServerInfo {
             None => f.write_str("Redis (version unknown)"),
         }
     }
+}
+
+/// Opens a multiplexed connection to the one server `client` names, within `connect_timeout`,
+/// and [`inspect`]s it: the single node's, or the primary Sentinel names.
+pub(super) async fn connect(
+    client: &Client,
+    connect_timeout: Duration,
+) -> Result<(MultiplexedConnection, ServerInfo), RedisError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        // One timer per call: the store's. (redis-rs would otherwise cut every reply at its
+        // own 500 ms default, whatever the store's timeout.)
+        .set_response_timeout(None);
+    let mut connection = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(explain_tls)?;
+    let server = inspect(&mut connection).await;
+    Ok((connection, server))
 }
 
 /// Asks the server its version (`HELLO`, or `INFO server` on Redis before 6) and logs an error

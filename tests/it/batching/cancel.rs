@@ -39,8 +39,7 @@ async fn decisions_dropped_at_every_await_consume_only_what_was_sent_and_leave_n
     let quotas = shared_quota();
     for round in 0..3 {
         let before = consumed(&store, key).await;
-        let sleeping = redis.debug_sleep(Duration::from_millis(250));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(250)).await;
         // The leader: alone, its call on the wire behind the sleep.
         let mut lead = Box::pin(store.check(on_shared(key, &quotas, 1)));
         assert!(poll_once(&mut lead));
@@ -102,8 +101,7 @@ async fn a_parked_queued_decision_holds_up_nothing_and_is_decided_once() {
     let key = "redlimit:{parked-shared}";
     let quotas = shared_quota();
     let before = consumed(&store, key).await;
-    let sleeping = redis.debug_sleep(Duration::from_millis(200));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(200)).await;
     let lead = store.check(on_shared(key, &quotas, 1));
     let rest = async {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -159,8 +157,7 @@ fn a_queued_decisions_first_poll_then_synchronous_work_holds_up_no_other_queued_
     let timeout = Duration::from_millis(800);
     let (main, store) = runtime_and_store(main_runtime(), &redis, timeout, 64);
     let (queued, busy) = main.block_on(async {
-        let sleeping = redis.debug_sleep(Duration::from_millis(150));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(150)).await;
         // The lone leader, behind the sleep, on a task of its own.
         let lead = tokio::spawn(timed_owned(&store, "redlimit:{busy-lead}"));
         tokio::time::sleep(Duration::from_millis(20)).await;

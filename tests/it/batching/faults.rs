@@ -34,8 +34,7 @@ async fn a_sleep_past_the_timeout_answers_each_within_its_timeout_and_consumes_o
     let key = "redlimit:{slept}";
     let quotas = shared_quota();
     let before = consumed(&store, key).await;
-    let sleeping = redis.debug_sleep(Duration::from_millis(900));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(900)).await;
     let one = |store: &RedisStore| {
         let store = store.clone();
         async move {
@@ -91,8 +90,7 @@ async fn redis_killed_mid_batch_answers_each_within_its_timeout_and_the_store_re
     let mut redis = RedisServer::start();
     let timeout = Duration::from_millis(400);
     let store = warm_store(&redis, timeout, DEFAULT_MAX_BATCH).await;
-    let _sleeping = redis.debug_sleep(Duration::from_millis(2_000));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _sleeping = redis.asleep(Duration::from_millis(2_000)).await;
     let lead = tokio::spawn(timed_owned(&store, "redlimit:{killed-lead}"));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let queued = tokio::spawn(together_owned(&store, "killed-queued", 100));

@@ -150,8 +150,7 @@ async fn each_decision_of_a_batch_meets_maxmemory_as_alone() {
     let full = "redlimit:{oom-full}";
     assert!(admits(&store, full, &quotas, Algorithm::Gcra).await);
     let warm = generous();
-    let sleeping = redis.debug_sleep(Duration::from_millis(100));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(100)).await;
     join_all((0..4).map(|i| {
         let key = format!("redlimit:{{oom-warm-{i}}}");
         let store = store.clone();
@@ -461,8 +460,7 @@ async fn under_maxmemory_a_mixed_batch_decides_each_as_alone_on_a_twin() {
         assert_eq!(before_batched, contents(&alone_redis), "twins start alike");
         // Batched: a peek in flight, then the whole plan queued behind it in one call.
         batched_redis.reset_stats();
-        let sleeping = batched_redis.debug_sleep(Duration::from_millis(250));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = batched_redis.asleep(Duration::from_millis(250)).await;
         let lead_key = "redlimit:{lead-peek}";
         let lead = batched.check(CheckRequest {
             cost: 0,
@@ -550,8 +548,7 @@ async fn full_batches_of_costly_eight_tier_sliding_logs_with_long_keys_are_decid
         .map(|i| format!("redlimit:{{big-{i}-{pad}}}"))
         .collect();
     redis.reset_stats();
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let lead = store.check(request(
         "redlimit:{big-lead}",
         &eight,

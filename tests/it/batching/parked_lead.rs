@@ -9,8 +9,8 @@ use std::task::Context;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redlimit::store::{RedisStore, Store, DEFAULT_MAX_BATCH};
-use redlimit::{Quota, Quotas};
+use redlimit::store::{RedisStore, Store, StoreError, DEFAULT_MAX_BATCH};
+use redlimit::{Decision, Quota, Quotas};
 
 use super::{
     assert_later_decisions_go_alone, batched_and_unbatched, on_shared as on, warm_store, SLACK,
@@ -40,6 +40,35 @@ fn poll_once<F: Future + Unpin>(future: &mut F) -> bool {
 /// The store's timeout here.
 const TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The admissions among `answers`, each of which must be decided.
+fn all_admitted(answers: &[Result<Decision, StoreError>]) -> u64 {
+    let errors: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert!(errors.is_empty(), "undecided: {errors:?}");
+    answers
+        .iter()
+        .filter(|a| a.as_ref().unwrap().allowed)
+        .count() as u64
+}
+
+/// The decision of the parked `what` ("lead", "decision"), polled again at last: it must come
+/// within the timeout.
+async fn decided_at_last(
+    parked: impl Future<Output = Result<Decision, StoreError>>,
+    what: &str,
+) -> Decision {
+    tokio::time::timeout(TIMEOUT + SLACK, parked)
+        .await
+        .unwrap_or_else(|e| panic!("the parked {what} hangs: {e:?}"))
+        .unwrap_or_else(|e| panic!("the parked {what} decided: {e:?}"))
+}
+
+/// Asserts that the 64 decisions on `key` admitted `admitted`, exactly [`LIMIT`], and that
+/// Redis counts as many.
+async fn assert_forty_counted(store: &RedisStore, key: &str, admitted: u64) {
+    assert_eq!(admitted, LIMIT, "admitted of 64 under a quota of {LIMIT}");
+    assert_eq!(counted(store, key).await, admitted, "Redis's count");
+}
+
 /// The lead (alone in flight behind a `DEBUG SLEEP`) polled once and parked; 63 decisions on
 /// the same key queue behind it: each is decided within the timeout; the parked lead, polled
 /// again at last, is decided too; 40 of the 64 are admitted and Redis counts 40.
@@ -50,8 +79,7 @@ async fn a_parked_lead_holds_up_none_of_63_queued_and_redis_counts_the_admission
     let store = warm_store(&redis, TIMEOUT, max_batch).await;
     let key = "redlimit:{parked-lead}";
     let quotas = forty();
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let mut parked = Box::pin(store.check(on(key, &quotas, 1)));
     assert!(poll_once(&mut parked), "the lead decided behind a sleep");
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -60,19 +88,9 @@ async fn a_parked_lead_holds_up_none_of_63_queued_and_redis_counts_the_admission
     let took = started.elapsed();
     sleeping.join().unwrap();
     assert!(took <= TIMEOUT + SLACK, "the 63 took {took:?}");
-    let errors: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
-    assert!(errors.is_empty(), "undecided: {errors:?}");
-    let lead = tokio::time::timeout(TIMEOUT + SLACK, parked)
-        .await
-        .expect("the parked lead hangs")
-        .expect("the parked lead decided");
-    let admitted = answers
-        .iter()
-        .filter(|a| a.as_ref().unwrap().allowed)
-        .count() as u64
-        + u64::from(lead.allowed);
-    assert_eq!(admitted, LIMIT, "admitted of 64 under a quota of {LIMIT}");
-    assert_eq!(counted(&store, key).await, admitted, "Redis's count");
+    let decided = all_admitted(&answers);
+    let lead = decided_at_last(parked, "lead").await;
+    assert_forty_counted(&store, key, decided + u64::from(lead.allowed)).await;
 }
 
 batched_and_unbatched!(
@@ -90,8 +108,7 @@ async fn a_parked_queued_decision_holds_up_none_of_63_on_one_key_and_redis_count
     let store = warm_store(&redis, TIMEOUT, DEFAULT_MAX_BATCH).await;
     let key = "redlimit:{parked-queued}";
     let quotas = forty();
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let lead = store.check(on(key, &quotas, 1));
     let rest = async {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -105,20 +122,10 @@ async fn a_parked_queued_decision_holds_up_none_of_63_on_one_key_and_redis_count
     sleeping.join().unwrap();
     assert!(took <= TIMEOUT + SLACK, "the others took {took:?}");
     let lead = lead.expect("the lead decided");
-    let errors: Vec<_> = others.iter().filter_map(|a| a.as_ref().err()).collect();
-    assert!(errors.is_empty(), "undecided: {errors:?}");
-    let parked = tokio::time::timeout(TIMEOUT + SLACK, parked)
-        .await
-        .expect("the parked decision hangs")
-        .expect("the parked decision decided");
-    let admitted = others
-        .iter()
-        .filter(|a| a.as_ref().unwrap().allowed)
-        .count() as u64
-        + u64::from(lead.allowed)
-        + u64::from(parked.allowed);
-    assert_eq!(admitted, LIMIT, "admitted of 64 under a quota of {LIMIT}");
-    assert_eq!(counted(&store, key).await, admitted, "Redis's count");
+    let decided = all_admitted(&others);
+    let parked = decided_at_last(parked, "decision").await;
+    let admitted = decided + u64::from(lead.allowed) + u64::from(parked.allowed);
+    assert_forty_counted(&store, key, admitted).await;
 }
 
 /// Futures dropped after one poll: the lead alone in flight and 20 queued behind it, all on
@@ -137,8 +144,7 @@ async fn checks_dropped_after_one_poll_queued_and_alone_count_at_most_once_and_b
             100_000 - store.check(on(key, &quotas, 0)).await.unwrap().remaining
         }
     };
-    let sleeping = redis.debug_sleep(Duration::from_millis(250));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(250)).await;
     let mut lead = Box::pin(store.check(on(key, &quotas, 1)));
     assert!(poll_once(&mut lead));
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -173,8 +179,7 @@ async fn a_batching_and_an_unbatched_store_admit_the_same_under_one_quota() {
         let store = warm_store(&redis, TIMEOUT, max_batch).await;
         let key = format!("redlimit:{{compare-{name}}}");
         let quotas = forty();
-        let sleeping = redis.debug_sleep(Duration::from_millis(200));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(200)).await;
         let answers = join_all((0..64).map(|_| store.check(on(&key, &quotas, 1)))).await;
         sleeping.join().unwrap();
         let admitted = answers

@@ -331,8 +331,7 @@ fn a_script_flush_after_the_stores_runtime_shut_down_is_survived_by_batches() {
         // Let the store reconnect on this runtime (see the finding above: a first call may fail).
         let first = one_by_one(&store, "rebind", 3).await;
         redis.script_flush();
-        let sleeping = redis.debug_sleep(Duration::from_millis(150));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(150)).await;
         let lead = timed(&store, "redlimit:{flush-lead}");
         let rest = async {
             tokio::time::sleep(Duration::from_millis(20)).await;

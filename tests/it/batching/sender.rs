@@ -28,12 +28,18 @@ fn on_main_runtime(timeout: Duration) -> (RedisServer, tokio::runtime::Runtime, 
     (redis, main, store)
 }
 
-/// Every answer decided by Redis within `within_ms` ms.
-fn all_decided(answers: &[(Result<Decision, StoreError>, Duration)], within_ms: u64) -> bool {
+/// Asserts that every answer was decided by Redis within `within_ms` ms; `what` says which
+/// answers they are, the answers follow.
+fn assert_all_decided(
+    answers: &[(Result<Decision, StoreError>, Duration)],
+    within_ms: u64,
+    what: &str,
+) {
     let within = Duration::from_millis(within_ms);
-    answers
+    let decided = answers
         .iter()
-        .all(|(answer, took)| answer.is_ok() && *took < within)
+        .all(|(answer, took)| answer.is_ok() && *took < within);
+    assert!(decided, "{what}: {answers:?}");
 }
 
 /// A store shared with a second runtime (a current-thread one in a helper thread) that made
@@ -62,14 +68,12 @@ fn an_idle_runtime_that_made_the_call_in_flight_stalls_no_queued_decision() {
     assert!(helper_decided.recv().unwrap(), "the helper's own decision");
     release.send(()).unwrap();
     helper.join().unwrap();
-    assert!(
-        all_decided(&queued, 900),
-        "decisions queued behind an idle runtime's call: {queued:?}"
+    assert_all_decided(
+        &queued,
+        900,
+        "decisions queued behind an idle runtime's call",
     );
-    assert!(
-        all_decided(&later, 200),
-        "lone decisions after it, Redis idle: {later:?}"
-    );
+    assert_all_decided(&later, 200, "lone decisions after it, Redis idle");
 }
 
 /// The task whose call was in flight goes on with a second of synchronous work right after its
@@ -97,9 +101,10 @@ fn queued_decisions_do_not_wait_for_the_first_callers_synchronous_work() {
         (queued, first)
     });
     assert!(first, "the busy task's own decision");
-    assert!(
-        all_decided(&queued, 500),
-        "decisions queued behind a task that went on with synchronous work: {queued:?}"
+    assert_all_decided(
+        &queued,
+        500,
+        "decisions queued behind a task that went on with synchronous work",
     );
 }
 
@@ -130,9 +135,10 @@ fn another_runtimes_shutdown_fails_no_queued_decision() {
         queue.await.unwrap()
     });
     sleeping.join().unwrap();
-    assert!(
-        all_decided(&queued, 900),
-        "decisions queued when another runtime shut down: {queued:?}"
+    assert_all_decided(
+        &queued,
+        900,
+        "decisions queued when another runtime shut down",
     );
 }
 
@@ -143,8 +149,7 @@ fn a_parked_decision_slows_no_later_decision() {
     let (redis, main, store) = on_main_runtime(Duration::from_secs(2));
     let later = main.block_on(async {
         // Held, so that the parked call cannot be answered within its first poll.
-        let sleeping = redis.debug_sleep(Duration::from_millis(100));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(100)).await;
         let mut parked = Box::pin(decide(&store, "redlimit:{parked}"));
         let waker = futures::task::noop_waker();
         let mut context = std::task::Context::from_waker(&waker);
@@ -158,8 +163,9 @@ fn a_parked_decision_slows_no_later_decision() {
         drop(parked);
         later
     });
-    assert!(
-        all_decided(&later, 150),
-        "lone decisions while another is parked (a take-over delay would be 500 ms): {later:?}"
+    assert_all_decided(
+        &later,
+        150,
+        "lone decisions while another is parked (a take-over delay would be 500 ms)",
     );
 }

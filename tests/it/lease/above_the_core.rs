@@ -33,6 +33,16 @@ async fn hold_a_lease(limiter: &Limiter, key: &str, quota: &Quota) -> u64 {
     panic!("no lease held: {:?}", limiter.lease_stats());
 }
 
+/// A leasing limiter and an observer on `redis` (see [`leasing_and_observer`], a 2 s timeout),
+/// the limiter holding a lease on `hot` under [`daily`]: (limiter, observer, that quota, the
+/// admissions [`hold_a_lease`] took).
+async fn holding_hot(redis: &RedisServer) -> (Limiter, Limiter, Quota, u64) {
+    let (limiter, observer) = leasing_and_observer(redis, Duration::from_secs(2));
+    let quota = daily();
+    let admitted = hold_a_lease(&limiter, "hot", &quota).await;
+    (limiter, observer, quota, admitted)
+}
+
 /// Waits until the limiter holds no leased unit (give-backs land in tasks) or 2 s; its stats.
 async fn nothing_held(limiter: &Limiter) -> redlimit::limiter::LeaseStats {
     let started = Instant::now();
@@ -43,6 +53,15 @@ async fn nothing_held(limiter: &Limiter) -> redlimit::limiter::LeaseStats {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Waits as [`nothing_held`] does, then asserts that the counters balance and nothing is held;
+/// the stats.
+async fn released(limiter: &Limiter) -> redlimit::limiter::LeaseStats {
+    let after = nothing_held(limiter).await;
+    assert!(balanced(&after), "{after:?}");
+    assert_eq!(after.held, 0, "{after:?}");
+    after
 }
 
 /// Waits until the limiter's lease stats stop moving for 30 ms (a renewal started by earlier
@@ -58,6 +77,12 @@ async fn quiet(limiter: &Limiter) -> redlimit::limiter::LeaseStats {
         }
         last = now;
     }
+}
+
+/// Asserts that `late`, the admissions after a control took effect, is 0; `what` says what
+/// they were, the limiter's lease stats follow.
+fn assert_none_late(late: u64, what: &str, limiter: &Limiter) {
+    assert_eq!(late, 0, "{what}; {:?}", limiter.lease_stats());
 }
 
 /// Checks of `key` by 8 tasks until `stop`, each admission stamped: those that started after
@@ -143,11 +168,10 @@ async fn a_suspension_by_the_leasing_limiter_admits_nothing_from_earlier_leases_
     tokio::time::sleep(INTERVAL * 6).await;
     let (admitted, late) = hammer.stop().await;
     assert!(admitted > 0, "the hammer admitted nothing at all");
-    assert_eq!(
+    assert_none_late(
         late,
-        0,
-        "admitted more than one interval after the suspension; {:?}",
-        limiter.lease_stats()
+        "admitted more than one interval after the suspension",
+        &limiter,
     );
 }
 
@@ -157,9 +181,7 @@ async fn a_suspension_by_the_leasing_limiter_admits_nothing_from_earlier_leases_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_strands_the_units_leased_before_it_and_gives_none_back() {
     let redis = RedisServer::start();
-    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
-    let quota = daily();
-    hold_a_lease(&limiter, "hot", &quota).await;
+    let (limiter, observer, quota, _) = holding_hot(&redis).await;
     let before = limiter.lease_stats();
     assert!(before.held > 0, "{before:?}");
     limiter.reset("hot").await.unwrap();
@@ -187,14 +209,10 @@ async fn a_reset_strands_the_units_leased_before_it_and_gives_none_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_ends_the_keys_lease_and_gives_its_units_back() {
     let redis = RedisServer::start();
-    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
-    let quota = daily();
-    let admitted = hold_a_lease(&limiter, "hot", &quota).await;
+    let (limiter, observer, quota, admitted) = holding_hot(&redis).await;
     quiet(&limiter).await;
     limiter.forget("hot");
-    let after = nothing_held(&limiter).await;
-    assert!(balanced(&after), "{after:?}");
-    assert_eq!(after.held, 0, "{after:?}");
+    let after = released(&limiter).await;
     assert_eq!(after.spent, admitted, "{after:?}");
     assert_eq!(
         consumed(&observer, "hot", &quota).await,
@@ -209,12 +227,9 @@ async fn forget_ends_the_keys_lease_and_gives_its_units_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_wakes_the_requests_waiting_for_a_renewal_and_loses_no_unit() {
     let redis = RedisServer::start();
-    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
-    let quota = daily();
-    let mut admitted = hold_a_lease(&limiter, "hot", &quota).await;
+    let (limiter, observer, quota, mut admitted) = holding_hot(&redis).await;
     // Spend what is held, then a burst that must renew: it waits behind the sleep.
-    let sleeping = redis.debug_sleep(Duration::from_millis(400));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(400)).await;
     let waiting = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
@@ -232,9 +247,7 @@ async fn forget_wakes_the_requests_waiting_for_a_renewal_and_loses_no_unit() {
     assert_eq!(answered, 200);
     assert!(took < Duration::from_millis(2_500), "took {took:?}");
     limiter.release_leases().await;
-    let after = nothing_held(&limiter).await;
-    assert!(balanced(&after), "{after:?}");
-    assert_eq!(after.held, 0, "{after:?}");
+    let after = released(&limiter).await;
     assert_eq!(
         consumed(&observer, "hot", &quota).await,
         admitted + after.stranded,
@@ -257,9 +270,7 @@ async fn release_leases_then_lease_stats_balance_and_the_store_counts_the_admiss
     }
     quiet(&limiter).await;
     let given = limiter.release_leases().await;
-    let after = nothing_held(&limiter).await;
-    assert!(balanced(&after), "{after:?}");
-    assert_eq!(after.held, 0, "{after:?}");
+    let after = released(&limiter).await;
     assert_eq!(after.spent, admitted, "{after:?}");
     assert!(given <= after.returned, "gave {given}; {after:?}");
     let mut counted = 0;
@@ -275,9 +286,7 @@ async fn release_leases_then_lease_stats_balance_and_the_store_counts_the_admiss
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limiter_dropped_while_its_sweeper_runs_stops_sweeping() {
     let redis = RedisServer::start();
-    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
-    let quota = daily();
-    let admitted = hold_a_lease(&limiter, "hot", &quota).await;
+    let (limiter, observer, quota, admitted) = holding_hot(&redis).await;
     let held = limiter.lease_stats().held;
     // Idle: the sweeper's next rounds end the lease and give its units back, behind the sleep.
     let sleeping = redis.debug_sleep(Duration::from_millis(300));
@@ -301,9 +310,7 @@ async fn a_limiter_dropped_while_its_sweeper_runs_stops_sweeping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_check_on_a_leasing_limiter_goes_to_the_store_not_the_lease() {
     let redis = RedisServer::start();
-    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
-    let quota = daily();
-    hold_a_lease(&limiter, "hot", &quota).await;
+    let (limiter, observer, quota, _) = holding_hot(&redis).await;
     let before = quiet(&limiter).await;
     assert!(before.held > 0, "{before:?}");
     let counted_before = consumed(&observer, "hot", &quota).await;
@@ -340,8 +347,7 @@ async fn renewal_across_own_control(
     burst: usize,
     reset: bool,
 ) -> u64 {
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let checks = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
@@ -377,11 +383,10 @@ async fn a_renewal_answered_across_a_suspension_admits_nothing_one_interval_afte
         renewal_across_own_control(&redis, &limiter, key, quota, 300, false).await;
         tokio::time::sleep(INTERVAL + Duration::from_millis(5)).await;
         let late = super::admitted_of(&limiter, key, &quota, 100).await;
-        assert_eq!(
+        assert_none_late(
             late,
-            0,
-            "{key}: admitted after the suspension; {:?}",
-            limiter.lease_stats()
+            &format!("{key}: admitted after the suspension"),
+            &limiter,
         );
     }
 }
@@ -394,18 +399,14 @@ async fn a_renewal_answered_across_a_suspension_admits_nothing_one_interval_afte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_answered_across_a_reset_gives_nothing_back_after_it() {
     let redis = RedisServer::start();
-    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
-    let quota = daily();
-    hold_a_lease(&limiter, "hot", &quota).await;
+    let (limiter, observer, quota, _) = holding_hot(&redis).await;
     let before = quiet(&limiter).await;
     let burst = usize::try_from(before.held).unwrap() + 1;
     renewal_across_own_control(&redis, &limiter, "hot", quota, burst, true).await;
     let quotas = Quotas::from(&quota);
     assert!(observer.check_quotas("hot", &quotas, 5).await.is_allowed());
     tokio::time::sleep(INTERVAL * 4).await;
-    let after = nothing_held(&limiter).await;
-    assert!(balanced(&after), "{after:?}");
-    assert_eq!(after.held, 0, "{after:?}");
+    let after = released(&limiter).await;
     let counted = consumed(&observer, "hot", &quota).await;
     let leased_since = after.leased - before.leased;
     assert!(
@@ -421,9 +422,7 @@ async fn a_renewal_answered_across_a_reset_gives_nothing_back_after_it() {
 async fn a_quota_lowered_by_the_leasing_limiter_admits_nothing_from_earlier_leases_after_one_interval(
 ) {
     let redis = RedisServer::start();
-    let (limiter, observer) = leasing_and_observer(&redis, Duration::from_secs(2));
-    let quota = daily();
-    let admitted = hold_a_lease(&limiter, "hot", &quota).await;
+    let (limiter, observer, quota, admitted) = holding_hot(&redis).await;
     assert!(admitted > 10, "admitted {admitted}");
     let before = quiet(&limiter).await;
     assert!(before.held > 0, "{before:?}");
@@ -431,15 +430,8 @@ async fn a_quota_lowered_by_the_leasing_limiter_admits_nothing_from_earlier_leas
     limiter.set_quota("hot", &lowered).await.unwrap();
     tokio::time::sleep(INTERVAL + Duration::from_millis(5)).await;
     let late = super::admitted_of(&limiter, "hot", &quota, 100).await;
-    assert_eq!(
-        late,
-        0,
-        "admitted under the lowered quota; {:?}",
-        limiter.lease_stats()
-    );
-    let after = nothing_held(&limiter).await;
-    assert!(balanced(&after), "{after:?}");
-    assert_eq!(after.held, 0, "{after:?}");
+    assert_none_late(late, "admitted under the lowered quota", &limiter);
+    released(&limiter).await;
     // The observer, under the default quota, is refused too: the override binds.
     let refused = observer.check("hot", &quota).await;
     assert!(!refused.is_allowed(), "{refused:?}");

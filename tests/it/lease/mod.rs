@@ -100,9 +100,7 @@ fn early_in_a_second(redis: &RedisServer, ms: u64) {
 /// and gives the command 20 ms to reach it. Join the handle to wait until Redis wakes.
 async fn asleep_until_half_into_the_next_second(redis: &RedisServer) -> JoinHandle<()> {
     let sleep = Duration::from_millis(1_000 - ms_in_second(redis) + 500);
-    let sleeper = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    sleeper
+    redis.asleep(sleep).await
 }
 
 /// What renewals leased and give-backs returned between two readings of a limiter's
