@@ -29,19 +29,8 @@ impl Bench {
     /// `layer (ready+call)` over a `MemoryStore`: the layer of (c) on the memory store.
     async fn memory_layer(&mut self, shape: Shape) -> Checked<Run> {
         let limiter = Self::memory_limiter();
-        let layer = RateLimitLayer::new(
-            limiter.clone(),
-            admitting(Algorithm::TokenBucket),
-            HeaderKey::named("x-api-key").expect("a valid header name"),
-        );
-        let service = layer.layer(trivial_service());
-        let ops = self.service_ops(&service, shape);
-        let (run, _) = measure(&self.settings, &self.admin, ops).await?;
-        assert_only(&limiter, "layer on memory", "allowed", |s| {
-            s.denied == 0 && s.store_errors == 0
-        })?;
-        self.record("layer (ready+call) on memory", shape, run.clone())?;
-        Ok(run)
+        self.layer_on(limiter, "layer (ready+call) on memory", shape)
+            .await
     }
 
     /// The layer's bench CPU per request over `check`'s, both on a `MemoryStore`, round by

@@ -120,7 +120,7 @@ impl Bench {
     }
 
     /// One [`ServiceOp`] per task of `shape`, each on its clone of `service`.
-    pub(crate) fn service_ops<S: Clone>(&self, service: &S, shape: Shape) -> Vec<ServiceOp<S>> {
+    fn service_ops<S: Clone>(&self, service: &S, shape: Shape) -> Vec<ServiceOp<S>> {
         (0..shape.concurrency)
             .map(|task| ServiceOp {
                 service: service.clone(),
@@ -171,6 +171,16 @@ impl Bench {
             .admin
             .limiter(Algorithm::TokenBucket, &format!("{PREFIX}-layer"), false)
             .await?;
+        self.layer_on(limiter, "layer (ready+call)", shape).await
+    }
+
+    /// The layer of (c) on `limiter`, recorded as `scenario`.
+    pub(crate) async fn layer_on(
+        &mut self,
+        limiter: Limiter,
+        scenario: &str,
+        shape: Shape,
+    ) -> Checked<Run> {
         let layer = RateLimitLayer::new(
             limiter.clone(),
             admitting(Algorithm::TokenBucket),
@@ -179,11 +189,11 @@ impl Bench {
         let service = layer.layer(trivial_service());
         let ops = self.service_ops(&service, shape);
         let (run, _) = measure(&self.settings, &self.admin, ops).await?;
-        let scenario = format!("layer (ready+call) at {}", shape.label());
-        assert_only(&limiter, &scenario, "allowed", |s| {
+        let at = format!("{scenario} at {}", shape.label());
+        assert_only(&limiter, &at, "allowed", |s| {
             s.denied == 0 && s.store_errors == 0
         })?;
-        self.record("layer (ready+call)", shape, run.clone())?;
+        self.record(scenario, shape, run.clone())?;
         Ok(run)
     }
 

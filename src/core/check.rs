@@ -230,14 +230,7 @@ impl Limiter {
     pub(crate) async fn answer_later(&self, ask: Ask<'_>, later: Later) -> Answer {
         match (later, self.inner.delegate.as_deref()) {
             (Later::Store(call), _) => {
-                // At the time read when the check began: the clock is read once per check.
-                let request = CheckRequest {
-                    key: ask.storage_key,
-                    algorithm: self.inner.algorithm,
-                    quotas: ask.quotas,
-                    cost: ask.cost,
-                    now_micros: call.now_micros,
-                };
+                let request = self.request_of(ask, &call);
                 let (result, taken) = self.ask_later(request, ask, call).await;
                 self.answered(result, request, ask.label).taken(taken)
             }
@@ -305,16 +298,21 @@ impl Limiter {
         ask: Ask<'_>,
         call: Pin<&mut StoreCall>,
     ) -> Poll<Answer> {
-        // At the time read when the check began: the clock is read once per check.
-        let request = CheckRequest {
+        let request = self.request_of(ask, &call);
+        let result = ready!(self.poll_queued_result(cx, request, ask.label, call));
+        Poll::Ready(self.answered(result, request, ask.label))
+    }
+
+    /// The store's request for `ask` at the time read when the check began, which `call`
+    /// keeps: the clock is read once per check.
+    fn request_of<'a>(&self, ask: Ask<'a>, call: &StoreCall) -> CheckRequest<'a> {
+        CheckRequest {
             key: ask.storage_key,
             algorithm: self.inner.algorithm,
             quotas: ask.quotas,
             cost: ask.cost,
             now_micros: call.now_micros,
-        };
-        let result = ready!(self.poll_queued_result(cx, request, ask.label, call));
-        Poll::Ready(self.answered(result, request, ask.label))
+        }
     }
 
     /// The store's result for a queued `call` of `request`, timed and remembered.

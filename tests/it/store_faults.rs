@@ -764,17 +764,7 @@ async fn abandoned_probe_does_not_keep_the_circuit_open() {
         }
     }
 
-    let deadline = Instant::now() + cool_down * 3 + Duration::from_secs(1);
-    let closed_after = loop {
-        let started = Instant::now();
-        if let Verdict::Decided(_) = probe_check(limiter).await {
-            break Some(started);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        sleep(Duration::from_millis(20)).await;
-    };
+    let closed_after = decided_again(limiter, cool_down * 3 + Duration::from_secs(1)).await;
     let mut report = Report::new("circuit breaker: abandoned probe");
     report.line(
         "Redis decides again after",
@@ -786,6 +776,22 @@ async fn abandoned_probe_does_not_keep_the_circuit_open() {
         "the circuit stays open forever after a dropped probe"
     );
     assert!(!store.circuit_open());
+}
+
+/// When a check first came back decided by Redis, checking every 20 ms for `within`; `None`
+/// if none did.
+async fn decided_again(limiter: &Limiter, within: Duration) -> Option<Instant> {
+    let deadline = Instant::now() + within;
+    loop {
+        let started = Instant::now();
+        if let Verdict::Decided(_) = probe_check(limiter).await {
+            return Some(started);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A layer starts a plain check's store decision when it is called: a probe started so and
@@ -807,17 +813,7 @@ async fn a_probe_started_by_a_layer_call_and_dropped_unpolled_does_not_keep_the_
         .expect("the inner service is always ready");
     drop(ready.call(Request::new(())));
 
-    let deadline = Instant::now() + cool_down * 3 + Duration::from_secs(1);
-    let closed_after = loop {
-        let started = Instant::now();
-        if let Verdict::Decided(_) = probe_check(limiter).await {
-            break Some(started);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        sleep(Duration::from_millis(20)).await;
-    };
+    let closed_after = decided_again(limiter, cool_down * 3 + Duration::from_secs(1)).await;
     assert!(
         closed_after.is_some(),
         "the circuit stays open forever after a probe dropped before its first poll"

@@ -241,8 +241,7 @@ async fn assert_store_still_batches(
     let before = hot.consumed().await;
     let sleep = Duration::from_millis(150);
     redis.reset_stats();
-    let sleeping = redis.debug_sleep(sleep);
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(sleep).await;
     let answers = burst(hot, 64).await;
     RedisServer::awake(sleeping).await;
     let (_, batches) = script_calls(redis);
@@ -271,8 +270,7 @@ async fn assert_store_still_batches(
 async fn dropped_after(polls: usize) {
     let redis = RedisServer::start();
     let (store, hot) = hot_on(&redis, TIMEOUT).await;
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let mut futures: Vec<Pin<Box<Fut>>> = (0..64).map(|_| hot.boxed()).collect();
     for _ in 0..polls {
         for future in &mut futures {
@@ -409,8 +407,7 @@ async fn limiter_checks_dropped_and_parked_after_one_poll_count_at_most_once() {
         .unwrap();
     let quota = ten_years();
     let key = "checked";
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let mut checks: Vec<_> = (0..64)
         .map(|_| Box::pin(limiter.check(key, &quota)))
         .collect();
@@ -478,8 +475,7 @@ async fn several_blocks_of_queued_layer_futures_dropped_in_random_order_each_get
     let redis = RedisServer::start();
     let (store, hot) = hot_on(&redis, Duration::from_secs(3)).await;
     let mut rng = Rng(0x5eed_0b10c5 ^ u64::from(redis.port()));
-    let sleeping = redis.debug_sleep(Duration::from_millis(400));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(400)).await;
     let mut futures: Vec<Option<Pin<Box<Fut>>>> = (0..300).map(|_| Some(hot.boxed())).collect();
     for future in futures.iter_mut().flatten() {
         assert!(poll_once(future.as_mut()).is_pending());
@@ -532,15 +528,12 @@ async fn several_blocks_of_queued_layer_futures_dropped_in_random_order_each_get
     assert_store_still_batches(&redis, &store, &hot, "after five blocks").await;
 }
 
-/// On Cluster: 64 layer calls on a key whose master is held by `DEBUG SLEEP`, each polled
-/// once, every even one dropped; meanwhile 64 on a key of another master are decided at once
-/// (no slot waits for another's queue); then the odd ones are admitted, and Redis counts them
-/// plus at most the dropped ones, and 64 on the other key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_cluster_layer_calls_dropped_behind_a_held_master_hold_up_no_other_slot() {
+/// A Cluster and a store on it with `timeout` and no breaker, a layer on a key `held`, its
+/// master's index, and a layer on a key of another master.
+async fn held_and_other(timeout: Duration) -> (RedisCluster, RedisStore, Hot, usize, Hot) {
     let cluster = RedisCluster::start();
     let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(TIMEOUT)
+        .timeout(timeout)
         .without_circuit_breaker()
         .build()
         .unwrap();
@@ -556,6 +549,16 @@ async fn on_cluster_layer_calls_dropped_behind_a_held_master_hold_up_no_other_sl
         })
         .find(|hot| cluster.node_for_key(&hot.storage_key()) != held_node)
         .unwrap();
+    (cluster, store, held, held_node, other)
+}
+
+/// On Cluster: 64 layer calls on a key whose master is held by `DEBUG SLEEP`, each polled
+/// once, every even one dropped; meanwhile 64 on a key of another master are decided at once
+/// (no slot waits for another's queue); then the odd ones are admitted, and Redis counts them
+/// plus at most the dropped ones, and 64 on the other key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_cluster_layer_calls_dropped_behind_a_held_master_hold_up_no_other_slot() {
+    let (cluster, _store, held, held_node, other) = held_and_other(TIMEOUT).await;
     // Warm: both keys' slots decided in bursts (both scripts loaded on both masters: a
     // load after `NOSCRIPT` goes to every master, see the probe after this one).
     for hot in [&held, &other] {
@@ -604,24 +607,7 @@ async fn on_cluster_layer_calls_dropped_behind_a_held_master_hold_up_no_other_sl
 /// when `flushed` (as after a restart, or a failover to a replica without them): a layer
 /// request on a key of another master, healthy, answers. Returns its status and time.
 async fn beside_a_held_master(flushed: bool, timeout: Duration) -> (StatusCode, Duration) {
-    let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(timeout)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
-    let held = Hot::keyed(store.clone(), "held");
-    let held_node = cluster.node_for_key(&held.storage_key());
-    let other = (0..)
-        .map(|i| {
-            Hot::keyed(
-                store.clone(),
-                Box::leak(format!("other-{i}").into_boxed_str()),
-            )
-        })
-        .find(|hot| cluster.node_for_key(&hot.storage_key()) != held_node)
-        .unwrap();
+    let (cluster, _store, _held, held_node, other) = held_and_other(timeout).await;
     let warm = burst(&other, 8).await;
     assert!(all_ok_within(&warm, timeout), "{}", summary(&warm));
     if flushed {
@@ -682,8 +668,17 @@ fn layer_calls_made_on_a_runtime_shut_down_before_any_poll_are_decided_on_anothe
     })
     .join()
     .unwrap();
+    all_admitted_on(&main, futures);
+    main.block_on(async {
+        assert_answers_are_their_own(&hot);
+        assert_eq!(hot.consumed().await, 64);
+    });
+}
+
+/// Polls `futures` on `runtime` to their answers, within the timeout: every one admitted.
+fn all_admitted_on(runtime: &tokio::runtime::Runtime, futures: Vec<Fut>) {
     let started = Instant::now();
-    let answers = main.block_on(async {
+    let answers = runtime.block_on(async {
         tokio::time::timeout(TIMEOUT + SLACK, join_all(futures))
             .await
             .expect("hang")
@@ -694,10 +689,6 @@ fn layer_calls_made_on_a_runtime_shut_down_before_any_poll_are_decided_on_anothe
         statuses.iter().all(|s| *s == StatusCode::OK),
         "{statuses:?} in {took:?}"
     );
-    main.block_on(async {
-        assert_answers_are_their_own(&hot);
-        assert_eq!(hot.consumed().await, 64);
-    });
 }
 
 /// The store built (and bound) on a current-thread runtime that makes 64 layer calls (one
@@ -912,18 +903,7 @@ fn layer_calls_made_outside_any_runtime_after_the_stores_runtime_shut_down_are_d
     drop(first);
     let futures: Vec<Fut> = (0..64).map(|_| hot.call()).collect();
     let main = main_runtime();
-    let started = Instant::now();
-    let answers = main.block_on(async {
-        tokio::time::timeout(TIMEOUT + SLACK, join_all(futures))
-            .await
-            .expect("hang")
-    });
-    let took = started.elapsed();
-    let statuses: Vec<StatusCode> = answers.into_iter().map(status).collect();
-    assert!(
-        statuses.iter().all(|s| *s == StatusCode::OK),
-        "{statuses:?} in {took:?}"
-    );
+    all_admitted_on(&main, futures);
     main.block_on(async {
         assert_answers_are_their_own(&hot);
         assert_eq!(hot.consumed().await, 64);
@@ -955,8 +935,7 @@ async fn denial_then_next(late: bool) -> (StatusCode, u64, u64) {
     assert!(all_ok_within(&spent, TIMEOUT), "{}", summary(&spent));
     // Redis held: a lead goes alone behind the sleep, so that the next call queues when
     // called; both are decided (denied) when Redis wakes.
-    let sleeping = redis.debug_sleep(Duration::from_millis(300));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(300)).await;
     let mut lead = hot.boxed();
     assert!(poll_once(lead.as_mut()).is_pending());
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1020,6 +999,40 @@ async fn a_denial_queued_when_called_and_polled_late_is_not_cached_past_its_retr
 /// The margin over the store timeout within which a failed decision answers.
 const MARGIN: Duration = Duration::from_millis(400);
 
+/// 64 layer requests on `hot` queued behind a 2 s `DEBUG SLEEP`, then `fault` done to Redis
+/// 50 ms later: their answers.
+async fn burst_then(
+    redis: &mut RedisServer,
+    hot: &Hot,
+    fault: impl FnOnce(&mut RedisServer),
+) -> Vec<(StatusCode, Duration)> {
+    let _sleeping = redis.asleep(Duration::from_secs(2)).await;
+    let requests = tokio::spawn({
+        let hot = hot.clone();
+        async move { burst(&hot, 64).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    fault(redis);
+    requests.await.unwrap()
+}
+
+/// Waits up to 5 s, after Redis came back, for a burst of `count` layer requests that are all
+/// admitted.
+async fn admitted_again(hot: &Hot, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let answers = burst(hot, count).await;
+        if answers.iter().all(|(status, _)| *status == StatusCode::OK) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never admitted after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// 64 layer requests behind a `DEBUG SLEEP` (queued when called), then Redis killed: each
 /// answers with the failure policy (503) within the timeout plus the margin, counted from its
 /// call; after a restart the layer admits again.
@@ -1028,15 +1041,7 @@ async fn queued_layer_requests_answer_within_the_timeout_when_redis_is_killed_mi
     let mut redis = RedisServer::start();
     let timeout = Duration::from_millis(400);
     let (_store, hot) = hot_on(&redis, timeout).await;
-    let _sleeping = redis.debug_sleep(Duration::from_secs(2));
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let requests = tokio::spawn({
-        let hot = hot.clone();
-        async move { burst(&hot, 64).await }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    redis.stop();
-    let answers = requests.await.unwrap();
+    let answers = burst_then(&mut redis, &hot, RedisServer::stop).await;
     eprintln!("killed: {}", summary(&answers));
     assert!(
         answers
@@ -1047,18 +1052,7 @@ async fn queued_layer_requests_answer_within_the_timeout_when_redis_is_killed_mi
         summary(&answers)
     );
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (status, _) = hot.timed().await;
-        if status == StatusCode::OK {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never admitted after the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    admitted_again(&hot, 1).await;
 }
 
 /// Redis stopped: three bursts of 64 layer requests (the breaker opening among them), each
@@ -1096,8 +1090,7 @@ async fn a_script_flush_mid_flight_admits_each_queued_layer_request_once() {
     let (store, hot) = hot_on(&redis, TIMEOUT).await;
     for round in 0..2 {
         let before = hot.consumed().await;
-        let sleeping = redis.debug_sleep(Duration::from_millis(250));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(250)).await;
         let requests = tokio::spawn({
             let hot = hot.clone();
             async move { burst(&hot, 64).await }
@@ -1125,8 +1118,7 @@ async fn a_script_flush_mid_flight_admits_each_queued_layer_request_once() {
 async fn a_flushall_mid_flight_leaves_every_queued_layer_request_decided() {
     let redis = RedisServer::start();
     let (store, hot) = hot_on(&redis, TIMEOUT).await;
-    let sleeping = redis.debug_sleep(Duration::from_millis(250));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(250)).await;
     let requests = tokio::spawn({
         let hot = hot.clone();
         async move { burst(&hot, 64).await }
@@ -1154,33 +1146,14 @@ async fn a_restart_mid_flight_answers_each_queued_layer_request_in_time_and_the_
     let mut redis = RedisServer::start();
     let timeout = Duration::from_millis(500);
     let (store, hot) = hot_on(&redis, timeout).await;
-    let _sleeping = redis.debug_sleep(Duration::from_secs(2));
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let requests = tokio::spawn({
-        let hot = hot.clone();
-        async move { burst(&hot, 64).await }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    redis.restart();
-    let answers = requests.await.unwrap();
+    let answers = burst_then(&mut redis, &hot, RedisServer::restart).await;
     eprintln!("restart: {}", summary(&answers));
     assert!(
         answers.iter().all(|(_, took)| *took <= timeout + MARGIN),
         "{}",
         summary(&answers)
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let answers = burst(&hot, 8).await;
-        if answers.iter().all(|(status, _)| *status == StatusCode::OK) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never admitted after the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    admitted_again(&hot, 8).await;
     assert_store_still_batches(&redis, &store, &hot, "after a restart").await;
 }
 
@@ -1196,8 +1169,7 @@ async fn layer_requests_under_maxmemory_noeviction_answer_with_the_policy_in_tim
     assert!(all_ok_within(&first, timeout), "{}", summary(&first));
     redis.out_of_memory();
     for round in 0..2 {
-        let sleeping = redis.debug_sleep(Duration::from_millis(150));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sleeping = redis.asleep(Duration::from_millis(150)).await;
         let answers = burst(&hot, 64).await;
         RedisServer::awake(sleeping).await;
         eprintln!("out of memory, round {round}: {}", summary(&answers));
@@ -1233,8 +1205,7 @@ async fn opened_circuit(redis: &RedisServer) -> (RedisStore, Hot) {
     store.verify().await.unwrap();
     let hot = Hot::on(store.clone());
     assert_eq!(status(hot.call().await), StatusCode::OK);
-    let sleeping = redis.debug_sleep(Duration::from_millis(600));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(600)).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while !store.circuit_open() {
         assert!(Instant::now() < deadline, "the circuit never opened");
@@ -1325,8 +1296,7 @@ async fn a_probe_check_polled_once_and_parked_keeps_no_other_check_from_a_recove
 async fn held_and_63(redis: &RedisServer, hot: &Hot) -> (bool, u64) {
     let before = hot.consumed().await;
     redis.reset_stats();
-    let sleeping = redis.debug_sleep(Duration::from_millis(200));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sleeping = redis.asleep(Duration::from_millis(200)).await;
     // A lead in flight first, so that the held call finds a call in flight and queues.
     let mut lead = hot.boxed();
     assert!(poll_once(lead.as_mut()).is_pending());
