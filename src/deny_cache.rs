@@ -392,10 +392,6 @@ impl DenyCache {
         {
             return;
         }
-        // The store decided after the check started and before its answer was read, which can
-        // be long after it came (a future polled late): anchored at the start, the entry ends
-        // no later than the store's own wait, never past it.
-        let now = now.min(started.at);
         let until = now.saturating_add(micros(decision.retry_after));
         let fresh_until = self
             .max_life

@@ -325,11 +325,12 @@ impl Limiter {
     ) -> Poll<Result<Decision, StoreError>> {
         let call = call.project();
         let queued = call.queued.as_pin_mut().expect("a queued store call");
-        let result = ready!(queued.poll_decided(cx, request)).map(|(decision, _)| decision);
+        let (result, late) = ready!(queued.poll_decided(cx, request));
+        let result = result.map(|(decision, _)| decision);
         if let Some(timer) = call.timer.take() {
             timer.stop(label);
         }
-        Poll::Ready(self.remembered(result, request, *call.started))
+        Poll::Ready(self.remembered_late(result, request, *call.started, late))
     }
 
     /// The store call of a check, and what it told of its admission's time.
@@ -372,6 +373,18 @@ impl Limiter {
         request: CheckRequest<'_>,
         started: Option<Started>,
     ) -> Result<Decision, StoreError> {
+        self.remembered_late(result, request, started, Duration::ZERO)
+    }
+
+    /// [`remembered`](Self::remembered), for a store's answer that came `late` before it was
+    /// read (a queued decision polled after its answer came).
+    fn remembered_late(
+        &self,
+        result: Result<Decision, StoreError>,
+        request: CheckRequest<'_>,
+        started: Option<Started>,
+        late: Duration,
+    ) -> Result<Decision, StoreError> {
         if let (Ok(decision), Some(cache), Some(started)) =
             (&result, &self.inner.deny_cache, started)
         {
@@ -379,8 +392,12 @@ impl Limiter {
                 key, quotas, cost, ..
             } = request;
             if !decision.allowed {
-                // The store decided at `now_micros` (client clock), or before its reply came.
-                let now = cache.now(request.now_micros);
+                // The store decided at `now_micros` (client clock), or before its reply came
+                // (its clock): not when it was read, which may be long after.
+                let now = match request.now_micros {
+                    Some(_) => cache.now(request.now_micros),
+                    None => cache.now(None).saturating_sub(late.as_micros() as u64),
+                };
                 cache.remember(key, quotas, cost, decision, now, started);
             } else if cost > 0 {
                 // An admission consumed: a cached wait for another cost may now be too short.

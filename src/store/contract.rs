@@ -213,8 +213,8 @@ pub(crate) type AloneCall = BoxFuture<'static, Decided>;
 
 /// What a queued decision hears from the call that carried it.
 pub(crate) enum QueuedAnswer {
-    /// Its reply, or the error of its part or of the whole call.
-    Reply(Result<redis::Value, StoreError>),
+    /// Its reply, or the error of its part or of the whole call, and when it came.
+    Reply(Result<redis::Value, StoreError>, std::time::Instant),
     /// The call was refused before any decision ran, in a way a decision alone may answer
     /// otherwise, or its sender was gone before sending it: it goes alone, by the call this
     /// makes (of the decision's request, within its deadline).
@@ -282,12 +282,13 @@ impl QueuedDecision {
         }
     }
 
-    /// Polls for the decision of `request`, the one it was queued for.
+    /// Polls for the decision of `request`, the one it was queued for, and how long before
+    /// this poll it came (zero for a call of its own, read as it ends).
     pub(crate) fn poll_decided(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         request: CheckRequest<'_>,
-    ) -> Poll<Decided> {
+    ) -> Poll<(Decided, Duration)> {
         let mut state = self.project().state;
         loop {
             let alone = match state.as_mut().project() {
@@ -306,25 +307,33 @@ impl QueuedDecision {
                         Poll::Pending => {
                             let timer = timer.as_pin_mut().expect("set above");
                             ready!(timer.poll(cx));
-                            return Poll::Ready(Err(StoreError::Timeout(*timeout)));
+                            let timed_out = Err(StoreError::Timeout(*timeout));
+                            return Poll::Ready((timed_out, Duration::ZERO));
                         }
                     };
                     match heard {
-                        Ok(QueuedAnswer::Reply(Ok(reply))) => {
-                            return Poll::Ready(read(reply, &request))
+                        Ok(QueuedAnswer::Reply(reply, came)) => {
+                            let result = reply.and_then(|reply| read(reply, &request));
+                            return Poll::Ready((result, came.elapsed()));
                         }
-                        Ok(QueuedAnswer::Reply(Err(error))) => return Poll::Ready(Err(error)),
-                        Err(_) => return Poll::Ready(Err(StoreError::Unavailable(SENDER_GONE))),
+                        Err(_) => {
+                            let gone = Err(StoreError::Unavailable(SENDER_GONE));
+                            return Poll::Ready((gone, Duration::ZERO));
+                        }
                         Ok(QueuedAnswer::Alone(go)) => go(request, *deadline),
                     }
                 }
-                QueuedProj::Alone { call } => return call.as_mut().poll(cx),
+                QueuedProj::Alone { call } => {
+                    return call
+                        .as_mut()
+                        .poll(cx)
+                        .map(|result| (result, Duration::ZERO))
+                }
                 QueuedProj::Answered { result } => {
-                    return Poll::Ready(
-                        result
-                            .take()
-                            .expect("a queued decision polled after its answer"),
-                    )
+                    let result = result
+                        .take()
+                        .expect("a queued decision polled after its answer");
+                    return Poll::Ready((result, Duration::ZERO));
                 }
             };
             state.set(Queued::Alone { call: alone });

@@ -304,7 +304,9 @@ impl RedisStore {
     /// ([`StoreExt::check_timed`](crate::store::StoreExt::check_timed)).
     pub(super) async fn batched_check(&self, request: CheckRequest<'_>, timed: bool) -> Decided {
         let mut queued = std::pin::pin!(self.queue_decision(request, timed));
-        std::future::poll_fn(|cx| queued.as_mut().poll_decided(cx, request)).await
+        let (result, _) =
+            std::future::poll_fn(|cx| queued.as_mut().poll_decided(cx, request)).await;
+        result
     }
 
     /// Starts a decision (see [`batched_check`](Self::batched_check)) without waiting: queued
@@ -417,6 +419,7 @@ impl RedisStore {
             return;
         }
         let result = self.run_script(&BatchOp(&batch)).await;
+        let came = std::time::Instant::now();
         if let Err(StoreError::Redis(error)) = &result {
             if is_rehashing(error.inner())
                 || (batch.len() > 1 && refused_before_running(error.inner()))
@@ -443,12 +446,14 @@ impl RedisStore {
             Ok(reply) => {
                 let replies = split_reply(reply, batch.len());
                 for (queued, reply) in batch.into_iter().zip(replies) {
-                    let _ = queued.answer.send(QueuedAnswer::Reply(reply));
+                    let _ = queued.answer.send(QueuedAnswer::Reply(reply, came));
                 }
             }
             Err(error) => {
                 for queued in batch {
-                    let _ = queued.answer.send(QueuedAnswer::Reply(Err(error.clone())));
+                    let _ = queued
+                        .answer
+                        .send(QueuedAnswer::Reply(Err(error.clone()), came));
                 }
             }
         }
