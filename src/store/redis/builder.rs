@@ -328,9 +328,13 @@ impl RedisStoreBuilder {
         // The log its limiters find by its description, so that its answers end their episodes,
         // and its script loads tell their failures through it.
         let (description, failures) = failure_log(&store);
+        let cluster = matches!(*store.backend, Backend::Cluster { .. });
         if let Some(reloads) = Arc::get_mut(&mut store.reloads) {
             reloads.failures = Arc::clone(&failures);
             reloads.store = description.into();
+            // A quarter of the timeout, then `EVAL`: a master that hangs holds up no call on
+            // another (see `Reloads::wait`).
+            reloads.wait = cluster.then(|| timeout / 4);
         }
         store.failures = failures;
         Ok(store)

@@ -9,6 +9,9 @@
 //! have put the script back, so it retries, and if `NOSCRIPT` comes back once more (another
 //! flush landed in between) it sends the body with `EVAL`, which cannot fail that way. So one
 //! flush costs one load per script (on Cluster, one per primary: `SCRIPT LOAD` goes to all).
+//! On Cluster a load ends with the slowest master, so a call waits for it a quarter of its
+//! timeout at most, then sends `EVAL` to its own node: one hung master holds up no call on
+//! another.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -35,6 +38,10 @@ pub(super) struct Reloads {
     /// The store's failure log, and its description there: a failed load is told through it.
     pub(super) failures: Arc<FailureLog>,
     pub(super) store: Arc<str>,
+    /// How long a call waits for a load under way before it sends the body with `EVAL`;
+    /// `None`: as long as the call's own timeout. On Cluster, `SCRIPT LOAD` goes to every
+    /// master and ends with the slowest, so a call on a healthy master must not wait for it.
+    pub(super) wait: Option<Duration>,
 }
 
 /// A load under way, awaited by every call that saw `NOSCRIPT` meanwhile.
@@ -56,6 +63,7 @@ impl Reloads {
             runtime,
             failures: Arc::default(),
             store: Arc::from(""),
+            wait: None,
         }
     }
 
@@ -93,7 +101,20 @@ impl Reloads {
                 }
             }
         };
-        running.await
+        match self.wait {
+            None => running.await,
+            Some(limit) => tokio::time::timeout(limit, running)
+                .await
+                .unwrap_or_else(|_| {
+                    // Not an I/O error: the call sends the body with `EVAL`, which runs the script
+                    // on its own node (and leaves it loaded there).
+                    Err(RedisError::from((
+                        ErrorKind::Client,
+                        "SCRIPT LOAD still under way",
+                        format!("after {limit:?}"),
+                    )))
+                }),
+        }
     }
 
     fn spawn_load<C>(&self, reload: Arc<Reload>, mut connection: C, source: &'static str) -> Load

@@ -636,7 +636,6 @@ async fn on_cluster_a_held_master_delays_no_request_on_another() {
 /// sends to every node and answers when all have: the load waits for the held master, and the
 /// request on the healthy master with it, past its timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: on Cluster a reload after NOSCRIPT waits for every node, so a hung master fails decisions on healthy ones"]
 async fn on_cluster_a_reload_after_noscript_waits_for_no_other_master() {
     let timeout = Duration::from_millis(300);
     let answer = beside_a_held_master(true, timeout).await;
