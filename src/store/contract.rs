@@ -89,7 +89,10 @@ pub struct CheckRequest<'a> {
 /// A custom store usually wraps one of the crate's, e.g. to count or route calls, and forwards
 /// `check`, `run` and [`call_timeout`](Store::call_timeout) (so that a request waiting for
 /// another's lease renewal waits as long as the wrapped store's calls may take, not the 1 s
-/// bound for a store that does not say):
+/// bound for a store that does not say). Forwarding [`decide_now`](Store::decide_now) and
+/// [`queue`](Store::queue) too keeps what they save: a `MemoryStore`'s answer in place, a
+/// batching `RedisStore`'s decision with no boxed future. Without them, decisions go through
+/// `check`, with the same outcome:
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
