@@ -206,12 +206,11 @@ impl Queued {
         let (store, timed) = (store.clone(), self.timed);
         let go = move |request: CheckRequest<'_>, deadline| {
             alone_call(
-                store,
+                Owner::Store(store),
                 request,
                 Some(Admission::Call),
                 timed,
                 Some(deadline),
-                None,
             )
         };
         let _ = self.answer.send(QueuedAnswer::Alone(Box::new(go)));
@@ -317,7 +316,7 @@ impl RedisStore {
         let admission = match &self.breaker {
             // A probe is taken at the call's first poll: a future held unpolled holds none.
             Some(breaker) if breaker.probe_due() => {
-                let call = alone_call(self.clone(), request, None, timed, None, None);
+                let call = alone_call(Owner::Store(self.clone()), request, None, timed, None);
                 return QueuedDecision::alone(call);
             }
             Some(breaker) => breaker.admit(),
@@ -331,7 +330,13 @@ impl RedisStore {
             }
             // A probe goes alone: its own outcome opens or closes the circuit.
             Admission::Probe => {
-                let call = alone_call(self.clone(), request, Some(admission), timed, None, None);
+                let call = alone_call(
+                    Owner::Store(self.clone()),
+                    request,
+                    Some(admission),
+                    timed,
+                    None,
+                );
                 return QueuedDecision::alone(call);
             }
             Admission::Call => {}
@@ -340,21 +345,19 @@ impl RedisStore {
         // than a unit goes alone, so that no call's work grows with several such costs and
         // holds other clients behind it (Redis serves none while a script runs).
         if request.algorithm == Algorithm::SlidingLog && request.cost > 1 {
-            let call = alone_call(self.clone(), request, Some(admission), timed, None, None);
+            let call = alone_call(
+                Owner::Store(self.clone()),
+                request,
+                Some(admission),
+                timed,
+                None,
+            );
             return QueuedDecision::alone(call);
         }
         match self.enter(&request, timed) {
             Entry::Alone(in_flight) => {
-                let store = in_flight.store.clone();
-                let call = alone_call(
-                    store,
-                    request,
-                    Some(admission),
-                    timed,
-                    None,
-                    Some(in_flight),
-                );
-                QueuedDecision::alone(call)
+                let owner = Owner::InFlight(in_flight);
+                QueuedDecision::alone(alone_call(owner, request, Some(admission), timed, None))
             }
             // The decision's one timeout, from the moment it was queued: the wait, and the call
             // of its own when the batch could not take it.
@@ -460,22 +463,20 @@ impl RedisStore {
     }
 }
 
-/// A decision's call of its own, owning what it sends (`request`'s key and quotas, a clone of
-/// the store), with the breaker's `admission` (`None`: asked at its first poll); within
-/// `deadline` when it has one (the wait it comes after counts), and holding its group's
-/// `in_flight` call until it ends. Boxed: a
-/// decision that queues (most of them under load) then carries a few hundred bytes, not a
-/// whole call's future.
+/// A decision's call of its own, owning what it sends (`request`'s key and quotas, and the
+/// store through its `owner`, which may be its group's call in flight, held until it ends),
+/// with the breaker's `admission` (`None`: asked at its first poll); within `deadline` when it
+/// has one (the wait it comes after counts). Boxed: a decision that queues (most of them
+/// under load) then carries a few hundred bytes, not a whole call's future.
 fn alone_call(
-    store: RedisStore,
+    owner: Owner,
     request: CheckRequest<'_>,
     admission: Option<Admission>,
     timed: bool,
     deadline: Option<tokio::time::Instant>,
-    in_flight: Option<InFlight>,
 ) -> AloneCall {
     let admitted = admission.map(|admission| Admitted {
-        breaker: store.breaker.clone(),
+        breaker: owner.store().breaker.clone(),
         admission,
     });
     let key = QueuedKey::new(request.key);
@@ -487,7 +488,7 @@ fn alone_call(
         ..
     } = request;
     Box::pin(async move {
-        let _in_flight = in_flight;
+        let store = owner.store();
         // Handed to the call's own guard in the same poll, with no await between.
         let admission = match admitted {
             Some(admitted) => admitted.into_call(),
@@ -513,6 +514,22 @@ fn alone_call(
             None => call.await,
         }
     })
+}
+
+/// What a call of its own holds of the store: a clone, or its group's call in flight (which
+/// holds one, and ends with the call).
+enum Owner {
+    Store(RedisStore),
+    InFlight(InFlight),
+}
+
+impl Owner {
+    fn store(&self) -> &RedisStore {
+        match self {
+            Owner::Store(store) => store,
+            Owner::InFlight(in_flight) => &in_flight.store,
+        }
+    }
 }
 
 /// A breaker's admission not handed to its call yet: a call of its own dropped before its first
