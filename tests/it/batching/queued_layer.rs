@@ -802,6 +802,28 @@ fn a_store_shared_by_an_idle_and_a_shut_down_runtime_decides_the_main_runtimes_l
     });
 }
 
+/// The control for [`assert_63_within_control`]: the worst time of 63 requests each on a task
+/// of its own, nothing else going on.
+async fn spawned_control(hot: &Hot) -> Duration {
+    let control = spawned_burst(hot, 63).await;
+    control.iter().map(|(_, took)| *took).max().unwrap()
+}
+
+/// 63 requests each on a task of its own, made `beside` something else: each is admitted
+/// within the control's worst time (at least 100 ms) plus the slack.
+async fn assert_63_within_control(hot: &Hot, control_worst: Duration, round: usize, beside: &str) {
+    let others = spawned_burst(hot, 63).await;
+    eprintln!("round {round}: {beside}: {}", summary(&others));
+    assert!(
+        all_ok_within(
+            &others,
+            control_worst.max(Duration::from_millis(100)) + SLACK
+        ),
+        "round {round}: {} (control {control_worst:?})",
+        summary(&others)
+    );
+}
+
 /// A task whose layer request was just decided blocks its worker for 2 s; 63 requests made
 /// meanwhile on the other worker are each decided within the control's time: no answer waits
 /// for the blocked task. Three rounds.
@@ -809,8 +831,7 @@ fn a_store_shared_by_an_idle_and_a_shut_down_runtime_decides_the_main_runtimes_l
 async fn seconds_of_synchronous_work_after_a_layer_decision_delay_no_other_decision() {
     let redis = RedisServer::start();
     let (_store, hot) = hot_on(&redis, TIMEOUT).await;
-    let control = spawned_burst(&hot, 63).await;
-    let control_worst = control.iter().map(|(_, took)| *took).max().unwrap();
+    let control_worst = spawned_control(&hot).await;
     for round in 0..3 {
         let (decided, blocked) = std::sync::mpsc::channel();
         let busy_hot = hot.clone();
@@ -823,19 +844,7 @@ async fn seconds_of_synchronous_work_after_a_layer_decision_delay_no_other_decis
             .await
             .unwrap();
         assert_eq!(first, StatusCode::OK);
-        let others = spawned_burst(&hot, 63).await;
-        eprintln!(
-            "round {round}: beside a blocked worker: {}",
-            summary(&others)
-        );
-        assert!(
-            all_ok_within(
-                &others,
-                control_worst.max(Duration::from_millis(100)) + SLACK
-            ),
-            "round {round}: {} (control {control_worst:?})",
-            summary(&others)
-        );
+        assert_63_within_control(&hot, control_worst, round, "beside a blocked worker").await;
         busy.await.unwrap();
     }
 }
@@ -849,8 +858,7 @@ async fn seconds_of_synchronous_work_between_a_layer_call_and_its_first_poll_del
 ) {
     let redis = RedisServer::start();
     let (_store, hot) = hot_on(&redis, Duration::from_secs(4)).await;
-    let control = spawned_burst(&hot, 63).await;
-    let control_worst = control.iter().map(|(_, took)| *took).max().unwrap();
+    let control_worst = spawned_control(&hot).await;
     for round in 0..2 {
         // Round 1: a lead polled once and parked, so that the blocked task's call queues.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -870,19 +878,13 @@ async fn seconds_of_synchronous_work_between_a_layer_call_and_its_first_poll_del
         tokio::task::spawn_blocking(move || blocked.recv().unwrap())
             .await
             .unwrap();
-        let others = spawned_burst(&hot, 63).await;
-        eprintln!(
-            "round {round}: beside a task blocked after its call: {}",
-            summary(&others)
-        );
-        assert!(
-            all_ok_within(
-                &others,
-                control_worst.max(Duration::from_millis(100)) + SLACK
-            ),
-            "round {round}: {} (control {control_worst:?})",
-            summary(&others)
-        );
+        assert_63_within_control(
+            &hot,
+            control_worst,
+            round,
+            "beside a task blocked after its call",
+        )
+        .await;
         assert_eq!(busy.await.unwrap(), StatusCode::OK, "round {round}");
         if let Some(lead) = lead {
             assert_eq!(status(lead.await), StatusCode::OK);
