@@ -1017,6 +1017,34 @@ async fn burst_then(
     requests.await.unwrap()
 }
 
+/// 64 layer requests on `hot` queued behind a 250 ms `DEBUG SLEEP`, and `command` sent to
+/// Redis 30 ms later on a connection of its own: their answers, once Redis is awake again and
+/// the command has returned.
+async fn burst_beside_a_command(
+    redis: &RedisServer,
+    hot: &Hot,
+    command: &'static [&'static str],
+) -> Vec<(StatusCode, Duration)> {
+    let sleeping = redis.asleep(Duration::from_millis(250)).await;
+    let requests = tokio::spawn({
+        let hot = hot.clone();
+        async move { burst(&hot, 64).await }
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let client = redis.client();
+    let sent = std::thread::spawn(move || {
+        let mut conn = client.get_connection().unwrap();
+        let _: () = redis::cmd(command[0])
+            .arg(&command[1..])
+            .query(&mut conn)
+            .unwrap();
+    });
+    let answers = requests.await.unwrap();
+    RedisServer::awake(sleeping).await;
+    sent.join().unwrap();
+    answers
+}
+
 /// Waits up to 5 s, after Redis came back, for a burst of `count` layer requests that are all
 /// admitted.
 async fn admitted_again(hot: &Hot, count: usize) {
@@ -1091,20 +1119,7 @@ async fn a_script_flush_mid_flight_admits_each_queued_layer_request_once() {
     let (store, hot) = hot_on(&redis, TIMEOUT).await;
     for round in 0..2 {
         let before = hot.consumed().await;
-        let sleeping = redis.asleep(Duration::from_millis(250)).await;
-        let requests = tokio::spawn({
-            let hot = hot.clone();
-            async move { burst(&hot, 64).await }
-        });
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        let client = redis.client();
-        let flush = std::thread::spawn(move || {
-            let mut conn = client.get_connection().unwrap();
-            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
-        });
-        let answers = requests.await.unwrap();
-        RedisServer::awake(sleeping).await;
-        flush.join().unwrap();
+        let answers = burst_beside_a_command(&redis, &hot, &["SCRIPT", "FLUSH"]).await;
         eprintln!("script flush, round {round}: {}", summary(&answers));
         assert!(all_ok_within(&answers, TIMEOUT), "{}", summary(&answers));
         assert_eq!(hot.consumed().await, before + 64, "round {round}");
@@ -1119,20 +1134,7 @@ async fn a_script_flush_mid_flight_admits_each_queued_layer_request_once() {
 async fn a_flushall_mid_flight_leaves_every_queued_layer_request_decided() {
     let redis = RedisServer::start();
     let (store, hot) = hot_on(&redis, TIMEOUT).await;
-    let sleeping = redis.asleep(Duration::from_millis(250)).await;
-    let requests = tokio::spawn({
-        let hot = hot.clone();
-        async move { burst(&hot, 64).await }
-    });
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let client = redis.client();
-    let flush = std::thread::spawn(move || {
-        let mut conn = client.get_connection().unwrap();
-        let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
-    });
-    let answers = requests.await.unwrap();
-    RedisServer::awake(sleeping).await;
-    flush.join().unwrap();
+    let answers = burst_beside_a_command(&redis, &hot, &["FLUSHALL"]).await;
     eprintln!("flushall: {}", summary(&answers));
     assert!(all_ok_within(&answers, TIMEOUT), "{}", summary(&answers));
     assert!(hot.consumed().await <= 64);
