@@ -208,6 +208,13 @@ fn all_ok_within(answers: &[(StatusCode, Duration)], within: Duration) -> bool {
         .all(|(status, took)| *status == StatusCode::OK && *took <= within)
 }
 
+/// Every answer is the failure policy's (503), each within `within`.
+fn all_policy_within(answers: &[(StatusCode, Duration)], within: Duration) -> bool {
+    answers
+        .iter()
+        .all(|(status, took)| *status == StatusCode::SERVICE_UNAVAILABLE && *took <= within)
+}
+
 /// Asserts that no two admissions share a `remaining`: each answer is its own, not another
 /// decision's (a crossed slot would repeat one).
 fn assert_answers_are_their_own(hot: &Hot) {
@@ -1064,10 +1071,7 @@ async fn queued_layer_requests_answer_within_the_timeout_when_redis_is_killed_mi
     let answers = burst_then(&mut redis, &hot, RedisServer::stop).await;
     eprintln!("killed: {}", summary(&answers));
     assert!(
-        answers
-            .iter()
-            .all(|(status, took)| *status == StatusCode::SERVICE_UNAVAILABLE
-                && *took <= timeout + MARGIN),
+        all_policy_within(&answers, timeout + MARGIN),
         "{}",
         summary(&answers)
     );
@@ -1090,10 +1094,7 @@ async fn layer_requests_answer_within_the_timeout_with_the_policy_while_redis_is
         let answers = burst(&hot, 64).await;
         eprintln!("stopped, round {round}: {}", summary(&answers));
         assert!(
-            answers
-                .iter()
-                .all(|(status, took)| *status == StatusCode::SERVICE_UNAVAILABLE
-                    && *took <= timeout + MARGIN),
+            all_policy_within(&answers, timeout + MARGIN),
             "round {round}: {}",
             summary(&answers)
         );
@@ -1168,10 +1169,7 @@ async fn layer_requests_under_maxmemory_noeviction_answer_with_the_policy_in_tim
         RedisServer::awake(sleeping).await;
         eprintln!("out of memory, round {round}: {}", summary(&answers));
         assert!(
-            answers
-                .iter()
-                .all(|(status, took)| *status == StatusCode::SERVICE_UNAVAILABLE
-                    && *took <= timeout + MARGIN),
+            all_policy_within(&answers, timeout + MARGIN),
             "round {round}: {}",
             summary(&answers)
         );
