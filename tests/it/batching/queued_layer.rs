@@ -208,6 +208,13 @@ fn all_ok_within(answers: &[(StatusCode, Duration)], within: Duration) -> bool {
         .all(|(status, took)| *status == StatusCode::OK && *took <= within)
 }
 
+/// Every answer is the failure policy's (503), each within `within`.
+fn all_policy_within(answers: &[(StatusCode, Duration)], within: Duration) -> bool {
+    answers
+        .iter()
+        .all(|(status, took)| *status == StatusCode::SERVICE_UNAVAILABLE && *took <= within)
+}
+
 /// Asserts that no two admissions share a `remaining`: each answer is its own, not another
 /// decision's (a crossed slot would repeat one).
 fn assert_answers_are_their_own(hot: &Hot) {
@@ -675,7 +682,8 @@ fn layer_calls_made_on_a_runtime_shut_down_before_any_poll_are_decided_on_anothe
 }
 
 /// Polls `futures` on `runtime` to their answers, within the timeout: every one admitted.
-fn all_admitted_on(runtime: &tokio::runtime::Runtime, futures: Vec<Fut>) {
+/// Returns the time they took.
+fn all_admitted_on(runtime: &tokio::runtime::Runtime, futures: Vec<Fut>) -> Duration {
     let started = Instant::now();
     let answers = runtime.block_on(async {
         tokio::time::timeout(TIMEOUT + SLACK, join_all(futures))
@@ -688,6 +696,7 @@ fn all_admitted_on(runtime: &tokio::runtime::Runtime, futures: Vec<Fut>) {
         statuses.iter().all(|s| *s == StatusCode::OK),
         "{statuses:?} in {took:?}"
     );
+    took
 }
 
 /// The store built (and bound) on a current-thread runtime that makes 64 layer calls (one
@@ -703,19 +712,8 @@ fn layer_calls_queued_on_the_stores_own_runtime_shut_down_before_any_poll_are_de
     let futures: Vec<Fut> = first.block_on(async { (0..64).map(|_| hot.call()).collect() });
     drop(first);
     let main = main_runtime();
-    let started = Instant::now();
-    let answers = main.block_on(async {
-        tokio::time::timeout(TIMEOUT + SLACK, join_all(futures))
-            .await
-            .expect("hang")
-    });
-    let took = started.elapsed();
-    let statuses: Vec<StatusCode> = answers.into_iter().map(status).collect();
+    let took = all_admitted_on(&main, futures);
     eprintln!("decided on the next runtime in {took:?}");
-    assert!(
-        statuses.iter().all(|s| *s == StatusCode::OK),
-        "{statuses:?} in {took:?}"
-    );
     assert!(took <= TIMEOUT + SLACK, "took {took:?}");
     main.block_on(async {
         assert_answers_are_their_own(&hot);
@@ -802,6 +800,28 @@ fn a_store_shared_by_an_idle_and_a_shut_down_runtime_decides_the_main_runtimes_l
     });
 }
 
+/// The control for [`assert_63_within_control`]: the worst time of 63 requests each on a task
+/// of its own, nothing else going on.
+async fn spawned_control(hot: &Hot) -> Duration {
+    let control = spawned_burst(hot, 63).await;
+    control.iter().map(|(_, took)| *took).max().unwrap()
+}
+
+/// 63 requests each on a task of its own, made `beside` something else: each is admitted
+/// within the control's worst time (at least 100 ms) plus the slack.
+async fn assert_63_within_control(hot: &Hot, control_worst: Duration, round: usize, beside: &str) {
+    let others = spawned_burst(hot, 63).await;
+    eprintln!("round {round}: {beside}: {}", summary(&others));
+    assert!(
+        all_ok_within(
+            &others,
+            control_worst.max(Duration::from_millis(100)) + SLACK
+        ),
+        "round {round}: {} (control {control_worst:?})",
+        summary(&others)
+    );
+}
+
 /// A task whose layer request was just decided blocks its worker for 2 s; 63 requests made
 /// meanwhile on the other worker are each decided within the control's time: no answer waits
 /// for the blocked task. Three rounds.
@@ -809,8 +829,7 @@ fn a_store_shared_by_an_idle_and_a_shut_down_runtime_decides_the_main_runtimes_l
 async fn seconds_of_synchronous_work_after_a_layer_decision_delay_no_other_decision() {
     let redis = RedisServer::start();
     let (_store, hot) = hot_on(&redis, TIMEOUT).await;
-    let control = spawned_burst(&hot, 63).await;
-    let control_worst = control.iter().map(|(_, took)| *took).max().unwrap();
+    let control_worst = spawned_control(&hot).await;
     for round in 0..3 {
         let (decided, blocked) = std::sync::mpsc::channel();
         let busy_hot = hot.clone();
@@ -823,19 +842,7 @@ async fn seconds_of_synchronous_work_after_a_layer_decision_delay_no_other_decis
             .await
             .unwrap();
         assert_eq!(first, StatusCode::OK);
-        let others = spawned_burst(&hot, 63).await;
-        eprintln!(
-            "round {round}: beside a blocked worker: {}",
-            summary(&others)
-        );
-        assert!(
-            all_ok_within(
-                &others,
-                control_worst.max(Duration::from_millis(100)) + SLACK
-            ),
-            "round {round}: {} (control {control_worst:?})",
-            summary(&others)
-        );
+        assert_63_within_control(&hot, control_worst, round, "beside a blocked worker").await;
         busy.await.unwrap();
     }
 }
@@ -849,8 +856,7 @@ async fn seconds_of_synchronous_work_between_a_layer_call_and_its_first_poll_del
 ) {
     let redis = RedisServer::start();
     let (_store, hot) = hot_on(&redis, Duration::from_secs(4)).await;
-    let control = spawned_burst(&hot, 63).await;
-    let control_worst = control.iter().map(|(_, took)| *took).max().unwrap();
+    let control_worst = spawned_control(&hot).await;
     for round in 0..2 {
         // Round 1: a lead polled once and parked, so that the blocked task's call queues.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -870,19 +876,13 @@ async fn seconds_of_synchronous_work_between_a_layer_call_and_its_first_poll_del
         tokio::task::spawn_blocking(move || blocked.recv().unwrap())
             .await
             .unwrap();
-        let others = spawned_burst(&hot, 63).await;
-        eprintln!(
-            "round {round}: beside a task blocked after its call: {}",
-            summary(&others)
-        );
-        assert!(
-            all_ok_within(
-                &others,
-                control_worst.max(Duration::from_millis(100)) + SLACK
-            ),
-            "round {round}: {} (control {control_worst:?})",
-            summary(&others)
-        );
+        assert_63_within_control(
+            &hot,
+            control_worst,
+            round,
+            "beside a task blocked after its call",
+        )
+        .await;
         assert_eq!(busy.await.unwrap(), StatusCode::OK, "round {round}");
         if let Some(lead) = lead {
             assert_eq!(status(lead.await), StatusCode::OK);
@@ -1015,6 +1015,34 @@ async fn burst_then(
     requests.await.unwrap()
 }
 
+/// 64 layer requests on `hot` queued behind a 250 ms `DEBUG SLEEP`, and `command` sent to
+/// Redis 30 ms later on a connection of its own: their answers, once Redis is awake again and
+/// the command has returned.
+async fn burst_beside_a_command(
+    redis: &RedisServer,
+    hot: &Hot,
+    command: &'static [&'static str],
+) -> Vec<(StatusCode, Duration)> {
+    let sleeping = redis.asleep(Duration::from_millis(250)).await;
+    let requests = tokio::spawn({
+        let hot = hot.clone();
+        async move { burst(&hot, 64).await }
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let client = redis.client();
+    let sent = std::thread::spawn(move || {
+        let mut conn = client.get_connection().unwrap();
+        let _: () = redis::cmd(command[0])
+            .arg(&command[1..])
+            .query(&mut conn)
+            .unwrap();
+    });
+    let answers = requests.await.unwrap();
+    RedisServer::awake(sleeping).await;
+    sent.join().unwrap();
+    answers
+}
+
 /// Waits up to 5 s, after Redis came back, for a burst of `count` layer requests that are all
 /// admitted.
 async fn admitted_again(hot: &Hot, count: usize) {
@@ -1043,10 +1071,7 @@ async fn queued_layer_requests_answer_within_the_timeout_when_redis_is_killed_mi
     let answers = burst_then(&mut redis, &hot, RedisServer::stop).await;
     eprintln!("killed: {}", summary(&answers));
     assert!(
-        answers
-            .iter()
-            .all(|(status, took)| *status == StatusCode::SERVICE_UNAVAILABLE
-                && *took <= timeout + MARGIN),
+        all_policy_within(&answers, timeout + MARGIN),
         "{}",
         summary(&answers)
     );
@@ -1069,10 +1094,7 @@ async fn layer_requests_answer_within_the_timeout_with_the_policy_while_redis_is
         let answers = burst(&hot, 64).await;
         eprintln!("stopped, round {round}: {}", summary(&answers));
         assert!(
-            answers
-                .iter()
-                .all(|(status, took)| *status == StatusCode::SERVICE_UNAVAILABLE
-                    && *took <= timeout + MARGIN),
+            all_policy_within(&answers, timeout + MARGIN),
             "round {round}: {}",
             summary(&answers)
         );
@@ -1089,20 +1111,7 @@ async fn a_script_flush_mid_flight_admits_each_queued_layer_request_once() {
     let (store, hot) = hot_on(&redis, TIMEOUT).await;
     for round in 0..2 {
         let before = hot.consumed().await;
-        let sleeping = redis.asleep(Duration::from_millis(250)).await;
-        let requests = tokio::spawn({
-            let hot = hot.clone();
-            async move { burst(&hot, 64).await }
-        });
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        let client = redis.client();
-        let flush = std::thread::spawn(move || {
-            let mut conn = client.get_connection().unwrap();
-            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
-        });
-        let answers = requests.await.unwrap();
-        RedisServer::awake(sleeping).await;
-        flush.join().unwrap();
+        let answers = burst_beside_a_command(&redis, &hot, &["SCRIPT", "FLUSH"]).await;
         eprintln!("script flush, round {round}: {}", summary(&answers));
         assert!(all_ok_within(&answers, TIMEOUT), "{}", summary(&answers));
         assert_eq!(hot.consumed().await, before + 64, "round {round}");
@@ -1117,20 +1126,7 @@ async fn a_script_flush_mid_flight_admits_each_queued_layer_request_once() {
 async fn a_flushall_mid_flight_leaves_every_queued_layer_request_decided() {
     let redis = RedisServer::start();
     let (store, hot) = hot_on(&redis, TIMEOUT).await;
-    let sleeping = redis.asleep(Duration::from_millis(250)).await;
-    let requests = tokio::spawn({
-        let hot = hot.clone();
-        async move { burst(&hot, 64).await }
-    });
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let client = redis.client();
-    let flush = std::thread::spawn(move || {
-        let mut conn = client.get_connection().unwrap();
-        let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
-    });
-    let answers = requests.await.unwrap();
-    RedisServer::awake(sleeping).await;
-    flush.join().unwrap();
+    let answers = burst_beside_a_command(&redis, &hot, &["FLUSHALL"]).await;
     eprintln!("flushall: {}", summary(&answers));
     assert!(all_ok_within(&answers, TIMEOUT), "{}", summary(&answers));
     assert!(hot.consumed().await <= 64);
@@ -1173,10 +1169,7 @@ async fn layer_requests_under_maxmemory_noeviction_answer_with_the_policy_in_tim
         RedisServer::awake(sleeping).await;
         eprintln!("out of memory, round {round}: {}", summary(&answers));
         assert!(
-            answers
-                .iter()
-                .all(|(status, took)| *status == StatusCode::SERVICE_UNAVAILABLE
-                    && *took <= timeout + MARGIN),
+            all_policy_within(&answers, timeout + MARGIN),
             "round {round}: {}",
             summary(&answers)
         );
