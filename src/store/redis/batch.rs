@@ -322,37 +322,18 @@ impl RedisStore {
             Some(breaker) => breaker.admit(),
             None => Admission::Call,
         };
-        match admission {
-            Admission::Skip => {
-                return QueuedDecision::answered(Err(StoreError::Unavailable(
-                    "circuit breaker open",
-                )))
-            }
-            // A probe goes alone: its own outcome opens or closes the circuit.
-            Admission::Probe => {
-                let call = alone_call(
-                    Owner::Store(self.clone()),
-                    request,
-                    Some(admission),
-                    timed,
-                    None,
-                );
-                return QueuedDecision::alone(call);
-            }
-            Admission::Call => {}
+        if admission == Admission::Skip {
+            let open = Err(StoreError::Unavailable("circuit breaker open"));
+            return QueuedDecision::answered(open);
         }
-        // A sliding log's decision costs Redis O(its cost) (a member per unit): one of more
-        // than a unit goes alone, so that no call's work grows with several such costs and
-        // holds other clients behind it (Redis serves none while a script runs).
-        if request.algorithm == Algorithm::SlidingLog && request.cost > 1 {
-            let call = alone_call(
-                Owner::Store(self.clone()),
-                request,
-                Some(admission),
-                timed,
-                None,
-            );
-            return QueuedDecision::alone(call);
+        // A probe goes alone: its own outcome opens or closes the circuit. So does a sliding
+        // log's decision of more than a unit, which costs Redis O(its cost) (a member per
+        // unit): no call's work grows with several such costs and holds other clients behind it
+        // (Redis serves none while a script runs).
+        let costly_log = request.algorithm == Algorithm::SlidingLog && request.cost > 1;
+        if admission == Admission::Probe || costly_log {
+            let owner = Owner::Store(self.clone());
+            return QueuedDecision::alone(alone_call(owner, request, Some(admission), timed, None));
         }
         match self.enter(&request, timed) {
             Entry::Alone(in_flight) => {
