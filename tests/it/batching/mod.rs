@@ -14,6 +14,7 @@ mod parked_lead;
 mod queued_layer;
 mod runtime;
 mod sender;
+mod takeover;
 
 use std::future::Future;
 use std::sync::mpsc;
