@@ -16,7 +16,7 @@ use super::failure::FailureLog;
 /// at a time is let through as a probe: success closes the circuit, failure opens it for
 /// another cool-down. A probe whose outcome has not come within twice the store's timeout (its
 /// caller holds its future without polling it) is taken over by the next call, so that no
-/// caller keeps the circuit open for the others. Every state change is logged with `tracing` (a warning when the circuit
+/// caller keeps the circuit open for the others; the outcome it brings later changes nothing. Every state change is logged with `tracing` (a warning when the circuit
 /// opens, an info event when it closes) and, with the `metrics` feature, shown by the gauge
 /// `redlimit_circuit_breaker_open` (1 open, 0 closed).
 ///
@@ -57,6 +57,23 @@ pub(crate) enum Admission {
     Skip,
 }
 
+/// An admission, and for a probe its claim (when it was let through): only the probe that
+/// still holds the claim changes the circuit with its outcome. One taken over (held past twice
+/// the timeout) no longer does, so that a late outcome cannot end its successor's probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    pub(crate) admission: Admission,
+    claim: u64,
+}
+
+impl Ticket {
+    /// A call through a closed circuit (or a store without a breaker).
+    pub(crate) const CALL: Ticket = Ticket {
+        admission: Admission::Call,
+        claim: 0,
+    };
+}
+
 /// The breaker's state, shared by all clones of a store. Lock-free: the hot path (a closed
 /// circuit) is one atomic load before and one store after the call.
 #[derive(Debug)]
@@ -92,26 +109,55 @@ impl BreakerState {
         self.epoch.elapsed().as_micros() as u64 + 1
     }
 
+    /// Whether a call may go now, as its [`ticket`](Self::ticket) says.
+    #[cfg(test)]
     pub(crate) fn admit(&self) -> Admission {
+        self.ticket().admission
+    }
+
+    /// Whether a call may go now, with a probe's claim.
+    pub(crate) fn ticket(&self) -> Ticket {
+        let skip = Ticket {
+            admission: Admission::Skip,
+            claim: 0,
+        };
         let open_until = self.open_until.load(Ordering::Acquire);
         if open_until == 0 {
-            return Admission::Call;
+            return Ticket::CALL;
         }
         let now = self.now();
         if now < open_until {
-            return Admission::Skip;
+            return skip;
         }
         let probing = self.probing.load(Ordering::Acquire);
         if probing != 0 && now < probing.saturating_add(self.probe_limit_micros) {
-            return Admission::Skip;
+            return skip;
         }
         match self
             .probing
             .compare_exchange(probing, now, Ordering::AcqRel, Ordering::Acquire)
         {
-            Ok(_) => Admission::Probe,
-            Err(_) => Admission::Skip,
+            Ok(_) => Ticket {
+                admission: Admission::Probe,
+                claim: now,
+            },
+            Err(_) => skip,
         }
+    }
+
+    /// The ticket of the probe in flight now, for an outcome told by its admission alone.
+    fn current(&self, admission: Admission) -> Ticket {
+        Ticket {
+            admission,
+            claim: self.probing.load(Ordering::Acquire),
+        }
+    }
+
+    /// Whether `ticket` is the probe in flight, which alone may end it.
+    fn holds_probe(&self, ticket: Ticket) -> bool {
+        ticket.admission == Admission::Probe
+            && ticket.claim != 0
+            && self.probing.load(Ordering::Acquire) == ticket.claim
     }
 
     /// Whether the next [`admit`](Self::admit) may let a probe through (the circuit open, its
@@ -122,24 +168,46 @@ impl BreakerState {
         open_until != 0 && self.now() >= open_until
     }
 
+    /// [`on_success_of`](Self::on_success_of) for a call or the probe in flight.
     pub(crate) fn on_success(&self, admission: Admission) {
+        self.on_success_of(self.current(admission));
+    }
+
+    /// A call that the store answered. A probe that still holds its claim closes the circuit.
+    pub(crate) fn on_success_of(&self, ticket: Ticket) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
-        if admission == Admission::Probe {
+        if self.holds_probe(ticket) {
             self.open_until.store(0, Ordering::Release);
-            self.probing.store(0, Ordering::Release);
+            let _ =
+                self.probing
+                    .compare_exchange(ticket.claim, 0, Ordering::AcqRel, Ordering::Acquire);
             set_open_gauge(false);
             tracing::info!("rate limit store recovered; circuit closed");
         }
     }
 
-    /// A transport failure of a call admitted as `admission`. Its changes of state are told
-    /// through the store's `log` (a `warn` only as an outage's first line).
+    /// [`on_failure_of`](Self::on_failure_of) for a call or the probe in flight.
     pub(crate) fn on_failure(&self, admission: Admission, log: &FailureLog) {
-        match admission {
+        self.on_failure_of(self.current(admission), log);
+    }
+
+    /// A transport failure of a call admitted with `ticket`. Its changes of state are told
+    /// through the store's `log` (a `warn` only as an outage's first line). A probe taken over
+    /// changes nothing: its successor's outcome decides.
+    pub(crate) fn on_failure_of(&self, ticket: Ticket, log: &FailureLog) {
+        match ticket.admission {
             Admission::Probe => {
+                if !self.holds_probe(ticket) {
+                    return;
+                }
                 self.open_until
                     .store(self.now() + self.cool_down_micros(), Ordering::Release);
-                self.probing.store(0, Ordering::Release);
+                let _ = self.probing.compare_exchange(
+                    ticket.claim,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
                 if log.may_tell() {
                     tracing::warn!(cool_down = ?self.config.cool_down, "rate limit store probe failed; circuit stays open");
                 } else {
@@ -179,12 +247,23 @@ impl BreakerState {
         }
     }
 
-    /// A call whose caller went away before it finished (its future was dropped: a client
-    /// disconnect, an outer timeout). It tells nothing about the store, but a probe must hand
-    /// over: otherwise no call would ever probe again and the circuit would stay open for good.
+    /// [`on_abandoned_of`](Self::on_abandoned_of) for a call or the probe in flight.
+    #[cfg(test)]
     pub(crate) fn on_abandoned(&self, admission: Admission) {
-        if admission == Admission::Probe {
-            self.probing.store(0, Ordering::Release);
+        self.on_abandoned_of(self.current(admission));
+    }
+
+    /// A call with `ticket` whose caller went away before it finished (its future was dropped:
+    /// a client disconnect, an outer timeout). It tells nothing about the store, but a probe
+    /// that still holds its claim must hand it over: otherwise no call would probe again until
+    /// the claim runs out.
+    pub(crate) fn on_abandoned_of(&self, ticket: Ticket) {
+        if self.holds_probe(ticket)
+            && self
+                .probing
+                .compare_exchange(ticket.claim, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
             tracing::debug!("rate limit store probe abandoned by its caller; the next call probes");
         }
     }
@@ -292,5 +371,26 @@ mod tests {
         breaker.on_success(Admission::Probe);
         assert!(!breaker.is_open());
         assert!(!breaker.probe_due());
+    }
+
+    #[test]
+    fn a_taken_over_probes_outcome_leaves_its_successors_probe_alone() {
+        let (breaker, log) = breaker_of(1, Duration::ZERO, Duration::from_millis(5));
+        breaker.on_failure(Admission::Call, &log);
+        let stale = breaker.ticket();
+        assert_eq!(stale.admission, Admission::Probe);
+        std::thread::sleep(Duration::from_millis(12));
+        let current = breaker.ticket();
+        assert_eq!(current.admission, Admission::Probe, "taken over");
+        // The stale probe's failure, success or drop ends nothing: one probe stays in flight.
+        breaker.on_failure_of(stale, &log);
+        assert_eq!(breaker.admit(), Admission::Skip);
+        breaker.on_success_of(stale);
+        assert!(breaker.is_open());
+        breaker.on_abandoned_of(stale);
+        assert_eq!(breaker.admit(), Admission::Skip);
+        // The current probe's outcome decides.
+        breaker.on_success_of(current);
+        assert!(!breaker.is_open());
     }
 }

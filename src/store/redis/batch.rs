@@ -26,7 +26,7 @@ use super::{count_error, Backend, RedisStore};
 use crate::algorithm::Algorithm;
 use crate::quota::Quotas;
 use crate::store::answers::{Answers, Receiver, Sender};
-use crate::store::breaker::{Admission, BreakerState};
+use crate::store::breaker::{Admission, BreakerState, Ticket};
 use crate::store::contract::StoreError;
 use crate::store::contract::{AloneCall, CheckRequest, Decided, QueuedAnswer, QueuedDecision};
 use crate::store::op::{OnRehashing, Script, ScriptId, ScriptOp};
@@ -208,7 +208,7 @@ impl Queued {
             alone_call(
                 Owner::Store(store),
                 request,
-                Some(Admission::Call),
+                Some(Ticket::CALL),
                 timed,
                 Some(deadline),
             )
@@ -313,16 +313,16 @@ impl RedisStore {
     /// own (a breaker's probe, a sliding log's decision of several units, or nothing in flight
     /// for its group), which owns what it sends.
     pub(super) fn queue_decision(&self, request: CheckRequest<'_>, timed: bool) -> QueuedDecision {
-        let admission = match &self.breaker {
+        let ticket = match &self.breaker {
             // A probe is taken at the call's first poll: a future held unpolled holds none.
             Some(breaker) if breaker.probe_due() => {
                 let call = alone_call(Owner::Store(self.clone()), request, None, timed, None);
                 return QueuedDecision::alone(call);
             }
-            Some(breaker) => breaker.admit(),
-            None => Admission::Call,
+            Some(breaker) => breaker.ticket(),
+            None => Ticket::CALL,
         };
-        if admission == Admission::Skip {
+        if ticket.admission == Admission::Skip {
             let open = Err(StoreError::Unavailable("circuit breaker open"));
             return QueuedDecision::answered(open);
         }
@@ -331,14 +331,14 @@ impl RedisStore {
         // unit): no call's work grows with several such costs and holds other clients behind it
         // (Redis serves none while a script runs).
         let costly_log = request.algorithm == Algorithm::SlidingLog && request.cost > 1;
-        if admission == Admission::Probe || costly_log {
+        if ticket.admission == Admission::Probe || costly_log {
             let owner = Owner::Store(self.clone());
-            return QueuedDecision::alone(alone_call(owner, request, Some(admission), timed, None));
+            return QueuedDecision::alone(alone_call(owner, request, Some(ticket), timed, None));
         }
         match self.enter(&request, timed) {
             Entry::Alone(in_flight) => {
                 let owner = Owner::InFlight(in_flight);
-                QueuedDecision::alone(alone_call(owner, request, Some(admission), timed, None))
+                QueuedDecision::alone(alone_call(owner, request, Some(ticket), timed, None))
             }
             // The decision's one timeout, from the moment it was queued: the wait, and the call
             // of its own when the batch could not take it.
@@ -452,13 +452,13 @@ impl RedisStore {
 fn alone_call(
     owner: Owner,
     request: CheckRequest<'_>,
-    admission: Option<Admission>,
+    ticket: Option<Ticket>,
     timed: bool,
     deadline: Option<tokio::time::Instant>,
 ) -> AloneCall {
-    let admitted = admission.map(|admission| Admitted {
+    let admitted = ticket.map(|ticket| Admitted {
         breaker: owner.store().breaker.clone(),
-        admission,
+        ticket,
     });
     let key = QueuedKey::new(request.key);
     let quotas: Quotas = *request.quotas;
@@ -471,15 +471,16 @@ fn alone_call(
     Box::pin(async move {
         let store = owner.store();
         // Handed to the call's own guard in the same poll, with no await between.
-        let admission = match admitted {
+        let ticket = match admitted {
             Some(admitted) => admitted.into_call(),
-            None => match store.breaker.as_ref().map(|breaker| breaker.admit()) {
-                Some(Admission::Skip) => {
-                    return Err(StoreError::Unavailable("circuit breaker open"));
-                }
-                admission => admission.unwrap_or(Admission::Call),
-            },
+            None => store
+                .breaker
+                .as_ref()
+                .map_or(Ticket::CALL, |breaker| breaker.ticket()),
         };
+        if ticket.admission == Admission::Skip {
+            return Err(StoreError::Unavailable("circuit breaker open"));
+        }
         let request = CheckRequest {
             key: key.as_str(),
             algorithm,
@@ -487,7 +488,7 @@ fn alone_call(
             cost,
             now_micros,
         };
-        let call = store.guarded_with(admission, DecideOp { request, timed }, "check");
+        let call = store.guarded_with(ticket, DecideOp { request, timed }, "check");
         match deadline {
             Some(deadline) => tokio::time::timeout_at(deadline, call)
                 .await
@@ -518,21 +519,21 @@ impl Owner {
 /// keep the circuit open for good.
 struct Admitted {
     breaker: Option<Arc<BreakerState>>,
-    admission: Admission,
+    ticket: Ticket,
 }
 
 impl Admitted {
     /// The admission, for the call that now answers for it.
-    fn into_call(mut self) -> Admission {
+    fn into_call(mut self) -> Ticket {
         self.breaker = None;
-        self.admission
+        self.ticket
     }
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
         if let Some(breaker) = &self.breaker {
-            breaker.on_abandoned(self.admission);
+            breaker.on_abandoned_of(self.ticket);
         }
     }
 }

@@ -36,7 +36,7 @@ use self::reload::Reloads;
 pub(crate) use self::runtime::StoreRuntime;
 use self::sentinel::{PrimaryConnection, SentinelTarget};
 pub use self::server::{ServerInfo, MIN_REDIS_VERSION};
-use super::breaker::{Admission, BreakerState, CircuitBreaker};
+use super::breaker::{Admission, BreakerState, CircuitBreaker, Ticket};
 use super::failure::FailureLog;
 use super::op::ScriptOp;
 use super::wire::decide::DecideOp;
@@ -199,34 +199,34 @@ impl RedisStore {
         op: O,
         name: &'static str,
     ) -> Result<O::Output, StoreError> {
-        let admission = match &self.breaker {
-            Some(breaker) => breaker.admit(),
-            None => Admission::Call,
+        let ticket = match &self.breaker {
+            Some(breaker) => breaker.ticket(),
+            None => Ticket::CALL,
         };
-        self.guarded_with(admission, op, name).await
+        self.guarded_with(ticket, op, name).await
     }
 
     /// [`guarded`](Self::guarded) with the breaker's admission already asked.
     async fn guarded_with<O: ScriptOp + Sync>(
         &self,
-        admission: Admission,
+        ticket: Ticket,
         op: O,
         name: &'static str,
     ) -> Result<O::Output, StoreError> {
-        if admission == Admission::Skip {
+        if ticket.admission == Admission::Skip {
             return Err(StoreError::Unavailable("circuit breaker open"));
         }
         let mut unsettled = Unsettled {
             breaker: self.breaker.as_deref(),
-            admission,
+            ticket,
         };
         let result = self.run_script(&op).await;
         unsettled.breaker = None;
         let transport = result.as_ref().err().map(StoreError::is_transport);
         if let Some(breaker) = &self.breaker {
             match transport {
-                Some(true) => breaker.on_failure(admission, &self.failures),
-                _ => breaker.on_success(admission),
+                Some(true) => breaker.on_failure_of(ticket, &self.failures),
+                _ => breaker.on_success_of(ticket),
             }
         }
         if let Some(transport) = transport {
@@ -521,13 +521,13 @@ pub(crate) fn count_error(call: &'static str, transport: bool) {
 /// so that an abandoned probe does not keep the circuit open for good.
 struct Unsettled<'a> {
     breaker: Option<&'a BreakerState>,
-    admission: Admission,
+    ticket: Ticket,
 }
 
 impl Drop for Unsettled<'_> {
     fn drop(&mut self) {
         if let Some(breaker) = self.breaker {
-            breaker.on_abandoned(self.admission);
+            breaker.on_abandoned_of(self.ticket);
         }
     }
 }
