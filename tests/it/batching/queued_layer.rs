@@ -5,8 +5,9 @@
 //! `Limiter::check`): futures dropped before any poll, after one or two, parked, moved to
 //! another runtime, callers that block their worker, Redis losing its data, scripts, memory or
 //! life, the circuit breaker, the deny cache, many blocks of answers, Cluster, stores that wrap
-//! the Redis store, and the one-warning-per-outage rule. A probe that found a defect is kept,
-//! `#[ignore]`d with the defect in one line (run them with `--ignored`).
+//! the Redis store, and the one-warning-per-outage rule. The four that found defects (a probe
+//! held unpolled or parked, a denial read late, a Cluster reload waiting for every master) run
+//! since their fixes.
 //!
 //! The layers here run a fixed window of 100 000 units over ten years on one global key, under
 //! `FailClosed`: a 200 is the store's admission, a 503 the policy's answer, and what Redis
