@@ -24,7 +24,7 @@ use futures::future::join_all;
 use redlimit::store::{CheckRequest, RedisStore, RedisStoreBuilder, Store, StoreError};
 use redlimit::{Algorithm, Decision, Quota, Quotas};
 
-use crate::support::RedisServer;
+use crate::support::{RedisCluster, RedisServer};
 
 /// A quota nothing in these tests exhausts unless it says so.
 pub(crate) fn generous() -> Quotas {
@@ -111,6 +111,18 @@ fn new_store(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisS
 fn store_without_breaker(redis: &RedisServer, timeout: Duration, max_batch: usize) -> RedisStore {
     let builder = builder(redis, timeout, max_batch);
     builder.without_circuit_breaker().build().unwrap()
+}
+
+/// A store on `cluster` with `timeout` and no circuit breaker, verified (connected, the
+/// decision script loaded on every master).
+async fn verified_cluster_store(cluster: &RedisCluster, timeout: Duration) -> RedisStore {
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .timeout(timeout)
+        .without_circuit_breaker()
+        .build()
+        .unwrap();
+    store.verify().await.unwrap();
+    store
 }
 
 /// The two tests of one scenario, the body `$with(max_batch)` written above the call:

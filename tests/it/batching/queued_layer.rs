@@ -31,7 +31,10 @@ use redlimit::{Algorithm, Decision, Limiter, Quota, Quotas, RateLimitLayer, Targ
 use tower::{Layer, Service};
 
 use super::sender::main_runtime;
-use super::{assert_later_decisions_go_alone, builder, script_calls, warm_store, SLACK};
+use super::{
+    assert_later_decisions_go_alone, builder, script_calls, verified_cluster_store, warm_store,
+    SLACK,
+};
 use crate::support::stores::{BoxedStore, Faithful, Forward};
 use crate::support::{self, RedisCluster, RedisServer, Rng};
 
@@ -540,12 +543,7 @@ async fn several_blocks_of_queued_layer_futures_dropped_in_random_order_each_get
 /// master's index, and a layer on a key of another master.
 async fn held_and_other(timeout: Duration) -> (RedisCluster, RedisStore, Hot, usize, Hot) {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(timeout)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = verified_cluster_store(&cluster, timeout).await;
     let held = Hot::keyed(store.clone(), "held");
     let held_node = cluster.node_for_key(&held.storage_key());
     let other = (0..)

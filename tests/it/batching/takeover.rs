@@ -12,7 +12,7 @@ use futures::future::join_all;
 use redlimit::store::{CircuitBreaker, RedisStore, Store, StoreError};
 use redlimit::{Algorithm, Limiter, Quota, Verdict};
 
-use super::{decide, generous, request, timed, SLACK};
+use super::{decide, generous, request, timed, verified_cluster_store, SLACK};
 use crate::support::{RedisCluster, RedisServer};
 
 /// Polls `future` once, with a waker that does nothing; whether it answered.
@@ -292,12 +292,7 @@ async fn after_a_script_flush_a_healthy_cluster_sees_no_eval_storm() {
 async fn with_one_master_hung_after_a_flush_each_call_answers_within_its_timeout() {
     let cluster = RedisCluster::start();
     let timeout = Duration::from_millis(400);
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(timeout)
-        .without_circuit_breaker()
-        .build()
-        .unwrap();
-    store.verify().await.unwrap();
+    let store = verified_cluster_store(&cluster, timeout).await;
     let keys = keys_per_node(&cluster, 8);
     cluster.script_flush_all();
     let sleeping = cluster.nodes()[0].asleep(Duration::from_secs(3)).await;
